@@ -1,0 +1,138 @@
+// The backend interface: memory and every op the engine runs on tensors.
+//
+// Models, diffusion and training code call only these functions, so a new
+// device (CUDA next) is one more table of function pointers. Tensors are
+// row-major in PyTorch's dimension order; shapes are passed explicitly
+// (llm.c style) and buffers carry their dtype. Pointers marked "host" are
+// ordinary CPU memory of a few numbers per sample; everything else lives on
+// the backend. Unless a comment says "+=", outputs are overwritten.
+// Ops are asynchronous with respect to the host except where they return a
+// value to it (sumsq, download); dc_backend_sync() waits for all of them.
+#pragma once
+#include <stdbool.h>
+#include <stdint.h>
+#include "core/dtype.h"
+#include "backend/op_math.h"
+
+typedef struct dc_backend dc_backend;
+
+struct dc_backend {
+    const char *name;   // "cpu", "cuda"
+    void *ctx;          // backend-private state
+    dc_dtype compute;   // dtype of activations it prefers (DC_F32 on the CPU)
+
+    // ---- memory ------------------------------------------------------------
+    void *(*alloc)(dc_backend *be, size_t bytes);  // NULL on failure (message set)
+    void (*free)(dc_backend *be, void *p);
+    void (*upload)(dc_backend *be, void *dst, const void *host_src, size_t bytes);
+    void (*download)(dc_backend *be, void *host_dst, const void *src, size_t bytes);
+    void (*copy)(dc_backend *be, void *dst, const void *src, size_t bytes);
+    void (*zero)(dc_backend *be, void *dst, size_t bytes);
+    void (*sync)(dc_backend *be);
+    void (*destroy)(dc_backend *be);
+
+    // ---- dense layers --------------------------------------------------------
+    // out[M,N] = inp[M,K] @ w[N,K]^T + b[N]   (b may be NULL)
+    void (*linear_fwd)(dc_backend *be, dc_buf out, dc_buf inp, dc_buf w, dc_buf b,
+                       int M, int K, int N);
+    // dinp[M,K] = dout @ w (skipped if dinp.p is NULL; += if accumulate)
+    // dw[N,K] += dout^T @ inp ; db[N] += sum_m dout (skipped if NULL)
+    void (*linear_bwd)(dc_backend *be, dc_buf dinp, dc_buf dw, dc_buf db, dc_buf dout,
+                       dc_buf inp, dc_buf w, int M, int K, int N, bool accumulate);
+
+    // ---- pointwise -----------------------------------------------------------
+    // out = gelu_tanh(inp) ; dinp = dout * gelu'(inp)   (n elements)
+    void (*gelu_fwd)(dc_backend *be, dc_buf out, dc_buf inp, int64_t n);
+    void (*gelu_bwd)(dc_backend *be, dc_buf dinp, dc_buf dout, dc_buf inp, int64_t n);
+    // out = silu(inp) ; dinp (+= if accumulate) = dout * silu'(inp)
+    void (*silu_fwd)(dc_backend *be, dc_buf out, dc_buf inp, int64_t n);
+    void (*silu_bwd)(dc_backend *be, dc_buf dinp, dc_buf dout, dc_buf inp, int64_t n,
+                     bool accumulate);
+    // y[n] += alpha * x[n]
+    void (*axpy)(dc_backend *be, dc_buf y, dc_buf x, float alpha, int64_t n);
+    // x[B,T,D] += pos[T,D]  (broadcast over B)
+    void (*add_rows)(dc_backend *be, dc_buf x, dc_buf pos, int B, int T, int D);
+
+    // ---- adaLN-Zero ------------------------------------------------------------
+    // mod[B, nchunk*D] holds per-sample chunks; chunk k is mod[b, k*D:(k+1)*D].
+    // out = LN(x) * (1 + mod[ch_scale]) + mod[ch_shift]; LN without affine, eps 1e-6.
+    // mean, rstd [B*T] are saved for backward.
+    void (*ln_mod_fwd)(dc_backend *be, dc_buf out, dc_buf mean, dc_buf rstd, dc_buf x,
+                       dc_buf mod, int B, int T, int D, int nchunk, int ch_shift, int ch_scale);
+    // dx[B,T,D] += ; dmod chunks ch_shift and ch_scale are overwritten (sum over T).
+    void (*ln_mod_bwd)(dc_backend *be, dc_buf dx, dc_buf dmod, dc_buf dout, dc_buf x,
+                       dc_buf mean, dc_buf rstd, dc_buf mod, int B, int T, int D, int nchunk,
+                       int ch_shift, int ch_scale);
+    // x[B,T,D] += mod[ch_gate] * y
+    void (*gate_res_fwd)(dc_backend *be, dc_buf x, dc_buf y, dc_buf mod, int B, int T, int D,
+                         int nchunk, int ch_gate);
+    // dy = mod[ch_gate] * dx ; dmod chunk ch_gate = sum_T dx * y (overwritten)
+    void (*gate_res_bwd)(dc_backend *be, dc_buf dy, dc_buf dmod, dc_buf dx, dc_buf y,
+                         dc_buf mod, int B, int T, int D, int nchunk, int ch_gate);
+
+    // ---- attention -------------------------------------------------------------
+    // qkv[B,T,3D] laid out [q | k | v], each head-major (H heads of Dh = D/H);
+    // out[B,T,D] = softmax(q k^T / sqrt(Dh)) v per head, heads concatenated.
+    // lse[B,H,T] keeps the log-sum-exp of each score row, so backward can
+    // rebuild the probabilities without a stored T x T matrix.
+    void (*attn_fwd)(dc_backend *be, dc_buf out, dc_buf lse, dc_buf qkv, int B, int T, int D,
+                     int H);
+    void (*attn_bwd)(dc_backend *be, dc_buf dqkv, dc_buf dout, dc_buf qkv, dc_buf out,
+                     dc_buf lse, int B, int T, int D, int H);
+
+    // ---- DiT embeddings ----------------------------------------------------------
+    // img[B,C,H,W] -> out[B, T, C*p*p], token n = row*(W/p)+col, features in
+    // (c, pr, pc) order to match a Conv2d weight [D, C, p, p] viewed as [D, C*p*p].
+    void (*patchify)(dc_backend *be, dc_buf out, dc_buf img, int B, int C, int H, int W, int p);
+    // tok[B, T, p*p*C] in (pr, pc, c) order -> img[B,C,H,W], and its adjoint
+    void (*unpatchify_fwd)(dc_backend *be, dc_buf img, dc_buf tok, int B, int C, int H, int W,
+                           int p);
+    void (*unpatchify_bwd)(dc_backend *be, dc_buf dtok, dc_buf dimg, int B, int C, int H,
+                           int W, int p);
+    // out[B, 2*half] = [cos(t f_k) | sin(t f_k)], f_k = exp(-ln(10000) k / half); t float [B]
+    void (*timestep_embed)(dc_backend *be, dc_buf out, dc_buf t, int B, int half);
+    // out[B,D] = table[idx[b]] ; dtable[idx[b]] += dout[b]   (idx int32 [B])
+    void (*embed_fwd)(dc_backend *be, dc_buf out, dc_buf table, dc_buf idx, int B, int D);
+    void (*embed_bwd)(dc_backend *be, dc_buf dtable, dc_buf dout, dc_buf idx, int B, int D);
+
+    // ---- diffusion -----------------------------------------------------------------
+    // out[B,n]: standard normals, element j of sample b is
+    // dc_randn_at(seed, keys[b], step, stream, j) (keys: host [B]).
+    void (*randn)(dc_backend *be, dc_buf out, const uint32_t *keys, int B, int64_t n,
+                  uint64_t seed, uint32_t step, uint32_t stream);
+    // xt = a[b] * x0 + s[b] * eps   (a, s: host [B]; n elements per sample)
+    void (*q_sample)(dc_backend *be, dc_buf xt, dc_buf x0, dc_buf eps, const float *a,
+                     const float *s, int B, int64_t n);
+    // The DiT training loss for a learned-sigma model output out[B, 2C, HW]:
+    // losses[B,2] = (mse, vb) per sample; dout = grad_scale * d(mse + vb)/d out.
+    void (*diffusion_loss)(dc_backend *be, dc_buf dout, dc_buf losses, dc_buf out, dc_buf x0,
+                           dc_buf xt, dc_buf eps, const dc_loss_coef *coef, int B, int C,
+                           int64_t HW, float grad_scale);
+    // Classifier-free guidance: model_out[2B, OC, HW] holds the conditional
+    // half then the unconditional half. dst[B, OC, HW]: channels < guided get
+    // u + scale (c - u), the others the conditional values.
+    void (*cfg_combine)(dc_backend *be, dc_buf dst, dc_buf model_out, int B, int OC,
+                        int64_t HW, int guided, float scale);
+    // One reverse step for all B samples, in place on x[B,C,HW], from the model
+    // output out[B, OC, HW] (OC = 2C with learned sigma, else C) and noise z.
+    void (*sampler_step)(dc_backend *be, dc_buf x, dc_buf out, dc_buf z,
+                         const dc_step_coef *coef, int B, int C, int OC, int64_t HW);
+
+    // ---- optimisation --------------------------------------------------------------
+    // AdamW over n fp32 parameters, with g = grad * grad_scale:
+    // m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+    // p -= lr (m/bc1 / (sqrt(v/bc2) + eps) + wd p)
+    void (*adamw)(dc_backend *be, dc_buf p, dc_buf grad, dc_buf m, dc_buf v, int64_t n,
+                  const dc_adamw_step *h);
+    // ema = decay ema + (1 - decay) p
+    void (*ema)(dc_backend *be, dc_buf ema, dc_buf p, int64_t n, float decay);
+    // Returns sum(x^2) to the host (accumulated in double).
+    double (*sumsq)(dc_backend *be, dc_buf x, int64_t n);
+};
+
+// Creates a backend by name ("cpu"; "auto" picks the fastest present).
+int dc_backend_create(const char *name, dc_backend **out);
+void dc_backend_destroy(dc_backend *be);
+dc_backend *dc_backend_cpu_create(void);
+
+static inline void dc_backend_sync(dc_backend *be) { be->sync(be); }

@@ -1,0 +1,70 @@
+// Scalar math shared by every backend: the CPU loops and the CUDA kernels
+// compile these same inline functions, so the formulas live in one place.
+// Also the small per-sample coefficient records the ops take from the host.
+#pragma once
+#include <math.h>
+#include "core/dtype.h"
+
+// ---- activations ------------------------------------------------------------
+// GELU, tanh approximation (PyTorch approximate="tanh"):
+// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+#define DC_GELU_K 0.7978845608028654f
+DC_HD float dc_gelu(float x) {
+    float u = DC_GELU_K * (x + 0.044715f * x * x * x);
+    return 0.5f * x * (1.0f + tanhf(u));
+}
+DC_HD float dc_gelu_grad(float x) {
+    float u = DC_GELU_K * (x + 0.044715f * x * x * x);
+    float th = tanhf(u);
+    float du = DC_GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
+    return 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du;
+}
+DC_HD float dc_silu(float x) { return x / (1.0f + expf(-x)); }
+DC_HD float dc_silu_grad(float x) {
+    float s = 1.0f / (1.0f + expf(-x));
+    return s * (1.0f + x * (1.0f - s));
+}
+
+#define DC_LN_EPS 1e-6f
+
+// ---- diffusion ----------------------------------------------------------------
+// Per-sample coefficients of the DiT training loss, computed on the host in
+// float64 from the schedule at the sample's timestep t (see diffusion/schedule.h).
+typedef struct {
+    float sqrt_abar, sqrt_1m_abar;        // q_sample: x_t = sqrt_abar x0 + sqrt_1m_abar eps
+    float sqrt_recip_abar, sqrt_recipm1_abar;  // x0_hat = a x_t - b eps_hat
+    float post_c1, post_c2;               // posterior mean = c1 x0 + c2 x_t
+    float post_logvar_clipped;            // log posterior variance (clipped); min_log
+    float log_beta;                       // max_log
+    int t_is_zero;                        // vb term is the decoder NLL when t == 0
+} dc_loss_coef;
+
+// One reverse-process step, the same for every sample of a batch.
+typedef enum { DC_STEP_DDPM = 0, DC_STEP_DDIM = 1 } dc_step_kind;
+typedef struct {
+    int kind;                             // dc_step_kind
+    int add_noise;                        // 0 on the last step (t == 0)
+    int learn_sigma;                      // variance from the model's v channels
+    float sqrt_recip_abar, sqrt_recipm1_abar;  // x0 = a x - b eps
+    float post_c1, post_c2;               // DDPM mean = c1 x0 + c2 x
+    float min_log, max_log;               // DDPM learned log-variance range
+    float fixed_logvar;                   // DDPM log-variance when not learned
+    float ddim_sqrt_abar_prev, ddim_dir, ddim_sigma;  // DDIM: x = a x0 + dir eps + sigma z
+} dc_step_coef;
+
+// ---- optimisation ---------------------------------------------------------------
+typedef struct {
+    float lr, beta1, beta2, eps, weight_decay;
+    float bias_corr1, bias_corr2;         // 1 - beta^step
+    float grad_scale;                     // applied to the raw gradient (clipping, averaging)
+} dc_adamw_step;
+
+DC_HD void dc_adamw_update(float *p, float *m, float *v, float grad, const dc_adamw_step *h) {
+    float g = grad * h->grad_scale;
+    float mm = h->beta1 * *m + (1.0f - h->beta1) * g;
+    float vv = h->beta2 * *v + (1.0f - h->beta2) * g * g;
+    *m = mm;
+    *v = vv;
+    float mhat = mm / h->bias_corr1, vhat = vv / h->bias_corr2;
+    *p -= h->lr * (mhat / (sqrtf(vhat) + h->eps) + h->weight_decay * *p);
+}

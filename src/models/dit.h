@@ -1,0 +1,68 @@
+// DiT: the class-conditional Diffusion Transformer of Peebles & Xie (2023),
+// exactly as the official code builds it (adaLN-Zero blocks, learned sigma,
+// fixed 2-D sin-cos positions), with explicit forward and backward passes.
+#pragma once
+#include <stdbool.h>
+#include <stdint.h>
+#include "backend/backend.h"
+#include "nn/params.h"
+
+typedef struct {
+    int input_size;   // H = W of the input (latent) image
+    int patch;        // p
+    int in_channels;  // C
+    int hidden;       // D
+    int depth;        // number of blocks
+    int heads;        // H
+    int mlp_hidden;   // fc1 width (mlp_ratio * D, 4D officially)
+    int num_classes;  // the embedding table has num_classes + 1 rows (last = null class)
+    bool learn_sigma; // output 2C channels: eps then the variance interpolation v
+} dc_dit_config;
+
+// Fills cfg for an official name ("DiT-XL/2" ... "DiT-S/8") with the official
+// defaults (32x32x4 input, 1000 classes, learned sigma).
+int dc_dit_config_from_name(const char *name, dc_dit_config *cfg);
+// Checks the config; message names the offending field.
+int dc_dit_config_validate(const dc_dit_config *cfg);
+// The official table maps hidden width to heads (1152, 1024 -> 16; 768 -> 12; 384 -> 6).
+int dc_dit_heads_for_width(int hidden);
+static inline int dc_dit_out_channels(const dc_dit_config *c) {
+    return c->learn_sigma ? 2 * c->in_channels : c->in_channels;
+}
+static inline int dc_dit_tokens(const dc_dit_config *c) {
+    return (c->input_size / c->patch) * (c->input_size / c->patch);
+}
+// Multiply-adds of one image's forward pass (the DiT paper's "Gflops").
+double dc_dit_macs_per_image(const dc_dit_config *c);
+
+typedef struct dc_dit_acts dc_dit_acts;
+
+typedef struct {
+    dc_dit_config cfg;
+    dc_backend *be;
+    dc_params params;  // official state-dict keys, registration order = official order
+    dc_dit_acts *acts; // activations planned for up to max_batch images
+    int max_batch;
+} dc_dit;
+
+// Registers the parameters and allocates them (and gradients if training).
+// Weights start as zeros with pos_embed filled; call dc_dit_init_weights or load.
+int dc_dit_create(dc_dit *m, const dc_dit_config *cfg, dc_backend *be, bool with_grad);
+void dc_dit_free(dc_dit *m);
+// The official initialisation (xavier-uniform linears, zero adaLN and final
+// layer, N(0, 0.02) label table and timestep MLP), seeded and deterministic.
+int dc_dit_init_weights(dc_dit *m, uint64_t seed);
+// Plans activation memory for batches up to max_batch (training keeps what
+// backward needs).
+int dc_dit_reserve(dc_dit *m, int max_batch);
+
+// out[B, OC, H, W] = model(x[B, C, H, W], t[B] float timesteps, y[B] int32 labels).
+// All buffers live on the model's backend. B <= max_batch.
+int dc_dit_forward(dc_dit *m, dc_buf out, dc_buf x, dc_buf t, dc_buf y, int B);
+// Given dout = dL/dout of the last forward, accumulates dL/dparams into
+// m->params.grad (+=, so micro-batches sum).
+int dc_dit_backward(dc_dit *m, dc_buf dout, int B);
+
+// Fills pos_embed[T, D] (host memory) with the fixed 2-D sin-cos table,
+// computed in float64 as the official code does.
+void dc_dit_pos_embed(float *out, int grid, int D);

@@ -1,0 +1,61 @@
+#include "nn/params.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+
+int dc_params_add(dc_params *ps, const char *name, bool trainable, int ndim, ...) {
+    if (ndim < 1 || ndim > DC_MAX_DIMS) return dc_fail("parameter %s: bad rank %d", name, ndim);
+    if (strlen(name) >= DC_PARAM_NAME_MAX) return dc_fail("parameter name too long: %s", name);
+    if (ps->count == ps->cap) {
+        int cap = ps->cap ? 2 * ps->cap : 64;
+        dc_param *items = realloc(ps->items, cap * sizeof *items);
+        if (!items) return dc_fail("out of memory registering %s", name);
+        ps->items = items, ps->cap = cap;
+    }
+    dc_param *p = &ps->items[ps->count];
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "%s", name);
+    p->ndim = ndim;
+    p->trainable = trainable;
+    p->numel = 1;
+    va_list ap;
+    va_start(ap, ndim);
+    for (int d = 0; d < ndim; d++) p->shape[d] = va_arg(ap, int), p->numel *= p->shape[d];
+    va_end(ap);
+    p->offset = ps->numel;
+    ps->numel += p->numel;
+    return ps->count++;
+}
+
+int dc_params_alloc(dc_params *ps, dc_backend *be, bool with_grad) {
+    size_t bytes = (size_t)ps->numel * sizeof(float);
+    ps->be = be;
+    ps->data = (dc_buf){be->alloc(be, bytes), DC_F32};
+    if (!ps->data.p) return -1;
+    be->zero(be, ps->data.p, bytes);
+    if (with_grad) {
+        ps->grad = (dc_buf){be->alloc(be, bytes), DC_F32};
+        if (!ps->grad.p) return -1;
+        be->zero(be, ps->grad.p, bytes);
+    }
+    return 0;
+}
+
+void dc_params_free(dc_params *ps) {
+    if (ps->be) {
+        if (ps->data.p) ps->be->free(ps->be, ps->data.p);
+        if (ps->grad.p) ps->be->free(ps->be, ps->grad.p);
+    }
+    free(ps->items);
+    memset(ps, 0, sizeof *ps);
+}
+
+int dc_params_find(const dc_params *ps, const char *name) {
+    for (int i = 0; i < ps->count; i++)
+        if (strcmp(ps->items[i].name, name) == 0) return i;
+    return -1;
+}

@@ -1,0 +1,40 @@
+// A model's parameters: named tensors (PyTorch state-dict keys, in the
+// model's registration order) laid out back to back in one flat fp32 buffer,
+// with a gradient buffer of the same layout. One flat buffer lets the
+// optimizer, EMA, clipping and checkpoints treat all weights in one pass.
+#pragma once
+#include <stdbool.h>
+#include <stdint.h>
+#include "backend/backend.h"
+
+#define DC_PARAM_NAME_MAX 96
+#define DC_MAX_DIMS 8
+
+typedef struct {
+    char name[DC_PARAM_NAME_MAX];
+    int ndim;
+    int64_t shape[DC_MAX_DIMS];
+    int64_t offset, numel;  // in elements, into the flat buffers
+    bool trainable;         // false for fixed tensors such as pos_embed
+} dc_param;
+
+typedef struct {
+    dc_param *items;
+    int count, cap;
+    int64_t numel;
+    dc_backend *be;
+    dc_buf data;  // [numel] F32
+    dc_buf grad;  // [numel] F32, NULL until dc_params_alloc(.., true)
+} dc_params;
+
+// Registers a tensor with ndim int dimensions; returns its index, or -1.
+int dc_params_add(dc_params *ps, const char *name, bool trainable, int ndim, ...);
+int dc_params_alloc(dc_params *ps, dc_backend *be, bool with_grad);
+void dc_params_free(dc_params *ps);
+int dc_params_find(const dc_params *ps, const char *name);  // index or -1
+static inline dc_buf dc_param_data(const dc_params *ps, int i) {
+    return dc_buf_at(ps->data, ps->items[i].offset);
+}
+static inline dc_buf dc_param_grad(const dc_params *ps, int i) {
+    return dc_buf_at(ps->grad, ps->items[i].offset);
+}
