@@ -27,6 +27,26 @@ DC_HD float dc_silu_grad(float x) {
 
 #define DC_LN_EPS 1e-6f
 
+// ---- layer norm and adaLN modulation -----------------------------------------------
+// 1 / sqrt(var + eps) from a row's biased variance (accumulated in double).
+DC_HD float dc_ln_rstd(double var) { return (float)(1.0 / sqrt(var + (double)DC_LN_EPS)); }
+// DiT's modulate(): x * (1 + scale) + shift.
+DC_HD float dc_modulate(float xhat, float shift, float scale) {
+    return xhat * (1.0f + scale) + shift;
+}
+// LayerNorm input gradient of one element, given g = dL/dxhat and the row
+// means of g and g * xhat: rstd (g - mean(g) - xhat mean(g xhat)).
+DC_HD float dc_ln_dx(float g, float xhat, float rstd, float mean_g, float mean_gx) {
+    return rstd * (g - mean_g - xhat * mean_gx);
+}
+
+// ---- DiT embeddings ----------------------------------------------------------------
+// Timestep embedding frequency f_k = exp(-ln(10000) k / half); the embedding
+// is [cos(t f) | sin(t f)]. Double: t f reaches ~1000 radians.
+DC_HD double dc_timestep_freq(int k, int half) {
+    return exp(-9.210340371976184 * (double)k / (double)half);
+}
+
 // ---- diffusion ----------------------------------------------------------------
 // Per-sample coefficients of the DiT training loss, computed on the host in
 // float64 from the schedule at the sample's timestep t (see diffusion/schedule.h).

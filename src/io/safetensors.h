@@ -58,3 +58,8 @@ typedef struct {
 // meta_keys/meta_values: nmeta string pairs for __metadata__ (may be 0).
 int dc_st_write(const char *path, const dc_st_entry *entries, int count,
                 const char *const *meta_keys, const char *const *meta_values, int nmeta);
+
+// The exact bytes dc_st_write would write, into a malloc'd buffer (*out, *len;
+// free() it), for tests, fuzzing and tools that send files elsewhere.
+int dc_st_serialize(const dc_st_entry *entries, int count, const char *const *meta_keys,
+                    const char *const *meta_values, int nmeta, uint8_t **out, size_t *len);

@@ -1,0 +1,128 @@
+// The CPU backend: host memory, per-thread scratch, and the table of ops.
+// Memory is ordinary 64-byte aligned host memory (a cache line, and the
+// widest vector load), so upload, download and copy are all memcpy.
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/cpu_ops.h"
+#include "core/error.h"
+
+#define DC_CPU_ALIGN 64
+
+static void *aligned(size_t bytes) {
+    // aligned_alloc wants a size that is a multiple of the alignment.
+    size_t n = (bytes + DC_CPU_ALIGN - 1) / DC_CPU_ALIGN * DC_CPU_ALIGN;
+    return aligned_alloc(DC_CPU_ALIGN, n ? n : DC_CPU_ALIGN);
+}
+
+static void *cpu_alloc(dc_backend *be, size_t bytes) {
+    (void)be;
+    void *p = aligned(bytes);
+    if (!p) dc_fail("cpu backend: out of memory allocating %zu bytes", bytes);
+    return p;
+}
+
+static void cpu_free(dc_backend *be, void *p) {
+    (void)be;
+    free(p);
+}
+
+static void cpu_copy(dc_backend *be, void *dst, const void *src, size_t bytes) {
+    (void)be;
+    if (bytes) memcpy(dst, src, bytes);
+}
+
+static void cpu_zero(dc_backend *be, void *dst, size_t bytes) {
+    (void)be;
+    if (bytes) memset(dst, 0, bytes);
+}
+
+// Every op finishes before it returns.
+static void cpu_sync(dc_backend *be) { (void)be; }
+
+static void cpu_destroy(dc_backend *be) {
+    if (!be) return;
+    dc_cpu_ctx *ctx = be->ctx;
+    if (ctx) free(ctx->scratch);
+    free(ctx);
+    free(be);
+}
+
+float *dc_cpu_scratch(dc_backend *be, size_t per_thread, size_t *stride) {
+    dc_cpu_ctx *ctx = be->ctx;
+    // Round each thread's slice to a cache line so threads never share one.
+    per_thread = (per_thread + 15) / 16 * 16;
+    int nt = omp_get_max_threads();
+    if (per_thread > ctx->scratch_per_thread || nt > ctx->scratch_threads) {
+        size_t want = per_thread > ctx->scratch_per_thread ? per_thread : ctx->scratch_per_thread;
+        int threads = nt > ctx->scratch_threads ? nt : ctx->scratch_threads;
+        float *p = aligned(want * threads * sizeof(float));
+        if (!p) {
+            fprintf(stderr, "cpu backend: out of memory for %zu bytes of op scratch\n",
+                    want * threads * sizeof(float));
+            abort();
+        }
+        free(ctx->scratch);
+        ctx->scratch = p;
+        ctx->scratch_per_thread = want;
+        ctx->scratch_threads = threads;
+    }
+    *stride = ctx->scratch_per_thread;
+    return ctx->scratch;
+}
+
+dc_backend *dc_backend_cpu_create(void) {
+    dc_backend *be = calloc(1, sizeof *be);
+    dc_cpu_ctx *ctx = calloc(1, sizeof *ctx);
+    if (!be || !ctx) {
+        free(be);
+        free(ctx);
+        dc_fail("cpu backend: out of memory");
+        return NULL;
+    }
+    dc_cpu_blas_init();
+    *be = (dc_backend){
+        .name = "cpu",
+        .ctx = ctx,
+        .compute = DC_F32,
+        .alloc = cpu_alloc,
+        .free = cpu_free,
+        .upload = cpu_copy,
+        .download = cpu_copy,
+        .copy = cpu_copy,
+        .zero = cpu_zero,
+        .sync = cpu_sync,
+        .destroy = cpu_destroy,
+        .linear_fwd = dc_cpu_linear_fwd,
+        .linear_bwd = dc_cpu_linear_bwd,
+        .gelu_fwd = dc_cpu_gelu_fwd,
+        .gelu_bwd = dc_cpu_gelu_bwd,
+        .silu_fwd = dc_cpu_silu_fwd,
+        .silu_bwd = dc_cpu_silu_bwd,
+        .axpy = dc_cpu_axpy,
+        .add_rows = dc_cpu_add_rows,
+        .ln_mod_fwd = dc_cpu_ln_mod_fwd,
+        .ln_mod_bwd = dc_cpu_ln_mod_bwd,
+        .gate_res_fwd = dc_cpu_gate_res_fwd,
+        .gate_res_bwd = dc_cpu_gate_res_bwd,
+        .attn_fwd = dc_cpu_attn_fwd,
+        .attn_bwd = dc_cpu_attn_bwd,
+        .patchify = dc_cpu_patchify,
+        .unpatchify_fwd = dc_cpu_unpatchify_fwd,
+        .unpatchify_bwd = dc_cpu_unpatchify_bwd,
+        .timestep_embed = dc_cpu_timestep_embed,
+        .embed_fwd = dc_cpu_embed_fwd,
+        .embed_bwd = dc_cpu_embed_bwd,
+        .randn = dc_cpu_randn,
+        .q_sample = dc_cpu_q_sample,
+        .diffusion_loss = dc_cpu_diffusion_loss,
+        .cfg_combine = dc_cpu_cfg_combine,
+        .sampler_step = dc_cpu_sampler_step,
+        .adamw = dc_cpu_adamw,
+        .ema = dc_cpu_ema,
+        .sumsq = dc_cpu_sumsq,
+    };
+    return be;
+}

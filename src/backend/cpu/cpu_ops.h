@@ -1,0 +1,124 @@
+// Private to the CPU backend: the op functions that fill its dc_backend table
+// (signatures exactly as the function pointers in backend.h), its context,
+// and the helpers the op files share.
+#pragma once
+#include <assert.h>
+#include <math.h>
+#include <stddef.h>
+
+#include "backend/backend.h"
+
+// Without -ffast-math glibc does not declare the SIMD variants of its libm
+// functions, so every loop calling expf or tanhf (GELU, softmax) runs scalar
+// and costs 10x more than the GEMMs around it. Declaring the vector variants
+// that libmvec exports (linked through -lm) lets `#pragma omp simd` loops
+// vectorise them. tanhf's variant appeared in glibc 2.35.
+#if defined(__x86_64__) && defined(__GLIBC__) && defined(_OPENMP)
+#pragma omp declare simd notinbranch
+float expf(float);
+#pragma omp declare simd notinbranch
+float logf(float);
+#if __GLIBC_PREREQ(2, 35)
+#pragma omp declare simd notinbranch
+float tanhf(float);
+#endif
+#endif
+
+// Multiply-add for hand-written inner loops: -std=c11 turns off contraction
+// of a*b+c into an FMA, so ask for one where the hardware has it.
+#ifdef __FMA__
+#define DC_CPU_FMA(a, b, c) fmaf((a), (b), (c))
+#else
+#define DC_CPU_FMA(a, b, c) ((a) * (b) + (c))
+#endif
+
+// Loops shorter than this run on one thread: a parallel region costs a few
+// microseconds, more than the loop itself.
+#define DC_CPU_PAR_MIN 32768
+
+// Backend state: per-thread scratch, grown on demand and kept between calls
+// so ops do not allocate in the training step.
+typedef struct {
+    float *scratch;        // [nthreads, scratch_per_thread]
+    size_t scratch_per_thread;
+    int scratch_threads;
+} dc_cpu_ctx;
+
+// The F32 data of a buffer. Other dtypes never reach the CPU backend: that is a
+// bug in the caller, not bad input.
+static inline float *dc_cpu_f32(dc_buf b) {
+    assert(b.dt == DC_F32 && "the CPU backend computes in F32 only");
+    return (float *)b.p;
+}
+
+// Makes sure every OpenMP thread has `per_thread` floats of scratch and
+// returns the base; thread t uses base + t * stride (*stride set here). Called
+// outside parallel regions. Ops have no error return, so running out of
+// memory here aborts with a message.
+float *dc_cpu_scratch(dc_backend *be, size_t per_thread, size_t *stride);
+
+// Puts OpenBLAS in single-threaded mode: OpenMP threads call it on slices.
+void dc_cpu_blas_init(void);
+// Row-major C[M,N] = alpha op(A) op(B) + beta C (op = transpose where ta/tb),
+// the output split across OpenMP threads; call outside parallel regions.
+void dc_cpu_sgemm(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
+                  const float *B, int ldb, float beta, float *C, int ldc);
+
+// ---- dense layers (cpu_linear.c) ----------------------------------------------
+void dc_cpu_linear_fwd(dc_backend *be, dc_buf out, dc_buf inp, dc_buf w, dc_buf b, int M, int K,
+                       int N);
+void dc_cpu_linear_bwd(dc_backend *be, dc_buf dinp, dc_buf dw, dc_buf db, dc_buf dout,
+                       dc_buf inp, dc_buf w, int M, int K, int N, bool accumulate);
+
+// ---- pointwise and embeddings (cpu_pointwise.c) -------------------------------
+void dc_cpu_gelu_fwd(dc_backend *be, dc_buf out, dc_buf inp, int64_t n);
+void dc_cpu_gelu_bwd(dc_backend *be, dc_buf dinp, dc_buf dout, dc_buf inp, int64_t n);
+void dc_cpu_silu_fwd(dc_backend *be, dc_buf out, dc_buf inp, int64_t n);
+void dc_cpu_silu_bwd(dc_backend *be, dc_buf dinp, dc_buf dout, dc_buf inp, int64_t n,
+                     bool accumulate);
+void dc_cpu_axpy(dc_backend *be, dc_buf y, dc_buf x, float alpha, int64_t n);
+void dc_cpu_add_rows(dc_backend *be, dc_buf x, dc_buf pos, int B, int T, int D);
+void dc_cpu_patchify(dc_backend *be, dc_buf out, dc_buf img, int B, int C, int H, int W, int p);
+void dc_cpu_unpatchify_fwd(dc_backend *be, dc_buf img, dc_buf tok, int B, int C, int H, int W,
+                           int p);
+void dc_cpu_unpatchify_bwd(dc_backend *be, dc_buf dtok, dc_buf dimg, int B, int C, int H, int W,
+                           int p);
+void dc_cpu_timestep_embed(dc_backend *be, dc_buf out, dc_buf t, int B, int half);
+void dc_cpu_embed_fwd(dc_backend *be, dc_buf out, dc_buf table, dc_buf idx, int B, int D);
+void dc_cpu_embed_bwd(dc_backend *be, dc_buf dtable, dc_buf dout, dc_buf idx, int B, int D);
+
+// ---- adaLN-Zero (cpu_adaln.c) -------------------------------------------------
+void dc_cpu_ln_mod_fwd(dc_backend *be, dc_buf out, dc_buf mean, dc_buf rstd, dc_buf x,
+                       dc_buf mod, int B, int T, int D, int nchunk, int ch_shift, int ch_scale);
+void dc_cpu_ln_mod_bwd(dc_backend *be, dc_buf dx, dc_buf dmod, dc_buf dout, dc_buf x,
+                       dc_buf mean, dc_buf rstd, dc_buf mod, int B, int T, int D, int nchunk,
+                       int ch_shift, int ch_scale);
+void dc_cpu_gate_res_fwd(dc_backend *be, dc_buf x, dc_buf y, dc_buf mod, int B, int T, int D,
+                         int nchunk, int ch_gate);
+void dc_cpu_gate_res_bwd(dc_backend *be, dc_buf dy, dc_buf dmod, dc_buf dx, dc_buf y,
+                         dc_buf mod, int B, int T, int D, int nchunk, int ch_gate);
+
+// ---- attention (cpu_attention.c) ----------------------------------------------
+void dc_cpu_attn_fwd(dc_backend *be, dc_buf out, dc_buf lse, dc_buf qkv, int B, int T, int D,
+                     int H);
+void dc_cpu_attn_bwd(dc_backend *be, dc_buf dqkv, dc_buf dout, dc_buf qkv, dc_buf out,
+                     dc_buf lse, int B, int T, int D, int H);
+
+// ---- diffusion (cpu_diffusion.c) ----------------------------------------------
+void dc_cpu_randn(dc_backend *be, dc_buf out, const uint32_t *keys, int B, int64_t n,
+                  uint64_t seed, uint32_t step, uint32_t stream);
+void dc_cpu_q_sample(dc_backend *be, dc_buf xt, dc_buf x0, dc_buf eps, const float *a,
+                     const float *s, int B, int64_t n);
+void dc_cpu_diffusion_loss(dc_backend *be, dc_buf dout, dc_buf losses, dc_buf out, dc_buf x0,
+                           dc_buf xt, dc_buf eps, const dc_loss_coef *coef, int B, int C,
+                           int64_t HW, float grad_scale);
+void dc_cpu_cfg_combine(dc_backend *be, dc_buf dst, dc_buf model_out, int B, int OC, int64_t HW,
+                        int guided, float scale);
+void dc_cpu_sampler_step(dc_backend *be, dc_buf x, dc_buf out, dc_buf z,
+                         const dc_step_coef *coef, int B, int C, int OC, int64_t HW);
+
+// ---- optimisation (cpu_optim.c) -----------------------------------------------
+void dc_cpu_adamw(dc_backend *be, dc_buf p, dc_buf grad, dc_buf m, dc_buf v, int64_t n,
+                  const dc_adamw_step *h);
+void dc_cpu_ema(dc_backend *be, dc_buf ema, dc_buf p, int64_t n, float decay);
+double dc_cpu_sumsq(dc_backend *be, dc_buf x, int64_t n);

@@ -1,0 +1,45 @@
+// Optimiser-side ops over the flat parameter buffers: AdamW, EMA, sum of squares.
+#include <stdint.h>
+
+#include "backend/cpu/cpu_ops.h"
+
+void dc_cpu_adamw(dc_backend *be, dc_buf p_, dc_buf grad_, dc_buf m_, dc_buf v_, int64_t n,
+                  const dc_adamw_step *h) {
+    (void)be;
+    float *p = dc_cpu_f32(p_), *m = dc_cpu_f32(m_), *v = dc_cpu_f32(v_);  // [n] each
+    const float *g = dc_cpu_f32(grad_);                                   // [n]
+    const dc_adamw_step hs = *h;  // a local copy lets the loop keep it in registers
+#pragma omp parallel for simd schedule(static) if (n > DC_CPU_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) dc_adamw_update(&p[i], &m[i], &v[i], g[i], &hs);
+}
+
+void dc_cpu_ema(dc_backend *be, dc_buf ema_, dc_buf p_, int64_t n, float decay) {
+    (void)be;
+    float *ema = dc_cpu_f32(ema_);
+    const float *p = dc_cpu_f32(p_);
+    const float w = 1.0f - decay;
+#pragma omp parallel for simd schedule(static) if (n > DC_CPU_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) ema[i] = decay * ema[i] + w * p[i];
+}
+
+// Fixed blocks, each summed in order, then the block sums in order: the
+// result is the same for any thread count (gradient clipping depends on it,
+// and exact resume depends on clipping).
+double dc_cpu_sumsq(dc_backend *be, dc_buf x_, int64_t n) {
+    (void)be;
+    const float *x = dc_cpu_f32(x_);
+    enum { NB = 256 };
+    double part[NB];
+    const int64_t bs = (n + NB - 1) / NB;
+#pragma omp parallel for schedule(static) if (n > DC_CPU_PAR_MIN)
+    for (int k = 0; k < NB; k++) {
+        const int64_t i0 = k * bs, i1 = i0 + bs < n ? i0 + bs : n;
+        double s = 0.0;
+#pragma omp simd reduction(+ : s)
+        for (int64_t i = i0; i < i1; i++) s += (double)x[i] * x[i];
+        part[k] = s;
+    }
+    double s = 0.0;
+    for (int k = 0; k < NB; k++) s += part[k];
+    return s;
+}

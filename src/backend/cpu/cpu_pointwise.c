@@ -1,0 +1,172 @@
+// Elementwise ops and the DiT embeddings: activations, axpy, positional add,
+// patchify / unpatchify, timestep and label embeddings.
+//
+// Activation loops are `omp simd` so expf and tanhf vectorise through libmvec
+// (see cpu_ops.h); the formulas themselves are the shared ones in op_math.h.
+#include <stdint.h>
+#include <string.h>
+
+#include "backend/cpu/cpu_ops.h"
+
+void dc_cpu_gelu_fwd(dc_backend *be, dc_buf out_, dc_buf inp_, int64_t n) {
+    (void)be;
+    float *out = dc_cpu_f32(out_);
+    const float *inp = dc_cpu_f32(inp_);
+#pragma omp parallel for simd schedule(static) if (n > DC_CPU_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) out[i] = dc_gelu(inp[i]);
+}
+
+void dc_cpu_gelu_bwd(dc_backend *be, dc_buf dinp_, dc_buf dout_, dc_buf inp_, int64_t n) {
+    (void)be;
+    float *dinp = dc_cpu_f32(dinp_);
+    const float *dout = dc_cpu_f32(dout_), *inp = dc_cpu_f32(inp_);
+#pragma omp parallel for simd schedule(static) if (n > DC_CPU_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) dinp[i] = dout[i] * dc_gelu_grad(inp[i]);
+}
+
+void dc_cpu_silu_fwd(dc_backend *be, dc_buf out_, dc_buf inp_, int64_t n) {
+    (void)be;
+    float *out = dc_cpu_f32(out_);
+    const float *inp = dc_cpu_f32(inp_);
+#pragma omp parallel for simd schedule(static) if (n > DC_CPU_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) out[i] = dc_silu(inp[i]);
+}
+
+void dc_cpu_silu_bwd(dc_backend *be, dc_buf dinp_, dc_buf dout_, dc_buf inp_, int64_t n,
+                     bool accumulate) {
+    (void)be;
+    float *dinp = dc_cpu_f32(dinp_);
+    const float *dout = dc_cpu_f32(dout_), *inp = dc_cpu_f32(inp_);
+    if (accumulate) {
+#pragma omp parallel for simd schedule(static) if (n > DC_CPU_PAR_MIN)
+        for (int64_t i = 0; i < n; i++) dinp[i] += dout[i] * dc_silu_grad(inp[i]);
+    } else {
+#pragma omp parallel for simd schedule(static) if (n > DC_CPU_PAR_MIN)
+        for (int64_t i = 0; i < n; i++) dinp[i] = dout[i] * dc_silu_grad(inp[i]);
+    }
+}
+
+void dc_cpu_axpy(dc_backend *be, dc_buf y_, dc_buf x_, float alpha, int64_t n) {
+    (void)be;
+    float *y = dc_cpu_f32(y_);
+    const float *x = dc_cpu_f32(x_);
+#pragma omp parallel for simd schedule(static) if (n > DC_CPU_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) y[i] += alpha * x[i];
+}
+
+void dc_cpu_add_rows(dc_backend *be, dc_buf x_, dc_buf pos_, int B, int T, int D) {
+    (void)be;
+    float *x = dc_cpu_f32(x_);            // [B, T, D]
+    const float *pos = dc_cpu_f32(pos_);  // [T, D]
+#pragma omp parallel for schedule(static) if ((int64_t)B * T * D > DC_CPU_PAR_MIN)
+    for (int bt = 0; bt < B * T; bt++) {
+        float *xr = x + (int64_t)bt * D;
+        const float *pr = pos + (int64_t)(bt % T) * D;
+#pragma omp simd
+        for (int d = 0; d < D; d++) xr[d] += pr[d];
+    }
+}
+
+// ---- patches ------------------------------------------------------------------
+// Token n = gy * (W/p) + gx covers pixels (gy*p + py, gx*p + px).
+
+void dc_cpu_patchify(dc_backend *be, dc_buf out_, dc_buf img_, int B, int C, int H, int W,
+                     int p) {
+    (void)be;
+    float *out = dc_cpu_f32(out_);        // [B, T, C*p*p], features (c, py, px)
+    const float *img = dc_cpu_f32(img_);  // [B, C, H, W]
+    assert(H % p == 0 && W % p == 0);
+    const int gh = H / p, gw = W / p, F = C * p * p;
+#pragma omp parallel for schedule(static) if ((int64_t)B * C * H * W > DC_CPU_PAR_MIN)
+    for (int bg = 0; bg < B * gh; bg++) {
+        const int b = bg / gh, gy = bg % gh;
+        for (int gx = 0; gx < gw; gx++) {
+            float *o = out + ((int64_t)b * gh * gw + (int64_t)gy * gw + gx) * F;
+            for (int c = 0; c < C; c++)
+                for (int py = 0; py < p; py++) {
+                    const float *src = img + (((int64_t)b * C + c) * H + gy * p + py) * W + gx * p;
+                    memcpy(o + (c * p + py) * p, src, (size_t)p * sizeof(float));
+                }
+        }
+    }
+}
+
+void dc_cpu_unpatchify_fwd(dc_backend *be, dc_buf img_, dc_buf tok_, int B, int C, int H, int W,
+                           int p) {
+    (void)be;
+    float *img = dc_cpu_f32(img_);        // [B, C, H, W]
+    const float *tok = dc_cpu_f32(tok_);  // [B, T, p*p*C], features (py, px, c)
+    assert(H % p == 0 && W % p == 0);
+    const int gw = W / p, F = p * p * C;
+#pragma omp parallel for schedule(static) if ((int64_t)B * C * H * W > DC_CPU_PAR_MIN)
+    for (int bcy = 0; bcy < B * C * H; bcy++) {
+        const int y = bcy % H, c = bcy / H % C, b = bcy / H / C;
+        const float *trow = tok + ((int64_t)b * (H / p) + y / p) * gw * F + (y % p) * p * C + c;
+        float *irow = img + (int64_t)bcy * W;
+        for (int x = 0; x < W; x++) irow[x] = trow[(x / p) * F + (x % p) * C];
+    }
+}
+
+// The adjoint of unpatchify_fwd: the same permutation read the other way.
+void dc_cpu_unpatchify_bwd(dc_backend *be, dc_buf dtok_, dc_buf dimg_, int B, int C, int H,
+                           int W, int p) {
+    (void)be;
+    float *dtok = dc_cpu_f32(dtok_);        // [B, T, p*p*C]
+    const float *dimg = dc_cpu_f32(dimg_);  // [B, C, H, W]
+    assert(H % p == 0 && W % p == 0);
+    const int gw = W / p, F = p * p * C;
+#pragma omp parallel for schedule(static) if ((int64_t)B * C * H * W > DC_CPU_PAR_MIN)
+    for (int bcy = 0; bcy < B * C * H; bcy++) {
+        const int y = bcy % H, c = bcy / H % C, b = bcy / H / C;
+        float *trow = dtok + ((int64_t)b * (H / p) + y / p) * gw * F + (y % p) * p * C + c;
+        const float *irow = dimg + (int64_t)bcy * W;
+        for (int x = 0; x < W; x++) trow[(x / p) * F + (x % p) * C] = irow[x];
+    }
+}
+
+// ---- conditioning embeddings ---------------------------------------------------
+
+// In double throughout: t f_k reaches 1000 radians, where float32 arithmetic
+// would already be off by ~1e-4; this gives the formula rounded once.
+void dc_cpu_timestep_embed(dc_backend *be, dc_buf out_, dc_buf t_, int B, int half) {
+    (void)be;
+    float *out = dc_cpu_f32(out_);    // [B, 2*half]
+    const float *t = dc_cpu_f32(t_);  // [B]
+    for (int b = 0; b < B; b++)
+        for (int k = 0; k < half; k++) {
+            double arg = (double)t[b] * dc_timestep_freq(k, half);
+            out[(int64_t)b * 2 * half + k] = (float)cos(arg);
+            out[(int64_t)b * 2 * half + half + k] = (float)sin(arg);
+        }
+}
+
+static const int32_t *idx_i32(dc_buf idx) {
+    assert(idx.dt == DC_I32 && "embedding indices are int32");
+    return (const int32_t *)idx.p;
+}
+
+void dc_cpu_embed_fwd(dc_backend *be, dc_buf out_, dc_buf table_, dc_buf idx_, int B, int D) {
+    (void)be;
+    float *out = dc_cpu_f32(out_);            // [B, D]
+    const float *table = dc_cpu_f32(table_);  // [rows, D]
+    const int32_t *idx = idx_i32(idx_);       // [B]
+    for (int b = 0; b < B; b++) {
+        assert(idx[b] >= 0);
+        memcpy(out + (int64_t)b * D, table + (int64_t)idx[b] * D, (size_t)D * sizeof(float));
+    }
+}
+
+// Serial over b: samples sharing a label add into the same row, in batch order.
+void dc_cpu_embed_bwd(dc_backend *be, dc_buf dtable_, dc_buf dout_, dc_buf idx_, int B, int D) {
+    (void)be;
+    float *dtable = dc_cpu_f32(dtable_);    // [rows, D]
+    const float *dout = dc_cpu_f32(dout_);  // [B, D]
+    const int32_t *idx = idx_i32(idx_);     // [B]
+    for (int b = 0; b < B; b++) {
+        assert(idx[b] >= 0);
+        float *row = dtable + (int64_t)idx[b] * D;
+        const float *g = dout + (int64_t)b * D;
+#pragma omp simd
+        for (int d = 0; d < D; d++) row[d] += g[d];
+    }
+}

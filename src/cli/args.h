@@ -1,0 +1,32 @@
+// Command-line flags: a table per command, strict parsing, generated --help.
+#pragma once
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+typedef enum { ARG_INT, ARG_FLOAT, ARG_STR, ARG_FLAG, ARG_U64 } arg_kind;
+
+typedef struct {
+    const char *name;  // without the leading "--"
+    arg_kind kind;
+    void *dst;         // int*, float*, const char**, bool*, uint64_t*
+    const char *meta;  // value placeholder in help ("N", "PATH")
+    const char *help;
+} arg_spec;
+
+typedef struct {
+    const char *usage;    // "diffusion train [flags]"
+    const char *summary;  // one paragraph
+    const arg_spec *specs;
+    int nspecs;
+    int max_positional;
+    const char *positional[4];
+    int npositional;
+} arg_parser;
+
+// Parses argv[1..argc). Returns 0, 1 when --help was printed, or -1 with an
+// error message naming the flag.
+int args_parse(arg_parser *p, int argc, char **argv);
+void args_help(const arg_parser *p, FILE *out);
+// Was the flag given on the command line (by the last args_parse)?
+bool args_given(const arg_parser *p, const char *name);

@@ -1,0 +1,86 @@
+#include "cli/cli_util.h"
+
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <cblas.h>
+#include <omp.h>
+
+#include "core/error.h"
+#include "models/dit_io.h"
+
+dc_dit_config cli_demo_model(void) {
+    return (dc_dit_config){.input_size = 32, .patch = 4, .in_channels = 1, .hidden = 128,
+                           .depth = 6, .heads = 4, .mlp_hidden = 512, .num_classes = 10,
+                           .learn_sigma = true};
+}
+
+dc_train_config cli_demo_train(void) {
+    dc_train_config c = dc_train_config_default();
+    c.steps = 2000, c.batch = 64, c.micro_batch = 64, c.lr = 5e-4f, c.warmup = 100;
+    c.grad_clip = 1.0f, c.ema_decay = 0.998f;
+    return c;
+}
+
+int cli_set_threads(int threads) {
+    if (threads < 0) return dc_fail("--threads must be non-negative");
+    if (threads > 0) {
+        omp_set_num_threads(threads);
+        openblas_set_num_threads(threads);
+    }
+    return 0;
+}
+
+static int cmp_i64(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+int cli_list_checkpoints(const char *dir, int64_t *steps, int max) {
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) && n < max) {
+        long long s;
+        int used = 0;
+        if (sscanf(e->d_name, "step_%lld.safetensors%n", &s, &used) == 1 && e->d_name[used] == 0)
+            steps[n++] = s;
+    }
+    closedir(d);
+    qsort(steps, n, sizeof *steps, cmp_i64);
+    return n;
+}
+
+int cli_resolve_checkpoint(const char *path, char *out, int n) {
+    struct stat st;
+    if (stat(path, &st) != 0) return dc_fail("%s: no such file or folder", path);
+    if (!S_ISDIR(st.st_mode)) return snprintf(out, n, "%s", path), 0;
+    int64_t steps[4096];
+    int k = cli_list_checkpoints(path, steps, 4096);
+    if (k == 0) return dc_fail("%s: folder holds no step_*.safetensors checkpoint", path);
+    snprintf(out, n, "%s/step_%07lld.safetensors", path, (long long)steps[k - 1]);
+    return 0;
+}
+
+int cli_load_model(const char *path, bool raw, int heads, dc_backend *be, dc_dit *m,
+                   const char **which) {
+    char file[4096];
+    dc_st_file f;
+    dc_dit_config c;
+    DC_TRY(cli_resolve_checkpoint(path, file, sizeof file));
+    DC_TRY(dc_st_open(&f, file));
+    bool has_ema = dc_st_find(&f, "ema.x_embedder.proj.weight") != NULL;
+    const char *prefix = has_ema && !raw ? "ema." : "";
+    if (dc_dit_config_from_file(&f, "", heads, &c) || dc_dit_create(m, &c, be, false)) {
+        dc_st_close(&f);
+        return -1;
+    }
+    int rc = dc_dit_load_weights(m, &f, prefix);
+    dc_st_close(&f);
+    if (rc) return dc_dit_free(m), -1;
+    if (which) *which = *prefix ? "EMA" : "raw";
+    return 0;
+}

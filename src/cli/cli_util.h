@@ -1,0 +1,28 @@
+// Helpers shared by the subcommands: defaults, threads, checkpoint lookup,
+// and loading a model for inference.
+#pragma once
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "backend/backend.h"
+#include "io/safetensors.h"
+#include "models/dit.h"
+#include "train/trainer.h"
+
+#define DC_FMNIST_DIR "/usr/share/datasets/fashion-mnist"
+
+// The built-in default: a small DiT for 32x32 Fashion-MNIST and its recipe,
+// sized to train in about ten minutes on two CPU cores.
+dc_dit_config cli_demo_model(void);
+dc_train_config cli_demo_train(void);
+
+// Sets OpenMP and OpenBLAS threads (0: all cores).
+int cli_set_threads(int threads);
+// Steps of the run folder's step_NNNNNNN.safetensors files, ascending; returns count.
+int cli_list_checkpoints(const char *dir, int64_t *steps, int max);
+// A checkpoint file, or the newest checkpoint of a run folder.
+int cli_resolve_checkpoint(const char *path, char *out, int n);
+// Opens weights for inference: a checkpoint (EMA weights unless raw), a run
+// folder (its newest checkpoint) or a plain official-key file.
+int cli_load_model(const char *path, bool raw, int heads, dc_backend *be, dc_dit *m,
+                   const char **which);

@@ -1,0 +1,57 @@
+// diffusion export: weights under the plain official DiT keys, which the
+// official PyTorch model loads with load_state_dict(safetensors load_file(..)).
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "cli/args.h"
+#include "cli/cli_util.h"
+#include "cli/commands.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "models/dit_io.h"
+
+int cmd_export(int argc, char **argv) {
+    const char *ckpt = NULL, *out = NULL;
+    bool raw = false;
+    int heads = 0;
+    arg_spec specs[] = {
+        {"ckpt", ARG_STR, &ckpt, "PATH", "checkpoint or run folder (its newest checkpoint)"},
+        {"out", ARG_STR, &out, "PATH", "safetensors file to write"},
+        {"raw", ARG_FLAG, &raw, NULL, "export the raw weights instead of EMA"},
+        {"heads", ARG_INT, &heads, "N", "heads, for widths outside the official table"},
+    };
+    arg_parser ap = {"diffusion export --ckpt PATH --out FILE [--raw]",
+                     "Writes the EMA weights (or --raw ones) of a checkpoint as a plain state dict\n"
+                     "with the official DiT key names (pos_embed included), float32, with the\n"
+                     "model config in __metadata__.",
+                     specs, (int)(sizeof specs / sizeof specs[0]), 0, {0}, 0};
+    int rc = args_parse(&ap, argc, argv);
+    if (rc) return rc > 0 ? 0 : cli_fail();
+    if (!ckpt || !out) return fprintf(stderr, "error: --ckpt and --out are required (see --help)\n"), 1;
+    dc_backend *be = NULL;
+    dc_dit m = {0};
+    const char *which;
+    float *host = NULL;
+    dc_st_entry *e = NULL;
+    char (*names)[128] = NULL;
+    dc_kv kv = {0};
+    int status = 1;
+    if (dc_backend_create("cpu", &be) || cli_load_model(ckpt, raw, heads, be, &m, &which)) goto done;
+    host = malloc((size_t)m.params.numel * sizeof *host);
+    e = calloc(m.params.count, sizeof *e);
+    names = calloc(m.params.count, sizeof *names);
+    if (!host || !e || !names) { dc_fail("out of memory"); goto done; }
+    dc_dit_weight_entries(&m, m.params.data, "", host, e, names);
+    if (dc_dit_config_to_kv(&m.cfg, &kv) || dc_kv_set(&kv, "weights", "%s", which)) goto done;
+    if (dc_st_write(out, e, m.params.count, (const char *const *)kv.keys,
+                    (const char *const *)kv.values, kv.n)) goto done;
+    dc_log("wrote %s: %d tensors, %s weights, official DiT keys", out, m.params.count, which);
+    status = 0;
+done:
+    if (status) cli_fail();
+    dc_kv_free(&kv);
+    free(host), free(e), free(names);
+    dc_dit_free(&m);
+    if (be) dc_backend_destroy(be);
+    return status;
+}

@@ -1,0 +1,113 @@
+#include "core/fsutil.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/error.h"
+
+struct dc_atomic_file {
+    FILE *fp;
+    char *path;  // the target
+    char *tmp;   // "<path>.tmp.<pid>", in the same directory so rename() is atomic
+};
+
+dc_atomic_file *dc_atomic_begin(const char *path) {
+    if (!path || !*path) {
+        dc_fail("atomic write: empty file name");
+        return NULL;
+    }
+    dc_atomic_file *af = calloc(1, sizeof *af);
+    size_t n = strlen(path);
+    size_t tmp_cap = n + 32;
+    if (af) af->path = malloc(n + 1), af->tmp = malloc(tmp_cap);
+    if (!af || !af->path || !af->tmp) {
+        if (af) free(af->path), free(af->tmp), free(af);
+        dc_fail("%s: out of memory", path);
+        return NULL;
+    }
+    memcpy(af->path, path, n + 1);
+    snprintf(af->tmp, tmp_cap, "%s.tmp.%ld", path, (long)getpid());
+    // O_TRUNC: a leftover from a crashed process that had the same pid is garbage.
+    int fd = open(af->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+    if (fd >= 0) af->fp = fdopen(fd, "wb");
+    if (!af->fp) {
+        int e = errno;
+        if (fd >= 0) close(fd), unlink(af->tmp);
+        dc_fail("%s: cannot create temporary file %s: %s", path, af->tmp, strerror(e));
+        free(af->path), free(af->tmp), free(af);
+        return NULL;
+    }
+    return af;
+}
+
+FILE *dc_atomic_stream(dc_atomic_file *af) { return af ? af->fp : NULL; }
+
+// The rename is only durable once the directory entry itself is on disk.
+static int fsync_parent_dir(const char *path) {
+    const char *slash = strrchr(path, '/');
+    char *dir;
+    if (!slash) dir = strdup(".");
+    else if (slash == path) dir = strdup("/");
+    else dir = strndup(path, (size_t)(slash - path));
+    if (!dir) return dc_fail("%s: out of memory", path);
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int rc = 0;
+    // Some file systems cannot fsync a directory (EINVAL); the data itself is synced.
+    if (fd < 0 || (fsync(fd) != 0 && errno != EINVAL))
+        rc = dc_fail("%s: written, but syncing directory %s failed: %s", path, dir, strerror(errno));
+    if (fd >= 0) close(fd);
+    free(dir);
+    return rc;
+}
+
+int dc_atomic_end(dc_atomic_file *af, int ok) {
+    if (!af) return -1;  // dc_atomic_begin failed and left the message
+    int rc = 0;
+    if (!ok) {
+        rc = -1;  // the caller's message stays
+    } else if (fflush(af->fp) != 0 || ferror(af->fp)) {
+        rc = dc_fail("%s: write failed: %s", af->path, strerror(errno));
+    } else if (fsync(fileno(af->fp)) != 0) {
+        rc = dc_fail("%s: fsync failed: %s", af->path, strerror(errno));
+    }
+    // fclose can still report a deferred write error (e.g. on NFS).
+    if (fclose(af->fp) != 0 && rc == 0) rc = dc_fail("%s: close failed: %s", af->path, strerror(errno));
+    if (rc == 0 && rename(af->tmp, af->path) != 0)
+        rc = dc_fail("%s: cannot rename %s over it: %s", af->path, af->tmp, strerror(errno));
+    if (rc != 0) unlink(af->tmp);
+    else rc = fsync_parent_dir(af->path);
+    free(af->path), free(af->tmp), free(af);
+    return rc;
+}
+
+int dc_file_exists(const char *path) {
+    struct stat st;
+    return path && stat(path, &st) == 0;
+}
+
+int dc_mkdir_p(const char *path) {
+    if (!path || !*path) return dc_fail("mkdir: empty directory name");
+    char *p = strdup(path);
+    if (!p) return dc_fail("%s: out of memory", path);
+    int rc = 0;
+    // Create each prefix that ends just before a '/', then the whole path.
+    for (char *s = p + 1;; s++) {
+        if (*s != '/' && *s != 0) continue;
+        char c = *s;
+        *s = 0;
+        struct stat st;
+        if (mkdir(p, 0777) != 0 && errno != EEXIST) {
+            rc = dc_fail("cannot create directory %s: %s", p, strerror(errno));
+        } else if (stat(p, &st) != 0 || !S_ISDIR(st.st_mode)) {
+            rc = dc_fail("cannot create directory %s: %s exists and is not a directory", path, p);
+        }
+        *s = c;
+        if (rc != 0 || c == 0) break;
+    }
+    free(p);
+    return rc;
+}

@@ -1,0 +1,129 @@
+// The sampling loop. Per step k (spaced index, steps-1 down to 0):
+//   with guidance: model([x; x], t, [y; null]) -> cfg_combine -> (eps, v) of the cond half
+//   without:       model(x, t, y)
+//   x <- sampler_step(x, eps, v, z_k)
+// As in the official forward_with_cfg, only the conditional half is carried:
+// sample.py keeps samples.chunk(2)[0], and each step rebuilds [x; x] from it.
+#include "diffusion/sampler.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include "core/error.h"
+#include "core/rng.h"
+
+dc_sampler_opts dc_sampler_opts_default(void) {
+    dc_sampler_opts o;
+    memset(&o, 0, sizeof o);
+    o.steps = 250;
+    o.kind = DC_STEP_DDPM;
+    o.cfg_scale = 1.0f;
+    o.learn_sigma = true;
+    o.null_class = 1000;
+    return o;
+}
+
+void dc_sampler_free(dc_sampler *s) {
+    if (!s) return;
+    dc_buf *bufs[] = {&s->xin, &s->out, &s->comb, &s->z, &s->t, &s->y};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]->p) s->be->free(s->be, bufs[i]->p);
+    free(s->t_host);
+    free(s->y_host);
+    dc_schedule_free(&s->sched);
+    memset(s, 0, sizeof *s);
+}
+
+static int alloc_buf(dc_sampler *s, dc_buf *b, dc_dtype dt, size_t count, const char *what) {
+    b->dt = dt;
+    b->p = s->be->alloc(s->be, count * dc_dtype_size(dt));
+    if (!b->p) return dc_fail("sampler: cannot allocate %s (%zu elements)", what, count);
+    return 0;
+}
+
+int dc_sampler_init(dc_sampler *s, dc_backend *be, const dc_sampler_opts *opt, int C, int H,
+                    int W, int max_batch) {
+    memset(s, 0, sizeof *s);
+    if (C < 1 || H < 1 || W < 1 || max_batch < 1)
+        return dc_fail("sampler: bad shape C=%d H=%d W=%d max_batch=%d", C, H, W, max_batch);
+    if (opt->kind != DC_STEP_DDPM && opt->kind != DC_STEP_DDIM)
+        return dc_fail("sampler: unknown sampler kind %d", (int)opt->kind);
+    if (opt->guided_channels < 0 || opt->guided_channels > C)
+        return dc_fail("sampler: guided channels %d outside [0, %d]", opt->guided_channels, C);
+    if (opt->null_class < 0) return dc_fail("sampler: null class %d < 0", opt->null_class);
+    s->be = be;
+    s->opt = *opt;
+    s->C = C, s->H = H, s->W = W, s->max_batch = max_batch;
+    s->OC = opt->learn_sigma ? 2 * C : C;
+    s->cfg = opt->cfg_scale > 1.0f;
+    s->guided = opt->guided_channels ? opt->guided_channels : C;
+    if (dc_schedule_init_dit(&s->sched, DC_DIFFUSION_STEPS, opt->steps) != 0)
+        return dc_fail_ctx("sampler: %d steps", opt->steps);
+    // Check every step's coefficients once (DDIM eta range) before any work.
+    for (int k = 0; k < s->sched.n; k++) {
+        dc_step_coef c;
+        if (dc_schedule_step_coef(&s->sched, k, opt->kind, opt->eta, opt->learn_sigma, &c)) {
+            dc_sampler_free(s);
+            return -1;
+        }
+    }
+    size_t img = (size_t)C * H * W, rows = (size_t)(s->cfg ? 2 : 1) * max_batch;
+    int rc = alloc_buf(s, &s->out, DC_F32, rows * s->OC * (size_t)H * W, "model output");
+    if (!rc) rc = alloc_buf(s, &s->z, DC_F32, (size_t)max_batch * img, "noise");
+    if (!rc) rc = alloc_buf(s, &s->t, DC_F32, rows, "timesteps");
+    if (!rc) rc = alloc_buf(s, &s->y, DC_I32, rows, "labels");
+    if (!rc && s->cfg) rc = alloc_buf(s, &s->xin, DC_F32, rows * img, "guided input");
+    if (!rc && s->cfg)
+        rc = alloc_buf(s, &s->comb, DC_F32, (size_t)max_batch * s->OC * H * W, "guided output");
+    if (!rc) {
+        s->t_host = malloc(sizeof(float) * rows);
+        s->y_host = malloc(sizeof(int32_t) * rows);
+        if (!s->t_host || !s->y_host) rc = dc_fail("sampler: out of host memory");
+    }
+    if (rc) dc_sampler_free(s);
+    return rc;
+}
+
+int dc_sampler_run(dc_sampler *s, dc_buf x, const int32_t *y, const uint32_t *idx, int B,
+                   dc_eval_fn eval, void *ctx, dc_sample_progress_fn progress, void *pctx) {
+    if (B < 1 || B > s->max_batch)
+        return dc_fail("sampler: batch %d outside [1, %d]", B, s->max_batch);
+    dc_backend *be = s->be;
+    int64_t HW = (int64_t)s->H * s->W, n = (int64_t)s->C * HW;
+    int rows = s->cfg ? 2 * B : B;
+    size_t xbytes = sizeof(float) * (size_t)B * (size_t)n;
+
+    if (!s->opt.x_given)
+        be->randn(be, x, idx, B, n, s->opt.seed, DC_SAMPLE_START_STEP, DC_STREAM_SAMPLE_START);
+    for (int b = 0; b < B; b++) {
+        s->y_host[b] = y[b];
+        if (s->cfg) s->y_host[B + b] = s->opt.null_class;  // y_null = [1000] * n
+    }
+    be->upload(be, s->y.p, s->y_host, sizeof(int32_t) * (size_t)rows);
+
+    int total = s->sched.n;
+    for (int k = total - 1; k >= 0; k--) {
+        dc_step_coef coef;
+        DC_TRY(dc_schedule_step_coef(&s->sched, k, s->opt.kind, s->opt.eta, s->opt.learn_sigma,
+                                     &coef));
+        // _WrappedModel: the model sees the original timestep of spaced step k
+        for (int r = 0; r < rows; r++) s->t_host[r] = (float)s->sched.timestep[k];
+        be->upload(be, s->t.p, s->t_host, sizeof(float) * (size_t)rows);
+
+        dc_buf mo = s->out;
+        if (s->cfg) {
+            be->copy(be, s->xin.p, x.p, xbytes);
+            be->copy(be, dc_buf_at(s->xin, (int64_t)B * n).p, x.p, xbytes);
+            if (eval(ctx, s->out, s->xin, s->t, s->y, rows) != 0)
+                return dc_fail_ctx("sampling step %d of %d", total - k, total);
+            be->cfg_combine(be, s->comb, s->out, B, s->OC, HW, s->guided, s->opt.cfg_scale);
+            mo = s->comb;
+        } else if (eval(ctx, s->out, x, s->t, s->y, rows) != 0) {
+            return dc_fail_ctx("sampling step %d of %d", total - k, total);
+        }
+        if (coef.add_noise)
+            be->randn(be, s->z, idx, B, n, s->opt.seed, (uint32_t)k, DC_STREAM_NOISE);
+        be->sampler_step(be, x, mo, s->z, &coef, B, s->C, s->OC, HW);
+        if (progress) progress(pctx, total - k, total);
+    }
+    return 0;
+}

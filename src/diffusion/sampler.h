@@ -1,0 +1,68 @@
+// Sampling loop, independent of the model: a callback gives the model output
+// for a batch, the backend ops do the rest. It is the official DiT sample.py
+// path: create_diffusion(str(steps)), p_sample_loop (or ddim_sample_loop)
+// with clip_denoised=False and forward_with_cfg when guidance is on.
+//
+// Noise is keyed per sample, never per batch position, so a seed gives the
+// same image whatever the batch size or the order of the batch:
+//   start x of sample i: randn(seed, key = i, step = DC_SAMPLE_START_STEP, DC_STREAM_SAMPLE_START)
+//   z of spaced step k:  randn(seed, key = i, step = k, DC_STREAM_NOISE)
+// (k counts down from steps-1; the last step, k = 0, adds no noise.)
+#pragma once
+#include <stdbool.h>
+#include <stdint.h>
+#include "backend/backend.h"
+#include "diffusion/schedule.h"
+
+#define DC_SAMPLE_START_STEP 0xFFFFFFFFu
+
+// out[B, OC, H, W] = model(x[B, C, H, W], t[B] float original timesteps,
+// y[B] int32 labels), all on the backend. Returns 0 or -1 (message set).
+typedef int (*dc_eval_fn)(void *ctx, dc_buf out, dc_buf x, dc_buf t, dc_buf y, int B);
+// Called after each step with step = 1..total.
+typedef void (*dc_sample_progress_fn)(void *ctx, int step, int total);
+
+typedef struct {
+    int steps;            // respaced sampling steps (official default 250)
+    dc_step_kind kind;    // DC_STEP_DDPM (ancestral, p_sample) or DC_STEP_DDIM
+    float eta;            // DDIM only: 0 deterministic, 1 DDPM-like noise
+    float cfg_scale;      // classifier-free guidance; <= 1 means none (batch not doubled)
+    int guided_channels;  // eps channels that get guidance: 0 = all C; 3 = the official
+                          // forward_with_cfg quirk (guides channels 0..2 of 4)
+    uint64_t seed;
+    bool learn_sigma;     // model outputs 2C channels (eps, v); else C with FIXED_LARGE variance
+    int null_class;       // label of the unconditional half (num_classes in DiT)
+    bool x_given;         // x already holds the start noise: skip drawing it
+} dc_sampler_opts;
+
+// 250 DDPM steps, no guidance, learned sigma, seed 0, null class 1000.
+dc_sampler_opts dc_sampler_opts_default(void);
+
+typedef struct {
+    dc_backend *be;
+    dc_sampler_opts opt;
+    dc_schedule sched;  // the respaced process (opt.steps steps of the 1000-step one)
+    int C, H, W, OC, max_batch;
+    bool cfg;           // opt.cfg_scale > 1
+    int guided;         // channels guided (resolved from opt.guided_channels)
+    dc_buf xin;         // [2*max_batch, C, H, W] x duplicated for guidance (cfg only)
+    dc_buf out;         // [(cfg ? 2 : 1) * max_batch, OC, H, W] model output
+    dc_buf comb;        // [max_batch, OC, H, W] guided output (cfg only)
+    dc_buf z;           // [max_batch, C, H, W] step noise
+    dc_buf t;           // [(cfg ? 2 : 1) * max_batch] F32 model timesteps
+    dc_buf y;           // [(cfg ? 2 : 1) * max_batch] I32 labels
+    float *t_host;      // host staging for t and y
+    int32_t *y_host;
+} dc_sampler;
+
+// Builds the respaced schedule and allocates all scratch once for batches up
+// to max_batch of C x H x W images.
+int dc_sampler_init(dc_sampler *s, dc_backend *be, const dc_sampler_opts *opt, int C, int H,
+                    int W, int max_batch);
+void dc_sampler_free(dc_sampler *s);
+
+// Samples B images into x[B, C, H, W] (backend) for labels y[B] (host) whose
+// global sample indices are idx[B] (host; they key all the noise).
+// progress may be NULL.
+int dc_sampler_run(dc_sampler *s, dc_buf x, const int32_t *y, const uint32_t *idx, int B,
+                   dc_eval_fn eval, void *ctx, dc_sample_progress_fn progress, void *pctx);

@@ -1,0 +1,59 @@
+// Noise schedules of the Gaussian diffusion process, as the official DiT
+// code builds them (guided_diffusion/gaussian_diffusion.py and respace.py):
+// every table in float64, computed in the same order as numpy, and cast to
+// float only when a per-sample record for an op is filled.
+//
+// One dc_schedule is one process of n steps: the 1000-step base process, or
+// a respaced one (SpacedDiffusion) whose step k stands for original timestep
+// timestep[k] -- the value the model is fed.
+#pragma once
+#include <stdbool.h>
+#include "backend/op_math.h"
+
+#define DC_DIFFUSION_STEPS 1000  // the official diffusion_steps
+
+typedef struct {
+    int n;          // steps of this process
+    int T;          // steps of the base process it was spaced from
+    int *timestep;  // [n] original timestep of step k (identity for a base process)
+    // Official names (GaussianDiffusion attributes), all [n]:
+    double *betas, *log_betas;
+    double *alphas_cumprod, *alphas_cumprod_prev;
+    double *sqrt_alphas_cumprod, *sqrt_one_minus_alphas_cumprod;
+    double *sqrt_recip_alphas_cumprod, *sqrt_recipm1_alphas_cumprod;
+    double *posterior_variance, *posterior_log_variance_clipped;
+    double *posterior_mean_coef1, *posterior_mean_coef2;
+    double *fixed_large_log_variance;  // log([pv[1], betas[1:]]), the fixed variance DiT uses
+                                       // when sigma is not learned (ModelVarType.FIXED_LARGE)
+} dc_schedule;
+
+// A process from its betas (GaussianDiffusion.__init__); timestep may be NULL
+// (identity). Betas must lie in (0, 1].
+int dc_schedule_init_betas(dc_schedule *s, const double *betas, const int *timestep, int n, int T);
+// The base process of T steps with get_named_beta_schedule("linear", T):
+// betas = np.linspace(scale * 1e-4, scale * 0.02, T), scale = 1000 / T.
+int dc_schedule_init_linear(dc_schedule *s, int T);
+// SpacedDiffusion(space_timesteps(base->n, str(steps))): keeps the chosen
+// steps of base with betas 1 - abar_i / abar_(previous kept), so the kept
+// alphas_cumprod are exactly the base ones. `out` must not alias `base`.
+int dc_schedule_respace(dc_schedule *out, const dc_schedule *base, int steps);
+// What create_diffusion(str(steps)) builds: the linear T-step process respaced
+// to `steps`. Training uses steps = T, as create_diffusion("") does (the
+// respaced betas differ from the linspace ones in the last bits).
+int dc_schedule_init_dit(dc_schedule *s, int T, int steps);
+void dc_schedule_free(dc_schedule *s);
+
+// space_timesteps(T, "N") of respace.py, one section: frac_stride =
+// (T - 1) / (N - 1) (1 when N == 1); the index is accumulated by repeated
+// addition (cur += frac_stride) and rounded half to even as Python's round().
+// Note: for some N (e.g. 999) this differs from round(i * frac_stride).
+// out[N] is ascending. Fails unless 1 <= N <= T.
+int dc_space_timesteps(int T, int N, int *out);
+
+// The DiT training-loss record of step t of s (for the training schedule,
+// t is the original timestep).
+int dc_schedule_loss_coef(const dc_schedule *s, int t, dc_loss_coef *c);
+// The reverse-step record for step index k of s (k = n-1 first, down to 0):
+// ancestral DDPM (p_sample) or DDIM with eta (ddim_sample), no clipping.
+int dc_schedule_step_coef(const dc_schedule *s, int k, dc_step_kind kind, double eta,
+                          bool learn_sigma, dc_step_coef *c);

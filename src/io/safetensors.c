@@ -1,0 +1,466 @@
+#include "io/safetensors.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "core/error.h"
+#include "core/fsutil.h"
+#include "io/json.h"
+
+// The reference reader's limit; it keeps a hostile header from costing memory.
+#define ST_MAX_HEADER 100000000ull
+
+// Little-endian loads from unaligned bytes; compilers turn these into one mov.
+static uint16_t ld16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+static uint32_t ld32(const uint8_t *p) { return (uint32_t)ld16(p) | (uint32_t)ld16(p + 2) << 16; }
+static uint64_t ld64(const uint8_t *p) { return (uint64_t)ld32(p) | (uint64_t)ld32(p + 4) << 32; }
+
+// float8_e4m3fn (OCP FP8, PyTorch's torch.float8_e4m3fn): bias 7, no infinities,
+// S.1111.111 is NaN.
+static float f8e4m3_to_f32(uint8_t b) {
+    int e = b >> 3 & 0xf, m = b & 7;
+    float v;
+    if (e == 0xf && m == 7) v = NAN;
+    else if (e == 0) v = ldexpf((float)m, -9);
+    else v = ldexpf((float)(8 + m), e - 10);
+    return b & 0x80 ? -v : v;
+}
+
+// "[3, 2]" for messages.
+static const char *shape_str(const int64_t *shape, int ndim, char *buf, size_t n) {
+    size_t o = (size_t)snprintf(buf, n, "[");
+    for (int i = 0; i < ndim && o < n; i++)
+        o += (size_t)snprintf(buf + o, n - o, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    if (o < n) snprintf(buf + o, n - o, "]");
+    return buf;
+}
+
+// numel and byte size of a shape, or -1 on 64-bit overflow.
+static int shape_bytes(const int64_t *shape, int ndim, dc_dtype dt, int64_t *numel, uint64_t *bytes) {
+    uint64_t n = 1;
+    for (int i = 0; i < ndim; i++) {
+        uint64_t s = (uint64_t)shape[i];
+        if (s && n > (uint64_t)INT64_MAX / s) return -1;
+        n *= s;
+    }
+    uint64_t es = dc_dtype_size(dt);
+    if (n > UINT64_MAX / es) return -1;
+    *numel = (int64_t)n, *bytes = n * es;
+    return 0;
+}
+
+void dc_st_close(dc_st_file *f) {
+    if (!f) return;
+    for (int i = 0; i < f->count; i++) free(f->tensors[i].name);
+    for (int i = 0; i < f->nmeta; i++) free(f->meta_keys[i]), free(f->meta_values[i]);
+    free(f->tensors), free(f->meta_keys), free(f->meta_values), free(f->mem), free(f->path);
+    memset(f, 0, sizeof *f);
+}
+
+// ---- parsing ---------------------------------------------------------------
+
+static int parse_metadata(dc_st_file *f, const dc_json *m) {
+    if (m->type != DC_JSON_OBJECT) return dc_fail("%s: __metadata__ is not an object", f->path);
+    f->meta_keys = calloc((size_t)m->nkids + 1, sizeof(char *));
+    f->meta_values = calloc((size_t)m->nkids + 1, sizeof(char *));
+    if (!f->meta_keys || !f->meta_values) return dc_fail("%s: out of memory", f->path);
+    for (int i = 0; i < m->nkids; i++) {
+        const dc_json *kv = &m->kids[i];
+        if (strlen(kv->key) != kv->key_len) return dc_fail("%s: a __metadata__ key contains NUL", f->path);
+        if (!dc_json_is_cstr(kv))
+            return dc_fail("%s: __metadata__ '%.200s' is not a string (metadata maps strings to strings)",
+                           f->path, kv->key);
+        for (int j = 0; j < i; j++)
+            if (strcmp(f->meta_keys[j], kv->key) == 0)
+                return dc_fail("%s: duplicate __metadata__ key '%.200s'", f->path, kv->key);
+        f->meta_keys[i] = strdup(kv->key);
+        f->meta_values[i] = strdup(kv->str);
+        f->nmeta = i + 1;
+        if (!f->meta_keys[i] || !f->meta_values[i]) return dc_fail("%s: out of memory", f->path);
+    }
+    return 0;
+}
+
+// Fills t (whose name is set) from its header entry {dtype, shape, data_offsets}.
+static int parse_tensor(const dc_st_file *f, dc_st_tensor *t, const dc_json *v) {
+    const char *p = f->path, *nm = t->name;
+    if (v->type != DC_JSON_OBJECT) return dc_fail("%s: tensor '%.200s': entry is not an object", p, nm);
+    const dc_json *dt = NULL, *sh = NULL, *off = NULL;
+    for (int i = 0; i < v->nkids; i++) {
+        const dc_json *k = &v->kids[i], **slot = NULL;
+        if (strcmp(k->key, "dtype") == 0) slot = &dt;
+        else if (strcmp(k->key, "shape") == 0) slot = &sh;
+        else if (strcmp(k->key, "data_offsets") == 0) slot = &off;
+        else return dc_fail("%s: tensor '%.200s': unknown field '%.64s'", p, nm, k->key);
+        if (*slot) return dc_fail("%s: tensor '%.200s': field '%s' given twice", p, nm, k->key);
+        *slot = k;
+    }
+    if (!dt || !sh || !off)
+        return dc_fail("%s: tensor '%.200s': missing field '%s'", p, nm,
+                       !dt ? "dtype" : !sh ? "shape" : "data_offsets");
+    if (!dc_json_is_cstr(dt)) return dc_fail("%s: tensor '%.200s': dtype is not a string", p, nm);
+    if (dc_dtype_parse(dt->str, &t->dtype) != 0)
+        return dc_fail("%s: tensor '%.200s': unknown dtype '%.32s'", p, nm, dt->str);
+    if (sh->type != DC_JSON_ARRAY) return dc_fail("%s: tensor '%.200s': shape is not an array", p, nm);
+    if (sh->nkids > DC_ST_MAX_DIMS)
+        return dc_fail("%s: tensor '%.200s': rank %d exceeds the maximum of %d", p, nm, sh->nkids,
+                       DC_ST_MAX_DIMS);
+    t->ndim = sh->nkids;
+    for (int i = 0; i < t->ndim; i++)
+        if (dc_json_get_i64(&sh->kids[i], &t->shape[i]) != 0 || t->shape[i] < 0)
+            return dc_fail("%s: tensor '%.200s': shape entry %d is not a non-negative integer", p, nm, i);
+    if (off->type != DC_JSON_ARRAY || off->nkids != 2 || dc_json_get_u64(&off->kids[0], &t->begin) ||
+        dc_json_get_u64(&off->kids[1], &t->end))
+        return dc_fail("%s: tensor '%.200s': data_offsets is not two non-negative integers", p, nm);
+    if (t->begin > t->end)
+        return dc_fail("%s: tensor '%.200s': data_offsets [%llu, %llu) begin after they end", p, nm,
+                       (unsigned long long)t->begin, (unsigned long long)t->end);
+    char sbuf[200];
+    uint64_t bytes;
+    if (shape_bytes(t->shape, t->ndim, t->dtype, &t->numel, &bytes) != 0)
+        return dc_fail("%s: tensor '%.200s': shape %s x %s overflows 64 bits", p, nm,
+                       shape_str(t->shape, t->ndim, sbuf, sizeof sbuf), dc_dtype_name(t->dtype));
+    if (bytes != t->end - t->begin)
+        return dc_fail("%s: tensor '%.200s': data_offsets [%llu, %llu) do not match shape %s x %s = %llu bytes",
+                       p, nm, (unsigned long long)t->begin, (unsigned long long)t->end,
+                       shape_str(t->shape, t->ndim, sbuf, sizeof sbuf), dc_dtype_name(t->dtype),
+                       (unsigned long long)bytes);
+    return 0;
+}
+
+static int cmp_name(const void *a, const void *b) {
+    return strcmp((*(const dc_st_tensor *const *)a)->name, (*(const dc_st_tensor *const *)b)->name);
+}
+
+static int cmp_offsets(const void *a, const void *b) {
+    const dc_st_tensor *x = *(const dc_st_tensor *const *)a, *y = *(const dc_st_tensor *const *)b;
+    if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
+    return x->end < y->end ? -1 : x->end > y->end;
+}
+
+// Names unique; offsets, sorted, tile [0, data_len) with no gap and no overlap.
+static int check_layout(dc_st_file *f) {
+    dc_st_tensor **ix = malloc(((size_t)f->count + 1) * sizeof *ix);
+    if (!ix) return dc_fail("%s: out of memory", f->path);
+    for (int i = 0; i < f->count; i++) ix[i] = &f->tensors[i];
+    int rc = 0;
+    qsort(ix, (size_t)f->count, sizeof *ix, cmp_name);
+    for (int i = 1; i < f->count && rc == 0; i++)
+        if (strcmp(ix[i - 1]->name, ix[i]->name) == 0)
+            rc = dc_fail("%s: duplicate tensor name '%.200s'", f->path, ix[i]->name);
+    qsort(ix, (size_t)f->count, sizeof *ix, cmp_offsets);
+    uint64_t at = 0;
+    for (int i = 0; i < f->count && rc == 0; i++) {
+        const dc_st_tensor *t = ix[i];
+        if (t->begin > at)
+            rc = dc_fail("%s: no tensor covers bytes [%llu, %llu) of the data buffer (gap before '%.200s')",
+                         f->path, (unsigned long long)at, (unsigned long long)t->begin, t->name);
+        else if (t->begin < at)
+            rc = dc_fail("%s: tensor '%.200s' data_offsets [%llu, %llu) overlap '%.200s'", f->path, t->name,
+                         (unsigned long long)t->begin, (unsigned long long)t->end, ix[i - 1]->name);
+        at = t->end;
+    }
+    if (rc == 0 && at != f->data_len)
+        rc = dc_fail("%s: data buffer is %llu bytes but the tensors cover %llu", f->path,
+                     (unsigned long long)f->data_len, (unsigned long long)at);
+    free(ix);
+    return rc;
+}
+
+static int parse_header(dc_st_file *f, const dc_json *root) {
+    if (root->type != DC_JSON_OBJECT) return dc_fail("%s: header is not a JSON object", f->path);
+    int ntensors = 0;
+    for (int i = 0; i < root->nkids; i++) ntensors += strcmp(root->kids[i].key, "__metadata__") != 0;
+    f->tensors = calloc((size_t)ntensors + 1, sizeof *f->tensors);
+    if (!f->tensors) return dc_fail("%s: out of memory", f->path);
+    bool seen_meta = false;
+    for (int i = 0; i < root->nkids; i++) {
+        const dc_json *kv = &root->kids[i];
+        if (strlen(kv->key) != kv->key_len) return dc_fail("%s: a tensor name contains NUL", f->path);
+        if (strcmp(kv->key, "__metadata__") == 0) {
+            if (seen_meta) return dc_fail("%s: duplicate __metadata__", f->path);
+            seen_meta = true;
+            DC_TRY(parse_metadata(f, kv));
+            continue;
+        }
+        dc_st_tensor *t = &f->tensors[f->count++];
+        if (!(t->name = strdup(kv->key))) return dc_fail("%s: out of memory", f->path);
+        DC_TRY(parse_tensor(f, t, kv));
+    }
+    return check_layout(f);
+}
+
+// Takes ownership of mem[0, len).
+static int parse_owned(dc_st_file *f, uint8_t *mem, size_t len, const char *name) {
+    memset(f, 0, sizeof *f);
+    f->mem = mem, f->mem_len = len;
+    f->path = strdup(name ? name : "<memory>");
+    if (!f->path) return dc_st_close(f), dc_fail("out of memory");
+    int rc = 0;
+    if (len < 8) {
+        rc = dc_fail("%s: file is %zu bytes, too short to hold the 8-byte header length", f->path, len);
+    } else {
+        uint64_t n = ld64(mem);
+        if (n > ST_MAX_HEADER) {
+            rc = dc_fail("%s: header length %llu exceeds the limit of %llu bytes", f->path,
+                         (unsigned long long)n, ST_MAX_HEADER);
+        } else if (n > len - 8) {
+            rc = dc_fail("%s: file is %zu bytes, shorter than 8 + header length %llu", f->path, len,
+                         (unsigned long long)n);
+        } else {
+            const char *hdr = (const char *)mem + 8;
+            int64_t bad = dc_utf8_invalid_at(hdr, (size_t)n);
+            dc_json_doc doc = {0};
+            if (bad >= 0) {
+                rc = dc_fail("%s: header is not valid UTF-8 (at header byte %lld)", f->path, (long long)bad);
+            } else if (dc_json_parse(&doc, hdr, (size_t)n, 8) != 0) {
+                rc = dc_fail_ctx("%s: header", f->path);
+            } else {
+                f->data = mem + 8 + n;
+                f->data_len = len - 8 - n;
+                rc = parse_header(f, doc.root);
+            }
+            dc_json_free(&doc);
+        }
+    }
+    if (rc != 0) dc_st_close(f);
+    return rc;
+}
+
+int dc_st_parse(dc_st_file *f, const void *bytes, size_t len, const char *name) {
+    uint8_t *mem = malloc(len ? len : 1);
+    if (!mem) return memset(f, 0, sizeof *f), dc_fail("%s: out of memory (%zu bytes)", name, len);
+    if (len) memcpy(mem, bytes, len);
+    return parse_owned(f, mem, len, name);
+}
+
+int dc_st_open(dc_st_file *f, const char *path) {
+    memset(f, 0, sizeof *f);
+    FILE *fp = fopen(path, "rb");
+    if (!fp) return dc_fail("%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fileno(fp), &st) != 0 || !S_ISREG(st.st_mode)) {
+        fclose(fp);
+        return dc_fail("%s: not a regular file", path);
+    }
+    size_t len = (size_t)st.st_size;
+    uint8_t *mem = malloc(len ? len : 1);
+    if (!mem) {
+        fclose(fp);
+        return dc_fail("%s: out of memory reading %zu bytes", path, len);
+    }
+    size_t got = fread(mem, 1, len, fp);
+    int err = ferror(fp);
+    fclose(fp);
+    if (got != len) {
+        free(mem);
+        return dc_fail("%s: read %zu of %zu bytes%s", path, got, len, err ? " (I/O error)" : "");
+    }
+    return parse_owned(f, mem, len, path);
+}
+
+const dc_st_tensor *dc_st_find(const dc_st_file *f, const char *name) {
+    for (int i = 0; i < f->count; i++)
+        if (strcmp(f->tensors[i].name, name) == 0) return &f->tensors[i];
+    return NULL;
+}
+
+const char *dc_st_meta(const dc_st_file *f, const char *key) {
+    for (int i = 0; i < f->nmeta; i++)
+        if (strcmp(f->meta_keys[i], key) == 0) return f->meta_values[i];
+    return NULL;
+}
+
+// ---- reading tensors -------------------------------------------------------
+
+// Guards against a tensor from another file or edited after parsing.
+static const uint8_t *tensor_bytes(const dc_st_file *f, const dc_st_tensor *t) {
+    uint64_t bytes = (uint64_t)t->numel * dc_dtype_size(t->dtype);
+    if (t->numel < 0 || t->begin > t->end || t->end > f->data_len || t->end - t->begin != bytes) {
+        dc_fail("%s: tensor '%.200s' does not lie inside this file's data", f->path, t->name);
+        return NULL;
+    }
+    return f->data + t->begin;
+}
+
+int dc_st_read_f32(const dc_st_file *f, const dc_st_tensor *t, float *out) {
+    const uint8_t *p = tensor_bytes(f, t);
+    if (!p) return -1;
+    int64_t n = t->numel;
+    switch (t->dtype) {
+    case DC_F32:
+        for (int64_t i = 0; i < n; i++) {
+            uint32_t u = ld32(p + 4 * i);
+            memcpy(&out[i], &u, 4);
+        }
+        break;
+    case DC_F64:
+        for (int64_t i = 0; i < n; i++) {
+            uint64_t u = ld64(p + 8 * i);
+            double d;
+            memcpy(&d, &u, 8);
+            out[i] = (float)d;
+        }
+        break;
+    case DC_F16: for (int64_t i = 0; i < n; i++) out[i] = dc_f16_to_f32(ld16(p + 2 * i)); break;
+    case DC_BF16: for (int64_t i = 0; i < n; i++) out[i] = dc_bf16_to_f32(ld16(p + 2 * i)); break;
+    // E5M2 is the top byte of an IEEE half.
+    case DC_F8_E5M2: for (int64_t i = 0; i < n; i++) out[i] = dc_f16_to_f32((uint16_t)(p[i] << 8)); break;
+    case DC_F8_E4M3: for (int64_t i = 0; i < n; i++) out[i] = f8e4m3_to_f32(p[i]); break;
+    default:
+        return dc_fail("%s: tensor '%.200s' is %s, not a float type (read it as integers)", f->path,
+                       t->name, dc_dtype_name(t->dtype));
+    }
+    return 0;
+}
+
+int dc_st_read_i64(const dc_st_file *f, const dc_st_tensor *t, int64_t *out) {
+    const uint8_t *p = tensor_bytes(f, t);
+    if (!p) return -1;
+    int64_t n = t->numel;
+    switch (t->dtype) {
+    case DC_I64: for (int64_t i = 0; i < n; i++) out[i] = (int64_t)ld64(p + 8 * i); break;
+    case DC_I32: for (int64_t i = 0; i < n; i++) out[i] = (int32_t)ld32(p + 4 * i); break;
+    case DC_I16: for (int64_t i = 0; i < n; i++) out[i] = (int16_t)ld16(p + 2 * i); break;
+    case DC_I8: for (int64_t i = 0; i < n; i++) out[i] = (int8_t)p[i]; break;
+    case DC_U8: for (int64_t i = 0; i < n; i++) out[i] = p[i]; break;
+    case DC_BOOL: for (int64_t i = 0; i < n; i++) out[i] = p[i] != 0; break;
+    default:
+        return dc_fail("%s: tensor '%.200s' is %s, not an integer type (read it as floats)", f->path,
+                       t->name, dc_dtype_name(t->dtype));
+    }
+    return 0;
+}
+
+// ---- writing ---------------------------------------------------------------
+
+static int cmp_cstr(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+static size_t entry_bytes(const dc_st_entry *e) {
+    int64_t numel;
+    uint64_t bytes = 0;
+    shape_bytes(e->shape, e->ndim, e->dtype, &numel, &bytes);
+    return (size_t)bytes;
+}
+
+// Checks the entries and builds the header (padded with spaces to a multiple
+// of 8 so the data buffer starts 8-byte aligned in the file).
+static int build_header(const char *path, const dc_st_entry *e, int count, const char *const *mk,
+                        const char *const *mv, int nmeta, char **hdr, size_t *hdr_len) {
+    *hdr = NULL;
+    if (count < 0 || nmeta < 0 || (count && !e) || (nmeta && (!mk || !mv)))
+        return dc_fail("%s: invalid tensor or metadata list", path);
+    const char **names = malloc(((size_t)count + 1) * sizeof *names);
+    if (!names) return dc_fail("%s: out of memory", path);
+    int rc = 0;
+    for (int i = 0; i < count && rc == 0; i++) {
+        names[i] = e[i].name;
+        int64_t numel;
+        uint64_t bytes = 0;
+        if (!e[i].name) rc = dc_fail("%s: tensor %d has no name", path, i);
+        else if (strcmp(e[i].name, "__metadata__") == 0) rc = dc_fail("%s: '__metadata__' is reserved", path);
+        else if ((unsigned)e[i].dtype >= DC_DTYPE_COUNT)
+            rc = dc_fail("%s: tensor '%s': invalid dtype %d", path, e[i].name, (int)e[i].dtype);
+        else if (e[i].ndim < 0 || e[i].ndim > DC_ST_MAX_DIMS)
+            rc = dc_fail("%s: tensor '%s': rank %d outside 0..%d", path, e[i].name, e[i].ndim, DC_ST_MAX_DIMS);
+        for (int d = 0; rc == 0 && d < e[i].ndim; d++)
+            if (e[i].shape[d] < 0) rc = dc_fail("%s: tensor '%s': negative dimension", path, e[i].name);
+        if (rc == 0 && shape_bytes(e[i].shape, e[i].ndim, e[i].dtype, &numel, &bytes) != 0)
+            rc = dc_fail("%s: tensor '%s': size overflows 64 bits", path, e[i].name);
+        if (rc == 0 && bytes && !e[i].data) rc = dc_fail("%s: tensor '%s': no data", path, e[i].name);
+    }
+    if (rc == 0) {
+        qsort(names, (size_t)count, sizeof *names, cmp_cstr);
+        for (int i = 1; i < count && rc == 0; i++)
+            if (strcmp(names[i - 1], names[i]) == 0) rc = dc_fail("%s: duplicate tensor name '%s'", path, names[i]);
+    }
+    for (int i = 0; i < nmeta && rc == 0; i++)
+        if (!mk[i] || !mv[i]) rc = dc_fail("%s: metadata entry %d is NULL", path, i);
+    free(names);
+    if (rc != 0) return rc;
+
+    size_t len = 0;
+    FILE *ms = open_memstream(hdr, &len);
+    if (!ms) return dc_fail("%s: out of memory", path);
+    fputc('{', ms);
+    if (nmeta > 0) {
+        fputs("\"__metadata__\":{", ms);
+        for (int i = 0; i < nmeta && rc == 0; i++) {
+            if (i) fputc(',', ms);
+            rc = dc_json_write_string(ms, mk[i]);
+            fputc(':', ms);
+            if (rc == 0) rc = dc_json_write_string(ms, mv[i]);
+        }
+        fputc('}', ms);
+    }
+    uint64_t at = 0;
+    for (int i = 0; i < count && rc == 0; i++) {
+        uint64_t bytes = entry_bytes(&e[i]);
+        if (i || nmeta > 0) fputc(',', ms);
+        rc = dc_json_write_string(ms, e[i].name);
+        fprintf(ms, ":{\"dtype\":\"%s\",\"shape\":[", dc_dtype_name(e[i].dtype));
+        for (int d = 0; d < e[i].ndim; d++) fprintf(ms, "%s%lld", d ? "," : "", (long long)e[i].shape[d]);
+        fprintf(ms, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)at, (unsigned long long)(at + bytes));
+        at += bytes;
+    }
+    fputc('}', ms);
+    while (rc == 0 && (ftell(ms) % 8) != 0) fputc(' ', ms);
+    if (fclose(ms) != 0 && rc == 0) rc = dc_fail("%s: out of memory", path);
+    if (rc != 0) return dc_fail_ctx("%s", path), free(*hdr), *hdr = NULL, -1;
+    if (len > ST_MAX_HEADER) return free(*hdr), *hdr = NULL, dc_fail("%s: header over 100 MB", path);
+    *hdr_len = len;
+    return 0;
+}
+
+static void put_le64(uint8_t *p, uint64_t v) {
+    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+
+int dc_st_write(const char *path, const dc_st_entry *entries, int count,
+                const char *const *meta_keys, const char *const *meta_values, int nmeta) {
+    char *hdr;
+    size_t hlen;
+    DC_TRY(build_header(path, entries, count, meta_keys, meta_values, nmeta, &hdr, &hlen));
+    dc_atomic_file *af = dc_atomic_begin(path);
+    if (!af) return free(hdr), -1;
+    FILE *fp = dc_atomic_stream(af);
+    uint8_t n8[8];
+    put_le64(n8, hlen);
+    int ok = fwrite(n8, 1, 8, fp) == 8 && fwrite(hdr, 1, hlen, fp) == hlen;
+    for (int i = 0; i < count && ok; i++) {
+        size_t b = entry_bytes(&entries[i]);
+        ok = b == 0 || fwrite(entries[i].data, 1, b, fp) == b;
+    }
+    free(hdr);
+    if (!ok) dc_fail("%s: write failed: %s", path, strerror(errno));
+    return dc_atomic_end(af, ok);
+}
+
+int dc_st_serialize(const dc_st_entry *entries, int count, const char *const *meta_keys,
+                    const char *const *meta_values, int nmeta, uint8_t **out, size_t *len) {
+    char *hdr;
+    size_t hlen, total;
+    *out = NULL, *len = 0;
+    DC_TRY(build_header("<memory>", entries, count, meta_keys, meta_values, nmeta, &hdr, &hlen));
+    total = 8 + hlen;
+    for (int i = 0; i < count; i++) total += entry_bytes(&entries[i]);
+    uint8_t *buf = malloc(total);
+    if (!buf) return free(hdr), dc_fail("<memory>: out of memory (%zu bytes)", total);
+    put_le64(buf, hlen);
+    memcpy(buf + 8, hdr, hlen);
+    size_t at = 8 + hlen;
+    for (int i = 0; i < count; i++) {
+        size_t b = entry_bytes(&entries[i]);
+        if (b) memcpy(buf + at, entries[i].data, b);
+        at += b;
+    }
+    free(hdr);
+    *out = buf, *len = total;
+    return 0;
+}

@@ -1,0 +1,147 @@
+#include "models/dit_io.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+
+int dc_dit_config_to_kv(const dc_dit_config *c, dc_kv *kv) {
+    DC_TRY(dc_kv_set(kv, "model", "DiT"));
+    DC_TRY(dc_kv_set(kv, "input_size", "%d", c->input_size));
+    DC_TRY(dc_kv_set(kv, "patch_size", "%d", c->patch));
+    DC_TRY(dc_kv_set(kv, "in_channels", "%d", c->in_channels));
+    DC_TRY(dc_kv_set(kv, "hidden_size", "%d", c->hidden));
+    DC_TRY(dc_kv_set(kv, "depth", "%d", c->depth));
+    DC_TRY(dc_kv_set(kv, "num_heads", "%d", c->heads));
+    DC_TRY(dc_kv_set(kv, "mlp_hidden", "%d", c->mlp_hidden));
+    DC_TRY(dc_kv_set(kv, "num_classes", "%d", c->num_classes));
+    return dc_kv_set(kv, "learn_sigma", "%s", c->learn_sigma ? "true" : "false");
+}
+
+static int meta_int(const dc_st_file *f, const char *key, int *out) {
+    const char *s = dc_st_meta(f, key);
+    if (!s) return dc_fail("%s: metadata has no '%s'", f->path, key);
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (end == s || *end || v < 0 || v > 1 << 30)
+        return dc_fail("%s: metadata '%s' = '%s' is not a valid integer", f->path, key, s);
+    *out = (int)v;
+    return 0;
+}
+
+static const dc_st_tensor *need(const dc_st_file *f, const char *prefix, const char *key,
+                                int ndim) {
+    char name[160];
+    snprintf(name, sizeof name, "%s%s", prefix, key);
+    const dc_st_tensor *t = dc_st_find(f, name);
+    if (!t) return dc_fail("%s: no tensor '%s' (not a DiT checkpoint?)", f->path, name), NULL;
+    if (t->ndim != ndim) return dc_fail("%s: tensor '%s' has rank %d, expected %d", f->path, name, t->ndim, ndim), NULL;
+    return t;
+}
+
+static int infer_from_shapes(const dc_st_file *f, const char *pre, int heads, dc_dit_config *c) {
+    const dc_st_tensor *xe = need(f, pre, "x_embedder.proj.weight", 4);
+    const dc_st_tensor *pos = need(f, pre, "pos_embed", 3);
+    const dc_st_tensor *fc1 = need(f, pre, "blocks.0.mlp.fc1.weight", 2);
+    const dc_st_tensor *yt = need(f, pre, "y_embedder.embedding_table.weight", 2);
+    const dc_st_tensor *fl = need(f, pre, "final_layer.linear.weight", 2);
+    if (!xe || !pos || !fc1 || !yt || !fl) return -1;
+    memset(c, 0, sizeof *c);
+    c->hidden = (int)xe->shape[0], c->in_channels = (int)xe->shape[1], c->patch = (int)xe->shape[2];
+    if (xe->shape[3] != xe->shape[2]) return dc_fail("%s: x_embedder kernel is not square", f->path);
+    int64_t T = pos->shape[1], grid = (int64_t)llround(sqrt((double)T));
+    if (grid * grid != T) return dc_fail("%s: pos_embed has %lld tokens, not a square grid", f->path, (long long)T);
+    c->input_size = (int)(grid * c->patch);
+    while (1) {
+        char key[96];
+        snprintf(key, sizeof key, "%sblocks.%d.attn.qkv.weight", pre, c->depth);
+        if (!dc_st_find(f, key)) break;
+        c->depth++;
+    }
+    c->mlp_hidden = (int)fc1->shape[0];
+    c->num_classes = (int)yt->shape[0] - 1;
+    int64_t oc = fl->shape[0] / ((int64_t)c->patch * c->patch);
+    if (oc == 2 * c->in_channels) c->learn_sigma = true;
+    else if (oc != c->in_channels)
+        return dc_fail("%s: final layer emits %lld values per token; expected %d or %d", f->path,
+                       (long long)fl->shape[0], c->patch * c->patch * c->in_channels,
+                       2 * c->patch * c->patch * c->in_channels);
+    c->heads = heads > 0 ? heads : dc_dit_heads_for_width(c->hidden);
+    if (!c->heads)
+        return dc_fail("%s: hidden width %d is not in the official table; pass --heads", f->path, c->hidden);
+    return dc_dit_config_validate(c);
+}
+
+int dc_dit_config_from_file(const dc_st_file *f, const char *prefix, int heads, dc_dit_config *c) {
+    if (!dc_st_meta(f, "hidden_size")) return infer_from_shapes(f, prefix, heads, c);
+    int ls = 0;
+    memset(c, 0, sizeof *c);
+    DC_TRY(meta_int(f, "input_size", &c->input_size));
+    DC_TRY(meta_int(f, "patch_size", &c->patch));
+    DC_TRY(meta_int(f, "in_channels", &c->in_channels));
+    DC_TRY(meta_int(f, "hidden_size", &c->hidden));
+    DC_TRY(meta_int(f, "depth", &c->depth));
+    DC_TRY(meta_int(f, "num_heads", &c->heads));
+    DC_TRY(meta_int(f, "mlp_hidden", &c->mlp_hidden));
+    DC_TRY(meta_int(f, "num_classes", &c->num_classes));
+    const char *s = dc_st_meta(f, "learn_sigma");
+    if (!s || (strcmp(s, "true") && strcmp(s, "false")))
+        return dc_fail("%s: metadata 'learn_sigma' must be true or false", f->path);
+    ls = strcmp(s, "true") == 0;
+    c->learn_sigma = ls;
+    if (heads > 0) c->heads = heads;
+    if (dc_dit_config_validate(c)) return dc_fail_ctx("%s: bad config in metadata", f->path);
+    return 0;
+}
+
+int dc_dit_load_weights(dc_dit *m, const dc_st_file *f, const char *prefix) {
+    const dc_params *ps = &m->params;
+    for (int i = 0; i < ps->count; i++) {
+        const dc_param *p = &ps->items[i];
+        char name[160];
+        snprintf(name, sizeof name, "%s%s", prefix, p->name);
+        const dc_st_tensor *t = dc_st_find(f, name);
+        if (!t) {
+            if (!p->trainable) continue;  // pos_embed: recomputed at creation
+            return dc_fail("%s: missing tensor '%s'", f->path, name);
+        }
+        bool same = t->ndim == p->ndim;
+        for (int d = 0; same && d < p->ndim; d++) same = t->shape[d] == p->shape[d];
+        if (!same) {
+            char want[96] = "", got[96] = "";
+            for (int d = 0; d < p->ndim; d++)
+                snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", d ? ", " : "", (long long)p->shape[d]);
+            for (int d = 0; d < t->ndim; d++)
+                snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", d ? ", " : "", (long long)t->shape[d]);
+            return dc_fail("%s: tensor '%s' has shape [%s], the model needs [%s]", f->path, name, got, want);
+        }
+        float *h = malloc((size_t)p->numel * sizeof *h + 1);
+        if (!h) return dc_fail("out of memory loading %s", name);
+        if (dc_st_read_f32(f, t, h)) return free(h), -1;
+        for (int64_t j = 0; j < p->numel; j++)
+            if (!isfinite(h[j])) return free(h), dc_fail("%s: tensor '%s' holds NaN or Inf", f->path, name);
+        m->be->upload(m->be, dc_param_data(ps, i).p, h, (size_t)p->numel * sizeof *h);
+        free(h);
+    }
+    return 0;
+}
+
+int dc_dit_weight_entries(const dc_dit *m, dc_buf src, const char *prefix, float *host,
+                          dc_st_entry *entries, char (*names)[128]) {
+    const dc_params *ps = &m->params;
+    m->be->download(m->be, host, src.p, (size_t)ps->numel * sizeof(float));
+    for (int i = 0; i < ps->count; i++) {
+        const dc_param *p = &ps->items[i];
+        snprintf(names[i], 128, "%s%s", prefix, p->name);
+        dc_st_entry *e = &entries[i];
+        memset(e, 0, sizeof *e);
+        e->name = names[i];
+        e->dtype = DC_F32;
+        e->ndim = p->ndim;
+        for (int d = 0; d < p->ndim; d++) e->shape[d] = p->shape[d];
+        e->data = host + p->offset;
+    }
+    return 0;
+}

@@ -1,0 +1,234 @@
+#include "train/trainer.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "diffusion/training_loss.h"
+
+dc_train_config dc_train_config_default(void) {
+    return (dc_train_config){
+        .steps = 1000, .batch = 256, .micro_batch = 256, .lr = 1e-4f, .beta1 = 0.9f,
+        .beta2 = 0.999f, .adam_eps = 1e-8f, .weight_decay = 0.0f, .warmup = 0,
+        .grad_clip = 0.0f, .ema_decay = 0.9999f, .class_dropout = 0.1f, .hflip = false,
+        .seed = 0,
+    };
+}
+
+int dc_train_config_validate(const dc_train_config *c) {
+    if (c->steps < 1) return dc_fail("--steps must be at least 1 (got %d)", c->steps);
+    if (c->batch < 1) return dc_fail("--batch must be at least 1 (got %d)", c->batch);
+    if (c->micro_batch < 1 || c->micro_batch > c->batch)
+        return dc_fail("--micro-batch must be between 1 and --batch (got %d)", c->micro_batch);
+    if (!(c->lr > 0 && c->lr < 1)) return dc_fail("--lr must be in (0, 1) (got %g)", c->lr);
+    if (!(c->beta1 >= 0 && c->beta1 < 1) || !(c->beta2 >= 0 && c->beta2 < 1))
+        return dc_fail("Adam betas must be in [0, 1)");
+    if (!(c->adam_eps > 0)) return dc_fail("--adam-eps must be positive");
+    if (!(c->weight_decay >= 0)) return dc_fail("--weight-decay must be non-negative");
+    if (c->warmup < 0) return dc_fail("--warmup must be non-negative");
+    if (!(c->grad_clip >= 0)) return dc_fail("--grad-clip must be non-negative");
+    if (!(c->ema_decay >= 0 && c->ema_decay <= 1)) return dc_fail("--ema-decay must be in [0, 1]");
+    if (!(c->class_dropout >= 0 && c->class_dropout < 1))
+        return dc_fail("--class-dropout must be in [0, 1)");
+    return 0;
+}
+
+// Floats are written with 9 significant digits, which round-trips a float
+// exactly: a resumed run uses bit-identical settings.
+int dc_train_config_to_kv(const dc_train_config *c, dc_kv *kv) {
+    DC_TRY(dc_kv_set(kv, "steps", "%d", c->steps));
+    DC_TRY(dc_kv_set(kv, "batch", "%d", c->batch));
+    DC_TRY(dc_kv_set(kv, "micro_batch", "%d", c->micro_batch));
+    DC_TRY(dc_kv_set(kv, "lr", "%.9g", c->lr));
+    DC_TRY(dc_kv_set(kv, "beta1", "%.9g", c->beta1));
+    DC_TRY(dc_kv_set(kv, "beta2", "%.9g", c->beta2));
+    DC_TRY(dc_kv_set(kv, "adam_eps", "%.9g", c->adam_eps));
+    DC_TRY(dc_kv_set(kv, "weight_decay", "%.9g", c->weight_decay));
+    DC_TRY(dc_kv_set(kv, "warmup", "%d", c->warmup));
+    DC_TRY(dc_kv_set(kv, "grad_clip", "%.9g", c->grad_clip));
+    DC_TRY(dc_kv_set(kv, "ema_decay", "%.9g", c->ema_decay));
+    DC_TRY(dc_kv_set(kv, "class_dropout", "%.9g", c->class_dropout));
+    DC_TRY(dc_kv_set(kv, "hflip", "%s", c->hflip ? "true" : "false"));
+    return dc_kv_set(kv, "seed", "%llu", (unsigned long long)c->seed);
+}
+
+static const char *find_kv(const char *const *k, const char *const *v, int n, const char *key) {
+    for (int i = 0; i < n; i++)
+        if (strcmp(k[i], key) == 0) return v[i];
+    return NULL;
+}
+
+int dc_train_config_from_kv(dc_train_config *c, const char *const *k, const char *const *v,
+                            int n, const char *file) {
+    struct { const char *key; char kind; void *dst; } fields[] = {
+        {"steps", 'i', &c->steps}, {"batch", 'i', &c->batch}, {"micro_batch", 'i', &c->micro_batch},
+        {"lr", 'f', &c->lr}, {"beta1", 'f', &c->beta1}, {"beta2", 'f', &c->beta2},
+        {"adam_eps", 'f', &c->adam_eps}, {"weight_decay", 'f', &c->weight_decay},
+        {"warmup", 'i', &c->warmup}, {"grad_clip", 'f', &c->grad_clip},
+        {"ema_decay", 'f', &c->ema_decay}, {"class_dropout", 'f', &c->class_dropout},
+        {"hflip", 'b', &c->hflip}, {"seed", 'u', &c->seed},
+    };
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+        const char *s = find_kv(k, v, n, fields[i].key);
+        if (!s) return dc_fail("%s: no training setting '%s' in metadata (not a training checkpoint?)", file, fields[i].key);
+        char *end = NULL;
+        switch (fields[i].kind) {
+        case 'i': *(int *)fields[i].dst = (int)strtol(s, &end, 10); break;
+        case 'f': *(float *)fields[i].dst = strtof(s, &end); break;
+        case 'u': *(uint64_t *)fields[i].dst = strtoull(s, &end, 10); break;
+        case 'b':
+            *(bool *)fields[i].dst = strcmp(s, "true") == 0;
+            end = (char *)s + ((!strcmp(s, "true") || !strcmp(s, "false")) ? strlen(s) : 0);
+            break;
+        }
+        if (end == s || *end) return dc_fail("%s: metadata '%s' = '%s' is malformed", file, fields[i].key, s);
+    }
+    return dc_train_config_validate(c) ? dc_fail_ctx("%s", file) : 0;
+}
+
+static dc_buf alloc_buf(dc_backend *be, int64_t n, dc_dtype dt, int *ok) {
+    dc_buf b = {be->alloc(be, (size_t)n * dc_dtype_size(dt)), dt};
+    if (!b.p) *ok = 0;
+    return b;
+}
+
+int dc_trainer_init(dc_trainer *tr, dc_dit *model, const dc_dataset *data,
+                    const dc_train_config *cfg) {
+    memset(tr, 0, sizeof *tr);
+    DC_TRY(dc_train_config_validate(cfg));
+    const dc_dit_config *mc = &model->cfg;
+    if (!model->params.grad.p) return dc_fail("the model was not created for training");
+    if (data->channels != mc->in_channels || data->height != mc->input_size ||
+        data->width != mc->input_size)
+        return dc_fail("data images are %dx%dx%d but the model takes %dx%dx%d", data->channels,
+                       data->height, data->width, mc->in_channels, mc->input_size, mc->input_size);
+    if (data->num_classes > mc->num_classes)
+        return dc_fail("data has %d classes but the model only %d", data->num_classes, mc->num_classes);
+    tr->cfg = *cfg, tr->model = model, tr->be = model->be, tr->data = data;
+    dc_backend *be = tr->be;
+    DC_TRY(dc_schedule_init_dit(&tr->sched, DC_DIFFUSION_STEPS, DC_DIFFUSION_STEPS));
+    DC_TRY(dc_order_init(&tr->order, data->n, cfg->seed));
+    DC_TRY(dc_dit_reserve(model, cfg->micro_batch));
+
+    int64_t np = model->params.numel, mb = cfg->micro_batch;
+    int64_t img = (int64_t)mc->in_channels * mc->input_size * mc->input_size;
+    int64_t oimg = (int64_t)dc_dit_out_channels(mc) * mc->input_size * mc->input_size;
+    int ok = 1;
+    tr->ema = alloc_buf(be, np, DC_F32, &ok);
+    tr->adam_m = alloc_buf(be, np, DC_F32, &ok);
+    tr->adam_v = alloc_buf(be, np, DC_F32, &ok);
+    tr->x0 = alloc_buf(be, mb * img, DC_F32, &ok);
+    tr->xt = alloc_buf(be, mb * img, DC_F32, &ok);
+    tr->eps = alloc_buf(be, mb * img, DC_F32, &ok);
+    tr->out = alloc_buf(be, mb * oimg, DC_F32, &ok);
+    tr->dout = alloc_buf(be, mb * oimg, DC_F32, &ok);
+    tr->losses = alloc_buf(be, mb * 2, DC_F32, &ok);
+    tr->t = alloc_buf(be, mb, DC_F32, &ok);
+    tr->y = alloc_buf(be, mb, DC_I32, &ok);
+    tr->h_x0 = malloc(mb * img * sizeof(float));
+    tr->h_t = malloc(mb * sizeof(int));
+    tr->h_y = malloc(mb * sizeof(int32_t)), tr->h_keys = malloc(mb * sizeof(uint32_t));
+    tr->h_coef = malloc(mb * sizeof(dc_loss_coef));
+    if (!ok || !tr->h_x0 || !tr->h_t || !tr->h_y ||
+        !tr->h_keys || !tr->h_coef) {
+        dc_trainer_free(tr);
+        return dc_fail("out of memory for the training state");
+    }
+    be->copy(be, tr->ema.p, model->params.data.p, (size_t)np * sizeof(float));
+    be->zero(be, tr->adam_m.p, (size_t)np * sizeof(float));
+    be->zero(be, tr->adam_v.p, (size_t)np * sizeof(float));
+    return 0;
+}
+
+void dc_trainer_free(dc_trainer *tr) {
+    dc_backend *be = tr->be;
+    if (be) {
+        dc_buf *bufs[] = {&tr->ema, &tr->adam_m, &tr->adam_v, &tr->x0, &tr->xt, &tr->eps,
+                          &tr->out, &tr->dout, &tr->losses, &tr->t, &tr->y};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+            if (bufs[i]->p) be->free(be, bufs[i]->p);
+        dc_schedule_free(&tr->sched);
+        dc_order_free(&tr->order);
+    }
+    free(tr->h_x0), free(tr->h_t);
+    free(tr->h_y), free(tr->h_keys), free(tr->h_coef);
+    memset(tr, 0, sizeof *tr);
+}
+
+// Stages images done .. done+n-1 of the current step: data position,
+// flips and label dropout, each drawn from (seed, index in the global batch,
+// step), the keying the diffusion draws use too.
+static void stage_micro_batch(dc_trainer *tr, int done, int n) {
+    const dc_dataset *ds = tr->data;
+    const dc_train_config *c = &tr->cfg;
+    int64_t img = (int64_t)ds->channels * ds->height * ds->width;
+    uint32_t step = (uint32_t)tr->step;
+    for (int i = 0; i < n; i++) {
+        uint32_t key = (uint32_t)(done + i);
+        int64_t g = tr->samples_seen + done + i;
+        int64_t idx = dc_order_get(&tr->order, (uint64_t)(g / ds->n), g % ds->n);
+        bool flip = c->hflip && (dc_rand_u32_at(c->seed, key, step, DC_STREAM_FLIP, 0) & 1);
+        dc_dataset_get(ds, idx, tr->h_x0 + i * img, flip);
+        float u = dc_u32_to_unit(dc_rand_u32_at(c->seed, key, step, DC_STREAM_DROPOUT, 0));
+        tr->h_y[i] = u < c->class_dropout ? tr->model->cfg.num_classes : ds->labels[idx];
+        tr->h_keys[i] = key;
+    }
+}
+
+int dc_trainer_step(dc_trainer *tr, dc_step_stats *st) {
+    dc_backend *be = tr->be;
+    dc_dit *m = tr->model;
+    const dc_train_config *c = &tr->cfg;
+    const dc_dit_config *mc = &m->cfg;
+    int C = mc->in_channels;
+    int64_t HW = (int64_t)mc->input_size * mc->input_size, np = m->params.numel;
+    double sum_mse = 0, sum_vb = 0;
+
+    be->zero(be, m->params.grad.p, (size_t)np * sizeof(float));
+    for (int done = 0; done < c->batch; done += c->micro_batch) {
+        int n = c->batch - done < c->micro_batch ? c->batch - done : c->micro_batch;
+        stage_micro_batch(tr, done, n);
+        be->upload(be, tr->x0.p, tr->h_x0, (size_t)n * C * HW * sizeof(float));
+        be->upload(be, tr->y.p, tr->h_y, (size_t)n * sizeof(int32_t));
+        dc_diffusion_draw_timesteps(tr->h_t, tr->h_keys, n, tr->sched.n, c->seed, (uint32_t)tr->step);
+        DC_TRY(dc_diffusion_prepare_batch(be, &tr->sched, tr->xt, tr->eps, tr->t, tr->h_coef, tr->x0,
+                                          tr->h_t, tr->h_keys, n, C * HW, c->seed, (uint32_t)tr->step));
+        DC_TRY(dc_dit_forward(m, tr->out, tr->xt, tr->t, tr->y, n));
+        // d(mean over the global batch)/d out: each image weighs 1 / batch
+        double mse, vb;
+        DC_TRY(dc_diffusion_loss(be, tr->dout, tr->losses, tr->out, tr->x0, tr->xt, tr->eps,
+                                 tr->h_coef, n, C, HW, 1.0f / c->batch, &mse, &vb));
+        DC_TRY(dc_dit_backward(m, tr->dout, n));
+        sum_mse += mse, sum_vb += vb;
+    }
+    if (!isfinite(sum_mse + sum_vb))
+        return dc_fail("loss became %g at step %lld; lower --lr or enable --grad-clip",
+                       sum_mse + sum_vb, (long long)tr->step + 1);
+
+    double norm = sqrt(be->sumsq(be, m->params.grad, np));
+    float clip = c->grad_clip > 0 && norm > c->grad_clip ? (float)(c->grad_clip / (norm + 1e-6)) : 1.0f;
+    int64_t s = tr->step + 1;
+    float lr = c->warmup > 0 && s < c->warmup ? c->lr * (float)s / c->warmup : c->lr;
+    dc_adamw_step h = {lr, c->beta1, c->beta2, c->adam_eps, c->weight_decay,
+                       1.0f - powf(c->beta1, (float)s), 1.0f - powf(c->beta2, (float)s), clip};
+    // AdamW over each run of trainable parameters (pos_embed is fixed).
+    const dc_params *ps = &m->params;
+    for (int i = 0; i < ps->count;) {
+        if (!ps->items[i].trainable) { i++; continue; }
+        int j = i;
+        while (j + 1 < ps->count && ps->items[j + 1].trainable) j++;
+        int64_t off = ps->items[i].offset, n = ps->items[j].offset + ps->items[j].numel - off;
+        be->adamw(be, dc_buf_at(ps->data, off), dc_buf_at(ps->grad, off), dc_buf_at(tr->adam_m, off),
+                  dc_buf_at(tr->adam_v, off), n, &h);
+        i = j + 1;
+    }
+    be->ema(be, tr->ema, ps->data, np, c->ema_decay);
+    tr->step = s;
+    tr->samples_seen += c->batch;
+    if (st) *st = (dc_step_stats){(sum_mse + sum_vb) / c->batch, sum_mse / c->batch,
+                                  sum_vb / c->batch, norm, lr};
+    return 0;
+}

@@ -1,0 +1,82 @@
+// Training a DiT with the official objective: AdamW, optional warmup and
+// gradient clipping, gradient accumulation up to a global batch, EMA.
+//
+// Every random choice is a pure function of the seed and the image's place:
+// the data order of (seed, epoch), and flips, label dropout, timesteps and
+// noise of (seed, index in the global batch, step). With the weights, EMA and
+// AdamW moments in a checkpoint, that makes resuming exact.
+#pragma once
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "diffusion/schedule.h"
+#include "io/kv.h"
+#include "io/safetensors.h"
+#include "models/dit.h"
+#include "train/data.h"
+
+typedef struct {
+    int steps;            // optimizer steps of the whole run
+    int batch;            // global batch: images per optimizer step
+    int micro_batch;      // images per forward/backward (gradient accumulation)
+    float lr, beta1, beta2, adam_eps, weight_decay;
+    int warmup;           // steps of linear lr warmup (0: none)
+    float grad_clip;      // max global gradient norm (0: no clipping)
+    float ema_decay;
+    float class_dropout;  // probability of replacing a label by the null class
+    bool hflip;           // random horizontal flips
+    uint64_t seed;
+} dc_train_config;
+
+// The official DiT recipe (lr 1e-4, betas 0.9/0.999, no decay, EMA 0.9999,
+// batch 256, dropout 0.1).
+dc_train_config dc_train_config_default(void);
+int dc_train_config_validate(const dc_train_config *c);
+int dc_train_config_to_kv(const dc_train_config *c, dc_kv *kv);
+int dc_train_config_from_kv(dc_train_config *c, const char *const *keys,
+                            const char *const *values, int n, const char *file);
+
+typedef struct {
+    double loss, mse, vb;  // means over the step's images
+    double grad_norm;      // global L2 norm before clipping
+    float lr;
+} dc_step_stats;
+
+typedef struct {
+    dc_train_config cfg;
+    dc_dit *model;
+    dc_backend *be;
+    const dc_dataset *data;
+    dc_order order;
+    dc_schedule sched;
+    dc_buf ema, adam_m, adam_v;  // [numel] F32, same layout as the parameters
+    int64_t step;                // optimizer steps done
+    int64_t samples_seen;        // images consumed (the data position)
+    // one micro-batch on the backend
+    dc_buf x0, xt, eps, out, dout;  // [mb, C, H, W] (out, dout: [mb, OC, H, W])
+    dc_buf losses;                  // [mb, 2] (mse, vb)
+    dc_buf t, y;                    // [mb] float timesteps, int32 labels
+    // host staging
+    float *h_x0;
+    int *h_t;
+    int32_t *h_y;
+    uint32_t *h_keys;
+    dc_loss_coef *h_coef;
+} dc_trainer;
+
+// Sets up training of `model` (created with gradients) on `data`; the EMA
+// starts as an exact copy of the weights, the moments at zero.
+int dc_trainer_init(dc_trainer *tr, dc_dit *model, const dc_dataset *data,
+                    const dc_train_config *cfg);
+void dc_trainer_free(dc_trainer *tr);
+// One optimizer step over cfg.batch images.
+int dc_trainer_step(dc_trainer *tr, dc_step_stats *stats);
+
+// Checkpoints: raw weights under the official keys, EMA under "ema.<key>",
+// AdamW moments as "train.adam_m" / "train.adam_v", and model config,
+// training config and position (step, samples_seen) in __metadata__.
+// Written atomically. `extra` adds metadata (may be NULL).
+int dc_trainer_save(const dc_trainer *tr, const char *path, const dc_kv *extra);
+// Restores EMA, moments and position from a checkpoint whose raw weights
+// have already been loaded into the model.
+int dc_trainer_restore(dc_trainer *tr, const dc_st_file *f);

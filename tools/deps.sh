@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Finds the Debian packages the engine needs and installs the missing ones.
+set -euo pipefail
+pkgs=(build-essential libopenblas-dev libpng-dev zlib1g-dev dataset-fashion-mnist)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+echo "installing: ${missing[*]}"
+sudo=""
+[ "$(id -u)" -ne 0 ] && sudo="sudo"
+$sudo apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
