@@ -606,12 +606,15 @@ static void test_adamw(void) {
         dc_adamw_step h = {(float)lr, (float)b1, (float)b2, (float)eps, (float)wd,
                            (float)(1 - pow(b1, s)), (float)(1 - pow(b2, s)), (float)gs};
         g_be->adamw(g_be, pd, gd, md, vd, n, &h);
-        for (int64_t i = 0; i < n; i++) {  // the formula of backend.h, in double
-            double gg = g[i] * gs;
-            rm[i] = b1 * rm[i] + (1 - b1) * gg;
-            rv[i] = b2 * rv[i] + (1 - b2) * gg * gg;
-            double mh = rm[i] / (1 - pow(b1, s)), vh = rv[i] / (1 - pow(b2, s));
-            rp[i] -= lr * (mh / (sqrt(vh) + eps) + wd * rp[i]);
+        // The formula of backend.h in double, from the same (float) hyperparameters:
+        // 1 - (float)0.999 is itself 1.3e-5 away from 0.001.
+        const double B1 = h.beta1, B2 = h.beta2, LR = h.lr, WD = h.weight_decay;
+        for (int64_t i = 0; i < n; i++) {
+            double gg = (double)g[i] * h.grad_scale;
+            rm[i] = B1 * rm[i] + (1 - B1) * gg;
+            rv[i] = B2 * rv[i] + (1 - B2) * gg * gg;
+            double mh = rm[i] / h.bias_corr1, vh = rv[i] / h.bias_corr2;
+            rp[i] -= LR * (mh / (sqrt(vh) + h.eps) + WD * rp[i]);
         }
         free(g);
     }

@@ -60,7 +60,7 @@ int cmd_train(int argc, char **argv) {
         {"resume", ARG_STR, &resume, "PATH", "continue from a checkpoint file or run folder"},
         {"steps", ARG_INT, &tc.steps, "N", "total optimizer steps of the run"},
         {"batch", ARG_INT, &tc.batch, "N", "global batch (images per step)"},
-        {"micro-batch", ARG_INT, &tc.micro_batch, "N", "images per forward/backward (accumulation)"},
+        {"micro-batch", ARG_INT, &tc.micro_batch, "N", "images per forward/backward (default: --batch)"},
         {"lr", ARG_FLOAT, &tc.lr, "X", "AdamW learning rate"},
         {"beta1", ARG_FLOAT, &tc.beta1, "X", "AdamW beta1"},
         {"beta2", ARG_FLOAT, &tc.beta2, "X", "AdamW beta2"},
@@ -89,6 +89,7 @@ int cmd_train(int argc, char **argv) {
     if (rc) return rc > 0 ? 0 : cli_fail();
     if (ckpt_every < 1 || keep < 1 || log_every < 1) return dc_fail("--ckpt-every, --keep and --log-every must be positive"), cli_fail();
     if (flip) tc.hflip = true;
+    if (!args_given(&ap, "micro-batch")) tc.micro_batch = tc.batch;
 
     dc_backend *be = NULL;
     dc_dataset ds = {0};
@@ -110,7 +111,11 @@ int cmd_train(int argc, char **argv) {
             goto fail;
         if (args_given(&ap, "steps")) tc.steps = total;
         const char *ds_meta = dc_st_meta(&ck, "dataset");
-        if (ds_meta && !args_given(&ap, "data")) data_path = ds_meta;
+        static char data_buf[4096];  // outlives the checkpoint file
+        if (ds_meta && !args_given(&ap, "data")) {
+            snprintf(data_buf, sizeof data_buf, "%s", ds_meta);
+            data_path = data_buf;
+        }
         if (!args_given(&ap, "out")) {
             static char dir[4096];
             snprintf(dir, sizeof dir, "%s", ck_path);

@@ -17,7 +17,8 @@
 #define DC_SAMPLE_START_STEP 0xFFFFFFFFu
 
 // out[B, OC, H, W] = model(x[B, C, H, W], t[B] float original timesteps,
-// y[B] int32 labels), all on the backend. Returns 0 or -1 (message set).
+// y[B] int32 labels), all on the backend; x is read-only (it may be the
+// sampler's state). Returns 0 or -1 (message set).
 typedef int (*dc_eval_fn)(void *ctx, dc_buf out, dc_buf x, dc_buf t, dc_buf y, int B);
 // Called after each step with step = 1..total.
 typedef void (*dc_sample_progress_fn)(void *ctx, int step, int total);

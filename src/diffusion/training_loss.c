@@ -34,7 +34,7 @@ int dc_diffusion_prepare_batch(dc_backend *be, const dc_schedule *s, dc_buf xt, 
     if (B < 1 || n < 1) return dc_fail("diffusion batch: bad shape B=%d n=%lld", B, (long long)n);
     for (int b = 0; b < B; b++)
         DC_TRY(dc_schedule_loss_coef(s, t[b], &coef[b]));
-    be->randn(be, eps, keys, B, n, seed, step, DC_STREAM_NOISE);
+    be->randn(be, eps, keys, B, n, seed, step, DC_STREAM_TRAIN_NOISE);
     float a[CHUNK], sd[CHUNK], tm[CHUNK];
     for (int b0 = 0; b0 < B; b0 += CHUNK) {
         int nb = B - b0 < CHUNK ? B - b0 : CHUNK;

@@ -36,21 +36,30 @@ int dc_train_config_validate(const dc_train_config *c) {
     return 0;
 }
 
-// Floats are written with 9 significant digits, which round-trips a float
-// exactly: a resumed run uses bit-identical settings.
+// The shortest decimal that reads back as exactly f (at most 9 digits), so
+// a resumed run uses bit-identical settings and people read "0.0005".
+static const char *exact(float f, char *buf) {
+    for (int digits = 1; digits <= 9; digits++) {
+        snprintf(buf, 32, "%.*g", digits, f);
+        if (strtof(buf, NULL) == f) break;
+    }
+    return buf;
+}
+
 int dc_train_config_to_kv(const dc_train_config *c, dc_kv *kv) {
+    char b[32];
     DC_TRY(dc_kv_set(kv, "steps", "%d", c->steps));
     DC_TRY(dc_kv_set(kv, "batch", "%d", c->batch));
     DC_TRY(dc_kv_set(kv, "micro_batch", "%d", c->micro_batch));
-    DC_TRY(dc_kv_set(kv, "lr", "%.9g", c->lr));
-    DC_TRY(dc_kv_set(kv, "beta1", "%.9g", c->beta1));
-    DC_TRY(dc_kv_set(kv, "beta2", "%.9g", c->beta2));
-    DC_TRY(dc_kv_set(kv, "adam_eps", "%.9g", c->adam_eps));
-    DC_TRY(dc_kv_set(kv, "weight_decay", "%.9g", c->weight_decay));
+    DC_TRY(dc_kv_set(kv, "lr", "%s", exact(c->lr, b)));
+    DC_TRY(dc_kv_set(kv, "beta1", "%s", exact(c->beta1, b)));
+    DC_TRY(dc_kv_set(kv, "beta2", "%s", exact(c->beta2, b)));
+    DC_TRY(dc_kv_set(kv, "adam_eps", "%s", exact(c->adam_eps, b)));
+    DC_TRY(dc_kv_set(kv, "weight_decay", "%s", exact(c->weight_decay, b)));
     DC_TRY(dc_kv_set(kv, "warmup", "%d", c->warmup));
-    DC_TRY(dc_kv_set(kv, "grad_clip", "%.9g", c->grad_clip));
-    DC_TRY(dc_kv_set(kv, "ema_decay", "%.9g", c->ema_decay));
-    DC_TRY(dc_kv_set(kv, "class_dropout", "%.9g", c->class_dropout));
+    DC_TRY(dc_kv_set(kv, "grad_clip", "%s", exact(c->grad_clip, b)));
+    DC_TRY(dc_kv_set(kv, "ema_decay", "%s", exact(c->ema_decay, b)));
+    DC_TRY(dc_kv_set(kv, "class_dropout", "%s", exact(c->class_dropout, b)));
     DC_TRY(dc_kv_set(kv, "hflip", "%s", c->hflip ? "true" : "false"));
     return dc_kv_set(kv, "seed", "%llu", (unsigned long long)c->seed);
 }
