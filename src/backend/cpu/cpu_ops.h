@@ -24,14 +24,6 @@ float tanhf(float);
 #endif
 #endif
 
-// Multiply-add for hand-written inner loops: -std=c11 turns off contraction
-// of a*b+c into an FMA, so ask for one where the hardware has it.
-#ifdef __FMA__
-#define DC_CPU_FMA(a, b, c) fmaf((a), (b), (c))
-#else
-#define DC_CPU_FMA(a, b, c) ((a) * (b) + (c))
-#endif
-
 // Loops shorter than this run on one thread: a parallel region costs a few
 // microseconds, more than the loop itself.
 #define DC_CPU_PAR_MIN 32768
@@ -57,7 +49,9 @@ static inline float *dc_cpu_f32(dc_buf b) {
 // memory here aborts with a message.
 float *dc_cpu_scratch(dc_backend *be, size_t per_thread, size_t *stride);
 
-// Puts OpenBLAS in single-threaded mode: OpenMP threads call it on slices.
+// Puts OpenBLAS in single-threaded mode: OpenMP threads call it on slices
+// of each product, so there is one thread pool. Nothing else in the process
+// should raise OpenBLAS's thread count while a CPU backend is in use.
 void dc_cpu_blas_init(void);
 // Row-major C[M,N] = alpha op(A) op(B) + beta C (op = transpose where ta/tb),
 // the output split across OpenMP threads; call outside parallel regions.
