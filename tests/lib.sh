@@ -7,7 +7,7 @@ FAILS=0
 pass() { echo "ok   $*"; }
 fail() { echo "FAIL $*"; FAILS=$((FAILS + 1)); }
 # A tiny model and recipe so shell tests run in seconds.
-TINY=(--depth 2 --hidden 32 --heads 2 --patch 8 --batch 8 --micro-batch 4 --threads 2)
+TINY=(--input-size 32 --depth 2 --hidden 32 --heads 2 --patch 8 --batch 8 --micro-batch 4 --threads 2)
 finish() { [ "$FAILS" -eq 0 ] && echo "all passed" && exit 0; echo "$FAILS failed"; exit 1; }
 # expect_fail "what" "message part" cmd...: the command must exit non-zero and
 # print the message part on stderr.

@@ -12,14 +12,14 @@
 #include "models/dit_io.h"
 
 dc_dit_config cli_demo_model(void) {
-    return (dc_dit_config){.input_size = 28, .patch = 4, .in_channels = 1, .hidden = 128,
-                           .depth = 6, .heads = 4, .mlp_hidden = 512, .num_classes = 10,
+    return (dc_dit_config){.input_size = 28, .patch = 4, .in_channels = 1, .hidden = 64,
+                           .depth = 6, .heads = 4, .mlp_hidden = 256, .num_classes = 10,
                            .learn_sigma = true};
 }
 
 dc_train_config cli_demo_train(void) {
     dc_train_config c = dc_train_config_default();
-    c.steps = 2900, c.batch = 64, c.micro_batch = 64, c.lr = 1e-3f, c.warmup = 100;
+    c.steps = 7000, c.batch = 64, c.micro_batch = 64, c.lr = 2e-3f, c.warmup = 100;
     c.grad_clip = 1.0f, c.ema_decay = 0.998f;
     return c;
 }

@@ -9,8 +9,6 @@
 #include "models/dit.h"
 #include "train/trainer.h"
 
-#define DC_FMNIST_DIR "/usr/share/datasets/fashion-mnist"
-
 // The built-in default: a small DiT for 32x32 Fashion-MNIST and its recipe,
 // sized to train in about ten minutes on two CPU cores.
 dc_dit_config cli_demo_model(void);

@@ -123,24 +123,28 @@ int cmd_train(int argc, char **argv) {
             if (slash) *slash = 0; else snprintf(dir, sizeof dir, ".");
             out = dir;
         }
-    } else if (model) {
-        int ic = mc.in_channels, is = mc.input_size, nc = mc.num_classes;
-        if (dc_dit_config_from_name(model, &mc)) goto fail;
-        // explicit shape flags still win over the official defaults
-        if (args_given(&ap, "in-channels")) mc.in_channels = ic;
-        if (args_given(&ap, "input-size")) mc.input_size = is;
-        if (args_given(&ap, "num-classes")) mc.num_classes = nc;
-    }
-    if (!resume) {
-        if (heads) mc.heads = heads;
-        if (args_given(&ap, "hidden") && !args_given(&ap, "mlp-hidden")) mc.mlp_hidden = 4 * mc.hidden;
-        if (args_given(&ap, "hidden") && !heads) {
+        if (dc_dataset_load(&ds, data_path, mc.input_size)) goto fail;
+    } else {
+        // Start from the demo DiT or an official config; the data set gives
+        // the image shape and classes; flags given explicitly win over both.
+        dc_dit_config flags = mc;
+        if (model && dc_dit_config_from_name(model, &mc)) goto fail;
+        if (dc_dataset_load(&ds, data_path, args_given(&ap, "input-size") ? flags.input_size : 0)) goto fail;
+        if (ds.height != ds.width) { dc_fail("%s: images are %dx%d; DiT needs square images", data_path, ds.height, ds.width); goto fail; }
+        mc.in_channels = ds.channels, mc.input_size = ds.height, mc.num_classes = ds.num_classes;
+        if (args_given(&ap, "in-channels")) mc.in_channels = flags.in_channels;
+        if (args_given(&ap, "num-classes")) mc.num_classes = flags.num_classes;
+        if (args_given(&ap, "patch")) mc.patch = flags.patch;
+        if (args_given(&ap, "depth")) mc.depth = flags.depth;
+        if (args_given(&ap, "hidden")) {
+            mc.hidden = flags.hidden, mc.mlp_hidden = 4 * flags.hidden;
             mc.heads = dc_dit_heads_for_width(mc.hidden);
-            if (!mc.heads) { dc_fail("--hidden %d is not in the official table; pass --heads", mc.hidden); goto fail; }
         }
+        if (args_given(&ap, "mlp-hidden")) mc.mlp_hidden = flags.mlp_hidden;
+        if (heads) mc.heads = heads;
+        if (!mc.heads) { dc_fail("--hidden %d is not in the official table; pass --heads", mc.hidden); goto fail; }
     }
     if (dc_train_config_validate(&tc) || dc_dit_config_validate(&mc)) goto fail;
-    if (dc_dataset_load(&ds, data_path, mc.input_size)) goto fail;
     if (dc_mkdir_p(out)) goto fail;
     if (dc_dit_create(&m, &mc, be, true)) goto fail;
     if (have_ck ? dc_dit_load_weights(&m, &ck, "") : dc_dit_init_weights(&m, tc.seed)) goto fail;

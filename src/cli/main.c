@@ -20,6 +20,7 @@ static const struct {
     {"forward", cmd_forward, "evaluate the model on tensors from a safetensors file"},
     {"info", cmd_info, "print a checkpoint's config, size, step and training settings"},
     {"export", cmd_export, "write EMA (or raw) weights under the official DiT key names"},
+    {"bench", cmd_bench, "measure training and sampling throughput on synthetic data"},
 };
 
 static void usage(FILE *out) {

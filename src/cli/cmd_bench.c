@@ -1,0 +1,136 @@
+// diffusion bench: training and sampling throughput of a config on synthetic
+// data, with achieved FLOP rates and peak memory.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+#include "cli/args.h"
+#include "cli/cli_util.h"
+#include "cli/commands.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/rng.h"
+#include "diffusion/sampler.h"
+
+static int eval_model(void *ctx, dc_buf out, dc_buf x, dc_buf t, dc_buf y, int B) {
+    return dc_dit_forward(ctx, out, x, t, y, B);
+}
+
+// Random images in [-1, 1] and labels: the throughput does not depend on content.
+static int synthetic_data(dc_dataset *ds, const dc_dit_config *c, int n) {
+    int64_t img = (int64_t)c->in_channels * c->input_size * c->input_size;
+    *ds = (dc_dataset){.n = n, .channels = c->in_channels, .height = c->input_size,
+                       .width = c->input_size, .num_classes = c->num_classes};
+    ds->images = malloc((size_t)n * img * sizeof(float));
+    ds->labels = malloc((size_t)n * sizeof(int32_t));
+    if (!ds->images || !ds->labels) return dc_fail("out of memory for synthetic data");
+    for (int64_t i = 0; i < n * img; i++)
+        ds->images[i] = 2.0f * dc_u32_to_unit(dc_rand_u32_at(1, (uint32_t)(i >> 20), 0, 0, (uint32_t)i)) - 1.0f;
+    for (int i = 0; i < n; i++) ds->labels[i] = i % c->num_classes;
+    return 0;
+}
+
+static double peak_rss_gib(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_maxrss / 1048576.0;  // ru_maxrss is in KiB on Linux
+}
+
+static int bench_train(const dc_dit_config *mc, dc_backend *be, int batch, int iters, int warm) {
+    dc_dataset ds = {0};
+    dc_dit m = {0};
+    dc_trainer tr = {0};
+    dc_train_config tc = dc_train_config_default();
+    tc.batch = tc.micro_batch = batch;
+    tc.steps = iters + warm;
+    int rc = -1;
+    if (synthetic_data(&ds, mc, batch * 4) || dc_dit_create(&m, mc, be, true) ||
+        dc_dit_init_weights(&m, 0) || dc_trainer_init(&tr, &m, &ds, &tc))
+        goto done;
+    double t0 = 0;
+    for (int i = 0; i < warm + iters; i++) {
+        if (i == warm) be->sync(be), t0 = dc_time_now();
+        if (dc_trainer_step(&tr, NULL)) goto done;
+    }
+    be->sync(be);
+    double dt = (dc_time_now() - t0) / iters;
+    double flop = 3 * 2 * dc_dit_macs_per_image(mc) * batch;  // backward ~ 2x forward
+    printf("train   batch %4d   %9.1f img/s   %8.1f ms/step   %7.1f GFLOP/s   peak RSS %.2f GiB\n",
+           batch, batch / dt, dt * 1e3, flop / dt / 1e9, peak_rss_gib());
+    rc = 0;
+done:
+    dc_trainer_free(&tr);
+    dc_dit_free(&m);
+    dc_dataset_free(&ds);
+    return rc;
+}
+
+static int bench_sample(const dc_dit_config *mc, dc_backend *be, int batch, int steps, float cfg) {
+    dc_dit m = {0};
+    dc_sampler s = {0};
+    dc_sampler_opts o = dc_sampler_opts_default();
+    o.steps = steps, o.cfg_scale = cfg, o.learn_sigma = mc->learn_sigma, o.null_class = mc->num_classes;
+    int32_t *y = malloc(batch * sizeof *y);
+    uint32_t *idx = malloc(batch * sizeof *idx);
+    int64_t img = (int64_t)mc->in_channels * mc->input_size * mc->input_size;
+    dc_buf x = {be->alloc(be, batch * img * sizeof(float)), DC_F32};
+    int rc = -1, rows = cfg > 1 ? 2 * batch : batch;
+    if (!y || !idx || !x.p) { dc_fail("out of memory"); goto done; }
+    for (int i = 0; i < batch; i++) y[i] = i % mc->num_classes, idx[i] = i;
+    if (dc_dit_create(&m, mc, be, false) || dc_dit_init_weights(&m, 0) || dc_dit_reserve(&m, rows) ||
+        dc_sampler_init(&s, be, &o, mc->in_channels, mc->input_size, mc->input_size, batch))
+        goto done;
+    double t0 = dc_time_now();
+    if (dc_sampler_run(&s, x, y, idx, batch, eval_model, &m, NULL, NULL)) goto done;
+    be->sync(be);
+    double dt = (dc_time_now() - t0) / steps;
+    double flop = 2 * dc_dit_macs_per_image(mc) * rows;
+    printf("sample  batch %4d%s  %9.1f image-steps/s   %8.2f ms/step   %7.1f GFLOP/s   peak RSS %.2f GiB\n",
+           batch, cfg > 1 ? " x2 (guidance)" : "", batch / dt, dt * 1e3, flop / dt / 1e9, peak_rss_gib());
+    rc = 0;
+done:
+    if (x.p) be->free(be, x.p);
+    free(y), free(idx);
+    dc_sampler_free(&s);
+    dc_dit_free(&m);
+    return rc;
+}
+
+int cmd_bench(int argc, char **argv) {
+    const char *model = NULL, *device = "auto";
+    int batch = 64, iters = 5, warm = 1, sample_batch = 32, sample_steps = 10, threads = 0;
+    float cfg = 4.0f;
+    arg_spec specs[] = {
+        {"model", ARG_STR, &model, "NAME", "official config DiT-{S,B,L,XL}/{2,4,8} (default: the demo DiT)"},
+        {"batch", ARG_INT, &batch, "N", "training batch"},
+        {"iters", ARG_INT, &iters, "N", "timed training steps"},
+        {"warmup", ARG_INT, &warm, "N", "untimed training steps first"},
+        {"sample-batch", ARG_INT, &sample_batch, "N", "images per sampling step (0: skip sampling)"},
+        {"sample-steps", ARG_INT, &sample_steps, "N", "timed sampling steps"},
+        {"cfg-scale", ARG_FLOAT, &cfg, "X", "guidance scale while sampling (> 1 doubles the batch)"},
+        {"threads", ARG_INT, &threads, "N", "CPU threads (default: all cores)"},
+        {"device", ARG_STR, &device, "NAME", "backend: auto or cpu"},
+    };
+    arg_parser ap = {"diffusion bench [--model NAME] [flags]",
+                     "Times training steps and sampling steps of a model on synthetic data and\n"
+                     "prints images/s, achieved GFLOP/s (a training step counted as 3 forward\n"
+                     "passes; 1 MAC = 2 FLOP) and the process's peak memory.",
+                     specs, (int)(sizeof specs / sizeof specs[0]), 0, {0}, 0};
+    int rc = args_parse(&ap, argc, argv);
+    if (rc) return rc > 0 ? 0 : cli_fail();
+    if (batch < 1 || iters < 1 || warm < 0 || sample_batch < 0 || sample_steps < 1)
+        return dc_fail("--batch, --iters and --sample-steps must be positive"), cli_fail();
+    dc_dit_config mc = cli_demo_model();
+    if (model && dc_dit_config_from_name(model, &mc)) return cli_fail();
+    dc_backend *be = NULL;
+    if (cli_set_threads(threads) || dc_backend_create(device, &be)) return cli_fail();
+    printf("model   %s: depth %d, hidden %d, heads %d, patch %d, %dx%dx%d, %.2f GFLOP/image forward; backend %s\n",
+           model ? model : "demo DiT", mc.depth, mc.hidden, mc.heads, mc.patch, mc.input_size,
+           mc.input_size, mc.in_channels, 2 * dc_dit_macs_per_image(&mc) / 1e9, be->name);
+    fflush(stdout);
+    rc = bench_train(&mc, be, batch, iters, warm);
+    if (!rc && sample_batch > 0) rc = bench_sample(&mc, be, sample_batch, sample_steps, cfg);
+    dc_backend_destroy(be);
+    return rc ? cli_fail() : 0;
+}
