@@ -87,16 +87,15 @@ static void test_fmnist(void) {
         dc_order a, b;
         CHECK(dc_order_init(&a, ds.n, 1234) == 0 && dc_order_init(&b, ds.n, 1234) == 0, "order init");
         char *seen = calloc((size_t)ds.n, 1);
-        int dup = 0, same_b = 0, same_next = 0, idx_agree = 0;
+        int dup = 0, same_b = 0, same_next = 0;
         for (int i = 0; i < ds.n; i++) {
             int64_t k = dc_order_get(&a, 0, i);
             if (k < 0 || k >= ds.n || seen[k]++) dup++;
             same_b += dc_order_get(&b, 0, i) == k;
-            idx_agree += dc_dataset_index(&ds, 1234, 0, i) == k;
         }
         for (int i = 0; i < ds.n; i++) same_next += dc_order_get(&a, 1, i) == dc_order_get(&b, 0, i);
         CHECK(dup == 0, "epoch order is a permutation (%d repeats)", dup);
-        CHECK(same_b == ds.n && idx_agree == ds.n, "order is deterministic in (seed, epoch)");
+        CHECK(same_b == ds.n, "order is deterministic in (seed, epoch)");
         // A fresh permutation keeps about one fixed point; equal ones keep all.
         CHECK(same_next < 20, "epochs 0 and 1 share %d positions", same_next);
         CHECK(dc_order_get(&a, 0, 0) == dc_order_get(&b, 0, 0) && dc_order_get(&a, 0, ds.n) == -1,

@@ -314,14 +314,3 @@ void dc_order_free(dc_order *o) {
     free(o->perm);
     memset(o, 0, sizeof *o);
 }
-
-int64_t dc_dataset_index(const dc_dataset *ds, uint64_t seed, uint64_t epoch, int64_t i) {
-    // One cache per thread keeps callers on different threads from racing;
-    // it lives until the thread ends.
-    static _Thread_local dc_order cache;
-    if (!cache.perm || cache.n != ds->n || cache.seed != seed) {
-        dc_order_free(&cache);
-        if (dc_order_init(&cache, ds->n, seed) != 0) return -1;
-    }
-    return dc_order_get(&cache, epoch, i);
-}

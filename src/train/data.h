@@ -48,7 +48,3 @@ int dc_order_init(dc_order *o, int64_t n, uint64_t seed);  // n in 1..2^31-1
 // The i-th sample (0 <= i < n) of epoch `epoch`; -1 if i is out of range.
 int64_t dc_order_get(dc_order *o, uint64_t epoch, int64_t i);
 void dc_order_free(dc_order *o);
-
-// The same as a dc_order of (ds->n, seed) would give, without keeping one: a
-// per-thread cache holds the last permutation built. -1 on bad i or no memory.
-int64_t dc_dataset_index(const dc_dataset *ds, uint64_t seed, uint64_t epoch, int64_t i);
