@@ -61,7 +61,8 @@ rng = np.random.default_rng(0)
 
 # 1. engine checkpoint -> export -> PyTorch
 run("train", "--input-size", "32", "--depth", "2", "--hidden", "48", "--heads", "3", "--patch", "4",
-    "--batch", "8", "--steps", "3", "--lr", "1e-2", "--threads", "2", "--out", f"{TMP}/run")
+    "--batch", "8", "--steps", "10", "--lr", "2e-2", "--ema-decay", "0", "--threads", "2",
+    "--out", f"{TMP}/run")
 run("export", "--ckpt", f"{TMP}/run", "--out", f"{TMP}/export.safetensors")
 sd, meta = R.load_safetensors(f"{TMP}/export.safetensors")
 cfg = R.DiTConfig(input_size=int(meta["input_size"]), patch=int(meta["patch_size"]),
