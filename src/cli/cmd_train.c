@@ -145,6 +145,14 @@ int cmd_train(int argc, char **argv) {
         if (!mc.heads) { dc_fail("--hidden %d is not in the official table; pass --heads", mc.hidden); goto fail; }
     }
     if (dc_train_config_validate(&tc) || dc_dit_config_validate(&mc)) goto fail;
+    if (!resume) {
+        int64_t steps[1];
+        if (cli_list_checkpoints(out, steps, 1) > 0) {
+            dc_fail("%s already holds checkpoints of a run: continue it with --resume %s, or "
+                    "choose another --out", out, out);
+            goto fail;
+        }
+    }
     if (dc_mkdir_p(out)) goto fail;
     if (dc_dit_create(&m, &mc, be, true)) goto fail;
     if (have_ck ? dc_dit_load_weights(&m, &ck, "") : dc_dit_init_weights(&m, tc.seed)) goto fail;
