@@ -18,3 +18,5 @@ expect_fail() {
   if [[ "$err" != *"$msg"* ]]; then fail "$what: message '$err' lacks '$msg'"; return; fi
   pass "$what"
 }
+# st_data FILE: the data buffer of a safetensors file (everything after the header)
+st_data() { local h; h=$(od -An -t u8 -N8 "$1" | tr -d ' '); tail -c +$((9 + h)) "$1"; }

@@ -1,5 +1,6 @@
 // diffusion train: train a DiT from scratch or resume a run.
 #include <dirent.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +16,11 @@
 #include "train/trainer.h"
 
 #define CKPT_PREFIX "step_"
+
+// Ctrl-C or SIGTERM ends the step in progress, writes a checkpoint and exits,
+// so an interrupted run loses nothing and continues with --resume.
+static volatile sig_atomic_t g_stop;
+static void on_signal(int sig) { g_stop = sig; }
 
 // Lists the run directory's checkpoints and removes all but the newest keep.
 static void prune_checkpoints(const char *dir, int keep) {
@@ -176,6 +182,8 @@ int cmd_train(int argc, char **argv) {
 
     double t0 = dc_time_now(), smooth = 0;
     int64_t first = tr.step;
+    signal(SIGINT, on_signal);
+    signal(SIGTERM, on_signal);
     while (tr.step < tc.steps) {
         dc_step_stats st;
         if (dc_trainer_step(&tr, &st)) goto fail;
@@ -187,15 +195,21 @@ int cmd_train(int argc, char **argv) {
             dc_progress(last, "step %lld/%d  loss %.4f (mse %.4f vb %.4f)  avg %.4f  |g| %.3f  %.1f img/s  ETA %s",
                         (long long)tr.step, tc.steps, st.loss, st.mse, st.vb, smooth, st.grad_norm,
                         tc.batch / per, dc_format_duration(per * (tc.steps - tr.step), eta, sizeof eta));
-        if (tr.step % ckpt_every == 0 || last) {
+        if (tr.step % ckpt_every == 0 || last || g_stop) {
             if (save(&tr, out, keep, data_path)) goto fail;
+        }
+        if (g_stop && !last) {
+            dc_log("interrupted: checkpoint of step %lld written to %s; continue with --resume %s",
+                   (long long)tr.step, out, out);
+            status = 130;
+            goto fail;
         }
     }
     dc_log("done: %lld steps in %.1f s; checkpoint %s/" CKPT_PREFIX "%07lld.safetensors",
            (long long)(tr.step - first), dc_time_now() - t0, out, (long long)tr.step);
     status = 0;
 fail:
-    if (status) cli_fail();
+    if (status == 1) cli_fail();
     if (have_ck) dc_st_close(&ck);
     dc_trainer_free(&tr);
     dc_dit_free(&m);
