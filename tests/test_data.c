@@ -15,18 +15,7 @@
 #include "io/safetensors.h"
 #include "train/data.h"
 
-static int g_pass, g_fail;
-
-#define CHECK(cond, ...)                                                       \
-    do {                                                                       \
-        if (cond) g_pass++;                                                    \
-        else {                                                                 \
-            g_fail++;                                                          \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__);                        \
-            printf(__VA_ARGS__);                                               \
-            printf("\n");                                                      \
-        }                                                                      \
-    } while (0)
+#include "check.h"
 
 static char g_dir[64];
 

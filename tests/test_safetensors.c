@@ -14,18 +14,7 @@
 #include "io/json.h"
 #include "io/safetensors.h"
 
-static int g_pass, g_fail;
-
-#define CHECK(cond, ...)                                                       \
-    do {                                                                       \
-        if (cond) g_pass++;                                                    \
-        else {                                                                 \
-            g_fail++;                                                          \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__);                        \
-            printf(__VA_ARGS__);                                               \
-            printf("\n");                                                      \
-        }                                                                      \
-    } while (0)
+#include "check.h"
 
 static char g_dir[64];
 
