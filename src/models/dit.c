@@ -288,7 +288,7 @@ int dc_dit_forward(dc_dit *m, dc_buf out, dc_buf x, dc_buf t, dc_buf y, int B) {
     be->linear_fwd(be, a->temb, a->ta, P(m, id.t2_w), P(m, id.t2_b), B, D, D);
     be->embed_fwd(be, a->yemb, P(m, id.ytab), y, B, D);
     a->y = y;
-    be->copy(be, a->c.p, a->temb.p, (size_t)B * D * sizeof(float));
+    be->copy(be, a->c.p, a->temb.p, (size_t)B * D * dc_dtype_size(a->c.dt));
     be->axpy(be, a->c, a->yemb, 1.0f, (int64_t)B * D);
     be->silu_fwd(be, a->silu_c, a->c, (int64_t)B * D);
 
@@ -298,7 +298,7 @@ int dc_dit_forward(dc_dit *m, dc_buf out, dc_buf x, dc_buf t, dc_buf y, int B) {
     be->linear_fwd(be, x0, a->patches, P(m, id.xe_w), P(m, id.xe_b), BT, Pf, D);
     be->add_rows(be, x0, P(m, id.pos), B, T, D);
 
-    size_t stream_bytes = (size_t)BT * D * sizeof(float);
+    size_t stream_bytes = (size_t)BT * D * dc_dtype_size(a->patches.dt);
     for (int l = 0; l < c->depth; l++) {
         block_acts *k = &a->blocks[a->training ? l : 0];
         block_ids w = block_of(l);
@@ -341,8 +341,8 @@ int dc_dit_backward(dc_dit *m, dc_buf dout, int B) {
     dit_ids id = ids_of(m);
 
     // final layer
-    be->zero(be, a->dsilu_c.p, (size_t)B * D * sizeof(float));
-    be->zero(be, a->dx.p, (size_t)BT * D * sizeof(float));
+    be->zero(be, a->dsilu_c.p, (size_t)B * D * dc_dtype_size(a->dsilu_c.dt));
+    be->zero(be, a->dx.p, (size_t)BT * D * dc_dtype_size(a->dx.dt));
     be->unpatchify_bwd(be, a->dlin, dout, B, OC, S, S, p);
     be->linear_bwd(be, a->dt1, G(m, id.fl_w), G(m, id.fl_b), a->dlin, a->lnf, P(m, id.fl_w), BT, D, OP, false);
     be->ln_mod_bwd(be, a->dx, a->dmod, a->dt1, a->x_out, a->meanf, a->rstdf, a->modf, B, T, D, 2, 0, 1);
