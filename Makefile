@@ -14,7 +14,7 @@ CLI_OBJ := $(CLI_SRC:%.c=$(BUILD)/%.o)
 TESTS   := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_*.c))
 LIB     := $(BUILD)/libdiffusion.a
 
-.PHONY: all test demo clean
+.PHONY: all test demo fuzz clean
 all: diffusion $(TESTS)
 
 $(BUILD)/%.o: %.c
@@ -37,6 +37,15 @@ test: all
 
 demo: diffusion
 	bash tools/demo.sh
+
+# libFuzzer on the safetensors reader (clang 14+, Debian libclang-rt-14-dev).
+FUZZ_SECONDS ?= 60
+FUZZ_SRC := src/io/safetensors.c src/io/json.c src/core/fsutil.c src/core/error.c src/core/dtype.c
+fuzz:
+	@mkdir -p $(BUILD)/fuzz_corpus
+	clang -std=c11 -D_GNU_SOURCE -g -O1 -Isrc -fsanitize=fuzzer,address,undefined \
+	  tests/fuzz/fuzz_safetensors.c $(FUZZ_SRC) -lm -o $(BUILD)/fuzz_safetensors
+	$(BUILD)/fuzz_safetensors -max_total_time=$(FUZZ_SECONDS) $(BUILD)/fuzz_corpus
 
 clean:
 	rm -rf $(BUILD) diffusion

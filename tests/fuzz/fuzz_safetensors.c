@@ -1,5 +1,5 @@
 // libFuzzer harness for the safetensors reader (and the JSON parser under it).
-// Not built by `make`; build and run from the repository root with clang 14+
+// Built and run by `make fuzz` (FUZZ_SECONDS=60); by hand, with clang 14+
 // (Debian: clang-14, libclang-rt-14-dev):
 //   clang -std=c11 -D_GNU_SOURCE -g -O1 -Isrc -fsanitize=fuzzer,address,undefined \
 //     tests/fuzz/fuzz_safetensors.c src/io/safetensors.c src/io/json.c \
