@@ -31,6 +31,19 @@ $BIN info "$ck" | grep -q "depth 2, hidden 32, heads 2" && pass "info on a check
 sum=$(md5sum < "$ck")
 expect_fail "train into an existing run" "already holds checkpoints" $BIN train "${TINY[@]}" --steps 1 --out "$TMP/run"
 [ "$(md5sum < "$ck")" = "$sum" ] && pass "existing checkpoint untouched" || fail "existing checkpoint changed"
+expect_fail "resume with a recipe flag" "--lr is fixed by the checkpoint" $BIN train --resume "$TMP/run" --lr 0.5
+mkdir -p "$TMP/other" && cp "$ck" "$TMP/other/step_0000009.safetensors"
+expect_fail "resume into another run's folder" "holds checkpoints of another run" \
+  $BIN train --resume "$TMP/run" --out "$TMP/other" --steps 3
+[ "$(ls "$TMP/other")" = "step_0000009.safetensors" ] && pass "the other run is untouched" || fail "the other run changed"
+expect_fail "export over a checkpoint" "refusing to overwrite the training checkpoint" \
+  $BIN export --ckpt "$TMP/run" --out "$ck"
+[ "$(md5sum < "$ck")" = "$sum" ] && pass "checkpoint untouched by export" || fail "checkpoint changed by export"
+expect_fail "sample into a missing folder" "is missing or read-only" $BIN sample --ckpt "$ck" --grid "$TMP/no/dir/g.png"
+expect_fail "duplicate classes" "class 3 is listed twice" $BIN sample --ckpt "$ck" --classes 3,3 --out-dir "$TMP/s"
+expect_fail "too many samples" "over 1000000 samples" $BIN sample --ckpt "$ck" --per-class 429496730
+expect_fail "absurd thread count" "--threads must be in 0..1024" $BIN sample --ckpt "$ck" --threads 100000
+expect_fail "zero-size shape flag" "--input-size must be positive" $BIN train --input-size 0 --out "$TMP/z"
 head -c 1000 "$ck" > "$TMP/trunc.safetensors"
 expect_fail "truncated checkpoint (info)" "trunc.safetensors" $BIN info "$TMP/trunc.safetensors"
 expect_fail "truncated checkpoint (sample)" "trunc.safetensors" $BIN sample --ckpt "$TMP/trunc.safetensors"

@@ -164,6 +164,9 @@ static void test_round_trip(void) {
     uint8_t e5m2[4] = {0x3c, 0x7b, 0x7c, 0x01};
     float e5m2_want[4] = {1, 57344, INFINITY, 1.52587890625e-5f};
     float scalar = 7.0f;
+    uint16_t u16[2] = {0, 65535};
+    uint32_t u32[2] = {7, 4294967295u};
+    uint64_t u64[2] = {123, UINT64_MAX};  // the second saturates to INT64_MAX when read
     dc_st_entry e[] = {
         {"u8", DC_U8, 1, {3}, u8},           {"blocks.0.attn.qkv.weight", DC_F32, 2, {3, 2}, f32},
         {"f16", DC_F16, 1, {6}, f16},        {"bf16", DC_BF16, 2, {2, 3}, bf16},
@@ -173,6 +176,8 @@ static void test_round_trip(void) {
         {"e4m3", DC_F8_E4M3, 1, {5}, e4m3},  {"e5m2", DC_F8_E5M2, 1, {4}, e5m2},
         {"empty", DC_F32, 1, {0}, NULL},     {"empty3", DC_I32, 3, {2, 0, 3}, NULL},
         {"scalar", DC_F32, 0, {0}, &scalar}, {"n\xc3\xa4me \"q\"", DC_U8, 1, {1}, u8},
+        {"u16", DC_U16, 1, {2}, u16},        {"u32", DC_U32, 1, {2}, u32},
+        {"u64", DC_U64, 1, {2}, u64},
     };
     int n = (int)(sizeof e / sizeof e[0]);
     const char *mk[] = {"format", "note"};
@@ -220,6 +225,7 @@ static void test_round_trip(void) {
     struct { const char *name; int64_t want[3]; int n; } in[] = {
         {"u8", {0, 255, 7}, 3}, {"i64", {INT64_MIN, INT64_MAX, -1}, 3}, {"i32", {INT32_MIN, INT32_MAX}, 2},
         {"i16", {-32768, 32767}, 2}, {"i8", {-128, 127}, 2}, {"bool", {0, 1}, 2},
+        {"u16", {0, 65535}, 2}, {"u32", {7, 4294967295}, 2}, {"u64", {123, INT64_MAX}, 2},
     };
     for (size_t j = 0; j < sizeof in / sizeof in[0]; j++) {
         const dc_st_tensor *t = dc_st_find(&f, in[j].name);
@@ -350,7 +356,7 @@ static void test_rejections(void) {
     rejects("{\"__metadata__\":[]}", 0, -1, "__metadata__ is not an object");
     rejects("{\"__metadata__\":{\"a\":\"x\",\"a\":\"y\"}}", 0, -1, "duplicate __metadata__ key 'a'");
     rejects("{\"__metadata__\":{},\"__metadata__\":{}}", 0, -1, "duplicate __metadata__");
-    rejects("{" T("a", "U16", "[1]", 0, 2) "}", 2, -1, "unknown dtype 'U16'");
+    rejects("{" T("a", "U128", "[1]", 0, 2) "}", 2, -1, "unknown dtype 'U128'");
     rejects("{" T("a", "f32", "[1]", 0, 4) "}", 4, -1, "unknown dtype 'f32'");
     rejects("{\"a\":{\"dtype\":5,\"shape\":[],\"data_offsets\":[0,4]}}", 4, -1, "dtype is not a string");
     rejects("{" T("a", "F32", "[1]", 8, 4) "}", 8, -1, "data_offsets [8, 4) begin after they end");

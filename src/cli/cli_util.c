@@ -5,10 +5,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <cblas.h>
 #include <omp.h>
 
 #include "core/error.h"
+#include "core/fsutil.h"
 #include "models/dit_io.h"
 
 dc_dit_config cli_demo_model(void) {
@@ -25,7 +27,7 @@ dc_train_config cli_demo_train(void) {
 }
 
 int cli_set_threads(int threads) {
-    if (threads < 0) return dc_fail("--threads must be non-negative");
+    if (threads < 0 || threads > 1024) return dc_fail("--threads must be in 0..1024 (0: all cores)");
     if (threads > 0) {
         omp_set_num_threads(threads);
         openblas_set_num_threads(threads);
@@ -38,19 +40,29 @@ static int cmp_i64(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-int cli_list_checkpoints(const char *dir, int64_t *steps, int max) {
+int cli_list_checkpoints(const char *dir, int64_t **steps_out) {
+    if (steps_out) *steps_out = NULL;
     DIR *d = opendir(dir);
     if (!d) return 0;
-    int n = 0;
+    int n = 0, cap = 0;
+    int64_t *steps = NULL;
     struct dirent *e;
-    while ((e = readdir(d)) && n < max) {
+    while ((e = readdir(d))) {
         long long s;
         int used = 0;
-        if (sscanf(e->d_name, "step_%lld.safetensors%n", &s, &used) == 1 && e->d_name[used] == 0)
-            steps[n++] = s;
+        if (sscanf(e->d_name, "step_%lld.safetensors%n", &s, &used) != 1 || e->d_name[used] != 0)
+            continue;
+        if (n == cap) {
+            int64_t *p = realloc(steps, (cap = cap ? 2 * cap : 64) * sizeof *p);
+            if (!p) break;
+            steps = p;
+        }
+        steps[n++] = s;
     }
     closedir(d);
     qsort(steps, n, sizeof *steps, cmp_i64);
+    if (steps_out) *steps_out = steps;
+    else free(steps);
     return n;
 }
 
@@ -58,10 +70,30 @@ int cli_resolve_checkpoint(const char *path, char *out, int n) {
     struct stat st;
     if (stat(path, &st) != 0) return dc_fail("%s: no such file or folder", path);
     if (!S_ISDIR(st.st_mode)) return snprintf(out, n, "%s", path), 0;
-    int64_t steps[4096];
-    int k = cli_list_checkpoints(path, steps, 4096);
+    int64_t *steps;
+    int k = cli_list_checkpoints(path, &steps);
     if (k == 0) return dc_fail("%s: folder holds no step_*.safetensors checkpoint", path);
     snprintf(out, n, "%s/step_%07lld.safetensors", path, (long long)steps[k - 1]);
+    free(steps);
+    return 0;
+}
+
+bool cli_same_file(const char *a, const char *b) {
+    struct stat sa, sb;
+    return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+int cli_check_output(const char *path, const char *input) {
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash) *slash = 0;
+    else snprintf(dir, sizeof dir, ".");
+    if (access(dir, W_OK) != 0) return dc_fail("cannot write %s: folder %s is missing or read-only", path, dir);
+    if (input && cli_same_file(path, input)) return dc_fail("%s is the input file; choose another output", path);
+    const char *base = slash ? strrchr(path, '/') + 1 : path;
+    if (strncmp(base, "step_", 5) == 0 && dc_file_exists(path))
+        return dc_fail("refusing to overwrite the training checkpoint %s", path);
     return 0;
 }
 

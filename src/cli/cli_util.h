@@ -16,10 +16,15 @@ dc_train_config cli_demo_train(void);
 
 // Sets OpenMP and OpenBLAS threads (0: all cores).
 int cli_set_threads(int threads);
-// Steps of the run folder's step_NNNNNNN.safetensors files, ascending; returns count.
-int cli_list_checkpoints(const char *dir, int64_t *steps, int max);
+// Steps of the run folder's step_NNNNNNN.safetensors files, ascending, into a
+// new array *steps (free it; pass NULL to only count); returns the count.
+int cli_list_checkpoints(const char *dir, int64_t **steps);
 // A checkpoint file, or the newest checkpoint of a run folder.
 int cli_resolve_checkpoint(const char *path, char *out, int n);
+bool cli_same_file(const char *a, const char *b);
+// An output path the command may write: its folder exists and is writable, it
+// is not the input file, and it is not a training checkpoint.
+int cli_check_output(const char *path, const char *input);
 // Opens weights for inference: a checkpoint (EMA weights unless raw), a run
 // folder (its newest checkpoint) or a plain official-key file.
 int cli_load_model(const char *path, bool raw, int heads, dc_backend *be, dc_dit *m,

@@ -36,7 +36,7 @@ int cmd_export(int argc, char **argv) {
     char (*names)[128] = NULL;
     dc_kv kv = {0};
     int status = 1;
-    if (dc_backend_create("cpu", &be) || cli_load_model(ckpt, raw, heads, be, &m, &which)) goto done;
+    if (cli_check_output(out, ckpt) || dc_backend_create("cpu", &be) || cli_load_model(ckpt, raw, heads, be, &m, &which)) goto done;
     host = malloc((size_t)m.params.numel * sizeof *host);
     e = calloc(m.params.count, sizeof *e);
     names = calloc(m.params.count, sizeof *names);

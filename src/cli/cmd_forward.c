@@ -59,7 +59,9 @@ int cmd_forward(int argc, char **argv) {
     dc_buf x = {0}, t = {0}, y = {0}, out = {0};
     int status = 1;
     const char *which;
-    if (cli_set_threads(threads) || dc_backend_create(device, &be)) goto done;
+    if (cli_check_output(output, weights) || cli_check_output(output, input) ||
+        cli_set_threads(threads) || dc_backend_create(device, &be))
+        goto done;
     if (cli_load_model(weights, raw, heads, be, &m, &which)) goto done;
     if (dc_st_open(&in, input)) goto done;
     in_open = true;

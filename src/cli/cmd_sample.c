@@ -53,6 +53,8 @@ static int parse_classes(const char *s, int num_classes, int *out, int *n) {
             return dc_fail("--classes: %ld-%ld outside the model's classes 0..%d", a, b, num_classes - 1);
         for (long c = a; c <= b; c++) {
             if (*n == MAX_CLASSES) return dc_fail("--classes: too many classes");
+            for (int k = 0; k < *n; k++)
+                if (out[k] == c) return dc_fail("--classes: class %ld is listed twice", c);
             out[(*n)++] = (int)c;
         }
         if (*end == ',') end++;
@@ -105,6 +107,8 @@ int cmd_sample(int argc, char **argv) {
     if (per_class < 1 || batch < 1) return dc_fail("--per-class and --batch must be positive"), cli_fail();
     if (!(so.eta >= 0) || !(so.cfg_scale >= 0)) return dc_fail("--eta and --cfg-scale must be non-negative"), cli_fail();
     if (!grid && !out_dir && !tensor_out) grid = "samples.png";
+    if ((grid && cli_check_output(grid, ckpt)) || (tensor_out && cli_check_output(tensor_out, ckpt)))
+        return cli_fail();
 
     dc_backend *be = NULL;
     dc_dit m = {0};
@@ -130,6 +134,10 @@ int cmd_sample(int argc, char **argv) {
     if (out_dir && dc_mkdir_p(out_dir)) goto done;
     so.learn_sigma = c->learn_sigma;
     so.null_class = c->num_classes;
+    if ((int64_t)ncls * per_class > 1000000) {
+        dc_fail("%d classes x %d per class is over 1000000 samples; sample in parts", ncls, per_class);
+        goto done;
+    }
     int N = ncls * per_class, S = c->input_size, C = c->in_channels;
     int64_t img = (int64_t)C * S * S;
     if (batch > N) batch = N;

@@ -12,6 +12,7 @@
 #include "cli/commands.h"
 #include "core/fsutil.h"
 #include "core/log.h"
+#include "io/json.h"
 #include "models/dit_io.h"
 #include "train/trainer.h"
 
@@ -24,20 +25,22 @@ static void on_signal(int sig) { g_stop = sig; }
 
 // Lists the run directory's checkpoints and removes all but the newest keep.
 static void prune_checkpoints(const char *dir, int keep) {
-    int64_t steps[4096];
-    int n = cli_list_checkpoints(dir, steps, 4096);
+    int64_t *steps;
+    int n = cli_list_checkpoints(dir, &steps);
     for (int i = 0; i + keep < n; i++) {
         char path[4096];
         snprintf(path, sizeof path, "%s/" CKPT_PREFIX "%07lld.safetensors", dir, (long long)steps[i]);
         if (remove(path) != 0) dc_warn("could not remove old checkpoint %s", path);
     }
+    free(steps);
 }
 
-static int save(const dc_trainer *tr, const char *dir, int keep, const char *data_path) {
+static int save(const dc_trainer *tr, const char *dir, int keep, int every, const char *data_path) {
     char path[4096];
     snprintf(path, sizeof path, "%s/" CKPT_PREFIX "%07lld.safetensors", dir, (long long)tr->step);
     dc_kv extra = {0};
-    int rc = dc_kv_set(&extra, "dataset", "%s", data_path) || dc_trainer_save(tr, path, &extra);
+    int rc = dc_kv_set(&extra, "dataset", "%s", data_path) || dc_kv_set(&extra, "keep", "%d", keep) ||
+             dc_kv_set(&extra, "ckpt_every", "%d", every) || dc_trainer_save(tr, path, &extra);
     dc_kv_free(&extra);
     if (rc) return -1;
     prune_checkpoints(dir, keep);
@@ -46,7 +49,10 @@ static int save(const dc_trainer *tr, const char *dir, int keep, const char *dat
 
 int cmd_train(int argc, char **argv) {
     dc_dit_config mc = cli_demo_model();
-    dc_train_config tc = cli_demo_train();
+    // An official model trains with the official recipe; the demo DiT with its own.
+    bool official = false;
+    for (int i = 1; i < argc; i++) official |= !strcmp(argv[i], "--model") || !strncmp(argv[i], "--model=", 8);
+    dc_train_config tc = official ? dc_train_config_default() : cli_demo_train();
     const char *model = NULL, *data_path = DC_FMNIST_DIR, *out = "runs/train", *resume = NULL;
     const char *device = "auto";
     int ckpt_every = 500, keep = 3, log_every = 50, threads = 0, heads = 0;
@@ -96,6 +102,26 @@ int cmd_train(int argc, char **argv) {
     if (ckpt_every < 1 || keep < 1 || log_every < 1) return dc_fail("--ckpt-every, --keep and --log-every must be positive"), cli_fail();
     if (flip) tc.hflip = true;
     if (!args_given(&ap, "micro-batch")) tc.micro_batch = tc.batch;
+    if (resume) {
+        // The checkpoint fixes the model and the recipe; these may change.
+        static const char *k_free[] = {"resume", "steps", "out", "data", "ckpt-every", "keep",
+                                       "log-every", "threads", "device"};
+        for (int i = 0; i < ap.nspecs; i++) {
+            bool free_flag = false;
+            for (size_t k = 0; k < sizeof k_free / sizeof k_free[0]; k++)
+                free_flag |= strcmp(specs[i].name, k_free[k]) == 0;
+            if (!free_flag && args_given(&ap, specs[i].name))
+                return dc_fail("--%s is fixed by the checkpoint being resumed", specs[i].name), cli_fail();
+        }
+    } else {
+        const char *shape_flags[] = {"input-size", "in-channels", "patch", "hidden", "depth", "heads",
+                                     "mlp-hidden", "num-classes"};
+        const int shape_values[] = {mc.input_size, mc.in_channels, mc.patch, mc.hidden, mc.depth,
+                                    heads, mc.mlp_hidden, mc.num_classes};
+        for (int i = 0; i < 8; i++)
+            if (args_given(&ap, shape_flags[i]) && shape_values[i] < 1)
+                return dc_fail("--%s must be positive", shape_flags[i]), cli_fail();
+    }
 
     dc_backend *be = NULL;
     dc_dataset ds = {0};
@@ -122,13 +148,19 @@ int cmd_train(int argc, char **argv) {
             snprintf(data_buf, sizeof data_buf, "%s", ds_meta);
             data_path = data_buf;
         }
-        if (!args_given(&ap, "out")) {
-            static char dir[4096];
-            snprintf(dir, sizeof dir, "%s", ck_path);
-            char *slash = strrchr(dir, '/');
-            if (slash) *slash = 0; else snprintf(dir, sizeof dir, ".");
-            out = dir;
+        static char dir[4096];
+        snprintf(dir, sizeof dir, "%s", ck_path);
+        char *slash = strrchr(dir, '/');
+        if (slash) *slash = 0; else snprintf(dir, sizeof dir, ".");
+        if (!args_given(&ap, "out")) out = dir;
+        else if (!cli_same_file(out, dir) && cli_list_checkpoints(out, NULL) > 0) {
+            dc_fail("%s already holds checkpoints of another run; resume into an empty folder", out);
+            goto fail;
         }
+        const char *v;
+        if (!args_given(&ap, "keep") && (v = dc_st_meta(&ck, "keep"))) keep = atoi(v) > 0 ? atoi(v) : keep;
+        if (!args_given(&ap, "ckpt-every") && (v = dc_st_meta(&ck, "ckpt_every")))
+            ckpt_every = atoi(v) > 0 ? atoi(v) : ckpt_every;
         if (dc_dataset_load(&ds, data_path, mc.input_size)) goto fail;
     } else {
         // Start from the demo DiT or an official config; the data set gives
@@ -151,15 +183,19 @@ int cmd_train(int argc, char **argv) {
         if (!mc.heads) { dc_fail("--hidden %d is not in the official table; pass --heads", mc.hidden); goto fail; }
     }
     if (dc_train_config_validate(&tc) || dc_dit_config_validate(&mc)) goto fail;
+    static char data_abs[4096];
+    if (realpath(data_path, data_abs)) data_path = data_abs;
+    if (dc_utf8_invalid_at(data_path, strlen(data_path)) >= 0) {
+        dc_fail("data path '%s' is not valid UTF-8 (checkpoints record it); rename it", data_path);
+        goto fail;
+    }
     if (!resume) {
-        int64_t steps[1];
-        if (cli_list_checkpoints(out, steps, 1) > 0) {
+        if (cli_list_checkpoints(out, NULL) > 0) {
             dc_fail("%s already holds checkpoints of a run: continue it with --resume %s, or "
                     "choose another --out", out, out);
             goto fail;
         }
     }
-    if (dc_mkdir_p(out)) goto fail;
     if (dc_dit_create(&m, &mc, be, true)) goto fail;
     if (have_ck ? dc_dit_load_weights(&m, &ck, "") : dc_dit_init_weights(&m, tc.seed)) goto fail;
     if (dc_trainer_init(&tr, &m, &ds, &tc)) goto fail;
@@ -169,6 +205,7 @@ int cmd_train(int argc, char **argv) {
         dc_st_close(&ck);
         have_ck = false;
     }
+    if (dc_mkdir_p(out)) goto fail;
     if (tr.step >= tc.steps) {
         dc_log("the run is already at step %lld of %d; nothing to do (raise --steps)", (long long)tr.step, tc.steps);
         status = 0;
@@ -196,7 +233,7 @@ int cmd_train(int argc, char **argv) {
                         (long long)tr.step, tc.steps, st.loss, st.mse, st.vb, smooth, st.grad_norm,
                         tc.batch / per, dc_format_duration(per * (tc.steps - tr.step), eta, sizeof eta));
         if (tr.step % ckpt_every == 0 || last || g_stop) {
-            if (save(&tr, out, keep, data_path)) goto fail;
+            if (save(&tr, out, keep, ckpt_every, data_path)) goto fail;
         }
         if (g_stop && !last) {
             dc_log("interrupted: checkpoint of step %lld written to %s; continue with --resume %s",

@@ -7,6 +7,7 @@ static const struct { const char *name; size_t size; } k_types[DC_DTYPE_COUNT] =
     [DC_F64] = {"F64", 8},   [DC_I64] = {"I64", 8},   [DC_I32] = {"I32", 4},
     [DC_I16] = {"I16", 2},   [DC_I8] = {"I8", 1},     [DC_U8] = {"U8", 1},
     [DC_BOOL] = {"BOOL", 1}, [DC_F8_E4M3] = {"F8_E4M3", 1}, [DC_F8_E5M2] = {"F8_E5M2", 1},
+    [DC_U16] = {"U16", 2},   [DC_U32] = {"U32", 4},   [DC_U64] = {"U64", 8},
 };
 
 size_t dc_dtype_size(dc_dtype t) { return (unsigned)t < DC_DTYPE_COUNT ? k_types[t].size : 0; }

@@ -7,7 +7,7 @@
 
 typedef enum {
     DC_F32, DC_F16, DC_BF16, DC_F64, DC_I64, DC_I32, DC_I16, DC_I8, DC_U8, DC_BOOL,
-    DC_F8_E4M3, DC_F8_E5M2, DC_DTYPE_COUNT
+    DC_F8_E4M3, DC_F8_E5M2, DC_U16, DC_U32, DC_U64, DC_DTYPE_COUNT
 } dc_dtype;
 
 size_t dc_dtype_size(dc_dtype t);

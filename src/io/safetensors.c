@@ -328,6 +328,14 @@ int dc_st_read_i64(const dc_st_file *f, const dc_st_tensor *t, int64_t *out) {
     case DC_I16: for (int64_t i = 0; i < n; i++) out[i] = (int16_t)ld16(p + 2 * i); break;
     case DC_I8: for (int64_t i = 0; i < n; i++) out[i] = (int8_t)p[i]; break;
     case DC_U8: for (int64_t i = 0; i < n; i++) out[i] = p[i]; break;
+    case DC_U16: for (int64_t i = 0; i < n; i++) out[i] = ld16(p + 2 * i); break;
+    case DC_U32: for (int64_t i = 0; i < n; i++) out[i] = ld32(p + 4 * i); break;
+    case DC_U64:  // values past INT64_MAX saturate; callers range-check what they read
+        for (int64_t i = 0; i < n; i++) {
+            uint64_t v = ld64(p + 8 * i);
+            out[i] = v > INT64_MAX ? INT64_MAX : (int64_t)v;
+        }
+        break;
     case DC_BOOL: for (int64_t i = 0; i < n; i++) out[i] = p[i] != 0; break;
     default:
         return dc_fail("%s: tensor '%.200s' is %s, not an integer type (read it as floats)", f->path,

@@ -4,6 +4,7 @@
 // Shapes: B images, T = (H/p)^2 tokens, D hidden, F mlp hidden, P = C p p
 // patch features, OP = OC p p output features per token, L blocks.
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -246,6 +247,14 @@ static void carve(dc_dit *m, carver *cv, dc_dit_acts *a, int B) {
 
 int dc_dit_reserve(dc_dit *m, int max_batch) {
     if (max_batch < 1) return dc_fail("batch size must be at least 1");
+    // Ops index with int: every activation must hold fewer than 2^31 elements.
+    const dc_dit_config *c = &m->cfg;
+    int64_t T = dc_dit_tokens(c), D = c->hidden, widest = 3 * D;
+    int64_t per_token[] = {c->mlp_hidden, (int64_t)c->patch * c->patch * dc_dit_out_channels(c),
+                           (int64_t)c->patch * c->patch * c->in_channels, c->heads};
+    for (int i = 0; i < 4; i++) widest = per_token[i] > widest ? per_token[i] : widest;
+    if ((int64_t)max_batch * T * widest > INT32_MAX || (int64_t)max_batch * 6 * D > INT32_MAX)
+        return dc_fail("batch %d is too large for this model (activations over 2^31 elements)", max_batch);
     if (m->acts && m->max_batch >= max_batch) return 0;
     free_acts(m);
     dc_dit_acts *a = calloc(1, sizeof *a);

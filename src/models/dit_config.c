@@ -38,6 +38,10 @@ int dc_dit_config_validate(const dc_dit_config *c) {
     if (c->input_size < c->patch || c->input_size % c->patch)
         return dc_fail("input size %d is not a multiple of patch size %d", c->input_size, c->patch);
     if (c->input_size > 4096) return dc_fail("input size %d too large", c->input_size);
+    int tokens = (c->input_size / c->patch) * (c->input_size / c->patch);
+    if (tokens > 4096)
+        return dc_fail("%d tokens (input %d, patch %d): at most 4096 are supported", tokens,
+                       c->input_size, c->patch);
     if (c->in_channels < 1 || c->in_channels > 1024)
         return dc_fail("in_channels %d out of range", c->in_channels);
     if (c->hidden < 2 || c->hidden % 2 || c->hidden > 65536)

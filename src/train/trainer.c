@@ -218,6 +218,9 @@ int dc_trainer_step(dc_trainer *tr, dc_step_stats *st) {
                        sum_mse + sum_vb, (long long)tr->step + 1);
 
     double norm = sqrt(be->sumsq(be, m->params.grad, np));
+    if (!isfinite(norm))
+        return dc_fail("gradient norm became %g at step %lld; lower --lr or enable --grad-clip",
+                       norm, (long long)tr->step + 1);
     float clip = c->grad_clip > 0 && norm > c->grad_clip ? (float)(c->grad_clip / (norm + 1e-6)) : 1.0f;
     int64_t s = tr->step + 1;
     float lr = c->warmup > 0 && s < c->warmup ? c->lr * (float)s / c->warmup : c->lr;
