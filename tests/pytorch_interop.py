@@ -52,6 +52,7 @@ def inputs(cfg, n, rng):
 
 
 def torch_forward(model, x, t, y):
+    model.eval()  # training mode would drop labels at random (the official LabelEmbedder)
     with torch.no_grad():
         return model.double()(torch.tensor(x).double(), torch.tensor(t).double(),
                               torch.tensor(y)).float().numpy()

@@ -82,6 +82,7 @@ def main():
     print(f"train   batch {a.batch:4d}   {a.batch / dt:9.1f} img/s   {dt * 1e3:8.1f} ms/step   "
           f"{3 * gflop * a.batch / dt:7.1f} GFLOP/s")
 
+    model.eval()  # sampling: no label dropout
     n = 2 * a.sample_batch
     xs = torch.randn((n, cfg.in_channels, cfg.input_size, cfg.input_size), device=dev)
     ys = torch.randint(0, cfg.num_classes + 1, (n,), device=dev)
