@@ -28,6 +28,7 @@ expect_fail "heads not dividing" "not divisible" $BIN train --hidden 36 --heads 
 $BIN train "${TINY[@]}" --steps 1 --out "$TMP/run" > "$TMP/train.log" 2>&1 || { cat "$TMP/train.log"; fail "tiny training run"; finish; }
 ck="$TMP/run/step_0000001.safetensors"
 $BIN info "$ck" | grep -q "depth 2, hidden 32, heads 2" && pass "info on a checkpoint" || fail "info on a checkpoint"
+$BIN info "$TMP/run" | grep -q "step_0000001" && pass "info on a run folder" || fail "info on a run folder"
 sum=$(md5sum < "$ck")
 expect_fail "train into an existing run" "already holds checkpoints" $BIN train "${TINY[@]}" --steps 1 --out "$TMP/run"
 [ "$(md5sum < "$ck")" = "$sum" ] && pass "existing checkpoint untouched" || fail "existing checkpoint changed"

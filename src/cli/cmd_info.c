@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "cli/args.h"
+#include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "io/safetensors.h"
 #include "models/dit_io.h"
@@ -12,7 +13,7 @@ int cmd_info(int argc, char **argv) {
     arg_spec specs[] = {
         {"heads", ARG_INT, &heads, "N", "number of heads, for widths outside the official table"},
     };
-    arg_parser ap = {"diffusion info FILE [--heads N]",
+    arg_parser ap = {"diffusion info FILE|RUN_FOLDER [--heads N]",
                      "Prints the model config, parameter count, training step and training\n"
                      "settings stored in a checkpoint, or the config inferred from the tensor\n"
                      "shapes of a plain official-key weights file.",
@@ -21,7 +22,9 @@ int cmd_info(int argc, char **argv) {
     if (rc) return rc > 0 ? 0 : cli_fail();
     if (ap.npositional != 1) return fprintf(stderr, "error: info needs one FILE (see --help)\n"), 1;
     dc_st_file f;
-    if (dc_st_open(&f, ap.positional[0])) return cli_fail();
+    char path[4096];
+    if (cli_resolve_checkpoint(ap.positional[0], path, sizeof path) || dc_st_open(&f, path))
+        return cli_fail();
     // Our checkpoints hold raw weights under the plain keys and EMA under "ema.".
     dc_dit_config c;
     if (dc_dit_config_from_file(&f, "", heads, &c)) {
