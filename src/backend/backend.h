@@ -30,6 +30,9 @@ struct dc_backend {
     void (*zero)(dc_backend *be, void *dst, size_t bytes);
     void (*sync)(dc_backend *be);
     void (*destroy)(dc_backend *be);
+    // Allocates the ops' workspace for sequences of up to max_tokens before
+    // any step runs, so no op allocates or fails later. 0 or -1 (message set).
+    int (*reserve)(dc_backend *be, int max_tokens);
 
     // ---- dense layers --------------------------------------------------------
     // out[M,N] = inp[M,K] @ w[N,K]^T + b[N]   (b may be NULL)

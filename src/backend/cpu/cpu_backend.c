@@ -1,6 +1,7 @@
 // The CPU backend: host memory, per-thread scratch, and the table of ops.
 // Memory is ordinary 64-byte aligned host memory (a cache line, and the
 // widest vector load), so upload, download and copy are all memcpy.
+#include <assert.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,25 +51,31 @@ static void cpu_destroy(dc_backend *be) {
     free(be);
 }
 
-float *dc_cpu_scratch(dc_backend *be, size_t per_thread, size_t *stride) {
+// Attention keeps two T x T blocks per thread (see cpu_attention.c).
+static int cpu_reserve(dc_backend *be, int max_tokens) {
     dc_cpu_ctx *ctx = be->ctx;
     // Round each thread's slice to a cache line so threads never share one.
-    per_thread = (per_thread + 15) / 16 * 16;
-    int nt = omp_get_max_threads();
-    if (per_thread > ctx->scratch_per_thread || nt > ctx->scratch_threads) {
-        size_t want = per_thread > ctx->scratch_per_thread ? per_thread : ctx->scratch_per_thread;
-        int threads = nt > ctx->scratch_threads ? nt : ctx->scratch_threads;
-        float *p = aligned(want * threads * sizeof(float));
-        if (!p) {
-            fprintf(stderr, "cpu backend: out of memory for %zu bytes of op scratch\n",
-                    want * threads * sizeof(float));
-            abort();
-        }
-        free(ctx->scratch);
-        ctx->scratch = p;
-        ctx->scratch_per_thread = want;
-        ctx->scratch_threads = threads;
-    }
+    size_t per_thread = (2 * (size_t)max_tokens * max_tokens + 15) / 16 * 16;
+    int threads = omp_get_max_threads();
+    if (per_thread <= ctx->scratch_per_thread && threads <= ctx->scratch_threads) return 0;
+    if (per_thread < ctx->scratch_per_thread) per_thread = ctx->scratch_per_thread;
+    if (threads < ctx->scratch_threads) threads = ctx->scratch_threads;
+    float *p = aligned(per_thread * threads * sizeof(float));
+    if (!p)
+        return dc_fail("out of memory for %.1f MiB of attention workspace (%d tokens)",
+                       per_thread * threads * sizeof(float) / 1048576.0, max_tokens);
+    free(ctx->scratch);
+    ctx->scratch = p;
+    ctx->scratch_per_thread = per_thread;
+    ctx->scratch_threads = threads;
+    return 0;
+}
+
+float *dc_cpu_scratch(dc_backend *be, size_t per_thread, size_t *stride) {
+    dc_cpu_ctx *ctx = be->ctx;
+    // Reserved up front by cpu_reserve; a shortfall is a caller's bug.
+    assert(per_thread <= ctx->scratch_per_thread && omp_get_max_threads() <= ctx->scratch_threads);
+    (void)per_thread;
     *stride = ctx->scratch_per_thread;
     return ctx->scratch;
 }
@@ -94,6 +101,7 @@ dc_backend *dc_backend_cpu_create(void) {
         .copy = cpu_copy,
         .zero = cpu_zero,
         .sync = cpu_sync,
+        .reserve = cpu_reserve,
         .destroy = cpu_destroy,
         .linear_fwd = dc_cpu_linear_fwd,
         .linear_bwd = dc_cpu_linear_bwd,

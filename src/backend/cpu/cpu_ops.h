@@ -43,10 +43,9 @@ static inline float *dc_cpu_f32(dc_buf b) {
     return (float *)b.p;
 }
 
-// Makes sure every OpenMP thread has `per_thread` floats of scratch and
+// The per-thread scratch (`per_thread` floats at most) for a parallel op:
 // returns the base; thread t uses base + t * stride (*stride set here). Called
-// outside parallel regions. Ops have no error return, so running out of
-// memory here aborts with a message.
+// outside parallel regions; the workspace was allocated by be->reserve.
 float *dc_cpu_scratch(dc_backend *be, size_t per_thread, size_t *stride);
 
 // Puts OpenBLAS in single-threaded mode: OpenMP threads call it on slices
