@@ -5,11 +5,9 @@
 #include <time.h>
 #include <unistd.h>
 
-static bool g_quiet;
 static bool g_open_line;  // a progress line is drawn and not yet ended
 
 bool dc_log_is_tty(void) { return isatty(fileno(stderr)); }
-void dc_log_set_quiet(bool quiet) { g_quiet = quiet; }
 
 static void vlog(const char *prefix, const char *fmt, va_list ap) {
     if (g_open_line) fputc('\n', stderr), g_open_line = false;
@@ -19,7 +17,6 @@ static void vlog(const char *prefix, const char *fmt, va_list ap) {
 }
 
 void dc_log(const char *fmt, ...) {
-    if (g_quiet) return;
     va_list ap;
     va_start(ap, fmt);
     vlog("", fmt, ap);
@@ -34,7 +31,6 @@ void dc_warn(const char *fmt, ...) {
 }
 
 void dc_progress(bool final, const char *fmt, ...) {
-    if (g_quiet) return;
     va_list ap;
     va_start(ap, fmt);
     if (dc_log_is_tty()) {

@@ -9,7 +9,6 @@ void dc_warn(const char *fmt, ...) DC_PRINTF(1, 2);
 // A progress line; `final` ends it with a newline on a terminal.
 void dc_progress(bool final, const char *fmt, ...) DC_PRINTF(2, 3);
 bool dc_log_is_tty(void);
-void dc_log_set_quiet(bool quiet);
 double dc_time_now(void);  // monotonic seconds
 // Formats seconds as "1h02m", "3m05s" or "12s" into buf.
 const char *dc_format_duration(double sec, char *buf, int n);

@@ -123,9 +123,9 @@ static void sincos_1d(float *out, int E, double pos) {
     }
 }
 
-void dc_dit_pos_embed(float *out, int grid, int D) {
-    // Official get_2d_sincos_pos_embed: the first half encodes the column,
-    // the second half the row; token n = row * grid + col.
+// pos_embed[T, D]: the official get_2d_sincos_pos_embed, in float64. The
+// first half encodes the column, the second half the row; token n = row * grid + col.
+static void pos_embed(float *out, int grid, int D) {
     for (int r = 0; r < grid; r++)
         for (int col = 0; col < grid; col++) {
             float *e = out + ((int64_t)r * grid + col) * D;
@@ -147,7 +147,7 @@ int dc_dit_create(dc_dit *m, const dc_dit_config *cfg, dc_backend *be, bool with
     int grid = cfg->input_size / cfg->patch, T = grid * grid, D = cfg->hidden;
     float *pos = malloc((size_t)T * D * sizeof *pos);
     if (!pos) return dc_dit_free(m), dc_fail("out of memory");
-    dc_dit_pos_embed(pos, grid, D);
+    pos_embed(pos, grid, D);
     be->upload(be, dc_param_data(&m->params, 0).p, pos, (size_t)T * D * sizeof *pos);
     free(pos);
     return 0;

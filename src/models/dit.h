@@ -62,7 +62,3 @@ int dc_dit_forward(dc_dit *m, dc_buf out, dc_buf x, dc_buf t, dc_buf y, int B);
 // Given dout = dL/dout of the last forward, accumulates dL/dparams into
 // m->params.grad (+=, so micro-batches sum).
 int dc_dit_backward(dc_dit *m, dc_buf dout, int B);
-
-// Fills pos_embed[T, D] (host memory) with the fixed 2-D sin-cos table,
-// computed in float64 as the official code does.
-void dc_dit_pos_embed(float *out, int grid, int D);

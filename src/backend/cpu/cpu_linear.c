@@ -45,8 +45,8 @@ static int split(int n, int nt, int i, int align) {
 
 // Row-major C[M,N] = alpha op(A)[M,K] op(B)[K,N] + beta C, sliced over threads
 // along M (or N when M is too small to give each thread a useful share).
-void dc_cpu_sgemm(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
-                  const float *B, int ldb, float beta, float *C, int ldc) {
+static void sgemm(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
+                   const float *B, int ldb, float beta, float *C, int ldc) {
     if (M <= 0 || N <= 0) return;
     const enum CBLAS_TRANSPOSE opa = ta ? CblasTrans : CblasNoTrans;
     const enum CBLAS_TRANSPOSE opb = tb ? CblasTrans : CblasNoTrans;
@@ -83,7 +83,7 @@ void dc_cpu_linear_fwd(dc_backend *be, dc_buf out_, dc_buf inp_, dc_buf w_, dc_b
 #pragma omp parallel for schedule(static) if ((int64_t)M * N > DC_CPU_PAR_MIN)
         for (int m = 0; m < M; m++) memcpy(out + (int64_t)m * N, b, (size_t)N * sizeof(float));
     }
-    dc_cpu_sgemm(false, true, M, N, K, 1.0f, inp, K, w, K, b ? 1.0f : 0.0f, out, N);
+    sgemm(false, true, M, N, K, 1.0f, inp, K, w, K, b ? 1.0f : 0.0f, out, N);
 }
 
 void dc_cpu_linear_bwd(dc_backend *be, dc_buf dinp_, dc_buf dw_, dc_buf db_, dc_buf dout_,
@@ -92,10 +92,10 @@ void dc_cpu_linear_bwd(dc_backend *be, dc_buf dinp_, dc_buf dw_, dc_buf db_, dc_
     const float *dout = dc_cpu_f32(dout_);                          // [M, N]
     const float *inp = dc_cpu_f32(inp_), *w = dc_cpu_f32(w_);       // [M, K], [N, K]
     if (dinp_.p)  // dinp[M,K] (+)= dout @ w
-        dc_cpu_sgemm(false, false, M, K, N, 1.0f, dout, N, w, K, accumulate ? 1.0f : 0.0f,
+        sgemm(false, false, M, K, N, 1.0f, dout, N, w, K, accumulate ? 1.0f : 0.0f,
                      dc_cpu_f32(dinp_), K);
     if (dw_.p)  // dw[N,K] += dout^T @ inp
-        dc_cpu_sgemm(true, false, N, K, M, 1.0f, dout, N, inp, K, 1.0f, dc_cpu_f32(dw_), K);
+        sgemm(true, false, N, K, M, 1.0f, dout, N, inp, K, 1.0f, dc_cpu_f32(dw_), K);
     if (db_.p) {  // db[N] += sum over rows of dout, column blocks per thread
         float *db = dc_cpu_f32(db_);
         enum { CB = 64 };

@@ -52,10 +52,6 @@ float *dc_cpu_scratch(dc_backend *be, size_t per_thread, size_t *stride);
 // of each product, so there is one thread pool. Nothing else in the process
 // should raise OpenBLAS's thread count while a CPU backend is in use.
 void dc_cpu_blas_init(void);
-// Row-major C[M,N] = alpha op(A) op(B) + beta C (op = transpose where ta/tb),
-// the output split across OpenMP threads; call outside parallel regions.
-void dc_cpu_sgemm(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
-                  const float *B, int ldb, float beta, float *C, int ldc);
 
 // ---- dense layers (cpu_linear.c) ----------------------------------------------
 void dc_cpu_linear_fwd(dc_backend *be, dc_buf out, dc_buf inp, dc_buf w, dc_buf b, int M, int K,
