@@ -46,7 +46,7 @@ static int split(int n, int nt, int i, int align) {
 // Row-major C[M,N] = alpha op(A)[M,K] op(B)[K,N] + beta C, sliced over threads
 // along M (or N when M is too small to give each thread a useful share).
 static void sgemm(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
-                   const float *B, int ldb, float beta, float *C, int ldc) {
+                  const float *B, int ldb, float beta, float *C, int ldc) {
     if (M <= 0 || N <= 0) return;
     const enum CBLAS_TRANSPOSE opa = ta ? CblasTrans : CblasNoTrans;
     const enum CBLAS_TRANSPOSE opb = tb ? CblasTrans : CblasNoTrans;
