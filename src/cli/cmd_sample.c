@@ -23,6 +23,7 @@ typedef struct { double t0; int done_images, total_images, batch_images; } progr
 
 static void on_step(void *ctx, int step, int total) {
     progress_ctx *p = ctx;
+    if (!dc_log_is_tty() && step != total) return;  // piped: one line per batch
     double el = dc_time_now() - p->t0;
     double frac = (p->done_images + p->batch_images * (double)step / total) / p->total_images;
     char eta[32];
