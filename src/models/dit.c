@@ -280,62 +280,73 @@ int dc_dit_reserve(dc_dit *m, int max_batch) {
 static dc_buf P(const dc_dit *m, int i) { return dc_param_data(&m->params, i); }
 static dc_buf G(const dc_dit *m, int i) { return dc_param_grad(&m->params, i); }
 
+// Sizes of a batch of B images: T tokens, D hidden, F mlp hidden, H heads,
+// p patch, C / OC channels in / out, S image side, Pf / OP features per token
+// in / out, BT = B * T rows.
+typedef struct { int T, D, F, H, p, C, OC, S, Pf, OP, BT; } dit_dims;
+
+static dit_dims dims_of(const dc_dit_config *c, int B) {
+    dit_dims d = {.T = dc_dit_tokens(c), .D = c->hidden, .F = c->mlp_hidden, .H = c->heads,
+                  .p = c->patch, .C = c->in_channels, .OC = dc_dit_out_channels(c),
+                  .S = c->input_size};
+    d.Pf = d.p * d.p * d.C, d.OP = d.p * d.p * d.OC, d.BT = B * d.T;
+    return d;
+}
+
 int dc_dit_forward(dc_dit *m, dc_buf out, dc_buf x, dc_buf t, dc_buf y, int B) {
     if (!m->acts || B > m->max_batch)
         return dc_fail("batch %d exceeds the reserved batch %d", B, m->max_batch);
     dc_backend *be = m->be;
     const dc_dit_config *c = &m->cfg;
     dc_dit_acts *a = m->acts;
-    int T = dc_dit_tokens(c), D = c->hidden, F = c->mlp_hidden, H = c->heads, p = c->patch;
-    int C = c->in_channels, OC = dc_dit_out_channels(c), S = c->input_size;
-    int Pf = p * p * C, OP = p * p * OC, BT = B * T;
+    const dit_dims d = dims_of(c, B);
     dit_ids id = ids_of(m);
 
     // conditioning: c = t_embedder(t) + y_embedder(y); every adaLN reads SiLU(c)
     be->timestep_embed(be, a->tfreq, t, B, DC_TFREQ / 2);
-    be->linear_fwd(be, a->th, a->tfreq, P(m, id.t0_w), P(m, id.t0_b), B, DC_TFREQ, D);
-    be->silu_fwd(be, a->ta, a->th, (int64_t)B * D);
-    be->linear_fwd(be, a->temb, a->ta, P(m, id.t2_w), P(m, id.t2_b), B, D, D);
-    be->embed_fwd(be, a->yemb, P(m, id.ytab), y, B, D);
+    be->linear_fwd(be, a->th, a->tfreq, P(m, id.t0_w), P(m, id.t0_b), B, DC_TFREQ, d.D);
+    be->silu_fwd(be, a->ta, a->th, (int64_t)B * d.D);
+    be->linear_fwd(be, a->temb, a->ta, P(m, id.t2_w), P(m, id.t2_b), B, d.D, d.D);
+    be->embed_fwd(be, a->yemb, P(m, id.ytab), y, B, d.D);
     a->y = y;
-    be->copy(be, a->c.p, a->temb.p, (size_t)B * D * dc_dtype_size(a->c.dt));
-    be->axpy(be, a->c, a->yemb, 1.0f, (int64_t)B * D);
-    be->silu_fwd(be, a->silu_c, a->c, (int64_t)B * D);
+    be->copy(be, a->c.p, a->temb.p, (size_t)B * d.D * dc_dtype_size(a->c.dt));
+    be->axpy(be, a->c, a->yemb, 1.0f, (int64_t)B * d.D);
+    be->silu_fwd(be, a->silu_c, a->c, (int64_t)B * d.D);
 
     // patch embedding (a stride-p conv as a matmul) plus fixed positions
     dc_buf x0 = a->blocks[0].x_in;
-    be->patchify(be, a->patches, x, B, C, S, S, p);
-    be->linear_fwd(be, x0, a->patches, P(m, id.xe_w), P(m, id.xe_b), BT, Pf, D);
-    be->add_rows(be, x0, P(m, id.pos), B, T, D);
+    be->patchify(be, a->patches, x, B, d.C, d.S, d.S, d.p);
+    be->linear_fwd(be, x0, a->patches, P(m, id.xe_w), P(m, id.xe_b), d.BT, d.Pf, d.D);
+    be->add_rows(be, x0, P(m, id.pos), B, d.T, d.D);
 
-    size_t stream_bytes = (size_t)BT * D * dc_dtype_size(a->patches.dt);
+    size_t stream_bytes = (size_t)d.BT * d.D * dc_dtype_size(a->patches.dt);
     for (int l = 0; l < c->depth; l++) {
         block_acts *k = &a->blocks[a->training ? l : 0];
         block_ids w = block_of(l);
         // mod = Linear(SiLU(c)) -> shift, scale, gate (msa), shift, scale, gate (mlp)
-        be->linear_fwd(be, k->mod, a->silu_c, P(m, w.ada_w), P(m, w.ada_b), B, D, 6 * D);
+        be->linear_fwd(be, k->mod, a->silu_c, P(m, w.ada_w), P(m, w.ada_b), B, d.D, 6 * d.D);
         // x = x + gate_msa * attn(modulate(LN(x), shift_msa, scale_msa))
-        be->ln_mod_fwd(be, k->ln1, k->mean1, k->rstd1, k->x_in, k->mod, B, T, D, 6, 0, 1);
-        be->linear_fwd(be, k->qkv, k->ln1, P(m, w.qkv_w), P(m, w.qkv_b), BT, D, 3 * D);
-        be->attn_fwd(be, k->att, k->lse, k->qkv, B, T, D, H);
-        be->linear_fwd(be, k->proj, k->att, P(m, w.proj_w), P(m, w.proj_b), BT, D, D);
+        be->ln_mod_fwd(be, k->ln1, k->mean1, k->rstd1, k->x_in, k->mod, B, d.T, d.D, 6, 0, 1);
+        be->linear_fwd(be, k->qkv, k->ln1, P(m, w.qkv_w), P(m, w.qkv_b), d.BT, d.D, 3 * d.D);
+        be->attn_fwd(be, k->att, k->lse, k->qkv, B, d.T, d.D, d.H);
+        be->linear_fwd(be, k->proj, k->att, P(m, w.proj_w), P(m, w.proj_b), d.BT, d.D, d.D);
         if (a->training) be->copy(be, k->x_mid.p, k->x_in.p, stream_bytes);
-        be->gate_res_fwd(be, k->x_mid, k->proj, k->mod, B, T, D, 6, 2);
+        be->gate_res_fwd(be, k->x_mid, k->proj, k->mod, B, d.T, d.D, 6, 2);
         // x = x + gate_mlp * mlp(modulate(LN(x), shift_mlp, scale_mlp))
-        be->ln_mod_fwd(be, k->ln2, k->mean2, k->rstd2, k->x_mid, k->mod, B, T, D, 6, 3, 4);
-        be->linear_fwd(be, k->fc1, k->ln2, P(m, w.fc1_w), P(m, w.fc1_b), BT, D, F);
-        be->gelu_fwd(be, k->act, k->fc1, (int64_t)BT * F);
-        be->linear_fwd(be, k->fc2, k->act, P(m, w.fc2_w), P(m, w.fc2_b), BT, F, D);
+        be->ln_mod_fwd(be, k->ln2, k->mean2, k->rstd2, k->x_mid, k->mod, B, d.T, d.D, 6, 3, 4);
+        be->linear_fwd(be, k->fc1, k->ln2, P(m, w.fc1_w), P(m, w.fc1_b), d.BT, d.D, d.F);
+        be->gelu_fwd(be, k->act, k->fc1, (int64_t)d.BT * d.F);
+        be->linear_fwd(be, k->fc2, k->act, P(m, w.fc2_w), P(m, w.fc2_b), d.BT, d.F, d.D);
         dc_buf next = !a->training ? k->x_mid : l + 1 < c->depth ? a->blocks[l + 1].x_in : a->x_out;
         if (a->training) be->copy(be, next.p, k->x_mid.p, stream_bytes);
-        be->gate_res_fwd(be, next, k->fc2, k->mod, B, T, D, 6, 5);
+        be->gate_res_fwd(be, next, k->fc2, k->mod, B, d.T, d.D, 6, 5);
     }
 
     // final layer: modulate(LN(x), shift, scale) -> Linear -> unpatchify
-    be->linear_fwd(be, a->modf, a->silu_c, P(m, id.fada_w), P(m, id.fada_b), B, D, 2 * D);
-    be->ln_mod_fwd(be, a->lnf, a->meanf, a->rstdf, a->x_out, a->modf, B, T, D, 2, 0, 1);
-    be->linear_fwd(be, a->lin, a->lnf, P(m, id.fl_w), P(m, id.fl_b), BT, D, OP);
-    be->unpatchify_fwd(be, out, a->lin, B, OC, S, S, p);
+    be->linear_fwd(be, a->modf, a->silu_c, P(m, id.fada_w), P(m, id.fada_b), B, d.D, 2 * d.D);
+    be->ln_mod_fwd(be, a->lnf, a->meanf, a->rstdf, a->x_out, a->modf, B, d.T, d.D, 2, 0, 1);
+    be->linear_fwd(be, a->lin, a->lnf, P(m, id.fl_w), P(m, id.fl_b), d.BT, d.D, d.OP);
+    be->unpatchify_fwd(be, out, a->lin, B, d.OC, d.S, d.S, d.p);
     return 0;
 }
 
@@ -345,50 +356,48 @@ int dc_dit_backward(dc_dit *m, dc_buf dout, int B) {
     dc_backend *be = m->be;
     const dc_dit_config *c = &m->cfg;
     dc_dit_acts *a = m->acts;
-    int T = dc_dit_tokens(c), D = c->hidden, F = c->mlp_hidden, H = c->heads, p = c->patch;
-    int C = c->in_channels, OC = dc_dit_out_channels(c), S = c->input_size;
-    int Pf = p * p * C, OP = p * p * OC, BT = B * T;
+    const dit_dims d = dims_of(c, B);
     dit_ids id = ids_of(m);
 
     // final layer
-    be->zero(be, a->dsilu_c.p, (size_t)B * D * dc_dtype_size(a->dsilu_c.dt));
-    be->zero(be, a->dx.p, (size_t)BT * D * dc_dtype_size(a->dx.dt));
-    be->unpatchify_bwd(be, a->dlin, dout, B, OC, S, S, p);
-    be->linear_bwd(be, a->dt1, G(m, id.fl_w), G(m, id.fl_b), a->dlin, a->lnf, P(m, id.fl_w), BT, D, OP, false);
-    be->ln_mod_bwd(be, a->dx, a->dmod, a->dt1, a->x_out, a->meanf, a->rstdf, a->modf, B, T, D, 2, 0, 1);
+    be->zero(be, a->dsilu_c.p, (size_t)B * d.D * dc_dtype_size(a->dsilu_c.dt));
+    be->zero(be, a->dx.p, (size_t)d.BT * d.D * dc_dtype_size(a->dx.dt));
+    be->unpatchify_bwd(be, a->dlin, dout, B, d.OC, d.S, d.S, d.p);
+    be->linear_bwd(be, a->dt1, G(m, id.fl_w), G(m, id.fl_b), a->dlin, a->lnf, P(m, id.fl_w), d.BT, d.D, d.OP, false);
+    be->ln_mod_bwd(be, a->dx, a->dmod, a->dt1, a->x_out, a->meanf, a->rstdf, a->modf, B, d.T, d.D, 2, 0, 1);
     be->linear_bwd(be, a->dsilu_c, G(m, id.fada_w), G(m, id.fada_b), a->dmod, a->silu_c,
-                   P(m, id.fada_w), B, D, 2 * D, true);
+                   P(m, id.fada_w), B, d.D, 2 * d.D, true);
 
     // blocks, last to first; a->dx holds dL/d(stream leaving the block)
     for (int l = c->depth - 1; l >= 0; l--) {
         block_acts *k = &a->blocks[l];
         block_ids w = block_of(l);
         // mlp branch: stream = x_mid + gate_mlp * fc2(gelu(fc1(ln2)))
-        be->gate_res_bwd(be, a->dt1, a->dmod, a->dx, k->fc2, k->mod, B, T, D, 6, 5);
-        be->linear_bwd(be, a->df2, G(m, w.fc2_w), G(m, w.fc2_b), a->dt1, k->act, P(m, w.fc2_w), BT, F, D, false);
-        be->gelu_bwd(be, a->df1, a->df2, k->fc1, (int64_t)BT * F);
-        be->linear_bwd(be, a->dt2, G(m, w.fc1_w), G(m, w.fc1_b), a->df1, k->ln2, P(m, w.fc1_w), BT, D, F, false);
-        be->ln_mod_bwd(be, a->dx, a->dmod, a->dt2, k->x_mid, k->mean2, k->rstd2, k->mod, B, T, D, 6, 3, 4);
+        be->gate_res_bwd(be, a->dt1, a->dmod, a->dx, k->fc2, k->mod, B, d.T, d.D, 6, 5);
+        be->linear_bwd(be, a->df2, G(m, w.fc2_w), G(m, w.fc2_b), a->dt1, k->act, P(m, w.fc2_w), d.BT, d.F, d.D, false);
+        be->gelu_bwd(be, a->df1, a->df2, k->fc1, (int64_t)d.BT * d.F);
+        be->linear_bwd(be, a->dt2, G(m, w.fc1_w), G(m, w.fc1_b), a->df1, k->ln2, P(m, w.fc1_w), d.BT, d.D, d.F, false);
+        be->ln_mod_bwd(be, a->dx, a->dmod, a->dt2, k->x_mid, k->mean2, k->rstd2, k->mod, B, d.T, d.D, 6, 3, 4);
         // attention branch: x_mid = x_in + gate_msa * proj(attn(qkv(ln1)))
-        be->gate_res_bwd(be, a->dt1, a->dmod, a->dx, k->proj, k->mod, B, T, D, 6, 2);
-        be->linear_bwd(be, a->dt2, G(m, w.proj_w), G(m, w.proj_b), a->dt1, k->att, P(m, w.proj_w), BT, D, D, false);
-        be->attn_bwd(be, a->dqkv, a->dt2, k->qkv, k->att, k->lse, B, T, D, H);
-        be->linear_bwd(be, a->dt1, G(m, w.qkv_w), G(m, w.qkv_b), a->dqkv, k->ln1, P(m, w.qkv_w), BT, D, 3 * D, false);
-        be->ln_mod_bwd(be, a->dx, a->dmod, a->dt1, k->x_in, k->mean1, k->rstd1, k->mod, B, T, D, 6, 0, 1);
+        be->gate_res_bwd(be, a->dt1, a->dmod, a->dx, k->proj, k->mod, B, d.T, d.D, 6, 2);
+        be->linear_bwd(be, a->dt2, G(m, w.proj_w), G(m, w.proj_b), a->dt1, k->att, P(m, w.proj_w), d.BT, d.D, d.D, false);
+        be->attn_bwd(be, a->dqkv, a->dt2, k->qkv, k->att, k->lse, B, d.T, d.D, d.H);
+        be->linear_bwd(be, a->dt1, G(m, w.qkv_w), G(m, w.qkv_b), a->dqkv, k->ln1, P(m, w.qkv_w), d.BT, d.D, 3 * d.D, false);
+        be->ln_mod_bwd(be, a->dx, a->dmod, a->dt1, k->x_in, k->mean1, k->rstd1, k->mod, B, d.T, d.D, 6, 0, 1);
         // adaLN modulation of this block
         be->linear_bwd(be, a->dsilu_c, G(m, w.ada_w), G(m, w.ada_b), a->dmod, a->silu_c,
-                       P(m, w.ada_w), B, D, 6 * D, true);
+                       P(m, w.ada_w), B, d.D, 6 * d.D, true);
     }
 
     // patch embedding (pos_embed is fixed)
     be->linear_bwd(be, dc_buf_none(), G(m, id.xe_w), G(m, id.xe_b), a->dx, a->patches,
-                   P(m, id.xe_w), BT, Pf, D, false);
+                   P(m, id.xe_w), d.BT, d.Pf, d.D, false);
     // conditioning: dc = SiLU'(c) dsilu_c flows to both embedders
-    be->silu_bwd(be, a->dc, a->dsilu_c, a->c, (int64_t)B * D, false);
-    be->embed_bwd(be, G(m, id.ytab), a->dc, a->y, B, D);
-    be->linear_bwd(be, a->dtmp, G(m, id.t2_w), G(m, id.t2_b), a->dc, a->ta, P(m, id.t2_w), B, D, D, false);
-    be->silu_bwd(be, a->dsilu_c, a->dtmp, a->th, (int64_t)B * D, false);
+    be->silu_bwd(be, a->dc, a->dsilu_c, a->c, (int64_t)B * d.D, false);
+    be->embed_bwd(be, G(m, id.ytab), a->dc, a->y, B, d.D);
+    be->linear_bwd(be, a->dtmp, G(m, id.t2_w), G(m, id.t2_b), a->dc, a->ta, P(m, id.t2_w), B, d.D, d.D, false);
+    be->silu_bwd(be, a->dsilu_c, a->dtmp, a->th, (int64_t)B * d.D, false);
     be->linear_bwd(be, dc_buf_none(), G(m, id.t0_w), G(m, id.t0_b), a->dsilu_c, a->tfreq,
-                   P(m, id.t0_w), B, DC_TFREQ, D, false);
+                   P(m, id.t0_w), B, DC_TFREQ, d.D, false);
     return 0;
 }
