@@ -28,6 +28,8 @@ struct dc_backend {
     void (*download)(dc_backend *be, void *host_dst, const void *src, size_t bytes);
     void (*copy)(dc_backend *be, void *dst, const void *src, size_t bytes);
     void (*zero)(dc_backend *be, void *dst, size_t bytes);
+    // dst[n] = src[n] converted to dst's dtype (F32 <-> BF16, or a plain copy)
+    void (*cast)(dc_backend *be, dc_buf dst, dc_buf src, int64_t n);
     void (*sync)(dc_backend *be);
     void (*destroy)(dc_backend *be);
     // Allocates the ops' workspace for sequences of up to max_tokens before
@@ -122,13 +124,13 @@ struct dc_backend {
                          const dc_step_coef *coef, int B, int C, int OC, int64_t HW);
 
     // ---- optimisation --------------------------------------------------------------
-    // AdamW over n fp32 parameters, with g = grad * grad_scale:
+    // One pass over n fp32 parameters. AdamW with g = grad * grad_scale:
     // m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
     // p -= lr (m/bc1 / (sqrt(v/bc2) + eps) + wd p)
-    void (*adamw)(dc_backend *be, dc_buf p, dc_buf grad, dc_buf m, dc_buf v, int64_t n,
-                  const dc_adamw_step *h);
-    // ema = decay ema + (1 - decay) p
-    void (*ema)(dc_backend *be, dc_buf ema, dc_buf p, int64_t n, float decay);
+    // then, if ema.p: ema = ema_decay ema + (1 - ema_decay) p (fp32),
+    // and, if pc.p: pc = p in pc's dtype (the compute copy of the weights).
+    void (*adamw)(dc_backend *be, dc_buf p, dc_buf grad, dc_buf m, dc_buf v, dc_buf ema,
+                  dc_buf pc, int64_t n, const dc_adamw_step *h);
     // Returns sum(x^2) to the host (accumulated in double).
     double (*sumsq)(dc_backend *be, dc_buf x, int64_t n);
 };

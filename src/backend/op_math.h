@@ -77,6 +77,7 @@ typedef struct {
     float lr, beta1, beta2, eps, weight_decay;
     float bias_corr1, bias_corr2;         // 1 - beta^step
     float grad_scale;                     // applied to the raw gradient (clipping, averaging)
+    float ema_decay;                      // EMA of the updated weights (if one is kept)
 } dc_adamw_step;
 
 DC_HD void dc_adamw_update(float *p, float *m, float *v, float grad, const dc_adamw_step *h) {

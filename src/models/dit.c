@@ -52,7 +52,7 @@ struct dc_dit_acts {
     dc_buf dqkv;               // [B, T, 3D]
     dc_buf df1, df2;           // [B, T, F]
     dc_buf dmod;               // [B, 6D]
-    dc_buf dsilu_c, dc, dtmp;  // [B, D]
+    dc_buf dsilu_c, dc, dtmp, dth;  // [B, D]
     dc_buf dlin;               // [B, T, OP]
 };
 
@@ -191,18 +191,23 @@ int dc_dit_init_weights(dc_dit *m, uint64_t seed) {
         m->be->upload(m->be, dc_param_data(ps, i).p, h, (size_t)p->numel * sizeof *h);
         free(h);
     }
+    dc_params_touch(ps);
     return 0;
 }
 
 // Carves named activation buffers out of one allocation. The first pass
-// (base == NULL) only counts bytes.
+// (base == NULL) only counts bytes. Activations take the backend's compute
+// dtype; the residual stream, its gradient and the saved statistics stay
+// fp32 (take32), as under PyTorch autocast.
 typedef struct { char *base; size_t used; dc_dtype dt; } carver;
-static dc_buf take(carver *cv, int64_t n) {
-    size_t bytes = ((size_t)n * dc_dtype_size(cv->dt) + 255) & ~(size_t)255;
-    dc_buf b = {cv->base ? cv->base + cv->used : NULL, cv->dt};
+static dc_buf take_dt(carver *cv, int64_t n, dc_dtype dt) {
+    size_t bytes = ((size_t)n * dc_dtype_size(dt) + 255) & ~(size_t)255;
+    dc_buf b = {cv->base ? cv->base + cv->used : NULL, dt};
     cv->used += bytes;
     return b;
 }
+static dc_buf take(carver *cv, int64_t n) { return take_dt(cv, n, cv->dt); }
+static dc_buf take32(carver *cv, int64_t n) { return take_dt(cv, n, DC_F32); }
 
 static void carve(dc_dit *m, carver *cv, dc_dit_acts *a, int B) {
     const dc_dit_config *c = &m->cfg;
@@ -215,33 +220,34 @@ static void carve(dc_dit *m, carver *cv, dc_dit_acts *a, int B) {
     a->th = take(cv, B * D), a->ta = take(cv, B * D), a->temb = take(cv, B * D);
     a->yemb = take(cv, B * D), a->c = take(cv, B * D), a->silu_c = take(cv, B * D);
     int nblk = a->training ? c->depth : 1;
-    dc_buf stream = a->training ? dc_buf_none() : take(cv, BTD);  // inference: one stream, in place
+    dc_buf stream = a->training ? dc_buf_none() : take32(cv, BTD);  // inference: one stream, in place
     for (int l = 0; l < nblk; l++) {
         block_acts *k = &a->blocks[l];
         k->mod = take(cv, B * 6 * D);
-        k->x_in = a->training ? take(cv, BTD) : stream;
+        k->x_in = a->training ? take32(cv, BTD) : stream;
         k->ln1 = take(cv, BTD), k->ln2 = a->training ? take(cv, BTD) : k->ln1;
-        k->mean1 = take(cv, B * T), k->rstd1 = take(cv, B * T);
-        k->mean2 = take(cv, B * T), k->rstd2 = take(cv, B * T);
+        k->mean1 = take32(cv, B * T), k->rstd1 = take32(cv, B * T);
+        k->mean2 = take32(cv, B * T), k->rstd2 = take32(cv, B * T);
         k->qkv = take(cv, B * T * 3 * D);
         k->att = take(cv, BTD);
-        k->lse = take(cv, B * H * T);
+        k->lse = take32(cv, B * H * T);
         k->proj = take(cv, BTD);
-        k->x_mid = a->training ? take(cv, BTD) : stream;
+        k->x_mid = a->training ? take32(cv, BTD) : stream;
         k->fc1 = take(cv, B * T * F);
         k->act = take(cv, B * T * F);
         k->fc2 = take(cv, BTD);
     }
-    a->x_out = a->training ? take(cv, BTD) : stream;
+    a->x_out = a->training ? take32(cv, BTD) : stream;
     a->modf = take(cv, B * 2 * D);
-    a->lnf = take(cv, BTD), a->meanf = take(cv, B * T), a->rstdf = take(cv, B * T);
+    a->lnf = take(cv, BTD), a->meanf = take32(cv, B * T), a->rstdf = take32(cv, B * T);
     a->lin = take(cv, B * T * OP);
     if (!a->training) return;
-    a->dx = take(cv, BTD), a->dt1 = take(cv, BTD), a->dt2 = take(cv, BTD);
+    a->dx = take32(cv, BTD), a->dt1 = take(cv, BTD), a->dt2 = take(cv, BTD);
     a->dqkv = take(cv, B * T * 3 * D);
     a->df1 = take(cv, B * T * F), a->df2 = take(cv, B * T * F);
     a->dmod = take(cv, B * 6 * D);
-    a->dsilu_c = take(cv, B * D), a->dc = take(cv, B * D), a->dtmp = take(cv, B * D);
+    a->dsilu_c = take32(cv, B * D), a->dc = take(cv, B * D), a->dtmp = take(cv, B * D);
+    a->dth = take(cv, B * D);
     a->dlin = take(cv, B * T * OP);
 }
 
@@ -277,7 +283,8 @@ int dc_dit_reserve(dc_dit *m, int max_batch) {
     return 0;
 }
 
-static dc_buf P(const dc_dit *m, int i) { return dc_param_data(&m->params, i); }
+// Weights as the matrix products read them (the compute copy), gradients fp32.
+static dc_buf P(const dc_dit *m, int i) { return dc_param_w(&m->params, i); }
 static dc_buf G(const dc_dit *m, int i) { return dc_param_grad(&m->params, i); }
 
 // Sizes of a batch of B images: T tokens, D hidden, F mlp hidden, H heads,
@@ -301,6 +308,7 @@ int dc_dit_forward(dc_dit *m, dc_buf out, dc_buf x, dc_buf t, dc_buf y, int B) {
     dc_dit_acts *a = m->acts;
     const dit_dims d = dims_of(c, B);
     dit_ids id = ids_of(m);
+    dc_params_refresh(&m->params);
 
     // conditioning: c = t_embedder(t) + y_embedder(y); every adaLN reads SiLU(c)
     be->timestep_embed(be, a->tfreq, t, B, DC_TFREQ / 2);
@@ -317,9 +325,9 @@ int dc_dit_forward(dc_dit *m, dc_buf out, dc_buf x, dc_buf t, dc_buf y, int B) {
     dc_buf x0 = a->blocks[0].x_in;
     be->patchify(be, a->patches, x, B, d.C, d.S, d.S, d.p);
     be->linear_fwd(be, x0, a->patches, P(m, id.xe_w), P(m, id.xe_b), d.BT, d.Pf, d.D);
-    be->add_rows(be, x0, P(m, id.pos), B, d.T, d.D);
+    be->add_rows(be, x0, dc_param_data(&m->params, id.pos), B, d.T, d.D);
 
-    size_t stream_bytes = (size_t)d.BT * d.D * dc_dtype_size(a->patches.dt);
+    size_t stream_bytes = (size_t)d.BT * d.D * dc_dtype_size(x0.dt);
     for (int l = 0; l < c->depth; l++) {
         block_acts *k = &a->blocks[a->training ? l : 0];
         block_ids w = block_of(l);
@@ -389,15 +397,17 @@ int dc_dit_backward(dc_dit *m, dc_buf dout, int B) {
                        P(m, w.ada_w), B, d.D, 6 * d.D, true);
     }
 
-    // patch embedding (pos_embed is fixed)
-    be->linear_bwd(be, dc_buf_none(), G(m, id.xe_w), G(m, id.xe_b), a->dx, a->patches,
+    // patch embedding (pos_embed is fixed); the fp32 stream gradient is cast
+    // to the patches' dtype for the matrix product
+    be->cast(be, a->dt1, a->dx, (int64_t)d.BT * d.D);
+    be->linear_bwd(be, dc_buf_none(), G(m, id.xe_w), G(m, id.xe_b), a->dt1, a->patches,
                    P(m, id.xe_w), d.BT, d.Pf, d.D, false);
     // conditioning: dc = SiLU'(c) dsilu_c flows to both embedders
     be->silu_bwd(be, a->dc, a->dsilu_c, a->c, (int64_t)B * d.D, false);
     be->embed_bwd(be, G(m, id.ytab), a->dc, a->y, B, d.D);
     be->linear_bwd(be, a->dtmp, G(m, id.t2_w), G(m, id.t2_b), a->dc, a->ta, P(m, id.t2_w), B, d.D, d.D, false);
-    be->silu_bwd(be, a->dsilu_c, a->dtmp, a->th, (int64_t)B * d.D, false);
-    be->linear_bwd(be, dc_buf_none(), G(m, id.t0_w), G(m, id.t0_b), a->dsilu_c, a->tfreq,
+    be->silu_bwd(be, a->dth, a->dtmp, a->th, (int64_t)B * d.D, false);
+    be->linear_bwd(be, dc_buf_none(), G(m, id.t0_w), G(m, id.t0_b), a->dth, a->tfreq,
                    P(m, id.t0_w), B, DC_TFREQ, d.D, false);
     return 0;
 }

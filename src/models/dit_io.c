@@ -97,7 +97,7 @@ int dc_dit_config_from_file(const dc_st_file *f, const char *prefix, int heads, 
 }
 
 int dc_dit_load_weights(dc_dit *m, const dc_st_file *f, const char *prefix) {
-    const dc_params *ps = &m->params;
+    dc_params *ps = &m->params;
     for (int i = 0; i < ps->count; i++) {
         const dc_param *p = &ps->items[i];
         char name[160];
@@ -125,6 +125,7 @@ int dc_dit_load_weights(dc_dit *m, const dc_st_file *f, const char *prefix) {
         m->be->upload(m->be, dc_param_data(ps, i).p, h, (size_t)p->numel * sizeof *h);
         free(h);
     }
+    dc_params_touch(ps);
     return 0;
 }
 

@@ -42,13 +42,24 @@ int dc_params_alloc(dc_params *ps, dc_backend *be, bool with_grad) {
         if (!ps->grad.p) return -1;
         be->zero(be, ps->grad.p, bytes);
     }
+    if (be->compute != DC_F32) {
+        ps->wc = (dc_buf){be->alloc(be, (size_t)ps->numel * dc_dtype_size(be->compute)), be->compute};
+        if (!ps->wc.p) return -1;
+    }
+    ps->stale = true;
     return 0;
+}
+
+void dc_params_refresh(dc_params *ps) {
+    if (ps->wc.p && ps->stale) ps->be->cast(ps->be, ps->wc, ps->data, ps->numel);
+    ps->stale = false;
 }
 
 void dc_params_free(dc_params *ps) {
     if (ps->be) {
         if (ps->data.p) ps->be->free(ps->be, ps->data.p);
         if (ps->grad.p) ps->be->free(ps->be, ps->grad.p);
+        if (ps->wc.p) ps->be->free(ps->be, ps->wc.p);
     }
     free(ps->items);
     memset(ps, 0, sizeof *ps);

@@ -2,6 +2,11 @@
 // model's registration order) laid out back to back in one flat fp32 buffer,
 // with a gradient buffer of the same layout. One flat buffer lets the
 // optimizer, EMA, clipping and checkpoints treat all weights in one pass.
+//
+// Mixed precision: the fp32 buffer is the master copy. When the backend
+// computes in another dtype (bf16 on a GPU), a compute copy `wc` of the same
+// layout feeds the matrix products; the optimizer rewrites it in its pass,
+// and anything else that writes the master copy marks it stale.
 #pragma once
 #include <stdbool.h>
 #include <stdint.h>
@@ -25,6 +30,8 @@ typedef struct {
     dc_backend *be;
     dc_buf data;  // [numel] F32
     dc_buf grad;  // [numel] F32, NULL until dc_params_alloc(.., true)
+    dc_buf wc;    // [numel] in the backend's compute dtype; NULL when that is F32
+    bool stale;   // wc lags behind data
 } dc_params;
 
 // Registers a tensor with ndim int dimensions; returns its index, or -1.
@@ -35,6 +42,13 @@ int dc_params_find(const dc_params *ps, const char *name);  // index or -1
 static inline dc_buf dc_param_data(const dc_params *ps, int i) {
     return dc_buf_at(ps->data, ps->items[i].offset);
 }
+// The weights as matrix products read them: the compute copy if there is one.
+static inline dc_buf dc_param_w(const dc_params *ps, int i) {
+    return dc_buf_at(ps->wc.p ? ps->wc : ps->data, ps->items[i].offset);
+}
+// Brings the compute copy up to date after the master copy was written.
+void dc_params_refresh(dc_params *ps);
+static inline void dc_params_touch(dc_params *ps) { ps->stale = true; }
 static inline dc_buf dc_param_grad(const dc_params *ps, int i) {
     return dc_buf_at(ps->grad, ps->items[i].offset);
 }

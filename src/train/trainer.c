@@ -225,19 +225,20 @@ int dc_trainer_step(dc_trainer *tr, dc_step_stats *st) {
     int64_t s = tr->step + 1;
     float lr = c->warmup > 0 && s < c->warmup ? c->lr * (float)s / c->warmup : c->lr;
     dc_adamw_step h = {lr, c->beta1, c->beta2, c->adam_eps, c->weight_decay,
-                       1.0f - powf(c->beta1, (float)s), 1.0f - powf(c->beta2, (float)s), clip};
-    // AdamW over each run of trainable parameters (pos_embed is fixed).
-    const dc_params *ps = &m->params;
+                       1.0f - powf(c->beta1, (float)s), 1.0f - powf(c->beta2, (float)s), clip,
+                       c->ema_decay};
+    // AdamW, EMA and the compute copy in one pass over each run of trainable
+    // parameters (pos_embed is fixed, so its EMA and compute copy stay as they are).
+    dc_params *ps = &m->params;
     for (int i = 0; i < ps->count;) {
         if (!ps->items[i].trainable) { i++; continue; }
         int j = i;
         while (j + 1 < ps->count && ps->items[j + 1].trainable) j++;
         int64_t off = ps->items[i].offset, n = ps->items[j].offset + ps->items[j].numel - off;
         be->adamw(be, dc_buf_at(ps->data, off), dc_buf_at(ps->grad, off), dc_buf_at(tr->adam_m, off),
-                  dc_buf_at(tr->adam_v, off), n, &h);
+                  dc_buf_at(tr->adam_v, off), dc_buf_at(tr->ema, off), dc_buf_at(ps->wc, off), n, &h);
         i = j + 1;
     }
-    be->ema(be, tr->ema, ps->data, np, c->ema_decay);
     tr->step = s;
     tr->samples_seen += c->batch;
     if (st) *st = (dc_step_stats){(sum_mse + sum_vb) / c->batch, sum_mse / c->batch,

@@ -100,6 +100,7 @@ dc_backend *dc_backend_cpu_create(void) {
         .download = cpu_copy,
         .copy = cpu_copy,
         .zero = cpu_zero,
+        .cast = dc_cpu_cast,
         .sync = cpu_sync,
         .reserve = cpu_reserve,
         .destroy = cpu_destroy,
@@ -129,7 +130,6 @@ dc_backend *dc_backend_cpu_create(void) {
         .cfg_combine = dc_cpu_cfg_combine,
         .sampler_step = dc_cpu_sampler_step,
         .adamw = dc_cpu_adamw,
-        .ema = dc_cpu_ema,
         .sumsq = dc_cpu_sumsq,
     };
     return be;

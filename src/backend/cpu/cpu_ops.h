@@ -107,7 +107,7 @@ void dc_cpu_sampler_step(dc_backend *be, dc_buf x, dc_buf out, dc_buf z,
                          const dc_step_coef *coef, int B, int C, int OC, int64_t HW);
 
 // ---- optimisation (cpu_optim.c) -----------------------------------------------
-void dc_cpu_adamw(dc_backend *be, dc_buf p, dc_buf grad, dc_buf m, dc_buf v, int64_t n,
-                  const dc_adamw_step *h);
-void dc_cpu_ema(dc_backend *be, dc_buf ema, dc_buf p, int64_t n, float decay);
+void dc_cpu_adamw(dc_backend *be, dc_buf p, dc_buf grad, dc_buf m, dc_buf v, dc_buf ema,
+                  dc_buf pc, int64_t n, const dc_adamw_step *h);
+void dc_cpu_cast(dc_backend *be, dc_buf dst, dc_buf src, int64_t n);
 double dc_cpu_sumsq(dc_backend *be, dc_buf x, int64_t n);

@@ -1,25 +1,26 @@
-// Optimiser-side ops over the flat parameter buffers: AdamW, EMA, sum of squares.
+// Optimiser-side ops over the flat parameter buffers: AdamW with EMA, sum of squares.
 #include <stdint.h>
 
 #include "backend/cpu/cpu_ops.h"
 
-void dc_cpu_adamw(dc_backend *be, dc_buf p_, dc_buf grad_, dc_buf m_, dc_buf v_, int64_t n,
-                  const dc_adamw_step *h) {
-    (void)be;
+void dc_cpu_adamw(dc_backend *be, dc_buf p_, dc_buf grad_, dc_buf m_, dc_buf v_, dc_buf ema_,
+                  dc_buf pc_, int64_t n, const dc_adamw_step *h) {
     float *p = dc_cpu_f32(p_), *m = dc_cpu_f32(m_), *v = dc_cpu_f32(v_);  // [n] each
     const float *g = dc_cpu_f32(grad_);                                   // [n]
+    float *ema = ema_.p ? dc_cpu_f32(ema_) : NULL;
     const dc_adamw_step hs = *h;  // a local copy lets the loop keep it in registers
+    const float keep = hs.ema_decay, take = 1.0f - hs.ema_decay;
+    if (ema) {
 #pragma omp parallel for simd schedule(static) if (n > DC_CPU_PAR_MIN)
-    for (int64_t i = 0; i < n; i++) dc_adamw_update(&p[i], &m[i], &v[i], g[i], &hs);
-}
-
-void dc_cpu_ema(dc_backend *be, dc_buf ema_, dc_buf p_, int64_t n, float decay) {
-    (void)be;
-    float *ema = dc_cpu_f32(ema_);
-    const float *p = dc_cpu_f32(p_);
-    const float w = 1.0f - decay;
+        for (int64_t i = 0; i < n; i++) {
+            dc_adamw_update(&p[i], &m[i], &v[i], g[i], &hs);
+            ema[i] = keep * ema[i] + take * p[i];
+        }
+    } else {
 #pragma omp parallel for simd schedule(static) if (n > DC_CPU_PAR_MIN)
-    for (int64_t i = 0; i < n; i++) ema[i] = decay * ema[i] + w * p[i];
+        for (int64_t i = 0; i < n; i++) dc_adamw_update(&p[i], &m[i], &v[i], g[i], &hs);
+    }
+    if (pc_.p) dc_cpu_cast(be, pc_, p_, n);
 }
 
 // Fixed blocks, each summed in order, then the block sums in order: the

@@ -170,3 +170,24 @@ void dc_cpu_embed_bwd(dc_backend *be, dc_buf dtable_, dc_buf dout_, dc_buf idx_,
         for (int d = 0; d < D; d++) row[d] += g[d];
     }
 }
+
+// The one CPU op that sees BF16: converting weights or activations for
+// another backend's checks and for files.
+void dc_cpu_cast(dc_backend *be, dc_buf dst, dc_buf src, int64_t n) {
+    (void)be;
+    if (dst.dt == src.dt) {
+        if (n && dst.p != src.p) memmove(dst.p, src.p, (size_t)n * dc_dtype_size(dst.dt));
+    } else if (dst.dt == DC_BF16 && src.dt == DC_F32) {
+        uint16_t *d = dst.p;
+        const float *s = src.p;
+#pragma omp parallel for schedule(static) if (n > DC_CPU_PAR_MIN)
+        for (int64_t i = 0; i < n; i++) d[i] = dc_f32_to_bf16(s[i]);
+    } else if (dst.dt == DC_F32 && src.dt == DC_BF16) {
+        float *d = dst.p;
+        const uint16_t *s = src.p;
+#pragma omp parallel for schedule(static) if (n > DC_CPU_PAR_MIN)
+        for (int64_t i = 0; i < n; i++) d[i] = dc_bf16_to_f32(s[i]);
+    } else {
+        assert(!"cast: unsupported dtype pair");
+    }
+}

@@ -1,0 +1,31 @@
+// Shared by the CUDA backend's .cu files: error checks, bf16 loads and
+// stores, launch helpers. Compiled by nvcc only.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "core/dtype.h"
+
+// Device-side element access for buffers that are either F32 or BF16.
+__device__ __forceinline__ float dc_ld(const void *p, int64_t i, int bf16) {
+    return bf16 ? __bfloat162float(((const __nv_bfloat16 *)p)[i]) : ((const float *)p)[i];
+}
+__device__ __forceinline__ void dc_st(void *p, int64_t i, float v, int bf16) {
+    if (bf16) ((__nv_bfloat16 *)p)[i] = __float2bfloat16(v);
+    else ((float *)p)[i] = v;
+}
+
+// Typed loads and stores for kernels templated on the element type.
+__device__ __forceinline__ float dc_to_f(float v) { return v; }
+__device__ __forceinline__ float dc_to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename T> __device__ __forceinline__ T dc_from_f(float v);
+template <> __device__ __forceinline__ float dc_from_f<float>(float v) { return v; }
+template <> __device__ __forceinline__ __nv_bfloat16 dc_from_f<__nv_bfloat16>(float v) {
+    return __float2bfloat16(v);
+}
+
+static inline unsigned dc_blocks(int64_t n, int threads) {
+    int64_t b = (n + threads - 1) / threads;
+    return (unsigned)(b < 1 ? 1 : b > 1048576 ? 1048576 : b);
+}
