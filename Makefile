@@ -1,4 +1,5 @@
-# diffusion.c — build: `make` (CPU engine), `make test`, `make demo`.
+# diffusion.c — build: `make` (CPU engine, plus the CUDA backend when nvcc is
+# found; CUDA=0 leaves it out), `make test`, `make demo`.
 CC      ?= gcc
 OPT     ?= -O3 -march=native
 CFLAGS  ?= $(OPT)
@@ -14,12 +15,31 @@ CLI_OBJ := $(CLI_SRC:%.c=$(BUILD)/%.o)
 TESTS   := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_*.c))
 LIB     := $(BUILD)/libdiffusion.a
 
+# CUDA backend: Hopper machine code (sm_90a) plus PTX that any GPU from
+# Ampere on compiles at load time.
+NVCC    ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+CUDA    ?= $(if $(NVCC),1,0)
+ifeq ($(CUDA),1)
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+GENCODE ?= -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,code=compute_80
+NVFLAGS ?= -O3 -std=c++20 $(GENCODE) -Xcompiler -Wall,-Wextra
+NVFLAGS += -Isrc -MMD -MP -DDC_HAVE_CUDA
+CU_SRC  := $(wildcard src/backend/cuda/*.cu)
+LIB_OBJ += $(CU_SRC:%.cu=$(BUILD)/%.o)
+CFLAGS  += -DDC_HAVE_CUDA
+LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcudart -lstdc++ -ldl -lpthread
+endif
+
 .PHONY: all test demo fuzz clean
 all: diffusion $(TESTS)
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -c $< -o $@
 
 $(LIB): $(LIB_OBJ)
 	@rm -f $@

@@ -1,9 +1,20 @@
-// Backend registry: picks a backend by name. A CUDA build adds its entry to
-// the table below, ahead of the CPU, so that "auto" prefers it.
+// Backend registry: picks a backend by name. A CUDA build adds its entries
+// ahead of the CPU, so that "auto" prefers the GPU when one is present.
 #include <string.h>
 
 #include "backend/backend.h"
 #include "core/error.h"
+
+#ifdef DC_HAVE_CUDA
+static dc_backend *cuda_bf16(void) { return dc_backend_cuda_create(false); }
+static dc_backend *cuda_fp32(void) { return dc_backend_cuda_create(true); }
+#else
+dc_backend *dc_backend_cuda_create(bool fp32) {
+    (void)fp32;
+    dc_fail("this build has no CUDA backend (rebuild with nvcc on the PATH)");
+    return NULL;
+}
+#endif
 
 typedef struct {
     const char *name;
@@ -11,6 +22,10 @@ typedef struct {
 } dc_backend_entry;
 
 static const dc_backend_entry k_backends[] = {
+#ifdef DC_HAVE_CUDA
+    {"cuda", cuda_bf16},
+    {"cuda-fp32", cuda_fp32},
+#endif
     {"cpu", dc_backend_cpu_create},
 };
 enum { N_BACKENDS = sizeof k_backends / sizeof k_backends[0] };

@@ -14,6 +14,10 @@
 #include "core/dtype.h"
 #include "backend/op_math.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct dc_backend dc_backend;
 
 struct dc_backend {
@@ -133,11 +137,32 @@ struct dc_backend {
                   dc_buf pc, int64_t n, const dc_adamw_step *h);
     // Returns sum(x^2) to the host (accumulated in double).
     double (*sumsq)(dc_backend *be, dc_buf x, int64_t n);
+
+    // ---- optional: NULL where a backend has no such thing -------------------------
+    // Device memory this backend holds now and its peak since creation, in bytes.
+    void (*memory)(dc_backend *be, size_t *now, size_t *peak);
+    // Records the ops that fn(arg) issues (no uploads, downloads or syncs among
+    // them) into a graph that graph_launch replays with the same buffers.
+    // NULL with a message if fn failed or the capture did.
+    void *(*graph_capture)(dc_backend *be, int (*fn)(void *arg), void *arg);
+    void (*graph_launch)(dc_backend *be, void *graph);
+    void (*graph_free)(dc_backend *be, void *graph);
+    // TFLOP/s of a large matrix product in the compute dtype, timed now (the
+    // peak that MFU is quoted against).
+    double (*gemm_peak)(dc_backend *be);
 };
 
-// Creates a backend by name ("cpu"; "auto" picks the fastest present).
+// Creates a backend by name: "cpu", "cuda" (bf16 compute, fp32 master
+// weights), "cuda-fp32" (fp32 throughout, for checking), or "auto" (the
+// fastest present: CUDA when a GPU is there).
 int dc_backend_create(const char *name, dc_backend **out);
 void dc_backend_destroy(dc_backend *be);
 dc_backend *dc_backend_cpu_create(void);
+// NULL with a message when the build has no CUDA or no GPU is present.
+dc_backend *dc_backend_cuda_create(bool fp32);
 
 static inline void dc_backend_sync(dc_backend *be) { be->sync(be); }
+
+#ifdef __cplusplus
+}
+#endif

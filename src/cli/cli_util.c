@@ -35,6 +35,27 @@ int cli_set_threads(int threads) {
     return 0;
 }
 
+int cli_backend(const char *device, const char *precision, dc_backend **be) {
+    *be = NULL;
+    bool p_auto = strcmp(precision, "auto") == 0, p32 = strcmp(precision, "fp32") == 0;
+    if (!p_auto && !p32 && strcmp(precision, "bf16") != 0)
+        return dc_fail("--precision must be auto, bf16 or fp32 (got '%s')", precision);
+    if (strcmp(device, "cpu") == 0) {
+        if (!p_auto && !p32) return dc_fail("--precision bf16 needs a GPU: the CPU computes in fp32");
+        return dc_backend_create("cpu", be);
+    }
+    if (strcmp(device, "cuda") == 0) return dc_backend_create(p32 ? "cuda-fp32" : "cuda", be);
+    if (strcmp(device, "auto") != 0) return dc_fail("--device must be auto, cuda or cpu (got '%s')", device);
+    dc_backend *gpu = dc_backend_cuda_create(p32);
+    if (gpu) {
+        *be = gpu;
+        return 0;
+    }
+    if (!p_auto && !p32) return dc_fail_ctx("--precision bf16");
+    dc_error_clear();
+    return dc_backend_create("cpu", be);
+}
+
 static int cmp_i64(const void *a, const void *b) {
     int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
     return (x > y) - (x < y);

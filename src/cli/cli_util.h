@@ -16,6 +16,11 @@ dc_train_config cli_demo_train(void);
 
 // Sets OpenMP and OpenBLAS threads (0: all cores).
 int cli_set_threads(int threads);
+// The backend for --device (auto, cuda, cpu) and --precision (auto, bf16,
+// fp32): auto picks the GPU when one is present, bf16 on it, fp32 on the CPU.
+int cli_backend(const char *device, const char *precision, dc_backend **be);
+#define CLI_DEVICE_HELP "auto (GPU if present), cuda or cpu"
+#define CLI_PRECISION_HELP "GPU compute: auto (bf16), bf16 or fp32 (for checking)"
 // Steps of the run folder's step_NNNNNNN.safetensors files, ascending, into a
 // new array *steps (free it; pass NULL to only count); returns the count.
 int cli_list_checkpoints(const char *dir, int64_t **steps);

@@ -98,7 +98,7 @@ done:
 }
 
 int cmd_bench(int argc, char **argv) {
-    const char *model = NULL, *device = "auto";
+    const char *model = NULL, *device = "auto", *precision = "auto";
     int batch = 64, iters = 5, warm = 1, sample_batch = 32, sample_steps = 10, threads = 0;
     float cfg = 4.0f;
     arg_spec specs[] = {
@@ -110,7 +110,8 @@ int cmd_bench(int argc, char **argv) {
         {"sample-steps", ARG_INT, &sample_steps, "N", "timed sampling steps"},
         {"cfg-scale", ARG_FLOAT, &cfg, "X", "guidance scale while sampling (> 1 doubles the batch)"},
         {"threads", ARG_INT, &threads, "N", "CPU threads (default: all cores)"},
-        {"device", ARG_STR, &device, "NAME", "backend: auto or cpu"},
+        {"device", ARG_STR, &device, "NAME", CLI_DEVICE_HELP},
+        {"precision", ARG_STR, &precision, "P", CLI_PRECISION_HELP},
     };
     arg_parser ap = {"diffusion bench [--model NAME] [flags]",
                      "Times training steps and sampling steps of a model on synthetic data and\n"
@@ -124,7 +125,7 @@ int cmd_bench(int argc, char **argv) {
     dc_dit_config mc = cli_demo_model();
     if (model && dc_dit_config_from_name(model, &mc)) return cli_fail();
     dc_backend *be = NULL;
-    if (cli_set_threads(threads) || dc_backend_create(device, &be)) return cli_fail();
+    if (cli_set_threads(threads) || cli_backend(device, precision, &be)) return cli_fail();
     printf("model   %s: depth %d, hidden %d, heads %d, patch %d, %dx%dx%d, %.2f GFLOP/image forward; backend %s\n",
            model ? model : "demo DiT", mc.depth, mc.hidden, mc.heads, mc.patch, mc.input_size,
            mc.input_size, mc.in_channels, 2 * dc_dit_macs_per_image(&mc) / 1e9, be->name);

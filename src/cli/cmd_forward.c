@@ -28,7 +28,7 @@ static int check_inputs(const dc_st_file *in, const dc_dit_config *c, const dc_s
 }
 
 int cmd_forward(int argc, char **argv) {
-    const char *weights = NULL, *input = NULL, *output = NULL, *device = "auto";
+    const char *weights = NULL, *input = NULL, *output = NULL, *device = "auto", *precision = "auto";
     int heads = 0, threads = 0;
     bool raw = false;
     arg_spec specs[] = {
@@ -38,7 +38,8 @@ int cmd_forward(int argc, char **argv) {
         {"raw", ARG_FLAG, &raw, NULL, "use the raw weights of a checkpoint instead of EMA"},
         {"heads", ARG_INT, &heads, "N", "heads, for widths outside the official table"},
         {"threads", ARG_INT, &threads, "N", "CPU threads (default: all cores)"},
-        {"device", ARG_STR, &device, "NAME", "backend: auto or cpu"},
+        {"device", ARG_STR, &device, "NAME", CLI_DEVICE_HELP},
+        {"precision", ARG_STR, &precision, "P", CLI_PRECISION_HELP},
     };
     arg_parser ap = {"diffusion forward --weights W --input IN --output OUT",
                      "Runs the model on x (N,C,H,W float32), t (N timesteps, float or int) and\n"
@@ -60,7 +61,7 @@ int cmd_forward(int argc, char **argv) {
     int status = 1;
     const char *which;
     if (cli_check_output(output, weights) || cli_check_output(output, input) ||
-        cli_set_threads(threads) || dc_backend_create(device, &be))
+        cli_set_threads(threads) || cli_backend(device, precision, &be))
         goto done;
     if (cli_load_model(weights, raw, heads, be, &m, &which)) goto done;
     if (dc_st_open(&in, input)) goto done;

@@ -67,7 +67,7 @@ static int parse_classes(const char *s, int num_classes, int *out, int *n) {
 
 int cmd_sample(int argc, char **argv) {
     const char *ckpt = "runs/train", *classes_s = NULL, *grid = NULL, *out_dir = NULL;
-    const char *sampler = "ddpm", *cfg_channels = "all", *device = "auto", *tensor_out = NULL;
+    const char *sampler = "ddpm", *cfg_channels = "all", *device = "auto", *precision = "auto", *tensor_out = NULL;
     dc_sampler_opts so = dc_sampler_opts_default();
     int per_class = 8, batch = 16, heads = 0, threads = 0, grid_cols = 0;
     bool raw = false;
@@ -90,7 +90,8 @@ int cmd_sample(int argc, char **argv) {
         {"raw", ARG_FLAG, &raw, NULL, "use raw weights instead of EMA"},
         {"heads", ARG_INT, &heads, "N", "heads, for widths outside the official table"},
         {"threads", ARG_INT, &threads, "N", "CPU threads (default: all cores)"},
-        {"device", ARG_STR, &device, "NAME", "backend: auto or cpu"},
+        {"device", ARG_STR, &device, "NAME", CLI_DEVICE_HELP},
+        {"precision", ARG_STR, &precision, "P", CLI_PRECISION_HELP},
     };
     arg_parser ap = {"diffusion sample [--ckpt PATH] [--grid PNG] [--out-dir DIR] [flags]",
                      "Draws class-conditional samples with the official DDPM sampler (or DDIM),\n"
@@ -120,7 +121,7 @@ int cmd_sample(int argc, char **argv) {
     uint32_t *idx = NULL;
     int classes[MAX_CLASSES], ncls = 0, status = 1;
     const char *which;
-    if (cli_set_threads(threads) || dc_backend_create(device, &be)) goto done;
+    if (cli_set_threads(threads) || cli_backend(device, precision, &be)) goto done;
     if (cli_load_model(ckpt, raw, heads, be, &m, &which)) goto done;
     const dc_dit_config *c = &m.cfg;
     if (!classes_s && c->num_classes > 20) {

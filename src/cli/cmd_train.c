@@ -54,7 +54,7 @@ int cmd_train(int argc, char **argv) {
     for (int i = 1; i < argc; i++) official |= !strcmp(argv[i], "--model") || !strncmp(argv[i], "--model=", 8);
     dc_train_config tc = official ? dc_train_config_default() : cli_demo_train();
     const char *model = NULL, *data_path = DC_FMNIST_DIR, *out = "runs/train", *resume = NULL;
-    const char *device = "auto";
+    const char *device = "auto", *precision = "auto";
     int ckpt_every = 500, keep = 3, log_every = 50, threads = 0, heads = 0;
     bool flip = false;
     arg_spec specs[] = {
@@ -88,7 +88,8 @@ int cmd_train(int argc, char **argv) {
         {"keep", ARG_INT, &keep, "K", "keep the newest K checkpoints"},
         {"log-every", ARG_INT, &log_every, "N", "log line every N steps when not on a terminal"},
         {"threads", ARG_INT, &threads, "N", "CPU threads (default: all cores)"},
-        {"device", ARG_STR, &device, "NAME", "backend: auto or cpu"},
+        {"device", ARG_STR, &device, "NAME", CLI_DEVICE_HELP},
+        {"precision", ARG_STR, &precision, "P", CLI_PRECISION_HELP},
     };
     arg_parser ap = {"diffusion train [flags]",
                      "Trains a class-conditional DiT with the official objective (eps MSE plus the\n"
@@ -105,7 +106,7 @@ int cmd_train(int argc, char **argv) {
     if (resume) {
         // The checkpoint fixes the model and the recipe; these may change.
         static const char *k_free[] = {"resume", "steps", "out", "data", "ckpt-every", "keep",
-                                       "log-every", "threads", "device"};
+                                       "log-every", "threads", "device", "precision"};
         for (int i = 0; i < ap.nspecs; i++) {
             bool free_flag = false;
             for (size_t k = 0; k < sizeof k_free / sizeof k_free[0]; k++)
@@ -130,7 +131,7 @@ int cmd_train(int argc, char **argv) {
     dc_st_file ck = {0};
     bool have_ck = false;
     int status = 1;
-    if (cli_set_threads(threads) || dc_backend_create(device, &be)) goto fail;
+    if (cli_set_threads(threads) || cli_backend(device, precision, &be)) goto fail;
 
     char ck_path[4096];
     if (resume) {

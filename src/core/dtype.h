@@ -5,6 +5,10 @@
 #include <stdint.h>
 #include <string.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef enum {
     DC_F32, DC_F16, DC_BF16, DC_F64, DC_I64, DC_I32, DC_I16, DC_I8, DC_U8, DC_BOOL,
     DC_F8_E4M3, DC_F8_E5M2, DC_U16, DC_U32, DC_U64, DC_DTYPE_COUNT
@@ -52,3 +56,7 @@ static inline dc_buf dc_buf_none(void) { return (dc_buf){NULL, DC_F32}; }
 static inline dc_buf dc_buf_at(dc_buf b, int64_t n) {
     return (dc_buf){b.p ? (char *)b.p + n * (int64_t)dc_dtype_size(b.dt) : NULL, b.dt};
 }
+
+#ifdef __cplusplus
+}
+#endif

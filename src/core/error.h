@@ -4,6 +4,10 @@
 #pragma once
 #include <stdarg.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #if defined(__GNUC__)
 #define DC_PRINTF(a, b) __attribute__((format(printf, a, b)))
 #else
@@ -21,3 +25,7 @@ void dc_error_clear(void);
     do {                                                                       \
         if ((expr) != 0) return -1;                                            \
     } while (0)
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,166 @@
+// adaLN-Zero on the GPU: LayerNorm fused with the per-sample modulation, the
+// gated residual add, and their backward passes.
+//
+// Row kernels give each token row to one warp (fp32 statistics, two passes
+// over a row that stays in L1). Sums over tokens (the dmod chunks) give each
+// block 32 columns of one sample, walked by 8 row lanes and combined in a
+// fixed order: deterministic, no atomics.
+#include "backend/cuda/cuda_common.h"
+#include "backend/cuda/cuda_ops.h"
+
+#define BF(b) ((b).dt == DC_BF16)
+enum { ROWS_PER_BLOCK = 8 };
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__global__ void k_ln_mod_fwd(void *out, int obf, float *mean, float *rstd, const void *x, int xbf,
+                             const void *mod, int mbf, int rows, int T, int D, int nchunk, int ch_shift,
+                             int ch_scale) {
+    int row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.y, lane = threadIdx.x;
+    if (row >= rows) return;
+    int b = row / T;
+    int64_t base = (int64_t)row * D;
+    float s = 0.0f;
+    for (int d = lane; d < D; d += 32) s += dc_ld(x, base + d, xbf);
+    float mu = warp_sum(s) / D;
+    float ss = 0.0f;
+    for (int d = lane; d < D; d += 32) {
+        float t = dc_ld(x, base + d, xbf) - mu;
+        ss += t * t;
+    }
+    float r = dc_ln_rstd(warp_sum(ss) / D);
+    int64_t sh = ((int64_t)b * nchunk + ch_shift) * D, sc = ((int64_t)b * nchunk + ch_scale) * D;
+    for (int d = lane; d < D; d += 32) {
+        float xh = (dc_ld(x, base + d, xbf) - mu) * r;
+        dc_st(out, base + d, dc_modulate(xh, dc_ld(mod, sh + d, mbf), dc_ld(mod, sc + d, mbf)), obf);
+    }
+    if (lane == 0) mean[row] = mu, rstd[row] = r;
+}
+
+extern "C" void dc_cuda_ln_mod_fwd(dc_backend *be, dc_buf out, dc_buf mean, dc_buf rstd, dc_buf x, dc_buf mod,
+                                   int B, int T, int D, int nchunk, int ch_shift, int ch_scale) {
+    int rows = B * T;
+    dim3 block(32, ROWS_PER_BLOCK), grid((rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK);
+    k_ln_mod_fwd<<<grid, block, 0, dc_cuda(be)->stream>>>(out.p, BF(out), (float *)mean.p, (float *)rstd.p, x.p,
+                                                          BF(x), mod.p, BF(mod), rows, T, D, nchunk, ch_shift,
+                                                          ch_scale);
+    DC_CUDA_LAUNCHED();
+}
+
+// dx += rstd (g - mean(g) - xhat mean(g xhat)), g = dout (1 + scale)
+__global__ void k_ln_mod_bwd_dx(void *dx, int dxbf, const void *dout, int gbf, const void *x, int xbf,
+                                const float *mean, const float *rstd, const void *mod, int mbf, int rows,
+                                int T, int D, int nchunk, int ch_scale) {
+    int row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.y, lane = threadIdx.x;
+    if (row >= rows) return;
+    int b = row / T;
+    int64_t base = (int64_t)row * D, sc = ((int64_t)b * nchunk + ch_scale) * D;
+    float mu = mean[row], r = rstd[row];
+    float sg = 0.0f, sgx = 0.0f;
+    for (int d = lane; d < D; d += 32) {
+        float g = dc_ld(dout, base + d, gbf) * (1.0f + dc_ld(mod, sc + d, mbf));
+        float xh = (dc_ld(x, base + d, xbf) - mu) * r;
+        sg += g, sgx += g * xh;
+    }
+    float mg = warp_sum(sg) / D, mgx = warp_sum(sgx) / D;
+    for (int d = lane; d < D; d += 32) {
+        float g = dc_ld(dout, base + d, gbf) * (1.0f + dc_ld(mod, sc + d, mbf));
+        float xh = (dc_ld(x, base + d, xbf) - mu) * r;
+        dc_st(dx, base + d, dc_ld(dx, base + d, dxbf) + dc_ln_dx(g, xh, r, mg, mgx), dxbf);
+    }
+}
+
+// dshift[b,d] = sum_t dout ; dscale[b,d] = sum_t dout xhat  (overwritten)
+__global__ void k_ln_mod_bwd_dmod(void *dmod, int dmbf, const void *dout, int gbf, const void *x, int xbf,
+                                  const float *mean, const float *rstd, int T, int D, int nchunk, int ch_shift,
+                                  int ch_scale) {
+    __shared__ float acc[2][8][33];
+    int d = blockIdx.x * 32 + threadIdx.x, b = blockIdx.y;
+    float s0 = 0.0f, s1 = 0.0f;
+    if (d < D)
+        for (int t = threadIdx.y; t < T; t += 8) {
+            int64_t row = (int64_t)b * T + t, i = row * D + d;
+            float g = dc_ld(dout, i, gbf);
+            s0 += g;
+            s1 += g * (dc_ld(x, i, xbf) - mean[row]) * rstd[row];
+        }
+    acc[0][threadIdx.y][threadIdx.x] = s0;
+    acc[1][threadIdx.y][threadIdx.x] = s1;
+    __syncthreads();
+    if (threadIdx.y < 2 && d < D) {
+        float t = 0.0f;
+        for (int y = 0; y < 8; y++) t += acc[threadIdx.y][y][threadIdx.x];
+        int ch = threadIdx.y == 0 ? ch_shift : ch_scale;
+        dc_st(dmod, ((int64_t)b * nchunk + ch) * D + d, t, dmbf);
+    }
+}
+
+extern "C" void dc_cuda_ln_mod_bwd(dc_backend *be, dc_buf dx, dc_buf dmod, dc_buf dout, dc_buf x, dc_buf mean,
+                                   dc_buf rstd, dc_buf mod, int B, int T, int D, int nchunk, int ch_shift,
+                                   int ch_scale) {
+    cudaStream_t s = dc_cuda(be)->stream;
+    int rows = B * T;
+    dim3 block(32, ROWS_PER_BLOCK), grid((rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK);
+    k_ln_mod_bwd_dx<<<grid, block, 0, s>>>(dx.p, BF(dx), dout.p, BF(dout), x.p, BF(x), (const float *)mean.p,
+                                           (const float *)rstd.p, mod.p, BF(mod), rows, T, D, nchunk, ch_scale);
+    dim3 g2((D + 31) / 32, B), b2(32, 8);
+    k_ln_mod_bwd_dmod<<<g2, b2, 0, s>>>(dmod.p, BF(dmod), dout.p, BF(dout), x.p, BF(x), (const float *)mean.p,
+                                        (const float *)rstd.p, T, D, nchunk, ch_shift, ch_scale);
+    DC_CUDA_LAUNCHED();
+}
+
+// x[b,t,:] += gate[b,:] * y[b,t,:]
+__global__ void k_gate_res_fwd(void *x, int xbf, const void *y, int ybf, const void *mod, int mbf, int T, int D,
+                               int nchunk, int ch_gate, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        int d = (int)(i % D);
+        int64_t b = i / ((int64_t)T * D);
+        float g = dc_ld(mod, (b * nchunk + ch_gate) * D + d, mbf);
+        dc_st(x, i, dc_ld(x, i, xbf) + g * dc_ld(y, i, ybf), xbf);
+    }
+}
+
+extern "C" void dc_cuda_gate_res_fwd(dc_backend *be, dc_buf x, dc_buf y, dc_buf mod, int B, int T, int D,
+                                     int nchunk, int ch_gate) {
+    int64_t n = (int64_t)B * T * D;
+    k_gate_res_fwd<<<dc_blocks(n, 256), 256, 0, dc_cuda(be)->stream>>>(x.p, BF(x), y.p, BF(y), mod.p, BF(mod), T,
+                                                                      D, nchunk, ch_gate, n);
+    DC_CUDA_LAUNCHED();
+}
+
+// dy = gate dx (all rows); dgate[b,d] = sum_t dx y. One block covers 32
+// columns of one sample over all its tokens and does both.
+__global__ void k_gate_res_bwd(void *dy, int dybf, void *dmod, int dmbf, const void *dx, int dxbf, const void *y,
+                               int ybf, const void *mod, int mbf, int T, int D, int nchunk, int ch_gate) {
+    __shared__ float acc[8][33];
+    int d = blockIdx.x * 32 + threadIdx.x, b = blockIdx.y;
+    float s = 0.0f;
+    if (d < D) {
+        int64_t gi = ((int64_t)b * nchunk + ch_gate) * D + d;
+        float g = dc_ld(mod, gi, mbf);
+        for (int t = threadIdx.y; t < T; t += 8) {
+            int64_t i = ((int64_t)b * T + t) * D + d;
+            float gx = dc_ld(dx, i, dxbf);
+            dc_st(dy, i, g * gx, dybf);
+            s += gx * dc_ld(y, i, ybf);
+        }
+    }
+    acc[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && d < D) {
+        float t = 0.0f;
+        for (int k = 0; k < 8; k++) t += acc[k][threadIdx.x];
+        dc_st(dmod, ((int64_t)b * nchunk + ch_gate) * D + d, t, dmbf);
+    }
+}
+
+extern "C" void dc_cuda_gate_res_bwd(dc_backend *be, dc_buf dy, dc_buf dmod, dc_buf dx, dc_buf y, dc_buf mod,
+                                     int B, int T, int D, int nchunk, int ch_gate) {
+    dim3 grid((D + 31) / 32, B), block(32, 8);
+    k_gate_res_bwd<<<grid, block, 0, dc_cuda(be)->stream>>>(dy.p, BF(dy), dmod.p, BF(dmod), dx.p, BF(dx), y.p, BF(y),
+                                                            mod.p, BF(mod), T, D, nchunk, ch_gate);
+    DC_CUDA_LAUNCHED();
+}

@@ -1,0 +1,1096 @@
+// Multi-head self-attention, forward and backward, FlashAttention-2 style:
+// the T x T score matrix never reaches global memory. Semantics match
+// src/backend/cpu/cpu_attention.c:
+//   qkv[B,T,3D] = [q | k | v] per token, each H heads of Dh = D/H columns;
+//   out[B,T,D]  = softmax(q k^T * scale) v per head, scale = 1/sqrt(Dh);
+//   lse[B,H,T]  = natural log-sum-exp of each row of the scaled scores;
+//   backward overwrites dqkv[B,T,3D] with [dq | dk | dv].
+//
+// Two paths, chosen by the element type:
+//  - fp32: plain fp32 FMA kernels (warp-per-row, K/V staged in shared
+//    memory), exact enough to check against the CPU at 1e-4. Not fast.
+//  - bf16: tensor cores through mma.sync m16n8k16 (bf16 in, fp32 accumulate,
+//    fp32 softmax). Dh is padded to a compile-time DP (multiple of 16) with
+//    zeros in shared memory, so Dh = 72 (DiT-XL) runs as DP = 80.
+// Backward is two kernels (dK/dV over key tiles, dQ over query tiles), with
+// no atomics: results are deterministic. Delta = rowsum(dO * O) is recomputed
+// in-kernel because the contract gives no workspace.
+#include <math.h>
+#include <stdint.h>
+
+#include "backend/cuda/cuda_common.h"
+
+typedef __nv_bfloat16 bf16;
+
+#define ATTN_MAX_DH 128
+constexpr int kThreads = 128;  // every kernel here: 4 warps
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// ============================================================================
+// fp32 path
+// ============================================================================
+// Each lane owns head-dim columns lane, lane+32, lane+64, lane+96 of the
+// accumulators (hence Dh <= 128), and, in the score phase, one key (or one
+// query) of a 32-wide chunk. Chunk rows in shared memory have an odd stride
+// (Dh_max + 1) so that 32 lanes reading column d of 32 different rows hit 32
+// different banks.
+#define F_CHUNK 32                 // keys (or queries) per shared-memory chunk
+#define F_LD (ATTN_MAX_DH + 1)     // padded row stride of chunk tiles
+#define F_NC (ATTN_MAX_DH / 32)    // accumulator columns per lane
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Forward: a block handles 4 warps x F_FR query rows; a warp keeps F_FR rows
+// in flight so each K/V value read from shared memory serves several rows.
+#define F_FR 4
+#define F_FROWS (4 * F_FR)
+
+__global__ void __launch_bounds__(kThreads)
+attn_fwd_f32(float *__restrict__ out, float *__restrict__ lse, const float *__restrict__ qkv,
+             int T, int D, int H, int Dh, float scale) {
+    __shared__ float sQ[F_FROWS][ATTN_MAX_DH];
+    __shared__ float sK[F_CHUNK][F_LD];
+    __shared__ float sV[F_CHUNK][F_LD];
+
+    const int ntiles = (T + F_FROWS - 1) / F_FROWS;
+    const int tile = blockIdx.x % ntiles, bh = blockIdx.x / ntiles;
+    const int b = bh / H, h = bh % H;
+    const int q0 = tile * F_FROWS;
+    const int64_t ld = 3 * (int64_t)D;
+    const float *qg = qkv + (int64_t)b * T * ld + (int64_t)h * Dh, *kg = qg + D, *vg = qg + 2 * D;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int wr = warp * F_FR;  // this warp's first row within the block
+
+    for (int e = threadIdx.x; e < F_FROWS * Dh; e += kThreads) {
+        const int r = e / Dh, d = e % Dh;
+        sQ[r][d] = q0 + r < T ? qg[(q0 + r) * ld + d] : 0.0f;
+    }
+
+    float m[F_FR], l[F_FR], o[F_FR][F_NC];
+#pragma unroll
+    for (int r = 0; r < F_FR; r++) {
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
+#pragma unroll
+        for (int c = 0; c < F_NC; c++) o[r][c] = 0.0f;
+    }
+
+    for (int k0 = 0; k0 < T; k0 += F_CHUNK) {
+        __syncthreads();  // previous chunk fully consumed (and sQ written, first time)
+        for (int e = threadIdx.x; e < F_CHUNK * Dh; e += kThreads) {
+            const int j = e / Dh, d = e % Dh;
+            const bool ok = k0 + j < T;
+            sK[j][d] = ok ? kg[(k0 + j) * ld + d] : 0.0f;
+            sV[j][d] = ok ? vg[(k0 + j) * ld + d] : 0.0f;
+        }
+        __syncthreads();
+
+        // Lane = key k0 + lane: its dot product with each of the warp's rows.
+        float sc[F_FR];
+#pragma unroll
+        for (int r = 0; r < F_FR; r++) sc[r] = 0.0f;
+        for (int d = 0; d < Dh; d++) {
+            const float kv = sK[lane][d];
+#pragma unroll
+            for (int r = 0; r < F_FR; r++) sc[r] = fmaf(sQ[wr + r][d], kv, sc[r]);
+        }
+        const bool key_ok = k0 + lane < T;
+
+        // Online softmax. Every chunk holds at least one valid key, so the new
+        // running max is finite and exp(-inf - max) cleanly gives 0.
+        float p[F_FR];
+#pragma unroll
+        for (int r = 0; r < F_FR; r++) {
+            const float s = key_ok ? sc[r] * scale : -INFINITY;
+            const float mnew = fmaxf(m[r], warp_max(s));
+            const float alpha = expf(m[r] - mnew);
+            p[r] = expf(s - mnew);
+            l[r] = l[r] * alpha + warp_sum(p[r]);
+            m[r] = mnew;
+#pragma unroll
+            for (int c = 0; c < F_NC; c++) o[r][c] *= alpha;
+        }
+
+        // o[r][d] += sum_j p_j v_j[d]; invalid keys have p = 0 and v = 0.
+#pragma unroll 4
+        for (int j = 0; j < F_CHUNK; j++) {
+            float pj[F_FR];
+#pragma unroll
+            for (int r = 0; r < F_FR; r++) pj[r] = __shfl_sync(0xffffffffu, p[r], j);
+#pragma unroll
+            for (int c = 0; c < F_NC; c++) {
+                if (lane + 32 * c < Dh) {
+                    const float vv = sV[j][lane + 32 * c];
+#pragma unroll
+                    for (int r = 0; r < F_FR; r++) o[r][c] = fmaf(pj[r], vv, o[r][c]);
+                }
+            }
+        }
+    }
+
+#pragma unroll
+    for (int r = 0; r < F_FR; r++) {
+        const int row = q0 + wr + r;
+        if (row >= T) continue;
+        float *orow = out + ((int64_t)b * T + row) * D + (int64_t)h * Dh;
+        const float inv = 1.0f / l[r];
+#pragma unroll
+        for (int c = 0; c < F_NC; c++)
+            if (lane + 32 * c < Dh) orow[lane + 32 * c] = o[r][c] * inv;
+        if (lane == 0) lse[(int64_t)bh * T + row] = m[r] + logf(l[r]);
+    }
+}
+
+// Backward dK/dV: a block handles 4 warps x F_BR keys and loops over all
+// queries in chunks of 32 (lane = query). Small F_BR keeps the static shared
+// memory under 48 KB at Dh = 128.
+#define F_BR 2
+#define F_BROWS (4 * F_BR)
+
+// Delta[q] = sum_d dO[q,d] O[q,d] for one query, reduced over the warp.
+__device__ __forceinline__ float delta_f32(const float *dorow, const float *orow, int Dh) {
+    float acc = 0.0f;
+    for (int d = threadIdx.x & 31; d < Dh; d += 32) acc = fmaf(dorow[d], orow[d], acc);
+    return warp_sum(acc);
+}
+
+__global__ void __launch_bounds__(kThreads)
+attn_bwd_dkdv_f32(float *__restrict__ dqkv, const float *__restrict__ dout,
+                  const float *__restrict__ qkv, const float *__restrict__ out,
+                  const float *__restrict__ lse, int T, int D, int H, int Dh, float scale) {
+    __shared__ float sQ[F_CHUNK][F_LD];
+    __shared__ float sDO[F_CHUNK][F_LD];
+    __shared__ float sK[F_BROWS][ATTN_MAX_DH];
+    __shared__ float sV[F_BROWS][ATTN_MAX_DH];
+    __shared__ float sLse[F_CHUNK], sDelta[F_CHUNK];
+
+    const int ntiles = (T + F_BROWS - 1) / F_BROWS;
+    const int tile = blockIdx.x % ntiles, bh = blockIdx.x / ntiles;
+    const int b = bh / H, h = bh % H;
+    const int k0 = tile * F_BROWS;
+    const int64_t ld = 3 * (int64_t)D;
+    const float *qg = qkv + (int64_t)b * T * ld + (int64_t)h * Dh, *kg = qg + D, *vg = qg + 2 * D;
+    const float *og = out + (int64_t)b * T * D + (int64_t)h * Dh;
+    const float *dog = dout + (int64_t)b * T * D + (int64_t)h * Dh;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int wk = warp * F_BR;  // this warp's first key within the block
+
+    for (int e = threadIdx.x; e < F_BROWS * Dh; e += kThreads) {
+        const int j = e / Dh, d = e % Dh;
+        const bool ok = k0 + j < T;
+        sK[j][d] = ok ? kg[(k0 + j) * ld + d] : 0.0f;
+        sV[j][d] = ok ? vg[(k0 + j) * ld + d] : 0.0f;
+    }
+
+    float dk[F_BR][F_NC], dv[F_BR][F_NC];
+#pragma unroll
+    for (int r = 0; r < F_BR; r++)
+#pragma unroll
+        for (int c = 0; c < F_NC; c++) dk[r][c] = dv[r][c] = 0.0f;
+
+    for (int qs = 0; qs < T; qs += F_CHUNK) {
+        __syncthreads();  // previous chunk fully consumed
+        for (int e = threadIdx.x; e < F_CHUNK * Dh; e += kThreads) {
+            const int i = e / Dh, d = e % Dh;
+            const bool ok = qs + i < T;
+            sQ[i][d] = ok ? qg[(qs + i) * ld + d] : 0.0f;
+            sDO[i][d] = ok ? dog[(int64_t)(qs + i) * D + d] : 0.0f;
+        }
+        // Each warp computes Delta and loads lse for 8 of the 32 queries.
+        // Queries past T get lse = +inf so that their P is exactly 0.
+        for (int i = warp * 8; i < warp * 8 + 8; i++) {
+            const int q = qs + i;
+            const float dl = q < T ? delta_f32(dog + (int64_t)q * D, og + (int64_t)q * D, Dh) : 0.0f;
+            if (lane == 0) {
+                sDelta[i] = dl;
+                sLse[i] = q < T ? lse[(int64_t)bh * T + q] : INFINITY;
+            }
+        }
+        __syncthreads();
+
+        // Lane = query qs + lane against each of the warp's keys.
+        float sc[F_BR], dp[F_BR];
+#pragma unroll
+        for (int r = 0; r < F_BR; r++) sc[r] = dp[r] = 0.0f;
+        for (int d = 0; d < Dh; d++) {
+            const float qv = sQ[lane][d], dov = sDO[lane][d];
+#pragma unroll
+            for (int r = 0; r < F_BR; r++) {
+                sc[r] = fmaf(qv, sK[wk + r][d], sc[r]);
+                dp[r] = fmaf(dov, sV[wk + r][d], dp[r]);
+            }
+        }
+        float p[F_BR], ds[F_BR];
+#pragma unroll
+        for (int r = 0; r < F_BR; r++) {
+            p[r] = expf(sc[r] * scale - sLse[lane]);
+            ds[r] = p[r] * (dp[r] - sDelta[lane]);
+        }
+
+        // dv[d] += sum_i p_i dO_i[d]; dk[d] += sum_i ds_i q_i[d].
+#pragma unroll 4
+        for (int i = 0; i < F_CHUNK; i++) {
+            float pi[F_BR], dsi[F_BR];
+#pragma unroll
+            for (int r = 0; r < F_BR; r++) {
+                pi[r] = __shfl_sync(0xffffffffu, p[r], i);
+                dsi[r] = __shfl_sync(0xffffffffu, ds[r], i);
+            }
+#pragma unroll
+            for (int c = 0; c < F_NC; c++) {
+                if (lane + 32 * c < Dh) {
+                    const float dov = sDO[i][lane + 32 * c], qv = sQ[i][lane + 32 * c];
+#pragma unroll
+                    for (int r = 0; r < F_BR; r++) {
+                        dv[r][c] = fmaf(pi[r], dov, dv[r][c]);
+                        dk[r][c] = fmaf(dsi[r], qv, dk[r][c]);
+                    }
+                }
+            }
+        }
+    }
+
+#pragma unroll
+    for (int r = 0; r < F_BR; r++) {
+        const int key = k0 + wk + r;
+        if (key >= T) continue;
+        float *dkrow = dqkv + ((int64_t)b * T + key) * ld + D + (int64_t)h * Dh;
+        float *dvrow = dkrow + D;
+#pragma unroll
+        for (int c = 0; c < F_NC; c++) {
+            if (lane + 32 * c < Dh) {
+                dkrow[lane + 32 * c] = dk[r][c] * scale;
+                dvrow[lane + 32 * c] = dv[r][c];
+            }
+        }
+    }
+}
+
+// Backward dQ: a block handles 4 warps x F_BR query rows and loops over all
+// keys in chunks of 32 (lane = key).
+__global__ void __launch_bounds__(kThreads)
+attn_bwd_dq_f32(float *__restrict__ dqkv, const float *__restrict__ dout,
+                const float *__restrict__ qkv, const float *__restrict__ out,
+                const float *__restrict__ lse, int T, int D, int H, int Dh, float scale) {
+    __shared__ float sK[F_CHUNK][F_LD];
+    __shared__ float sV[F_CHUNK][F_LD];
+    __shared__ float sQ[F_BROWS][ATTN_MAX_DH];
+    __shared__ float sDO[F_BROWS][ATTN_MAX_DH];
+
+    const int ntiles = (T + F_BROWS - 1) / F_BROWS;
+    const int tile = blockIdx.x % ntiles, bh = blockIdx.x / ntiles;
+    const int b = bh / H, h = bh % H;
+    const int q0 = tile * F_BROWS;
+    const int64_t ld = 3 * (int64_t)D;
+    const float *qg = qkv + (int64_t)b * T * ld + (int64_t)h * Dh, *kg = qg + D, *vg = qg + 2 * D;
+    const float *og = out + (int64_t)b * T * D + (int64_t)h * Dh;
+    const float *dog = dout + (int64_t)b * T * D + (int64_t)h * Dh;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int wr = warp * F_BR;
+
+    for (int e = threadIdx.x; e < F_BROWS * Dh; e += kThreads) {
+        const int r = e / Dh, d = e % Dh;
+        const bool ok = q0 + r < T;
+        sQ[r][d] = ok ? qg[(q0 + r) * ld + d] : 0.0f;
+        sDO[r][d] = ok ? dog[(int64_t)(q0 + r) * D + d] : 0.0f;
+    }
+    // Per-row constants, identical in every lane (warp_sum broadcasts).
+    float rlse[F_BR], rdelta[F_BR];
+#pragma unroll
+    for (int r = 0; r < F_BR; r++) {
+        const int q = q0 + wr + r;
+        rdelta[r] = q < T ? delta_f32(dog + (int64_t)q * D, og + (int64_t)q * D, Dh) : 0.0f;
+        rlse[r] = q < T ? lse[(int64_t)bh * T + q] : 0.0f;
+    }
+
+    float dq[F_BR][F_NC];
+#pragma unroll
+    for (int r = 0; r < F_BR; r++)
+#pragma unroll
+        for (int c = 0; c < F_NC; c++) dq[r][c] = 0.0f;
+
+    for (int k0 = 0; k0 < T; k0 += F_CHUNK) {
+        __syncthreads();
+        for (int e = threadIdx.x; e < F_CHUNK * Dh; e += kThreads) {
+            const int j = e / Dh, d = e % Dh;
+            const bool ok = k0 + j < T;
+            sK[j][d] = ok ? kg[(k0 + j) * ld + d] : 0.0f;
+            sV[j][d] = ok ? vg[(k0 + j) * ld + d] : 0.0f;
+        }
+        __syncthreads();
+
+        float sc[F_BR], dp[F_BR];
+#pragma unroll
+        for (int r = 0; r < F_BR; r++) sc[r] = dp[r] = 0.0f;
+        for (int d = 0; d < Dh; d++) {
+            const float kv = sK[lane][d], vv = sV[lane][d];
+#pragma unroll
+            for (int r = 0; r < F_BR; r++) {
+                sc[r] = fmaf(sQ[wr + r][d], kv, sc[r]);
+                dp[r] = fmaf(sDO[wr + r][d], vv, dp[r]);
+            }
+        }
+        // Keys past T are zero-filled, which would give P = exp(-lse) != 0:
+        // mask them explicitly.
+        const bool key_ok = k0 + lane < T;
+        float ds[F_BR];
+#pragma unroll
+        for (int r = 0; r < F_BR; r++) {
+            const float p = key_ok ? expf(sc[r] * scale - rlse[r]) : 0.0f;
+            ds[r] = p * (dp[r] - rdelta[r]);
+        }
+
+#pragma unroll 4
+        for (int j = 0; j < F_CHUNK; j++) {
+            float dsj[F_BR];
+#pragma unroll
+            for (int r = 0; r < F_BR; r++) dsj[r] = __shfl_sync(0xffffffffu, ds[r], j);
+#pragma unroll
+            for (int c = 0; c < F_NC; c++) {
+                if (lane + 32 * c < Dh) {
+                    const float kv = sK[j][lane + 32 * c];
+#pragma unroll
+                    for (int r = 0; r < F_BR; r++) dq[r][c] = fmaf(dsj[r], kv, dq[r][c]);
+                }
+            }
+        }
+    }
+
+#pragma unroll
+    for (int r = 0; r < F_BR; r++) {
+        const int q = q0 + wr + r;
+        if (q >= T) continue;
+        float *dqrow = dqkv + ((int64_t)b * T + q) * ld + (int64_t)h * Dh;
+#pragma unroll
+        for (int c = 0; c < F_NC; c++)
+            if (lane + 32 * c < Dh) dqrow[lane + 32 * c] = dq[r][c] * scale;
+    }
+}
+
+// ============================================================================
+// bf16 tensor-core path
+// ============================================================================
+// Tiles are 64 rows (tokens) x DP columns (head dim, zero-padded) of bf16 in
+// shared memory with row stride DP + 8 elements. The 8-element pad makes the
+// stride (DP/2 + 4) 32-bit words; DP/2 is a multiple of 8, so 8 consecutive
+// rows start in 8 distinct 4-bank groups and every ldmatrix phase (8 rows x
+// 16 bytes) is conflict-free. Rows stay 16-byte aligned for cp.async and
+// ldmatrix.
+//
+// mma.sync.m16n8k16 fragments (lane = 4*g + t):
+//   A 16x16 row-major: a0 = (row g, k 2t..2t+1), a1 = (row g+8, k 2t..),
+//                      a2 = (row g, k 2t+8..),   a3 = (row g+8, k 2t+8..)
+//   B 16x8  (k x n):   b0 = (k 2t..2t+1, col g), b1 = (k 2t+8.., col g)
+//   C 16x8  fp32:      c0,c1 = (row g, cols 2t, 2t+1), c2,c3 = (row g+8, same)
+// Each 32-bit register packs two bf16, the lower k/column index in the low
+// half. A C tile pair covering columns 16j..16j+15 is therefore exactly the A
+// fragment of k-block j: the softmax probabilities feed the next product
+// straight from registers.
+//
+// All fragments come from shared memory through ldmatrix.x4, which loads the
+// four 8x8 matrices of a 16x16 block at (row0, col0). Lane l supplies the
+// address of block row (l & 15), block column 8 * (l >> 4), so the matrices are
+// m0 = rows 0-7/cols 0-7, m1 = rows 8-15/cols 0-7, m2 = rows 0-7/cols 8-15,
+// m3 = rows 8-15/cols 8-15. Without .trans a lane receives (row g, cols 2t,
+// 2t+1) of each matrix; with .trans, (rows 2t, 2t+1, col g). Hence:
+//   A operand, tile stored [m][k]:        {m0, m1, m2, m3} = {a0, a1, a2, a3}
+//   B operand, tile stored [n][k] (K, V, Q, dO rows when the product contracts
+//     over the head dim), block at (n0, k0):
+//       n-tile n0: {m0, m2}, n-tile n0 + 8: {m1, m3}
+//   B operand, tile stored [k][n] (.trans; V, dO, Q, K when the product
+//     contracts over tokens), block at (k0, n0):
+//       n-tile n0: {m0, m1}, n-tile n0 + 8: {m2, m3}
+#define BT 64  // tokens per tile (queries or keys) and per block
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+// 16 bytes global -> shared, asynchronous; bytes past src_bytes (0 or 16) are
+// zero-filled, which pads rows past T and columns past Dh for free.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(src_bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+// Waits until at most N of this thread's committed groups are still pending.
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t r[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t r[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// c += a * b, m16n8k16, bf16 inputs, fp32 accumulators.
+__device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0,
+                                         uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (low half) = lo
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+// A fragment of k-block j from a row of C tiles: tiles 2j and 2j+1 hold
+// columns 16j..16j+7 and 16j+8..16j+15 (see the layout note above).
+__device__ __forceinline__ void c_to_a(uint32_t a[4], const float lo[4], const float hi[4]) {
+    a[0] = pack_bf16(lo[0], lo[1]);
+    a[1] = pack_bf16(lo[2], lo[3]);
+    a[2] = pack_bf16(hi[0], hi[1]);
+    a[3] = pack_bf16(hi[2], hi[3]);
+}
+
+// Copies rows [0, nrows) x cols [0, Dh) of a global bf16 tile (row stride ld
+// elements) into a ROWS x DP shared tile (row stride DP + 8), zero elsewhere.
+// vec: 16-byte cp.async (needs Dh % 8 == 0, ld % 8 == 0 and a 16-byte aligned
+// base; then a chunk is entirely inside or outside [0, Dh)); the caller
+// commits and waits. Otherwise a synchronous element-wise fallback that any
+// Dh takes; a later __syncthreads publishes it.
+template <int ROWS, int DP>
+__device__ __forceinline__ void load_tile(bf16 *s, const bf16 *g, int64_t ld, int nrows, int Dh,
+                                          bool vec) {
+    constexpr int SST = DP + 8;
+    if (vec) {
+        constexpr int CPR = DP / 8;  // 16-byte chunks per row
+#pragma unroll 2
+        for (int c = threadIdx.x; c < ROWS * CPR; c += kThreads) {
+            const int r = c / CPR, col = (c % CPR) * 8;
+            const bool ok = r < nrows && col < Dh;
+            cp_async16(smem_u32(s + r * SST + col), ok ? g + r * ld + col : g, ok ? 16 : 0);
+        }
+    } else {
+        for (int e = threadIdx.x; e < ROWS * DP; e += kThreads) {
+            const int r = e / DP, col = e % DP;
+            s[r * SST + col] = (r < nrows && col < Dh) ? g[r * ld + col] : __float2bfloat16(0.0f);
+        }
+    }
+}
+
+// Writes fragment columns of one row: v0, v1 go to columns col, col + 1 (col
+// even). pair: Dh even and the row 4-byte aligned, so one 32-bit store covers
+// both (col < Dh then implies col + 1 < Dh).
+__device__ __forceinline__ void store_pair(bf16 *row, int col, int Dh, float v0, float v1,
+                                           bool pair) {
+    if (pair) {
+        if (col < Dh) *reinterpret_cast<__nv_bfloat162 *>(row + col) = __floats2bfloat162_rn(v0, v1);
+    } else {
+        if (col < Dh) row[col] = __float2bfloat16(v0);
+        if (col + 1 < Dh) row[col + 1] = __float2bfloat16(v1);
+    }
+}
+
+// ---- forward -----------------------------------------------------------------
+// Block = 64 queries of one (b, h); warp w owns queries 16w..16w+15 and runs
+// the whole online softmax for them in registers. K and V have one buffer
+// each, loaded in separate cp.async groups so that V_j streams in during
+// S = Q K_j^T and K_{j+1} during the softmax and P V_j.
+template <int DP>
+__global__ void __launch_bounds__(kThreads)
+attn_fwd_bf16(bf16 *__restrict__ out, float *__restrict__ lse, const bf16 *__restrict__ qkv,
+              int T, int D, int H, int Dh, float scale_log2, int vec, int pair) {
+    constexpr int SST = DP + 8, NT = DP / 8, KT = DP / 16;
+    extern __shared__ __align__(16) unsigned char smem[];
+    bf16 *sQ = (bf16 *)smem, *sK = sQ + BT * SST, *sV = sK + BT * SST;
+
+    const int ntiles = (T + BT - 1) / BT;
+    const int tile = blockIdx.x % ntiles, bh = blockIdx.x / ntiles;
+    const int b = bh / H, h = bh % H;
+    const int q0 = tile * BT;
+    const int64_t ld = 3 * (int64_t)D;
+    const bf16 *qg = qkv + (int64_t)b * T * ld + (int64_t)h * Dh, *kg = qg + D, *vg = qg + 2 * D;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int wrow = warp * 16;
+    const int lrow = lane & 15, lcol = (lane >> 4) * 8;  // ldmatrix address within a 16x16 block
+    const int nkt = (T + BT - 1) / BT;
+
+    load_tile<BT, DP>(sQ, qg + q0 * ld, ld, min(BT, T - q0), Dh, vec);
+    load_tile<BT, DP>(sK, kg, ld, min(BT, T), Dh, vec);
+    cp_async_commit();
+
+    uint32_t qf[KT][4];            // this warp's Q rows as A fragments, loaded once
+    float o[NT][4];                // O accumulators: rows g, g+8 x DP columns
+    float m[2] = {-INFINITY, -INFINITY};  // running max (log2 units) of rows g, g+8
+    float l[2] = {0.0f, 0.0f};     // running sum, this thread's columns only
+#pragma unroll
+    for (int n = 0; n < NT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+
+    for (int j = 0; j < nkt; j++) {
+        const int k0 = j * BT;
+        load_tile<BT, DP>(sV, vg + k0 * ld, ld, min(BT, T - k0), Dh, vec);
+        cp_async_commit();
+        cp_async_wait<1>();  // Q and K_j have landed; V_j may still be in flight
+        __syncthreads();
+        if (j == 0) {
+#pragma unroll
+            for (int kk = 0; kk < KT; kk++)
+                ldsm_x4(qf[kk], smem_u32(sQ + (wrow + lrow) * SST + kk * 16 + lcol));
+        }
+
+        // S = Q K^T for 16 rows x 64 keys (8 n-tiles).
+        float s[8][4];
+#pragma unroll
+        for (int n = 0; n < 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < KT; kk++) {
+#pragma unroll
+            for (int np = 0; np < 4; np++) {
+                uint32_t r[4];
+                ldsm_x4(r, smem_u32(sK + (np * 16 + lrow) * SST + kk * 16 + lcol));
+                mma_bf16(s[2 * np], qf[kk], r[0], r[2]);
+                mma_bf16(s[2 * np + 1], qf[kk], r[1], r[3]);
+            }
+        }
+        __syncthreads();  // every warp is done with sK
+        if (j + 1 < nkt) load_tile<BT, DP>(sK, kg + (k0 + BT) * ld, ld, min(BT, T - k0 - BT), Dh, vec);
+        cp_async_commit();  // possibly empty: keeps the group count uniform
+
+        // Online softmax in base 2 (scale_log2 = scale * log2 e). Element
+        // (n, e) is row g + 8 * (e >> 1), key k0 + 8n + 2t + (e & 1).
+        // Each tile holds at least one key < T, so the new max is finite and
+        // the first tile's alpha = exp2(-inf) = 0.
+        const bool tail = k0 + BT > T;
+        float mx[2] = {m[0], m[1]};
+#pragma unroll
+        for (int n = 0; n < 8; n++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float v = s[n][e] * scale_log2;
+                if (tail && k0 + 8 * n + 2 * t + (e & 1) >= T) v = -INFINITY;
+                s[n][e] = v;
+                mx[e >> 1] = fmaxf(mx[e >> 1], v);
+            }
+        }
+        float alpha[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            // The 4 lanes of a quad (same g) share the row.
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+            alpha[r] = exp2f(m[r] - mx[r]);
+            m[r] = mx[r];
+            l[r] *= alpha[r];
+        }
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            o[n][0] *= alpha[0];
+            o[n][1] *= alpha[0];
+            o[n][2] *= alpha[1];
+            o[n][3] *= alpha[1];
+        }
+#pragma unroll
+        for (int n = 0; n < 8; n++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float p = exp2f(s[n][e] - m[e >> 1]);
+                s[n][e] = p;
+                l[e >> 1] += p;
+            }
+        }
+
+        cp_async_wait<1>();  // V_j has landed; K_{j+1} may still be in flight
+        __syncthreads();
+        // O += P V: k-blocks of 16 keys; V tile is [key][dh], read transposed.
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            uint32_t a[4];
+            c_to_a(a, s[2 * kk], s[2 * kk + 1]);
+#pragma unroll
+            for (int nd = 0; nd < KT; nd++) {
+                uint32_t r[4];
+                ldsm_x4_t(r, smem_u32(sV + (kk * 16 + lrow) * SST + nd * 16 + lcol));
+                mma_bf16(o[2 * nd], a, r[0], r[1]);
+                mma_bf16(o[2 * nd + 1], a, r[2], r[3]);
+            }
+        }
+        __syncthreads();  // every warp is done with sV before the next load
+    }
+
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+        const int row = q0 + wrow + g + 8 * r;
+        if (row >= T) continue;
+        const float inv = 1.0f / l[r];
+        bf16 *orow = out + ((int64_t)b * T + row) * D + (int64_t)h * Dh;
+#pragma unroll
+        for (int n = 0; n < NT; n++)
+            store_pair(orow, 8 * n + 2 * t, Dh, o[n][2 * r] * inv, o[n][2 * r + 1] * inv, pair);
+        if (t == 0) lse[(int64_t)bh * T + row] = (m[r] + log2f(l[r])) * kLn2;
+    }
+}
+
+// ---- backward: dK, dV ----------------------------------------------------------
+// Block = 64 keys of one (b, h); warp w owns keys 16w..16w+15 and accumulates
+// their dK, dV in registers over all query tiles of BQ rows. Everything is
+// computed transposed (keys as rows) so no accumulator has to move between
+// lanes:
+//   S^T = K Q^T, P^T = exp(S^T * scale - lse[q]), dP^T = V dO^T,
+//   dS^T = P^T (dP^T - Delta[q]), dV += P^T dO, dK += dS^T Q.
+// Delta[q] = sum_d dO[q,d] O[q,d] is computed per query tile from an O tile.
+template <int DP, int BQ>
+__global__ void __launch_bounds__(kThreads)
+attn_bwd_dkdv_bf16(bf16 *__restrict__ dqkv, const bf16 *__restrict__ dout,
+                   const bf16 *__restrict__ qkv, const bf16 *__restrict__ out,
+                   const float *__restrict__ lse, int T, int D, int H, int Dh, float scale,
+                   float scale_log2, int vec, int pair) {
+    constexpr int SST = DP + 8, NT = DP / 8, KT = DP / 16, QN = BQ / 8, QK = BQ / 16;
+    constexpr int TPQ = kThreads / BQ;  // threads per query in the Delta reduction
+    static_assert(TPQ >= 1 && TPQ <= 32 && (TPQ & (TPQ - 1)) == 0, "BQ must divide 128");
+    extern __shared__ __align__(16) unsigned char smem[];
+    bf16 *sK = (bf16 *)smem, *sV = sK + BT * SST, *sQ = sV + BT * SST;
+    bf16 *sDO = sQ + BQ * SST, *sO = sDO + BQ * SST;
+    float *sLse = (float *)(sO + BQ * SST), *sDelta = sLse + BQ;
+
+    const int ntiles = (T + BT - 1) / BT;
+    const int tile = blockIdx.x % ntiles, bh = blockIdx.x / ntiles;
+    const int b = bh / H, h = bh % H;
+    const int k0 = tile * BT;
+    const int64_t ld = 3 * (int64_t)D;
+    const bf16 *qg = qkv + (int64_t)b * T * ld + (int64_t)h * Dh, *kg = qg + D, *vg = qg + 2 * D;
+    const bf16 *og = out + (int64_t)b * T * D + (int64_t)h * Dh;
+    const bf16 *dog = dout + (int64_t)b * T * D + (int64_t)h * Dh;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int kw = warp * 16;
+    const int lrow = lane & 15, lcol = (lane >> 4) * 8;
+    const int nqt = (T + BQ - 1) / BQ;
+
+    load_tile<BT, DP>(sK, kg + k0 * ld, ld, min(BT, T - k0), Dh, vec);
+    load_tile<BT, DP>(sV, vg + k0 * ld, ld, min(BT, T - k0), Dh, vec);
+    load_tile<BQ, DP>(sQ, qg, ld, min(BQ, T), Dh, vec);
+    load_tile<BQ, DP>(sDO, dog, D, min(BQ, T), Dh, vec);
+    load_tile<BQ, DP>(sO, og, D, min(BQ, T), Dh, vec);
+    cp_async_commit();
+
+    float dk[NT][4], dv[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) dk[n][e] = dv[n][e] = 0.0f;
+
+    for (int i = 0; i < nqt; i++) {
+        const int qs = i * BQ, nq = min(BQ, T - qs);
+        cp_async_wait<0>();
+        __syncthreads();
+        {
+            // Delta and lse (log2 units) of each query of the tile; queries
+            // past T get lse = +inf so that their P^T is exactly 0.
+            const int qi = threadIdx.x / TPQ, part = threadIdx.x % TPQ;
+            float acc = 0.0f;
+            for (int d = part; d < Dh; d += TPQ)
+                acc = fmaf(__bfloat162float(sDO[qi * SST + d]), __bfloat162float(sO[qi * SST + d]), acc);
+#pragma unroll
+            for (int off = 1; off < TPQ; off <<= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+            if (part == 0) {
+                sDelta[qi] = acc;
+                sLse[qi] = qi < nq ? lse[(int64_t)bh * T + qs + qi] * kLog2e : INFINITY;
+            }
+        }
+        __syncthreads();
+        // sO is free: fetch the next tile's O while this one is processed.
+        if (i + 1 < nqt) load_tile<BQ, DP>(sO, og + (int64_t)(qs + BQ) * D, D, min(BQ, T - qs - BQ), Dh, vec);
+        cp_async_commit();
+
+        // S^T = K Q^T: 16 keys x BQ queries.
+        float st[QN][4];
+#pragma unroll
+        for (int n = 0; n < QN; n++) st[n][0] = st[n][1] = st[n][2] = st[n][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < KT; kk++) {
+            uint32_t ka[4];
+            ldsm_x4(ka, smem_u32(sK + (kw + lrow) * SST + kk * 16 + lcol));
+#pragma unroll
+            for (int np = 0; np < QK; np++) {
+                uint32_t r[4];
+                ldsm_x4(r, smem_u32(sQ + (np * 16 + lrow) * SST + kk * 16 + lcol));
+                mma_bf16(st[2 * np], ka, r[0], r[2]);
+                mma_bf16(st[2 * np + 1], ka, r[1], r[3]);
+            }
+        }
+        // P^T; element (n, e) is key kw + g + 8 * (e >> 1), query qs + 8n + 2t + (e & 1).
+#pragma unroll
+        for (int n = 0; n < QN; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                st[n][e] = exp2f(st[n][e] * scale_log2 - sLse[8 * n + 2 * t + (e & 1)]);
+
+        // dV += P^T dO: k-blocks of 16 queries; dO tile is [query][dh], read transposed.
+#pragma unroll
+        for (int kq = 0; kq < QK; kq++) {
+            uint32_t a[4];
+            c_to_a(a, st[2 * kq], st[2 * kq + 1]);
+#pragma unroll
+            for (int nd = 0; nd < KT; nd++) {
+                uint32_t r[4];
+                ldsm_x4_t(r, smem_u32(sDO + (kq * 16 + lrow) * SST + nd * 16 + lcol));
+                mma_bf16(dv[2 * nd], a, r[0], r[1]);
+                mma_bf16(dv[2 * nd + 1], a, r[2], r[3]);
+            }
+        }
+
+        // dP^T = V dO^T: 16 keys x BQ queries.
+        float dpt[QN][4];
+#pragma unroll
+        for (int n = 0; n < QN; n++) dpt[n][0] = dpt[n][1] = dpt[n][2] = dpt[n][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < KT; kk++) {
+            uint32_t va[4];
+            ldsm_x4(va, smem_u32(sV + (kw + lrow) * SST + kk * 16 + lcol));
+#pragma unroll
+            for (int np = 0; np < QK; np++) {
+                uint32_t r[4];
+                ldsm_x4(r, smem_u32(sDO + (np * 16 + lrow) * SST + kk * 16 + lcol));
+                mma_bf16(dpt[2 * np], va, r[0], r[2]);
+                mma_bf16(dpt[2 * np + 1], va, r[1], r[3]);
+            }
+        }
+        // dS^T = P^T (dP^T - Delta[q]), in place.
+#pragma unroll
+        for (int n = 0; n < QN; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                dpt[n][e] = st[n][e] * (dpt[n][e] - sDelta[8 * n + 2 * t + (e & 1)]);
+
+        // dK += dS^T Q: Q tile is [query][dh], read transposed.
+#pragma unroll
+        for (int kq = 0; kq < QK; kq++) {
+            uint32_t a[4];
+            c_to_a(a, dpt[2 * kq], dpt[2 * kq + 1]);
+#pragma unroll
+            for (int nd = 0; nd < KT; nd++) {
+                uint32_t r[4];
+                ldsm_x4_t(r, smem_u32(sQ + (kq * 16 + lrow) * SST + nd * 16 + lcol));
+                mma_bf16(dk[2 * nd], a, r[0], r[1]);
+                mma_bf16(dk[2 * nd + 1], a, r[2], r[3]);
+            }
+        }
+        __syncthreads();  // every warp is done with sQ, sDO, sLse, sDelta
+        if (i + 1 < nqt) {
+            const int nn = min(BQ, T - qs - BQ);
+            load_tile<BQ, DP>(sQ, qg + (qs + BQ) * ld, ld, nn, Dh, vec);
+            load_tile<BQ, DP>(sDO, dog + (int64_t)(qs + BQ) * D, D, nn, Dh, vec);
+        }
+        cp_async_commit();
+    }
+
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int key = k0 + kw + g + 8 * r;
+        if (key >= T) continue;
+        bf16 *dkrow = dqkv + ((int64_t)b * T + key) * ld + D + (int64_t)h * Dh;
+        bf16 *dvrow = dkrow + D;
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            const int col = 8 * n + 2 * t;
+            store_pair(dkrow, col, Dh, dk[n][2 * r] * scale, dk[n][2 * r + 1] * scale, pair);
+            store_pair(dvrow, col, Dh, dv[n][2 * r], dv[n][2 * r + 1], pair);
+        }
+    }
+}
+
+// ---- backward: dQ ------------------------------------------------------------
+// Block = 64 queries of one (b, h); warp w owns queries 16w..16w+15 and
+// accumulates their dQ over all key tiles:
+//   S = Q K^T, P = exp(S * scale - lse), dP = dO V^T, dS = P (dP - Delta),
+//   dQ += dS K.
+template <int DP>
+__global__ void __launch_bounds__(kThreads)
+attn_bwd_dq_bf16(bf16 *__restrict__ dqkv, const bf16 *__restrict__ dout,
+                 const bf16 *__restrict__ qkv, const bf16 *__restrict__ out,
+                 const float *__restrict__ lse, int T, int D, int H, int Dh, float scale,
+                 float scale_log2, int vec, int pair) {
+    constexpr int SST = DP + 8, NT = DP / 8, KT = DP / 16;
+    extern __shared__ __align__(16) unsigned char smem[];
+    bf16 *sQ = (bf16 *)smem, *sDO = sQ + BT * SST, *sK = sDO + BT * SST, *sV = sK + BT * SST;
+    float *sLse = (float *)(sV + BT * SST), *sDelta = sLse + BT;
+
+    const int ntiles = (T + BT - 1) / BT;
+    const int tile = blockIdx.x % ntiles, bh = blockIdx.x / ntiles;
+    const int b = bh / H, h = bh % H;
+    const int q0 = tile * BT, nq = min(BT, T - q0);
+    const int64_t ld = 3 * (int64_t)D;
+    const bf16 *qg = qkv + (int64_t)b * T * ld + (int64_t)h * Dh, *kg = qg + D, *vg = qg + 2 * D;
+    const bf16 *og = out + (int64_t)b * T * D + (int64_t)h * Dh;
+    const bf16 *dog = dout + (int64_t)b * T * D + (int64_t)h * Dh;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int wrow = warp * 16;
+    const int lrow = lane & 15, lcol = (lane >> 4) * 8;
+    const int nkt = (T + BT - 1) / BT;
+
+    // Prologue: the O tile is only needed for Delta, so it borrows sK.
+    load_tile<BT, DP>(sQ, qg + q0 * ld, ld, nq, Dh, vec);
+    load_tile<BT, DP>(sDO, dog + (int64_t)q0 * D, D, nq, Dh, vec);
+    load_tile<BT, DP>(sK, og + (int64_t)q0 * D, D, nq, Dh, vec);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+    {
+        const int qi = threadIdx.x >> 1, part = threadIdx.x & 1;  // 2 threads per query
+        float acc = 0.0f;
+        for (int d = part; d < Dh; d += 2)
+            acc = fmaf(__bfloat162float(sDO[qi * SST + d]), __bfloat162float(sK[qi * SST + d]), acc);
+        acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+        if (part == 0) {
+            sDelta[qi] = acc;
+            sLse[qi] = qi < nq ? lse[(int64_t)bh * T + q0 + qi] * kLog2e : 0.0f;  // rows past T: unused
+        }
+    }
+    __syncthreads();
+    float rlse[2], rdelta[2];  // rows g, g+8 of this warp
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        rlse[r] = sLse[wrow + g + 8 * r];
+        rdelta[r] = sDelta[wrow + g + 8 * r];
+    }
+    load_tile<BT, DP>(sK, kg, ld, min(BT, T), Dh, vec);
+    load_tile<BT, DP>(sV, vg, ld, min(BT, T), Dh, vec);
+    cp_async_commit();
+
+    float dq[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; n++) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
+
+    for (int j = 0; j < nkt; j++) {
+        const int k0 = j * BT;
+        cp_async_wait<0>();
+        __syncthreads();
+
+        // S = Q K^T: 16 queries x 64 keys.
+        float s[8][4];
+#pragma unroll
+        for (int n = 0; n < 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < KT; kk++) {
+            uint32_t qa[4];
+            ldsm_x4(qa, smem_u32(sQ + (wrow + lrow) * SST + kk * 16 + lcol));
+#pragma unroll
+            for (int np = 0; np < 4; np++) {
+                uint32_t r[4];
+                ldsm_x4(r, smem_u32(sK + (np * 16 + lrow) * SST + kk * 16 + lcol));
+                mma_bf16(s[2 * np], qa, r[0], r[2]);
+                mma_bf16(s[2 * np + 1], qa, r[1], r[3]);
+            }
+        }
+        // P; element (n, e) is row g + 8 * (e >> 1), key k0 + 8n + 2t + (e & 1).
+        // Zero-filled keys past T would give exp(-lse) != 0: mask them.
+#pragma unroll
+        for (int n = 0; n < 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                s[n][e] = k0 + 8 * n + 2 * t + (e & 1) < T
+                              ? exp2f(s[n][e] * scale_log2 - rlse[e >> 1])
+                              : 0.0f;
+
+        // dP = dO V^T: V tile [key][dh] is the B operand as stored.
+        float dp[8][4];
+#pragma unroll
+        for (int n = 0; n < 8; n++) dp[n][0] = dp[n][1] = dp[n][2] = dp[n][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < KT; kk++) {
+            uint32_t da[4];
+            ldsm_x4(da, smem_u32(sDO + (wrow + lrow) * SST + kk * 16 + lcol));
+#pragma unroll
+            for (int np = 0; np < 4; np++) {
+                uint32_t r[4];
+                ldsm_x4(r, smem_u32(sV + (np * 16 + lrow) * SST + kk * 16 + lcol));
+                mma_bf16(dp[2 * np], da, r[0], r[2]);
+                mma_bf16(dp[2 * np + 1], da, r[1], r[3]);
+            }
+        }
+        // dS = P (dP - Delta), in place.
+#pragma unroll
+        for (int n = 0; n < 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) dp[n][e] = s[n][e] * (dp[n][e] - rdelta[e >> 1]);
+
+        // dQ += dS K: K tile [key][dh], read transposed.
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            uint32_t a[4];
+            c_to_a(a, dp[2 * kk], dp[2 * kk + 1]);
+#pragma unroll
+            for (int nd = 0; nd < KT; nd++) {
+                uint32_t r[4];
+                ldsm_x4_t(r, smem_u32(sK + (kk * 16 + lrow) * SST + nd * 16 + lcol));
+                mma_bf16(dq[2 * nd], a, r[0], r[1]);
+                mma_bf16(dq[2 * nd + 1], a, r[2], r[3]);
+            }
+        }
+        __syncthreads();  // every warp is done with sK, sV
+        if (j + 1 < nkt) {
+            const int nk = min(BT, T - k0 - BT);
+            load_tile<BT, DP>(sK, kg + (k0 + BT) * ld, ld, nk, Dh, vec);
+            load_tile<BT, DP>(sV, vg + (k0 + BT) * ld, ld, nk, Dh, vec);
+        }
+        cp_async_commit();
+    }
+
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int row = q0 + wrow + g + 8 * r;
+        if (row >= T) continue;
+        bf16 *dqrow = dqkv + ((int64_t)b * T + row) * ld + (int64_t)h * Dh;
+#pragma unroll
+        for (int n = 0; n < NT; n++)
+            store_pair(dqrow, 8 * n + 2 * t, Dh, dq[n][2 * r] * scale, dq[n][2 * r + 1] * scale, pair);
+    }
+}
+
+// ============================================================================
+// host side
+// ============================================================================
+// Shared memory of each bf16 kernel, in bytes.
+template <int DP> static size_t fwd_smem() { return (size_t)3 * BT * (DP + 8) * sizeof(bf16); }
+template <int DP, int BQ> static size_t dkdv_smem() {
+    return (size_t)(2 * BT + 3 * BQ) * (DP + 8) * sizeof(bf16) + 2 * BQ * sizeof(float);
+}
+template <int DP> static size_t dq_smem() {
+    return (size_t)4 * BT * (DP + 8) * sizeof(bf16) + 2 * BT * sizeof(float);
+}
+
+// Query-tile height of the dK/dV kernel: 64 where the registers allow it. At
+// DP > 80 the dK and dV accumulators alone take DP registers per thread, so
+// the S^T and dP^T tiles shrink to 32 queries to stay clear of spills.
+template <int DP> struct DkdvBq { static const int v = DP <= 80 ? 64 : 32; };
+
+// Blocks that need more than the default 48 KB of dynamic shared memory must
+// opt in. Setting it at every launch is cheap, per current device, and legal
+// during stream capture (it is not a stream operation).
+static void allow_smem(const void *kernel, size_t bytes) {
+    if (bytes > 48 * 1024)
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+}
+
+static int pick_dp(int Dh) {
+    return Dh <= 16 ? 16 : Dh <= 32 ? 32 : Dh <= 64 ? 64 : Dh <= 80 ? 80 : Dh <= 96 ? 96 : 128;
+}
+
+static bool aligned(const void *p, uintptr_t n) { return ((uintptr_t)p & (n - 1)) == 0; }
+
+struct AttnArgs {
+    cudaStream_t s;
+    unsigned grid;
+    int T, D, H, Dh, vec, pair;
+    float scale;
+};
+
+template <int DP>
+static void launch_fwd(const AttnArgs &a, void *out, float *lse, const void *qkv) {
+    const size_t sm = fwd_smem<DP>();
+    allow_smem((const void *)attn_fwd_bf16<DP>, sm);
+    attn_fwd_bf16<DP><<<a.grid, kThreads, sm, a.s>>>((bf16 *)out, lse, (const bf16 *)qkv, a.T,
+                                                      a.D, a.H, a.Dh, a.scale * kLog2e, a.vec,
+                                                      a.pair);
+}
+
+template <int DP>
+static void launch_bwd(const AttnArgs &a, void *dqkv, const void *dout, const void *qkv,
+                       const void *out, const float *lse) {
+    constexpr int BQ = DkdvBq<DP>::v;
+    const size_t sm1 = dkdv_smem<DP, BQ>(), sm2 = dq_smem<DP>();
+    allow_smem((const void *)attn_bwd_dkdv_bf16<DP, BQ>, sm1);
+    allow_smem((const void *)attn_bwd_dq_bf16<DP>, sm2);
+    attn_bwd_dkdv_bf16<DP, BQ><<<a.grid, kThreads, sm1, a.s>>>(
+        (bf16 *)dqkv, (const bf16 *)dout, (const bf16 *)qkv, (const bf16 *)out, lse, a.T, a.D,
+        a.H, a.Dh, a.scale, a.scale * kLog2e, a.vec, a.pair);
+    attn_bwd_dq_bf16<DP><<<a.grid, kThreads, sm2, a.s>>>(
+        (bf16 *)dqkv, (const bf16 *)dout, (const bf16 *)qkv, (const bf16 *)out, lse, a.T, a.D,
+        a.H, a.Dh, a.scale, a.scale * kLog2e, a.vec, a.pair);
+}
+
+static unsigned grid_for(int B, int H, int T, int rows_per_block) {
+    return (unsigned)((int64_t)B * H * ((T + rows_per_block - 1) / rows_per_block));
+}
+
+extern "C" int dc_cuda_attn_max_head_dim(void) { return ATTN_MAX_DH; }
+
+extern "C" int dc_cuda_attn_fwd(cudaStream_t s, void *out, float *lse, const void *qkv, int B,
+                                int T, int D, int H, int bf16_io) {
+    if (H <= 0 || D <= 0 || D % H != 0 || D / H > ATTN_MAX_DH) return -1;
+    if (B <= 0 || T <= 0) return 0;
+    AttnArgs a;
+    a.s = s;
+    a.T = T;
+    a.D = D;
+    a.H = H;
+    a.Dh = D / H;
+    a.scale = 1.0f / sqrtf((float)a.Dh);
+    if (!bf16_io) {
+        attn_fwd_f32<<<grid_for(B, H, T, F_FROWS), kThreads, 0, s>>>(
+            (float *)out, lse, (const float *)qkv, T, D, H, a.Dh, a.scale);
+        return 0;
+    }
+    a.grid = grid_for(B, H, T, BT);
+    a.vec = a.Dh % 8 == 0 && aligned(qkv, 16);  // Dh % 8 == 0 makes D and 3D multiples of 8 too
+    a.pair = a.Dh % 2 == 0 && aligned(out, 4);
+    switch (pick_dp(a.Dh)) {
+    case 16: launch_fwd<16>(a, out, lse, qkv); break;
+    case 32: launch_fwd<32>(a, out, lse, qkv); break;
+    case 64: launch_fwd<64>(a, out, lse, qkv); break;
+    case 80: launch_fwd<80>(a, out, lse, qkv); break;
+    case 96: launch_fwd<96>(a, out, lse, qkv); break;
+    default: launch_fwd<128>(a, out, lse, qkv); break;
+    }
+    return 0;
+}
+
+extern "C" int dc_cuda_attn_bwd(cudaStream_t s, void *dqkv, const void *dout, const void *qkv,
+                                const void *out, const float *lse, int B, int T, int D, int H,
+                                int bf16_io) {
+    if (H <= 0 || D <= 0 || D % H != 0 || D / H > ATTN_MAX_DH) return -1;
+    if (B <= 0 || T <= 0) return 0;
+    AttnArgs a;
+    a.s = s;
+    a.T = T;
+    a.D = D;
+    a.H = H;
+    a.Dh = D / H;
+    a.scale = 1.0f / sqrtf((float)a.Dh);
+    if (!bf16_io) {
+        attn_bwd_dkdv_f32<<<grid_for(B, H, T, F_BROWS), kThreads, 0, s>>>(
+            (float *)dqkv, (const float *)dout, (const float *)qkv, (const float *)out, lse, T,
+            D, H, a.Dh, a.scale);
+        attn_bwd_dq_f32<<<grid_for(B, H, T, F_BROWS), kThreads, 0, s>>>(
+            (float *)dqkv, (const float *)dout, (const float *)qkv, (const float *)out, lse, T,
+            D, H, a.Dh, a.scale);
+        return 0;
+    }
+    a.grid = grid_for(B, H, T, BT);
+    a.vec = a.Dh % 8 == 0 && aligned(qkv, 16) && aligned(dout, 16) && aligned(out, 16);
+    a.pair = a.Dh % 2 == 0 && aligned(dqkv, 4);
+    switch (pick_dp(a.Dh)) {
+    case 16: launch_bwd<16>(a, dqkv, dout, qkv, out, lse); break;
+    case 32: launch_bwd<32>(a, dqkv, dout, qkv, out, lse); break;
+    case 64: launch_bwd<64>(a, dqkv, dout, qkv, out, lse); break;
+    case 80: launch_bwd<80>(a, dqkv, dout, qkv, out, lse); break;
+    case 96: launch_bwd<96>(a, dqkv, dout, qkv, out, lse); break;
+    default: launch_bwd<128>(a, dqkv, dout, qkv, out, lse); break;
+    }
+    return 0;
+}

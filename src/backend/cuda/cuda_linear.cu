@@ -1,0 +1,199 @@
+// Matrix products through cuBLASLt: the forward product with its bias fused
+// into the epilogue, and the two backward products (input and weight
+// gradients, the latter accumulated in fp32 onto the fp32 gradient buffer).
+//
+// Row-major X[M,K] is column-major X^T, so every row-major product is issued
+// as its transpose: out^T = w op(inp^T) and so on (comments give each one).
+// cuBLASLt picks an algorithm per shape; the choice and the descriptors are
+// cached, so a step pays the heuristic once per distinct product.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_common.h"
+#include "backend/cuda/cuda_ops.h"
+#include "core/error.h"
+
+struct dc_gemm_plan {
+    // key
+    int m, n, k, lda, ldb, ldd, ta, tb, bias, align;
+    dc_dtype ab, d;
+    // value
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t la, lb, ld;
+    cublasLtMatmulAlgo_t algo;
+};
+
+static cudaDataType_t cuda_type(dc_dtype t) { return t == DC_BF16 ? CUDA_R_16BF : CUDA_R_32F; }
+
+#define LT(call)                                                                     \
+    do {                                                                             \
+        cublasStatus_t s_ = (call);                                                  \
+        if (s_ != CUBLAS_STATUS_SUCCESS)                                             \
+            dc_cuda_fatal(#call, cublasLtGetStatusString(s_), __FILE__, __LINE__);     \
+    } while (0)
+
+// The largest power of two (up to 256) that divides every pointer.
+static int common_alignment(const void *const *ptrs, int n) {
+    uintptr_t bits = 256;
+    for (int i = 0; i < n; i++)
+        if (ptrs[i]) bits |= (uintptr_t)ptrs[i];
+    return (int)(bits & (~bits + 1));
+}
+
+static dc_gemm_plan *find_plan(dc_cuda_ctx *c, const dc_gemm_plan *key) {
+    for (int i = 0; i < c->nplans; i++) {
+        dc_gemm_plan *p = &c->plans[i];
+        if (p->m == key->m && p->n == key->n && p->k == key->k && p->lda == key->lda &&
+            p->ldb == key->ldb && p->ldd == key->ldd && p->ta == key->ta && p->tb == key->tb &&
+            p->bias == key->bias && p->align == key->align && p->ab == key->ab && p->d == key->d)
+            return p;
+    }
+    return NULL;
+}
+
+static dc_gemm_plan *make_plan(dc_cuda_ctx *c, const dc_gemm_plan *key) {
+    if (c->nplans == c->cap_plans) {
+        int cap = c->cap_plans ? 2 * c->cap_plans : 64;
+        dc_gemm_plan *t = (dc_gemm_plan *)realloc(c->plans, cap * sizeof *t);
+        if (!t) dc_cuda_fatal("gemm plan", "out of host memory", __FILE__, __LINE__);
+        c->plans = t, c->cap_plans = cap;
+    }
+    dc_gemm_plan *p = &c->plans[c->nplans];
+    *p = *key;
+    LT(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasOperation_t opa = key->ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = key->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    LT(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+    LT(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+    if (key->bias) {
+        cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+        LT(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+    }
+    // Stored shapes: A is (ta ? k x m : m x k), B is (tb ? n x k : k x n), D is m x n.
+    LT(cublasLtMatrixLayoutCreate(&p->la, cuda_type(key->ab), key->ta ? key->k : key->m,
+                                  key->ta ? key->m : key->k, key->lda));
+    LT(cublasLtMatrixLayoutCreate(&p->lb, cuda_type(key->ab), key->tb ? key->n : key->k,
+                                  key->tb ? key->k : key->n, key->ldb));
+    LT(cublasLtMatrixLayoutCreate(&p->ld, cuda_type(key->d), key->m, key->n, key->ldd));
+    cublasLtMatmulPreference_t pref;
+    LT(cublasLtMatmulPreferenceCreate(&pref));
+    uint64_t ws = c->lt_ws_bytes;
+    uint32_t al = (uint32_t)key->align;
+    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al, sizeof al));
+    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al, sizeof al));
+    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al, sizeof al));
+    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al, sizeof al));
+    cublasLtMatmulHeuristicResult_t res;
+    int found = 0;
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(c->lt, p->desc, p->la, p->lb, p->ld, p->ld, pref, 1,
+                                                       &res, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
+        char what[160];
+        snprintf(what, sizeof what, "no cuBLASLt algorithm for m=%d n=%d k=%d ta=%d tb=%d bias=%d align=%d",
+                 key->m, key->n, key->k, key->ta, key->tb, key->bias, key->align);
+        dc_cuda_fatal(what, cublasLtGetStatusString(st), __FILE__, __LINE__);
+    }
+    p->algo = res.algo;
+    c->nplans++;
+    return p;
+}
+
+// Column-major D[m,n] = op(A) op(B) (+ bias[m]) (+ D if accumulate).
+static void gemm(dc_backend *be, int m, int n, int k, const void *A, int lda, bool ta, const void *B,
+                 int ldb, bool tb, void *D, int ldd, dc_dtype ab, dc_dtype d, const void *bias,
+                 bool accumulate) {
+    dc_cuda_ctx *c = dc_cuda(be);
+    const void *ptrs[4] = {A, B, D, bias};
+    dc_gemm_plan key;
+    memset(&key, 0, sizeof key);
+    key.m = m, key.n = n, key.k = k, key.lda = lda, key.ldb = ldb, key.ldd = ldd;
+    key.ta = ta, key.tb = tb, key.bias = bias != NULL, key.ab = ab, key.d = d;
+    key.align = common_alignment(ptrs, 4);
+    dc_gemm_plan *p = find_plan(c, &key);
+    if (!p) p = make_plan(c, &key);
+    if (bias) LT(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+    const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    LT(cublasLtMatmul(c->lt, p->desc, &one, A, p->la, B, p->lb, &beta, D, p->ld, D, p->ld, &p->algo,
+                      c->lt_ws, c->lt_ws_bytes, c->stream));
+}
+
+extern "C" void dc_cuda_linear_fwd(dc_backend *be, dc_buf out, dc_buf inp, dc_buf w, dc_buf b, int M,
+                                   int K, int N) {
+    if (inp.dt != w.dt) dc_cuda_fatal("linear_fwd", "input and weight dtypes differ", __FILE__, __LINE__);
+    // out^T[N,M] = w^T... in column-major terms: (w as K x N)^T (inp as K x M)
+    bool fuse = b.p && b.dt == out.dt;
+    gemm(be, N, M, K, w.p, K, true, inp.p, K, false, out.p, N, inp.dt, out.dt, fuse ? b.p : NULL, false);
+    if (b.p && !fuse) dc_cuda_add_bias(be, out, b, M, N);
+}
+
+extern "C" void dc_cuda_linear_bwd(dc_backend *be, dc_buf dinp, dc_buf dw, dc_buf db, dc_buf dout,
+                                   dc_buf inp, dc_buf w, int M, int K, int N, bool accumulate) {
+    if (inp.dt != w.dt || dout.dt != w.dt)
+        dc_cuda_fatal("linear_bwd", "dout, input and weight dtypes differ", __FILE__, __LINE__);
+    // dinp^T[K,M] = (w as K x N) (dout as N x M)
+    if (dinp.p) gemm(be, K, M, N, w.p, K, false, dout.p, N, false, dinp.p, K, dout.dt, dinp.dt, NULL, accumulate);
+    // dw^T[K,N] += (inp as K x M) (dout as N x M)^T, in fp32
+    if (dw.p) gemm(be, K, N, M, inp.p, K, false, dout.p, N, true, dw.p, K, dout.dt, dw.dt, NULL, true);
+    if (db.p) dc_cuda_bias_grad(be, db, dout, M, N);
+}
+
+extern "C" void dc_cuda_gemm_free(dc_cuda_ctx *c) {
+    for (int i = 0; i < c->nplans; i++) {
+        cublasLtMatmulDescDestroy(c->plans[i].desc);
+        cublasLtMatrixLayoutDestroy(c->plans[i].la);
+        cublasLtMatrixLayoutDestroy(c->plans[i].lb);
+        cublasLtMatrixLayoutDestroy(c->plans[i].ld);
+    }
+    free(c->plans);
+    c->plans = NULL, c->nplans = c->cap_plans = 0;
+}
+
+// ---- measured peak -----------------------------------------------------------------------
+__global__ void fill_random(void *p, int64_t n, int bf16, uint32_t salt) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        uint32_t h = (uint32_t)i * 2654435761u ^ salt;
+        h ^= h >> 15, h *= 2246822519u, h ^= h >> 13;
+        dc_st(p, i, (float)(h & 0xffff) / 32768.0f - 1.0f, bf16);
+    }
+}
+
+// An 8192^3 product in the compute dtype on random data, median of 10 after
+// warm-up: the ceiling the engine's TFLOP/s are compared with (MFU).
+extern "C" double dc_cuda_gemm_peak(dc_backend *be) {
+    dc_cuda_ctx *c = dc_cuda(be);
+    const int n = 8192;
+    dc_dtype dt = be->compute;
+    size_t bytes = (size_t)n * n * dc_dtype_size(dt);
+    void *a = NULL, *b = NULL, *d = NULL;
+    if (cudaMalloc(&a, bytes) != cudaSuccess || cudaMalloc(&b, bytes) != cudaSuccess ||
+        cudaMalloc(&d, bytes) != cudaSuccess) {
+        cudaGetLastError();
+        cudaFree(a), cudaFree(b), cudaFree(d);
+        return 0.0;
+    }
+    fill_random<<<1024, 256, 0, c->stream>>>(a, (int64_t)n * n, dt == DC_BF16, 1);
+    fill_random<<<1024, 256, 0, c->stream>>>(b, (int64_t)n * n, dt == DC_BF16, 2);
+    DC_CUDA_LAUNCHED();
+    cudaEvent_t e0, e1;
+    DC_CUDA(cudaEventCreate(&e0));
+    DC_CUDA(cudaEventCreate(&e1));
+    float ms[10];
+    for (int i = -3; i < 10; i++) {
+        DC_CUDA(cudaEventRecord(e0, c->stream));
+        gemm(be, n, n, n, a, n, true, b, n, false, d, n, dt, dt, NULL, false);
+        DC_CUDA(cudaEventRecord(e1, c->stream));
+        DC_CUDA(cudaEventSynchronize(e1));
+        if (i >= 0) DC_CUDA(cudaEventElapsedTime(&ms[i], e0, e1));
+    }
+    for (int i = 1; i < 10; i++)  // insertion sort for the median
+        for (int j = i; j > 0 && ms[j] < ms[j - 1]; j--) {
+            float t = ms[j];
+            ms[j] = ms[j - 1], ms[j - 1] = t;
+        }
+    cudaEventDestroy(e0), cudaEventDestroy(e1);
+    cudaFree(a), cudaFree(b), cudaFree(d);
+    double med = 0.5 * (ms[4] + ms[5]);
+    return 2.0 * n * (double)n * n / (med * 1e-3) / 1e12;
+}

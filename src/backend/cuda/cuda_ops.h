@@ -1,0 +1,117 @@
+// The CUDA backend's private interface: its context and the op functions
+// that cuda_backend.cu puts in the dc_backend table. Each .cu file holds one
+// family of ops; all run on the context's one stream, asynchronously.
+#pragma once
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "backend/backend.h"
+
+#define DC_CUDA_RING_BYTES ((size_t)32 << 20)  // pinned staging for uploads
+
+typedef struct dc_gemm_plan dc_gemm_plan;
+typedef struct { void *p; size_t bytes; } dc_cuda_alloc_rec;
+
+typedef struct {
+    int device;
+    cudaStream_t stream;
+    cublasLtHandle_t lt;
+    void *lt_ws;              // cuBLASLt workspace
+    size_t lt_ws_bytes;
+    dc_gemm_plan *plans;      // cached matmul descriptors and algorithms
+    int nplans, cap_plans;
+    double *red;              // reduction scratch (sumsq partials)
+    double *red_host;         // pinned copy of the partials
+    char *ring;               // pinned upload staging ring
+    size_t ring_head;
+    cudaEvent_t ring_ev[8];   // the last copy out of each eighth of the ring
+    dc_cuda_alloc_rec *allocs;     // live allocations
+    int nallocs, cap_allocs;
+    size_t bytes_now, bytes_peak;  // device memory we hold
+    bool fp32;                // checking mode: everything in fp32, no tensor-core bf16
+} dc_cuda_ctx;
+
+static inline dc_cuda_ctx *dc_cuda(dc_backend *be) { return (dc_cuda_ctx *)be->ctx; }
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// Aborts with the CUDA error's text: an error inside an asynchronous op
+// leaves the device in an unknown state, so there is nothing to return to.
+void dc_cuda_fatal(const char *what, const char *msg, const char *file, int line);
+#define DC_CUDA(call)                                                                  \
+    do {                                                                               \
+        cudaError_t e_ = (call);                                                       \
+        if (e_ != cudaSuccess) dc_cuda_fatal(#call, cudaGetErrorString(e_), __FILE__, __LINE__); \
+    } while (0)
+// After a launch: catches bad launch configurations at once.
+#define DC_CUDA_LAUNCHED() DC_CUDA(cudaGetLastError())
+
+// ---- matrix products (cuda_linear.cu) ----
+void dc_cuda_linear_fwd(dc_backend *be, dc_buf out, dc_buf inp, dc_buf w, dc_buf b, int M, int K, int N);
+void dc_cuda_linear_bwd(dc_backend *be, dc_buf dinp, dc_buf dw, dc_buf db, dc_buf dout, dc_buf inp,
+                        dc_buf w, int M, int K, int N, bool accumulate);
+void dc_cuda_gemm_free(dc_cuda_ctx *c);
+// Times a large bf16 (or fp32) product and returns its TFLOP/s: the peak MFU is measured against.
+double dc_cuda_gemm_peak(dc_backend *be);
+
+// ---- pointwise and embeddings (cuda_pointwise.cu) ----
+void dc_cuda_cast(dc_backend *be, dc_buf dst, dc_buf src, int64_t n);
+void dc_cuda_gelu_fwd(dc_backend *be, dc_buf out, dc_buf inp, int64_t n);
+void dc_cuda_gelu_bwd(dc_backend *be, dc_buf dinp, dc_buf dout, dc_buf inp, int64_t n);
+void dc_cuda_silu_fwd(dc_backend *be, dc_buf out, dc_buf inp, int64_t n);
+void dc_cuda_silu_bwd(dc_backend *be, dc_buf dinp, dc_buf dout, dc_buf inp, int64_t n, bool accumulate);
+void dc_cuda_axpy(dc_backend *be, dc_buf y, dc_buf x, float alpha, int64_t n);
+void dc_cuda_add_rows(dc_backend *be, dc_buf x, dc_buf pos, int B, int T, int D);
+void dc_cuda_patchify(dc_backend *be, dc_buf out, dc_buf img, int B, int C, int H, int W, int p);
+void dc_cuda_unpatchify_fwd(dc_backend *be, dc_buf img, dc_buf tok, int B, int C, int H, int W, int p);
+void dc_cuda_unpatchify_bwd(dc_backend *be, dc_buf dtok, dc_buf dimg, int B, int C, int H, int W, int p);
+void dc_cuda_timestep_embed(dc_backend *be, dc_buf out, dc_buf t, int B, int half);
+void dc_cuda_embed_fwd(dc_backend *be, dc_buf out, dc_buf table, dc_buf idx, int B, int D);
+void dc_cuda_embed_bwd(dc_backend *be, dc_buf dtable, dc_buf dout, dc_buf idx, int B, int D);
+// out[M,N] += b[N] (bias added outside a matrix product); db[N] += sum_m dout[m, :]
+void dc_cuda_add_bias(dc_backend *be, dc_buf out, dc_buf b, int M, int N);
+void dc_cuda_bias_grad(dc_backend *be, dc_buf db, dc_buf dout, int M, int N);
+
+// ---- adaLN (cuda_adaln.cu) ----
+void dc_cuda_ln_mod_fwd(dc_backend *be, dc_buf out, dc_buf mean, dc_buf rstd, dc_buf x, dc_buf mod,
+                        int B, int T, int D, int nchunk, int ch_shift, int ch_scale);
+void dc_cuda_ln_mod_bwd(dc_backend *be, dc_buf dx, dc_buf dmod, dc_buf dout, dc_buf x, dc_buf mean,
+                        dc_buf rstd, dc_buf mod, int B, int T, int D, int nchunk, int ch_shift,
+                        int ch_scale);
+void dc_cuda_gate_res_fwd(dc_backend *be, dc_buf x, dc_buf y, dc_buf mod, int B, int T, int D,
+                          int nchunk, int ch_gate);
+void dc_cuda_gate_res_bwd(dc_backend *be, dc_buf dy, dc_buf dmod, dc_buf dx, dc_buf y, dc_buf mod,
+                          int B, int T, int D, int nchunk, int ch_gate);
+
+// ---- attention (cuda_attention.cu) ----
+int dc_cuda_attn_fwd(cudaStream_t s, void *out, float *lse, const void *qkv, int B, int T, int D,
+                     int H, int bf16);
+int dc_cuda_attn_bwd(cudaStream_t s, void *dqkv, const void *dout, const void *qkv, const void *out,
+                     const float *lse, int B, int T, int D, int H, int bf16);
+int dc_cuda_attn_max_head_dim(void);
+
+// ---- diffusion (cuda_diffusion.cu) ----
+void dc_cuda_randn(dc_backend *be, dc_buf out, const uint32_t *keys, int B, int64_t n, uint64_t seed,
+                   uint32_t step, uint32_t stream);
+void dc_cuda_q_sample(dc_backend *be, dc_buf xt, dc_buf x0, dc_buf eps, const float *a, const float *s,
+                      int B, int64_t n);
+void dc_cuda_diffusion_loss(dc_backend *be, dc_buf dout, dc_buf losses, dc_buf out, dc_buf x0,
+                            dc_buf xt, dc_buf eps, const dc_loss_coef *coef, int B, int C, int64_t HW,
+                            float grad_scale);
+void dc_cuda_cfg_combine(dc_backend *be, dc_buf dst, dc_buf model_out, int B, int OC, int64_t HW,
+                         int guided, float scale);
+void dc_cuda_sampler_step(dc_backend *be, dc_buf x, dc_buf out, dc_buf z, const dc_step_coef *coef,
+                          int B, int C, int OC, int64_t HW);
+
+// ---- optimisation (cuda_optim.cu) ----
+void dc_cuda_adamw(dc_backend *be, dc_buf p, dc_buf grad, dc_buf m, dc_buf v, dc_buf ema, dc_buf pc,
+                   int64_t n, const dc_adamw_step *h);
+double dc_cuda_sumsq(dc_backend *be, dc_buf x, int64_t n);
+
+#ifdef __cplusplus
+}
+#endif
