@@ -1,12 +1,20 @@
 # diffusion.c — build: `make` (CPU engine, plus the CUDA backend when nvcc is
 # found; CUDA=0 leaves it out), `make test`, `make demo`.
 CC      ?= gcc
+# STATIC=1 links OpenBLAS, libpng and zlib statically and targets any
+# x86-64-v3 CPU, so the binaries run on a machine without those packages.
+ifeq ($(STATIC),1)
+OPT     ?= -O3 -march=x86-64-v3
+LDLIBS  += -Wl,-Bstatic -lopenblas -lpng16 -lz -lgfortran -lquadmath -Wl,-Bdynamic -lm -fopenmp
+else
 OPT     ?= -O3 -march=native
+LDLIBS  += -lopenblas -lpng -lz -lm -fopenmp
+endif
 CFLAGS  ?= $(OPT)
 CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -fopenmp -Isrc -MMD -MP
-LDLIBS  += -lopenblas -lpng -lz -lm -fopenmp
 
-BUILD   := build
+BUILD   ?= build
+BIN     ?= diffusion
 LIB_SRC := $(wildcard src/core/*.c src/backend/*.c src/backend/cpu/*.c src/nn/*.c \
                       src/models/*.c src/diffusion/*.c src/train/*.c src/io/*.c)
 CLI_SRC := $(wildcard src/cli/*.c)
@@ -31,7 +39,7 @@ LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcudar
 endif
 
 .PHONY: all test demo fuzz clean
-all: diffusion $(TESTS)
+all: $(BIN) $(TESTS)
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -45,7 +53,7 @@ $(LIB): $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-diffusion: $(CLI_OBJ) $(LIB)
+$(BIN): $(CLI_OBJ) $(LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
 $(BUILD)/tests/%: tests/%.c $(LIB)

@@ -37,6 +37,19 @@ static double peak_rss_gib(void) {
     return ru.ru_maxrss / 1048576.0;  // ru_maxrss is in KiB on Linux
 }
 
+// Peak memory: the device's (what this backend allocated) or the process's.
+static void print_memory(dc_backend *be) {
+    size_t peak = 0;
+    if (be->memory) {
+        be->memory(be, NULL, &peak);
+        printf("   peak GPU %.2f GiB", peak / 1073741824.0);
+    } else {
+        printf("   peak RSS %.2f GiB", peak_rss_gib());
+    }
+}
+
+static double g_peak_tflops;  // measured GEMM ceiling (0: unknown)
+
 static int bench_train(const dc_dit_config *mc, dc_backend *be, int batch, int iters, int warm) {
     dc_dataset ds = {0};
     dc_dit m = {0};
@@ -56,8 +69,12 @@ static int bench_train(const dc_dit_config *mc, dc_backend *be, int batch, int i
     be->sync(be);
     double dt = (dc_time_now() - t0) / iters;
     double flop = 3 * 2 * dc_dit_macs_per_image(mc) * batch;  // backward ~ 2x forward
-    printf("train   batch %4d   %9.1f img/s   %8.1f ms/step   %7.1f GFLOP/s   peak RSS %.2f GiB\n",
-           batch, batch / dt, dt * 1e3, flop / dt / 1e9, peak_rss_gib());
+    double tf = flop / dt / 1e12;
+    printf("train   batch %4d   %9.1f img/s   %8.1f ms/step   %8.2f TFLOP/s", batch, batch / dt, dt * 1e3, tf);
+    if (g_peak_tflops > 0) printf("   MFU %.1f%%", 100 * tf / g_peak_tflops);
+    print_memory(be);
+    printf("\n");
+    fflush(stdout);
     rc = 0;
 done:
     dc_trainer_free(&tr);
@@ -81,13 +98,19 @@ static int bench_sample(const dc_dit_config *mc, dc_backend *be, int batch, int 
     if (dc_dit_create(&m, mc, be, false) || dc_dit_init_weights(&m, 0) || dc_dit_reserve(&m, rows) ||
         dc_sampler_init(&s, be, &o, mc->in_channels, mc->input_size, mc->input_size, batch))
         goto done;
+    // warm-up: the first run builds matrix-product plans and (on a GPU) the step's graph
+    if (dc_sampler_run(&s, x, y, idx, batch, eval_model, &m, NULL, NULL)) goto done;
+    be->sync(be);
     double t0 = dc_time_now();
     if (dc_sampler_run(&s, x, y, idx, batch, eval_model, &m, NULL, NULL)) goto done;
     be->sync(be);
     double dt = (dc_time_now() - t0) / steps;
     double flop = 2 * dc_dit_macs_per_image(mc) * rows;
-    printf("sample  batch %4d%s  %9.1f image-steps/s   %8.2f ms/step   %7.1f GFLOP/s   peak RSS %.2f GiB\n",
-           batch, cfg > 1 ? " x2 (guidance)" : "", batch / dt, dt * 1e3, flop / dt / 1e9, peak_rss_gib());
+    printf("sample  batch %4d%s  %9.1f image-steps/s   %8.2f ms/step   %8.2f TFLOP/s", batch,
+           cfg > 1 ? " x2 (guidance)" : "", batch / dt, dt * 1e3, flop / dt / 1e12);
+    print_memory(be);
+    printf("\n");
+    fflush(stdout);
     rc = 0;
 done:
     if (x.p) be->free(be, x.p);
@@ -99,7 +122,7 @@ done:
 
 int cmd_bench(int argc, char **argv) {
     const char *model = NULL, *device = "auto", *precision = "auto";
-    int batch = 64, iters = 5, warm = 1, sample_batch = 32, sample_steps = 10, threads = 0;
+    int batch = 64, iters = 5, warm = 1, sample_batch = 32, sample_steps = 10, threads = 0, latency = 1;
     float cfg = 4.0f;
     arg_spec specs[] = {
         {"model", ARG_STR, &model, "NAME", "official config DiT-{S,B,L,XL}/{2,4,8} (default: the demo DiT)"},
@@ -109,14 +132,17 @@ int cmd_bench(int argc, char **argv) {
         {"sample-batch", ARG_INT, &sample_batch, "N", "images per sampling step (0: skip sampling)"},
         {"sample-steps", ARG_INT, &sample_steps, "N", "timed sampling steps"},
         {"cfg-scale", ARG_FLOAT, &cfg, "X", "guidance scale while sampling (> 1 doubles the batch)"},
+        {"latency", ARG_INT, &latency, "0|1", "also time sampling one image (default 1)"},
         {"threads", ARG_INT, &threads, "N", "CPU threads (default: all cores)"},
         {"device", ARG_STR, &device, "NAME", CLI_DEVICE_HELP},
         {"precision", ARG_STR, &precision, "P", CLI_PRECISION_HELP},
     };
     arg_parser ap = {"diffusion bench [--model NAME] [flags]",
                      "Times training steps and sampling steps of a model on synthetic data and\n"
-                     "prints images/s, achieved GFLOP/s (a training step counted as 3 forward\n"
-                     "passes; 1 MAC = 2 FLOP) and the process's peak memory.",
+                     "prints images/s, achieved TFLOP/s (a training step counted as 3 forward\n"
+                     "passes; 1 MAC = 2 FLOP) and peak memory. On a GPU it first times a large\n"
+                     "matrix product in the compute dtype and quotes MFU against it; sampling\n"
+                     "runs at --sample-batch and at batch 1 (latency), with guidance.",
                      specs, (int)(sizeof specs / sizeof specs[0]), 0, {0}, 0};
     int rc = args_parse(&ap, argc, argv);
     if (rc) return rc > 0 ? 0 : cli_fail();
@@ -129,9 +155,15 @@ int cmd_bench(int argc, char **argv) {
     printf("model   %s: depth %d, hidden %d, heads %d, patch %d, %dx%dx%d, %.2f GFLOP/image forward; backend %s\n",
            model ? model : "demo DiT", mc.depth, mc.hidden, mc.heads, mc.patch, mc.input_size,
            mc.input_size, mc.in_channels, 2 * dc_dit_macs_per_image(&mc) / 1e9, be->name);
+    if (be->gemm_peak) {
+        g_peak_tflops = be->gemm_peak(be);
+        printf("peak    %.1f TFLOP/s: 8192^3 %s matrix product on this device (MFU is quoted against it)\n",
+               g_peak_tflops, dc_dtype_name(be->compute));
+    }
     fflush(stdout);
     rc = bench_train(&mc, be, batch, iters, warm);
     if (!rc && sample_batch > 0) rc = bench_sample(&mc, be, sample_batch, sample_steps, cfg);
+    if (!rc && sample_batch > 1 && latency) rc = bench_sample(&mc, be, 1, sample_steps, cfg);
     dc_backend_destroy(be);
     return rc ? cli_fail() : 0;
 }

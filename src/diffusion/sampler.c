@@ -24,6 +24,7 @@ dc_sampler_opts dc_sampler_opts_default(void) {
 
 void dc_sampler_free(dc_sampler *s) {
     if (!s) return;
+    if (s->graph) s->be->graph_free(s->be, s->graph);
     dc_buf *bufs[] = {&s->xin, &s->out, &s->comb, &s->z, &s->t, &s->y};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]->p) s->be->free(s->be, bufs[i]->p);
@@ -83,6 +84,50 @@ int dc_sampler_init(dc_sampler *s, dc_backend *be, const dc_sampler_opts *opt, i
     return rc;
 }
 
+// The model's part of one step: the guided input, the forward pass and the
+// guidance combine. It reads x, s->t and s->y and writes s->out (and
+// s->comb), all fixed buffers, so a backend can record it once as a graph
+// and replay it every step (the CUDA backend does: one launch per step).
+typedef struct {
+    dc_sampler *s;
+    dc_buf x;
+    int B;
+    dc_eval_fn eval;
+    void *ctx;
+} model_call;
+
+static int run_model(void *arg) {
+    const model_call *mc = arg;
+    dc_sampler *s = mc->s;
+    dc_backend *be = s->be;
+    int64_t HW = (int64_t)s->H * s->W, n = (int64_t)s->C * HW;
+    if (!s->cfg) return mc->eval(mc->ctx, s->out, mc->x, s->t, s->y, mc->B);
+    size_t xbytes = sizeof(float) * (size_t)mc->B * (size_t)n;
+    be->copy(be, s->xin.p, mc->x.p, xbytes);
+    be->copy(be, dc_buf_at(s->xin, (int64_t)mc->B * n).p, mc->x.p, xbytes);
+    DC_TRY(mc->eval(mc->ctx, s->out, s->xin, s->t, s->y, 2 * mc->B));
+    be->cfg_combine(be, s->comb, s->out, mc->B, s->OC, HW, s->guided, s->opt.cfg_scale);
+    return 0;
+}
+
+// Runs the model's part of a step: directly on the first step of a run (it
+// also warms the backend's caches), then through a graph captured for this
+// batch where the backend supports graphs.
+static int model_step(dc_sampler *s, const model_call *mc, bool first) {
+    dc_backend *be = s->be;
+    if (!be->graph_capture || first) return run_model((void *)mc);
+    bool same = s->graph && s->graph_x == mc->x.p && s->graph_B == mc->B && s->graph_eval == mc->eval &&
+                s->graph_ctx == mc->ctx;
+    if (!same) {
+        if (s->graph) be->graph_free(be, s->graph);
+        s->graph = be->graph_capture(be, run_model, (void *)mc);
+        if (!s->graph) return -1;
+        s->graph_x = mc->x.p, s->graph_B = mc->B, s->graph_eval = mc->eval, s->graph_ctx = mc->ctx;
+    }
+    be->graph_launch(be, s->graph);
+    return 0;
+}
+
 int dc_sampler_run(dc_sampler *s, dc_buf x, const int32_t *y, const uint32_t *idx, int B,
                    dc_eval_fn eval, void *ctx, dc_sample_progress_fn progress, void *pctx) {
     if (B < 1 || B > s->max_batch)
@@ -90,7 +135,6 @@ int dc_sampler_run(dc_sampler *s, dc_buf x, const int32_t *y, const uint32_t *id
     dc_backend *be = s->be;
     int64_t HW = (int64_t)s->H * s->W, n = (int64_t)s->C * HW;
     int rows = s->cfg ? 2 * B : B;
-    size_t xbytes = sizeof(float) * (size_t)B * (size_t)n;
 
     if (!s->opt.x_given)
         be->randn(be, x, idx, B, n, s->opt.seed, DC_SAMPLE_START_STEP, DC_STREAM_SAMPLE_START);
@@ -109,17 +153,10 @@ int dc_sampler_run(dc_sampler *s, dc_buf x, const int32_t *y, const uint32_t *id
         for (int r = 0; r < rows; r++) s->t_host[r] = (float)s->sched.timestep[k];
         be->upload(be, s->t.p, s->t_host, sizeof(float) * (size_t)rows);
 
-        dc_buf mo = s->out;
-        if (s->cfg) {
-            be->copy(be, s->xin.p, x.p, xbytes);
-            be->copy(be, dc_buf_at(s->xin, (int64_t)B * n).p, x.p, xbytes);
-            if (eval(ctx, s->out, s->xin, s->t, s->y, rows) != 0)
-                return dc_fail_ctx("sampling step %d of %d", total - k, total);
-            be->cfg_combine(be, s->comb, s->out, B, s->OC, HW, s->guided, s->opt.cfg_scale);
-            mo = s->comb;
-        } else if (eval(ctx, s->out, x, s->t, s->y, rows) != 0) {
+        model_call mc = {s, x, B, eval, ctx};
+        if (model_step(s, &mc, k == total - 1) != 0)
             return dc_fail_ctx("sampling step %d of %d", total - k, total);
-        }
+        dc_buf mo = s->cfg ? s->comb : s->out;
         if (coef.add_noise)
             be->randn(be, s->z, idx, B, n, s->opt.seed, (uint32_t)k, DC_STREAM_NOISE);
         be->sampler_step(be, x, mo, s->z, &coef, B, s->C, s->OC, HW);
