@@ -412,6 +412,18 @@ attn_bwd_dq_f32(float *__restrict__ dqkv, const float *__restrict__ dout,
 //       n-tile n0: {m0, m1}, n-tile n0 + 8: {m2, m3}
 #define BT 64  // tokens per tile (queries or keys) and per block
 
+// Per-DP tuning, measured on an H100 at DiT shapes. min_blocks caps the
+// registers per thread (65536 / (128 * min_blocks)); each value is the
+// highest occupancy at which ptxas still needs no spills. The dK/dV kernel
+// walks each 64-query tile in chunks of dkdv_qc queries: 32 is faster (fewer
+// K/V fragment reloads) but at DP = 80 needs 16 to fit 3 blocks per SM.
+template <int DP> struct Tune {
+    static constexpr int fwd_min_blocks = DP <= 64 ? 4 : 3;
+    static constexpr int dkdv_min_blocks = DP <= 80 ? 3 : 2;
+    static constexpr int dq_min_blocks = DP <= 96 ? 4 : 3;
+    static constexpr int dkdv_qc = DP == 80 ? 16 : 32;
+};
+
 __device__ __forceinline__ uint32_t smem_u32(const void *p) {
     return (uint32_t)__cvta_generic_to_shared(p);
 }
@@ -511,7 +523,7 @@ __device__ __forceinline__ void store_pair(bf16 *row, int col, int Dh, float v0,
 // each, loaded in separate cp.async groups so that V_j streams in during
 // S = Q K_j^T and K_{j+1} during the softmax and P V_j.
 template <int DP>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, Tune<DP>::fwd_min_blocks)
 attn_fwd_bf16(bf16 *__restrict__ out, float *__restrict__ lse, const bf16 *__restrict__ qkv,
               int T, int D, int H, int Dh, float scale_log2, int vec, int pair) {
     constexpr int SST = DP + 8, NT = DP / 8, KT = DP / 16;
@@ -648,21 +660,24 @@ attn_fwd_bf16(bf16 *__restrict__ out, float *__restrict__ lse, const bf16 *__res
 
 // ---- backward: dK, dV ----------------------------------------------------------
 // Block = 64 keys of one (b, h); warp w owns keys 16w..16w+15 and accumulates
-// their dK, dV in registers over all query tiles of BQ rows. Everything is
+// their dK, dV in registers over all query tiles of 64 rows. Everything is
 // computed transposed (keys as rows) so no accumulator has to move between
 // lanes:
 //   S^T = K Q^T, P^T = exp(S^T * scale - lse[q]), dP^T = V dO^T,
 //   dS^T = P^T (dP^T - Delta[q]), dV += P^T dO, dK += dS^T Q.
 // Delta[q] = sum_d dO[q,d] O[q,d] is computed per query tile from an O tile.
-template <int DP, int BQ>
-__global__ void __launch_bounds__(kThreads)
+template <int DP>
+__global__ void __launch_bounds__(kThreads, Tune<DP>::dkdv_min_blocks)
 attn_bwd_dkdv_bf16(bf16 *__restrict__ dqkv, const bf16 *__restrict__ dout,
                    const bf16 *__restrict__ qkv, const bf16 *__restrict__ out,
                    const float *__restrict__ lse, int T, int D, int H, int Dh, float scale,
                    float scale_log2, int vec, int pair) {
-    constexpr int SST = DP + 8, NT = DP / 8, KT = DP / 16, QN = BQ / 8, QK = BQ / 16;
+    constexpr int SST = DP + 8, NT = DP / 8, KT = DP / 16;
+    constexpr int BQ = BT;                                  // queries per tile
+    constexpr int QC = Tune<DP>::dkdv_qc, CN = QC / 8;      // query chunk, its n-tiles
     constexpr int TPQ = kThreads / BQ;  // threads per query in the Delta reduction
-    static_assert(TPQ >= 1 && TPQ <= 32 && (TPQ & (TPQ - 1)) == 0, "BQ must divide 128");
+    static_assert(BQ % QC == 0 && QC % 16 == 0, "chunks are whole k-blocks");
+    static_assert(kThreads % BQ == 0 && (TPQ & (TPQ - 1)) == 0, "Delta: 2^n threads per query");
     extern __shared__ __align__(16) unsigned char smem[];
     bf16 *sK = (bf16 *)smem, *sV = sK + BT * SST, *sQ = sV + BT * SST;
     bf16 *sDO = sQ + BQ * SST, *sO = sDO + BQ * SST;
@@ -717,77 +732,84 @@ attn_bwd_dkdv_bf16(bf16 *__restrict__ dqkv, const bf16 *__restrict__ dout,
         if (i + 1 < nqt) load_tile<BQ, DP>(sO, og + (int64_t)(qs + BQ) * D, D, min(BQ, T - qs - BQ), Dh, vec);
         cp_async_commit();
 
-        // S^T = K Q^T: 16 keys x BQ queries.
-        float st[QN][4];
+        // The query columns of S^T are independent (no reduction runs over
+        // queries), so the tile is processed in chunks of QC queries: only
+        // QC/8 S^T and dP^T tiles are live at once, which buys occupancy.
+#pragma unroll 1
+        for (int qc = 0; qc < BQ; qc += QC) {
+            // S^T = K Q^T: 16 keys x QC queries.
+            float st[CN][4];
 #pragma unroll
-        for (int n = 0; n < QN; n++) st[n][0] = st[n][1] = st[n][2] = st[n][3] = 0.0f;
+            for (int n = 0; n < CN; n++) st[n][0] = st[n][1] = st[n][2] = st[n][3] = 0.0f;
 #pragma unroll
-        for (int kk = 0; kk < KT; kk++) {
-            uint32_t ka[4];
-            ldsm_x4(ka, smem_u32(sK + (kw + lrow) * SST + kk * 16 + lcol));
+            for (int kk = 0; kk < KT; kk++) {
+                uint32_t ka[4];
+                ldsm_x4(ka, smem_u32(sK + (kw + lrow) * SST + kk * 16 + lcol));
 #pragma unroll
-            for (int np = 0; np < QK; np++) {
-                uint32_t r[4];
-                ldsm_x4(r, smem_u32(sQ + (np * 16 + lrow) * SST + kk * 16 + lcol));
-                mma_bf16(st[2 * np], ka, r[0], r[2]);
-                mma_bf16(st[2 * np + 1], ka, r[1], r[3]);
+                for (int np = 0; np < CN / 2; np++) {
+                    uint32_t r[4];
+                    ldsm_x4(r, smem_u32(sQ + (qc + np * 16 + lrow) * SST + kk * 16 + lcol));
+                    mma_bf16(st[2 * np], ka, r[0], r[2]);
+                    mma_bf16(st[2 * np + 1], ka, r[1], r[3]);
+                }
             }
-        }
-        // P^T; element (n, e) is key kw + g + 8 * (e >> 1), query qs + 8n + 2t + (e & 1).
+            // P^T; element (n, e) is key kw + g + 8 * (e >> 1), query
+            // qs + qc + 8n + 2t + (e & 1).
 #pragma unroll
-        for (int n = 0; n < QN; n++)
+            for (int n = 0; n < CN; n++)
 #pragma unroll
-            for (int e = 0; e < 4; e++)
-                st[n][e] = exp2f(st[n][e] * scale_log2 - sLse[8 * n + 2 * t + (e & 1)]);
+                for (int e = 0; e < 4; e++)
+                    st[n][e] = exp2f(st[n][e] * scale_log2 - sLse[qc + 8 * n + 2 * t + (e & 1)]);
 
-        // dV += P^T dO: k-blocks of 16 queries; dO tile is [query][dh], read transposed.
+            // dV += P^T dO: k-blocks of 16 queries; dO tile is [query][dh], read transposed.
 #pragma unroll
-        for (int kq = 0; kq < QK; kq++) {
-            uint32_t a[4];
-            c_to_a(a, st[2 * kq], st[2 * kq + 1]);
+            for (int kq = 0; kq < CN / 2; kq++) {
+                uint32_t a[4];
+                c_to_a(a, st[2 * kq], st[2 * kq + 1]);
 #pragma unroll
-            for (int nd = 0; nd < KT; nd++) {
-                uint32_t r[4];
-                ldsm_x4_t(r, smem_u32(sDO + (kq * 16 + lrow) * SST + nd * 16 + lcol));
-                mma_bf16(dv[2 * nd], a, r[0], r[1]);
-                mma_bf16(dv[2 * nd + 1], a, r[2], r[3]);
+                for (int nd = 0; nd < KT; nd++) {
+                    uint32_t r[4];
+                    ldsm_x4_t(r, smem_u32(sDO + (qc + kq * 16 + lrow) * SST + nd * 16 + lcol));
+                    mma_bf16(dv[2 * nd], a, r[0], r[1]);
+                    mma_bf16(dv[2 * nd + 1], a, r[2], r[3]);
+                }
             }
-        }
 
-        // dP^T = V dO^T: 16 keys x BQ queries.
-        float dpt[QN][4];
+            // dP^T = V dO^T: 16 keys x QC queries.
+            float dpt[CN][4];
 #pragma unroll
-        for (int n = 0; n < QN; n++) dpt[n][0] = dpt[n][1] = dpt[n][2] = dpt[n][3] = 0.0f;
+            for (int n = 0; n < CN; n++) dpt[n][0] = dpt[n][1] = dpt[n][2] = dpt[n][3] = 0.0f;
 #pragma unroll
-        for (int kk = 0; kk < KT; kk++) {
-            uint32_t va[4];
-            ldsm_x4(va, smem_u32(sV + (kw + lrow) * SST + kk * 16 + lcol));
+            for (int kk = 0; kk < KT; kk++) {
+                uint32_t va[4];
+                ldsm_x4(va, smem_u32(sV + (kw + lrow) * SST + kk * 16 + lcol));
 #pragma unroll
-            for (int np = 0; np < QK; np++) {
-                uint32_t r[4];
-                ldsm_x4(r, smem_u32(sDO + (np * 16 + lrow) * SST + kk * 16 + lcol));
-                mma_bf16(dpt[2 * np], va, r[0], r[2]);
-                mma_bf16(dpt[2 * np + 1], va, r[1], r[3]);
+                for (int np = 0; np < CN / 2; np++) {
+                    uint32_t r[4];
+                    ldsm_x4(r, smem_u32(sDO + (qc + np * 16 + lrow) * SST + kk * 16 + lcol));
+                    mma_bf16(dpt[2 * np], va, r[0], r[2]);
+                    mma_bf16(dpt[2 * np + 1], va, r[1], r[3]);
+                }
             }
-        }
-        // dS^T = P^T (dP^T - Delta[q]), in place.
+            // dS^T = P^T (dP^T - Delta[q]), in place.
 #pragma unroll
-        for (int n = 0; n < QN; n++)
+            for (int n = 0; n < CN; n++)
 #pragma unroll
-            for (int e = 0; e < 4; e++)
-                dpt[n][e] = st[n][e] * (dpt[n][e] - sDelta[8 * n + 2 * t + (e & 1)]);
+                for (int e = 0; e < 4; e++)
+                    dpt[n][e] = st[n][e] * (dpt[n][e] - sDelta[qc + 8 * n + 2 * t + (e & 1)]);
 
-        // dK += dS^T Q: Q tile is [query][dh], read transposed.
+            // dK += dS^T Q: Q tile is [query][dh], read transposed.
 #pragma unroll
-        for (int kq = 0; kq < QK; kq++) {
-            uint32_t a[4];
-            c_to_a(a, dpt[2 * kq], dpt[2 * kq + 1]);
+            for (int kq = 0; kq < CN / 2; kq++) {
+                uint32_t a[4];
+                c_to_a(a, dpt[2 * kq], dpt[2 * kq + 1]);
 #pragma unroll
-            for (int nd = 0; nd < KT; nd++) {
-                uint32_t r[4];
-                ldsm_x4_t(r, smem_u32(sQ + (kq * 16 + lrow) * SST + nd * 16 + lcol));
-                mma_bf16(dk[2 * nd], a, r[0], r[1]);
-                mma_bf16(dk[2 * nd + 1], a, r[2], r[3]);
+                for (int nd = 0; nd < KT; nd++) {
+                    uint32_t r[4];
+                    ldsm_x4_t(r, smem_u32(sQ + (qc + kq * 16 + lrow) * SST + nd * 16 + lcol));
+                    mma_bf16(dk[2 * nd], a, r[0], r[1]);
+                    mma_bf16(dk[2 * nd + 1], a, r[2], r[3]);
+                }
             }
         }
         __syncthreads();  // every warp is done with sQ, sDO, sLse, sDelta
@@ -820,7 +842,7 @@ attn_bwd_dkdv_bf16(bf16 *__restrict__ dqkv, const bf16 *__restrict__ dout,
 //   S = Q K^T, P = exp(S * scale - lse), dP = dO V^T, dS = P (dP - Delta),
 //   dQ += dS K.
 template <int DP>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, Tune<DP>::dq_min_blocks)
 attn_bwd_dq_bf16(bf16 *__restrict__ dqkv, const bf16 *__restrict__ dout,
                  const bf16 *__restrict__ qkv, const bf16 *__restrict__ out,
                  const float *__restrict__ lse, int T, int D, int H, int Dh, float scale,
@@ -881,65 +903,71 @@ attn_bwd_dq_bf16(bf16 *__restrict__ dqkv, const bf16 *__restrict__ dout,
         cp_async_wait<0>();
         __syncthreads();
 
-        // S = Q K^T: 16 queries x 64 keys.
-        float s[8][4];
+        // Keys are independent up to the dQ accumulation, so the tile is
+        // processed in two chunks of 32 keys: only 4 S and 4 dP tiles are
+        // live at once, which buys occupancy.
+#pragma unroll 1
+        for (int kc = 0; kc < BT; kc += 32) {
+            // S = Q K^T: 16 queries x 32 keys.
+            float s[4][4];
 #pragma unroll
-        for (int n = 0; n < 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+            for (int n = 0; n < 4; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
 #pragma unroll
-        for (int kk = 0; kk < KT; kk++) {
-            uint32_t qa[4];
-            ldsm_x4(qa, smem_u32(sQ + (wrow + lrow) * SST + kk * 16 + lcol));
+            for (int kk = 0; kk < KT; kk++) {
+                uint32_t qa[4];
+                ldsm_x4(qa, smem_u32(sQ + (wrow + lrow) * SST + kk * 16 + lcol));
 #pragma unroll
-            for (int np = 0; np < 4; np++) {
-                uint32_t r[4];
-                ldsm_x4(r, smem_u32(sK + (np * 16 + lrow) * SST + kk * 16 + lcol));
-                mma_bf16(s[2 * np], qa, r[0], r[2]);
-                mma_bf16(s[2 * np + 1], qa, r[1], r[3]);
+                for (int np = 0; np < 2; np++) {
+                    uint32_t r[4];
+                    ldsm_x4(r, smem_u32(sK + (kc + np * 16 + lrow) * SST + kk * 16 + lcol));
+                    mma_bf16(s[2 * np], qa, r[0], r[2]);
+                    mma_bf16(s[2 * np + 1], qa, r[1], r[3]);
+                }
             }
-        }
-        // P; element (n, e) is row g + 8 * (e >> 1), key k0 + 8n + 2t + (e & 1).
-        // Zero-filled keys past T would give exp(-lse) != 0: mask them.
+            // P; element (n, e) is row g + 8 * (e >> 1), key k0 + kc + 8n + 2t + (e & 1).
+            // Zero-filled keys past T would give exp(-lse) != 0: mask them.
 #pragma unroll
-        for (int n = 0; n < 8; n++)
+            for (int n = 0; n < 4; n++)
 #pragma unroll
-            for (int e = 0; e < 4; e++)
-                s[n][e] = k0 + 8 * n + 2 * t + (e & 1) < T
-                              ? exp2f(s[n][e] * scale_log2 - rlse[e >> 1])
-                              : 0.0f;
+                for (int e = 0; e < 4; e++)
+                    s[n][e] = k0 + kc + 8 * n + 2 * t + (e & 1) < T
+                                  ? exp2f(s[n][e] * scale_log2 - rlse[e >> 1])
+                                  : 0.0f;
 
-        // dP = dO V^T: V tile [key][dh] is the B operand as stored.
-        float dp[8][4];
+            // dP = dO V^T: V tile [key][dh] is the B operand as stored.
+            float dp[4][4];
 #pragma unroll
-        for (int n = 0; n < 8; n++) dp[n][0] = dp[n][1] = dp[n][2] = dp[n][3] = 0.0f;
+            for (int n = 0; n < 4; n++) dp[n][0] = dp[n][1] = dp[n][2] = dp[n][3] = 0.0f;
 #pragma unroll
-        for (int kk = 0; kk < KT; kk++) {
-            uint32_t da[4];
-            ldsm_x4(da, smem_u32(sDO + (wrow + lrow) * SST + kk * 16 + lcol));
+            for (int kk = 0; kk < KT; kk++) {
+                uint32_t da[4];
+                ldsm_x4(da, smem_u32(sDO + (wrow + lrow) * SST + kk * 16 + lcol));
 #pragma unroll
-            for (int np = 0; np < 4; np++) {
-                uint32_t r[4];
-                ldsm_x4(r, smem_u32(sV + (np * 16 + lrow) * SST + kk * 16 + lcol));
-                mma_bf16(dp[2 * np], da, r[0], r[2]);
-                mma_bf16(dp[2 * np + 1], da, r[1], r[3]);
+                for (int np = 0; np < 2; np++) {
+                    uint32_t r[4];
+                    ldsm_x4(r, smem_u32(sV + (kc + np * 16 + lrow) * SST + kk * 16 + lcol));
+                    mma_bf16(dp[2 * np], da, r[0], r[2]);
+                    mma_bf16(dp[2 * np + 1], da, r[1], r[3]);
+                }
             }
-        }
-        // dS = P (dP - Delta), in place.
+            // dS = P (dP - Delta), in place.
 #pragma unroll
-        for (int n = 0; n < 8; n++)
+            for (int n = 0; n < 4; n++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) dp[n][e] = s[n][e] * (dp[n][e] - rdelta[e >> 1]);
+                for (int e = 0; e < 4; e++) dp[n][e] = s[n][e] * (dp[n][e] - rdelta[e >> 1]);
 
-        // dQ += dS K: K tile [key][dh], read transposed.
+            // dQ += dS K: K tile [key][dh], read transposed.
 #pragma unroll
-        for (int kk = 0; kk < 4; kk++) {
-            uint32_t a[4];
-            c_to_a(a, dp[2 * kk], dp[2 * kk + 1]);
+            for (int kk = 0; kk < 2; kk++) {
+                uint32_t a[4];
+                c_to_a(a, dp[2 * kk], dp[2 * kk + 1]);
 #pragma unroll
-            for (int nd = 0; nd < KT; nd++) {
-                uint32_t r[4];
-                ldsm_x4_t(r, smem_u32(sK + (kk * 16 + lrow) * SST + nd * 16 + lcol));
-                mma_bf16(dq[2 * nd], a, r[0], r[1]);
-                mma_bf16(dq[2 * nd + 1], a, r[2], r[3]);
+                for (int nd = 0; nd < KT; nd++) {
+                    uint32_t r[4];
+                    ldsm_x4_t(r, smem_u32(sK + (kc + kk * 16 + lrow) * SST + nd * 16 + lcol));
+                    mma_bf16(dq[2 * nd], a, r[0], r[1]);
+                    mma_bf16(dq[2 * nd + 1], a, r[2], r[3]);
+                }
             }
         }
         __syncthreads();  // every warp is done with sK, sV
@@ -967,17 +995,12 @@ attn_bwd_dq_bf16(bf16 *__restrict__ dqkv, const bf16 *__restrict__ dout,
 // ============================================================================
 // Shared memory of each bf16 kernel, in bytes.
 template <int DP> static size_t fwd_smem() { return (size_t)3 * BT * (DP + 8) * sizeof(bf16); }
-template <int DP, int BQ> static size_t dkdv_smem() {
-    return (size_t)(2 * BT + 3 * BQ) * (DP + 8) * sizeof(bf16) + 2 * BQ * sizeof(float);
+template <int DP> static size_t dkdv_smem() {
+    return (size_t)5 * BT * (DP + 8) * sizeof(bf16) + 2 * BT * sizeof(float);
 }
 template <int DP> static size_t dq_smem() {
     return (size_t)4 * BT * (DP + 8) * sizeof(bf16) + 2 * BT * sizeof(float);
 }
-
-// Query-tile height of the dK/dV kernel: 64 where the registers allow it. At
-// DP > 80 the dK and dV accumulators alone take DP registers per thread, so
-// the S^T and dP^T tiles shrink to 32 queries to stay clear of spills.
-template <int DP> struct DkdvBq { static const int v = DP <= 80 ? 64 : 32; };
 
 // Blocks that need more than the default 48 KB of dynamic shared memory must
 // opt in. Setting it at every launch is cheap, per current device, and legal
@@ -1012,11 +1035,10 @@ static void launch_fwd(const AttnArgs &a, void *out, float *lse, const void *qkv
 template <int DP>
 static void launch_bwd(const AttnArgs &a, void *dqkv, const void *dout, const void *qkv,
                        const void *out, const float *lse) {
-    constexpr int BQ = DkdvBq<DP>::v;
-    const size_t sm1 = dkdv_smem<DP, BQ>(), sm2 = dq_smem<DP>();
-    allow_smem((const void *)attn_bwd_dkdv_bf16<DP, BQ>, sm1);
+    const size_t sm1 = dkdv_smem<DP>(), sm2 = dq_smem<DP>();
+    allow_smem((const void *)attn_bwd_dkdv_bf16<DP>, sm1);
     allow_smem((const void *)attn_bwd_dq_bf16<DP>, sm2);
-    attn_bwd_dkdv_bf16<DP, BQ><<<a.grid, kThreads, sm1, a.s>>>(
+    attn_bwd_dkdv_bf16<DP><<<a.grid, kThreads, sm1, a.s>>>(
         (bf16 *)dqkv, (const bf16 *)dout, (const bf16 *)qkv, (const bf16 *)out, lse, a.T, a.D,
         a.H, a.Dh, a.scale, a.scale * kLog2e, a.vec, a.pair);
     attn_bwd_dq_bf16<DP><<<a.grid, kThreads, sm2, a.s>>>(
