@@ -157,8 +157,8 @@ static void test_pointwise(void) {
     pair s = rand_pair((int64_t)B * T * D, DC_F32, -2, 2), pos = rand_pair((int64_t)T * D, DC_F32, -1, 1);
     g_cpu->add_rows(g_cpu, s.c, pos.c, B, T, D), g_gpu->add_rows(g_gpu, s.g, pos.g, B, T, D);
     compare("add_rows", s, 1e-6);
-    pair cst = nan_pair(n, g_ct);
-    g_cpu->cast(g_cpu, cst.c, acc.c, n), g_gpu->cast(g_gpu, cst.g, acc.g, n);
+    pair src = rand_pair(n, DC_F32, -3, 3), cst = nan_pair(n, g_ct);
+    g_cpu->cast(g_cpu, cst.c, src.c, n), g_gpu->cast(g_gpu, cst.g, src.g, n);
     compare("cast fp32 -> compute", cst, g_ct == DC_F32 ? 0 : 4e-3);
     release();
 }

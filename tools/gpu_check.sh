@@ -51,10 +51,11 @@ if has check; then
   note "test_ops on cuda-fp32 vs float64: $r, $(tail -1 "$OUT/test_ops_gpu.log")"
 
   # forward on the golden model: GPU fp32 within 1e-4, bf16 within 2e-2 of the CPU
-  g=tests/golden/dit_b.safetensors
-  $D forward --weights "$g" --input "$g" --output "$OUT/fwd_cpu.safetensors" --device cpu > /dev/null
-  $D forward --weights "$g" --input "$g" --output "$OUT/fwd_f32.safetensors" --device cuda --precision fp32 > /dev/null
-  $D forward --weights "$g" --input "$g" --output "$OUT/fwd_bf16.safetensors" --device cuda --precision bf16 > /dev/null
+  g=tests/golden/dit_b.safetensors in=$OUT/fwd_in.safetensors
+  python3 tools/st_read.py extract "$g" "$in" input.
+  $D forward --weights "$g" --input "$in" --output "$OUT/fwd_cpu.safetensors" --device cpu > /dev/null
+  $D forward --weights "$g" --input "$in" --output "$OUT/fwd_f32.safetensors" --device cuda --precision fp32 > /dev/null
+  $D forward --weights "$g" --input "$in" --output "$OUT/fwd_bf16.safetensors" --device cuda --precision bf16 > /dev/null
   note "$(python3 tools/compare_tensors.py out "$OUT/fwd_cpu.safetensors" "$OUT/fwd_f32.safetensors" 1e-4 'forward fp32 GPU vs CPU')"
   note "$(python3 tools/compare_tensors.py out "$OUT/fwd_cpu.safetensors" "$OUT/fwd_bf16.safetensors" 2e-2 'forward bf16 GPU vs CPU')"
 
@@ -72,7 +73,7 @@ if has check; then
   done
   $D sample --ckpt "$OUT/train_cpu" --classes 0-9 --per-class 2 --steps 20 --seed 9 --device cuda \
     --precision fp32 --tensor-out "$OUT/sample_cpu_ckpt_on_gpu.safetensors" --out-dir "$OUT/samples_x" > /dev/null 2>&1
-  note "$(python3 tools/compare_tensors.py images "$OUT/sample_cpu.safetensors" "$OUT/sample_cpu_ckpt_on_gpu.safetensors" 1e-3 'CPU checkpoint sampled on GPU (fp32) vs CPU, same seed')"
+  note "$(python3 tools/compare_tensors.py samples "$OUT/sample_cpu.safetensors" "$OUT/sample_cpu_ckpt_on_gpu.safetensors" 1e-3 'CPU checkpoint sampled on GPU (fp32) vs CPU, same seed')"
 fi
 
 if has sanitize; then

@@ -1,4 +1,4 @@
-"""Minimal safetensors reader (numpy only), for the comparison tools."""
+"""Minimal safetensors reader and writer (numpy only), for the comparison tools."""
 import json
 import struct
 
@@ -25,3 +25,35 @@ def read(path):
             arr = np.frombuffer(blob[8 + n + a:8 + n + b], dtype=_DT[v["dtype"]])
         out[k] = arr.reshape(v["shape"])
     return out
+
+
+def write(path, tensors):
+    """tensors: name -> numpy array (float32, float64, int64, int32 or uint8)."""
+    names = {np.dtype(np.float32): "F32", np.dtype(np.float64): "F64", np.dtype(np.int64): "I64",
+             np.dtype(np.int32): "I32", np.dtype(np.uint8): "U8"}
+    head, off, blobs = {}, 0, []
+    for k, a in tensors.items():
+        a = np.ascontiguousarray(a)
+        b = a.tobytes()
+        head[k] = {"dtype": names[a.dtype], "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
+        off += len(b)
+        blobs.append(b)
+    h = json.dumps(head).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+if __name__ == "__main__":
+    # python3 tools/st_read.py extract SRC DST PREFIX: copies SRC's tensors named PREFIX<name>
+    # to DST as <name> (e.g. a golden file's input.x, input.t, input.y -> x, t, y)
+    import sys
+    if len(sys.argv) == 5 and sys.argv[1] == "extract":
+        src = read(sys.argv[2])
+        p = sys.argv[4]
+        out = {k[len(p):]: v for k, v in src.items() if k.startswith(p)}
+        if "y" in out:
+            out["y"] = out["y"].astype(np.int64)
+        write(sys.argv[3], out)
+    else:
+        sys.exit("usage: st_read.py extract SRC DST PREFIX")
