@@ -608,7 +608,7 @@ static void test_adamw(void) {
         dc_adamw_step h = {(float)lr, (float)b1, (float)b2, (float)eps, (float)wd,
                            (float)(1 - pow(b1, s)), (float)(1 - pow(b2, s)), (float)gs,
                            (float)decay};
-        g_be->adamw(g_be, pd, gd, md, vd, ed, dc_buf_none(), n, &h);
+        g_be->adamw(g_be, pd, gd, md, vd, ed, dc_buf_none(), dc_buf_none(), n, &h);
         // The formula of backend.h in double, from the same (float) hyperparameters:
         // 1 - (float)0.999 is itself 1.3e-5 away from 0.001.
         const double B1 = h.beta1, B2 = h.beta2, LR = h.lr, WD = h.weight_decay;
@@ -632,15 +632,24 @@ static void test_adamw(void) {
     dev_free_all();
 }
 
-static void test_sumsq(void) {
+static void test_grad_norm(void) {
     const int64_t ns = 1000003;
     float *x = host_rand(ns, -3, 3);
     double ref = 0;
     for (int64_t i = 0; i < ns; i++) ref += (double)x[i] * x[i];
     dc_buf xd = dev_from(x, ns);
-    double s = g_be->sumsq(g_be, xd, ns);
-    // Double accumulation of exact float squares: only double rounding remains.
-    report("sumsq (double)", fabs(s - ref) / ref, 1e-12);
+    dc_buf out = dev_nan(2);
+    float got[2];
+    for (int k = 0; k < 2; k++) {
+        float max_norm = k == 0 ? 0.5f * (float)sqrt(ref) : 0.0f;  // clipping on, then off
+        g_be->grad_norm(g_be, out, xd, ns, max_norm);
+        g_be->download(g_be, got, out.p, sizeof got);
+        // Double accumulation of exact float squares; the norm is then rounded to float.
+        report("grad_norm", fabs(got[0] - sqrt(ref)) / sqrt(ref), 1e-7);
+        double want = k == 0 ? max_norm / (sqrt(ref) + 1e-6) : 1.0;
+        report(k == 0 ? "grad_norm clip factor" : "grad_norm factor without clipping",
+               fabs(got[1] - want) / want, 1e-6);
+    }
     free(x);
     dev_free_all();
 }
@@ -676,7 +685,7 @@ int main(int argc, char **argv) {
     test_timestep_embed(3, 5);
     test_embed();
     test_adamw();
-    test_sumsq();
+    test_grad_norm();
     printf("%d of %d checks passed (seed %llu)\n", g_count - g_fail, g_count,
            (unsigned long long)seed);
     dc_backend_destroy(g_be);

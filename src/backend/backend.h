@@ -133,10 +133,14 @@ struct dc_backend {
     // p -= lr (m/bc1 / (sqrt(v/bc2) + eps) + wd p)
     // then, if ema.p: ema = ema_decay ema + (1 - ema_decay) p (fp32),
     // and, if pc.p: pc = p in pc's dtype (the compute copy of the weights).
+    // If scale.p, g is also multiplied by scale[0] (F32 on the backend: the
+    // clipping factor grad_norm left there, so the host never waits for it).
     void (*adamw)(dc_backend *be, dc_buf p, dc_buf grad, dc_buf m, dc_buf v, dc_buf ema,
-                  dc_buf pc, int64_t n, const dc_adamw_step *h);
-    // Returns sum(x^2) to the host (accumulated in double).
-    double (*sumsq)(dc_backend *be, dc_buf x, int64_t n);
+                  dc_buf pc, dc_buf scale, int64_t n, const dc_adamw_step *h);
+    // Global gradient norm, left on the backend: out[0] = sqrt(sum g^2)
+    // (summed in double in a fixed order), out[1] = max_norm / (norm + 1e-6)
+    // if max_norm > 0 and norm > max_norm, else 1. out: F32 [2].
+    void (*grad_norm)(dc_backend *be, dc_buf out, dc_buf g, int64_t n, float max_norm);
 
     // ---- optional: NULL where a backend has no such thing -------------------------
     // Device memory this backend holds now and its peak since creation, in bytes.

@@ -73,6 +73,11 @@ typedef struct {
 } dc_step_coef;
 
 // ---- optimisation ---------------------------------------------------------------
+// The clipping factor for a gradient of global norm `norm`.
+DC_HD float dc_clip_factor(double norm, float max_norm) {
+    return max_norm > 0 && norm > max_norm ? (float)(max_norm / (norm + 1e-6)) : 1.0f;
+}
+
 typedef struct {
     float lr, beta1, beta2, eps, weight_decay;
     float bias_corr1, bias_corr2;         // 1 - beta^step

@@ -1,5 +1,6 @@
 // diffusion train: train a DiT from scratch or resume a run.
 #include <dirent.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -218,22 +219,34 @@ int cmd_train(int argc, char **argv) {
     dc_log("batch %d (micro %d), lr %g, %d steps, checkpoints every %d into %s, backend %s",
            tc.batch, tc.micro_batch, tc.lr, tc.steps, ckpt_every, out, be->name);
 
-    double t0 = dc_time_now(), smooth = 0;
-    int64_t first = tr.step;
+    double t0 = dc_time_now(), smooth = 0, shown = 0;
+    int64_t first = tr.step, seen = first;
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
     while (tr.step < tc.steps) {
-        dc_step_stats st;
-        if (dc_trainer_step(&tr, &st)) goto fail;
-        smooth = tr.step == first + 1 ? st.loss : 0.98 * smooth + 0.02 * st.loss;
-        double el = dc_time_now() - t0, per = el / (double)(tr.step - first);
-        char eta[32];
-        bool last = tr.step == tc.steps;
-        if (dc_log_is_tty() || tr.step % log_every == 0 || last || tr.step == first + 1)
-            dc_progress(last, "step %lld/%d  loss %.4f (mse %.4f vb %.4f)  avg %.4f  |g| %.3f  %.1f img/s  ETA %s",
-                        (long long)tr.step, tc.steps, st.loss, st.mse, st.vb, smooth, st.grad_norm,
-                        tc.batch / per, dc_format_duration(per * (tc.steps - tr.step), eta, sizeof eta));
-        if (tr.step % ckpt_every == 0 || last || g_stop) {
+        // Steps only queue work; the statistics (which wait for the device)
+        // are read for a log line, a checkpoint or the end.
+        if (dc_trainer_step(&tr, NULL)) goto fail;
+        bool last = tr.step == tc.steps, save_now = tr.step % ckpt_every == 0 || last || g_stop;
+        bool tty_due = dc_log_is_tty() && dc_time_now() - shown >= 0.25;
+        bool log_now = tty_due || tr.step % log_every == 0 || last || tr.step == first + 1;
+        if (log_now || save_now) {
+            dc_step_stats st;
+            if (dc_trainer_stats(&tr, &st)) goto fail;
+            // running mean with weight 0.98 per step, over the steps since the last reading
+            double w = pow(0.98, (double)(tr.step - seen));
+            smooth = seen == first ? st.loss : w * smooth + (1 - w) * st.loss;
+            seen = tr.step;
+            double el = dc_time_now() - t0, per = el / (double)(tr.step - first);
+            char eta[32];
+            if (log_now) {
+                shown = dc_time_now();
+                dc_progress(last, "step %lld/%d  loss %.4f (mse %.4f vb %.4f)  avg %.4f  |g| %.3f  %.1f img/s  ETA %s",
+                            (long long)tr.step, tc.steps, st.loss, st.mse, st.vb, smooth, st.grad_norm,
+                            tc.batch / per, dc_format_duration(per * (tc.steps - tr.step), eta, sizeof eta));
+            }
+        }
+        if (save_now) {
             if (save(&tr, out, keep, ckpt_every, data_path)) goto fail;
         }
         if (g_stop && !last) {

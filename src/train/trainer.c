@@ -134,14 +134,16 @@ int dc_trainer_init(dc_trainer *tr, dc_dit *model, const dc_dataset *data,
     tr->eps = alloc_buf(be, mb * img, DC_F32, &ok);
     tr->out = alloc_buf(be, mb * oimg, DC_F32, &ok);
     tr->dout = alloc_buf(be, mb * oimg, DC_F32, &ok);
-    tr->losses = alloc_buf(be, mb * 2, DC_F32, &ok);
+    tr->losses = alloc_buf(be, (int64_t)cfg->batch * 2, DC_F32, &ok);
+    tr->gstats = alloc_buf(be, 2, DC_F32, &ok);
+    tr->h_losses = malloc((size_t)cfg->batch * 2 * sizeof(float));
     tr->t = alloc_buf(be, mb, DC_F32, &ok);
     tr->y = alloc_buf(be, mb, DC_I32, &ok);
     tr->h_x0 = malloc(mb * img * sizeof(float));
     tr->h_t = malloc(mb * sizeof(int));
     tr->h_y = malloc(mb * sizeof(int32_t)), tr->h_keys = malloc(mb * sizeof(uint32_t));
     tr->h_coef = malloc(mb * sizeof(dc_loss_coef));
-    if (!ok || !tr->h_x0 || !tr->h_t || !tr->h_y ||
+    if (!ok || !tr->h_x0 || !tr->h_t || !tr->h_y || !tr->h_losses ||
         !tr->h_keys || !tr->h_coef) {
         dc_trainer_free(tr);
         return dc_fail("out of memory for the training state");
@@ -156,14 +158,14 @@ void dc_trainer_free(dc_trainer *tr) {
     dc_backend *be = tr->be;
     if (be) {
         dc_buf *bufs[] = {&tr->ema, &tr->adam_m, &tr->adam_v, &tr->x0, &tr->xt, &tr->eps,
-                          &tr->out, &tr->dout, &tr->losses, &tr->t, &tr->y};
+                          &tr->out, &tr->dout, &tr->losses, &tr->gstats, &tr->t, &tr->y};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             if (bufs[i]->p) be->free(be, bufs[i]->p);
         dc_schedule_free(&tr->sched);
         dc_order_free(&tr->order);
     }
     free(tr->h_x0), free(tr->h_t);
-    free(tr->h_y), free(tr->h_keys), free(tr->h_coef);
+    free(tr->h_y), free(tr->h_keys), free(tr->h_coef), free(tr->h_losses);
     memset(tr, 0, sizeof *tr);
 }
 
@@ -194,8 +196,9 @@ int dc_trainer_step(dc_trainer *tr, dc_step_stats *st) {
     const dc_dit_config *mc = &m->cfg;
     int C = mc->in_channels;
     int64_t HW = (int64_t)mc->input_size * mc->input_size, np = m->params.numel;
-    double sum_mse = 0, sum_vb = 0;
 
+    // Nothing here waits for the backend: losses and the gradient norm stay
+    // there until dc_trainer_stats reads them.
     be->zero(be, m->params.grad.p, (size_t)np * sizeof(float));
     for (int done = 0; done < c->batch; done += c->micro_batch) {
         int n = c->batch - done < c->micro_batch ? c->batch - done : c->micro_batch;
@@ -207,25 +210,18 @@ int dc_trainer_step(dc_trainer *tr, dc_step_stats *st) {
                                           tr->h_t, tr->h_keys, n, C * HW, c->seed, (uint32_t)tr->step));
         DC_TRY(dc_dit_forward(m, tr->out, tr->xt, tr->t, tr->y, n));
         // d(mean over the global batch)/d out: each image weighs 1 / batch
-        double mse, vb;
-        DC_TRY(dc_diffusion_loss(be, tr->dout, tr->losses, tr->out, tr->x0, tr->xt, tr->eps,
-                                 tr->h_coef, n, C, HW, 1.0f / c->batch, &mse, &vb));
+        DC_TRY(dc_diffusion_loss(be, tr->dout, dc_buf_at(tr->losses, 2 * (int64_t)done), tr->out, tr->x0,
+                                 tr->xt, tr->eps, tr->h_coef, n, C, HW, 1.0f / c->batch, NULL, NULL));
         DC_TRY(dc_dit_backward(m, tr->dout, n));
-        sum_mse += mse, sum_vb += vb;
     }
-    if (!isfinite(sum_mse + sum_vb))
-        return dc_fail("loss became %g at step %lld; lower --lr or enable --grad-clip",
-                       sum_mse + sum_vb, (long long)tr->step + 1);
 
-    double norm = sqrt(be->sumsq(be, m->params.grad, np));
-    if (!isfinite(norm))
-        return dc_fail("gradient norm became %g at step %lld; lower --lr or enable --grad-clip",
-                       norm, (long long)tr->step + 1);
-    float clip = c->grad_clip > 0 && norm > c->grad_clip ? (float)(c->grad_clip / (norm + 1e-6)) : 1.0f;
+    // the norm and the clipping factor stay on the backend; AdamW reads the factor
+    be->grad_norm(be, tr->gstats, m->params.grad, np, c->grad_clip);
     int64_t s = tr->step + 1;
     float lr = c->warmup > 0 && s < c->warmup ? c->lr * (float)s / c->warmup : c->lr;
+    tr->last_lr = lr;
     dc_adamw_step h = {lr, c->beta1, c->beta2, c->adam_eps, c->weight_decay,
-                       1.0f - powf(c->beta1, (float)s), 1.0f - powf(c->beta2, (float)s), clip,
+                       1.0f - powf(c->beta1, (float)s), 1.0f - powf(c->beta2, (float)s), 1.0f,
                        c->ema_decay};
     // AdamW, EMA and the compute copy in one pass over each run of trainable
     // parameters (pos_embed is fixed, so its EMA and compute copy stay as they are).
@@ -236,12 +232,29 @@ int dc_trainer_step(dc_trainer *tr, dc_step_stats *st) {
         while (j + 1 < ps->count && ps->items[j + 1].trainable) j++;
         int64_t off = ps->items[i].offset, n = ps->items[j].offset + ps->items[j].numel - off;
         be->adamw(be, dc_buf_at(ps->data, off), dc_buf_at(ps->grad, off), dc_buf_at(tr->adam_m, off),
-                  dc_buf_at(tr->adam_v, off), dc_buf_at(tr->ema, off), dc_buf_at(ps->wc, off), n, &h);
+                  dc_buf_at(tr->adam_v, off), dc_buf_at(tr->ema, off), dc_buf_at(ps->wc, off),
+                  dc_buf_at(tr->gstats, 1), n, &h);
         i = j + 1;
     }
     tr->step = s;
     tr->samples_seen += c->batch;
-    if (st) *st = (dc_step_stats){(sum_mse + sum_vb) / c->batch, sum_mse / c->batch,
-                                  sum_vb / c->batch, norm, lr};
+    return st ? dc_trainer_stats(tr, st) : 0;
+}
+
+int dc_trainer_stats(dc_trainer *tr, dc_step_stats *st) {
+    dc_backend *be = tr->be;
+    int B = tr->cfg.batch;
+    float g[2];
+    be->download(be, tr->h_losses, tr->losses.p, (size_t)B * 2 * sizeof(float));
+    be->download(be, g, tr->gstats.p, sizeof g);
+    double mse = 0, vb = 0;
+    for (int i = 0; i < B; i++) mse += tr->h_losses[2 * i], vb += tr->h_losses[2 * i + 1];
+    *st = (dc_step_stats){(mse + vb) / B, mse / B, vb / B, g[0], tr->last_lr};
+    if (!isfinite(mse + vb))
+        return dc_fail("loss became %g by step %lld; lower --lr or enable --grad-clip", mse + vb,
+                       (long long)tr->step);
+    if (!isfinite(g[0]))
+        return dc_fail("gradient norm became %g by step %lld; lower --lr or enable --grad-clip", g[0],
+                       (long long)tr->step);
     return 0;
 }

@@ -54,7 +54,9 @@ typedef struct {
     int64_t samples_seen;        // images consumed (the data position)
     // one micro-batch on the backend
     dc_buf x0, xt, eps, out, dout;  // [mb, C, H, W] (out, dout: [mb, OC, H, W])
-    dc_buf losses;                  // [mb, 2] (mse, vb)
+    dc_buf losses;                  // [batch, 2] (mse, vb) of the last step
+    dc_buf gstats;                  // [2] its gradient norm and clipping factor
+    float last_lr;
     dc_buf t, y;                    // [mb] float timesteps, int32 labels
     // host staging
     float *h_x0;
@@ -62,6 +64,7 @@ typedef struct {
     int32_t *h_y;
     uint32_t *h_keys;
     dc_loss_coef *h_coef;
+    float *h_losses;
 } dc_trainer;
 
 // Sets up training of `model` (created with gradients) on `data`; the EMA
@@ -69,8 +72,13 @@ typedef struct {
 int dc_trainer_init(dc_trainer *tr, dc_dit *model, const dc_dataset *data,
                     const dc_train_config *cfg);
 void dc_trainer_free(dc_trainer *tr);
-// One optimizer step over cfg.batch images.
+// One optimizer step over cfg.batch images. With stats NULL it only queues
+// work on the backend (no waiting); otherwise it also reads the step's
+// statistics, as dc_trainer_stats.
 int dc_trainer_step(dc_trainer *tr, dc_step_stats *stats);
+// Waits for the last step and reads its losses and gradient norm; fails if
+// either has become NaN or infinite (the run diverged by that step).
+int dc_trainer_stats(dc_trainer *tr, dc_step_stats *stats);
 
 // Checkpoints: raw weights under the official keys, EMA under "ema.<key>",
 // AdamW moments as "train.adam_m" / "train.adam_v", and model config,

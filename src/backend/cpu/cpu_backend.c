@@ -130,7 +130,7 @@ dc_backend *dc_backend_cpu_create(void) {
         .cfg_combine = dc_cpu_cfg_combine,
         .sampler_step = dc_cpu_sampler_step,
         .adamw = dc_cpu_adamw,
-        .sumsq = dc_cpu_sumsq,
+        .grad_norm = dc_cpu_grad_norm,
     };
     return be;
 }

@@ -108,6 +108,6 @@ void dc_cpu_sampler_step(dc_backend *be, dc_buf x, dc_buf out, dc_buf z,
 
 // ---- optimisation (cpu_optim.c) -----------------------------------------------
 void dc_cpu_adamw(dc_backend *be, dc_buf p, dc_buf grad, dc_buf m, dc_buf v, dc_buf ema,
-                  dc_buf pc, int64_t n, const dc_adamw_step *h);
+                  dc_buf pc, dc_buf scale, int64_t n, const dc_adamw_step *h);
+void dc_cpu_grad_norm(dc_backend *be, dc_buf out, dc_buf g, int64_t n, float max_norm);
 void dc_cpu_cast(dc_backend *be, dc_buf dst, dc_buf src, int64_t n);
-double dc_cpu_sumsq(dc_backend *be, dc_buf x, int64_t n);

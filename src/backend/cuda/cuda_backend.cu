@@ -171,7 +171,6 @@ static void cu_destroy(dc_backend *be) {
     if (c->lt) cublasLtDestroy(c->lt);
     cudaFree(c->lt_ws);
     cudaFree(c->red);
-    cudaFreeHost(c->red_host);
     cudaFreeHost(c->ring);
     for (int i = 0; i < 8; i++)
         if (c->ring_ev[i]) cudaEventDestroy(c->ring_ev[i]);
@@ -208,7 +207,6 @@ extern "C" dc_backend *dc_backend_cuda_create(bool fp32) {
     c->lt_ws_bytes = (size_t)64 << 20;
     DC_CUDA(cudaMalloc(&c->lt_ws, c->lt_ws_bytes));
     DC_CUDA(cudaMalloc((void **)&c->red, 1024 * sizeof(double)));
-    DC_CUDA(cudaMallocHost((void **)&c->red_host, 1024 * sizeof(double)));
     DC_CUDA(cudaMallocHost((void **)&c->ring, DC_CUDA_RING_BYTES));
     for (int i = 0; i < 8; i++) {
         DC_CUDA(cudaEventCreateWithFlags(&c->ring_ev[i], cudaEventDisableTiming));
@@ -254,7 +252,7 @@ extern "C" dc_backend *dc_backend_cuda_create(bool fp32) {
         .cfg_combine = dc_cuda_cfg_combine,
         .sampler_step = dc_cuda_sampler_step,
         .adamw = dc_cuda_adamw,
-        .sumsq = dc_cuda_sumsq,
+        .grad_norm = dc_cuda_grad_norm,
         .memory = cu_memory,
         .graph_capture = cu_graph_capture,
         .graph_launch = cu_graph_launch,

@@ -22,8 +22,7 @@ typedef struct {
     size_t lt_ws_bytes;
     dc_gemm_plan *plans;      // cached matmul descriptors and algorithms
     int nplans, cap_plans;
-    double *red;              // reduction scratch (sumsq partials)
-    double *red_host;         // pinned copy of the partials
+    double *red;              // reduction scratch (gradient-norm partials)
     char *ring;               // pinned upload staging ring
     size_t ring_head;
     cudaEvent_t ring_ev[8];   // the last copy out of each eighth of the ring
@@ -109,8 +108,8 @@ void dc_cuda_sampler_step(dc_backend *be, dc_buf x, dc_buf out, dc_buf z, const 
 
 // ---- optimisation (cuda_optim.cu) ----
 void dc_cuda_adamw(dc_backend *be, dc_buf p, dc_buf grad, dc_buf m, dc_buf v, dc_buf ema, dc_buf pc,
-                   int64_t n, const dc_adamw_step *h);
-double dc_cuda_sumsq(dc_backend *be, dc_buf x, int64_t n);
+                   dc_buf scale, int64_t n, const dc_adamw_step *h);
+void dc_cuda_grad_norm(dc_backend *be, dc_buf out, dc_buf g, int64_t n, float max_norm);
 
 #ifdef __cplusplus
 }

@@ -1,11 +1,13 @@
 // Optimiser ops on the GPU: AdamW fused with the EMA update and the refresh
 // of the bf16 compute copy (one pass over the parameters, reading p, g, m, v,
-// ema and writing p, m, v, ema, pc), and the gradient's sum of squares.
+// ema and writing p, m, v, ema, pc), and the global gradient norm with its
+// clipping factor, which stay on the device for AdamW to read.
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/cuda_ops.h"
 
 __global__ void k_adamw(float *p, const float *g, float *m, float *v, float *ema, void *pc, int pcbf,
-                        int64_t n, dc_adamw_step h) {
+                        const float *scale, int64_t n, dc_adamw_step h) {
+    if (scale) h.grad_scale *= *scale;
     const float keep = h.ema_decay, take = 1.0f - h.ema_decay;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         float pp = p[i], mm = m[i], vv = v[i];
@@ -17,15 +19,15 @@ __global__ void k_adamw(float *p, const float *g, float *m, float *v, float *ema
 }
 
 extern "C" void dc_cuda_adamw(dc_backend *be, dc_buf p, dc_buf grad, dc_buf m, dc_buf v, dc_buf ema, dc_buf pc,
-                              int64_t n, const dc_adamw_step *h) {
+                              dc_buf scale, int64_t n, const dc_adamw_step *h) {
     if (n <= 0) return;
     k_adamw<<<dc_blocks(n, 256), 256, 0, dc_cuda(be)->stream>>>((float *)p.p, (const float *)grad.p, (float *)m.p,
                                                                 (float *)v.p, (float *)ema.p, pc.p,
-                                                                pc.dt == DC_BF16, n, *h);
+                                                                pc.dt == DC_BF16, (const float *)scale.p, n, *h);
     DC_CUDA_LAUNCHED();
 }
 
-// A fixed grid of NB blocks, each summing a fixed slice in double; the host
+// A fixed grid of NB blocks, each summing a fixed slice in double; one thread
 // adds the NB partials in order. The result does not depend on timing.
 enum { NB = 512, TPB = 256 };
 __global__ void k_sumsq(double *part, const void *x, int bf, int64_t n) {
@@ -45,14 +47,18 @@ __global__ void k_sumsq(double *part, const void *x, int bf, int64_t n) {
     if (threadIdx.x == 0) part[blockIdx.x] = sm[0];
 }
 
-extern "C" double dc_cuda_sumsq(dc_backend *be, dc_buf x, int64_t n) {
-    dc_cuda_ctx *c = dc_cuda(be);
-    if (n <= 0) return 0.0;
-    k_sumsq<<<NB, TPB, 0, c->stream>>>(c->red, x.p, x.dt == DC_BF16, n);
-    DC_CUDA_LAUNCHED();
-    DC_CUDA(cudaMemcpyAsync(c->red_host, c->red, NB * sizeof(double), cudaMemcpyDeviceToHost, c->stream));
-    DC_CUDA(cudaStreamSynchronize(c->stream));
+// One thread adds the NB partials in order and writes [norm, clip factor].
+__global__ void k_norm_finish(float *out, const double *part, float max_norm) {
     double s = 0.0;
-    for (int i = 0; i < NB; i++) s += c->red_host[i];
-    return s;
+    for (int i = 0; i < NB; i++) s += part[i];
+    double norm = sqrt(s);
+    out[0] = (float)norm;
+    out[1] = dc_clip_factor(norm, max_norm);
+}
+
+extern "C" void dc_cuda_grad_norm(dc_backend *be, dc_buf out, dc_buf g, int64_t n, float max_norm) {
+    dc_cuda_ctx *c = dc_cuda(be);
+    k_sumsq<<<NB, TPB, 0, c->stream>>>(c->red, g.p, g.dt == DC_BF16, n);
+    k_norm_finish<<<1, 1, 0, c->stream>>>((float *)out.p, c->red, max_norm);
+    DC_CUDA_LAUNCHED();
 }
