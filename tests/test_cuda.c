@@ -139,6 +139,30 @@ static void test_linear(int M, int K, int N, bool out32) {
     release();
 }
 
+// fc1 + GELU and its backward through fc2 (fused epilogues on the GPU)
+static void test_mlp(int M, int D, int F) {
+    pair x = rand_pair((int64_t)M * D, g_ct, -1, 1), w1 = rand_pair((int64_t)F * D, g_ct, -0.1, 0.1);
+    pair b1 = rand_pair(F, g_ct, -1, 1), act = nan_pair((int64_t)M * F, g_ct), pre = nan_pair((int64_t)M * F, g_ct);
+    g_cpu->linear_gelu_fwd(g_cpu, act.c, pre.c, x.c, w1.c, b1.c, M, D, F);
+    g_gpu->linear_gelu_fwd(g_gpu, act.g, pre.g, x.g, w1.g, b1.g, M, D, F);
+    compare("linear_gelu_fwd pre", pre, g_tol);
+    compare("linear_gelu_fwd gelu", act, g_tol);
+    // backward from the CPU's forward values
+    float *h = malloc((size_t)M * F * 4);
+    g_cpu->download(g_cpu, h, pre.c.p, (size_t)M * F * 4), put(pre, h);
+    g_cpu->download(g_cpu, h, act.c.p, (size_t)M * F * 4), put(act, h);
+    free(h);
+    pair w2 = rand_pair((int64_t)D * F, g_ct, -0.1, 0.1), dout = rand_pair((int64_t)M * D, g_ct, -1, 1);
+    pair dpre = nan_pair((int64_t)M * F, g_ct), scr = nan_pair((int64_t)M * F, g_ct);
+    pair dw = rand_pair((int64_t)D * F, DC_F32, -1, 1), db = rand_pair(D, DC_F32, -1, 1);
+    g_cpu->linear_bwd_gelu(g_cpu, dpre.c, dw.c, db.c, dout.c, act.c, w2.c, pre.c, scr.c, M, F, D);
+    g_gpu->linear_bwd_gelu(g_gpu, dpre.g, dw.g, db.g, dout.g, act.g, w2.g, pre.g, scr.g, M, F, D);
+    compare("linear_bwd_gelu dpre", dpre, g_tol);
+    compare("linear_bwd_gelu dw (fp32 +=)", dw, g_ct == DC_F32 ? 1e-5 : 1e-3);
+    compare("linear_bwd_gelu db (fp32 +=)", db, 1e-5);
+    release();
+}
+
 static void test_pointwise(void) {
     const int64_t n = 300007;
     pair x = rand_pair(n, g_ct, -4, 4), dout = rand_pair(n, g_ct, -1, 1);
@@ -374,6 +398,8 @@ int main(int argc, char **argv) {
         test_linear(300, 96, 200, false);
         test_linear(1024, 1152, 1152, false);
         test_linear(257, 16, 72, true);
+        test_mlp(512, 256, 1024);
+        test_mlp(100, 72, 288);
         test_pointwise();
         test_adaln(3, 64, 96);
         test_adaln(2, 256, 1152);

@@ -49,6 +49,16 @@ struct dc_backend {
     void (*linear_bwd)(dc_backend *be, dc_buf dinp, dc_buf dw, dc_buf db, dc_buf dout,
                        dc_buf inp, dc_buf w, int M, int K, int N, bool accumulate);
 
+    // The MLP's fc1 with its GELU: pre = inp @ w^T + b, out = gelu_tanh(pre)
+    // (pre is kept for backward). One product with a fused epilogue on a GPU.
+    void (*linear_gelu_fwd)(dc_backend *be, dc_buf out, dc_buf pre, dc_buf inp, dc_buf w, dc_buf b,
+                            int M, int K, int N);
+    // Backward of out = fc2(gelu(pre)) down to pre, for fc2 of shape [N,K]:
+    // dpre[M,K] = (dout @ w) * gelu'(pre); dw += dout^T @ act; db += sum_m dout,
+    // where act = gelu(pre) was fc2's input. scratch [M,K] (compute dtype) may be used.
+    void (*linear_bwd_gelu)(dc_backend *be, dc_buf dpre, dc_buf dw, dc_buf db, dc_buf dout,
+                            dc_buf act, dc_buf w, dc_buf pre, dc_buf scratch, int M, int K, int N);
+
     // ---- pointwise -----------------------------------------------------------
     // out = gelu_tanh(inp) ; dinp = dout * gelu'(inp)   (n elements)
     void (*gelu_fwd)(dc_backend *be, dc_buf out, dc_buf inp, int64_t n);

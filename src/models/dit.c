@@ -342,8 +342,7 @@ int dc_dit_forward(dc_dit *m, dc_buf out, dc_buf x, dc_buf t, dc_buf y, int B) {
         be->gate_res_fwd(be, k->x_mid, k->proj, k->mod, B, d.T, d.D, 6, 2);
         // x = x + gate_mlp * mlp(modulate(LN(x), shift_mlp, scale_mlp))
         be->ln_mod_fwd(be, k->ln2, k->mean2, k->rstd2, k->x_mid, k->mod, B, d.T, d.D, 6, 3, 4);
-        be->linear_fwd(be, k->fc1, k->ln2, P(m, w.fc1_w), P(m, w.fc1_b), d.BT, d.D, d.F);
-        be->gelu_fwd(be, k->act, k->fc1, (int64_t)d.BT * d.F);
+        be->linear_gelu_fwd(be, k->act, k->fc1, k->ln2, P(m, w.fc1_w), P(m, w.fc1_b), d.BT, d.D, d.F);
         be->linear_fwd(be, k->fc2, k->act, P(m, w.fc2_w), P(m, w.fc2_b), d.BT, d.F, d.D);
         dc_buf next = !a->training ? k->x_mid : l + 1 < c->depth ? a->blocks[l + 1].x_in : a->x_out;
         if (a->training) be->copy(be, next.p, k->x_mid.p, stream_bytes);
@@ -382,8 +381,8 @@ int dc_dit_backward(dc_dit *m, dc_buf dout, int B) {
         block_ids w = block_of(l);
         // mlp branch: stream = x_mid + gate_mlp * fc2(gelu(fc1(ln2)))
         be->gate_res_bwd(be, a->dt1, a->dmod, a->dx, k->fc2, k->mod, B, d.T, d.D, 6, 5);
-        be->linear_bwd(be, a->df2, G(m, w.fc2_w), G(m, w.fc2_b), a->dt1, k->act, P(m, w.fc2_w), d.BT, d.F, d.D, false);
-        be->gelu_bwd(be, a->df1, a->df2, k->fc1, (int64_t)d.BT * d.F);
+        be->linear_bwd_gelu(be, a->df1, G(m, w.fc2_w), G(m, w.fc2_b), a->dt1, k->act, P(m, w.fc2_w), k->fc1,
+                            a->df2, d.BT, d.F, d.D);
         be->linear_bwd(be, a->dt2, G(m, w.fc1_w), G(m, w.fc1_b), a->df1, k->ln2, P(m, w.fc1_w), d.BT, d.D, d.F, false);
         be->ln_mod_bwd(be, a->dx, a->dmod, a->dt2, k->x_mid, k->mean2, k->rstd2, k->mod, B, d.T, d.D, 6, 3, 4);
         // attention branch: x_mid = x_in + gate_msa * proj(attn(qkv(ln1)))

@@ -106,6 +106,8 @@ dc_backend *dc_backend_cpu_create(void) {
         .destroy = cpu_destroy,
         .linear_fwd = dc_cpu_linear_fwd,
         .linear_bwd = dc_cpu_linear_bwd,
+        .linear_gelu_fwd = dc_cpu_linear_gelu_fwd,
+        .linear_bwd_gelu = dc_cpu_linear_bwd_gelu,
         .gelu_fwd = dc_cpu_gelu_fwd,
         .gelu_bwd = dc_cpu_gelu_bwd,
         .silu_fwd = dc_cpu_silu_fwd,

@@ -107,6 +107,10 @@ void dc_cpu_sampler_step(dc_backend *be, dc_buf x, dc_buf out, dc_buf z,
                          const dc_step_coef *coef, int B, int C, int OC, int64_t HW);
 
 // ---- optimisation (cpu_optim.c) -----------------------------------------------
+void dc_cpu_linear_gelu_fwd(dc_backend *be, dc_buf out, dc_buf pre, dc_buf inp, dc_buf w, dc_buf b,
+                            int M, int K, int N);
+void dc_cpu_linear_bwd_gelu(dc_backend *be, dc_buf dpre, dc_buf dw, dc_buf db, dc_buf dout, dc_buf act,
+                            dc_buf w, dc_buf pre, dc_buf scratch, int M, int K, int N);
 void dc_cpu_adamw(dc_backend *be, dc_buf p, dc_buf grad, dc_buf m, dc_buf v, dc_buf ema,
                   dc_buf pc, dc_buf scale, int64_t n, const dc_adamw_step *h);
 void dc_cpu_grad_norm(dc_backend *be, dc_buf out, dc_buf g, int64_t n, float max_norm);

@@ -228,6 +228,8 @@ extern "C" dc_backend *dc_backend_cuda_create(bool fp32) {
         .reserve = cu_reserve,
         .linear_fwd = dc_cuda_linear_fwd,
         .linear_bwd = dc_cuda_linear_bwd,
+        .linear_gelu_fwd = dc_cuda_linear_gelu_fwd,
+        .linear_bwd_gelu = dc_cuda_linear_bwd_gelu,
         .gelu_fwd = dc_cuda_gelu_fwd,
         .gelu_bwd = dc_cuda_gelu_bwd,
         .silu_fwd = dc_cuda_silu_fwd,

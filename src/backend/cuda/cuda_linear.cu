@@ -16,7 +16,7 @@
 
 struct dc_gemm_plan {
     // key
-    int m, n, k, lda, ldb, ldd, ta, tb, bias, align;
+    int m, n, k, lda, ldb, ldd, ta, tb, epi, align;  // epi: a cublasLtEpilogue_t, 0 for none
     dc_dtype ab, d;
     // value
     cublasLtMatmulDesc_t desc;
@@ -46,13 +46,17 @@ static dc_gemm_plan *find_plan(dc_cuda_ctx *c, const dc_gemm_plan *key) {
         dc_gemm_plan *p = &c->plans[i];
         if (p->m == key->m && p->n == key->n && p->k == key->k && p->lda == key->lda &&
             p->ldb == key->ldb && p->ldd == key->ldd && p->ta == key->ta && p->tb == key->tb &&
-            p->bias == key->bias && p->align == key->align && p->ab == key->ab && p->d == key->d)
+            p->epi == key->epi && p->align == key->align && p->ab == key->ab && p->d == key->d)
             return p;
     }
     return NULL;
 }
 
-static dc_gemm_plan *make_plan(dc_cuda_ctx *c, const dc_gemm_plan *key) {
+static bool uses_aux(int epi) { return epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || epi == CUBLASLT_EPILOGUE_DGELU; }
+
+// A new plan, or NULL when cuBLASLt has no algorithm for a fused epilogue
+// (the caller then runs the plain product and a separate kernel).
+static dc_gemm_plan *make_plan(dc_cuda_ctx *c, const dc_gemm_plan *key, const void *aux) {
     if (c->nplans == c->cap_plans) {
         int cap = c->cap_plans ? 2 * c->cap_plans : 64;
         dc_gemm_plan *t = (dc_gemm_plan *)realloc(c->plans, cap * sizeof *t);
@@ -65,9 +69,16 @@ static dc_gemm_plan *make_plan(dc_cuda_ctx *c, const dc_gemm_plan *key) {
     cublasOperation_t opa = key->ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = key->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
     LT(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
     LT(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
-    if (key->bias) {
-        cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+    if (key->epi) {
+        cublasLtEpilogue_t epi = (cublasLtEpilogue_t)key->epi;
         LT(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+    }
+    if (uses_aux(key->epi)) {  // the GELU input, laid out as D
+        int64_t ld = key->ldd;
+        int32_t t = cuda_type(key->d);
+        LT(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld));
+        LT(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &t, sizeof t));
+        LT(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
     }
     // Stored shapes: A is (ta ? k x m : m x k), B is (tb ? n x k : k x n), D is m x n.
     LT(cublasLtMatrixLayoutCreate(&p->la, cuda_type(key->ab), key->ta ? key->k : key->m,
@@ -89,10 +100,15 @@ static dc_gemm_plan *make_plan(dc_cuda_ctx *c, const dc_gemm_plan *key) {
     cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(c->lt, p->desc, p->la, p->lb, p->ld, p->ld, pref, 1,
                                                        &res, &found);
     cublasLtMatmulPreferenceDestroy(pref);
+    if ((st != CUBLAS_STATUS_SUCCESS || found == 0) && uses_aux(key->epi)) {
+        cublasLtMatmulDescDestroy(p->desc);
+        cublasLtMatrixLayoutDestroy(p->la), cublasLtMatrixLayoutDestroy(p->lb), cublasLtMatrixLayoutDestroy(p->ld);
+        return NULL;
+    }
     if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
         char what[160];
-        snprintf(what, sizeof what, "no cuBLASLt algorithm for m=%d n=%d k=%d ta=%d tb=%d bias=%d align=%d",
-                 key->m, key->n, key->k, key->ta, key->tb, key->bias, key->align);
+        snprintf(what, sizeof what, "no cuBLASLt algorithm for m=%d n=%d k=%d ta=%d tb=%d epilogue=%d align=%d",
+                 key->m, key->n, key->k, key->ta, key->tb, key->epi, key->align);
         dc_cuda_fatal(what, cublasLtGetStatusString(st), __FILE__, __LINE__);
     }
     p->algo = res.algo;
@@ -100,23 +116,36 @@ static dc_gemm_plan *make_plan(dc_cuda_ctx *c, const dc_gemm_plan *key) {
     return p;
 }
 
-// Column-major D[m,n] = op(A) op(B) (+ bias[m]) (+ D if accumulate).
-static void gemm(dc_backend *be, int m, int n, int k, const void *A, int lda, bool ta, const void *B,
-                 int ldb, bool tb, void *D, int ldd, dc_dtype ab, dc_dtype d, const void *bias,
-                 bool accumulate) {
+// Column-major D[m,n] = op(A) op(B) (+ bias[m]) (+ D if accumulate), with
+// an optional fused epilogue: GELU_AUX_BIAS (aux = the product plus bias,
+// D = gelu(aux)) or DGELU (D = product * gelu'(aux)). Returns false, having
+// done nothing, when cuBLASLt offers no algorithm for a fused epilogue.
+static bool gemm_epi(dc_backend *be, int m, int n, int k, const void *A, int lda, bool ta, const void *B,
+                     int ldb, bool tb, void *D, int ldd, dc_dtype ab, dc_dtype d, const void *bias,
+                     bool accumulate, int epi, const void *aux) {
     dc_cuda_ctx *c = dc_cuda(be);
-    const void *ptrs[4] = {A, B, D, bias};
+    const void *ptrs[5] = {A, B, D, bias, aux};
     dc_gemm_plan key;
     memset(&key, 0, sizeof key);
     key.m = m, key.n = n, key.k = k, key.lda = lda, key.ldb = ldb, key.ldd = ldd;
-    key.ta = ta, key.tb = tb, key.bias = bias != NULL, key.ab = ab, key.d = d;
-    key.align = common_alignment(ptrs, 4);
+    key.ta = ta, key.tb = tb, key.ab = ab, key.d = d;
+    key.epi = epi ? epi : bias ? CUBLASLT_EPILOGUE_BIAS : 0;
+    key.align = common_alignment(ptrs, 5);
     dc_gemm_plan *p = find_plan(c, &key);
-    if (!p) p = make_plan(c, &key);
+    if (!p) p = make_plan(c, &key, aux);
+    if (!p) return false;
     if (bias) LT(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+    if (aux) LT(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
     const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
     LT(cublasLtMatmul(c->lt, p->desc, &one, A, p->la, B, p->lb, &beta, D, p->ld, D, p->ld, &p->algo,
                       c->lt_ws, c->lt_ws_bytes, c->stream));
+    return true;
+}
+
+static void gemm(dc_backend *be, int m, int n, int k, const void *A, int lda, bool ta, const void *B,
+                 int ldb, bool tb, void *D, int ldd, dc_dtype ab, dc_dtype d, const void *bias,
+                 bool accumulate) {
+    gemm_epi(be, m, n, k, A, lda, ta, B, ldb, tb, D, ldd, ab, d, bias, accumulate, 0, NULL);
 }
 
 extern "C" void dc_cuda_linear_fwd(dc_backend *be, dc_buf out, dc_buf inp, dc_buf w, dc_buf b, int M,
@@ -137,6 +166,32 @@ extern "C" void dc_cuda_linear_bwd(dc_backend *be, dc_buf dinp, dc_buf dw, dc_bu
     // dw^T[K,N] += (inp as K x M) (dout as N x M)^T, in fp32
     if (dw.p) gemm(be, K, N, M, inp.p, K, false, dout.p, N, true, dw.p, K, dout.dt, dw.dt, NULL, true);
     if (db.p) dc_cuda_bias_grad(be, db, dout, M, N);
+}
+
+// pre = inp w^T + b and out = gelu(pre) from one product (fc1 of the MLP).
+extern "C" void dc_cuda_linear_gelu_fwd(dc_backend *be, dc_buf out, dc_buf pre, dc_buf inp, dc_buf w, dc_buf b,
+                                        int M, int K, int N) {
+    bool fused = b.p && b.dt == out.dt && pre.dt == out.dt && inp.dt == w.dt && N % 8 == 0 &&
+                 gemm_epi(be, N, M, K, w.p, K, true, inp.p, K, false, out.p, N, inp.dt, out.dt, b.p, false,
+                          CUBLASLT_EPILOGUE_GELU_AUX_BIAS, pre.p);
+    if (fused) return;
+    dc_cuda_linear_fwd(be, pre, inp, w, b, M, K, N);
+    dc_cuda_gelu_fwd(be, out, pre, (int64_t)M * N);
+}
+
+// The backward of out = fc2(gelu(pre)) down to pre: dpre = (dout w) * gelu'(pre)
+// from one product, plus the weight and bias gradients of fc2 (act = gelu(pre)).
+extern "C" void dc_cuda_linear_bwd_gelu(dc_backend *be, dc_buf dpre, dc_buf dw, dc_buf db, dc_buf dout,
+                                        dc_buf act, dc_buf w, dc_buf pre, dc_buf scratch, int M, int K, int N) {
+    bool fused = dpre.dt == pre.dt && dout.dt == w.dt && K % 8 == 0 &&
+                 gemm_epi(be, K, M, N, w.p, K, false, dout.p, N, false, dpre.p, K, dout.dt, dpre.dt, NULL, false,
+                          CUBLASLT_EPILOGUE_DGELU, pre.p);
+    if (fused) {
+        dc_cuda_linear_bwd(be, dc_buf_none(), dw, db, dout, act, w, M, K, N, false);
+        return;
+    }
+    dc_cuda_linear_bwd(be, scratch, dw, db, dout, act, w, M, K, N, false);
+    dc_cuda_gelu_bwd(be, dpre, scratch, pre, (int64_t)M * K);
 }
 
 extern "C" void dc_cuda_gemm_free(dc_cuda_ctx *c) {

@@ -53,6 +53,10 @@ void dc_cuda_fatal(const char *what, const char *msg, const char *file, int line
 void dc_cuda_linear_fwd(dc_backend *be, dc_buf out, dc_buf inp, dc_buf w, dc_buf b, int M, int K, int N);
 void dc_cuda_linear_bwd(dc_backend *be, dc_buf dinp, dc_buf dw, dc_buf db, dc_buf dout, dc_buf inp,
                         dc_buf w, int M, int K, int N, bool accumulate);
+void dc_cuda_linear_gelu_fwd(dc_backend *be, dc_buf out, dc_buf pre, dc_buf inp, dc_buf w, dc_buf b, int M,
+                             int K, int N);
+void dc_cuda_linear_bwd_gelu(dc_backend *be, dc_buf dpre, dc_buf dw, dc_buf db, dc_buf dout, dc_buf act, dc_buf w,
+                             dc_buf pre, dc_buf scratch, int M, int K, int N);
 void dc_cuda_gemm_free(dc_cuda_ctx *c);
 // Times a large bf16 (or fp32) product and returns its TFLOP/s: the peak MFU is measured against.
 double dc_cuda_gemm_peak(dc_backend *be);
