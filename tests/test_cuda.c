@@ -211,9 +211,13 @@ static void test_adaln(int B, int T, int D) {
     compare("ln_mod_bwd dx (fp32 +=)", dx, 1e-5);
     compare("ln_mod_bwd dmod (shift, scale)", dmod, g_tol);
     pair y = rand_pair(BTD, g_ct, -1, 1);
-    g_cpu->gate_res_fwd(g_cpu, x.c, y.c, mod.c, B, T, D, nch, 2);
-    g_gpu->gate_res_fwd(g_gpu, x.g, y.g, mod.g, B, T, D, nch, 2);
-    compare("gate_res_fwd (fp32 stream)", x, 1e-6);
+    pair xo = nan_pair(BTD, DC_F32);
+    g_cpu->gate_res_fwd(g_cpu, xo.c, x.c, y.c, mod.c, B, T, D, nch, 2);
+    g_gpu->gate_res_fwd(g_gpu, xo.g, x.g, y.g, mod.g, B, T, D, nch, 2);
+    compare("gate_res_fwd (fp32 stream)", xo, 1e-6);
+    g_cpu->gate_res_fwd(g_cpu, x.c, x.c, y.c, mod.c, B, T, D, nch, 2);
+    g_gpu->gate_res_fwd(g_gpu, x.g, x.g, y.g, mod.g, B, T, D, nch, 2);
+    compare("gate_res_fwd in place", x, 1e-6);
     pair dy = nan_pair(BTD, g_ct);
     g_cpu->gate_res_bwd(g_cpu, dy.c, dmod.c, dx.c, y.c, mod.c, B, T, D, nch, 5);
     g_gpu->gate_res_bwd(g_gpu, dy.g, dmod.g, dx.g, y.g, mod.g, B, T, D, nch, 5);

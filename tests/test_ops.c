@@ -400,8 +400,13 @@ static void test_gate_res(int B, int T, int D) {
                  B, T, D, nchunk, cg, -1};
     gate_res_loss(&c);
     dc_buf xd = dev_from(x, n), yd = dev_from(y, n), md = dev_from(mod, nm);
-    g_be->gate_res_fwd(g_be, xd, yd, md, B, T, D, nchunk, cg);
-    float *got = dev_get(xd, n);
+    dc_buf od = dev_nan(n);
+    g_be->gate_res_fwd(g_be, od, xd, yd, md, B, T, D, nchunk, cg);  // out of place
+    float *got = dev_get(od, n);
+    check("gate_res_fwd", got, c.out, n, TOL_FWD);
+    free(got);
+    g_be->gate_res_fwd(g_be, xd, xd, yd, md, B, T, D, nchunk, cg);  // in place
+    got = dev_get(xd, n);
     check("gate_res_fwd", got, c.out, n, TOL_FWD);
 
     float *dm0 = host_rand(nm, -1, 1);

@@ -82,9 +82,9 @@ struct dc_backend {
     void (*ln_mod_bwd)(dc_backend *be, dc_buf dx, dc_buf dmod, dc_buf dout, dc_buf x,
                        dc_buf mean, dc_buf rstd, dc_buf mod, int B, int T, int D, int nchunk,
                        int ch_shift, int ch_scale);
-    // x[B,T,D] += mod[ch_gate] * y
-    void (*gate_res_fwd)(dc_backend *be, dc_buf x, dc_buf y, dc_buf mod, int B, int T, int D,
-                         int nchunk, int ch_gate);
+    // out[B,T,D] = x + mod[ch_gate] * y  (out may be x itself)
+    void (*gate_res_fwd)(dc_backend *be, dc_buf out, dc_buf x, dc_buf y, dc_buf mod, int B, int T,
+                         int D, int nchunk, int ch_gate);
     // dy = mod[ch_gate] * dx ; dmod chunk ch_gate = sum_T dx * y (overwritten)
     void (*gate_res_bwd)(dc_backend *be, dc_buf dy, dc_buf dmod, dc_buf dx, dc_buf y,
                          dc_buf mod, int B, int T, int D, int nchunk, int ch_gate);

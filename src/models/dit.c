@@ -327,7 +327,6 @@ int dc_dit_forward(dc_dit *m, dc_buf out, dc_buf x, dc_buf t, dc_buf y, int B) {
     be->linear_fwd(be, x0, a->patches, P(m, id.xe_w), P(m, id.xe_b), d.BT, d.Pf, d.D);
     be->add_rows(be, x0, dc_param_data(&m->params, id.pos), B, d.T, d.D);
 
-    size_t stream_bytes = (size_t)d.BT * d.D * dc_dtype_size(x0.dt);
     for (int l = 0; l < c->depth; l++) {
         block_acts *k = &a->blocks[a->training ? l : 0];
         block_ids w = block_of(l);
@@ -338,15 +337,13 @@ int dc_dit_forward(dc_dit *m, dc_buf out, dc_buf x, dc_buf t, dc_buf y, int B) {
         be->linear_fwd(be, k->qkv, k->ln1, P(m, w.qkv_w), P(m, w.qkv_b), d.BT, d.D, 3 * d.D);
         be->attn_fwd(be, k->att, k->lse, k->qkv, B, d.T, d.D, d.H);
         be->linear_fwd(be, k->proj, k->att, P(m, w.proj_w), P(m, w.proj_b), d.BT, d.D, d.D);
-        if (a->training) be->copy(be, k->x_mid.p, k->x_in.p, stream_bytes);
-        be->gate_res_fwd(be, k->x_mid, k->proj, k->mod, B, d.T, d.D, 6, 2);
+        be->gate_res_fwd(be, k->x_mid, k->x_in, k->proj, k->mod, B, d.T, d.D, 6, 2);
         // x = x + gate_mlp * mlp(modulate(LN(x), shift_mlp, scale_mlp))
         be->ln_mod_fwd(be, k->ln2, k->mean2, k->rstd2, k->x_mid, k->mod, B, d.T, d.D, 6, 3, 4);
         be->linear_gelu_fwd(be, k->act, k->fc1, k->ln2, P(m, w.fc1_w), P(m, w.fc1_b), d.BT, d.D, d.F);
         be->linear_fwd(be, k->fc2, k->act, P(m, w.fc2_w), P(m, w.fc2_b), d.BT, d.F, d.D);
         dc_buf next = !a->training ? k->x_mid : l + 1 < c->depth ? a->blocks[l + 1].x_in : a->x_out;
-        if (a->training) be->copy(be, next.p, k->x_mid.p, stream_bytes);
-        be->gate_res_fwd(be, next, k->fc2, k->mod, B, d.T, d.D, 6, 5);
+        be->gate_res_fwd(be, next, k->x_mid, k->fc2, k->mod, B, d.T, d.D, 6, 5);
     }
 
     // final layer: modulate(LN(x), shift, scale) -> Linear -> unpatchify

@@ -99,17 +99,19 @@ void dc_cpu_ln_mod_bwd(dc_backend *be, dc_buf dx_, dc_buf dmod_, dc_buf dout_, d
     }
 }
 
-void dc_cpu_gate_res_fwd(dc_backend *be, dc_buf x_, dc_buf y_, dc_buf mod_, int B, int T, int D,
-                         int nchunk, int ch_gate) {
+void dc_cpu_gate_res_fwd(dc_backend *be, dc_buf out_, dc_buf x_, dc_buf y_, dc_buf mod_, int B, int T,
+                         int D, int nchunk, int ch_gate) {
     (void)be;
-    float *x = dc_cpu_f32(x_);                                 // [B, T, D]
+    float *out = dc_cpu_f32(out_);                             // [B, T, D], may be x
+    const float *x = dc_cpu_f32(x_);                           // [B, T, D]
     const float *y = dc_cpu_f32(y_), *mod = dc_cpu_f32(mod_);  // [B, T, D], [B, nchunk*D]
 #pragma omp parallel for schedule(static) if ((int64_t)B * T * D > DC_CPU_PAR_MIN)
     for (int bt = 0; bt < B * T; bt++) {
         const float *g = chunk(mod, bt / T, nchunk, ch_gate, D), *yr = y + (int64_t)bt * D;
-        float *xr = x + (int64_t)bt * D;
+        const float *xr = x + (int64_t)bt * D;
+        float *o = out + (int64_t)bt * D;
 #pragma omp simd
-        for (int d = 0; d < D; d++) xr[d] += g[d] * yr[d];
+        for (int d = 0; d < D; d++) o[d] = xr[d] + g[d] * yr[d];
     }
 }
 

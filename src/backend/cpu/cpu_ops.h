@@ -82,8 +82,8 @@ void dc_cpu_ln_mod_fwd(dc_backend *be, dc_buf out, dc_buf mean, dc_buf rstd, dc_
 void dc_cpu_ln_mod_bwd(dc_backend *be, dc_buf dx, dc_buf dmod, dc_buf dout, dc_buf x,
                        dc_buf mean, dc_buf rstd, dc_buf mod, int B, int T, int D, int nchunk,
                        int ch_shift, int ch_scale);
-void dc_cpu_gate_res_fwd(dc_backend *be, dc_buf x, dc_buf y, dc_buf mod, int B, int T, int D,
-                         int nchunk, int ch_gate);
+void dc_cpu_gate_res_fwd(dc_backend *be, dc_buf out, dc_buf x, dc_buf y, dc_buf mod, int B, int T,
+                         int D, int nchunk, int ch_gate);
 void dc_cpu_gate_res_bwd(dc_backend *be, dc_buf dy, dc_buf dmod, dc_buf dx, dc_buf y,
                          dc_buf mod, int B, int T, int D, int nchunk, int ch_gate);
 

@@ -85,7 +85,7 @@ void dc_cuda_ln_mod_fwd(dc_backend *be, dc_buf out, dc_buf mean, dc_buf rstd, dc
 void dc_cuda_ln_mod_bwd(dc_backend *be, dc_buf dx, dc_buf dmod, dc_buf dout, dc_buf x, dc_buf mean,
                         dc_buf rstd, dc_buf mod, int B, int T, int D, int nchunk, int ch_shift,
                         int ch_scale);
-void dc_cuda_gate_res_fwd(dc_backend *be, dc_buf x, dc_buf y, dc_buf mod, int B, int T, int D,
+void dc_cuda_gate_res_fwd(dc_backend *be, dc_buf out, dc_buf x, dc_buf y, dc_buf mod, int B, int T, int D,
                           int nchunk, int ch_gate);
 void dc_cuda_gate_res_bwd(dc_backend *be, dc_buf dy, dc_buf dmod, dc_buf dx, dc_buf y, dc_buf mod,
                           int B, int T, int D, int nchunk, int ch_gate);
