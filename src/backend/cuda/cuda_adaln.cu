@@ -40,11 +40,124 @@ __global__ void k_ln_mod_fwd(void *out, int obf, float *mean, float *rstd, const
     if (lane == 0) mean[row] = mu, rstd[row] = r;
 }
 
+// ---- the mixed-precision fast path ---------------------------------------------------
+// fp32 stream x, bf16 out/dout/mod, D % 4 == 0 and D <= 4 * 32 * VMAX: a warp
+// holds its row in registers (VPL float4 a lane), so each tensor is read once,
+// with 16-byte (stream) and 8-byte (bf16) accesses.
+enum { VMAX = 12 };
+
+__device__ __forceinline__ float4 ld_bf4(const __nv_bfloat16 *p) {
+    uint2 u = *(const uint2 *)p;
+    float2 a = __bfloat1622float2(*(const __nv_bfloat162 *)&u.x), b = __bfloat1622float2(*(const __nv_bfloat162 *)&u.y);
+    return make_float4(a.x, a.y, b.x, b.y);
+}
+__device__ __forceinline__ void st_bf4(__nv_bfloat16 *p, float4 v) {
+    __nv_bfloat162 a = __floats2bfloat162_rn(v.x, v.y), b = __floats2bfloat162_rn(v.z, v.w);
+    uint2 u;
+    u.x = *(uint32_t *)&a, u.y = *(uint32_t *)&b;
+    *(uint2 *)p = u;
+}
+
+template <int VPL>
+__global__ void k_ln_mod_fwd_v4(__nv_bfloat16 *out, float *mean, float *rstd, const float *x,
+                                const __nv_bfloat16 *mod, int rows, int T, int D, int nchunk, int ch_shift,
+                                int ch_scale) {
+    int row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.y, lane = threadIdx.x;
+    if (row >= rows) return;
+    int b = row / T, D4 = D / 4;
+    const float4 *xr = (const float4 *)(x + (int64_t)row * D);
+    float4 v[VPL];
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < VPL; k++) {
+        int j = lane + 32 * k;
+        v[k] = j < D4 ? xr[j] : make_float4(0, 0, 0, 0);
+        s += v[k].x + v[k].y + v[k].z + v[k].w;
+    }
+    float mu = warp_sum(s) / D, ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < VPL; k++) {
+        if (lane + 32 * k >= D4) continue;
+        float a = v[k].x - mu, bb = v[k].y - mu, c = v[k].z - mu, d = v[k].w - mu;
+        ss += a * a + bb * bb + c * c + d * d;
+    }
+    float r = dc_ln_rstd(warp_sum(ss) / D);
+    const __nv_bfloat16 *sh = mod + ((int64_t)b * nchunk + ch_shift) * D, *sc = mod + ((int64_t)b * nchunk + ch_scale) * D;
+    __nv_bfloat16 *o = out + (int64_t)row * D;
+#pragma unroll
+    for (int k = 0; k < VPL; k++) {
+        int j = lane + 32 * k;
+        if (j >= D4) continue;
+        float4 h = ld_bf4(sh + 4 * j), c = ld_bf4(sc + 4 * j);
+        st_bf4(o + 4 * j, make_float4(dc_modulate((v[k].x - mu) * r, h.x, c.x), dc_modulate((v[k].y - mu) * r, h.y, c.y),
+                                      dc_modulate((v[k].z - mu) * r, h.z, c.z), dc_modulate((v[k].w - mu) * r, h.w, c.w)));
+    }
+    if (lane == 0) mean[row] = mu, rstd[row] = r;
+}
+
+template <int VPL>
+__global__ void k_ln_mod_bwd_dx_v4(float *dx, const __nv_bfloat16 *dout, const float *x, const float *mean,
+                                   const float *rstd, const __nv_bfloat16 *mod, int rows, int T, int D, int nchunk,
+                                   int ch_scale) {
+    int row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.y, lane = threadIdx.x;
+    if (row >= rows) return;
+    int b = row / T, D4 = D / 4;
+    const float4 *xr = (const float4 *)(x + (int64_t)row * D);
+    const __nv_bfloat16 *gr = dout + (int64_t)row * D, *sc = mod + ((int64_t)b * nchunk + ch_scale) * D;
+    float mu = mean[row], r = rstd[row];
+    float4 g[VPL], xh[VPL];
+    float sg = 0.0f, sgx = 0.0f;
+#pragma unroll
+    for (int k = 0; k < VPL; k++) {
+        int j = lane + 32 * k;
+        if (j >= D4) { g[k] = xh[k] = make_float4(0, 0, 0, 0); continue; }
+        float4 go = ld_bf4(gr + 4 * j), c = ld_bf4(sc + 4 * j), xv = xr[j];
+        g[k] = make_float4(go.x * (1.0f + c.x), go.y * (1.0f + c.y), go.z * (1.0f + c.z), go.w * (1.0f + c.w));
+        xh[k] = make_float4((xv.x - mu) * r, (xv.y - mu) * r, (xv.z - mu) * r, (xv.w - mu) * r);
+        sg += g[k].x + g[k].y + g[k].z + g[k].w;
+        sgx += g[k].x * xh[k].x + g[k].y * xh[k].y + g[k].z * xh[k].z + g[k].w * xh[k].w;
+    }
+    float mg = warp_sum(sg) / D, mgx = warp_sum(sgx) / D;
+    float4 *dr = (float4 *)(dx + (int64_t)row * D);
+#pragma unroll
+    for (int k = 0; k < VPL; k++) {
+        int j = lane + 32 * k;
+        if (j >= D4) continue;
+        float4 d = dr[j];
+        d.x += dc_ln_dx(g[k].x, xh[k].x, r, mg, mgx), d.y += dc_ln_dx(g[k].y, xh[k].y, r, mg, mgx);
+        d.z += dc_ln_dx(g[k].z, xh[k].z, r, mg, mgx), d.w += dc_ln_dx(g[k].w, xh[k].w, r, mg, mgx);
+        dr[j] = d;
+    }
+}
+
+// Lanes' float4 count for the fast path, or 0 when the shapes or dtypes don't fit it.
+static int fast_vpl(int D, dc_buf stream, dc_buf act, dc_buf mod) {
+    if (stream.dt != DC_F32 || act.dt != DC_BF16 || mod.dt != DC_BF16 || D % 4 != 0) return 0;
+    if (((uintptr_t)stream.p & 15) || ((uintptr_t)act.p & 7) || ((uintptr_t)mod.p & 7)) return 0;
+    int vpl = (D / 4 + 31) / 32;
+    return vpl <= VMAX ? vpl : 0;
+}
+
+#define VPL_CASES(X) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12)
+
 extern "C" void dc_cuda_ln_mod_fwd(dc_backend *be, dc_buf out, dc_buf mean, dc_buf rstd, dc_buf x, dc_buf mod,
                                    int B, int T, int D, int nchunk, int ch_shift, int ch_scale) {
     int rows = B * T;
     dim3 block(32, ROWS_PER_BLOCK), grid((rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK);
-    k_ln_mod_fwd<<<grid, block, 0, dc_cuda(be)->stream>>>(out.p, BF(out), (float *)mean.p, (float *)rstd.p, x.p,
+    cudaStream_t s = dc_cuda(be)->stream;
+    switch (fast_vpl(D, x, out, mod)) {
+#define FWD_CASE(V)                                                                                        \
+    case V:                                                                                                \
+        k_ln_mod_fwd_v4<V><<<grid, block, 0, s>>>((__nv_bfloat16 *)out.p, (float *)mean.p, (float *)rstd.p, \
+                                                  (const float *)x.p, (const __nv_bfloat16 *)mod.p, rows, T, D, \
+                                                  nchunk, ch_shift, ch_scale);                             \
+        DC_CUDA_LAUNCHED();                                                                                \
+        return;
+        VPL_CASES(FWD_CASE)
+#undef FWD_CASE
+    default: break;
+    }
+    k_ln_mod_fwd<<<grid, block, 0, s>>>(out.p, BF(out), (float *)mean.p, (float *)rstd.p, x.p,
                                                           BF(x), mod.p, BF(mod), rows, T, D, nchunk, ch_shift,
                                                           ch_scale);
     DC_CUDA_LAUNCHED();
@@ -104,15 +217,28 @@ extern "C" void dc_cuda_ln_mod_bwd(dc_backend *be, dc_buf dx, dc_buf dmod, dc_bu
     cudaStream_t s = dc_cuda(be)->stream;
     int rows = B * T;
     dim3 block(32, ROWS_PER_BLOCK), grid((rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK);
-    k_ln_mod_bwd_dx<<<grid, block, 0, s>>>(dx.p, BF(dx), dout.p, BF(dout), x.p, BF(x), (const float *)mean.p,
-                                           (const float *)rstd.p, mod.p, BF(mod), rows, T, D, nchunk, ch_scale);
+    int vpl = fast_vpl(D, x, dout, mod);
+    if (dx.dt != DC_F32 || ((uintptr_t)dx.p & 15)) vpl = 0;
+    switch (vpl) {
+#define BWD_CASE(V)                                                                                          \
+    case V:                                                                                                  \
+        k_ln_mod_bwd_dx_v4<V><<<grid, block, 0, s>>>((float *)dx.p, (const __nv_bfloat16 *)dout.p,             \
+                                                     (const float *)x.p, (const float *)mean.p,               \
+                                                     (const float *)rstd.p, (const __nv_bfloat16 *)mod.p, rows, \
+                                                     T, D, nchunk, ch_scale);                                 \
+        break;
+        VPL_CASES(BWD_CASE)
+#undef BWD_CASE
+    default:
+        k_ln_mod_bwd_dx<<<grid, block, 0, s>>>(dx.p, BF(dx), dout.p, BF(dout), x.p, BF(x), (const float *)mean.p,
+                                               (const float *)rstd.p, mod.p, BF(mod), rows, T, D, nchunk, ch_scale);
+    }
     dim3 g2((D + 31) / 32, B), b2(32, 8);
     k_ln_mod_bwd_dmod<<<g2, b2, 0, s>>>(dmod.p, BF(dmod), dout.p, BF(dout), x.p, BF(x), (const float *)mean.p,
                                         (const float *)rstd.p, T, D, nchunk, ch_shift, ch_scale);
     DC_CUDA_LAUNCHED();
 }
 
-// x[b,t,:] += gate[b,:] * y[b,t,:]
 // out[b,t,:] = x[b,t,:] + gate[b,:] * y[b,t,:]
 __global__ void k_gate_res_fwd(void *out, int obf, const void *x, int xbf, const void *y, int ybf, const void *mod,
                                int mbf, int T, int D, int nchunk, int ch_gate, int64_t n) {

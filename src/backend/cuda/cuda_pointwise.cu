@@ -113,6 +113,27 @@ __global__ void k_bias_grad_part(float *part, const void *dout, int gbf, int M, 
         part[(int64_t)blockIdx.y * N + col] = t;
     }
 }
+// The bf16 case: two columns a thread (4-byte loads, 128 bytes a warp row).
+__global__ void k_bias_grad_part_bf2(float *part, const __nv_bfloat162 *dout, int M, int N, int rows_per) {
+    __shared__ float2 acc[8][33];
+    int c2 = blockIdx.x * 32 + threadIdx.x, N2 = N / 2;
+    int r0 = blockIdx.y * rows_per, r1 = min(M, r0 + rows_per);
+    float2 s = make_float2(0.0f, 0.0f);
+    if (c2 < N2)
+        for (int r = r0 + threadIdx.y; r < r1; r += 8) {
+            float2 v = __bfloat1622float2(dout[(int64_t)r * N2 + c2]);
+            s.x += v.x, s.y += v.y;
+        }
+    acc[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && c2 < N2) {
+        float2 t = make_float2(0.0f, 0.0f);
+        for (int y = 0; y < 8; y++) t.x += acc[y][threadIdx.x].x, t.y += acc[y][threadIdx.x].y;
+        part[(int64_t)blockIdx.y * N + 2 * c2] = t.x;
+        part[(int64_t)blockIdx.y * N + 2 * c2 + 1] = t.y;
+    }
+}
+
 __global__ void k_bias_grad_sum(float *db, const float *part, int slices, int N) {
     int col = blockIdx.x * blockDim.x + threadIdx.x;
     if (col >= N) return;
@@ -128,8 +149,14 @@ extern "C" void dc_cuda_bias_grad(dc_backend *be, dc_buf db, dc_buf dout, int M,
     if ((size_t)slices * N * sizeof(float) > c->lt_ws_bytes / 2) slices = 1;
     float *part = (float *)((char *)c->lt_ws + c->lt_ws_bytes / 2);
     int rows_per = (M + slices - 1) / slices;
-    dim3 grid((N + 31) / 32, slices), block(32, 8);
-    k_bias_grad_part<<<grid, block, 0, c->stream>>>(part, dout.p, BF(dout), M, N, rows_per);
+    dim3 block(32, 8);
+    if (dout.dt == DC_BF16 && N % 2 == 0 && ((uintptr_t)dout.p & 3) == 0) {
+        dim3 grid((N / 2 + 31) / 32, slices);
+        k_bias_grad_part_bf2<<<grid, block, 0, c->stream>>>(part, (const __nv_bfloat162 *)dout.p, M, N, rows_per);
+    } else {
+        dim3 grid((N + 31) / 32, slices);
+        k_bias_grad_part<<<grid, block, 0, c->stream>>>(part, dout.p, BF(dout), M, N, rows_per);
+    }
     k_bias_grad_sum<<<(N + 255) / 256, 256, 0, c->stream>>>((float *)db.p, part, slices, N);
     DC_CUDA_LAUNCHED();
 }
