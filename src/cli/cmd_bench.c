@@ -108,7 +108,13 @@ static int bench_sample(const dc_dit_config *mc, dc_backend *be, int batch, int 
     double flop = 2 * dc_dit_macs_per_image(mc) * rows;
     printf("sample  batch %4d%s  %9.1f image-steps/s   %8.2f ms/step   %8.2f TFLOP/s", batch,
            cfg > 1 ? " x2 (guidance)" : "", batch / dt, dt * 1e3, flop / dt / 1e12);
-    print_memory(be);
+    if (be->memory) {  // what sampling holds (the training run before it has freed its share)
+        size_t now = 0;
+        be->memory(be, &now, NULL);
+        printf("   GPU memory %.2f GiB", now / 1073741824.0);
+    } else {
+        print_memory(be);
+    }
     printf("\n");
     fflush(stdout);
     rc = 0;
