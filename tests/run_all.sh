@@ -7,6 +7,7 @@ run() {
   local t0=$SECONDS
   if "$@" > "build/tests/$name.log" 2>&1; then
     passed=$((passed + 1)); echo "PASS $name ($((SECONDS - t0)) s)"
+    grep -h "^SKIP" "build/tests/$name.log" | sed 's/^/     /'
   else
     fail=1; failed+=("$name"); echo "FAIL $name ($((SECONDS - t0)) s)"; tail -n 30 "build/tests/$name.log"
   fi

@@ -388,7 +388,7 @@ int main(int argc, char **argv) {
     g_rng = seed * 2654435761u + 88172645463325252ull;
     printf("test_cuda: seed %llu\n", (unsigned long long)seed);
     g_cpu = dc_backend_cpu_create();
-    if (g_cpu->reserve(g_cpu, 256)) return printf("cpu reserve: %s\n", dc_error()), 1;
+    if (g_cpu->reserve(g_cpu, 256, 128)) return printf("cpu reserve: %s\n", dc_error()), 1;
     for (int mode = 0; mode < 2; mode++) {
         g_gpu = dc_backend_cuda_create(mode == 0);
         if (!g_gpu) {

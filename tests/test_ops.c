@@ -468,7 +468,7 @@ static void test_attention(int B, int T, int D, int H, int nfd) {
                   malloc(nl * sizeof(double)), malloc(T * sizeof(double)), B, T, D, H};
     attn_ref(&c);
     dc_buf qd = dev_from(qkv, nq), out = dev_nan(no), lse = dev_nan(nl);
-    if (g_be->reserve(g_be, T) != 0) printf("reserve failed: %s\n", dc_error()), exit(1);
+    if (g_be->reserve(g_be, T, 64) != 0) printf("reserve failed: %s\n", dc_error()), exit(1);
     g_be->attn_fwd(g_be, out, lse, qd, B, T, D, H);
     float *got = dev_get(out, no), *gl = dev_get(lse, nl);
     snprintf(name, sizeof name, "attn_fwd out B%d T%d D%d H%d", B, T, D, H);

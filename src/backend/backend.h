@@ -36,9 +36,10 @@ struct dc_backend {
     void (*cast)(dc_backend *be, dc_buf dst, dc_buf src, int64_t n);
     void (*sync)(dc_backend *be);
     void (*destroy)(dc_backend *be);
-    // Allocates the ops' workspace for sequences of up to max_tokens before
-    // any step runs, so no op allocates or fails later. 0 or -1 (message set).
-    int (*reserve)(dc_backend *be, int max_tokens);
+    // Allocates the ops' workspace for sequences of up to max_tokens with
+    // attention heads of head_dim before any step runs, so no op allocates or
+    // fails later. 0 or -1 (message set, e.g. a head size the device lacks).
+    int (*reserve)(dc_backend *be, int max_tokens, int head_dim);
 
     // ---- dense layers --------------------------------------------------------
     // out[M,N] = inp[M,K] @ w[N,K]^T + b[N]   (b may be NULL)

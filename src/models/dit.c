@@ -262,7 +262,7 @@ int dc_dit_reserve(dc_dit *m, int max_batch) {
     if ((int64_t)max_batch * T * widest > INT32_MAX || (int64_t)max_batch * 6 * D > INT32_MAX)
         return dc_fail("batch %d is too large for this model (activations over 2^31 elements)", max_batch);
     if (m->acts && m->max_batch >= max_batch) return 0;
-    DC_TRY(m->be->reserve(m->be, (int)T));
+    DC_TRY(m->be->reserve(m->be, (int)T, c->hidden / c->heads));
     free_acts(m);
     dc_dit_acts *a = calloc(1, sizeof *a);
     if (!a) return dc_fail("out of memory");

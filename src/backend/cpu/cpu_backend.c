@@ -52,7 +52,8 @@ static void cpu_destroy(dc_backend *be) {
 }
 
 // Attention keeps two T x T blocks per thread (see cpu_attention.c).
-static int cpu_reserve(dc_backend *be, int max_tokens) {
+static int cpu_reserve(dc_backend *be, int max_tokens, int head_dim) {
+    (void)head_dim;  // any head size works on the CPU
     dc_cpu_ctx *ctx = be->ctx;
     // Round each thread's slice to a cache line so threads never share one.
     size_t per_thread = (2 * (size_t)max_tokens * max_tokens + 15) / 16 * 16;

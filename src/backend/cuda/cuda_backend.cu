@@ -105,9 +105,12 @@ static void cu_sync(dc_backend *be) { DC_CUDA(cudaStreamSynchronize(dc_cuda(be)-
 
 // Attention keeps no workspace (the kernels rebuild what they need), so
 // reserving only checks that the shape is supported.
-static int cu_reserve(dc_backend *be, int max_tokens) {
+static int cu_reserve(dc_backend *be, int max_tokens, int head_dim) {
     (void)be;
     if (max_tokens < 1) return dc_fail("cuda: reserve for %d tokens", max_tokens);
+    if (head_dim < 1 || head_dim > dc_cuda_attn_max_head_dim())
+        return dc_fail("cuda: attention head size %d is not supported (at most %d: use more heads)", head_dim,
+                       dc_cuda_attn_max_head_dim());
     return 0;
 }
 
