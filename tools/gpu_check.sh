@@ -6,7 +6,7 @@
 #             `diffusion forward` GPU vs CPU on the golden model, the same seed's
 #             starting noise on both, and a short training run on each whose
 #             loss curves are compared
-#   sanitize  compute-sanitizer memcheck over test_cuda
+#   sanitize  compute-sanitizer (memcheck, racecheck, synccheck, initcheck) over test_cuda
 #   bench     `diffusion bench` on --model at --batch (training, sampling at 32
 #             and at 1 with guidance), then tools/bench_pytorch.py on the same
 #             workloads (eager bf16 and torch.compile), then the ratios
@@ -78,11 +78,15 @@ fi
 
 if has sanitize; then
   if command -v compute-sanitizer > /dev/null; then
-    timeout 400 compute-sanitizer --tool memcheck --leak-check no --error-exitcode 9 "$TESTS/test_cuda" 1 \
-      > "$OUT/sanitize.log" 2>&1
-    rc=$?
-    grep -E "ERROR SUMMARY|Invalid|FAIL" "$OUT/sanitize.log" | head -5
-    note "compute-sanitizer memcheck on test_cuda: rc $rc, $(grep -h 'ERROR SUMMARY' "$OUT/sanitize.log" | tail -1)"
+    # memcheck (out-of-bounds and misaligned accesses), racecheck (shared-memory
+    # hazards), synccheck (barriers) and initcheck (reads of unwritten memory)
+    for tool in memcheck racecheck synccheck initcheck; do
+      timeout 300 compute-sanitizer --tool $tool --error-exitcode 9 "$TESTS/test_cuda" 1 \
+        > "$OUT/sanitize_$tool.log" 2>&1
+      rc=$?
+      grep -E "Invalid|Race|Barrier|Uninitialized|FAIL" "$OUT/sanitize_$tool.log" | head -3
+      note "compute-sanitizer $tool on test_cuda: exit $rc, $(grep -h 'SUMMARY' "$OUT/sanitize_$tool.log" | tail -1)"
+    done
   else
     note "compute-sanitizer: not installed"
   fi
