@@ -81,7 +81,7 @@ if has sanitize; then
     # memcheck (out-of-bounds and misaligned accesses), racecheck (shared-memory
     # hazards), synccheck (barriers) and initcheck (reads of unwritten memory)
     for tool in memcheck racecheck synccheck initcheck; do
-      timeout 300 compute-sanitizer --tool $tool --error-exitcode 9 "$TESTS/test_cuda" 1 \
+      timeout "${SANITIZE_TIMEOUT:-300}" compute-sanitizer --tool $tool --error-exitcode 9 "$TESTS/test_cuda" 1 \
         > "$OUT/sanitize_$tool.log" 2>&1
       rc=$?
       grep -E "Invalid|Race|Barrier|Uninitialized|FAIL" "$OUT/sanitize_$tool.log" | head -3

@@ -7,7 +7,7 @@
 // ordinary CPU memory of a few numbers per sample; everything else lives on
 // the backend. Unless a comment says "+=", outputs are overwritten.
 // Ops are asynchronous with respect to the host except where they return a
-// value to it (sumsq, download); dc_backend_sync() waits for all of them.
+// value to it (download); dc_backend_sync() waits for all of them.
 #pragma once
 #include <stdbool.h>
 #include <stdint.h>

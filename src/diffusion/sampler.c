@@ -133,6 +133,9 @@ int dc_sampler_run(dc_sampler *s, dc_buf x, const int32_t *y, const uint32_t *id
     if (B < 1 || B > s->max_batch)
         return dc_fail("sampler: batch %d outside [1, %d]", B, s->max_batch);
     dc_backend *be = s->be;
+    // A graph from an earlier run may point at buffers the model has since
+    // replaced (a new reserve): record afresh in every run.
+    if (s->graph) be->graph_free(be, s->graph), s->graph = NULL;
     int64_t HW = (int64_t)s->H * s->W, n = (int64_t)s->C * HW;
     int rows = s->cfg ? 2 * B : B;
 

@@ -261,6 +261,8 @@ int dc_dit_reserve(dc_dit *m, int max_batch) {
     for (int i = 0; i < 4; i++) widest = per_token[i] > widest ? per_token[i] : widest;
     if ((int64_t)max_batch * T * widest > INT32_MAX || (int64_t)max_batch * 6 * D > INT32_MAX)
         return dc_fail("batch %d is too large for this model (activations over 2^31 elements)", max_batch);
+    if (max_batch > 65535)  // GPU kernels put the sample in a grid dimension of that size
+        return dc_fail("batch %d is too large: at most 65535 images per forward (use --micro-batch)", max_batch);
     if (m->acts && m->max_batch >= max_batch) return 0;
     DC_TRY(m->be->reserve(m->be, (int)T, c->hidden / c->heads));
     free_acts(m);

@@ -11,11 +11,6 @@
 #define BF(b) ((b).dt == DC_BF16)
 enum { ROWS_PER_BLOCK = 8 };
 
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
 __global__ void k_ln_mod_fwd(void *out, int obf, float *mean, float *rstd, const void *x, int xbf,
                              const void *mod, int mbf, int rows, int T, int D, int nchunk, int ch_shift,
                              int ch_scale) {
@@ -25,13 +20,13 @@ __global__ void k_ln_mod_fwd(void *out, int obf, float *mean, float *rstd, const
     int64_t base = (int64_t)row * D;
     float s = 0.0f;
     for (int d = lane; d < D; d += 32) s += dc_ld(x, base + d, xbf);
-    float mu = warp_sum(s) / D;
+    float mu = dc_warp_sum(s) / D;
     float ss = 0.0f;
     for (int d = lane; d < D; d += 32) {
         float t = dc_ld(x, base + d, xbf) - mu;
         ss += t * t;
     }
-    float r = dc_ln_rstd(warp_sum(ss) / D);
+    float r = dc_ln_rstd(dc_warp_sum(ss) / D);
     int64_t sh = ((int64_t)b * nchunk + ch_shift) * D, sc = ((int64_t)b * nchunk + ch_scale) * D;
     for (int d = lane; d < D; d += 32) {
         float xh = (dc_ld(x, base + d, xbf) - mu) * r;
@@ -74,14 +69,14 @@ __global__ void k_ln_mod_fwd_v4(__nv_bfloat16 *out, float *mean, float *rstd, co
         v[k] = j < D4 ? xr[j] : make_float4(0, 0, 0, 0);
         s += v[k].x + v[k].y + v[k].z + v[k].w;
     }
-    float mu = warp_sum(s) / D, ss = 0.0f;
+    float mu = dc_warp_sum(s) / D, ss = 0.0f;
 #pragma unroll
     for (int k = 0; k < VPL; k++) {
         if (lane + 32 * k >= D4) continue;
         float a = v[k].x - mu, bb = v[k].y - mu, c = v[k].z - mu, d = v[k].w - mu;
         ss += a * a + bb * bb + c * c + d * d;
     }
-    float r = dc_ln_rstd(warp_sum(ss) / D);
+    float r = dc_ln_rstd(dc_warp_sum(ss) / D);
     const __nv_bfloat16 *sh = mod + ((int64_t)b * nchunk + ch_shift) * D, *sc = mod + ((int64_t)b * nchunk + ch_scale) * D;
     __nv_bfloat16 *o = out + (int64_t)row * D;
 #pragma unroll
@@ -117,7 +112,7 @@ __global__ void k_ln_mod_bwd_dx_v4(float *dx, const __nv_bfloat16 *dout, const f
         sg += g[k].x + g[k].y + g[k].z + g[k].w;
         sgx += g[k].x * xh[k].x + g[k].y * xh[k].y + g[k].z * xh[k].z + g[k].w * xh[k].w;
     }
-    float mg = warp_sum(sg) / D, mgx = warp_sum(sgx) / D;
+    float mg = dc_warp_sum(sg) / D, mgx = dc_warp_sum(sgx) / D;
     float4 *dr = (float4 *)(dx + (int64_t)row * D);
 #pragma unroll
     for (int k = 0; k < VPL; k++) {
@@ -178,7 +173,7 @@ __global__ void k_ln_mod_bwd_dx(void *dx, int dxbf, const void *dout, int gbf, c
         float xh = (dc_ld(x, base + d, xbf) - mu) * r;
         sg += g, sgx += g * xh;
     }
-    float mg = warp_sum(sg) / D, mgx = warp_sum(sgx) / D;
+    float mg = dc_warp_sum(sg) / D, mgx = dc_warp_sum(sgx) / D;
     for (int d = lane; d < D; d += 32) {
         float g = dc_ld(dout, base + d, gbf) * (1.0f + dc_ld(mod, sc + d, mbf));
         float xh = (dc_ld(x, base + d, xbf) - mu) * r;

@@ -39,17 +39,6 @@ constexpr float kLn2 = 0.6931471805599453f;
 #define F_LD (ATTN_MAX_DH + 1)     // padded row stride of chunk tiles
 #define F_NC (ATTN_MAX_DH / 32)    // accumulator columns per lane
 
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
 // Forward: a block handles 4 warps x F_FR query rows; a warp keeps F_FR rows
 // in flight so each K/V value read from shared memory serves several rows.
 #define F_FR 4
@@ -112,10 +101,10 @@ attn_fwd_f32(float *__restrict__ out, float *__restrict__ lse, const float *__re
 #pragma unroll
         for (int r = 0; r < F_FR; r++) {
             const float s = key_ok ? sc[r] * scale : -INFINITY;
-            const float mnew = fmaxf(m[r], warp_max(s));
+            const float mnew = fmaxf(m[r], dc_warp_max(s));
             const float alpha = expf(m[r] - mnew);
             p[r] = expf(s - mnew);
-            l[r] = l[r] * alpha + warp_sum(p[r]);
+            l[r] = l[r] * alpha + dc_warp_sum(p[r]);
             m[r] = mnew;
 #pragma unroll
             for (int c = 0; c < F_NC; c++) o[r][c] *= alpha;
@@ -161,7 +150,7 @@ attn_fwd_f32(float *__restrict__ out, float *__restrict__ lse, const float *__re
 __device__ __forceinline__ float delta_f32(const float *dorow, const float *orow, int Dh) {
     float acc = 0.0f;
     for (int d = threadIdx.x & 31; d < Dh; d += 32) acc = fmaf(dorow[d], orow[d], acc);
-    return warp_sum(acc);
+    return dc_warp_sum(acc);
 }
 
 __global__ void __launch_bounds__(kThreads)

@@ -1,7 +1,7 @@
 // The CUDA backend: device memory, the one stream every op runs on, pinned
 // staging for uploads, graph capture, and the table of ops.
 //
-// Nothing here synchronises with the host except download, sumsq and sync:
+// Nothing here synchronises with the host except download and sync:
 // uploads go through a pinned ring buffer, so the host copies its data and
 // returns while the device is still busy with earlier work.
 #include <stdio.h>
@@ -29,11 +29,11 @@ static void *cu_alloc(dc_backend *be, size_t bytes) {
     }
     cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
     if (e != cudaSuccess) {
-        cudaGetLastError();  // not sticky: later calls still work
+        cudaGetLastError();  // an allocation failure is not sticky: later calls still work
         size_t fr = 0, tot = 0;
         cudaMemGetInfo(&fr, &tot);
-        dc_fail("GPU out of memory: %.1f MiB requested, %.1f MiB free of %.1f MiB", bytes / 1048576.0,
-                fr / 1048576.0, tot / 1048576.0);
+        dc_fail("GPU allocation of %.1f MiB failed (%s; %.1f MiB free of %.1f MiB)", bytes / 1048576.0,
+                cudaGetErrorString(e), fr / 1048576.0, tot / 1048576.0);
         return NULL;
     }
     c->allocs[c->nallocs++] = (dc_cuda_alloc_rec){p, bytes};
@@ -56,21 +56,24 @@ static void cu_free(dc_backend *be, void *p) {
 
 static void cu_memory(dc_backend *be, size_t *now, size_t *peak) {
     dc_cuda_ctx *c = dc_cuda(be);
-    if (now) *now = c->bytes_now + c->lt_ws_bytes + DC_CUDA_RING_BYTES;
+    if (now) *now = c->bytes_now + c->lt_ws_bytes;
     if (peak) *peak = c->bytes_peak + c->lt_ws_bytes;
 }
 
-// Uploads of up to an eighth of the ring are staged: the host waits only if
-// the device still has not consumed the copy made a whole ring earlier.
+// Uploads are staged through the ring in pieces of at most an eighth of it:
+// the host waits only if the device has not yet consumed the copy made a
+// whole ring earlier.
+static void upload_piece(dc_cuda_ctx *c, void *dst, const void *src, size_t bytes);
+
 static void cu_upload(dc_backend *be, void *dst, const void *src, size_t bytes) {
     dc_cuda_ctx *c = dc_cuda(be);
     const size_t part = DC_CUDA_RING_BYTES / 8;
-    if (bytes == 0) return;
-    if (bytes > part) {  // large (weights, datasets): a plain synchronous copy
-        DC_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream));
-        DC_CUDA(cudaStreamSynchronize(c->stream));
-        return;
-    }
+    for (size_t off = 0; off < bytes; off += part)
+        upload_piece(c, (char *)dst + off, (const char *)src + off, bytes - off < part ? bytes - off : part);
+}
+
+static void upload_piece(dc_cuda_ctx *c, void *dst, const void *src, size_t bytes) {
+    const size_t part = DC_CUDA_RING_BYTES / 8;
     size_t slot = c->ring_head / part;
     if (c->ring_head % part + bytes > part) {  // move to the next slot
         slot = (slot + 1) % 8;
@@ -124,6 +127,7 @@ static void *cu_graph_capture(dc_backend *be, int (*fn)(void *arg), void *arg) {
     cudaError_t e = cudaStreamEndCapture(c->stream, &g);
     if (rc != 0) {
         if (g) cudaGraphDestroy(g);
+        cudaGetLastError();  // a capture that fn's failure invalidated leaves an error behind
         return NULL;
     }
     if (e != cudaSuccess) {
@@ -169,15 +173,15 @@ static void cu_attn_bwd(dc_backend *be, dc_buf dqkv, dc_buf dout, dc_buf qkv, dc
 // ---- creation ----------------------------------------------------------------------------
 static void cu_destroy(dc_backend *be) {
     dc_cuda_ctx *c = dc_cuda(be);
-    cudaStreamSynchronize(c->stream);
+    if (c->stream) cudaStreamSynchronize(c->stream);
     dc_cuda_gemm_free(c);
     if (c->lt) cublasLtDestroy(c->lt);
-    cudaFree(c->lt_ws);
-    cudaFree(c->red);
-    cudaFreeHost(c->ring);
+    if (c->lt_ws) cudaFree(c->lt_ws);
+    if (c->red) cudaFree(c->red);
+    if (c->ring) cudaFreeHost(c->ring);
     for (int i = 0; i < 8; i++)
         if (c->ring_ev[i]) cudaEventDestroy(c->ring_ev[i]);
-    cudaStreamDestroy(c->stream);
+    if (c->stream) cudaStreamDestroy(c->stream);
     free(c->allocs);
     free(c);
     free(be);
@@ -198,22 +202,27 @@ extern "C" dc_backend *dc_backend_cuda_create(bool fp32) {
         dc_fail("out of memory");
         return NULL;
     }
-    c->fp32 = fp32;
-    DC_CUDA(cudaGetDevice(&c->device));
-    DC_CUDA(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
-    if (cublasLtCreate(&c->lt) != CUBLAS_STATUS_SUCCESS) {
-        dc_fail("cuda: cuBLASLt did not start");
-        cudaStreamDestroy(c->stream);
-        free(c), free(be);
-        return NULL;
-    }
+    // A GPU that is present but unusable (busy in exclusive mode, full) is a
+    // clean failure, so "auto" can fall back to the CPU.
+    be->ctx = c;
     c->lt_ws_bytes = (size_t)64 << 20;
-    DC_CUDA(cudaMalloc(&c->lt_ws, c->lt_ws_bytes));
-    DC_CUDA(cudaMalloc((void **)&c->red, 1024 * sizeof(double)));
-    DC_CUDA(cudaMallocHost((void **)&c->ring, DC_CUDA_RING_BYTES));
-    for (int i = 0; i < 8; i++) {
-        DC_CUDA(cudaEventCreateWithFlags(&c->ring_ev[i], cudaEventDisableTiming));
-        DC_CUDA(cudaEventRecord(c->ring_ev[i], c->stream));
+    const char *step = "stream";
+    e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
+    if (e == cudaSuccess) step = "cuBLASLt", e = cublasLtCreate(&c->lt) == CUBLAS_STATUS_SUCCESS ? cudaSuccess
+                                                                                                : cudaErrorUnknown;
+    if (e == cudaSuccess) step = "workspace", e = cudaMalloc(&c->lt_ws, c->lt_ws_bytes);
+    if (e == cudaSuccess) step = "reduction buffer", e = cudaMalloc((void **)&c->red, 1024 * sizeof(double));
+    if (e == cudaSuccess) step = "pinned upload buffer", e = cudaMallocHost((void **)&c->ring, DC_CUDA_RING_BYTES);
+    for (int i = 0; i < 8 && e == cudaSuccess; i++) {
+        step = "events";
+        e = cudaEventCreateWithFlags(&c->ring_ev[i], cudaEventDisableTiming);
+        if (e == cudaSuccess) e = cudaEventRecord(c->ring_ev[i], c->stream);
+    }
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        dc_fail("the CUDA GPU could not be used (%s: %s)", step, cudaGetErrorString(e));
+        cu_destroy(be);
+        return NULL;
     }
     *be = (dc_backend){
         .name = fp32 ? "cuda-fp32" : "cuda",

@@ -16,13 +16,16 @@ __device__ __forceinline__ void dc_st(void *p, int64_t i, float v, int bf16) {
     else ((float *)p)[i] = v;
 }
 
-// Typed loads and stores for kernels templated on the element type.
-__device__ __forceinline__ float dc_to_f(float v) { return v; }
-__device__ __forceinline__ float dc_to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <typename T> __device__ __forceinline__ T dc_from_f(float v);
-template <> __device__ __forceinline__ float dc_from_f<float>(float v) { return v; }
-template <> __device__ __forceinline__ __nv_bfloat16 dc_from_f<__nv_bfloat16>(float v) {
-    return __float2bfloat16(v);
+// Sum and max over the 32 lanes of a warp (every lane gets the result).
+__device__ __forceinline__ float dc_warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float dc_warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
 }
 
 static inline unsigned dc_blocks(int64_t n, int threads) {

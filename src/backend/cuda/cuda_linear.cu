@@ -18,7 +18,9 @@ struct dc_gemm_plan {
     // key
     int m, n, k, lda, ldb, ldd, ta, tb, epi, align;  // epi: a cublasLtEpilogue_t, 0 for none
     dc_dtype ab, d;
-    // value
+    // value (ok false: cuBLASLt has no algorithm for this fused product; remembered
+    // so the heuristic is not asked again)
+    bool ok;
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t la, lb, ld;
     cublasLtMatmulAlgo_t algo;
@@ -54,9 +56,11 @@ static dc_gemm_plan *find_plan(dc_cuda_ctx *c, const dc_gemm_plan *key) {
 
 static bool uses_aux(int epi) { return epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || epi == CUBLASLT_EPILOGUE_DGELU; }
 
-// A new plan, or NULL when cuBLASLt has no algorithm for a fused epilogue
-// (the caller then runs the plain product and a separate kernel).
-static dc_gemm_plan *make_plan(dc_cuda_ctx *c, const dc_gemm_plan *key, const void *aux) {
+// A new plan; ok is false when cuBLASLt has no algorithm for a fused
+// epilogue (the caller then runs the plain product and a separate kernel).
+// The bias and aux pointers go on the descriptor before the heuristic, which
+// reads their alignment.
+static dc_gemm_plan *make_plan(dc_cuda_ctx *c, const dc_gemm_plan *key, const void *bias, const void *aux) {
     if (c->nplans == c->cap_plans) {
         int cap = c->cap_plans ? 2 * c->cap_plans : 64;
         dc_gemm_plan *t = (dc_gemm_plan *)realloc(c->plans, cap * sizeof *t);
@@ -73,6 +77,7 @@ static dc_gemm_plan *make_plan(dc_cuda_ctx *c, const dc_gemm_plan *key, const vo
         cublasLtEpilogue_t epi = (cublasLtEpilogue_t)key->epi;
         LT(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
     }
+    if (bias) LT(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
     if (uses_aux(key->epi)) {  // the GELU input, laid out as D
         int64_t ld = key->ldd;
         int32_t t = cuda_type(key->d);
@@ -100,10 +105,10 @@ static dc_gemm_plan *make_plan(dc_cuda_ctx *c, const dc_gemm_plan *key, const vo
     cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(c->lt, p->desc, p->la, p->lb, p->ld, p->ld, pref, 1,
                                                        &res, &found);
     cublasLtMatmulPreferenceDestroy(pref);
-    if ((st != CUBLAS_STATUS_SUCCESS || found == 0) && uses_aux(key->epi)) {
-        cublasLtMatmulDescDestroy(p->desc);
-        cublasLtMatrixLayoutDestroy(p->la), cublasLtMatrixLayoutDestroy(p->lb), cublasLtMatrixLayoutDestroy(p->ld);
-        return NULL;
+    c->nplans++;
+    if ((st != CUBLAS_STATUS_SUCCESS || found == 0) && key->epi) {
+        p->ok = false;
+        return p;
     }
     if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
         char what[160];
@@ -112,28 +117,29 @@ static dc_gemm_plan *make_plan(dc_cuda_ctx *c, const dc_gemm_plan *key, const vo
         dc_cuda_fatal(what, cublasLtGetStatusString(st), __FILE__, __LINE__);
     }
     p->algo = res.algo;
-    c->nplans++;
+    p->ok = true;
     return p;
 }
 
 // Column-major D[m,n] = op(A) op(B) (+ bias[m]) (+ D if accumulate), with
 // an optional fused epilogue: GELU_AUX_BIAS (aux = the product plus bias,
 // D = gelu(aux)) or DGELU (D = product * gelu'(aux)). Returns false, having
-// done nothing, when cuBLASLt offers no algorithm for a fused epilogue.
+// done nothing, when cuBLASLt offers no algorithm for a fused epilogue
+// (bias included).
 static bool gemm_epi(dc_backend *be, int m, int n, int k, const void *A, int lda, bool ta, const void *B,
                      int ldb, bool tb, void *D, int ldd, dc_dtype ab, dc_dtype d, const void *bias,
                      bool accumulate, int epi, const void *aux) {
     dc_cuda_ctx *c = dc_cuda(be);
-    const void *ptrs[5] = {A, B, D, bias, aux};
+    const void *ptrs[4] = {A, B, D, aux};  // the bias is checked by the callers (16 bytes)
     dc_gemm_plan key;
     memset(&key, 0, sizeof key);
     key.m = m, key.n = n, key.k = k, key.lda = lda, key.ldb = ldb, key.ldd = ldd;
     key.ta = ta, key.tb = tb, key.ab = ab, key.d = d;
     key.epi = epi ? epi : bias ? CUBLASLT_EPILOGUE_BIAS : 0;
-    key.align = common_alignment(ptrs, 5);
+    key.align = common_alignment(ptrs, 4);
     dc_gemm_plan *p = find_plan(c, &key);
-    if (!p) p = make_plan(c, &key, aux);
-    if (!p) return false;
+    if (!p) p = make_plan(c, &key, bias, aux);
+    if (!p->ok) return false;
     if (bias) LT(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
     if (aux) LT(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
     const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
@@ -142,19 +148,25 @@ static bool gemm_epi(dc_backend *be, int m, int n, int k, const void *A, int lda
     return true;
 }
 
+// A plain product (no epilogue: cuBLASLt always has an algorithm for one).
 static void gemm(dc_backend *be, int m, int n, int k, const void *A, int lda, bool ta, const void *B,
-                 int ldb, bool tb, void *D, int ldd, dc_dtype ab, dc_dtype d, const void *bias,
-                 bool accumulate) {
-    gemm_epi(be, m, n, k, A, lda, ta, B, ldb, tb, D, ldd, ab, d, bias, accumulate, 0, NULL);
+                 int ldb, bool tb, void *D, int ldd, dc_dtype ab, dc_dtype d, bool accumulate) {
+    gemm_epi(be, m, n, k, A, lda, ta, B, ldb, tb, D, ldd, ab, d, NULL, accumulate, 0, NULL);
 }
+
+// A bias fuses into the epilogue when its dtype is the output's and it is 16-byte
+// aligned (biases are slices of the flat weight buffer, at any offset).
+static bool fusable_bias(dc_buf b, dc_buf out) { return b.p && b.dt == out.dt && !((uintptr_t)b.p & 15); }
 
 extern "C" void dc_cuda_linear_fwd(dc_backend *be, dc_buf out, dc_buf inp, dc_buf w, dc_buf b, int M,
                                    int K, int N) {
     if (inp.dt != w.dt) dc_cuda_fatal("linear_fwd", "input and weight dtypes differ", __FILE__, __LINE__);
-    // out^T[N,M] = w^T... in column-major terms: (w as K x N)^T (inp as K x M)
-    bool fuse = b.p && b.dt == out.dt;
-    gemm(be, N, M, K, w.p, K, true, inp.p, K, false, out.p, N, inp.dt, out.dt, fuse ? b.p : NULL, false);
-    if (b.p && !fuse) dc_cuda_add_bias(be, out, b, M, N);
+    // out^T[N,M] = (w as K x N)^T (inp as K x M), in column-major terms
+    bool fused = fusable_bias(b, out) &&
+                 gemm_epi(be, N, M, K, w.p, K, true, inp.p, K, false, out.p, N, inp.dt, out.dt, b.p, false, 0, NULL);
+    if (fused) return;
+    gemm(be, N, M, K, w.p, K, true, inp.p, K, false, out.p, N, inp.dt, out.dt, false);
+    if (b.p) dc_cuda_add_bias(be, out, b, M, N);
 }
 
 extern "C" void dc_cuda_linear_bwd(dc_backend *be, dc_buf dinp, dc_buf dw, dc_buf db, dc_buf dout,
@@ -162,16 +174,16 @@ extern "C" void dc_cuda_linear_bwd(dc_backend *be, dc_buf dinp, dc_buf dw, dc_bu
     if (inp.dt != w.dt || dout.dt != w.dt)
         dc_cuda_fatal("linear_bwd", "dout, input and weight dtypes differ", __FILE__, __LINE__);
     // dinp^T[K,M] = (w as K x N) (dout as N x M)
-    if (dinp.p) gemm(be, K, M, N, w.p, K, false, dout.p, N, false, dinp.p, K, dout.dt, dinp.dt, NULL, accumulate);
+    if (dinp.p) gemm(be, K, M, N, w.p, K, false, dout.p, N, false, dinp.p, K, dout.dt, dinp.dt, accumulate);
     // dw^T[K,N] += (inp as K x M) (dout as N x M)^T, in fp32
-    if (dw.p) gemm(be, K, N, M, inp.p, K, false, dout.p, N, true, dw.p, K, dout.dt, dw.dt, NULL, true);
+    if (dw.p) gemm(be, K, N, M, inp.p, K, false, dout.p, N, true, dw.p, K, dout.dt, dw.dt, true);
     if (db.p) dc_cuda_bias_grad(be, db, dout, M, N);
 }
 
 // pre = inp w^T + b and out = gelu(pre) from one product (fc1 of the MLP).
 extern "C" void dc_cuda_linear_gelu_fwd(dc_backend *be, dc_buf out, dc_buf pre, dc_buf inp, dc_buf w, dc_buf b,
                                         int M, int K, int N) {
-    bool fused = b.p && b.dt == out.dt && pre.dt == out.dt && inp.dt == w.dt && N % 8 == 0 &&
+    bool fused = fusable_bias(b, out) && pre.dt == out.dt && inp.dt == w.dt && N % 8 == 0 &&
                  gemm_epi(be, N, M, K, w.p, K, true, inp.p, K, false, out.p, N, inp.dt, out.dt, b.p, false,
                           CUBLASLT_EPILOGUE_GELU_AUX_BIAS, pre.p);
     if (fused) return;
@@ -196,7 +208,7 @@ extern "C" void dc_cuda_linear_bwd_gelu(dc_backend *be, dc_buf dpre, dc_buf dw, 
 
 extern "C" void dc_cuda_gemm_free(dc_cuda_ctx *c) {
     for (int i = 0; i < c->nplans; i++) {
-        cublasLtMatmulDescDestroy(c->plans[i].desc);
+        cublasLtMatmulDescDestroy(c->plans[i].desc);  // kept also for plans that are not ok
         cublasLtMatrixLayoutDestroy(c->plans[i].la);
         cublasLtMatrixLayoutDestroy(c->plans[i].lb);
         cublasLtMatrixLayoutDestroy(c->plans[i].ld);
@@ -237,7 +249,7 @@ extern "C" double dc_cuda_gemm_peak(dc_backend *be) {
     float ms[10];
     for (int i = -3; i < 10; i++) {
         DC_CUDA(cudaEventRecord(e0, c->stream));
-        gemm(be, n, n, n, a, n, true, b, n, false, d, n, dt, dt, NULL, false);
+        gemm(be, n, n, n, a, n, true, b, n, false, d, n, dt, dt, false);
         DC_CUDA(cudaEventRecord(e1, c->stream));
         DC_CUDA(cudaEventSynchronize(e1));
         if (i >= 0) DC_CUDA(cudaEventElapsedTime(&ms[i], e0, e1));

@@ -15,7 +15,6 @@ typedef struct dc_gemm_plan dc_gemm_plan;
 typedef struct { void *p; size_t bytes; } dc_cuda_alloc_rec;
 
 typedef struct {
-    int device;
     cudaStream_t stream;
     cublasLtHandle_t lt;
     void *lt_ws;              // cuBLASLt workspace
@@ -29,7 +28,6 @@ typedef struct {
     dc_cuda_alloc_rec *allocs;     // live allocations
     int nallocs, cap_allocs;
     size_t bytes_now, bytes_peak;  // device memory we hold
-    bool fp32;                // checking mode: everything in fp32, no tensor-core bf16
 } dc_cuda_ctx;
 
 static inline dc_cuda_ctx *dc_cuda(dc_backend *be) { return (dc_cuda_ctx *)be->ctx; }
