@@ -17,6 +17,7 @@
 
 #include "backend/backend.h"
 #include "core/error.h"
+#include "diffusion/sampler.h"
 #include "models/dit.h"
 
 static dc_backend *g_cpu, *g_gpu;
@@ -117,14 +118,22 @@ static void release(void) {
 }
 
 // ---- ops ---------------------------------------------------------------------------------
-static void test_linear(int M, int K, int N, bool out32) {
+// A view `off` elements into a pair (weights and biases are slices of one flat
+// buffer, at any offset).
+static pair offset(pair p, int64_t off) {
+    return (pair){dc_buf_at(p.c, off), dc_buf_at(p.g, off), p.n - off};
+}
+
+// off > 0 puts the weight and bias at unaligned offsets
+static void test_linear(int M, int K, int N, bool out32, int off) {
     char name[96];
     dc_dtype ot = out32 ? DC_F32 : g_ct;
-    pair x = rand_pair((int64_t)M * K, g_ct, -1, 1), w = rand_pair((int64_t)N * K, g_ct, -0.1, 0.1);
-    pair b = rand_pair(N, g_ct, -1, 1), out = nan_pair((int64_t)M * N, ot);
+    pair x = rand_pair((int64_t)M * K, g_ct, -1, 1), w = offset(rand_pair((int64_t)N * K + off, g_ct, -0.1, 0.1), off);
+    pair b = offset(rand_pair(N + off, g_ct, -1, 1), off), out = nan_pair((int64_t)M * N, ot);
     g_cpu->linear_fwd(g_cpu, out.c, x.c, w.c, b.c, M, K, N);
     g_gpu->linear_fwd(g_gpu, out.g, x.g, w.g, b.g, M, K, N);
-    snprintf(name, sizeof name, "linear_fwd %dx%dx%d%s", M, K, N, out32 ? " (fp32 out)" : "");
+    snprintf(name, sizeof name, "linear_fwd %dx%dx%d%s%s", M, K, N, out32 ? " (fp32 out)" : "",
+             off ? " (w, b unaligned)" : "");
     compare(name, out, out32 && g_ct == DC_F32 ? 1e-5 : g_tol);
     // backward: dinp accumulated in fp32 (dsilu_c style) or written in compute
     pair dout = rand_pair((int64_t)M * N, g_ct, -1, 1);
@@ -333,6 +342,10 @@ static void test_optim(void) {
 }
 
 // ---- a whole model ---------------------------------------------------------------------------
+static int eval_dit(void *ctx, dc_buf out, dc_buf x, dc_buf t, dc_buf y, int B) {
+    return dc_dit_forward(ctx, out, x, t, y, B);
+}
+
 static void test_model(void) {
     dc_dit_config cfg = {.input_size = 16, .patch = 2, .in_channels = 4, .hidden = 144, .depth = 3, .heads = 2,
                          .mlp_hidden = 576, .num_classes = 10, .learn_sigma = true};
@@ -379,6 +392,23 @@ static void test_model(void) {
     }
     pair grad = {mc.params.grad, mg.params.grad, np};
     compare("DiT backward (all gradients)", grad, g_ct == DC_F32 ? 1e-4 : 3e-2);
+    // sampling: 6 guided DDPM steps, the GPU replaying its recorded step from the second on
+    dc_sampler_opts so = dc_sampler_opts_default();
+    so.steps = 6, so.cfg_scale = 4.0f, so.seed = 11, so.null_class = cfg.num_classes;
+    dc_sampler sc, sg;
+    enum { NS = 2 };
+    pair xs = nan_pair((int64_t)NS * C * S * S, DC_F32);
+    int32_t ys[NS] = {1, 9};
+    uint32_t is[NS] = {4, 5};
+    if (dc_sampler_init(&sc, g_cpu, &so, C, S, S, NS) || dc_sampler_init(&sg, g_gpu, &so, C, S, S, NS) ||
+        dc_sampler_run(&sc, xs.c, ys, is, NS, eval_dit, &mc, NULL, NULL) ||
+        dc_sampler_run(&sg, xs.g, ys, is, NS, eval_dit, &mg, NULL, NULL)) {
+        printf("FAIL sampler: %s\n", dc_error());
+        g_fail++;
+    } else {
+        compare("sampler, 6 guided steps (graph replay)", xs, g_ct == DC_F32 ? 1e-4 : 3e-2);
+    }
+    dc_sampler_free(&sc), dc_sampler_free(&sg);
     release();
     dc_dit_free(&mc), dc_dit_free(&mg);
 }
@@ -399,9 +429,11 @@ int main(int argc, char **argv) {
         g_ct = g_gpu->compute;
         g_tol = g_ct == DC_F32 ? 1e-5 : 1e-2;
         printf("== %s (compute %s) ==\n", g_gpu->name, dc_dtype_name(g_ct));
-        test_linear(300, 96, 200, false);
-        test_linear(1024, 1152, 1152, false);
-        test_linear(257, 16, 72, true);
+        test_linear(300, 96, 200, false, 0);
+        test_linear(1024, 1152, 1152, false, 0);
+        test_linear(257, 16, 72, true, 0);
+        test_linear(1, 64, 96, false, 0);   // one row (batch 1 without guidance)
+        test_linear(130, 96, 200, false, 3);
         test_mlp(512, 256, 1024);
         test_mlp(100, 72, 288);
         test_pointwise();
@@ -411,6 +443,7 @@ int main(int argc, char **argv) {
         test_attention(2, 256, 1152, 16); // DiT-XL/2: Dh 72
         test_attention(1, 100, 192, 3);   // Dh 64, ragged tiles
         test_attention(1, 130, 256, 2);   // Dh 128
+        test_attention(1, 77, 100, 4);    // Dh 25: not a multiple of 8
         test_embeddings();
         test_diffusion();
         test_optim();
