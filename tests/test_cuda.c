@@ -8,7 +8,7 @@
 // Error: ||gpu - cpu|| / ||cpu|| per output; NaN fails. Tolerances per mode.
 // Skips (exit 0, with a message) where no GPU is present.
 //
-//   build/tests/test_cuda [seed]
+//   build/tests/test_cuda [seed] [all | groups: linear,pointwise,adaln,attention,diffusion,model]
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -413,8 +413,17 @@ static void test_model(void) {
     dc_dit_free(&mc), dc_dit_free(&mg);
 }
 
+// Groups to run: all, or those named in the second argument ("attention,adaln").
+static const char *g_groups = "all";
+static bool want(const char *group) {
+    if (strcmp(g_groups, "all") == 0) return true;
+    const char *p = strstr(g_groups, group);
+    return p && (p == g_groups || p[-1] == ',');
+}
+
 int main(int argc, char **argv) {
     uint64_t seed = argc > 1 ? strtoull(argv[1], NULL, 10) : (uint64_t)time(NULL);
+    if (argc > 2) g_groups = argv[2];
     g_rng = seed * 2654435761u + 88172645463325252ull;
     printf("test_cuda: seed %llu\n", (unsigned long long)seed);
     g_cpu = dc_backend_cpu_create();
@@ -429,25 +438,26 @@ int main(int argc, char **argv) {
         g_ct = g_gpu->compute;
         g_tol = g_ct == DC_F32 ? 1e-5 : 1e-2;
         printf("== %s (compute %s) ==\n", g_gpu->name, dc_dtype_name(g_ct));
-        test_linear(300, 96, 200, false, 0);
-        test_linear(1024, 1152, 1152, false, 0);
-        test_linear(257, 16, 72, true, 0);
-        test_linear(1, 64, 96, false, 0);   // one row (batch 1 without guidance)
-        test_linear(130, 96, 200, false, 3);
-        test_mlp(512, 256, 1024);
-        test_mlp(100, 72, 288);
-        test_pointwise();
-        test_adaln(3, 64, 96);
-        test_adaln(2, 256, 1152);
-        test_attention(2, 49, 64, 4);     // demo model: Dh 16, T 49
-        test_attention(2, 256, 1152, 16); // DiT-XL/2: Dh 72
-        test_attention(1, 100, 192, 3);   // Dh 64, ragged tiles
-        test_attention(1, 130, 256, 2);   // Dh 128
-        test_attention(1, 77, 100, 4);    // Dh 25: not a multiple of 8
-        test_embeddings();
-        test_diffusion();
-        test_optim();
-        test_model();
+        if (want("linear")) {
+            test_linear(300, 96, 200, false, 0);
+            test_linear(1024, 1152, 1152, false, 0);
+            test_linear(257, 16, 72, true, 0);
+            test_linear(1, 64, 96, false, 0);   // one row (batch 1 without guidance)
+            test_linear(130, 96, 200, false, 3);
+            test_mlp(512, 256, 1024);
+            test_mlp(100, 72, 288);
+        }
+        if (want("pointwise")) test_pointwise(), test_embeddings();
+        if (want("adaln")) test_adaln(3, 64, 96), test_adaln(2, 256, 1152);
+        if (want("attention")) {
+            test_attention(2, 49, 64, 4);     // demo model: Dh 16, T 49
+            test_attention(2, 256, 1152, 16); // DiT-XL/2: Dh 72
+            test_attention(1, 100, 192, 3);   // Dh 64, ragged tiles
+            test_attention(1, 130, 256, 2);   // Dh 128
+            test_attention(1, 77, 100, 4);    // Dh 25: not a multiple of 8
+        }
+        if (want("diffusion")) test_diffusion(), test_optim();
+        if (want("model")) test_model();
         dc_backend_destroy(g_gpu);
     }
     dc_backend_destroy(g_cpu);
