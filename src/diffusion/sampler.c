@@ -111,19 +111,13 @@ static int run_model(void *arg) {
 }
 
 // Runs the model's part of a step: directly on the first step of a run (it
-// also warms the backend's caches), then through a graph captured for this
-// batch where the backend supports graphs.
+// also warms the backend's caches), then through a graph recorded on the
+// second step, where the backend supports graphs. The call's buffers, batch
+// and model stay the same for the whole run.
 static int model_step(dc_sampler *s, const model_call *mc, bool first) {
     dc_backend *be = s->be;
     if (!be->graph_capture || first) return run_model((void *)mc);
-    bool same = s->graph && s->graph_x == mc->x.p && s->graph_B == mc->B && s->graph_eval == mc->eval &&
-                s->graph_ctx == mc->ctx;
-    if (!same) {
-        if (s->graph) be->graph_free(be, s->graph);
-        s->graph = be->graph_capture(be, run_model, (void *)mc);
-        if (!s->graph) return -1;
-        s->graph_x = mc->x.p, s->graph_B = mc->B, s->graph_eval = mc->eval, s->graph_ctx = mc->ctx;
-    }
+    if (!s->graph && !(s->graph = be->graph_capture(be, run_model, (void *)mc))) return -1;
     be->graph_launch(be, s->graph);
     return 0;
 }

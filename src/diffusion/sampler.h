@@ -54,10 +54,8 @@ typedef struct {
     dc_buf y;           // [(cfg ? 2 : 1) * max_batch] I32 labels
     float *t_host;      // host staging for t and y
     int32_t *y_host;
-    void *graph;        // the model's part of a step, recorded (backends with graphs)
-    void *graph_x, *graph_ctx;  // ... for this input buffer, batch and model
-    int graph_B;
-    dc_eval_fn graph_eval;
+    void *graph;        // the model's part of a step, recorded for the current run
+                        // (backends with graphs)
 } dc_sampler;
 
 // Builds the respaced schedule and allocates all scratch once for batches up

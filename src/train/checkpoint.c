@@ -54,7 +54,6 @@ static int read_flat(const dc_trainer *tr, const dc_st_file *f, const char *name
     if (!h) return dc_fail("out of memory");
     if (dc_st_read_f32(f, t, h)) return free(h), -1;
     tr->be->upload(tr->be, dst.p, h, (size_t)np * sizeof *h);
-    dc_params_touch(&tr->model->params);
     free(h);
     return 0;
 }

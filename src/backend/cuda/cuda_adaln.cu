@@ -8,7 +8,6 @@
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/cuda_ops.h"
 
-#define BF(b) ((b).dt == DC_BF16)
 enum { ROWS_PER_BLOCK = 8 };
 
 __global__ void k_ln_mod_fwd(void *out, int obf, float *mean, float *rstd, const void *x, int xbf,
@@ -128,7 +127,7 @@ __global__ void k_ln_mod_bwd_dx_v4(float *dx, const __nv_bfloat16 *dout, const f
 // Lanes' float4 count for the fast path, or 0 when the shapes or dtypes don't fit it.
 static int fast_vpl(int D, dc_buf stream, dc_buf act, dc_buf mod) {
     if (stream.dt != DC_F32 || act.dt != DC_BF16 || mod.dt != DC_BF16 || D % 4 != 0) return 0;
-    if (((uintptr_t)stream.p & 15) || ((uintptr_t)act.p & 7) || ((uintptr_t)mod.p & 7)) return 0;
+    if (!dc_aligned(stream.p, 16) || !dc_aligned(act.p, 8) || !dc_aligned(mod.p, 8)) return 0;
     int vpl = (D / 4 + 31) / 32;
     return vpl <= VMAX ? vpl : 0;
 }
@@ -213,7 +212,7 @@ extern "C" void dc_cuda_ln_mod_bwd(dc_backend *be, dc_buf dx, dc_buf dmod, dc_bu
     int rows = B * T;
     dim3 block(32, ROWS_PER_BLOCK), grid((rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK);
     int vpl = fast_vpl(D, x, dout, mod);
-    if (dx.dt != DC_F32 || ((uintptr_t)dx.p & 15)) vpl = 0;
+    if (dx.dt != DC_F32 || !dc_aligned(dx.p, 16)) vpl = 0;
     switch (vpl) {
 #define BWD_CASE(V)                                                                                          \
     case V:                                                                                                  \
@@ -264,14 +263,12 @@ __global__ void k_gate_res_fwd_v4(float4 *out, const float4 *x, const uint2 *y, 
     }
 }
 
-static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
-
 extern "C" void dc_cuda_gate_res_fwd(dc_backend *be, dc_buf out, dc_buf x, dc_buf y, dc_buf mod, int B, int T,
                                      int D, int nchunk, int ch_gate) {
     int64_t n = (int64_t)B * T * D;
     cudaStream_t s = dc_cuda(be)->stream;
     if (out.dt == DC_F32 && x.dt == DC_F32 && y.dt == DC_BF16 && mod.dt == DC_BF16 && D % 4 == 0 &&
-        aligned16(out.p) && aligned16(x.p) && ((uintptr_t)y.p & 7) == 0 && ((uintptr_t)mod.p & 7) == 0) {
+        dc_aligned(out.p, 16) && dc_aligned(x.p, 16) && dc_aligned(y.p, 8) && dc_aligned(mod.p, 8)) {
         k_gate_res_fwd_v4<<<dc_blocks(n / 4, 256), 256, 0, s>>>((float4 *)out.p, (const float4 *)x.p,
                                                               (const uint2 *)y.p, (const __nv_bfloat16 *)mod.p, T,
                                                               D, nchunk, ch_gate, n / 4);
@@ -338,8 +335,8 @@ extern "C" void dc_cuda_gate_res_bwd(dc_backend *be, dc_buf dy, dc_buf dmod, dc_
                                      int B, int T, int D, int nchunk, int ch_gate) {
     cudaStream_t s = dc_cuda(be)->stream;
     if (dy.dt == DC_BF16 && dmod.dt == DC_BF16 && dx.dt == DC_F32 && y.dt == DC_BF16 && mod.dt == DC_BF16 &&
-        D % 2 == 0 && !(((uintptr_t)dy.p | (uintptr_t)dmod.p | (uintptr_t)y.p | (uintptr_t)mod.p) & 3) &&
-        !((uintptr_t)dx.p & 7)) {
+        D % 2 == 0 && dc_aligned(dy.p, 4) && dc_aligned(dmod.p, 4) && dc_aligned(y.p, 4) && dc_aligned(mod.p, 4) &&
+        dc_aligned(dx.p, 8)) {
         dim3 grid((D / 2 + 31) / 32, B), block(32, 8);
         k_gate_res_bwd_v2<<<grid, block, 0, s>>>((__nv_bfloat162 *)dy.p, (__nv_bfloat16 *)dmod.p, (const float2 *)dx.p,
                                                  (const __nv_bfloat162 *)y.p, (const __nv_bfloat16 *)mod.p, T, D,

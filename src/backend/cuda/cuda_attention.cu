@@ -7,9 +7,8 @@
 //   backward overwrites dqkv[B,T,3D] with [dq | dk | dv].
 //
 // Two paths, chosen by the element type:
-//  - fp32: plain fp32 FMA kernels (warp-per-row, K/V staged in shared
-//    memory), exact enough to check against the CPU at 1e-4. Not fast.
-//  - bf16: tensor cores through mma.sync m16n8k16 (bf16 in, fp32 accumulate,
+//  - fp32: cuda_attention_f32.cu, plain FMA kernels for checking.
+//  - bf16 (this file): tensor cores through mma.sync m16n8k16 (bf16 in, fp32 accumulate,
 //    fp32 softmax). Dh is padded to a compile-time DP (multiple of 16) with
 //    zeros in shared memory, so Dh = 72 (DiT-XL) runs as DP = 80.
 // Backward is two kernels (dK/dV over key tiles, dQ over query tiles), with
@@ -18,353 +17,13 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "backend/cuda/cuda_attention.h"
 #include "backend/cuda/cuda_common.h"
 
 typedef __nv_bfloat16 bf16;
 
-#define ATTN_MAX_DH 128
-constexpr int kThreads = 128;  // every kernel here: 4 warps
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
-
-// ============================================================================
-// fp32 path
-// ============================================================================
-// Each lane owns head-dim columns lane, lane+32, lane+64, lane+96 of the
-// accumulators (hence Dh <= 128), and, in the score phase, one key (or one
-// query) of a 32-wide chunk. Chunk rows in shared memory have an odd stride
-// (Dh_max + 1) so that 32 lanes reading column d of 32 different rows hit 32
-// different banks.
-#define F_CHUNK 32                 // keys (or queries) per shared-memory chunk
-#define F_LD (ATTN_MAX_DH + 1)     // padded row stride of chunk tiles
-#define F_NC (ATTN_MAX_DH / 32)    // accumulator columns per lane
-
-// Forward: a block handles 4 warps x F_FR query rows; a warp keeps F_FR rows
-// in flight so each K/V value read from shared memory serves several rows.
-#define F_FR 4
-#define F_FROWS (4 * F_FR)
-
-__global__ void __launch_bounds__(kThreads)
-attn_fwd_f32(float *__restrict__ out, float *__restrict__ lse, const float *__restrict__ qkv,
-             int T, int D, int H, int Dh, float scale) {
-    __shared__ float sQ[F_FROWS][ATTN_MAX_DH];
-    __shared__ float sK[F_CHUNK][F_LD];
-    __shared__ float sV[F_CHUNK][F_LD];
-
-    const int ntiles = (T + F_FROWS - 1) / F_FROWS;
-    const int tile = blockIdx.x % ntiles, bh = blockIdx.x / ntiles;
-    const int b = bh / H, h = bh % H;
-    const int q0 = tile * F_FROWS;
-    const int64_t ld = 3 * (int64_t)D;
-    const float *qg = qkv + (int64_t)b * T * ld + (int64_t)h * Dh, *kg = qg + D, *vg = qg + 2 * D;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int wr = warp * F_FR;  // this warp's first row within the block
-
-    for (int e = threadIdx.x; e < F_FROWS * Dh; e += kThreads) {
-        const int r = e / Dh, d = e % Dh;
-        sQ[r][d] = q0 + r < T ? qg[(q0 + r) * ld + d] : 0.0f;
-    }
-
-    float m[F_FR], l[F_FR], o[F_FR][F_NC];
-#pragma unroll
-    for (int r = 0; r < F_FR; r++) {
-        m[r] = -INFINITY;
-        l[r] = 0.0f;
-#pragma unroll
-        for (int c = 0; c < F_NC; c++) o[r][c] = 0.0f;
-    }
-
-    for (int k0 = 0; k0 < T; k0 += F_CHUNK) {
-        __syncthreads();  // previous chunk fully consumed (and sQ written, first time)
-        for (int e = threadIdx.x; e < F_CHUNK * Dh; e += kThreads) {
-            const int j = e / Dh, d = e % Dh;
-            const bool ok = k0 + j < T;
-            sK[j][d] = ok ? kg[(k0 + j) * ld + d] : 0.0f;
-            sV[j][d] = ok ? vg[(k0 + j) * ld + d] : 0.0f;
-        }
-        __syncthreads();
-
-        // Lane = key k0 + lane: its dot product with each of the warp's rows.
-        float sc[F_FR];
-#pragma unroll
-        for (int r = 0; r < F_FR; r++) sc[r] = 0.0f;
-        for (int d = 0; d < Dh; d++) {
-            const float kv = sK[lane][d];
-#pragma unroll
-            for (int r = 0; r < F_FR; r++) sc[r] = fmaf(sQ[wr + r][d], kv, sc[r]);
-        }
-        const bool key_ok = k0 + lane < T;
-
-        // Online softmax. Every chunk holds at least one valid key, so the new
-        // running max is finite and exp(-inf - max) cleanly gives 0.
-        float p[F_FR];
-#pragma unroll
-        for (int r = 0; r < F_FR; r++) {
-            const float s = key_ok ? sc[r] * scale : -INFINITY;
-            const float mnew = fmaxf(m[r], dc_warp_max(s));
-            const float alpha = expf(m[r] - mnew);
-            p[r] = expf(s - mnew);
-            l[r] = l[r] * alpha + dc_warp_sum(p[r]);
-            m[r] = mnew;
-#pragma unroll
-            for (int c = 0; c < F_NC; c++) o[r][c] *= alpha;
-        }
-
-        // o[r][d] += sum_j p_j v_j[d]; invalid keys have p = 0 and v = 0.
-#pragma unroll 4
-        for (int j = 0; j < F_CHUNK; j++) {
-            float pj[F_FR];
-#pragma unroll
-            for (int r = 0; r < F_FR; r++) pj[r] = __shfl_sync(0xffffffffu, p[r], j);
-#pragma unroll
-            for (int c = 0; c < F_NC; c++) {
-                if (lane + 32 * c < Dh) {
-                    const float vv = sV[j][lane + 32 * c];
-#pragma unroll
-                    for (int r = 0; r < F_FR; r++) o[r][c] = fmaf(pj[r], vv, o[r][c]);
-                }
-            }
-        }
-    }
-
-#pragma unroll
-    for (int r = 0; r < F_FR; r++) {
-        const int row = q0 + wr + r;
-        if (row >= T) continue;
-        float *orow = out + ((int64_t)b * T + row) * D + (int64_t)h * Dh;
-        const float inv = 1.0f / l[r];
-#pragma unroll
-        for (int c = 0; c < F_NC; c++)
-            if (lane + 32 * c < Dh) orow[lane + 32 * c] = o[r][c] * inv;
-        if (lane == 0) lse[(int64_t)bh * T + row] = m[r] + logf(l[r]);
-    }
-}
-
-// Backward dK/dV: a block handles 4 warps x F_BR keys and loops over all
-// queries in chunks of 32 (lane = query). Small F_BR keeps the static shared
-// memory under 48 KB at Dh = 128.
-#define F_BR 2
-#define F_BROWS (4 * F_BR)
-
-// Delta[q] = sum_d dO[q,d] O[q,d] for one query, reduced over the warp.
-__device__ __forceinline__ float delta_f32(const float *dorow, const float *orow, int Dh) {
-    float acc = 0.0f;
-    for (int d = threadIdx.x & 31; d < Dh; d += 32) acc = fmaf(dorow[d], orow[d], acc);
-    return dc_warp_sum(acc);
-}
-
-__global__ void __launch_bounds__(kThreads)
-attn_bwd_dkdv_f32(float *__restrict__ dqkv, const float *__restrict__ dout,
-                  const float *__restrict__ qkv, const float *__restrict__ out,
-                  const float *__restrict__ lse, int T, int D, int H, int Dh, float scale) {
-    __shared__ float sQ[F_CHUNK][F_LD];
-    __shared__ float sDO[F_CHUNK][F_LD];
-    __shared__ float sK[F_BROWS][ATTN_MAX_DH];
-    __shared__ float sV[F_BROWS][ATTN_MAX_DH];
-    __shared__ float sLse[F_CHUNK], sDelta[F_CHUNK];
-
-    const int ntiles = (T + F_BROWS - 1) / F_BROWS;
-    const int tile = blockIdx.x % ntiles, bh = blockIdx.x / ntiles;
-    const int b = bh / H, h = bh % H;
-    const int k0 = tile * F_BROWS;
-    const int64_t ld = 3 * (int64_t)D;
-    const float *qg = qkv + (int64_t)b * T * ld + (int64_t)h * Dh, *kg = qg + D, *vg = qg + 2 * D;
-    const float *og = out + (int64_t)b * T * D + (int64_t)h * Dh;
-    const float *dog = dout + (int64_t)b * T * D + (int64_t)h * Dh;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int wk = warp * F_BR;  // this warp's first key within the block
-
-    for (int e = threadIdx.x; e < F_BROWS * Dh; e += kThreads) {
-        const int j = e / Dh, d = e % Dh;
-        const bool ok = k0 + j < T;
-        sK[j][d] = ok ? kg[(k0 + j) * ld + d] : 0.0f;
-        sV[j][d] = ok ? vg[(k0 + j) * ld + d] : 0.0f;
-    }
-
-    float dk[F_BR][F_NC], dv[F_BR][F_NC];
-#pragma unroll
-    for (int r = 0; r < F_BR; r++)
-#pragma unroll
-        for (int c = 0; c < F_NC; c++) dk[r][c] = dv[r][c] = 0.0f;
-
-    for (int qs = 0; qs < T; qs += F_CHUNK) {
-        __syncthreads();  // previous chunk fully consumed
-        for (int e = threadIdx.x; e < F_CHUNK * Dh; e += kThreads) {
-            const int i = e / Dh, d = e % Dh;
-            const bool ok = qs + i < T;
-            sQ[i][d] = ok ? qg[(qs + i) * ld + d] : 0.0f;
-            sDO[i][d] = ok ? dog[(int64_t)(qs + i) * D + d] : 0.0f;
-        }
-        // Each warp computes Delta and loads lse for 8 of the 32 queries.
-        // Queries past T get lse = +inf so that their P is exactly 0.
-        for (int i = warp * 8; i < warp * 8 + 8; i++) {
-            const int q = qs + i;
-            const float dl = q < T ? delta_f32(dog + (int64_t)q * D, og + (int64_t)q * D, Dh) : 0.0f;
-            if (lane == 0) {
-                sDelta[i] = dl;
-                sLse[i] = q < T ? lse[(int64_t)bh * T + q] : INFINITY;
-            }
-        }
-        __syncthreads();
-
-        // Lane = query qs + lane against each of the warp's keys.
-        float sc[F_BR], dp[F_BR];
-#pragma unroll
-        for (int r = 0; r < F_BR; r++) sc[r] = dp[r] = 0.0f;
-        for (int d = 0; d < Dh; d++) {
-            const float qv = sQ[lane][d], dov = sDO[lane][d];
-#pragma unroll
-            for (int r = 0; r < F_BR; r++) {
-                sc[r] = fmaf(qv, sK[wk + r][d], sc[r]);
-                dp[r] = fmaf(dov, sV[wk + r][d], dp[r]);
-            }
-        }
-        float p[F_BR], ds[F_BR];
-#pragma unroll
-        for (int r = 0; r < F_BR; r++) {
-            p[r] = expf(sc[r] * scale - sLse[lane]);
-            ds[r] = p[r] * (dp[r] - sDelta[lane]);
-        }
-
-        // dv[d] += sum_i p_i dO_i[d]; dk[d] += sum_i ds_i q_i[d].
-#pragma unroll 4
-        for (int i = 0; i < F_CHUNK; i++) {
-            float pi[F_BR], dsi[F_BR];
-#pragma unroll
-            for (int r = 0; r < F_BR; r++) {
-                pi[r] = __shfl_sync(0xffffffffu, p[r], i);
-                dsi[r] = __shfl_sync(0xffffffffu, ds[r], i);
-            }
-#pragma unroll
-            for (int c = 0; c < F_NC; c++) {
-                if (lane + 32 * c < Dh) {
-                    const float dov = sDO[i][lane + 32 * c], qv = sQ[i][lane + 32 * c];
-#pragma unroll
-                    for (int r = 0; r < F_BR; r++) {
-                        dv[r][c] = fmaf(pi[r], dov, dv[r][c]);
-                        dk[r][c] = fmaf(dsi[r], qv, dk[r][c]);
-                    }
-                }
-            }
-        }
-    }
-
-#pragma unroll
-    for (int r = 0; r < F_BR; r++) {
-        const int key = k0 + wk + r;
-        if (key >= T) continue;
-        float *dkrow = dqkv + ((int64_t)b * T + key) * ld + D + (int64_t)h * Dh;
-        float *dvrow = dkrow + D;
-#pragma unroll
-        for (int c = 0; c < F_NC; c++) {
-            if (lane + 32 * c < Dh) {
-                dkrow[lane + 32 * c] = dk[r][c] * scale;
-                dvrow[lane + 32 * c] = dv[r][c];
-            }
-        }
-    }
-}
-
-// Backward dQ: a block handles 4 warps x F_BR query rows and loops over all
-// keys in chunks of 32 (lane = key).
-__global__ void __launch_bounds__(kThreads)
-attn_bwd_dq_f32(float *__restrict__ dqkv, const float *__restrict__ dout,
-                const float *__restrict__ qkv, const float *__restrict__ out,
-                const float *__restrict__ lse, int T, int D, int H, int Dh, float scale) {
-    __shared__ float sK[F_CHUNK][F_LD];
-    __shared__ float sV[F_CHUNK][F_LD];
-    __shared__ float sQ[F_BROWS][ATTN_MAX_DH];
-    __shared__ float sDO[F_BROWS][ATTN_MAX_DH];
-
-    const int ntiles = (T + F_BROWS - 1) / F_BROWS;
-    const int tile = blockIdx.x % ntiles, bh = blockIdx.x / ntiles;
-    const int b = bh / H, h = bh % H;
-    const int q0 = tile * F_BROWS;
-    const int64_t ld = 3 * (int64_t)D;
-    const float *qg = qkv + (int64_t)b * T * ld + (int64_t)h * Dh, *kg = qg + D, *vg = qg + 2 * D;
-    const float *og = out + (int64_t)b * T * D + (int64_t)h * Dh;
-    const float *dog = dout + (int64_t)b * T * D + (int64_t)h * Dh;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int wr = warp * F_BR;
-
-    for (int e = threadIdx.x; e < F_BROWS * Dh; e += kThreads) {
-        const int r = e / Dh, d = e % Dh;
-        const bool ok = q0 + r < T;
-        sQ[r][d] = ok ? qg[(q0 + r) * ld + d] : 0.0f;
-        sDO[r][d] = ok ? dog[(int64_t)(q0 + r) * D + d] : 0.0f;
-    }
-    // Per-row constants, identical in every lane (warp_sum broadcasts).
-    float rlse[F_BR], rdelta[F_BR];
-#pragma unroll
-    for (int r = 0; r < F_BR; r++) {
-        const int q = q0 + wr + r;
-        rdelta[r] = q < T ? delta_f32(dog + (int64_t)q * D, og + (int64_t)q * D, Dh) : 0.0f;
-        rlse[r] = q < T ? lse[(int64_t)bh * T + q] : 0.0f;
-    }
-
-    float dq[F_BR][F_NC];
-#pragma unroll
-    for (int r = 0; r < F_BR; r++)
-#pragma unroll
-        for (int c = 0; c < F_NC; c++) dq[r][c] = 0.0f;
-
-    for (int k0 = 0; k0 < T; k0 += F_CHUNK) {
-        __syncthreads();
-        for (int e = threadIdx.x; e < F_CHUNK * Dh; e += kThreads) {
-            const int j = e / Dh, d = e % Dh;
-            const bool ok = k0 + j < T;
-            sK[j][d] = ok ? kg[(k0 + j) * ld + d] : 0.0f;
-            sV[j][d] = ok ? vg[(k0 + j) * ld + d] : 0.0f;
-        }
-        __syncthreads();
-
-        float sc[F_BR], dp[F_BR];
-#pragma unroll
-        for (int r = 0; r < F_BR; r++) sc[r] = dp[r] = 0.0f;
-        for (int d = 0; d < Dh; d++) {
-            const float kv = sK[lane][d], vv = sV[lane][d];
-#pragma unroll
-            for (int r = 0; r < F_BR; r++) {
-                sc[r] = fmaf(sQ[wr + r][d], kv, sc[r]);
-                dp[r] = fmaf(sDO[wr + r][d], vv, dp[r]);
-            }
-        }
-        // Keys past T are zero-filled, which would give P = exp(-lse) != 0:
-        // mask them explicitly.
-        const bool key_ok = k0 + lane < T;
-        float ds[F_BR];
-#pragma unroll
-        for (int r = 0; r < F_BR; r++) {
-            const float p = key_ok ? expf(sc[r] * scale - rlse[r]) : 0.0f;
-            ds[r] = p * (dp[r] - rdelta[r]);
-        }
-
-#pragma unroll 4
-        for (int j = 0; j < F_CHUNK; j++) {
-            float dsj[F_BR];
-#pragma unroll
-            for (int r = 0; r < F_BR; r++) dsj[r] = __shfl_sync(0xffffffffu, ds[r], j);
-#pragma unroll
-            for (int c = 0; c < F_NC; c++) {
-                if (lane + 32 * c < Dh) {
-                    const float kv = sK[j][lane + 32 * c];
-#pragma unroll
-                    for (int r = 0; r < F_BR; r++) dq[r][c] = fmaf(dsj[r], kv, dq[r][c]);
-                }
-            }
-        }
-    }
-
-#pragma unroll
-    for (int r = 0; r < F_BR; r++) {
-        const int q = q0 + wr + r;
-        if (q >= T) continue;
-        float *dqrow = dqkv + ((int64_t)b * T + q) * ld + (int64_t)h * Dh;
-#pragma unroll
-        for (int c = 0; c < F_NC; c++)
-            if (lane + 32 * c < Dh) dqrow[lane + 32 * c] = dq[r][c] * scale;
-    }
-}
 
 // ============================================================================
 // bf16 tensor-core path
@@ -465,6 +124,51 @@ __device__ __forceinline__ void c_to_a(uint32_t a[4], const float lo[4], const f
     a[1] = pack_bf16(lo[2], lo[3]);
     a[2] = pack_bf16(hi[0], hi[1]);
     a[3] = pack_bf16(hi[2], hi[3]);
+}
+
+// Warp-level products over bf16 tiles in shared memory, row stride SST,
+// ldmatrix addresses lrow = lane & 15, lcol = (lane >> 4) * 8.
+// acc[N][4] = A B^T: A is the 16 rows from row ra of sA, B the 8N rows from
+// row rb of sB, both stored
+// [row][head dim] and contracted over KT blocks of 16 head-dim columns.
+template <int N, int KT, int SST>
+__device__ __forceinline__ void warp_abt(float (&acc)[N][4], const bf16 *sA, int ra, const bf16 *sB, int rb, int lrow,
+                                         int lcol) {
+#pragma unroll
+    for (int n = 0; n < N; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < KT; kk++) {
+        uint32_t a[4];
+        ldsm_x4(a, smem_u32(sA + (ra + lrow) * SST + kk * 16 + lcol));
+#pragma unroll
+        for (int np = 0; np < N / 2; np++) {
+            uint32_t r[4];
+            ldsm_x4(r, smem_u32(sB + (rb + np * 16 + lrow) * SST + kk * 16 + lcol));
+            mma_bf16(acc[2 * np], a, r[0], r[2]);
+            mma_bf16(acc[2 * np + 1], a, r[1], r[3]);
+        }
+    }
+}
+
+// acc[2 ND][4] += P B: P is 16 rows x 16 KP tokens held as score accumulators
+// p[2 KP][4] (the C -> A fragment trick), B the token rows from row rb of sB, stored
+// [token][head dim] and read transposed, ND blocks of 16 head-dim columns.
+template <int KP, int ND, int SST, int NA, int NP>
+__device__ __forceinline__ void warp_pb(float (&acc)[NA][4], const float (&p)[NP][4], const bf16 *sB, int rb,
+                                        int lrow, int lcol) {
+    static_assert(NA >= 2 * ND && NP >= 2 * KP, "fragment arrays too small");
+#pragma unroll
+    for (int kp = 0; kp < KP; kp++) {
+        uint32_t a[4];
+        c_to_a(a, p[2 * kp], p[2 * kp + 1]);
+#pragma unroll
+        for (int nd = 0; nd < ND; nd++) {
+            uint32_t r[4];
+            ldsm_x4_t(r, smem_u32(sB + (rb + kp * 16 + lrow) * SST + nd * 16 + lcol));
+            mma_bf16(acc[2 * nd], a, r[0], r[1]);
+            mma_bf16(acc[2 * nd + 1], a, r[2], r[3]);
+        }
+    }
 }
 
 // Copies rows [0, nrows) x cols [0, Dh) of a global bf16 tile (row stride ld
@@ -617,18 +321,7 @@ attn_fwd_bf16(bf16 *__restrict__ out, float *__restrict__ lse, const bf16 *__res
         cp_async_wait<1>();  // V_j has landed; K_{j+1} may still be in flight
         __syncthreads();
         // O += P V: k-blocks of 16 keys; V tile is [key][dh], read transposed.
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++) {
-            uint32_t a[4];
-            c_to_a(a, s[2 * kk], s[2 * kk + 1]);
-#pragma unroll
-            for (int nd = 0; nd < KT; nd++) {
-                uint32_t r[4];
-                ldsm_x4_t(r, smem_u32(sV + (kk * 16 + lrow) * SST + nd * 16 + lcol));
-                mma_bf16(o[2 * nd], a, r[0], r[1]);
-                mma_bf16(o[2 * nd + 1], a, r[2], r[3]);
-            }
-        }
+        warp_pb<4, KT, SST>(o, s, sV, 0, lrow, lcol);
         __syncthreads();  // every warp is done with sV before the next load
     }
 
@@ -728,20 +421,7 @@ attn_bwd_dkdv_bf16(bf16 *__restrict__ dqkv, const bf16 *__restrict__ dout,
         for (int qc = 0; qc < BQ; qc += QC) {
             // S^T = K Q^T: 16 keys x QC queries.
             float st[CN][4];
-#pragma unroll
-            for (int n = 0; n < CN; n++) st[n][0] = st[n][1] = st[n][2] = st[n][3] = 0.0f;
-#pragma unroll
-            for (int kk = 0; kk < KT; kk++) {
-                uint32_t ka[4];
-                ldsm_x4(ka, smem_u32(sK + (kw + lrow) * SST + kk * 16 + lcol));
-#pragma unroll
-                for (int np = 0; np < CN / 2; np++) {
-                    uint32_t r[4];
-                    ldsm_x4(r, smem_u32(sQ + (qc + np * 16 + lrow) * SST + kk * 16 + lcol));
-                    mma_bf16(st[2 * np], ka, r[0], r[2]);
-                    mma_bf16(st[2 * np + 1], ka, r[1], r[3]);
-                }
-            }
+            warp_abt<CN, KT, SST>(st, sK, kw, sQ, qc, lrow, lcol);
             // P^T; element (n, e) is key kw + g + 8 * (e >> 1), query
             // qs + qc + 8n + 2t + (e & 1).
 #pragma unroll
@@ -751,35 +431,11 @@ attn_bwd_dkdv_bf16(bf16 *__restrict__ dqkv, const bf16 *__restrict__ dout,
                     st[n][e] = exp2f(st[n][e] * scale_log2 - sLse[qc + 8 * n + 2 * t + (e & 1)]);
 
             // dV += P^T dO: k-blocks of 16 queries; dO tile is [query][dh], read transposed.
-#pragma unroll
-            for (int kq = 0; kq < CN / 2; kq++) {
-                uint32_t a[4];
-                c_to_a(a, st[2 * kq], st[2 * kq + 1]);
-#pragma unroll
-                for (int nd = 0; nd < KT; nd++) {
-                    uint32_t r[4];
-                    ldsm_x4_t(r, smem_u32(sDO + (qc + kq * 16 + lrow) * SST + nd * 16 + lcol));
-                    mma_bf16(dv[2 * nd], a, r[0], r[1]);
-                    mma_bf16(dv[2 * nd + 1], a, r[2], r[3]);
-                }
-            }
+            warp_pb<CN / 2, KT, SST>(dv, st, sDO, qc, lrow, lcol);
 
             // dP^T = V dO^T: 16 keys x QC queries.
             float dpt[CN][4];
-#pragma unroll
-            for (int n = 0; n < CN; n++) dpt[n][0] = dpt[n][1] = dpt[n][2] = dpt[n][3] = 0.0f;
-#pragma unroll
-            for (int kk = 0; kk < KT; kk++) {
-                uint32_t va[4];
-                ldsm_x4(va, smem_u32(sV + (kw + lrow) * SST + kk * 16 + lcol));
-#pragma unroll
-                for (int np = 0; np < CN / 2; np++) {
-                    uint32_t r[4];
-                    ldsm_x4(r, smem_u32(sDO + (qc + np * 16 + lrow) * SST + kk * 16 + lcol));
-                    mma_bf16(dpt[2 * np], va, r[0], r[2]);
-                    mma_bf16(dpt[2 * np + 1], va, r[1], r[3]);
-                }
-            }
+            warp_abt<CN, KT, SST>(dpt, sV, kw, sDO, qc, lrow, lcol);
             // dS^T = P^T (dP^T - Delta[q]), in place.
 #pragma unroll
             for (int n = 0; n < CN; n++)
@@ -788,18 +444,7 @@ attn_bwd_dkdv_bf16(bf16 *__restrict__ dqkv, const bf16 *__restrict__ dout,
                     dpt[n][e] = st[n][e] * (dpt[n][e] - sDelta[qc + 8 * n + 2 * t + (e & 1)]);
 
             // dK += dS^T Q: Q tile is [query][dh], read transposed.
-#pragma unroll
-            for (int kq = 0; kq < CN / 2; kq++) {
-                uint32_t a[4];
-                c_to_a(a, dpt[2 * kq], dpt[2 * kq + 1]);
-#pragma unroll
-                for (int nd = 0; nd < KT; nd++) {
-                    uint32_t r[4];
-                    ldsm_x4_t(r, smem_u32(sQ + (qc + kq * 16 + lrow) * SST + nd * 16 + lcol));
-                    mma_bf16(dk[2 * nd], a, r[0], r[1]);
-                    mma_bf16(dk[2 * nd + 1], a, r[2], r[3]);
-                }
-            }
+            warp_pb<CN / 2, KT, SST>(dk, dpt, sQ, qc, lrow, lcol);
         }
         __syncthreads();  // every warp is done with sQ, sDO, sLse, sDelta
         if (i + 1 < nqt) {
@@ -899,20 +544,7 @@ attn_bwd_dq_bf16(bf16 *__restrict__ dqkv, const bf16 *__restrict__ dout,
         for (int kc = 0; kc < BT; kc += 32) {
             // S = Q K^T: 16 queries x 32 keys.
             float s[4][4];
-#pragma unroll
-            for (int n = 0; n < 4; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-#pragma unroll
-            for (int kk = 0; kk < KT; kk++) {
-                uint32_t qa[4];
-                ldsm_x4(qa, smem_u32(sQ + (wrow + lrow) * SST + kk * 16 + lcol));
-#pragma unroll
-                for (int np = 0; np < 2; np++) {
-                    uint32_t r[4];
-                    ldsm_x4(r, smem_u32(sK + (kc + np * 16 + lrow) * SST + kk * 16 + lcol));
-                    mma_bf16(s[2 * np], qa, r[0], r[2]);
-                    mma_bf16(s[2 * np + 1], qa, r[1], r[3]);
-                }
-            }
+            warp_abt<4, KT, SST>(s, sQ, wrow, sK, kc, lrow, lcol);
             // P; element (n, e) is row g + 8 * (e >> 1), key k0 + kc + 8n + 2t + (e & 1).
             // Zero-filled keys past T would give exp(-lse) != 0: mask them.
 #pragma unroll
@@ -925,20 +557,7 @@ attn_bwd_dq_bf16(bf16 *__restrict__ dqkv, const bf16 *__restrict__ dout,
 
             // dP = dO V^T: V tile [key][dh] is the B operand as stored.
             float dp[4][4];
-#pragma unroll
-            for (int n = 0; n < 4; n++) dp[n][0] = dp[n][1] = dp[n][2] = dp[n][3] = 0.0f;
-#pragma unroll
-            for (int kk = 0; kk < KT; kk++) {
-                uint32_t da[4];
-                ldsm_x4(da, smem_u32(sDO + (wrow + lrow) * SST + kk * 16 + lcol));
-#pragma unroll
-                for (int np = 0; np < 2; np++) {
-                    uint32_t r[4];
-                    ldsm_x4(r, smem_u32(sV + (kc + np * 16 + lrow) * SST + kk * 16 + lcol));
-                    mma_bf16(dp[2 * np], da, r[0], r[2]);
-                    mma_bf16(dp[2 * np + 1], da, r[1], r[3]);
-                }
-            }
+            warp_abt<4, KT, SST>(dp, sDO, wrow, sV, kc, lrow, lcol);
             // dS = P (dP - Delta), in place.
 #pragma unroll
             for (int n = 0; n < 4; n++)
@@ -946,18 +565,7 @@ attn_bwd_dq_bf16(bf16 *__restrict__ dqkv, const bf16 *__restrict__ dout,
                 for (int e = 0; e < 4; e++) dp[n][e] = s[n][e] * (dp[n][e] - rdelta[e >> 1]);
 
             // dQ += dS K: K tile [key][dh], read transposed.
-#pragma unroll
-            for (int kk = 0; kk < 2; kk++) {
-                uint32_t a[4];
-                c_to_a(a, dp[2 * kk], dp[2 * kk + 1]);
-#pragma unroll
-                for (int nd = 0; nd < KT; nd++) {
-                    uint32_t r[4];
-                    ldsm_x4_t(r, smem_u32(sK + (kc + kk * 16 + lrow) * SST + nd * 16 + lcol));
-                    mma_bf16(dq[2 * nd], a, r[0], r[1]);
-                    mma_bf16(dq[2 * nd + 1], a, r[2], r[3]);
-                }
-            }
+            warp_pb<2, KT, SST>(dq, dp, sK, kc, lrow, lcol);
         }
         __syncthreads();  // every warp is done with sK, sV
         if (j + 1 < nkt) {
@@ -1003,8 +611,6 @@ static int pick_dp(int Dh) {
     return Dh <= 16 ? 16 : Dh <= 32 ? 32 : Dh <= 64 ? 64 : Dh <= 80 ? 80 : Dh <= 96 ? 96 : 128;
 }
 
-static bool aligned(const void *p, uintptr_t n) { return ((uintptr_t)p & (n - 1)) == 0; }
-
 struct AttnArgs {
     cudaStream_t s;
     unsigned grid;
@@ -1035,31 +641,33 @@ static void launch_bwd(const AttnArgs &a, void *dqkv, const void *dout, const vo
         a.H, a.Dh, a.scale, a.scale * kLog2e, a.vec, a.pair);
 }
 
-static unsigned grid_for(int B, int H, int T, int rows_per_block) {
-    return (unsigned)((int64_t)B * H * ((T + rows_per_block - 1) / rows_per_block));
+extern "C" int dc_cuda_attn_max_head_dim(void) { return ATTN_MAX_DH; }
+
+// -1: a shape the kernels don't support; 0: nothing to do; 1: launch.
+static int check_shape(int B, int T, int D, int H) {
+    if (H <= 0 || D <= 0 || D % H != 0 || D / H > ATTN_MAX_DH) return -1;
+    return B > 0 && T > 0;
 }
 
-extern "C" int dc_cuda_attn_max_head_dim(void) { return ATTN_MAX_DH; }
+static AttnArgs args_for(cudaStream_t s, int B, int T, int D, int H) {
+    AttnArgs a;
+    a.s = s, a.T = T, a.D = D, a.H = H, a.Dh = D / H;
+    a.scale = 1.0f / sqrtf((float)a.Dh);
+    a.grid = dc_attn_grid(B, H, T, BT);
+    return a;
+}
 
 extern "C" int dc_cuda_attn_fwd(cudaStream_t s, void *out, float *lse, const void *qkv, int B,
                                 int T, int D, int H, int bf16_io) {
-    if (H <= 0 || D <= 0 || D % H != 0 || D / H > ATTN_MAX_DH) return -1;
-    if (B <= 0 || T <= 0) return 0;
-    AttnArgs a;
-    a.s = s;
-    a.T = T;
-    a.D = D;
-    a.H = H;
-    a.Dh = D / H;
-    a.scale = 1.0f / sqrtf((float)a.Dh);
+    int ok = check_shape(B, T, D, H);
+    if (ok <= 0) return ok;
     if (!bf16_io) {
-        attn_fwd_f32<<<grid_for(B, H, T, F_FROWS), kThreads, 0, s>>>(
-            (float *)out, lse, (const float *)qkv, T, D, H, a.Dh, a.scale);
+        dc_cuda_attn_fwd_f32(s, (float *)out, lse, (const float *)qkv, B, T, D, H);
         return 0;
     }
-    a.grid = grid_for(B, H, T, BT);
-    a.vec = a.Dh % 8 == 0 && aligned(qkv, 16);  // Dh % 8 == 0 makes D and 3D multiples of 8 too
-    a.pair = a.Dh % 2 == 0 && aligned(out, 4);
+    AttnArgs a = args_for(s, B, T, D, H);
+    a.vec = a.Dh % 8 == 0 && dc_aligned(qkv, 16);  // Dh % 8 == 0 makes D and 3D multiples of 8 too
+    a.pair = a.Dh % 2 == 0 && dc_aligned(out, 4);
     switch (pick_dp(a.Dh)) {
     case 16: launch_fwd<16>(a, out, lse, qkv); break;
     case 32: launch_fwd<32>(a, out, lse, qkv); break;
@@ -1074,27 +682,16 @@ extern "C" int dc_cuda_attn_fwd(cudaStream_t s, void *out, float *lse, const voi
 extern "C" int dc_cuda_attn_bwd(cudaStream_t s, void *dqkv, const void *dout, const void *qkv,
                                 const void *out, const float *lse, int B, int T, int D, int H,
                                 int bf16_io) {
-    if (H <= 0 || D <= 0 || D % H != 0 || D / H > ATTN_MAX_DH) return -1;
-    if (B <= 0 || T <= 0) return 0;
-    AttnArgs a;
-    a.s = s;
-    a.T = T;
-    a.D = D;
-    a.H = H;
-    a.Dh = D / H;
-    a.scale = 1.0f / sqrtf((float)a.Dh);
+    int ok = check_shape(B, T, D, H);
+    if (ok <= 0) return ok;
     if (!bf16_io) {
-        attn_bwd_dkdv_f32<<<grid_for(B, H, T, F_BROWS), kThreads, 0, s>>>(
-            (float *)dqkv, (const float *)dout, (const float *)qkv, (const float *)out, lse, T,
-            D, H, a.Dh, a.scale);
-        attn_bwd_dq_f32<<<grid_for(B, H, T, F_BROWS), kThreads, 0, s>>>(
-            (float *)dqkv, (const float *)dout, (const float *)qkv, (const float *)out, lse, T,
-            D, H, a.Dh, a.scale);
+        dc_cuda_attn_bwd_f32(s, (float *)dqkv, (const float *)dout, (const float *)qkv, (const float *)out, lse, B,
+                             T, D, H);
         return 0;
     }
-    a.grid = grid_for(B, H, T, BT);
-    a.vec = a.Dh % 8 == 0 && aligned(qkv, 16) && aligned(dout, 16) && aligned(out, 16);
-    a.pair = a.Dh % 2 == 0 && aligned(dqkv, 4);
+    AttnArgs a = args_for(s, B, T, D, H);
+    a.vec = a.Dh % 8 == 0 && dc_aligned(qkv, 16) && dc_aligned(dout, 16) && dc_aligned(out, 16);
+    a.pair = a.Dh % 2 == 0 && dc_aligned(dqkv, 4);
     switch (pick_dp(a.Dh)) {
     case 16: launch_bwd<16>(a, dqkv, dout, qkv, out, lse); break;
     case 32: launch_bwd<32>(a, dqkv, dout, qkv, out, lse); break;

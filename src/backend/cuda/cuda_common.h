@@ -28,6 +28,10 @@ __device__ __forceinline__ float dc_warp_max(float v) {
     return v;
 }
 
+// Whether a buffer holds bf16 (the kernels' dtype flag), and pointer alignment.
+#define BF(b) ((b).dt == DC_BF16)
+static inline bool dc_aligned(const void *p, uintptr_t n) { return ((uintptr_t)p & (n - 1)) == 0; }
+
 static inline unsigned dc_blocks(int64_t n, int threads) {
     int64_t b = (n + threads - 1) / threads;
     return (unsigned)(b < 1 ? 1 : b > 1048576 ? 1048576 : b);

@@ -11,7 +11,6 @@
 #include "backend/diffusion_math.h"
 #include "core/rng.h"
 
-#define BF(b) ((b).dt == DC_BF16)
 enum { CHUNK = 64 };
 
 typedef struct { uint32_t v[CHUNK]; } keys_t;

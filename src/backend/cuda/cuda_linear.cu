@@ -156,7 +156,7 @@ static void gemm(dc_backend *be, int m, int n, int k, const void *A, int lda, bo
 
 // A bias fuses into the epilogue when its dtype is the output's and it is 16-byte
 // aligned (biases are slices of the flat weight buffer, at any offset).
-static bool fusable_bias(dc_buf b, dc_buf out) { return b.p && b.dt == out.dt && !((uintptr_t)b.p & 15); }
+static bool fusable_bias(dc_buf b, dc_buf out) { return b.p && b.dt == out.dt && dc_aligned(b.p, 16); }
 
 extern "C" void dc_cuda_linear_fwd(dc_backend *be, dc_buf out, dc_buf inp, dc_buf w, dc_buf b, int M,
                                    int K, int N) {

@@ -6,7 +6,6 @@
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/cuda_ops.h"
 
-#define BF(b) ((b).dt == DC_BF16)
 #define GRID_STRIDE(i, n) \
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
 
@@ -150,7 +149,7 @@ extern "C" void dc_cuda_bias_grad(dc_backend *be, dc_buf db, dc_buf dout, int M,
     float *part = (float *)((char *)c->lt_ws + c->lt_ws_bytes / 2);
     int rows_per = (M + slices - 1) / slices;
     dim3 block(32, 8);
-    if (dout.dt == DC_BF16 && N % 2 == 0 && ((uintptr_t)dout.p & 3) == 0) {
+    if (dout.dt == DC_BF16 && N % 2 == 0 && dc_aligned(dout.p, 4)) {
         dim3 grid((N / 2 + 31) / 32, slices);
         k_bias_grad_part_bf2<<<grid, block, 0, c->stream>>>(part, (const __nv_bfloat162 *)dout.p, M, N, rows_per);
     } else {
