@@ -305,10 +305,16 @@ static void test_diffusion(void) {
     g_cpu->q_sample(g_cpu, xt.c, x0.c, eps.c, a, s, B, n), g_gpu->q_sample(g_gpu, xt.g, x0.g, eps.g, a, s, B, n);
     compare("q_sample", xt, 1e-6);
     pair out = rand_pair(B * 2 * n, DC_F32, -1, 1), dout = nan_pair(B * 2 * n, DC_F32), loss = nan_pair(2 * B, DC_F32);
-    g_cpu->diffusion_loss(g_cpu, dout.c, loss.c, out.c, x0.c, xt.c, eps.c, coef, B, C, HW, 0.25f);
-    g_gpu->diffusion_loss(g_gpu, dout.g, loss.g, out.g, x0.g, xt.g, eps.g, coef, B, C, HW, 0.25f);
+    g_cpu->diffusion_loss(g_cpu, dout.c, loss.c, out.c, x0.c, xt.c, eps.c, coef, B, C, 2 * C, HW, 0.25f);
+    g_gpu->diffusion_loss(g_gpu, dout.g, loss.g, out.g, x0.g, xt.g, eps.g, coef, B, C, 2 * C, HW, 0.25f);
     compare("diffusion_loss dout", dout, 1e-6);
     compare("diffusion_loss losses", loss, 1e-6);
+    // epsilon-only output [B, C, HW]: the mse part alone
+    pair dout1 = nan_pair(B * n, DC_F32), loss1 = nan_pair(2 * B, DC_F32);
+    g_cpu->diffusion_loss(g_cpu, dout1.c, loss1.c, out.c, x0.c, xt.c, eps.c, coef, B, C, C, HW, 0.25f);
+    g_gpu->diffusion_loss(g_gpu, dout1.g, loss1.g, out.g, x0.g, xt.g, eps.g, coef, B, C, C, HW, 0.25f);
+    compare("diffusion_loss dout (epsilon only)", dout1, 1e-6);
+    compare("diffusion_loss losses (epsilon only)", loss1, 1e-6);
     pair comb = nan_pair(B / 2 * 2 * n, DC_F32);
     g_cpu->cfg_combine(g_cpu, comb.c, out.c, B / 2, 2 * C, HW, 3, 4.0f);
     g_gpu->cfg_combine(g_gpu, comb.g, out.g, B / 2, 2 * C, HW, 3, 4.0f);

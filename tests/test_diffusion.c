@@ -388,7 +388,7 @@ static void test_loss(dc_backend *be) {
     check("q_sample op", qe < 1e-6, "max abs err %.2e", qe);
 
     be->diffusion_loss(be, dc_buf_f32(dout), dc_buf_f32(losses), dc_buf_f32(out), dc_buf_f32(x0),
-                       dc_buf_f32(xt), dc_buf_f32(eps), coef, B, C, HW, grad_scale);
+                       dc_buf_f32(xt), dc_buf_f32(eps), coef, B, C, 2 * C, HW, grad_scale);
     double lerr = 0, gm_err = 0, gv_err = 0, vb_eh_max = 0;
     bool clamp_zero = true;
     ld ehl[N], vl[N], xtl[N], el[N];
@@ -445,6 +445,32 @@ static void test_loss(dc_backend *be) {
           "eps grad = mse grad; non-detached vb would add up to %.2e", vb_eh_max);
     check("clamped decoder bins have zero vb gradient", clamp_zero, "x0 = -1, +1 and 0 far from mean");
 
+    // An epsilon-only model (learn_sigma false) emits out[B, C, HW]: the loss
+    // is the mse alone, d/d eps_hat = 2 (eps_hat - eps) / N, and nothing is
+    // written past the B*C*HW outputs (a canary after the buffer).
+    {
+        float eo[B * N + 1], go[B * N + 1], lo[2 * B];
+        for (int b = 0; b < B; b++)
+            for (int i = 0; i < N; i++) eo[b * N + i] = out[b * 2 * N + i];
+        eo[B * N] = go[B * N] = 12345.0f;
+        be->diffusion_loss(be, dc_buf_f32(go), dc_buf_f32(lo), dc_buf_f32(eo), dc_buf_f32(x0),
+                           dc_buf_f32(xt), dc_buf_f32(eps), coef, B, C, C, HW, grad_scale);
+        double e1 = 0;
+        bool vb0 = true;
+        for (int b = 0; b < B; b++) {
+            ld m = 0;
+            for (int i = 0; i < N; i++) {
+                ld d = (ld)eo[b * N + i] - eps[b * N + i];
+                m += d * d;
+                e1 = fmax(e1, fabs(go[b * N + i] - (double)(grad_scale * 2 * d / N)) / grad_scale);
+            }
+            e1 = fmax(e1, relerr(lo[2 * b], m / N, 1e-6L));
+            vb0 = vb0 && lo[2 * b + 1] == 0.0f;
+        }
+        check("epsilon-only loss: mse and its gradient, vb 0, nothing written past the output",
+              e1 < 1e-6 && vb0 && go[B * N] == 12345.0f && eo[B * N] == 12345.0f, "max err %.2e", e1);
+    }
+
     // the host API: timesteps, noise, x_t, records, summed losses
     int t[B];
     dc_diffusion_draw_timesteps(t, keys, B, 1000, 77, 5);
@@ -465,7 +491,7 @@ static void test_loss(dc_backend *be) {
     check("prepare_batch: eps keyed, x_t, model t", ok, "rc %d, t[0..2] = %d %d %d", rc, t[0], t[1], t[2]);
     double ms = 0, vs = 0, ms_ref = 0, vs_ref = 0;
     rc = dc_diffusion_loss(be, dc_buf_none(), dc_buf_f32(losses), dc_buf_f32(out), dc_buf_f32(x0),
-                           dc_buf_f32(xt), dc_buf_f32(eps), coef, B, C, HW, 1.0f, &ms, &vs);
+                           dc_buf_f32(xt), dc_buf_f32(eps), coef, B, C, 2 * C, HW, 1.0f, &ms, &vs);
     for (int b = 0; b < B; b++) ms_ref += losses[2 * b], vs_ref += losses[2 * b + 1];
     check("dc_diffusion_loss sums (no gradient buffer)", rc == 0 && ms == ms_ref && vs == vs_ref,
           "mse sum %.6f vb sum %.6f", ms, vs);
@@ -762,10 +788,10 @@ static void test_cpu_backend(dc_backend *host) {
     int threads = omp_get_max_threads();
     omp_set_num_threads(1);
     cpu->diffusion_loss(cpu, dc_buf_f32(g1), dc_buf_f32(l1), dc_buf_f32(out), dc_buf_f32(x0),
-                        dc_buf_f32(xt), dc_buf_f32(eps), coef, LB, LC, LHW, 0.5f);
+                        dc_buf_f32(xt), dc_buf_f32(eps), coef, LB, LC, 2 * LC, LHW, 0.5f);
     omp_set_num_threads(threads);
     cpu->diffusion_loss(cpu, dc_buf_f32(g2), dc_buf_f32(l2), dc_buf_f32(out), dc_buf_f32(x0),
-                        dc_buf_f32(xt), dc_buf_f32(eps), coef, LB, LC, LHW, 0.5f);
+                        dc_buf_f32(xt), dc_buf_f32(eps), coef, LB, LC, 2 * LC, LHW, 0.5f);
     bool same = rc == 0 && !memcmp(l1, l2, sizeof l1) && !memcmp(g1, g2, sizeof(float) * LB * 2 * LN);
     check("loss op: 1 thread == all threads (bitwise)", same, "%d threads, %d elements", threads,
           LB * LN);

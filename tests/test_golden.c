@@ -379,7 +379,7 @@ static int check_loss(const dc_st_file *f, dc_backend *be, int C, int S) {
     double mse_sum = 0, vb_sum = 0;
     if (dc_diffusion_loss(be, (dc_buf){dg, DC_F32}, (dc_buf){dl, DC_F32}, (dc_buf){dout_m, DC_F32},
                           (dc_buf){dx0, DC_F32}, (dc_buf){dxt, DC_F32}, (dc_buf){deps, DC_F32},
-                          coef, B, C, HW, 1.0f / (float)B, &mse_sum, &vb_sum)) {
+                          coef, B, C, 2 * C, HW, 1.0f / (float)B, &mse_sum, &vb_sum)) {
         printf("  FAIL loss: %s\n", dc_error());
         fails++;
         goto done;

@@ -123,10 +123,12 @@ struct dc_backend {
     // xt = a[b] * x0 + s[b] * eps   (a, s: host [B]; n elements per sample)
     void (*q_sample)(dc_backend *be, dc_buf xt, dc_buf x0, dc_buf eps, const float *a,
                      const float *s, int B, int64_t n);
-    // The DiT training loss for a learned-sigma model output out[B, 2C, HW]:
-    // losses[B,2] = (mse, vb) per sample; dout = grad_scale * d(mse + vb)/d out.
+    // The DiT training loss for a model output out[B, OC, HW]: with learned
+    // sigma (OC = 2C) losses[B,2] = (mse, vb) per sample and dout = grad_scale *
+    // d(mse + vb)/d out; for an epsilon-only model (OC = C) vb is 0 and dout
+    // the gradient of mse alone.
     void (*diffusion_loss)(dc_backend *be, dc_buf dout, dc_buf losses, dc_buf out, dc_buf x0,
-                           dc_buf xt, dc_buf eps, const dc_loss_coef *coef, int B, int C,
+                           dc_buf xt, dc_buf eps, const dc_loss_coef *coef, int B, int C, int OC,
                            int64_t HW, float grad_scale);
     // Classifier-free guidance: model_out[2B, OC, HW] holds the conditional
     // half then the unconditional half. dst[B, OC, HW]: channels < guided get

@@ -52,13 +52,13 @@ int dc_diffusion_prepare_batch(dc_backend *be, const dc_schedule *s, dc_buf xt, 
 }
 
 int dc_diffusion_loss(dc_backend *be, dc_buf dout, dc_buf losses, dc_buf out, dc_buf x0,
-                      dc_buf xt, dc_buf eps, const dc_loss_coef *coef, int B, int C, int64_t HW,
-                      float grad_scale, double *mse_sum, double *vb_sum) {
-    if (B < 1 || C < 1 || HW < 1)
-        return dc_fail("diffusion loss: bad shape B=%d C=%d HW=%lld", B, C, (long long)HW);
+                      dc_buf xt, dc_buf eps, const dc_loss_coef *coef, int B, int C, int OC,
+                      int64_t HW, float grad_scale, double *mse_sum, double *vb_sum) {
+    if (B < 1 || C < 1 || HW < 1 || (OC != C && OC != 2 * C))
+        return dc_fail("diffusion loss: bad shape B=%d C=%d OC=%d HW=%lld", B, C, OC, (long long)HW);
     if ((mse_sum || vb_sum) && !losses.p)
         return dc_fail("diffusion loss: sums requested without a losses buffer");
-    be->diffusion_loss(be, dout, losses, out, x0, xt, eps, coef, B, C, HW, grad_scale);
+    be->diffusion_loss(be, dout, losses, out, x0, xt, eps, coef, B, C, OC, HW, grad_scale);
     if (!mse_sum && !vb_sum) return 0;
     double ms = 0.0, vs = 0.0;
     float host[2 * CHUNK];

@@ -31,12 +31,13 @@ int dc_diffusion_prepare_batch(dc_backend *be, const dc_schedule *s, dc_buf xt, 
                                const uint32_t *keys, int B, int64_t n, uint64_t seed,
                                uint32_t step);
 
-// For the model output out[B, 2C, HW] (eps_hat then v; learned sigma only):
+// For the model output out[B, OC, HW] (eps_hat then, with learned sigma, v;
+// OC = 2C, or OC = C for an epsilon-only model whose vb is 0):
 //   losses[B, 2] = (mse_b, vb_b) on the backend (skipped if NULL)
-//   dout[B, 2C, HW] = grad_scale * d(mse_b + vb_b) / d out (skipped if NULL);
+//   dout[B, OC, HW] = grad_scale * d(mse_b + vb_b) / d out (skipped if NULL);
 //   grad_scale = 1 / (global batch) gives the gradient of the batch mean.
 // If mse_sum / vb_sum are not NULL, losses are downloaded (a sync) and their
 // sums over the B samples returned.
 int dc_diffusion_loss(dc_backend *be, dc_buf dout, dc_buf losses, dc_buf out, dc_buf x0,
-                      dc_buf xt, dc_buf eps, const dc_loss_coef *coef, int B, int C, int64_t HW,
-                      float grad_scale, double *mse_sum, double *vb_sum);
+                      dc_buf xt, dc_buf eps, const dc_loss_coef *coef, int B, int C, int OC,
+                      int64_t HW, float grad_scale, double *mse_sum, double *vb_sum);

@@ -238,7 +238,10 @@ int dc_st_parse(dc_st_file *f, const void *bytes, size_t len, const char *name) 
     return parse_owned(f, mem, len, name);
 }
 
-int dc_st_open(dc_st_file *f, const char *path) {
+int dc_st_open(dc_st_file *f, const char *path) { return dc_st_open_opts(f, path, 0); }
+
+int dc_st_open_opts(dc_st_file *f, const char *path, unsigned flags) {
+    (void)flags;
     memset(f, 0, sizeof *f);
     FILE *fp = fopen(path, "rb");
     if (!fp) return dc_fail("%s: cannot open: %s", path, strerror(errno));

@@ -34,6 +34,9 @@ typedef struct {
 
 // Opens and validates a file. On error the message names the file and the problem.
 int dc_st_open(dc_st_file *f, const char *path);
+// dc_st_open with flags: DC_ST_NO_VERIFY skips checking stored checksums.
+enum { DC_ST_NO_VERIFY = 1u };
+int dc_st_open_opts(dc_st_file *f, const char *path, unsigned flags);
 // Same, over bytes in memory (copied), for tests and fuzzing; name is for messages.
 int dc_st_parse(dc_st_file *f, const void *bytes, size_t len, const char *name);
 void dc_st_close(dc_st_file *f);

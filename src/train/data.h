@@ -18,6 +18,7 @@ typedef struct {
     float *images;    // [n, channels, height, width] in [-1, 1]
     int32_t *labels;  // [n], each in [0, num_classes)
     const char *const *class_names;  // [num_classes], or NULL when the source has none
+    uint64_t fingerprint;  // hash of the images and labels as loaded (resume checks it)
 } dc_dataset;
 
 #define DC_FMNIST_DIR "/usr/share/datasets/fashion-mnist"

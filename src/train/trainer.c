@@ -211,7 +211,8 @@ int dc_trainer_step(dc_trainer *tr, dc_step_stats *st) {
         DC_TRY(dc_dit_forward(m, tr->out, tr->xt, tr->t, tr->y, n));
         // d(mean over the global batch)/d out: each image weighs 1 / batch
         DC_TRY(dc_diffusion_loss(be, tr->dout, dc_buf_at(tr->losses, 2 * (int64_t)done), tr->out, tr->x0,
-                                 tr->xt, tr->eps, tr->h_coef, n, C, HW, 1.0f / c->batch, NULL, NULL));
+                                 tr->xt, tr->eps, tr->h_coef, n, C, dc_dit_out_channels(mc), HW,
+                                 1.0f / c->batch, NULL, NULL));
         DC_TRY(dc_dit_backward(m, tr->dout, n));
     }
 

@@ -57,6 +57,7 @@ typedef struct {
     dc_buf losses;                  // [batch, 2] (mse, vb) of the last step
     dc_buf gstats;                  // [2] its gradient norm and clipping factor
     float last_lr;
+    bool allow_data_change;         // restore: accept a data set whose fingerprint differs
     dc_buf t, y;                    // [mb] float timesteps, int32 labels
     // host staging
     float *h_x0;

@@ -55,11 +55,14 @@ void dc_cpu_q_sample(dc_backend *be, dc_buf xt, dc_buf x0, dc_buf eps, const flo
 // losses[b] = (mse_b, vb_b), mse_b = mean (eps - eps_hat)^2 and vb_b = mean
 // vb_elem / ln 2 over C*HW; dout = grad_scale * d(mse_b + vb_b)/d out:
 // channels [0, C) carry the mse gradient w.r.t. eps_hat, channels [C, 2C) the
-// vb gradient w.r.t. v. One sample per iteration, summed in double.
+// vb gradient w.r.t. v. An epsilon-only output (OC = C) has no v: vb_b = 0.
+// One sample per iteration, summed in double.
 void dc_cpu_diffusion_loss(dc_backend *be, dc_buf dout, dc_buf losses, dc_buf out, dc_buf x0,
-                           dc_buf xt, dc_buf eps, const dc_loss_coef *coef, int B, int C,
+                           dc_buf xt, dc_buf eps, const dc_loss_coef *coef, int B, int C, int OC,
                            int64_t HW, float grad_scale) {
     (void)be;
+    assert(OC == C || OC == 2 * C);
+    bool sigma = OC == 2 * C;
     float *g = f32(dout), *l = f32(losses);
     const float *o = f32(out), *x = f32(x0), *xtp = f32(xt), *e = f32(eps);
     int64_t N = (int64_t)C * HW;
@@ -67,18 +70,16 @@ void dc_cpu_diffusion_loss(dc_backend *be, dc_buf dout, dc_buf losses, dc_buf ou
 #pragma omp parallel for schedule(static) if ((int64_t)B * N >= DC_CPU_PAR_MIN)
     for (int b = 0; b < B; b++) {
         const dc_loss_coef *c = &coef[b];
-        const float *eh = o + (int64_t)b * 2 * N, *v = eh + N;
+        const float *eh = o + (int64_t)b * OC * HW, *v = eh + N;
         const float *x0b = x + (int64_t)b * N, *xtb = xtp + (int64_t)b * N, *eb = e + (int64_t)b * N;
-        float *ge = g ? g + (int64_t)b * 2 * N : NULL, *gv = ge ? ge + N : NULL;
+        float *ge = g ? g + (int64_t)b * OC * HW : NULL, *gv = ge && sigma ? ge + N : NULL;
         double mse = 0.0, vb = 0.0;
         for (int64_t i = 0; i < N; i++) {
             double dm, dv;
             mse += dc_loss_mse_elem(eb[i], eh[i], &dm);
-            vb += dc_loss_vb_elem(c, eh[i], v[i], x0b[i], xtb[i], &dv);
-            if (ge) {
-                ge[i] = (float)(grad_scale * dm * inv_n);
-                gv[i] = (float)(grad_scale * dv * inv_n_ln2);
-            }
+            if (sigma) vb += dc_loss_vb_elem(c, eh[i], v[i], x0b[i], xtb[i], &dv);
+            if (ge) ge[i] = (float)(grad_scale * dm * inv_n);
+            if (gv) gv[i] = (float)(grad_scale * dv * inv_n_ln2);
         }
         if (l) {
             l[2 * b] = (float)(mse * inv_n);

@@ -80,21 +80,23 @@ extern "C" void dc_cuda_q_sample(dc_backend *be, dc_buf xt, dc_buf x0, dc_buf ep
 enum { LOSS_TPB = 256 };
 __global__ void k_diffusion_loss(void *dout, int gbf, float *losses, const void *out, int obf, const void *x0,
                                  int xbf, const void *xt, int tbf, const void *eps, int ebf, coefs_t coefs,
-                                 int64_t N, float grad_scale) {
+                                 int64_t N, bool sigma, float grad_scale) {
     __shared__ double sm[2][LOSS_TPB];
     int b = blockIdx.x;
     const dc_loss_coef *c = &coefs.c[b];
     double inv_n = 1.0 / (double)N, inv_n_ln2 = inv_n / DC_LN2;
-    int64_t ob = (int64_t)b * 2 * N, xb = (int64_t)b * N;
+    int64_t ob = (int64_t)b * (sigma ? 2 : 1) * N, xb = (int64_t)b * N;
     double mse = 0.0, vb = 0.0;
     for (int64_t i = threadIdx.x; i < N; i += LOSS_TPB) {
-        float eh = dc_ld(out, ob + i, obf), v = dc_ld(out, ob + N + i, obf);
-        double dm, dv;
+        float eh = dc_ld(out, ob + i, obf);
+        double dm, dv = 0.0;
         mse += dc_loss_mse_elem(dc_ld(eps, xb + i, ebf), eh, &dm);
-        vb += dc_loss_vb_elem(c, eh, v, dc_ld(x0, xb + i, xbf), dc_ld(xt, xb + i, tbf), &dv);
+        if (sigma)
+            vb += dc_loss_vb_elem(c, eh, dc_ld(out, ob + N + i, obf), dc_ld(x0, xb + i, xbf),
+                                  dc_ld(xt, xb + i, tbf), &dv);
         if (dout) {
             dc_st(dout, ob + i, (float)(grad_scale * dm * inv_n), gbf);
-            dc_st(dout, ob + N + i, (float)(grad_scale * dv * inv_n_ln2), gbf);
+            if (sigma) dc_st(dout, ob + N + i, (float)(grad_scale * dv * inv_n_ln2), gbf);
         }
     }
     sm[0][threadIdx.x] = mse, sm[1][threadIdx.x] = vb;
@@ -113,18 +115,18 @@ __global__ void k_diffusion_loss(void *dout, int gbf, float *losses, const void 
 }
 
 extern "C" void dc_cuda_diffusion_loss(dc_backend *be, dc_buf dout, dc_buf losses, dc_buf out, dc_buf x0, dc_buf xt,
-                                       dc_buf eps, const dc_loss_coef *coef, int B, int C, int64_t HW,
-                                       float grad_scale) {
-    int64_t N = (int64_t)C * HW;
+                                       dc_buf eps, const dc_loss_coef *coef, int B, int C, int OC,
+                                       int64_t HW, float grad_scale) {
+    int64_t N = (int64_t)C * HW, ON = (int64_t)OC * HW;
     for (int b0 = 0; b0 < B; b0 += CHUNK) {
         int nb = B - b0 < CHUNK ? B - b0 : CHUNK;
         coefs_t c;
         memcpy(c.c, coef + b0, nb * sizeof(dc_loss_coef));
         k_diffusion_loss<<<nb, LOSS_TPB, 0, S(be)>>>(
-            dout.p ? dc_buf_at(dout, (int64_t)b0 * 2 * N).p : NULL, BF(dout),
-            losses.p ? (float *)losses.p + 2 * b0 : NULL, dc_buf_at(out, (int64_t)b0 * 2 * N).p, BF(out),
+            dout.p ? dc_buf_at(dout, (int64_t)b0 * ON).p : NULL, BF(dout),
+            losses.p ? (float *)losses.p + 2 * b0 : NULL, dc_buf_at(out, (int64_t)b0 * ON).p, BF(out),
             dc_buf_at(x0, (int64_t)b0 * N).p, BF(x0), dc_buf_at(xt, (int64_t)b0 * N).p, BF(xt),
-            dc_buf_at(eps, (int64_t)b0 * N).p, BF(eps), c, N, grad_scale);
+            dc_buf_at(eps, (int64_t)b0 * N).p, BF(eps), c, N, OC == 2 * C, grad_scale);
     }
     DC_CUDA_LAUNCHED();
 }

@@ -101,8 +101,8 @@ void dc_cuda_randn(dc_backend *be, dc_buf out, const uint32_t *keys, int B, int6
 void dc_cuda_q_sample(dc_backend *be, dc_buf xt, dc_buf x0, dc_buf eps, const float *a, const float *s,
                       int B, int64_t n);
 void dc_cuda_diffusion_loss(dc_backend *be, dc_buf dout, dc_buf losses, dc_buf out, dc_buf x0,
-                            dc_buf xt, dc_buf eps, const dc_loss_coef *coef, int B, int C, int64_t HW,
-                            float grad_scale);
+                            dc_buf xt, dc_buf eps, const dc_loss_coef *coef, int B, int C, int OC,
+                            int64_t HW, float grad_scale);
 void dc_cuda_cfg_combine(dc_backend *be, dc_buf dst, dc_buf model_out, int B, int OC, int64_t HW,
                          int guided, float scale);
 void dc_cuda_sampler_step(dc_backend *be, dc_buf x, dc_buf out, dc_buf z, const dc_step_coef *coef,
