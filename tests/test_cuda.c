@@ -6,9 +6,11 @@
 // input is bf16, so the error measured is the GPU's own arithmetic.
 //
 // Error: ||gpu - cpu|| / ||cpu|| per output; NaN fails. Tolerances per mode.
-// Skips (exit 0, with a message) where no GPU is present.
+// Skips (exit 0, with a message) where no GPU is present. The "errors" group
+// provokes failures (memory, dtypes, head size, a failing graph) and checks
+// that each comes back as an error with its cause, never an abort.
 //
-//   build/tests/test_cuda [seed] [all | groups: linear,pointwise,adaln,attention,diffusion,model]
+//   build/tests/test_cuda [seed] [all | groups: linear,pointwise,adaln,attention,diffusion,model,errors]
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -419,6 +421,151 @@ static void test_model(void) {
     dc_dit_free(&mc), dc_dit_free(&mg);
 }
 
+// ---- errors come back as errors ----------------------------------------------------------------
+static void expect(bool ok, const char *what) {
+    g_count++;
+    if (!ok) g_fail++;
+    printf("%-4s %s\n", ok ? "ok" : "FAIL", what);
+}
+
+// A backend of the mode under test, made for one case (a failed one stays failed).
+static dc_backend *fresh(void) {
+    dc_backend *be = dc_backend_cuda_create(g_ct == DC_F32);
+    if (!be) printf("FAIL creating a backend: %s\n", dc_error()), g_fail++;
+    return be;
+}
+
+static bool has(const char *msg, const char *part) { return strstr(msg, part) != NULL; }
+
+// Issues an attention op the device cannot run and, like a careless caller, reports success.
+typedef struct { dc_backend *be; dc_buf out, lse, qkv; } bad_attn;
+static int run_bad_attention(void *arg) {
+    bad_attn *a = arg;
+    a->be->attn_fwd(a->be, a->out, a->lse, a->qkv, 1, 16, 320, 2);  // head size 160
+    return 0;
+}
+
+static void test_errors(void) {
+    char what[160];
+    // 1. Memory far beyond any GPU: NULL, with the size asked for and what is free; nothing is broken.
+    dc_backend *be = fresh();
+    if (!be) return;
+    dc_error_clear();
+    void *huge = be->alloc(be, (size_t)1 << 40);
+    printf("     1 TiB: %s\n", dc_error());
+    expect(!huge && has(dc_error(), "1048576.0 MiB") && has(dc_error(), "MiB free of"),
+           "1 TiB allocation: NULL, message with the size asked for and the free memory");
+    if (huge) be->free(be, huge);
+    void *small = be->alloc(be, 1 << 20);
+    expect(small && dc_backend_status(be) == 0, "after it: status 0 and a 1 MiB allocation works");
+    be->free(be, small);
+
+    // 2. A programmer's dtype error inside an op: recorded, returned by the
+    //    status, by the model's forward and by the sampler; sticky.
+    dc_dit_config cfg = {.input_size = 8, .patch = 2, .in_channels = 4, .hidden = 64, .depth = 1, .heads = 4,
+                         .mlp_hidden = 256, .num_classes = 10, .learn_sigma = true};
+    dc_dit m;
+    dc_sampler smp;
+    dc_sampler_opts so = dc_sampler_opts_default();
+    so.steps = 2, so.null_class = cfg.num_classes;
+    if (dc_dit_create(&m, &cfg, be, true) || dc_dit_init_weights(&m, 1) || dc_dit_reserve(&m, 1) ||
+        dc_sampler_init(&smp, be, &so, cfg.in_channels, cfg.input_size, cfg.input_size, 1)) {
+        printf("FAIL error-case setup: %s\n", dc_error());
+        g_fail++;
+        dc_backend_destroy(be);
+        return;
+    }
+    const int M = 4, K = 8, N = 8;
+    dc_buf x = {be->alloc(be, M * K * 4), DC_F32}, w = {be->alloc(be, N * K * 2), DC_BF16};
+    dc_buf o = {be->alloc(be, M * N * 4), DC_F32}, img = {be->alloc(be, 4 * 8 * 8 * 4), DC_F32};
+    dc_buf tb = {be->alloc(be, 4), DC_F32}, yb = {be->alloc(be, 4), DC_I32};
+    dc_buf mo = {be->alloc(be, 8 * 8 * 8 * 4), DC_F32};  // [1, 2C, 8, 8]
+    be->zero(be, x.p, M * K * 4), be->zero(be, w.p, N * K * 2);
+    be->zero(be, tb.p, 4), be->zero(be, yb.p, 4), be->zero(be, img.p, 4 * 8 * 8 * 4);
+    expect(dc_backend_status(be) == 0, "status 0 before the error");
+    be->linear_fwd(be, o, x, w, dc_buf_none(), M, K, N);
+    int st = dc_backend_status(be);
+    printf("     dtypes: %s\n", dc_error());
+    expect(st == -1 && has(dc_error(), "dtypes differ") && has(dc_error(), "linear_fwd"),
+           "linear_fwd with F32 input and BF16 weight: status -1 naming the op and the dtypes");
+    dc_error_clear();
+    expect(dc_backend_status(be) == -1 && has(dc_error(), "dtypes differ"), "the error stays (status again)");
+    float h[4] = {1, 2, 3, 4};
+    be->download(be, h, o.p, sizeof h);
+    expect(isnan(h[0]) && isnan(h[3]), "a download after the error returns NaN, not stale numbers");
+    dc_error_clear();
+    void *late = be->alloc(be, 1024);
+    expect(!late && has(dc_error(), "dtypes differ"), "an allocation after the error fails with its message");
+    dc_error_clear();
+    int frc = dc_dit_forward(&m, mo, img, tb, yb, 1);
+    expect(frc == -1 && has(dc_error(), "dtypes differ"), "dc_dit_forward on the failed backend returns its error");
+    dc_error_clear();
+    int brc = dc_dit_backward(&m, mo, 1);
+    expect(brc == -1 && has(dc_error(), "dtypes differ"), "dc_dit_backward returns it too");
+    int32_t label = 3;
+    uint32_t idx = 0;
+    dc_error_clear();
+    int src = dc_sampler_run(&smp, img, &label, &idx, 1, eval_dit, &m, NULL, NULL);
+    expect(src == -1 && has(dc_error(), "dtypes differ"), "dc_sampler_run on the failed backend returns its error");
+    dc_sampler_free(&smp);
+    dc_buf bufs[] = {x, w, o, img, tb, yb, mo};
+    for (int i = 0; i < 7; i++) be->free(be, bufs[i].p);
+    dc_dit_free(&m);
+    dc_backend_destroy(be);
+
+    // 3. A head size the kernels lack: reserve refuses it up front; an op asked
+    //    for it anyway after a legal reserve records an error naming it.
+    if (!(be = fresh())) return;
+    dc_error_clear();
+    int rrc = be->reserve(be, 64, 160);
+    expect(rrc == -1 && has(dc_error(), "head size 160"), "reserve for head size 160: -1 naming it");
+    expect(be->reserve(be, 64, 64) == 0 && dc_backend_status(be) == 0, "reserve for head size 64 works");
+    int64_t n3 = 16 * 3 * 320;
+    bad_attn a = {be, {be->alloc(be, 16 * 320 * 4), g_ct}, {be->alloc(be, 2 * 16 * 4), DC_F32},
+                  {be->alloc(be, n3 * 4), g_ct}};
+    be->zero(be, a.qkv.p, n3 * dc_dtype_size(g_ct));
+    run_bad_attention(&a);
+    printf("     head size: %s\n", dc_backend_status(be) ? dc_error() : "(no error)");
+    expect(dc_backend_status(be) == -1 && has(dc_error(), "head size 160"),
+           "attn_fwd with head size 160 after a legal reserve: status -1 naming it");
+    be->free(be, a.out.p), be->free(be, a.lse.p), be->free(be, a.qkv.p);
+    dc_backend_destroy(be);
+
+    // 4. The same op inside a graph capture whose function does not check: no graph, the op's error.
+    if (!(be = fresh())) return;
+    a = (bad_attn){be, {be->alloc(be, 16 * 320 * 4), g_ct}, {be->alloc(be, 2 * 16 * 4), DC_F32},
+                   {be->alloc(be, n3 * 4), g_ct}};
+    dc_error_clear();
+    void *graph = be->graph_capture(be, run_bad_attention, &a);
+    expect(!graph && has(dc_error(), "head size 160"), "graph_capture of a failing op: NULL with the op's error");
+    if (graph) be->graph_free(be, graph);
+    be->free(be, a.out.p), be->free(be, a.lse.p), be->free(be, a.qkv.p);
+    dc_backend_destroy(be);
+
+    // 5. A new backend after all this computes again: a small fp32 product against doubles.
+    if (!(be = fresh())) return;
+    float hx[4 * 8], hw[8 * 8], ho[4 * 8];
+    for (int i = 0; i < M * K; i++) hx[i] = (float)rnd(-1, 1);
+    for (int i = 0; i < N * K; i++) hw[i] = (float)rnd(-1, 1);
+    dc_buf gx = {be->alloc(be, sizeof hx), DC_F32}, gw = {be->alloc(be, sizeof hw), DC_F32};
+    dc_buf go = {be->alloc(be, sizeof ho), DC_F32};
+    be->upload(be, gx.p, hx, sizeof hx), be->upload(be, gw.p, hw, sizeof hw);
+    be->linear_fwd(be, go, gx, gw, dc_buf_none(), M, K, N);
+    be->download(be, ho, go.p, sizeof ho);
+    double err = 0;
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            double r = 0;
+            for (int k = 0; k < K; k++) r += (double)hx[i * K + k] * hw[j * K + k];
+            err = fmax(err, isnan(ho[i * N + j]) ? INFINITY : fabs(ho[i * N + j] - r));
+        }
+    int fst = dc_backend_status(be);
+    snprintf(what, sizeof what, "a fresh backend works again: status %d, product max error %.1e", fst, err);
+    expect(fst == 0 && err < 1e-4, what);
+    be->free(be, gx.p), be->free(be, gw.p), be->free(be, go.p);
+    dc_backend_destroy(be);
+}
+
 // Groups to run: all, or those named in the second argument ("attention,adaln").
 static const char *g_groups = "all";
 static bool want(const char *group) {
@@ -434,12 +581,21 @@ int main(int argc, char **argv) {
     printf("test_cuda: seed %llu\n", (unsigned long long)seed);
     g_cpu = dc_backend_cpu_create();
     if (g_cpu->reserve(g_cpu, 256, 128)) return printf("cpu reserve: %s\n", dc_error()), 1;
+    {   // The CPU backend finishes every op before returning: nothing is left to report.
+        float v[3] = {1, 2, 3};
+        dc_buf b = {g_cpu->alloc(g_cpu, sizeof v), DC_F32};
+        g_cpu->upload(g_cpu, b.p, v, sizeof v);
+        g_cpu->gelu_fwd(g_cpu, b, b, 3);
+        g_cpu->download(g_cpu, v, b.p, sizeof v);
+        g_cpu->free(g_cpu, b.p);
+        expect(dc_backend_status(g_cpu) == 0 && v[0] > 0.8f && v[0] < 0.85f, "cpu: status 0 after ops");
+    }
     for (int mode = 0; mode < 2; mode++) {
         g_gpu = dc_backend_cuda_create(mode == 0);
         if (!g_gpu) {
             printf("SKIP test_cuda: %s\n", dc_error());
             dc_backend_destroy(g_cpu);
-            return 0;
+            return g_fail ? 1 : 0;
         }
         g_ct = g_gpu->compute;
         g_tol = g_ct == DC_F32 ? 1e-5 : 1e-2;
@@ -464,6 +620,7 @@ int main(int argc, char **argv) {
         }
         if (want("diffusion")) test_diffusion(), test_optim();
         if (want("model")) test_model();
+        if (want("errors")) test_errors();
         dc_backend_destroy(g_gpu);
     }
     dc_backend_destroy(g_cpu);

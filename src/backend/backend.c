@@ -11,7 +11,7 @@ static dc_backend *cuda_fp32(void) { return dc_backend_cuda_create(true); }
 #else
 dc_backend *dc_backend_cuda_create(bool fp32) {
     (void)fp32;
-    dc_fail("this build has no CUDA backend (rebuild with nvcc on the PATH)");
+    dc_fail("this build has no CUDA backend (rebuild with nvcc present: on the PATH or in /usr/local/cuda)");
     return NULL;
 }
 #endif
@@ -43,6 +43,13 @@ int dc_backend_create(const char *name, dc_backend **out) {
         if (!(*out = k_backends[i].create())) return dc_fail_ctx("backend %s", name);
         return 0;
     }
+#ifndef DC_HAVE_CUDA
+    // A name that a CUDA build knows: say why it is missing, not that it is unknown.
+    if (strcmp(name, "cuda") == 0 || strcmp(name, "cuda-fp32") == 0) {
+        dc_backend_cuda_create(false);  // sets the message
+        return dc_fail_ctx("backend %s", name);
+    }
+#endif
     char list[256] = "auto";
     for (int i = 0; i < N_BACKENDS; i++) {
         strncat(list, ", ", sizeof list - strlen(list) - 1);

@@ -8,6 +8,19 @@
 // the backend. Unless a comment says "+=", outputs are overwritten.
 // Ops are asynchronous with respect to the host except where they return a
 // value to it (download); dc_backend_sync() waits for all of them.
+//
+// Errors. alloc and reserve fail at once (NULL or -1, message set). The ops
+// return nothing: on a GPU a failure (a CUDA or cuBLASLt error, a shape or
+// dtype the device cannot run) is only known later, as in CUDA itself, so
+// the backend records the first one and every later op does nothing. After
+// a sequence of ops, the caller checks dc_backend_status() before trusting
+// any result, downloads included: after an error, download and sync leave
+// their outputs undefined. The check is a host flag read, never a wait, so
+// it belongs at the end of every function that runs ops (a model's forward,
+// a sampling step, a training step). Errors a kernel raises while running
+// surface at the next check after the device reports them (at the latest,
+// the next download or sync). A backend that has failed stays failed:
+// destroy it (a new one may work, e.g. after a shape error).
 #pragma once
 #include <stdbool.h>
 #include <stdint.h>
@@ -35,6 +48,10 @@ struct dc_backend {
     // dst[n] = src[n] converted to dst's dtype (F32 <-> BF16, or a plain copy)
     void (*cast)(dc_backend *be, dc_buf dst, dc_buf src, int64_t n);
     void (*sync)(dc_backend *be);
+    // 0, or -1 with the first recorded error as the message: what failed, in
+    // which op, where ("CUDA error: <text>, from <call> in <op> (file:line)").
+    // NULL where ops cannot fail late (the CPU).
+    int (*status)(dc_backend *be);
     void (*destroy)(dc_backend *be);
     // Allocates the ops' workspace for sequences of up to max_tokens with
     // attention heads of head_dim before any step runs, so no op allocates or
@@ -160,12 +177,12 @@ struct dc_backend {
     void (*memory)(dc_backend *be, size_t *now, size_t *peak);
     // Records the ops that fn(arg) issues (no uploads, downloads or syncs among
     // them) into a graph that graph_launch replays with the same buffers.
-    // NULL with a message if fn failed or the capture did.
+    // NULL with a message if fn failed (or an op in it did) or the capture did.
     void *(*graph_capture)(dc_backend *be, int (*fn)(void *arg), void *arg);
     void (*graph_launch)(dc_backend *be, void *graph);
     void (*graph_free)(dc_backend *be, void *graph);
     // TFLOP/s of a large matrix product in the compute dtype, timed now (the
-    // peak that MFU is quoted against).
+    // peak that MFU is quoted against); 0 with a message if it cannot run.
     double (*gemm_peak)(dc_backend *be);
 };
 
@@ -179,6 +196,8 @@ dc_backend *dc_backend_cpu_create(void);
 dc_backend *dc_backend_cuda_create(bool fp32);
 
 static inline void dc_backend_sync(dc_backend *be) { be->sync(be); }
+// 0, or -1 with the message of the error the backend recorded (see the top).
+static inline int dc_backend_status(dc_backend *be) { return be->status ? be->status(be) : 0; }
 
 #ifdef __cplusplus
 }

@@ -157,7 +157,8 @@ int dc_sampler_run(dc_sampler *s, dc_buf x, const int32_t *y, const uint32_t *id
         if (coef.add_noise)
             be->randn(be, s->z, idx, B, n, s->opt.seed, (uint32_t)k, DC_STREAM_NOISE);
         be->sampler_step(be, x, mo, s->z, &coef, B, s->C, s->OC, HW);
+        if (dc_backend_status(be)) return dc_fail_ctx("sampling step %d of %d", total - k, total);
         if (progress) progress(pctx, total - k, total);
     }
-    return 0;
+    return dc_backend_status(be);
 }

@@ -66,6 +66,7 @@ void dc_sampler_free(dc_sampler *s);
 
 // Samples B images into x[B, C, H, W] (backend) for labels y[B] (host) whose
 // global sample indices are idx[B] (host; they key all the noise).
-// progress may be NULL.
+// progress may be NULL. Fails as soon as the backend reports an error
+// (checked after every step, without waiting for the device).
 int dc_sampler_run(dc_sampler *s, dc_buf x, const int32_t *y, const uint32_t *idx, int B,
                    dc_eval_fn eval, void *ctx, dc_sample_progress_fn progress, void *pctx);

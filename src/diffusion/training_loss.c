@@ -59,7 +59,7 @@ int dc_diffusion_loss(dc_backend *be, dc_buf dout, dc_buf losses, dc_buf out, dc
     if ((mse_sum || vb_sum) && !losses.p)
         return dc_fail("diffusion loss: sums requested without a losses buffer");
     be->diffusion_loss(be, dout, losses, out, x0, xt, eps, coef, B, C, OC, HW, grad_scale);
-    if (!mse_sum && !vb_sum) return 0;
+    if (!mse_sum && !vb_sum) return dc_backend_status(be);
     double ms = 0.0, vs = 0.0;
     float host[2 * CHUNK];
     for (int b0 = 0; b0 < B; b0 += CHUNK) {
@@ -70,6 +70,7 @@ int dc_diffusion_loss(dc_backend *be, dc_buf dout, dc_buf losses, dc_buf out, dc
             vs += host[2 * i + 1];
         }
     }
+    DC_TRY(dc_backend_status(be));
     if (mse_sum) *mse_sum = ms;
     if (vb_sum) *vb_sum = vs;
     return 0;

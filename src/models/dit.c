@@ -150,6 +150,7 @@ int dc_dit_create(dc_dit *m, const dc_dit_config *cfg, dc_backend *be, bool with
     pos_embed(pos, grid, D);
     be->upload(be, dc_param_data(&m->params, 0).p, pos, (size_t)T * D * sizeof *pos);
     free(pos);
+    if (dc_backend_status(be)) return dc_dit_free(m), -1;
     return 0;
 }
 
@@ -192,7 +193,7 @@ int dc_dit_init_weights(dc_dit *m, uint64_t seed) {
         free(h);
     }
     dc_params_touch(ps);
-    return 0;
+    return dc_backend_status(m->be);
 }
 
 // Carves named activation buffers out of one allocation. The first pass
@@ -353,7 +354,7 @@ int dc_dit_forward(dc_dit *m, dc_buf out, dc_buf x, dc_buf t, dc_buf y, int B) {
     be->ln_mod_fwd(be, a->lnf, a->meanf, a->rstdf, a->x_out, a->modf, B, d.T, d.D, 2, 0, 1);
     be->linear_fwd(be, a->lin, a->lnf, P(m, id.fl_w), P(m, id.fl_b), d.BT, d.D, d.OP);
     be->unpatchify_fwd(be, out, a->lin, B, d.OC, d.S, d.S, d.p);
-    return 0;
+    return dc_backend_status(be);  // an op that failed on the device (a host flag: no wait)
 }
 
 int dc_dit_backward(dc_dit *m, dc_buf dout, int B) {
@@ -407,5 +408,5 @@ int dc_dit_backward(dc_dit *m, dc_buf dout, int B) {
     be->silu_bwd(be, a->dth, a->dtmp, a->th, (int64_t)B * d.D, false);
     be->linear_bwd(be, dc_buf_none(), G(m, id.t0_w), G(m, id.t0_b), a->dth, a->tfreq,
                    P(m, id.t0_w), B, DC_TFREQ, d.D, false);
-    return 0;
+    return dc_backend_status(be);
 }

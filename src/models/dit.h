@@ -57,7 +57,9 @@ int dc_dit_init_weights(dc_dit *m, uint64_t seed);
 int dc_dit_reserve(dc_dit *m, int max_batch);
 
 // out[B, OC, H, W] = model(x[B, C, H, W], t[B] float timesteps, y[B] int32 labels).
-// All buffers live on the model's backend. B <= max_batch.
+// All buffers live on the model's backend. B <= max_batch. Like every
+// function here that runs ops, returns the backend's status at its end
+// (dc_backend_status: a failed op is an error, found without waiting).
 int dc_dit_forward(dc_dit *m, dc_buf out, dc_buf x, dc_buf t, dc_buf y, int B);
 // Given dout = dL/dout of the last forward, accumulates dL/dparams into
 // m->params.grad (+=, so micro-batches sum).

@@ -103,6 +103,7 @@ dc_backend *dc_backend_cpu_create(void) {
         .zero = cpu_zero,
         .cast = dc_cpu_cast,
         .sync = cpu_sync,
+        .status = NULL,  // every op finishes before it returns: no error is left for later
         .reserve = cpu_reserve,
         .destroy = cpu_destroy,
         .linear_fwd = dc_cpu_linear_fwd,

@@ -75,7 +75,7 @@ void dc_cpu_diffusion_loss(dc_backend *be, dc_buf dout, dc_buf losses, dc_buf ou
         float *ge = g ? g + (int64_t)b * OC * HW : NULL, *gv = ge && sigma ? ge + N : NULL;
         double mse = 0.0, vb = 0.0;
         for (int64_t i = 0; i < N; i++) {
-            double dm, dv;
+            double dm, dv = 0.0;
             mse += dc_loss_mse_elem(eb[i], eh[i], &dm);
             if (sigma) vb += dc_loss_vb_elem(c, eh[i], v[i], x0b[i], xtb[i], &dv);
             if (ge) ge[i] = (float)(grad_scale * dm * inv_n);

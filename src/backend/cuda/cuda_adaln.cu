@@ -136,6 +136,7 @@ static int fast_vpl(int D, dc_buf stream, dc_buf act, dc_buf mod) {
 
 extern "C" void dc_cuda_ln_mod_fwd(dc_backend *be, dc_buf out, dc_buf mean, dc_buf rstd, dc_buf x, dc_buf mod,
                                    int B, int T, int D, int nchunk, int ch_shift, int ch_scale) {
+    DC_CUDA_OP(be);
     int rows = B * T;
     dim3 block(32, ROWS_PER_BLOCK), grid((rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK);
     cudaStream_t s = dc_cuda(be)->stream;
@@ -145,7 +146,7 @@ extern "C" void dc_cuda_ln_mod_fwd(dc_backend *be, dc_buf out, dc_buf mean, dc_b
         k_ln_mod_fwd_v4<V><<<grid, block, 0, s>>>((__nv_bfloat16 *)out.p, (float *)mean.p, (float *)rstd.p, \
                                                   (const float *)x.p, (const __nv_bfloat16 *)mod.p, rows, T, D, \
                                                   nchunk, ch_shift, ch_scale);                             \
-        DC_CUDA_LAUNCHED();                                                                                \
+        DC_CUDA_LAUNCHED(be);                                                                              \
         return;
         VPL_CASES(FWD_CASE)
 #undef FWD_CASE
@@ -154,7 +155,7 @@ extern "C" void dc_cuda_ln_mod_fwd(dc_backend *be, dc_buf out, dc_buf mean, dc_b
     k_ln_mod_fwd<<<grid, block, 0, s>>>(out.p, BF(out), (float *)mean.p, (float *)rstd.p, x.p,
                                                           BF(x), mod.p, BF(mod), rows, T, D, nchunk, ch_shift,
                                                           ch_scale);
-    DC_CUDA_LAUNCHED();
+    DC_CUDA_LAUNCHED(be);
 }
 
 // dx += rstd (g - mean(g) - xhat mean(g xhat)), g = dout (1 + scale)
@@ -208,6 +209,7 @@ __global__ void k_ln_mod_bwd_dmod(void *dmod, int dmbf, const void *dout, int gb
 extern "C" void dc_cuda_ln_mod_bwd(dc_backend *be, dc_buf dx, dc_buf dmod, dc_buf dout, dc_buf x, dc_buf mean,
                                    dc_buf rstd, dc_buf mod, int B, int T, int D, int nchunk, int ch_shift,
                                    int ch_scale) {
+    DC_CUDA_OP(be);
     cudaStream_t s = dc_cuda(be)->stream;
     int rows = B * T;
     dim3 block(32, ROWS_PER_BLOCK), grid((rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK);
@@ -230,7 +232,7 @@ extern "C" void dc_cuda_ln_mod_bwd(dc_backend *be, dc_buf dx, dc_buf dmod, dc_bu
     dim3 g2((D + 31) / 32, B), b2(32, 8);
     k_ln_mod_bwd_dmod<<<g2, b2, 0, s>>>(dmod.p, BF(dmod), dout.p, BF(dout), x.p, BF(x), (const float *)mean.p,
                                         (const float *)rstd.p, T, D, nchunk, ch_shift, ch_scale);
-    DC_CUDA_LAUNCHED();
+    DC_CUDA_LAUNCHED(be);
 }
 
 // out[b,t,:] = x[b,t,:] + gate[b,:] * y[b,t,:]
@@ -265,6 +267,7 @@ __global__ void k_gate_res_fwd_v4(float4 *out, const float4 *x, const uint2 *y, 
 
 extern "C" void dc_cuda_gate_res_fwd(dc_backend *be, dc_buf out, dc_buf x, dc_buf y, dc_buf mod, int B, int T,
                                      int D, int nchunk, int ch_gate) {
+    DC_CUDA_OP(be);
     int64_t n = (int64_t)B * T * D;
     cudaStream_t s = dc_cuda(be)->stream;
     if (out.dt == DC_F32 && x.dt == DC_F32 && y.dt == DC_BF16 && mod.dt == DC_BF16 && D % 4 == 0 &&
@@ -276,7 +279,7 @@ extern "C" void dc_cuda_gate_res_fwd(dc_backend *be, dc_buf out, dc_buf x, dc_bu
         k_gate_res_fwd<<<dc_blocks(n, 256), 256, 0, s>>>(out.p, BF(out), x.p, BF(x), y.p, BF(y), mod.p, BF(mod), T,
                                                          D, nchunk, ch_gate, n);
     }
-    DC_CUDA_LAUNCHED();
+    DC_CUDA_LAUNCHED(be);
 }
 
 // dy = gate dx (all rows); dgate[b,d] = sum_t dx y. One block covers 32
@@ -333,6 +336,7 @@ __global__ void k_gate_res_bwd_v2(__nv_bfloat162 *dy, __nv_bfloat16 *dmod, const
 
 extern "C" void dc_cuda_gate_res_bwd(dc_backend *be, dc_buf dy, dc_buf dmod, dc_buf dx, dc_buf y, dc_buf mod,
                                      int B, int T, int D, int nchunk, int ch_gate) {
+    DC_CUDA_OP(be);
     cudaStream_t s = dc_cuda(be)->stream;
     if (dy.dt == DC_BF16 && dmod.dt == DC_BF16 && dx.dt == DC_F32 && y.dt == DC_BF16 && mod.dt == DC_BF16 &&
         D % 2 == 0 && dc_aligned(dy.p, 4) && dc_aligned(dmod.p, 4) && dc_aligned(y.p, 4) && dc_aligned(mod.p, 4) &&
@@ -341,11 +345,11 @@ extern "C" void dc_cuda_gate_res_bwd(dc_backend *be, dc_buf dy, dc_buf dmod, dc_
         k_gate_res_bwd_v2<<<grid, block, 0, s>>>((__nv_bfloat162 *)dy.p, (__nv_bfloat16 *)dmod.p, (const float2 *)dx.p,
                                                  (const __nv_bfloat162 *)y.p, (const __nv_bfloat16 *)mod.p, T, D,
                                                  nchunk, ch_gate);
-        DC_CUDA_LAUNCHED();
+        DC_CUDA_LAUNCHED(be);
         return;
     }
     dim3 grid((D + 31) / 32, B), block(32, 8);
     k_gate_res_bwd<<<grid, block, 0, s>>>(dy.p, BF(dy), dmod.p, BF(dmod), dx.p, BF(dx), y.p, BF(y),
                                                             mod.p, BF(mod), T, D, nchunk, ch_gate);
-    DC_CUDA_LAUNCHED();
+    DC_CUDA_LAUNCHED(be);
 }

@@ -3,7 +3,9 @@
 //
 // Nothing here synchronises with the host except download and sync:
 // uploads go through a pinned ring buffer, so the host copies its data and
-// returns while the device is still busy with earlier work.
+// returns while the device is still busy with earlier work. Errors are
+// recorded in the context and reported by status (cuda_ops.h says why).
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,9 +13,32 @@
 #include "backend/cuda/cuda_ops.h"
 #include "core/error.h"
 
-void dc_cuda_fatal(const char *what, const char *msg, const char *file, int line) {
-    fprintf(stderr, "diffusion: CUDA error: %s\n  in %s (%s:%d)\n", msg, what, file, line);
-    abort();
+void dc_cuda_record(dc_backend *be, const char *func, const char *file, int line, const char *fmt, ...) {
+    dc_cuda_ctx *c = dc_cuda(be);
+    if (c->failed) return;  // the first error is the cause; later ones are its echoes
+    char what[384];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    // the op's name in the table: dc_cuda_linear_fwd and cu_sync read linear_fwd and sync
+    const char *op = strncmp(func, "dc_cuda_", 8) == 0 ? func + 8 : strncmp(func, "cu_", 3) == 0 ? func + 3 : func;
+    snprintf(c->err, sizeof c->err, "%s in %s (%s:%d)", what, op, file, line);
+    c->failed = true;
+}
+
+static int cu_status(dc_backend *be) {
+    dc_cuda_ctx *c = dc_cuda(be);
+    return c->failed ? dc_fail("%s", c->err) : 0;
+}
+
+// An allocation failure is not sticky in CUDA: clear it, and leave the backend usable.
+int dc_cuda_fail_alloc(const char *what, size_t bytes, cudaError_t e) {
+    cudaGetLastError();
+    size_t fr = 0, tot = 0;
+    if (cudaMemGetInfo(&fr, &tot) != cudaSuccess) cudaGetLastError();
+    return dc_fail("GPU allocation of %.1f MiB for %s failed (%s; %.1f MiB free of %.1f MiB)", bytes / 1048576.0,
+                   what, cudaGetErrorString(e), fr / 1048576.0, tot / 1048576.0);
 }
 
 // ---- memory --------------------------------------------------------------------------
@@ -21,21 +46,15 @@ void dc_cuda_fatal(const char *what, const char *msg, const char *file, int line
 static void *cu_alloc(dc_backend *be, size_t bytes) {
     dc_cuda_ctx *c = dc_cuda(be);
     void *p = NULL;
+    if (c->failed) return cu_status(be), (void *)NULL;
     if (c->nallocs == c->cap_allocs) {
         int cap = c->cap_allocs ? 2 * c->cap_allocs : 64;
         dc_cuda_alloc_rec *t = (dc_cuda_alloc_rec *)realloc(c->allocs, cap * sizeof *t);
-        if (!t) return dc_fail("out of memory"), (void *)NULL;
+        if (!t) return dc_fail("out of host memory for the GPU allocation table"), (void *)NULL;
         c->allocs = t, c->cap_allocs = cap;
     }
     cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
-    if (e != cudaSuccess) {
-        cudaGetLastError();  // an allocation failure is not sticky: later calls still work
-        size_t fr = 0, tot = 0;
-        cudaMemGetInfo(&fr, &tot);
-        dc_fail("GPU allocation of %.1f MiB failed (%s; %.1f MiB free of %.1f MiB)", bytes / 1048576.0,
-                cudaGetErrorString(e), fr / 1048576.0, tot / 1048576.0);
-        return NULL;
-    }
+    if (e != cudaSuccess) return dc_cuda_fail_alloc("a tensor", bytes, e), (void *)NULL;
     c->allocs[c->nallocs++] = (dc_cuda_alloc_rec){p, bytes};
     c->bytes_now += bytes;
     if (c->bytes_now > c->bytes_peak) c->bytes_peak = c->bytes_now;
@@ -51,7 +70,7 @@ static void cu_free(dc_backend *be, void *p) {
         c->allocs[i] = c->allocs[--c->nallocs];
         break;
     }
-    DC_CUDA(cudaFree(p));  // implicitly waits for the work that uses it
+    DC_CUDA(be, cudaFree(p));  // implicitly waits for the work that uses it
 }
 
 static void cu_memory(dc_backend *be, size_t *now, size_t *peak) {
@@ -63,53 +82,64 @@ static void cu_memory(dc_backend *be, size_t *now, size_t *peak) {
 // Uploads are staged through the ring in pieces of at most an eighth of it:
 // the host waits only if the device has not yet consumed the copy made a
 // whole ring earlier.
-static void upload_piece(dc_cuda_ctx *c, void *dst, const void *src, size_t bytes);
+static void upload_piece(dc_backend *be, void *dst, const void *src, size_t bytes);
 
 static void cu_upload(dc_backend *be, void *dst, const void *src, size_t bytes) {
-    dc_cuda_ctx *c = dc_cuda(be);
     const size_t part = DC_CUDA_RING_BYTES / 8;
-    for (size_t off = 0; off < bytes; off += part)
-        upload_piece(c, (char *)dst + off, (const char *)src + off, bytes - off < part ? bytes - off : part);
+    for (size_t off = 0; off < bytes && !dc_cuda(be)->failed; off += part)
+        upload_piece(be, (char *)dst + off, (const char *)src + off, bytes - off < part ? bytes - off : part);
 }
 
-static void upload_piece(dc_cuda_ctx *c, void *dst, const void *src, size_t bytes) {
+static void upload_piece(dc_backend *be, void *dst, const void *src, size_t bytes) {
+    dc_cuda_ctx *c = dc_cuda(be);
     const size_t part = DC_CUDA_RING_BYTES / 8;
     size_t slot = c->ring_head / part;
     if (c->ring_head % part + bytes > part) {  // move to the next slot
         slot = (slot + 1) % 8;
         c->ring_head = slot * part;
     }
-    if (c->ring_head % part == 0) DC_CUDA(cudaEventSynchronize(c->ring_ev[slot]));
+    if (c->ring_head % part == 0) DC_CUDA(be, cudaEventSynchronize(c->ring_ev[slot]));
     char *stage = c->ring + c->ring_head;
     memcpy(stage, src, bytes);
-    DC_CUDA(cudaMemcpyAsync(dst, stage, bytes, cudaMemcpyHostToDevice, c->stream));
-    DC_CUDA(cudaEventRecord(c->ring_ev[slot], c->stream));
+    DC_CUDA(be, cudaMemcpyAsync(dst, stage, bytes, cudaMemcpyHostToDevice, c->stream));
+    DC_CUDA(be, cudaEventRecord(c->ring_ev[slot], c->stream));
     c->ring_head += (bytes + 255) & ~(size_t)255;
     if (c->ring_head >= DC_CUDA_RING_BYTES) c->ring_head = 0;
 }
 
+// After an error the destination is filled with 0xff bytes (NaN as floats,
+// -1 as integers), so a caller that forgets the status check sees no
+// plausible numbers.
 static void cu_download(dc_backend *be, void *dst, const void *src, size_t bytes) {
     dc_cuda_ctx *c = dc_cuda(be);
     if (bytes == 0) return;
-    DC_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream));
-    DC_CUDA(cudaStreamSynchronize(c->stream));
+    if (!c->failed && dc_cuda_ok(be, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream),
+                                 "cudaMemcpyAsync", __func__, __FILE__, __LINE__))
+        dc_cuda_ok(be, cudaStreamSynchronize(c->stream), "cudaStreamSynchronize", __func__, __FILE__, __LINE__);
+    if (c->failed) memset(dst, 0xff, bytes);
 }
 
 static void cu_copy(dc_backend *be, void *dst, const void *src, size_t bytes) {
+    DC_CUDA_OP(be);
     if (bytes && dst != src)
-        DC_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, dc_cuda(be)->stream));
+        DC_CUDA(be, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, dc_cuda(be)->stream));
 }
 
 static void cu_zero(dc_backend *be, void *dst, size_t bytes) {
-    if (bytes) DC_CUDA(cudaMemsetAsync(dst, 0, bytes, dc_cuda(be)->stream));
+    DC_CUDA_OP(be);
+    if (bytes) DC_CUDA(be, cudaMemsetAsync(dst, 0, bytes, dc_cuda(be)->stream));
 }
 
-static void cu_sync(dc_backend *be) { DC_CUDA(cudaStreamSynchronize(dc_cuda(be)->stream)); }
+// Errors of kernels that ran since the last check surface here.
+static void cu_sync(dc_backend *be) {
+    DC_CUDA_OP(be);
+    DC_CUDA(be, cudaStreamSynchronize(dc_cuda(be)->stream));
+}
 
 // Attention keeps no workspace (the kernels rebuild what they need), so
 // reserving only checks that the shape is supported.
 static int cu_reserve(dc_backend *be, int max_tokens, int head_dim) {
-    (void)be;
+    DC_TRY(cu_status(be));
     if (max_tokens < 1) return dc_fail("cuda: reserve for %d tokens", max_tokens);
     if (head_dim < 1 || head_dim > dc_cuda_attn_max_head_dim())
         return dc_fail("cuda: attention head size %d is not supported (at most %d: use more heads)", head_dim,
@@ -118,12 +148,19 @@ static int cu_reserve(dc_backend *be, int max_tokens, int head_dim) {
 }
 
 // ---- graphs ---------------------------------------------------------------------------
+// An op that fails inside fn is recorded like any other; a capture that
+// cudaStreamEndCapture or instantiation refuses is not (nothing ran, and the
+// stream is back to normal), so the caller may go on without a graph.
 static void *cu_graph_capture(dc_backend *be, int (*fn)(void *arg), void *arg) {
     dc_cuda_ctx *c = dc_cuda(be);
     cudaGraph_t g = NULL;
     cudaGraphExec_t exec = NULL;
-    DC_CUDA(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
+    if (cu_status(be)) return NULL;
+    if (!dc_cuda_ok(be, cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal),
+                    "cudaStreamBeginCapture", __func__, __FILE__, __LINE__))
+        return cu_status(be), (void *)NULL;
     int rc = fn(arg);
+    if (rc == 0) rc = cu_status(be);  // fn may not have asked
     cudaError_t e = cudaStreamEndCapture(c->stream, &g);
     if (rc != 0) {
         if (g) cudaGraphDestroy(g);
@@ -146,7 +183,8 @@ static void *cu_graph_capture(dc_backend *be, int (*fn)(void *arg), void *arg) {
 }
 
 static void cu_graph_launch(dc_backend *be, void *graph) {
-    DC_CUDA(cudaGraphLaunch((cudaGraphExec_t)graph, dc_cuda(be)->stream));
+    DC_CUDA_OP(be);
+    DC_CUDA(be, cudaGraphLaunch((cudaGraphExec_t)graph, dc_cuda(be)->stream));
 }
 
 static void cu_graph_free(dc_backend *be, void *graph) {
@@ -155,19 +193,48 @@ static void cu_graph_free(dc_backend *be, void *graph) {
 }
 
 // ---- attention adapters ------------------------------------------------------------------
+// Why the kernels cannot take width D in H heads (they return -1 for it):
+// reserve refuses such a model up front, so this is a caller's shape error.
+static void attn_shape_msg(char *msg, size_t size, int D, int H) {
+    if (H < 1 || D < 1 || D % H != 0)
+        snprintf(msg, size, "attention width %d does not split into %d heads", D, H);
+    else
+        snprintf(msg, size, "attention head size %d (width %d in %d heads) is not supported (at most %d)", D / H,
+                 D, H, dc_cuda_attn_max_head_dim());
+}
+
+// One kernel dtype for all the tensors it reads and writes, lse always fp32.
+static bool attn_dtypes_ok(dc_buf qkv, dc_buf a, dc_buf b, dc_buf lse) {
+    return a.dt == qkv.dt && (!b.p || b.dt == qkv.dt) && lse.dt == DC_F32 &&
+           (qkv.dt == DC_F32 || qkv.dt == DC_BF16);
+}
+
 static void cu_attn_fwd(dc_backend *be, dc_buf out, dc_buf lse, dc_buf qkv, int B, int T, int D, int H) {
-    int rc = dc_cuda_attn_fwd(dc_cuda(be)->stream, out.p, (float *)lse.p, qkv.p, B, T, D, H,
-                              qkv.dt == DC_BF16);
-    if (rc) dc_cuda_fatal("attn_fwd", "unsupported head size", __FILE__, __LINE__);
-    DC_CUDA_LAUNCHED();
+    DC_CUDA_OP(be);
+    if (!attn_dtypes_ok(qkv, out, dc_buf_none(), lse))
+        DC_CUDA_FAIL(be, "attention dtypes: qkv %s, out %s, lse %s", dc_dtype_name(qkv.dt), dc_dtype_name(out.dt),
+                     dc_dtype_name(lse.dt));
+    char msg[160];
+    if (dc_cuda_attn_fwd(dc_cuda(be)->stream, out.p, (float *)lse.p, qkv.p, B, T, D, H, qkv.dt == DC_BF16) != 0) {
+        attn_shape_msg(msg, sizeof msg, D, H);
+        DC_CUDA_FAIL(be, "%s", msg);
+    }
+    DC_CUDA_LAUNCHED(be);
 }
 
 static void cu_attn_bwd(dc_backend *be, dc_buf dqkv, dc_buf dout, dc_buf qkv, dc_buf out, dc_buf lse,
                         int B, int T, int D, int H) {
-    int rc = dc_cuda_attn_bwd(dc_cuda(be)->stream, dqkv.p, dout.p, qkv.p, out.p, (const float *)lse.p,
-                              B, T, D, H, qkv.dt == DC_BF16);
-    if (rc) dc_cuda_fatal("attn_bwd", "unsupported head size", __FILE__, __LINE__);
-    DC_CUDA_LAUNCHED();
+    DC_CUDA_OP(be);
+    if (!attn_dtypes_ok(qkv, dqkv, dout, lse) || out.dt != qkv.dt)
+        DC_CUDA_FAIL(be, "attention dtypes: dqkv %s, dout %s, qkv %s, out %s, lse %s", dc_dtype_name(dqkv.dt),
+                     dc_dtype_name(dout.dt), dc_dtype_name(qkv.dt), dc_dtype_name(out.dt), dc_dtype_name(lse.dt));
+    char msg[160];
+    if (dc_cuda_attn_bwd(dc_cuda(be)->stream, dqkv.p, dout.p, qkv.p, out.p, (const float *)lse.p, B, T, D, H,
+                         qkv.dt == DC_BF16) != 0) {
+        attn_shape_msg(msg, sizeof msg, D, H);
+        DC_CUDA_FAIL(be, "%s", msg);
+    }
+    DC_CUDA_LAUNCHED(be);
 }
 
 // ---- creation ----------------------------------------------------------------------------
@@ -182,9 +249,46 @@ static void cu_destroy(dc_backend *be) {
     for (int i = 0; i < 8; i++)
         if (c->ring_ev[i]) cudaEventDestroy(c->ring_ev[i]);
     if (c->stream) cudaStreamDestroy(c->stream);
+    cudaGetLastError();  // what teardown of a failed backend reports must not reach the next one
     free(c->allocs);
     free(c);
     free(be);
+}
+
+// Everything a backend holds before its first op; 0, or -1 with a message.
+// A GPU that is present but unusable (too old, busy in exclusive mode, full)
+// is a clean failure, so "auto" can fall back to the CPU.
+static int start(dc_cuda_ctx *c) {
+    int dev = 0, major = 0, minor = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+    // The kernels use Ampere's bf16 tensor-core and async-copy instructions.
+    if (e == cudaSuccess && major < 8)
+        return dc_fail("GPU %d has compute capability %d.%d; the CUDA backend needs 8.0 (Ampere) or newer", dev,
+                       major, minor);
+    if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
+    if (e != cudaSuccess)
+        return cudaGetLastError(), dc_fail("the CUDA GPU could not be used (%s)", cudaGetErrorString(e));
+    cublasStatus_t st = cublasLtCreate(&c->lt);
+    if (st != CUBLAS_STATUS_SUCCESS) return dc_fail("cuBLASLt could not start (%s)", cublasLtGetStatusString(st));
+    c->lt_ws_bytes = (size_t)64 << 20;
+    if ((e = cudaMalloc(&c->lt_ws, c->lt_ws_bytes)) != cudaSuccess)
+        return dc_cuda_fail_alloc("the matrix-product workspace", c->lt_ws_bytes, e);
+    if ((e = cudaMalloc((void **)&c->red, 1024 * sizeof(double))) != cudaSuccess)
+        return dc_cuda_fail_alloc("the reduction scratch", 1024 * sizeof(double), e);
+    if ((e = cudaMallocHost((void **)&c->ring, DC_CUDA_RING_BYTES)) != cudaSuccess) {
+        cudaGetLastError();
+        return dc_fail("%.1f MiB of pinned host memory for uploads could not be allocated (%s)",
+                       DC_CUDA_RING_BYTES / 1048576.0, cudaGetErrorString(e));
+    }
+    for (int i = 0; i < 8 && e == cudaSuccess; i++) {
+        e = cudaEventCreateWithFlags(&c->ring_ev[i], cudaEventDisableTiming);
+        if (e == cudaSuccess) e = cudaEventRecord(c->ring_ev[i], c->stream);
+    }
+    if (e != cudaSuccess)
+        return cudaGetLastError(), dc_fail("the CUDA GPU could not be used (events: %s)", cudaGetErrorString(e));
+    return 0;
 }
 
 extern "C" dc_backend *dc_backend_cuda_create(bool fp32) {
@@ -192,35 +296,22 @@ extern "C" dc_backend *dc_backend_cuda_create(bool fp32) {
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess || n == 0) {
         cudaGetLastError();
-        dc_fail("no CUDA GPU present (%s)", e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+        if (e == cudaSuccess || e == cudaErrorNoDevice) dc_fail("no CUDA GPU present");
+        else if (e == cudaErrorInsufficientDriver)  // also what a machine without the driver reports
+            dc_fail("no usable CUDA GPU: no NVIDIA driver, or one older than this build's CUDA (%s)",
+                    cudaGetErrorString(e));
+        else dc_fail("no usable CUDA GPU (%s)", cudaGetErrorString(e));
         return NULL;
     }
     dc_cuda_ctx *c = (dc_cuda_ctx *)calloc(1, sizeof *c);
     dc_backend *be = (dc_backend *)calloc(1, sizeof *be);
     if (!c || !be) {
         free(c), free(be);
-        dc_fail("out of memory");
+        dc_fail("out of host memory creating the CUDA backend");
         return NULL;
     }
-    // A GPU that is present but unusable (busy in exclusive mode, full) is a
-    // clean failure, so "auto" can fall back to the CPU.
     be->ctx = c;
-    c->lt_ws_bytes = (size_t)64 << 20;
-    const char *step = "stream";
-    e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
-    if (e == cudaSuccess) step = "cuBLASLt", e = cublasLtCreate(&c->lt) == CUBLAS_STATUS_SUCCESS ? cudaSuccess
-                                                                                                : cudaErrorUnknown;
-    if (e == cudaSuccess) step = "workspace", e = cudaMalloc(&c->lt_ws, c->lt_ws_bytes);
-    if (e == cudaSuccess) step = "reduction buffer", e = cudaMalloc((void **)&c->red, 1024 * sizeof(double));
-    if (e == cudaSuccess) step = "pinned upload buffer", e = cudaMallocHost((void **)&c->ring, DC_CUDA_RING_BYTES);
-    for (int i = 0; i < 8 && e == cudaSuccess; i++) {
-        step = "events";
-        e = cudaEventCreateWithFlags(&c->ring_ev[i], cudaEventDisableTiming);
-        if (e == cudaSuccess) e = cudaEventRecord(c->ring_ev[i], c->stream);
-    }
-    if (e != cudaSuccess) {
-        cudaGetLastError();
-        dc_fail("the CUDA GPU could not be used (%s: %s)", step, cudaGetErrorString(e));
+    if (start(c) != 0) {
         cu_destroy(be);
         return NULL;
     }
@@ -236,6 +327,7 @@ extern "C" dc_backend *dc_backend_cuda_create(bool fp32) {
         .zero = cu_zero,
         .cast = dc_cuda_cast,
         .sync = cu_sync,
+        .status = cu_status,
         .destroy = cu_destroy,
         .reserve = cu_reserve,
         .linear_fwd = dc_cuda_linear_fwd,

@@ -41,6 +41,7 @@ __global__ void k_randn(void *out, int obf, keys_t keys, int nb, int64_t n, uint
 
 extern "C" void dc_cuda_randn(dc_backend *be, dc_buf out, const uint32_t *keys, int B, int64_t n, uint64_t seed,
                               uint32_t step, uint32_t stream) {
+    DC_CUDA_OP(be);
     for (int b0 = 0; b0 < B; b0 += CHUNK) {
         int nb = B - b0 < CHUNK ? B - b0 : CHUNK;
         keys_t k;
@@ -49,7 +50,7 @@ extern "C" void dc_cuda_randn(dc_backend *be, dc_buf out, const uint32_t *keys, 
         k_randn<<<dc_blocks(total, 256), 256, 0, S(be)>>>(dc_buf_at(out, (int64_t)b0 * n).p, BF(out), k, nb, n,
                                                           seed, step, stream);
     }
-    DC_CUDA_LAUNCHED();
+    DC_CUDA_LAUNCHED(be);
 }
 
 __global__ void k_q_sample(void *xt, int obf, const void *x0, int xbf, const void *eps, int ebf, qs_t c, int nb,
@@ -63,6 +64,7 @@ __global__ void k_q_sample(void *xt, int obf, const void *x0, int xbf, const voi
 
 extern "C" void dc_cuda_q_sample(dc_backend *be, dc_buf xt, dc_buf x0, dc_buf eps, const float *a, const float *s,
                                  int B, int64_t n) {
+    DC_CUDA_OP(be);
     for (int b0 = 0; b0 < B; b0 += CHUNK) {
         int nb = B - b0 < CHUNK ? B - b0 : CHUNK;
         qs_t c;
@@ -72,7 +74,7 @@ extern "C" void dc_cuda_q_sample(dc_backend *be, dc_buf xt, dc_buf x0, dc_buf ep
         k_q_sample<<<dc_blocks((int64_t)nb * n, 256), 256, 0, S(be)>>>(
             dc_buf_at(xt, off).p, BF(xt), dc_buf_at(x0, off).p, BF(x0), dc_buf_at(eps, off).p, BF(eps), c, nb, n);
     }
-    DC_CUDA_LAUNCHED();
+    DC_CUDA_LAUNCHED(be);
 }
 
 // One block per sample: per-element terms and gradients, the two sums in
@@ -117,6 +119,7 @@ __global__ void k_diffusion_loss(void *dout, int gbf, float *losses, const void 
 extern "C" void dc_cuda_diffusion_loss(dc_backend *be, dc_buf dout, dc_buf losses, dc_buf out, dc_buf x0, dc_buf xt,
                                        dc_buf eps, const dc_loss_coef *coef, int B, int C, int OC,
                                        int64_t HW, float grad_scale) {
+    DC_CUDA_OP(be);
     int64_t N = (int64_t)C * HW, ON = (int64_t)OC * HW;
     for (int b0 = 0; b0 < B; b0 += CHUNK) {
         int nb = B - b0 < CHUNK ? B - b0 : CHUNK;
@@ -128,7 +131,7 @@ extern "C" void dc_cuda_diffusion_loss(dc_backend *be, dc_buf dout, dc_buf losse
             dc_buf_at(x0, (int64_t)b0 * N).p, BF(x0), dc_buf_at(xt, (int64_t)b0 * N).p, BF(xt),
             dc_buf_at(eps, (int64_t)b0 * N).p, BF(eps), c, N, OC == 2 * C, grad_scale);
     }
-    DC_CUDA_LAUNCHED();
+    DC_CUDA_LAUNCHED(be);
 }
 
 __global__ void k_cfg_combine(void *dst, int dbf, const void *mo, int mbf, int64_t half, int OC, int64_t HW,
@@ -142,10 +145,11 @@ __global__ void k_cfg_combine(void *dst, int dbf, const void *mo, int mbf, int64
 
 extern "C" void dc_cuda_cfg_combine(dc_backend *be, dc_buf dst, dc_buf model_out, int B, int OC, int64_t HW,
                                     int guided, float scale) {
+    DC_CUDA_OP(be);
     int64_t half = (int64_t)B * OC * HW;
     k_cfg_combine<<<dc_blocks(half, 256), 256, 0, S(be)>>>(dst.p, BF(dst), model_out.p, BF(model_out), half, OC, HW,
                                                            guided, scale);
-    DC_CUDA_LAUNCHED();
+    DC_CUDA_LAUNCHED(be);
 }
 
 __global__ void k_sampler_step(void *x, int xbf, const void *out, int obf, const void *z, int zbf, dc_step_coef c,
@@ -161,8 +165,9 @@ __global__ void k_sampler_step(void *x, int xbf, const void *out, int obf, const
 
 extern "C" void dc_cuda_sampler_step(dc_backend *be, dc_buf x, dc_buf out, dc_buf z, const dc_step_coef *coef,
                                      int B, int C, int OC, int64_t HW) {
+    DC_CUDA_OP(be);
     int64_t total = (int64_t)B * C * HW;
     k_sampler_step<<<dc_blocks(total, 256), 256, 0, S(be)>>>(x.p, BF(x), out.p, BF(out), z.p, BF(z), *coef, C, OC,
                                                              HW, total);
-    DC_CUDA_LAUNCHED();
+    DC_CUDA_LAUNCHED(be);
 }

@@ -28,11 +28,17 @@ struct dc_gemm_plan {
 
 static cudaDataType_t cuda_type(dc_dtype t) { return t == DC_BF16 ? CUDA_R_16BF : CUDA_R_32F; }
 
-#define LT(call)                                                                     \
-    do {                                                                             \
-        cublasStatus_t s_ = (call);                                                  \
-        if (s_ != CUBLAS_STATUS_SUCCESS)                                             \
-            dc_cuda_fatal(#call, cublasLtGetStatusString(s_), __FILE__, __LINE__);     \
+// A cuBLASLt call: a failure is recorded like a CUDA error (cuda_ops.h) and
+// the calling function returns `ret`.
+#define LT_OR(ret, call)                                                                                 \
+    do {                                                                                                 \
+        cublasStatus_t s_ = (call);                                                                      \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                               \
+            cudaGetLastError();                                                                          \
+            dc_cuda_record(be, __func__, __FILE__, __LINE__, "cuBLASLt error: %s, from %s",              \
+                           cublasLtGetStatusString(s_), #call);                                          \
+            return ret;                                                                                  \
+        }                                                                                                \
     } while (0)
 
 // The largest power of two (up to 256) that divides every pointer.
@@ -59,62 +65,69 @@ static bool uses_aux(int epi) { return epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS ||
 // A new plan; ok is false when cuBLASLt has no algorithm for a fused
 // epilogue (the caller then runs the plain product and a separate kernel).
 // The bias and aux pointers go on the descriptor before the heuristic, which
-// reads their alignment.
-static dc_gemm_plan *make_plan(dc_cuda_ctx *c, const dc_gemm_plan *key, const void *bias, const void *aux) {
+// reads their alignment. NULL with the error recorded on failure; the plan is
+// counted from the start (not ok until the end), so dc_cuda_gemm_free
+// releases what a failed one had created.
+static dc_gemm_plan *make_plan(dc_backend *be, const dc_gemm_plan *key, const void *bias, const void *aux) {
+    dc_cuda_ctx *c = dc_cuda(be);
     if (c->nplans == c->cap_plans) {
         int cap = c->cap_plans ? 2 * c->cap_plans : 64;
         dc_gemm_plan *t = (dc_gemm_plan *)realloc(c->plans, cap * sizeof *t);
-        if (!t) dc_cuda_fatal("gemm plan", "out of host memory", __FILE__, __LINE__);
+        if (!t) {
+            dc_cuda_record(be, __func__, __FILE__, __LINE__, "out of host memory for %d matrix-product plans", cap);
+            return NULL;
+        }
         c->plans = t, c->cap_plans = cap;
     }
-    dc_gemm_plan *p = &c->plans[c->nplans];
-    *p = *key;
-    LT(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    dc_gemm_plan *p = &c->plans[c->nplans++];
+    *p = *key;  // descriptors NULL, ok false
+    LT_OR(NULL, cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     cublasOperation_t opa = key->ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = key->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-    LT(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
-    LT(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+    LT_OR(NULL, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+    LT_OR(NULL, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
     if (key->epi) {
         cublasLtEpilogue_t epi = (cublasLtEpilogue_t)key->epi;
-        LT(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+        LT_OR(NULL, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
     }
-    if (bias) LT(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+    if (bias)
+        LT_OR(NULL, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
     if (uses_aux(key->epi)) {  // the GELU input, laid out as D
         int64_t ld = key->ldd;
         int32_t t = cuda_type(key->d);
-        LT(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld));
-        LT(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &t, sizeof t));
-        LT(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
+        LT_OR(NULL, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld));
+        LT_OR(NULL, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &t, sizeof t));
+        LT_OR(NULL,
+              cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
     }
     // Stored shapes: A is (ta ? k x m : m x k), B is (tb ? n x k : k x n), D is m x n.
-    LT(cublasLtMatrixLayoutCreate(&p->la, cuda_type(key->ab), key->ta ? key->k : key->m,
-                                  key->ta ? key->m : key->k, key->lda));
-    LT(cublasLtMatrixLayoutCreate(&p->lb, cuda_type(key->ab), key->tb ? key->n : key->k,
-                                  key->tb ? key->k : key->n, key->ldb));
-    LT(cublasLtMatrixLayoutCreate(&p->ld, cuda_type(key->d), key->m, key->n, key->ldd));
+    LT_OR(NULL, cublasLtMatrixLayoutCreate(&p->la, cuda_type(key->ab), key->ta ? key->k : key->m,
+                                           key->ta ? key->m : key->k, key->lda));
+    LT_OR(NULL, cublasLtMatrixLayoutCreate(&p->lb, cuda_type(key->ab), key->tb ? key->n : key->k,
+                                           key->tb ? key->k : key->n, key->ldb));
+    LT_OR(NULL, cublasLtMatrixLayoutCreate(&p->ld, cuda_type(key->d), key->m, key->n, key->ldd));
     cublasLtMatmulPreference_t pref;
-    LT(cublasLtMatmulPreferenceCreate(&pref));
+    LT_OR(NULL, cublasLtMatmulPreferenceCreate(&pref));
     uint64_t ws = c->lt_ws_bytes;
     uint32_t al = (uint32_t)key->align;
-    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al, sizeof al));
-    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al, sizeof al));
-    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al, sizeof al));
-    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al, sizeof al));
+    const cublasLtMatmulPreferenceAttributes_t aligns[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
     cublasLtMatmulHeuristicResult_t res;
     int found = 0;
-    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(c->lt, p->desc, p->la, p->lb, p->ld, p->ld, pref, 1,
-                                                       &res, &found);
+    cublasStatus_t st =
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+    for (int i = 0; i < 4 && st == CUBLAS_STATUS_SUCCESS; i++)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, aligns[i], &al, sizeof al);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulAlgoGetHeuristic(c->lt, p->desc, p->la, p->lb, p->ld, p->ld, pref, 1, &res, &found);
     cublasLtMatmulPreferenceDestroy(pref);
-    c->nplans++;
-    if ((st != CUBLAS_STATUS_SUCCESS || found == 0) && key->epi) {
-        p->ok = false;
-        return p;
-    }
+    if ((st != CUBLAS_STATUS_SUCCESS || found == 0) && key->epi) return p;
     if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
-        char what[160];
-        snprintf(what, sizeof what, "no cuBLASLt algorithm for m=%d n=%d k=%d ta=%d tb=%d epilogue=%d align=%d",
-                 key->m, key->n, key->k, key->ta, key->tb, key->epi, key->align);
-        dc_cuda_fatal(what, cublasLtGetStatusString(st), __FILE__, __LINE__);
+        dc_cuda_record(be, __func__, __FILE__, __LINE__,
+                       "cuBLASLt has no algorithm for a %dx%dx%d %s product (ta %d, tb %d, %d-byte aligned): %s",
+                       key->m, key->n, key->k, dc_dtype_name(key->ab), key->ta, key->tb, key->align,
+                       cublasLtGetStatusString(st));
+        return NULL;
     }
     p->algo = res.algo;
     p->ok = true;
@@ -125,11 +138,13 @@ static dc_gemm_plan *make_plan(dc_cuda_ctx *c, const dc_gemm_plan *key, const vo
 // an optional fused epilogue: GELU_AUX_BIAS (aux = the product plus bias,
 // D = gelu(aux)) or DGELU (D = product * gelu'(aux)). Returns false, having
 // done nothing, when cuBLASLt offers no algorithm for a fused epilogue
-// (bias included).
+// (bias included), and after an error (recorded): the caller's fallback ops
+// then do nothing either, as every op on a failed backend.
 static bool gemm_epi(dc_backend *be, int m, int n, int k, const void *A, int lda, bool ta, const void *B,
                      int ldb, bool tb, void *D, int ldd, dc_dtype ab, dc_dtype d, const void *bias,
                      bool accumulate, int epi, const void *aux) {
     dc_cuda_ctx *c = dc_cuda(be);
+    if (c->failed) return false;  // a plan a failure left half made must not be used
     const void *ptrs[4] = {A, B, D, aux};  // the bias is checked by the callers (16 bytes)
     dc_gemm_plan key;
     memset(&key, 0, sizeof key);
@@ -138,13 +153,16 @@ static bool gemm_epi(dc_backend *be, int m, int n, int k, const void *A, int lda
     key.epi = epi ? epi : bias ? CUBLASLT_EPILOGUE_BIAS : 0;
     key.align = common_alignment(ptrs, 4);
     dc_gemm_plan *p = find_plan(c, &key);
-    if (!p) p = make_plan(c, &key, bias, aux);
-    if (!p->ok) return false;
-    if (bias) LT(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
-    if (aux) LT(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
+    if (!p) p = make_plan(be, &key, bias, aux);
+    if (!p || !p->ok) return false;
+    if (bias)
+        LT_OR(false, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+    if (aux)
+        LT_OR(false,
+              cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
     const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-    LT(cublasLtMatmul(c->lt, p->desc, &one, A, p->la, B, p->lb, &beta, D, p->ld, D, p->ld, &p->algo,
-                      c->lt_ws, c->lt_ws_bytes, c->stream));
+    LT_OR(false, cublasLtMatmul(c->lt, p->desc, &one, A, p->la, B, p->lb, &beta, D, p->ld, D, p->ld, &p->algo,
+                                c->lt_ws, c->lt_ws_bytes, c->stream));
     return true;
 }
 
@@ -160,7 +178,9 @@ static bool fusable_bias(dc_buf b, dc_buf out) { return b.p && b.dt == out.dt &&
 
 extern "C" void dc_cuda_linear_fwd(dc_backend *be, dc_buf out, dc_buf inp, dc_buf w, dc_buf b, int M,
                                    int K, int N) {
-    if (inp.dt != w.dt) dc_cuda_fatal("linear_fwd", "input and weight dtypes differ", __FILE__, __LINE__);
+    DC_CUDA_OP(be);
+    if (inp.dt != w.dt)
+        DC_CUDA_FAIL(be, "input and weight dtypes differ (%s, %s)", dc_dtype_name(inp.dt), dc_dtype_name(w.dt));
     // out^T[N,M] = (w as K x N)^T (inp as K x M), in column-major terms
     bool fused = fusable_bias(b, out) &&
                  gemm_epi(be, N, M, K, w.p, K, true, inp.p, K, false, out.p, N, inp.dt, out.dt, b.p, false, 0, NULL);
@@ -171,8 +191,10 @@ extern "C" void dc_cuda_linear_fwd(dc_backend *be, dc_buf out, dc_buf inp, dc_bu
 
 extern "C" void dc_cuda_linear_bwd(dc_backend *be, dc_buf dinp, dc_buf dw, dc_buf db, dc_buf dout,
                                    dc_buf inp, dc_buf w, int M, int K, int N, bool accumulate) {
+    DC_CUDA_OP(be);
     if (inp.dt != w.dt || dout.dt != w.dt)
-        dc_cuda_fatal("linear_bwd", "dout, input and weight dtypes differ", __FILE__, __LINE__);
+        DC_CUDA_FAIL(be, "dout, input and weight dtypes differ (%s, %s, %s)", dc_dtype_name(dout.dt),
+                     dc_dtype_name(inp.dt), dc_dtype_name(w.dt));
     // dinp^T[K,M] = (w as K x N) (dout as N x M)
     if (dinp.p) gemm(be, K, M, N, w.p, K, false, dout.p, N, false, dinp.p, K, dout.dt, dinp.dt, accumulate);
     // dw^T[K,N] += (inp as K x M) (dout as N x M)^T, in fp32
@@ -183,6 +205,7 @@ extern "C" void dc_cuda_linear_bwd(dc_backend *be, dc_buf dinp, dc_buf dw, dc_bu
 // pre = inp w^T + b and out = gelu(pre) from one product (fc1 of the MLP).
 extern "C" void dc_cuda_linear_gelu_fwd(dc_backend *be, dc_buf out, dc_buf pre, dc_buf inp, dc_buf w, dc_buf b,
                                         int M, int K, int N) {
+    DC_CUDA_OP(be);
     bool fused = fusable_bias(b, out) && pre.dt == out.dt && inp.dt == w.dt && N % 8 == 0 &&
                  gemm_epi(be, N, M, K, w.p, K, true, inp.p, K, false, out.p, N, inp.dt, out.dt, b.p, false,
                           CUBLASLT_EPILOGUE_GELU_AUX_BIAS, pre.p);
@@ -195,6 +218,7 @@ extern "C" void dc_cuda_linear_gelu_fwd(dc_backend *be, dc_buf out, dc_buf pre, 
 // from one product, plus the weight and bias gradients of fc2 (act = gelu(pre)).
 extern "C" void dc_cuda_linear_bwd_gelu(dc_backend *be, dc_buf dpre, dc_buf dw, dc_buf db, dc_buf dout,
                                         dc_buf act, dc_buf w, dc_buf pre, dc_buf scratch, int M, int K, int N) {
+    DC_CUDA_OP(be);
     bool fused = dpre.dt == pre.dt && dout.dt == w.dt && K % 8 == 0 &&
                  gemm_epi(be, K, M, N, w.p, K, false, dout.p, N, false, dpre.p, K, dout.dt, dpre.dt, NULL, false,
                           CUBLASLT_EPILOGUE_DGELU, pre.p);
@@ -207,11 +231,12 @@ extern "C" void dc_cuda_linear_bwd_gelu(dc_backend *be, dc_buf dpre, dc_buf dw, 
 }
 
 extern "C" void dc_cuda_gemm_free(dc_cuda_ctx *c) {
-    for (int i = 0; i < c->nplans; i++) {
-        cublasLtMatmulDescDestroy(c->plans[i].desc);  // kept also for plans that are not ok
-        cublasLtMatrixLayoutDestroy(c->plans[i].la);
-        cublasLtMatrixLayoutDestroy(c->plans[i].lb);
-        cublasLtMatrixLayoutDestroy(c->plans[i].ld);
+    for (int i = 0; i < c->nplans; i++) {  // plans that are not ok hold descriptors too
+        dc_gemm_plan *p = &c->plans[i];
+        if (p->desc) cublasLtMatmulDescDestroy(p->desc);
+        if (p->la) cublasLtMatrixLayoutDestroy(p->la);
+        if (p->lb) cublasLtMatrixLayoutDestroy(p->lb);
+        if (p->ld) cublasLtMatrixLayoutDestroy(p->ld);
     }
     free(c->plans);
     c->plans = NULL, c->nplans = c->cap_plans = 0;
@@ -227,40 +252,49 @@ __global__ void fill_random(void *p, int64_t n, int bf16, uint32_t salt) {
 }
 
 // An 8192^3 product in the compute dtype on random data, median of 10 after
-// warm-up: the ceiling the engine's TFLOP/s are compared with (MFU).
+// warm-up: the ceiling the engine's TFLOP/s are compared with (MFU). 0 with a
+// message when the GPU lacks the memory for it (the backend stays usable), or
+// after an error (recorded). Its matrices are not counted as the engine's memory.
+#define OK(call) dc_cuda_ok(be, (call), #call, __func__, __FILE__, __LINE__)
 extern "C" double dc_cuda_gemm_peak(dc_backend *be) {
     dc_cuda_ctx *c = dc_cuda(be);
     const int n = 8192;
     dc_dtype dt = be->compute;
     size_t bytes = (size_t)n * n * dc_dtype_size(dt);
+    if (c->failed) return 0.0;
     void *a = NULL, *b = NULL, *d = NULL;
-    if (cudaMalloc(&a, bytes) != cudaSuccess || cudaMalloc(&b, bytes) != cudaSuccess ||
-        cudaMalloc(&d, bytes) != cudaSuccess) {
-        cudaGetLastError();
+    cudaError_t e = cudaMalloc(&a, bytes);
+    if (e == cudaSuccess) e = cudaMalloc(&b, bytes);
+    if (e == cudaSuccess) e = cudaMalloc(&d, bytes);
+    if (e != cudaSuccess) {
+        dc_cuda_fail_alloc("the peak measurement's matrices", 3 * bytes, e);
         cudaFree(a), cudaFree(b), cudaFree(d);
         return 0.0;
     }
-    fill_random<<<1024, 256, 0, c->stream>>>(a, (int64_t)n * n, dt == DC_BF16, 1);
-    fill_random<<<1024, 256, 0, c->stream>>>(b, (int64_t)n * n, dt == DC_BF16, 2);
-    DC_CUDA_LAUNCHED();
-    cudaEvent_t e0, e1;
-    DC_CUDA(cudaEventCreate(&e0));
-    DC_CUDA(cudaEventCreate(&e1));
+    cudaEvent_t e0 = NULL, e1 = NULL;
     float ms[10];
-    for (int i = -3; i < 10; i++) {
-        DC_CUDA(cudaEventRecord(e0, c->stream));
-        gemm(be, n, n, n, a, n, true, b, n, false, d, n, dt, dt, false);
-        DC_CUDA(cudaEventRecord(e1, c->stream));
-        DC_CUDA(cudaEventSynchronize(e1));
-        if (i >= 0) DC_CUDA(cudaEventElapsedTime(&ms[i], e0, e1));
+    bool ok = OK(cudaEventCreate(&e0)) && OK(cudaEventCreate(&e1));
+    if (ok) {
+        fill_random<<<1024, 256, 0, c->stream>>>(a, (int64_t)n * n, dt == DC_BF16, 1);
+        fill_random<<<1024, 256, 0, c->stream>>>(b, (int64_t)n * n, dt == DC_BF16, 2);
+        ok = OK(cudaGetLastError());
     }
+    for (int i = -3; i < 10 && ok; i++) {
+        ok = OK(cudaEventRecord(e0, c->stream));
+        if (ok) gemm(be, n, n, n, a, n, true, b, n, false, d, n, dt, dt, false);
+        ok = ok && !c->failed && OK(cudaEventRecord(e1, c->stream)) && OK(cudaEventSynchronize(e1));
+        if (ok && i >= 0) ok = OK(cudaEventElapsedTime(&ms[i], e0, e1));
+    }
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    cudaFree(a), cudaFree(b), cudaFree(d);
+    if (!ok) return 0.0;
     for (int i = 1; i < 10; i++)  // insertion sort for the median
         for (int j = i; j > 0 && ms[j] < ms[j - 1]; j--) {
             float t = ms[j];
             ms[j] = ms[j - 1], ms[j - 1] = t;
         }
-    cudaEventDestroy(e0), cudaEventDestroy(e1);
-    cudaFree(a), cudaFree(b), cudaFree(d);
     double med = 0.5 * (ms[4] + ms[5]);
     return 2.0 * n * (double)n * n / (med * 1e-3) / 1e12;
 }
+#undef OK

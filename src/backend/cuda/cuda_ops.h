@@ -28,6 +28,8 @@ typedef struct {
     dc_cuda_alloc_rec *allocs;     // live allocations
     int nallocs, cap_allocs;
     size_t bytes_now, bytes_peak;  // device memory we hold
+    bool failed;              // an op has failed: err says how, and nothing runs any more
+    char err[512];
 } dc_cuda_ctx;
 
 static inline dc_cuda_ctx *dc_cuda(dc_backend *be) { return (dc_cuda_ctx *)be->ctx; }
@@ -36,16 +38,53 @@ static inline dc_cuda_ctx *dc_cuda(dc_backend *be) { return (dc_cuda_ctx *)be->c
 extern "C" {
 #endif
 
-// Aborts with the CUDA error's text: an error inside an asynchronous op
-// leaves the device in an unknown state, so there is nothing to return to.
-void dc_cuda_fatal(const char *what, const char *msg, const char *file, int line);
-#define DC_CUDA(call)                                                                  \
-    do {                                                                               \
-        cudaError_t e_ = (call);                                                       \
-        if (e_ != cudaSuccess) dc_cuda_fatal(#call, cudaGetErrorString(e_), __FILE__, __LINE__); \
+// Errors. Ops return nothing and run asynchronously, like the CUDA calls
+// inside them, so a failure is recorded in the backend's context rather than
+// returned: the first one is kept (CUDA's text, the op, file:line), every op
+// called afterwards returns at once without touching the device, and
+// dc_backend_status() hands the message to the caller. The record belongs to
+// the context, not to the process, so another backend (a second GPU, or a
+// fresh one after an error that left the device usable) is unaffected. It is
+// never cleared: the op sequence was cut short, so no buffer it was to write
+// can be trusted. A kernel's own fault (an illegal address) surfaces at the
+// next check, so the op named is where it was seen, not always its cause
+// (CUDA_LAUNCH_BLOCKING=1 makes them the same). Each macro records and then
+// returns from the calling function (with `ret` where that has a value).
+void dc_cuda_record(dc_backend *be, const char *func, const char *file, int line, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 5, 6)))
+#endif
+    ;
+static inline bool dc_cuda_ok(dc_backend *be, cudaError_t e, const char *call, const char *func,
+                              const char *file, int line) {
+    if (e == cudaSuccess) return true;
+    cudaGetLastError();  // else a later check would find this error again, even on another backend
+    dc_cuda_record(be, func, file, line, "CUDA error: %s, from %s", cudaGetErrorString(e), call);
+    return false;
+}
+#define DC_CUDA_OR(be, ret, call)                                                   \
+    do {                                                                            \
+        if (!dc_cuda_ok((be), (call), #call, __func__, __FILE__, __LINE__)) return ret; \
     } while (0)
-// After a launch: catches bad launch configurations at once.
-#define DC_CUDA_LAUNCHED() DC_CUDA(cudaGetLastError())
+#define DC_CUDA(be, call) DC_CUDA_OR(be, , call)
+// After a launch: catches bad launch configurations (and any error an
+// earlier kernel left behind) with a host call, no wait.
+#define DC_CUDA_LAUNCHED(be) DC_CUDA(be, cudaGetLastError())
+// Records a failure of the op's own (a shape or dtype it cannot run) and returns.
+#define DC_CUDA_FAIL(be, ...)                                                       \
+    do {                                                                            \
+        dc_cuda_record((be), __func__, __FILE__, __LINE__, __VA_ARGS__);            \
+        return;                                                                     \
+    } while (0)
+// First line of every op: nothing runs on a backend that has failed.
+#define DC_CUDA_OP(be)                                                              \
+    do {                                                                            \
+        if (dc_cuda(be)->failed) return;                                            \
+    } while (0)
+
+// Fails (-1, message set) for memory the GPU could not give: how much was
+// asked for, for what, and how much is free. Not recorded: the backend stays usable.
+int dc_cuda_fail_alloc(const char *what, size_t bytes, cudaError_t e);
 
 // ---- matrix products (cuda_linear.cu) ----
 void dc_cuda_linear_fwd(dc_backend *be, dc_buf out, dc_buf inp, dc_buf w, dc_buf b, int M, int K, int N);

@@ -20,11 +20,12 @@ __global__ void k_adamw(float *p, const float *g, float *m, float *v, float *ema
 
 extern "C" void dc_cuda_adamw(dc_backend *be, dc_buf p, dc_buf grad, dc_buf m, dc_buf v, dc_buf ema, dc_buf pc,
                               dc_buf scale, int64_t n, const dc_adamw_step *h) {
+    DC_CUDA_OP(be);
     if (n <= 0) return;
     k_adamw<<<dc_blocks(n, 256), 256, 0, dc_cuda(be)->stream>>>((float *)p.p, (const float *)grad.p, (float *)m.p,
                                                                 (float *)v.p, (float *)ema.p, pc.p,
                                                                 pc.dt == DC_BF16, (const float *)scale.p, n, *h);
-    DC_CUDA_LAUNCHED();
+    DC_CUDA_LAUNCHED(be);
 }
 
 // A fixed grid of NB blocks, each summing a fixed slice in double; one thread
@@ -57,8 +58,9 @@ __global__ void k_norm_finish(float *out, const double *part, float max_norm) {
 }
 
 extern "C" void dc_cuda_grad_norm(dc_backend *be, dc_buf out, dc_buf g, int64_t n, float max_norm) {
+    DC_CUDA_OP(be);
     dc_cuda_ctx *c = dc_cuda(be);
     k_sumsq<<<NB, TPB, 0, c->stream>>>(c->red, g.p, g.dt == DC_BF16, n);
     k_norm_finish<<<1, 1, 0, c->stream>>>((float *)out.p, c->red, max_norm);
-    DC_CUDA_LAUNCHED();
+    DC_CUDA_LAUNCHED(be);
 }

@@ -18,14 +18,16 @@ __global__ void k_cast(void *dst, int dbf, const void *src, int sbf, int64_t n) 
 }
 
 extern "C" void dc_cuda_cast(dc_backend *be, dc_buf dst, dc_buf src, int64_t n) {
+    DC_CUDA_OP(be);
     if (n <= 0) return;
     if (dst.dt == src.dt) {
         if (dst.p != src.p)
-            DC_CUDA(cudaMemcpyAsync(dst.p, src.p, (size_t)n * dc_dtype_size(dst.dt), cudaMemcpyDeviceToDevice, S(be)));
+            DC_CUDA(be, cudaMemcpyAsync(dst.p, src.p, (size_t)n * dc_dtype_size(dst.dt), cudaMemcpyDeviceToDevice,
+                                        S(be)));
         return;
     }
     k_cast<<<dc_blocks(n, TPB), TPB, 0, S(be)>>>(dst.p, BF(dst), src.p, BF(src), n);
-    DC_CUDA_LAUNCHED();
+    DC_CUDA_LAUNCHED(be);
 }
 
 // kind: 0 gelu, 1 silu
@@ -47,30 +49,35 @@ __global__ void k_act_bwd(void *dinp, int dbf, const void *dout, int gbf, const 
 }
 
 extern "C" void dc_cuda_gelu_fwd(dc_backend *be, dc_buf out, dc_buf inp, int64_t n) {
+    DC_CUDA_OP(be);
     k_act_fwd<<<dc_blocks(n, TPB), TPB, 0, S(be)>>>(out.p, BF(out), inp.p, BF(inp), n, 0);
-    DC_CUDA_LAUNCHED();
+    DC_CUDA_LAUNCHED(be);
 }
 extern "C" void dc_cuda_gelu_bwd(dc_backend *be, dc_buf dinp, dc_buf dout, dc_buf inp, int64_t n) {
+    DC_CUDA_OP(be);
     k_act_bwd<<<dc_blocks(n, TPB), TPB, 0, S(be)>>>(dinp.p, BF(dinp), dout.p, BF(dout), inp.p, BF(inp), n, 0, 0);
-    DC_CUDA_LAUNCHED();
+    DC_CUDA_LAUNCHED(be);
 }
 extern "C" void dc_cuda_silu_fwd(dc_backend *be, dc_buf out, dc_buf inp, int64_t n) {
+    DC_CUDA_OP(be);
     k_act_fwd<<<dc_blocks(n, TPB), TPB, 0, S(be)>>>(out.p, BF(out), inp.p, BF(inp), n, 1);
-    DC_CUDA_LAUNCHED();
+    DC_CUDA_LAUNCHED(be);
 }
 extern "C" void dc_cuda_silu_bwd(dc_backend *be, dc_buf dinp, dc_buf dout, dc_buf inp, int64_t n,
                                  bool accumulate) {
+    DC_CUDA_OP(be);
     k_act_bwd<<<dc_blocks(n, TPB), TPB, 0, S(be)>>>(dinp.p, BF(dinp), dout.p, BF(dout), inp.p, BF(inp), n, 1,
                                                     accumulate);
-    DC_CUDA_LAUNCHED();
+    DC_CUDA_LAUNCHED(be);
 }
 
 __global__ void k_axpy(void *y, int ybf, const void *x, int xbf, float alpha, int64_t n) {
     GRID_STRIDE(i, n) dc_st(y, i, dc_ld(y, i, ybf) + alpha * dc_ld(x, i, xbf), ybf);
 }
 extern "C" void dc_cuda_axpy(dc_backend *be, dc_buf y, dc_buf x, float alpha, int64_t n) {
+    DC_CUDA_OP(be);
     k_axpy<<<dc_blocks(n, TPB), TPB, 0, S(be)>>>(y.p, BF(y), x.p, BF(x), alpha, n);
-    DC_CUDA_LAUNCHED();
+    DC_CUDA_LAUNCHED(be);
 }
 
 // x[B,T,D] += pos[T,D]
@@ -78,9 +85,10 @@ __global__ void k_add_rows(void *x, int xbf, const void *pos, int pbf, int64_t T
     GRID_STRIDE(i, n) dc_st(x, i, dc_ld(x, i, xbf) + dc_ld(pos, i % TD, pbf), xbf);
 }
 extern "C" void dc_cuda_add_rows(dc_backend *be, dc_buf x, dc_buf pos, int B, int T, int D) {
+    DC_CUDA_OP(be);
     int64_t n = (int64_t)B * T * D;
     k_add_rows<<<dc_blocks(n, TPB), TPB, 0, S(be)>>>(x.p, BF(x), pos.p, BF(pos), (int64_t)T * D, n);
-    DC_CUDA_LAUNCHED();
+    DC_CUDA_LAUNCHED(be);
 }
 
 // out[M,N] += b[N]
@@ -88,9 +96,10 @@ __global__ void k_add_bias(void *out, int obf, const void *b, int bbf, int N, in
     GRID_STRIDE(i, n) dc_st(out, i, dc_ld(out, i, obf) + dc_ld(b, i % N, bbf), obf);
 }
 extern "C" void dc_cuda_add_bias(dc_backend *be, dc_buf out, dc_buf b, int M, int N) {
+    DC_CUDA_OP(be);
     int64_t n = (int64_t)M * N;
     k_add_bias<<<dc_blocks(n, TPB), TPB, 0, S(be)>>>(out.p, BF(out), b.p, BF(b), N, n);
-    DC_CUDA_LAUNCHED();
+    DC_CUDA_LAUNCHED(be);
 }
 
 // db[N] += sum_m dout[m, n]. A block sums 32 columns over a slice of rows
@@ -141,6 +150,7 @@ __global__ void k_bias_grad_sum(float *db, const float *part, int slices, int N)
     db[col] += t;
 }
 extern "C" void dc_cuda_bias_grad(dc_backend *be, dc_buf db, dc_buf dout, int M, int N) {
+    DC_CUDA_OP(be);
     dc_cuda_ctx *c = dc_cuda(be);
     // The partial sums live in the cuBLASLt workspace's tail: the products
     // that use the workspace run on the same stream, so they never overlap.
@@ -157,7 +167,7 @@ extern "C" void dc_cuda_bias_grad(dc_backend *be, dc_buf db, dc_buf dout, int M,
         k_bias_grad_part<<<grid, block, 0, c->stream>>>(part, dout.p, BF(dout), M, N, rows_per);
     }
     k_bias_grad_sum<<<(N + 255) / 256, 256, 0, c->stream>>>((float *)db.p, part, slices, N);
-    DC_CUDA_LAUNCHED();
+    DC_CUDA_LAUNCHED(be);
 }
 
 // img[B,C,H,W] -> out[B, T, C*p*p], features (c, pr, pc); one thread per output.
@@ -174,9 +184,10 @@ __global__ void k_patchify(void *out, int obf, const void *img, int ibf, int C, 
     }
 }
 extern "C" void dc_cuda_patchify(dc_backend *be, dc_buf out, dc_buf img, int B, int C, int H, int W, int p) {
+    DC_CUDA_OP(be);
     int64_t n = (int64_t)B * C * H * W;
     k_patchify<<<dc_blocks(n, TPB), TPB, 0, S(be)>>>(out.p, BF(out), img.p, BF(img), C, H, W, p, n);
-    DC_CUDA_LAUNCHED();
+    DC_CUDA_LAUNCHED(be);
 }
 
 // tok[B, T, p*p*C] in (pr, pc, c) order <-> img[B,C,H,W]; one thread per pixel,
@@ -195,15 +206,17 @@ __global__ void k_unpatchify(void *img, int ibf, void *tok, int tbf, int C, int 
     }
 }
 extern "C" void dc_cuda_unpatchify_fwd(dc_backend *be, dc_buf img, dc_buf tok, int B, int C, int H, int W, int p) {
+    DC_CUDA_OP(be);
     int64_t n = (int64_t)B * C * H * W;
     k_unpatchify<<<dc_blocks(n, TPB), TPB, 0, S(be)>>>(img.p, BF(img), tok.p, BF(tok), C, H, W, p, n, 0);
-    DC_CUDA_LAUNCHED();
+    DC_CUDA_LAUNCHED(be);
 }
 extern "C" void dc_cuda_unpatchify_bwd(dc_backend *be, dc_buf dtok, dc_buf dimg, int B, int C, int H, int W,
                                        int p) {
+    DC_CUDA_OP(be);
     int64_t n = (int64_t)B * C * H * W;
     k_unpatchify<<<dc_blocks(n, TPB), TPB, 0, S(be)>>>(dimg.p, BF(dimg), dtok.p, BF(dtok), C, H, W, p, n, 1);
-    DC_CUDA_LAUNCHED();
+    DC_CUDA_LAUNCHED(be);
 }
 
 // out[B, 2*half] = [cos(t f_k) | sin(t f_k)], the angle in double as on the CPU.
@@ -216,9 +229,10 @@ __global__ void k_timestep_embed(void *out, int obf, const float *t, int B, int 
     }
 }
 extern "C" void dc_cuda_timestep_embed(dc_backend *be, dc_buf out, dc_buf t, int B, int half) {
+    DC_CUDA_OP(be);
     k_timestep_embed<<<dc_blocks((int64_t)B * half, TPB), TPB, 0, S(be)>>>(out.p, BF(out), (const float *)t.p, B,
                                                                           half);
-    DC_CUDA_LAUNCHED();
+    DC_CUDA_LAUNCHED(be);
 }
 
 __global__ void k_embed_fwd(void *out, int obf, const void *table, int tbf, const int32_t *idx, int D, int64_t n) {
@@ -228,10 +242,11 @@ __global__ void k_embed_fwd(void *out, int obf, const void *table, int tbf, cons
     }
 }
 extern "C" void dc_cuda_embed_fwd(dc_backend *be, dc_buf out, dc_buf table, dc_buf idx, int B, int D) {
+    DC_CUDA_OP(be);
     int64_t n = (int64_t)B * D;
     k_embed_fwd<<<dc_blocks(n, TPB), TPB, 0, S(be)>>>(out.p, BF(out), table.p, BF(table), (const int32_t *)idx.p,
                                                       D, n);
-    DC_CUDA_LAUNCHED();
+    DC_CUDA_LAUNCHED(be);
 }
 
 // dtable[idx[b]] += dout[b]. Labels repeat within a batch, so each thread
@@ -245,7 +260,8 @@ __global__ void k_embed_bwd(void *dtable, int tbf, const void *dout, int gbf, co
     }
 }
 extern "C" void dc_cuda_embed_bwd(dc_backend *be, dc_buf dtable, dc_buf dout, dc_buf idx, int B, int D) {
+    DC_CUDA_OP(be);
     k_embed_bwd<<<(D + 127) / 128, 128, 0, S(be)>>>(dtable.p, BF(dtable), dout.p, BF(dout), (const int32_t *)idx.p,
                                                     B, D);
-    DC_CUDA_LAUNCHED();
+    DC_CUDA_LAUNCHED(be);
 }
