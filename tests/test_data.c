@@ -1,13 +1,19 @@
 // Data loading and order: the real Fashion-MNIST (when the Debian package is
 // installed) against values read independently with Python's gzip module,
-// rejection of corrupt IDX files, user data sets in safetensors, the shuffle's
-// determinism and uniformity, and PNG output read back through libpng.
+// rejection of corrupt IDX files (and of lying headers, within a memory cap),
+// user data sets in safetensors, class-count rules, fingerprints, inputs that
+// are not files, the shuffle's determinism and uniformity, and PNG output read
+// back through libpng.
 #include <math.h>
 #include <png.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include "core/error.h"
@@ -269,6 +275,139 @@ static void test_user_data(void) {
           strstr(dc_error(), "nor a .safetensors file"), "other file: %s", dc_error());
 }
 
+// ---- what a file may ask for ----------------------------------------------------
+
+// Loads dir in a child whose address space is capped 256 MB above what it
+// uses now: a loader that trusted a lying header would ask for 1 GiB and fail
+// for memory; one whose memory follows the data reports the truncation.
+static void expect_truncated_in_bounded_memory(const char *dir) {
+#if defined(__SANITIZE_ADDRESS__)
+    printf("skip: the memory cap of %s under AddressSanitizer\n", dir);
+    return;
+#endif
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        long pages = 0;
+        FILE *f = fopen("/proc/self/statm", "r");
+        if (!f || fscanf(f, "%ld", &pages) != 1) _exit(2);
+        fclose(f);
+        rlim_t cap = (rlim_t)pages * (rlim_t)sysconf(_SC_PAGESIZE) + (256u << 20);
+        struct rlimit rl = {cap, cap};
+        if (setrlimit(RLIMIT_AS, &rl) != 0) _exit(2);
+        dc_dataset ds;
+        int rc = dc_dataset_load_fmnist(&ds, dir, true, 0);
+        if (rc != 0 && strstr(dc_error(), "truncated")) _exit(0);
+        printf("  %s: %s\n", dir, rc ? dc_error() : "loaded");
+        fflush(stdout);
+        _exit(1);
+    }
+    int st = 0;
+    waitpid(pid, &st, 0);
+    CHECK(pid > 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s: a header claiming 1 GiB over 1000 bytes of data",
+          dir);
+}
+
+static void test_lying_headers(void) {
+    // 16384 images of 256 x 256 = 1 GiB declared, 1000 bytes present
+    long missing = -((1l << 30) - 1000);
+    const char *d = make_dir("lying_gz");
+    write_idx(d, "train-images-idx3-ubyte", 0x803, 16384, 256, 256, missing, true);
+    write_idx(d, "train-labels-idx1-ubyte", 0x801, 16384, 0, 0, 0, true);
+    expect_truncated_in_bounded_memory(d);
+    d = make_dir("lying_raw");
+    write_idx(d, "train-images-idx3-ubyte", 0x803, 16384, 256, 256, missing, false);
+    write_idx(d, "train-labels-idx1-ubyte", 0x801, 16384, 0, 0, 0, false);
+    expect_truncated_in_bounded_memory(d);
+}
+
+static void on_alarm(int sig) {
+    (void)sig;
+    static const char msg[] = "FAIL a loader blocked on a FIFO\n";
+    if (write(1, msg, sizeof msg - 1) < 0) _exit(2);
+    _exit(1);
+}
+
+static void test_not_files(void) {
+    signal(SIGALRM, on_alarm);
+    alarm(10);
+    dc_dataset ds;
+    const char *p = tmp_path("fifo.safetensors");
+    CHECK(mkfifo(p, 0600) == 0, "mkfifo");
+    CHECK(dc_dataset_load(&ds, p, 0) != 0 && strstr(dc_error(), "is a FIFO, not a data set file or folder"),
+          "FIFO as --data: %s", dc_error());
+    CHECK(dc_dataset_load_safetensors(&ds, p, 0) != 0 && strstr(dc_error(), "is a FIFO, not a regular file"),
+          "FIFO as a safetensors data set: %s", dc_error());
+    const char *d = make_dir("fifo_idx");
+    char path[512];
+    snprintf(path, sizeof path, "%s/train-images-idx3-ubyte.gz", d);
+    CHECK(mkfifo(path, 0600) == 0, "mkfifo");
+    write_idx(d, "train-labels-idx1-ubyte", 0x801, 5, 0, 0, 0, false);
+    expect_idx_fail(d, "is a FIFO, not a regular file");
+    alarm(0);
+}
+
+// ---- classes and fingerprints ---------------------------------------------------
+
+static void test_classes(void) {
+    uint8_t px[3 * 4] = {0};
+    int64_t lab[3] = {0, 1, 999999};
+    dc_st_entry e[] = {{"images", DC_U8, 4, {3, 1, 2, 2}, px}, {"labels", DC_I64, 1, {3}, lab}};
+    const char *p = tmp_path("classes.safetensors");
+    const char *mk[] = {"num_classes"}, *mv[] = {"1000000"}, *big[] = {"2000000"};
+    dc_dataset ds;
+    // one stray label would make a million-class model
+    CHECK(dc_st_write(p, e, 2, NULL, NULL, 0) == 0 && dc_dataset_load(&ds, p, 0) != 0 && strstr(dc_error(), p) &&
+              strstr(dc_error(), "label 999999 of sample 2 makes 1000000 classes, but only 3 of them have any "
+                                 "sample; set __metadata__ num_classes"),
+          "stray label: %s", dc_error());
+    CHECK(dc_st_write(p, e, 2, mk, mv, 1) == 0 && dc_dataset_load(&ds, p, 0) == 0 && ds.num_classes == 1000000,
+          "a million classes when the metadata says so: %s", dc_error());
+    dc_dataset_free(&ds);
+    CHECK(dc_st_write(p, e, 2, mk, big, 1) == 0 && dc_dataset_load(&ds, p, 0) != 0 &&
+              strstr(dc_error(), "num_classes '2000000' is not an integer in 1..1000000"),
+          "num_classes over the limit: %s", dc_error());
+    lab[2] = 2000000000;
+    CHECK(dc_st_write(p, e, 2, NULL, NULL, 0) == 0 && dc_dataset_load(&ds, p, 0) != 0 && strstr(dc_error(), p) &&
+              strstr(dc_error(), "label 2000000000 of sample 2 is beyond the 1000000 classes"),
+          "huge label: %s", dc_error());
+    lab[2] = 1500;  // 1501 classes, 3 used
+    CHECK(dc_st_write(p, e, 2, NULL, NULL, 0) == 0 && dc_dataset_load(&ds, p, 0) != 0 &&
+              strstr(dc_error(), "makes 1501 classes"), "sparse past 1000: %s", dc_error());
+    lab[2] = 999;  // up to 1000 classes, unused ones are fine
+    CHECK(dc_st_write(p, e, 2, NULL, NULL, 0) == 0 && dc_dataset_load(&ds, p, 0) == 0 && ds.num_classes == 1000,
+          "1000 classes, 3 used: %s", dc_error());
+    dc_dataset_free(&ds);
+}
+
+static void test_fingerprint(void) {
+    uint8_t px[2 * 4];
+    for (int i = 0; i < 8; i++) px[i] = (uint8_t)(i * 30);
+    int64_t lab[2] = {0, 1};
+    dc_st_entry e[] = {{"images", DC_U8, 4, {2, 1, 2, 2}, px}, {"labels", DC_I64, 1, {2}, lab}};
+    const char *p = tmp_path("fp.safetensors");
+    dc_dataset ds;
+    uint64_t fp[5];
+    CHECK(dc_st_write(p, e, 2, NULL, NULL, 0) == 0 && dc_dataset_load(&ds, p, 0) == 0, "load: %s", dc_error());
+    fp[0] = ds.fingerprint;
+    CHECK(fp[0] != 0 && fp[0] == dc_dataset_fingerprint(&ds) && ds.source && strcmp(ds.source, p) == 0,
+          "fingerprint and source set");
+    dc_dataset_free(&ds);
+    CHECK(dc_dataset_load(&ds, p, 0) == 0 && ds.fingerprint == fp[0], "the same data, the same fingerprint");
+    dc_dataset_free(&ds);
+    dc_dataset_load(&ds, p, 4), fp[1] = ds.fingerprint, dc_dataset_free(&ds);  // padded: other images
+    px[3] ^= 1;
+    dc_st_write(p, e, 2, NULL, NULL, 0), dc_dataset_load(&ds, p, 0), fp[2] = ds.fingerprint, dc_dataset_free(&ds);
+    px[3] ^= 1, lab[1] = 2;
+    dc_st_write(p, e, 2, NULL, NULL, 0), dc_dataset_load(&ds, p, 0), fp[3] = ds.fingerprint, dc_dataset_free(&ds);
+    const char *mk[] = {"num_classes"}, *mv[] = {"7"};
+    dc_st_write(p, e, 2, mk, mv, 1), dc_dataset_load(&ds, p, 0), fp[4] = ds.fingerprint, dc_dataset_free(&ds);
+    int same = 0;
+    for (int i = 0; i < 5; i++)
+        for (int j = i + 1; j < 5; j++) same += fp[i] == fp[j];
+    CHECK(same == 0, "padding, one pixel, one label and the class count each change the fingerprint");
+}
+
 // ---- order -------------------------------------------------------------------------
 
 static void test_order_uniform(void) {
@@ -363,7 +502,11 @@ int main(void) {
     snprintf(g_dir, sizeof g_dir, "/tmp/dc_test_data_XXXXXX");
     if (!mkdtemp(g_dir)) return perror("mkdtemp"), 1;
     test_idx();
+    test_lying_headers();
+    test_not_files();
     test_user_data();
+    test_classes();
+    test_fingerprint();
     test_order_uniform();
     test_png();
     test_fmnist();

@@ -1,7 +1,8 @@
 // safetensors reader/writer, the JSON parser under it and atomic writes:
 // round trips of every dtype, one crafted file per rejection rule, float
 // conversions against hand-computed values, and a seeded mutation fuzz loop
-// that must never crash or accept a tensor outside its buffer.
+// that must never crash, accept a tensor outside its buffer, or pass a
+// changed file as verified. (Checksums in detail: test_checksum.c.)
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -186,7 +187,8 @@ static void test_round_trip(void) {
     CHECK(dc_st_write(path, e, n, mk, mv, 2) == 0, "write: %s", dc_error());
     dc_st_file f;
     CHECK(dc_st_open(&f, path) == 0, "open: %s", dc_error());
-    CHECK(f.count == n && f.nmeta == 2, "counts %d %d", f.count, f.nmeta);
+    // the two pairs given, and the checksums the writer adds: one per tensor and one of the header
+    CHECK(f.count == n && f.nmeta == 2 + n + 1 && f.verified, "counts %d %d", f.count, f.nmeta);
     CHECK(dc_st_meta(&f, "note") && strcmp(dc_st_meta(&f, "note"), mv[1]) == 0, "metadata value");
     CHECK(dc_st_meta(&f, "format") && !dc_st_meta(&f, "absent"), "metadata lookup");
     uint64_t hlen = 0;
@@ -247,10 +249,12 @@ static void test_round_trip(void) {
     dc_st_close(&f);
     dc_st_close(&f);  // idempotent
 
-    // An empty file set: header "{}" padded to 8 bytes, no data.
-    CHECK(dc_st_serialize(NULL, 0, NULL, NULL, 0, &mem, &len) == 0 && len == 16 &&
-          memcmp(mem + 8, "{}      ", 8) == 0, "empty file layout");
-    CHECK(dc_st_parse(&f, mem, len, "empty") == 0 && f.count == 0 && f.data_len == 0, "empty parse");
+    // An empty file set: only the header's checksum, padded to 8 bytes, no data.
+    const char empty_hdr[] = "{\"__metadata__\":{\"checksum.__metadata__\":\"";
+    CHECK(dc_st_serialize(NULL, 0, NULL, NULL, 0, &mem, &len) == 0 && len == 8 + 64 &&
+          memcmp(mem + 8, empty_hdr, sizeof empty_hdr - 1) == 0 && memcmp(mem + 8 + 58, "\"}}   ", 6) == 0,
+          "empty file layout");
+    CHECK(dc_st_parse(&f, mem, len, "empty") == 0 && f.count == 0 && f.data_len == 0 && f.nmeta == 1, "empty parse");
     dc_st_close(&f);
     free(mem);
 
@@ -286,16 +290,31 @@ static void test_atomic(void) {
     dc_st_close(&f);
     CHECK(dc_st_write(tmp_path("no/such/dir/x.safetensors"), ok, 1, NULL, NULL, 0) != 0 &&
           strstr(dc_error(), "no/such/dir"), "missing dir: %s", dc_error());
-    // rename() over a directory fails after the data is written: the temporary must go.
+    // Only a regular file may be replaced: a directory, a FIFO or a device is
+    // refused before anything is written (rename() would replace a FIFO or,
+    // for root, /dev/null itself with a regular file).
     const char *dir = tmp_path("m");
-    CHECK(dc_mkdir_p(dir) == 0 && dc_st_write(dir, ok, 1, NULL, NULL, 0) != 0 && strstr(dc_error(), "rename"),
-          "rename over a directory: %s", dc_error());
+    CHECK(dc_mkdir_p(dir) == 0 && dc_st_write(dir, ok, 1, NULL, NULL, 0) != 0 &&
+          strstr(dc_error(), "is a directory, not a regular file"), "write over a directory: %s", dc_error());
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", dir, (long)getpid());
-    CHECK(!dc_file_exists(tmp), "temporary removed after a failed rename");
+    CHECK(!dc_file_exists(tmp), "no temporary left beside a refused target");
+    const char *fifo = tmp_path("fifo");
+    struct stat st;
+    CHECK(mkfifo(fifo, 0600) == 0 && dc_st_write(fifo, ok, 1, NULL, NULL, 0) != 0 && strstr(dc_error(), "is a FIFO"),
+          "write over a FIFO refused: %s", dc_error());
+    CHECK(stat(fifo, &st) == 0 && S_ISFIFO(st.st_mode), "the FIFO is still a FIFO");
+    // /dev/null: should begin wrongly succeed, ending with ok = 0 only removes the temporary.
+    af = dc_atomic_begin("/dev/null");
+    CHECK(af == NULL && strstr(dc_error(), "/dev/null is a character device"), "/dev/null refused: %s", dc_error());
+    if (af) dc_atomic_end(af, 0);
+    CHECK(stat("/dev/null", &st) == 0 && S_ISCHR(st.st_mode), "/dev/null is still a device");
+    // A symbolic link to a regular file may be replaced (the link by the new file).
+    const char *link = tmp_path("link.safetensors");
+    CHECK(symlink(path, link) == 0 && dc_st_write(link, ok, 1, NULL, NULL, 0) == 0, "write over a link: %s",
+          dc_error());
     CHECK(dc_st_open(&f, tmp_path("absent.safetensors")) != 0 && strstr(dc_error(), "absent.safetensors"),
           "open absent");
     CHECK(dc_mkdir_p(tmp_path("m/n/o")) == 0 && dc_mkdir_p(tmp_path("m/n/o")) == 0, "mkdir -p");
-    struct stat st;
     CHECK(stat(tmp_path("m/n/o"), &st) == 0 && S_ISDIR(st.st_mode), "mkdir -p made it");
     CHECK(dc_mkdir_p(tmp_path("keep.safetensors/sub")) != 0 && strstr(dc_error(), "not a directory"),
           "mkdir through a file: %s", dc_error());
@@ -445,6 +464,23 @@ static void mutate(uint8_t *b, size_t *len, size_t cap) {
     }
 }
 
+// Same tensors (names, dtypes, shapes, bytes) and metadata, whatever the layout.
+static bool same_content(const dc_st_file *a, const dc_st_file *b) {
+    if (a->count != b->count || a->nmeta != b->nmeta) return false;
+    for (int i = 0; i < a->count; i++) {
+        const dc_st_tensor *x = &a->tensors[i], *y = dc_st_find(b, x->name);
+        if (!y || x->dtype != y->dtype || x->ndim != y->ndim ||
+            memcmp(x->shape, y->shape, sizeof(int64_t) * (size_t)x->ndim) != 0 ||
+            memcmp(a->data + x->begin, b->data + y->begin, (size_t)(x->end - x->begin)) != 0)
+            return false;
+    }
+    for (int i = 0; i < a->nmeta; i++) {
+        const char *v = dc_st_meta(b, a->meta_keys[i]);
+        if (!v || strcmp(v, a->meta_values[i]) != 0) return false;
+    }
+    return true;
+}
+
 static void test_fuzz(int iters) {
     float v[6] = {1, 2, 3, 4, 5, 6};
     int64_t iv[2] = {1, -1};
@@ -458,11 +494,13 @@ static void test_fuzz(int iters) {
     dc_st_serialize(e1, 5, mk, mv, 1, &seeds[0], &seed_len[0]);
     dc_st_serialize(e2, 2, NULL, NULL, 0, &seeds[1], &seed_len[1]);
     dc_st_serialize(NULL, 0, mk, mv, 1, &seeds[2], &seed_len[2]);
+    dc_st_file orig[3];
+    for (int i = 0; i < 3; i++) dc_st_parse(&orig[i], seeds[i], seed_len[i], "seed");
     size_t cap = 4096;
     uint8_t *b = malloc(cap);
     float *fo = malloc(64 * sizeof *fo);
     int64_t *io = malloc(64 * sizeof *io);
-    int accepted = 0, rejected = 0, bad = 0;
+    int accepted = 0, rejected = 0, bad = 0, verified = 0;
     for (int it = 0; it < iters; it++) {
         int s = (int)(rnd() % 3);
         size_t len = seed_len[s];
@@ -470,12 +508,21 @@ static void test_fuzz(int iters) {
         mutate(b, &len, cap);
         dc_st_file f;
         dc_error_clear();
-        if (dc_st_parse(&f, b, len, "fuzz") != 0) {
+        // Every other file without its checksums, so the parser meets all the
+        // mutations the checksums would stop.
+        bool verify = it % 2 == 0;
+        if (dc_st_parse_opts(&f, b, len, "fuzz", verify ? 0 : DC_ST_NO_VERIFY) != 0) {
             rejected++;
             if (strncmp(dc_error(), "fuzz: ", 6) != 0) bad++, printf("bad message: %s\n", dc_error());
             continue;
         }
         accepted++;
+        // Seed 2 holds no tensor, so its only checksum key is the header's: a
+        // flip in that key's name leaves a file that looks as if it never had
+        // checksums. Files with tensors keep the others, and the header digest
+        // covers every key.
+        if (verify && s != 2 && !same_content(&f, &orig[s])) bad++, printf("a changed file passed verification\n");
+        verified += verify && s != 2;
         for (int i = 0; i < f.count; i++) {
             const dc_st_tensor *t = &f.tensors[i];
             uint64_t sz = (uint64_t)t->numel * dc_dtype_size(t->dtype);
@@ -492,8 +539,9 @@ static void test_fuzz(int iters) {
     }
     CHECK(bad == 0, "fuzz: %d bad outcomes", bad);
     CHECK(accepted > 0 && rejected > iters / 2, "fuzz mix: %d accepted, %d rejected", accepted, rejected);
-    printf("fuzz: %d mutated files, %d accepted, %d rejected\n", iters, accepted, rejected);
-    for (int i = 0; i < 3; i++) free(seeds[i]);
+    printf("fuzz: %d mutated files, %d accepted (%d of them verified: same content as the seed), %d rejected\n",
+           iters, accepted, verified, rejected);
+    for (int i = 0; i < 3; i++) free(seeds[i]), dc_st_close(&orig[i]);
     free(b), free(fo), free(io);
 }
 

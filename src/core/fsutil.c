@@ -15,9 +15,26 @@ struct dc_atomic_file {
     char *tmp;   // "<path>.tmp.<pid>", in the same directory so rename() is atomic
 };
 
+const char *dc_file_kind(unsigned mode) {
+    if (S_ISREG(mode)) return "a regular file";
+    if (S_ISDIR(mode)) return "a directory";
+    if (S_ISFIFO(mode)) return "a FIFO";
+    if (S_ISCHR(mode)) return "a character device";
+    if (S_ISBLK(mode)) return "a block device";
+    if (S_ISSOCK(mode)) return "a socket";
+    return "not a regular file";
+}
+
 dc_atomic_file *dc_atomic_begin(const char *path) {
     if (!path || !*path) {
         dc_fail("atomic write: empty file name");
+        return NULL;
+    }
+    // rename() would put a regular file in place of a device or FIFO (as root,
+    // /dev/null itself), so only a regular file, or nothing, may be replaced.
+    struct stat st;
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
+        dc_fail("%s is %s, not a regular file; refusing to replace it", path, dc_file_kind(st.st_mode));
         return NULL;
     }
     dc_atomic_file *af = calloc(1, sizeof *af);
@@ -82,6 +99,45 @@ int dc_atomic_end(dc_atomic_file *af, int ok) {
     else rc = fsync_parent_dir(af->path);
     free(af->path), free(af->tmp), free(af);
     return rc;
+}
+
+int dc_open_regular(const char *path, int64_t *size) {
+    // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer.
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return dc_fail("%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return dc_fail("%s: cannot stat: %s", path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return dc_fail("%s is %s, not a regular file", path, dc_file_kind(st.st_mode));
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+        int e = errno;
+        close(fd);
+        return dc_fail("%s: cannot open: %s", path, strerror(e));
+    }
+    if (size) *size = (int64_t)st.st_size;
+    return fd;
+}
+
+int dc_read_exact(int fd, void *dst, size_t n, const char *path) {
+    uint8_t *p = dst;
+    size_t got = 0;
+    while (got < n) {
+        size_t chunk = n - got < (1u << 30) ? n - got : (1u << 30);
+        ssize_t r = read(fd, p + got, chunk);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return dc_fail("%s: read failed: %s", path, strerror(errno));
+        if (r == 0)
+            return dc_fail("%s: the file ended early (was it changed while being read?)", path);
+        got += (size_t)r;
+    }
+    return 0;
 }
 
 int dc_file_exists(const char *path) {

@@ -1,18 +1,16 @@
 #include "io/safetensors.h"
 
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
+#include <unistd.h>
 
 #include "core/error.h"
 #include "core/fsutil.h"
+#include "core/hash.h"
 #include "io/json.h"
-
-// The reference reader's limit; it keeps a hostile header from costing memory.
-#define ST_MAX_HEADER 100000000ull
+#include "io/safetensors_internal.h"
 
 // Little-endian loads from unaligned bytes; compilers turn these into one mov.
 static uint16_t ld16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
@@ -37,20 +35,6 @@ static const char *shape_str(const int64_t *shape, int ndim, char *buf, size_t n
         o += (size_t)snprintf(buf + o, n - o, "%s%lld", i ? ", " : "", (long long)shape[i]);
     if (o < n) snprintf(buf + o, n - o, "]");
     return buf;
-}
-
-// numel and byte size of a shape, or -1 on 64-bit overflow.
-static int shape_bytes(const int64_t *shape, int ndim, dc_dtype dt, int64_t *numel, uint64_t *bytes) {
-    uint64_t n = 1;
-    for (int i = 0; i < ndim; i++) {
-        uint64_t s = (uint64_t)shape[i];
-        if (s && n > (uint64_t)INT64_MAX / s) return -1;
-        n *= s;
-    }
-    uint64_t es = dc_dtype_size(dt);
-    if (n > UINT64_MAX / es) return -1;
-    *numel = (int64_t)n, *bytes = n * es;
-    return 0;
 }
 
 void dc_st_close(dc_st_file *f) {
@@ -121,7 +105,7 @@ static int parse_tensor(const dc_st_file *f, dc_st_tensor *t, const dc_json *v) 
                        (unsigned long long)t->begin, (unsigned long long)t->end);
     char sbuf[200];
     uint64_t bytes;
-    if (shape_bytes(t->shape, t->ndim, t->dtype, &t->numel, &bytes) != 0)
+    if (dc_st_shape_bytes(t->shape, t->ndim, t->dtype, &t->numel, &bytes) != 0)
         return dc_fail("%s: tensor '%.200s': shape %s x %s overflows 64 bits", p, nm,
                        shape_str(t->shape, t->ndim, sbuf, sizeof sbuf), dc_dtype_name(t->dtype));
     if (bytes != t->end - t->begin)
@@ -194,7 +178,9 @@ static int parse_header(dc_st_file *f, const dc_json *root) {
     return check_layout(f);
 }
 
-// Takes ownership of mem[0, len).
+// Parses the header of a file of len bytes held in mem (taking ownership of
+// it); only the first 8 + header-length bytes need be there yet: the data
+// buffer is read (or was copied) by the caller.
 static int parse_owned(dc_st_file *f, uint8_t *mem, size_t len, const char *name) {
     memset(f, 0, sizeof *f);
     f->mem = mem, f->mem_len = len;
@@ -205,9 +191,13 @@ static int parse_owned(dc_st_file *f, uint8_t *mem, size_t len, const char *name
         rc = dc_fail("%s: file is %zu bytes, too short to hold the 8-byte header length", f->path, len);
     } else {
         uint64_t n = ld64(mem);
-        if (n > ST_MAX_HEADER) {
+        // A PNG, a text file or a pickle: the length is absurd and no JSON follows.
+        if ((n > DC_ST_MAX_HEADER || n > len - 8) && (len == 8 || mem[8] != '{')) {
+            rc = dc_fail("%s: not a safetensors file (its first 8 bytes are not a plausible header "
+                         "length and no JSON header follows)", f->path);
+        } else if (n > DC_ST_MAX_HEADER) {
             rc = dc_fail("%s: header length %llu exceeds the limit of %llu bytes", f->path,
-                         (unsigned long long)n, ST_MAX_HEADER);
+                         (unsigned long long)n, DC_ST_MAX_HEADER);
         } else if (n > len - 8) {
             rc = dc_fail("%s: file is %zu bytes, shorter than 8 + header length %llu", f->path, len,
                          (unsigned long long)n);
@@ -231,39 +221,97 @@ static int parse_owned(dc_st_file *f, uint8_t *mem, size_t len, const char *name
     return rc;
 }
 
-int dc_st_parse(dc_st_file *f, const void *bytes, size_t len, const char *name) {
+// The tensors in the order of their data (they tile the buffer), for reading
+// the file front to back.
+static int *data_order(const dc_st_file *f) {
+    const dc_st_tensor **ix = malloc(((size_t)f->count + 1) * sizeof *ix);
+    int *order = malloc(((size_t)f->count + 1) * sizeof *order);
+    if (!ix || !order) return free(ix), free(order), NULL;
+    for (int i = 0; i < f->count; i++) ix[i] = &f->tensors[i];
+    qsort(ix, (size_t)f->count, sizeof *ix, cmp_offsets);
+    for (int i = 0; i < f->count; i++) order[i] = (int)(ix[i] - f->tensors);
+    free(ix);
+    return order;
+}
+
+int dc_st_parse_opts(dc_st_file *f, const void *bytes, size_t len, const char *name, unsigned flags) {
     uint8_t *mem = malloc(len ? len : 1);
     if (!mem) return memset(f, 0, sizeof *f), dc_fail("%s: out of memory (%zu bytes)", name, len);
     if (len) memcpy(mem, bytes, len);
-    return parse_owned(f, mem, len, name);
+    DC_TRY(parse_owned(f, mem, len, name));
+    uint64_t *want, *got = NULL;
+    int rc = dc_st_verify_header(f, flags, &want);
+    if (rc == 0 && want) {
+        got = malloc(((size_t)f->count + 1) * sizeof *got);
+        if (!got) rc = dc_fail("%s: out of memory", f->path);
+        // The data is in memory already: tensors hash in parallel.
+        #pragma omp parallel for schedule(dynamic, 1) if (f->data_len > (1u << 24))
+        for (int i = 0; i < (got ? f->count : 0); i++) {
+            const dc_st_tensor *t = &f->tensors[i];
+            got[i] = dc_xxh64(f->data + t->begin, (size_t)(t->end - t->begin), 0);
+        }
+        if (rc == 0) rc = dc_st_verify_data(f, want, got);
+        f->verified = rc == 0;
+    }
+    free(want), free(got);
+    if (rc != 0) dc_st_close(f);
+    return rc;
+}
+
+int dc_st_parse(dc_st_file *f, const void *bytes, size_t len, const char *name) {
+    return dc_st_parse_opts(f, bytes, len, name, 0);
+}
+
+// Reads the data buffer of f (whose header is parsed) from fd, tensor by
+// tensor, hashing each piece right after it arrives while it is still in the
+// cache: verifying costs no second pass over the file.
+static int read_data(dc_st_file *f, int fd, const uint64_t *want) {
+    enum { CHUNK = 1 << 22 };
+    if (!want) return dc_read_exact(fd, f->data, (size_t)f->data_len, f->path);
+    int *order = data_order(f);
+    uint64_t *got = malloc(((size_t)f->count + 1) * sizeof *got);
+    int rc = order && got ? 0 : dc_fail("%s: out of memory", f->path);
+    for (int k = 0; k < f->count && rc == 0; k++) {
+        const dc_st_tensor *t = &f->tensors[order[k]];
+        dc_xxh64_state h;
+        dc_xxh64_init(&h, 0);
+        for (uint64_t at = t->begin; at < t->end && rc == 0; at += CHUNK) {
+            size_t n = t->end - at < CHUNK ? (size_t)(t->end - at) : CHUNK;
+            rc = dc_read_exact(fd, f->data + at, n, f->path);
+            if (rc == 0) dc_xxh64_update(&h, f->data + at, n);
+        }
+        got[order[k]] = dc_xxh64_digest(&h);
+    }
+    if (rc == 0) rc = dc_st_verify_data(f, want, got);
+    free(order), free(got);
+    return rc;
 }
 
 int dc_st_open(dc_st_file *f, const char *path) { return dc_st_open_opts(f, path, 0); }
 
 int dc_st_open_opts(dc_st_file *f, const char *path, unsigned flags) {
-    (void)flags;
     memset(f, 0, sizeof *f);
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return dc_fail("%s: cannot open: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fileno(fp), &st) != 0 || !S_ISREG(st.st_mode)) {
-        fclose(fp);
-        return dc_fail("%s: not a regular file", path);
-    }
-    size_t len = (size_t)st.st_size;
+    int64_t size;
+    int fd = dc_open_regular(path, &size);
+    if (fd < 0) return -1;
+    size_t len = (size_t)size;
     uint8_t *mem = malloc(len ? len : 1);
-    if (!mem) {
-        fclose(fp);
-        return dc_fail("%s: out of memory reading %zu bytes", path, len);
-    }
-    size_t got = fread(mem, 1, len, fp);
-    int err = ferror(fp);
-    fclose(fp);
-    if (got != len) {
-        free(mem);
-        return dc_fail("%s: read %zu of %zu bytes%s", path, got, len, err ? " (I/O error)" : "");
-    }
-    return parse_owned(f, mem, len, path);
+    if (!mem) return close(fd), dc_fail("%s: out of memory reading %zu bytes", path, len);
+    // The length and the header first: a bad header fails before the data is read.
+    size_t head = len < 8 ? len : 8;
+    int rc = dc_read_exact(fd, mem, head, path);
+    if (rc == 0 && len >= 8 && ld64(mem) <= DC_ST_MAX_HEADER && ld64(mem) <= len - 8)
+        rc = dc_read_exact(fd, mem + 8, (size_t)ld64(mem), path);
+    if (rc != 0) return close(fd), free(mem), -1;
+    if (parse_owned(f, mem, len, path) != 0) return close(fd), -1;
+    uint64_t *want;
+    rc = dc_st_verify_header(f, flags, &want);
+    if (rc == 0) rc = read_data(f, fd, want);
+    f->verified = rc == 0 && want;
+    free(want);
+    close(fd);
+    if (rc != 0) dc_st_close(f);
+    return rc;
 }
 
 const dc_st_tensor *dc_st_find(const dc_st_file *f, const char *name) {
@@ -347,131 +395,3 @@ int dc_st_read_i64(const dc_st_file *f, const dc_st_tensor *t, int64_t *out) {
     return 0;
 }
 
-// ---- writing ---------------------------------------------------------------
-
-static int cmp_cstr(const void *a, const void *b) {
-    return strcmp(*(const char *const *)a, *(const char *const *)b);
-}
-
-static size_t entry_bytes(const dc_st_entry *e) {
-    int64_t numel;
-    uint64_t bytes = 0;
-    shape_bytes(e->shape, e->ndim, e->dtype, &numel, &bytes);
-    return (size_t)bytes;
-}
-
-// Checks the entries and builds the header (padded with spaces to a multiple
-// of 8 so the data buffer starts 8-byte aligned in the file).
-static int build_header(const char *path, const dc_st_entry *e, int count, const char *const *mk,
-                        const char *const *mv, int nmeta, char **hdr, size_t *hdr_len) {
-    *hdr = NULL;
-    if (count < 0 || nmeta < 0 || (count && !e) || (nmeta && (!mk || !mv)))
-        return dc_fail("%s: invalid tensor or metadata list", path);
-    const char **names = malloc(((size_t)count + 1) * sizeof *names);
-    if (!names) return dc_fail("%s: out of memory", path);
-    int rc = 0;
-    for (int i = 0; i < count && rc == 0; i++) {
-        names[i] = e[i].name;
-        int64_t numel;
-        uint64_t bytes = 0;
-        if (!e[i].name) rc = dc_fail("%s: tensor %d has no name", path, i);
-        else if (strcmp(e[i].name, "__metadata__") == 0) rc = dc_fail("%s: '__metadata__' is reserved", path);
-        else if ((unsigned)e[i].dtype >= DC_DTYPE_COUNT)
-            rc = dc_fail("%s: tensor '%s': invalid dtype %d", path, e[i].name, (int)e[i].dtype);
-        else if (e[i].ndim < 0 || e[i].ndim > DC_ST_MAX_DIMS)
-            rc = dc_fail("%s: tensor '%s': rank %d outside 0..%d", path, e[i].name, e[i].ndim, DC_ST_MAX_DIMS);
-        for (int d = 0; rc == 0 && d < e[i].ndim; d++)
-            if (e[i].shape[d] < 0) rc = dc_fail("%s: tensor '%s': negative dimension", path, e[i].name);
-        if (rc == 0 && shape_bytes(e[i].shape, e[i].ndim, e[i].dtype, &numel, &bytes) != 0)
-            rc = dc_fail("%s: tensor '%s': size overflows 64 bits", path, e[i].name);
-        if (rc == 0 && bytes && !e[i].data) rc = dc_fail("%s: tensor '%s': no data", path, e[i].name);
-    }
-    if (rc == 0) {
-        qsort(names, (size_t)count, sizeof *names, cmp_cstr);
-        for (int i = 1; i < count && rc == 0; i++)
-            if (strcmp(names[i - 1], names[i]) == 0) rc = dc_fail("%s: duplicate tensor name '%s'", path, names[i]);
-    }
-    for (int i = 0; i < nmeta && rc == 0; i++)
-        if (!mk[i] || !mv[i]) rc = dc_fail("%s: metadata entry %d is NULL", path, i);
-    free(names);
-    if (rc != 0) return rc;
-
-    size_t len = 0;
-    FILE *ms = open_memstream(hdr, &len);
-    if (!ms) return dc_fail("%s: out of memory", path);
-    fputc('{', ms);
-    if (nmeta > 0) {
-        fputs("\"__metadata__\":{", ms);
-        for (int i = 0; i < nmeta && rc == 0; i++) {
-            if (i) fputc(',', ms);
-            rc = dc_json_write_string(ms, mk[i]);
-            fputc(':', ms);
-            if (rc == 0) rc = dc_json_write_string(ms, mv[i]);
-        }
-        fputc('}', ms);
-    }
-    uint64_t at = 0;
-    for (int i = 0; i < count && rc == 0; i++) {
-        uint64_t bytes = entry_bytes(&e[i]);
-        if (i || nmeta > 0) fputc(',', ms);
-        rc = dc_json_write_string(ms, e[i].name);
-        fprintf(ms, ":{\"dtype\":\"%s\",\"shape\":[", dc_dtype_name(e[i].dtype));
-        for (int d = 0; d < e[i].ndim; d++) fprintf(ms, "%s%lld", d ? "," : "", (long long)e[i].shape[d]);
-        fprintf(ms, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)at, (unsigned long long)(at + bytes));
-        at += bytes;
-    }
-    fputc('}', ms);
-    while (rc == 0 && (ftell(ms) % 8) != 0) fputc(' ', ms);
-    if (fclose(ms) != 0 && rc == 0) rc = dc_fail("%s: out of memory", path);
-    if (rc != 0) return dc_fail_ctx("%s", path), free(*hdr), *hdr = NULL, -1;
-    if (len > ST_MAX_HEADER) return free(*hdr), *hdr = NULL, dc_fail("%s: header over 100 MB", path);
-    *hdr_len = len;
-    return 0;
-}
-
-static void put_le64(uint8_t *p, uint64_t v) {
-    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-
-int dc_st_write(const char *path, const dc_st_entry *entries, int count,
-                const char *const *meta_keys, const char *const *meta_values, int nmeta) {
-    char *hdr;
-    size_t hlen;
-    DC_TRY(build_header(path, entries, count, meta_keys, meta_values, nmeta, &hdr, &hlen));
-    dc_atomic_file *af = dc_atomic_begin(path);
-    if (!af) return free(hdr), -1;
-    FILE *fp = dc_atomic_stream(af);
-    uint8_t n8[8];
-    put_le64(n8, hlen);
-    int ok = fwrite(n8, 1, 8, fp) == 8 && fwrite(hdr, 1, hlen, fp) == hlen;
-    for (int i = 0; i < count && ok; i++) {
-        size_t b = entry_bytes(&entries[i]);
-        ok = b == 0 || fwrite(entries[i].data, 1, b, fp) == b;
-    }
-    free(hdr);
-    if (!ok) dc_fail("%s: write failed: %s", path, strerror(errno));
-    return dc_atomic_end(af, ok);
-}
-
-int dc_st_serialize(const dc_st_entry *entries, int count, const char *const *meta_keys,
-                    const char *const *meta_values, int nmeta, uint8_t **out, size_t *len) {
-    char *hdr;
-    size_t hlen, total;
-    *out = NULL, *len = 0;
-    DC_TRY(build_header("<memory>", entries, count, meta_keys, meta_values, nmeta, &hdr, &hlen));
-    total = 8 + hlen;
-    for (int i = 0; i < count; i++) total += entry_bytes(&entries[i]);
-    uint8_t *buf = malloc(total);
-    if (!buf) return free(hdr), dc_fail("<memory>: out of memory (%zu bytes)", total);
-    put_le64(buf, hlen);
-    memcpy(buf + 8, hdr, hlen);
-    size_t at = 8 + hlen;
-    for (int i = 0; i < count; i++) {
-        size_t b = entry_bytes(&entries[i]);
-        if (b) memcpy(buf + at, entries[i].data, b);
-        at += b;
-    }
-    free(hdr);
-    *out = buf, *len = total;
-    return 0;
-}

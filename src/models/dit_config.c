@@ -34,26 +34,28 @@ int dc_dit_heads_for_width(int hidden) {
 }
 
 int dc_dit_config_validate(const dc_dit_config *c) {
-    if (c->patch < 1 || c->patch > 64) return dc_fail("patch size %d out of range", c->patch);
+    if (c->patch < 1 || c->patch > 64) return dc_fail("patch size %d is out of range (1..64)", c->patch);
+    if (c->input_size < 1 || c->input_size > 4096)
+        return dc_fail("input size %d is out of range (1..4096)", c->input_size);
     if (c->input_size < c->patch || c->input_size % c->patch)
         return dc_fail("input size %d is not a multiple of patch size %d", c->input_size, c->patch);
-    if (c->input_size > 4096) return dc_fail("input size %d too large", c->input_size);
     int tokens = (c->input_size / c->patch) * (c->input_size / c->patch);
     if (tokens > 4096)
         return dc_fail("%d tokens (input %d, patch %d): at most 4096 are supported", tokens,
                        c->input_size, c->patch);
     if (c->in_channels < 1 || c->in_channels > 1024)
-        return dc_fail("in_channels %d out of range", c->in_channels);
-    if (c->hidden < 2 || c->hidden % 2 || c->hidden > 65536)
-        return dc_fail("hidden width %d must be even and positive", c->hidden);
+        return dc_fail("%d input channels is out of range (1..1024)", c->in_channels);
+    if (c->hidden < 4 || c->hidden > 65536)
+        return dc_fail("hidden width %d is out of range (4..65536)", c->hidden);
     if (c->hidden % 4)
         return dc_fail("hidden width %d must be a multiple of 4 (2-D sin-cos positions)", c->hidden);
     if (c->heads < 1 || c->hidden % c->heads)
         return dc_fail("hidden width %d is not divisible by %d heads", c->hidden, c->heads);
-    if (c->depth < 1 || c->depth > 1024) return dc_fail("depth %d out of range", c->depth);
-    if (c->mlp_hidden < 1) return dc_fail("mlp width %d out of range", c->mlp_hidden);
+    if (c->depth < 1 || c->depth > 1024) return dc_fail("depth %d is out of range (1..1024)", c->depth);
+    if (c->mlp_hidden < 1 || c->mlp_hidden > 16 * 65536)
+        return dc_fail("MLP width %d is out of range (1..%d)", c->mlp_hidden, 16 * 65536);
     if (c->num_classes < 1 || c->num_classes > 1000000)
-        return dc_fail("num_classes %d out of range", c->num_classes);
+        return dc_fail("%d classes is out of range (1..1000000)", c->num_classes);
     return 0;
 }
 

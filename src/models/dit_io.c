@@ -41,6 +41,36 @@ static const dc_st_tensor *need(const dc_st_file *f, const char *prefix, const c
     return t;
 }
 
+// Dimension d of t as an int in [lo, hi]. Every shape read from a file goes
+// through here before any arithmetic: a zero patch would divide by zero, and
+// a dimension of 2^32 would become 0 when cast to int.
+static int dim_in(const dc_st_file *f, const dc_st_tensor *t, int d, int64_t lo, int64_t hi,
+                  const char *what, int *out) {
+    int64_t v = t->shape[d];
+    if (v < lo || v > hi)
+        return dc_fail("%s: tensor '%s' has %s %lld (dimension %d), outside %lld..%lld", f->path, t->name, what,
+                       (long long)v, d, (long long)lo, (long long)hi);
+    *out = (int)v;
+    return 0;
+}
+
+// The width of t's input (its last dimension) must be the model's width.
+static int takes_width(const dc_st_file *f, const dc_st_tensor *t, int hidden) {
+    if (t->shape[t->ndim - 1] != hidden)
+        return dc_fail("%s: tensor '%s' has width %lld, but x_embedder gives %d", f->path, t->name,
+                       (long long)t->shape[t->ndim - 1], hidden);
+    return 0;
+}
+
+// Limits as in dc_dit_config_validate, so that nothing overflows below.
+#define MAX_HIDDEN 65536
+#define MAX_CHANNELS 1024
+#define MAX_PATCH 64
+#define MAX_TOKENS 4096
+#define MAX_DEPTH 1024
+#define MAX_MLP (16 * MAX_HIDDEN)
+#define MAX_CLASSES 1000000
+
 static int infer_from_shapes(const dc_st_file *f, const char *pre, int heads, dc_dit_config *c) {
     const dc_st_tensor *xe = need(f, pre, "x_embedder.proj.weight", 4);
     const dc_st_tensor *pos = need(f, pre, "pos_embed", 3);
@@ -49,29 +79,60 @@ static int infer_from_shapes(const dc_st_file *f, const char *pre, int heads, dc
     const dc_st_tensor *fl = need(f, pre, "final_layer.linear.weight", 2);
     if (!xe || !pos || !fc1 || !yt || !fl) return -1;
     memset(c, 0, sizeof *c);
-    c->hidden = (int)xe->shape[0], c->in_channels = (int)xe->shape[1], c->patch = (int)xe->shape[2];
+    int tokens = 0, classes = 0, out_rows = 0, one = 0;
+    // x_embedder.proj.weight [D, C, p, p]; pos_embed [1, T, D]; fc1 [F, D];
+    // y table [classes + 1, D]; final layer [p * p * OC, D]
+    DC_TRY(dim_in(f, xe, 0, 4, MAX_HIDDEN, "hidden width", &c->hidden));
+    DC_TRY(dim_in(f, xe, 1, 1, MAX_CHANNELS, "input channels", &c->in_channels));
+    DC_TRY(dim_in(f, xe, 2, 1, MAX_PATCH, "patch size", &c->patch));
     if (xe->shape[3] != xe->shape[2]) return dc_fail("%s: x_embedder kernel is not square", f->path);
-    int64_t T = pos->shape[1], grid = (int64_t)llround(sqrt((double)T));
-    if (grid * grid != T) return dc_fail("%s: pos_embed has %lld tokens, not a square grid", f->path, (long long)T);
-    c->input_size = (int)(grid * c->patch);
-    while (1) {
+    DC_TRY(dim_in(f, pos, 0, 1, 1, "batch dimension", &one));
+    DC_TRY(dim_in(f, pos, 1, 1, MAX_TOKENS, "tokens", &tokens));
+    DC_TRY(takes_width(f, pos, c->hidden));
+    DC_TRY(dim_in(f, fc1, 0, 1, MAX_MLP, "MLP width", &c->mlp_hidden));
+    DC_TRY(takes_width(f, fc1, c->hidden));
+    DC_TRY(dim_in(f, yt, 0, 2, MAX_CLASSES + 1, "rows (classes + 1)", &classes));
+    DC_TRY(takes_width(f, yt, c->hidden));
+    DC_TRY(dim_in(f, fl, 0, 1, 2 * MAX_CHANNELS * MAX_PATCH * MAX_PATCH, "rows", &out_rows));
+    DC_TRY(takes_width(f, fl, c->hidden));
+    int grid = (int)lround(sqrt((double)tokens));
+    if (grid * grid != tokens) return dc_fail("%s: pos_embed has %d tokens, not a square grid", f->path, tokens);
+    c->input_size = grid * c->patch;
+    c->num_classes = classes - 1;
+    for (;; c->depth++) {
         char key[96];
         snprintf(key, sizeof key, "%sblocks.%d.attn.qkv.weight", pre, c->depth);
         if (!dc_st_find(f, key)) break;
-        c->depth++;
+        if (c->depth == MAX_DEPTH) return dc_fail("%s: more than %d blocks", f->path, MAX_DEPTH);
     }
-    c->mlp_hidden = (int)fc1->shape[0];
-    c->num_classes = (int)yt->shape[0] - 1;
-    int64_t oc = fl->shape[0] / ((int64_t)c->patch * c->patch);
-    if (oc == 2 * c->in_channels) c->learn_sigma = true;
-    else if (oc != c->in_channels)
-        return dc_fail("%s: final layer emits %lld values per token; expected %d or %d", f->path,
-                       (long long)fl->shape[0], c->patch * c->patch * c->in_channels,
-                       2 * c->patch * c->patch * c->in_channels);
+    int pp = c->patch * c->patch;
+    if (out_rows == 2 * pp * c->in_channels) c->learn_sigma = true;
+    else if (out_rows != pp * c->in_channels)
+        return dc_fail("%s: final layer emits %d values per token; expected %d or %d", f->path, out_rows,
+                       pp * c->in_channels, 2 * pp * c->in_channels);
     c->heads = heads > 0 ? heads : dc_dit_heads_for_width(c->hidden);
     if (!c->heads)
         return dc_fail("%s: hidden width %d is not in the official table; pass --heads", f->path, c->hidden);
-    return dc_dit_config_validate(c);
+    return dc_dit_config_validate(c) ? dc_fail_ctx("%s: inferred config", f->path) : 0;
+}
+
+// A config from metadata must describe the tensors the file holds: a model is
+// allocated from it before any tensor is read, so a damaged or edited config
+// must not ask for more than the file brings.
+static int check_against_shapes(const dc_st_file *f, const char *pre, const dc_dit_config *c) {
+    dc_dit_config s;
+    DC_TRY(infer_from_shapes(f, pre, c->heads, &s));
+    struct { const char *key; int meta, shapes; } k[] = {
+        {"input_size", c->input_size, s.input_size}, {"patch_size", c->patch, s.patch},
+        {"in_channels", c->in_channels, s.in_channels}, {"hidden_size", c->hidden, s.hidden},
+        {"depth", c->depth, s.depth}, {"mlp_hidden", c->mlp_hidden, s.mlp_hidden},
+        {"num_classes", c->num_classes, s.num_classes}, {"learn_sigma", c->learn_sigma, s.learn_sigma},
+    };
+    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
+        if (k[i].meta != k[i].shapes)
+            return dc_fail("%s: metadata '%s' is %d but the tensors give %d", f->path, k[i].key, k[i].meta,
+                           k[i].shapes);
+    return 0;
 }
 
 int dc_dit_config_from_file(const dc_st_file *f, const char *prefix, int heads, dc_dit_config *c) {
@@ -93,7 +154,7 @@ int dc_dit_config_from_file(const dc_st_file *f, const char *prefix, int heads, 
     c->learn_sigma = ls;
     if (heads > 0) c->heads = heads;
     if (dc_dit_config_validate(c)) return dc_fail_ctx("%s: bad config in metadata", f->path);
-    return 0;
+    return check_against_shapes(f, prefix, c);
 }
 
 int dc_dit_load_weights(dc_dit *m, const dc_st_file *f, const char *prefix) {
@@ -121,7 +182,12 @@ int dc_dit_load_weights(dc_dit *m, const dc_st_file *f, const char *prefix) {
         if (!h) return dc_fail("out of memory loading %s", name);
         if (dc_st_read_f32(f, t, h)) return free(h), -1;
         for (int64_t j = 0; j < p->numel; j++)
-            if (!isfinite(h[j])) return free(h), dc_fail("%s: tensor '%s' holds NaN or Inf", f->path, name);
+            if (!isfinite(h[j])) {
+                float v = h[j];
+                free(h);
+                return dc_fail("%s: tensor '%s' element %lld is %g: weights must be finite (the run that wrote "
+                               "them diverged, or the file is damaged)", f->path, name, (long long)j, v);
+            }
         m->be->upload(m->be, dc_param_data(ps, i).p, h, (size_t)p->numel * sizeof *h);
         free(h);
     }
@@ -133,6 +199,7 @@ int dc_dit_weight_entries(const dc_dit *m, dc_buf src, const char *prefix, float
                           dc_st_entry *entries, char (*names)[128]) {
     const dc_params *ps = &m->params;
     m->be->download(m->be, host, src.p, (size_t)ps->numel * sizeof(float));
+    DC_TRY(dc_backend_status(m->be));
     for (int i = 0; i < ps->count; i++) {
         const dc_param *p = &ps->items[i];
         snprintf(names[i], 128, "%s%s", prefix, p->name);

@@ -8,13 +8,16 @@
 
 // Writes the config as metadata entries ("input_size", "patch_size", ...).
 int dc_dit_config_to_kv(const dc_dit_config *cfg, dc_kv *kv);
-// The config of a file: from its metadata when present, otherwise inferred
-// from the shapes of the tensors named prefix + official key. heads > 0
+// The config of a file: from its metadata when present (and then checked
+// against the tensor shapes, so a damaged config cannot size the model),
+// otherwise inferred from the shapes of the tensors named prefix + official
+// key, each dimension range-checked before any arithmetic. heads > 0
 // overrides the number of heads (which no weight shape reveals).
 int dc_dit_config_from_file(const dc_st_file *f, const char *prefix, int heads,
                             dc_dit_config *cfg);
 // Loads every parameter from tensors named prefix + official key (any float
-// dtype), checking each shape. pos_embed may be absent (it is fixed).
+// dtype), checking each shape; a NaN or infinity is refused, naming the tensor
+// and element. pos_embed may be absent (it is fixed).
 int dc_dit_load_weights(dc_dit *m, const dc_st_file *f, const char *prefix);
 // Fills entries[m->params.count] naming prefix + key, pointing into host[numel]
 // (a host copy of the flat buffer `src`); names are allocated into names[].

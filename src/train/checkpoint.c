@@ -1,13 +1,59 @@
 // Training checkpoints: one safetensors file holding everything a run needs
 // to continue bit-exactly (see dc_trainer_save in trainer.h).
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "models/dit_io.h"
 #include "train/trainer.h"
+
+// v2: every tensor and the metadata carry checksums, and the data set's
+// fingerprint is recorded; a v2 file without checksums is refused as edited.
+#define CKPT_FORMAT "diffusion.c checkpoint v2"
+
+// The first element of x[0, n) that is NaN or infinite (or negative, with
+// nonneg), or -1. In parallel: a DiT-XL checkpoint holds 2.7 G values.
+static int64_t first_bad(const float *x, int64_t n, bool nonneg) {
+    int64_t bad = INT64_MAX;
+    #pragma omp parallel for reduction(min : bad)
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(x[i]) || (nonneg && x[i] < 0)) bad = i < bad ? i : bad;
+    return bad == INT64_MAX ? -1 : bad;
+}
+
+// The parameter holding flat element i, and the element's place in it.
+static const dc_param *param_at(const dc_params *ps, int64_t i, int64_t *elem) {
+    for (int k = 0; k < ps->count; k++)
+        if (i >= ps->items[k].offset && i < ps->items[k].offset + ps->items[k].numel) {
+            *elem = i - ps->items[k].offset;
+            return &ps->items[k];
+        }
+    *elem = i;
+    return &ps->items[0];  // not reached: the parameters tile the flat buffer
+}
+
+// The four flat buffers of a checkpoint, as host copies laid out back to back.
+static const struct { const char *name, *prefix; bool nonneg; } k_state[4] = {
+    {"weights", "", false}, {"EMA weights", "ema.", false},
+    {"train.adam_m", NULL, false}, {"train.adam_v", NULL, true},
+};
+
+// Names the first value of buffer b (host[np]) that no checkpoint may hold.
+static int check_values(const dc_params *ps, int b, const float *host, const char *file, const char *why) {
+    int64_t i = first_bad(host, ps->numel, k_state[b].nonneg), e;
+    if (i < 0) return 0;
+    const dc_param *p = param_at(ps, i, &e);
+    const char *kind = isfinite(host[i]) ? "negative (a second moment cannot be)" : "not finite";
+    if (k_state[b].prefix)
+        return dc_fail("%s: tensor '%s%s' element %lld is %g, %s; %s", file, k_state[b].prefix, p->name,
+                       (long long)e, host[i], kind, why);
+    return dc_fail("%s: tensor '%s' element %lld (parameter '%s' element %lld) is %g, %s; %s", file,
+                   k_state[b].name, (long long)i, p->name, (long long)e, host[i], kind, why);
+}
 
 int dc_trainer_save(const dc_trainer *tr, const char *path, const dc_kv *extra) {
     const dc_dit *m = tr->model;
@@ -23,16 +69,24 @@ int dc_trainer_save(const dc_trainer *tr, const char *path, const dc_kv *extra) 
         dc_fail("out of memory writing %s", path);
         goto done;
     }
-    dc_dit_weight_entries(m, ps->data, "", host, e, names);
-    dc_dit_weight_entries(m, tr->ema, "ema.", host + np, e + n, names + n);
+    if (dc_dit_weight_entries(m, ps->data, "", host, e, names) ||
+        dc_dit_weight_entries(m, tr->ema, "ema.", host + np, e + n, names + n))
+        goto done;
     tr->be->download(tr->be, host + 2 * np, tr->adam_m.p, (size_t)np * sizeof(float));
     tr->be->download(tr->be, host + 3 * np, tr->adam_v.p, (size_t)np * sizeof(float));
+    if (dc_backend_status(tr->be)) goto done;  // a device error, not a diverged run
+    // A checkpoint of a diverged run would only carry the damage forward.
+    for (int b = 0; b < 4; b++)
+        if (check_values(ps, b, host + b * np, path,
+                         "refusing to write the checkpoint: the run diverged (lower --lr or enable --grad-clip)"))
+            goto done;
     e[2 * n] = (dc_st_entry){.name = "train.adam_m", .dtype = DC_F32, .ndim = 1, .shape = {np}, .data = host + 2 * np};
     e[2 * n + 1] = (dc_st_entry){.name = "train.adam_v", .dtype = DC_F32, .ndim = 1, .shape = {np}, .data = host + 3 * np};
-    if (dc_kv_set(&kv, "format", "diffusion.c checkpoint v1") || dc_dit_config_to_kv(&m->cfg, &kv) ||
+    if (dc_kv_set(&kv, "format", CKPT_FORMAT) || dc_dit_config_to_kv(&m->cfg, &kv) ||
         dc_train_config_to_kv(&tr->cfg, &kv) ||
         dc_kv_set(&kv, "step", "%" PRId64, tr->step) ||
-        dc_kv_set(&kv, "samples_seen", "%" PRId64, tr->samples_seen))
+        dc_kv_set(&kv, "samples_seen", "%" PRId64, tr->samples_seen) ||
+        dc_kv_set(&kv, "data_fingerprint", "%016" PRIx64, tr->data->fingerprint))
         goto done;
     for (int i = 0; extra && i < extra->n; i++)
         if (dc_kv_set(&kv, extra->keys[i], "%s", extra->values[i])) goto done;
@@ -43,7 +97,8 @@ done:
     return rc;
 }
 
-static int read_flat(const dc_trainer *tr, const dc_st_file *f, const char *name, dc_buf dst) {
+static int read_flat(const dc_trainer *tr, const dc_st_file *f, int b, dc_buf dst) {
+    const char *name = k_state[b].name;
     const dc_st_tensor *t = dc_st_find(f, name);
     int64_t np = tr->model->params.numel;
     if (!t) return dc_fail("%s: no tensor '%s' (not a training checkpoint?)", f->path, name);
@@ -53,6 +108,7 @@ static int read_flat(const dc_trainer *tr, const dc_st_file *f, const char *name
     float *h = malloc((size_t)np * sizeof *h + 1);
     if (!h) return dc_fail("out of memory");
     if (dc_st_read_f32(f, t, h)) return free(h), -1;
+    if (check_values(&tr->model->params, b, h, f->path, "the file is damaged or was edited")) return free(h), -1;
     tr->be->upload(tr->be, dst.p, h, (size_t)np * sizeof *h);
     free(h);
     return 0;
@@ -68,12 +124,39 @@ static int meta_i64(const dc_st_file *f, const char *key, int64_t *out) {
     return 0;
 }
 
+// Resuming on other data silently breaks exactness: the checkpoint's
+// fingerprint of its data set must match the one loaded now.
+static int check_data(const dc_trainer *tr, const dc_st_file *f) {
+    const dc_dataset *d = tr->data;
+    const char *name = d->source ? d->source : "in use";
+    const char *s = dc_st_meta(f, "data_fingerprint");
+    if (!s) {
+        dc_warn("%s records no data fingerprint (an older checkpoint): cannot check that the data set %s is "
+                "the one it was trained on", f->path, name);
+        return 0;
+    }
+    char *end;
+    unsigned long long v = strtoull(s, &end, 16);
+    if (strlen(s) != 16 || *end) return dc_fail("%s: metadata 'data_fingerprint' = '%s' is malformed", f->path, s);
+    if (v == d->fingerprint) return 0;
+    if (tr->allow_data_change) {
+        dc_warn("the data set %s changed since %s was written (fingerprint %016llx, checkpoint %016llx); "
+                "continuing as asked, so the run is no longer an exact continuation", name, f->path,
+                (unsigned long long)d->fingerprint, v);
+        return 0;
+    }
+    return dc_fail("the data set %s changed since the checkpoint %s was written (fingerprint %016llx, checkpoint "
+                   "%016llx); pass --allow-data-change to continue anyway", name, f->path,
+                   (unsigned long long)d->fingerprint, v);
+}
+
 int dc_trainer_restore(dc_trainer *tr, const dc_st_file *f) {
+    DC_TRY(check_data(tr, f));
     dc_dit ema_view = *tr->model;  // same parameter table, EMA storage
     ema_view.params.data = tr->ema;
     DC_TRY(dc_dit_load_weights(&ema_view, f, "ema."));
-    DC_TRY(read_flat(tr, f, "train.adam_m", tr->adam_m));
-    DC_TRY(read_flat(tr, f, "train.adam_v", tr->adam_v));
+    DC_TRY(read_flat(tr, f, 2, tr->adam_m));
+    DC_TRY(read_flat(tr, f, 3, tr->adam_v));
     DC_TRY(meta_i64(f, "step", &tr->step));
     DC_TRY(meta_i64(f, "samples_seen", &tr->samples_seen));
     return 0;

@@ -7,9 +7,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include "core/error.h"
+#include "core/fsutil.h"
+#include "core/hash.h"
 #include "core/rng.h"
 #include "io/safetensors.h"
 
@@ -20,8 +23,26 @@ static const char *const k_fmnist_classes[10] = {
 
 void dc_dataset_free(dc_dataset *ds) {
     if (!ds) return;
-    free(ds->images), free(ds->labels);
+    free(ds->images), free(ds->labels), free(ds->source);
     memset(ds, 0, sizeof *ds);
+}
+
+uint64_t dc_dataset_fingerprint(const dc_dataset *ds) {
+    dc_xxh64_state h;
+    dc_xxh64_init(&h, 0);
+    int64_t dims[5] = {ds->n, ds->channels, ds->height, ds->width, ds->num_classes};
+    for (int i = 0; i < 5; i++) dc_xxh64_update_u64(&h, (uint64_t)dims[i]);
+    size_t px = (size_t)ds->n * (size_t)ds->channels * (size_t)ds->height * (size_t)ds->width;
+    if (ds->images) dc_xxh64_update(&h, ds->images, px * sizeof *ds->images);
+    if (ds->labels) dc_xxh64_update(&h, ds->labels, (size_t)ds->n * sizeof *ds->labels);
+    return dc_xxh64_digest(&h);
+}
+
+// What every loader does last: remember where the data came from and its fingerprint.
+static int finish_load(dc_dataset *ds, const char *source) {
+    if (!(ds->source = strdup(source))) return dc_fail("%s: out of memory", source);
+    ds->fingerprint = dc_dataset_fingerprint(ds);
+    return 0;
 }
 
 // ---- IDX files (LeCun's MNIST format) ---------------------------------------
@@ -54,14 +75,65 @@ static int64_t gz_read_all(gzFile gz, const char *path, uint8_t *dst, size_t wan
     return (int64_t)got;
 }
 
+// Reads the data of an IDX file (total bytes declared by its header) into a
+// new buffer. Memory follows the data, never the header alone: an
+// uncompressed file must be exactly header + data long, which its size tells
+// before anything is allocated. A gzip stream's length is unknown until it is
+// inflated (the trailer holds it mod 2^32, and deflate's 1032:1 ratio would
+// still let a 64 MB file claim 64 GB), so its buffer grows by doubling as the
+// data arrives: a header that lies costs at most twice the data that comes.
+static int read_idx_data(gzFile gz, const char *path, int64_t file_size, size_t hlen, uint64_t total,
+                         const char *what, uint32_t count, uint8_t **data) {
+    if (gzdirect(gz) && (uint64_t)file_size != hlen + total) {
+        if ((uint64_t)file_size < hlen + total)
+            return dc_fail("%s: truncated: %lld data bytes where the header declares %u %s (%llu bytes)", path,
+                           (long long)file_size - (long long)hlen, count, what, (unsigned long long)total);
+        return dc_fail("%s: data continues past the %u %s the header declares", path, count, what);
+    }
+    size_t cap = gzdirect(gz) || total < (1u << 20) ? (size_t)total : (1u << 20), got = 0;
+    uint8_t *buf = malloc(cap ? cap : 1);
+    if (!buf) return dc_fail("%s: out of memory for %zu bytes", path, cap);
+    while (got < total) {
+        if (got == cap) {
+            size_t next = (uint64_t)cap * 2 < total ? cap * 2 : (size_t)total;
+            uint8_t *p = realloc(buf, next);
+            if (!p) return free(buf), dc_fail("%s: out of memory for %zu bytes", path, next);
+            buf = p, cap = next;
+        }
+        int64_t r = gz_read_all(gz, path, buf + got, cap - got);
+        if (r < 0) return free(buf), -1;
+        got += (size_t)r;
+        if (got < cap) break;  // the stream ended
+    }
+    uint8_t extra;
+    int64_t more = 0;
+    if (got < total) {
+        free(buf);
+        return dc_fail("%s: truncated: %zu data bytes where the header declares %u %s (%llu bytes)", path, got,
+                       count, what, (unsigned long long)total);
+    }
+    if ((more = gz_read_all(gz, path, &extra, 1)) != 0) {
+        free(buf);
+        return more < 0 ? -1 : dc_fail("%s: data continues past the %u %s the header declares", path, count, what);
+    }
+    *data = buf;
+    return 0;
+}
+
 // Reads one IDX file: dims[0] = N, then rows and cols for images. The data
 // must be exactly what the header declares: no less, no more.
 static int read_idx(const char *path, uint32_t magic, uint32_t dims[3], uint8_t **data) {
     *data = NULL;
     int nd = magic == IDX_IMAGES ? 3 : 1;
+    int64_t file_size;
+    int fd = dc_open_regular(path, &file_size);
+    if (fd < 0) return -1;
     errno = 0;
-    gzFile gz = gzopen(path, "rb");
-    if (!gz) return dc_fail("%s: cannot open: %s", path, errno ? strerror(errno) : "out of memory");
+    gzFile gz = gzdopen(fd, "rb");  // reads plain files as they are, too
+    if (!gz) {
+        close(fd);
+        return dc_fail("%s: cannot open: %s", path, errno ? strerror(errno) : "out of memory");
+    }
     // The magic first, so a labels file given for images says so.
     uint8_t hdr[16];
     int64_t got = gz_read_all(gz, path, hdr, 4);
@@ -80,24 +152,10 @@ static int read_idx(const char *path, uint32_t magic, uint32_t dims[3], uint8_t 
             rc = dc_fail("%s: IDX dimension %d is %u", path, i, dims[i]);
         total *= dims[i];
     }
-    // Images beyond 2^36 bytes are no MNIST; refusing them keeps a corrupt
-    // header from asking for a huge allocation before the data is read.
-    if (rc == 0 && total > (1ull << 36)) rc = dc_fail("%s: header declares %llu bytes of data", path, (unsigned long long)total);
-    if (rc == 0 && !(*data = malloc((size_t)total)))
-        rc = dc_fail("%s: out of memory for %llu bytes", path, (unsigned long long)total);
-    if (rc == 0) {
-        got = gz_read_all(gz, path, *data, (size_t)total);
-        uint8_t extra;
-        if (got < 0) rc = -1;
-        else if ((uint64_t)got < total)
-            rc = dc_fail("%s: truncated: %lld data bytes where the header declares %u %s (%llu bytes)", path,
-                         (long long)got, dims[0], nd == 3 ? "images" : "labels", (unsigned long long)total);
-        else if ((got = gz_read_all(gz, path, &extra, 1)) != 0)
-            rc = got < 0 ? -1 : dc_fail("%s: data continues past the %u %s the header declares", path, dims[0],
-                                        nd == 3 ? "images" : "labels");
-    }
+    if (rc == 0)
+        rc = read_idx_data(gz, path, file_size, 4 + 4 * (size_t)nd, total, nd == 3 ? "images" : "labels", dims[0],
+                           data);
     gzclose(gz);
-    if (rc != 0) free(*data), *data = NULL;
     return rc;
 }
 
@@ -172,6 +230,7 @@ int dc_dataset_load_fmnist(dc_dataset *ds, const char *dir, bool train, int pad_
             for (int i = 0; i < ds->n; i++) ds->labels[i] = lb[i];
             rc = pad_dataset(ds, pad_to, ipath);
         }
+        if (rc == 0) rc = finish_load(ds, dir);
     }
     free(px), free(lb);
     if (rc != 0) dc_dataset_free(ds);
@@ -179,6 +238,45 @@ int dc_dataset_load_fmnist(dc_dataset *ds, const char *dir, bool train, int pad_
 }
 
 // ---- a user's safetensors file -----------------------------------------------
+
+// Copies the labels into ds and settles the class count (rules in data.h).
+static int check_labels(dc_dataset *ds, const dc_st_file *f, const int64_t *l64) {
+    const char *p = f->path;
+    int64_t maxl = -1;
+    int at_max = 0;
+    for (int i = 0; i < ds->n; i++) {
+        if (l64[i] < 0) return dc_fail("%s: label %lld of sample %d is not a class index", p, (long long)l64[i], i);
+        if (l64[i] >= DC_DATA_MAX_CLASSES)
+            return dc_fail("%s: label %lld of sample %d is beyond the %d classes a model may have", p,
+                           (long long)l64[i], i, DC_DATA_MAX_CLASSES);
+        if (l64[i] > maxl) maxl = l64[i], at_max = i;
+        ds->labels[i] = (int32_t)l64[i];
+    }
+    const char *nc = dc_st_meta(f, "num_classes");
+    if (nc) {
+        char *end;
+        errno = 0;
+        long v = strtol(nc, &end, 10);
+        if (errno || end == nc || *end || v < 1 || v > DC_DATA_MAX_CLASSES)
+            return dc_fail("%s: __metadata__ num_classes '%s' is not an integer in 1..%d", p, nc, DC_DATA_MAX_CLASSES);
+        if (v <= maxl)
+            return dc_fail("%s: label %lld of sample %d is not below num_classes %ld", p, (long long)maxl, at_max, v);
+        ds->num_classes = (int)v;
+        return 0;
+    }
+    ds->num_classes = (int)(maxl + 1);
+    if (ds->num_classes <= DC_DATA_SPARSE_CLASSES) return 0;
+    uint8_t *seen = calloc((size_t)ds->num_classes, 1);
+    if (!seen) return dc_fail("%s: out of memory", p);
+    int used = 0;
+    for (int i = 0; i < ds->n; i++) used += !seen[ds->labels[i]], seen[ds->labels[i]] = 1;
+    free(seen);
+    if ((int64_t)used * 2 < ds->num_classes)
+        return dc_fail("%s: label %lld of sample %d makes %d classes, but only %d of them have any sample; "
+                       "set __metadata__ num_classes if that is intended", p, (long long)maxl, at_max,
+                       ds->num_classes, used);
+    return 0;
+}
 
 static int load_st(dc_dataset *ds, const dc_st_file *f) {
     const char *p = f->path;
@@ -209,25 +307,7 @@ static int load_st(dc_dataset *ds, const dc_st_file *f) {
                 rc = dc_fail("%s: tensor 'images' element %zu is %g, outside [-1, 1] (store U8 0..255 or floats in "
                              "[-1, 1])", p, i, ds->images[i]);
     if (rc == 0) rc = dc_st_read_i64(f, lb, l64);
-    int64_t maxl = -1;
-    for (int i = 0; i < ds->n && rc == 0; i++) {
-        if (l64[i] < 0 || l64[i] >= INT32_MAX) rc = dc_fail("%s: label %lld of sample %d is not a class index", p, (long long)l64[i], i);
-        else if (l64[i] > maxl) maxl = l64[i];
-        ds->labels[i] = (int32_t)l64[i];
-    }
-    const char *nc = dc_st_meta(f, "num_classes");
-    if (rc == 0 && nc) {
-        char *end;
-        errno = 0;
-        long v = strtol(nc, &end, 10);
-        if (errno || end == nc || *end || v < 1 || v > INT32_MAX)
-            rc = dc_fail("%s: __metadata__ num_classes '%s' is not a positive integer", p, nc);
-        else if (v <= maxl)
-            rc = dc_fail("%s: label %lld is not below num_classes %ld", p, (long long)maxl, v);
-        ds->num_classes = (int)v;
-    } else {
-        ds->num_classes = (int)(maxl + 1);
-    }
+    if (rc == 0) rc = check_labels(ds, f, l64);
     free(l64);
     return rc;
 }
@@ -238,6 +318,7 @@ int dc_dataset_load_safetensors(dc_dataset *ds, const char *path, int pad_to) {
     DC_TRY(dc_st_open(&f, path));
     int rc = load_st(ds, &f);
     if (rc == 0) rc = pad_dataset(ds, pad_to, path);
+    if (rc == 0) rc = finish_load(ds, path);
     dc_st_close(&f);
     if (rc != 0) dc_dataset_free(ds);
     return rc;
@@ -248,6 +329,8 @@ int dc_dataset_load(dc_dataset *ds, const char *path_or_dir, int pad_to) {
     struct stat st;
     if (stat(path_or_dir, &st) != 0) return dc_fail("%s: %s", path_or_dir, strerror(errno));
     if (S_ISDIR(st.st_mode)) return dc_dataset_load_fmnist(ds, path_or_dir, true, pad_to);
+    if (!S_ISREG(st.st_mode))
+        return dc_fail("%s is %s, not a data set file or folder", path_or_dir, dc_file_kind(st.st_mode));
     size_t n = strlen(path_or_dir), k = strlen(".safetensors");
     if (n >= k && strcmp(path_or_dir + n - k, ".safetensors") == 0)
         return dc_dataset_load_safetensors(ds, path_or_dir, pad_to);

@@ -6,6 +6,18 @@
 //   "labels": [N] any integer type, 0 <= label < num_classes
 // (optional __metadata__ "num_classes"; otherwise max label + 1).
 //
+// Class counts. A label is at most DC_DATA_MAX_CLASSES - 1 (the most classes
+// a model may have). Without "num_classes" in the metadata, a class count
+// above 1000 of which fewer than half the classes have any sample is refused
+// as implausible: a single stray label such as 999999 would otherwise build a
+// million-class model. Up to 1000 classes (ImageNet's count) are accepted as
+// they come, so small sets with unused classes still load; a file that means
+// to have many empty classes says so with "num_classes".
+//
+// Only regular files are read (a FIFO or device is refused without blocking),
+// and no allocation exceeds what the file really holds: an IDX header cannot
+// ask for more memory than its data brings.
+//
 // The order is a Fisher-Yates shuffle drawn from Philox keyed by (seed,
 // epoch), so it depends on nothing else: not on batch size, thread or GPU
 // count, which is what lets a run resume exactly on other hardware.
@@ -13,12 +25,19 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#define DC_DATA_MAX_CLASSES 1000000  // as dc_dit_config_validate allows
+#define DC_DATA_SPARSE_CLASSES 1000  // above this, most classes must have samples
+
 typedef struct {
     int n, channels, height, width, num_classes;
     float *images;    // [n, channels, height, width] in [-1, 1]
     int32_t *labels;  // [n], each in [0, num_classes)
     const char *const *class_names;  // [num_classes], or NULL when the source has none
-    uint64_t fingerprint;  // hash of the images and labels as loaded (resume checks it)
+    // xxHash64 of the shape, class count, images (as the floats used, after
+    // padding) and labels: a resumed run compares it with the checkpoint's to
+    // notice a data set that changed on disk. 0 for data not made by a loader.
+    uint64_t fingerprint;
+    char *source;     // the file or folder loaded (malloc'd; NULL when built in memory)
 } dc_dataset;
 
 #define DC_FMNIST_DIR "/usr/share/datasets/fashion-mnist"
@@ -33,6 +52,8 @@ int dc_dataset_load_safetensors(dc_dataset *ds, const char *path, int pad_to);
 // as a user's data set.
 int dc_dataset_load(dc_dataset *ds, const char *path_or_dir, int pad_to);
 void dc_dataset_free(dc_dataset *ds);
+// The fingerprint of ds as it is now (the loaders store it in ds->fingerprint).
+uint64_t dc_dataset_fingerprint(const dc_dataset *ds);
 
 // Copies image idx into img_out[C * H * W], mirrored left-right if hflip.
 void dc_dataset_get(const dc_dataset *ds, int64_t idx, float *img_out, bool hflip);

@@ -26,10 +26,15 @@ int dc_train_config_validate(const dc_train_config *c) {
     if (!(c->lr > 0 && c->lr < 1)) return dc_fail("--lr must be in (0, 1) (got %g)", c->lr);
     if (!(c->beta1 >= 0 && c->beta1 < 1) || !(c->beta2 >= 0 && c->beta2 < 1))
         return dc_fail("Adam betas must be in [0, 1)");
-    if (!(c->adam_eps > 0)) return dc_fail("--adam-eps must be positive");
-    if (!(c->weight_decay >= 0)) return dc_fail("--weight-decay must be non-negative");
+    if (!(c->adam_eps > 0 && isfinite(c->adam_eps))) return dc_fail("--adam-eps must be positive and finite");
+    if (!(c->weight_decay >= 0 && isfinite(c->weight_decay)))
+        return dc_fail("--weight-decay must be non-negative and finite");
+    if (!((double)c->lr * c->weight_decay < 1))
+        return dc_fail("--weight-decay %g with --lr %g: decoupled decay multiplies every weight by 1 - lr * wd = "
+                       "%g each step, which must stay positive (lr * wd < 1; typical wd is 0 to 0.1)",
+                       c->weight_decay, c->lr, 1 - (double)c->lr * c->weight_decay);
     if (c->warmup < 0) return dc_fail("--warmup must be non-negative");
-    if (!(c->grad_clip >= 0)) return dc_fail("--grad-clip must be non-negative");
+    if (!(c->grad_clip >= 0 && isfinite(c->grad_clip))) return dc_fail("--grad-clip must be non-negative and finite");
     if (!(c->ema_decay >= 0 && c->ema_decay <= 1)) return dc_fail("--ema-decay must be in [0, 1]");
     if (!(c->class_dropout >= 0 && c->class_dropout < 1))
         return dc_fail("--class-dropout must be in [0, 1)");
@@ -237,6 +242,7 @@ int dc_trainer_step(dc_trainer *tr, dc_step_stats *st) {
                   dc_buf_at(tr->gstats, 1), n, &h);
         i = j + 1;
     }
+    DC_TRY(dc_backend_status(be));  // a host flag: no wait
     tr->step = s;
     tr->samples_seen += c->batch;
     return st ? dc_trainer_stats(tr, st) : 0;
@@ -248,6 +254,7 @@ int dc_trainer_stats(dc_trainer *tr, dc_step_stats *st) {
     float g[2];
     be->download(be, tr->h_losses, tr->losses.p, (size_t)B * 2 * sizeof(float));
     be->download(be, g, tr->gstats.p, sizeof g);
+    DC_TRY(dc_backend_status(be));  // a device error is not a diverged run
     double mse = 0, vb = 0;
     for (int i = 0; i < B; i++) mse += tr->h_losses[2 * i], vb += tr->h_losses[2 * i + 1];
     *st = (dc_step_stats){(mse + vb) / B, mse / B, vb / B, g[0], tr->last_lr};

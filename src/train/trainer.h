@@ -31,6 +31,9 @@ typedef struct {
 // The official DiT recipe (lr 1e-4, betas 0.9/0.999, no decay, EMA 0.9999,
 // batch 256, dropout 0.1).
 dc_train_config dc_train_config_default(void);
+// Checks every setting is finite and in range; also that lr * weight_decay
+// < 1, since decoupled decay scales each weight by 1 - lr * wd per step and
+// at 1 or more wipes out or flips the sign of every weight.
 int dc_train_config_validate(const dc_train_config *c);
 int dc_train_config_to_kv(const dc_train_config *c, dc_kv *kv);
 int dc_train_config_from_kv(dc_train_config *c, const char *const *keys,
@@ -83,9 +86,16 @@ int dc_trainer_stats(dc_trainer *tr, dc_step_stats *stats);
 
 // Checkpoints: raw weights under the official keys, EMA under "ema.<key>",
 // AdamW moments as "train.adam_m" / "train.adam_v", and model config,
-// training config and position (step, samples_seen) in __metadata__.
-// Written atomically. `extra` adds metadata (may be NULL).
+// training config, position (step, samples_seen) and the data set's
+// fingerprint ("data_fingerprint", 16 hex digits) in __metadata__, with
+// "format" = "diffusion.c checkpoint v2" and checksums (io/safetensors.h).
+// Written atomically. `extra` adds metadata (may be NULL). Refuses, naming
+// the tensor and element, to write a NaN or infinity in any tensor or a
+// negative second moment: a diverged run leaves no checkpoint that hides it.
 int dc_trainer_save(const dc_trainer *tr, const char *path, const dc_kv *extra);
 // Restores EMA, moments and position from a checkpoint whose raw weights
-// have already been loaded into the model.
+// have already been loaded into the model. Rejects non-finite values (and a
+// negative adam_v) naming the tensor and element, and a data set whose
+// fingerprint differs from the checkpoint's unless tr->allow_data_change
+// (then it warns); a checkpoint without a fingerprint (older) only warns.
 int dc_trainer_restore(dc_trainer *tr, const dc_st_file *f);
