@@ -1,6 +1,7 @@
 # Shared helpers of the shell tests.
 set -u
 BIN=${BIN:-./diffusion}
+[[ "$BIN" == */* ]] && BIN=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")  # tests may cd
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 FAILS=0
@@ -9,6 +10,11 @@ fail() { echo "FAIL $*"; FAILS=$((FAILS + 1)); }
 # A tiny model and recipe so shell tests run in seconds.
 TINY=(--input-size 32 --depth 2 --hidden 32 --heads 2 --patch 8 --batch 8 --micro-batch 4 --threads 2)
 finish() { [ "$FAILS" -eq 0 ] && echo "all passed" && exit 0; echo "$FAILS failed"; exit 1; }
+# diffusion ARGS...: the binary under test, bounded in time (a run that hangs
+# fails the test instead of stalling the suite; on the limit it gets SIGTERM,
+# which makes training write a checkpoint and stop, then SIGKILL 10 s later).
+RUN_LIMIT=${RUN_LIMIT:-120}
+diffusion() { timeout -k 10 "$RUN_LIMIT" "$BIN" "$@"; }
 # expect_fail "what" "message part" cmd...: the command must exit non-zero and
 # print the message part on stderr.
 expect_fail() {
@@ -18,5 +24,43 @@ expect_fail() {
   if [[ "$err" != *"$msg"* ]]; then fail "$what: message '$err' lacks '$msg'"; return; fi
   pass "$what"
 }
+# expect_code CODE "what" cmd...: the command must exit with status CODE.
+expect_code() {
+  local code=$1 what=$2; shift 2
+  "$@" > /dev/null 2>&1
+  local rc=$?
+  if [ "$rc" -eq "$code" ]; then pass "$what (exit $code)"; else fail "$what: exit $rc, expected $code"; fi
+}
+# wait_for FILE REGEX SECONDS [PID]: 0 once a line of FILE matches; 1 when the
+# time is up or process PID has ended.
+wait_for() {
+  local i
+  for ((i = 0; i < $3 * 10; i++)); do
+    grep -qE "$2" "$1" 2> /dev/null && return 0
+    [ -n "${4:-}" ] && ! kill -0 "$4" 2> /dev/null && return 1
+    sleep 0.1
+  done
+  return 1
+}
 # st_data FILE: the data buffer of a safetensors file (everything after the header)
 st_data() { local h; h=$(od -An -t u8 -N8 "$1" | tr -d ' '); tail -c +$((9 + h)) "$1"; }
+# st_file PATH JSON_HEADER DATA_BYTES: a safetensors file with zero-filled data
+st_file() {
+  local path=$1 header=$2 nbytes=$3
+  while [ $(( ${#header} % 8 )) -ne 0 ]; do header="$header "; done
+  { printf "$(printf '\\x%02x' $(( ${#header} & 255 )) $(( (${#header} >> 8) & 255 )) 0 0 0 0 0 0)"
+    printf '%s' "$header"; head -c "$nbytes" /dev/zero; } > "$path"
+}
+# st_poke FILE OFFSET BYTES: writes printf-escaped BYTES at OFFSET of FILE's data buffer.
+st_poke() {
+  local h; h=$(od -An -t u8 -N8 "$1" | tr -d ' ')
+  printf "$3" | dd of="$1" bs=1 seek=$((8 + h + $2)) conv=notrunc 2> /dev/null
+}
+# small_data PATH: 64 random 1x32x32 images in 10 classes, a data set that
+# loads in no time (for tests where what is learnt does not matter)
+small_data() {
+  local hdr='{"images":{"dtype":"U8","shape":[64,1,32,32],"data_offsets":[0,65536]},"labels":{"dtype":"U8","shape":[64],"data_offsets":[65536,65600]}}'
+  st_file "$1" "$hdr" 0
+  head -c 65536 /dev/urandom >> "$1"
+  local i; for ((i = 0; i < 64; i++)); do printf "\\x0$((i % 10))"; done >> "$1"
+}

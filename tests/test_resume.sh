@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Exact resume: 4 steps straight, and 2 steps + resume + 2 steps, must give
-# byte-identical checkpoints (weights, EMA, moments and metadata).
+# byte-identical checkpoints (weights, EMA, moments and metadata). Signals
+# (SIGINT, SIGTERM, SIGHUP, SIGPIPE) end a run with a checkpoint it resumes from.
 source "$(dirname "$0")/lib.sh"
-flags=("${TINY[@]}" --warmup 3 --grad-clip 0.5 --hflip --seed 7 --ckpt-every 1 --keep 10 --log-every 1)
-$BIN train "${flags[@]}" --out "$TMP/a" --steps 4 > "$TMP/a.log" 2>&1 || { cat "$TMP/a.log"; fail "straight run"; finish; }
-$BIN train "${flags[@]}" --out "$TMP/b" --steps 2 > "$TMP/b.log" 2>&1 || { cat "$TMP/b.log"; fail "first half"; finish; }
-$BIN train --resume "$TMP/b" --steps 4 --threads 2 > "$TMP/c.log" 2>&1 || { cat "$TMP/c.log"; fail "resume"; finish; }
+small_data "$TMP/data.safetensors"
+flags=("${TINY[@]}" --data "$TMP/data.safetensors" --warmup 3 --grad-clip 0.5 --hflip --seed 7 --keep 10 --log-every 1)
+diffusion train "${flags[@]}" --ckpt-every 1 --out "$TMP/a" --steps 4 > "$TMP/a.log" 2>&1 || { cat "$TMP/a.log"; fail "straight run"; finish; }
+diffusion train "${flags[@]}" --ckpt-every 1 --out "$TMP/b" --steps 2 > "$TMP/b.log" 2>&1 || { cat "$TMP/b.log"; fail "first half"; finish; }
+diffusion train --resume "$TMP/b" --steps 4 --threads 2 > "$TMP/c.log" 2>&1 || { cat "$TMP/c.log"; fail "resume"; finish; }
 if cmp -s "$TMP/a/step_0000004.safetensors" "$TMP/b/step_0000004.safetensors"; then
   pass "resumed run is byte-identical to the straight run"
 else
@@ -17,27 +19,56 @@ if cmp -s "$TMP/a/step_0000003.safetensors" "$TMP/a/step_0000004.safetensors"; t
 else
   pass "weights move between steps"
 fi
-# Ctrl-C: the step in progress ends, a checkpoint is written, resuming is exact
-$BIN train "${flags[@]}" --out "$TMP/i" --steps 100000 --ckpt-every 100000 > "$TMP/i.log" 2>&1 &
-pid=$!; sleep 1; kill -INT $pid; wait $pid; rc=$?
-ck=$(ls "$TMP/i"/step_*.safetensors 2>/dev/null | tail -n 1)
-if [ "$rc" -eq 130 ] && [ -n "$ck" ]; then
-  pass "SIGINT writes a checkpoint ($(basename "$ck")) and exits 130"
-  k=$(basename "$ck" .safetensors); k=$((10#${k#step_})); m=$((k + 3))
-  $BIN train --resume "$TMP/i" --steps $m --threads 2 > /dev/null 2>&1
-  $BIN train "${flags[@]}" --out "$TMP/j" --steps $m --ckpt-every 100000 > /dev/null 2>&1
-  f=$(printf 'step_%07d.safetensors' $m)
-  # the two runs differ only in the recorded plan (steps): compare all tensor bytes
-  if [ -s "$TMP/j/$f" ] && cmp -s <(st_data "$TMP/i/$f") <(st_data "$TMP/j/$f"); then
-    pass "interrupted and resumed run matches the straight run"
-  else
-    fail "interrupted and resumed run differs"
+
+# A signal: the step in progress ends, a checkpoint is written, the exit
+# status is 128 + the signal, and resuming from it is exact. The signal is
+# sent once the run logs its first step (never after a fixed sleep, which a
+# loaded machine outruns); every run is bounded by `timeout`, which passes
+# the signal on to the trainer.
+interrupted() {  # interrupted NAME SIGNAL EXPECTED_STATUS
+  local name=$1 sig=$2 want=$3 dir="$TMP/$1"
+  timeout -k 10 60 "$BIN" train "${flags[@]}" --out "$dir" --steps 100000 --ckpt-every 100000 > "$dir.log" 2>&1 &
+  local pid=$!
+  if ! wait_for "$dir.log" '^step ' 30 $pid; then
+    kill -KILL $pid 2> /dev/null; wait $pid 2> /dev/null; cat "$dir.log"; fail "$name: the run never started"; return
   fi
+  kill -$sig $pid; wait $pid; local rc=$?
+  local ck; ck=$(ls "$dir"/step_*.safetensors 2> /dev/null | tail -n 1)
+  if [ "$rc" -ne "$want" ] || [ -z "$ck" ]; then fail "$name: exit $rc (want $want), checkpoint '$ck'"; return; fi
+  pass "$name writes a checkpoint ($(basename "$ck")) and exits $want"
+  check_exact "$name" "$dir" "$ck"
+}
+check_exact() {  # check_exact NAME DIR CHECKPOINT: resuming 3 more steps matches a straight run
+  local name=$1 dir=$2 k; k=$(basename "$3" .safetensors); k=$((10#${k#step_})); local m=$((k + 3))
+  diffusion train --resume "$dir" --steps $m --threads 2 > /dev/null 2>&1
+  diffusion train "${flags[@]}" --out "$dir.straight" --steps $m --ckpt-every 100000 > /dev/null 2>&1
+  local f; f=$(printf 'step_%07d.safetensors' $m)
+  # the two runs differ only in the recorded plan (steps): compare all tensor bytes
+  if [ -s "$dir/$f" ] && cmp -s <(st_data "$dir/$f") <(st_data "$dir.straight/$f"); then
+    pass "$name: the resumed run matches the straight run"
+  else
+    fail "$name: the resumed run differs"
+  fi
+}
+interrupted sigint INT 130
+interrupted sighup HUP 129
+interrupted sigterm TERM 143
+
+# SIGPIPE: the log's reader goes away (`train 2>&1 | head`); the run checkpoints
+# and exits promptly instead of dying silently or training on.
+start=$SECONDS
+timeout -k 10 60 "$BIN" train "${flags[@]}" --out "$TMP/pipe" --steps 100000 --ckpt-every 100000 2>&1 | head -n 3 > /dev/null
+rc=${PIPESTATUS[0]}
+ck=$(ls "$TMP/pipe"/step_*.safetensors 2> /dev/null | tail -n 1)
+if [ "$rc" -eq 141 ] && [ -n "$ck" ] && [ $((SECONDS - start)) -lt 30 ]; then
+  pass "SIGPIPE writes a checkpoint ($(basename "$ck")) and exits 141 in $((SECONDS - start)) s"
+  check_exact sigpipe "$TMP/pipe" "$ck"
 else
-  fail "SIGINT: exit $rc, checkpoint '$ck'"
+  fail "SIGPIPE: exit $rc, checkpoint '$ck', $((SECONDS - start)) s"
 fi
+
 # keep K: only the newest checkpoints stay
-$BIN train "${TINY[@]}" --out "$TMP/k" --steps 5 --ckpt-every 1 --keep 2 > /dev/null 2>&1
+diffusion train "${TINY[@]}" --data "$TMP/data.safetensors" --out "$TMP/k" --steps 5 --ckpt-every 1 --keep 2 > /dev/null 2>&1
 n=$(ls "$TMP/k" | grep -c '^step_.*\.safetensors$')
 [ "$n" -eq 2 ] && pass "--keep 2 keeps 2 checkpoints" || fail "--keep 2 left $n checkpoints"
 ls "$TMP/k" | grep -q tmp && fail "temporary files left behind" || pass "no temporary files left"

@@ -1,37 +1,58 @@
 #include "cli/args.h"
 
 #include <errno.h>
+#include <float.h>
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/error.h"
 
-#define MAX_SPECS 64
-static bool g_given[MAX_SPECS];
+// An integer flag's value that did not read as a whole number: say what it is
+// instead ("1e3" is a number, just not written as an integer).
+static int bad_integer(const arg_spec *s, const char *v, double max, const char *max_text) {
+    char *end;
+    double d = strtod(v, &end);
+    if (end != v && !*end && isfinite(d) && d == floor(d) && fabs(d) <= max)
+        return dc_fail("--%s: '%s' is not written as an integer: write %.0f", s->name, v, d);
+    if (end != v && !*end && isfinite(d) && d == floor(d))
+        return dc_fail("--%s: %s is out of range (at most %s)", s->name, v, max_text);
+    return dc_fail("--%s: '%s' is not an integer", s->name, v);
+}
 
 static int set_value(const arg_spec *s, const char *v) {
     char *end;
     errno = 0;
     switch (s->kind) {
     case ARG_INT: {
-        long x = strtol(v, &end, 10);
-        if (end == v || *end || errno || x < -2147483647L || x > 2147483647L)
-            return dc_fail("--%s: '%s' is not an integer", s->name, v);
+        long long x = strtoll(v, &end, 10);
+        if (end == v || *end) return bad_integer(s, v, INT_MAX, "2147483647");
+        if (errno == ERANGE || x < -INT_MAX || x > INT_MAX)
+            return dc_fail("--%s: %s is out of range (integers from %d to %d)", s->name, v, -INT_MAX, INT_MAX);
         *(int *)s->dst = (int)x;
         return 0;
     }
     case ARG_U64: {
+        while (*v == ' ') v++;
         if (*v == '-') return dc_fail("--%s: '%s' must be non-negative", s->name, v);
         unsigned long long x = strtoull(v, &end, 10);
-        if (end == v || *end || errno) return dc_fail("--%s: '%s' is not an integer", s->name, v);
+        if (end == v || *end) return bad_integer(s, v, 18446744073709551615.0, "18446744073709551615");
+        if (errno == ERANGE)
+            return dc_fail("--%s: %s is out of range (at most %llu)", s->name, v, ULLONG_MAX);
         *(uint64_t *)s->dst = x;
         return 0;
     }
     case ARG_FLOAT: {
         float x = strtof(v, &end);
-        if (end == v || *end || errno || !isfinite(x))
-            return dc_fail("--%s: '%s' is not a number", s->name, v);
+        if (end == v || *end) return dc_fail("--%s: '%s' is not a number", s->name, v);
+        if (isnan(x) || (isinf(x) && errno != ERANGE))
+            return dc_fail("--%s: '%s' is not a finite number", s->name, v);
+        if (errno == ERANGE && fabsf(x) >= 1)
+            return dc_fail("--%s: %s is out of range (32-bit floats reach about %.1e)", s->name, v, FLT_MAX);
+        if (errno == ERANGE)
+            return dc_fail("--%s: %s is too close to 0: it underflows in 32-bit floats (nonzero "
+                           "values must be at least about %.1e in size)", s->name, v, FLT_MIN);
         *(float *)s->dst = x;
         return 0;
     }
@@ -45,7 +66,9 @@ static int set_value(const arg_spec *s, const char *v) {
 }
 
 int args_parse(arg_parser *p, int argc, char **argv) {
-    memset(g_given, 0, sizeof g_given);
+    if (p->nspecs > ARGS_MAX_SPECS)  // a programmer's error, caught before any flag is read
+        return dc_fail("%s: %d flags, more than ARGS_MAX_SPECS (%d)", p->usage, p->nspecs, ARGS_MAX_SPECS);
+    memset(p->given, 0, sizeof p->given);
     p->npositional = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -63,7 +86,9 @@ int args_parse(arg_parser *p, int argc, char **argv) {
             if (strlen(p->specs[j].name) == len && strncmp(p->specs[j].name, name, len) == 0) k = j;
         if (k < 0) return dc_fail("unknown flag '%.*s' (see --help)", (int)(len + 2), a);
         const arg_spec *s = &p->specs[k];
-        g_given[k] = true;
+        // The last of two values winning silently hides a typo in a long command line.
+        if (p->given[k]) return dc_fail("--%s is given twice", s->name);
+        p->given[k] = true;
         if (s->kind == ARG_FLAG) {
             if (eq) return dc_fail("--%s takes no value", s->name);
             *(bool *)s->dst = true;
@@ -77,8 +102,8 @@ int args_parse(arg_parser *p, int argc, char **argv) {
 }
 
 bool args_given(const arg_parser *p, const char *name) {
-    for (int j = 0; j < p->nspecs && j < MAX_SPECS; j++)
-        if (strcmp(p->specs[j].name, name) == 0) return g_given[j];
+    for (int j = 0; j < p->nspecs && j < ARGS_MAX_SPECS; j++)
+        if (strcmp(p->specs[j].name, name) == 0) return p->given[j];
     return false;
 }
 
@@ -89,14 +114,16 @@ void args_help(const arg_parser *p, FILE *out) {
         char left[64], def[64] = "";
         snprintf(left, sizeof left, "--%s%s%s", s->name, s->kind == ARG_FLAG ? "" : " ",
                  s->kind == ARG_FLAG ? "" : (s->meta ? s->meta : "VALUE"));
-        switch (s->kind) {
-        case ARG_INT: snprintf(def, sizeof def, " (default %d)", *(int *)s->dst); break;
-        case ARG_U64: snprintf(def, sizeof def, " (default %llu)", (unsigned long long)*(uint64_t *)s->dst); break;
-        case ARG_FLOAT: snprintf(def, sizeof def, " (default %g)", *(float *)s->dst); break;
-        case ARG_STR:
-            if (*(const char **)s->dst) snprintf(def, sizeof def, " (default %s)", *(const char **)s->dst);
-            break;
-        case ARG_FLAG: break;
+        if (!strstr(s->help, "default")) {
+            switch (s->kind) {
+            case ARG_INT: snprintf(def, sizeof def, " (default %d)", *(int *)s->dst); break;
+            case ARG_U64: snprintf(def, sizeof def, " (default %llu)", (unsigned long long)*(uint64_t *)s->dst); break;
+            case ARG_FLOAT: snprintf(def, sizeof def, " (default %g)", *(float *)s->dst); break;
+            case ARG_STR:
+                if (*(const char **)s->dst) snprintf(def, sizeof def, " (default %s)", *(const char **)s->dst);
+                break;
+            case ARG_FLAG: break;
+            }
         }
         fprintf(out, "  %-26s %s%s\n", left, s->help, def);
     }

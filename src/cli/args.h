@@ -11,21 +11,26 @@ typedef struct {
     arg_kind kind;
     void *dst;         // int*, float*, const char**, bool*, uint64_t*
     const char *meta;  // value placeholder in help ("N", "PATH")
-    const char *help;
+    const char *help;  // --help appends " (default X)" from *dst, unless the
+                       // text already says "default" (then it says it better)
 } arg_spec;
+
+#define ARGS_MAX_SPECS 64
 
 typedef struct {
     const char *usage;    // "diffusion train [flags]"
     const char *summary;  // one paragraph
     const arg_spec *specs;
-    int nspecs;
+    int nspecs;           // at most ARGS_MAX_SPECS
     int max_positional;
     const char *positional[4];
     int npositional;
+    bool given[ARGS_MAX_SPECS];  // set by args_parse: which flags the command line holds
 } arg_parser;
 
 // Parses argv[1..argc). Returns 0, 1 when --help was printed, or -1 with an
-// error message naming the flag.
+// error message naming the flag (unknown, malformed or out-of-range values,
+// a flag given twice).
 int args_parse(arg_parser *p, int argc, char **argv);
 void args_help(const arg_parser *p, FILE *out);
 // Was the flag given on the command line (by the last args_parse)?

@@ -1,6 +1,7 @@
 #include "cli/cli_util.h"
 
-#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,8 +10,8 @@
 #include <cblas.h>
 #include <omp.h>
 
+#include "cli/run_folder.h"
 #include "core/error.h"
-#include "core/fsutil.h"
 #include "models/dit_io.h"
 
 dc_dit_config cli_demo_model(void) {
@@ -35,17 +36,33 @@ int cli_set_threads(int threads) {
     return 0;
 }
 
+int cli_check_device_flags(int threads, const char *device, const char *precision) {
+    if (threads < 0 || threads > 1024) return dc_fail("--threads must be in 0..1024 (0: all cores)");
+    if (strcmp(device, "auto") && strcmp(device, "cuda") && strcmp(device, "cpu"))
+        return dc_fail("--device must be auto, cuda or cpu (got '%s')", device);
+    if (strcmp(precision, "auto") && strcmp(precision, "bf16") && strcmp(precision, "fp32"))
+        return dc_fail("--precision must be auto, bf16 or fp32 (got '%s')", precision);
+    if (!strcmp(device, "cpu") && !strcmp(precision, "bf16"))
+        return dc_fail("--precision bf16 needs a GPU: the CPU computes in fp32");
+    return 0;
+}
+
+int cli_check_heads(int heads) {
+    if (heads < 0) return dc_fail("--heads must be positive (or 0: from the official table), not %d", heads);
+    return 0;
+}
+
 int cli_backend(const char *device, const char *precision, dc_backend **be) {
     *be = NULL;
+    DC_TRY(cli_check_device_flags(0, device, precision));
     bool p_auto = strcmp(precision, "auto") == 0, p32 = strcmp(precision, "fp32") == 0;
-    if (!p_auto && !p32 && strcmp(precision, "bf16") != 0)
-        return dc_fail("--precision must be auto, bf16 or fp32 (got '%s')", precision);
-    if (strcmp(device, "cpu") == 0) {
-        if (!p_auto && !p32) return dc_fail("--precision bf16 needs a GPU: the CPU computes in fp32");
-        return dc_backend_create("cpu", be);
+    if (strcmp(device, "cpu") == 0) return dc_backend_create("cpu", be);
+    if (strcmp(device, "cuda") == 0) {
+        // Straight to the CUDA backend: its message says whether this build has
+        // none or the machine has no usable GPU.
+        *be = dc_backend_cuda_create(p32);
+        return *be ? 0 : dc_fail_ctx("--device cuda");
     }
-    if (strcmp(device, "cuda") == 0) return dc_backend_create(p32 ? "cuda-fp32" : "cuda", be);
-    if (strcmp(device, "auto") != 0) return dc_fail("--device must be auto, cuda or cpu (got '%s')", device);
     dc_backend *gpu = dc_backend_cuda_create(p32);
     if (gpu) {
         *be = gpu;
@@ -56,75 +73,55 @@ int cli_backend(const char *device, const char *precision, dc_backend **be) {
     return dc_backend_create("cpu", be);
 }
 
-static int cmp_i64(const void *a, const void *b) {
-    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-    return (x > y) - (x < y);
-}
-
-int cli_list_checkpoints(const char *dir, int64_t **steps_out) {
-    if (steps_out) *steps_out = NULL;
-    DIR *d = opendir(dir);
-    if (!d) return 0;
-    int n = 0, cap = 0;
-    int64_t *steps = NULL;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        long long s;
-        int used = 0;
-        if (sscanf(e->d_name, "step_%lld.safetensors%n", &s, &used) != 1 || e->d_name[used] != 0)
-            continue;
-        if (n == cap) {
-            int64_t *p = realloc(steps, (cap = cap ? 2 * cap : 64) * sizeof *p);
-            if (!p) break;
-            steps = p;
-        }
-        steps[n++] = s;
-    }
-    closedir(d);
-    qsort(steps, n, sizeof *steps, cmp_i64);
-    if (steps_out) *steps_out = steps;
-    else free(steps);
-    return n;
-}
-
-int cli_resolve_checkpoint(const char *path, char *out, int n) {
-    struct stat st;
-    if (stat(path, &st) != 0) return dc_fail("%s: no such file or folder", path);
-    if (!S_ISDIR(st.st_mode)) return snprintf(out, n, "%s", path), 0;
-    int64_t *steps;
-    int k = cli_list_checkpoints(path, &steps);
-    if (k == 0) return dc_fail("%s: folder holds no step_*.safetensors checkpoint", path);
-    snprintf(out, n, "%s/step_%07lld.safetensors", path, (long long)steps[k - 1]);
-    free(steps);
-    return 0;
-}
-
 bool cli_same_file(const char *a, const char *b) {
     struct stat sa, sb;
     return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
-int cli_check_output(const char *path, const char *input) {
-    char dir[4096];
+static const char *file_kind(mode_t m) {
+    return S_ISDIR(m) ? "a folder" : S_ISCHR(m) || S_ISBLK(m) ? "a device" : S_ISFIFO(m) ? "a pipe"
+           : S_ISSOCK(m) ? "a socket" : "not a regular file";
+}
+
+int cli_probe_write(const char *path) {
+    char tmp[4096], dir[4096];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof tmp)
+        return dc_fail("cannot write %s: the path is too long", path);
     snprintf(dir, sizeof dir, "%s", path);
     char *slash = strrchr(dir, '/');
-    if (slash) *slash = 0;
-    else snprintf(dir, sizeof dir, ".");
-    if (access(dir, W_OK) != 0) return dc_fail("cannot write %s: folder %s is missing or read-only", path, dir);
-    if (input && cli_same_file(path, input)) return dc_fail("%s is the input file; choose another output", path);
-    const char *base = slash ? strrchr(path, '/') + 1 : path;
-    if (strncmp(base, "step_", 5) == 0 && dc_file_exists(path))
-        return dc_fail("refusing to overwrite the training checkpoint %s", path);
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == dir) dir[1] = 0;  // a file in /
+    else *slash = 0;
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd < 0 && errno == EEXIST) return 0;  // a leftover of this pid: the folder takes files
+    if (fd < 0) {
+        int e = errno;
+        if (e == ENOENT || e == ENOTDIR) return dc_fail("cannot write %s: folder %s does not exist", path, dir);
+        if (e == ENAMETOOLONG) return dc_fail("cannot write %s: the name is too long for the file system", path);
+        return dc_fail("cannot write %s: folder %s: %s", path, dir, strerror(e));
+    }
+    close(fd);
+    unlink(tmp);
     return 0;
 }
 
-int cli_load_model(const char *path, bool raw, int heads, dc_backend *be, dc_dit *m,
-                   const char **which) {
-    char file[4096];
+int cli_check_output(const char *path, const char *input) {
+    struct stat st;
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
+        return dc_fail("%s is %s, not a file this command may replace; choose a file name", path,
+                       file_kind(st.st_mode));
+    if (input && cli_same_file(path, input)) return dc_fail("%s is the input file; choose another output", path);
+    const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
+    if (strncmp(base, "step_", 5) == 0 && stat(path, &st) == 0)
+        return dc_fail("refusing to overwrite the training checkpoint %s", path);
+    return cli_probe_write(path);
+}
+
+int cli_load_model(const char *path, bool raw, int heads, unsigned st_flags, dc_backend *be,
+                   dc_dit *m, const char **which) {
     dc_st_file f;
     dc_dit_config c;
-    DC_TRY(cli_resolve_checkpoint(path, file, sizeof file));
-    DC_TRY(dc_st_open(&f, file));
+    DC_TRY(cli_open_checkpoint(path, st_flags, &f));
     bool has_ema = dc_st_find(&f, "ema.x_embedder.proj.weight") != NULL;
     const char *prefix = has_ema && !raw ? "ema." : "";
     if (dc_dit_config_from_file(&f, "", heads, &c) || dc_dit_create(m, &c, be, false)) {

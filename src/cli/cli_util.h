@@ -1,5 +1,5 @@
-// Helpers shared by the subcommands: defaults, threads, checkpoint lookup,
-// and loading a model for inference.
+// Helpers shared by the subcommands: defaults, threads, devices, output
+// checks, and loading a model for inference.
 #pragma once
 #include <stdbool.h>
 #include <stdint.h>
@@ -9,28 +9,37 @@
 #include "models/dit.h"
 #include "train/trainer.h"
 
-// The built-in default: a small DiT for 32x32 Fashion-MNIST and its recipe,
+// The built-in default: a small DiT for 28x28 Fashion-MNIST and its recipe,
 // sized to train in about ten minutes on two CPU cores.
 dc_dit_config cli_demo_model(void);
 dc_train_config cli_demo_train(void);
 
 // Sets OpenMP and OpenBLAS threads (0: all cores).
 int cli_set_threads(int threads);
+// Checks the values of --threads, --device and --precision without starting
+// anything, so that a typo is a usage error before any work.
+int cli_check_device_flags(int threads, const char *device, const char *precision);
 // The backend for --device (auto, cuda, cpu) and --precision (auto, bf16,
 // fp32): auto picks the GPU when one is present, bf16 on it, fp32 on the CPU.
 int cli_backend(const char *device, const char *precision, dc_backend **be);
 #define CLI_DEVICE_HELP "auto (GPU if present), cuda or cpu"
 #define CLI_PRECISION_HELP "GPU compute: auto (bf16), bf16 or fp32 (for checking)"
-// Steps of the run folder's step_NNNNNNN.safetensors files, ascending, into a
-// new array *steps (free it; pass NULL to only count); returns the count.
-int cli_list_checkpoints(const char *dir, int64_t **steps);
-// A checkpoint file, or the newest checkpoint of a run folder.
-int cli_resolve_checkpoint(const char *path, char *out, int n);
+#define CLI_NO_VERIFY_HELP "skip checksum verification (faster on multi-GB files)"
+#define CLI_HEADS_HELP "heads, for widths outside the official table (default: from the table)"
+// --heads of the inference commands: 0 (the official table) or a head count.
+int cli_check_heads(int heads);
+
 bool cli_same_file(const char *a, const char *b);
-// An output path the command may write: its folder exists and is writable, it
-// is not the input file, and it is not a training checkpoint.
+// Can a file be written at path? Creates and removes the temporary file that
+// an atomic write of path would use: that catches a missing or read-only
+// folder (for root too) and a name too long for the file system.
+int cli_probe_write(const char *path);
+// An output file the command may write, checked before any work: it is not
+// the input, not a training checkpoint, not an existing folder, device or pipe
+// (writing would replace it with a regular file), and it can be written.
 int cli_check_output(const char *path, const char *input);
 // Opens weights for inference: a checkpoint (EMA weights unless raw), a run
-// folder (its newest checkpoint) or a plain official-key file.
-int cli_load_model(const char *path, bool raw, int heads, dc_backend *be, dc_dit *m,
-                   const char **which);
+// folder (its newest readable checkpoint) or a plain official-key file.
+// st_flags as for dc_st_open_opts.
+int cli_load_model(const char *path, bool raw, int heads, unsigned st_flags, dc_backend *be,
+                   dc_dit *m, const char **which);

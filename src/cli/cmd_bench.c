@@ -67,6 +67,7 @@ static int bench_train(const dc_dit_config *mc, dc_backend *be, int batch, int i
         if (dc_trainer_step(&tr, NULL)) goto done;
     }
     be->sync(be);
+    if (dc_backend_status(be)) goto done;
     double dt = (dc_time_now() - t0) / iters;
     double flop = 3 * 2 * dc_dit_macs_per_image(mc) * batch;  // backward ~ 2x forward
     double tf = flop / dt / 1e12;
@@ -104,6 +105,7 @@ static int bench_sample(const dc_dit_config *mc, dc_backend *be, int batch, int 
     double t0 = dc_time_now();
     if (dc_sampler_run(&s, x, y, idx, batch, eval_model, &m, NULL, NULL)) goto done;
     be->sync(be);
+    if (dc_backend_status(be)) goto done;
     double dt = (dc_time_now() - t0) / steps;
     double flop = 2 * dc_dit_macs_per_image(mc) * rows;
     printf("sample  batch %4d%s  %9.1f image-steps/s   %8.2f ms/step   %8.2f TFLOP/s", batch,
@@ -137,7 +139,7 @@ int cmd_bench(int argc, char **argv) {
         {"warmup", ARG_INT, &warm, "N", "untimed training steps first"},
         {"sample-batch", ARG_INT, &sample_batch, "N", "images per sampling step (0: skip sampling)"},
         {"sample-steps", ARG_INT, &sample_steps, "N", "timed sampling steps"},
-        {"cfg-scale", ARG_FLOAT, &cfg, "X", "guidance scale while sampling (> 1 doubles the batch)"},
+        {"cfg-scale", ARG_FLOAT, &cfg, "X", "guidance scale while sampling, 0..100 (> 1 doubles the batch)"},
         {"latency", ARG_INT, &latency, "0|1", "also time sampling one image (default 1)"},
         {"threads", ARG_INT, &threads, "N", "CPU threads (default: all cores)"},
         {"device", ARG_STR, &device, "NAME", CLI_DEVICE_HELP},
@@ -149,13 +151,20 @@ int cmd_bench(int argc, char **argv) {
                      "passes; 1 MAC = 2 FLOP) and peak memory. On a GPU it first times a large\n"
                      "matrix product in the compute dtype and quotes MFU against it; sampling\n"
                      "runs at --sample-batch and at batch 1 (latency), with guidance.",
-                     specs, (int)(sizeof specs / sizeof specs[0]), 0, {0}, 0};
+                     specs, (int)(sizeof specs / sizeof specs[0]), 0, {0}, 0, {0}};
     int rc = args_parse(&ap, argc, argv);
-    if (rc) return rc > 0 ? 0 : cli_fail();
-    if (batch < 1 || iters < 1 || warm < 0 || sample_batch < 0 || sample_steps < 1)
-        return dc_fail("--batch, --iters and --sample-steps must be positive"), cli_fail();
+    if (rc) return rc > 0 ? 0 : cli_usage_fail();
+    // 65535: the most images one forward pass takes (guidance doubles the sampling batch).
+    if (batch < 1 || batch > 65535) return dc_fail("--batch must be in 1..65535 (got %d)", batch), cli_usage_fail();
+    if (sample_batch < 0 || sample_batch > 32767)
+        return dc_fail("--sample-batch must be in 0..32767 (got %d)", sample_batch), cli_usage_fail();
+    if (iters < 1 || warm < 0 || sample_steps < 1 || sample_steps > 1000)
+        return dc_fail("--iters must be positive, --warmup non-negative and --sample-steps in 1..1000"), cli_usage_fail();
+    if (latency != 0 && latency != 1) return dc_fail("--latency must be 0 or 1 (got %d)", latency), cli_usage_fail();
+    if (!(cfg >= 0 && cfg <= 100)) return dc_fail("--cfg-scale must be in 0..100 (got %g)", cfg), cli_usage_fail();
+    if (cli_check_device_flags(threads, device, precision)) return cli_usage_fail();
     dc_dit_config mc = cli_demo_model();
-    if (model && dc_dit_config_from_name(model, &mc)) return cli_fail();
+    if (model && dc_dit_config_from_name(model, &mc)) return cli_usage_fail();
     dc_backend *be = NULL;
     if (cli_set_threads(threads) || cli_backend(device, precision, &be)) return cli_fail();
     printf("model   %s: depth %d, hidden %d, heads %d, patch %d, %dx%dx%d, %.2f GFLOP/image forward; backend %s\n",
@@ -163,6 +172,11 @@ int cmd_bench(int argc, char **argv) {
            mc.input_size, mc.in_channels, 2 * dc_dit_macs_per_image(&mc) / 1e9, be->name);
     if (be->gemm_peak) {
         g_peak_tflops = be->gemm_peak(be);
+        if (g_peak_tflops <= 0) {
+            cli_fail();
+            dc_backend_destroy(be);
+            return 1;
+        }
         printf("peak    %.1f TFLOP/s: 8192^3 %s matrix product on this device (MFU is quoted against it)\n",
                g_peak_tflops, dc_dtype_name(be->compute));
     }

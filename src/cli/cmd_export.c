@@ -12,22 +12,24 @@
 
 int cmd_export(int argc, char **argv) {
     const char *ckpt = NULL, *out = NULL;
-    bool raw = false;
+    bool raw = false, no_verify = false;
     int heads = 0;
     arg_spec specs[] = {
         {"ckpt", ARG_STR, &ckpt, "PATH", "checkpoint or run folder (its newest checkpoint)"},
         {"out", ARG_STR, &out, "PATH", "safetensors file to write"},
         {"raw", ARG_FLAG, &raw, NULL, "export the raw weights instead of EMA"},
-        {"heads", ARG_INT, &heads, "N", "heads, for widths outside the official table"},
+        {"heads", ARG_INT, &heads, "N", CLI_HEADS_HELP},
+        {"no-verify", ARG_FLAG, &no_verify, NULL, CLI_NO_VERIFY_HELP},
     };
-    arg_parser ap = {"diffusion export --ckpt PATH --out FILE [--raw]",
+    arg_parser ap = {"diffusion export --ckpt PATH --out FILE [--raw] [--no-verify]",
                      "Writes the EMA weights (or --raw ones) of a checkpoint as a plain state dict\n"
                      "with the official DiT key names (pos_embed included), float32, with the\n"
                      "model config in __metadata__.",
-                     specs, (int)(sizeof specs / sizeof specs[0]), 0, {0}, 0};
+                     specs, (int)(sizeof specs / sizeof specs[0]), 0, {0}, 0, {0}};
     int rc = args_parse(&ap, argc, argv);
-    if (rc) return rc > 0 ? 0 : cli_fail();
-    if (!ckpt || !out) return fprintf(stderr, "error: --ckpt and --out are required (see --help)\n"), 1;
+    if (rc) return rc > 0 ? 0 : cli_usage_fail();
+    if (!ckpt || !out) return dc_fail("--ckpt and --out are required (see --help)"), cli_usage_fail();
+    if (cli_check_heads(heads)) return cli_usage_fail();
     dc_backend *be = NULL;
     dc_dit m = {0};
     const char *which;
@@ -36,13 +38,13 @@ int cmd_export(int argc, char **argv) {
     char (*names)[128] = NULL;
     dc_kv kv = {0};
     int status = 1;
-    if (cli_check_output(out, ckpt) || dc_backend_create("cpu", &be) || cli_load_model(ckpt, raw, heads, be, &m, &which)) goto done;
+    if (cli_check_output(out, ckpt) || dc_backend_create("cpu", &be) || cli_load_model(ckpt, raw, heads, no_verify ? DC_ST_NO_VERIFY : 0, be, &m, &which)) goto done;
     host = malloc((size_t)m.params.numel * sizeof *host);
     e = calloc(m.params.count, sizeof *e);
     names = calloc(m.params.count, sizeof *names);
     if (!host || !e || !names) { dc_fail("out of memory"); goto done; }
-    dc_dit_weight_entries(&m, m.params.data, "", host, e, names);
-    if (dc_dit_config_to_kv(&m.cfg, &kv) || dc_kv_set(&kv, "weights", "%s", which)) goto done;
+    if (dc_dit_weight_entries(&m, m.params.data, "", host, e, names)) goto done;
+    if (dc_dit_config_to_kv(&m.cfg, &kv) || dc_kv_set(&kv, "format", "diffusion.c weights v2") || dc_kv_set(&kv, "weights", "%s", which)) goto done;
     if (dc_st_write(out, e, m.params.count, (const char *const *)kv.keys,
                     (const char *const *)kv.values, kv.n)) goto done;
     dc_log("wrote %s: %d tensors, %s weights, official DiT keys", out, m.params.count, which);

@@ -10,6 +10,7 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "diffusion/schedule.h"
 
 #define CHUNK 32  // images per forward pass
 
@@ -27,16 +28,40 @@ static int check_inputs(const dc_st_file *in, const dc_dit_config *c, const dc_s
     return 0;
 }
 
+// The model is defined for finite x, timesteps in [0, 1000) and labels up to
+// the null class; anything else would give garbage without a word.
+static int check_values(const dc_st_file *in, const dc_dit_config *c, int64_t N, const float *x,
+                        const float *t, const int64_t *y) {
+    int64_t S = c->input_size, img = (int64_t)c->in_channels * S * S;
+    for (int64_t i = 0; i < N * img; i++) {
+        if (isfinite(x[i])) continue;
+        int64_t n = i / img, r = i % img;
+        return dc_fail("%s: x[%lld, %lld, %lld, %lld] is %s; the input must be finite", in->path,
+                       (long long)n, (long long)(r / (S * S)), (long long)(r / S % S), (long long)(r % S),
+                       isnan(x[i]) ? "NaN" : "infinite");
+    }
+    for (int64_t i = 0; i < N; i++) {
+        if (!(t[i] >= 0 && t[i] < DC_DIFFUSION_STEPS))
+            return dc_fail("%s: t[%lld] = %g is outside [0, %d), the diffusion timesteps", in->path,
+                           (long long)i, t[i], DC_DIFFUSION_STEPS);
+        if (y[i] < 0 || y[i] > c->num_classes)
+            return dc_fail("%s: y[%lld] = %lld is outside [0, %d] (%d is the null class)", in->path,
+                           (long long)i, (long long)y[i], c->num_classes, c->num_classes);
+    }
+    return 0;
+}
+
 int cmd_forward(int argc, char **argv) {
     const char *weights = NULL, *input = NULL, *output = NULL, *device = "auto", *precision = "auto";
     int heads = 0, threads = 0;
-    bool raw = false;
+    bool raw = false, no_verify = false;
     arg_spec specs[] = {
         {"weights", ARG_STR, &weights, "PATH", "checkpoint, run folder or official-key weights"},
         {"input", ARG_STR, &input, "PATH", "safetensors with x [N,C,H,W] f32, t [N], y [N] int64"},
         {"output", ARG_STR, &output, "PATH", "safetensors file to write with tensor 'out'"},
         {"raw", ARG_FLAG, &raw, NULL, "use the raw weights of a checkpoint instead of EMA"},
-        {"heads", ARG_INT, &heads, "N", "heads, for widths outside the official table"},
+        {"heads", ARG_INT, &heads, "N", CLI_HEADS_HELP},
+        {"no-verify", ARG_FLAG, &no_verify, NULL, CLI_NO_VERIFY_HELP},
         {"threads", ARG_INT, &threads, "N", "CPU threads (default: all cores)"},
         {"device", ARG_STR, &device, "NAME", CLI_DEVICE_HELP},
         {"precision", ARG_STR, &precision, "P", CLI_PRECISION_HELP},
@@ -45,11 +70,13 @@ int cmd_forward(int argc, char **argv) {
                      "Runs the model on x (N,C,H,W float32), t (N timesteps, float or int) and\n"
                      "y (N, int64 labels; num_classes is the null class) read from IN and writes\n"
                      "the output (N, out_channels, H, W) as tensor 'out' to OUT.",
-                     specs, (int)(sizeof specs / sizeof specs[0]), 0, {0}, 0};
+                     specs, (int)(sizeof specs / sizeof specs[0]), 0, {0}, 0, {0}};
     int rc = args_parse(&ap, argc, argv);
-    if (rc) return rc > 0 ? 0 : cli_fail();
+    if (rc) return rc > 0 ? 0 : cli_usage_fail();
     if (!weights || !input || !output)
-        return fprintf(stderr, "error: --weights, --input and --output are required (see --help)\n"), 1;
+        return dc_fail("--weights, --input and --output are required (see --help)"), cli_usage_fail();
+    if (cli_check_heads(heads) || cli_check_device_flags(threads, device, precision)) return cli_usage_fail();
+    unsigned st_flags = no_verify ? DC_ST_NO_VERIFY : 0;
 
     dc_backend *be = NULL;
     dc_dit m = {0};
@@ -63,8 +90,8 @@ int cmd_forward(int argc, char **argv) {
     if (cli_check_output(output, weights) || cli_check_output(output, input) ||
         cli_set_threads(threads) || cli_backend(device, precision, &be))
         goto done;
-    if (cli_load_model(weights, raw, heads, be, &m, &which)) goto done;
-    if (dc_st_open(&in, input)) goto done;
+    if (cli_load_model(weights, raw, heads, st_flags, be, &m, &which)) goto done;
+    if (dc_st_open_opts(&in, input, st_flags)) goto done;
     in_open = true;
     const dc_dit_config *c = &m.cfg;
     const dc_st_tensor *tx, *tt, *ty;
@@ -83,14 +110,7 @@ int cmd_forward(int argc, char **argv) {
         for (int64_t i = 0; i < N; i++) ht[i] = (float)ti[i];
     }
     if (dc_st_read_i64(&in, ty, hy)) goto done;
-    for (int64_t i = 0; i < N; i++) {
-        if (hy[i] < 0 || hy[i] > c->num_classes) {
-            dc_fail("%s: y[%lld] = %lld is outside [0, %d] (%d is the null class)", in.path,
-                    (long long)i, (long long)hy[i], c->num_classes, c->num_classes);
-            goto done;
-        }
-        if (!isfinite(ht[i])) { dc_fail("%s: t[%lld] is not finite", in.path, (long long)i); goto done; }
-    }
+    if (check_values(&in, c, N, hx, ht, hy)) goto done;
     int chunk = N < CHUNK ? (int)(N > 0 ? N : 1) : CHUNK;
     if (dc_dit_reserve(&m, chunk)) goto done;
     x = (dc_buf){be->alloc(be, chunk * img * 4), DC_F32};
@@ -107,6 +127,7 @@ int cmd_forward(int argc, char **argv) {
         be->upload(be, y.p, yy, n * 4);
         if (dc_dit_forward(&m, out, x, t, y, n)) goto done;
         be->download(be, hout + i0 * oimg, out.p, n * oimg * 4);
+        if (dc_backend_status(be)) goto done;
     }
     dc_st_entry e = {.name = "out", .dtype = DC_F32, .ndim = 4,
                      .shape = {N, dc_dit_out_channels(c), c->input_size, c->input_size}, .data = hout};

@@ -1,8 +1,10 @@
 // diffusion sample: class-conditional samples into a PNG grid (one row per
-// class, in the order asked) and/or one PNG per sample.
+// class, in the order asked), one PNG per sample and/or a safetensors file.
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cli/args.h"
 #include "cli/cli_util.h"
@@ -32,9 +34,11 @@ static void on_step(void *ctx, int step, int total) {
                 dc_format_duration(frac > 0 ? el / frac - el : 0, eta, sizeof eta));
 }
 
-// "all", or a comma list of class ids and ranges ("0-9", "3,5,7").
+// "all", or a comma list of class ids and ranges ("0-9", "3,5,7"). With
+// num_classes INT_MAX (the model not yet loaded) it checks only the syntax.
 static int parse_classes(const char *s, int num_classes, int *out, int *n) {
     *n = 0;
+    if (!strcmp(s, "all") && num_classes == INT_MAX) return 0;
     if (!strcmp(s, "all")) {
         if (num_classes > MAX_CLASSES) return dc_fail("--classes all: too many classes; list them");
         for (int c = 0; c < num_classes; c++) out[(*n)++] = c;
@@ -50,8 +54,12 @@ static int parse_classes(const char *s, int num_classes, int *out, int *n) {
             b = strtol(p, &end, 10);
             if (end == p) return dc_fail("--classes: cannot read '%s'", s);
         }
-        if (a < 0 || b >= num_classes || a > b)
-            return dc_fail("--classes: %ld-%ld outside the model's classes 0..%d", a, b, num_classes - 1);
+        if (a > b) return dc_fail("--classes: %ld-%ld is a reversed range (write %ld-%ld)", a, b, b, a);
+        if (a < 0 || b >= num_classes) {
+            long bad = a < 0 ? a : b;
+            if (num_classes == INT_MAX) return dc_fail("--classes: class %ld is negative", bad);
+            return dc_fail("--classes: class %ld is outside the model's classes 0..%d", bad, num_classes - 1);
+        }
         for (long c = a; c <= b; c++) {
             if (*n == MAX_CLASSES) return dc_fail("--classes: too many classes");
             for (int k = 0; k < *n; k++)
@@ -65,52 +73,101 @@ static int parse_classes(const char *s, int num_classes, int *out, int *n) {
     return *n ? 0 : dc_fail("--classes: empty list");
 }
 
+#define CFG_MAX 100
+
+static void sample_path(const char *dir, int cls, int i, char *out, int n) {
+    snprintf(out, n, "%s/class%d_%d.png", dir, cls, i);
+}
+
+// --out-dir before the model loads: not an existing file, and short enough
+// for the names inside it.
+static int check_out_dir(const char *dir) {
+    struct stat st;
+    if (stat(dir, &st) == 0 && !S_ISDIR(st.st_mode)) return dc_fail("--out-dir %s exists and is not a folder", dir);
+    if (strlen(dir) > 3900) return dc_fail("--out-dir %s: the path is too long", dir);
+    return 0;
+}
+
+// The sample files of an existing --out-dir: none may be a folder, device or
+// pipe, and the longest name must be writable there.
+static int check_out_files(const char *dir, const int *classes, int ncls, int per_class) {
+    char path[4096];
+    int widest = 0;
+    for (int k = 0; k < ncls; k++) {
+        if (classes[k] > classes[widest]) widest = k;
+        for (int i = 0; i < per_class; i++) {
+            struct stat st;
+            sample_path(dir, classes[k], i, path, sizeof path);
+            if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
+                return dc_fail("%s exists and is not a regular file; choose another --out-dir", path);
+        }
+    }
+    sample_path(dir, classes[widest], per_class - 1, path, sizeof path);
+    return cli_probe_write(path);
+}
+
 int cmd_sample(int argc, char **argv) {
     const char *ckpt = "runs/train", *classes_s = NULL, *grid = NULL, *out_dir = NULL;
     const char *sampler = "ddpm", *cfg_channels = "all", *device = "auto", *precision = "auto", *tensor_out = NULL;
     dc_sampler_opts so = dc_sampler_opts_default();
     int per_class = 8, batch = 16, heads = 0, threads = 0, grid_cols = 0;
-    bool raw = false;
+    bool raw = false, no_verify = false;
     so.cfg_scale = 4.0f;
     arg_spec specs[] = {
         {"ckpt", ARG_STR, &ckpt, "PATH", "checkpoint, run folder (newest checkpoint) or official weights"},
         {"classes", ARG_STR, &classes_s, "LIST", "classes, e.g. 0-9 or 3,5,7 (default: all, if <= 20)"},
         {"per-class", ARG_INT, &per_class, "N", "samples per class"},
         {"grid", ARG_STR, &grid, "PNG", "write a grid, one row per class"},
-        {"grid-cols", ARG_INT, &grid_cols, "N", "samples per grid row (default: all of the class)"},
+        {"grid-cols", ARG_INT, &grid_cols, "N", "samples per grid row (default: all of the class's)"},
         {"out-dir", ARG_STR, &out_dir, "DIR", "write class{c}_{i}.png per sample"},
         {"tensor-out", ARG_STR, &tensor_out, "PATH", "write the raw samples as safetensors 'samples'"},
         {"steps", ARG_INT, &so.steps, "N", "sampling steps (respaced from 1000)"},
         {"sampler", ARG_STR, &sampler, "NAME", "ddpm (ancestral) or ddim"},
         {"eta", ARG_FLOAT, &so.eta, "X", "DDIM eta (0: deterministic)"},
-        {"cfg-scale", ARG_FLOAT, &so.cfg_scale, "X", "classifier-free guidance scale (1: none)"},
+        {"cfg-scale", ARG_FLOAT, &so.cfg_scale, "X", "classifier-free guidance scale, 0..100 (1: none)"},
         {"cfg-channels", ARG_STR, &cfg_channels, "all|3", "guide all eps channels, or only the first 3 as the official code"},
         {"seed", ARG_U64, &so.seed, "N", "noise seed (an image depends only on seed and its index)"},
         {"batch", ARG_INT, &batch, "N", "images per model call (doubled with guidance)"},
         {"raw", ARG_FLAG, &raw, NULL, "use raw weights instead of EMA"},
-        {"heads", ARG_INT, &heads, "N", "heads, for widths outside the official table"},
+        {"heads", ARG_INT, &heads, "N", CLI_HEADS_HELP},
+        {"no-verify", ARG_FLAG, &no_verify, NULL, CLI_NO_VERIFY_HELP},
         {"threads", ARG_INT, &threads, "N", "CPU threads (default: all cores)"},
         {"device", ARG_STR, &device, "NAME", CLI_DEVICE_HELP},
         {"precision", ARG_STR, &precision, "P", CLI_PRECISION_HELP},
     };
-    arg_parser ap = {"diffusion sample [--ckpt PATH] [--grid PNG] [--out-dir DIR] [flags]",
+    arg_parser ap = {"diffusion sample [--ckpt PATH] --grid PNG | --out-dir DIR | --tensor-out FILE [flags]",
                      "Draws class-conditional samples with the official DDPM sampler (or DDIM),\n"
-                     "classifier-free guidance on all channels by default, from EMA weights.",
-                     specs, (int)(sizeof specs / sizeof specs[0]), 0, {0}, 0};
+                     "classifier-free guidance on all channels by default, from EMA weights,\n"
+                     "into any of a PNG grid, one PNG per sample and a safetensors file.",
+                     specs, (int)(sizeof specs / sizeof specs[0]), 0, {0}, 0, {0}};
     int rc = args_parse(&ap, argc, argv);
-    if (rc) return rc > 0 ? 0 : cli_fail();
+    if (rc) return rc > 0 ? 0 : cli_usage_fail();
     if (!strcmp(sampler, "ddpm")) so.kind = DC_STEP_DDPM;
     else if (!strcmp(sampler, "ddim")) so.kind = DC_STEP_DDIM;
-    else return dc_fail("--sampler must be ddpm or ddim (got '%s')", sampler), cli_fail();
+    else return dc_fail("--sampler must be ddpm or ddim (got '%s')", sampler), cli_usage_fail();
     if (!strcmp(cfg_channels, "all")) so.guided_channels = 0;
     else if (!strcmp(cfg_channels, "3")) so.guided_channels = 3;
-    else return dc_fail("--cfg-channels must be all or 3 (got '%s')", cfg_channels), cli_fail();
-    if (so.steps < 1 || so.steps > 1000) return dc_fail("--steps must be in 1..1000"), cli_fail();
-    if (per_class < 1 || batch < 1) return dc_fail("--per-class and --batch must be positive"), cli_fail();
-    if (!(so.eta >= 0) || !(so.cfg_scale >= 0)) return dc_fail("--eta and --cfg-scale must be non-negative"), cli_fail();
-    if (!grid && !out_dir && !tensor_out) grid = "samples.png";
-    if ((grid && cli_check_output(grid, ckpt)) || (tensor_out && cli_check_output(tensor_out, ckpt)))
+    else return dc_fail("--cfg-channels must be all or 3 (got '%s')", cfg_channels), cli_usage_fail();
+    if (so.steps < 1 || so.steps > 1000) return dc_fail("--steps must be in 1..1000"), cli_usage_fail();
+    if (per_class < 1 || batch < 1) return dc_fail("--per-class and --batch must be positive"), cli_usage_fail();
+    if (grid_cols < 0) return dc_fail("--grid-cols must be positive (or 0: all of a class's samples)"), cli_usage_fail();
+    if (!(so.eta >= 0)) return dc_fail("--eta must be non-negative (got %g)", so.eta), cli_usage_fail();
+    // Past a scale of about 100 guidance only amplifies noise; a huge one overflows to inf.
+    if (!(so.cfg_scale >= 0 && so.cfg_scale <= CFG_MAX))
+        return dc_fail("--cfg-scale must be in 0..%d (got %g; 1: no guidance)", CFG_MAX, so.cfg_scale), cli_usage_fail();
+    if (!grid && !out_dir && !tensor_out)
+        return dc_fail("sample needs somewhere to write: --grid PNG, --out-dir DIR and/or --tensor-out "
+                       "FILE"), cli_usage_fail();
+    if (grid && tensor_out && !strcmp(grid, tensor_out))
+        return dc_fail("--grid and --tensor-out name the same file %s", grid), cli_usage_fail();
+    int classes[MAX_CLASSES], ncls = 0;
+    if ((classes_s && parse_classes(classes_s, INT_MAX, classes, &ncls)) || cli_check_heads(heads) ||
+        cli_check_device_flags(threads, device, precision))
+        return cli_usage_fail();
+    if ((grid && cli_check_output(grid, ckpt)) || (tensor_out && cli_check_output(tensor_out, ckpt)) ||
+        (out_dir && check_out_dir(out_dir)))
         return cli_fail();
+    unsigned st_flags = no_verify ? DC_ST_NO_VERIFY : 0;
 
     dc_backend *be = NULL;
     dc_dit m = {0};
@@ -119,10 +176,10 @@ int cmd_sample(int argc, char **argv) {
     float *all = NULL;
     int32_t *y = NULL;
     uint32_t *idx = NULL;
-    int classes[MAX_CLASSES], ncls = 0, status = 1;
+    int status = 1;
     const char *which;
     if (cli_set_threads(threads) || cli_backend(device, precision, &be)) goto done;
-    if (cli_load_model(ckpt, raw, heads, be, &m, &which)) goto done;
+    if (cli_load_model(ckpt, raw, heads, st_flags, be, &m, &which)) goto done;
     const dc_dit_config *c = &m.cfg;
     if (!classes_s && c->num_classes > 20) {
         dc_fail("the model has %d classes: choose some with --classes", c->num_classes);
@@ -133,13 +190,14 @@ int cmd_sample(int argc, char **argv) {
         dc_fail("the model makes %d-channel images; PNG needs 1 or 3 (use --tensor-out)", c->in_channels);
         goto done;
     }
-    if (out_dir && dc_mkdir_p(out_dir)) goto done;
     so.learn_sigma = c->learn_sigma;
     so.null_class = c->num_classes;
     if ((int64_t)ncls * per_class > 1000000) {
         dc_fail("%d classes x %d per class is over 1000000 samples; sample in parts", ncls, per_class);
         goto done;
     }
+    // Every file is checked before the sampling, which may take hours.
+    if (out_dir && (dc_mkdir_p(out_dir) || check_out_files(out_dir, classes, ncls, per_class))) goto done;
     int N = ncls * per_class, S = c->input_size, C = c->in_channels;
     int64_t img = (int64_t)C * S * S;
     if (batch > N) batch = N;
@@ -158,6 +216,7 @@ int cmd_sample(int argc, char **argv) {
         pc.done_images = i0, pc.batch_images = n;
         if (dc_sampler_run(&s, x, y + i0, idx + i0, n, eval_model, &m, on_step, &pc)) goto done;
         be->download(be, all + i0 * img, x.p, (size_t)n * img * 4);
+        if (dc_backend_status(be)) goto done;
     }
     double el = dc_time_now() - pc.t0;
     dc_progress(true, "sampled %d images in %.1f s (%.2f images/s, %.1f image-steps/s)", N, el,
@@ -165,7 +224,7 @@ int cmd_sample(int argc, char **argv) {
     if (out_dir) {
         for (int i = 0; i < N; i++) {
             char path[4096];
-            snprintf(path, sizeof path, "%s/class%d_%d.png", out_dir, y[i], i % per_class);
+            sample_path(out_dir, y[i], i % per_class, path, sizeof path);
             if (dc_png_write_image(path, all + i * img, C, S, S)) goto done;
         }
         dc_log("samples: %s/class{c}_{i}.png (%d files)", out_dir, N);

@@ -1,36 +1,58 @@
 // diffusion train: train a DiT from scratch or resume a run.
-#include <dirent.h>
+#include <errno.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "backend/backend.h"
 #include "cli/args.h"
 #include "cli/cli_util.h"
 #include "cli/commands.h"
+#include "cli/run_folder.h"
 #include "core/fsutil.h"
 #include "core/log.h"
 #include "io/json.h"
 #include "models/dit_io.h"
 #include "train/trainer.h"
 
-#define CKPT_PREFIX "step_"
+// Ctrl-C, SIGTERM, SIGHUP (the terminal closed) and SIGPIPE (the log's reader
+// went away, as in `diffusion train 2>&1 | head`) end the step in progress,
+// write a checkpoint and exit, so an interrupted run loses nothing and
+// continues with --resume. Before training starts there is nothing to save
+// and the signal ends the process at once. The handlers are installed before
+// any slow work, so that no signal is ever missed.
+static volatile sig_atomic_t g_stop, g_training;
+static void on_signal(int sig) {
+    if (!g_training) _exit(128 + sig);
+    g_stop = sig;
+}
 
-// Ctrl-C or SIGTERM ends the step in progress, writes a checkpoint and exits,
-// so an interrupted run loses nothing and continues with --resume.
-static volatile sig_atomic_t g_stop;
-static void on_signal(int sig) { g_stop = sig; }
+static void install_signal_handlers(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    // With SIGPIPE handled, a write to the closed pipe fails with EPIPE, which
+    // the logging ignores: the run goes on to its checkpoint.
+    const int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGPIPE};
+    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) sigaction(sigs[i], &sa, NULL);
+}
 
-// Lists the run directory's checkpoints and removes all but the newest keep.
-static void prune_checkpoints(const char *dir, int keep) {
+// Removes all but the newest `keep` checkpoints up to `step`. Newer ones are
+// left alone: they are unreadable files that a resumed run replaces when it
+// reaches their step.
+static void prune_checkpoints(const char *dir, int keep, int64_t step) {
     int64_t *steps;
     int n = cli_list_checkpoints(dir, &steps);
+    while (n > 0 && steps[n - 1] > step) n--;
     for (int i = 0; i + keep < n; i++) {
         char path[4096];
-        snprintf(path, sizeof path, "%s/" CKPT_PREFIX "%07lld.safetensors", dir, (long long)steps[i]);
+        cli_checkpoint_path(dir, steps[i], path, sizeof path);
         if (remove(path) != 0) dc_warn("could not remove old checkpoint %s", path);
     }
     free(steps);
@@ -38,17 +60,73 @@ static void prune_checkpoints(const char *dir, int keep) {
 
 static int save(const dc_trainer *tr, const char *dir, int keep, int every, const char *data_path) {
     char path[4096];
-    snprintf(path, sizeof path, "%s/" CKPT_PREFIX "%07lld.safetensors", dir, (long long)tr->step);
+    cli_checkpoint_path(dir, tr->step, path, sizeof path);
     dc_kv extra = {0};
     int rc = dc_kv_set(&extra, "dataset", "%s", data_path) || dc_kv_set(&extra, "keep", "%d", keep) ||
              dc_kv_set(&extra, "ckpt_every", "%d", every) || dc_trainer_save(tr, path, &extra);
     dc_kv_free(&extra);
     if (rc) return -1;
-    prune_checkpoints(dir, keep);
+    prune_checkpoints(dir, keep, tr->step);
     return 0;
 }
 
+// The run folder's checkpoints newer than `step`, named in a list for a message.
+static int newer_checkpoints(const char *dir, int64_t step, char *list, size_t n) {
+    int64_t *steps;
+    int k = cli_list_checkpoints(dir, &steps), count = 0;
+    list[0] = 0;
+    for (int i = 0; i < k; i++) {
+        if (steps[i] <= step) continue;
+        size_t len = strlen(list);
+        if (count < 8) snprintf(list + len, n - len, "%sstep_%07lld.safetensors", count ? ", " : "", (long long)steps[i]);
+        else if (count == 8) snprintf(list + len, n - len, ", ...");
+        count++;
+    }
+    free(steps);
+    return count;
+}
+
+static void remove_newer_checkpoints(const char *dir, int64_t step) {
+    int64_t *steps;
+    int k = cli_list_checkpoints(dir, &steps);
+    for (int i = 0; i < k; i++) {
+        if (steps[i] <= step) continue;
+        char path[4096];
+        cli_checkpoint_path(dir, steps[i], path, sizeof path);
+        if (remove(path) == 0) dc_warn("--force: removed %s, newer than the resumed checkpoint", path);
+        else dc_warn("--force: could not remove %s: %s", path, strerror(errno));
+    }
+    free(steps);
+}
+
+// The folder a checkpoint file lies in.
+static void parent_dir(const char *file, char *out, size_t n) {
+    snprintf(out, n, "%s", file);
+    char *slash = strrchr(out, '/');
+    if (!slash) snprintf(out, n, ".");
+    else if (slash == out) out[1] = 0;
+    else *slash = 0;
+}
+
+// Creates the run folder if needed and takes its lock; then any checkpoint
+// temporary in it is a leftover, and a checkpoint can be written there.
+static int open_run_folder(const char *out, int *lock_fd, bool *created) {
+    struct stat st;
+    *created = false;
+    if (strlen(out) > 3900) return dc_fail("--out %s: the path is too long", out);
+    bool exists = stat(out, &st) == 0;
+    if (exists && !S_ISDIR(st.st_mode)) return dc_fail("--out %s exists and is not a folder", out);
+    if (!exists && dc_mkdir_p(out)) return -1;
+    *created = !exists;
+    DC_TRY(cli_lock_run(out, lock_fd));
+    cli_remove_stale_temps(out);
+    char probe[4096];
+    cli_checkpoint_path(out, 0, probe, sizeof probe);
+    return cli_probe_write(probe);
+}
+
 int cmd_train(int argc, char **argv) {
+    install_signal_handlers();
     dc_dit_config mc = cli_demo_model();
     // An official model trains with the official recipe; the demo DiT with its own.
     bool official = false;
@@ -57,20 +135,31 @@ int cmd_train(int argc, char **argv) {
     const char *model = NULL, *data_path = DC_FMNIST_DIR, *out = "runs/train", *resume = NULL;
     const char *device = "auto", *precision = "auto";
     int ckpt_every = 500, keep = 3, log_every = 50, threads = 0, heads = 0;
-    bool flip = false;
+    bool flip = false, force = false, allow_data_change = false, no_verify = false;
+    // Shape flags default to the --model's values or the demo DiT's: say both.
+    const dc_dit_config demo = cli_demo_model();
+    char h_patch[96], h_hidden[96], h_depth[96], h_heads[128];
+    snprintf(h_patch, sizeof h_patch, "patch size (default: the --model's, else %d)", demo.patch);
+    snprintf(h_hidden, sizeof h_hidden, "width (default: the --model's, else %d)", demo.hidden);
+    snprintf(h_depth, sizeof h_depth, "number of DiT blocks (default: the --model's, else %d)", demo.depth);
+    snprintf(h_heads, sizeof h_heads, "attention heads (default: the --model's, or the official "
+             "table's for --hidden, else %d)", demo.heads);
     arg_spec specs[] = {
         {"model", ARG_STR, &model, "NAME", "official config DiT-{S,B,L,XL}/{2,4,8} (default: the small demo DiT)"},
-        {"input-size", ARG_INT, &mc.input_size, "N", "image side (pixels or latent cells)"},
-        {"in-channels", ARG_INT, &mc.in_channels, "N", "image channels"},
-        {"patch", ARG_INT, &mc.patch, "N", "patch size"},
-        {"hidden", ARG_INT, &mc.hidden, "N", "width"},
-        {"depth", ARG_INT, &mc.depth, "N", "number of DiT blocks"},
-        {"heads", ARG_INT, &heads, "N", "attention heads (default: official table or demo)"},
-        {"mlp-hidden", ARG_INT, &mc.mlp_hidden, "N", "MLP width (default 4 x hidden)"},
-        {"num-classes", ARG_INT, &mc.num_classes, "N", "number of classes"},
+        {"input-size", ARG_INT, &mc.input_size, "N", "image side; larger than the data's pads it (default: the data's)"},
+        {"in-channels", ARG_INT, &mc.in_channels, "N", "image channels (default: the data's)"},
+        {"patch", ARG_INT, &mc.patch, "N", h_patch},
+        {"hidden", ARG_INT, &mc.hidden, "N", h_hidden},
+        {"depth", ARG_INT, &mc.depth, "N", h_depth},
+        {"heads", ARG_INT, &heads, "N", h_heads},
+        {"mlp-hidden", ARG_INT, &mc.mlp_hidden, "N", "MLP width (default: 4 x hidden)"},
+        {"num-classes", ARG_INT, &mc.num_classes, "N", "number of classes (default: the data's)"},
         {"data", ARG_STR, &data_path, "PATH", "Fashion-MNIST IDX folder or a .safetensors data set"},
         {"out", ARG_STR, &out, "DIR", "run folder for checkpoints"},
         {"resume", ARG_STR, &resume, "PATH", "continue from a checkpoint file or run folder"},
+        {"force", ARG_FLAG, &force, NULL, "resume from a checkpoint older than the run's newest (the newer ones are deleted)"},
+        {"allow-data-change", ARG_FLAG, &allow_data_change, NULL, "resume on a data set that differs from the checkpoint's"},
+        {"no-verify", ARG_FLAG, &no_verify, NULL, CLI_NO_VERIFY_HELP},
         {"steps", ARG_INT, &tc.steps, "N", "total optimizer steps of the run"},
         {"batch", ARG_INT, &tc.batch, "N", "global batch (images per step)"},
         {"micro-batch", ARG_INT, &tc.micro_batch, "N", "images per forward/backward (default: --batch)"},
@@ -97,47 +186,126 @@ int cmd_train(int argc, char **argv) {
                      "variational bound for the learned variance, 1000 linear steps, label dropout\n"
                      "for guidance), AdamW and EMA. Without flags it trains the small demo DiT on\n"
                      "Fashion-MNIST. Checkpoints are written atomically into --out and hold all\n"
-                     "state: --resume continues bit-exactly.",
-                     specs, (int)(sizeof specs / sizeof specs[0]), 0, {0}, 0};
+                     "state: --resume continues bit-exactly. One training run at a time may write\n"
+                     "into a folder (it holds the folder's .lock file). Ctrl-C, SIGTERM, SIGHUP and\n"
+                     "SIGPIPE write a checkpoint and exit with 128 + the signal's number.",
+                     specs, (int)(sizeof specs / sizeof specs[0]), 0, {0}, 0, {0}};
     int rc = args_parse(&ap, argc, argv);
-    if (rc) return rc > 0 ? 0 : cli_fail();
-    if (ckpt_every < 1 || keep < 1 || log_every < 1) return dc_fail("--ckpt-every, --keep and --log-every must be positive"), cli_fail();
+    if (rc) return rc > 0 ? 0 : cli_usage_fail();
+
+    // ---- the command line alone: usage errors (exit 2) before anything happens
+    if (ckpt_every < 1 || keep < 1 || log_every < 1)
+        return dc_fail("--ckpt-every, --keep and --log-every must be positive"), cli_usage_fail();
+    if (cli_check_device_flags(threads, device, precision)) return cli_usage_fail();
     if (flip) tc.hflip = true;
     if (!args_given(&ap, "micro-batch")) tc.micro_batch = tc.batch;
     if (resume) {
         // The checkpoint fixes the model and the recipe; these may change.
         static const char *k_free[] = {"resume", "steps", "out", "data", "ckpt-every", "keep",
-                                       "log-every", "threads", "device", "precision"};
+                                       "log-every", "threads", "device", "precision", "force",
+                                       "allow-data-change", "no-verify"};
         for (int i = 0; i < ap.nspecs; i++) {
             bool free_flag = false;
             for (size_t k = 0; k < sizeof k_free / sizeof k_free[0]; k++)
                 free_flag |= strcmp(specs[i].name, k_free[k]) == 0;
             if (!free_flag && args_given(&ap, specs[i].name))
-                return dc_fail("--%s is fixed by the checkpoint being resumed", specs[i].name), cli_fail();
+                return dc_fail("--%s is fixed by the checkpoint being resumed", specs[i].name), cli_usage_fail();
         }
+        if (args_given(&ap, "steps") && tc.steps < 1)
+            return dc_fail("--steps must be at least 1 (got %d)", tc.steps), cli_usage_fail();
     } else {
+        if (force || allow_data_change)
+            return dc_fail("--%s only applies with --resume", force ? "force" : "allow-data-change"), cli_usage_fail();
         const char *shape_flags[] = {"input-size", "in-channels", "patch", "hidden", "depth", "heads",
                                      "mlp-hidden", "num-classes"};
         const int shape_values[] = {mc.input_size, mc.in_channels, mc.patch, mc.hidden, mc.depth,
                                     heads, mc.mlp_hidden, mc.num_classes};
         for (int i = 0; i < 8; i++)
             if (args_given(&ap, shape_flags[i]) && shape_values[i] < 1)
-                return dc_fail("--%s must be positive", shape_flags[i]), cli_fail();
+                return dc_fail("--%s must be positive", shape_flags[i]), cli_usage_fail();
+        if (dc_train_config_validate(&tc)) return cli_usage_fail();
+        // Start from the demo DiT or an official config; flags given explicitly
+        // win; the data set gives what remains (image size, channels, classes).
+        dc_dit_config flags = mc;
+        if (model && dc_dit_config_from_name(model, &mc)) return cli_usage_fail();
+        if (args_given(&ap, "patch")) mc.patch = flags.patch;
+        if (args_given(&ap, "depth")) mc.depth = flags.depth;
+        if (args_given(&ap, "hidden")) {
+            mc.hidden = flags.hidden, mc.mlp_hidden = 4 * flags.hidden;
+            mc.heads = dc_dit_heads_for_width(mc.hidden);
+        }
+        if (args_given(&ap, "mlp-hidden")) mc.mlp_hidden = flags.mlp_hidden;
+        if (heads) mc.heads = heads;
+        mc.input_size = args_given(&ap, "input-size") ? flags.input_size : 0;
+        mc.in_channels = args_given(&ap, "in-channels") ? flags.in_channels : 0;
+        mc.num_classes = args_given(&ap, "num-classes") ? flags.num_classes : 0;
+        // What the flags fix is checked now, before the data set (which may be
+        // large, and is padded to --input-size) is read; stand-ins that pass
+        // fill what the data will give.
+        dc_dit_config now = mc;
+        if (!now.input_size) now.input_size = now.patch;
+        if (!now.in_channels) now.in_channels = 1;
+        if (!now.num_classes) now.num_classes = 1;
+        if (!now.heads) now.heads = 1;
+        if (dc_dit_config_validate(&now)) return cli_usage_fail();
+        if (!mc.heads)
+            return dc_fail("--hidden %d is not in the official table; pass --heads", mc.hidden), cli_usage_fail();
     }
+    unsigned st_flags = no_verify ? DC_ST_NO_VERIFY : 0;
 
     dc_backend *be = NULL;
     dc_dataset ds = {0};
     dc_dit m = {0};
     dc_trainer tr = {0};
     dc_st_file ck = {0};
-    bool have_ck = false;
-    int status = 1;
+    bool have_ck = false, created_out = false, wrote = false;
+    int status = 1, lock_fd = -1;
+    int64_t ck_step = -1;
+
+    // ---- the run folder: created, locked and known writable before any slow work
+    static char src_dir[4096];  // the folder of the checkpoint being resumed
+    if (resume) {
+        struct stat st;
+        if (stat(resume, &st) != 0) { dc_fail("%s: no such file or folder", resume); goto fail; }
+        if (S_ISDIR(st.st_mode)) snprintf(src_dir, sizeof src_dir, "%s", resume);
+        else parent_dir(resume, src_dir, sizeof src_dir);
+        if (!args_given(&ap, "out")) out = src_dir;
+    }
+    if (open_run_folder(out, &lock_fd, &created_out)) goto fail;
+    if (!resume && cli_list_checkpoints(out, NULL) > 0) {
+        dc_fail("%s already holds checkpoints of a run: continue it with --resume %s, or "
+                "choose another --out", out, out);
+        goto fail;
+    }
+    bool same_folder = resume && cli_same_file(out, src_dir);
+    if (resume && !same_folder && cli_list_checkpoints(out, NULL) > 0) {
+        dc_fail("%s already holds checkpoints of another run; resume into an empty folder", out);
+        goto fail;
+    }
+
     if (cli_set_threads(threads) || cli_backend(device, precision, &be)) goto fail;
 
-    char ck_path[4096];
     if (resume) {
-        if (cli_resolve_checkpoint(resume, ck_path, sizeof ck_path) || dc_st_open(&ck, ck_path)) goto fail;
+        if (cli_open_checkpoint(resume, st_flags, &ck)) goto fail;
         have_ck = true;
+        const char *v = dc_st_meta(&ck, "step");
+        ck_step = v ? strtoll(v, NULL, 10) : -1;
+        char newer[1024];
+        int n_newer = same_folder && ck_step >= 0 ? newer_checkpoints(out, ck_step, newer, sizeof newer) : 0;
+        if (n_newer > 0 && cli_same_file(resume, src_dir)) {
+            // The run folder was given: the newer files are the unreadable ones
+            // that opening it skipped (and reported).
+            dc_warn("training continues from step %lld and replaces %s as it reaches %s",
+                    (long long)ck_step, newer, n_newer > 1 ? "their steps" : "its step");
+            force = false;  // nothing older than the newest readable was asked for
+        } else if (n_newer > 0 && !force) {
+            dc_fail("%s holds checkpoints newer than %s: %s; resuming from it would overwrite "
+                    "them (resume from %s to continue from the newest, or pass --force to discard "
+                    "the newer ones)", out, ck.path, newer, out);
+            goto fail;
+        } else if (n_newer == 0) {
+            force = false;  // nothing for --force to remove
+        }
         int total = tc.steps;
         if (dc_dit_config_from_file(&ck, "", 0, &mc) ||
             dc_train_config_from_kv(&tc, (const char *const *)ck.meta_keys,
@@ -150,39 +318,16 @@ int cmd_train(int argc, char **argv) {
             snprintf(data_buf, sizeof data_buf, "%s", ds_meta);
             data_path = data_buf;
         }
-        static char dir[4096];
-        snprintf(dir, sizeof dir, "%s", ck_path);
-        char *slash = strrchr(dir, '/');
-        if (slash) *slash = 0; else snprintf(dir, sizeof dir, ".");
-        if (!args_given(&ap, "out")) out = dir;
-        else if (!cli_same_file(out, dir) && cli_list_checkpoints(out, NULL) > 0) {
-            dc_fail("%s already holds checkpoints of another run; resume into an empty folder", out);
-            goto fail;
-        }
-        const char *v;
         if (!args_given(&ap, "keep") && (v = dc_st_meta(&ck, "keep"))) keep = atoi(v) > 0 ? atoi(v) : keep;
         if (!args_given(&ap, "ckpt-every") && (v = dc_st_meta(&ck, "ckpt_every")))
             ckpt_every = atoi(v) > 0 ? atoi(v) : ckpt_every;
         if (dc_dataset_load(&ds, data_path, mc.input_size)) goto fail;
     } else {
-        // Start from the demo DiT or an official config; the data set gives
-        // the image shape and classes; flags given explicitly win over both.
-        dc_dit_config flags = mc;
-        if (model && dc_dit_config_from_name(model, &mc)) goto fail;
-        if (dc_dataset_load(&ds, data_path, args_given(&ap, "input-size") ? flags.input_size : 0)) goto fail;
+        if (dc_dataset_load(&ds, data_path, mc.input_size)) goto fail;
         if (ds.height != ds.width) { dc_fail("%s: images are %dx%d; DiT needs square images", data_path, ds.height, ds.width); goto fail; }
-        mc.in_channels = ds.channels, mc.input_size = ds.height, mc.num_classes = ds.num_classes;
-        if (args_given(&ap, "in-channels")) mc.in_channels = flags.in_channels;
-        if (args_given(&ap, "num-classes")) mc.num_classes = flags.num_classes;
-        if (args_given(&ap, "patch")) mc.patch = flags.patch;
-        if (args_given(&ap, "depth")) mc.depth = flags.depth;
-        if (args_given(&ap, "hidden")) {
-            mc.hidden = flags.hidden, mc.mlp_hidden = 4 * flags.hidden;
-            mc.heads = dc_dit_heads_for_width(mc.hidden);
-        }
-        if (args_given(&ap, "mlp-hidden")) mc.mlp_hidden = flags.mlp_hidden;
-        if (heads) mc.heads = heads;
-        if (!mc.heads) { dc_fail("--hidden %d is not in the official table; pass --heads", mc.hidden); goto fail; }
+        if (!mc.input_size) mc.input_size = ds.height;
+        if (!mc.in_channels) mc.in_channels = ds.channels;
+        if (!mc.num_classes) mc.num_classes = ds.num_classes;
     }
     if (dc_train_config_validate(&tc) || dc_dit_config_validate(&mc)) goto fail;
     static char data_abs[4096];
@@ -191,28 +336,22 @@ int cmd_train(int argc, char **argv) {
         dc_fail("data path '%s' is not valid UTF-8 (checkpoints record it); rename it", data_path);
         goto fail;
     }
-    if (!resume) {
-        if (cli_list_checkpoints(out, NULL) > 0) {
-            dc_fail("%s already holds checkpoints of a run: continue it with --resume %s, or "
-                    "choose another --out", out, out);
-            goto fail;
-        }
-    }
     if (dc_dit_create(&m, &mc, be, true)) goto fail;
     if (have_ck ? dc_dit_load_weights(&m, &ck, "") : dc_dit_init_weights(&m, tc.seed)) goto fail;
     if (dc_trainer_init(&tr, &m, &ds, &tc)) goto fail;
     if (have_ck) {
+        tr.allow_data_change = allow_data_change;
         if (dc_trainer_restore(&tr, &ck)) goto fail;
-        dc_log("resumed %s at step %lld", ck_path, (long long)tr.step);
+        dc_log("resumed %s at step %lld", ck.path, (long long)tr.step);
         dc_st_close(&ck);
         have_ck = false;
     }
-    if (dc_mkdir_p(out)) goto fail;
     if (tr.step >= tc.steps) {
         dc_log("the run is already at step %lld of %d; nothing to do (raise --steps)", (long long)tr.step, tc.steps);
         status = 0;
         goto fail;
     }
+    if (force) remove_newer_checkpoints(out, tr.step);
     dc_log("training DiT depth %d hidden %d heads %d patch %d on %s (%d images, %d classes), %.2fM params",
            mc.depth, mc.hidden, mc.heads, mc.patch, data_path, ds.n, ds.num_classes,
            m.params.numel / 1e6);
@@ -221,13 +360,15 @@ int cmd_train(int argc, char **argv) {
 
     double t0 = dc_time_now(), smooth = 0, shown = 0;
     int64_t first = tr.step, seen = first;
-    signal(SIGINT, on_signal);
-    signal(SIGTERM, on_signal);
+    g_training = 1;
     while (tr.step < tc.steps) {
         // Steps only queue work; the statistics (which wait for the device)
         // are read for a log line, a checkpoint or the end.
         if (dc_trainer_step(&tr, NULL)) goto fail;
-        bool last = tr.step == tc.steps, save_now = tr.step % ckpt_every == 0 || last || g_stop;
+        // Read once: a signal that arrives later in this step (while logging,
+        // say) is acted on after the next one, never between saving and stopping.
+        int stop = g_stop;
+        bool last = tr.step == tc.steps, save_now = tr.step % ckpt_every == 0 || last || stop;
         bool tty_due = dc_log_is_tty() && dc_time_now() - shown >= 0.25;
         bool log_now = tty_due || tr.step % log_every == 0 || last || tr.step == first + 1;
         if (log_now || save_now) {
@@ -248,23 +389,26 @@ int cmd_train(int argc, char **argv) {
         }
         if (save_now) {
             if (save(&tr, out, keep, ckpt_every, data_path)) goto fail;
+            wrote = true;
         }
-        if (g_stop && !last) {
-            dc_log("interrupted: checkpoint of step %lld written to %s; continue with --resume %s",
-                   (long long)tr.step, out, out);
-            status = 130;
+        if (stop && !last) {
+            dc_log("interrupted (%s): checkpoint of step %lld written to %s; continue with --resume %s",
+                   strsignal(stop), (long long)tr.step, out, out);
+            status = 128 + stop;
             goto fail;
         }
     }
-    dc_log("done: %lld steps in %.1f s; checkpoint %s/" CKPT_PREFIX "%07lld.safetensors",
+    dc_log("done: %lld steps in %.1f s; checkpoint %s/step_%07lld.safetensors",
            (long long)(tr.step - first), dc_time_now() - t0, out, (long long)tr.step);
     status = 0;
 fail:
+    g_training = 0;
     if (status == 1) cli_fail();
     if (have_ck) dc_st_close(&ck);
     dc_trainer_free(&tr);
     dc_dit_free(&m);
     dc_dataset_free(&ds);
     if (be) dc_backend_destroy(be);
+    cli_unlock_run(out, lock_fd, status == 1 && created_out && !wrote);
     return status;
 }

@@ -1,4 +1,8 @@
-// The subcommands of the `diffusion` program. Each returns the exit status.
+// The subcommands of the `diffusion` program. Each returns the exit status:
+// 0 on success, 1 when the command failed (a file, the data, the device, a
+// value that does not fit the model), 2 for a malformed command line (an
+// unknown flag, a bad or missing value), 128 + N when training was stopped
+// by signal N after writing its checkpoint.
 #pragma once
 
 int cmd_train(int argc, char **argv);
@@ -8,5 +12,9 @@ int cmd_info(int argc, char **argv);
 int cmd_export(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 
-// Prints "error: <message>" to stderr and returns 1 (the CLI's exit status).
+#define CLI_EXIT_FAILURE 1
+#define CLI_EXIT_USAGE 2
+// Print "error: <message>" to stderr and return the exit status: 1 for a
+// failed command, 2 for a command line at fault.
 int cli_fail(void);
+int cli_usage_fail(void);

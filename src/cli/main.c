@@ -3,11 +3,17 @@
 #include <string.h>
 
 #include "cli/commands.h"
+#include "cli/version.h"
 #include "core/error.h"
 
 int cli_fail(void) {
     fprintf(stderr, "error: %s\n", dc_error());
-    return 1;
+    return CLI_EXIT_FAILURE;
+}
+
+int cli_usage_fail(void) {
+    fprintf(stderr, "error: %s\n", dc_error());
+    return CLI_EXIT_USAGE;
 }
 
 static const struct {
@@ -16,7 +22,7 @@ static const struct {
     const char *help;
 } k_commands[] = {
     {"train", cmd_train, "train a DiT (Fashion-MNIST by default), with checkpoints and --resume"},
-    {"sample", cmd_sample, "draw class-conditional samples into a PNG grid and/or PNG files"},
+    {"sample", cmd_sample, "draw class-conditional samples into a PNG grid, PNG files or a tensor file"},
     {"forward", cmd_forward, "evaluate the model on tensors from a safetensors file"},
     {"info", cmd_info, "print a checkpoint's config, size, step and training settings"},
     {"export", cmd_export, "write EMA (or raw) weights under the official DiT key names"},
@@ -24,19 +30,39 @@ static const struct {
 };
 
 static void usage(FILE *out) {
-    fprintf(out, "usage: diffusion <command> [flags]   (diffusion <command> --help for flags)\n\n"
+    fprintf(out, "usage: diffusion <command> [flags]   (diffusion <command> --help for flags)\n"
+                 "       diffusion --version\n\n"
                  "commands:\n");
     for (size_t i = 0; i < sizeof k_commands / sizeof k_commands[0]; i++)
         fprintf(out, "  %-8s %s\n", k_commands[i].name, k_commands[i].help);
+    fprintf(out, "\nexit status: 0 done, 1 the command failed, 2 a malformed command line,\n"
+                 "128+N training stopped by signal N (after writing a checkpoint)\n");
+}
+
+static void version(void) {
+#if defined(__clang__)
+    const char *cc = "clang " __clang_version__;
+#elif defined(__GNUC__)
+    const char *cc = "gcc " __VERSION__;
+#else
+    const char *cc = "an unknown C compiler";
+#endif
+#ifdef DC_HAVE_CUDA
+    const char *cuda = "yes";
+#else
+    const char *cuda = "no (rebuild with nvcc present for GPUs)";
+#endif
+    printf("diffusion " DC_VERSION "\nbuilt with %s; CUDA backend: %s\n", cc, cuda);
 }
 
 int main(int argc, char **argv) {
-    if (argc < 2) return usage(stderr), 2;
+    if (argc < 2) return usage(stderr), CLI_EXIT_USAGE;
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help"))
         return usage(stdout), 0;
+    if (!strcmp(argv[1], "--version")) return version(), 0;
     for (size_t i = 0; i < sizeof k_commands / sizeof k_commands[0]; i++)
         if (strcmp(argv[1], k_commands[i].name) == 0) return k_commands[i].run(argc - 1, argv + 1);
     fprintf(stderr, "error: unknown command '%s'\n\n", argv[1]);
     usage(stderr);
-    return 2;
+    return CLI_EXIT_USAGE;
 }

@@ -1,0 +1,33 @@
+// Training run folders: checkpoints named step_NNNNNNN.safetensors, the lock
+// that one training process holds while it writes into a folder, and the
+// temporary files of checkpoint writes that a killed process never finished.
+#pragma once
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "io/safetensors.h"
+
+// Steps of the folder's step_NNNNNNN.safetensors files, ascending, into a new
+// array *steps (free it; pass NULL to only count); returns the count.
+int cli_list_checkpoints(const char *dir, int64_t **steps);
+// "<dir>/step_NNNNNNN.safetensors" into out[n].
+void cli_checkpoint_path(const char *dir, int64_t step, char *out, int n);
+
+// Takes the run folder's lock: DIR/.lock, locked with flock and holding the
+// owner's PID, so that a second training process writing into DIR fails with
+// a message naming the first. The kernel drops the lock when the process ends,
+// however it ends (kill -9 included); *fd is the open lock file.
+int cli_lock_run(const char *dir, int *fd);
+// Drops the lock; remove_dir also removes the lock file and the folder, for a
+// run that created the folder and failed before writing anything into it.
+void cli_unlock_run(const char *dir, int fd, bool remove_dir);
+// Removes step_*.safetensors.tmp.PID files, with a warning for each. Only
+// call it with the lock held: then no write is in progress, and any such file
+// was left by a process killed while it wrote a checkpoint.
+void cli_remove_stale_temps(const char *dir);
+
+// Opens a checkpoint file, or the newest readable checkpoint of a run folder:
+// when the newest is unreadable (truncated, corrupt), it says so and falls
+// back to the next older one. A file named explicitly that is bad is an
+// error. flags as for dc_st_open_opts (DC_ST_NO_VERIFY).
+int cli_open_checkpoint(const char *path, unsigned flags, dc_st_file *f);
