@@ -16,16 +16,7 @@
 #include "train/trainer.h"
 
 #include "check.h"
-
-static char g_dir[64];
-
-static const char *tmp_path(const char *name) {
-    static char buf[4][256];
-    static int k;
-    char *p = buf[k++ & 3];
-    snprintf(p, 256, "%s/%s", g_dir, name);
-    return p;
-}
+#include "tmpdir.h"
 
 static const dc_dit_config k_model = {.input_size = 8, .patch = 4, .in_channels = 1, .hidden = 16, .depth = 1,
                                       .heads = 2, .mlp_hidden = 32, .num_classes = 2, .learn_sigma = true};
@@ -194,13 +185,10 @@ static void test_recipes(void) {
 }
 
 int main(void) {
-    snprintf(g_dir, sizeof g_dir, "/tmp/dc_test_ckpt_XXXXXX");
-    if (!mkdtemp(g_dir)) return perror("mkdtemp"), 1;
+    if (tmpdir_make("ckpt")) return 1;
     test_checkpoints();
     test_recipes();
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-    if (system(cmd) != 0) printf("warning: could not remove %s\n", g_dir);
+    tmpdir_remove();
     printf("test_checkpoint: %d passed, %d failed\n", g_pass, g_fail);
     return g_fail ? 1 : 0;
 }

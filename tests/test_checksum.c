@@ -17,16 +17,7 @@
 #include "io/safetensors.h"
 
 #include "check.h"
-
-static char g_dir[64];
-
-static const char *tmp_path(const char *name) {
-    static char buf[4][256];
-    static int k;
-    char *p = buf[k++ & 3];
-    snprintf(p, 256, "%s/%s", g_dir, name);
-    return p;
-}
+#include "tmpdir.h"
 
 // ---- xxHash64 ----------------------------------------------------------------
 
@@ -285,15 +276,12 @@ static void test_files(void) {
 }
 
 int main(void) {
-    snprintf(g_dir, sizeof g_dir, "/tmp/dc_test_sum_XXXXXX");
-    if (!mkdtemp(g_dir)) return perror("mkdtemp"), 1;
+    if (tmpdir_make("sum")) return 1;
     test_xxh64();
     test_layout();
     test_without_checksums();
     test_files();
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-    if (system(cmd) != 0) printf("warning: could not remove %s\n", g_dir);
+    tmpdir_remove();
     printf("test_checksum: %d passed, %d failed\n", g_pass, g_fail);
     return g_fail ? 1 : 0;
 }

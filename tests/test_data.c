@@ -22,16 +22,7 @@
 #include "train/data.h"
 
 #include "check.h"
-
-static char g_dir[64];
-
-static const char *tmp_path(const char *name) {
-    static char buf[4][256];
-    static int k;
-    char *p = buf[k++ & 3];
-    snprintf(p, 256, "%s/%s", g_dir, name);
-    return p;
-}
+#include "tmpdir.h"
 
 static int to_byte(float v) { return (int)lrintf((v + 1.0f) * 127.5f); }
 
@@ -499,8 +490,7 @@ static void test_png(void) {
 }
 
 int main(void) {
-    snprintf(g_dir, sizeof g_dir, "/tmp/dc_test_data_XXXXXX");
-    if (!mkdtemp(g_dir)) return perror("mkdtemp"), 1;
+    if (tmpdir_make("data")) return 1;
     test_idx();
     test_lying_headers();
     test_not_files();
@@ -510,9 +500,7 @@ int main(void) {
     test_order_uniform();
     test_png();
     test_fmnist();
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-    if (system(cmd) != 0) printf("warning: could not remove %s\n", g_dir);
+    tmpdir_remove();
     printf("test_data: %d passed, %d failed\n", g_pass, g_fail);
     return g_fail ? 1 : 0;
 }
