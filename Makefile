@@ -1,5 +1,14 @@
 # diffusion.c — build: `make` (CPU engine, plus the CUDA backend when nvcc is
-# found; CUDA=0 leaves it out), `make test`, `make demo`.
+# found; CUDA=0 leaves it out), `make test`, `make demo`, `make fuzz`.
+# On a machine with nothing installed yet, `bash tools/demo.sh` and
+# `bash tools/test.sh` install the Debian packages first (tools/deps.sh).
+#
+# Before anything compiles, tools/build_config.sh checks the dependencies
+# (stopping with the packages to install when one is missing or is not the
+# one expected, such as another BLAS's cblas.h) and records the configuration
+# in $(BUILD)/config: compiler, flags, CUDA on or off, the headers and
+# libraries found. Every object depends on it, so changing any of these, or a
+# dependency appearing, rebuilds everything rather than linking stale objects.
 CC      ?= gcc
 # STATIC=1 links OpenBLAS, libpng and zlib statically and targets any
 # x86-64-v3 CPU, so the binaries run on a machine without those packages.
@@ -11,10 +20,20 @@ OPT     ?= -O3 -march=native
 LDLIBS  += -lopenblas -lpng -lz -lm -fopenmp
 endif
 CFLAGS  ?= $(OPT)
-CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -fopenmp -Isrc -MMD -MP
+# -MD (not -MMD) so that system headers such as cblas.h are tracked too. An
+# undeclared function or a C type error is an error, never a warning that
+# links into a binary which crashes.
+CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -fopenmp -Isrc -MD -MP \
+           -Werror=implicit-function-declaration -Werror=implicit-int \
+           -Werror=int-conversion -Werror=incompatible-pointer-types
+# OpenBLAS's own include directory when pkg-config knows it, so its cblas.h is
+# found before any other BLAS's.
+BLAS_CFLAGS := $(shell pkg-config --cflags openblas 2>/dev/null)
+CPPFLAGS += $(BLAS_CFLAGS)
 
 BUILD   ?= build
 BIN     ?= diffusion
+CONFIG  := $(BUILD)/config
 LIB_SRC := $(wildcard src/core/*.c src/backend/*.c src/backend/cpu/*.c src/nn/*.c \
                       src/models/*.c src/diffusion/*.c src/train/*.c src/io/*.c)
 CLI_SRC := $(wildcard src/cli/*.c)
@@ -25,27 +44,44 @@ LIB     := $(BUILD)/libdiffusion.a
 
 # CUDA backend: Hopper machine code (sm_90a) plus PTX that any GPU from
 # Ampere on compiles at load time.
-NVCC    ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+ifeq ($(origin NVCC),undefined)
+NVCC    := $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+endif
 CUDA    ?= $(if $(NVCC),1,0)
 ifeq ($(CUDA),1)
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 GENCODE ?= -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,code=compute_80
 NVFLAGS ?= -O3 -std=c++20 $(GENCODE) -Xcompiler -Wall,-Wextra
-NVFLAGS += -Isrc -MMD -MP -DDC_HAVE_CUDA
+NVFLAGS += -Isrc -MD -MP -DDC_HAVE_CUDA
 CU_SRC  := $(wildcard src/backend/cuda/*.cu)
 LIB_OBJ += $(CU_SRC:%.cu=$(BUILD)/%.o)
 CFLAGS  += -DDC_HAVE_CUDA
 LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcudart -lstdc++ -ldl -lpthread
 endif
 
-.PHONY: all test demo fuzz clean
+.PHONY: all test demo fuzz fuzz-build clean FORCE
 all: $(BIN) $(TESTS)
 
-$(BUILD)/%.o: %.c
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -c $< -o $@
+# Rewritten only when its content changes, so an unchanged configuration
+# rebuilds nothing.
+$(CONFIG): FORCE
+	@mkdir -p $(@D)
+	@bash tools/build_config.sh > $@.new || { rm -f $@.new; exit 1; }
+	@if cmp -s $@.new $@; then rm -f $@.new; else mv -f $@.new $@; fi
+$(CONFIG): export DC_CC = $(CC)
+$(CONFIG): export DC_CFLAGS = $(CFLAGS)
+$(CONFIG): export DC_CPPFLAGS = $(CPPFLAGS)
+$(CONFIG): export DC_LDFLAGS = $(LDFLAGS)
+$(CONFIG): export DC_LDLIBS = $(LDLIBS)
+$(CONFIG): export DC_CUDA = $(CUDA)
+$(CONFIG): export DC_NVCC = $(NVCC)
+$(CONFIG): export DC_NVFLAGS = $(NVFLAGS)
 
-$(BUILD)/%.o: %.cu
+$(BUILD)/%.o: %.c $(CONFIG)
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/%.o: %.cu $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 
@@ -54,28 +90,72 @@ $(LIB): $(LIB_OBJ)
 	ar rcs $@ $^
 
 $(BIN): $(CLI_OBJ) $(LIB)
-	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+	$(CC) $(CFLAGS) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
-$(BUILD)/tests/%: tests/%.c $(LIB)
+$(BUILD)/tests/%: tests/%.c $(LIB) $(CONFIG)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $< $(LIB) -o $@ $(LDLIBS)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) $< $(LIB) -o $@ $(LDLIBS)
 
 test: all
-	bash tests/run_all.sh
+	BUILD=$(BUILD) BIN=$(BIN) bash tests/run_all.sh
 
-demo: diffusion
+# The demo script installs what is missing before it builds anything.
+demo:
 	bash tools/demo.sh
 
-# libFuzzer on the safetensors reader (clang 14+, Debian libclang-rt-14-dev).
+# ---- fuzzing: libFuzzer with AddressSanitizer and UBSan (clang 14+; Debian:
+# clang-14 libclang-rt-14-dev libomp-14-dev, from `tools/deps.sh --tests`).
+# One harness per reader of user files, tests/fuzz/fuzz_<name>.c, linked
+# against the CPU library built with the sanitizers. `make fuzz` builds them,
+# writes small valid seed files into $(BUILD)/fuzz_corpus/<name>/ and runs each
+# for FUZZ_SECONDS; `make fuzz-build` only builds.
 FUZZ_SECONDS ?= 60
-FUZZ_SRC := src/io/safetensors.c src/io/json.c src/core/fsutil.c src/core/error.c src/core/dtype.c
-fuzz:
-	@mkdir -p $(BUILD)/fuzz_corpus
-	clang -std=c11 -D_GNU_SOURCE -g -O1 -Isrc -fsanitize=fuzzer,address,undefined \
-	  tests/fuzz/fuzz_safetensors.c $(FUZZ_SRC) -lm -o $(BUILD)/fuzz_safetensors
-	$(BUILD)/fuzz_safetensors -max_total_time=$(FUZZ_SECONDS) $(BUILD)/fuzz_corpus
+ifeq ($(origin FUZZ_CC),undefined)
+FUZZ_CC   := $(shell command -v clang-14 2>/dev/null || echo clang)
+endif
+FUZZ_DIR  := $(BUILD)/fuzz
+FUZZ_CFG  := $(FUZZ_DIR)/config
+FUZZ_FLAGS := -std=c11 -D_GNU_SOURCE -g -O1 -fopenmp -Isrc -Itests -MD -MP -Wall -Wextra \
+              -Werror=implicit-function-declaration -Werror=implicit-int \
+              -Werror=int-conversion -Werror=incompatible-pointer-types \
+              -fsanitize=address,undefined -fno-sanitize-recover=undefined -Wno-pass-failed \
+              $(BLAS_CFLAGS)
+FUZZ_LIBS := -lopenblas -lpng -lz -lm -fopenmp
+FUZZ_LIB_OBJ := $(LIB_SRC:%.c=$(FUZZ_DIR)/%.o)
+FUZZ_LIB  := $(FUZZ_DIR)/libdiffusion.a
+FUZZERS   := $(patsubst tests/fuzz/%.c,$(FUZZ_DIR)/%,$(wildcard tests/fuzz/fuzz_*.c))
+
+$(FUZZ_CFG): FORCE
+	@mkdir -p $(@D)
+	@bash tools/build_config.sh > $@.new || { rm -f $@.new; exit 1; }
+	@if cmp -s $@.new $@; then rm -f $@.new; else mv -f $@.new $@; fi
+$(FUZZ_CFG): export DC_CC = $(FUZZ_CC)
+$(FUZZ_CFG): export DC_CFLAGS = $(FUZZ_FLAGS)
+$(FUZZ_CFG): export DC_LDLIBS = $(FUZZ_LIBS)
+$(FUZZ_CFG): export DC_FUZZ = 1
+
+$(FUZZ_DIR)/%.o: %.c $(FUZZ_CFG)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
+
+$(FUZZ_LIB): $(FUZZ_LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(FUZZ_DIR)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_LIB) $(FUZZ_CFG)
+	$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer $< $(FUZZ_LIB) -o $@ $(FUZZ_LIBS)
+
+$(FUZZ_DIR)/make_seeds: tests/fuzz/make_seeds.c $(FUZZ_LIB) $(FUZZ_CFG)
+	$(FUZZ_CC) $(FUZZ_FLAGS) $< $(FUZZ_LIB) -o $@ $(FUZZ_LIBS)
+
+fuzz-build: $(FUZZERS) $(FUZZ_DIR)/make_seeds
+
+fuzz: fuzz-build
+	FUZZ_DIR=$(FUZZ_DIR) FUZZ_SECONDS=$(FUZZ_SECONDS) CORPUS=$(BUILD)/fuzz_corpus \
+	  bash tests/fuzz/run.sh
 
 clean:
 	rm -rf $(BUILD) diffusion
 
--include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
+-include $(wildcard $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TESTS:=.d) \
+                    $(FUZZ_LIB_OBJ:.o=.d) $(FUZZERS:=.d) $(FUZZ_DIR)/make_seeds.d)

@@ -1,10 +1,6 @@
-// libFuzzer harness for the safetensors reader (and the JSON parser under it).
-// Built and run by `make fuzz` (FUZZ_SECONDS=60); by hand, with clang 14+
-// (Debian: clang-14, libclang-rt-14-dev):
-//   clang -std=c11 -D_GNU_SOURCE -g -O1 -Isrc -fsanitize=fuzzer,address,undefined \
-//     tests/fuzz/fuzz_safetensors.c src/io/safetensors.c src/io/json.c \
-//     src/core/fsutil.c src/core/error.c src/core/dtype.c -lm -o build/fuzz_safetensors
-//   mkdir -p build/fuzz_corpus && build/fuzz_safetensors -max_total_time=20 build/fuzz_corpus
+// libFuzzer harness for the safetensors reader (and the JSON parser under it),
+// checksum verification included. Built by `make fuzz-build` and run by
+// `make fuzz` with the other harnesses (tests/fuzz/run.sh).
 // Any accepted file must keep every tensor inside its buffer; reading each
 // tensor lets ASan catch an out-of-bounds conversion. The input is also fed
 // to the JSON parser alone, which the safetensors reader only ever hands

@@ -1,0 +1,201 @@
+// Writes small valid inputs for each fuzz harness into <dir>/<harness>/,
+// from which libFuzzer starts: IDX files (plain and gzipped), data sets
+// (hand-made as other tools write them, and written by the engine with
+// checksums), the tensor shapes of a tiny DiT, its training checkpoints
+// (fresh and after two steps) and its plain state dict under official keys.
+//   make_seeds DIR
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/error.h"
+#include "io/safetensors.h"
+#include "models/dit_io.h"
+#include "train/trainer.h"
+
+static const char *g_root;
+
+static void die(const char *what) {
+    fprintf(stderr, "make_seeds: %s: %s\n", what, dc_error());
+    exit(1);
+}
+
+static void put(const char *harness, const char *name, const void *data, size_t n) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", g_root, harness);
+    mkdir(path, 0777);
+    snprintf(path, sizeof path, "%s/%s/%s", g_root, harness, name);
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(data, 1, n, f) != n || fclose(f) != 0) {
+        fprintf(stderr, "make_seeds: cannot write %s\n", path);
+        exit(1);
+    }
+}
+
+// Copies a file the engine wrote into the harnesses' folders.
+static void put_file(const char *src, const char *const *harnesses, int nh, const char *name) {
+    FILE *f = fopen(src, "rb");
+    if (!f) die(src);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    rewind(f);
+    char *buf = malloc((size_t)n);
+    if (!buf || fread(buf, 1, (size_t)n, f) != (size_t)n) die(src);
+    fclose(f);
+    for (int i = 0; i < nh; i++) put(harnesses[i], name, buf, (size_t)n);
+    free(buf);
+}
+
+static void be32(uint8_t *p, uint32_t v) {
+    p[0] = (uint8_t)(v >> 24), p[1] = (uint8_t)(v >> 16), p[2] = (uint8_t)(v >> 8), p[3] = (uint8_t)v;
+}
+
+// fuzz_idx inputs: a flags byte, then an IDX file (see fuzz_idx.c).
+static void idx_seeds(void) {
+    uint8_t img[1 + 16 + 3 * 4 * 4], lab[1 + 8 + 3];
+    be32(img + 1, 0x803), be32(img + 5, 3), be32(img + 9, 4), be32(img + 13, 4);
+    for (int i = 0; i < 48; i++) img[17 + i] = (uint8_t)(i * 5);
+    be32(lab + 1, 0x801), be32(lab + 5, 3);
+    lab[9] = 0, lab[10] = 9, lab[11] = 4;
+    const struct { uint8_t flags; int labels; const char *name; } s[] = {
+        {0x00, 0, "images"}, {0x02, 0, "images_gz"}, {0x0a, 0, "images_gz_both"},
+        {0x10, 0, "images_padded"}, {0x01, 1, "labels"}, {0x03, 1, "labels_gz"},
+    };
+    for (size_t i = 0; i < sizeof s / sizeof s[0]; i++) {
+        uint8_t *b = s[i].labels ? lab : img;
+        b[0] = s[i].flags;
+        put("fuzz_idx", s[i].name, b, s[i].labels ? sizeof lab : sizeof img);
+    }
+}
+
+// A safetensors file made by hand, as numpy or another tool writes one
+// (no checksums): header JSON padded with spaces to 8 bytes, then the data.
+static void hand_file(const char *harness, const char *name, const char *json, const void *data,
+                      size_t n) {
+    size_t h = strlen(json), hp = (h + 7) / 8 * 8;
+    uint8_t *b = calloc(8 + hp + n, 1);
+    if (!b) exit(1);
+    for (int i = 0; i < 8; i++) b[i] = (uint8_t)((uint64_t)hp >> (8 * i));
+    memcpy(b + 8, json, h);
+    memset(b + 8 + h, ' ', hp - h);
+    memcpy(b + 8 + hp, data, n);
+    put(harness, name, b, 8 + hp + n);
+    free(b);
+}
+
+static void dataset_seeds(const char *tmp) {
+    // U8 images [3, 1, 4, 4] and I64 labels [3]
+    uint8_t d1[48 + 24] = {0};
+    for (int i = 0; i < 48; i++) d1[i] = (uint8_t)(i * 5);
+    d1[48] = 0, d1[56] = 2, d1[64] = 1;
+    const char *h1 = "{\"images\":{\"dtype\":\"U8\",\"shape\":[3,1,4,4],\"data_offsets\":[0,48]},"
+                     "\"labels\":{\"dtype\":\"I64\",\"shape\":[3],\"data_offsets\":[48,72]}}";
+    // F32 images [2, 3, 2, 2] in [-1, 1], I32 labels [2], num_classes 5
+    float px[24];
+    for (int i = 0; i < 24; i++) px[i] = (float)i / 12.0f - 1.0f;
+    int32_t lb[2] = {4, 0};
+    uint8_t d2[96 + 8];
+    memcpy(d2, px, 96), memcpy(d2 + 96, lb, 8);
+    const char *h2 = "{\"__metadata__\":{\"num_classes\":\"5\"},"
+                     "\"images\":{\"dtype\":\"F32\",\"shape\":[2,3,2,2],\"data_offsets\":[0,96]},"
+                     "\"labels\":{\"dtype\":\"I32\",\"shape\":[2],\"data_offsets\":[96,104]}}";
+    const char *const hs[] = {"fuzz_dataset", "fuzz_safetensors"};
+    for (int i = 0; i < 2; i++) {
+        hand_file(hs[i], "u8_i64", h1, d1, sizeof d1);
+        hand_file(hs[i], "f32_i32_classes", h2, d2, sizeof d2);
+    }
+    // the same U8 set written by the engine (with checksums)
+    int64_t l64[3] = {0, 2, 1};
+    dc_st_entry e[2] = {
+        {.name = "images", .dtype = DC_U8, .ndim = 4, .shape = {3, 1, 4, 4}, .data = d1},
+        {.name = "labels", .dtype = DC_I64, .ndim = 1, .shape = {3}, .data = l64},
+    };
+    char path[4096];
+    snprintf(path, sizeof path, "%s/set.safetensors", tmp);
+    if (dc_st_write(path, e, 2, NULL, NULL, 0) != 0) die("data set");
+    put_file(path, hs, 2, "u8_i64_checksums");
+}
+
+// A tiny DiT: 8 x 8 x 1 images, patch 4 (4 tokens), width 8, one block, 2 heads.
+static void model_seeds(const char *tmp) {
+    dc_dit_config mc = {.input_size = 8, .patch = 4, .in_channels = 1, .hidden = 8, .depth = 1,
+                        .heads = 2, .mlp_hidden = 16, .num_classes = 2, .learn_sigma = true};
+    dc_train_config tc = dc_train_config_default();
+    tc.steps = 10, tc.batch = 2, tc.micro_batch = 1, tc.lr = 1e-3f, tc.warmup = 2, tc.grad_clip = 1;
+    dc_backend *be = dc_backend_cpu_create();
+    if (!be) die("CPU backend");
+    dc_dataset ds = {.n = 3, .channels = 1, .height = 8, .width = 8, .num_classes = 2};
+    float images[3 * 64];
+    int32_t labels[3] = {0, 1, 1};
+    for (int i = 0; i < 3 * 64; i++) images[i] = (float)(i % 9) / 4.0f - 1.0f;
+    ds.images = images, ds.labels = labels;
+    const char *const ck[] = {"fuzz_checkpoint", "fuzz_model", "fuzz_safetensors"};
+    const char *const plain[] = {"fuzz_model", "fuzz_safetensors"};
+    char path[4096];
+    for (int sigma = 1; sigma >= 0; sigma--) {
+        mc.learn_sigma = sigma;
+        dc_dit m;
+        dc_trainer tr;
+        if (dc_dit_create(&m, &mc, be, true) || dc_dit_init_weights(&m, 1) ||
+            dc_trainer_init(&tr, &m, &ds, &tc))
+            die("tiny model");
+        for (int step = 0; step <= 2; step += 2) {
+            snprintf(path, sizeof path, "%s/ck.safetensors", tmp);
+            if (dc_trainer_save(&tr, path, NULL)) die("checkpoint");
+            char name[64];
+            snprintf(name, sizeof name, "checkpoint_%s_step%d", sigma ? "sigma" : "eps", step);
+            put_file(path, ck, 3, name);
+            dc_step_stats st;
+            for (int k = 0; k < 2; k++)
+                if (dc_trainer_step(&tr, &st)) die("training step");
+        }
+        // the plain state dict `diffusion export` writes: official keys, no config
+        int n = m.params.count;
+        float *host = malloc((size_t)m.params.numel * sizeof *host);
+        dc_st_entry *e = calloc((size_t)n, sizeof *e);
+        char (*names)[128] = calloc((size_t)n, sizeof *names);
+        if (!host || !e || !names) die("out of memory");
+        dc_dit_weight_entries(&m, m.params.data, "", host, e, names);
+        snprintf(path, sizeof path, "%s/plain.safetensors", tmp);
+        if (dc_st_write(path, e, n, NULL, NULL, 0)) die("state dict");
+        put_file(path, plain, 2, sigma ? "state_dict_sigma" : "state_dict_eps");
+        free(host), free(e), free(names);
+        dc_trainer_free(&tr);
+        dc_dit_free(&m);
+    }
+    dc_backend_destroy(be);
+}
+
+// fuzz_dit_config inputs: flags, blocks, heads, then the dimensions of
+// x_embedder [8, 1, 4, 4], pos_embed [1, 4, 8], fc1 [16, 8], the label table
+// [3, 8], the final layer [32 or 16, 8] and each block's qkv [24, 8].
+static void shape_seeds(void) {
+    static const uint8_t sigma[] = {0, 1, 2, 8, 1, 4, 4, 1, 4, 8, 16, 8, 3, 8, 32, 8, 24, 8};
+    static const uint8_t eps_ema[] = {1, 2, 0, 8, 1, 4, 4, 1, 4, 8, 16, 8, 3, 8, 16, 8, 24, 8, 24, 8};
+    put("fuzz_dit_config", "tiny_sigma", sigma, sizeof sigma);
+    put("fuzz_dit_config", "tiny_eps_ema_2_blocks", eps_ema, sizeof eps_ema);
+}
+
+int main(int argc, char **argv) {
+    if (argc != 2) {
+        fprintf(stderr, "usage: make_seeds DIR\n");
+        return 2;
+    }
+    g_root = argv[1];
+    mkdir(g_root, 0777);
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s/.tmp", g_root);
+    mkdir(tmp, 0777);
+    idx_seeds();
+    shape_seeds();
+    dataset_seeds(tmp);
+    model_seeds(tmp);
+    char p[4200];
+    const char *files[] = {"set.safetensors", "ck.safetensors", "plain.safetensors"};
+    for (int i = 0; i < 3; i++) snprintf(p, sizeof p, "%s/%s", tmp, files[i]), remove(p);
+    rmdir(tmp);
+    return 0;
+}
