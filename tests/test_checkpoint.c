@@ -43,7 +43,7 @@ static int start(run *r, const dc_dataset *ds) {
     tc.batch = tc.micro_batch = 4, tc.steps = 10, tc.lr = 1e-3f;
     memset(r, 0, sizeof *r);
     if (dc_backend_create("cpu", &r->be) || dc_dit_create(&r->m, &k_model, r->be, true) ||
-        dc_dit_init_weights(&r->m, 3) || dc_trainer_init(&r->tr, &r->m, ds, &tc))
+        dc_dit_init_weights(&r->m, 3) || dc_trainer_init(&r->tr, &r->m.base, ds, &tc))
         return -1;
     return 0;
 }

@@ -617,11 +617,11 @@ typedef struct {
 
 // eps = 0.1 x + 0.05 * lab(y), v = 0.5 sin(x + t / 1000); lab(null) = 0, lab(y) = 1 + y % 3
 static ld fake_eps(ld x, int y, int null_class) { return 0.1L * x + 0.05L * (y == null_class ? 0 : 1 + y % 3); }
-static int fake_eval(void *ctx, dc_buf out, dc_buf x, dc_buf t, dc_buf y, int B) {
+static int fake_eval(void *ctx, dc_buf out, dc_buf x, dc_buf t, const dc_cond *cond, int B) {
     fake_model *m = ctx;
     float *o = out.p;
     const float *xp = x.p, *tp = t.p;
-    const int32_t *yp = y.p;
+    const int32_t *yp = cond->y.p;
     int OC = m->learn_sigma ? 2 * m->C : m->C, N = m->C * m->HW;
     for (int b = 0; b < B; b++) {
         if (tp[b] != tp[0]) m->bad_t++;
@@ -690,6 +690,9 @@ static void test_sampler(dc_backend *be) {
     };
     const int32_t y[B] = {1, 2, 7};
     const uint32_t idx[B] = {5, 6, 7};
+    // labels on the backend (this one's memory is the host's), and one-image views of them
+    const dc_cond cond = {.y = {(void *)y, DC_I32}}, cond1 = {.y = {(void *)(y + 1), DC_I32}},
+                  cond2 = {.y = {(void *)(y + 2), DC_I32}};
     for (size_t q = 0; q < sizeof runs / sizeof runs[0]; q++) {
         dc_sampler_opts o = dc_sampler_opts_default();
         o.steps = runs[q].steps, o.kind = runs[q].kind, o.eta = runs[q].eta;
@@ -700,7 +703,7 @@ static void test_sampler(dc_backend *be) {
         fake_model m = {.C = C, .HW = HW, .null_class = 10, .learn_sigma = runs[q].ls};
         float x[B * N], x1[N];
         g_prog_calls = g_prog_last = 0;
-        int rc = dc_sampler_run(&smp, dc_buf_f32(x), y, idx, B, fake_eval, &m, count_progress, NULL);
+        int rc = dc_sampler_run(&smp, dc_buf_f32(x), &cond, idx, B, fake_eval, &m, count_progress, NULL);
         static ld ref[B * N];
         ref_sample(&o, C, HW, y, idx, B, ref);
         double err = rc ? INFINITY : 0;
@@ -713,14 +716,14 @@ static void test_sampler(dc_backend *be) {
         // sample 6 alone (batch of one) equals its row in the batch of three
         fake_model m1 = m;
         m1.calls = m1.nt = 0;
-        rc |= dc_sampler_run(&smp, dc_buf_f32(x1), y + 1, idx + 1, 1, fake_eval, &m1, NULL, NULL);
+        rc |= dc_sampler_run(&smp, dc_buf_f32(x1), &cond1, idx + 1, 1, fake_eval, &m1, NULL, NULL);
         bool indep = memcmp(x1, x + N, sizeof x1) == 0;
         // x_given: starting from the same noise, supplied by the caller, changes nothing
         smp.opt.x_given = true;
         m1.calls = m1.nt = 0;
         for (int j = 0; j < N; j++)
             x1[j] = dc_randn_at(o.seed, idx[2], DC_SAMPLE_START_STEP, DC_STREAM_SAMPLE_START, (uint32_t)j);
-        rc |= dc_sampler_run(&smp, dc_buf_f32(x1), y + 2, idx + 2, 1, fake_eval, &m1, NULL, NULL);
+        rc |= dc_sampler_run(&smp, dc_buf_f32(x1), &cond2, idx + 2, 1, fake_eval, &m1, NULL, NULL);
         indep = indep && memcmp(x1, x + 2 * N, sizeof x1) == 0;
         // float state over 10-25 steps vs long double: x0 = sra x - srm1 eps (sra up to
         // 157 at t = 999) magnifies float rounding; ~4e-6 observed, 3e-5 allowed
@@ -741,6 +744,70 @@ static void test_sampler(dc_backend *be) {
     check("sampler rejects DDIM eta = 3", rej, "%s", dc_error());
 }
 
+// Text conditioning: the model sees the caller's embeddings, then (with
+// guidance) the unconditional one for every image. The fake reads lab from an
+// embedding whose every value is 5 + lab, so a text run whose embeddings hold
+// the labels' lab values, and a null embedding of 5 (lab 0; zeroed memory
+// would read as -5), must give the label run's samples bit for bit.
+enum { TL = 2, TD = 3 };
+static int fake_text_eval(void *ctx, dc_buf out, dc_buf x, dc_buf t, const dc_cond *cond, int B) {
+    fake_model *m = ctx;
+    float *o = out.p;
+    const float *xp = x.p, *tp = t.p, *e = cond->ctx.p;
+    int OC = m->learn_sigma ? 2 * m->C : m->C, N = m->C * m->HW;
+    if (!e || cond->len != TL || cond->dim != TD) return m->bad_t++, 0;
+    for (int b = 0; b < B; b++) {
+        float lab = e[b * TL * TD] - 5.0f;
+        for (int j = 1; j < TL * TD; j++)
+            if (e[b * TL * TD + j] != e[b * TL * TD]) m->bad_t++;  // rows must arrive whole
+        for (int i = 0; i < N; i++) {
+            float xv = xp[b * N + i];
+            o[b * OC * m->HW + i] = 0.1f * xv + 0.05f * lab;
+            if (m->learn_sigma) o[b * OC * m->HW + N + i] = 0.5f * sinf(xv + tp[b] / 1000.0f);
+        }
+    }
+    m->calls++;
+    return 0;
+}
+
+static void test_sampler_text(dc_backend *be) {
+    enum { B = 3, C = 4, H = 4, W = 4, HW = H * W, N = C * HW };
+    const int32_t y[B] = {1, 2, 7};
+    const uint32_t idx[B] = {5, 6, 7};
+    float emb[B * TL * TD], null_emb[TL * TD];
+    for (int j = 0; j < TL * TD; j++) null_emb[j] = 5.0f;
+    for (int b = 0; b < B; b++)
+        for (int j = 0; j < TL * TD; j++) emb[b * TL * TD + j] = 5.0f + (float)(1 + y[b] % 3);
+    dc_sampler_opts o = dc_sampler_opts_default();
+    o.steps = 10, o.cfg_scale = 4.0f, o.guided_channels = 3, o.seed = 31337, o.null_class = 10;
+    float xl[B * N], xt[B * N];
+    dc_sampler sl, st;
+    fake_model ml = {.C = C, .HW = HW, .null_class = 10, .learn_sigma = true}, mt = ml;
+    const dc_cond labels = {.y = {(void *)y, DC_I32}};
+    const dc_cond text = {.ctx = dc_buf_f32(emb), .len = TL, .dim = TD};
+    int rc = dc_sampler_init(&sl, be, &o, C, H, W, B);
+    rc |= dc_sampler_run(&sl, dc_buf_f32(xl), &labels, idx, B, fake_eval, &ml, NULL, NULL);
+    dc_sampler_opts ot = o;
+    ot.ctx_len = TL, ot.ctx_dim = TD, ot.null_ctx = dc_buf_f32(null_emb);
+    rc |= dc_sampler_init(&st, be, &ot, C, H, W, B);
+    rc |= dc_sampler_run(&st, dc_buf_f32(xt), &text, idx, B, fake_text_eval, &mt, NULL, NULL);
+    check("sampler, text conditioning with guidance == labels", rc == 0 && mt.bad_t == 0 &&
+                                                                    mt.calls == o.steps && !memcmp(xl, xt, sizeof xl),
+          "rc %d, bad rows %d, calls %d", rc, mt.bad_t, mt.calls);
+    // the wrong conditioning for the model is refused, naming what it takes
+    const dc_cond short_text = {.ctx = dc_buf_f32(emb), .len = 1, .dim = TD};
+    bool rej = dc_sampler_run(&st, dc_buf_f32(xt), &short_text, idx, B, fake_text_eval, &mt, NULL, NULL) != 0 &&
+               strstr(dc_error(), "text embeddings of 2 x 3");
+    check("sampler rejects embeddings of the wrong length", rej, "%s", dc_error());
+    rej = dc_sampler_run(&sl, dc_buf_f32(xl), &text, idx, B, fake_eval, &ml, NULL, NULL) != 0 &&
+          strstr(dc_error(), "takes class labels");
+    check("sampler rejects embeddings for a label model", rej, "%s", dc_error());
+    dc_sampler_free(&sl), dc_sampler_free(&st);
+    ot.null_ctx = dc_buf_none();
+    rej = dc_sampler_init(&st, be, &ot, C, H, W, B) != 0 && strstr(dc_error(), "unconditional embedding");
+    check("sampler: text guidance needs the unconditional embedding", rej, "%s", dc_error());
+}
+
 // The real CPU backend: its table holds these ops, a sampling run through its
 // memory functions equals the host one, and the loss op gives the same bits
 // on 1 thread and on all of them (static schedules, per-sample sums).
@@ -758,15 +825,16 @@ static void test_cpu_backend(dc_backend *host) {
     o.steps = 20, o.cfg_scale = 3.0f, o.seed = 11, o.null_class = 10;
     const int32_t y[B] = {3, 4};
     const uint32_t idx[B] = {0, 1};
+    const dc_cond cond = {.y = {(void *)y, DC_I32}};  // both backends keep buffers in host memory
     float xh[B * N], xc[B * N];
     dc_sampler a, b;
     fake_model m = {.C = C, .HW = S * S, .null_class = 10, .learn_sigma = true};
     fake_model m2 = m;
     int rc = dc_sampler_init(&a, host, &o, C, S, S, B);
-    rc |= dc_sampler_run(&a, dc_buf_f32(xh), y, idx, B, fake_eval, &m, NULL, NULL);
+    rc |= dc_sampler_run(&a, dc_buf_f32(xh), &cond, idx, B, fake_eval, &m, NULL, NULL);
     rc |= dc_sampler_init(&b, cpu, &o, C, S, S, B);
     dc_buf xd = {cpu->alloc(cpu, sizeof xc), DC_F32};
-    rc |= !xd.p || dc_sampler_run(&b, xd, y, idx, B, fake_eval, &m2, NULL, NULL);
+    rc |= !xd.p || dc_sampler_run(&b, xd, &cond, idx, B, fake_eval, &m2, NULL, NULL);
     if (xd.p) cpu->download(cpu, xc, xd.p, sizeof xc), cpu->free(cpu, xd.p);
     check("cpu backend: ops wired, same samples", wired && rc == 0 && !memcmp(xh, xc, sizeof xc),
           "wired %s, rc %d", wired ? "yes" : "no", rc);
@@ -810,6 +878,7 @@ int main(void) {
     test_loss(&be);
     test_steps(&be);
     test_sampler(&be);
+    test_sampler_text(&be);
     test_cpu_backend(&be);
     if (g_fail) {
         printf("test_diffusion: %d check(s) FAILED\n", g_fail);

@@ -11,6 +11,7 @@
 #include "backend/backend.h"
 #include "core/error.h"
 #include "models/dit_io.h"
+#include "models/model_io.h"
 
 #include "check.h"
 
@@ -146,6 +147,43 @@ static void test_weights(void) {
           dc_error());
     CHECK(dc_dit_create(&m2, &c, be, false) == 0 && dc_dit_load_weights(&m2, &f, "") == 0, "load: %s", dc_error());
     dc_st_close(&f), free(mem), dc_dit_free(&m2);
+
+    // the factory: the file's "model" entry picks the DiT, which comes back as a
+    // dc_model with the config's shapes and the file's weights, bit for bit
+    CHECK(dc_st_serialize(e, n, (const char *const *)kv.keys, (const char *const *)kv.values, kv.n, &mem, &len) == 0 &&
+              dc_st_parse(&f, mem, len, "w.safetensors") == 0, "serialize: %s", dc_error());
+    dc_model *mm = NULL;
+    CHECK(dc_model_load(&f, "", 0, be, false, &mm) == 0, "dc_model_load: %s", dc_error());
+    if (mm) {
+        const dc_model_info *mi = &mm->info;
+        CHECK(dc_dit_of(mm) && !strcmp(mm->ops->name, "DiT") && mi->channels == 4 && mi->height == 8 &&
+                  mi->width == 8 && mi->out_channels == 8 && mi->learn_sigma && mi->cond == DC_COND_LABELS &&
+                  mi->num_classes == 10 && mm->params->numel == m.params.numel,
+              "dc_model_load: the model's shapes");
+        float *got = malloc((size_t)mm->params->numel * sizeof *got);
+        be->download(be, got, mm->params->data.p, (size_t)mm->params->numel * sizeof *got);
+        CHECK(memcmp(got, host, (size_t)m.params.numel * sizeof *got) == 0, "dc_model_load: the file's weights");
+        free(got);
+        // a DiT reads class labels: a conditioning without them is an error, not a crash
+        CHECK(dc_model_reserve(mm, 1) == 0, "reserve: %s", dc_error());
+        dc_cond none = {0};
+        dc_buf dummy = dc_buf_none();
+        CHECK(dc_model_forward(mm, dummy, dummy, dummy, &none, 1) != 0 &&
+                  strstr(dc_error(), "conditioned on class labels"),
+              "forward without labels: %s", dc_error());
+    }
+    dc_model_free(mm);
+    dc_st_close(&f), free(mem);
+    // a file naming an architecture the engine does not build is refused by name
+    dc_kv_set(&kv, "model", "UNet");
+    CHECK(dc_st_serialize(e, n, (const char *const *)kv.keys, (const char *const *)kv.values, kv.n, &mem, &len) == 0 &&
+              dc_st_parse(&f, mem, len, "w.safetensors") == 0, "serialize: %s", dc_error());
+    mm = NULL;
+    CHECK(dc_model_load(&f, "", 0, be, false, &mm) != 0 && !mm &&
+              strstr(dc_error(), "w.safetensors: metadata names the model 'UNet'"),
+          "unknown model: %s", dc_error());
+    dc_st_close(&f), free(mem);
+    dc_kv_set(&kv, "model", "DiT");
 
     // metadata whose config disagrees with the tensors (a checksummed file
     // can only be written so; an unchecksummed one can be edited so)

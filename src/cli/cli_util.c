@@ -13,6 +13,7 @@
 #include "cli/run_folder.h"
 #include "core/error.h"
 #include "models/dit_io.h"
+#include "models/model_io.h"
 
 dc_dit_config cli_demo_model(void) {
     return (dc_dit_config){.input_size = 28, .patch = 4, .in_channels = 1, .hidden = 64,
@@ -117,20 +118,22 @@ int cli_check_output(const char *path, const char *input) {
     return cli_probe_write(path);
 }
 
+// Does the file hold EMA weights? Training checkpoints store every tensor a
+// second time under "ema."; any such tensor tells.
+static bool has_ema(const dc_st_file *f) {
+    for (int i = 0; i < f->count; i++)
+        if (strncmp(f->tensors[i].name, "ema.", 4) == 0) return true;
+    return false;
+}
+
 int cli_load_model(const char *path, bool raw, int heads, unsigned st_flags, dc_backend *be,
-                   dc_dit *m, const char **which) {
+                   dc_model **m, const char **which) {
     dc_st_file f;
-    dc_dit_config c;
     DC_TRY(cli_open_checkpoint(path, st_flags, &f));
-    bool has_ema = dc_st_find(&f, "ema.x_embedder.proj.weight") != NULL;
-    const char *prefix = has_ema && !raw ? "ema." : "";
-    if (dc_dit_config_from_file(&f, "", heads, &c) || dc_dit_create(m, &c, be, false)) {
-        dc_st_close(&f);
-        return -1;
-    }
-    int rc = dc_dit_load_weights(m, &f, prefix);
+    const char *prefix = has_ema(&f) && !raw ? "ema." : "";
+    int rc = dc_model_load(&f, prefix, heads, be, false, m);
     dc_st_close(&f);
-    if (rc) return dc_dit_free(m), -1;
+    if (rc) return -1;
     if (which) *which = *prefix ? "EMA" : "raw";
     return 0;
 }

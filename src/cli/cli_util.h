@@ -7,6 +7,7 @@
 #include "backend/backend.h"
 #include "io/safetensors.h"
 #include "models/dit.h"
+#include "models/model.h"
 #include "train/trainer.h"
 
 // The built-in default: a small DiT for 28x28 Fashion-MNIST and its recipe,
@@ -42,4 +43,4 @@ int cli_check_output(const char *path, const char *input);
 // folder (its newest readable checkpoint) or a plain official-key file.
 // st_flags as for dc_st_open_opts.
 int cli_load_model(const char *path, bool raw, int heads, unsigned st_flags, dc_backend *be,
-                   dc_dit *m, const char **which);
+                   dc_model **m, const char **which);

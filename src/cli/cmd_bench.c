@@ -13,15 +13,15 @@
 #include "core/rng.h"
 #include "diffusion/sampler.h"
 
-static int eval_model(void *ctx, dc_buf out, dc_buf x, dc_buf t, dc_buf y, int B) {
-    return dc_dit_forward(ctx, out, x, t, y, B);
+static int eval_model(void *ctx, dc_buf out, dc_buf x, dc_buf t, const dc_cond *cond, int B) {
+    return dc_model_forward(ctx, out, x, t, cond, B);
 }
 
 // Random images in [-1, 1] and labels: the throughput does not depend on content.
-static int synthetic_data(dc_dataset *ds, const dc_dit_config *c, int n) {
-    int64_t img = (int64_t)c->in_channels * c->input_size * c->input_size;
-    *ds = (dc_dataset){.n = n, .channels = c->in_channels, .height = c->input_size,
-                       .width = c->input_size, .num_classes = c->num_classes};
+static int synthetic_data(dc_dataset *ds, const dc_model_info *c, int n) {
+    int64_t img = (int64_t)c->channels * c->height * c->width;
+    *ds = (dc_dataset){.n = n, .channels = c->channels, .height = c->height,
+                       .width = c->width, .num_classes = c->num_classes};
     ds->images = malloc((size_t)n * img * sizeof(float));
     ds->labels = malloc((size_t)n * sizeof(int32_t));
     if (!ds->images || !ds->labels) return dc_fail("out of memory for synthetic data");
@@ -52,14 +52,14 @@ static double g_peak_tflops;  // measured GEMM ceiling (0: unknown)
 
 static int bench_train(const dc_dit_config *mc, dc_backend *be, int batch, int iters, int warm) {
     dc_dataset ds = {0};
-    dc_dit m = {0};
+    dc_model *m = NULL;
     dc_trainer tr = {0};
     dc_train_config tc = dc_train_config_default();
     tc.batch = tc.micro_batch = batch;
     tc.steps = iters + warm;
     int rc = -1;
-    if (synthetic_data(&ds, mc, batch * 4) || dc_dit_create(&m, mc, be, true) ||
-        dc_dit_init_weights(&m, 0) || dc_trainer_init(&tr, &m, &ds, &tc))
+    if (dc_dit_new(mc, be, true, &m) || synthetic_data(&ds, &m->info, batch * 4) ||
+        dc_model_init_weights(m, 0) || dc_trainer_init(&tr, m, &ds, &tc))
         goto done;
     double t0 = 0;
     for (int i = 0; i < warm + iters; i++) {
@@ -69,7 +69,7 @@ static int bench_train(const dc_dit_config *mc, dc_backend *be, int batch, int i
     be->sync(be);
     if (dc_backend_status(be)) goto done;
     double dt = (dc_time_now() - t0) / iters;
-    double flop = 3 * 2 * dc_dit_macs_per_image(mc) * batch;  // backward ~ 2x forward
+    double flop = 3 * 2 * dc_model_macs_per_image(m) * batch;  // backward ~ 2x forward
     double tf = flop / dt / 1e12;
     printf("train   batch %4d   %9.1f img/s   %8.1f ms/step   %8.2f TFLOP/s", batch, batch / dt, dt * 1e3, tf);
     if (g_peak_tflops > 0) printf("   MFU %.1f%%", 100 * tf / g_peak_tflops);
@@ -79,35 +79,38 @@ static int bench_train(const dc_dit_config *mc, dc_backend *be, int batch, int i
     rc = 0;
 done:
     dc_trainer_free(&tr);
-    dc_dit_free(&m);
+    dc_model_free(m);
     dc_dataset_free(&ds);
     return rc;
 }
 
 static int bench_sample(const dc_dit_config *mc, dc_backend *be, int batch, int steps, float cfg) {
-    dc_dit m = {0};
+    dc_model *m = NULL;
     dc_sampler s = {0};
-    dc_sampler_opts o = dc_sampler_opts_default();
-    o.steps = steps, o.cfg_scale = cfg, o.learn_sigma = mc->learn_sigma, o.null_class = mc->num_classes;
     int32_t *y = malloc(batch * sizeof *y);
     uint32_t *idx = malloc(batch * sizeof *idx);
     int64_t img = (int64_t)mc->in_channels * mc->input_size * mc->input_size;
     dc_buf x = {be->alloc(be, batch * img * sizeof(float)), DC_F32};
+    dc_buf yd = {be->alloc(be, batch * sizeof(int32_t)), DC_I32};
     int rc = -1, rows = cfg > 1 ? 2 * batch : batch;
-    if (!y || !idx || !x.p) { dc_fail("out of memory"); goto done; }
-    for (int i = 0; i < batch; i++) y[i] = i % mc->num_classes, idx[i] = i;
-    if (dc_dit_create(&m, mc, be, false) || dc_dit_init_weights(&m, 0) || dc_dit_reserve(&m, rows) ||
-        dc_sampler_init(&s, be, &o, mc->in_channels, mc->input_size, mc->input_size, batch))
-        goto done;
+    if (!y || !idx || !x.p || !yd.p) { dc_fail("out of memory"); goto done; }
+    if (dc_dit_new(mc, be, false, &m) || dc_model_init_weights(m, 0) || dc_model_reserve(m, rows)) goto done;
+    const dc_model_info *mi = &m->info;
+    dc_sampler_opts o = dc_sampler_opts_default();
+    o.steps = steps, o.cfg_scale = cfg, o.learn_sigma = mi->learn_sigma, o.null_class = mi->num_classes;
+    for (int i = 0; i < batch; i++) y[i] = i % mi->num_classes, idx[i] = i;
+    be->upload(be, yd.p, y, batch * sizeof *y);
+    dc_cond cond = {.y = yd};
+    if (dc_sampler_init(&s, be, &o, mi->channels, mi->height, mi->width, batch)) goto done;
     // warm-up: the first run builds matrix-product plans and (on a GPU) the step's graph
-    if (dc_sampler_run(&s, x, y, idx, batch, eval_model, &m, NULL, NULL)) goto done;
+    if (dc_sampler_run(&s, x, &cond, idx, batch, eval_model, m, NULL, NULL)) goto done;
     be->sync(be);
     double t0 = dc_time_now();
-    if (dc_sampler_run(&s, x, y, idx, batch, eval_model, &m, NULL, NULL)) goto done;
+    if (dc_sampler_run(&s, x, &cond, idx, batch, eval_model, m, NULL, NULL)) goto done;
     be->sync(be);
     if (dc_backend_status(be)) goto done;
     double dt = (dc_time_now() - t0) / steps;
-    double flop = 2 * dc_dit_macs_per_image(mc) * rows;
+    double flop = 2 * dc_model_macs_per_image(m) * rows;
     printf("sample  batch %4d%s  %9.1f image-steps/s   %8.2f ms/step   %8.2f TFLOP/s", batch,
            cfg > 1 ? " x2 (guidance)" : "", batch / dt, dt * 1e3, flop / dt / 1e12);
     if (be->memory) {  // what sampling holds (the training run before it has freed its share)
@@ -122,9 +125,10 @@ static int bench_sample(const dc_dit_config *mc, dc_backend *be, int batch, int 
     rc = 0;
 done:
     if (x.p) be->free(be, x.p);
+    if (yd.p) be->free(be, yd.p);
     free(y), free(idx);
     dc_sampler_free(&s);
-    dc_dit_free(&m);
+    dc_model_free(m);
     return rc;
 }
 

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "models/dit_io.h"
+#include "nn/params_io.h"
 
 int cmd_export(int argc, char **argv) {
     const char *ckpt = NULL, *out = NULL;
@@ -31,7 +32,7 @@ int cmd_export(int argc, char **argv) {
     if (!ckpt || !out) return dc_fail("--ckpt and --out are required (see --help)"), cli_usage_fail();
     if (cli_check_heads(heads)) return cli_usage_fail();
     dc_backend *be = NULL;
-    dc_dit m = {0};
+    dc_model *m = NULL;
     const char *which;
     float *host = NULL;
     dc_st_entry *e = NULL;
@@ -39,21 +40,22 @@ int cmd_export(int argc, char **argv) {
     dc_kv kv = {0};
     int status = 1;
     if (cli_check_output(out, ckpt) || dc_backend_create("cpu", &be) || cli_load_model(ckpt, raw, heads, no_verify ? DC_ST_NO_VERIFY : 0, be, &m, &which)) goto done;
-    host = malloc((size_t)m.params.numel * sizeof *host);
-    e = calloc(m.params.count, sizeof *e);
-    names = calloc(m.params.count, sizeof *names);
+    const dc_params *ps = m->params;
+    host = malloc((size_t)ps->numel * sizeof *host);
+    e = calloc(ps->count, sizeof *e);
+    names = calloc(ps->count, sizeof *names);
     if (!host || !e || !names) { dc_fail("out of memory"); goto done; }
-    if (dc_dit_weight_entries(&m, m.params.data, "", host, e, names)) goto done;
-    if (dc_dit_config_to_kv(&m.cfg, &kv) || dc_kv_set(&kv, "format", "diffusion.c weights v2") || dc_kv_set(&kv, "weights", "%s", which)) goto done;
-    if (dc_st_write(out, e, m.params.count, (const char *const *)kv.keys,
+    if (dc_params_entries(ps, ps->data, "", host, e, names)) goto done;
+    if (dc_model_config_to_kv(m, &kv) || dc_kv_set(&kv, "format", "diffusion.c weights v2") || dc_kv_set(&kv, "weights", "%s", which)) goto done;
+    if (dc_st_write(out, e, ps->count, (const char *const *)kv.keys,
                     (const char *const *)kv.values, kv.n)) goto done;
-    dc_log("wrote %s: %d tensors, %s weights, official DiT keys", out, m.params.count, which);
+    dc_log("wrote %s: %d tensors, %s weights, official %s keys", out, ps->count, which, m->ops->name);
     status = 0;
 done:
     if (status) cli_fail();
     dc_kv_free(&kv);
     free(host), free(e), free(names);
-    dc_dit_free(&m);
+    dc_model_free(m);
     if (be) dc_backend_destroy(be);
     return status;
 }

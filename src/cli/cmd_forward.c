@@ -14,15 +14,13 @@
 
 #define CHUNK 32  // images per forward pass
 
-static int check_inputs(const dc_st_file *in, const dc_dit_config *c, const dc_st_tensor **x,
+static int check_inputs(const dc_st_file *in, const dc_model_info *c, const dc_st_tensor **x,
                         const dc_st_tensor **t, const dc_st_tensor **y) {
     *x = dc_st_find(in, "x"), *t = dc_st_find(in, "t"), *y = dc_st_find(in, "y");
     if (!*x || !*t || !*y) return dc_fail("%s: needs tensors 'x', 't' and 'y'", in->path);
     const dc_st_tensor *X = *x;
-    if (X->ndim != 4 || X->shape[1] != c->in_channels || X->shape[2] != c->input_size ||
-        X->shape[3] != c->input_size)
-        return dc_fail("%s: 'x' must have shape [N, %d, %d, %d]", in->path, c->in_channels,
-                       c->input_size, c->input_size);
+    if (X->ndim != 4 || X->shape[1] != c->channels || X->shape[2] != c->height || X->shape[3] != c->width)
+        return dc_fail("%s: 'x' must have shape [N, %d, %d, %d]", in->path, c->channels, c->height, c->width);
     if ((*t)->ndim != 1 || (*t)->shape[0] != X->shape[0] || (*y)->ndim != 1 || (*y)->shape[0] != X->shape[0])
         return dc_fail("%s: 't' and 'y' must have shape [%lld]", in->path, (long long)X->shape[0]);
     return 0;
@@ -30,14 +28,14 @@ static int check_inputs(const dc_st_file *in, const dc_dit_config *c, const dc_s
 
 // The model is defined for finite x, timesteps in [0, 1000) and labels up to
 // the null class; anything else would give garbage without a word.
-static int check_values(const dc_st_file *in, const dc_dit_config *c, int64_t N, const float *x,
+static int check_values(const dc_st_file *in, const dc_model_info *c, int64_t N, const float *x,
                         const float *t, const int64_t *y) {
-    int64_t S = c->input_size, img = (int64_t)c->in_channels * S * S;
+    int64_t H = c->height, W = c->width, img = (int64_t)c->channels * H * W;
     for (int64_t i = 0; i < N * img; i++) {
         if (isfinite(x[i])) continue;
         int64_t n = i / img, r = i % img;
         return dc_fail("%s: x[%lld, %lld, %lld, %lld] is %s; the input must be finite", in->path,
-                       (long long)n, (long long)(r / (S * S)), (long long)(r / S % S), (long long)(r % S),
+                       (long long)n, (long long)(r / (H * W)), (long long)(r / W % H), (long long)(r % W),
                        isnan(x[i]) ? "NaN" : "infinite");
     }
     for (int64_t i = 0; i < N; i++) {
@@ -79,7 +77,7 @@ int cmd_forward(int argc, char **argv) {
     unsigned st_flags = no_verify ? DC_ST_NO_VERIFY : 0;
 
     dc_backend *be = NULL;
-    dc_dit m = {0};
+    dc_model *m = NULL;
     dc_st_file in = {0};
     bool in_open = false;
     float *hx = NULL, *ht = NULL, *hout = NULL;
@@ -91,13 +89,17 @@ int cmd_forward(int argc, char **argv) {
         cli_set_threads(threads) || cli_backend(device, precision, &be))
         goto done;
     if (cli_load_model(weights, raw, heads, st_flags, be, &m, &which)) goto done;
+    if (m->info.cond != DC_COND_LABELS) {
+        dc_fail("%s is a text-conditioned %s; forward reads class labels y only", weights, m->ops->name);
+        goto done;
+    }
     if (dc_st_open_opts(&in, input, st_flags)) goto done;
     in_open = true;
-    const dc_dit_config *c = &m.cfg;
+    const dc_model_info *c = &m->info;
     const dc_st_tensor *tx, *tt, *ty;
     if (check_inputs(&in, c, &tx, &tt, &ty)) goto done;
-    int64_t N = tx->shape[0], img = (int64_t)c->in_channels * c->input_size * c->input_size;
-    int64_t oimg = (int64_t)dc_dit_out_channels(c) * c->input_size * c->input_size;
+    int64_t N = tx->shape[0], img = (int64_t)c->channels * c->height * c->width;
+    int64_t oimg = (int64_t)c->out_channels * c->height * c->width;
     hx = malloc(N * img * sizeof *hx + 1), ht = malloc(N * sizeof *ht + 1);
     hy = malloc(N * sizeof *hy + 1), hout = malloc(N * oimg * sizeof *hout + 1);
     if (!hx || !ht || !hy || !hout) { dc_fail("out of memory"); goto done; }
@@ -112,7 +114,7 @@ int cmd_forward(int argc, char **argv) {
     if (dc_st_read_i64(&in, ty, hy)) goto done;
     if (check_values(&in, c, N, hx, ht, hy)) goto done;
     int chunk = N < CHUNK ? (int)(N > 0 ? N : 1) : CHUNK;
-    if (dc_dit_reserve(&m, chunk)) goto done;
+    if (dc_model_reserve(m, chunk)) goto done;
     x = (dc_buf){be->alloc(be, chunk * img * 4), DC_F32};
     out = (dc_buf){be->alloc(be, chunk * oimg * 4), DC_F32};
     t = (dc_buf){be->alloc(be, chunk * 4), DC_F32};
@@ -125,15 +127,16 @@ int cmd_forward(int argc, char **argv) {
         be->upload(be, x.p, hx + i0 * img, n * img * 4);
         be->upload(be, t.p, ht + i0, n * 4);
         be->upload(be, y.p, yy, n * 4);
-        if (dc_dit_forward(&m, out, x, t, y, n)) goto done;
+        dc_cond cond = {.y = y};
+        if (dc_model_forward(m, out, x, t, &cond, n)) goto done;
         be->download(be, hout + i0 * oimg, out.p, n * oimg * 4);
         if (dc_backend_status(be)) goto done;
     }
     dc_st_entry e = {.name = "out", .dtype = DC_F32, .ndim = 4,
-                     .shape = {N, dc_dit_out_channels(c), c->input_size, c->input_size}, .data = hout};
+                     .shape = {N, c->out_channels, c->height, c->width}, .data = hout};
     if (dc_st_write(output, &e, 1, NULL, NULL, 0)) goto done;
     dc_log("wrote %s: out [%lld, %d, %d, %d] (%s weights)", output, (long long)N,
-           dc_dit_out_channels(c), c->input_size, c->input_size, which);
+           c->out_channels, c->height, c->width, which);
     status = 0;
 done:
     if (status) cli_fail();
@@ -143,7 +146,7 @@ done:
     }
     if (in_open) dc_st_close(&in);
     free(hx), free(ht), free(hy), free(hout);
-    dc_dit_free(&m);
+    dc_model_free(m);
     if (be) dc_backend_destroy(be);
     return status;
 }

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "io/safetensors.h"
 #include "models/dit_io.h"
+#include "models/model_io.h"
 
 int cmd_info(int argc, char **argv) {
     int heads = 0;
@@ -29,8 +30,9 @@ int cmd_info(int argc, char **argv) {
     dc_st_file f;
     if (cli_open_checkpoint(ap.positional[0], no_verify ? DC_ST_NO_VERIFY : 0, &f)) return cli_fail();
     // Our checkpoints hold raw weights under the plain keys and EMA under "ema.".
+    // The file's architecture first: only then are its config entries read as that model's.
     dc_dit_config c;
-    if (dc_dit_config_from_file(&f, "", heads, &c)) {
+    if (!dc_model_kind_of_file(&f) || dc_dit_config_from_file(&f, "", heads, &c)) {
         dc_st_close(&f);
         return cli_fail();
     }

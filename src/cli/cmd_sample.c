@@ -17,8 +17,8 @@
 
 #define MAX_CLASSES 1024
 
-static int eval_model(void *ctx, dc_buf out, dc_buf x, dc_buf t, dc_buf y, int B) {
-    return dc_dit_forward(ctx, out, x, t, y, B);
+static int eval_model(void *ctx, dc_buf out, dc_buf x, dc_buf t, const dc_cond *cond, int B) {
+    return dc_model_forward(ctx, out, x, t, cond, B);
 }
 
 typedef struct { double t0; int done_images, total_images, batch_images; } progress_ctx;
@@ -170,9 +170,9 @@ int cmd_sample(int argc, char **argv) {
     unsigned st_flags = no_verify ? DC_ST_NO_VERIFY : 0;
 
     dc_backend *be = NULL;
-    dc_dit m = {0};
+    dc_model *m = NULL;
     dc_sampler s = {0};
-    dc_buf x = {0};
+    dc_buf x = {0}, yd = {0};
     float *all = NULL;
     int32_t *y = NULL;
     uint32_t *idx = NULL;
@@ -180,14 +180,18 @@ int cmd_sample(int argc, char **argv) {
     const char *which;
     if (cli_set_threads(threads) || cli_backend(device, precision, &be)) goto done;
     if (cli_load_model(ckpt, raw, heads, st_flags, be, &m, &which)) goto done;
-    const dc_dit_config *c = &m.cfg;
+    const dc_model_info *c = &m->info;
+    if (c->cond != DC_COND_LABELS) {
+        dc_fail("%s is a text-conditioned %s; this command samples class-conditional models", ckpt, m->ops->name);
+        goto done;
+    }
     if (!classes_s && c->num_classes > 20) {
         dc_fail("the model has %d classes: choose some with --classes", c->num_classes);
         goto done;
     }
     if (parse_classes(classes_s ? classes_s : "all", c->num_classes, classes, &ncls)) goto done;
-    if ((grid || out_dir) && c->in_channels != 1 && c->in_channels != 3) {
-        dc_fail("the model makes %d-channel images; PNG needs 1 or 3 (use --tensor-out)", c->in_channels);
+    if ((grid || out_dir) && c->channels != 1 && c->channels != 3) {
+        dc_fail("the model makes %d-channel images; PNG needs 1 or 3 (use --tensor-out)", c->channels);
         goto done;
     }
     so.learn_sigma = c->learn_sigma;
@@ -198,15 +202,16 @@ int cmd_sample(int argc, char **argv) {
     }
     // Every file is checked before the sampling, which may take hours.
     if (out_dir && (dc_mkdir_p(out_dir) || check_out_files(out_dir, classes, ncls, per_class))) goto done;
-    int N = ncls * per_class, S = c->input_size, C = c->in_channels;
-    int64_t img = (int64_t)C * S * S;
+    int N = ncls * per_class, H = c->height, W = c->width, C = c->channels;
+    int64_t img = (int64_t)C * H * W;
     if (batch > N) batch = N;
-    if (dc_dit_reserve(&m, so.cfg_scale > 1 ? 2 * batch : batch)) goto done;
-    if (dc_sampler_init(&s, be, &so, C, S, S, batch)) goto done;
+    if (dc_model_reserve(m, so.cfg_scale > 1 ? 2 * batch : batch)) goto done;
+    if (dc_sampler_init(&s, be, &so, C, H, W, batch)) goto done;
     x = (dc_buf){be->alloc(be, (size_t)batch * img * 4), DC_F32};
+    yd = (dc_buf){be->alloc(be, (size_t)batch * sizeof(int32_t)), DC_I32};
     all = malloc((size_t)N * img * sizeof *all);
     y = malloc(N * sizeof *y), idx = malloc(N * sizeof *idx);
-    if (!x.p || !all || !y || !idx) { dc_fail("out of memory"); goto done; }
+    if (!x.p || !yd.p || !all || !y || !idx) { dc_fail("out of memory"); goto done; }
     for (int i = 0; i < N; i++) y[i] = classes[i / per_class], idx[i] = (uint32_t)i;
     dc_log("sampling %d images (%d classes x %d) with %s weights of %s: %s %d steps, guidance %g, seed %llu",
            N, ncls, per_class, which, ckpt, sampler, so.steps, so.cfg_scale, (unsigned long long)so.seed);
@@ -214,7 +219,9 @@ int cmd_sample(int argc, char **argv) {
     for (int i0 = 0; i0 < N; i0 += batch) {
         int n = N - i0 < batch ? N - i0 : batch;
         pc.done_images = i0, pc.batch_images = n;
-        if (dc_sampler_run(&s, x, y + i0, idx + i0, n, eval_model, &m, on_step, &pc)) goto done;
+        be->upload(be, yd.p, y + i0, (size_t)n * sizeof(int32_t));
+        dc_cond cond = {.y = yd};
+        if (dc_sampler_run(&s, x, &cond, idx + i0, n, eval_model, m, on_step, &pc)) goto done;
         be->download(be, all + i0 * img, x.p, (size_t)n * img * 4);
         if (dc_backend_status(be)) goto done;
     }
@@ -225,13 +232,13 @@ int cmd_sample(int argc, char **argv) {
         for (int i = 0; i < N; i++) {
             char path[4096];
             sample_path(out_dir, y[i], i % per_class, path, sizeof path);
-            if (dc_png_write_image(path, all + i * img, C, S, S)) goto done;
+            if (dc_png_write_image(path, all + i * img, C, H, W)) goto done;
         }
         dc_log("samples: %s/class{c}_{i}.png (%d files)", out_dir, N);
     }
     if (tensor_out) {
         dc_st_entry e[2] = {
-            {.name = "samples", .dtype = DC_F32, .ndim = 4, .shape = {N, C, S, S}, .data = all},
+            {.name = "samples", .dtype = DC_F32, .ndim = 4, .shape = {N, C, H, W}, .data = all},
             {.name = "labels", .dtype = DC_I32, .ndim = 1, .shape = {N}, .data = y},
         };
         if (dc_st_write(tensor_out, e, 2, NULL, NULL, 0)) goto done;
@@ -243,16 +250,17 @@ int cmd_sample(int argc, char **argv) {
         for (int r = 0; r < ncls; r++)
             memmove(all + (int64_t)r * cols * img, all + (int64_t)r * per_class * img,
                     (size_t)cols * img * sizeof *all);
-        if (dc_png_write_grid(grid, all, ncls * cols, C, S, S, ncls, cols)) goto done;
+        if (dc_png_write_grid(grid, all, ncls * cols, C, H, W, ncls, cols)) goto done;
         dc_log("grid: %s (%d rows x %d)", grid, ncls, cols);
     }
     status = 0;
 done:
     if (status) cli_fail();
     if (x.p) be->free(be, x.p);
+    if (yd.p) be->free(be, yd.p);
     free(all), free(y), free(idx);
     dc_sampler_free(&s);
-    dc_dit_free(&m);
+    dc_model_free(m);
     if (be) dc_backend_destroy(be);
     return status;
 }

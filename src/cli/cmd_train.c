@@ -17,6 +17,7 @@
 #include "core/log.h"
 #include "io/json.h"
 #include "models/dit_io.h"
+#include "models/model_io.h"
 #include "train/trainer.h"
 
 // Ctrl-C, SIGTERM, SIGHUP (the terminal closed) and SIGPIPE (the log's reader
@@ -255,7 +256,7 @@ int cmd_train(int argc, char **argv) {
 
     dc_backend *be = NULL;
     dc_dataset ds = {0};
-    dc_dit m = {0};
+    dc_model *m = NULL;
     dc_trainer tr = {0};
     dc_st_file ck = {0};
     bool have_ck = false, created_out = false, wrote = false;
@@ -336,9 +337,9 @@ int cmd_train(int argc, char **argv) {
         dc_fail("data path '%s' is not valid UTF-8 (checkpoints record it); rename it", data_path);
         goto fail;
     }
-    if (dc_dit_create(&m, &mc, be, true)) goto fail;
-    if (have_ck ? dc_dit_load_weights(&m, &ck, "") : dc_dit_init_weights(&m, tc.seed)) goto fail;
-    if (dc_trainer_init(&tr, &m, &ds, &tc)) goto fail;
+    if (dc_dit_new(&mc, be, true, &m)) goto fail;
+    if (have_ck ? dc_model_load_weights(m, &ck, "") : dc_model_init_weights(m, tc.seed)) goto fail;
+    if (dc_trainer_init(&tr, m, &ds, &tc)) goto fail;
     if (have_ck) {
         tr.allow_data_change = allow_data_change;
         if (dc_trainer_restore(&tr, &ck)) goto fail;
@@ -354,7 +355,7 @@ int cmd_train(int argc, char **argv) {
     if (force) remove_newer_checkpoints(out, tr.step);
     dc_log("training DiT depth %d hidden %d heads %d patch %d on %s (%d images, %d classes), %.2fM params",
            mc.depth, mc.hidden, mc.heads, mc.patch, data_path, ds.n, ds.num_classes,
-           m.params.numel / 1e6);
+           m->params->numel / 1e6);
     dc_log("batch %d (micro %d), lr %g, %d steps, checkpoints every %d into %s, backend %s",
            tc.batch, tc.micro_batch, tc.lr, tc.steps, ckpt_every, out, be->name);
 
@@ -406,7 +407,7 @@ fail:
     if (status == 1) cli_fail();
     if (have_ck) dc_st_close(&ck);
     dc_trainer_free(&tr);
-    dc_dit_free(&m);
+    dc_model_free(m);
     dc_dataset_free(&ds);
     if (be) dc_backend_destroy(be);
     cli_unlock_run(out, lock_fd, status == 1 && created_out && !wrote);

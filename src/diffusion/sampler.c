@@ -1,6 +1,6 @@
 // The sampling loop. Per step k (spaced index, steps-1 down to 0):
-//   with guidance: model([x; x], t, [y; null]) -> cfg_combine -> (eps, v) of the cond half
-//   without:       model(x, t, y)
+//   with guidance: model([x; x], t, [cond; null]) -> cfg_combine -> (eps, v) of the cond half
+//   without:       model(x, t, cond)
 //   x <- sampler_step(x, eps, v, z_k)
 // As in the official forward_with_cfg, only the conditional half is carried:
 // sample.py keeps samples.chunk(2)[0], and each step rebuilds [x; x] from it.
@@ -25,7 +25,7 @@ dc_sampler_opts dc_sampler_opts_default(void) {
 void dc_sampler_free(dc_sampler *s) {
     if (!s) return;
     if (s->graph) s->be->graph_free(s->be, s->graph);
-    dc_buf *bufs[] = {&s->xin, &s->out, &s->comb, &s->z, &s->t, &s->y};
+    dc_buf *bufs[] = {&s->xin, &s->out, &s->comb, &s->z, &s->t, &s->y, &s->ctx};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]->p) s->be->free(s->be, bufs[i]->p);
     free(s->t_host);
@@ -51,6 +51,10 @@ int dc_sampler_init(dc_sampler *s, dc_backend *be, const dc_sampler_opts *opt, i
     if (opt->guided_channels < 0 || opt->guided_channels > C)
         return dc_fail("sampler: guided channels %d outside [0, %d]", opt->guided_channels, C);
     if (opt->null_class < 0) return dc_fail("sampler: null class %d < 0", opt->null_class);
+    if (opt->ctx_len < 0 || (opt->ctx_len > 0 && opt->ctx_dim < 1))
+        return dc_fail("sampler: text embeddings of %d x %d", opt->ctx_len, opt->ctx_dim);
+    if (opt->ctx_len > 0 && opt->cfg_scale > 1.0f && !opt->null_ctx.p)
+        return dc_fail("sampler: guidance on text needs the unconditional embedding");
     s->be = be;
     s->opt = *opt;
     s->C = C, s->H = H, s->W = W, s->max_batch = max_batch;
@@ -71,21 +75,27 @@ int dc_sampler_init(dc_sampler *s, dc_backend *be, const dc_sampler_opts *opt, i
     int rc = alloc_buf(s, &s->out, DC_F32, rows * s->OC * (size_t)H * W, "model output");
     if (!rc) rc = alloc_buf(s, &s->z, DC_F32, (size_t)max_batch * img, "noise");
     if (!rc) rc = alloc_buf(s, &s->t, DC_F32, rows, "timesteps");
-    if (!rc) rc = alloc_buf(s, &s->y, DC_I32, rows, "labels");
+    bool text = opt->ctx_len > 0;
+    if (!rc && !text) rc = alloc_buf(s, &s->y, DC_I32, rows, "labels");
+    if (!rc && text)
+        rc = alloc_buf(s, &s->ctx, opt->null_ctx.p ? opt->null_ctx.dt : DC_F32,
+                       rows * opt->ctx_len * (size_t)opt->ctx_dim, "text embeddings");
     if (!rc && s->cfg) rc = alloc_buf(s, &s->xin, DC_F32, rows * img, "guided input");
     if (!rc && s->cfg)
         rc = alloc_buf(s, &s->comb, DC_F32, (size_t)max_batch * s->OC * H * W, "guided output");
     if (!rc) {
         s->t_host = malloc(sizeof(float) * rows);
-        s->y_host = malloc(sizeof(int32_t) * rows);
+        s->y_host = malloc(sizeof(int32_t) * max_batch);
         if (!s->t_host || !s->y_host) rc = dc_fail("sampler: out of host memory");
+        for (int b = 0; !rc && b < max_batch; b++) s->y_host[b] = opt->null_class;  // y_null = [1000] * n
     }
+    s->cond = text ? (dc_cond){.ctx = s->ctx, .len = opt->ctx_len, .dim = opt->ctx_dim} : (dc_cond){.y = s->y};
     if (rc) dc_sampler_free(s);
     return rc;
 }
 
 // The model's part of one step: the guided input, the forward pass and the
-// guidance combine. It reads x, s->t and s->y and writes s->out (and
+// guidance combine. It reads x, s->t and s->cond and writes s->out (and
 // s->comb), all fixed buffers, so a backend can record it once as a graph
 // and replay it every step (the CUDA backend does: one launch per step).
 typedef struct {
@@ -101,11 +111,11 @@ static int run_model(void *arg) {
     dc_sampler *s = mc->s;
     dc_backend *be = s->be;
     int64_t HW = (int64_t)s->H * s->W, n = (int64_t)s->C * HW;
-    if (!s->cfg) return mc->eval(mc->ctx, s->out, mc->x, s->t, s->y, mc->B);
+    if (!s->cfg) return mc->eval(mc->ctx, s->out, mc->x, s->t, &s->cond, mc->B);
     size_t xbytes = sizeof(float) * (size_t)mc->B * (size_t)n;
     be->copy(be, s->xin.p, mc->x.p, xbytes);
     be->copy(be, dc_buf_at(s->xin, (int64_t)mc->B * n).p, mc->x.p, xbytes);
-    DC_TRY(mc->eval(mc->ctx, s->out, s->xin, s->t, s->y, 2 * mc->B));
+    DC_TRY(mc->eval(mc->ctx, s->out, s->xin, s->t, &s->cond, 2 * mc->B));
     be->cfg_combine(be, s->comb, s->out, mc->B, s->OC, HW, s->guided, s->opt.cfg_scale);
     return 0;
 }
@@ -122,10 +132,33 @@ static int model_step(dc_sampler *s, const model_call *mc, bool first) {
     return 0;
 }
 
-int dc_sampler_run(dc_sampler *s, dc_buf x, const int32_t *y, const uint32_t *idx, int B,
+// Fills s->cond's rows: the caller's B, then (guidance) B unconditional ones.
+static int stage_cond(dc_sampler *s, const dc_cond *cond, int B) {
+    dc_backend *be = s->be;
+    if (s->opt.ctx_len == 0) {
+        if (!cond->y.p) return dc_fail("sampler: the model takes class labels, and none were given");
+        be->copy(be, s->y.p, cond->y.p, sizeof(int32_t) * (size_t)B);
+        if (s->cfg) be->upload(be, dc_buf_at(s->y, B).p, s->y_host, sizeof(int32_t) * (size_t)B);
+        return 0;
+    }
+    if (!cond->ctx.p || cond->len != s->opt.ctx_len || cond->dim != s->opt.ctx_dim ||
+        cond->ctx.dt != s->ctx.dt)
+        return dc_fail("sampler: the model takes text embeddings of %d x %d %s, given %d x %d %s", s->opt.ctx_len,
+                       s->opt.ctx_dim, dc_dtype_name(s->ctx.dt), cond->len, cond->dim,
+                       cond->ctx.p ? dc_dtype_name(cond->ctx.dt) : "(none)");
+    int64_t per = (int64_t)s->opt.ctx_len * s->opt.ctx_dim;
+    size_t bytes = (size_t)per * dc_dtype_size(s->ctx.dt);
+    be->copy(be, s->ctx.p, cond->ctx.p, bytes * (size_t)B);
+    for (int b = 0; s->cfg && b < B; b++)
+        be->copy(be, dc_buf_at(s->ctx, (int64_t)(B + b) * per).p, s->opt.null_ctx.p, bytes);
+    return 0;
+}
+
+int dc_sampler_run(dc_sampler *s, dc_buf x, const dc_cond *cond, const uint32_t *idx, int B,
                    dc_eval_fn eval, void *ctx, dc_sample_progress_fn progress, void *pctx) {
     if (B < 1 || B > s->max_batch)
         return dc_fail("sampler: batch %d outside [1, %d]", B, s->max_batch);
+    DC_TRY(stage_cond(s, cond, B));
     dc_backend *be = s->be;
     // A graph from an earlier run may point at buffers the model has since
     // replaced (a new reserve): record afresh in every run.
@@ -135,11 +168,6 @@ int dc_sampler_run(dc_sampler *s, dc_buf x, const int32_t *y, const uint32_t *id
 
     if (!s->opt.x_given)
         be->randn(be, x, idx, B, n, s->opt.seed, DC_SAMPLE_START_STEP, DC_STREAM_SAMPLE_START);
-    for (int b = 0; b < B; b++) {
-        s->y_host[b] = y[b];
-        if (s->cfg) s->y_host[B + b] = s->opt.null_class;  // y_null = [1000] * n
-    }
-    be->upload(be, s->y.p, s->y_host, sizeof(int32_t) * (size_t)rows);
 
     int total = s->sched.n;
     for (int k = total - 1; k >= 0; k--) {

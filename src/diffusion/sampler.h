@@ -13,13 +13,14 @@
 #include <stdint.h>
 #include "backend/backend.h"
 #include "diffusion/schedule.h"
+#include "models/model.h"
 
 #define DC_SAMPLE_START_STEP 0xFFFFFFFFu
 
 // out[B, OC, H, W] = model(x[B, C, H, W], t[B] float original timesteps,
-// y[B] int32 labels), all on the backend; x is read-only (it may be the
+// cond of B rows), all on the backend; x is read-only (it may be the
 // sampler's state). Returns 0 or -1 (message set).
-typedef int (*dc_eval_fn)(void *ctx, dc_buf out, dc_buf x, dc_buf t, dc_buf y, int B);
+typedef int (*dc_eval_fn)(void *ctx, dc_buf out, dc_buf x, dc_buf t, const dc_cond *cond, int B);
 // Called after each step with step = 1..total.
 typedef void (*dc_sample_progress_fn)(void *ctx, int step, int total);
 
@@ -32,7 +33,10 @@ typedef struct {
                           // forward_with_cfg quirk (guides channels 0..2 of 4)
     uint64_t seed;
     bool learn_sigma;     // model outputs 2C channels (eps, v); else C with FIXED_LARGE variance
-    int null_class;       // label of the unconditional half (num_classes in DiT)
+    // The unconditional half of guidance, as the model is conditioned:
+    int null_class;       // class labels: the null label (num_classes in DiT)
+    int ctx_len, ctx_dim; // text (ctx_len > 0): embeddings of [ctx_len, ctx_dim] per image,
+    dc_buf null_ctx;      // and the unconditional one [ctx_len, ctx_dim] (e.g. of ""), on the backend
     bool x_given;         // x already holds the start noise: skip drawing it
 } dc_sampler_opts;
 
@@ -51,9 +55,11 @@ typedef struct {
     dc_buf comb;        // [max_batch, OC, H, W] guided output (cfg only)
     dc_buf z;           // [max_batch, C, H, W] step noise
     dc_buf t;           // [(cfg ? 2 : 1) * max_batch] F32 model timesteps
-    dc_buf y;           // [(cfg ? 2 : 1) * max_batch] I32 labels
-    float *t_host;      // host staging for t and y
-    int32_t *y_host;
+    dc_buf y;           // [(cfg ? 2 : 1) * max_batch] I32 labels (label conditioning)
+    dc_buf ctx;         // [(cfg ? 2 : 1) * max_batch, L, D] embeddings (text conditioning)
+    dc_cond cond;       // what the model sees: y or ctx, rebuilt from the caller's each run
+    float *t_host;      // host staging for t
+    int32_t *y_host;    // [max_batch] null labels, the unconditional half
     void *graph;        // the model's part of a step, recorded for the current run
                         // (backends with graphs)
 } dc_sampler;
@@ -64,9 +70,11 @@ int dc_sampler_init(dc_sampler *s, dc_backend *be, const dc_sampler_opts *opt, i
                     int W, int max_batch);
 void dc_sampler_free(dc_sampler *s);
 
-// Samples B images into x[B, C, H, W] (backend) for labels y[B] (host) whose
-// global sample indices are idx[B] (host; they key all the noise).
+// Samples B images into x[B, C, H, W] (backend) conditioned on cond (B rows
+// on the backend: labels, or embeddings when opt.ctx_len > 0) whose global
+// sample indices are idx[B] (host; they key all the noise). With guidance
+// the model sees [cond; null] (opt.null_class or opt.null_ctx).
 // progress may be NULL. Fails as soon as the backend reports an error
 // (checked after every step, without waiting for the device).
-int dc_sampler_run(dc_sampler *s, dc_buf x, const int32_t *y, const uint32_t *idx, int B,
+int dc_sampler_run(dc_sampler *s, dc_buf x, const dc_cond *cond, const uint32_t *idx, int B,
                    dc_eval_fn eval, void *ctx, dc_sample_progress_fn progress, void *pctx);

@@ -12,11 +12,29 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "models/dit.h"
+#include "models/dit_io.h"
+#include "nn/modules.h"
 
 #define DC_TFREQ 256  // timestep frequency embedding size (official)
 
-// Parameter indices of one block, in official state-dict order.
-typedef struct { int qkv_w, qkv_b, proj_w, proj_b, fc1_w, fc1_b, fc2_w, fc2_b, ada_w, ada_b; } block_ids;
+// The modules of one block, registered in official state-dict order (attn.qkv,
+// attn.proj, mlp.fc1, mlp.fc2, adaLN_modulation.1).
+typedef struct {
+    dc_linear qkv, proj;  // attention: x -> 3D (q, k, v) and its output projection
+    dc_linear fc1, fc2;   // MLP: D -> F -> D
+    dc_linear ada;        // adaLN: SiLU(c) -> 6D (shift, scale, gate for attention, then MLP)
+} dit_block;
+
+// The whole model's modules, under the official names.
+struct dc_dit_modules {
+    int pos;                  // pos_embed: fixed 2-D sin-cos positions
+    dc_linear x_embed;        // x_embedder.proj: the patch convolution
+    dc_linear t_fc1, t_fc2;   // t_embedder.mlp.0 and .2
+    dc_embedding y_embed;     // y_embedder.embedding_table (the last row is the null class)
+    dit_block *blocks;        // [depth]: blocks.<l>
+    dc_linear final_linear;   // final_layer.linear
+    dc_linear final_ada;      // final_layer.adaLN_modulation.1
+};
 
 // Activations of one block (training keeps one set per block; inference shares one).
 typedef struct {
@@ -56,61 +74,41 @@ struct dc_dit_acts {
     dc_buf dlin;               // [B, T, OP]
 };
 
-typedef struct {
-    int pos, xe_w, xe_b, t0_w, t0_b, t2_w, t2_b, ytab;
-    int fl_w, fl_b, fada_w, fada_b;
-} dit_ids;
-
-// Parameter indices follow from the fixed registration order (official
-// state-dict order): 8 embedding tensors, 10 per block, 4 for the final layer.
-static dit_ids ids_of(const dc_dit *m) {
-    dit_ids id;
-    int L = m->cfg.depth;
-    id.pos = 0, id.xe_w = 1, id.xe_b = 2, id.t0_w = 3, id.t0_b = 4, id.t2_w = 5, id.t2_b = 6;
-    id.ytab = 7;
-    int f = 8 + 10 * L;
-    id.fl_w = f, id.fl_b = f + 1, id.fada_w = f + 2, id.fada_b = f + 3;
-    return id;
-}
-
-static block_ids block_of(int l) {
-    int b = 8 + 10 * l;
-    return (block_ids){b, b + 1, b + 2, b + 3, b + 4, b + 5, b + 6, b + 7, b + 8, b + 9};
-}
-
-static int register_params(dc_dit *m) {
+// Registers the modules in official state-dict order: embedders, blocks,
+// final layer (checkpoints and the weight initialisation's seeding follow it).
+static int build_modules(dc_dit *m) {
     const dc_dit_config *c = &m->cfg;
     dc_params *ps = &m->params;
     int D = c->hidden, T = dc_dit_tokens(c), p = c->patch, C = c->in_channels;
     int OP = p * p * dc_dit_out_channels(c), F = c->mlp_hidden;
-    char name[DC_PARAM_NAME_MAX];
-    int ok = 1;
-    ok &= dc_params_add(ps, "pos_embed", false, 3, 1, T, D) >= 0;
-    ok &= dc_params_add(ps, "x_embedder.proj.weight", true, 4, D, C, p, p) >= 0;
-    ok &= dc_params_add(ps, "x_embedder.proj.bias", true, 1, D) >= 0;
-    ok &= dc_params_add(ps, "t_embedder.mlp.0.weight", true, 2, D, DC_TFREQ) >= 0;
-    ok &= dc_params_add(ps, "t_embedder.mlp.0.bias", true, 1, D) >= 0;
-    ok &= dc_params_add(ps, "t_embedder.mlp.2.weight", true, 2, D, D) >= 0;
-    ok &= dc_params_add(ps, "t_embedder.mlp.2.bias", true, 1, D) >= 0;
-    ok &= dc_params_add(ps, "y_embedder.embedding_table.weight", true, 2, c->num_classes + 1, D) >= 0;
-    for (int l = 0; l < c->depth && ok; l++) {
-        static const char *k_names[10] = {
-            "attn.qkv.weight", "attn.qkv.bias", "attn.proj.weight", "attn.proj.bias",
-            "mlp.fc1.weight", "mlp.fc1.bias", "mlp.fc2.weight", "mlp.fc2.bias",
-            "adaLN_modulation.1.weight", "adaLN_modulation.1.bias"};
-        const int rows[10] = {3 * D, 3 * D, D, D, F, F, D, D, 6 * D, 6 * D};
-        const int cols[10] = {D, 0, D, 0, D, 0, F, 0, D, 0};
-        for (int k = 0; k < 10; k++) {
-            snprintf(name, sizeof name, "blocks.%d.%s", l, k_names[k]);
-            ok &= (cols[k] ? dc_params_add(ps, name, true, 2, rows[k], cols[k])
-                           : dc_params_add(ps, name, true, 1, rows[k])) >= 0;
-        }
+    dc_dit_modules *md = calloc(1, sizeof *md);
+    if (!md || !(md->blocks = calloc((size_t)c->depth, sizeof *md->blocks))) {
+        free(md);
+        return dc_fail("out of memory");
     }
-    ok &= dc_params_add(ps, "final_layer.linear.weight", true, 2, OP, D) >= 0;
-    ok &= dc_params_add(ps, "final_layer.linear.bias", true, 1, OP) >= 0;
-    ok &= dc_params_add(ps, "final_layer.adaLN_modulation.1.weight", true, 2, 2 * D, D) >= 0;
-    ok &= dc_params_add(ps, "final_layer.adaLN_modulation.1.bias", true, 1, 2 * D) >= 0;
-    return ok ? 0 : -1;
+    m->mods = md;
+    if ((md->pos = dc_params_add(ps, "pos_embed", false, 3, 1, T, D)) < 0 ||
+        dc_linear_add_patch_conv(ps, &md->x_embed, "x_embedder.proj", C, p, D) ||
+        dc_linear_add(ps, &md->t_fc1, "t_embedder.mlp.0", DC_TFREQ, D) ||
+        dc_linear_add(ps, &md->t_fc2, "t_embedder.mlp.2", D, D) ||
+        dc_embedding_add(ps, &md->y_embed, "y_embedder.embedding_table", c->num_classes + 1, D))
+        return -1;
+    for (int l = 0; l < c->depth; l++) {
+        dit_block *k = &md->blocks[l];
+        char name[DC_PARAM_NAME_MAX];
+#define BLOCK_KEY(leaf) (snprintf(name, sizeof name, "blocks.%d." leaf, l), name)
+        if (dc_linear_add(ps, &k->qkv, BLOCK_KEY("attn.qkv"), D, 3 * D) ||
+            dc_linear_add(ps, &k->proj, BLOCK_KEY("attn.proj"), D, D) ||
+            dc_linear_add(ps, &k->fc1, BLOCK_KEY("mlp.fc1"), D, F) ||
+            dc_linear_add(ps, &k->fc2, BLOCK_KEY("mlp.fc2"), F, D) ||
+            dc_linear_add(ps, &k->ada, BLOCK_KEY("adaLN_modulation.1"), D, 6 * D))
+            return -1;
+#undef BLOCK_KEY
+    }
+    if (dc_linear_add(ps, &md->final_linear, "final_layer.linear", D, OP) ||
+        dc_linear_add(ps, &md->final_ada, "final_layer.adaLN_modulation.1", D, 2 * D))
+        return -1;
+    return 0;
 }
 
 // E1(E, pos) = [sin(pos w_k) | cos(pos w_k)], w_k = 10000^(-k / (E/2)), k < E/2.
@@ -134,12 +132,20 @@ static void pos_embed(float *out, int grid, int D) {
         }
 }
 
+static const dc_model_ops dit_ops;
+
 int dc_dit_create(dc_dit *m, const dc_dit_config *cfg, dc_backend *be, bool with_grad) {
     memset(m, 0, sizeof *m);
     DC_TRY(dc_dit_config_validate(cfg));
     m->cfg = *cfg;
     m->be = be;
-    if (register_params(m) || dc_params_alloc(&m->params, be, with_grad)) {
+    m->base = (dc_model){
+        .ops = &dit_ops, .be = be, .params = &m->params,
+        .info = {.channels = cfg->in_channels, .height = cfg->input_size, .width = cfg->input_size,
+                 .out_channels = dc_dit_out_channels(cfg), .learn_sigma = cfg->learn_sigma,
+                 .cond = DC_COND_LABELS, .num_classes = cfg->num_classes},
+    };
+    if (build_modules(m) || dc_params_alloc(&m->params, be, with_grad)) {
         dc_dit_free(m);
         return -1;
     }
@@ -148,7 +154,7 @@ int dc_dit_create(dc_dit *m, const dc_dit_config *cfg, dc_backend *be, bool with
     float *pos = malloc((size_t)T * D * sizeof *pos);
     if (!pos) return dc_dit_free(m), dc_fail("out of memory");
     pos_embed(pos, grid, D);
-    be->upload(be, dc_param_data(&m->params, 0).p, pos, (size_t)T * D * sizeof *pos);
+    be->upload(be, dc_param_data(&m->params, m->mods->pos).p, pos, (size_t)T * D * sizeof *pos);
     free(pos);
     if (dc_backend_status(be)) return dc_dit_free(m), -1;
     return 0;
@@ -166,19 +172,22 @@ static void free_acts(dc_dit *m) {
 void dc_dit_free(dc_dit *m) {
     free_acts(m);
     dc_params_free(&m->params);
+    if (m->mods) free(m->mods->blocks), free(m->mods);
+    m->mods = NULL;
 }
 
 int dc_dit_init_weights(dc_dit *m, uint64_t seed) {
     dc_params *ps = &m->params;
-    dit_ids id = ids_of(m);
-    for (int i = 1; i < ps->count; i++) {  // 0 is pos_embed, already set
+    const dc_dit_modules *md = m->mods;
+    for (int i = 0; i < ps->count; i++) {
+        if (i == md->pos) continue;  // fixed, set at creation
         const dc_param *p = &ps->items[i];
         float *h = calloc((size_t)p->numel, sizeof *h);
         if (!h) return dc_fail("out of memory initialising %s", p->name);
-        bool zero = strstr(p->name, "adaLN_modulation") || i == id.fl_w || i == id.fl_b;
+        bool zero = strstr(p->name, "adaLN_modulation") || i == md->final_linear.w || i == md->final_linear.b;
         if (!zero && p->ndim >= 2) {
             int64_t fan_out = p->shape[0], fan_in = p->numel / p->shape[0];
-            bool normal = i == id.ytab || i == id.t0_w || i == id.t2_w;
+            bool normal = i == md->y_embed.table || i == md->t_fc1.w || i == md->t_fc2.w;
             // xavier_uniform: U(-a, a), a = sqrt(6 / (fan_in + fan_out)); else N(0, 0.02)
             double a = sqrt(6.0 / (double)(fan_in + fan_out));
             for (int64_t j = 0; j < p->numel; j++) {
@@ -286,10 +295,6 @@ int dc_dit_reserve(dc_dit *m, int max_batch) {
     return 0;
 }
 
-// Weights as the matrix products read them (the compute copy), gradients fp32.
-static dc_buf P(const dc_dit *m, int i) { return dc_param_w(&m->params, i); }
-static dc_buf G(const dc_dit *m, int i) { return dc_param_grad(&m->params, i); }
-
 // Sizes of a batch of B images: T tokens, D hidden, F mlp hidden, H heads,
 // p patch, C / OC channels in / out, S image side, Pf / OP features per token
 // in / out, BT = B * T rows.
@@ -308,17 +313,18 @@ int dc_dit_forward(dc_dit *m, dc_buf out, dc_buf x, dc_buf t, dc_buf y, int B) {
         return dc_fail("batch %d exceeds the reserved batch %d", B, m->max_batch);
     dc_backend *be = m->be;
     const dc_dit_config *c = &m->cfg;
+    const dc_dit_modules *md = m->mods;
+    const dc_params *ps = &m->params;
     dc_dit_acts *a = m->acts;
     const dit_dims d = dims_of(c, B);
-    dit_ids id = ids_of(m);
     dc_params_refresh(&m->params);
 
     // conditioning: c = t_embedder(t) + y_embedder(y); every adaLN reads SiLU(c)
     be->timestep_embed(be, a->tfreq, t, B, DC_TFREQ / 2);
-    be->linear_fwd(be, a->th, a->tfreq, P(m, id.t0_w), P(m, id.t0_b), B, DC_TFREQ, d.D);
+    dc_linear_fwd(be, ps, &md->t_fc1, a->th, a->tfreq, B);
     be->silu_fwd(be, a->ta, a->th, (int64_t)B * d.D);
-    be->linear_fwd(be, a->temb, a->ta, P(m, id.t2_w), P(m, id.t2_b), B, d.D, d.D);
-    be->embed_fwd(be, a->yemb, P(m, id.ytab), y, B, d.D);
+    dc_linear_fwd(be, ps, &md->t_fc2, a->temb, a->ta, B);
+    dc_embedding_fwd(be, ps, &md->y_embed, a->yemb, y, B);
     a->y = y;
     be->copy(be, a->c.p, a->temb.p, (size_t)B * d.D * dc_dtype_size(a->c.dt));
     be->axpy(be, a->c, a->yemb, 1.0f, (int64_t)B * d.D);
@@ -327,32 +333,32 @@ int dc_dit_forward(dc_dit *m, dc_buf out, dc_buf x, dc_buf t, dc_buf y, int B) {
     // patch embedding (a stride-p conv as a matmul) plus fixed positions
     dc_buf x0 = a->blocks[0].x_in;
     be->patchify(be, a->patches, x, B, d.C, d.S, d.S, d.p);
-    be->linear_fwd(be, x0, a->patches, P(m, id.xe_w), P(m, id.xe_b), d.BT, d.Pf, d.D);
-    be->add_rows(be, x0, dc_param_data(&m->params, id.pos), B, d.T, d.D);
+    dc_linear_fwd(be, ps, &md->x_embed, x0, a->patches, d.BT);
+    be->add_rows(be, x0, dc_param_data(ps, md->pos), B, d.T, d.D);
 
     for (int l = 0; l < c->depth; l++) {
         block_acts *k = &a->blocks[a->training ? l : 0];
-        block_ids w = block_of(l);
+        const dit_block *w = &md->blocks[l];
         // mod = Linear(SiLU(c)) -> shift, scale, gate (msa), shift, scale, gate (mlp)
-        be->linear_fwd(be, k->mod, a->silu_c, P(m, w.ada_w), P(m, w.ada_b), B, d.D, 6 * d.D);
+        dc_linear_fwd(be, ps, &w->ada, k->mod, a->silu_c, B);
         // x = x + gate_msa * attn(modulate(LN(x), shift_msa, scale_msa))
         be->ln_mod_fwd(be, k->ln1, k->mean1, k->rstd1, k->x_in, k->mod, B, d.T, d.D, 6, 0, 1);
-        be->linear_fwd(be, k->qkv, k->ln1, P(m, w.qkv_w), P(m, w.qkv_b), d.BT, d.D, 3 * d.D);
+        dc_linear_fwd(be, ps, &w->qkv, k->qkv, k->ln1, d.BT);
         be->attn_fwd(be, k->att, k->lse, k->qkv, B, d.T, d.D, d.H);
-        be->linear_fwd(be, k->proj, k->att, P(m, w.proj_w), P(m, w.proj_b), d.BT, d.D, d.D);
+        dc_linear_fwd(be, ps, &w->proj, k->proj, k->att, d.BT);
         be->gate_res_fwd(be, k->x_mid, k->x_in, k->proj, k->mod, B, d.T, d.D, 6, 2);
         // x = x + gate_mlp * mlp(modulate(LN(x), shift_mlp, scale_mlp))
         be->ln_mod_fwd(be, k->ln2, k->mean2, k->rstd2, k->x_mid, k->mod, B, d.T, d.D, 6, 3, 4);
-        be->linear_gelu_fwd(be, k->act, k->fc1, k->ln2, P(m, w.fc1_w), P(m, w.fc1_b), d.BT, d.D, d.F);
-        be->linear_fwd(be, k->fc2, k->act, P(m, w.fc2_w), P(m, w.fc2_b), d.BT, d.F, d.D);
+        dc_linear_gelu_fwd(be, ps, &w->fc1, k->act, k->fc1, k->ln2, d.BT);
+        dc_linear_fwd(be, ps, &w->fc2, k->fc2, k->act, d.BT);
         dc_buf next = !a->training ? k->x_mid : l + 1 < c->depth ? a->blocks[l + 1].x_in : a->x_out;
         be->gate_res_fwd(be, next, k->x_mid, k->fc2, k->mod, B, d.T, d.D, 6, 5);
     }
 
     // final layer: modulate(LN(x), shift, scale) -> Linear -> unpatchify
-    be->linear_fwd(be, a->modf, a->silu_c, P(m, id.fada_w), P(m, id.fada_b), B, d.D, 2 * d.D);
+    dc_linear_fwd(be, ps, &md->final_ada, a->modf, a->silu_c, B);
     be->ln_mod_fwd(be, a->lnf, a->meanf, a->rstdf, a->x_out, a->modf, B, d.T, d.D, 2, 0, 1);
-    be->linear_fwd(be, a->lin, a->lnf, P(m, id.fl_w), P(m, id.fl_b), d.BT, d.D, d.OP);
+    dc_linear_fwd(be, ps, &md->final_linear, a->lin, a->lnf, d.BT);
     be->unpatchify_fwd(be, out, a->lin, B, d.OC, d.S, d.S, d.p);
     return dc_backend_status(be);  // an op that failed on the device (a host flag: no wait)
 }
@@ -362,51 +368,88 @@ int dc_dit_backward(dc_dit *m, dc_buf dout, int B) {
     if (B > m->max_batch) return dc_fail("batch %d exceeds the reserved batch %d", B, m->max_batch);
     dc_backend *be = m->be;
     const dc_dit_config *c = &m->cfg;
+    const dc_dit_modules *md = m->mods;
+    const dc_params *ps = &m->params;
     dc_dit_acts *a = m->acts;
     const dit_dims d = dims_of(c, B);
-    dit_ids id = ids_of(m);
 
     // final layer
     be->zero(be, a->dsilu_c.p, (size_t)B * d.D * dc_dtype_size(a->dsilu_c.dt));
     be->zero(be, a->dx.p, (size_t)d.BT * d.D * dc_dtype_size(a->dx.dt));
     be->unpatchify_bwd(be, a->dlin, dout, B, d.OC, d.S, d.S, d.p);
-    be->linear_bwd(be, a->dt1, G(m, id.fl_w), G(m, id.fl_b), a->dlin, a->lnf, P(m, id.fl_w), d.BT, d.D, d.OP, false);
+    dc_linear_bwd(be, ps, &md->final_linear, a->dt1, a->dlin, a->lnf, d.BT, false);
     be->ln_mod_bwd(be, a->dx, a->dmod, a->dt1, a->x_out, a->meanf, a->rstdf, a->modf, B, d.T, d.D, 2, 0, 1);
-    be->linear_bwd(be, a->dsilu_c, G(m, id.fada_w), G(m, id.fada_b), a->dmod, a->silu_c,
-                   P(m, id.fada_w), B, d.D, 2 * d.D, true);
+    dc_linear_bwd(be, ps, &md->final_ada, a->dsilu_c, a->dmod, a->silu_c, B, true);
 
     // blocks, last to first; a->dx holds dL/d(stream leaving the block)
     for (int l = c->depth - 1; l >= 0; l--) {
         block_acts *k = &a->blocks[l];
-        block_ids w = block_of(l);
+        const dit_block *w = &md->blocks[l];
         // mlp branch: stream = x_mid + gate_mlp * fc2(gelu(fc1(ln2)))
         be->gate_res_bwd(be, a->dt1, a->dmod, a->dx, k->fc2, k->mod, B, d.T, d.D, 6, 5);
-        be->linear_bwd_gelu(be, a->df1, G(m, w.fc2_w), G(m, w.fc2_b), a->dt1, k->act, P(m, w.fc2_w), k->fc1,
-                            a->df2, d.BT, d.F, d.D);
-        be->linear_bwd(be, a->dt2, G(m, w.fc1_w), G(m, w.fc1_b), a->df1, k->ln2, P(m, w.fc1_w), d.BT, d.D, d.F, false);
+        dc_linear_bwd_gelu(be, ps, &w->fc2, a->df1, a->dt1, k->act, k->fc1, a->df2, d.BT);
+        dc_linear_bwd(be, ps, &w->fc1, a->dt2, a->df1, k->ln2, d.BT, false);
         be->ln_mod_bwd(be, a->dx, a->dmod, a->dt2, k->x_mid, k->mean2, k->rstd2, k->mod, B, d.T, d.D, 6, 3, 4);
         // attention branch: x_mid = x_in + gate_msa * proj(attn(qkv(ln1)))
         be->gate_res_bwd(be, a->dt1, a->dmod, a->dx, k->proj, k->mod, B, d.T, d.D, 6, 2);
-        be->linear_bwd(be, a->dt2, G(m, w.proj_w), G(m, w.proj_b), a->dt1, k->att, P(m, w.proj_w), d.BT, d.D, d.D, false);
+        dc_linear_bwd(be, ps, &w->proj, a->dt2, a->dt1, k->att, d.BT, false);
         be->attn_bwd(be, a->dqkv, a->dt2, k->qkv, k->att, k->lse, B, d.T, d.D, d.H);
-        be->linear_bwd(be, a->dt1, G(m, w.qkv_w), G(m, w.qkv_b), a->dqkv, k->ln1, P(m, w.qkv_w), d.BT, d.D, 3 * d.D, false);
+        dc_linear_bwd(be, ps, &w->qkv, a->dt1, a->dqkv, k->ln1, d.BT, false);
         be->ln_mod_bwd(be, a->dx, a->dmod, a->dt1, k->x_in, k->mean1, k->rstd1, k->mod, B, d.T, d.D, 6, 0, 1);
         // adaLN modulation of this block
-        be->linear_bwd(be, a->dsilu_c, G(m, w.ada_w), G(m, w.ada_b), a->dmod, a->silu_c,
-                       P(m, w.ada_w), B, d.D, 6 * d.D, true);
+        dc_linear_bwd(be, ps, &w->ada, a->dsilu_c, a->dmod, a->silu_c, B, true);
     }
 
     // patch embedding (pos_embed is fixed); the fp32 stream gradient is cast
     // to the patches' dtype for the matrix product
     be->cast(be, a->dt1, a->dx, (int64_t)d.BT * d.D);
-    be->linear_bwd(be, dc_buf_none(), G(m, id.xe_w), G(m, id.xe_b), a->dt1, a->patches,
-                   P(m, id.xe_w), d.BT, d.Pf, d.D, false);
+    dc_linear_bwd(be, ps, &md->x_embed, dc_buf_none(), a->dt1, a->patches, d.BT, false);
     // conditioning: dc = SiLU'(c) dsilu_c flows to both embedders
     be->silu_bwd(be, a->dc, a->dsilu_c, a->c, (int64_t)B * d.D, false);
-    be->embed_bwd(be, G(m, id.ytab), a->dc, a->y, B, d.D);
-    be->linear_bwd(be, a->dtmp, G(m, id.t2_w), G(m, id.t2_b), a->dc, a->ta, P(m, id.t2_w), B, d.D, d.D, false);
+    dc_embedding_bwd(be, ps, &md->y_embed, a->dc, a->y, B);
+    dc_linear_bwd(be, ps, &md->t_fc2, a->dtmp, a->dc, a->ta, B, false);
     be->silu_bwd(be, a->dth, a->dtmp, a->th, (int64_t)B * d.D, false);
-    be->linear_bwd(be, dc_buf_none(), G(m, id.t0_w), G(m, id.t0_b), a->dth, a->tfreq,
-                   P(m, id.t0_w), B, DC_TFREQ, d.D, false);
+    dc_linear_bwd(be, ps, &md->t_fc1, dc_buf_none(), a->dth, a->tfreq, B, false);
     return dc_backend_status(be);
+}
+
+// ---- the DiT as a dc_model
+
+static dc_dit *dit(dc_model *m) { return (dc_dit *)m; }  // base is the first member
+
+static int dit_reserve(dc_model *m, int max_batch) { return dc_dit_reserve(dit(m), max_batch); }
+
+static int dit_forward(dc_model *m, dc_buf out, dc_buf x, dc_buf t, const dc_cond *cond, int B) {
+    if (!cond->y.p) return dc_fail("a DiT is conditioned on class labels, and none were given");
+    return dc_dit_forward(dit(m), out, x, t, cond->y, B);
+}
+
+static int dit_backward(dc_model *m, dc_buf dout, int B) { return dc_dit_backward(dit(m), dout, B); }
+
+static int dit_init(dc_model *m, uint64_t seed) { return dc_dit_init_weights(dit(m), seed); }
+
+static double dit_macs(const dc_model *m) { return dc_dit_macs_per_image(&((const dc_dit *)m)->cfg); }
+
+static int dit_config_kv(const dc_model *m, dc_kv *kv) {
+    return dc_dit_config_to_kv(&((const dc_dit *)m)->cfg, kv);
+}
+
+static void dit_release(dc_model *m) { dc_dit_free(dit(m)); }
+
+static const dc_model_ops dit_ops = {
+    .name = "DiT", .reserve = dit_reserve, .forward = dit_forward, .backward = dit_backward,
+    .config_to_kv = dit_config_kv, .init_weights = dit_init, .macs_per_image = dit_macs,
+    .release = dit_release,
+};
+
+dc_dit *dc_dit_of(dc_model *m) { return m && m->ops == &dit_ops ? dit(m) : NULL; }
+
+int dc_dit_new(const dc_dit_config *cfg, dc_backend *be, bool with_grad, dc_model **out) {
+    *out = NULL;
+    dc_dit *m = malloc(sizeof *m);
+    if (!m) return dc_fail("out of memory");
+    if (dc_dit_create(m, cfg, be, with_grad)) return free(m), -1;
+    m->base.owned = true;
+    *out = &m->base;
+    return 0;
 }

@@ -5,6 +5,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include "backend/backend.h"
+#include "models/model.h"
 #include "nn/params.h"
 
 typedef struct {
@@ -36,11 +37,16 @@ static inline int dc_dit_tokens(const dc_dit_config *c) {
 double dc_dit_macs_per_image(const dc_dit_config *c);
 
 typedef struct dc_dit_acts dc_dit_acts;
+typedef struct dc_dit_modules dc_dit_modules;  // its layers, as modules holding parameter handles
 
+// A DiT is a dc_model (base, first): the trainer, sampler and checkpoints
+// reach it through &m->base; the dc_dit_* functions are its own API.
 typedef struct {
+    dc_model base;
     dc_dit_config cfg;
     dc_backend *be;
     dc_params params;  // official state-dict keys, registration order = official order
+    dc_dit_modules *mods;
     dc_dit_acts *acts; // activations planned for up to max_batch images
     int max_batch;
 } dc_dit;
@@ -64,3 +70,7 @@ int dc_dit_forward(dc_dit *m, dc_buf out, dc_buf x, dc_buf t, dc_buf y, int B);
 // Given dout = dL/dout of the last forward, accumulates dL/dparams into
 // m->params.grad (+=, so micro-batches sum).
 int dc_dit_backward(dc_dit *m, dc_buf dout, int B);
+// Creates a DiT on the heap as a dc_model that dc_model_free releases whole.
+int dc_dit_new(const dc_dit_config *cfg, dc_backend *be, bool with_grad, dc_model **out);
+// The DiT behind a model, or NULL when it is another architecture.
+dc_dit *dc_dit_of(dc_model *m);

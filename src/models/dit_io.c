@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "nn/params_io.h"
 
 int dc_dit_config_to_kv(const dc_dit_config *c, dc_kv *kv) {
     DC_TRY(dc_kv_set(kv, "model", "DiT"));
@@ -158,58 +159,12 @@ int dc_dit_config_from_file(const dc_st_file *f, const char *prefix, int heads, 
 }
 
 int dc_dit_load_weights(dc_dit *m, const dc_st_file *f, const char *prefix) {
-    dc_params *ps = &m->params;
-    for (int i = 0; i < ps->count; i++) {
-        const dc_param *p = &ps->items[i];
-        char name[160];
-        snprintf(name, sizeof name, "%s%s", prefix, p->name);
-        const dc_st_tensor *t = dc_st_find(f, name);
-        if (!t) {
-            if (!p->trainable) continue;  // pos_embed: recomputed at creation
-            return dc_fail("%s: missing tensor '%s'", f->path, name);
-        }
-        bool same = t->ndim == p->ndim;
-        for (int d = 0; same && d < p->ndim; d++) same = t->shape[d] == p->shape[d];
-        if (!same) {
-            char want[96] = "", got[96] = "";
-            for (int d = 0; d < p->ndim; d++)
-                snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", d ? ", " : "", (long long)p->shape[d]);
-            for (int d = 0; d < t->ndim; d++)
-                snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", d ? ", " : "", (long long)t->shape[d]);
-            return dc_fail("%s: tensor '%s' has shape [%s], the model needs [%s]", f->path, name, got, want);
-        }
-        float *h = malloc((size_t)p->numel * sizeof *h + 1);
-        if (!h) return dc_fail("out of memory loading %s", name);
-        if (dc_st_read_f32(f, t, h)) return free(h), -1;
-        for (int64_t j = 0; j < p->numel; j++)
-            if (!isfinite(h[j])) {
-                float v = h[j];
-                free(h);
-                return dc_fail("%s: tensor '%s' element %lld is %g: weights must be finite (the run that wrote "
-                               "them diverged, or the file is damaged)", f->path, name, (long long)j, v);
-            }
-        m->be->upload(m->be, dc_param_data(ps, i).p, h, (size_t)p->numel * sizeof *h);
-        free(h);
-    }
-    dc_params_touch(ps);
+    DC_TRY(dc_params_load(&m->params, m->params.data, f, prefix));
+    dc_params_touch(&m->params);
     return 0;
 }
 
 int dc_dit_weight_entries(const dc_dit *m, dc_buf src, const char *prefix, float *host,
                           dc_st_entry *entries, char (*names)[128]) {
-    const dc_params *ps = &m->params;
-    m->be->download(m->be, host, src.p, (size_t)ps->numel * sizeof(float));
-    DC_TRY(dc_backend_status(m->be));
-    for (int i = 0; i < ps->count; i++) {
-        const dc_param *p = &ps->items[i];
-        snprintf(names[i], 128, "%s%s", prefix, p->name);
-        dc_st_entry *e = &entries[i];
-        memset(e, 0, sizeof *e);
-        e->name = names[i];
-        e->dtype = DC_F32;
-        e->ndim = p->ndim;
-        for (int d = 0; d < p->ndim; d++) e->shape[d] = p->shape[d];
-        e->data = host + p->offset;
-    }
-    return 0;
+    return dc_params_entries(&m->params, src, prefix, host, entries, names);
 }

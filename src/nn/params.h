@@ -7,6 +7,26 @@
 // computes in another dtype (bf16 on a GPU), a compute copy `wc` of the same
 // layout feeds the matrix products; the optimizer rewrites it in its pass,
 // and anything else that writes the master copy marks it stale.
+//
+// Next (per-parameter dtype, frozen parameters): the design the model
+// interface is ready for, not built yet.
+// - dc_param gains `dc_dtype dtype` (storage) and `bool frozen`. Trainable and
+//   fixed tensors (pos_embed) keep today's flat fp32 layout (master, grad,
+//   compute copy, and in the trainer EMA and moments of the same numel), so
+//   optimizer passes and checkpoint bytes do not change.
+// - Frozen tensors (a text encoder, a VAE, base weights under LoRA, and every
+//   tensor of an inference-only model) live in a second arena at byte
+//   offsets, each in its own dtype as loaded or cast once to the compute
+//   dtype: no fp32 master, no gradient, no EMA or moments. dc_param_w returns
+//   them directly; dc_param_grad returns dc_buf_none(), which the backward
+//   ops skip while dx still flows (the norms' backward and linear_bwd's db
+//   already skip a NULL gradient; linear_bwd's dW needs the same).
+// - dc_params_alloc(.., with_grad = false) makes everything frozen, so
+//   inference keeps F16/BF16/F32 weights as loaded; dc_params_load reads each
+//   tensor into its parameter's dtype (the reader converts any float dtype).
+// - Matrix products need weights in the activations' dtype (the backends
+//   refuse mixed dtypes), so a frozen F16 weight on a BF16 backend is cast at
+//   load; norms and biases stay as the ops take them.
 #pragma once
 #include <stdbool.h>
 #include <stdint.h>

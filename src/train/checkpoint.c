@@ -8,7 +8,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
-#include "models/dit_io.h"
+#include "nn/params_io.h"
 #include "train/trainer.h"
 
 // v2: every tensor and the metadata carry checksums, and the data set's
@@ -56,8 +56,8 @@ static int check_values(const dc_params *ps, int b, const float *host, const cha
 }
 
 int dc_trainer_save(const dc_trainer *tr, const char *path, const dc_kv *extra) {
-    const dc_dit *m = tr->model;
-    const dc_params *ps = &m->params;
+    const dc_model *m = tr->model;
+    const dc_params *ps = m->params;
     int n = ps->count, total = 2 * n + 2;
     int64_t np = ps->numel;
     float *host = malloc((size_t)np * 4 * sizeof(float));
@@ -69,8 +69,8 @@ int dc_trainer_save(const dc_trainer *tr, const char *path, const dc_kv *extra) 
         dc_fail("out of memory writing %s", path);
         goto done;
     }
-    if (dc_dit_weight_entries(m, ps->data, "", host, e, names) ||
-        dc_dit_weight_entries(m, tr->ema, "ema.", host + np, e + n, names + n))
+    if (dc_params_entries(ps, ps->data, "", host, e, names) ||
+        dc_params_entries(ps, tr->ema, "ema.", host + np, e + n, names + n))
         goto done;
     tr->be->download(tr->be, host + 2 * np, tr->adam_m.p, (size_t)np * sizeof(float));
     tr->be->download(tr->be, host + 3 * np, tr->adam_v.p, (size_t)np * sizeof(float));
@@ -82,7 +82,7 @@ int dc_trainer_save(const dc_trainer *tr, const char *path, const dc_kv *extra) 
             goto done;
     e[2 * n] = (dc_st_entry){.name = "train.adam_m", .dtype = DC_F32, .ndim = 1, .shape = {np}, .data = host + 2 * np};
     e[2 * n + 1] = (dc_st_entry){.name = "train.adam_v", .dtype = DC_F32, .ndim = 1, .shape = {np}, .data = host + 3 * np};
-    if (dc_kv_set(&kv, "format", CKPT_FORMAT) || dc_dit_config_to_kv(&m->cfg, &kv) ||
+    if (dc_kv_set(&kv, "format", CKPT_FORMAT) || dc_model_config_to_kv(m, &kv) ||
         dc_train_config_to_kv(&tr->cfg, &kv) ||
         dc_kv_set(&kv, "step", "%" PRId64, tr->step) ||
         dc_kv_set(&kv, "samples_seen", "%" PRId64, tr->samples_seen) ||
@@ -100,7 +100,7 @@ done:
 static int read_flat(const dc_trainer *tr, const dc_st_file *f, int b, dc_buf dst) {
     const char *name = k_state[b].name;
     const dc_st_tensor *t = dc_st_find(f, name);
-    int64_t np = tr->model->params.numel;
+    int64_t np = tr->model->params->numel;
     if (!t) return dc_fail("%s: no tensor '%s' (not a training checkpoint?)", f->path, name);
     if (t->ndim != 1 || t->shape[0] != np)
         return dc_fail("%s: tensor '%s' has %lld values, the model has %lld parameters", f->path,
@@ -108,7 +108,7 @@ static int read_flat(const dc_trainer *tr, const dc_st_file *f, int b, dc_buf ds
     float *h = malloc((size_t)np * sizeof *h + 1);
     if (!h) return dc_fail("out of memory");
     if (dc_st_read_f32(f, t, h)) return free(h), -1;
-    if (check_values(&tr->model->params, b, h, f->path, "the file is damaged or was edited")) return free(h), -1;
+    if (check_values(tr->model->params, b, h, f->path, "the file is damaged or was edited")) return free(h), -1;
     tr->be->upload(tr->be, dst.p, h, (size_t)np * sizeof *h);
     free(h);
     return 0;
@@ -152,9 +152,7 @@ static int check_data(const dc_trainer *tr, const dc_st_file *f) {
 
 int dc_trainer_restore(dc_trainer *tr, const dc_st_file *f) {
     DC_TRY(check_data(tr, f));
-    dc_dit ema_view = *tr->model;  // same parameter table, EMA storage
-    ema_view.params.data = tr->ema;
-    DC_TRY(dc_dit_load_weights(&ema_view, f, "ema."));
+    DC_TRY(dc_params_load(tr->model->params, tr->ema, f, "ema."));
     DC_TRY(read_flat(tr, f, 2, tr->adam_m));
     DC_TRY(read_flat(tr, f, 3, tr->adam_v));
     DC_TRY(meta_i64(f, "step", &tr->step));

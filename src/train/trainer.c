@@ -109,27 +109,29 @@ static dc_buf alloc_buf(dc_backend *be, int64_t n, dc_dtype dt, int *ok) {
     return b;
 }
 
-int dc_trainer_init(dc_trainer *tr, dc_dit *model, const dc_dataset *data,
+int dc_trainer_init(dc_trainer *tr, dc_model *model, const dc_dataset *data,
                     const dc_train_config *cfg) {
     memset(tr, 0, sizeof *tr);
     DC_TRY(dc_train_config_validate(cfg));
-    const dc_dit_config *mc = &model->cfg;
-    if (!model->params.grad.p) return dc_fail("the model was not created for training");
-    if (data->channels != mc->in_channels || data->height != mc->input_size ||
-        data->width != mc->input_size)
+    const dc_model_info *mi = &model->info;
+    if (!model->params->grad.p) return dc_fail("the model was not created for training");
+    if (data->channels != mi->channels || data->height != mi->height || data->width != mi->width)
         return dc_fail("data images are %dx%dx%d but the model takes %dx%dx%d", data->channels,
-                       data->height, data->width, mc->in_channels, mc->input_size, mc->input_size);
-    if (data->num_classes > mc->num_classes)
-        return dc_fail("data has %d classes but the model only %d", data->num_classes, mc->num_classes);
+                       data->height, data->width, mi->channels, mi->height, mi->width);
+    // The data sets hold class labels: text-conditioned training needs captions.
+    if (mi->cond != DC_COND_LABELS)
+        return dc_fail("this %s is conditioned on text; training reads class labels only", model->ops->name);
+    if (data->num_classes > mi->num_classes)
+        return dc_fail("data has %d classes but the model only %d", data->num_classes, mi->num_classes);
     tr->cfg = *cfg, tr->model = model, tr->be = model->be, tr->data = data;
     dc_backend *be = tr->be;
     DC_TRY(dc_schedule_init_dit(&tr->sched, DC_DIFFUSION_STEPS, DC_DIFFUSION_STEPS));
     DC_TRY(dc_order_init(&tr->order, data->n, cfg->seed));
-    DC_TRY(dc_dit_reserve(model, cfg->micro_batch));
+    DC_TRY(dc_model_reserve(model, cfg->micro_batch));
 
-    int64_t np = model->params.numel, mb = cfg->micro_batch;
-    int64_t img = (int64_t)mc->in_channels * mc->input_size * mc->input_size;
-    int64_t oimg = (int64_t)dc_dit_out_channels(mc) * mc->input_size * mc->input_size;
+    int64_t np = model->params->numel, mb = cfg->micro_batch;
+    int64_t img = (int64_t)mi->channels * mi->height * mi->width;
+    int64_t oimg = (int64_t)mi->out_channels * mi->height * mi->width;
     int ok = 1;
     tr->ema = alloc_buf(be, np, DC_F32, &ok);
     tr->adam_m = alloc_buf(be, np, DC_F32, &ok);
@@ -144,6 +146,7 @@ int dc_trainer_init(dc_trainer *tr, dc_dit *model, const dc_dataset *data,
     tr->h_losses = malloc((size_t)cfg->batch * 2 * sizeof(float));
     tr->t = alloc_buf(be, mb, DC_F32, &ok);
     tr->y = alloc_buf(be, mb, DC_I32, &ok);
+    tr->cond = (dc_cond){.y = tr->y};
     tr->h_x0 = malloc(mb * img * sizeof(float));
     tr->h_t = malloc(mb * sizeof(int));
     tr->h_y = malloc(mb * sizeof(int32_t)), tr->h_keys = malloc(mb * sizeof(uint32_t));
@@ -153,7 +156,7 @@ int dc_trainer_init(dc_trainer *tr, dc_dit *model, const dc_dataset *data,
         dc_trainer_free(tr);
         return dc_fail("out of memory for the training state");
     }
-    be->copy(be, tr->ema.p, model->params.data.p, (size_t)np * sizeof(float));
+    be->copy(be, tr->ema.p, model->params->data.p, (size_t)np * sizeof(float));
     be->zero(be, tr->adam_m.p, (size_t)np * sizeof(float));
     be->zero(be, tr->adam_v.p, (size_t)np * sizeof(float));
     return 0;
@@ -189,22 +192,23 @@ static void stage_micro_batch(dc_trainer *tr, int done, int n) {
         bool flip = c->hflip && (dc_rand_u32_at(c->seed, key, step, DC_STREAM_FLIP, 0) & 1);
         dc_dataset_get(ds, idx, tr->h_x0 + i * img, flip);
         float u = dc_u32_to_unit(dc_rand_u32_at(c->seed, key, step, DC_STREAM_DROPOUT, 0));
-        tr->h_y[i] = u < c->class_dropout ? tr->model->cfg.num_classes : ds->labels[idx];
+        tr->h_y[i] = u < c->class_dropout ? tr->model->info.num_classes : ds->labels[idx];
         tr->h_keys[i] = key;
     }
 }
 
 int dc_trainer_step(dc_trainer *tr, dc_step_stats *st) {
     dc_backend *be = tr->be;
-    dc_dit *m = tr->model;
+    dc_model *m = tr->model;
+    dc_params *ps = m->params;
     const dc_train_config *c = &tr->cfg;
-    const dc_dit_config *mc = &m->cfg;
-    int C = mc->in_channels;
-    int64_t HW = (int64_t)mc->input_size * mc->input_size, np = m->params.numel;
+    const dc_model_info *mi = &m->info;
+    int C = mi->channels;
+    int64_t HW = (int64_t)mi->height * mi->width, np = ps->numel;
 
     // Nothing here waits for the backend: losses and the gradient norm stay
     // there until dc_trainer_stats reads them.
-    be->zero(be, m->params.grad.p, (size_t)np * sizeof(float));
+    be->zero(be, ps->grad.p, (size_t)np * sizeof(float));
     for (int done = 0; done < c->batch; done += c->micro_batch) {
         int n = c->batch - done < c->micro_batch ? c->batch - done : c->micro_batch;
         stage_micro_batch(tr, done, n);
@@ -213,16 +217,16 @@ int dc_trainer_step(dc_trainer *tr, dc_step_stats *st) {
         dc_diffusion_draw_timesteps(tr->h_t, tr->h_keys, n, tr->sched.n, c->seed, (uint32_t)tr->step);
         DC_TRY(dc_diffusion_prepare_batch(be, &tr->sched, tr->xt, tr->eps, tr->t, tr->h_coef, tr->x0,
                                           tr->h_t, tr->h_keys, n, C * HW, c->seed, (uint32_t)tr->step));
-        DC_TRY(dc_dit_forward(m, tr->out, tr->xt, tr->t, tr->y, n));
+        DC_TRY(dc_model_forward(m, tr->out, tr->xt, tr->t, &tr->cond, n));
         // d(mean over the global batch)/d out: each image weighs 1 / batch
         DC_TRY(dc_diffusion_loss(be, tr->dout, dc_buf_at(tr->losses, 2 * (int64_t)done), tr->out, tr->x0,
-                                 tr->xt, tr->eps, tr->h_coef, n, C, dc_dit_out_channels(mc), HW,
+                                 tr->xt, tr->eps, tr->h_coef, n, C, mi->out_channels, HW,
                                  1.0f / c->batch, NULL, NULL));
-        DC_TRY(dc_dit_backward(m, tr->dout, n));
+        DC_TRY(dc_model_backward(m, tr->dout, n));
     }
 
     // the norm and the clipping factor stay on the backend; AdamW reads the factor
-    be->grad_norm(be, tr->gstats, m->params.grad, np, c->grad_clip);
+    be->grad_norm(be, tr->gstats, ps->grad, np, c->grad_clip);
     int64_t s = tr->step + 1;
     float lr = c->warmup > 0 && s < c->warmup ? c->lr * (float)s / c->warmup : c->lr;
     tr->last_lr = lr;
@@ -230,8 +234,7 @@ int dc_trainer_step(dc_trainer *tr, dc_step_stats *st) {
                        1.0f - powf(c->beta1, (float)s), 1.0f - powf(c->beta2, (float)s), 1.0f,
                        c->ema_decay};
     // AdamW, EMA and the compute copy in one pass over each run of trainable
-    // parameters (pos_embed is fixed, so its EMA and compute copy stay as they are).
-    dc_params *ps = &m->params;
+    // parameters (fixed ones such as pos_embed keep their EMA and compute copy).
     for (int i = 0; i < ps->count;) {
         if (!ps->items[i].trainable) { i++; continue; }
         int j = i;

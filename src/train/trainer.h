@@ -1,5 +1,6 @@
-// Training a DiT with the official objective: AdamW, optional warmup and
-// gradient clipping, gradient accumulation up to a global batch, EMA.
+// Training a diffusion model (any dc_model) with the official DiT objective:
+// AdamW, optional warmup and gradient clipping, gradient accumulation up to a
+// global batch, EMA.
 //
 // Every random choice is a pure function of the seed and the image's place:
 // the data order of (seed, epoch), and flips, label dropout, timesteps and
@@ -12,7 +13,7 @@
 #include "diffusion/schedule.h"
 #include "io/kv.h"
 #include "io/safetensors.h"
-#include "models/dit.h"
+#include "models/model.h"
 #include "train/data.h"
 
 typedef struct {
@@ -47,7 +48,7 @@ typedef struct {
 
 typedef struct {
     dc_train_config cfg;
-    dc_dit *model;
+    dc_model *model;
     dc_backend *be;
     const dc_dataset *data;
     dc_order order;
@@ -62,6 +63,7 @@ typedef struct {
     float last_lr;
     bool allow_data_change;         // restore: accept a data set whose fingerprint differs
     dc_buf t, y;                    // [mb] float timesteps, int32 labels
+    dc_cond cond;                   // the micro-batch's conditioning (labels y)
     // host staging
     float *h_x0;
     int *h_t;
@@ -72,8 +74,9 @@ typedef struct {
 } dc_trainer;
 
 // Sets up training of `model` (created with gradients) on `data`; the EMA
-// starts as an exact copy of the weights, the moments at zero.
-int dc_trainer_init(dc_trainer *tr, dc_dit *model, const dc_dataset *data,
+// starts as an exact copy of the weights, the moments at zero. Models
+// conditioned on class labels train with label dropout to the null label.
+int dc_trainer_init(dc_trainer *tr, dc_model *model, const dc_dataset *data,
                     const dc_train_config *cfg);
 void dc_trainer_free(dc_trainer *tr);
 // One optimizer step over cfg.batch images. With stats NULL it only queues

@@ -57,7 +57,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     dc_trainer tr;
     make_data(&ds, &mc);
     if (dc_dit_create(&m, &mc, g_cpu, true) == 0) {
-        if (dc_dit_load_weights(&m, &f, "") == 0 && dc_trainer_init(&tr, &m, &ds, &tc) == 0) {
+        if (dc_dit_load_weights(&m, &f, "") == 0 && dc_trainer_init(&tr, &m.base, &ds, &tc) == 0) {
             tr.allow_data_change = true;  // the data set here is not the one the run had
             dc_step_stats st;
             if (dc_trainer_restore(&tr, &f) == 0) dc_trainer_step(&tr, &st);

@@ -140,7 +140,7 @@ static void model_seeds(const char *tmp) {
         dc_dit m;
         dc_trainer tr;
         if (dc_dit_create(&m, &mc, be, true) || dc_dit_init_weights(&m, 1) ||
-            dc_trainer_init(&tr, &m, &ds, &tc))
+            dc_trainer_init(&tr, &m.base, &ds, &tc))
             die("tiny model");
         for (int step = 0; step <= 2; step += 2) {
             snprintf(path, sizeof path, "%s/ck.safetensors", tmp);
