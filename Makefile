@@ -35,7 +35,7 @@ BUILD   ?= build
 BIN     ?= diffusion
 CONFIG  := $(BUILD)/config
 LIB_SRC := $(wildcard src/core/*.c src/backend/*.c src/backend/cpu/*.c src/nn/*.c \
-                      src/models/*.c src/diffusion/*.c src/train/*.c src/io/*.c)
+                      src/text/*.c src/models/*.c src/diffusion/*.c src/train/*.c src/io/*.c)
 CLI_SRC := $(wildcard src/cli/*.c)
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)
 CLI_OBJ := $(CLI_SRC:%.c=$(BUILD)/%.o)
@@ -56,7 +56,8 @@ NVFLAGS += -Isrc -MD -MP -DDC_HAVE_CUDA
 CU_SRC  := $(wildcard src/backend/cuda/*.cu)
 LIB_OBJ += $(CU_SRC:%.cu=$(BUILD)/%.o)
 CFLAGS  += -DDC_HAVE_CUDA
-LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcudart -lstdc++ -ldl -lpthread
+# cuBLASLt runs the matrix products, cuDNN the convolutions.
+LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudnn -lcublasLt -lcudart -lstdc++ -ldl -lpthread
 endif
 
 .PHONY: all test demo fuzz fuzz-build clean FORCE

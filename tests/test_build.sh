@@ -74,7 +74,7 @@ build CPPFLAGS="-I$TMP/blas2" OPT=-O1 && rebuilt && pass "changed flags rebuild"
 mkdir -p "$TMP/cuda/bin" "$TMP/cuda/lib64"
 printf '#!/bin/sh\necho "Cuda compilation tools, release 99.9"\n' > "$TMP/cuda/bin/nvcc"
 chmod +x "$TMP/cuda/bin/nvcc"
-for l in cudart cublasLt; do ${CC:-cc} -shared -o "$TMP/cuda/lib64/lib$l.so" -x c /dev/null; done
+for l in cudart cublasLt cudnn; do ${CC:-cc} -shared -o "$TMP/cuda/lib64/lib$l.so" -x c /dev/null; done
 build CPPFLAGS="-I$TMP/blas2" OPT=-O1 NVCC="$TMP/cuda/bin/nvcc" CUDA=1 && rebuilt &&
   grep -q -- "-DDC_HAVE_CUDA -c src/core/error.c" "$TMP/make.log" &&
   pass "nvcc appearing (CUDA on) rebuilds" || fail "CUDA on did not rebuild: $(cat "$TMP/make.log")"

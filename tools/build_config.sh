@@ -71,6 +71,23 @@ compile omp '#include <omp.h>
 int main(void) { return omp_get_max_threads() < 1; }' ||
   die "OpenMP (omp.h, -fopenmp) does not work with '$CC': $(head -n 3 "$tmp/omp.log")"
 
+# The CUDA backend's libraries, each on its own so that a missing one is named:
+# cuDNN (the convolutions) is installed apart from the toolkit on many machines.
+if [ "${DC_CUDA:-0}" = 1 ]; then
+  libdirs=()
+  for f in "${ldlibs[@]}"; do [[ $f == -L* ]] && libdirs+=("$f"); done
+  echo 'int main(void) { return 0; }' > "$tmp/cudalibs.c"
+  for lib in cudart cublasLt cudnn; do
+    "${cc_cmd[@]}" "$tmp/cudalibs.c" -o "$tmp/cudalibs" "${ldflags[@]}" "${libdirs[@]}" "-l$lib" \
+      > "$tmp/cudalibs.log" 2>&1 && continue
+    [ "$lib" = cudnn ] && die "cuDNN's library (libcudnn.so) is not found (searched: ${libdirs[*]:-the default paths}):
+  the CUDA backend runs its convolutions on it. Install cuDNN 9 for this CUDA (NVIDIA's
+  cudnn9-cuda-<version> package, or its archive unpacked into the toolkit), or build with CUDA=0"
+    die "the CUDA toolkit's lib$lib.so is not found (searched: ${libdirs[*]:-the default paths}):
+  install the CUDA toolkit, or build with CUDA=0"
+  done
+fi
+
 # One program using all of them, linked as the engine is; the linker's trace
 # names the library files it took.
 main='#include <cblas.h>

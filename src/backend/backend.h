@@ -172,6 +172,50 @@ struct dc_backend {
     // if max_norm > 0 and norm > max_norm, else 1. out: F32 [2].
     void (*grad_norm)(dc_backend *be, dc_buf out, dc_buf g, int64_t n, float max_norm);
 
+    // ---- latent diffusion: convolutions, group norm, affine layer norm ---------------
+    // Shapes as in dc_conv2d_shape (op_math.h). Weights [Co, Ci, k, k] as PyTorch's Conv2d.
+    // Before the first conv of a shape runs, reserve_conv(shape) sizes the workspace
+    // (im2col columns on the CPU, cuDNN's on a GPU) so no conv allocates later.
+    int (*reserve_conv)(dc_backend *be, const dc_conv2d_shape *s);
+    // out[B,Co,Ho,Wo] = conv2d(x, w) + b[Co]   (b may be NULL)
+    void (*conv2d_fwd)(dc_backend *be, dc_buf out, dc_buf x, dc_buf w, dc_buf b,
+                       const dc_conv2d_shape *s);
+    // dx[B,Ci,H,W] (skipped if NULL; += if accumulate); dw[Co,Ci,k,k] += ; db[Co] +=
+    // (skipped if NULL)
+    void (*conv2d_bwd)(dc_backend *be, dc_buf dx, dc_buf dw, dc_buf db, dc_buf dout, dc_buf x,
+                       dc_buf w, const dc_conv2d_shape *s, bool accumulate);
+    // GroupNorm over G groups of C/G channels (statistics over (C/G) * HW values):
+    // out[B,C,HW] = act((x - mean) * rstd * gamma[c] + beta[c]), act = SiLU if silu,
+    // else identity. mean, rstd [B, G] (F32) are saved for backward.
+    void (*group_norm_fwd)(dc_backend *be, dc_buf out, dc_buf mean, dc_buf rstd, dc_buf x,
+                           dc_buf gamma, dc_buf beta, int B, int C, int64_t HW, int G, float eps,
+                           bool silu);
+    // dx (+= if accumulate); dgamma[C] += ; dbeta[C] += (both skipped if NULL: frozen).
+    // With silu the pre-activation is recomputed from x, mean, rstd, gamma, beta.
+    void (*group_norm_bwd)(dc_backend *be, dc_buf dx, dc_buf dgamma, dc_buf dbeta, dc_buf dout,
+                           dc_buf x, dc_buf mean, dc_buf rstd, dc_buf gamma, dc_buf beta, int B,
+                           int C, int64_t HW, int G, bool silu, bool accumulate);
+    // LayerNorm with affine weights over the last dimension D:
+    // out[M,D] = (x - mean) * rstd * gamma + beta; mean, rstd [M] (F32) saved.
+    void (*layer_norm_fwd)(dc_backend *be, dc_buf out, dc_buf mean, dc_buf rstd, dc_buf x,
+                           dc_buf gamma, dc_buf beta, int64_t M, int D, float eps);
+    // dx (+= if accumulate); dgamma[D] += ; dbeta[D] += (skipped if NULL)
+    void (*layer_norm_bwd)(dc_backend *be, dc_buf dx, dc_buf dgamma, dc_buf dbeta, dc_buf dout,
+                           dc_buf x, dc_buf mean, dc_buf rstd, dc_buf gamma, int64_t M, int D,
+                           bool accumulate);
+    // out[B,C,2H,2W] = x[B,C,H,W], each value repeated over a 2x2 block (nearest);
+    // dx[B,C,H,W] = the sum of dout over its 2x2 block (overwritten).
+    void (*upsample2x_fwd)(dc_backend *be, dc_buf out, dc_buf x, int B, int C, int H, int W);
+    void (*upsample2x_bwd)(dc_backend *be, dc_buf dx, dc_buf dout, int B, int C, int H, int W);
+    // GEGLU (diffusers): x[M, 2F] = [h | gate] -> out[M,F] = h * gelu_erf(gate);
+    // dx[M, 2F] (overwritten).
+    void (*geglu_fwd)(dc_backend *be, dc_buf out, dc_buf x, int64_t M, int F);
+    void (*geglu_bwd)(dc_backend *be, dc_buf dx, dc_buf dout, dc_buf x, int64_t M, int F);
+    // out[n] = act(inp) ; dinp (+= if accumulate) = dout * act'(inp)
+    void (*activation_fwd)(dc_backend *be, dc_buf out, dc_buf inp, int64_t n, dc_act act);
+    void (*activation_bwd)(dc_backend *be, dc_buf dinp, dc_buf dout, dc_buf inp, int64_t n,
+                           dc_act act, bool accumulate);
+
     // ---- optional: NULL where a backend has no such thing -------------------------
     // Device memory this backend holds now and its peak since creation, in bytes.
     void (*memory)(dc_backend *be, size_t *now, size_t *peak);

@@ -47,6 +47,68 @@ DC_HD double dc_timestep_freq(int k, int half) {
     return exp(-9.210340371976184 * (double)k / (double)half);
 }
 
+// ---- latent diffusion (UNet, VAE, text encoders) ------------------------------------
+// The activations of the SD family, for activation_fwd / activation_bwd.
+typedef enum {
+    DC_ACT_SILU,        // x sigmoid(x)
+    DC_ACT_GELU_TANH,   // PyTorch gelu(approximate="tanh")
+    DC_ACT_GELU_ERF,    // PyTorch gelu(): 0.5 x (1 + erf(x / sqrt 2)) (GEGLU, OpenCLIP)
+    DC_ACT_QUICK_GELU,  // x sigmoid(1.702 x) (OpenAI CLIP)
+} dc_act;
+
+// A 2-D convolution's shape: x[B, Ci, H, W] * w[Co, Ci, k, k] -> out[B, Co, Ho, Wo]
+// with stride `stride` and zero padding pad_t/pad_b/pad_l/pad_r (top, bottom,
+// left, right: SD's VAE downsampling pads only bottom and right);
+// Ho = (H + pad_t + pad_b - k) / stride + 1, Wo likewise.
+typedef struct {
+    int B, Ci, H, W, Co, k, stride, pad_t, pad_b, pad_l, pad_r;
+} dc_conv2d_shape;
+DC_HD int dc_conv2d_ho(const dc_conv2d_shape *s) { return (s->H + s->pad_t + s->pad_b - s->k) / s->stride + 1; }
+DC_HD int dc_conv2d_wo(const dc_conv2d_shape *s) { return (s->W + s->pad_l + s->pad_r - s->k) / s->stride + 1; }
+
+// GELU, exact (PyTorch gelu()): 0.5 x (1 + erf(x / sqrt 2)) = x Phi(x);
+// its derivative is Phi(x) + x phi(x), phi the standard normal density.
+#define DC_SQRT1_2 0.7071067811865476f
+#define DC_INV_SQRT_2PI 0.3989422804014327f
+DC_HD float dc_gelu_erf(float x) { return 0.5f * x * (1.0f + erff(x * DC_SQRT1_2)); }
+DC_HD float dc_gelu_erf_grad(float x) {
+    return 0.5f * (1.0f + erff(x * DC_SQRT1_2)) + x * DC_INV_SQRT_2PI * expf(-0.5f * x * x);
+}
+// QuickGELU (OpenAI CLIP): x sigmoid(1.702 x); derivative s (1 + 1.702 x (1 - s)).
+#define DC_QUICK_GELU_K 1.702f
+DC_HD float dc_quick_gelu(float x) { return x / (1.0f + expf(-DC_QUICK_GELU_K * x)); }
+DC_HD float dc_quick_gelu_grad(float x) {
+    float s = 1.0f / (1.0f + expf(-DC_QUICK_GELU_K * x));
+    return s * (1.0f + DC_QUICK_GELU_K * x * (1.0f - s));
+}
+DC_HD float dc_act_fwd(float x, dc_act act) {
+    switch (act) {
+    case DC_ACT_SILU: return dc_silu(x);
+    case DC_ACT_GELU_TANH: return dc_gelu(x);
+    case DC_ACT_GELU_ERF: return dc_gelu_erf(x);
+    case DC_ACT_QUICK_GELU: return dc_quick_gelu(x);
+    }
+    return x;
+}
+DC_HD float dc_act_grad(float x, dc_act act) {
+    switch (act) {
+    case DC_ACT_SILU: return dc_silu_grad(x);
+    case DC_ACT_GELU_TANH: return dc_gelu_grad(x);
+    case DC_ACT_GELU_ERF: return dc_gelu_erf_grad(x);
+    case DC_ACT_QUICK_GELU: return dc_quick_gelu_grad(x);
+    }
+    return 1.0f;
+}
+
+// Group norm and affine layer norm share the per-element formulas: statistics
+// (mean, biased variance) accumulated in double over the group or the row, then
+// y = (x - mean) rstd gamma + beta, and in backward, with g = dL/dy gamma
+// (times act'(y) when an activation is fused), dx = dc_ln_dx(g, xhat, rstd,
+// mean(g), mean(g xhat)) over the same group or row.
+DC_HD float dc_norm_rstd(double var, float eps) { return (float)(1.0 / sqrt(var + (double)eps)); }
+DC_HD float dc_norm_xhat(float x, float mean, float rstd) { return (x - mean) * rstd; }
+DC_HD float dc_norm_affine(float xhat, float gamma, float beta) { return xhat * gamma + beta; }
+
 // ---- diffusion ----------------------------------------------------------------
 // Per-sample coefficients of the DiT training loss, computed on the host in
 // float64 from the schedule at the sample's timestep t (see diffusion/schedule.h).

@@ -46,7 +46,7 @@ static void cpu_sync(dc_backend *be) { (void)be; }
 static void cpu_destroy(dc_backend *be) {
     if (!be) return;
     dc_cpu_ctx *ctx = be->ctx;
-    if (ctx) free(ctx->scratch);
+    if (ctx) free(ctx->scratch), free(ctx->conv_ws);
     free(ctx);
     free(be);
 }
@@ -69,6 +69,36 @@ static int cpu_reserve(dc_backend *be, int max_tokens, int head_dim) {
     ctx->scratch = p;
     ctx->scratch_per_thread = per_thread;
     ctx->scratch_threads = threads;
+    return 0;
+}
+
+// The im2col workspace of the largest conv reserved so far (grow-only), shared
+// by every thread of a conv (see cpu_conv.c). Also where a conv's shape is
+// checked, once, before any conv of it runs.
+static int cpu_reserve_conv(dc_backend *be, const dc_conv2d_shape *s) {
+    dc_cpu_ctx *ctx = be->ctx;
+    if (s->B < 1 || s->Ci < 1 || s->Co < 1 || s->H < 1 || s->W < 1 || s->k < 1 || s->stride < 1 ||
+        s->pad_t < 0 || s->pad_b < 0 || s->pad_l < 0 || s->pad_r < 0 || dc_conv2d_ho(s) < 1 ||
+        dc_conv2d_wo(s) < 1)
+        return dc_fail("conv2d: invalid shape: %d images of %d channels %dx%d, %d output channels, "
+                       "kernel %d, stride %d, padding %d,%d,%d,%d (top, bottom, left, right)",
+                       s->B, s->Ci, s->H, s->W, s->Co, s->k, s->stride, s->pad_t, s->pad_b,
+                       s->pad_l, s->pad_r);
+    // Every index of one image, and of the kernel times one band, fits an int.
+    const int64_t kk = (int64_t)s->Ci * s->k * s->k, wo = dc_conv2d_wo(s);
+    const int64_t ni = (int64_t)s->Ci * s->H * s->W, no = (int64_t)s->Co * dc_conv2d_ho(s) * wo;
+    if (ni > INT32_MAX || no > INT32_MAX || kk * wo > INT32_MAX || kk * s->Co > INT32_MAX)
+        return dc_fail("conv2d: %d channels of %dx%d to %d channels (kernel %d) is too large "
+                       "for one image", s->Ci, s->H, s->W, s->Co, s->k);
+    size_t n = dc_cpu_conv_ws_floats(s);
+    if (n <= ctx->conv_ws_floats) return 0;
+    float *p = aligned(n * sizeof(float));
+    if (!p)
+        return dc_fail("out of memory for %.1f MiB of convolution workspace",
+                       n * sizeof(float) / 1048576.0);
+    free(ctx->conv_ws);
+    ctx->conv_ws = p;
+    ctx->conv_ws_floats = n;
     return 0;
 }
 
@@ -135,6 +165,19 @@ dc_backend *dc_backend_cpu_create(void) {
         .sampler_step = dc_cpu_sampler_step,
         .adamw = dc_cpu_adamw,
         .grad_norm = dc_cpu_grad_norm,
+        .reserve_conv = cpu_reserve_conv,
+        .conv2d_fwd = dc_cpu_conv2d_fwd,
+        .conv2d_bwd = dc_cpu_conv2d_bwd,
+        .group_norm_fwd = dc_cpu_group_norm_fwd,
+        .group_norm_bwd = dc_cpu_group_norm_bwd,
+        .layer_norm_fwd = dc_cpu_layer_norm_fwd,
+        .layer_norm_bwd = dc_cpu_layer_norm_bwd,
+        .upsample2x_fwd = dc_cpu_upsample2x_fwd,
+        .upsample2x_bwd = dc_cpu_upsample2x_bwd,
+        .geglu_fwd = dc_cpu_geglu_fwd,
+        .geglu_bwd = dc_cpu_geglu_bwd,
+        .activation_fwd = dc_cpu_activation_fwd,
+        .activation_bwd = dc_cpu_activation_bwd,
     };
     return be;
 }

@@ -21,6 +21,8 @@ float logf(float);
 #if __GLIBC_PREREQ(2, 35)
 #pragma omp declare simd notinbranch
 float tanhf(float);
+#pragma omp declare simd notinbranch
+float erff(float);
 #endif
 #endif
 
@@ -28,12 +30,20 @@ float tanhf(float);
 // microseconds, more than the loop itself.
 #define DC_CPU_PAR_MIN 32768
 
+// Elementwise loops over n values run as fixed blocks of DC_CPU_BLOCK values,
+// each one `omp simd` loop. Which values land in a vector body and which in a
+// scalar tail (where libm's scalar expf may differ from libmvec's in the last
+// bit) then depends on n alone, so results are the same for any thread count.
+#define DC_CPU_BLOCK 4096
+
 // Backend state: per-thread scratch, grown on demand and kept between calls
 // so ops do not allocate in the training step.
 typedef struct {
     float *scratch;        // [nthreads, scratch_per_thread]
     size_t scratch_per_thread;
     int scratch_threads;
+    float *conv_ws;        // im2col columns of one band, shared by all threads (cpu_conv.c)
+    size_t conv_ws_floats;
 } dc_cpu_ctx;
 
 // The F32 data of a buffer. Other dtypes never reach the CPU backend: that is a
@@ -92,6 +102,36 @@ void dc_cpu_attn_fwd(dc_backend *be, dc_buf out, dc_buf lse, dc_buf qkv, int B, 
                      int H);
 void dc_cpu_attn_bwd(dc_backend *be, dc_buf dqkv, dc_buf dout, dc_buf qkv, dc_buf out,
                      dc_buf lse, int B, int T, int D, int H);
+
+// ---- convolution (cpu_conv.c) -------------------------------------------------
+// The im2col workspace (floats) the conv of shape s needs; 0 for a 1x1 conv.
+size_t dc_cpu_conv_ws_floats(const dc_conv2d_shape *s);
+void dc_cpu_conv2d_fwd(dc_backend *be, dc_buf out, dc_buf x, dc_buf w, dc_buf b,
+                       const dc_conv2d_shape *s);
+void dc_cpu_conv2d_bwd(dc_backend *be, dc_buf dx, dc_buf dw, dc_buf db, dc_buf dout, dc_buf x,
+                       dc_buf w, const dc_conv2d_shape *s, bool accumulate);
+
+// ---- group norm and affine layer norm (cpu_norm.c) ----------------------------
+void dc_cpu_group_norm_fwd(dc_backend *be, dc_buf out, dc_buf mean, dc_buf rstd, dc_buf x,
+                           dc_buf gamma, dc_buf beta, int B, int C, int64_t HW, int G, float eps,
+                           bool silu);
+void dc_cpu_group_norm_bwd(dc_backend *be, dc_buf dx, dc_buf dgamma, dc_buf dbeta, dc_buf dout,
+                           dc_buf x, dc_buf mean, dc_buf rstd, dc_buf gamma, dc_buf beta, int B,
+                           int C, int64_t HW, int G, bool silu, bool accumulate);
+void dc_cpu_layer_norm_fwd(dc_backend *be, dc_buf out, dc_buf mean, dc_buf rstd, dc_buf x,
+                           dc_buf gamma, dc_buf beta, int64_t M, int D, float eps);
+void dc_cpu_layer_norm_bwd(dc_backend *be, dc_buf dx, dc_buf dgamma, dc_buf dbeta, dc_buf dout,
+                           dc_buf x, dc_buf mean, dc_buf rstd, dc_buf gamma, int64_t M, int D,
+                           bool accumulate);
+
+// ---- latent-diffusion pointwise ops (cpu_pointwise.c) --------------------------
+void dc_cpu_upsample2x_fwd(dc_backend *be, dc_buf out, dc_buf x, int B, int C, int H, int W);
+void dc_cpu_upsample2x_bwd(dc_backend *be, dc_buf dx, dc_buf dout, int B, int C, int H, int W);
+void dc_cpu_geglu_fwd(dc_backend *be, dc_buf out, dc_buf x, int64_t M, int F);
+void dc_cpu_geglu_bwd(dc_backend *be, dc_buf dx, dc_buf dout, dc_buf x, int64_t M, int F);
+void dc_cpu_activation_fwd(dc_backend *be, dc_buf out, dc_buf inp, int64_t n, dc_act act);
+void dc_cpu_activation_bwd(dc_backend *be, dc_buf dinp, dc_buf dout, dc_buf inp, int64_t n,
+                           dc_act act, bool accumulate);
 
 // ---- diffusion (cpu_diffusion.c) ----------------------------------------------
 void dc_cpu_randn(dc_backend *be, dc_buf out, const uint32_t *keys, int B, int64_t n,

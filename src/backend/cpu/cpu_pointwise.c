@@ -1,35 +1,47 @@
 // Elementwise ops and the DiT embeddings: activations, axpy, positional add,
-// patchify / unpatchify, timestep and label embeddings.
+// patchify / unpatchify, timestep and label embeddings; and the latent
+// diffusion ones: the activation of a given kind, GEGLU, nearest 2x upsampling.
 //
-// Activation loops are `omp simd` so expf and tanhf vectorise through libmvec
-// (see cpu_ops.h); the formulas themselves are the shared ones in op_math.h.
+// Activation loops are `omp simd` so expf, tanhf and erff vectorise through
+// libmvec (see cpu_ops.h), in fixed blocks so that results do not depend on the
+// thread count; the formulas themselves are the shared ones in op_math.h.
 #include <stdint.h>
 #include <string.h>
 
 #include "backend/cpu/cpu_ops.h"
 
+// Runs STMT for i in [0, n) in fixed blocks of DC_CPU_BLOCK (see cpu_ops.h):
+// blocks over threads, each block one vectorised loop.
+#define BLOCKED(n, STMT)                                                           \
+    do {                                                                           \
+        const int64_t n_ = (n), nb_ = (n_ + DC_CPU_BLOCK - 1) / DC_CPU_BLOCK;      \
+        _Pragma("omp parallel for schedule(static) if (n_ > DC_CPU_PAR_MIN)")      \
+        for (int64_t b_ = 0; b_ < nb_; b_++) {                                     \
+            const int64_t e_ = b_ < nb_ - 1 ? (b_ + 1) * DC_CPU_BLOCK : n_;        \
+            _Pragma("omp simd")                                                    \
+            for (int64_t i = b_ * DC_CPU_BLOCK; i < e_; i++) STMT;                 \
+        }                                                                          \
+    } while (0)
+
 void dc_cpu_gelu_fwd(dc_backend *be, dc_buf out_, dc_buf inp_, int64_t n) {
     (void)be;
     float *out = dc_cpu_f32(out_);
     const float *inp = dc_cpu_f32(inp_);
-#pragma omp parallel for simd schedule(static) if (n > DC_CPU_PAR_MIN)
-    for (int64_t i = 0; i < n; i++) out[i] = dc_gelu(inp[i]);
+    BLOCKED(n, out[i] = dc_gelu(inp[i]));
 }
 
 void dc_cpu_gelu_bwd(dc_backend *be, dc_buf dinp_, dc_buf dout_, dc_buf inp_, int64_t n) {
     (void)be;
     float *dinp = dc_cpu_f32(dinp_);
     const float *dout = dc_cpu_f32(dout_), *inp = dc_cpu_f32(inp_);
-#pragma omp parallel for simd schedule(static) if (n > DC_CPU_PAR_MIN)
-    for (int64_t i = 0; i < n; i++) dinp[i] = dout[i] * dc_gelu_grad(inp[i]);
+    BLOCKED(n, dinp[i] = dout[i] * dc_gelu_grad(inp[i]));
 }
 
 void dc_cpu_silu_fwd(dc_backend *be, dc_buf out_, dc_buf inp_, int64_t n) {
     (void)be;
     float *out = dc_cpu_f32(out_);
     const float *inp = dc_cpu_f32(inp_);
-#pragma omp parallel for simd schedule(static) if (n > DC_CPU_PAR_MIN)
-    for (int64_t i = 0; i < n; i++) out[i] = dc_silu(inp[i]);
+    BLOCKED(n, out[i] = dc_silu(inp[i]));
 }
 
 void dc_cpu_silu_bwd(dc_backend *be, dc_buf dinp_, dc_buf dout_, dc_buf inp_, int64_t n,
@@ -37,13 +49,8 @@ void dc_cpu_silu_bwd(dc_backend *be, dc_buf dinp_, dc_buf dout_, dc_buf inp_, in
     (void)be;
     float *dinp = dc_cpu_f32(dinp_);
     const float *dout = dc_cpu_f32(dout_), *inp = dc_cpu_f32(inp_);
-    if (accumulate) {
-#pragma omp parallel for simd schedule(static) if (n > DC_CPU_PAR_MIN)
-        for (int64_t i = 0; i < n; i++) dinp[i] += dout[i] * dc_silu_grad(inp[i]);
-    } else {
-#pragma omp parallel for simd schedule(static) if (n > DC_CPU_PAR_MIN)
-        for (int64_t i = 0; i < n; i++) dinp[i] = dout[i] * dc_silu_grad(inp[i]);
-    }
+    if (accumulate) BLOCKED(n, dinp[i] += dout[i] * dc_silu_grad(inp[i]));
+    else BLOCKED(n, dinp[i] = dout[i] * dc_silu_grad(inp[i]));
 }
 
 void dc_cpu_axpy(dc_backend *be, dc_buf y_, dc_buf x_, float alpha, int64_t n) {
@@ -189,5 +196,102 @@ void dc_cpu_cast(dc_backend *be, dc_buf dst, dc_buf src, int64_t n) {
         for (int64_t i = 0; i < n; i++) d[i] = dc_bf16_to_f32(s[i]);
     } else {
         assert(!"cast: unsupported dtype pair");
+    }
+}
+
+// ---- latent diffusion: activations, GEGLU, upsampling ----------------------------
+
+// One loop per activation, so each vectorises with its own libm calls.
+#define ACT_SWITCH(act, BODY)                                                        \
+    switch (act) {                                                                    \
+    case DC_ACT_SILU: BODY(dc_silu, dc_silu_grad); break;                             \
+    case DC_ACT_GELU_TANH: BODY(dc_gelu, dc_gelu_grad); break;                        \
+    case DC_ACT_GELU_ERF: BODY(dc_gelu_erf, dc_gelu_erf_grad); break;                 \
+    case DC_ACT_QUICK_GELU: BODY(dc_quick_gelu, dc_quick_gelu_grad); break;           \
+    default: assert(!"unknown activation");                                           \
+    }
+
+void dc_cpu_activation_fwd(dc_backend *be, dc_buf out_, dc_buf inp_, int64_t n, dc_act act) {
+    (void)be;
+    float *out = dc_cpu_f32(out_);
+    const float *inp = dc_cpu_f32(inp_);
+#define FWD(F, DF) BLOCKED(n, out[i] = F(inp[i]))
+    ACT_SWITCH(act, FWD)
+#undef FWD
+}
+
+void dc_cpu_activation_bwd(dc_backend *be, dc_buf dinp_, dc_buf dout_, dc_buf inp_, int64_t n,
+                           dc_act act, bool accumulate) {
+    (void)be;
+    float *dinp = dc_cpu_f32(dinp_);
+    const float *dout = dc_cpu_f32(dout_), *inp = dc_cpu_f32(inp_);
+    if (accumulate) {
+#define BWD_ACC(F, DF) BLOCKED(n, dinp[i] += dout[i] * DF(inp[i]))
+        ACT_SWITCH(act, BWD_ACC)
+#undef BWD_ACC
+    } else {
+#define BWD(F, DF) BLOCKED(n, dinp[i] = dout[i] * DF(inp[i]))
+        ACT_SWITCH(act, BWD)
+#undef BWD
+    }
+}
+
+// GEGLU as diffusers' GEGLU: x[m] = [h | gate] (the projection's two halves).
+void dc_cpu_geglu_fwd(dc_backend *be, dc_buf out_, dc_buf x_, int64_t M, int F) {
+    (void)be;
+    float *out = dc_cpu_f32(out_);    // [M, F]
+    const float *x = dc_cpu_f32(x_);  // [M, 2F]
+#pragma omp parallel for schedule(static) if (M * F > DC_CPU_PAR_MIN)
+    for (int64_t m = 0; m < M; m++) {
+        const float *h = x + m * 2 * F, *gate = h + F;
+        float *o = out + m * F;
+#pragma omp simd
+        for (int f = 0; f < F; f++) o[f] = h[f] * dc_gelu_erf(gate[f]);
+    }
+}
+
+// dh = dout gelu(gate), dgate = dout h gelu'(gate).
+void dc_cpu_geglu_bwd(dc_backend *be, dc_buf dx_, dc_buf dout_, dc_buf x_, int64_t M, int F) {
+    (void)be;
+    float *dx = dc_cpu_f32(dx_);                                  // [M, 2F]
+    const float *dout = dc_cpu_f32(dout_), *x = dc_cpu_f32(x_);   // [M, F], [M, 2F]
+#pragma omp parallel for schedule(static) if (M * F > DC_CPU_PAR_MIN)
+    for (int64_t m = 0; m < M; m++) {
+        const float *h = x + m * 2 * F, *gate = h + F, *d = dout + m * F;
+        float *dh = dx + m * 2 * F, *dgate = dh + F;
+#pragma omp simd
+        for (int f = 0; f < F; f++) {
+            dh[f] = d[f] * dc_gelu_erf(gate[f]);
+            dgate[f] = d[f] * h[f] * dc_gelu_erf_grad(gate[f]);
+        }
+    }
+}
+
+void dc_cpu_upsample2x_fwd(dc_backend *be, dc_buf out_, dc_buf x_, int B, int C, int H, int W) {
+    (void)be;
+    float *out = dc_cpu_f32(out_);    // [B, C, 2H, 2W]
+    const float *x = dc_cpu_f32(x_);  // [B, C, H, W]
+    const int64_t rows = (int64_t)B * C * H;
+#pragma omp parallel for schedule(static) if (rows * W * 4 > DC_CPU_PAR_MIN)
+    for (int64_t r = 0; r < rows; r++) {  // input row r fills output rows 2r and 2r+1
+        const float *xr = x + r * W;
+        float *o0 = out + 2 * r * 2 * W, *o1 = o0 + 2 * W;
+        for (int w = 0; w < W; w++) o0[2 * w] = o0[2 * w + 1] = xr[w];
+        memcpy(o1, o0, (size_t)2 * W * sizeof(float));
+    }
+}
+
+void dc_cpu_upsample2x_bwd(dc_backend *be, dc_buf dx_, dc_buf dout_, int B, int C, int H, int W) {
+    (void)be;
+    float *dx = dc_cpu_f32(dx_);            // [B, C, H, W]
+    const float *dout = dc_cpu_f32(dout_);  // [B, C, 2H, 2W]
+    const int64_t rows = (int64_t)B * C * H;
+#pragma omp parallel for schedule(static) if (rows * W * 4 > DC_CPU_PAR_MIN)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *d0 = dout + 2 * r * 2 * W, *d1 = d0 + 2 * W;
+        float *dxr = dx + r * W;
+#pragma omp simd
+        for (int w = 0; w < W; w++)
+            dxr[w] = (d0[2 * w] + d0[2 * w + 1]) + (d1[2 * w] + d1[2 * w + 1]);
     }
 }

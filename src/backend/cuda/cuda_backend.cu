@@ -75,8 +75,10 @@ static void cu_free(dc_backend *be, void *p) {
 
 static void cu_memory(dc_backend *be, size_t *now, size_t *peak) {
     dc_cuda_ctx *c = dc_cuda(be);
-    if (now) *now = c->bytes_now + c->lt_ws_bytes;
-    if (peak) *peak = c->bytes_peak + c->lt_ws_bytes;
+    // the ops' own workspaces count too (the reduction scratch is too small to matter)
+    size_t ws = c->lt_ws_bytes + c->conv_ws_bytes + c->conv_scratch_bytes + DC_CUDA_NORM_WS * sizeof(double);
+    if (now) *now = c->bytes_now + ws;
+    if (peak) *peak = c->bytes_peak + ws;
 }
 
 // Uploads are staged through the ring in pieces of at most an eighth of it:
@@ -242,9 +244,11 @@ static void cu_destroy(dc_backend *be) {
     dc_cuda_ctx *c = dc_cuda(be);
     if (c->stream) cudaStreamSynchronize(c->stream);
     dc_cuda_gemm_free(c);
+    dc_cuda_conv_free(c);
     if (c->lt) cublasLtDestroy(c->lt);
     if (c->lt_ws) cudaFree(c->lt_ws);
     if (c->red) cudaFree(c->red);
+    if (c->norm_ws) cudaFree(c->norm_ws);
     if (c->ring) cudaFreeHost(c->ring);
     for (int i = 0; i < 8; i++)
         if (c->ring_ev[i]) cudaEventDestroy(c->ring_ev[i]);
@@ -277,6 +281,8 @@ static int start(dc_cuda_ctx *c) {
         return dc_cuda_fail_alloc("the matrix-product workspace", c->lt_ws_bytes, e);
     if ((e = cudaMalloc((void **)&c->red, 1024 * sizeof(double))) != cudaSuccess)
         return dc_cuda_fail_alloc("the reduction scratch", 1024 * sizeof(double), e);
+    if ((e = cudaMalloc((void **)&c->norm_ws, DC_CUDA_NORM_WS * sizeof(double))) != cudaSuccess)
+        return dc_cuda_fail_alloc("the normalisation workspace", DC_CUDA_NORM_WS * sizeof(double), e);
     if ((e = cudaMallocHost((void **)&c->ring, DC_CUDA_RING_BYTES)) != cudaSuccess) {
         cudaGetLastError();
         return dc_fail("%.1f MiB of pinned host memory for uploads could not be allocated (%s)",
@@ -359,6 +365,19 @@ extern "C" dc_backend *dc_backend_cuda_create(bool fp32) {
         .sampler_step = dc_cuda_sampler_step,
         .adamw = dc_cuda_adamw,
         .grad_norm = dc_cuda_grad_norm,
+        .reserve_conv = dc_cuda_reserve_conv,
+        .conv2d_fwd = dc_cuda_conv2d_fwd,
+        .conv2d_bwd = dc_cuda_conv2d_bwd,
+        .group_norm_fwd = dc_cuda_group_norm_fwd,
+        .group_norm_bwd = dc_cuda_group_norm_bwd,
+        .layer_norm_fwd = dc_cuda_layer_norm_fwd,
+        .layer_norm_bwd = dc_cuda_layer_norm_bwd,
+        .upsample2x_fwd = dc_cuda_upsample2x_fwd,
+        .upsample2x_bwd = dc_cuda_upsample2x_bwd,
+        .geglu_fwd = dc_cuda_geglu_fwd,
+        .geglu_bwd = dc_cuda_geglu_bwd,
+        .activation_fwd = dc_cuda_activation_fwd,
+        .activation_bwd = dc_cuda_activation_bwd,
         .memory = cu_memory,
         .graph_capture = cu_graph_capture,
         .graph_launch = cu_graph_launch,

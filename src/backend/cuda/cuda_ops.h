@@ -4,6 +4,7 @@
 #pragma once
 #include <cublasLt.h>
 #include <cuda_runtime.h>
+#include <cudnn.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -11,7 +12,11 @@
 
 #define DC_CUDA_RING_BYTES ((size_t)32 << 20)  // pinned staging for uploads
 
+// Doubles in the normalisation workspace (group and layer norm partial sums).
+#define DC_CUDA_NORM_WS ((int64_t)1 << 19)
+
 typedef struct dc_gemm_plan dc_gemm_plan;
+typedef struct dc_conv_plan dc_conv_plan;
 typedef struct { void *p; size_t bytes; } dc_cuda_alloc_rec;
 
 typedef struct {
@@ -22,6 +27,14 @@ typedef struct {
     dc_gemm_plan *plans;      // cached matmul descriptors and algorithms
     int nplans, cap_plans;
     double *red;              // reduction scratch (gradient-norm partials)
+    double *norm_ws;          // [DC_CUDA_NORM_WS] group / layer norm partial sums
+    cudnnHandle_t dnn;        // cuDNN, started by the first reserve_conv
+    dc_conv_plan *conv_plans; // cached conv descriptors and algorithms
+    int nconv_plans, cap_conv_plans;
+    void *conv_ws;            // cuDNN's workspace (grown by reserve_conv)
+    size_t conv_ws_bytes;
+    void *conv_scratch;       // conv weight gradients and padded inputs (grown by reserve_conv)
+    size_t conv_scratch_bytes;
     char *ring;               // pinned upload staging ring
     size_t ring_head;
     cudaEvent_t ring_ev[8];   // the last copy out of each eighth of the ring
@@ -115,6 +128,34 @@ void dc_cuda_embed_bwd(dc_backend *be, dc_buf dtable, dc_buf dout, dc_buf idx, i
 // out[M,N] += b[N] (bias added outside a matrix product); db[N] += sum_m dout[m, :]
 void dc_cuda_add_bias(dc_backend *be, dc_buf out, dc_buf b, int M, int N);
 void dc_cuda_bias_grad(dc_backend *be, dc_buf db, dc_buf dout, int M, int N);
+
+// ---- latent diffusion pointwise ops (cuda_pointwise.cu) ----
+void dc_cuda_activation_fwd(dc_backend *be, dc_buf out, dc_buf inp, int64_t n, dc_act act);
+void dc_cuda_activation_bwd(dc_backend *be, dc_buf dinp, dc_buf dout, dc_buf inp, int64_t n, dc_act act,
+                            bool accumulate);
+void dc_cuda_geglu_fwd(dc_backend *be, dc_buf out, dc_buf x, int64_t M, int F);
+void dc_cuda_geglu_bwd(dc_backend *be, dc_buf dx, dc_buf dout, dc_buf x, int64_t M, int F);
+void dc_cuda_upsample2x_fwd(dc_backend *be, dc_buf out, dc_buf x, int B, int C, int H, int W);
+void dc_cuda_upsample2x_bwd(dc_backend *be, dc_buf dx, dc_buf dout, int B, int C, int H, int W);
+
+// ---- convolutions through cuDNN (cuda_conv.cu) ----
+int dc_cuda_reserve_conv(dc_backend *be, const dc_conv2d_shape *s);
+void dc_cuda_conv2d_fwd(dc_backend *be, dc_buf out, dc_buf x, dc_buf w, dc_buf b, const dc_conv2d_shape *s);
+void dc_cuda_conv2d_bwd(dc_backend *be, dc_buf dx, dc_buf dw, dc_buf db, dc_buf dout, dc_buf x, dc_buf w,
+                        const dc_conv2d_shape *s, bool accumulate);
+// Releases the plans, cuDNN and the conv workspaces.
+void dc_cuda_conv_free(dc_cuda_ctx *c);
+
+// ---- group norm and affine layer norm (cuda_norm.cu) ----
+void dc_cuda_group_norm_fwd(dc_backend *be, dc_buf out, dc_buf mean, dc_buf rstd, dc_buf x, dc_buf gamma,
+                            dc_buf beta, int B, int C, int64_t HW, int G, float eps, bool silu);
+void dc_cuda_group_norm_bwd(dc_backend *be, dc_buf dx, dc_buf dgamma, dc_buf dbeta, dc_buf dout, dc_buf x,
+                            dc_buf mean, dc_buf rstd, dc_buf gamma, dc_buf beta, int B, int C, int64_t HW, int G,
+                            bool silu, bool accumulate);
+void dc_cuda_layer_norm_fwd(dc_backend *be, dc_buf out, dc_buf mean, dc_buf rstd, dc_buf x, dc_buf gamma,
+                            dc_buf beta, int64_t M, int D, float eps);
+void dc_cuda_layer_norm_bwd(dc_backend *be, dc_buf dx, dc_buf dgamma, dc_buf dbeta, dc_buf dout, dc_buf x,
+                            dc_buf mean, dc_buf rstd, dc_buf gamma, int64_t M, int D, bool accumulate);
 
 // ---- adaLN (cuda_adaln.cu) ----
 void dc_cuda_ln_mod_fwd(dc_backend *be, dc_buf out, dc_buf mean, dc_buf rstd, dc_buf x, dc_buf mod,

@@ -265,3 +265,175 @@ extern "C" void dc_cuda_embed_bwd(dc_backend *be, dc_buf dtable, dc_buf dout, dc
                                                     B, D);
     DC_CUDA_LAUNCHED(be);
 }
+
+// ---- latent diffusion: activations, GEGLU, nearest upsampling ------------------------
+// Each thread takes four consecutive values, with one vector access per
+// tensor where every buffer's alignment allows it (the tail one by one).
+__global__ void k_activation_fwd(void *out, int obf, const void *inp, int ibf, int64_t n, dc_act act, bool vec) {
+    GRID_STRIDE(t, (n + 3) / 4) {
+        float4 v = dc_ld4_upto(inp, 4 * t, n, ibf, vec);
+        v = make_float4(dc_act_fwd(v.x, act), dc_act_fwd(v.y, act), dc_act_fwd(v.z, act), dc_act_fwd(v.w, act));
+        dc_st4_upto(out, 4 * t, n, v, obf, vec);
+    }
+}
+
+__global__ void k_activation_bwd(void *dinp, int dbf, const void *dout, int gbf, const void *inp, int ibf, int64_t n,
+                                 dc_act act, bool accumulate, bool vec) {
+    GRID_STRIDE(t, (n + 3) / 4) {
+        float4 x = dc_ld4_upto(inp, 4 * t, n, ibf, vec), g = dc_ld4_upto(dout, 4 * t, n, gbf, vec);
+        float4 d = make_float4(g.x * dc_act_grad(x.x, act), g.y * dc_act_grad(x.y, act), g.z * dc_act_grad(x.z, act),
+                               g.w * dc_act_grad(x.w, act));
+        if (accumulate) {
+            float4 a = dc_ld4_upto(dinp, 4 * t, n, dbf, vec);
+            d.x += a.x, d.y += a.y, d.z += a.z, d.w += a.w;
+        }
+        dc_st4_upto(dinp, 4 * t, n, d, dbf, vec);
+    }
+}
+
+extern "C" void dc_cuda_activation_fwd(dc_backend *be, dc_buf out, dc_buf inp, int64_t n, dc_act act) {
+    DC_CUDA_OP(be);
+    if (n <= 0) return;
+    bool vec = dc_vec4(out) && dc_vec4(inp);
+    k_activation_fwd<<<dc_blocks((n + 3) / 4, TPB), TPB, 0, S(be)>>>(out.p, BF(out), inp.p, BF(inp), n, act, vec);
+    DC_CUDA_LAUNCHED(be);
+}
+
+extern "C" void dc_cuda_activation_bwd(dc_backend *be, dc_buf dinp, dc_buf dout, dc_buf inp, int64_t n, dc_act act,
+                                       bool accumulate) {
+    DC_CUDA_OP(be);
+    if (n <= 0) return;
+    bool vec = dc_vec4(dinp) && dc_vec4(dout) && dc_vec4(inp);
+    k_activation_bwd<<<dc_blocks((n + 3) / 4, TPB), TPB, 0, S(be)>>>(dinp.p, BF(dinp), dout.p, BF(dout), inp.p,
+                                                                     BF(inp), n, act, accumulate, vec);
+    DC_CUDA_LAUNCHED(be);
+}
+
+// GEGLU: x[M, 2F] = [h | gate], out[M, F] = h gelu_erf(gate). A thread takes
+// W consecutive features of one row (W = 4 when F and the buffers allow
+// vector accesses, else 1).
+template <int W>
+__global__ void k_geglu_fwd(void *out, int obf, const void *x, int xbf, int64_t M, int F) {
+    const int FW = F / W;
+    GRID_STRIDE(t, M * FW) {
+        int64_t m = t / FW;
+        int f = (int)(t % FW) * W;
+        const int64_t xi = m * 2 * F + f, oi = m * F + f;
+        if (W == 4) {
+            float4 h = dc_ld4(x, xi, xbf), g = dc_ld4(x, xi + F, xbf);
+            dc_st4(out, oi, make_float4(h.x * dc_gelu_erf(g.x), h.y * dc_gelu_erf(g.y), h.z * dc_gelu_erf(g.z),
+                                        h.w * dc_gelu_erf(g.w)), obf);
+        } else {
+            dc_st(out, oi, dc_ld(x, xi, xbf) * dc_gelu_erf(dc_ld(x, xi + F, xbf)), obf);
+        }
+    }
+}
+
+// dh = dout gelu_erf(gate) ; dgate = dout h gelu_erf'(gate)
+template <int W>
+__global__ void k_geglu_bwd(void *dx, int dbf, const void *dout, int gbf, const void *x, int xbf, int64_t M, int F) {
+    const int FW = F / W;
+    GRID_STRIDE(t, M * FW) {
+        int64_t m = t / FW;
+        int f = (int)(t % FW) * W;
+        const int64_t xi = m * 2 * F + f, oi = m * F + f;
+        if (W == 4) {
+            float4 h = dc_ld4(x, xi, xbf), g = dc_ld4(x, xi + F, xbf), d = dc_ld4(dout, oi, gbf);
+            dc_st4(dx, xi, make_float4(d.x * dc_gelu_erf(g.x), d.y * dc_gelu_erf(g.y), d.z * dc_gelu_erf(g.z),
+                                       d.w * dc_gelu_erf(g.w)), dbf);
+            dc_st4(dx, xi + F, make_float4(d.x * h.x * dc_gelu_erf_grad(g.x), d.y * h.y * dc_gelu_erf_grad(g.y),
+                                           d.z * h.z * dc_gelu_erf_grad(g.z), d.w * h.w * dc_gelu_erf_grad(g.w)), dbf);
+        } else {
+            float h = dc_ld(x, xi, xbf), g = dc_ld(x, xi + F, xbf), d = dc_ld(dout, oi, gbf);
+            dc_st(dx, xi, d * dc_gelu_erf(g), dbf);
+            dc_st(dx, xi + F, d * h * dc_gelu_erf_grad(g), dbf);
+        }
+    }
+}
+
+extern "C" void dc_cuda_geglu_fwd(dc_backend *be, dc_buf out, dc_buf x, int64_t M, int F) {
+    DC_CUDA_OP(be);
+    if (M <= 0 || F <= 0) return;
+    if (F % 4 == 0 && dc_vec4(out) && dc_vec4(x))
+        k_geglu_fwd<4><<<dc_blocks(M * F / 4, TPB), TPB, 0, S(be)>>>(out.p, BF(out), x.p, BF(x), M, F);
+    else
+        k_geglu_fwd<1><<<dc_blocks(M * F, TPB), TPB, 0, S(be)>>>(out.p, BF(out), x.p, BF(x), M, F);
+    DC_CUDA_LAUNCHED(be);
+}
+
+extern "C" void dc_cuda_geglu_bwd(dc_backend *be, dc_buf dx, dc_buf dout, dc_buf x, int64_t M, int F) {
+    DC_CUDA_OP(be);
+    if (M <= 0 || F <= 0) return;
+    if (F % 4 == 0 && dc_vec4(dx) && dc_vec4(dout) && dc_vec4(x))
+        k_geglu_bwd<4><<<dc_blocks(M * F / 4, TPB), TPB, 0, S(be)>>>(dx.p, BF(dx), dout.p, BF(dout), x.p, BF(x), M,
+                                                                      F);
+    else
+        k_geglu_bwd<1><<<dc_blocks(M * F, TPB), TPB, 0, S(be)>>>(dx.p, BF(dx), dout.p, BF(dout), x.p, BF(x), M, F);
+    DC_CUDA_LAUNCHED(be);
+}
+
+// Nearest 2x upsampling of x[B*C, H, W]. A thread takes W2 input columns of
+// one row (W2 = 2 when W is even and the buffers allow it: two input values,
+// one 4-wide output access in each of the two output rows; else 1).
+template <int W2>
+__global__ void k_upsample2x_fwd(void *out, int obf, const void *x, int xbf, int64_t rows, int W) {
+    const int WW = W / W2;
+    GRID_STRIDE(t, rows * WW) {
+        int64_t r = t / WW;  // input row (image and row)
+        int j = (int)(t % WW) * W2;
+        int64_t o = 2 * r * 2 * W + 2 * j;  // output row 2 (r mod H) of the same image
+        if (W2 == 2) {
+            float a = dc_ld(x, r * W + j, xbf), b = dc_ld(x, r * W + j + 1, xbf);
+            float4 v = make_float4(a, a, b, b);
+            dc_st4(out, o, v, obf);
+            dc_st4(out, o + 2 * W, v, obf);
+        } else {
+            float a = dc_ld(x, r * W + j, xbf);
+            dc_st(out, o, a, obf), dc_st(out, o + 1, a, obf);
+            dc_st(out, o + 2 * W, a, obf), dc_st(out, o + 2 * W + 1, a, obf);
+        }
+    }
+}
+
+// dx = the sum of dout over each 2x2 block, in the order (top left, top right,
+// bottom left, bottom right).
+template <int W2>
+__global__ void k_upsample2x_bwd(void *dx, int dbf, const void *dout, int gbf, int64_t rows, int W) {
+    const int WW = W / W2;
+    GRID_STRIDE(t, rows * WW) {
+        int64_t r = t / WW;
+        int j = (int)(t % WW) * W2;
+        int64_t o = 2 * r * 2 * W + 2 * j;
+        if (W2 == 2) {
+            float4 u = dc_ld4(dout, o, gbf), d = dc_ld4(dout, o + 2 * W, gbf);
+            dc_st(dx, r * W + j, u.x + u.y + d.x + d.y, dbf);
+            dc_st(dx, r * W + j + 1, u.z + u.w + d.z + d.w, dbf);
+        } else {
+            float s = dc_ld(dout, o, gbf) + dc_ld(dout, o + 1, gbf) + dc_ld(dout, o + 2 * W, gbf) +
+                      dc_ld(dout, o + 2 * W + 1, gbf);
+            dc_st(dx, r * W + j, s, dbf);
+        }
+    }
+}
+
+extern "C" void dc_cuda_upsample2x_fwd(dc_backend *be, dc_buf out, dc_buf x, int B, int C, int H, int W) {
+    DC_CUDA_OP(be);
+    int64_t rows = (int64_t)B * C * H;
+    if (rows <= 0 || W <= 0) return;
+    if (W % 2 == 0 && dc_vec4(out))
+        k_upsample2x_fwd<2><<<dc_blocks(rows * W / 2, TPB), TPB, 0, S(be)>>>(out.p, BF(out), x.p, BF(x), rows, W);
+    else
+        k_upsample2x_fwd<1><<<dc_blocks(rows * W, TPB), TPB, 0, S(be)>>>(out.p, BF(out), x.p, BF(x), rows, W);
+    DC_CUDA_LAUNCHED(be);
+}
+
+extern "C" void dc_cuda_upsample2x_bwd(dc_backend *be, dc_buf dx, dc_buf dout, int B, int C, int H, int W) {
+    DC_CUDA_OP(be);
+    int64_t rows = (int64_t)B * C * H;
+    if (rows <= 0 || W <= 0) return;
+    if (W % 2 == 0 && dc_vec4(dout))
+        k_upsample2x_bwd<2><<<dc_blocks(rows * W / 2, TPB), TPB, 0, S(be)>>>(dx.p, BF(dx), dout.p, BF(dout), rows, W);
+    else
+        k_upsample2x_bwd<1><<<dc_blocks(rows * W, TPB), TPB, 0, S(be)>>>(dx.p, BF(dx), dout.p, BF(dout), rows, W);
+    DC_CUDA_LAUNCHED(be);
+}

@@ -1,0 +1,230 @@
+// GroupNorm (with an optional fused SiLU) and LayerNorm with affine weights,
+// forward and backward: the norms of the SD UNet, VAE and text encoders.
+//
+// Statistics are two passes in double (mean, then the centred variance), so
+// the variance stays accurate when a group's mean dwarfs its spread. Every
+// sum is taken by one thread in one fixed order: groups and rows are split
+// over threads, and the sums over the batch (dgamma, dbeta) run per channel
+// or per column block, never split, so results do not depend on the thread
+// count. The element formulas are the shared ones in op_math.h.
+#include <stdint.h>
+
+#include "backend/cpu/cpu_ops.h"
+
+enum { CB = 64 };  // columns per block for the layer norm's sums over rows
+
+// ---- group norm -------------------------------------------------------------------
+// x[B, C, HW]; group g of sample b is the (C/G) * HW contiguous values from
+// channel g * C/G on.
+
+void dc_cpu_group_norm_fwd(dc_backend *be, dc_buf out_, dc_buf mean_, dc_buf rstd_, dc_buf x_,
+                           dc_buf gamma_, dc_buf beta_, int B, int C, int64_t HW, int G, float eps,
+                           bool silu) {
+    (void)be;
+    float *out = dc_cpu_f32(out_);                                    // [B, C, HW]
+    float *mean = dc_cpu_f32(mean_), *rstd = dc_cpu_f32(rstd_);       // [B, G]
+    const float *x = dc_cpu_f32(x_);                                  // [B, C, HW]
+    const float *gamma = dc_cpu_f32(gamma_), *beta = dc_cpu_f32(beta_);  // [C]
+    assert(C % G == 0);
+    const int Cg = C / G;
+    const int64_t n = Cg * HW;
+#pragma omp parallel for schedule(static) if ((int64_t)B * C * HW > DC_CPU_PAR_MIN)
+    for (int bg = 0; bg < B * G; bg++) {
+        const float *xg = x + (int64_t)bg * n;
+        double s = 0.0, ss = 0.0;
+#pragma omp simd reduction(+ : s)
+        for (int64_t i = 0; i < n; i++) s += xg[i];
+        const double mu = s / n;
+#pragma omp simd reduction(+ : ss)
+        for (int64_t i = 0; i < n; i++) ss += (xg[i] - mu) * (xg[i] - mu);
+        const float m = (float)mu, r = dc_norm_rstd(ss / n, eps);
+        mean[bg] = m;
+        rstd[bg] = r;
+        for (int j = 0; j < Cg; j++) {
+            const int c = bg % G * Cg + j;
+            const float ga = gamma[c], be = beta[c];
+            const float *xc = xg + j * HW;
+            float *o = out + (int64_t)bg * n + j * HW;
+            if (silu) {
+#pragma omp simd
+                for (int64_t i = 0; i < HW; i++)
+                    o[i] = dc_silu(dc_norm_affine(dc_norm_xhat(xc[i], m, r), ga, be));
+            } else {
+#pragma omp simd
+                for (int64_t i = 0; i < HW; i++)
+                    o[i] = dc_norm_affine(dc_norm_xhat(xc[i], m, r), ga, be);
+            }
+        }
+    }
+}
+
+// dL/dy for y = xhat gamma + beta: dout, times silu'(y) when SiLU was fused
+// (y recomputed from the saved statistics rather than stored).
+static inline float group_dy(float dout, float xhat, float ga, float be, bool silu) {
+    return silu ? dout * dc_silu_grad(dc_norm_affine(xhat, ga, be)) : dout;
+}
+
+void dc_cpu_group_norm_bwd(dc_backend *be, dc_buf dx_, dc_buf dgamma_, dc_buf dbeta_,
+                           dc_buf dout_, dc_buf x_, dc_buf mean_, dc_buf rstd_, dc_buf gamma_,
+                           dc_buf beta_, int B, int C, int64_t HW, int G, bool silu,
+                           bool accumulate) {
+    (void)be;
+    float *dx = dx_.p ? dc_cpu_f32(dx_) : NULL;                       // [B, C, HW]
+    float *dgamma = dgamma_.p ? dc_cpu_f32(dgamma_) : NULL;           // [C]
+    float *dbeta = dbeta_.p ? dc_cpu_f32(dbeta_) : NULL;              // [C]
+    const float *dout = dc_cpu_f32(dout_), *x = dc_cpu_f32(x_);       // [B, C, HW]
+    const float *mean = dc_cpu_f32(mean_), *rstd = dc_cpu_f32(rstd_);  // [B, G]
+    const float *gamma = dc_cpu_f32(gamma_);                          // [C]
+    const float *beta = silu ? dc_cpu_f32(beta_) : NULL;              // [C], read with SiLU only
+    assert(C % G == 0);
+    const int Cg = C / G;
+    const int64_t n = Cg * HW;
+#pragma omp parallel if ((int64_t)B * C * HW > DC_CPU_PAR_MIN)
+    {
+        // dx = rstd (g - mean(g) - xhat mean(g xhat)) over the group, g = dy gamma.
+#pragma omp for schedule(static)
+        for (int bg = 0; bg < (dx ? B * G : 0); bg++) {
+            const float m = mean[bg], r = rstd[bg];
+            double sg = 0.0, sgx = 0.0;
+            for (int j = 0; j < Cg; j++) {
+                const int c = bg % G * Cg + j;
+                const float ga = gamma[c], be = silu ? beta[c] : 0.0f;
+                const int64_t off = (int64_t)bg * n + j * HW;
+                const float *xc = x + off, *dc = dout + off;
+                double a = 0.0, e = 0.0;
+#pragma omp simd reduction(+ : a, e)
+                for (int64_t i = 0; i < HW; i++) {
+                    const float xh = dc_norm_xhat(xc[i], m, r);
+                    const float dy = group_dy(dc[i], xh, ga, be, silu);
+                    a += dy;
+                    e += dy * xh;
+                }
+                sg += ga * a;
+                sgx += ga * e;
+            }
+            const float mg = (float)(sg / n), mgx = (float)(sgx / n);
+            for (int j = 0; j < Cg; j++) {
+                const int c = bg % G * Cg + j;
+                const float ga = gamma[c], be = silu ? beta[c] : 0.0f;
+                const int64_t off = (int64_t)bg * n + j * HW;
+                const float *xc = x + off, *dc = dout + off;
+                float *d = dx + off;
+#pragma omp simd
+                for (int64_t i = 0; i < HW; i++) {
+                    const float xh = dc_norm_xhat(xc[i], m, r);
+                    const float dy = group_dy(dc[i], xh, ga, be, silu);
+                    const float v = dc_ln_dx(dy * ga, xh, r, mg, mgx);
+                    d[i] = accumulate ? d[i] + v : v;
+                }
+            }
+        }
+        // dbeta[c] += sum dy, dgamma[c] += sum dy xhat, over the batch and pixels.
+#pragma omp for schedule(static)
+        for (int c = 0; c < (dgamma || dbeta ? C : 0); c++) {
+            const int g = c / Cg;
+            const float ga = gamma[c], be = silu ? beta[c] : 0.0f;
+            double a = 0.0, e = 0.0;
+            for (int b = 0; b < B; b++) {
+                const int64_t off = ((int64_t)b * C + c) * HW;
+                const float *xc = x + off, *dc = dout + off;
+                const float m = mean[b * G + g], r = rstd[b * G + g];
+#pragma omp simd reduction(+ : a, e)
+                for (int64_t i = 0; i < HW; i++) {
+                    const float xh = dc_norm_xhat(xc[i], m, r);
+                    const float dy = group_dy(dc[i], xh, ga, be, silu);
+                    a += dy;
+                    e += dy * xh;
+                }
+            }
+            if (dbeta) dbeta[c] += (float)a;
+            if (dgamma) dgamma[c] += (float)e;
+        }
+    }
+}
+
+// ---- layer norm -------------------------------------------------------------------
+
+void dc_cpu_layer_norm_fwd(dc_backend *be, dc_buf out_, dc_buf mean_, dc_buf rstd_, dc_buf x_,
+                           dc_buf gamma_, dc_buf beta_, int64_t M, int D, float eps) {
+    (void)be;
+    float *out = dc_cpu_f32(out_);                                    // [M, D]
+    float *mean = dc_cpu_f32(mean_), *rstd = dc_cpu_f32(rstd_);       // [M]
+    const float *x = dc_cpu_f32(x_);                                  // [M, D]
+    const float *gamma = dc_cpu_f32(gamma_), *beta = dc_cpu_f32(beta_);  // [D]
+#pragma omp parallel for schedule(static) if (M * D > DC_CPU_PAR_MIN)
+    for (int64_t row = 0; row < M; row++) {
+        const float *xr = x + row * D;
+        double s = 0.0, ss = 0.0;
+#pragma omp simd reduction(+ : s)
+        for (int d = 0; d < D; d++) s += xr[d];
+        const double mu = s / D;
+#pragma omp simd reduction(+ : ss)
+        for (int d = 0; d < D; d++) ss += (xr[d] - mu) * (xr[d] - mu);
+        const float m = (float)mu, r = dc_norm_rstd(ss / D, eps);
+        float *o = out + row * D;
+#pragma omp simd
+        for (int d = 0; d < D; d++)
+            o[d] = dc_norm_affine(dc_norm_xhat(xr[d], m, r), gamma[d], beta[d]);
+        mean[row] = m;
+        rstd[row] = r;
+    }
+}
+
+void dc_cpu_layer_norm_bwd(dc_backend *be, dc_buf dx_, dc_buf dgamma_, dc_buf dbeta_,
+                           dc_buf dout_, dc_buf x_, dc_buf mean_, dc_buf rstd_, dc_buf gamma_,
+                           int64_t M, int D, bool accumulate) {
+    (void)be;
+    float *dx = dx_.p ? dc_cpu_f32(dx_) : NULL;                       // [M, D]
+    float *dgamma = dgamma_.p ? dc_cpu_f32(dgamma_) : NULL;           // [D]
+    float *dbeta = dbeta_.p ? dc_cpu_f32(dbeta_) : NULL;              // [D]
+    const float *dout = dc_cpu_f32(dout_), *x = dc_cpu_f32(x_);       // [M, D]
+    const float *mean = dc_cpu_f32(mean_), *rstd = dc_cpu_f32(rstd_);  // [M]
+    const float *gamma = dc_cpu_f32(gamma_);                          // [D]
+    const int ncb = (D + CB - 1) / CB;
+#pragma omp parallel if (M * D > DC_CPU_PAR_MIN)
+    {
+        // dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dout gamma.
+#pragma omp for schedule(static)
+        for (int64_t row = 0; row < (dx ? M : 0); row++) {
+            const float *xr = x + row * D, *dor = dout + row * D;
+            const float m = mean[row], r = rstd[row];
+            double sg = 0.0, sgx = 0.0;
+#pragma omp simd reduction(+ : sg, sgx)
+            for (int d = 0; d < D; d++) {
+                const float g = dor[d] * gamma[d];
+                sg += g;
+                sgx += g * dc_norm_xhat(xr[d], m, r);
+            }
+            const float mg = (float)(sg / D), mgx = (float)(sgx / D);
+            float *dxr = dx + row * D;
+            if (accumulate) {
+#pragma omp simd
+                for (int d = 0; d < D; d++)
+                    dxr[d] += dc_ln_dx(dor[d] * gamma[d], dc_norm_xhat(xr[d], m, r), r, mg, mgx);
+            } else {
+#pragma omp simd
+                for (int d = 0; d < D; d++)
+                    dxr[d] = dc_ln_dx(dor[d] * gamma[d], dc_norm_xhat(xr[d], m, r), r, mg, mgx);
+            }
+        }
+        // dbeta = sum_rows dout, dgamma = sum_rows dout xhat, per column block.
+#pragma omp for schedule(static)
+        for (int cb = 0; cb < (dgamma || dbeta ? ncb : 0); cb++) {
+            const int d0 = cb * CB, nd = D - d0 < CB ? D - d0 : CB;
+            double a[CB] = {0}, e[CB] = {0};
+            for (int64_t row = 0; row < M; row++) {
+                const float *xr = x + row * D + d0, *dor = dout + row * D + d0;
+                const float m = mean[row], r = rstd[row];
+#pragma omp simd
+                for (int j = 0; j < nd; j++) {
+                    a[j] += dor[j];
+                    e[j] += dor[j] * dc_norm_xhat(xr[j], m, r);
+                }
+            }
+            for (int j = 0; j < nd; j++) {
+                if (dbeta) dbeta[d0 + j] += (float)a[j];
+                if (dgamma) dgamma[d0 + j] += (float)e[j];
+            }
+        }
+    }
+}

@@ -1,0 +1,468 @@
+// 2-D convolutions through cuDNN (its convolution API: forward, backward
+// data, backward filter) on NCHW tensors, as PyTorch lays them out.
+//
+// Plans. reserve_conv makes, for a shape in the backend's compute dtype, the
+// descriptors and the three algorithms, and grows the workspace to what they
+// need; ops find the plan in a cache, so no op allocates (a reserved shape in
+// another dtype gets a plan within the workspace there; a shape never
+// reserved is an error that says so). Algorithms come from cuDNN's
+// heuristics, not from timing runs (which could choose differently from one
+// run to the next), and must be deterministic. fp32 convs run with FMA math
+// only (no TF32), so the fp32 mode checks as tightly as the CPU; bf16 convs
+// use tensor cores with fp32 accumulation. Memory: the scratch holds a padded
+// copy of the largest asymmetrically padded input reserved (4 bytes a value).
+//
+// Padding. cuDNN pads symmetrically; SD's VAE downsampling pads (0,1,0,1).
+// A conv with asymmetric padding copies its input, zero-padded, into the conv
+// scratch and runs cuDNN unpadded; its input gradient comes back padded into
+// the same place and is cropped.
+//
+// Gradients. dw accumulates (+=) in its own dtype, normally fp32: cuDNN writes
+// the gradient in the weights' dtype into the scratch and a kernel adds it
+// (with bf16 weights it is rounded to bf16 first, as under PyTorch's
+// autocast). db is a fixed-order sum over batch and pixels; dx is written by
+// cuDNN directly, blended with beta = 1 when accumulating (or cropped, and
+// added, from the padded gradient).
+//
+// cuDNN 9 keeps this API, marked deprecated in favour of its graph API; it
+// keeps the code short.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_common.h"
+#include "backend/cuda/cuda_ops.h"
+#include "core/error.h"
+
+struct dc_conv_plan {
+    dc_conv2d_shape s;  // key: shape and dtype (of x, w, out and their gradients)
+    dc_dtype dt;
+    bool padded;        // asymmetric: cuDNN sees the input padded by us
+    cudnnTensorDescriptor_t xd, yd;
+    cudnnFilterDescriptor_t wd;
+    cudnnConvolutionDescriptor_t cd;
+    cudnnConvolutionFwdAlgo_t fwd;
+    cudnnConvolutionBwdDataAlgo_t bwd_data;
+    cudnnConvolutionBwdFilterAlgo_t bwd_filter;
+    cudnnMathType_t math_fwd, math_data, math_filter;
+    size_t ws;          // workspace bytes the three need (the largest)
+};
+
+// The most workspace reserve lets one algorithm ask for: cuDNN's fastest
+// choices (FFT) can want gigabytes.
+#define CONV_WS_MAX ((size_t)256 << 20)
+
+#define GRID_STRIDE(i, n) \
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
+enum { TPB = 256 };
+
+static bool padded(const dc_conv2d_shape *s) { return s->pad_t != s->pad_b || s->pad_l != s->pad_r; }
+static int64_t round256(int64_t n) { return (n + 255) & ~(int64_t)255; }
+static int64_t dw_numel(const dc_conv2d_shape *s) { return (int64_t)s->Co * s->Ci * s->k * s->k; }
+
+// Scratch: the weight gradient as cuDNN writes it, then (asymmetric padding)
+// the padded input or input gradient, sized for 4-byte values whatever the dtype.
+static int64_t scratch_pad_offset(const dc_conv2d_shape *s) { return round256(dw_numel(s) * 4); }
+static size_t scratch_bytes(const dc_conv2d_shape *s) {
+    int64_t n = scratch_pad_offset(s);
+    if (padded(s)) n += (int64_t)s->B * s->Ci * (s->H + s->pad_t + s->pad_b) * (s->W + s->pad_l + s->pad_r) * 4;
+    return (size_t)n;
+}
+
+static void shape_text(const dc_conv2d_shape *s, char *buf, size_t n) {
+    snprintf(buf, n,
+             "%d images of %d channels %dx%d to %d channels, kernel %d, stride %d, padding %d,%d,%d,%d "
+             "(top, bottom, left, right)",
+             s->B, s->Ci, s->H, s->W, s->Co, s->k, s->stride, s->pad_t, s->pad_b, s->pad_l, s->pad_r);
+}
+
+// A shape cuDNN's 4-d descriptors (int sizes) can take; else false with why.
+static bool shape_ok(const dc_conv2d_shape *s, char *err, size_t n) {
+    char t[200];
+    shape_text(s, t, sizeof t);
+    if (s->B < 1 || s->Ci < 1 || s->Co < 1 || s->H < 1 || s->W < 1 || s->k < 1 || s->stride < 1 || s->pad_t < 0 ||
+        s->pad_b < 0 || s->pad_l < 0 || s->pad_r < 0 || s->pad_t >= s->k || s->pad_b >= s->k || s->pad_l >= s->k ||
+        s->pad_r >= s->k || dc_conv2d_ho(s) < 1 || dc_conv2d_wo(s) < 1) {
+        snprintf(err, n, "conv2d: invalid shape: %s", t);
+        return false;
+    }
+    int64_t ni = (int64_t)s->B * s->Ci * (s->H + s->pad_t + s->pad_b) * (s->W + s->pad_l + s->pad_r);
+    int64_t no = (int64_t)s->B * s->Co * dc_conv2d_ho(s) * dc_conv2d_wo(s);
+    if (ni > INT32_MAX || no > INT32_MAX || dw_numel(s) > INT32_MAX) {
+        snprintf(err, n, "conv2d: %s: a batch of more than 2^31 values is too large for one convolution", t);
+        return false;
+    }
+    return true;
+}
+
+static void plan_free(dc_conv_plan *p) {
+    if (p->xd) cudnnDestroyTensorDescriptor(p->xd);
+    if (p->yd) cudnnDestroyTensorDescriptor(p->yd);
+    if (p->wd) cudnnDestroyFilterDescriptor(p->wd);
+    if (p->cd) cudnnDestroyConvolutionDescriptor(p->cd);
+}
+
+// A cuDNN call while making a plan: false with the message in err.
+#define DNN_MAKE(call)                                                                                   \
+    do {                                                                                                 \
+        cudnnStatus_t st_ = (call);                                                                      \
+        if (st_ != CUDNN_STATUS_SUCCESS) {                                                               \
+            snprintf(err, errn, "cuDNN error: %s, from %s", cudnnGetErrorString(st_), #call);            \
+            return false;                                                                                \
+        }                                                                                                \
+    } while (0)
+
+// Whether one of cuDNN's ranked choices qualifies: it runs, is deterministic,
+// and in fp32 uses no tensor-core math.
+template <typename Perf>
+static bool usable(const Perf &r, bool fp32) {
+    if (r.status != CUDNN_STATUS_SUCCESS || r.determinism != CUDNN_DETERMINISTIC) return false;
+    return !fp32 || (r.mathType != CUDNN_TENSOR_OP_MATH && r.mathType != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION);
+}
+
+// Fills p (zeroed by the caller, freed by it on failure) for shape s in dtype
+// dt, with algorithms whose workspace is at most limit bytes.
+static bool plan_make(cudnnHandle_t h, const dc_conv2d_shape *s, dc_dtype dt, size_t limit, dc_conv_plan *p,
+                      char *err, size_t errn) {
+    const bool fp32 = dt == DC_F32;
+    const cudnnDataType_t ty = fp32 ? CUDNN_DATA_FLOAT : CUDNN_DATA_BFLOAT16;
+    const cudnnMathType_t base = fp32 ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH;
+    p->s = *s, p->dt = dt, p->padded = padded(s);
+    const int hi = p->padded ? s->H + s->pad_t + s->pad_b : s->H, wi = p->padded ? s->W + s->pad_l + s->pad_r : s->W;
+    const int ph = p->padded ? 0 : s->pad_t, pw = p->padded ? 0 : s->pad_l;
+    const int ho = dc_conv2d_ho(s), wo = dc_conv2d_wo(s);
+    DNN_MAKE(cudnnCreateTensorDescriptor(&p->xd));
+    DNN_MAKE(cudnnSetTensor4dDescriptor(p->xd, CUDNN_TENSOR_NCHW, ty, s->B, s->Ci, hi, wi));
+    DNN_MAKE(cudnnCreateFilterDescriptor(&p->wd));
+    DNN_MAKE(cudnnSetFilter4dDescriptor(p->wd, ty, CUDNN_TENSOR_NCHW, s->Co, s->Ci, s->k, s->k));
+    DNN_MAKE(cudnnCreateConvolutionDescriptor(&p->cd));
+    DNN_MAKE(cudnnSetConvolution2dDescriptor(p->cd, ph, pw, s->stride, s->stride, 1, 1, CUDNN_CROSS_CORRELATION,
+                                             CUDNN_DATA_FLOAT));
+    DNN_MAKE(cudnnSetConvolutionMathType(p->cd, base));
+    int n = 0, c = 0, oh = 0, ow = 0;
+    DNN_MAKE(cudnnGetConvolution2dForwardOutputDim(p->cd, p->xd, p->wd, &n, &c, &oh, &ow));
+    if (n != s->B || c != s->Co || oh != ho || ow != wo) {
+        snprintf(err, errn, "cuDNN computes a %dx%dx%dx%d output where %dx%dx%dx%d is expected", n, c, oh, ow, s->B,
+                 s->Co, ho, wo);
+        return false;
+    }
+    DNN_MAKE(cudnnCreateTensorDescriptor(&p->yd));
+    DNN_MAKE(cudnnSetTensor4dDescriptor(p->yd, CUDNN_TENSOR_NCHW, ty, s->B, s->Co, ho, wo));
+
+    // Each pass takes the first qualifying choice whose workspace fits; the
+    // math type a choice was ranked with is set again before it runs.
+    size_t ws = 0;
+    bool found = false;
+    cudnnConvolutionFwdAlgoPerf_t f[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+    DNN_MAKE(cudnnSetConvolutionMathType(p->cd, base));  // rank for the base math
+    DNN_MAKE(cudnnGetConvolutionForwardAlgorithm_v7(h, p->xd, p->wd, p->cd, p->yd, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
+                                                    &n, f));
+    for (int i = 0; i < n && !found; i++) {
+        cudnnMathType_t m = fp32 ? base : f[i].mathType;
+        if (!usable(f[i], fp32) || cudnnSetConvolutionMathType(p->cd, m) != CUDNN_STATUS_SUCCESS ||
+            cudnnGetConvolutionForwardWorkspaceSize(h, p->xd, p->wd, p->cd, p->yd, f[i].algo, &ws) !=
+                CUDNN_STATUS_SUCCESS ||
+            ws > limit)
+            continue;
+        p->fwd = f[i].algo, p->math_fwd = m, p->ws = ws, found = true;
+    }
+    const char *pass = "forward";
+    if (found) {
+        found = false, pass = "backward-data";
+        cudnnConvolutionBwdDataAlgoPerf_t d[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+        DNN_MAKE(cudnnSetConvolutionMathType(p->cd, base));  // rank for the base math
+        DNN_MAKE(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p->wd, p->yd, p->cd, p->xd,
+                                                             CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &n, d));
+        for (int i = 0; i < n && !found; i++) {
+            cudnnMathType_t m = fp32 ? base : d[i].mathType;
+            if (!usable(d[i], fp32) || cudnnSetConvolutionMathType(p->cd, m) != CUDNN_STATUS_SUCCESS ||
+                cudnnGetConvolutionBackwardDataWorkspaceSize(h, p->wd, p->yd, p->cd, p->xd, d[i].algo, &ws) !=
+                    CUDNN_STATUS_SUCCESS ||
+                ws > limit)
+                continue;
+            p->bwd_data = d[i].algo, p->math_data = m, found = true;
+            if (ws > p->ws) p->ws = ws;
+        }
+    }
+    if (found) {
+        found = false, pass = "backward-filter";
+        cudnnConvolutionBwdFilterAlgoPerf_t w[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+        DNN_MAKE(cudnnSetConvolutionMathType(p->cd, base));  // rank for the base math
+        DNN_MAKE(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, p->xd, p->yd, p->cd, p->wd,
+                                                               CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &n, w));
+        for (int i = 0; i < n && !found; i++) {
+            cudnnMathType_t m = fp32 ? base : w[i].mathType;
+            if (!usable(w[i], fp32) || cudnnSetConvolutionMathType(p->cd, m) != CUDNN_STATUS_SUCCESS ||
+                cudnnGetConvolutionBackwardFilterWorkspaceSize(h, p->xd, p->yd, p->cd, p->wd, w[i].algo, &ws) !=
+                    CUDNN_STATUS_SUCCESS ||
+                ws > limit)
+                continue;
+            p->bwd_filter = w[i].algo, p->math_filter = m, found = true;
+            if (ws > p->ws) p->ws = ws;
+        }
+    }
+    if (!found) {
+        char t[200];
+        shape_text(s, t, sizeof t);
+        snprintf(err, errn, "cuDNN offers no deterministic %s %s algorithm within %.1f MiB of workspace for %s", pass,
+                 dc_dtype_name(dt), limit / 1048576.0, t);
+        return false;
+    }
+    return true;
+}
+
+static dc_conv_plan *plan_find(dc_cuda_ctx *c, const dc_conv2d_shape *s, dc_dtype dt) {
+    for (int i = 0; i < c->nconv_plans; i++)
+        if (c->conv_plans[i].dt == dt && memcmp(&c->conv_plans[i].s, s, sizeof *s) == 0) return &c->conv_plans[i];
+    return NULL;
+}
+
+// The cached plan, or a new one within `limit` bytes of workspace; NULL with
+// the message in err.
+static dc_conv_plan *plan_get(dc_cuda_ctx *c, const dc_conv2d_shape *s, dc_dtype dt, size_t limit, char *err,
+                              size_t errn) {
+    dc_conv_plan *p = plan_find(c, s, dt);
+    if (p) return p;
+    if (!shape_ok(s, err, errn)) return NULL;
+    if (c->nconv_plans == c->cap_conv_plans) {
+        int cap = c->cap_conv_plans ? 2 * c->cap_conv_plans : 32;
+        dc_conv_plan *t = (dc_conv_plan *)realloc(c->conv_plans, cap * sizeof *t);
+        if (!t) {
+            snprintf(err, errn, "out of host memory for %d convolution plans", cap);
+            return NULL;
+        }
+        c->conv_plans = t, c->cap_conv_plans = cap;
+    }
+    dc_conv_plan np;
+    memset(&np, 0, sizeof np);
+    if (!plan_make(c->dnn, s, dt, limit, &np, err, errn)) {
+        plan_free(&np);
+        return NULL;
+    }
+    c->conv_plans[c->nconv_plans] = np;
+    return &c->conv_plans[c->nconv_plans++];
+}
+
+extern "C" void dc_cuda_conv_free(dc_cuda_ctx *c) {
+    for (int i = 0; i < c->nconv_plans; i++) plan_free(&c->conv_plans[i]);
+    free(c->conv_plans);
+    c->conv_plans = NULL, c->nconv_plans = c->cap_conv_plans = 0;
+    if (c->dnn) cudnnDestroy(c->dnn);
+    c->dnn = NULL;
+    if (c->conv_ws) cudaFree(c->conv_ws);
+    if (c->conv_scratch) cudaFree(c->conv_scratch);
+    c->conv_ws = c->conv_scratch = NULL, c->conv_ws_bytes = c->conv_scratch_bytes = 0;
+}
+
+// Replaces *p by a buffer of `bytes` if it is smaller (grow-only); -1 with a
+// message if the GPU cannot give it (the old one is gone then too).
+static int grow(void **p, size_t *have, size_t bytes, const char *what) {
+    if (bytes <= *have) return 0;
+    if (*p) cudaFree(*p);  // waits for the work that uses it
+    *p = NULL, *have = 0;
+    cudaError_t e = cudaMalloc(p, bytes);
+    if (e != cudaSuccess) return *p = NULL, dc_cuda_fail_alloc(what, bytes, e);
+    *have = bytes;
+    return 0;
+}
+
+extern "C" int dc_cuda_reserve_conv(dc_backend *be, const dc_conv2d_shape *s) {
+    dc_cuda_ctx *c = dc_cuda(be);
+    char err[400];
+    if (c->failed) return dc_fail("%s", c->err);
+    if (!shape_ok(s, err, sizeof err)) return dc_fail("%s", err);
+    if (!c->dnn) {
+        cudnnStatus_t st = cudnnCreate(&c->dnn);
+        if (st == CUDNN_STATUS_SUCCESS) st = cudnnSetStream(c->dnn, c->stream);
+        if (st != CUDNN_STATUS_SUCCESS) {
+            if (c->dnn) cudnnDestroy(c->dnn);
+            c->dnn = NULL;
+            cudaGetLastError();
+            return dc_fail("cuDNN could not start (%s)", cudnnGetErrorString(st));
+        }
+    }
+    size_t limit = c->conv_ws_bytes > CONV_WS_MAX ? c->conv_ws_bytes : CONV_WS_MAX;
+    dc_conv_plan *p = plan_get(c, s, be->compute, limit, err, sizeof err);
+    if (!p) return cudaGetLastError(), dc_fail("%s", err);
+    DC_TRY(grow(&c->conv_ws, &c->conv_ws_bytes, p->ws, "the convolution workspace"));
+    DC_TRY(grow(&c->conv_scratch, &c->conv_scratch_bytes, scratch_bytes(s), "the convolution scratch"));
+    return 0;
+}
+
+// A cuDNN call inside an op: a failure is recorded like a CUDA error.
+#define DNN(call)                                                                                        \
+    do {                                                                                                 \
+        cudnnStatus_t st_ = (call);                                                                      \
+        if (st_ != CUDNN_STATUS_SUCCESS) {                                                               \
+            cudaGetLastError();                                                                          \
+            dc_cuda_record(be, __func__, __FILE__, __LINE__, "cuDNN error: %s, from %s",                 \
+                           cudnnGetErrorString(st_), #call);                                             \
+            return;                                                                                      \
+        }                                                                                                \
+    } while (0)
+
+// The plan an op runs: made by reserve_conv, or now (host work only) for a
+// dtype reserve_conv did not make it for, within the workspace and scratch
+// there. NULL with the error recorded.
+static dc_conv_plan *op_plan(dc_backend *be, const char *func, const dc_conv2d_shape *s, dc_dtype dt) {
+    dc_cuda_ctx *c = dc_cuda(be);
+    char err[400], t[200];
+    dc_conv_plan *p = plan_find(c, s, dt);
+    if (p && p->ws <= c->conv_ws_bytes && scratch_bytes(s) <= c->conv_scratch_bytes) return p;
+    shape_text(s, t, sizeof t);
+    if (p) {  // its reserve_conv failed to grow the workspace
+        dc_cuda_record(be, func, __FILE__, __LINE__, "conv2d of %s was not reserved (reserve_conv)", t);
+        return NULL;
+    }
+    if (!shape_ok(s, err, sizeof err)) {
+        dc_cuda_record(be, func, __FILE__, __LINE__, "%s", err);
+        return NULL;
+    }
+    if (!c->dnn || scratch_bytes(s) > c->conv_scratch_bytes) {
+        dc_cuda_record(be, func, __FILE__, __LINE__, "conv2d of %s was not reserved (reserve_conv)", t);
+        return NULL;
+    }
+    p = plan_get(c, s, dt, c->conv_ws_bytes, err, sizeof err);
+    if (!p) dc_cuda_record(be, func, __FILE__, __LINE__, "%s (the shape was not reserved in %s)", err, dc_dtype_name(dt));
+    return p;
+}
+
+static bool float_type(dc_dtype t) { return t == DC_F32 || t == DC_BF16; }
+
+// xp[B*Ci, Hp, Wp] = x[B*Ci, H, W] placed at (pad_t, pad_l), zeros around it.
+__global__ void k_conv_pad(void *xp, const void *x, int bf, int H, int W, int Hp, int Wp, int pt, int pl, int64_t n) {
+    GRID_STRIDE(i, n) {
+        int j = (int)(i % Wp) - pl, r = (int)((i / Wp) % Hp) - pt;
+        int64_t plane = i / ((int64_t)Hp * Wp);
+        float v = r >= 0 && r < H && j >= 0 && j < W ? dc_ld(x, (plane * H + r) * W + j, bf) : 0.0f;
+        dc_st(xp, i, v, bf);
+    }
+}
+
+// dx[B*Ci, H, W] (+)= the window of dxp[B*Ci, Hp, Wp] at (pad_t, pad_l).
+__global__ void k_conv_crop(void *dx, const void *dxp, int bf, int H, int W, int Hp, int Wp, int pt, int pl,
+                            bool accumulate, int64_t n) {
+    GRID_STRIDE(i, n) {
+        int j = (int)(i % W), r = (int)((i / W) % H);
+        int64_t plane = i / ((int64_t)H * W);
+        float v = dc_ld(dxp, (plane * Hp + r + pt) * Wp + j + pl, bf);
+        if (accumulate) v += dc_ld(dx, i, bf);
+        dc_st(dx, i, v, bf);
+    }
+}
+
+// out[B, Co, HW] += b[co]; four values a thread, of one channel when HW % 4 == 0.
+__global__ void k_conv_bias(void *out, int obf, const void *b, int bbf, int Co, int64_t HW, int64_t n, bool vec) {
+    GRID_STRIDE(t, (n + 3) / 4) {
+        int64_t i = 4 * t;
+        float4 v = dc_ld4_upto(out, i, n, obf, vec);
+        float a[4] = {v.x, v.y, v.z, v.w};
+        for (int k = 0; k < 4; k++) a[k] += dc_ld(b, ((i + k) / HW) % Co, bbf);
+        dc_st4_upto(out, i, n, make_float4(a[0], a[1], a[2], a[3]), obf, vec);
+    }
+}
+
+// db[co] += sum over b and pixels of dout[b, co, :]: one block per channel,
+// threads over pixels, a fixed tree over threads.
+__global__ void k_conv_bias_grad(void *db, int dbbf, const void *dout, int gbf, int B, int Co, int64_t HW) {
+    __shared__ double sm[TPB];
+    const int co = blockIdx.x;
+    double s = 0.0;
+    for (int b = 0; b < B; b++) {
+        const int64_t base = ((int64_t)b * Co + co) * HW;
+        for (int64_t i = threadIdx.x; i < HW; i += TPB) s += dc_ld(dout, base + i, gbf);
+    }
+    sm[threadIdx.x] = s;
+    __syncthreads();
+    for (int k = TPB / 2; k > 0; k >>= 1) {
+        if (threadIdx.x < k) sm[threadIdx.x] += sm[threadIdx.x + k];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) dc_st(db, co, dc_ld(db, co, dbbf) + (float)sm[0], dbbf);
+}
+
+// y[n] += x[n]
+__global__ void k_conv_add(void *y, int ybf, const void *x, int xbf, int64_t n) {
+    GRID_STRIDE(i, n) dc_st(y, i, dc_ld(y, i, ybf) + dc_ld(x, i, xbf), ybf);
+}
+
+// Copies x into the scratch, zero-padded, for a plan that pads asymmetrically;
+// returns the input cuDNN reads.
+static const void *conv_input(dc_backend *be, const dc_conv_plan *p, dc_buf x) {
+    if (!p->padded) return x.p;
+    dc_cuda_ctx *c = dc_cuda(be);
+    const dc_conv2d_shape *s = &p->s;
+    const int Hp = s->H + s->pad_t + s->pad_b, Wp = s->W + s->pad_l + s->pad_r;
+    const int64_t n = (int64_t)s->B * s->Ci * Hp * Wp;
+    void *xp = (char *)c->conv_scratch + scratch_pad_offset(s);
+    k_conv_pad<<<dc_blocks(n, TPB), TPB, 0, c->stream>>>(xp, x.p, BF(x), s->H, s->W, Hp, Wp, s->pad_t, s->pad_l, n);
+    return xp;
+}
+
+extern "C" void dc_cuda_conv2d_fwd(dc_backend *be, dc_buf out, dc_buf x, dc_buf w, dc_buf b,
+                                   const dc_conv2d_shape *s) {
+    DC_CUDA_OP(be);
+    dc_cuda_ctx *c = dc_cuda(be);
+    if (!float_type(x.dt) || w.dt != x.dt || out.dt != x.dt || (b.p && !float_type(b.dt)))
+        DC_CUDA_FAIL(be, "conv2d dtypes: x %s, w %s, out %s (one of F32, BF16 for all three), b %s",
+                     dc_dtype_name(x.dt), dc_dtype_name(w.dt), dc_dtype_name(out.dt), dc_dtype_name(b.dt));
+    dc_conv_plan *p = op_plan(be, __func__, s, x.dt);
+    if (!p) return;
+    const void *xin = conv_input(be, p, x);
+    const float one = 1.0f, zero = 0.0f;
+    DNN(cudnnSetConvolutionMathType(p->cd, p->math_fwd));
+    DNN(cudnnConvolutionForward(c->dnn, &one, p->xd, xin, p->wd, w.p, p->cd, p->fwd, c->conv_ws, c->conv_ws_bytes,
+                                &zero, p->yd, out.p));
+    if (b.p) {
+        const int64_t HW = (int64_t)dc_conv2d_ho(s) * dc_conv2d_wo(s), n = (int64_t)s->B * s->Co * HW;
+        k_conv_bias<<<dc_blocks((n + 3) / 4, TPB), TPB, 0, c->stream>>>(out.p, BF(out), b.p, BF(b), s->Co, HW, n,
+                                                                        HW % 4 == 0 && dc_vec4(out));
+    }
+    DC_CUDA_LAUNCHED(be);
+}
+
+extern "C" void dc_cuda_conv2d_bwd(dc_backend *be, dc_buf dx, dc_buf dw, dc_buf db, dc_buf dout, dc_buf x, dc_buf w,
+                                   const dc_conv2d_shape *s, bool accumulate) {
+    DC_CUDA_OP(be);
+    dc_cuda_ctx *c = dc_cuda(be);
+    if (!float_type(x.dt) || w.dt != x.dt || dout.dt != x.dt || (dx.p && dx.dt != x.dt) ||
+        (dw.p && !float_type(dw.dt)) || (db.p && !float_type(db.dt)))
+        DC_CUDA_FAIL(be,
+                     "conv2d backward dtypes: x %s, w %s, dout %s, dx %s (one of F32, BF16 for all four), "
+                     "dw %s, db %s",
+                     dc_dtype_name(x.dt), dc_dtype_name(w.dt), dc_dtype_name(dout.dt), dc_dtype_name(dx.dt),
+                     dc_dtype_name(dw.dt), dc_dtype_name(db.dt));
+    dc_conv_plan *p = op_plan(be, __func__, s, x.dt);
+    if (!p) return;
+    const float one = 1.0f, zero = 0.0f;
+    if (db.p)
+        k_conv_bias_grad<<<s->Co, TPB, 0, c->stream>>>(db.p, BF(db), dout.p, BF(dout), s->B, s->Co,
+                                                       (int64_t)dc_conv2d_ho(s) * dc_conv2d_wo(s));
+    if (dw.p) {
+        // into the scratch's head in the weights' dtype, then added to dw
+        const void *xin = conv_input(be, p, x);
+        DNN(cudnnSetConvolutionMathType(p->cd, p->math_filter));
+        DNN(cudnnConvolutionBackwardFilter(c->dnn, &one, p->xd, xin, p->yd, dout.p, p->cd, p->bwd_filter, c->conv_ws,
+                                           c->conv_ws_bytes, &zero, p->wd, c->conv_scratch));
+        const int64_t n = dw_numel(s);
+        k_conv_add<<<dc_blocks(n, TPB), TPB, 0, c->stream>>>(dw.p, BF(dw), c->conv_scratch, BF(w), n);
+    }
+    if (dx.p) {
+        DNN(cudnnSetConvolutionMathType(p->cd, p->math_data));
+        if (!p->padded) {
+            const float beta = accumulate ? 1.0f : 0.0f;
+            DNN(cudnnConvolutionBackwardData(c->dnn, &one, p->wd, w.p, p->yd, dout.p, p->cd, p->bwd_data, c->conv_ws,
+                                             c->conv_ws_bytes, &beta, p->xd, dx.p));
+        } else {
+            // the padded gradient over the padded input (which dw no longer needs), then its window
+            const int Hp = s->H + s->pad_t + s->pad_b, Wp = s->W + s->pad_l + s->pad_r;
+            void *dxp = (char *)c->conv_scratch + scratch_pad_offset(s);
+            DNN(cudnnConvolutionBackwardData(c->dnn, &one, p->wd, w.p, p->yd, dout.p, p->cd, p->bwd_data, c->conv_ws,
+                                             c->conv_ws_bytes, &zero, p->xd, dxp));
+            const int64_t n = (int64_t)s->B * s->Ci * s->H * s->W;
+            k_conv_crop<<<dc_blocks(n, TPB), TPB, 0, c->stream>>>(dx.p, dxp, BF(dx), s->H, s->W, Hp, Wp, s->pad_t,
+                                                                  s->pad_l, accumulate, n);
+        }
+    }
+    DC_CUDA_LAUNCHED(be);
+}

@@ -1,0 +1,365 @@
+// Group norm (with its fused SiLU) and affine layer norm on the GPU, forward
+// and backward, with the per-element formulas shared with the CPU (op_math.h).
+//
+// Every sum is taken in a fixed order, so results never depend on timing:
+// threads accumulate strided slices, blocks combine them with a tree, and
+// sums across blocks go through partials in the context's norm workspace
+// (DC_CUDA_NORM_WS doubles), added by one thread each in index order. No
+// atomics.
+//
+// Group norm works on rows: one block per (sample, channel) row of HW values,
+// so large images and small batches still fill the GPU. The group statistics
+// are the sums of the group's C/G row partials, which every block of the
+// group adds itself in the same order.
+#include "backend/cuda/cuda_common.h"
+#include "backend/cuda/cuda_ops.h"
+
+enum { NT = 256 };  // threads of a row block
+
+// The sums of a block's threads, in a fixed tree; every thread gets them.
+__device__ void block_sum2(double &a, double &b) {
+    __shared__ double sa[NT], sb[NT];
+    sa[threadIdx.x] = a, sb[threadIdx.x] = b;
+    __syncthreads();
+#pragma unroll
+    for (int k = NT / 2; k > 0; k >>= 1) {
+        if (threadIdx.x < k) sa[threadIdx.x] += sa[threadIdx.x + k], sb[threadIdx.x] += sb[threadIdx.x + k];
+        __syncthreads();
+    }
+    a = sa[0], b = sb[0];
+    __syncthreads();  // the arrays may be reused by the caller's next sum
+}
+
+// ---- group norm forward ---------------------------------------------------------------
+// part[row] = (sum x, sum x^2) over the row's HW values, in double.
+__global__ void k_gn_row_stats(double2 *part, const void *x, int xbf, int64_t HW, bool vec) {
+    const int64_t row = blockIdx.x, base = row * HW;
+    double s = 0.0, ss = 0.0;
+    for (int64_t i = 4 * (int64_t)threadIdx.x; i < HW; i += 4 * NT) {
+        float4 v = dc_ld4_upto(x, base + i, base + HW, xbf, vec);
+        s += (double)v.x + v.y + v.z + v.w;  // values past the row's end read as 0
+        ss += (double)v.x * v.x + (double)v.y * v.y + (double)v.z * v.z + (double)v.w * v.w;
+    }
+    block_sum2(s, ss);
+    if (threadIdx.x == 0) part[row] = make_double2(s, ss);
+}
+
+// The statistics of group g of the piece's sample b from its rows' partials.
+__device__ void gn_group_stats(const double2 *part, int b, int C, int G, int g, int64_t HW, float eps, float *mean,
+                               float *rstd) {
+    const int cg = C / G;
+    double s = 0.0, ss = 0.0;
+    for (int c = g * cg; c < (g + 1) * cg; c++) {
+        double2 p = part[(int64_t)b * C + c];
+        s += p.x, ss += p.y;
+    }
+    double n = (double)cg * HW, mu = s / n, var = ss / n - mu * mu;
+    *mean = (float)mu;
+    *rstd = dc_norm_rstd(var > 0.0 ? var : 0.0, eps);
+}
+
+// One block per (sample, channel) row: out = act(xhat gamma + beta). The
+// group's first row writes mean and rstd.
+__global__ void k_gn_apply(void *out, int obf, float *mean, float *rstd, const void *x, int xbf, const void *gamma,
+                           int gbf, const void *beta, int bbf, const double2 *part, int C, int64_t HW, int G,
+                           float eps, bool silu, bool vec) {
+    __shared__ float st[2];
+    const int row = blockIdx.x, b = row / C, c = row % C, g = c / (C / G);
+    if (threadIdx.x == 0) {
+        gn_group_stats(part, b, C, G, g, HW, eps, &st[0], &st[1]);
+        if (c % (C / G) == 0) mean[(int64_t)b * G + g] = st[0], rstd[(int64_t)b * G + g] = st[1];
+    }
+    __syncthreads();
+    const float mu = st[0], r = st[1], ga = dc_ld(gamma, c, gbf), be = dc_ld(beta, c, bbf);
+    const int64_t base = (int64_t)row * HW;
+    for (int64_t i = 4 * (int64_t)threadIdx.x; i < HW; i += 4 * NT) {
+        float4 v = dc_ld4_upto(x, base + i, base + HW, xbf, vec);
+        float y[4] = {v.x, v.y, v.z, v.w};
+        for (int k = 0; k < 4; k++) {
+            y[k] = dc_norm_affine(dc_norm_xhat(y[k], mu, r), ga, be);
+            if (silu) y[k] = dc_silu(y[k]);
+        }
+        dc_st4_upto(out, base + i, base + HW, make_float4(y[0], y[1], y[2], y[3]), obf, vec);
+    }
+}
+
+// Samples per piece: the rows' partials of a piece fit the norm workspace.
+static int gn_piece(int B, int C) {
+    int64_t per = DC_CUDA_NORM_WS / 2 / C;  // two doubles a row
+    return per >= B ? B : (int)per;
+}
+
+// Whether rows of HW values of every buffer allow 4-wide accesses.
+static bool rows_vec(int64_t HW, dc_buf a, dc_buf b, dc_buf c) {
+    return HW % 4 == 0 && dc_vec4(a) && (!b.p || dc_vec4(b)) && (!c.p || dc_vec4(c));
+}
+
+static bool gn_shape_ok(dc_backend *be, const char *func, int B, int C, int64_t HW, int G, dc_buf mean, dc_buf rstd) {
+    if (B < 1 || C < 1 || HW < 1 || G < 1 || C % G != 0) {
+        dc_cuda_record(be, func, __FILE__, __LINE__, "group norm of %d channels in %d groups", C, G);
+        return false;
+    }
+    if ((int64_t)B * C > INT32_MAX || C > DC_CUDA_NORM_WS / 2) {
+        dc_cuda_record(be, func, __FILE__, __LINE__, "group norm over %d samples of %d channels is too large",
+                       B, C);
+        return false;
+    }
+    if (mean.dt != DC_F32 || rstd.dt != DC_F32) {
+        dc_cuda_record(be, func, __FILE__, __LINE__, "group norm statistics must be F32 (mean %s, rstd %s)",
+                       dc_dtype_name(mean.dt), dc_dtype_name(rstd.dt));
+        return false;
+    }
+    return true;
+}
+
+extern "C" void dc_cuda_group_norm_fwd(dc_backend *be, dc_buf out, dc_buf mean, dc_buf rstd, dc_buf x, dc_buf gamma,
+                                       dc_buf beta, int B, int C, int64_t HW, int G, float eps, bool silu) {
+    DC_CUDA_OP(be);
+    if (!gn_shape_ok(be, __func__, B, C, HW, G, mean, rstd)) return;
+    dc_cuda_ctx *c = dc_cuda(be);
+    double2 *part = (double2 *)c->norm_ws;
+    const bool vec = rows_vec(HW, x, out, dc_buf_none());
+    const int piece = gn_piece(B, C);
+    for (int b0 = 0; b0 < B; b0 += piece) {
+        const int nb = B - b0 < piece ? B - b0 : piece;
+        const int64_t off = (int64_t)b0 * C * HW;
+        k_gn_row_stats<<<nb * C, NT, 0, c->stream>>>(part, dc_buf_at(x, off).p, BF(x), HW, vec);
+        k_gn_apply<<<nb * C, NT, 0, c->stream>>>(dc_buf_at(out, off).p, BF(out), (float *)mean.p + (int64_t)b0 * G,
+                                                 (float *)rstd.p + (int64_t)b0 * G, dc_buf_at(x, off).p, BF(x),
+                                                 gamma.p, BF(gamma), beta.p, BF(beta), part, C, HW, G, eps, silu,
+                                                 vec);
+        DC_CUDA_LAUNCHED(be);
+    }
+}
+
+// ---- group norm backward ---------------------------------------------------------------
+// With y = xhat gamma + beta (and out = act(y)), dy = dout act'(y): a row's
+// (sum dy, sum dy xhat) serve both the parameter gradients (summed over
+// samples) and the group means of g = dy gamma that dx needs.
+struct gn_elem {
+    float xh, dy;
+};
+__device__ __forceinline__ gn_elem gn_bwd_elem(float x, float d, float mu, float r, float ga, float be, bool silu) {
+    float xh = dc_norm_xhat(x, mu, r);
+    if (silu) d *= dc_silu_grad(dc_norm_affine(xh, ga, be));
+    return {xh, d};
+}
+
+__global__ void k_gn_bwd_row_sums(double2 *part, const void *dout, int obf, const void *x, int xbf,
+                                  const float *mean, const float *rstd, const void *gamma, int gbf, const void *beta,
+                                  int bbf, int C, int64_t HW, int G, bool silu, bool vec) {
+    const int row = blockIdx.x, b = row / C, c = row % C, g = c / (C / G);
+    const float mu = mean[(int64_t)b * G + g], r = rstd[(int64_t)b * G + g];
+    const float ga = dc_ld(gamma, c, gbf), be = silu ? dc_ld(beta, c, bbf) : 0.0f;
+    const int64_t base = (int64_t)row * HW;
+    double s1 = 0.0, s2 = 0.0;
+    for (int64_t i = 4 * (int64_t)threadIdx.x; i < HW; i += 4 * NT) {
+        float4 xv = dc_ld4_upto(x, base + i, base + HW, xbf, vec), dv = dc_ld4_upto(dout, base + i, base + HW, obf, vec);
+        const float xs[4] = {xv.x, xv.y, xv.z, xv.w}, ds[4] = {dv.x, dv.y, dv.z, dv.w};
+        for (int k = 0; k < 4 && i + k < HW; k++) {
+            gn_elem e = gn_bwd_elem(xs[k], ds[k], mu, r, ga, be, silu);
+            s1 += e.dy, s2 += (double)e.dy * e.xh;
+        }
+    }
+    block_sum2(s1, s2);
+    if (threadIdx.x == 0) part[row] = make_double2(s1, s2);
+}
+
+// dgamma[c] += sum_b (sum dy xhat) ; dbeta[c] += sum_b (sum dy), b in order.
+__global__ void k_gn_bwd_params(void *dgamma, int dgbf, void *dbeta, int dbbf, const double2 *part, int nb, int C) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    double s1 = 0.0, s2 = 0.0;
+    for (int b = 0; b < nb; b++) {
+        double2 p = part[(int64_t)b * C + c];
+        s1 += p.x, s2 += p.y;
+    }
+    if (dgamma) dc_st(dgamma, c, dc_ld(dgamma, c, dgbf) + (float)s2, dgbf);
+    if (dbeta) dc_st(dbeta, c, dc_ld(dbeta, c, dbbf) + (float)s1, dbbf);
+}
+
+// dx = rstd (g - mean(g) - xhat mean(g xhat)) over the group, g = dy gamma.
+__global__ void k_gn_bwd_dx(void *dx, int dxbf, const void *dout, int obf, const void *x, int xbf, const float *mean,
+                            const float *rstd, const void *gamma, int gbf, const void *beta, int bbf,
+                            const double2 *part, int C, int64_t HW, int G, bool silu, bool accumulate, bool vec) {
+    __shared__ float mg[2];
+    const int row = blockIdx.x, b = row / C, c = row % C, cg = C / G, g = c / cg;
+    if (threadIdx.x == 0) {
+        double s1 = 0.0, s2 = 0.0;
+        for (int k = g * cg; k < (g + 1) * cg; k++) {
+            double2 p = part[(int64_t)b * C + k];
+            double gk = dc_ld(gamma, k, gbf);
+            s1 += gk * p.x, s2 += gk * p.y;
+        }
+        double n = (double)cg * HW;
+        mg[0] = (float)(s1 / n), mg[1] = (float)(s2 / n);
+    }
+    __syncthreads();
+    const float mu = mean[(int64_t)b * G + g], r = rstd[(int64_t)b * G + g];
+    const float ga = dc_ld(gamma, c, gbf), be = silu ? dc_ld(beta, c, bbf) : 0.0f;
+    const int64_t base = (int64_t)row * HW;
+    for (int64_t i = 4 * (int64_t)threadIdx.x; i < HW; i += 4 * NT) {
+        float4 xv = dc_ld4_upto(x, base + i, base + HW, xbf, vec), dv = dc_ld4_upto(dout, base + i, base + HW, obf, vec);
+        float4 acc = accumulate ? dc_ld4_upto(dx, base + i, base + HW, dxbf, vec) : make_float4(0, 0, 0, 0);
+        const float xs[4] = {xv.x, xv.y, xv.z, xv.w}, ds[4] = {dv.x, dv.y, dv.z, dv.w};
+        float o[4] = {acc.x, acc.y, acc.z, acc.w};
+        for (int k = 0; k < 4; k++) {
+            gn_elem e = gn_bwd_elem(xs[k], ds[k], mu, r, ga, be, silu);
+            o[k] += dc_ln_dx(e.dy * ga, e.xh, r, mg[0], mg[1]);
+        }
+        dc_st4_upto(dx, base + i, base + HW, make_float4(o[0], o[1], o[2], o[3]), dxbf, vec);
+    }
+}
+
+extern "C" void dc_cuda_group_norm_bwd(dc_backend *be, dc_buf dx, dc_buf dgamma, dc_buf dbeta, dc_buf dout, dc_buf x,
+                                       dc_buf mean, dc_buf rstd, dc_buf gamma, dc_buf beta, int B, int C, int64_t HW,
+                                       int G, bool silu, bool accumulate) {
+    DC_CUDA_OP(be);
+    if (!gn_shape_ok(be, __func__, B, C, HW, G, mean, rstd)) return;
+    dc_cuda_ctx *c = dc_cuda(be);
+    double2 *part = (double2 *)c->norm_ws;
+    const bool vec = rows_vec(HW, x, dout, dx);
+    const int piece = gn_piece(B, C);
+    for (int b0 = 0; b0 < B; b0 += piece) {
+        const int nb = B - b0 < piece ? B - b0 : piece;
+        const int64_t off = (int64_t)b0 * C * HW;
+        const float *mu = (const float *)mean.p + (int64_t)b0 * G, *r = (const float *)rstd.p + (int64_t)b0 * G;
+        k_gn_bwd_row_sums<<<nb * C, NT, 0, c->stream>>>(part, dc_buf_at(dout, off).p, BF(dout), dc_buf_at(x, off).p,
+                                                        BF(x), mu, r, gamma.p, BF(gamma), beta.p, BF(beta), C, HW, G,
+                                                        silu, vec);
+        if (dgamma.p || dbeta.p)
+            k_gn_bwd_params<<<(C + 255) / 256, 256, 0, c->stream>>>(dgamma.p, BF(dgamma), dbeta.p, BF(dbeta), part,
+                                                                    nb, C);
+        if (dx.p)
+            k_gn_bwd_dx<<<nb * C, NT, 0, c->stream>>>(dc_buf_at(dx, off).p, BF(dx), dc_buf_at(dout, off).p, BF(dout),
+                                                      dc_buf_at(x, off).p, BF(x), mu, r, gamma.p, BF(gamma), beta.p,
+                                                      BF(beta), part, C, HW, G, silu, accumulate, vec);
+        DC_CUDA_LAUNCHED(be);
+    }
+}
+
+// ---- layer norm with affine weights ------------------------------------------------------
+// A warp per row of D values (ROWS rows a block); statistics in double, two
+// passes over a row that stays in L1.
+enum { ROWS = 8 };
+
+__global__ void k_ln_fwd(void *out, int obf, float *mean, float *rstd, const void *x, int xbf, const void *gamma,
+                         int gbf, const void *beta, int bbf, int64_t M, int D, float eps) {
+    const int64_t row = blockIdx.x * (int64_t)ROWS + threadIdx.y;
+    const int lane = threadIdx.x;
+    if (row >= M) return;
+    const int64_t base = row * D;
+    double s = 0.0;
+    for (int d = lane; d < D; d += 32) s += dc_ld(x, base + d, xbf);
+    const double mu = dc_warp_sum_d(s) / D;
+    double ss = 0.0;
+    for (int d = lane; d < D; d += 32) {
+        double t = dc_ld(x, base + d, xbf) - mu;
+        ss += t * t;
+    }
+    const float m = (float)mu, r = dc_norm_rstd(dc_warp_sum_d(ss) / D, eps);
+    for (int d = lane; d < D; d += 32)
+        dc_st(out, base + d, dc_norm_affine(dc_norm_xhat(dc_ld(x, base + d, xbf), m, r), dc_ld(gamma, d, gbf),
+                                            dc_ld(beta, d, bbf)), obf);
+    if (lane == 0) mean[row] = m, rstd[row] = r;
+}
+
+extern "C" void dc_cuda_layer_norm_fwd(dc_backend *be, dc_buf out, dc_buf mean, dc_buf rstd, dc_buf x, dc_buf gamma,
+                                       dc_buf beta, int64_t M, int D, float eps) {
+    DC_CUDA_OP(be);
+    if (mean.dt != DC_F32 || rstd.dt != DC_F32)
+        DC_CUDA_FAIL(be, "layer norm statistics must be F32 (mean %s, rstd %s)", dc_dtype_name(mean.dt),
+                     dc_dtype_name(rstd.dt));
+    if (M <= 0 || D <= 0) return;
+    dim3 block(32, ROWS);
+    k_ln_fwd<<<(unsigned)((M + ROWS - 1) / ROWS), block, 0, dc_cuda(be)->stream>>>(out.p, BF(out), (float *)mean.p, (float *)rstd.p,
+                                                                  x.p, BF(x), gamma.p, BF(gamma), beta.p, BF(beta), M,
+                                                                  D, eps);
+    DC_CUDA_LAUNCHED(be);
+}
+
+// dx (+)= rstd (g - mean(g) - xhat mean(g xhat)), g = dout gamma.
+__global__ void k_ln_bwd_dx(void *dx, int dxbf, const void *dout, int obf, const void *x, int xbf, const float *mean,
+                            const float *rstd, const void *gamma, int gbf, int64_t M, int D, bool accumulate) {
+    const int64_t row = blockIdx.x * (int64_t)ROWS + threadIdx.y;
+    const int lane = threadIdx.x;
+    if (row >= M) return;
+    const int64_t base = row * D;
+    const float mu = mean[row], r = rstd[row];
+    float sg = 0.0f, sgx = 0.0f;
+    for (int d = lane; d < D; d += 32) {
+        float g = dc_ld(dout, base + d, obf) * dc_ld(gamma, d, gbf);
+        sg += g, sgx += g * dc_norm_xhat(dc_ld(x, base + d, xbf), mu, r);
+    }
+    const float mg = dc_warp_sum(sg) / D, mgx = dc_warp_sum(sgx) / D;
+    for (int d = lane; d < D; d += 32) {
+        float g = dc_ld(dout, base + d, obf) * dc_ld(gamma, d, gbf);
+        float v = dc_ln_dx(g, dc_norm_xhat(dc_ld(x, base + d, xbf), mu, r), r, mg, mgx);
+        if (accumulate) v += dc_ld(dx, base + d, dxbf);
+        dc_st(dx, base + d, v, dxbf);
+    }
+}
+
+// Column sums over a slice of rows: part[0][slice][d] = sum dout xhat,
+// part[1][slice][d] = sum dout. A block covers 32 columns with 8 row lanes.
+__global__ void k_ln_bwd_param_part(float *part, const void *dout, int obf, const void *x, int xbf, const float *mean,
+                                    const float *rstd, int64_t M, int D, int64_t rows_per, int slices) {
+    __shared__ float acc[2][8][33];
+    const int d = blockIdx.x * 32 + threadIdx.x;
+    const int64_t r0 = blockIdx.y * rows_per, r1 = min(M, r0 + rows_per);
+    float sg = 0.0f, sb = 0.0f;
+    if (d < D)
+        for (int64_t m = r0 + threadIdx.y; m < r1; m += 8) {
+            float g = dc_ld(dout, m * D + d, obf);
+            sg += g * dc_norm_xhat(dc_ld(x, m * D + d, xbf), mean[m], rstd[m]);
+            sb += g;
+        }
+    acc[0][threadIdx.y][threadIdx.x] = sg, acc[1][threadIdx.y][threadIdx.x] = sb;
+    __syncthreads();
+    if (threadIdx.y < 2 && d < D) {
+        float t = 0.0f;
+        for (int k = 0; k < 8; k++) t += acc[threadIdx.y][k][threadIdx.x];
+        part[((int64_t)threadIdx.y * slices + blockIdx.y) * D + d] = t;
+    }
+}
+
+__global__ void k_ln_bwd_param_sum(void *dgamma, int dgbf, void *dbeta, int dbbf, const float *part, int slices, int D) {
+    int d = blockIdx.x * blockDim.x + threadIdx.x;
+    if (d >= D) return;
+    float sg = 0.0f, sb = 0.0f;
+    for (int s = 0; s < slices; s++) sg += part[(int64_t)s * D + d], sb += part[((int64_t)slices + s) * D + d];
+    if (dgamma) dc_st(dgamma, d, dc_ld(dgamma, d, dgbf) + sg, dgbf);
+    if (dbeta) dc_st(dbeta, d, dc_ld(dbeta, d, dbbf) + sb, dbbf);
+}
+
+extern "C" void dc_cuda_layer_norm_bwd(dc_backend *be, dc_buf dx, dc_buf dgamma, dc_buf dbeta, dc_buf dout, dc_buf x,
+                                       dc_buf mean, dc_buf rstd, dc_buf gamma, int64_t M, int D, bool accumulate) {
+    DC_CUDA_OP(be);
+    if (mean.dt != DC_F32 || rstd.dt != DC_F32)
+        DC_CUDA_FAIL(be, "layer norm statistics must be F32 (mean %s, rstd %s)", dc_dtype_name(mean.dt),
+                     dc_dtype_name(rstd.dt));
+    if (M <= 0 || D <= 0) return;
+    dc_cuda_ctx *c = dc_cuda(be);
+    if (dx.p) {
+        dim3 block(32, ROWS);
+        k_ln_bwd_dx<<<(unsigned)((M + ROWS - 1) / ROWS), block, 0, c->stream>>>(dx.p, BF(dx), dout.p, BF(dout), x.p, BF(x),
+                                                                (const float *)mean.p, (const float *)rstd.p,
+                                                                gamma.p, BF(gamma), M, D, accumulate);
+    }
+    if (dgamma.p || dbeta.p) {
+        // Slices of at least 256 rows, as many as the workspace holds (two floats a column each).
+        const int64_t cap = DC_CUDA_NORM_WS * 2 / (2 * (int64_t)D);
+        if (cap < 1) DC_CUDA_FAIL(be, "layer norm over %d features is too wide for its parameter gradients", D);
+        int64_t slices = (M + 255) / 256;
+        if (slices > 64) slices = 64;
+        if (slices > cap) slices = cap;
+        const int64_t rows_per = (M + slices - 1) / slices;
+        float *part = (float *)c->norm_ws;
+        dim3 grid((D + 31) / 32, (unsigned)slices), block(32, 8);
+        k_ln_bwd_param_part<<<grid, block, 0, c->stream>>>(part, dout.p, BF(dout), x.p, BF(x), (const float *)mean.p,
+                                                          (const float *)rstd.p, M, D, rows_per, (int)slices);
+        k_ln_bwd_param_sum<<<(D + 255) / 256, 256, 0, c->stream>>>(dgamma.p, BF(dgamma), dbeta.p, BF(dbeta), part,
+                                                                   (int)slices, D);
+    }
+    DC_CUDA_LAUNCHED(be);
+}
