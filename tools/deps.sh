@@ -10,7 +10,7 @@ set -euo pipefail
 pkgs=(build-essential libopenblas-dev libpng-dev zlib1g-dev dataset-fashion-mnist)
 case "${1:-}" in
   "") ;;
-  --tests) pkgs+=(python3-torch python3-numpy clang-14 libclang-rt-14-dev libomp-14-dev) ;;
+  --tests) pkgs+=(python3-torch python3-numpy python3-regex clang-14 libclang-rt-14-dev libomp-14-dev) ;;
   *) echo "usage: tools/deps.sh [--tests]" >&2; exit 2 ;;
 esac
 

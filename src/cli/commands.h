@@ -11,6 +11,7 @@ int cmd_forward(int argc, char **argv);
 int cmd_info(int argc, char **argv);
 int cmd_export(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
 
 #define CLI_EXIT_FAILURE 1
 #define CLI_EXIT_USAGE 2

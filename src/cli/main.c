@@ -27,6 +27,7 @@ static const struct {
     {"info", cmd_info, "print a checkpoint's config, size, step and training settings"},
     {"export", cmd_export, "write EMA (or raw) weights under the official DiT key names"},
     {"bench", cmd_bench, "measure training and sampling throughput on synthetic data"},
+    {"tokenize", cmd_tokenize, "print the CLIP token ids of prompts, 77 a line, and their token counts"},
 };
 
 static void usage(FILE *out) {
