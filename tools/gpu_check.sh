@@ -40,6 +40,12 @@ note() { summary+=("$1"); echo "== $1"; }
 has() { local s; for s in "${STEPS[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+# The CUDA backend links cuDNN 9: where the toolkit folder lacks it, use the
+# copy that PyTorch's wheels bring.
+if ! ldconfig -p 2>/dev/null | grep -q libcudnn.so.9 && [ ! -e /usr/local/cuda/lib64/libcudnn.so.9 ]; then
+  d=$(python3 -c "import nvidia.cudnn as m; print(list(m.__path__)[0])" 2>/dev/null) &&
+    export LD_LIBRARY_PATH="$d/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" && echo "cuDNN from $d/lib"
+fi
 
 if has check; then
   seed=$(date +%s)
