@@ -242,8 +242,9 @@ static void test_attention(int B, int T, int D, int H) {
     char name[96];
     int64_t n3 = (int64_t)B * T * 3 * D, n = (int64_t)B * T * D;
     pair qkv = rand_pair(n3, g_ct, -2, 2), out = nan_pair(n, g_ct), lse = nan_pair((int64_t)B * H * T, DC_F32);
-    g_cpu->attn_fwd(g_cpu, out.c, lse.c, qkv.c, B, T, D, H);
-    g_gpu->attn_fwd(g_gpu, out.g, lse.g, qkv.g, B, T, D, H);
+    const dc_attn_shape sh = dc_attn_packed(B, T, D, H);  // q, k, v in place in qkv
+    g_cpu->attention_fwd(g_cpu, out.c, lse.c, qkv.c, dc_buf_at(qkv.c, D), dc_buf_at(qkv.c, 2 * D), &sh);
+    g_gpu->attention_fwd(g_gpu, out.g, lse.g, qkv.g, dc_buf_at(qkv.g, D), dc_buf_at(qkv.g, 2 * D), &sh);
     snprintf(name, sizeof name, "attn_fwd B%d T%d D%d H%d (Dh %d)", B, T, D, H, D / H);
     compare(name, out, g_tol);
     compare("attn_fwd lse", lse, 1e-5);
@@ -253,8 +254,10 @@ static void test_attention(int B, int T, int D, int H) {
     put(out, ho), put(lse, hl);
     free(ho), free(hl);
     pair dout = rand_pair(n, g_ct, -1, 1), dqkv = nan_pair(n3, g_ct);
-    g_cpu->attn_bwd(g_cpu, dqkv.c, dout.c, qkv.c, out.c, lse.c, B, T, D, H);
-    g_gpu->attn_bwd(g_gpu, dqkv.g, dout.g, qkv.g, out.g, lse.g, B, T, D, H);
+    g_cpu->attention_bwd(g_cpu, dqkv.c, dc_buf_at(dqkv.c, D), dc_buf_at(dqkv.c, 2 * D), dout.c, qkv.c,
+                         dc_buf_at(qkv.c, D), dc_buf_at(qkv.c, 2 * D), out.c, lse.c, &sh);
+    g_gpu->attention_bwd(g_gpu, dqkv.g, dc_buf_at(dqkv.g, D), dc_buf_at(dqkv.g, 2 * D), dout.g, qkv.g,
+                         dc_buf_at(qkv.g, D), dc_buf_at(qkv.g, 2 * D), out.g, lse.g, &sh);
     compare("attn_bwd dqkv", dqkv, g_ct == DC_F32 ? 1e-5 : 2e-2);
     release();
 }
@@ -639,8 +642,50 @@ static bool has(const char *msg, const char *part) { return strstr(msg, part) !=
 typedef struct { dc_backend *be; dc_buf out, lse, qkv; } bad_attn;
 static int run_bad_attention(void *arg) {
     bad_attn *a = arg;
-    a->be->attn_fwd(a->be, a->out, a->lse, a->qkv, 1, 16, 320, 2);  // head size 160
+    const dc_attn_shape sh = dc_attn_packed(1, 16, 320, 2);  // head size 160
+    a->be->attention_fwd(a->be, a->out, a->lse, a->qkv, dc_buf_at(a->qkv, 320), dc_buf_at(a->qkv, 640), &sh);
     return 0;
+}
+
+// Attention the kernels cannot run yet (cross, causal, a head of 160) comes
+// back as the backend's error naming the case, never a crash or silent output.
+static void test_attention_unsupported(void) {
+    struct { int Tq, Tk, Dh; bool causal; const char *part; } cases[] = {
+        {5, 77, 64, false, "cross-attention"}, {16, 16, 64, true, "causal"}, {16, 16, 160, false, "head size 160"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        dc_backend *be = fresh();
+        if (!be) return;
+        const int H = 2, D = H * cases[i].Dh, Tq = cases[i].Tq, Tk = cases[i].Tk;
+        dc_attn_shape sh = {.B = 1, .H = H, .Tq = Tq, .Tk = Tk, .Dh = cases[i].Dh, .Dv = cases[i].Dh,
+                            .causal = cases[i].causal, .q = dc_attn_rows(Tq, D, cases[i].Dh),
+                            .k = dc_attn_rows(Tk, D, cases[i].Dh), .v = dc_attn_rows(Tk, D, cases[i].Dh),
+                            .out = dc_attn_rows(Tq, D, cases[i].Dh)};
+        size_t es = dc_dtype_size(g_ct);
+        dc_buf q = {be->alloc(be, (size_t)Tq * D * es), g_ct}, k = {be->alloc(be, (size_t)Tk * D * es), g_ct};
+        dc_buf v = {be->alloc(be, (size_t)Tk * D * es), g_ct}, o = {be->alloc(be, (size_t)Tq * D * es), g_ct};
+        dc_buf lse = {be->alloc(be, (size_t)H * Tq * 4), DC_F32};
+        dc_error_clear();
+        be->attention_fwd(be, o, lse, q, k, v, &sh);
+        char what[160];
+        snprintf(what, sizeof what, "attention_fwd %s: status -1 naming it", cases[i].part);
+        int rc = dc_backend_status(be);
+        printf("     %s\n", rc ? dc_error() : "(no error)");
+        expect(rc == -1 && has(dc_error(), cases[i].part), what);
+        be->free(be, q.p), be->free(be, k.p), be->free(be, v.p), be->free(be, o.p), be->free(be, lse.p);
+        dc_backend_destroy(be);
+        // backward refuses the same shape
+        if (!(be = fresh())) return;
+        dc_buf b[9];  // dq, dk, dv, dout, q, k, v, out (Tq <= Tk rows each), lse
+        for (int j = 0; j < 9; j++) b[j] = (dc_buf){be->alloc(be, (size_t)Tk * D * 4), j == 8 ? DC_F32 : g_ct};
+        dc_error_clear();
+        be->attention_bwd(be, b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], &sh);
+        rc = dc_backend_status(be);
+        snprintf(what, sizeof what, "attention_bwd %s: status -1 naming it", cases[i].part);
+        expect(rc == -1 && has(dc_error(), cases[i].part), what);
+        for (int j = 0; j < 9; j++) be->free(be, b[j].p);
+        dc_backend_destroy(be);
+    }
 }
 
 static void test_errors(void) {
@@ -808,7 +853,7 @@ int main(int argc, char **argv) {
     g_rng = seed * 2654435761u + 88172645463325252ull;
     printf("test_cuda: seed %llu\n", (unsigned long long)seed);
     g_cpu = dc_backend_cpu_create();
-    if (g_cpu->reserve(g_cpu, 256, 128)) return printf("cpu reserve: %s\n", dc_error()), 1;
+    if (g_cpu->reserve(g_cpu, 16384, 128)) return printf("cpu reserve: %s\n", dc_error()), 1;
     {   // The CPU backend finishes every op before returning: nothing is left to report.
         float v[3] = {1, 2, 3};
         dc_buf b = {g_cpu->alloc(g_cpu, sizeof v), DC_F32};
@@ -845,6 +890,8 @@ int main(int argc, char **argv) {
             test_attention(1, 100, 192, 3);   // Dh 64, ragged tiles
             test_attention(1, 130, 256, 2);   // Dh 128
             test_attention(1, 77, 100, 4);    // Dh 25: not a multiple of 8
+            test_attention(1, 16384, 40, 1);  // SD at 1024 px: 16384 tokens of head size 40
+            test_attention_unsupported();
         }
         if (want("diffusion")) test_diffusion(), test_optim();
         if (want("conv")) {

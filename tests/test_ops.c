@@ -512,7 +512,8 @@ static void test_attention(int B, int T, int D, int H, int nfd) {
     attn_ref(&c);
     dc_buf qd = dev_from(qkv, nq), out = dev_nan(no), lse = dev_nan(nl);
     if (g_be->reserve(g_be, T, 64) != 0) printf("reserve failed: %s\n", dc_error()), exit(1);
-    g_be->attn_fwd(g_be, out, lse, qd, B, T, D, H);
+    const dc_attn_shape sh = dc_attn_packed(B, T, D, H);  // q, k, v in place in qkv
+    g_be->attention_fwd(g_be, out, lse, qd, dc_buf_at(qd, D), dc_buf_at(qd, 2 * D), &sh);
     float *got = dev_get(out, no), *gl = dev_get(lse, nl);
     snprintf(name, sizeof name, "attn_fwd out B%d T%d D%d H%d", B, T, D, H);
     check(name, got, c.out, no, TOL_FWD);
@@ -520,11 +521,13 @@ static void test_attention(int B, int T, int D, int H, int nfd) {
     check(name, gl, c.lse, nl, TOL_FWD);
 
     dc_buf dqkv = dev_nan(nq), Rd = dev_from(R, no);
-    g_be->attn_bwd(g_be, dqkv, Rd, qd, out, lse, B, T, D, H);
+    g_be->attention_bwd(g_be, dqkv, dc_buf_at(dqkv, D), dc_buf_at(dqkv, 2 * D), Rd, qd,
+                        dc_buf_at(qd, D), dc_buf_at(qd, 2 * D), out, lse, &sh);
     float *g = dev_get(dqkv, nq);
     snprintf(name, sizeof name, "attn_bwd dqkv vs FD T%d Dh%d", T, D / H);
     report(name, fd_err(attn_ref, &c, c.qkv, nq, g, nfd), TOL_FD);
-    g_be->attn_bwd(g_be, dqkv, Rd, qd, out, lse, B, T, D, H);
+    g_be->attention_bwd(g_be, dqkv, dc_buf_at(dqkv, D), dc_buf_at(dqkv, 2 * D), Rd, qd,
+                        dc_buf_at(qd, D), dc_buf_at(qd, 2 * D), out, lse, &sh);
     float *g2 = dev_get(dqkv, nq);
     check_same("attn_bwd repeatable", g2, g, nq);
     free(qkv), free(R), free(c.qkv), free(c.R), free(c.out), free(c.lse), free(c.s);

@@ -23,7 +23,9 @@
 // destroy it (a new one may work, e.g. after a shape error).
 #pragma once
 #include <stdbool.h>
+#include <math.h>
 #include <stdint.h>
+#include <string.h>
 #include "core/dtype.h"
 #include "backend/op_math.h"
 
@@ -32,6 +34,48 @@ extern "C" {
 #endif
 
 typedef struct dc_backend dc_backend;
+
+// Where attention finds a tensor: strides in elements between samples,
+// tokens and heads; the values of one head are contiguous (stride 1).
+typedef struct {
+    int64_t batch, token, head;
+} dc_attn_layout;
+
+// One attention call. q [B, H, Tq, Dh], k [B, H, Tk, Dh], v [B, H, Tk, Dv],
+// out [B, H, Tq, Dv], each in its own layout, so packed qkv [B,T,3D] (DiT),
+// separate projections [B,T,D] and head-major [B,H,T,Dh] all run in place.
+// causal: query i sees keys j <= i + (Tk - Tq) (aligned at the bottom right,
+// as FlashAttention; with Tq == Tk, keys up to i); it needs Tq <= Tk so that
+// every query sees a key. scale 0 means 1/sqrt(Dh).
+typedef struct dc_attn_shape {
+    int B, H, Tq, Tk, Dh, Dv;
+    bool causal;
+    float scale;
+    dc_attn_layout q, k, v, out;
+} dc_attn_shape;
+
+// The layout of H heads of Dh side by side in rows of `row` elements, T rows
+// per sample: [B, T, row] with head h at column offset h*Dh.
+static inline dc_attn_layout dc_attn_rows(int T, int64_t row, int Dh) {
+    dc_attn_layout l;
+    l.batch = (int64_t)T * row, l.token = row, l.head = Dh;
+    return l;
+}
+
+// Self-attention over packed qkv[B,T,3D] ([q | k | v], each head-major, H
+// heads of D/H) into out[B,T,D]: q, k, v are qkv, qkv + D and qkv + 2D.
+static inline dc_attn_shape dc_attn_packed(int B, int T, int D, int H) {
+    dc_attn_shape s;
+    memset(&s, 0, sizeof s);
+    s.B = B, s.H = H, s.Tq = s.Tk = T, s.Dh = s.Dv = D / H;
+    s.q = s.k = s.v = dc_attn_rows(T, 3 * (int64_t)D, D / H);
+    s.out = dc_attn_rows(T, D, D / H);
+    return s;
+}
+
+static inline float dc_attn_scale(const dc_attn_shape *s) {
+    return s->scale != 0.0f ? s->scale : 1.0f / sqrtf((float)s->Dh);
+}
 
 struct dc_backend {
     const char *name;   // "cpu", "cuda"
@@ -108,14 +152,17 @@ struct dc_backend {
                          dc_buf mod, int B, int T, int D, int nchunk, int ch_gate);
 
     // ---- attention -------------------------------------------------------------
-    // qkv[B,T,3D] laid out [q | k | v], each head-major (H heads of Dh = D/H);
-    // out[B,T,D] = softmax(q k^T / sqrt(Dh)) v per head, heads concatenated.
-    // lse[B,H,T] keeps the log-sum-exp of each score row, so backward can
-    // rebuild the probabilities without a stored T x T matrix.
-    void (*attn_fwd)(dc_backend *be, dc_buf out, dc_buf lse, dc_buf qkv, int B, int T, int D,
-                     int H);
-    void (*attn_bwd)(dc_backend *be, dc_buf dqkv, dc_buf dout, dc_buf qkv, dc_buf out,
-                     dc_buf lse, int B, int T, int D, int H);
+    // One op for self-, cross- and causal attention in any layout (see
+    // dc_attn_shape below): out = softmax(q k^T * scale + mask) v per (sample,
+    // head). lse[B,H,Tq] (F32) keeps the log-sum-exp of each score row, so
+    // backward rebuilds the probabilities without a stored Tq x Tk matrix.
+    // A shape or layout a device cannot run is recorded as the op's error.
+    void (*attention_fwd)(dc_backend *be, dc_buf out, dc_buf lse, dc_buf q, dc_buf k, dc_buf v,
+                          const dc_attn_shape *s);
+    // dq, dk, dv (overwritten) and dout are laid out as q, k, v and out; for
+    // packed qkv, dq/dk/dv point into one dqkv buffer the same way.
+    void (*attention_bwd)(dc_backend *be, dc_buf dq, dc_buf dk, dc_buf dv, dc_buf dout, dc_buf q,
+                          dc_buf k, dc_buf v, dc_buf out, dc_buf lse, const dc_attn_shape *s);
 
     // ---- DiT embeddings ----------------------------------------------------------
     // img[B,C,H,W] -> out[B, T, C*p*p], token n = row*(W/p)+col, features in

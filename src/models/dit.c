@@ -317,6 +317,7 @@ int dc_dit_forward(dc_dit *m, dc_buf out, dc_buf x, dc_buf t, dc_buf y, int B) {
     const dc_params *ps = &m->params;
     dc_dit_acts *a = m->acts;
     const dit_dims d = dims_of(c, B);
+    const dc_attn_shape attn = dc_attn_packed(B, d.T, d.D, d.H);  // q, k, v in place in qkv
     dc_params_refresh(&m->params);
 
     // conditioning: c = t_embedder(t) + y_embedder(y); every adaLN reads SiLU(c)
@@ -344,7 +345,8 @@ int dc_dit_forward(dc_dit *m, dc_buf out, dc_buf x, dc_buf t, dc_buf y, int B) {
         // x = x + gate_msa * attn(modulate(LN(x), shift_msa, scale_msa))
         be->ln_mod_fwd(be, k->ln1, k->mean1, k->rstd1, k->x_in, k->mod, B, d.T, d.D, 6, 0, 1);
         dc_linear_fwd(be, ps, &w->qkv, k->qkv, k->ln1, d.BT);
-        be->attn_fwd(be, k->att, k->lse, k->qkv, B, d.T, d.D, d.H);
+        be->attention_fwd(be, k->att, k->lse, k->qkv, dc_buf_at(k->qkv, d.D),
+                          dc_buf_at(k->qkv, 2 * d.D), &attn);
         dc_linear_fwd(be, ps, &w->proj, k->proj, k->att, d.BT);
         be->gate_res_fwd(be, k->x_mid, k->x_in, k->proj, k->mod, B, d.T, d.D, 6, 2);
         // x = x + gate_mlp * mlp(modulate(LN(x), shift_mlp, scale_mlp))
@@ -372,6 +374,7 @@ int dc_dit_backward(dc_dit *m, dc_buf dout, int B) {
     const dc_params *ps = &m->params;
     dc_dit_acts *a = m->acts;
     const dit_dims d = dims_of(c, B);
+    const dc_attn_shape attn = dc_attn_packed(B, d.T, d.D, d.H);
 
     // final layer
     be->zero(be, a->dsilu_c.p, (size_t)B * d.D * dc_dtype_size(a->dsilu_c.dt));
@@ -393,7 +396,9 @@ int dc_dit_backward(dc_dit *m, dc_buf dout, int B) {
         // attention branch: x_mid = x_in + gate_msa * proj(attn(qkv(ln1)))
         be->gate_res_bwd(be, a->dt1, a->dmod, a->dx, k->proj, k->mod, B, d.T, d.D, 6, 2);
         dc_linear_bwd(be, ps, &w->proj, a->dt2, a->dt1, k->att, d.BT, false);
-        be->attn_bwd(be, a->dqkv, a->dt2, k->qkv, k->att, k->lse, B, d.T, d.D, d.H);
+        be->attention_bwd(be, a->dqkv, dc_buf_at(a->dqkv, d.D), dc_buf_at(a->dqkv, 2 * d.D), a->dt2,
+                          k->qkv, dc_buf_at(k->qkv, d.D), dc_buf_at(k->qkv, 2 * d.D), k->att, k->lse,
+                          &attn);
         dc_linear_bwd(be, ps, &w->qkv, a->dt1, a->dqkv, k->ln1, d.BT, false);
         be->ln_mod_bwd(be, a->dx, a->dmod, a->dt1, k->x_in, k->mean1, k->rstd1, k->mod, B, d.T, d.D, 6, 0, 1);
         // adaLN modulation of this block

@@ -5,6 +5,8 @@
 #include "core/error.h"
 #include "models/dit.h"
 
+enum { DC_DIT_MAX_TOKENS = 65536 };
+
 static const struct { const char *size; int depth, hidden, heads; } k_sizes[] = {
     {"XL", 28, 1152, 16}, {"L", 24, 1024, 16}, {"B", 12, 768, 12}, {"S", 12, 384, 6},
 };
@@ -40,9 +42,12 @@ int dc_dit_config_validate(const dc_dit_config *c) {
     if (c->input_size < c->patch || c->input_size % c->patch)
         return dc_fail("input size %d is not a multiple of patch size %d", c->input_size, c->patch);
     int tokens = (c->input_size / c->patch) * (c->input_size / c->patch);
-    if (tokens > 4096)
-        return dc_fail("%d tokens (input %d, patch %d): at most 4096 are supported", tokens,
-                       c->input_size, c->patch);
+    // Attention works in blocks, so its memory does not grow with the square
+    // of the length; the bound is a 256 x 256 grid, and dc_dit_reserve refuses
+    // a batch whose activations would pass 2^31 elements.
+    if (tokens > DC_DIT_MAX_TOKENS)
+        return dc_fail("%d tokens (input %d, patch %d): at most %d are supported", tokens,
+                       c->input_size, c->patch, DC_DIT_MAX_TOKENS);
     if (c->in_channels < 1 || c->in_channels > 1024)
         return dc_fail("%d input channels is out of range (1..1024)", c->in_channels);
     if (c->hidden < 4 || c->hidden > 65536)

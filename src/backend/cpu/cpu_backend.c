@@ -51,12 +51,13 @@ static void cpu_destroy(dc_backend *be) {
     free(be);
 }
 
-// Attention keeps two T x T blocks per thread (see cpu_attention.c).
+// Attention keeps two blocks of scores per thread, bounded whatever the
+// length (see cpu_attention.c).
 static int cpu_reserve(dc_backend *be, int max_tokens, int head_dim) {
     (void)head_dim;  // any head size works on the CPU
     dc_cpu_ctx *ctx = be->ctx;
     // Round each thread's slice to a cache line so threads never share one.
-    size_t per_thread = (2 * (size_t)max_tokens * max_tokens + 15) / 16 * 16;
+    size_t per_thread = (dc_cpu_attn_scratch(max_tokens) + 15) / 16 * 16;
     int threads = omp_get_max_threads();
     if (per_thread <= ctx->scratch_per_thread && threads <= ctx->scratch_threads) return 0;
     if (per_thread < ctx->scratch_per_thread) per_thread = ctx->scratch_per_thread;
@@ -150,8 +151,8 @@ dc_backend *dc_backend_cpu_create(void) {
         .ln_mod_bwd = dc_cpu_ln_mod_bwd,
         .gate_res_fwd = dc_cpu_gate_res_fwd,
         .gate_res_bwd = dc_cpu_gate_res_bwd,
-        .attn_fwd = dc_cpu_attn_fwd,
-        .attn_bwd = dc_cpu_attn_bwd,
+        .attention_fwd = dc_cpu_attention_fwd,
+        .attention_bwd = dc_cpu_attention_bwd,
         .patchify = dc_cpu_patchify,
         .unpatchify_fwd = dc_cpu_unpatchify_fwd,
         .unpatchify_bwd = dc_cpu_unpatchify_bwd,

@@ -98,10 +98,12 @@ void dc_cpu_gate_res_bwd(dc_backend *be, dc_buf dy, dc_buf dmod, dc_buf dx, dc_b
                          dc_buf mod, int B, int T, int D, int nchunk, int ch_gate);
 
 // ---- attention (cpu_attention.c) ----------------------------------------------
-void dc_cpu_attn_fwd(dc_backend *be, dc_buf out, dc_buf lse, dc_buf qkv, int B, int T, int D,
-                     int H);
-void dc_cpu_attn_bwd(dc_backend *be, dc_buf dqkv, dc_buf dout, dc_buf qkv, dc_buf out,
-                     dc_buf lse, int B, int T, int D, int H);
+void dc_cpu_attention_fwd(dc_backend *be, dc_buf out, dc_buf lse, dc_buf q, dc_buf k, dc_buf v,
+                          const dc_attn_shape *s);
+void dc_cpu_attention_bwd(dc_backend *be, dc_buf dq, dc_buf dk, dc_buf dv, dc_buf dout, dc_buf q,
+                          dc_buf k, dc_buf v, dc_buf out, dc_buf lse, const dc_attn_shape *s);
+// Floats of per-thread scratch attention needs for sequences up to max_tokens.
+size_t dc_cpu_attn_scratch(int max_tokens);
 
 // ---- convolution (cpu_conv.c) -------------------------------------------------
 // The im2col workspace (floats) the conv of shape s needs; 0 for a 1x1 conv.
