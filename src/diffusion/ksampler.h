@@ -1,0 +1,109 @@
+// Samplers of latent diffusion (Stable Diffusion), independent of the model:
+// DDIM, Euler, Euler ancestral and DPM++ 2M, with classifier-free guidance on
+// text embeddings and a negative prompt, for epsilon- or v-predicting
+// discrete-time models on the scaled-linear schedule (sd_schedule.h).
+//
+// References followed, line by line:
+//   DDIM:     diffusers DDIMScheduler.step (SD configs: "leading" spacing,
+//             steps_offset 1, set_alpha_to_one False -> the step after the
+//             last uses alphas_cumprod[0]); eta as there. Starts from randn.
+//   Euler, Euler a, DPM++ 2M: k-diffusion sampling.py sample_euler (no churn),
+//             sample_euler_ancestral (eta 1, s_noise 1), sample_dpmpp_2m, over
+//             the model wrapped as DiscreteEpsDDPMDenoiser / DiscreteVDDPMDenoiser
+//             (external.py): the model sees c_in x = x / sqrt(sigma^2 + 1) at
+//             t = sigma_to_t(sigma) (log-sigma interpolation), and
+//             denoised = x - sigma eps, or for v: x / (sigma^2 + 1) - sigma v / sqrt(sigma^2 + 1).
+//             Start: x = randn * sigmas[0]. This is what AUTOMATIC1111 runs for
+//             "Euler", "Euler a" (uniform ladder, get_sigmas) and "DPM++ 2M Karras"
+//             (get_sigmas_karras with rho 7 between the schedule's sigma_min and
+//             sigma_max). diffusers' EulerDiscrete / EulerAncestralDiscrete /
+//             DPMSolverMultistep(use_karras_sigmas) take the same update formulas
+//             but their own ladders: timestep_spacing (default "linspace",
+//             steps_offset 0) and sigmas interpolated linearly in t (np.interp),
+//             not in log sigma, so their pictures differ slightly from these.
+// Guidance u + scale (c - u) on the model output equals AUTOMATIC1111's on the
+// denoised values: denoised is affine in the output with the same coefficients.
+//
+// Every step is one affine update of per-step host scalars (dc_kstep):
+//   denoised = dx x + de out           (out: the guided model output, eps or v)
+//   x'       = ax x + ad denoised + ao old_denoised + an z
+// composed from the backend's q_sample (a p + s q) and axpy ops.
+//
+// Noise is keyed per sample, never per batch position, so a seed gives the
+// same image at any batch size:
+//   start x of sample i: randn(seed, key = i, DC_SAMPLE_START_STEP, DC_STREAM_SAMPLE_START)
+//   z of step s (0-based, in sampling order): randn(seed, key = i, step = s, DC_STREAM_NOISE)
+#pragma once
+#include <stdbool.h>
+#include <stdint.h>
+#include "backend/backend.h"
+#include "diffusion/sampler.h"
+#include "diffusion/sd_schedule.h"
+#include "models/model.h"
+
+typedef enum { DC_KS_DDIM, DC_KS_EULER, DC_KS_EULER_A, DC_KS_DPMPP_2M } dc_ks_kind;
+typedef enum { DC_PRED_EPS, DC_PRED_V } dc_prediction;
+
+// One step's scalars, all float64 on the host.
+typedef struct {
+    double sigma, sigma_next;  // k-samplers: the ladder; DDIM: sigma of t and of the step after
+    double t;                  // the timestep the model is fed
+    double c_in;               // the model's input is c_in x
+    double dx, de;             // denoised = dx x + de out
+    double ax, ad, ao, an;     // x' = ax x + ad denoised + ao old + an z
+    bool noise;                // draw z (an != 0)
+} dc_kstep;
+
+typedef struct {
+    dc_ks_kind kind;
+    int steps;
+    bool karras;            // k-samplers: Karras sigmas (rho 7) instead of the uniform ladder
+    float eta;              // DDIM only
+    dc_spacing spacing;     // DDIM only (SD: leading, offset 1)
+    int steps_offset;
+    dc_prediction prediction;
+    float cfg_scale;        // guidance when != 1: out = u + scale (c - u)
+    uint64_t seed;
+    int ctx_len, ctx_dim;   // the text embeddings the model reads, [ctx_len, ctx_dim] per image
+    dc_buf null_ctx;        // the negative prompt's (or ""'s) embedding, on the backend
+    bool x_given;           // x already holds the start noise (unscaled randn): skip drawing it
+} dc_ksampler_opts;
+
+// Euler a, 20 steps, epsilon, guidance 7.5, SD 1.x text embeddings (77 x 768).
+dc_ksampler_opts dc_ksampler_opts_default(void);
+const char *dc_ks_kind_name(dc_ks_kind k);
+
+// The plan of a whole run: steps[n] for n = opt->steps and the start noise's
+// scale (*init_sigma: sigmas[0] for the k-samplers, 1 for DDIM).
+int dc_ksampler_plan(const dc_sd_schedule *s, const dc_ksampler_opts *opt, dc_kstep *steps,
+                     double *init_sigma);
+
+typedef struct {
+    dc_backend *be;
+    dc_ksampler_opts opt;
+    dc_sd_schedule sched;
+    dc_kstep *plan;        // [opt.steps]
+    double init_sigma;
+    int C, H, W, max_batch;
+    bool cfg;
+    dc_buf xin;            // [rows, C, H, W] the model's input (c_in x, twice with guidance)
+    dc_buf out;            // [rows, C, H, W] model output
+    dc_buf comb;           // [max_batch, C, H, W] guided output
+    dc_buf den, old;       // [max_batch, C, H, W] denoised of this step and of the last
+    dc_buf z;              // [max_batch, C, H, W] step noise
+    dc_buf t;              // [rows] F32 timesteps
+    dc_buf ctx;            // [rows, L, D] embeddings
+    dc_cond cond;
+    float *t_host;         // [rows]
+    float *ca, *cb;        // [max_batch] per-sample coefficients for q_sample
+} dc_ksampler;
+
+// Builds the SD schedule and the plan and allocates the scratch for batches
+// up to max_batch of C x H x W latents.
+int dc_ksampler_init(dc_ksampler *s, dc_backend *be, const dc_ksampler_opts *opt, int C, int H,
+                     int W, int max_batch);
+void dc_ksampler_free(dc_ksampler *s);
+// Samples B latents into x[B, C, H, W] conditioned on cond (B embeddings on
+// the backend), sample indices idx[B] keying the noise. progress may be NULL.
+int dc_ksampler_run(dc_ksampler *s, dc_buf x, const dc_cond *cond, const uint32_t *idx, int B,
+                    dc_eval_fn eval, void *ctx, dc_sample_progress_fn progress, void *pctx);
