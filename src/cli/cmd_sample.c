@@ -14,6 +14,8 @@
 #include "core/log.h"
 #include "diffusion/sampler.h"
 #include "io/png.h"
+#include "io/png_params.h"
+#include "text/unicode.h"
 
 #define MAX_CLASSES 1024
 
@@ -104,6 +106,35 @@ static int check_out_files(const char *dir, const int *classes, int ncls, int pe
     }
     sample_path(dir, classes[widest], per_class - 1, path, sizeof path);
     return cli_probe_write(path);
+}
+
+// The AUTOMATIC1111-style `parameters` text of a PNG, adapted to class
+// labels: the prompt names the class(es); the image's index joins the seed,
+// since a sample depends on both. NULL out of memory (message set).
+static char *png_parameters(const char *prompt, const dc_sampler_opts *so, const char *sampler, int W,
+                            int H, const char *ckpt, const char *which, int index) {
+    // the checkpoint's file (or run folder's) name, as A1111 names the model
+    char model[256];
+    snprintf(model, sizeof model, "%s", ckpt);
+    for (size_t n = strlen(model); n > 1 && model[n - 1] == '/'; n--) model[n - 1] = 0;
+    char *base = strrchr(model, '/') ? strrchr(model, '/') + 1 : model;
+    // A file name need not be text: control bytes, and every non-ASCII byte
+    // of a name that is not UTF-8, become '?' (a PNG text chunk holds text).
+    dc_ustr u = {0};
+    int utf8 = dc_utf8_decode(base, strlen(base), "checkpoint name", &u) == 0;
+    dc_ustr_free(&u);
+    for (char *p = base; *p; p++)
+        if ((unsigned char)*p < 0x20 || *p == 0x7f || (!utf8 && (unsigned char)*p >= 0x80)) *p = '?';
+    char extra[160];
+    int k = snprintf(extra, sizeof extra, "Weights: %s, Guided channels: %s", which,
+                     so->guided_channels ? "3" : "all");
+    if (so->kind == DC_STEP_DDIM) k += snprintf(extra + k, sizeof extra - (size_t)k, ", Eta: %g", so->eta);
+    if (index >= 0) snprintf(extra + k, sizeof extra - (size_t)k, ", Sample index: %d", index);
+    dc_gen_params g = {.prompt = prompt, .steps = so->steps, .sampler = sampler, .cfg_scale = so->cfg_scale,
+                       .seed = so->seed, .width = W, .height = H, .model = base, .extra = extra};
+    char *s = dc_gen_params_format(&g);
+    if (!s) dc_fail("out of memory");
+    return s;
 }
 
 int cmd_sample(int argc, char **argv) {
@@ -228,11 +259,17 @@ int cmd_sample(int argc, char **argv) {
     double el = dc_time_now() - pc.t0;
     dc_progress(true, "sampled %d images in %.1f s (%.2f images/s, %.1f image-steps/s)", N, el,
                 N / el, (double)N * so.steps / el);
+    const char *sampler_name = so.kind == DC_STEP_DDIM ? "DDIM" : "DDPM";
     if (out_dir) {
         for (int i = 0; i < N; i++) {
-            char path[4096];
+            char path[4096], prompt[32];
             sample_path(out_dir, y[i], i % per_class, path, sizeof path);
-            if (dc_png_write_image(path, all + i * img, C, H, W)) goto done;
+            snprintf(prompt, sizeof prompt, "class %d", y[i]);
+            char *par = png_parameters(prompt, &so, sampler_name, W, H, ckpt, which, i);
+            dc_png_text t = {DC_PNG_PARAMETERS_KEY, par};
+            int wrc = par ? dc_png_write_grid_text(path, all + i * img, 1, C, H, W, 1, 1, &t, 1) : -1;
+            free(par);
+            if (wrc) goto done;
         }
         dc_log("samples: %s/class{c}_{i}.png (%d files)", out_dir, N);
     }
@@ -250,7 +287,17 @@ int cmd_sample(int argc, char **argv) {
         for (int r = 0; r < ncls; r++)
             memmove(all + (int64_t)r * cols * img, all + (int64_t)r * per_class * img,
                     (size_t)cols * img * sizeof *all);
-        if (dc_png_write_grid(grid, all, ncls * cols, C, H, W, ncls, cols)) goto done;
+        // "classes 0, 3, 7": one row each
+        char *prompt = malloc((size_t)ncls * 12 + 16), *par = NULL;
+        if (prompt) {
+            int k = sprintf(prompt, "class%s", ncls > 1 ? "es" : "");
+            for (int r = 0; r < ncls; r++) k += sprintf(prompt + k, "%s %d", r ? "," : "", classes[r]);
+            par = png_parameters(prompt, &so, sampler_name, W, H, ckpt, which, -1);
+        } else dc_fail("out of memory");
+        dc_png_text t = {DC_PNG_PARAMETERS_KEY, par};
+        int wrc = par ? dc_png_write_grid_text(grid, all, ncls * cols, C, H, W, ncls, cols, &t, 1) : -1;
+        free(prompt), free(par);
+        if (wrc) goto done;
         dc_log("grid: %s (%d rows x %d)", grid, ncls, cols);
     }
     status = 0;

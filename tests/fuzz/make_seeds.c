@@ -2,8 +2,10 @@
 // from which libFuzzer starts: IDX files (plain and gzipped), data sets
 // (hand-made as other tools write them, and written by the engine with
 // checksums), the tensor shapes of a tiny DiT, its training checkpoints
-// (fresh and after two steps) and its plain state dict under official keys.
+// (fresh and after two steps) and its plain state dict under official keys,
+// and PNGs of each colour type, depth and text chunk kind.
 //   make_seeds DIR
+#include <png.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +14,8 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "io/png.h"
+#include "io/png_params.h"
 #include "io/safetensors.h"
 #include "models/dit_io.h"
 #include "train/trainer.h"
@@ -179,6 +183,77 @@ static void shape_seeds(void) {
     put("fuzz_dit_config", "tiny_eps_ema_2_blocks", eps_ema, sizeof eps_ema);
 }
 
+// A PNG made with libpng directly (palette, alpha, 16 bits, interlace: what
+// the engine's writer never makes). rows are packed as libpng wants them.
+static void raw_png(const char *path, int w, int h, int depth, int color, int interlace, uint8_t *const *rows) {
+    FILE *f = fopen(path, "wb");
+    png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, NULL, NULL, NULL);
+    png_infop info = png ? png_create_info_struct(png) : NULL;
+    if (!f || !info || setjmp(png_jmpbuf(png))) {
+        fprintf(stderr, "make_seeds: cannot write %s\n", path);
+        exit(1);
+    }
+    png_init_io(png, f);
+    png_set_IHDR(png, info, (png_uint_32)w, (png_uint_32)h, depth, color, interlace, PNG_COMPRESSION_TYPE_DEFAULT,
+                 PNG_FILTER_TYPE_DEFAULT);
+    if (color == PNG_COLOR_TYPE_PALETTE) {
+        png_color pal[4] = {{255, 0, 0}, {0, 255, 0}, {0, 0, 255}, {9, 99, 199}};
+        png_byte trns[4] = {255, 0, 128, 255};
+        png_set_PLTE(png, info, pal, 4);
+        png_set_tRNS(png, info, trns, 4, NULL);
+    }
+    png_text z = {.compression = PNG_TEXT_COMPRESSION_zTXt, .key = "parameters", .text = "na\xefve"};
+    png_set_text(png, info, &z, 1);
+    png_write_info(png, info);
+    png_write_image(png, (png_bytepp)rows);
+    png_write_end(png, info);
+    png_destroy_write_struct(&png, &info);
+    fclose(f);
+}
+
+// fuzz_png inputs: a flags byte (bit 0: force RGB, bit 1: correct the CRCs), then a PNG.
+static void put_png(const char *src, uint8_t flags, const char *name) {
+    FILE *f = fopen(src, "rb");
+    uint8_t b[1 << 16];
+    size_t n = f ? fread(b + 1, 1, sizeof b - 1, f) : 0;
+    if (!f || !n || n == sizeof b - 1) die(src);
+    fclose(f);
+    b[0] = flags;
+    put("fuzz_png", name, b, n + 1);
+}
+
+static void png_seeds(const char *tmp) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/seed.png", tmp);
+    float img[3 * 4 * 5];
+    for (int i = 0; i < 60; i++) img[i] = (float)(i % 17) / 8.0f - 1.0f;
+    dc_gen_params g = {.prompt = "a cat", .negative_prompt = "blurry", .steps = 20, .sampler = "Euler a",
+                       .cfg_scale = 7, .seed = 42, .width = 5, .height = 4, .model = "v1-5"};
+    char *par = dc_gen_params_format(&g);
+    dc_png_text t[2] = {{DC_PNG_PARAMETERS_KEY, par}, {"Comment", "\xe7\x8c\xab"}};  // tEXt and iTXt
+    if (!par || dc_png_write_grid_text(path, img, 1, 3, 4, 5, 1, 1, t, 2)) die("PNG");
+    free(par);
+    put_png(path, 0, "rgb_parameters");
+    if (dc_png_write_grid(path, img, 3, 1, 4, 5, 2, 2)) die("PNG");
+    put_png(path, 1, "gray_grid_as_rgb");
+    uint8_t px[4][16], *rows[4];
+    for (int y = 0; y < 4; y++) {
+        rows[y] = px[y];
+        for (int i = 0; i < 16; i++) px[y][i] = (uint8_t)(y * 61 + i * 23);
+    }
+    const struct { int w, depth, color, interlace; const char *name; } r[] = {
+        {3, 2, PNG_COLOR_TYPE_PALETTE, PNG_INTERLACE_NONE, "palette_trns"},
+        {2, 16, PNG_COLOR_TYPE_RGB_ALPHA, PNG_INTERLACE_NONE, "rgba16"},
+        {4, 8, PNG_COLOR_TYPE_GRAY_ALPHA, PNG_INTERLACE_ADAM7, "gray_alpha_interlaced"},
+        {9, 1, PNG_COLOR_TYPE_GRAY, PNG_INTERLACE_NONE, "gray1"},
+    };
+    for (size_t i = 0; i < sizeof r / sizeof r[0]; i++) {
+        raw_png(path, r[i].w, 4, r[i].depth, r[i].color, r[i].interlace, rows);
+        put_png(path, 2, r[i].name);
+    }
+    remove(path);
+}
+
 int main(int argc, char **argv) {
     if (argc != 2) {
         fprintf(stderr, "usage: make_seeds DIR\n");
@@ -193,6 +268,7 @@ int main(int argc, char **argv) {
     shape_seeds();
     dataset_seeds(tmp);
     model_seeds(tmp);
+    png_seeds(tmp);
     char p[4200];
     const char *files[] = {"set.safetensors", "ck.safetensors", "plain.safetensors"};
     for (int i = 0; i < 3; i++) snprintf(p, sizeof p, "%s/%s", tmp, files[i]), remove(p);
