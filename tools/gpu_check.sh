@@ -2,7 +2,7 @@
 # The GPU checks and benchmarks of the CUDA backend, in one run on a machine
 # with an NVIDIA GPU. Steps (any subset, in this order):
 #   check     test_cuda (every op, CPU vs GPU, fp32 and bf16 modes, and a whole
-#             DiT), test_ops on the GPU in fp32 against float64 references,
+#             DiT), test_ops and test_ops_latent on the GPU in fp32 against float64 references,
 #             `diffusion forward` GPU vs CPU on the golden model, the same seed's
 #             starting noise on both, and a short training run on each whose
 #             loss curves are compared
@@ -55,6 +55,9 @@ if has check; then
   if "$TESTS/test_ops" "$seed" cuda-fp32 > "$OUT/test_ops_gpu.log" 2>&1; then r=PASS; else r=FAIL; fi
   grep -E "FAIL" "$OUT/test_ops_gpu.log" | head
   note "test_ops on cuda-fp32 vs float64: $r, $(tail -1 "$OUT/test_ops_gpu.log")"
+  if "$TESTS/test_ops_latent" "$seed" cuda-fp32 > "$OUT/test_ops_latent_gpu.log" 2>&1; then r=PASS; else r=FAIL; fi
+  grep -E "FAIL" "$OUT/test_ops_latent_gpu.log" | head
+  note "test_ops_latent on cuda-fp32 vs float64: $r, $(tail -1 "$OUT/test_ops_latent_gpu.log")"
 
   # forward on the golden model: GPU fp32 within 1e-4, bf16 within 2e-2 of the CPU
   g=tests/golden/dit_b.safetensors in=$OUT/fwd_in.safetensors

@@ -1,0 +1,514 @@
+// The ops of latent diffusion (convolutions, GroupNorm with SiLU, affine
+// LayerNorm, nearest upsampling, GEGLU and the activations) of a backend
+// against straight double loops and their finite differences, as test_ops.c
+// does for the DiT ops (its header comment explains the tolerances).
+//
+//   build/tests/test_ops_latent [seed] [backend]      (seed from the clock by default)
+#include "ops_check.h"
+
+static double ref_sigmoid(double x) { return 1 / (1 + exp(-x)); }
+static double ref_gelu_erf(double x) { return 0.5 * x * (1 + erf(x / sqrt(2.0))); }
+static double ref_quick_gelu(double x) { return x * ref_sigmoid(1.702 * x); }
+
+// ---- convolution -----------------------------------------------------------------------
+typedef struct {
+    dc_conv2d_shape s;
+    double *x, *w, *b, *R, *out;  // b NULL: no bias
+} conv_ctx;
+static int64_t conv_nx(const dc_conv2d_shape *s) { return (int64_t)s->B * s->Ci * s->H * s->W; }
+static int64_t conv_nw(const dc_conv2d_shape *s) { return (int64_t)s->Co * s->Ci * s->k * s->k; }
+static int64_t conv_no(const dc_conv2d_shape *s) {
+    return (int64_t)s->B * s->Co * dc_conv2d_ho(s) * dc_conv2d_wo(s);
+}
+// PyTorch's Conv2d (a cross-correlation), as loops over every output and tap:
+// out[b,co,oy,ox] = bias[co] + sum w[co,ci,ky,kx] x[b,ci,oy*s-pad_t+ky, ox*s-pad_l+kx],
+// x zero outside the image. Without dx, adds the products into c->out; with
+// dx and dw, adds the gradients of L = sum(out * R) into them instead.
+static void conv_taps(conv_ctx *c, double *dx, double *dw) {
+    const dc_conv2d_shape *s = &c->s;
+    const int Ho = dc_conv2d_ho(s), Wo = dc_conv2d_wo(s), k = s->k;
+    for (int b = 0; b < s->B; b++)
+        for (int co = 0; co < s->Co; co++)
+            for (int oy = 0; oy < Ho; oy++)
+                for (int ox = 0; ox < Wo; ox++) {
+                    const int64_t o = (((int64_t)b * s->Co + co) * Ho + oy) * Wo + ox;
+                    for (int ci = 0; ci < s->Ci; ci++)
+                        for (int ky = 0; ky < k; ky++)
+                            for (int kx = 0; kx < k; kx++) {
+                                const int iy = oy * s->stride - s->pad_t + ky;
+                                const int ix = ox * s->stride - s->pad_l + kx;
+                                if (iy < 0 || iy >= s->H || ix < 0 || ix >= s->W) continue;
+                                const int64_t wi = (((int64_t)co * s->Ci + ci) * k + ky) * k + kx;
+                                const int64_t xi =
+                                    (((int64_t)b * s->Ci + ci) * s->H + iy) * s->W + ix;
+                                if (!dx) {
+                                    c->out[o] += c->w[wi] * c->x[xi];
+                                } else {
+                                    dx[xi] += c->R[o] * c->w[wi];
+                                    dw[wi] += c->R[o] * c->x[xi];
+                                }
+                            }
+                }
+}
+static double conv_ref(void *p) {
+    conv_ctx *c = p;
+    const dc_conv2d_shape *s = &c->s;
+    const int64_t no = conv_no(s), hw = (int64_t)dc_conv2d_ho(s) * dc_conv2d_wo(s);
+    for (int64_t o = 0; o < no; o++) c->out[o] = c->b ? c->b[o / hw % s->Co] : 0.0;
+    conv_taps(c, NULL, NULL);
+    return dot(c->out, c->R, no);
+}
+static void conv_grad_ref(conv_ctx *c, double *dx, double *dw, double *db) {
+    const dc_conv2d_shape *s = &c->s;
+    const int64_t no = conv_no(s), hw = (int64_t)dc_conv2d_ho(s) * dc_conv2d_wo(s);
+    memset(dx, 0, conv_nx(s) * sizeof(double));
+    memset(dw, 0, conv_nw(s) * sizeof(double));
+    memset(db, 0, s->Co * sizeof(double));
+    for (int64_t o = 0; o < no; o++) db[o / hw % s->Co] += c->R[o];
+    conv_taps(c, dx, dw);
+}
+
+// Forward with and without bias; backward dx (overwritten, then +=), dw +=,
+// db += against the reference gradients, and (nfd > 0) against finite
+// differences of the reference loss at nfd random coordinates each.
+static void test_conv2d(dc_conv2d_shape s, int nfd) {
+    if (!have("conv2d", g_be->reserve_conv && g_be->conv2d_fwd && g_be->conv2d_bwd)) return;
+    const int64_t nx = conv_nx(&s), nw = conv_nw(&s), no = conv_no(&s);
+    char tag[64], name[128];
+    snprintf(tag, sizeof tag, "B%d %d>%d %dx%d k%d s%d p%d%d%d%d", s.B, s.Ci, s.Co, s.H, s.W, s.k,
+             s.stride, s.pad_t, s.pad_b, s.pad_l, s.pad_r);
+    float *x = host_rand(nx, -1, 1), *w = host_rand(nw, -1, 1), *b = host_rand(s.Co, -1, 1);
+    float *R = host_rand(no, -1, 1);
+    conv_ctx c = {s, to_d(x, nx), to_d(w, nw), to_d(b, s.Co), to_d(R, no),
+                  malloc(no * sizeof(double))};
+    if (g_be->reserve_conv(g_be, &s) != 0) {
+        printf("reserve_conv %s failed: %s\n", tag, dc_error());
+        report("reserve_conv", INFINITY, 0);
+        goto done;
+    }
+    dc_buf xd = dev_from(x, nx), wd = dev_from(w, nw), bd = dev_from(b, s.Co), out = dev_nan(no);
+    for (int bias = 1; bias >= 0; bias--) {
+        conv_ctx cc = c;
+        if (!bias) cc.b = NULL;
+        conv_ref(&cc);
+        g_be->conv2d_fwd(g_be, out, xd, wd, bias ? bd : dc_buf_none(), &s);
+        float *got = dev_get(out, no);
+        snprintf(name, sizeof name, "conv2d_fwd %s%s", tag, bias ? "" : " nobias");
+        check(name, got, c.out, no, TOL_FWD);
+        for (int k = 0; bias && other_threads(k); k++) {
+            g_be->conv2d_fwd(g_be, out, xd, wd, bd, &s);
+            float *again = dev_get(out, no);
+            snprintf(name, sizeof name, "conv2d_fwd %s", threads_tag(k));
+            check_same(name, again, got, no);
+            free(again);
+        }
+        free(got);
+    }
+
+    double *rdx = malloc(nx * sizeof(double)), *rdw = malloc(nw * sizeof(double));
+    double *rdb = malloc(s.Co * sizeof(double));
+    conv_grad_ref(&c, rdx, rdw, rdb);
+    float *pw = host_rand(nw, -1, 1), *pb = host_rand(s.Co, -1, 1), *start = host_rand(nx, -1, 1);
+    dc_buf Rd = dev_from(R, no), gx = dev_nan(nx), gw = dev_from(pw, nw), gb = dev_from(pb, s.Co);
+    g_be->conv2d_bwd(g_be, gx, gw, gb, Rd, xd, wd, &s, false);
+    float *g1 = dev_get(gx, nx), *g2 = dev_get(gw, nw), *g3 = dev_get(gb, s.Co);
+    float *dw = malloc(nw * sizeof(float)), *db = malloc(s.Co * sizeof(float));
+    for (int64_t i = 0; i < nw; i++) dw[i] = g2[i] - pw[i];  // dw and db are "+="
+    for (int i = 0; i < s.Co; i++) db[i] = g3[i] - pb[i];
+    snprintf(name, sizeof name, "conv2d_bwd dx %s", tag);
+    check(name, g1, rdx, nx, TOL_FWD);
+    snprintf(name, sizeof name, "conv2d_bwd dw += %s", tag);
+    check(name, dw, rdw, nw, TOL_FWD);
+    snprintf(name, sizeof name, "conv2d_bwd db += %s", tag);
+    check(name, db, rdb, s.Co, TOL_FWD);
+    if (nfd) {
+        snprintf(name, sizeof name, "conv2d_bwd dx vs FD k%d s%d", s.k, s.stride);
+        report(name, fd_err(conv_ref, &c, c.x, nx, g1, nfd), TOL_FD);
+        snprintf(name, sizeof name, "conv2d_bwd dw vs FD k%d s%d", s.k, s.stride);
+        report(name, fd_err(conv_ref, &c, c.w, nw, dw, nfd), TOL_FD);
+        snprintf(name, sizeof name, "conv2d_bwd db vs FD k%d s%d", s.k, s.stride);
+        report(name, fd_err(conv_ref, &c, c.b, s.Co, db, nfd), TOL_FD);
+    }
+    for (int k = 0; other_threads(k); k++) {
+        g_be->upload(g_be, gw.p, pw, nw * sizeof(float));
+        g_be->upload(g_be, gb.p, pb, s.Co * sizeof(float));
+        g_be->conv2d_bwd(g_be, gx, gw, gb, Rd, xd, wd, &s, false);
+        float *a1 = dev_get(gx, nx), *a2 = dev_get(gw, nw), *a3 = dev_get(gb, s.Co);
+        bool same = !memcmp(a1, g1, nx * 4) && !memcmp(a2, g2, nw * 4) && !memcmp(a3, g3, s.Co * 4);
+        snprintf(name, sizeof name, "conv2d_bwd %s", threads_tag(k));
+        report(name, same ? 0 : INFINITY, 0);
+        free(a1), free(a2), free(a3);
+    }
+
+    // accumulate adds onto dx; NULL dw and db are skipped; dw alone is the same.
+    g_be->upload(g_be, gx.p, start, nx * sizeof(float));
+    g_be->conv2d_bwd(g_be, gx, dc_buf_none(), dc_buf_none(), Rd, xd, wd, &s, true);
+    float *g4 = dev_get(gx, nx);
+    for (int64_t i = 0; i < nx; i++) rdx[i] = (double)start[i] + g1[i];
+    snprintf(name, sizeof name, "conv2d_bwd dx += %s", tag);
+    check(name, g4, rdx, nx, TOL_FWD);
+    g_be->upload(g_be, gw.p, pw, nw * sizeof(float));
+    g_be->conv2d_bwd(g_be, dc_buf_none(), gw, dc_buf_none(), Rd, xd, wd, &s, false);
+    float *g5 = dev_get(gw, nw);
+    snprintf(name, sizeof name, "conv2d_bwd dw only %s", tag);
+    check_same(name, g5, g2, nw);
+    free(rdx), free(rdw), free(rdb), free(pw), free(pb), free(start), free(g1), free(g2);
+    free(g3), free(dw), free(db), free(g4), free(g5);
+done:
+    free(x), free(w), free(b), free(R), free(c.x), free(c.w), free(c.b), free(c.R), free(c.out);
+    dev_free_all();
+}
+
+// A shape whose output would be empty is refused up front, with a message.
+static void test_conv2d_bad_shape(void) {
+    if (!have("reserve_conv", g_be->reserve_conv)) return;
+    dc_conv2d_shape s = {.B = 1, .Ci = 4, .H = 2, .W = 8, .Co = 4, .k = 3, .stride = 1};
+    dc_error_clear();
+    int rc = g_be->reserve_conv(g_be, &s);
+    bool ok = rc != 0 && strstr(dc_error(), "conv2d");
+    report("reserve_conv refuses a 2x8 input, k3", ok ? 0 : INFINITY, 0);
+    if (!ok) printf("  rc %d, message: %s\n", rc, dc_error());
+}
+
+// ---- group norm ---------------------------------------------------------------------------
+typedef struct {
+    double *x, *gamma, *beta, *R, *out;
+    int B, C, G;
+    int64_t HW;
+    double eps;
+    bool silu;
+} gn_ctx;
+// Per (b, g), over its C/G channels and HW pixels: biased variance, as torch.
+static double gn_ref(gn_ctx *c, double *mean, double *rstd) {
+    const int Cg = c->C / c->G;
+    const int64_t n = Cg * c->HW;
+    double L = 0;
+    for (int bg = 0; bg < c->B * c->G; bg++) {
+        const double *x = c->x + bg * n;
+        double mu = 0, var = 0;
+        for (int64_t i = 0; i < n; i++) mu += x[i] / n;
+        for (int64_t i = 0; i < n; i++) var += (x[i] - mu) * (x[i] - mu) / n;
+        const double r = 1 / sqrt(var + c->eps);
+        if (mean) mean[bg] = mu, rstd[bg] = r;
+        for (int64_t i = 0; i < n; i++) {
+            const int ch = bg % c->G * Cg + (int)(i / c->HW);
+            double y = (x[i] - mu) * r * c->gamma[ch] + c->beta[ch];
+            if (c->silu) y *= ref_sigmoid(y);
+            c->out[bg * n + i] = y;
+            L += y * c->R[bg * n + i];
+        }
+    }
+    return L;
+}
+static double gn_loss(void *p) { return gn_ref(p, NULL, NULL); }
+
+// x in [lo, hi]: a narrow range far from 0 makes eps matter and tests the
+// variance's accuracy under a large mean.
+static void test_group_norm(int B, int C, int64_t HW, int G, float eps, bool silu, double lo,
+                            double hi, int nfd) {
+    if (!have("group_norm", g_be->group_norm_fwd && g_be->group_norm_bwd)) return;
+    const int64_t n = (int64_t)B * C * HW, ns = (int64_t)B * G;
+    char tag[64], name[128];
+    snprintf(tag, sizeof tag, "B%d C%d HW%lld G%d eps%.0e%s", B, C, (long long)HW, G, eps,
+             silu ? " silu" : "");
+    float *x = host_rand(n, lo, hi), *gamma = host_rand(C, -1.5, 1.5), *beta = host_rand(C, -1, 1);
+    float *R = host_rand(n, -0.5, 1.5);  // mean(R) != 0: the mean(g) term of dx matters
+    gn_ctx c = {to_d(x, n), to_d(gamma, C), to_d(beta, C), to_d(R, n), malloc(n * sizeof(double)),
+                B, C, G, HW, eps, silu};
+    double *mean = malloc(ns * sizeof(double)), *rstd = malloc(ns * sizeof(double));
+    gn_ref(&c, mean, rstd);
+    dc_buf xd = dev_from(x, n), gd = dev_from(gamma, C), bd = dev_from(beta, C), out = dev_nan(n);
+    dc_buf md = dev_nan(ns), rd = dev_nan(ns);
+    g_be->group_norm_fwd(g_be, out, md, rd, xd, gd, bd, B, C, HW, G, eps, silu);
+    float *got = dev_get(out, n), *gm = dev_get(md, ns), *gr = dev_get(rd, ns);
+    snprintf(name, sizeof name, "group_norm_fwd %s", tag);
+    check(name, got, c.out, n, TOL_FWD);
+    check("group_norm_fwd mean", gm, mean, ns, TOL_FWD);
+    check("group_norm_fwd rstd", gr, rstd, ns, TOL_FWD);
+    for (int k = 0; other_threads(k); k++) {
+        g_be->group_norm_fwd(g_be, out, md, rd, xd, gd, bd, B, C, HW, G, eps, silu);
+        float *again = dev_get(out, n);
+        snprintf(name, sizeof name, "group_norm_fwd %s", threads_tag(k));
+        check_same(name, again, got, n);
+        free(again);
+    }
+
+    float *pg = host_rand(C, -1, 1), *pb = host_rand(C, -1, 1), *start = host_rand(n, -1, 1);
+    dc_buf Rd = dev_from(R, n), gx = dev_nan(n), gg = dev_from(pg, C), gb = dev_from(pb, C);
+    g_be->group_norm_bwd(g_be, gx, gg, gb, Rd, xd, md, rd, gd, bd, B, C, HW, G, silu, false);
+    float *g1 = dev_get(gx, n), *g2 = dev_get(gg, C), *g3 = dev_get(gb, C);
+    float *dg = malloc(C * sizeof(float)), *db = malloc(C * sizeof(float));
+    for (int i = 0; i < C; i++) dg[i] = g2[i] - pg[i], db[i] = g3[i] - pb[i];  // "+="
+    snprintf(name, sizeof name, "group_norm_bwd dx vs FD %s", tag);
+    report(name, fd_err(gn_loss, &c, c.x, n, g1, nfd), TOL_FD);
+    report("group_norm_bwd dgamma += vs FD", fd_err(gn_loss, &c, c.gamma, C, dg, nfd), TOL_FD);
+    report("group_norm_bwd dbeta += vs FD", fd_err(gn_loss, &c, c.beta, C, db, nfd), TOL_FD);
+    for (int k = 0; other_threads(k); k++) {
+        g_be->upload(g_be, gg.p, pg, C * sizeof(float));
+        g_be->upload(g_be, gb.p, pb, C * sizeof(float));
+        g_be->group_norm_bwd(g_be, gx, gg, gb, Rd, xd, md, rd, gd, bd, B, C, HW, G, silu, false);
+        float *a1 = dev_get(gx, n), *a2 = dev_get(gg, C), *a3 = dev_get(gb, C);
+        bool same = !memcmp(a1, g1, n * 4) && !memcmp(a2, g2, C * 4) && !memcmp(a3, g3, C * 4);
+        snprintf(name, sizeof name, "group_norm_bwd %s", threads_tag(k));
+        report(name, same ? 0 : INFINITY, 0);
+        free(a1), free(a2), free(a3);
+    }
+    // Frozen (dgamma, dbeta NULL) and accumulating into dx.
+    g_be->upload(g_be, gx.p, start, n * sizeof(float));
+    g_be->group_norm_bwd(g_be, gx, dc_buf_none(), dc_buf_none(), Rd, xd, md, rd, gd, bd, B, C, HW,
+                         G, silu, true);
+    float *g4 = dev_get(gx, n);
+    for (int64_t i = 0; i < n; i++) c.out[i] = (double)start[i] + g1[i];
+    check("group_norm_bwd dx += , frozen", g4, c.out, n, TOL_FWD);
+    free(x), free(gamma), free(beta), free(R), free(c.x), free(c.gamma), free(c.beta), free(c.R);
+    free(c.out), free(mean), free(rstd), free(got), free(gm), free(gr), free(pg), free(pb);
+    free(start), free(g1), free(g2), free(g3), free(dg), free(db), free(g4);
+    dev_free_all();
+}
+
+// ---- layer norm with affine weights --------------------------------------------------------
+typedef struct {
+    double *x, *gamma, *beta, *R, *out;
+    int64_t M;
+    int D;
+    double eps;
+} lnorm_ctx;
+static double lnorm_ref(lnorm_ctx *c, double *mean, double *rstd) {
+    const int D = c->D;
+    double L = 0;
+    for (int64_t m = 0; m < c->M; m++) {
+        const double *x = c->x + m * D;
+        double mu = 0, var = 0;
+        for (int d = 0; d < D; d++) mu += x[d] / D;
+        for (int d = 0; d < D; d++) var += (x[d] - mu) * (x[d] - mu) / D;
+        const double r = 1 / sqrt(var + c->eps);
+        if (mean) mean[m] = mu, rstd[m] = r;
+        for (int d = 0; d < D; d++) {
+            c->out[m * D + d] = (x[d] - mu) * r * c->gamma[d] + c->beta[d];
+            L += c->out[m * D + d] * c->R[m * D + d];
+        }
+    }
+    return L;
+}
+static double lnorm_loss(void *p) { return lnorm_ref(p, NULL, NULL); }
+
+static void test_layer_norm(int64_t M, int D, double lo, double hi, int nfd) {
+    if (!have("layer_norm", g_be->layer_norm_fwd && g_be->layer_norm_bwd)) return;
+    const int64_t n = M * D;
+    const float eps = 1e-5f;
+    char name[128];
+    float *x = host_rand(n, lo, hi), *gamma = host_rand(D, -1.5, 1.5), *beta = host_rand(D, -1, 1);
+    float *R = host_rand(n, -0.5, 1.5);  // mean(R) != 0: the mean(g) term of dx matters
+    lnorm_ctx c = {to_d(x, n), to_d(gamma, D), to_d(beta, D), to_d(R, n),
+                   malloc(n * sizeof(double)), M, D, eps};
+    double *mean = malloc(M * sizeof(double)), *rstd = malloc(M * sizeof(double));
+    lnorm_ref(&c, mean, rstd);
+    dc_buf xd = dev_from(x, n), gd = dev_from(gamma, D), bd = dev_from(beta, D), out = dev_nan(n);
+    dc_buf md = dev_nan(M), rd = dev_nan(M);
+    g_be->layer_norm_fwd(g_be, out, md, rd, xd, gd, bd, M, D, eps);
+    float *got = dev_get(out, n), *gm = dev_get(md, M), *gr = dev_get(rd, M);
+    snprintf(name, sizeof name, "layer_norm_fwd M%lld D%d", (long long)M, D);
+    check(name, got, c.out, n, TOL_FWD);
+    check("layer_norm_fwd mean", gm, mean, M, TOL_FWD);
+    check("layer_norm_fwd rstd", gr, rstd, M, TOL_FWD);
+    for (int k = 0; other_threads(k); k++) {
+        g_be->layer_norm_fwd(g_be, out, md, rd, xd, gd, bd, M, D, eps);
+        float *again = dev_get(out, n);
+        snprintf(name, sizeof name, "layer_norm_fwd %s", threads_tag(k));
+        check_same(name, again, got, n);
+        free(again);
+    }
+
+    float *pg = host_rand(D, -1, 1), *pb = host_rand(D, -1, 1), *start = host_rand(n, -1, 1);
+    dc_buf Rd = dev_from(R, n), gx = dev_nan(n), gg = dev_from(pg, D), gb = dev_from(pb, D);
+    g_be->layer_norm_bwd(g_be, gx, gg, gb, Rd, xd, md, rd, gd, M, D, false);
+    float *g1 = dev_get(gx, n), *g2 = dev_get(gg, D), *g3 = dev_get(gb, D);
+    float *dg = malloc(D * sizeof(float)), *db = malloc(D * sizeof(float));
+    for (int i = 0; i < D; i++) dg[i] = g2[i] - pg[i], db[i] = g3[i] - pb[i];  // "+="
+    snprintf(name, sizeof name, "layer_norm_bwd dx vs FD M%lld D%d", (long long)M, D);
+    report(name, fd_err(lnorm_loss, &c, c.x, n, g1, nfd), TOL_FD);
+    report("layer_norm_bwd dgamma += vs FD", fd_err(lnorm_loss, &c, c.gamma, D, dg, nfd), TOL_FD);
+    report("layer_norm_bwd dbeta += vs FD", fd_err(lnorm_loss, &c, c.beta, D, db, nfd), TOL_FD);
+    for (int k = 0; other_threads(k); k++) {
+        g_be->upload(g_be, gg.p, pg, D * sizeof(float));
+        g_be->upload(g_be, gb.p, pb, D * sizeof(float));
+        g_be->layer_norm_bwd(g_be, gx, gg, gb, Rd, xd, md, rd, gd, M, D, false);
+        float *a1 = dev_get(gx, n), *a2 = dev_get(gg, D), *a3 = dev_get(gb, D);
+        bool same = !memcmp(a1, g1, n * 4) && !memcmp(a2, g2, D * 4) && !memcmp(a3, g3, D * 4);
+        snprintf(name, sizeof name, "layer_norm_bwd %s", threads_tag(k));
+        report(name, same ? 0 : INFINITY, 0);
+        free(a1), free(a2), free(a3);
+    }
+    g_be->upload(g_be, gx.p, start, n * sizeof(float));
+    g_be->layer_norm_bwd(g_be, gx, dc_buf_none(), dc_buf_none(), Rd, xd, md, rd, gd, M, D, true);
+    float *g4 = dev_get(gx, n);
+    for (int64_t i = 0; i < n; i++) c.out[i] = (double)start[i] + g1[i];
+    check("layer_norm_bwd dx += , frozen", g4, c.out, n, TOL_FWD);
+    free(x), free(gamma), free(beta), free(R), free(c.x), free(c.gamma), free(c.beta), free(c.R);
+    free(c.out), free(mean), free(rstd), free(got), free(gm), free(gr), free(pg), free(pb);
+    free(start), free(g1), free(g2), free(g3), free(dg), free(db), free(g4);
+    dev_free_all();
+}
+
+// ---- nearest 2x upsampling ---------------------------------------------------------------
+static void test_upsample(int B, int C, int H, int W) {
+    if (!have("upsample2x", g_be->upsample2x_fwd && g_be->upsample2x_bwd)) return;
+    const int64_t ni = (int64_t)B * C * H * W, no = 4 * ni;
+    char name[128];
+    float *x = host_rand(ni, -1, 1), *R = host_rand(no, -1, 1);
+    double *ref = malloc(no * sizeof(double)), *rdx = calloc(ni, sizeof(double));
+    for (int64_t bc = 0; bc < (int64_t)B * C; bc++)
+        for (int y = 0; y < 2 * H; y++)
+            for (int x2 = 0; x2 < 2 * W; x2++) {
+                const int64_t o = (bc * 2 * H + y) * 2 * W + x2, i = (bc * H + y / 2) * W + x2 / 2;
+                ref[o] = x[i];
+                rdx[i] += R[o];  // dL/dx for L = sum(out * R)
+            }
+    dc_buf xd = dev_from(x, ni), out = dev_nan(no), Rd = dev_from(R, no), dx = dev_nan(ni);
+    g_be->upsample2x_fwd(g_be, out, xd, B, C, H, W);
+    float *got = dev_get(out, no);
+    snprintf(name, sizeof name, "upsample2x_fwd %dx%d (exact)", H, W);
+    report(name, nerr(got, ref, no) == 0 ? 0 : INFINITY, 0);
+    g_be->upsample2x_bwd(g_be, dx, Rd, B, C, H, W);
+    float *g = dev_get(dx, ni);
+    snprintf(name, sizeof name, "upsample2x_bwd %dx%d", H, W);
+    check(name, g, rdx, ni, TOL_FWD);
+    for (int k = 0; other_threads(k); k++) {
+        g_be->upsample2x_bwd(g_be, dx, Rd, B, C, H, W);
+        float *again = dev_get(dx, ni);
+        snprintf(name, sizeof name, "upsample2x_bwd %s", threads_tag(k));
+        check_same(name, again, g, ni);
+        free(again);
+    }
+    free(x), free(R), free(ref), free(rdx), free(got), free(g);
+    dev_free_all();
+}
+
+// ---- GEGLU --------------------------------------------------------------------------------
+// x[M, 2F] = [h | gate], out = h * gelu_erf(gate). L = sum out R is separable
+// per (h, gate) pair, so each coordinate's central difference costs O(1).
+static void test_geglu(int64_t M, int F) {
+    if (!have("geglu", g_be->geglu_fwd && g_be->geglu_bwd)) return;
+    const int64_t ni = M * 2 * F, no = M * F;
+    char name[128];
+    float *x = host_rand(ni, -4, 4), *R = host_rand(no, -1, 1);
+    double *ref = malloc(no * sizeof(double)), *rdx = malloc(ni * sizeof(double));
+    for (int64_t m = 0; m < M; m++)
+        for (int f = 0; f < F; f++) {
+            const double h = x[m * 2 * F + f], gt = x[m * 2 * F + F + f], r = R[m * F + f];
+            ref[m * F + f] = h * ref_gelu_erf(gt);
+            rdx[m * 2 * F + f] = ref_gelu_erf(gt) * r;  // linear in h: exact
+            rdx[m * 2 * F + F + f] =
+                h * (ref_gelu_erf(gt + FD_H) - ref_gelu_erf(gt - FD_H)) / (2 * FD_H) * r;
+        }
+    dc_buf xd = dev_from(x, ni), out = dev_nan(no), Rd = dev_from(R, no), dx = dev_nan(ni);
+    g_be->geglu_fwd(g_be, out, xd, M, F);
+    float *got = dev_get(out, no);
+    snprintf(name, sizeof name, "geglu_fwd M%lld F%d", (long long)M, F);
+    check(name, got, ref, no, TOL_FWD);
+    g_be->geglu_bwd(g_be, dx, Rd, xd, M, F);
+    float *g = dev_get(dx, ni);
+    snprintf(name, sizeof name, "geglu_bwd vs FD M%lld F%d", (long long)M, F);
+    check(name, g, rdx, ni, TOL_FD);
+    for (int k = 0; other_threads(k); k++) {
+        g_be->geglu_fwd(g_be, out, xd, M, F);
+        g_be->geglu_bwd(g_be, dx, Rd, xd, M, F);
+        float *a = dev_get(out, no), *b = dev_get(dx, ni);
+        snprintf(name, sizeof name, "geglu_fwd, bwd %s", threads_tag(k));
+        report(name, !memcmp(a, got, no * 4) && !memcmp(b, g, ni * 4) ? 0 : INFINITY, 0);
+        free(a), free(b);
+    }
+    free(x), free(R), free(ref), free(rdx), free(got), free(g);
+    dev_free_all();
+}
+
+// ---- activations of a given kind ----------------------------------------------------------
+static void test_activation(dc_act act, const char *what, double (*f)(double)) {
+    if (!have("activation", g_be->activation_fwd && g_be->activation_bwd)) return;
+    const int64_t n = 100003;  // odd, and large enough to run threaded
+    char name[128];
+    float *x = host_rand(n, -6, 6), *R = host_rand(n, -1, 1), *start = host_rand(n, -1, 1);
+    double *ref = malloc(n * sizeof(double));
+    dc_buf xd = dev_from(x, n), out = dev_nan(n), Rd = dev_from(R, n), dx = dev_nan(n);
+    for (int64_t i = 0; i < n; i++) ref[i] = f(x[i]);
+    g_be->activation_fwd(g_be, out, xd, n, act);
+    float *got = dev_get(out, n);
+    snprintf(name, sizeof name, "activation_fwd %s", what);
+    check(name, got, ref, n, TOL_FWD);
+    g_be->activation_bwd(g_be, dx, Rd, xd, n, act, false);
+    float *g = dev_get(dx, n);
+    for (int64_t i = 0; i < n; i++)
+        ref[i] = (f((double)x[i] + FD_H) - f((double)x[i] - FD_H)) / (2 * FD_H) * R[i];
+    snprintf(name, sizeof name, "activation_bwd %s vs FD", what);
+    check(name, g, ref, n, TOL_FD);
+    g_be->upload(g_be, dx.p, start, n * sizeof(float));
+    g_be->activation_bwd(g_be, dx, Rd, xd, n, act, true);
+    float *g2 = dev_get(dx, n);
+    for (int64_t i = 0; i < n; i++) ref[i] = (double)start[i] + g[i];
+    snprintf(name, sizeof name, "activation_bwd %s +=", what);
+    check(name, g2, ref, n, TOL_FWD);
+    for (int k = 0; other_threads(k); k++) {
+        g_be->activation_fwd(g_be, out, xd, n, act);
+        g_be->activation_bwd(g_be, dx, Rd, xd, n, act, false);
+        float *a = dev_get(out, n), *b = dev_get(dx, n);
+        snprintf(name, sizeof name, "activation %s %s", what, threads_tag(k));
+        report(name, !memcmp(a, got, n * 4) && !memcmp(b, g, n * 4) ? 0 : INFINITY, 0);
+        free(a), free(b);
+    }
+    free(x), free(R), free(start), free(ref), free(got), free(g), free(g2);
+    dev_free_all();
+}
+
+
+int main(int argc, char **argv) {
+    uint64_t seed = argc > 1 ? strtoull(argv[1], NULL, 10) : (uint64_t)time(NULL);
+    const char *name = argc > 2 ? argv[2] : "cpu";
+    g_rng = seed;
+    if (dc_backend_create(name, &g_be) != 0) {
+        printf("cannot create backend %s: %s\n", name, dc_error());
+        return 1;
+    }
+    printf("test_ops_latent: backend %s, seed %llu\n", g_be->name, (unsigned long long)seed);
+    // Latent diffusion. Convolutions: SD's 3x3 (pad 1), the VAE's downsampling
+    // 3x3 stride 2 padded only bottom and right, the UNet's stride 2 pad 1, and
+    // 1x1; odd sizes with H != W and Ci != Co. The larger shapes run threaded,
+    // in several bands of im2col columns and several GEMM tiles, against the
+    // reference gradients only (finite differences of them would take minutes).
+    typedef dc_conv2d_shape cs;
+    test_conv2d((cs){.B = 2, .Ci = 3, .H = 7, .W = 9, .Co = 5, .k = 3, .stride = 1,
+                     .pad_t = 1, .pad_b = 1, .pad_l = 1, .pad_r = 1}, 100);
+    test_conv2d((cs){.B = 2, .Ci = 4, .H = 8, .W = 7, .Co = 3, .k = 3, .stride = 2,
+                     .pad_b = 1, .pad_r = 1}, 100);
+    test_conv2d((cs){.B = 1, .Ci = 3, .H = 9, .W = 6, .Co = 2, .k = 3, .stride = 2,
+                     .pad_t = 1, .pad_b = 1, .pad_l = 1, .pad_r = 1}, 100);
+    test_conv2d((cs){.B = 2, .Ci = 6, .H = 5, .W = 3, .Co = 4, .k = 1, .stride = 1}, 100);
+    test_conv2d((cs){.B = 2, .Ci = 128, .H = 40, .W = 48, .Co = 24, .k = 3, .stride = 1,
+                     .pad_t = 1, .pad_b = 1, .pad_l = 1, .pad_r = 1}, 0);
+    test_conv2d((cs){.B = 1, .Ci = 128, .H = 49, .W = 200, .Co = 16, .k = 3, .stride = 2,
+                     .pad_b = 1, .pad_r = 1}, 0);
+    test_conv2d((cs){.B = 2, .Ci = 160, .H = 24, .W = 20, .Co = 96, .k = 1, .stride = 1}, 0);
+    test_conv2d_bad_shape();
+    // GroupNorm: SD's 32 groups and a small G; eps of the VAE (1e-6) and UNet (1e-5).
+    test_group_norm(2, 64, 35, 32, 1e-6f, true, -1, 2, 300);
+    test_group_norm(3, 8, 63, 4, 1e-5f, false, 3, 3.2, 300);  // narrow: eps matters
+    test_group_norm(2, 8, 63, 4, 1e-5f, true, 3, 3.2, 300);
+    test_group_norm(2, 128, 256, 32, 1e-5f, true, -1, 2, 120);  // threaded
+    test_layer_norm(37, 72, -1, 2, 300);
+    test_layer_norm(300, 320, 2, 2.4, 200);  // threaded; narrow: eps matters
+    test_upsample(2, 3, 5, 7);
+    test_upsample(2, 16, 32, 24);
+    test_geglu(37, 72);
+    test_geglu(129, 640);
+    test_activation(DC_ACT_SILU, "silu", ref_silu);
+    test_activation(DC_ACT_GELU_TANH, "gelu_tanh", ref_gelu);
+    test_activation(DC_ACT_GELU_ERF, "gelu_erf", ref_gelu_erf);
+    test_activation(DC_ACT_QUICK_GELU, "quick_gelu", ref_quick_gelu);
+
+    printf("%d of %d checks passed (seed %llu)", g_count - g_fail, g_count,
+           (unsigned long long)seed);
+    if (g_skip) printf("; %d op group(s) SKIPPED: not on this backend", g_skip);
+    printf("\n");
+    dc_backend_destroy(g_be);
+    return g_fail ? 1 : 0;
+}
+
