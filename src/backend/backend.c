@@ -61,3 +61,10 @@ int dc_backend_create(const char *name, dc_backend **out) {
 void dc_backend_destroy(dc_backend *be) {
     if (be) be->destroy(be);
 }
+
+int dc_buf_alloc(dc_backend *be, dc_buf *b, dc_dtype dt, size_t count, const char *what) {
+    b->dt = dt;
+    b->p = be->alloc(be, count * dc_dtype_size(dt));
+    if (!b->p) return dc_fail_ctx("cannot allocate %s (%zu elements)", what, count);
+    return 0;
+}

@@ -287,6 +287,10 @@ dc_backend *dc_backend_cpu_create(void);
 dc_backend *dc_backend_cuda_create(bool fp32);
 
 static inline void dc_backend_sync(dc_backend *be) { be->sync(be); }
+
+// b = a new backend buffer of `count` elements of dtype dt; `what` names it in
+// the message when the backend cannot allocate it.
+int dc_buf_alloc(dc_backend *be, dc_buf *b, dc_dtype dt, size_t count, const char *what);
 // 0, or -1 with the message of the error the backend recorded (see the top).
 static inline int dc_backend_status(dc_backend *be) { return be->status ? be->status(be) : 0; }
 

@@ -156,13 +156,6 @@ void dc_ksampler_free(dc_ksampler *s) {
     memset(s, 0, sizeof *s);
 }
 
-static int alloc_buf(dc_ksampler *s, dc_buf *b, dc_dtype dt, size_t count, const char *what) {
-    b->dt = dt;
-    b->p = s->be->alloc(s->be, count * dc_dtype_size(dt));
-    if (!b->p) return dc_fail("sampler: cannot allocate %s (%zu elements)", what, count);
-    return 0;
-}
-
 int dc_ksampler_init(dc_ksampler *s, dc_backend *be, const dc_ksampler_opts *opt, int C, int H,
                      int W, int max_batch) {
     memset(s, 0, sizeof *s);
@@ -187,16 +180,16 @@ int dc_ksampler_init(dc_ksampler *s, dc_backend *be, const dc_ksampler_opts *opt
         rc = dc_fail("sampler: out of host memory");
     if (!rc) rc = dc_ksampler_plan(&s->sched, opt, s->plan, &s->init_sigma);
     size_t img = (size_t)C * H * W, rows = (size_t)(cfg ? 2 : 1) * max_batch;
-    if (!rc) rc = alloc_buf(s, &s->xin, DC_F32, rows * img, "model input");
-    if (!rc) rc = alloc_buf(s, &s->out, DC_F32, rows * img, "model output");
-    if (!rc && cfg) rc = alloc_buf(s, &s->comb, DC_F32, max_batch * img, "guided output");
-    if (!rc) rc = alloc_buf(s, &s->den, DC_F32, max_batch * img, "denoised");
+    if (!rc) rc = dc_buf_alloc(be, &s->xin, DC_F32, rows * img, "model input");
+    if (!rc) rc = dc_buf_alloc(be, &s->out, DC_F32, rows * img, "model output");
+    if (!rc && cfg) rc = dc_buf_alloc(be, &s->comb, DC_F32, max_batch * img, "guided output");
+    if (!rc) rc = dc_buf_alloc(be, &s->den, DC_F32, max_batch * img, "denoised");
     if (!rc && opt->kind == DC_KS_DPMPP_2M)
-        rc = alloc_buf(s, &s->old, DC_F32, max_batch * img, "previous denoised");
-    if (!rc) rc = alloc_buf(s, &s->z, DC_F32, max_batch * img, "noise");
-    if (!rc) rc = alloc_buf(s, &s->t, DC_F32, rows, "timesteps");
+        rc = dc_buf_alloc(be, &s->old, DC_F32, max_batch * img, "previous denoised");
+    if (!rc) rc = dc_buf_alloc(be, &s->z, DC_F32, max_batch * img, "noise");
+    if (!rc) rc = dc_buf_alloc(be, &s->t, DC_F32, rows, "timesteps");
     if (!rc)
-        rc = alloc_buf(s, &s->ctx, opt->null_ctx.p ? opt->null_ctx.dt : DC_F32,
+        rc = dc_buf_alloc(be, &s->ctx, opt->null_ctx.p ? opt->null_ctx.dt : DC_F32,
                        rows * opt->ctx_len * (size_t)opt->ctx_dim, "text embeddings");
     if (!rc) {
         s->t_host = malloc(sizeof(float) * rows);
@@ -216,26 +209,11 @@ static void lin(dc_ksampler *s, dc_buf out, dc_buf p, dc_buf q, double a, double
     s->be->q_sample(s->be, out, p, q, s->ca, s->cb, B, n);
 }
 
-static int stage_cond(dc_ksampler *s, const dc_cond *cond, int B) {
-    dc_backend *be = s->be;
-    if (!cond->ctx.p || cond->len != s->opt.ctx_len || cond->dim != s->opt.ctx_dim ||
-        cond->ctx.dt != s->ctx.dt)
-        return dc_fail("sampler: the model takes text embeddings of %d x %d %s, given %d x %d %s",
-                       s->opt.ctx_len, s->opt.ctx_dim, dc_dtype_name(s->ctx.dt), cond->len,
-                       cond->dim, cond->ctx.p ? dc_dtype_name(cond->ctx.dt) : "(none)");
-    int64_t per = (int64_t)s->opt.ctx_len * s->opt.ctx_dim;
-    size_t bytes = (size_t)per * dc_dtype_size(s->ctx.dt);
-    be->copy(be, s->ctx.p, cond->ctx.p, bytes * (size_t)B);
-    for (int b = 0; s->cfg && b < B; b++)
-        be->copy(be, dc_buf_at(s->ctx, (int64_t)(B + b) * per).p, s->opt.null_ctx.p, bytes);
-    return 0;
-}
-
 int dc_ksampler_run(dc_ksampler *s, dc_buf x, const dc_cond *cond, const uint32_t *idx, int B,
                     dc_eval_fn eval, void *ctx, dc_sample_progress_fn progress, void *pctx) {
     if (B < 1 || B > s->max_batch)
         return dc_fail("sampler: batch %d outside [1, %d]", B, s->max_batch);
-    DC_TRY(stage_cond(s, cond, B));
+    DC_TRY(dc_stage_text_cond(s->be, s->ctx, cond, s->opt.null_ctx, s->opt.ctx_len, s->opt.ctx_dim, B, s->cfg));
     dc_backend *be = s->be;
     int64_t HW = (int64_t)s->H * s->W, n = (int64_t)s->C * HW, bn = (int64_t)B * n;
     int rows = s->cfg ? 2 * B : B, total = s->opt.steps;

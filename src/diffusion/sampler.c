@@ -34,13 +34,6 @@ void dc_sampler_free(dc_sampler *s) {
     memset(s, 0, sizeof *s);
 }
 
-static int alloc_buf(dc_sampler *s, dc_buf *b, dc_dtype dt, size_t count, const char *what) {
-    b->dt = dt;
-    b->p = s->be->alloc(s->be, count * dc_dtype_size(dt));
-    if (!b->p) return dc_fail("sampler: cannot allocate %s (%zu elements)", what, count);
-    return 0;
-}
-
 int dc_sampler_init(dc_sampler *s, dc_backend *be, const dc_sampler_opts *opt, int C, int H,
                     int W, int max_batch) {
     memset(s, 0, sizeof *s);
@@ -72,17 +65,17 @@ int dc_sampler_init(dc_sampler *s, dc_backend *be, const dc_sampler_opts *opt, i
         }
     }
     size_t img = (size_t)C * H * W, rows = (size_t)(s->cfg ? 2 : 1) * max_batch;
-    int rc = alloc_buf(s, &s->out, DC_F32, rows * s->OC * (size_t)H * W, "model output");
-    if (!rc) rc = alloc_buf(s, &s->z, DC_F32, (size_t)max_batch * img, "noise");
-    if (!rc) rc = alloc_buf(s, &s->t, DC_F32, rows, "timesteps");
+    int rc = dc_buf_alloc(be, &s->out, DC_F32, rows * s->OC * (size_t)H * W, "model output");
+    if (!rc) rc = dc_buf_alloc(be, &s->z, DC_F32, (size_t)max_batch * img, "noise");
+    if (!rc) rc = dc_buf_alloc(be, &s->t, DC_F32, rows, "timesteps");
     bool text = opt->ctx_len > 0;
-    if (!rc && !text) rc = alloc_buf(s, &s->y, DC_I32, rows, "labels");
+    if (!rc && !text) rc = dc_buf_alloc(be, &s->y, DC_I32, rows, "labels");
     if (!rc && text)
-        rc = alloc_buf(s, &s->ctx, opt->null_ctx.p ? opt->null_ctx.dt : DC_F32,
+        rc = dc_buf_alloc(be, &s->ctx, opt->null_ctx.p ? opt->null_ctx.dt : DC_F32,
                        rows * opt->ctx_len * (size_t)opt->ctx_dim, "text embeddings");
-    if (!rc && s->cfg) rc = alloc_buf(s, &s->xin, DC_F32, rows * img, "guided input");
+    if (!rc && s->cfg) rc = dc_buf_alloc(be, &s->xin, DC_F32, rows * img, "guided input");
     if (!rc && s->cfg)
-        rc = alloc_buf(s, &s->comb, DC_F32, (size_t)max_batch * s->OC * H * W, "guided output");
+        rc = dc_buf_alloc(be, &s->comb, DC_F32, (size_t)max_batch * s->OC * H * W, "guided output");
     if (!rc) {
         s->t_host = malloc(sizeof(float) * rows);
         s->y_host = malloc(sizeof(int32_t) * max_batch);
@@ -141,16 +134,21 @@ static int stage_cond(dc_sampler *s, const dc_cond *cond, int B) {
         if (s->cfg) be->upload(be, dc_buf_at(s->y, B).p, s->y_host, sizeof(int32_t) * (size_t)B);
         return 0;
     }
-    if (!cond->ctx.p || cond->len != s->opt.ctx_len || cond->dim != s->opt.ctx_dim ||
-        cond->ctx.dt != s->ctx.dt)
-        return dc_fail("sampler: the model takes text embeddings of %d x %d %s, given %d x %d %s", s->opt.ctx_len,
-                       s->opt.ctx_dim, dc_dtype_name(s->ctx.dt), cond->len, cond->dim,
+    return dc_stage_text_cond(be, s->ctx, cond, s->opt.null_ctx, s->opt.ctx_len, s->opt.ctx_dim, B,
+                              s->cfg);
+}
+
+int dc_stage_text_cond(dc_backend *be, dc_buf dst, const dc_cond *cond, dc_buf null_ctx, int len,
+                       int dim, int B, bool guide) {
+    if (!cond->ctx.p || cond->len != len || cond->dim != dim || cond->ctx.dt != dst.dt)
+        return dc_fail("sampler: the model takes text embeddings of %d x %d %s, given %d x %d %s", len,
+                       dim, dc_dtype_name(dst.dt), cond->len, cond->dim,
                        cond->ctx.p ? dc_dtype_name(cond->ctx.dt) : "(none)");
-    int64_t per = (int64_t)s->opt.ctx_len * s->opt.ctx_dim;
-    size_t bytes = (size_t)per * dc_dtype_size(s->ctx.dt);
-    be->copy(be, s->ctx.p, cond->ctx.p, bytes * (size_t)B);
-    for (int b = 0; s->cfg && b < B; b++)
-        be->copy(be, dc_buf_at(s->ctx, (int64_t)(B + b) * per).p, s->opt.null_ctx.p, bytes);
+    int64_t per = (int64_t)len * dim;
+    size_t bytes = (size_t)per * dc_dtype_size(dst.dt);
+    be->copy(be, dst.p, cond->ctx.p, bytes * (size_t)B);
+    for (int b = 0; guide && b < B; b++)
+        be->copy(be, dc_buf_at(dst, (int64_t)(B + b) * per).p, null_ctx.p, bytes);
     return 0;
 }
 

@@ -78,3 +78,9 @@ void dc_sampler_free(dc_sampler *s);
 // (checked after every step, without waiting for the device).
 int dc_sampler_run(dc_sampler *s, dc_buf x, const dc_cond *cond, const uint32_t *idx, int B,
                    dc_eval_fn eval, void *ctx, dc_sample_progress_fn progress, void *pctx);
+
+// The text half of guidance: copies cond's B embeddings [B, len, dim] into dst,
+// then, if guide, B copies of the unconditional embedding null_ctx after them
+// ([cond; null]). Fails, naming both, if cond's shape or dtype is not dst's.
+int dc_stage_text_cond(dc_backend *be, dc_buf dst, const dc_cond *cond, dc_buf null_ctx, int len,
+                       int dim, int B, bool guide);

@@ -29,13 +29,9 @@ void dc_cpu_ln_mod_fwd(dc_backend *be, dc_buf out_, dc_buf mean_, dc_buf rstd_, 
         const float *xr = x + (int64_t)bt * D;
         const float *shift = chunk(mod, b, nchunk, ch_shift, D);
         const float *scale = chunk(mod, b, nchunk, ch_scale, D);
-        double s = 0.0, ss = 0.0;
-#pragma omp simd reduction(+ : s)
-        for (int d = 0; d < D; d++) s += xr[d];
-        const double mu = s / D;
-#pragma omp simd reduction(+ : ss)
-        for (int d = 0; d < D; d++) ss += (xr[d] - mu) * (xr[d] - mu);
-        const float m = (float)mu, r = dc_ln_rstd(ss / D);
+        double mu, var;
+        dc_cpu_moments(xr, D, &mu, &var);
+        const float m = (float)mu, r = dc_ln_rstd(var);
         float *o = out + (int64_t)bt * D;
 #pragma omp simd
         for (int d = 0; d < D; d++) o[d] = dc_modulate((xr[d] - m) * r, shift[d], scale[d]);

@@ -31,13 +31,9 @@ void dc_cpu_group_norm_fwd(dc_backend *be, dc_buf out_, dc_buf mean_, dc_buf rst
 #pragma omp parallel for schedule(static) if ((int64_t)B * C * HW > DC_CPU_PAR_MIN)
     for (int bg = 0; bg < B * G; bg++) {
         const float *xg = x + (int64_t)bg * n;
-        double s = 0.0, ss = 0.0;
-#pragma omp simd reduction(+ : s)
-        for (int64_t i = 0; i < n; i++) s += xg[i];
-        const double mu = s / n;
-#pragma omp simd reduction(+ : ss)
-        for (int64_t i = 0; i < n; i++) ss += (xg[i] - mu) * (xg[i] - mu);
-        const float m = (float)mu, r = dc_norm_rstd(ss / n, eps);
+        double mu, var;
+        dc_cpu_moments(xg, n, &mu, &var);
+        const float m = (float)mu, r = dc_norm_rstd(var, eps);
         mean[bg] = m;
         rstd[bg] = r;
         for (int j = 0; j < Cg; j++) {
@@ -154,13 +150,9 @@ void dc_cpu_layer_norm_fwd(dc_backend *be, dc_buf out_, dc_buf mean_, dc_buf rst
 #pragma omp parallel for schedule(static) if (M * D > DC_CPU_PAR_MIN)
     for (int64_t row = 0; row < M; row++) {
         const float *xr = x + row * D;
-        double s = 0.0, ss = 0.0;
-#pragma omp simd reduction(+ : s)
-        for (int d = 0; d < D; d++) s += xr[d];
-        const double mu = s / D;
-#pragma omp simd reduction(+ : ss)
-        for (int d = 0; d < D; d++) ss += (xr[d] - mu) * (xr[d] - mu);
-        const float m = (float)mu, r = dc_norm_rstd(ss / D, eps);
+        double mu, var;
+        dc_cpu_moments(xr, D, &mu, &var);
+        const float m = (float)mu, r = dc_norm_rstd(var, eps);
         float *o = out + row * D;
 #pragma omp simd
         for (int d = 0; d < D; d++)

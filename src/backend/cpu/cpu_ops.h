@@ -53,6 +53,18 @@ static inline float *dc_cpu_f32(dc_buf b) {
     return (float *)b.p;
 }
 
+// Mean and biased variance of x[0, n), in double, in two passes (mean, then
+// squared deviations): the statistics of LayerNorm, adaLN and GroupNorm.
+static inline void dc_cpu_moments(const float *x, int64_t n, double *mean, double *var) {
+    double s = 0.0, ss = 0.0;
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = 0; i < n; i++) s += x[i];
+    const double mu = s / (double)n;
+#pragma omp simd reduction(+ : ss)
+    for (int64_t i = 0; i < n; i++) ss += (x[i] - mu) * (x[i] - mu);
+    *mean = mu, *var = ss / (double)n;
+}
+
 // The per-thread scratch (`per_thread` floats at most) for a parallel op:
 // returns the base; thread t uses base + t * stride (*stride set here). Called
 // outside parallel regions; the workspace was allocated by be->reserve.
