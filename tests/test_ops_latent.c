@@ -459,6 +459,40 @@ static void test_activation(dc_act act, const char *what, double (*f)(double)) {
     dev_free_all();
 }
 
+// ---- layout: transpose, add_channel and its adjoint channel_sum ---------------------------
+// Pure data movement and sums: transpose and add_channel are exact; channel_sum
+// is a sum of HW values (fp32 on a GPU), checked at TOL_FWD.
+static void test_layout(int B, int64_t M, int64_t N) {
+    if (!have("transpose/add_channel/channel_sum", g_be->transpose && g_be->add_channel && g_be->channel_sum))
+        return;
+    const int64_t n = (int64_t)B * M * N;
+    char name[128];
+    float *x = host_rand(n, -1, 1), *v = host_rand((int64_t)B * M, -2, 2);
+    double *ref = malloc(n * sizeof(double)), *rs = calloc((size_t)B * M, sizeof(double));
+    for (int b = 0; b < B; b++)
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; j < N; j++) ref[(b * N + j) * M + i] = x[(b * M + i) * N + j];
+    dc_buf xd = dev_from(x, n), out = dev_nan(n), vd = dev_from(v, (int64_t)B * M), sd = dev_nan((int64_t)B * M);
+    g_be->transpose(g_be, out, xd, B, M, N);
+    float *got = dev_get(out, n);
+    snprintf(name, sizeof name, "transpose B%d %lldx%lld (exact)", B, (long long)M, (long long)N);
+    report(name, nerr(got, ref, n) == 0 ? 0 : INFINITY, 0);
+    // x viewed as [B, C = M, HW = N]
+    for (int64_t k = 0; k < n; k++) ref[k] = (double)x[k] + v[k / N];  // one rounding, as fp32 does it
+    g_be->add_channel(g_be, xd, vd, B, (int)M, N);
+    float *added = dev_get(xd, n);
+    bool exact = true;
+    for (int64_t k = 0; k < n; k++) exact &= added[k] == (float)ref[k];
+    snprintf(name, sizeof name, "add_channel B%d C%lld HW%lld (exact)", B, (long long)M, (long long)N);
+    report(name, exact ? 0 : INFINITY, 0);
+    for (int64_t k = 0; k < n; k++) rs[k / N] += added[k];
+    g_be->channel_sum(g_be, sd, xd, B, (int)M, N);
+    float *sum = dev_get(sd, (int64_t)B * M);
+    snprintf(name, sizeof name, "channel_sum B%d C%lld HW%lld", B, (long long)M, (long long)N);
+    check(name, sum, rs, (int64_t)B * M, TOL_FWD);
+    free(x), free(v), free(ref), free(rs), free(got), free(added), free(sum);
+    dev_free_all();
+}
 
 int main(int argc, char **argv) {
     uint64_t seed = argc > 1 ? strtoull(argv[1], NULL, 10) : (uint64_t)time(NULL);
@@ -497,6 +531,9 @@ int main(int argc, char **argv) {
     test_layer_norm(300, 320, 2, 2.4, 200);  // threaded; narrow: eps matters
     test_upsample(2, 3, 5, 7);
     test_upsample(2, 16, 32, 24);
+    test_layout(2, 3, 5);
+    test_layout(2, 320, 4096);  // a UNet feature map to tokens: several tiles each way
+    test_layout(3, 77, 33);     // ragged tiles
     test_geglu(37, 72);
     test_geglu(129, 640);
     test_activation(DC_ACT_SILU, "silu", ref_silu);

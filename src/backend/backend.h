@@ -263,6 +263,15 @@ struct dc_backend {
     void (*activation_bwd)(dc_backend *be, dc_buf dinp, dc_buf dout, dc_buf inp, int64_t n,
                            dc_act act, bool accumulate);
 
+    // ---- layout ------------------------------------------------------------------------
+    // out[B, N, M] = x[B, M, N]: the last two dimensions swapped, e.g. image
+    // features [B, C, HW] to tokens [B, HW, C] and back (its own adjoint).
+    void (*transpose)(dc_backend *be, dc_buf out, dc_buf x, int B, int64_t M, int64_t N);
+    // x[B, C, HW] += v[B, C], v broadcast over HW (a UNet resnet's time embedding);
+    // dv[B, C] = sum over HW of dx[B, C, HW] (overwritten): its backward.
+    void (*add_channel)(dc_backend *be, dc_buf x, dc_buf v, int B, int C, int64_t HW);
+    void (*channel_sum)(dc_backend *be, dc_buf dv, dc_buf dx, int B, int C, int64_t HW);
+
     // ---- optional: NULL where a backend has no such thing -------------------------
     // Device memory this backend holds now and its peak since creation, in bytes.
     void (*memory)(dc_backend *be, size_t *now, size_t *peak);

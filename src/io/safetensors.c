@@ -1,9 +1,11 @@
 #include "io/safetensors.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "core/error.h"
@@ -41,7 +43,11 @@ void dc_st_close(dc_st_file *f) {
     if (!f) return;
     for (int i = 0; i < f->count; i++) free(f->tensors[i].name);
     for (int i = 0; i < f->nmeta; i++) free(f->meta_keys[i]), free(f->meta_values[i]);
-    free(f->tensors), free(f->meta_keys), free(f->meta_values), free(f->mem), free(f->path);
+    free(f->tensors), free(f->meta_keys), free(f->meta_values), free(f->path);
+    if (f->mapped)
+        munmap(f->mem, f->mem_len);
+    else
+        free(f->mem);
     memset(f, 0, sizeof *f);
 }
 
@@ -181,9 +187,9 @@ static int parse_header(dc_st_file *f, const dc_json *root) {
 // Parses the header of a file of len bytes held in mem (taking ownership of
 // it); only the first 8 + header-length bytes need be there yet: the data
 // buffer is read (or was copied) by the caller.
-static int parse_owned(dc_st_file *f, uint8_t *mem, size_t len, const char *name) {
+static int parse_owned(dc_st_file *f, uint8_t *mem, size_t len, const char *name, bool mapped) {
     memset(f, 0, sizeof *f);
-    f->mem = mem, f->mem_len = len;
+    f->mem = mem, f->mem_len = len, f->mapped = mapped;
     f->path = strdup(name ? name : "<memory>");
     if (!f->path) return dc_st_close(f), dc_fail("out of memory");
     int rc = 0;
@@ -234,26 +240,55 @@ static int *data_order(const dc_st_file *f) {
     return order;
 }
 
+// Hashes every tensor of a file whose data is in memory (in parallel for
+// large files) and checks the hashes against want.
+static int verify_in_memory(dc_st_file *f, const uint64_t *want) {
+    uint64_t *got = malloc(((size_t)f->count + 1) * sizeof *got);
+    if (!got) return dc_fail("%s: out of memory", f->path);
+    #pragma omp parallel for schedule(dynamic, 1) if (f->data_len > (1u << 24))
+    for (int i = 0; i < f->count; i++) {
+        const dc_st_tensor *t = &f->tensors[i];
+        got[i] = dc_xxh64(f->data + t->begin, (size_t)(t->end - t->begin), 0);
+    }
+    int rc = dc_st_verify_data(f, want, got);
+    free(got);
+    return rc;
+}
+
+// Files from this size on are mapped rather than read: a 4 GB checkpoint
+// then costs no second copy in memory, and pages the loader has converted
+// and uploaded can be dropped by the kernel.
+#define DC_ST_MAP_MIN (64u << 20)
+
+static int open_mapped(dc_st_file *f, int fd, size_t len, const char *path, unsigned flags) {
+    void *mem = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (mem == MAP_FAILED) return dc_fail("%s: cannot map %zu bytes: %s", path, len, strerror(errno));
+    DC_TRY(parse_owned(f, mem, len, path, true));
+    uint64_t *want;
+    int rc = dc_st_verify_header(f, flags, &want);
+    if (rc == 0 && want) {
+        madvise(mem, len, MADV_SEQUENTIAL);
+        rc = verify_in_memory(f, want);
+    }
+    f->verified = rc == 0 && want;
+    free(want);
+    if (rc != 0) dc_st_close(f);
+    return rc;
+}
+
 int dc_st_parse_opts(dc_st_file *f, const void *bytes, size_t len, const char *name, unsigned flags) {
     uint8_t *mem = malloc(len ? len : 1);
     if (!mem) return memset(f, 0, sizeof *f), dc_fail("%s: out of memory (%zu bytes)", name, len);
     if (len) memcpy(mem, bytes, len);
-    DC_TRY(parse_owned(f, mem, len, name));
-    uint64_t *want, *got = NULL;
+    DC_TRY(parse_owned(f, mem, len, name, false));
+    uint64_t *want;
     int rc = dc_st_verify_header(f, flags, &want);
     if (rc == 0 && want) {
-        got = malloc(((size_t)f->count + 1) * sizeof *got);
-        if (!got) rc = dc_fail("%s: out of memory", f->path);
-        // The data is in memory already: tensors hash in parallel.
-        #pragma omp parallel for schedule(dynamic, 1) if (f->data_len > (1u << 24))
-        for (int i = 0; i < (got ? f->count : 0); i++) {
-            const dc_st_tensor *t = &f->tensors[i];
-            got[i] = dc_xxh64(f->data + t->begin, (size_t)(t->end - t->begin), 0);
-        }
-        if (rc == 0) rc = dc_st_verify_data(f, want, got);
+        rc = verify_in_memory(f, want);
         f->verified = rc == 0;
     }
-    free(want), free(got);
+    free(want);
     if (rc != 0) dc_st_close(f);
     return rc;
 }
@@ -295,6 +330,7 @@ int dc_st_open_opts(dc_st_file *f, const char *path, unsigned flags) {
     int fd = dc_open_regular(path, &size);
     if (fd < 0) return -1;
     size_t len = (size_t)size;
+    if (len >= DC_ST_MAP_MIN) return open_mapped(f, fd, len, path, flags);
     uint8_t *mem = malloc(len ? len : 1);
     if (!mem) return close(fd), dc_fail("%s: out of memory reading %zu bytes", path, len);
     // The length and the header first: a bad header fails before the data is read.
@@ -303,7 +339,7 @@ int dc_st_open_opts(dc_st_file *f, const char *path, unsigned flags) {
     if (rc == 0 && len >= 8 && ld64(mem) <= DC_ST_MAX_HEADER && ld64(mem) <= len - 8)
         rc = dc_read_exact(fd, mem + 8, (size_t)ld64(mem), path);
     if (rc != 0) return close(fd), free(mem), -1;
-    if (parse_owned(f, mem, len, path) != 0) return close(fd), -1;
+    if (parse_owned(f, mem, len, path, false) != 0) return close(fd), -1;
     uint64_t *want;
     rc = dc_st_verify_header(f, flags, &want);
     if (rc == 0) rc = read_data(f, fd, want);

@@ -45,10 +45,12 @@ typedef struct {
     dc_st_tensor *tensors;   // in file (header) order
     int nmeta;
     char **meta_keys, **meta_values;  // __metadata__ (string -> string)
-    uint8_t *data;           // the data buffer (whole file read into memory)
+    uint8_t *data;           // the data buffer (the file read into memory, or mapped
+                             // read-only from 64 MiB on: never written through)
     uint64_t data_len;
     void *mem;               // owning allocation
     size_t mem_len;
+    bool mapped;             // mem is a mapping of the file
     bool verified;           // the file carries checksums and every one matched
 } dc_st_file;
 

@@ -19,6 +19,38 @@ int dc_linear_add(dc_params *ps, dc_linear *l, const char *name, int in, int out
     return 0;
 }
 
+int dc_linear_add_nobias(dc_params *ps, dc_linear *l, const char *name, int in, int out) {
+    char k[DC_PARAM_NAME_MAX];
+    *l = (dc_linear){-1, -1, in, out};
+    if (key(k, name, "weight") || (l->w = dc_params_add(ps, k, true, 2, out, in)) < 0) return -1;
+    return 0;
+}
+
+int dc_conv2d_add(dc_params *ps, dc_conv2d *c, const char *name, int ci, int co, int k, int stride, int pad) {
+    char n[DC_PARAM_NAME_MAX];
+    *c = (dc_conv2d){-1, -1, ci, co, k, stride, pad};
+    if (key(n, name, "weight") || (c->w = dc_params_add(ps, n, true, 4, co, ci, k, k)) < 0) return -1;
+    if (key(n, name, "bias") || (c->b = dc_params_add(ps, n, true, 1, co)) < 0) return -1;
+    return 0;
+}
+
+int dc_group_norm_add(dc_params *ps, dc_group_norm *g, const char *name, int C, int groups, float eps) {
+    char n[DC_PARAM_NAME_MAX];
+    if (groups < 1 || C % groups) return dc_fail("%s: %d channels do not split into %d groups", name, C, groups);
+    *g = (dc_group_norm){-1, -1, C, groups, eps};
+    if (key(n, name, "weight") || (g->w = dc_params_add(ps, n, true, 1, C)) < 0) return -1;
+    if (key(n, name, "bias") || (g->b = dc_params_add(ps, n, true, 1, C)) < 0) return -1;
+    return 0;
+}
+
+int dc_layer_norm_add(dc_params *ps, dc_layer_norm *l, const char *name, int D, float eps) {
+    char n[DC_PARAM_NAME_MAX];
+    *l = (dc_layer_norm){-1, -1, D, eps};
+    if (key(n, name, "weight") || (l->w = dc_params_add(ps, n, true, 1, D)) < 0) return -1;
+    if (key(n, name, "bias") || (l->b = dc_params_add(ps, n, true, 1, D)) < 0) return -1;
+    return 0;
+}
+
 int dc_linear_add_patch_conv(dc_params *ps, dc_linear *l, const char *name, int C, int p, int out) {
     char k[DC_PARAM_NAME_MAX];
     *l = (dc_linear){-1, -1, C * p * p, out};

@@ -21,7 +21,41 @@ typedef struct {
     int rows, dim;
 } dc_embedding;
 
+// 2-D convolution with a k x k kernel, `stride` and symmetric zero padding
+// `pad`: "<name>.weight" [co, ci, k, k], "<name>.bias" [co].
+typedef struct {
+    int w, b;
+    int ci, co, k, stride, pad;
+} dc_conv2d;
+
+// GroupNorm over `groups` groups of C channels (eps as the model's config):
+// "<name>.weight" [C], "<name>.bias" [C].
+typedef struct {
+    int w, b;
+    int C, groups;
+    float eps;
+} dc_group_norm;
+
+// LayerNorm over the last dimension D with affine weights: "<name>.weight"
+// [D], "<name>.bias" [D].
+typedef struct {
+    int w, b;
+    int D;
+    float eps;
+} dc_layer_norm;
+
 int dc_linear_add(dc_params *ps, dc_linear *l, const char *name, int in, int out);
+// A linear layer without bias (attention projections in the UNet and VAE).
+int dc_linear_add_nobias(dc_params *ps, dc_linear *l, const char *name, int in, int out);
+int dc_conv2d_add(dc_params *ps, dc_conv2d *c, const char *name, int ci, int co, int k, int stride, int pad);
+int dc_group_norm_add(dc_params *ps, dc_group_norm *n, const char *name, int C, int groups, float eps);
+int dc_layer_norm_add(dc_params *ps, dc_layer_norm *n, const char *name, int D, float eps);
+
+// The shape of conv c over x[B, ci, H, W] (symmetric padding).
+static inline dc_conv2d_shape dc_conv2d_shape_of(const dc_conv2d *c, int B, int H, int W) {
+    dc_conv2d_shape s = {B, c->ci, H, W, c->co, c->k, c->stride, c->pad, c->pad, c->pad, c->pad};
+    return s;
+}
 // A stride-p convolution over non-overlapping p x p patches of C channels,
 // which is a linear layer on the patch vectors (the weight keeps Conv2d's shape).
 int dc_linear_add_patch_conv(dc_params *ps, dc_linear *l, const char *name, int C, int p, int out);
@@ -30,13 +64,14 @@ int dc_embedding_add(dc_params *ps, dc_embedding *e, const char *name, int rows,
 // Matrix products read the compute copy of the weights; gradients are fp32.
 static inline void dc_linear_fwd(dc_backend *be, const dc_params *ps, const dc_linear *l, dc_buf y,
                                  dc_buf x, int M) {
-    be->linear_fwd(be, y, x, dc_param_w(ps, l->w), dc_param_w(ps, l->b), M, l->in, l->out);
+    be->linear_fwd(be, y, x, dc_param_w(ps, l->w), l->b >= 0 ? dc_param_w(ps, l->b) : dc_buf_none(), M, l->in,
+                   l->out);
 }
 // dx = dy W (skipped if dx.p is NULL; += if accumulate); dW, db +=.
 static inline void dc_linear_bwd(dc_backend *be, const dc_params *ps, const dc_linear *l, dc_buf dx,
                                  dc_buf dy, dc_buf x, int M, bool accumulate) {
-    be->linear_bwd(be, dx, dc_param_grad(ps, l->w), dc_param_grad(ps, l->b), dy, x, dc_param_w(ps, l->w), M,
-                   l->in, l->out, accumulate);
+    be->linear_bwd(be, dx, dc_param_grad(ps, l->w), l->b >= 0 ? dc_param_grad(ps, l->b) : dc_buf_none(), dy, x,
+                   dc_param_w(ps, l->w), M, l->in, l->out, accumulate);
 }
 // The MLP pair fc2(gelu(fc1(x))) through the backend's fused ops: forward
 // keeps fc1's output (pre) and its GELU (act); backward goes from dL/dy down
@@ -49,6 +84,28 @@ static inline void dc_linear_bwd_gelu(dc_backend *be, const dc_params *ps, const
                                       dc_buf dy, dc_buf act, dc_buf pre, dc_buf scratch, int M) {
     be->linear_bwd_gelu(be, dpre, dc_param_grad(ps, fc2->w), dc_param_grad(ps, fc2->b), dy, act,
                         dc_param_w(ps, fc2->w), pre, scratch, M, fc2->in, fc2->out);
+}
+// y = conv(x) + b over the shape s (dc_conv2d_shape_of, or asymmetric padding
+// for the VAE's downsampling); reserve_conv(s) must have run.
+static inline void dc_conv2d_fwd(dc_backend *be, const dc_params *ps, const dc_conv2d *c, dc_buf y, dc_buf x,
+                                 const dc_conv2d_shape *s) {
+    be->conv2d_fwd(be, y, x, dc_param_w(ps, c->w), dc_param_w(ps, c->b), s);
+}
+static inline void dc_conv2d_bwd(dc_backend *be, const dc_params *ps, const dc_conv2d *c, dc_buf dx, dc_buf dy,
+                                 dc_buf x, const dc_conv2d_shape *s, bool accumulate) {
+    be->conv2d_bwd(be, dx, dc_param_grad(ps, c->w), dc_param_grad(ps, c->b), dy, x, dc_param_w(ps, c->w), s,
+                   accumulate);
+}
+// y[B,C,HW] = GroupNorm(x) (then SiLU if silu); mean, rstd [B, groups] F32.
+static inline void dc_group_norm_fwd(dc_backend *be, const dc_params *ps, const dc_group_norm *n, dc_buf y,
+                                     dc_buf mean, dc_buf rstd, dc_buf x, int B, int64_t HW, bool silu) {
+    be->group_norm_fwd(be, y, mean, rstd, x, dc_param_w(ps, n->w), dc_param_w(ps, n->b), B, n->C, HW, n->groups,
+                       n->eps, silu);
+}
+// y[M,D] = LayerNorm(x); mean, rstd [M] F32.
+static inline void dc_layer_norm_fwd(dc_backend *be, const dc_params *ps, const dc_layer_norm *n, dc_buf y,
+                                     dc_buf mean, dc_buf rstd, dc_buf x, int64_t M) {
+    be->layer_norm_fwd(be, y, mean, rstd, x, dc_param_w(ps, n->w), dc_param_w(ps, n->b), M, n->D, n->eps);
 }
 static inline void dc_embedding_fwd(dc_backend *be, const dc_params *ps, const dc_embedding *e, dc_buf y,
                                     dc_buf idx, int B) {

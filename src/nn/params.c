@@ -50,6 +50,17 @@ int dc_params_alloc(dc_params *ps, dc_backend *be, bool with_grad) {
     return 0;
 }
 
+int dc_params_alloc_frozen(dc_params *ps, dc_backend *be) {
+    size_t bytes = (size_t)ps->numel * dc_dtype_size(be->compute);
+    ps->be = be;
+    ps->frozen = true;
+    ps->data = (dc_buf){be->alloc(be, bytes), be->compute};
+    if (!ps->data.p) return -1;
+    be->zero(be, ps->data.p, bytes);
+    ps->stale = false;
+    return 0;
+}
+
 void dc_params_refresh(dc_params *ps) {
     if (ps->wc.p && ps->stale) ps->be->cast(ps->be, ps->wc, ps->data, ps->numel);
     ps->stale = false;

@@ -8,25 +8,18 @@
 // layout feeds the matrix products; the optimizer rewrites it in its pass,
 // and anything else that writes the master copy marks it stale.
 //
-// Next (per-parameter dtype, frozen parameters): the design the model
-// interface is ready for, not built yet.
-// - dc_param gains `dc_dtype dtype` (storage) and `bool frozen`. Trainable and
-//   fixed tensors (pos_embed) keep today's flat fp32 layout (master, grad,
-//   compute copy, and in the trainer EMA and moments of the same numel), so
-//   optimizer passes and checkpoint bytes do not change.
-// - Frozen tensors (a text encoder, a VAE, base weights under LoRA, and every
-//   tensor of an inference-only model) live in a second arena at byte
-//   offsets, each in its own dtype as loaded or cast once to the compute
-//   dtype: no fp32 master, no gradient, no EMA or moments. dc_param_w returns
-//   them directly; dc_param_grad returns dc_buf_none(), which the backward
-//   ops skip while dx still flows (the norms' backward and linear_bwd's db
-//   already skip a NULL gradient; linear_bwd's dW needs the same).
-// - dc_params_alloc(.., with_grad = false) makes everything frozen, so
-//   inference keeps F16/BF16/F32 weights as loaded; dc_params_load reads each
-//   tensor into its parameter's dtype (the reader converts any float dtype).
-// - Matrix products need weights in the activations' dtype (the backends
-//   refuse mixed dtypes), so a frozen F16 weight on a BF16 backend is cast at
-//   load; norms and biases stay as the ops take them.
+// Frozen sets (dc_params_alloc_frozen): every tensor of an inference-only
+// model (the SD UNet, VAE and text encoder today) lives once, in the
+// backend's compute dtype, with no fp32 master, gradient or compute copy:
+// dc_param_w and dc_param_data both return it, dc_param_grad returns an
+// empty buffer. F16 and BF16 files load without widening on a BF16 device
+// (F16 is rounded to BF16 once, at load: the ops take one activation dtype).
+//
+// Next, for fine-tuning (LoRA, a frozen VAE beside a training UNet): one set
+// holding both kinds, trainable tensors in today's flat fp32 layout and
+// frozen ones in a second arena in their own dtype, so optimizer passes and
+// checkpoint bytes do not change; the backward ops already skip NULL weight
+// gradients while dx still flows.
 #pragma once
 #include <stdbool.h>
 #include <stdint.h>
@@ -48,15 +41,21 @@ typedef struct {
     int count, cap;
     int64_t numel;
     dc_backend *be;
-    dc_buf data;  // [numel] F32
+    dc_buf data;  // [numel] F32 (the compute dtype when frozen)
     dc_buf grad;  // [numel] F32, NULL until dc_params_alloc(.., true)
     dc_buf wc;    // [numel] in the backend's compute dtype; NULL when that is F32
     bool stale;   // wc lags behind data
+    bool frozen;  // dc_params_alloc_frozen: data is the only copy
 } dc_params;
 
 // Registers a tensor with ndim int dimensions; returns its index, or -1.
 int dc_params_add(dc_params *ps, const char *name, bool trainable, int ndim, ...);
 int dc_params_alloc(dc_params *ps, dc_backend *be, bool with_grad);
+// Inference: one copy of the weights, in the backend's compute dtype (F32 on
+// the CPU, BF16 on the GPU), with no fp32 master, no gradient and no compute
+// copy. F16/BF16 files load without widening; dc_param_w and dc_param_data
+// return the same storage. Such a set never trains.
+int dc_params_alloc_frozen(dc_params *ps, dc_backend *be);
 void dc_params_free(dc_params *ps);
 int dc_params_find(const dc_params *ps, const char *name);  // index or -1
 static inline dc_buf dc_param_data(const dc_params *ps, int i) {

@@ -141,6 +141,9 @@ void dc_cpu_layer_norm_bwd(dc_backend *be, dc_buf dx, dc_buf dgamma, dc_buf dbet
 // ---- latent-diffusion pointwise ops (cpu_pointwise.c) --------------------------
 void dc_cpu_upsample2x_fwd(dc_backend *be, dc_buf out, dc_buf x, int B, int C, int H, int W);
 void dc_cpu_upsample2x_bwd(dc_backend *be, dc_buf dx, dc_buf dout, int B, int C, int H, int W);
+void dc_cpu_transpose(dc_backend *be, dc_buf out, dc_buf x, int B, int64_t M, int64_t N);
+void dc_cpu_add_channel(dc_backend *be, dc_buf x, dc_buf v, int B, int C, int64_t HW);
+void dc_cpu_channel_sum(dc_backend *be, dc_buf dv, dc_buf dx, int B, int C, int64_t HW);
 void dc_cpu_geglu_fwd(dc_backend *be, dc_buf out, dc_buf x, int64_t M, int F);
 void dc_cpu_geglu_bwd(dc_backend *be, dc_buf dx, dc_buf dout, dc_buf x, int64_t M, int F);
 void dc_cpu_activation_fwd(dc_backend *be, dc_buf out, dc_buf inp, int64_t n, dc_act act);

@@ -295,3 +295,49 @@ void dc_cpu_upsample2x_bwd(dc_backend *be, dc_buf dx_, dc_buf dout_, int B, int 
             dxr[w] = (d0[2 * w] + d0[2 * w + 1]) + (d1[2 * w] + d1[2 * w + 1]);
     }
 }
+
+// ---- layout ----------------------------------------------------------------------------
+// Blocks of 32 x 32 keep both the rows read and the rows written in cache.
+void dc_cpu_transpose(dc_backend *be, dc_buf out_, dc_buf x_, int B, int64_t M, int64_t N) {
+    (void)be;
+    float *out = dc_cpu_f32(out_);    // [B, N, M]
+    const float *x = dc_cpu_f32(x_);  // [B, M, N]
+    enum { TB = 32 };
+    const int64_t mb = (M + TB - 1) / TB, nb = (N + TB - 1) / TB, tiles = (int64_t)B * mb * nb;
+#pragma omp parallel for schedule(static) if (B * M * N > DC_CPU_PAR_MIN)
+    for (int64_t t = 0; t < tiles; t++) {
+        const int64_t b = t / (mb * nb), i0 = (t / nb % mb) * TB, j0 = t % nb * TB;
+        const float *xb = x + b * M * N;
+        float *ob = out + b * M * N;
+        for (int64_t i = i0; i < i0 + TB && i < M; i++)
+            for (int64_t j = j0; j < j0 + TB && j < N; j++) ob[j * M + i] = xb[i * N + j];
+    }
+}
+
+void dc_cpu_add_channel(dc_backend *be, dc_buf x_, dc_buf v_, int B, int C, int64_t HW) {
+    (void)be;
+    float *x = dc_cpu_f32(x_);        // [B, C, HW]
+    const float *v = dc_cpu_f32(v_);  // [B, C]
+    const int64_t rows = (int64_t)B * C;
+#pragma omp parallel for schedule(static) if (rows * HW > DC_CPU_PAR_MIN)
+    for (int64_t r = 0; r < rows; r++) {
+        float *xr = x + r * HW;
+        const float a = v[r];
+#pragma omp simd
+        for (int64_t i = 0; i < HW; i++) xr[i] += a;
+    }
+}
+
+// Summed in double: HW reaches 16384 and more.
+void dc_cpu_channel_sum(dc_backend *be, dc_buf dv_, dc_buf dx_, int B, int C, int64_t HW) {
+    (void)be;
+    float *dv = dc_cpu_f32(dv_);        // [B, C]
+    const float *dx = dc_cpu_f32(dx_);  // [B, C, HW]
+    const int64_t rows = (int64_t)B * C;
+#pragma omp parallel for schedule(static) if (rows * HW > DC_CPU_PAR_MIN)
+    for (int64_t r = 0; r < rows; r++) {
+        double s = 0;
+        for (int64_t i = 0; i < HW; i++) s += dx[r * HW + i];
+        dv[r] = (float)s;
+    }
+}

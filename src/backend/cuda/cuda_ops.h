@@ -137,6 +137,9 @@ void dc_cuda_geglu_fwd(dc_backend *be, dc_buf out, dc_buf x, int64_t M, int F);
 void dc_cuda_geglu_bwd(dc_backend *be, dc_buf dx, dc_buf dout, dc_buf x, int64_t M, int F);
 void dc_cuda_upsample2x_fwd(dc_backend *be, dc_buf out, dc_buf x, int B, int C, int H, int W);
 void dc_cuda_upsample2x_bwd(dc_backend *be, dc_buf dx, dc_buf dout, int B, int C, int H, int W);
+void dc_cuda_transpose(dc_backend *be, dc_buf out, dc_buf x, int B, int64_t M, int64_t N);
+void dc_cuda_add_channel(dc_backend *be, dc_buf x, dc_buf v, int B, int C, int64_t HW);
+void dc_cuda_channel_sum(dc_backend *be, dc_buf dv, dc_buf dx, int B, int C, int64_t HW);
 
 // ---- convolutions through cuDNN (cuda_conv.cu) ----
 int dc_cuda_reserve_conv(dc_backend *be, const dc_conv2d_shape *s);

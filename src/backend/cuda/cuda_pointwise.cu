@@ -437,3 +437,66 @@ extern "C" void dc_cuda_upsample2x_bwd(dc_backend *be, dc_buf dx, dc_buf dout, i
         k_upsample2x_bwd<1><<<dc_blocks(rows * W, TPB), TPB, 0, S(be)>>>(dx.p, BF(dx), dout.p, BF(dout), rows, W);
     DC_CUDA_LAUNCHED(be);
 }
+
+// ---- layout ----------------------------------------------------------------------------
+// 32 x 32 tiles through shared memory (one padding column against bank
+// conflicts), so both the reads of x and the writes of out are coalesced.
+__global__ void k_transpose(void *out, int obf, const void *x, int xbf, int64_t M, int64_t N, int64_t mb,
+                            int64_t nb) {
+    __shared__ float tile[32][33];
+    const int64_t t = blockIdx.x, b = t / (mb * nb);
+    const int64_t i0 = (t / nb % mb) * 32, j0 = t % nb * 32;
+    const int64_t base = b * M * N;
+    for (int r = threadIdx.y; r < 32; r += blockDim.y) {
+        int64_t i = i0 + r, j = j0 + threadIdx.x;
+        if (i < M && j < N) tile[r][threadIdx.x] = dc_ld(x, base + i * N + j, xbf);
+    }
+    __syncthreads();
+    for (int r = threadIdx.y; r < 32; r += blockDim.y) {
+        int64_t j = j0 + r, i = i0 + threadIdx.x;
+        if (i < M && j < N) dc_st(out, base + j * M + i, tile[threadIdx.x][r], obf);
+    }
+}
+
+extern "C" void dc_cuda_transpose(dc_backend *be, dc_buf out, dc_buf x, int B, int64_t M, int64_t N) {
+    DC_CUDA_OP(be);
+    if (B <= 0 || M <= 0 || N <= 0) return;
+    const int64_t mb = (M + 31) / 32, nb = (N + 31) / 32;
+    k_transpose<<<(unsigned)(B * mb * nb), dim3(32, 8), 0, S(be)>>>(out.p, BF(out), x.p, BF(x), M, N, mb, nb);
+    DC_CUDA_LAUNCHED(be);
+}
+
+__global__ void k_add_channel(void *x, int xbf, const void *v, int vbf, int64_t n, int64_t HW) {
+    GRID_STRIDE(i, n) dc_st(x, i, dc_ld(x, i, xbf) + dc_ld(v, i / HW, vbf), xbf);
+}
+
+extern "C" void dc_cuda_add_channel(dc_backend *be, dc_buf x, dc_buf v, int B, int C, int64_t HW) {
+    DC_CUDA_OP(be);
+    const int64_t n = (int64_t)B * C * HW;
+    if (n <= 0) return;
+    k_add_channel<<<dc_blocks(n, TPB), TPB, 0, S(be)>>>(x.p, BF(x), v.p, BF(v), n, HW);
+    DC_CUDA_LAUNCHED(be);
+}
+
+// One block per (sample, channel); a fixed reduction order, so results repeat.
+__global__ void k_channel_sum(void *dv, int vbf, const void *dx, int xbf, int64_t HW) {
+    __shared__ float part[TPB / 32];
+    const int64_t r = blockIdx.x;
+    float s = 0.0f;
+    for (int64_t i = threadIdx.x; i < HW; i += TPB) s += dc_ld(dx, r * HW + i, xbf);
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = s;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float t = 0.0f;
+        for (int w = 0; w < TPB / 32; w++) t += part[w];
+        dc_st(dv, r, t, vbf);
+    }
+}
+
+extern "C" void dc_cuda_channel_sum(dc_backend *be, dc_buf dv, dc_buf dx, int B, int C, int64_t HW) {
+    DC_CUDA_OP(be);
+    if (B <= 0 || C <= 0) return;
+    k_channel_sum<<<(unsigned)((int64_t)B * C), TPB, 0, S(be)>>>(dv.p, BF(dv), dx.p, BF(dx), HW);
+    DC_CUDA_LAUNCHED(be);
+}

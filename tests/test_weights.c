@@ -1,0 +1,113 @@
+// Loading parameters under another layout's names (nn/weights.h): a 1x1
+// convolution into a linear layer, rows of a packed tensor, F16 and BF16
+// sources, a prefix, several files; and the refusals (missing, mis-shaped,
+// rows out of range, non-finite), each naming the tensor.
+#include <math.h>
+#include <string.h>
+
+#include "check.h"
+#include "core/error.h"
+#include "nn/weights.h"
+#include "tmpdir.h"
+
+// Values exact in F16 and BF16: k/8 for small k.
+static float val(int t, int i) { return (float)((t * 7 + i * 3) % 29 - 14) / 8.0f; }
+
+static uint16_t h16(float f, dc_dtype dt) { return dt == DC_BF16 ? dc_f32_to_bf16(f) : dc_f32_to_f16(f); }
+
+// Writes file `name` holding prefix + conv [4,3,1,1] (F16), prefix + packed [6,2] (BF16),
+// prefix + bias [4] (F32).
+static int write_file(const char *name, const char *prefix, float poison) {
+    uint16_t conv[12], packed[12];
+    float bias[4];
+    for (int i = 0; i < 12; i++) conv[i] = h16(val(1, i), DC_F16), packed[i] = h16(val(2, i), DC_BF16);
+    for (int i = 0; i < 4; i++) bias[i] = val(3, i);
+    bias[2] = poison == 0 ? bias[2] : poison;
+    char n[3][64];
+    snprintf(n[0], 64, "%sconv.weight", prefix), snprintf(n[1], 64, "%spacked", prefix);
+    snprintf(n[2], 64, "%sbias", prefix);
+    dc_st_entry e[3] = {{n[0], DC_F16, 4, {4, 3, 1, 1}, conv}, {n[1], DC_BF16, 2, {6, 2}, packed},
+                        {n[2], DC_F32, 1, {4}, bias}};
+    return dc_st_write(tmp_path(name), e, 3, NULL, NULL, 0);
+}
+
+// lin.weight <- conv.weight; lin.bias <- bias; q.weight / k.weight / v.weight <- rows of packed
+static int map(void *ctx, const char *param, dc_weight_src *src) {
+    const int *shift = ctx;
+    if (!strcmp(param, "lin.weight")) return snprintf(src->name, sizeof src->name, "conv.weight"), 0;
+    if (!strcmp(param, "lin.bias")) return snprintf(src->name, sizeof src->name, "bias"), 0;
+    if (param[1] == '.') {
+        snprintf(src->name, sizeof src->name, "packed");
+        src->row0 = (param[0] == 'q' ? 0 : param[0] == 'k' ? 2 : 4) + *shift, src->rows = 2;
+        return 0;
+    }
+    return dc_fail("no source for %s", param);
+}
+
+static void build(dc_params *ps, dc_backend *be, int lin_out) {
+    memset(ps, 0, sizeof *ps);
+    dc_params_add(ps, "lin.weight", true, 2, lin_out, 3);
+    dc_params_add(ps, "lin.bias", true, 1, 4);
+    dc_params_add(ps, "q.weight", true, 2, 2, 2);
+    dc_params_add(ps, "k.weight", true, 2, 2, 2);
+    dc_params_add(ps, "v.weight", true, 2, 2, 2);
+    dc_params_alloc_frozen(ps, be);
+}
+
+static int load(const char *file, const char *prefix, int lin_out, int shift, float *out) {
+    dc_backend *be;
+    dc_backend_create("cpu", &be);
+    dc_st_file f;
+    int rc = dc_st_open(&f, tmp_path(file));
+    if (rc == 0) {
+        dc_params ps;
+        build(&ps, be, lin_out);
+        dc_weights w = {&f, 1, ""};
+        snprintf(w.prefix, sizeof w.prefix, "%s", prefix);
+        rc = dc_params_load_weights(&ps, &w, map, &shift);
+        if (rc == 0 && out) be->download(be, out, ps.data.p, (size_t)ps.numel * sizeof(float));
+        dc_params_free(&ps);
+        dc_st_close(&f);
+    }
+    dc_backend_destroy(be);
+    return rc;
+}
+
+int main(void) {
+    if (tmpdir_make("weights")) return 1;
+    CHECK(write_file("plain.safetensors", "", 0) == 0, "write: %s", dc_error());
+    CHECK(write_file("prefixed.safetensors", "model.x.", 0) == 0, "write: %s", dc_error());
+    CHECK(write_file("nan.safetensors", "", NAN) == 0, "write: %s", dc_error());
+
+    float got[12 + 4 + 12];
+    CHECK(load("plain.safetensors", "", 4, 0, got) == 0, "load: %s", dc_error());
+    int bad = 0;
+    for (int i = 0; i < 12; i++) bad += got[i] != val(1, i);           // [4,3,1,1] F16 -> [4,3]
+    for (int i = 0; i < 4; i++) bad += got[12 + i] != val(3, i);       // F32
+    for (int i = 0; i < 12; i++) bad += got[16 + i] != val(2, i);      // q, k, v = rows 0-1, 2-3, 4-5
+    CHECK(bad == 0, "%d values differ after a mapped load", bad);
+
+    CHECK(load("prefixed.safetensors", "model.x.", 4, 0, got) == 0, "prefixed load: %s", dc_error());
+    CHECK(load("prefixed.safetensors", "", 4, 0, NULL) != 0 && strstr(dc_error(), "missing tensor 'conv.weight'"),
+          "a missing tensor is named: %s", dc_error());
+    CHECK(load("plain.safetensors", "", 5, 0, NULL) != 0 && strstr(dc_error(), "'conv.weight' has shape [4, 3, 1, 1]") &&
+              strstr(dc_error(), "needs [5, 3]"),
+          "a mis-shaped tensor is named with both shapes: %s", dc_error());
+    CHECK(load("plain.safetensors", "", 4, 1, NULL) != 0 && strstr(dc_error(), "no rows 5..6"),
+          "rows beyond a packed tensor are refused: %s", dc_error());
+    CHECK(load("nan.safetensors", "", 4, 0, NULL) != 0 && strstr(dc_error(), "'bias' element 2 is nan"),
+          "a NaN is refused naming the tensor and element: %s", dc_error());
+
+    // Lookups that infer configs from shapes.
+    dc_st_file f;
+    CHECK(dc_st_open(&f, tmp_path("prefixed.safetensors")) == 0, "open: %s", dc_error());
+    dc_weights w = {&f, 1, "model.x."};
+    CHECK(dc_weights_dim(&w, "conv.weight", 1) == 3 && dc_weights_dim(&w, "conv.weight", 4) == -1 &&
+              dc_weights_dim(&w, "none", 0) == -1, "dc_weights_dim");
+    CHECK(dc_weights_count_prefix(&w, "p") == 1 && dc_weights_count_prefix(&w, "") == 3, "count by prefix");
+    dc_st_close(&f);
+
+    tmpdir_remove();
+    printf("test_weights: %d passed, %d failed\n", g_pass, g_fail);
+    return g_fail != 0;
+}
