@@ -176,7 +176,10 @@ typedef struct {
     dc_prediction pred;
     double scale, mu_u;  // guidance (scale != 1) against the null mu_u
     uint64_t seed;
+    int skip;            // img2img: steps not run; the clean latents are g_init
 } ref_cfg;
+
+static float g_init[64];  // img2img: the clean latents of every sample (NPER values)
 
 static double ref_model(const ref_cfg *c, double xin, double t, double mu) {
     double tf = (float)t;  // the model is fed float timesteps, as in PyTorch
@@ -212,7 +215,11 @@ static void ref_run_noise(const ref_cfg *c, uint32_t key, double mu, int n, doub
     double *den = malloc(sizeof(double) * n), *old = malloc(sizeof(double) * n);
     if (c->kind == DC_KS_DDIM) {
         for (int j = 0; j < n; j++) x[j] = ref_noise(c, key, given, -1, j, n);
-        for (int i = 0; i < N; i++) {
+        if (c->skip) {  // diffusers' add_noise at the first timestep run
+            double acp = (double)g_acp[(N - 1 - c->skip) * (1000 / N) + 1];
+            for (int j = 0; j < n; j++) x[j] = sqrt(acp) * g_init[j] + sqrt(1 - acp) * x[j];
+        }
+        for (int i = c->skip; i < N; i++) {
             int t = (N - 1 - i) * (1000 / N) + 1, prev = t - 1000 / N;
             double acp = (double)g_acp[t], acp_prev = (double)(prev >= 0 ? g_acp[prev] : g_acp[0]);
             double var = (1 - acp_prev) / (1 - acp) * (1 - acp / acp_prev);
@@ -245,9 +252,10 @@ static void ref_run_noise(const ref_cfg *c, uint32_t key, double mu, int n, doub
         }
     }
     sig[N] = 0;
-    for (int j = 0; j < n; j++) x[j] = ref_noise(c, key, given, -1, j, n) * sig[0];
+    for (int j = 0; j < n; j++)  // img2img (A1111): init + noise * sigmas[first]
+        x[j] = ref_noise(c, key, given, -1, j, n) * sig[c->skip] + (c->skip ? g_init[j] : 0);
     bool have_old = false;
-    for (int i = 0; i < N; i++) {
+    for (int i = c->skip; i < N; i++) {
         double s = sig[i], sn = sig[i + 1];
         for (int j = 0; j < n; j++) den[j] = ref_denoise(c, x[j], s, mu);
         if (c->kind == DC_KS_EULER) {
@@ -297,6 +305,7 @@ static int run_ks(dc_backend *be, const ref_cfg *c, int max_batch, int B, const 
     o.kind = c->kind, o.steps = c->steps, o.karras = c->karras, o.eta = (float)c->eta;
     o.prediction = c->pred, o.cfg_scale = (float)c->scale, o.seed = c->seed;
     o.ctx_len = LEN, o.ctx_dim = DIM;
+    o.skip = c->skip;
     float nullv[LEN * DIM], *cv = calloc((size_t)B * LEN * DIM, sizeof(float));
     for (int k = 0; k < LEN * DIM; k++) nullv[k] = (float)(k ? 9 : c->mu_u);
     for (int b = 0; b < B; b++) cv[b * LEN * DIM] = (float)mu[b];
@@ -311,6 +320,7 @@ static int run_ks(dc_backend *be, const ref_cfg *c, int max_batch, int B, const 
         o.x_given = true;
         be->upload(be, dx, g_x_start, xbytes);
     }
+    for (int b = 0; c->skip && b < B; b++) be->upload(be, dx + b * NPER, g_init, sizeof(float) * NPER);
     dc_ksampler ks;
     synth m = {c->pred, 0, be};
     g_nel = NPER;
@@ -345,17 +355,23 @@ static double max_err_vs_ref(const ref_cfg *c, int B, const uint32_t *idx, const
 
 static void test_vs_reference(dc_backend *be) {
     static const struct { const char *name; ref_cfg c; } cases[] = {
-        {"DDIM eta 0, eps, cfg 3", {DC_KS_DDIM, 20, false, 0.0, DC_PRED_EPS, 3.0, -0.4, 11}},
-        {"DDIM eta 1, v, cfg 3", {DC_KS_DDIM, 25, false, 1.0, DC_PRED_V, 3.0, -0.4, 12}},
-        {"DDIM eta 0, eps, 50 steps, no cfg", {DC_KS_DDIM, 50, false, 0.0, DC_PRED_EPS, 1.0, 0, 13}},
-        {"Euler, eps, cfg 3", {DC_KS_EULER, 20, false, 0, DC_PRED_EPS, 3.0, -0.4, 14}},
-        {"Euler Karras, v, cfg 3", {DC_KS_EULER, 15, true, 0, DC_PRED_V, 3.0, -0.4, 15}},
-        {"Euler a, eps, cfg 3", {DC_KS_EULER_A, 20, false, 0, DC_PRED_EPS, 3.0, -0.4, 16}},
-        {"Euler a Karras, v, no cfg", {DC_KS_EULER_A, 12, true, 0, DC_PRED_V, 1.0, 0, 17}},
-        {"DPM++ 2M Karras, eps, cfg 7.5", {DC_KS_DPMPP_2M, 20, true, 0, DC_PRED_EPS, 7.5, -0.4, 18}},
-        {"DPM++ 2M, v, cfg 3", {DC_KS_DPMPP_2M, 10, false, 0, DC_PRED_V, 3.0, -0.4, 19}},
-        {"DPM++ 2M Karras, 1 step", {DC_KS_DPMPP_2M, 1, true, 0, DC_PRED_EPS, 1.0, 0, 20}},
+        {"DDIM eta 0, eps, cfg 3", {DC_KS_DDIM, 20, false, 0.0, DC_PRED_EPS, 3.0, -0.4, 11, 0}},
+        {"DDIM eta 1, v, cfg 3", {DC_KS_DDIM, 25, false, 1.0, DC_PRED_V, 3.0, -0.4, 12, 0}},
+        {"DDIM eta 0, eps, 50 steps, no cfg", {DC_KS_DDIM, 50, false, 0.0, DC_PRED_EPS, 1.0, 0, 13, 0}},
+        {"Euler, eps, cfg 3", {DC_KS_EULER, 20, false, 0, DC_PRED_EPS, 3.0, -0.4, 14, 0}},
+        {"Euler Karras, v, cfg 3", {DC_KS_EULER, 15, true, 0, DC_PRED_V, 3.0, -0.4, 15, 0}},
+        {"Euler a, eps, cfg 3", {DC_KS_EULER_A, 20, false, 0, DC_PRED_EPS, 3.0, -0.4, 16, 0}},
+        {"Euler a Karras, v, no cfg", {DC_KS_EULER_A, 12, true, 0, DC_PRED_V, 1.0, 0, 17, 0}},
+        {"DPM++ 2M Karras, eps, cfg 7.5", {DC_KS_DPMPP_2M, 20, true, 0, DC_PRED_EPS, 7.5, -0.4, 18, 0}},
+        {"DPM++ 2M, v, cfg 3", {DC_KS_DPMPP_2M, 10, false, 0, DC_PRED_V, 3.0, -0.4, 19, 0}},
+        {"DPM++ 2M Karras, 1 step", {DC_KS_DPMPP_2M, 1, true, 0, DC_PRED_EPS, 1.0, 0, 20, 0}},
+        // img2img: the tail of the ladder from noised clean latents
+        {"img2img DDIM, eps, 12 of 20", {DC_KS_DDIM, 20, false, 0.0, DC_PRED_EPS, 3.0, -0.4, 21, 8}},
+        {"img2img Euler a, v, 5 of 15", {DC_KS_EULER_A, 15, false, 0, DC_PRED_V, 3.0, -0.4, 22, 10}},
+        {"img2img DPM++ 2M Karras, 14 of 20", {DC_KS_DPMPP_2M, 20, true, 0, DC_PRED_EPS, 7.5, -0.4, 23, 6}},
+        {"img2img Euler, last step only", {DC_KS_EULER, 10, false, 0, DC_PRED_EPS, 1.0, 0, 24, 9}},
     };
+    for (int j = 0; j < NPER; j++) g_init[j] = (float)sin(0.7 * j) * 0.8f;
     uint32_t idx[3] = {0, 5, 2};
     double mu[3] = {0.3, -0.2, 1.1};
     float *x = calloc(3 * NPER, sizeof(float));
@@ -366,7 +382,7 @@ static void test_vs_reference(dc_backend *be) {
         double e = rc ? INFINITY : max_err_vs_ref(c, 3, idx, mu, x);
         char name[96];
         snprintf(name, sizeof name, "%s == transcription", cases[k].name);
-        check(name, rc == 0 && e < 2e-5 && evals == c->steps, "max rel err %.2e, %d model calls%s%s",
+        check(name, rc == 0 && e < 2e-5 && evals == c->steps - c->skip, "max rel err %.2e, %d model calls%s%s",
               e, evals, rc ? ": " : "", rc ? dc_error() : "");
     }
     free(x);
@@ -377,10 +393,10 @@ static void test_vs_reference(dc_backend *be) {
 // uniform steps (the transcription agrees), so it gets 500.
 static void test_distribution(dc_backend *be) {
     static const struct { const char *name; ref_cfg c; } cases[] = {
-        {"DDIM 100 steps", {DC_KS_DDIM, 100, false, 0.0, DC_PRED_EPS, 1.0, 0, 31}},
-        {"Euler 100 steps", {DC_KS_EULER, 100, false, 0, DC_PRED_EPS, 1.0, 0, 32}},
-        {"Euler a 500 steps (v)", {DC_KS_EULER_A, 500, false, 0, DC_PRED_V, 1.0, 0, 33}},
-        {"DPM++ 2M Karras 30 steps", {DC_KS_DPMPP_2M, 30, true, 0, DC_PRED_EPS, 1.0, 0, 34}},
+        {"DDIM 100 steps", {DC_KS_DDIM, 100, false, 0.0, DC_PRED_EPS, 1.0, 0, 31, 0}},
+        {"Euler 100 steps", {DC_KS_EULER, 100, false, 0, DC_PRED_EPS, 1.0, 0, 32, 0}},
+        {"Euler a 500 steps (v)", {DC_KS_EULER_A, 500, false, 0, DC_PRED_V, 1.0, 0, 33, 0}},
+        {"DPM++ 2M Karras 30 steps", {DC_KS_DPMPP_2M, 30, true, 0, DC_PRED_EPS, 1.0, 0, 34, 0}},
     };
     enum { B = 64 };
     uint32_t idx[B];
@@ -408,7 +424,7 @@ static void test_v_roundtrip(dc_backend *be) {
     double mu[2] = {0.3, -0.7};
     float *xe = calloc(2 * NPER, sizeof(float)), *xv = calloc(2 * NPER, sizeof(float));
     for (int k = 0; k < 4; k++) {
-        ref_cfg c = {kinds[k], 12, k == 3, 0.5, DC_PRED_EPS, 2.0, 0.1, 41};
+        ref_cfg c = {kinds[k], 12, k == 3, 0.5, DC_PRED_EPS, 2.0, 0.1, 41, 0};
         int rc = run_ks(be, &c, 2, 2, idx, mu, xe, true, NULL);
         c.pred = DC_PRED_V;
         rc |= run_ks(be, &c, 2, 2, idx, mu, xv, true, NULL);
@@ -433,7 +449,7 @@ static void test_batch_invariance(dc_backend *be) {
     for (int b = 0; b < N; b++) idx[b] = 100 + 7 * b, mu[b] = 0.1 * b - 0.3;
     float *x8 = calloc(N * NPER, sizeof(float)), *xs = calloc(N * NPER, sizeof(float));
     for (int k = 0; k < 3; k++) {
-        ref_cfg c = {kinds[k], 8, true, 1.0, DC_PRED_EPS, 5.0, -0.4, 51};
+        ref_cfg c = {kinds[k], 8, true, 1.0, DC_PRED_EPS, 5.0, -0.4, 51, 0};
         int rc = run_ks(be, &c, N, N, idx, mu, x8, true, NULL);
         for (int b = 0; b < N && !rc; b += 3) {  // batches of 3, 3, 2
             int nb = N - b < 3 ? N - b : 3;
@@ -457,7 +473,7 @@ static void test_guidance_one(dc_backend *be) {
     uint32_t idx[2] = {1, 2};
     double mu[2] = {0.3, 0.6};
     float *a = calloc(2 * NPER, sizeof(float)), *b = calloc(2 * NPER, sizeof(float));
-    ref_cfg c = {DC_KS_EULER_A, 10, true, 0, DC_PRED_EPS, 1.0, -0.4, 61};
+    ref_cfg c = {DC_KS_EULER_A, 10, true, 0, DC_PRED_EPS, 1.0, -0.4, 61, 0};
     int ea = 0, eb = 0;
     int rc = run_ks(be, &c, 2, 2, idx, mu, a, true, &ea);
     rc |= run_ks(be, &c, 2, 2, idx, mu, b, false, &eb);
@@ -474,7 +490,7 @@ static void test_errors(dc_backend *be) {
     uint32_t idx[2] = {0, 1};
     double mu[2] = {0, 0};
     float x[2 * NPER];
-    ref_cfg c = {DC_KS_EULER, 0, false, 0, DC_PRED_EPS, 1.0, 0, 1};
+    ref_cfg c = {DC_KS_EULER, 0, false, 0, DC_PRED_EPS, 1.0, 0, 1, 0};
     int rc = run_ks(be, &c, 1, 1, idx, mu, x, false, NULL);
     check("0 steps refused", rc != 0, "%s", dc_error());
     c.steps = 5, c.scale = 4;
@@ -514,7 +530,7 @@ static void test_golden(dc_backend *be) {
             continue;
         ref_cfg c = {!strcmp(kind, "euler") ? DC_KS_EULER : !strcmp(kind, "euler_a") ? DC_KS_EULER_A
                                                                                      : DC_KS_DPMPP_2M,
-                     steps, karras != 0, 0, !strcmp(pred, "v") ? DC_PRED_V : DC_PRED_EPS, scale, mu_u, 0};
+                     steps, karras != 0, 0, !strcmp(pred, "v") ? DC_PRED_V : DC_PRED_EPS, scale, mu_u, 0, 0};
         bool noisy = c.kind == DC_KS_EULER_A, ok = n == NPER / 4 && steps > 0 && steps <= 100;
         double *given = calloc((size_t)(steps + 1) * NPER, sizeof(double)), *out = calloc(NPER, sizeof(double));
         ok = ok && read_vals(f, "start", given, n);

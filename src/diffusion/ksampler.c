@@ -112,7 +112,7 @@ static int plan_k(const dc_sd_schedule *s, const dc_ksampler_opts *opt, dc_kstep
             }
             double h = log(sg) - log(sn), e = -expm1(-h);
             p->ax = sn / sg;
-            if (i == 0) {
+            if (i == opt->skip) {  // the first step run
                 p->ad = e;
             } else {
                 double r = (log(sig[i - 1]) - log(sg)) / h;
@@ -133,6 +133,8 @@ int dc_ksampler_plan(const dc_sd_schedule *s, const dc_ksampler_opts *opt, dc_ks
                      double *init_sigma) {
     if (opt->steps < 1 || opt->steps > s->T)
         return dc_fail("sampler: %d steps outside [1, %d]", opt->steps, s->T);
+    if (opt->skip < 0 || opt->skip >= opt->steps)
+        return dc_fail("sampler: skipping %d of %d steps leaves none to run", opt->skip, opt->steps);
     if (opt->prediction != DC_PRED_EPS && opt->prediction != DC_PRED_V)
         return dc_fail("sampler: unknown prediction type %d", (int)opt->prediction);
     if (opt->kind == DC_KS_DDIM) {
@@ -218,11 +220,20 @@ int dc_ksampler_run(dc_ksampler *s, dc_buf x, const dc_cond *cond, const uint32_
     int64_t HW = (int64_t)s->H * s->W, n = (int64_t)s->C * HW, bn = (int64_t)B * n;
     int rows = s->cfg ? 2 * B : B, total = s->opt.steps;
 
-    if (!s->opt.x_given)
-        be->randn(be, x, idx, B, n, s->opt.seed, DC_SAMPLE_START_STEP, DC_STREAM_SAMPLE_START);
-    if (s->init_sigma != 1) lin(s, x, x, x, s->init_sigma, 0, B, n);
+    const int first = s->opt.skip;
+    if (first > 0) {  // img2img: clean latents in x get the noise of step `first`
+        const dc_kstep *p = &s->plan[first];
+        be->randn(be, s->z, idx, B, n, s->opt.seed, DC_SAMPLE_START_STEP, DC_STREAM_SAMPLE_START);
+        double a = 1, b = p->sigma;  // k-samplers: x + sigma z
+        if (s->opt.kind == DC_KS_DDIM) a = 1 / sqrt(1 + p->sigma * p->sigma), b = p->sigma * a;
+        lin(s, x, x, s->z, a, b, B, n);
+    } else {
+        if (!s->opt.x_given)
+            be->randn(be, x, idx, B, n, s->opt.seed, DC_SAMPLE_START_STEP, DC_STREAM_SAMPLE_START);
+        if (s->init_sigma != 1) lin(s, x, x, x, s->init_sigma, 0, B, n);
+    }
 
-    for (int i = 0; i < total; i++) {
+    for (int i = first; i < total; i++) {
         const dc_kstep *p = &s->plan[i];
         for (int r = 0; r < rows; r++) s->t_host[r] = (float)p->t;
         be->upload(be, s->t.p, s->t_host, sizeof(float) * (size_t)rows);
@@ -244,7 +255,7 @@ int dc_ksampler_run(dc_ksampler *s, dc_buf x, const dc_cond *cond, const uint32_
             s->old = s->den, s->den = t;
         }
         if (dc_backend_status(be)) return dc_fail_ctx("sampling step %d of %d", i + 1, total);
-        if (progress) progress(pctx, i + 1, total);
+        if (progress) progress(pctx, i + 1 - first, total - first);
     }
     return dc_backend_status(be);
 }

@@ -32,6 +32,7 @@
 // Noise is keyed per sample, never per batch position, so a seed gives the
 // same image at any batch size:
 //   start x of sample i: randn(seed, key = i, DC_SAMPLE_START_STEP, DC_STREAM_SAMPLE_START)
+//     (img2img: the noise added to the clean latents)
 //   z of step s (0-based, in sampling order): randn(seed, key = i, step = s, DC_STREAM_NOISE)
 #pragma once
 #include <stdbool.h>
@@ -67,6 +68,12 @@ typedef struct {
     int ctx_len, ctx_dim;   // the text embeddings the model reads, [ctx_len, ctx_dim] per image
     dc_buf null_ctx;        // the negative prompt's (or ""'s) embedding, on the backend
     bool x_given;           // x already holds the start noise (unscaled randn): skip drawing it
+    int skip;               // img2img: the first `skip` steps of the plan are not run. x holds
+                            // the clean latents, which get the start noise at the level of step
+                            // `skip` (k-samplers: x + sigma z; DDIM: sqrt(acp) x + sqrt(1-acp) z,
+                            // diffusers' add_noise), z the start noise of each sample; DPM++ 2M
+                            // treats step `skip` as its first (AUTOMATIC1111 and diffusers run
+                            // the tail of the ladder the same way).
 } dc_ksampler_opts;
 
 // Euler a, 20 steps, epsilon, guidance 7.5, SD 1.x text embeddings (77 x 768).

@@ -3,8 +3,10 @@
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/error.h"
+#include "core/fsutil.h"
 
 // ---- arena: every node and string of a document, freed in one go ----------
 
@@ -378,4 +380,19 @@ int dc_json_write_string(FILE *fp, const char *s) {
     }
     fputc('"', fp);
     return ferror(fp) ? dc_fail("writing JSON string failed") : 0;
+}
+
+int dc_json_read_file(dc_json_doc *doc, const char *path) {
+    memset(doc, 0, sizeof *doc);
+    int64_t size;
+    int fd = dc_open_regular(path, &size);
+    if (fd < 0) return -1;
+    if (size > (16 << 20)) return close(fd), dc_fail("%s: %lld bytes is too large for a config file", path, (long long)size);
+    char *text = malloc((size_t)size + 1);
+    if (!text) return close(fd), dc_fail("%s: out of memory", path);
+    int rc = dc_read_exact(fd, text, (size_t)size, path);
+    close(fd);
+    if (rc == 0 && dc_json_parse(doc, text, (size_t)size, 0) != 0) rc = dc_fail_ctx("%s", path);
+    free(text);
+    return rc;
 }

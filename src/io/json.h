@@ -40,6 +40,9 @@ typedef struct {
 // doc is then empty and dc_json_free is still safe.
 int dc_json_parse(dc_json_doc *doc, const char *text, size_t len, int max_depth);
 void dc_json_free(dc_json_doc *doc);
+// Reads and parses a JSON file of at most 16 MiB (config files); the message
+// names the file.
+int dc_json_read_file(dc_json_doc *doc, const char *path);
 
 // The first member named `key` of an object, or NULL.
 const dc_json *dc_json_get(const dc_json *obj, const char *key);

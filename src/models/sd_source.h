@@ -1,0 +1,59 @@
+// Where the components of a Stable Diffusion model are, in the layouts
+// people have them, without a converter:
+//   - a diffusers pipeline folder (model_index.json, unet/, vae/,
+//     text_encoder/, tokenizer/, scheduler/; with or without model_index.json),
+//   - one component's folder (config.json and its *.safetensors, possibly
+//     sharded or an fp16 variant), or that component's weights file alone,
+//   - a single-file checkpoint in the original layout (model.diffusion_model.*,
+//     first_stage_model.*, cond_stage_model.transformer.* for SD 1.x or
+//     cond_stage_model.model.* (OpenCLIP) for SD 2.x).
+// A dc_sd_source says, for one component, which files hold it, under which
+// key prefix and naming, and its config.json when there is one. Large files
+// are mapped (io/safetensors.h), so nothing is read into memory twice.
+#pragma once
+#include <stdbool.h>
+#include "io/json.h"
+#include "io/safetensors.h"
+#include "nn/weights.h"
+
+typedef enum { DC_SD_UNET, DC_SD_VAE, DC_SD_TEXT } dc_sd_part;
+const char *dc_sd_part_name(dc_sd_part p);  // "unet", "vae", "text_encoder"
+
+#define DC_SD_MAX_FILES 16
+
+typedef struct {
+    char path[4096];        // what the user named
+    bool folder;            // a pipeline folder (else a single file, or a component on its own)
+    bool single;            // a single-file checkpoint holding every component
+    int version;            // 1 or 2 when the files say (text encoder names or cross-attention
+                            // width), else 0
+    dc_st_file file;        // the single file (or a component's lone file)
+    unsigned st_flags;      // DC_ST_NO_VERIFY ...
+} dc_sd_model;
+
+typedef struct {
+    dc_sd_part part;
+    dc_st_file files[DC_SD_MAX_FILES];  // owned when nfiles_owned
+    int nfiles, nfiles_owned;
+    dc_weights w;            // files + prefix
+    dc_names names;          // the naming scheme of the keys
+    dc_json_doc config;      // config.json (root NULL when there is none)
+    char dir[4096];          // the component's folder ("" for a single file)
+} dc_sd_source;
+
+// Opens PATH (any layout above). flags: DC_ST_NO_VERIFY to skip checksums.
+int dc_sd_model_open(dc_sd_model *m, const char *path, unsigned flags);
+void dc_sd_model_close(dc_sd_model *m);
+// The source of one component. A component the files do not hold is refused
+// naming what was looked for. The source may point into m's single file:
+// close it before m.
+int dc_sd_source_open(dc_sd_source *s, dc_sd_model *m, dc_sd_part part);
+void dc_sd_source_close(dc_sd_source *s);
+// The config root, or NULL when the component came without config.json.
+static inline const dc_json *dc_sd_config(const dc_sd_source *s) { return s->config.root; }
+
+// The scheduler's prediction type from scheduler/scheduler_config.json
+// ("epsilon" or "v_prediction"): 0 and *v set; 1 when the files do not say.
+int dc_sd_prediction(const dc_sd_model *m, bool *v);
+// The tokenizer folder of a pipeline (tokenizer/ holding vocab.json), or NULL.
+const char *dc_sd_tokenizer_dir(const dc_sd_model *m, char *buf, size_t cap);
