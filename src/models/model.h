@@ -23,6 +23,10 @@ typedef struct {
 
 typedef enum { DC_COND_LABELS, DC_COND_TEXT } dc_cond_kind;
 
+// What a denoiser's output means: the noise (epsilon) or v = sqrt(acp) eps -
+// sqrt(1 - acp) x0. The weights cannot tell: a scheduler config or the user says.
+typedef enum { DC_PRED_EPS, DC_PRED_V } dc_prediction;
+
 // The shapes and conventions the trainer and the sampler build around.
 typedef struct {
     int channels, height, width;  // the input x[B, channels, height, width]

@@ -175,13 +175,13 @@ dc_backend *dc_backend_cpu_create(void) {
         .layer_norm_bwd = dc_cpu_layer_norm_bwd,
         .upsample2x_fwd = dc_cpu_upsample2x_fwd,
         .upsample2x_bwd = dc_cpu_upsample2x_bwd,
-        .transpose = dc_cpu_transpose,
-        .add_channel = dc_cpu_add_channel,
-        .channel_sum = dc_cpu_channel_sum,
         .geglu_fwd = dc_cpu_geglu_fwd,
         .geglu_bwd = dc_cpu_geglu_bwd,
         .activation_fwd = dc_cpu_activation_fwd,
         .activation_bwd = dc_cpu_activation_bwd,
+        .transpose = dc_cpu_transpose,
+        .add_channel = dc_cpu_add_channel,
+        .channel_sum = dc_cpu_channel_sum,
     };
     return be;
 }

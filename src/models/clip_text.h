@@ -1,0 +1,105 @@
+// The CLIP text encoder of Stable Diffusion: transformers' CLIPTextModel
+// (the text tower alone, no projection), inference only.
+//
+// SD 1.x: OpenAI CLIP ViT-L/14 (vocab 49408, 77 positions, width 768, 12
+// layers of 12 heads, MLP 3072, quick_gelu). SD 2.x: OpenCLIP ViT-H (width
+// 1024, 16 heads, MLP 4096, exact GELU; 24 layers in single files, 23 in
+// diffusers folders, which drop the last layer SD 2 never uses). A layer is
+//   x = x + out_proj(causal_self_attention(layer_norm1(x)))
+//   x = x + fc2(act(fc1(layer_norm2(x))))
+// after x = token_embedding[ids] + position_embedding[0..T-1]; the output is
+// final_layer_norm(x). LayerNorm eps 1e-5, attention scale 1/sqrt(64).
+//
+// Parameters are registered under transformers 5 names (no "text_model."
+// prefix): embeddings.*, encoder.layers.N.*, final_layer_norm.*. Files that
+// use OpenCLIP's names (SD 2.x single files) load through
+// dc_clip_text_openclip_name.
+#pragma once
+#include <stdint.h>
+#include "backend/backend.h"
+#include "io/json.h"
+#include "nn/params.h"
+#include "nn/weights.h"
+
+typedef struct {
+    int vocab;      // token embedding rows (49408)
+    int positions;  // T: every sequence is this long (77)
+    int width;      // W
+    int layers;     // L
+    int heads;      // H (head size W / H, 64 in both SD encoders)
+    int ffn;        // MLP hidden width F
+    dc_act act;     // DC_ACT_QUICK_GELU (OpenAI CLIP) or DC_ACT_GELU_ERF (OpenCLIP)
+    float eps;      // LayerNorm eps (1e-5)
+} dc_clip_text_config;
+
+// The config from a transformers config.json (a CLIPTextConfig, or a
+// CLIPConfig's "text_config"): vocab_size, max_position_embeddings,
+// hidden_size, num_hidden_layers, num_attention_heads, intermediate_size,
+// hidden_act, layer_norm_eps; a key left out takes CLIPTextConfig's default,
+// as transformers does. path names the file in messages.
+int dc_clip_text_config_from_json(dc_clip_text_config *c, const dc_json *root, const char *path);
+// The config from the tensor shapes of w (prefix already set) in the naming
+// scheme names: DC_NAMES_DIFFUSERS for transformers names, DC_NAMES_ORIGINAL
+// for OpenCLIP's. The shapes cannot show the head count or the activation:
+// heads = W / 64 (both SD encoders); OpenCLIP names mean exact GELU; with
+// transformers names, widths of 1024 and more (OpenCLIP ViT-H and bigG
+// converted by diffusers) mean exact GELU, narrower ones OpenAI's quick_gelu.
+int dc_clip_text_config_infer(dc_clip_text_config *c, const dc_weights *w, dc_names names);
+int dc_clip_text_config_validate(const dc_clip_text_config *c);
+
+// Where transformers names start below w's prefix: "text_model." when the
+// files hold text_model.embeddings.token_embedding.weight (transformers 4,
+// and SD 1.x single files under "cond_stage_model.transformer."), else ""
+// (transformers 5). Append it to the prefix before inferring or loading.
+const char *dc_clip_text_prefix(const dc_weights *w);
+
+// A dc_weight_map from our names to OpenCLIP's (ctx: the dc_clip_text_config):
+// token_embedding.weight, positional_embedding, transformer.resblocks.N.
+// {ln_1, ln_2, attn.in_proj_weight / in_proj_bias (q, k, v packed in that
+// order along the rows), attn.out_proj, mlp.c_fc, mlp.c_proj}, ln_final.
+int dc_clip_text_openclip_name(void *ctx, const char *param, dc_weight_src *src);
+
+typedef struct dc_clip_text_modules dc_clip_text_modules;
+typedef struct dc_clip_text_acts dc_clip_text_acts;
+
+typedef struct {
+    dc_clip_text_config cfg;
+    dc_backend *be;
+    dc_params params;            // transformers names, state-dict order, frozen
+    dc_clip_text_modules *mods;  // its layers, as modules holding parameter handles
+    dc_clip_text_acts *acts;     // activations planned for up to max_batch sequences
+    int max_batch;
+} dc_clip_text;
+
+// Registers the parameters and allocates them frozen (inference weights in
+// the backend's compute dtype); load weights next.
+int dc_clip_text_create(dc_clip_text **out, const dc_clip_text_config *c, dc_backend *be);
+// Registers into ps (empty) the names and shapes dc_clip_text_create
+// registers, allocating nothing: for listing and checking names.
+int dc_clip_text_params(dc_params *ps, const dc_clip_text_config *c);
+// Loads every parameter from w (its prefix set: "", "text_model.",
+// "cond_stage_model.transformer.text_model." for transformers names;
+// "cond_stage_model.model." for OpenCLIP names with DC_NAMES_ORIGINAL).
+// A missing or mis-shaped tensor is refused naming it; tensors the model
+// does not use (text_projection, logit_scale, later layers) are ignored.
+int dc_clip_text_load(dc_clip_text *m, const dc_weights *w, dc_names names);
+// Plans the activations for batches of up to max_batch sequences of
+// cfg.positions tokens.
+int dc_clip_text_reserve(dc_clip_text *m, int max_batch);
+// Runs layers 0 .. layers-1-skip over ids[B, T] (I32 on the backend, T =
+// positions, each in [0, vocab): see dc_clip_text_check_ids). Outputs, each
+// [B, T, W] on the backend in its own dtype, or p NULL when not wanted:
+//   hidden      = final_layer_norm(output of the last layer run);
+//   penultimate = the stream entering that last layer, without the final
+//                 LayerNorm (with skip 0, transformers' hidden_states[-2]).
+// SD 1.x conditions on hidden with skip 0; SD 2.x on hidden with skip 0 from
+// a 23-layer diffusers encoder, or skip 1 from a 24-layer single file (the
+// same numbers). 0 <= skip < layers.
+int dc_clip_text_forward(dc_clip_text *m, dc_buf hidden, dc_buf penultimate, dc_buf ids, int B, int skip);
+// 0, or -1 naming the first id outside [0, vocab) and its place: the
+// embedding ops do not check, so callers check ids on the host before upload.
+int dc_clip_text_check_ids(const int32_t *ids, int64_t n, int vocab);
+void dc_clip_text_free(dc_clip_text *m);
+// Multiply-adds of one sequence through every layer (projections, MLP,
+// and the causal half of the attention products), for benchmarks.
+double dc_clip_text_macs(const dc_clip_text *m);

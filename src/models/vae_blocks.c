@@ -1,0 +1,333 @@
+// The VAE's encoder and decoder as explicit calls of backend ops, and the
+// plan of their activations.
+//
+// Memory. A 512x512 decode holds maps of 256 channels at full resolution
+// (67M values an image), so activations are not kept per layer: the stream
+// and a resnet's two intermediates rotate through three buffers (slots), the
+// attention's keys and values have two more, and each slot is as large as
+// the largest map it ever holds. One walk of the network sizes the slots
+// (and reserves each convolution shape and the attention workspace) and
+// the same walk runs it, so plan and run cannot disagree.
+//
+// Images go through one at a time: a 512x512 image's maps already fill a
+// GPU, the memory stays that of one image whatever the batch, and only
+// batch-1 convolution shapes need reserving.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "models/vae_modules.h"
+
+enum { SLOTS = 3, BUF_K = 3, BUF_V = 4, BUF_IN = 5, BUF_OUT = 6, NBUF = 7 };
+
+struct dc_vae_acts {
+    void *base;
+    dc_buf buf[NBUF];         // slots, keys, values [C, HW] (compute dtype); the caller's in and out
+    dc_buf mean, rstd;        // [groups] F32: GroupNorm statistics (not needed afterwards)
+    dc_buf lse;               // [1, HW] F32: attention log-sum-exp
+    void *host;               // [latent, h, w] of the compute dtype: logvar being clamped
+    size_t bytes;             // of base
+};
+
+typedef enum { PASS_RUN, PASS_SIZE, PASS_COUNT } pass_mode;
+
+// One image through the encoder or decoder: in SIZE mode the walk records
+// the buffer sizes and reserves every shape; in COUNT mode it adds up the
+// multiply-adds; in RUN mode it runs the ops.
+typedef struct {
+    const dc_vae *m;
+    pass_mode mode;
+    dc_buf buf[NBUF], mean, rstd, lse;
+    int64_t need[NBUF];  // SIZE: elements of each buffer (slots, k, v), and of lse
+    int64_t need_lse;
+    double macs;         // COUNT
+} vae_pass;
+
+static void use(vae_pass *p, int b, int64_t n) {
+    if (p->mode == PASS_SIZE && b < BUF_IN && n > p->need[b]) p->need[b] = n;
+}
+
+// y = conv(x) over an image of H x W; down: the encoder's downsampling, which
+// pads only the bottom and right (diffusers' Downsample2D with padding 0).
+static int conv(vae_pass *p, const dc_conv2d *c, int y, int x, int H, int W, bool down) {
+    dc_conv2d_shape s = dc_conv2d_shape_of(c, 1, H, W);
+    if (down) s.pad_t = 0, s.pad_b = 1, s.pad_l = 0, s.pad_r = 1;
+    int64_t n = (int64_t)c->co * dc_conv2d_ho(&s) * dc_conv2d_wo(&s);
+    switch (p->mode) {
+    case PASS_SIZE: use(p, y, n); return p->m->be->reserve_conv(p->m->be, &s);
+    case PASS_COUNT: p->macs += (double)n * c->ci * c->k * c->k; return 0;
+    case PASS_RUN: dc_conv2d_fwd(p->m->be, &p->m->params, c, p->buf[y], p->buf[x], &s); return 0;
+    }
+    return 0;
+}
+
+// y = GroupNorm(x), then SiLU if silu.
+static void norm(vae_pass *p, const dc_group_norm *g, int y, int x, int64_t HW, bool silu) {
+    use(p, y, g->C * HW);
+    if (p->mode == PASS_RUN)
+        dc_group_norm_fwd(p->m->be, &p->m->params, g, p->buf[y], p->mean, p->rstd, p->buf[x], 1, HW, silu);
+}
+
+// y[M, out] = x[M, in] W^T + b
+static void linear(vae_pass *p, const dc_linear *l, int y, int x, int M) {
+    use(p, y, (int64_t)M * l->out);
+    if (p->mode == PASS_COUNT) p->macs += (double)M * l->in * l->out;
+    if (p->mode == PASS_RUN) dc_linear_fwd(p->m->be, &p->m->params, l, p->buf[y], p->buf[x], M);
+}
+
+// y[N, M] = x[M, N]
+static void transpose(vae_pass *p, int y, int x, int64_t M, int64_t N) {
+    use(p, y, M * N);
+    if (p->mode == PASS_RUN) p->m->be->transpose(p->m->be, p->buf[y], p->buf[x], 1, M, N);
+}
+
+static void add(vae_pass *p, int y, int x, int64_t n) {
+    if (p->mode == PASS_RUN) p->m->be->axpy(p->m->be, p->buf[y], p->buf[x], 1.0f, n);
+}
+
+// The two slots other than x's.
+static void others(int x, int *a, int *b) { *a = (x + 1) % SLOTS, *b = (x + 2) % SLOTS; }
+
+// ResnetBlock2D on the stream in slot *x (moved to another slot when the
+// shortcut is a convolution):
+//   a = SiLU(norm1(x)); b = conv1(a); a = SiLU(norm2(b)); b = conv2(a);
+//   x += b, or a = shortcut(x) + b.
+static int resnet(vae_pass *p, const vae_resnet *r, int *x, int H, int W) {
+    int a, b;
+    int64_t HW = (int64_t)H * W, n = (int64_t)r->conv2.co * HW;
+    others(*x, &a, &b);
+    norm(p, &r->norm1, a, *x, HW, true);
+    DC_TRY(conv(p, &r->conv1, b, a, H, W, false));
+    norm(p, &r->norm2, a, b, HW, true);
+    DC_TRY(conv(p, &r->conv2, b, a, H, W, false));
+    if (!r->has_shortcut) {
+        add(p, *x, b, n);
+        return 0;
+    }
+    DC_TRY(conv(p, &r->shortcut, a, *x, H, W, false));
+    add(p, a, b, n);
+    *x = a;
+    return 0;
+}
+
+// x += to_out(attention(q, k, v)) with q, k, v = projections of the tokens
+// of group_norm(x), one head of C channels over HW tokens (scale 1/sqrt(C)).
+static int attention(vae_pass *p, const vae_attention *t, int x, int C, int HW) {
+    const dc_vae *m = p->m;
+    int a, b;
+    others(x, &a, &b);
+    norm(p, &t->norm, a, x, HW, false);                    // a [C, HW]
+    transpose(p, b, a, C, HW);                             // b [HW, C] tokens
+    linear(p, &t->q, a, b, HW);                            // a [HW, C]
+    linear(p, &t->k, BUF_K, b, HW);
+    linear(p, &t->v, BUF_V, b, HW);
+    dc_attn_shape s = {.B = 1, .H = 1, .Tq = HW, .Tk = HW, .Dh = C, .Dv = C};
+    s.q = s.k = s.v = s.out = dc_attn_rows(HW, C, C);
+    use(p, b, (int64_t)HW * C);
+    if (p->mode == PASS_SIZE) {
+        if (HW > p->need_lse) p->need_lse = HW;
+        DC_TRY(m->be->reserve(m->be, HW, C));
+    }
+    if (p->mode == PASS_COUNT) p->macs += 2.0 * HW * HW * C;
+    if (p->mode == PASS_RUN)
+        m->be->attention_fwd(m->be, p->buf[b], p->lse, p->buf[a], p->buf[BUF_K], p->buf[BUF_V], &s);
+    linear(p, &t->out, a, b, HW);                          // a [HW, C]
+    transpose(p, b, a, HW, C);                             // b [C, HW]
+    add(p, x, b, (int64_t)C * HW);
+    return 0;
+}
+
+static int mid(vae_pass *p, const vae_mid *md, int *x, int C, int H, int W) {
+    DC_TRY(resnet(p, &md->res[0], x, H, W));
+    DC_TRY(attention(p, &md->attn, *x, C, H * W));
+    return resnet(p, &md->res[1], x, H, W);
+}
+
+// Image in BUF_IN [in, H, W] -> moments [2 latent, H/f, W/f] (quant_conv's
+// output: mean, then logvar) in the slot returned.
+static int encoder(vae_pass *p, int H, int W, int *moments) {
+    const dc_vae_config *c = &p->m->cfg;
+    const vae_encoder *e = &p->m->mods->enc;
+    int x = 0, a, b;
+    DC_TRY(conv(p, &e->conv_in, x, BUF_IN, H, W, false));
+    for (int i = 0; i < c->nblocks; i++) {
+        for (int j = 0; j < c->layers_per_block; j++) DC_TRY(resnet(p, &e->res[i][j], &x, H, W));
+        if (i + 1 == c->nblocks) break;
+        others(x, &a, &b);
+        DC_TRY(conv(p, &e->down[i], a, x, H, W, true));
+        x = a, H /= 2, W /= 2;
+    }
+    DC_TRY(mid(p, &e->mid, &x, c->ch[c->nblocks - 1], H, W));
+    others(x, &a, &b);
+    norm(p, &e->norm_out, a, x, (int64_t)H * W, true);
+    DC_TRY(conv(p, &e->conv_out, b, a, H, W, false));
+    DC_TRY(conv(p, &p->m->mods->quant_conv, a, b, H, W, false));
+    *moments = a;
+    return 0;
+}
+
+// z in BUF_IN [latent, h, w] -> image in BUF_OUT [out, f h, f w].
+static int decoder(vae_pass *p, int H, int W) {
+    const dc_vae_config *c = &p->m->cfg;
+    const vae_decoder *d = &p->m->mods->dec;
+    int x = 1, a, b;
+    DC_TRY(conv(p, &p->m->mods->post_quant_conv, 0, BUF_IN, H, W, false));
+    DC_TRY(conv(p, &d->conv_in, x, 0, H, W, false));
+    DC_TRY(mid(p, &d->mid, &x, c->ch[c->nblocks - 1], H, W));
+    for (int i = 0; i < c->nblocks; i++) {
+        for (int j = 0; j <= c->layers_per_block; j++) DC_TRY(resnet(p, &d->res[i][j], &x, H, W));
+        if (i + 1 == c->nblocks) break;
+        // nearest 2x into b, then a 3x3 conv into a: the next resnet's
+        // first norm then writes into b, already of that size, and only its
+        // narrower maps go to x's slot (at 512x512: 320 MiB in 16-bit, not 384)
+        others(x, &a, &b);
+        int C = d->up[i].ci;
+        use(p, b, (int64_t)C * 4 * H * W);
+        if (p->mode == PASS_RUN) p->m->be->upsample2x_fwd(p->m->be, p->buf[b], p->buf[x], 1, C, H, W);
+        H *= 2, W *= 2;
+        DC_TRY(conv(p, &d->up[i], a, b, H, W, false));
+        x = a;
+    }
+    others(x, &a, &b);
+    norm(p, &d->norm_out, a, x, (int64_t)H * W, true);
+    return conv(p, &d->conv_out, BUF_OUT, a, H, W, false);
+}
+
+void dc_vae_acts_free(dc_vae *m) {
+    if (!m->acts) return;
+    if (m->acts->base) m->be->free(m->be, m->acts->base);
+    free(m->acts->host);
+    free(m->acts);
+    m->acts = NULL;
+    m->max_batch = m->height = m->width = 0;
+}
+
+static size_t round_up(size_t n) { return (n + 255) & ~(size_t)255; }
+
+int dc_vae_reserve(dc_vae *m, int max_batch, int height, int width) {
+    const dc_vae_config *c = &m->cfg;
+    int f = dc_vae_factor(c);
+    if (max_batch < 1) return dc_fail("VAE: batch size must be at least 1");
+    if (height < f || width < f || height % f || width % f)
+        return dc_fail("VAE: image size %dx%d: width and height must be positive multiples of %d", width, height, f);
+    if (m->acts && m->height == height && m->width == width) {
+        if (max_batch > m->max_batch) m->max_batch = max_batch;  // images go one at a time: nothing more to plan
+        return 0;
+    }
+    dc_vae_acts_free(m);
+    vae_pass p = {.m = m, .mode = PASS_SIZE};
+    int moments;
+    if (m->has_encoder && encoder(&p, height, width, &moments))
+        return dc_fail_ctx("VAE encoder at %dx%d", width, height);
+    if (m->has_decoder && decoder(&p, height / f, width / f))
+        return dc_fail_ctx("VAE decoder at %dx%d", width, height);
+    // Ops index one image with int.
+    for (int i = 0; i < BUF_IN; i++)
+        if (p.need[i] > INT32_MAX)
+            return dc_fail("VAE: %dx%d images are too large (a map of %lld values)", width, height,
+                           (long long)p.need[i]);
+    dc_vae_acts *a = calloc(1, sizeof *a);
+    if (!a) return dc_fail("out of memory");
+    dc_dtype dt = m->be->compute;
+    size_t off[NBUF], total = 0, es = dc_dtype_size(dt);
+    for (int i = 0; i < BUF_IN; i++) off[i] = total, total += round_up((size_t)p.need[i] * es);
+    size_t off_stats = total;
+    total += 2 * round_up((size_t)c->groups * sizeof(float)) + round_up((size_t)p.need_lse * sizeof(float));
+    size_t hw = (size_t)(height / f) * (width / f);
+    a->base = m->be->alloc(m->be, total);
+    a->host = m->has_encoder ? malloc(c->latent_channels * hw * es) : NULL;
+    if (!a->base || (m->has_encoder && !a->host)) {
+        if (a->base) m->be->free(m->be, a->base);
+        free(a->host), free(a);
+        return dc_fail_ctx("VAE activations for %dx%d images (%.1f MiB)", width, height, total / 1048576.0);
+    }
+    char *base = a->base;
+    for (int i = 0; i < BUF_IN; i++) a->buf[i] = (dc_buf){base + off[i], dt};
+    a->mean = (dc_buf){base + off_stats, DC_F32};
+    a->rstd = (dc_buf){base + off_stats + round_up((size_t)c->groups * sizeof(float)), DC_F32};
+    a->lse = (dc_buf){base + off_stats + 2 * round_up((size_t)c->groups * sizeof(float)), DC_F32};
+    a->bytes = total;
+    m->acts = a;
+    m->max_batch = max_batch, m->height = height, m->width = width;
+    return 0;
+}
+
+static int check_run(const dc_vae *m, bool enc, int B, int height, int width) {
+    if (enc ? !m->has_encoder : !m->has_decoder)
+        return dc_fail("VAE: this model was created without its %s", enc ? "encoder" : "decoder");
+    if (!m->acts || B < 1 || B > m->max_batch || height != m->height || width != m->width)
+        return dc_fail("VAE: %d images of %dx%d, but dc_vae_reserve planned %d of %dx%d", B, width, height,
+                       m->max_batch, m->width, m->height);
+    return 0;
+}
+
+static vae_pass run_pass(const dc_vae *m) {
+    vae_pass p = {.m = m, .mode = PASS_RUN, .mean = m->acts->mean, .rstd = m->acts->rstd, .lse = m->acts->lse};
+    memcpy(p.buf, m->acts->buf, sizeof p.buf);
+    return p;
+}
+
+// logvar clamped to [-30, 20] on the host: a few thousand values, and the
+// encoder runs once per image-to-image request.
+static void clamp_host(void *h, dc_dtype dt, int64_t n, float lo, float hi) {
+    for (int64_t i = 0; i < n; i++) {
+        float v = dt == DC_F32 ? ((float *)h)[i] : dt == DC_BF16 ? dc_bf16_to_f32(((uint16_t *)h)[i])
+                                                                  : dc_f16_to_f32(((uint16_t *)h)[i]);
+        if (!(v >= lo)) v = v != v ? v : lo;  // NaN stays NaN
+        if (v > hi) v = hi;
+        if (dt == DC_F32) ((float *)h)[i] = v;
+        else ((uint16_t *)h)[i] = dt == DC_BF16 ? dc_f32_to_bf16(v) : dc_f32_to_f16(v);
+    }
+}
+
+int dc_vae_encode(dc_vae *m, dc_buf mean, dc_buf logvar, dc_buf image, int B, int height, int width) {
+    DC_TRY(check_run(m, true, B, height, width));
+    dc_backend *be = m->be;
+    const dc_vae_config *c = &m->cfg;
+    int f = dc_vae_factor(c), moments;
+    int64_t img = (int64_t)c->in_channels * height * width;
+    int64_t lat = (int64_t)c->latent_channels * (height / f) * (width / f);
+    size_t bytes = (size_t)lat * dc_dtype_size(be->compute);
+    dc_params_refresh(&m->params);
+    vae_pass p = run_pass(m);
+    for (int i = 0; i < B; i++) {
+        p.buf[BUF_IN] = dc_buf_at(image, i * img);
+        DC_TRY(encoder(&p, height, width, &moments));
+        be->copy(be, dc_buf_at(mean, i * lat).p, p.buf[moments].p, bytes);
+        be->copy(be, dc_buf_at(logvar, i * lat).p, dc_buf_at(p.buf[moments], lat).p, bytes);
+        be->download(be, m->acts->host, dc_buf_at(logvar, i * lat).p, bytes);
+        DC_TRY(dc_backend_status(be));  // the download's contents are undefined after an error
+        clamp_host(m->acts->host, be->compute, lat, -30.0f, 20.0f);
+        be->upload(be, dc_buf_at(logvar, i * lat).p, m->acts->host, bytes);
+    }
+    return dc_backend_status(be);
+}
+
+int dc_vae_decode(dc_vae *m, dc_buf image, dc_buf z, int B, int h, int w) {
+    const dc_vae_config *c = &m->cfg;
+    int f = dc_vae_factor(c);
+    DC_TRY(check_run(m, false, B, h * f, w * f));
+    int64_t img = (int64_t)c->out_channels * h * f * w * f, lat = (int64_t)c->latent_channels * h * w;
+    dc_params_refresh(&m->params);
+    vae_pass p = run_pass(m);
+    for (int i = 0; i < B; i++) {
+        p.buf[BUF_IN] = dc_buf_at(z, i * lat);
+        p.buf[BUF_OUT] = dc_buf_at(image, i * img);
+        DC_TRY(decoder(&p, h, w));
+    }
+    return dc_backend_status(m->be);
+}
+
+size_t dc_vae_activation_bytes(const dc_vae *m) { return m->acts ? m->acts->bytes : 0; }
+
+double dc_vae_encode_macs(const dc_vae *m, int height, int width) {
+    vae_pass p = {.m = m, .mode = PASS_COUNT};
+    int moments;
+    return m->has_encoder && !encoder(&p, height, width, &moments) ? p.macs : 0;
+}
+
+double dc_vae_decode_macs(const dc_vae *m, int h, int w) {
+    vae_pass p = {.m = m, .mode = PASS_COUNT};
+    return m->has_decoder && !decoder(&p, h, w) ? p.macs : 0;
+}
