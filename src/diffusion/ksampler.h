@@ -43,7 +43,6 @@
 #include "models/model.h"
 
 typedef enum { DC_KS_DDIM, DC_KS_EULER, DC_KS_EULER_A, DC_KS_DPMPP_2M } dc_ks_kind;
-typedef enum { DC_PRED_EPS, DC_PRED_V } dc_prediction;
 
 // One step's scalars, all float64 on the host.
 typedef struct {
