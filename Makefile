@@ -35,12 +35,15 @@ BUILD   ?= build
 BIN     ?= diffusion
 CONFIG  := $(BUILD)/config
 LIB_SRC := $(wildcard src/core/*.c src/backend/*.c src/backend/cpu/*.c src/nn/*.c \
-                      src/text/*.c src/models/*.c src/diffusion/*.c src/train/*.c src/io/*.c)
+                      src/text/*.c src/models/*.c src/diffusion/*.c src/train/*.c src/io/*.c \
+                      src/pipelines/*.c)
 CLI_SRC := $(wildcard src/cli/*.c)
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)
 CLI_OBJ := $(CLI_SRC:%.c=$(BUILD)/%.o)
 TESTS   := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_*.c))
 LIB     := $(BUILD)/libdiffusion.a
+# Programs for tests and checks, built beside the tests (tools/*.c).
+TOOLS   := $(patsubst tools/%.c,$(BUILD)/tools/%,$(wildcard tools/*.c))
 
 # CUDA backend: Hopper machine code (sm_90a) plus PTX that any GPU from
 # Ampere on compiles at load time.
@@ -60,8 +63,8 @@ CFLAGS  += -DDC_HAVE_CUDA
 LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudnn -lcublasLt -lcudart -lstdc++ -ldl -lpthread
 endif
 
-.PHONY: all test demo fuzz fuzz-build clean FORCE
-all: $(BIN) $(TESTS)
+.PHONY: all test demo fuzz fuzz-build clean sd-random FORCE
+all: $(BIN) $(TESTS) $(TOOLS)
 
 # Rewritten only when its content changes, so an unchanged configuration
 # rebuilds nothing.
@@ -97,8 +100,21 @@ $(BUILD)/tests/%: tests/%.c $(LIB) $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) $< $(LIB) -o $@ $(LDLIBS)
 
+$(BUILD)/tools/%: tools/%.c $(LIB) $(CONFIG)
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) $< $(LIB) -o $@ $(LDLIBS)
+
 test: all
 	BUILD=$(BUILD) BIN=$(BIN) bash tests/run_all.sh
+
+# Random-weight SD 1.5 and 2.1 models at full size, in both layouts (F16,
+# about 2 GB each), for checking loaders, memory and speed without real weights.
+SD_RANDOM ?= $(BUILD)/sd-random
+sd-random: $(BUILD)/tools/sd_random
+	@for c in sd1.5 sd2.1; do for l in diffusers single; do \
+	  out=$(SD_RANDOM)/$$c-$$l; [ $$l = single ] && out=$$out.safetensors; \
+	  echo "writing $$out"; $(BUILD)/tools/sd_random --config $$c --layout $$l --dtype f16 --out $$out || exit 1; \
+	done; done
 
 # The demo script installs what is missing before it builds anything.
 demo:

@@ -3,6 +3,8 @@
 
     python3 tools/compare_tensors.py NAME REF.safetensors GOT.safetensors TOL [LABEL]
 
+NAME may be REFNAME=GOTNAME when the two files name the tensor differently.
+
 Prints one line, 'PASS' or 'FAIL'; NaN fails. Exit status 1 on failure."""
 import os
 import sys
@@ -16,9 +18,11 @@ import st_read  # noqa: E402
 def main():
     name, ref, got, tol = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
     label = sys.argv[5] if len(sys.argv) > 5 else name
+    ref_name, _, got_name = name.partition('=')
+    got_name = got_name or ref_name
     try:
-        a = st_read.read(ref)[name].astype(np.float64)
-        b = st_read.read(got)[name].astype(np.float64)
+        a = st_read.read(ref)[ref_name].astype(np.float64)
+        b = st_read.read(got)[got_name].astype(np.float64)
     except (OSError, KeyError, ValueError) as e:
         print(f"{label}: FAIL (cannot read: {e})")
         return 1

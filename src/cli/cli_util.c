@@ -137,3 +137,16 @@ int cli_load_model(const char *path, bool raw, int heads, unsigned st_flags, dc_
     if (which) *which = *prefix ? "EMA" : "raw";
     return 0;
 }
+
+// Where the vocabulary is looked for without --vocab, after $DIFFUSION_VOCAB.
+static const char *k_vocab_places[] = {CLI_VOCAB_NAME, "/usr/local/share/diffusion/" CLI_VOCAB_NAME,
+                                       "/usr/share/diffusion/" CLI_VOCAB_NAME};
+
+int cli_find_vocab(const char **path) {
+    const char *env = getenv("DIFFUSION_VOCAB");
+    if (env && *env) return *path = env, 0;
+    for (size_t i = 0; i < sizeof k_vocab_places / sizeof *k_vocab_places; i++)
+        if (access(k_vocab_places[i], F_OK) == 0) return *path = k_vocab_places[i], 0;
+    return dc_fail("no CLIP vocabulary found: give --vocab FILE|FOLDER or set DIFFUSION_VOCAB (looked for ./%s, %s, "
+                   "%s)", k_vocab_places[0], k_vocab_places[1], k_vocab_places[2]);
+}

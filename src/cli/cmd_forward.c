@@ -50,6 +50,8 @@ static int check_values(const dc_st_file *in, const dc_model_info *c, int64_t N,
 }
 
 int cmd_forward(int argc, char **argv) {
+    for (int i = 1; i < argc; i++)  // a Stable Diffusion component: its own flags
+        if (!strcmp(argv[i], "--component") || !strncmp(argv[i], "--component=", 12)) return cmd_forward_sd(argc, argv);
     const char *weights = NULL, *input = NULL, *output = NULL, *device = "auto", *precision = "auto";
     int heads = 0, threads = 0;
     bool raw = false, no_verify = false;
@@ -67,7 +69,8 @@ int cmd_forward(int argc, char **argv) {
     arg_parser ap = {"diffusion forward --weights W --input IN --output OUT",
                      "Runs the model on x (N,C,H,W float32), t (N timesteps, float or int) and\n"
                      "y (N, int64 labels; num_classes is the null class) read from IN and writes\n"
-                     "the output (N, out_channels, H, W) as tensor 'out' to OUT.",
+                     "the output (N, out_channels, H, W) as tensor 'out' to OUT.\n"
+                     "For a Stable Diffusion component: diffusion forward --component NAME --help.",
                      specs, (int)(sizeof specs / sizeof specs[0]), 0, {0}, 0, {0}};
     int rc = args_parse(&ap, argc, argv);
     if (rc) return rc > 0 ? 0 : cli_usage_fail();

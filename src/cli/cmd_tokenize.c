@@ -6,23 +6,10 @@
 #include <unistd.h>
 
 #include "cli/args.h"
+#include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "core/error.h"
 #include "text/clip_tokenizer.h"
-
-#define VOCAB_NAME "bpe_simple_vocab_16e6.txt.gz"
-// Where the vocabulary is looked for without --vocab, after $DIFFUSION_VOCAB.
-static const char *k_vocab_places[] = {VOCAB_NAME, "/usr/local/share/diffusion/" VOCAB_NAME,
-                                       "/usr/share/diffusion/" VOCAB_NAME};
-
-static int find_vocab(const char **path) {
-    const char *env = getenv("DIFFUSION_VOCAB");
-    if (env && *env) return *path = env, 0;
-    for (size_t i = 0; i < sizeof k_vocab_places / sizeof *k_vocab_places; i++)
-        if (access(k_vocab_places[i], F_OK) == 0) return *path = k_vocab_places[i], 0;
-    return dc_fail("no CLIP vocabulary found: give --vocab FILE|FOLDER or set DIFFUSION_VOCAB (looked for ./%s, %s, "
-                   "%s)", k_vocab_places[0], k_vocab_places[1], k_vocab_places[2]);
-}
 
 // Prints one prompt's line; a truncated prompt is also reported on stderr.
 static int tokenize_one(const dc_clip_tokenizer *t, const char *prompt, int index, bool count_only) {
@@ -71,11 +58,11 @@ int cmd_tokenize(int argc, char **argv) {
                      "cleaned as OpenAI's tokenizer cleans it (HTML entities, whitespace, lower\n"
                      "case, and ftfy's fixes except its mojibake repair). \"-\" reads one prompt per\n"
                      "line from standard input; after \"--\" every argument is a prompt.\n\n"
-                     "The vocabulary (--vocab) is OpenAI's " VOCAB_NAME " (or the .txt),\n"
+                     "The vocabulary (--vocab) is OpenAI's " CLI_VOCAB_NAME " (or the .txt),\n"
                      "a vocab.json with merges.txt beside it, or a folder holding them (a diffusers\n"
                      "model folder, or its tokenizer/). Without --vocab: $DIFFUSION_VOCAB, else\n"
-                     "./" VOCAB_NAME ", /usr/local/share/diffusion/" VOCAB_NAME ",\n"
-                     "/usr/share/diffusion/" VOCAB_NAME ".",
+                     "./" CLI_VOCAB_NAME ", /usr/local/share/diffusion/" CLI_VOCAB_NAME ",\n"
+                     "/usr/share/diffusion/" CLI_VOCAB_NAME ".",
                      specs, (int)(sizeof specs / sizeof specs[0]), 0, {0}, 0, {0}};
     // Prompts are set aside before the flags are parsed: there may be any
     // number of them (args_parse keeps a few positionals).
@@ -106,7 +93,7 @@ int cmd_tokenize(int argc, char **argv) {
         return cli_usage_fail();
     }
     dc_clip_tokenizer t;
-    if ((!vocab && find_vocab(&vocab)) || dc_clip_tokenizer_load(&t, vocab)) return free(prompts), cli_fail();
+    if ((!vocab && cli_find_vocab(&vocab)) || dc_clip_tokenizer_load(&t, vocab)) return free(prompts), cli_fail();
     int index = 1;
     for (int i = 0; i < nprompts && !status; i++) {
         if (!strcmp(prompts[i], "-")) status = tokenize_stdin(&t, &index, count_only);

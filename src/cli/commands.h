@@ -8,10 +8,13 @@
 int cmd_train(int argc, char **argv);
 int cmd_sample(int argc, char **argv);
 int cmd_forward(int argc, char **argv);
+int cmd_forward_sd(int argc, char **argv);  // forward --component
 int cmd_info(int argc, char **argv);
 int cmd_export(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
+int cmd_txt2img(int argc, char **argv);
+int cmd_img2img(int argc, char **argv);
 
 #define CLI_EXIT_FAILURE 1
 #define CLI_EXIT_USAGE 2

@@ -23,7 +23,9 @@ static const struct {
 } k_commands[] = {
     {"train", cmd_train, "train a DiT (Fashion-MNIST by default), with checkpoints and --resume"},
     {"sample", cmd_sample, "draw class-conditional samples into a PNG grid, PNG files or a tensor file"},
-    {"forward", cmd_forward, "evaluate the model on tensors from a safetensors file"},
+    {"txt2img", cmd_txt2img, "draw pictures from a prompt with a Stable Diffusion 1.x/2.x model"},
+    {"img2img", cmd_img2img, "redraw a picture toward a prompt with a Stable Diffusion model"},
+    {"forward", cmd_forward, "evaluate a model (DiT, or an SD component) on tensors from a file"},
     {"info", cmd_info, "print a checkpoint's config, size, step and training settings"},
     {"export", cmd_export, "write EMA (or raw) weights under the official DiT key names"},
     {"bench", cmd_bench, "measure training and sampling throughput on synthetic data"},

@@ -1,0 +1,224 @@
+// diffusion txt2img / img2img: Stable Diffusion pictures from a prompt (and
+// a picture), each PNG carrying how it was made in AUTOMATIC1111's format.
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/args.h"
+#include "cli/cli_util.h"
+#include "cli/commands.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "io/png.h"
+#include "io/png_params.h"
+#include "pipelines/sd.h"
+
+#define MAX_PICTURES 10000
+
+#define NO_MODEL_HELP                                                                                     \
+    "--model is required: the engine ships no weights and downloads none. Give it your Stable\n"         \
+    "Diffusion 1.x or 2.x files: a diffusers folder (model_index.json, unet/, vae/, text_encoder/,\n"     \
+    "tokenizer/; *.safetensors in F32, F16 or BF16) or a single-file checkpoint in the original\n"        \
+    "layout (v1-5-pruned-emaonly.safetensors, v2-1_768-ema-pruned.safetensors). A single file needs\n"    \
+    "the CLIP vocabulary too (--vocab, or bpe_simple_vocab_16e6.txt.gz in /usr/share/diffusion/).\n"      \
+    "See the README, section \"Stable Diffusion\"."
+
+static const struct {
+    const char *id, *a1111;
+    dc_ks_kind kind;
+    bool karras;
+} k_samplers[] = {
+    {"euler_a", "Euler a", DC_KS_EULER_A, false},     {"euler", "Euler", DC_KS_EULER, false},
+    {"ddim", "DDIM", DC_KS_DDIM, false},              {"dpmpp_2m", "DPM++ 2M", DC_KS_DPMPP_2M, false},
+    {"dpmpp_2m_karras", "DPM++ 2M Karras", DC_KS_DPMPP_2M, true},
+};
+#define NSAMPLERS (int)(sizeof k_samplers / sizeof *k_samplers)
+
+typedef struct { double t0; } progress_ctx;
+
+static void on_progress(void *ctx, const char *stage, int done, int total) {
+    progress_ctx *p = ctx;
+    double el = dc_time_now() - p->t0;
+    if (strcmp(stage, "sampling") != 0) {
+        if (!strcmp(stage, "done")) dc_progress(true, "made %d picture%s in %.1f s", total, total == 1 ? "" : "s", el);
+        else dc_progress(false, "%s...", stage);
+        return;
+    }
+    if (!dc_log_is_tty() && done != total) return;
+    char eta[32];
+    double frac = (double)done / total;
+    dc_progress(false, "sampling: step %d/%d, %.2f steps/s, ETA %s", done, total, done / (el > 0 ? el : 1),
+                dc_format_duration(frac > 0 ? el / frac - el : 0, eta, sizeof eta));
+}
+
+// out.png, or out-<i>.png for picture i of several.
+static void picture_path(char *buf, size_t cap, const char *out, int i, int count) {
+    if (count == 1) {
+        snprintf(buf, cap, "%s", out);
+        return;
+    }
+    const char *dot = strrchr(out, '.'), *slash = strrchr(out, '/');
+    if (!dot || (slash && dot < slash)) dot = out + strlen(out);
+    snprintf(buf, cap, "%.*s-%d%s", (int)(dot - out), out, i, dot);
+}
+
+static int write_picture(const char *path, const float *img, int H, int W, const char *params) {
+    uint8_t *px = malloc((size_t)3 * H * W);
+    if (!px) return dc_fail("out of memory");
+    const int64_t plane = (int64_t)H * W;
+    for (int64_t i = 0; i < plane; i++)
+        for (int c = 0; c < 3; c++) px[i * 3 + c] = dc_pixel_u8(img[c * plane + i]);
+    dc_png_text t = {DC_PNG_PARAMETERS_KEY, params};
+    int rc = dc_png_write_text(path, px, W, H, 3, &t, 1);
+    free(px);
+    return rc;
+}
+
+static int run(int argc, char **argv, bool img2img) {
+    const char *model = NULL, *prompt = NULL, *negative = "", *sampler = "euler_a", *out = NULL;
+    const char *vocab = NULL, *prediction = "auto", *device = "auto", *precision = "auto", *init_path = NULL;
+    int steps = 20, width = 0, height = 0, count = 1, batch = 1, threads = 0;
+    float cfg = 7.5f, eta = 0.0f, strength = 0.75f;
+    uint64_t seed = 0;
+    bool no_verify = false;
+    arg_spec specs[] = {
+        {"model", ARG_STR, &model, "PATH", "diffusers folder or single-file checkpoint (SD 1.x, 2.x)"},
+        {"prompt", ARG_STR, &prompt, "TEXT", "what to draw"},
+        {"negative-prompt", ARG_STR, &negative, "TEXT", "what to steer away from (default empty)"},
+        {"init", ARG_STR, &init_path, "PNG", "the picture to start from"},
+        {"strength", ARG_FLOAT, &strength, "X", "how much of the picture is redrawn, in (0, 1]"},
+        {"steps", ARG_INT, &steps, "N", "sampling steps"},
+        {"cfg-scale", ARG_FLOAT, &cfg, "X", "classifier-free guidance scale (1: none)"},
+        {"sampler", ARG_STR, &sampler, "NAME", "euler_a, euler, ddim, dpmpp_2m or dpmpp_2m_karras"},
+        {"eta", ARG_FLOAT, &eta, "X", "DDIM eta (0: deterministic)"},
+        {"seed", ARG_U64, &seed, "N", "noise seed: the same seed gives the same pictures"},
+        {"width", ARG_INT, &width, "PX", "width, a multiple of 64 (default: the model's size)"},
+        {"height", ARG_INT, &height, "PX", "height, a multiple of 64 (default: the model's size)"},
+        {"count", ARG_INT, &count, "N", "pictures to make"},
+        {"batch", ARG_INT, &batch, "N", "pictures per pass (faster, more memory)"},
+        {"out", ARG_STR, &out, "PATH", "PNG to write (several: PATH-0.png, PATH-1.png, ...)"},
+        {"vocab", ARG_STR, &vocab, "PATH", "CLIP vocabulary (default: the model's tokenizer/, else searched)"},
+        {"prediction", ARG_STR, &prediction, "P", "auto, eps or v (default auto: the scheduler config; SD 2 "
+                                                  "single files: v)"},
+        {"no-verify", ARG_FLAG, &no_verify, NULL, CLI_NO_VERIFY_HELP},
+        {"threads", ARG_INT, &threads, "N", "CPU threads (default: all cores)"},
+        {"device", ARG_STR, &device, "NAME", CLI_DEVICE_HELP},
+        {"precision", ARG_STR, &precision, "P", CLI_PRECISION_HELP},
+    };
+    int nspecs = (int)(sizeof specs / sizeof specs[0]);
+    arg_spec *sp = specs;
+    arg_spec t2i[sizeof specs / sizeof specs[0]];
+    if (!img2img) {  // txt2img has no --init or --strength
+        int k = 0;
+        for (int i = 0; i < nspecs; i++)
+            if (strcmp(specs[i].name, "init") && strcmp(specs[i].name, "strength")) t2i[k++] = specs[i];
+        sp = t2i, nspecs = k;
+    }
+    arg_parser ap = {img2img ? "diffusion img2img --model PATH --init IN.png --prompt TEXT --out OUT.png"
+                             : "diffusion txt2img --model PATH --prompt TEXT --out OUT.png",
+                     img2img ? "Redraws a picture with Stable Diffusion: the picture is encoded, noised to\n"
+                               "--strength and denoised toward the prompt. The PNG says how it was made\n"
+                               "(AUTOMATIC1111's 'parameters' text)."
+                             : "Draws pictures with Stable Diffusion 1.x or 2.x from a prompt. Each PNG says\n"
+                               "how it was made (AUTOMATIC1111's 'parameters' text); picture i of a seed is\n"
+                               "the same whatever --batch.",
+                     sp, nspecs, 0, {0}, 0, {0}};
+    int rc = args_parse(&ap, argc, argv);
+    if (rc) return rc > 0 ? 0 : cli_usage_fail();
+    if (!model) return dc_fail(NO_MODEL_HELP), cli_usage_fail();
+    if (!prompt || !out) return dc_fail("--prompt and --out are required (see --help)"), cli_usage_fail();
+    if (img2img && !init_path) return dc_fail("--init is required (see --help)"), cli_usage_fail();
+    int si = -1;
+    for (int i = 0; i < NSAMPLERS; i++)
+        if (!strcmp(sampler, k_samplers[i].id)) si = i;
+    if (si < 0)
+        return dc_fail("--sampler %s: choose euler_a, euler, ddim, dpmpp_2m or dpmpp_2m_karras", sampler),
+               cli_usage_fail();
+    int pred = !strcmp(prediction, "auto") ? -1 : !strcmp(prediction, "eps") ? 0 : !strcmp(prediction, "v") ? 1 : -2;
+    if (pred == -2) return dc_fail("--prediction %s: choose auto, eps or v", prediction), cli_usage_fail();
+    if (steps < 1 || steps > 1000) return dc_fail("--steps %d: between 1 and 1000", steps), cli_usage_fail();
+    if (!(cfg >= 1 && cfg <= 100)) return dc_fail("--cfg-scale %g: between 1 and 100", cfg), cli_usage_fail();
+    if (!(eta >= 0 && eta <= 1)) return dc_fail("--eta %g: between 0 and 1", eta), cli_usage_fail();
+    if (!(strength > 0 && strength <= 1)) return dc_fail("--strength %g: in (0, 1]", strength), cli_usage_fail();
+    if (count < 1 || count > MAX_PICTURES) return dc_fail("--count %d: 1 to %d", count, MAX_PICTURES), cli_usage_fail();
+    if (batch < 1 || batch > 64) return dc_fail("--batch %d: 1 to 64", batch), cli_usage_fail();
+    if (width < 0 || height < 0 || width > 4096 || height > 4096)
+        return dc_fail("--width/--height %dx%d: up to 4096 (multiples of 64)", width, height), cli_usage_fail();
+    if (cli_check_device_flags(threads, device, precision)) return cli_usage_fail();
+    char path[4200];
+    for (int i = 0; i < count; i++) {
+        picture_path(path, sizeof path, out, i, count);
+        if (cli_check_output(path, model) || (init_path && cli_check_output(path, init_path))) return cli_fail();
+    }
+
+    dc_backend *be = NULL;
+    dc_sd_pipe pipe = {0};
+    dc_png_image init = {0};
+    float *images = NULL;
+    char *params = NULL;
+    int status = 1;
+    const char *fallback = NULL;
+    if (!vocab && cli_find_vocab(&fallback)) dc_error_clear();
+    if (img2img && dc_png_read_image(init_path, &init, 1)) goto done;
+    if (cli_set_threads(threads) || cli_backend(device, precision, &be)) goto done;
+    dc_log("loading %s on %s", model, be->name);
+    dc_sd_open_opts oo = {model, vocab, fallback, no_verify ? DC_ST_NO_VERIFY : 0, pred, img2img};
+    if (dc_sd_pipe_open(&pipe, be, &oo)) goto done;
+    if (img2img) {
+        if ((width && width != init.width) || (height && height != init.height)) {
+            dc_fail("%s is %dx%d; --width/--height ask for %dx%d (resize the picture first)", init_path, init.width,
+                    init.height, width ? width : init.width, height ? height : init.height);
+            goto done;
+        }
+        width = init.width, height = init.height;
+    }
+    if (!width) width = pipe.default_size;
+    if (!height) height = pipe.default_size;
+    dc_log("SD %s (%s), %dx%d, %s, %d steps, guidance %g, seed %llu",
+           pipe.version == 1 ? "1.x" : pipe.version == 2 ? "2.x" : "(version unknown)",
+           pipe.v_pred ? "v-prediction" : "epsilon", width, height, k_samplers[si].a1111, steps, cfg,
+           (unsigned long long)seed);
+    const int64_t pix = (int64_t)3 * width * height;
+    images = malloc(sizeof(float) * (size_t)pix * count);
+    if (!images) {
+        dc_fail("out of memory for %d pictures of %dx%d", count, width, height);
+        goto done;
+    }
+    dc_sd_gen g = {prompt, negative, count, batch, width, height, dc_ksampler_opts_default(),
+                   img2img ? init.data : NULL, strength};
+    g.ks.kind = k_samplers[si].kind, g.ks.karras = k_samplers[si].karras, g.ks.steps = steps;
+    g.ks.cfg_scale = cfg, g.ks.eta = eta, g.ks.seed = seed;
+    progress_ctx pc = {dc_time_now()};
+    if (dc_sd_generate(&pipe, &g, images, on_progress, &pc)) goto done;
+    for (int i = 0; i < count; i++) {
+        char extra[160] = "";
+        int k = 0;
+        if (img2img) k += snprintf(extra + k, sizeof extra - (size_t)k, "Denoising strength: %g", strength);
+        if (k_samplers[si].kind == DC_KS_DDIM && eta > 0)
+            k += snprintf(extra + k, sizeof extra - (size_t)k, "%sEta: %g", k ? ", " : "", eta);
+        if (count > 1) snprintf(extra + k, sizeof extra - (size_t)k, "%sBatch pos: %d", k ? ", " : "", i);
+        dc_gen_params gp = {prompt, negative, steps, k_samplers[si].a1111, cfg, seed, width, height, pipe.name,
+                            extra[0] ? extra : NULL};
+        free(params);
+        params = dc_gen_params_format(&gp);
+        picture_path(path, sizeof path, out, i, count);
+        if (!params) {
+            dc_fail("out of memory");
+            goto done;
+        }
+        if (write_picture(path, images + (size_t)i * pix, height, width, params)) goto done;
+        dc_log("wrote %s", path);
+    }
+    status = 0;
+done:
+    if (status) cli_fail();
+    free(images), free(params);
+    dc_png_image_free(&init);
+    dc_sd_pipe_close(&pipe);
+    if (be) dc_backend_destroy(be);
+    return status;
+}
+
+int cmd_txt2img(int argc, char **argv) { return run(argc, argv, false); }
+int cmd_img2img(int argc, char **argv) { return run(argc, argv, true); }

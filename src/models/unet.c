@@ -1,0 +1,460 @@
+// The UNet as a dc_model: creation, the activation plan, forward, and the
+// model interface. The blocks themselves are in unet_blocks.c.
+//
+// Memory. Forward allocates nothing: reserve plans one arena of
+//   time embedding and statistics (small),
+//   skips:   every down-path output, kept until its up block consumes it,
+//   p0, p1:  the mid and up path's hidden state, ping-ponged,
+//   scratch: what one block needs while it runs, sized by the largest block;
+//            a resnet's view (concat, two temporaries) and a transformer's
+//            (six token slabs and the feed-forward's row chunks) overlap,
+//            since a block uses one at a time.
+// For SD 1.5 at 64x64 latents the scratch is ~11.8M values per image either
+// way (an up resnet's 960-channel concat, or the level-0 transformer), the
+// skips 6.6M, p0 and p1 2.6M each.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "models/unet_blocks.h"
+
+#define MAX_SKIPS (1 + DC_UNET_MAX_BLOCKS * (DC_UNET_MAX_LAYERS + 1))
+#define MAX_CONVS 256
+#define MAX_ATTNS (2 * DC_UNET_MAX_BLOCKS * (DC_UNET_MAX_LAYERS + 1) + 1)
+
+// Every convolution and transformer of one forward at the model's latent
+// size, with the largest buffers each part of the arena must hold, in values
+// per image. One walk of the topology serves reserve, macs and the arena.
+typedef struct {
+    struct { const dc_conv2d *c; int H, W; } conv[MAX_CONVS];
+    struct { const unet_transformer *t; int H, W; } attn[MAX_ATTNS];
+    int nconv, nattn, nskip;
+    int64_t skip[MAX_SKIPS];
+    int64_t R, cat, S, P;      // resnet temporaries, concat, token slab, stream
+    int64_t HW, lse, cmax;     // tokens, heads x tokens, channels (largest of each)
+} unet_plan;
+
+struct dc_unet_acts {
+    void *base;
+    size_t bytes;
+    dc_buf tfreq;                // [B, ch0] sinusoidal features
+    dc_buf th, ta, temb;         // [B, 4 ch0] time MLP hidden, its SiLU, output
+    unet_scratch s;
+    dc_buf skip[MAX_SKIPS];      // down-path outputs
+    int nskip;
+    dc_buf p0, p1;               // mid/up hidden state
+};
+
+static void max_to(int64_t *m, int64_t v) {
+    if (v > *m) *m = v;
+}
+
+static void plan_conv(unet_plan *p, const dc_conv2d *c, int H, int W) {
+    if (p->nconv < MAX_CONVS) p->conv[p->nconv].c = c, p->conv[p->nconv].H = H, p->conv[p->nconv++].W = W;
+}
+
+static void plan_resnet(unet_plan *p, const unet_resnet *r, int H, int W, bool cat) {
+    const int64_t HW = (int64_t)H * W;
+    plan_conv(p, &r->conv1, H, W);
+    plan_conv(p, &r->conv2, H, W);
+    if (r->shortcut.w >= 0) plan_conv(p, &r->shortcut, H, W);
+    max_to(&p->R, (r->ci > r->co ? r->ci : r->co) * HW);
+    if (cat) max_to(&p->cat, r->ci * HW);
+    max_to(&p->cmax, r->ci > r->co ? r->ci : r->co);
+}
+
+static void plan_attn(unet_plan *p, const unet_transformer *t, int H, int W) {
+    const int64_t HW = (int64_t)H * W;
+    if (p->nattn < MAX_ATTNS) p->attn[p->nattn].t = t, p->attn[p->nattn].H = H, p->attn[p->nattn++].W = W;
+    max_to(&p->S, (HW > DC_UNET_CTX_LEN ? HW : DC_UNET_CTX_LEN) * t->C);
+    max_to(&p->HW, HW);
+    max_to(&p->lse, t->heads * HW);
+}
+
+static void make_plan(const dc_unet *m, unet_plan *p) {
+    const dc_unet_config *c = &m->cfg;
+    const dc_unet_modules *md = m->mods;
+    const int N = c->nblocks;
+    memset(p, 0, sizeof *p);
+    plan_conv(p, &md->conv_in, m->lh, m->lw);
+    p->skip[p->nskip++] = (int64_t)c->ch[0] * m->lh * m->lw;
+    for (int i = 0; i < N; i++) {
+        const unet_block *b = &md->down[i];
+        const int H = m->lh >> i, W = m->lw >> i;
+        for (int j = 0; j < b->nres; j++) {
+            plan_resnet(p, &b->res[j], H, W, false);
+            if (b->has_attn) plan_attn(p, &b->attn[j], H, W);
+            p->skip[p->nskip++] = (int64_t)b->res[j].co * H * W;
+        }
+        if (b->sample.w >= 0) {
+            plan_conv(p, &b->sample, H, W);
+            p->skip[p->nskip++] = (int64_t)b->sample.co * (H / 2) * (W / 2);
+        }
+    }
+    const int Hm = m->lh >> (N - 1), Wm = m->lw >> (N - 1);
+    plan_resnet(p, &md->mid.res[0], Hm, Wm, false);
+    plan_attn(p, &md->mid.attn[0], Hm, Wm);
+    plan_resnet(p, &md->mid.res[1], Hm, Wm, false);
+    max_to(&p->P, (int64_t)md->mid.res[1].co * Hm * Wm);
+    for (int i = 0; i < N; i++) {
+        const unet_block *b = &md->up[i];
+        const int H = m->lh >> (N - 1 - i), W = m->lw >> (N - 1 - i);
+        for (int j = 0; j < b->nres; j++) {
+            plan_resnet(p, &b->res[j], H, W, true);
+            if (b->has_attn) plan_attn(p, &b->attn[j], H, W);
+            max_to(&p->P, (int64_t)b->res[j].co * H * W);
+        }
+        if (b->sample.w >= 0) {  // nearest 2x into scratch r0, then the conv into the stream
+            plan_conv(p, &b->sample, 2 * H, 2 * W);
+            max_to(&p->R, (int64_t)b->sample.ci * 4 * H * W);
+            max_to(&p->P, (int64_t)b->sample.co * 4 * H * W);
+        }
+    }
+    max_to(&p->R, (int64_t)md->norm_out.C * m->lh * m->lw);
+    plan_conv(p, &md->conv_out, m->lh, m->lw);
+}
+
+// ---- the arena ------------------------------------------------------------------------
+
+// Carves named buffers out of one allocation; the first pass (base NULL)
+// only counts bytes.
+typedef struct { char *base; size_t used; dc_dtype dt; } carver;
+static dc_buf take_dt(carver *cv, int64_t n, dc_dtype dt) {
+    size_t bytes = ((size_t)n * dc_dtype_size(dt) + 255) & ~(size_t)255;
+    dc_buf b = {cv->base ? cv->base + cv->used : NULL, dt};
+    cv->used += bytes;
+    return b;
+}
+static dc_buf take(carver *cv, int64_t n) { return take_dt(cv, n, cv->dt); }
+
+static void carve(const dc_unet *m, const unet_plan *p, carver *cv, dc_unet_acts *a, int B) {
+    const dc_unet_config *c = &m->cfg;
+    const int64_t td = dc_unet_time_dim(c);
+    unet_scratch *s = &a->s;
+    a->tfreq = take(cv, (int64_t)B * c->ch[0]);
+    a->th = take(cv, B * td), a->ta = take(cv, B * td), a->temb = take(cv, B * td);
+    s->silu_temb = take(cv, B * td);
+    s->tproj = take(cv, B * p->cmax);
+    s->gn_mean = take_dt(cv, (int64_t)B * c->groups, DC_F32);
+    s->gn_rstd = take_dt(cv, (int64_t)B * c->groups, DC_F32);
+    s->ln_mean = take_dt(cv, B * (p->HW ? p->HW : 1), DC_F32);
+    s->ln_rstd = take_dt(cv, B * (p->HW ? p->HW : 1), DC_F32);
+    s->lse = take_dt(cv, B * (p->lse ? p->lse : 1), DC_F32);
+    a->nskip = p->nskip;
+    for (int k = 0; k < p->nskip; k++) a->skip[k] = take(cv, B * p->skip[k]);
+    a->p0 = take(cv, B * p->P), a->p1 = take(cv, B * p->P);
+    // the scratch union: the resnet view, then the transformer view over the same bytes
+    const size_t start = cv->used;
+    s->cat = take(cv, B * (p->cat ? p->cat : 1));
+    s->r0 = take(cv, B * p->R), s->r1 = take(cv, B * p->R);
+    const size_t resnet_end = cv->used;
+    cv->used = start;
+    for (int k = 0; k < 6; k++) s->tok[k] = take(cv, B * (p->S ? p->S : 1));
+    // the feed-forward's hidden layer in chunks of rows: two slabs' worth
+    s->ff_cap = 2 * B * (p->S ? p->S : 8 * p->cmax);
+    s->ff1 = take(cv, s->ff_cap), s->ff2 = take(cv, s->ff_cap / 2);
+    if (cv->used < resnet_end) cv->used = resnet_end;
+}
+
+static void free_acts(dc_unet *m) {
+    if (!m->acts) return;
+    if (m->acts->base) m->be->free(m->be, m->acts->base);
+    free(m->acts);
+    m->acts = NULL;
+    m->max_batch = 0;
+}
+
+size_t dc_unet_activation_bytes(const dc_model *mm, int max_batch) {
+    const dc_unet *m = (const dc_unet *)mm;
+    unet_plan p;
+    dc_unet_acts a;
+    make_plan(m, &p);
+    memset(&a, 0, sizeof a);
+    carver cv = {NULL, 0, m->be->compute};
+    carve(m, &p, &cv, &a, max_batch);
+    return cv.used;
+}
+
+static int unet_reserve(dc_model *mm, int max_batch) {
+    dc_unet *m = (dc_unet *)mm;
+    dc_backend *be = m->be;
+    if (max_batch < 1) return dc_fail("batch size must be at least 1");
+    if (max_batch > 65535) return dc_fail("batch %d is too large: at most 65535 images per forward", max_batch);
+    if (m->acts && m->max_batch >= max_batch) return 0;
+    unet_plan p;
+    make_plan(m, &p);
+    // ops index with int: every buffer must hold fewer than 2^31 values
+    int64_t big = p.R > p.cat ? p.R : p.cat;
+    max_to(&big, 2 * p.S), max_to(&big, p.P);
+    for (int k = 0; k < p.nskip; k++) max_to(&big, p.skip[k]);
+    if ((int64_t)max_batch * big > INT32_MAX)
+        return dc_fail("batch %d of %dx%d latents is too large for this UNet (a buffer over 2^31 values)",
+                       max_batch, m->lh, m->lw);
+    for (int i = 0; i < p.nconv; i++) {
+        dc_conv2d_shape s = dc_conv2d_shape_of(p.conv[i].c, max_batch, p.conv[i].H, p.conv[i].W);
+        DC_TRY(be->reserve_conv(be, &s));
+    }
+    for (int i = 0; i < p.nattn; i++) {
+        const unet_transformer *t = p.attn[i].t;
+        int T = p.attn[i].H * p.attn[i].W;
+        DC_TRY(be->reserve(be, T > DC_UNET_CTX_LEN ? T : DC_UNET_CTX_LEN, t->C / t->heads));
+    }
+    free_acts(m);
+    dc_unet_acts *a = calloc(1, sizeof *a);
+    if (!a) return dc_fail("out of memory");
+    carver cv = {NULL, 0, be->compute};
+    carve(m, &p, &cv, a, max_batch);
+    a->bytes = cv.used;
+    a->base = be->alloc(be, cv.used);
+    if (!a->base) {
+        free(a);
+        return dc_fail_ctx("UNet activations for batch %d (%.1f MiB)", max_batch, cv.used / 1048576.0);
+    }
+    cv = (carver){a->base, 0, be->compute};
+    carve(m, &p, &cv, a, max_batch);
+    m->acts = a;
+    m->max_batch = max_batch;
+    return 0;
+}
+
+// ---- forward --------------------------------------------------------------------------
+
+// cat[B, C1 + C2, HW] = [h | skip] per image (torch.cat along channels).
+static void concat(dc_backend *be, dc_buf cat, dc_buf h, int C1, dc_buf skip, int C2, int B, int64_t HW) {
+    const size_t es = dc_dtype_size(cat.dt);
+    for (int b = 0; b < B; b++) {
+        dc_buf dst = dc_buf_at(cat, (int64_t)b * (C1 + C2) * HW);
+        be->copy(be, dst.p, dc_buf_at(h, (int64_t)b * C1 * HW).p, (size_t)C1 * HW * es);
+        be->copy(be, dc_buf_at(dst, (int64_t)C1 * HW).p, dc_buf_at(skip, (int64_t)b * C2 * HW).p,
+                 (size_t)C2 * HW * es);
+    }
+}
+
+static void conv_fwd(dc_backend *be, const dc_params *ps, const dc_conv2d *c, dc_buf y, dc_buf x, int B, int H,
+                     int W) {
+    const dc_conv2d_shape s = dc_conv2d_shape_of(c, B, H, W);
+    dc_conv2d_fwd(be, ps, c, y, x, &s);
+}
+
+static int unet_forward(dc_model *mm, dc_buf out, dc_buf x, dc_buf t, const dc_cond *cond, int B) {
+    dc_unet *m = (dc_unet *)mm;
+    const dc_unet_config *c = &m->cfg;
+    if (!m->acts || B < 1 || B > m->max_batch)
+        return dc_fail("UNet: batch %d exceeds the reserved batch %d", B, m->max_batch);
+    if (!cond || !cond->ctx.p) return dc_fail("the UNet is conditioned on text embeddings, and none were given");
+    if (cond->dim != c->ctx_dim)
+        return dc_fail("UNet: text embeddings are %d wide, the model's cross-attention reads %d", cond->dim,
+                       c->ctx_dim);
+    if (cond->len < 1 || cond->len > DC_UNET_CTX_LEN)
+        return dc_fail("UNet: text of %d tokens (1 to %d supported)", cond->len, DC_UNET_CTX_LEN);
+    dc_backend *be = m->be;
+    const dc_params *ps = &m->params;
+    const dc_unet_modules *md = m->mods;
+    dc_unet_acts *a = m->acts;
+    const unet_scratch *s = &a->s;
+    const int N = c->nblocks, td = dc_unet_time_dim(c), len = cond->len;
+
+    // time embedding: [cos | sin] of t (flip_sin_to_cos, freq_shift 0), Linear-SiLU-Linear;
+    // every resnet reads SiLU of it
+    be->timestep_embed(be, a->tfreq, t, B, c->ch[0] / 2);
+    dc_linear_fwd(be, ps, &md->time1, a->th, a->tfreq, B);
+    be->silu_fwd(be, a->ta, a->th, (int64_t)B * td);
+    dc_linear_fwd(be, ps, &md->time2, a->temb, a->ta, B);
+    be->silu_fwd(be, s->silu_temb, a->temb, (int64_t)B * td);
+
+    // down path: every output is kept as a skip
+    int k = 0;
+    conv_fwd(be, ps, &md->conv_in, a->skip[k], x, B, m->lh, m->lw);
+    dc_buf h = a->skip[k++];
+    for (int i = 0; i < N; i++) {
+        const unet_block *b = &md->down[i];
+        const int H = m->lh >> i, W = m->lw >> i;
+        for (int j = 0; j < b->nres; j++) {
+            unet_resnet_fwd(be, ps, &b->res[j], a->skip[k], h, B, H, W, s);
+            if (b->has_attn) unet_transformer_fwd(be, ps, &b->attn[j], a->skip[k], B, H, W, cond->ctx, len, s);
+            h = a->skip[k++];
+        }
+        if (b->sample.w >= 0) {
+            conv_fwd(be, ps, &b->sample, a->skip[k], h, B, H, W);
+            h = a->skip[k++];
+        }
+    }
+
+    // mid block: resnet, attention, resnet
+    const int Hm = m->lh >> (N - 1), Wm = m->lw >> (N - 1);
+    unet_resnet_fwd(be, ps, &md->mid.res[0], a->p0, h, B, Hm, Wm, s);
+    unet_transformer_fwd(be, ps, &md->mid.attn[0], a->p0, B, Hm, Wm, cond->ctx, len, s);
+    unet_resnet_fwd(be, ps, &md->mid.res[1], a->p1, a->p0, B, Hm, Wm, s);
+    h = a->p1;
+    int C = md->mid.res[1].co;
+
+    // up path: each resnet reads [h | the latest unconsumed skip]
+    for (int i = 0; i < N; i++) {
+        const unet_block *b = &md->up[i];
+        const int H = m->lh >> (N - 1 - i), W = m->lw >> (N - 1 - i);
+        for (int j = 0; j < b->nres; j++) {
+            const unet_resnet *r = &b->res[j];
+            dc_buf dst = h.p == a->p0.p ? a->p1 : a->p0;
+            k--;
+            concat(be, s->cat, h, C, a->skip[k], r->ci - C, B, (int64_t)H * W);
+            unet_resnet_fwd(be, ps, r, dst, s->cat, B, H, W, s);
+            if (b->has_attn) unet_transformer_fwd(be, ps, &b->attn[j], dst, B, H, W, cond->ctx, len, s);
+            h = dst, C = r->co;
+        }
+        if (b->sample.w >= 0) {  // nearest 2x, then a 3x3 conv
+            dc_buf dst = h.p == a->p0.p ? a->p1 : a->p0;
+            be->upsample2x_fwd(be, s->r0, h, B, C, H, W);
+            conv_fwd(be, ps, &b->sample, dst, s->r0, B, 2 * H, 2 * W);
+            h = dst;
+        }
+    }
+
+    dc_group_norm_fwd(be, ps, &md->norm_out, s->r0, s->gn_mean, s->gn_rstd, h, B, (int64_t)m->lh * m->lw, true);
+    conv_fwd(be, ps, &md->conv_out, out, s->r0, B, m->lh, m->lw);
+    return dc_backend_status(be);
+}
+
+static int unet_backward(dc_model *mm, dc_buf dout, int B) {
+    (void)mm, (void)dout, (void)B;
+    return dc_fail("UNet training is not built yet: the UNet runs inference only");
+}
+
+// ---- weights --------------------------------------------------------------------------
+
+// Small normal weights N(0, 0.02) for matrices and kernels, biases 0, norms
+// 1 and 0 (the only 1-D ".weight" tensors are norm scales), keyed by the
+// parameter's index: deterministic, whatever the backend.
+static int unet_init(dc_model *mm, uint64_t seed) {
+    dc_unet *m = (dc_unet *)mm;
+    dc_params *ps = &m->params;
+    const dc_dtype dt = ps->data.dt;
+    for (int i = 0; i < ps->count; i++) {
+        const dc_param *p = &ps->items[i];
+        const size_t n = (size_t)p->numel;
+        float *h = malloc(n * sizeof *h);
+        if (!h) return dc_fail("out of memory initialising %s", p->name);
+        const size_t L = strlen(p->name);
+        const bool norm_scale = p->ndim == 1 && L > 7 && strcmp(p->name + L - 7, ".weight") == 0;
+        for (size_t j = 0; j < n; j++)
+            h[j] = p->ndim > 1 ? 0.02f * dc_randn_at(seed, (uint32_t)i, 0, DC_STREAM_INIT, (uint32_t)j)
+                               : norm_scale ? 1.0f : 0.0f;
+        // frozen weights live in the compute dtype: convert on the host
+        if (dt == DC_BF16 || dt == DC_F16) {
+            uint16_t *q = (uint16_t *)h;  // narrowing in place: element j is read before it is overwritten
+            for (size_t j = 0; j < n; j++) q[j] = dt == DC_BF16 ? dc_f32_to_bf16(h[j]) : dc_f32_to_f16(h[j]);
+        } else if (dt != DC_F32) {
+            free(h);
+            return dc_fail("UNet: cannot initialise weights stored as %s", dc_dtype_name(dt));
+        }
+        m->be->upload(m->be, dc_param_data(ps, i).p, h, n * dc_dtype_size(dt));  // staged: h may go
+        free(h);
+    }
+    dc_params_touch(ps);
+    return dc_backend_status(m->be);
+}
+
+int dc_unet_load(dc_model *mm, const dc_weights *w, dc_names names) {
+    dc_unet *m = dc_unet_of(mm);
+    if (!m) return dc_fail("not a UNet");
+    return dc_params_load_weights(&m->params, w, names == DC_NAMES_ORIGINAL ? dc_unet_weight_map : NULL,
+                                  (void *)&m->cfg);
+}
+
+// ---- the model interface ---------------------------------------------------------------------
+
+static double linear_macs(const dc_linear *l, int64_t rows) { return (double)rows * l->in * l->out; }
+
+static double unet_macs(const dc_model *mm) {
+    const dc_unet *m = (const dc_unet *)mm;
+    unet_plan p;
+    make_plan(m, &p);
+    double macs = linear_macs(&m->mods->time1, 1) + linear_macs(&m->mods->time2, 1);
+    for (int i = 0; i < p.nconv; i++) {
+        const dc_conv2d *c = p.conv[i].c;
+        const int Ho = (p.conv[i].H + 2 * c->pad - c->k) / c->stride + 1;
+        const int Wo = (p.conv[i].W + 2 * c->pad - c->k) / c->stride + 1;
+        macs += (double)c->co * c->ci * c->k * c->k * Ho * Wo;
+    }
+    for (int i = 0; i < p.nattn; i++) {
+        const unet_transformer *t = p.attn[i].t;
+        const double T = (double)p.attn[i].H * p.attn[i].W, C = t->C, len = DC_UNET_CTX_LEN;
+        macs += T * C * C * 7 + T * C * 12 * C;            // proj in/out, q1 k1 v1 o1 q2 o2; ff
+        macs += len * m->cfg.ctx_dim * C * 2;              // cross k, v
+        macs += 2 * T * T * C + 2 * T * len * C;           // scores and values
+    }
+    return macs;
+}
+
+static int unet_config_kv(const dc_model *mm, dc_kv *kv) { return dc_unet_config_to_kv(&((const dc_unet *)mm)->cfg, kv); }
+
+static void unet_release(dc_model *mm) {
+    dc_unet *m = (dc_unet *)mm;
+    free_acts(m);
+    dc_params_free(&m->params);
+    free(m->mods);
+    m->mods = NULL;
+}
+
+static const dc_model_ops unet_ops = {
+    .name = "UNet2DConditionModel", .reserve = unet_reserve, .forward = unet_forward,
+    .backward = unet_backward, .config_to_kv = unet_config_kv, .init_weights = unet_init,
+    .macs_per_image = unet_macs, .release = unet_release,
+};
+
+dc_unet *dc_unet_of(dc_model *m) { return m && m->ops == &unet_ops ? (dc_unet *)m : NULL; }
+
+static int check_size(const dc_unet_config *c, int lh, int lw) {
+    const int f = 1 << (c->nblocks - 1);
+    if (lh < f || lw < f || lh % f || lw % f || lh > 65536 || lw > 65536)
+        return dc_fail("latent size %dx%d: the UNet needs multiples of %d (images of multiples of %d pixels)",
+                       lh, lw, f, 8 * f);
+    return 0;
+}
+
+int dc_unet_set_size(dc_model *mm, int latent_h, int latent_w) {
+    dc_unet *m = dc_unet_of(mm);
+    if (!m) return dc_fail("not a UNet");
+    DC_TRY(check_size(&m->cfg, latent_h, latent_w));
+    if (latent_h == m->lh && latent_w == m->lw) return 0;
+    free_acts(m);
+    m->lh = latent_h, m->lw = latent_w;
+    m->base.info.height = latent_h, m->base.info.width = latent_w;
+    return 0;
+}
+
+int dc_unet_register(const dc_unet_config *c, dc_params *ps) {
+    DC_TRY(dc_unet_config_validate(c));
+    dc_unet_modules *md = calloc(1, sizeof *md);
+    if (!md) return dc_fail("out of memory");
+    int rc = unet_modules_add(ps, md, c);
+    free(md);
+    return rc;
+}
+
+int dc_unet_new(const dc_unet_config *c, dc_backend *be, int latent_h, int latent_w, dc_model **out) {
+    *out = NULL;
+    DC_TRY(dc_unet_config_validate(c));
+    DC_TRY(check_size(c, latent_h, latent_w));
+    dc_unet *m = calloc(1, sizeof *m);
+    if (!m) return dc_fail("out of memory");
+    m->cfg = *c;
+    m->be = be;
+    m->lh = latent_h, m->lw = latent_w;
+    m->base = (dc_model){
+        .ops = &unet_ops, .be = be, .params = &m->params, .owned = true,
+        .info = {.channels = c->in_channels, .height = latent_h, .width = latent_w,
+                 .out_channels = c->out_channels, .cond = DC_COND_TEXT, .ctx_len = DC_UNET_CTX_LEN,
+                 .ctx_dim = c->ctx_dim},
+    };
+    m->mods = calloc(1, sizeof *m->mods);
+    if (!m->mods) return free(m), dc_fail("out of memory");
+    if (unet_modules_add(&m->params, m->mods, c) || dc_params_alloc_frozen(&m->params, be)) {
+        unet_release(&m->base);
+        free(m);
+        return -1;
+    }
+    *out = &m->base;
+    return 0;
+}

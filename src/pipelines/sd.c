@@ -1,0 +1,303 @@
+#include "pipelines/sd.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "core/rng.h"
+#include "models/unet.h"
+
+// ---- components ---------------------------------------------------------------------------
+int dc_sd_load_text(dc_sd_source *s, dc_backend *be, int *skip, dc_clip_text **out) {
+    *out = NULL;
+    dc_clip_text_config c;
+    if (dc_sd_config(s))
+        DC_TRY(dc_clip_text_config_from_json(&c, dc_sd_config(s), s->dir));
+    else
+        DC_TRY(dc_clip_text_config_infer(&c, &s->w, s->names));
+    // SD 2 conditions on layer 23 of OpenCLIP's 24 through the final LayerNorm:
+    // a single file holds all 24, diffusers' folder only the 23 it uses.
+    *skip = s->names == DC_NAMES_ORIGINAL && c.layers > 1 ? 1 : 0;
+    DC_TRY(dc_clip_text_create(out, &c, be));
+    if (dc_clip_text_load(*out, &s->w, s->names)) {
+        dc_clip_text_free(*out), *out = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+int dc_sd_load_vae(dc_sd_source *s, dc_backend *be, bool encoder, bool decoder, dc_vae **out) {
+    *out = NULL;
+    dc_vae_config c;
+    if (dc_sd_config(s))
+        DC_TRY(dc_vae_config_from_json(&c, dc_sd_config(s), s->dir));
+    else
+        DC_TRY(dc_vae_config_infer(&c, &s->w, s->names));
+    DC_TRY(dc_vae_create(out, &c, be, encoder, decoder));
+    if (dc_vae_load(*out, &s->w, s->names)) {
+        dc_vae_free(*out), *out = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+int dc_sd_load_unet(dc_sd_source *s, dc_backend *be, int latent_h, int latent_w, dc_model **out) {
+    *out = NULL;
+    dc_unet_config c;
+    if (dc_sd_config(s))
+        DC_TRY(dc_unet_config_from_json(&c, dc_sd_config(s), s->dir));
+    else
+        DC_TRY(dc_unet_config_infer(&c, &s->w, s->names));
+    DC_TRY(dc_unet_new(&c, be, latent_h, latent_w, out));
+    if (dc_unet_load(*out, &s->w, s->names)) {
+        dc_model_free(*out), *out = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+// ---- the pipeline -------------------------------------------------------------------------
+static void model_name(dc_sd_pipe *p, const char *path) {
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s", path);
+    size_t n = strlen(buf);
+    while (n > 1 && buf[n - 1] == '/') buf[--n] = 0;
+    const char *base = strrchr(buf, '/') ? strrchr(buf, '/') + 1 : buf;
+    snprintf(p->name, sizeof p->name, "%s", base);
+    char *dot = strrchr(p->name, '.');
+    if (dot && dot != p->name) *dot = 0;  // v1-5-pruned.safetensors -> v1-5-pruned
+}
+
+int dc_sd_pipe_open(dc_sd_pipe *p, dc_backend *be, const dc_sd_open_opts *o) {
+    memset(p, 0, sizeof *p);
+    p->be = be;
+    model_name(p, o->model);
+    // Every component is found before anything loads, so a missing one is
+    // reported before minutes of reading the others.
+    dc_sd_source src[3];
+    const dc_sd_part parts[3] = {DC_SD_TEXT, DC_SD_UNET, DC_SD_VAE};
+    int nsrc = 0;
+    int rc = dc_sd_model_open(&p->files, o->model, o->st_flags);
+    for (; !rc && nsrc < 3; nsrc++)
+        if ((rc = dc_sd_source_open(&src[nsrc], &p->files, parts[nsrc]))) break;
+    // The tokenizer: the vocabulary given, the pipeline's own, or the fallback.
+    char tokdir[4200];
+    const char *vocab = o->vocab ? o->vocab : rc ? NULL : dc_sd_tokenizer_dir(&p->files, tokdir, sizeof tokdir);
+    if (!vocab) vocab = o->vocab_fallback;
+    if (!rc && !vocab)
+        rc = dc_fail("%s has no tokenizer/ folder: give the CLIP vocabulary (--vocab "
+                     "bpe_simple_vocab_16e6.txt.gz, or a tokenizer folder)", o->model);
+    if (!rc) rc = dc_clip_tokenizer_load(&p->tok, vocab);
+    if (!rc) rc = dc_sd_load_text(&src[0], be, &p->text_skip, &p->text);
+    if (!rc) rc = dc_sd_load_unet(&src[1], be, 64, 64, &p->unet);
+    if (!rc) rc = dc_sd_load_vae(&src[2], be, o->encoder, true, &p->vae);
+    for (int i = 0; i < nsrc; i++) dc_sd_source_close(&src[i]);
+    if (rc) return dc_sd_pipe_close(p), -1;
+    const dc_unet_config *uc = &dc_unet_of(p->unet)->cfg;
+    if (uc->ctx_dim != p->text->cfg.width) {
+        dc_fail("%s: the UNet reads text embeddings %d wide, the text encoder makes %d", o->model, uc->ctx_dim,
+                p->text->cfg.width);
+        return dc_sd_pipe_close(p), -1;
+    }
+    p->version = p->files.version ? p->files.version : uc->ctx_dim == 1024 ? 2 : uc->ctx_dim == 768 ? 1 : 0;
+    bool v = false;
+    if (o->prediction >= 0) {
+        v = o->prediction == 1;
+    } else {
+        rc = dc_sd_prediction(&p->files, &v);
+        if (rc < 0) return dc_sd_pipe_close(p), -1;
+        if (rc == 1) v = p->files.single && p->version == 2;  // SD 2.x 768-v, as diffusers assumes
+    }
+    p->v_pred = v;
+    p->factor = dc_vae_factor(&p->vae->cfg);
+    p->default_size = uc->sample_size > 0 ? uc->sample_size * p->factor : v && p->version == 2 ? 768 : 512;
+    return 0;
+}
+
+void dc_sd_pipe_close(dc_sd_pipe *p) {
+    if (p->text) dc_clip_text_free(p->text);
+    dc_model_free(p->unet);
+    if (p->vae) dc_vae_free(p->vae);
+    dc_clip_tokenizer_free(&p->tok);
+    dc_sd_model_close(&p->files);
+    memset(p, 0, sizeof *p);
+}
+
+int dc_sd_encode_prompts(dc_sd_pipe *p, const char *const *prompts, int n, dc_buf ctx) {
+    dc_backend *be = p->be;
+    const int T = p->text->cfg.positions;
+    if (T != DC_CLIP_CONTEXT)
+        return dc_fail("the text encoder reads %d positions; prompts are %d tokens", T, DC_CLIP_CONTEXT);
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)n * T);
+    if (!ids) return dc_fail("out of memory");
+    int rc = 0;
+    for (int i = 0; i < n && !rc; i++) {
+        int count;
+        rc = dc_clip_tokenize(&p->tok, prompts[i] ? prompts[i] : "", ids + (size_t)i * T, &count);
+        if (!rc && count > DC_CLIP_CONTEXT - 2)
+            dc_warn("the prompt has %d tokens; only the first %d are used: \"%.60s%s\"", count,
+                    DC_CLIP_CONTEXT - 2, prompts[i], strlen(prompts[i]) > 60 ? "..." : "");
+    }
+    if (!rc) rc = dc_clip_text_check_ids(ids, (int64_t)n * T, p->text->cfg.vocab);
+    dc_buf dids = {0};
+    if (!rc) rc = dc_buf_alloc(be, &dids, DC_I32, (size_t)n * T, "token ids");
+    if (!rc) rc = dc_clip_text_reserve(p->text, n);
+    if (!rc) {
+        be->upload(be, dids.p, ids, sizeof(int32_t) * (size_t)n * T);
+        rc = dc_clip_text_forward(p->text, ctx, dc_buf_none(), dids, n, p->text_skip);
+    }
+    if (dids.p) be->free(be, dids.p);
+    free(ids);
+    return rc;
+}
+
+// ---- generation ---------------------------------------------------------------------------
+static int unet_eval(void *ctx, dc_buf out, dc_buf x, dc_buf t, const dc_cond *cond, int B) {
+    return dc_model_forward(ctx, out, x, t, cond, B);
+}
+
+typedef struct {
+    dc_sd_progress_fn fn;
+    void *ctx;
+    int done0, total;  // steps before this batch, all steps
+} step_progress;
+
+static void on_step(void *ctx, int step, int total) {
+    (void)total;
+    step_progress *sp = ctx;
+    if (sp->fn) sp->fn(sp->ctx, "sampling", sp->done0 + step, sp->total);
+}
+
+// The buffers of one generation, freed together.
+typedef struct {
+    dc_buf text;   // [2, 77, D]: the prompt, then the negative prompt
+    dc_buf cctx;   // [batch, 77, D] the prompt's embedding per picture
+    dc_buf x;      // [batch, 4, h, w] latents (F32)
+    dc_buf zc;     // [batch, 4, h, w] the decoder's input (compute dtype)
+    dc_buf img;    // [batch, 3, H, W] decoded (compute dtype)
+    dc_buf imgf;   // [batch, 3, H, W] decoded (F32)
+    dc_buf init;   // [1, 3, H, W] img2img input (compute dtype), and its latent moments:
+    dc_buf mean, logvar;
+} gen_bufs;
+
+static void gen_free(dc_backend *be, gen_bufs *b) {
+    dc_buf *all[] = {&b->text, &b->cctx, &b->x, &b->zc, &b->img, &b->imgf, &b->init, &b->mean, &b->logvar};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        if (all[i]->p) be->free(be, all[i]->p);
+}
+
+// img2img: the clean latents of picture i, z = (mean + exp(logvar / 2) n) * scaling
+// with n keyed by the picture (diffusers' latent_dist.sample()).
+static void init_latents(float *lat, const float *mean, const float *logvar, int64_t n, uint64_t seed,
+                         uint32_t key, float scaling) {
+    for (int64_t j = 0; j < n; j++)
+        lat[j] = (mean[j] + expf(0.5f * logvar[j]) * dc_randn_at(seed, key, 0, DC_STREAM_INIT, j)) * scaling;
+}
+
+int dc_sd_generate(dc_sd_pipe *p, const dc_sd_gen *g, float *images, dc_sd_progress_fn progress, void *pctx) {
+    dc_backend *be = p->be;
+    const int f = p->factor, align = f * (1 << (dc_unet_of(p->unet)->cfg.nblocks - 1));
+    if (g->width < align || g->height < align || g->width % align || g->height % align)
+        return dc_fail("width and height must be multiples of %d (the VAE's factor %d times the UNet's %d "
+                       "downsamplings): %dx%d", align, f, align / f, g->width, g->height);
+    if (g->count < 1 || g->batch < 1) return dc_fail("%d pictures in batches of %d", g->count, g->batch);
+    if (g->init && !p->vae->has_encoder) return dc_fail("img2img needs the VAE's encoder (open with encoder)");
+    const int h = g->height / f, w = g->width / f, B = g->batch < g->count ? g->batch : g->count;
+    const int D = p->text->cfg.width, T = DC_CLIP_CONTEXT, C = 4;
+    const int64_t lat = (int64_t)C * h * w, pix = (int64_t)3 * g->height * g->width;
+    const dc_dtype ct = be->compute;
+    const float scaling = p->vae->cfg.scaling_factor;
+    gen_bufs b = {0};
+    dc_ksampler ks = {0};
+    float *hl = NULL, *hm = NULL, *hv = NULL;
+    int rc = 0;
+
+    // Text: the prompt and the negative prompt in one pass.
+    const char *texts[2] = {g->prompt ? g->prompt : "", g->negative_prompt ? g->negative_prompt : ""};
+    if (progress) progress(pctx, "text", 0, 1);
+    rc = dc_buf_alloc(be, &b.text, ct, (size_t)2 * T * D, "text embeddings");
+    if (!rc) rc = dc_sd_encode_prompts(p, texts, 2, b.text);
+    if (!rc) rc = dc_buf_alloc(be, &b.cctx, ct, (size_t)B * T * D, "prompt embeddings");
+    for (int i = 0; i < B && !rc; i++)
+        be->copy(be, dc_buf_at(b.cctx, (int64_t)i * T * D).p, b.text.p, (size_t)T * D * dc_dtype_size(ct));
+
+    // The sampler and the models' plans for this size.
+    dc_ksampler_opts o = g->ks;
+    o.prediction = p->v_pred ? DC_PRED_V : DC_PRED_EPS;
+    o.ctx_len = T, o.ctx_dim = D;
+    o.null_ctx = dc_buf_at(b.text, (int64_t)T * D);
+    if (g->init) {
+        int runs = (int)(o.steps * g->strength);
+        if (!(g->strength > 0 && g->strength <= 1) || runs < 1)
+            rc = rc ? rc : dc_fail("strength %g of %d steps runs no step (at least 1 / steps)", g->strength, o.steps);
+        o.skip = o.steps - runs;
+    }
+    if (!rc) rc = dc_unet_set_size(p->unet, h, w);
+    if (!rc) rc = dc_model_reserve(p->unet, o.cfg_scale != 1.0f ? 2 * B : B);
+    if (!rc) rc = dc_vae_reserve(p->vae, B, g->height, g->width);
+    if (!rc) rc = dc_ksampler_init(&ks, be, &o, C, h, w, B);
+    if (!rc) rc = dc_buf_alloc(be, &b.x, DC_F32, (size_t)B * lat, "latents");
+    if (!rc) rc = dc_buf_alloc(be, &b.zc, ct, (size_t)B * lat, "decoder input");
+    if (!rc) rc = dc_buf_alloc(be, &b.img, ct, (size_t)B * pix, "decoded pictures");
+    if (!rc) rc = dc_buf_alloc(be, &b.imgf, DC_F32, (size_t)B * pix, "decoded pictures (f32)");
+
+    // img2img: the input's latent moments, once.
+    if (!rc && g->init) {
+        if (progress) progress(pctx, "encode", 0, 1);
+        rc = dc_buf_alloc(be, &b.init, ct, (size_t)pix, "input picture");
+        if (!rc) rc = dc_buf_alloc(be, &b.mean, ct, (size_t)lat, "latent mean");
+        if (!rc) rc = dc_buf_alloc(be, &b.logvar, ct, (size_t)lat, "latent log-variance");
+        hl = malloc(sizeof(float) * (size_t)lat * B), hm = malloc(sizeof(float) * (size_t)lat);
+        hv = malloc(sizeof(float) * (size_t)lat);
+        if (!rc && (!hl || !hm || !hv)) rc = dc_fail("out of memory");
+        if (!rc) {
+            be->upload(be, b.imgf.p, g->init, sizeof(float) * (size_t)pix);
+            be->cast(be, b.init, b.imgf, pix);
+            rc = dc_vae_encode(p->vae, b.mean, b.logvar, b.init, 1, g->height, g->width);
+        }
+        if (!rc) {
+            be->cast(be, b.x, b.mean, lat);
+            be->download(be, hm, b.x.p, sizeof(float) * (size_t)lat);
+            be->cast(be, b.x, b.logvar, lat);
+            be->download(be, hv, b.x.p, sizeof(float) * (size_t)lat);
+            rc = dc_backend_status(be);
+        }
+    }
+
+    step_progress sp = {progress, pctx, 0, (o.steps - o.skip) * ((g->count + B - 1) / B)};
+    for (int i0 = 0; i0 < g->count && !rc; i0 += B) {
+        const int n = g->count - i0 < B ? g->count - i0 : B;
+        uint32_t idx[256];
+        if (n > 256) {
+            rc = dc_fail("batch %d: at most 256 pictures per batch", n);
+            break;
+        }
+        for (int i = 0; i < n; i++) idx[i] = (uint32_t)(i0 + i);
+        if (g->init) {
+            for (int i = 0; i < n; i++) init_latents(hl + i * lat, hm, hv, lat, o.seed, idx[i], scaling);
+            be->upload(be, b.x.p, hl, sizeof(float) * (size_t)n * lat);
+        }
+        dc_cond cond = {.ctx = b.cctx, .len = T, .dim = D};
+        rc = dc_ksampler_run(&ks, b.x, &cond, idx, n, unet_eval, p->unet, on_step, &sp);
+        sp.done0 += o.steps - o.skip;
+        if (rc) break;
+        // Decode: z / scaling in the compute dtype, then back to f32 pictures.
+        if (progress) progress(pctx, "decode", i0, g->count);
+        be->axpy(be, b.x, b.x, 1.0f / scaling - 1.0f, (int64_t)n * lat);
+        be->cast(be, b.zc, b.x, (int64_t)n * lat);
+        rc = dc_vae_decode(p->vae, b.img, b.zc, n, h, w);
+        if (!rc) {
+            be->cast(be, b.imgf, b.img, (int64_t)n * pix);
+            be->download(be, images + (size_t)i0 * pix, b.imgf.p, sizeof(float) * (size_t)n * pix);
+            rc = dc_backend_status(be);
+        }
+    }
+    if (!rc && progress) progress(pctx, "done", g->count, g->count);
+    dc_ksampler_free(&ks);
+    gen_free(be, &b);
+    free(hl), free(hm), free(hv);
+    return rc;
+}

@@ -1,0 +1,67 @@
+// Stable Diffusion as people run it: text (and an image) in, pictures out.
+// Loads the three components from any layout models/sd_source.h reads,
+// encodes the prompts, samples latents with diffusion/ksampler.h and decodes
+// them. The library returns pictures as floats; the CLI writes the PNGs.
+#pragma once
+#include <stdbool.h>
+#include <stdint.h>
+#include "backend/backend.h"
+#include "diffusion/ksampler.h"
+#include "models/clip_text.h"
+#include "models/sd_source.h"
+#include "models/vae.h"
+#include "text/clip_tokenizer.h"
+
+typedef struct {
+    const char *model;   // PATH: pipeline folder, component folder or single file
+    const char *vocab;   // the tokenizer's vocabulary (NULL: the model's tokenizer/ folder)
+    const char *vocab_fallback;  // used when neither is there (NULL: none)
+    unsigned st_flags;   // DC_ST_NO_VERIFY ...
+    int prediction;      // -1: from the files (scheduler config; SD 2 single files: v), 0 eps, 1 v
+    bool encoder;        // load the VAE's encoder too (img2img)
+} dc_sd_open_opts;
+
+typedef struct {
+    dc_backend *be;
+    dc_sd_model files;
+    dc_clip_tokenizer tok;
+    dc_clip_text *text;
+    int text_skip;       // layers of the text encoder not run (1 for SD 2 single files)
+    dc_model *unet;
+    dc_vae *vae;
+    int version;         // 1 or 2 (0: unknown)
+    bool v_pred;
+    int factor;          // the VAE's downsampling factor (8)
+    int default_size;    // pixels a side the model was trained at (512, or 768 for SD 2 v)
+    char name[128];      // the model's name for the picture's parameters
+} dc_sd_pipe;
+
+int dc_sd_pipe_open(dc_sd_pipe *p, dc_backend *be, const dc_sd_open_opts *o);
+void dc_sd_pipe_close(dc_sd_pipe *p);
+
+typedef struct {
+    const char *prompt, *negative_prompt;  // negative may be NULL (then "")
+    int count;               // pictures
+    int batch;               // pictures per sampling batch
+    int width, height;       // pixels, multiples of 8 (factor)
+    dc_ksampler_opts ks;     // sampler, steps, cfg, seed (prediction and ctx filled in)
+    const float *init;       // img2img: [3, height, width] in [-1, 1] (NULL: txt2img)
+    float strength;          // img2img: the share of the steps run (0..1]
+} dc_sd_gen;
+
+typedef void (*dc_sd_progress_fn)(void *ctx, const char *stage, int done, int total);
+
+// Makes g->count pictures into images[count, 3, height, width] (host, in
+// [-1, 1], unclamped). Picture i uses the noise of sample index i of
+// g->ks.seed, so a seed gives the same pictures at any batch size.
+int dc_sd_generate(dc_sd_pipe *p, const dc_sd_gen *g, float *images, dc_sd_progress_fn progress, void *pctx);
+
+// Embeddings of prompts into ctx[n, 77, D] (backend, compute dtype):
+// tokenized (the tokens beyond 75 are cut, with a warning), then the text encoder.
+int dc_sd_encode_prompts(dc_sd_pipe *p, const char *const *prompts, int n, dc_buf ctx);
+
+// Component loaders, for `forward --component` and the pipeline: the config
+// from config.json or the shapes, then the weights.
+int dc_sd_load_text(dc_sd_source *s, dc_backend *be, int *skip, dc_clip_text **out);
+int dc_sd_load_vae(dc_sd_source *s, dc_backend *be, bool encoder, bool decoder, dc_vae **out);
+int dc_sd_load_unet(dc_sd_source *s, dc_backend *be, int latent_h, int latent_w, dc_model **out);

@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# Stable Diffusion from the command line: random-weight models in both real
+# layouts (tools/sd_random), txt2img and img2img from each (the same pictures
+# from both layouts), forward --component against the golden files made by
+# diffusers and transformers, and the refusals.
+source "$(dirname "$0")/lib.sh"
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+SDR=$ROOT/${BUILD:-build}/tools/sd_random
+GOLD=$ROOT/tests/golden/sd
+VOCAB=$ROOT/../shared/data/bpe_simple_vocab_16e6.txt.gz
+[ -x "$SDR" ] || { echo "FAIL: $SDR not built (make)"; exit 1; }
+unset DIFFUSION_VOCAB
+PY=; for p in /usr/bin/python3 python3; do "$p" -c 'import numpy' 2> /dev/null && { PY=$p; break; }; done
+
+# pixels A.png B.png MAXDIFF: the decoded pixels differ by at most MAXDIFF levels
+# (python3's zlib reads the PNGs; no python3: skipped, returns 2)
+pixels() {
+  command -v python3 > /dev/null || return 2
+  python3 - "$1" "$2" "$3" << 'EOF'
+import struct, sys, zlib
+def px(p):
+    b = open(p, 'rb').read(); i = 8; d = b''
+    while i < len(b):
+        n, = struct.unpack('>I', b[i:i + 4])
+        if b[i + 4:i + 8] == b'IDAT': d += b[i + 8:i + 8 + n]
+        i += 12 + n
+    return zlib.decompress(d)  # filter bytes included: equal images give equal streams with one encoder
+a, b = px(sys.argv[1]), px(sys.argv[2])
+sys.exit(0 if len(a) == len(b) and max((abs(x - y) for x, y in zip(a, b)), default=0) <= int(sys.argv[3]) else 1)
+EOF
+}
+
+out=$(diffusion txt2img --help)
+[[ "$out" == *"usage: diffusion txt2img"* && "$out" == *"--negative-prompt"* && "$out" != *"--strength"* ]] \
+  && pass "txt2img --help" || fail "txt2img --help: '$out'"
+out=$(diffusion img2img --help)
+[[ "$out" == *"--init"* && "$out" == *"--strength"* ]] && pass "img2img --help" || fail "img2img --help"
+out=$(diffusion forward --component unet --help)
+[[ "$out" == *"vae-decode"* && "$out" == *"penultimate"* ]] && pass "forward --component --help" || fail "forward --component --help"
+expect_fail "txt2img without --model says where SD files go" "ships no weights" diffusion txt2img --prompt x --out "$TMP/x.png"
+expect_code 2 "txt2img without --model" diffusion txt2img --prompt x --out "$TMP/x.png"
+
+# ---- random-weight models in both layouts -------------------------------------------------
+for c in tiny1 tiny2; do
+  "$SDR" --config $c --layout diffusers --dtype f16 --out "$TMP/$c" && "$SDR" --config $c --layout single --dtype f16 --out "$TMP/$c.safetensors" \
+    && pass "sd_random $c: a diffusers folder and a single file" || fail "sd_random $c: $?"
+done
+"$SDR" --config tiny1 --layout diffusers --dtype bf16 --seed 9 --out "$TMP/tiny1-bf16" && "$SDR" --config tiny2 --layout diffusers --dtype f32 --seed 9 --out "$TMP/tiny2-f32" \
+  || fail "sd_random bf16/f32"
+
+if [ ! -f "$VOCAB" ]; then
+  echo "SKIP txt2img checks: $VOCAB not found (shared/ beside the repository)"
+else
+  P="a photo of an astronaut riding a horse on mars"
+  G0=(--vocab "$VOCAB" --prompt "$P" --width 32 --height 32 --device cpu --threads 2)
+  G=("${G0[@]}" --steps 3)
+  for c in tiny1 tiny2; do
+    diffusion txt2img --model "$TMP/$c" "${G[@]}" --out "$TMP/$c-d.png" > "$TMP/log" 2>&1 || fail "txt2img $c folder: $(tail -2 "$TMP/log")"
+    diffusion txt2img --model "$TMP/$c.safetensors" "${G[@]}" --out "$TMP/$c-s.png" > "$TMP/log" 2>&1 || fail "txt2img $c single file: $(tail -2 "$TMP/log")"
+    pixels "$TMP/$c-d.png" "$TMP/$c-s.png" 0; r=$?
+    [ $r -eq 0 ] && pass "txt2img $c: the same picture from the diffusers folder and the single file"
+    [ $r -eq 1 ] && fail "txt2img $c: the two layouts give different pictures"
+  done
+  grep -q "Steps: 3, Sampler: Euler a, CFG scale: 7.5, Seed: 0, Size: 32x32, Model: tiny2" "$TMP/tiny2-s.png" \
+    && pass "the PNG says how it was made (A1111 parameters)" || fail "no parameters text in the PNG"
+  for d in tiny1-bf16 tiny2-f32; do
+    diffusion txt2img --model "$TMP/$d" "${G[@]}" --sampler dpmpp_2m_karras --out "$TMP/$d.png" > "$TMP/log" 2>&1 \
+      && pass "txt2img from $d" || fail "txt2img $d: $(tail -2 "$TMP/log")"
+  done
+  # the same seed gives the same pictures at any batch size (up to float rounding: 2 levels)
+  diffusion txt2img --model "$TMP/tiny1" "${G[@]}" --negative-prompt blurry --seed 7 --count 3 --batch 1 --out "$TMP/b1.png" > /dev/null 2>&1
+  diffusion txt2img --model "$TMP/tiny1" "${G[@]}" --negative-prompt blurry --seed 7 --count 3 --batch 3 --out "$TMP/b3.png" > /dev/null 2>&1
+  ok=1; for i in 0 1 2; do pixels "$TMP/b1-$i.png" "$TMP/b3-$i.png" 2 || ok=0; done
+  [ $ok = 1 ] && pass "picture i of a seed does not depend on --batch" || fail "--batch changes the pictures"
+  pixels "$TMP/b1-0.png" "$TMP/b1-1.png" 0 && fail "pictures 0 and 1 of a seed are the same"
+  # img2img: strength 1 redraws all, a low strength stays near the input
+  diffusion img2img --model "$TMP/tiny1" "${G0[@]}" --init "$TMP/b1-0.png" --strength 0.3 --steps 10 --out "$TMP/i2i.png" > "$TMP/log" 2>&1 \
+    && grep -q "Denoising strength: 0.3" "$TMP/i2i.png" && pass "img2img" || fail "img2img: $(tail -2 "$TMP/log")"
+  expect_fail "img2img strength that runs no step" "runs no step" diffusion img2img --model "$TMP/tiny1" "${G0[@]}" --init "$TMP/b1-0.png" --strength 0.05 --steps 10 --out "$TMP/i2.png"
+  expect_fail "img2img of another size" "resize the picture" diffusion img2img --model "$TMP/tiny1" --vocab "$VOCAB" --prompt x --init "$TMP/b1-0.png" --width 64 --out "$TMP/i2.png" --device cpu
+  expect_fail "a size the UNet cannot halve" "multiples of" diffusion txt2img --model "$TMP/tiny1" --vocab "$VOCAB" --prompt x --width 36 --height 32 --out "$TMP/w.png" --device cpu
+  expect_fail "a single file without a vocabulary" "no tokenizer/ folder" diffusion txt2img --model "$TMP/tiny1.safetensors" --prompt x --out "$TMP/v.png" --device cpu
+  expect_code 2 "an unknown sampler" diffusion txt2img --model "$TMP/tiny1" --prompt x --sampler heun --out "$TMP/v.png"
+fi
+
+# ---- refusals ---------------------------------------------------------------------------------
+mkdir -p "$TMP/half" && cp -r "$TMP/tiny1/vae" "$TMP/tiny1/text_encoder" "$TMP/half/"
+expect_fail "a pipeline without unet/" "unet" diffusion txt2img --model "$TMP/half" --vocab "$TMP" --prompt x --out "$TMP/h.png" --device cpu
+expect_fail "a missing model" "no such file" diffusion txt2img --model "$TMP/nothing" --vocab "$TMP" --prompt x --out "$TMP/h.png" --device cpu
+cp "$TMP/tiny1.safetensors" "$TMP/cut.safetensors" && truncate -s 100000 "$TMP/cut.safetensors"
+expect_fail "a truncated checkpoint" "cut.safetensors" diffusion forward --component vae-decode --weights "$TMP/cut.safetensors" --input "$GOLD/sd1/io.safetensors" --output "$TMP/o.st" --device cpu
+expect_fail "a component the file does not hold" "holds a vae" diffusion forward --component unet --weights "$TMP/tiny1/vae/diffusion_pytorch_model.safetensors" --input "$GOLD/sd1/io.safetensors" --output "$TMP/o.st" --device cpu
+expect_fail "an input without its tensors" "needs a tensor 'z'" diffusion forward --component vae-decode --weights "$TMP/tiny1" --input "$GOLD/sd1/io.safetensors" --output "$TMP/o.st" --device cpu
+expect_code 2 "an unknown component" diffusion forward --component clip --weights "$TMP/tiny1" --input x --output y
+
+# ---- forward --component against diffusers and transformers --------------------------------------
+if [ -z "$PY" ]; then
+  echo "SKIP forward --component golden checks: no python3 with numpy"
+else
+  "$PY" - "$GOLD" "$TMP" << 'EOF'
+import json, struct, sys
+def read(p):
+    b = open(p, 'rb').read(); n, = struct.unpack('<Q', b[:8]); return json.loads(b[8:8 + n]), b[8 + n:]
+def write(p, d):
+    hdr, off, data = {}, 0, b''
+    for k, (dt, shape, raw) in d.items():
+        hdr[k] = {'dtype': dt, 'shape': shape, 'data_offsets': [off, off + len(raw)]}; off += len(raw); data += raw
+    h = json.dumps(hdr).encode(); h += b' ' * ((8 - len(h) % 8) % 8)
+    open(p, 'wb').write(struct.pack('<Q', len(h)) + h + data)
+for s in ['sd1', 'sd2']:
+    h, data = read(f'{sys.argv[1]}/{s}/io.safetensors')
+    t = lambda k: (h[k]['dtype'], h[k]['shape'], data[h[k]['data_offsets'][0]:h[k]['data_offsets'][1]])
+    write(f'{sys.argv[2]}/{s}_unet.st', {'x': t('unet.x'), 't': t('unet.t'), 'context': t('unet.context')})
+    write(f'{sys.argv[2]}/{s}_dec.st', {'z': t('vae.z')})
+    write(f'{sys.argv[2]}/{s}_enc.st', {'image': t('vae.image')})
+    write(f'{sys.argv[2]}/{s}_txt.st', {'ids': t('text.ids')})
+EOF
+  # set weights component input golden=ours...: 1e-4 relative (float32 against float64 on the same weights)
+  check() {
+    local set=$1 w=$2 comp=$3 in=$4; shift 4
+    if ! diffusion forward --component "$comp" --weights "$w" --input "$TMP/${set}_$in.st" --output "$TMP/out.st" --device cpu > "$TMP/log" 2>&1; then
+      fail "forward --component $comp $w: $(tail -1 "$TMP/log")"; return
+    fi
+    for pair in "$@"; do
+      r=$("$PY" "$ROOT/tools/compare_tensors.py" "$pair" "$GOLD/$set/io.safetensors" "$TMP/out.st" 1e-4 "$set $comp ${w#$GOLD/} $pair")
+      [[ "$r" == *PASS* ]] && pass "$r" || fail "$r"
+    done
+  }
+  check sd1 "$GOLD/sd1/diffusers" unet unet unet.out=out
+  check sd1 "$GOLD/sd1/diffusers/vae" vae-decode dec vae.decoded=image
+  check sd1 "$GOLD/sd1/diffusers/vae/diffusion_pytorch_model.safetensors" vae-encode enc vae.mean=mean vae.logvar=logvar
+  check sd1 "$GOLD/sd1/diffusers" text-encoder txt text.hidden=hidden text.penultimate=penultimate
+  check sd1 "$GOLD/sd1/single.safetensors" vae-decode dec vae.decoded=image
+  check sd1 "$GOLD/sd1/single.safetensors" vae-encode enc vae.mean=mean vae.logvar=logvar
+  check sd1 "$GOLD/sd1/single.safetensors" text-encoder txt text.hidden=hidden text.penultimate=penultimate
+  check sd2 "$GOLD/sd2/single.safetensors" vae-decode dec vae.decoded=image
+  check sd2 "$GOLD/sd2/single.safetensors" text-encoder txt text.single_hidden=hidden text.single_penultimate=penultimate
+fi
+finish
