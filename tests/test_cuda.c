@@ -638,20 +638,24 @@ static dc_backend *fresh(void) {
 
 static bool has(const char *msg, const char *part) { return strstr(msg, part) != NULL; }
 
-// Issues an attention op the device cannot run and, like a careless caller, reports success.
+// Issues an attention op the op does not define (causal with more queries
+// than keys) and, like a careless caller, reports success.
 typedef struct { dc_backend *be; dc_buf out, lse, qkv; } bad_attn;
 static int run_bad_attention(void *arg) {
     bad_attn *a = arg;
-    const dc_attn_shape sh = dc_attn_packed(1, 16, 320, 2);  // head size 160
+    dc_attn_shape sh = dc_attn_packed(1, 16, 320, 2);
+    sh.causal = true, sh.Tk = 8;  // 16 queries, 8 keys
     a->be->attention_fwd(a->be, a->out, a->lse, a->qkv, dc_buf_at(a->qkv, 320), dc_buf_at(a->qkv, 640), &sh);
     return 0;
 }
 
-// Attention the kernels cannot run yet (cross, causal, a head of 160) comes
-// back as the backend's error naming the case, never a crash or silent output.
+// Attention shapes outside the op's contract (a causal mask with more
+// queries than keys, an empty sequence) come back as the backend's error
+// naming the case, never a crash or silent output. (Every shape within it
+// runs: tests/test_cuda_attention.c.)
 static void test_attention_unsupported(void) {
     struct { int Tq, Tk, Dh; bool causal; const char *part; } cases[] = {
-        {5, 77, 64, false, "cross-attention"}, {16, 16, 64, true, "causal"}, {16, 16, 160, false, "head size 160"},
+        {16, 8, 64, true, "at least as many keys as queries"}, {16, 0, 64, false, "at least 1"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         dc_backend *be = fresh();
@@ -676,8 +680,8 @@ static void test_attention_unsupported(void) {
         dc_backend_destroy(be);
         // backward refuses the same shape
         if (!(be = fresh())) return;
-        dc_buf b[9];  // dq, dk, dv, dout, q, k, v, out (Tq <= Tk rows each), lse
-        for (int j = 0; j < 9; j++) b[j] = (dc_buf){be->alloc(be, (size_t)Tk * D * 4), j == 8 ? DC_F32 : g_ct};
+        dc_buf b[9];  // dq, dk, dv, dout, q, k, v, out (Tq rows each: Tq >= Tk here), lse
+        for (int j = 0; j < 9; j++) b[j] = (dc_buf){be->alloc(be, (size_t)Tq * D * 4), j == 8 ? DC_F32 : g_ct};
         dc_error_clear();
         be->attention_bwd(be, b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], &sh);
         rc = dc_backend_status(be);
@@ -756,21 +760,22 @@ static void test_errors(void) {
     dc_dit_free(&m);
     dc_backend_destroy(be);
 
-    // 3. A head size the kernels lack: reserve refuses it up front; an op asked
-    //    for it anyway after a legal reserve records an error naming it.
+    // 3. Attention the device cannot hold: reserve refuses it up front; an
+    //    op outside the contract after a legal reserve records an error naming it.
     if (!(be = fresh())) return;
     dc_error_clear();
-    int rrc = be->reserve(be, 64, 160);
-    expect(rrc == -1 && has(dc_error(), "head size 160"), "reserve for head size 160: -1 naming it");
-    expect(be->reserve(be, 64, 64) == 0 && dc_backend_status(be) == 0, "reserve for head size 64 works");
+    int rrc = be->reserve(be, 1 << 23, 512);
+    expect(rrc == -1 && has(dc_error(), "head size 512") && has(dc_error(), "too long"),
+           "reserve for 8M tokens of head size 512: -1 naming it");
+    expect(be->reserve(be, 4096, 512) == 0 && dc_backend_status(be) == 0, "reserve for 4096 tokens of 512 works");
     int64_t n3 = 16 * 3 * 320;
     bad_attn a = {be, {be->alloc(be, 16 * 320 * 4), g_ct}, {be->alloc(be, 2 * 16 * 4), DC_F32},
                   {be->alloc(be, n3 * 4), g_ct}};
     be->zero(be, a.qkv.p, n3 * dc_dtype_size(g_ct));
     run_bad_attention(&a);
-    printf("     head size: %s\n", dc_backend_status(be) ? dc_error() : "(no error)");
-    expect(dc_backend_status(be) == -1 && has(dc_error(), "head size 160"),
-           "attn_fwd with head size 160 after a legal reserve: status -1 naming it");
+    printf("     causal: %s\n", dc_backend_status(be) ? dc_error() : "(no error)");
+    expect(dc_backend_status(be) == -1 && has(dc_error(), "at least as many keys"),
+           "causal attn_fwd with 16 queries and 8 keys after a legal reserve: status -1 naming it");
     be->free(be, a.out.p), be->free(be, a.lse.p), be->free(be, a.qkv.p);
     dc_backend_destroy(be);
 
@@ -780,7 +785,7 @@ static void test_errors(void) {
                    {be->alloc(be, n3 * 4), g_ct}};
     dc_error_clear();
     void *graph = be->graph_capture(be, run_bad_attention, &a);
-    expect(!graph && has(dc_error(), "head size 160"), "graph_capture of a failing op: NULL with the op's error");
+    expect(!graph && has(dc_error(), "at least as many keys"), "graph_capture of a failing op: NULL with the op's error");
     if (graph) be->graph_free(be, graph);
     be->free(be, a.out.p), be->free(be, a.lse.p), be->free(be, a.qkv.p);
     dc_backend_destroy(be);

@@ -52,6 +52,9 @@ if has check; then
   if "$TESTS/test_cuda" "$seed" > "$OUT/test_cuda.log" 2>&1; then r=PASS; else r=FAIL; fi
   grep -E "^(FAIL|==)|checks" "$OUT/test_cuda.log"
   note "test_cuda (seed $seed): $r, $(tail -1 "$OUT/test_cuda.log")"
+  if "$TESTS/test_cuda_attention" "$seed" > "$OUT/test_cuda_attention.log" 2>&1; then r=PASS; else r=FAIL; fi
+  grep -E "^FAIL" "$OUT/test_cuda_attention.log"
+  note "test_cuda_attention (seed $seed): $r, $(tail -1 "$OUT/test_cuda_attention.log")"
   if "$TESTS/test_ops" "$seed" cuda-fp32 > "$OUT/test_ops_gpu.log" 2>&1; then r=PASS; else r=FAIL; fi
   grep -E "FAIL" "$OUT/test_ops_gpu.log" | head
   note "test_ops on cuda-fp32 vs float64: $r, $(tail -1 "$OUT/test_ops_gpu.log")"

@@ -138,15 +138,12 @@ static void cu_sync(dc_backend *be) {
     DC_CUDA(be, cudaStreamSynchronize(dc_cuda(be)->stream));
 }
 
-// Attention keeps no workspace (the kernels rebuild what they need), so
-// reserving only checks that the shape is supported.
+// Attention keeps no workspace of its own (its product path borrows the
+// cuBLASLt workspace between products), so reserving checks that the longest
+// sequence fits there (cuda_attention_op.cu).
 static int cu_reserve(dc_backend *be, int max_tokens, int head_dim) {
     DC_TRY(cu_status(be));
-    if (max_tokens < 1) return dc_fail("cuda: reserve for %d tokens", max_tokens);
-    if (head_dim < 1 || head_dim > dc_cuda_attn_max_head_dim())
-        return dc_fail("cuda: attention head size %d is not supported (at most %d: use more heads)", head_dim,
-                       dc_cuda_attn_max_head_dim());
-    return 0;
+    return dc_cuda_attention_reserve(be, max_tokens, head_dim);
 }
 
 // ---- graphs ---------------------------------------------------------------------------
@@ -192,74 +189,6 @@ static void cu_graph_launch(dc_backend *be, void *graph) {
 static void cu_graph_free(dc_backend *be, void *graph) {
     (void)be;
     if (graph) cudaGraphExecDestroy((cudaGraphExec_t)graph);
-}
-
-// ---- attention adapters ------------------------------------------------------------------
-// The kernels run self-attention over packed qkv [B,T,3D] into out [B,T,D]
-// (the DiT's layout), heads of at most dc_cuda_attn_max_head_dim(), without a
-// mask. Any other dc_attn_shape is refused with a message naming what the
-// device lacks; the caller's backend status reports it.
-static bool attn_is_layout(dc_attn_layout l, dc_attn_layout want) {
-    return l.batch == want.batch && l.token == want.token && l.head == want.head;
-}
-
-// Empty string if the kernels can run s with q, k, v (or dq, dk, dv) at these
-// addresses, else why not.
-static void attn_unsupported(char *msg, size_t size, const dc_attn_shape *s, dc_buf q, dc_buf k, dc_buf v) {
-    msg[0] = 0;
-    const int64_t D = (int64_t)s->H * s->Dh;
-    const dc_attn_shape packed = dc_attn_packed(s->B, s->Tq, (int)D, s->H);
-    if (s->B < 1 || s->H < 1 || s->Tq < 1 || s->Tk < 1 || s->Dh < 1)
-        snprintf(msg, size, "attention shape B %d, H %d, Tq %d, Tk %d, Dh %d", s->B, s->H, s->Tq, s->Tk, s->Dh);
-    else if (s->Dh > dc_cuda_attn_max_head_dim() || s->Dv != s->Dh)
-        snprintf(msg, size, "attention head size %d (values %d) is not supported (at most %d, q and v alike)",
-                 s->Dh, s->Dv, dc_cuda_attn_max_head_dim());
-    else if (s->Tq != s->Tk)
-        snprintf(msg, size, "cross-attention (%d queries, %d keys) is not supported on the GPU yet", s->Tq, s->Tk);
-    else if (s->causal)
-        snprintf(msg, size, "causal attention is not supported on the GPU yet");
-    else if (s->scale != 0.0f && s->scale != dc_attn_scale(&packed))
-        snprintf(msg, size, "attention scale %g is not supported on the GPU yet (only 1/sqrt(%d))", s->scale, s->Dh);
-    else if (!attn_is_layout(s->q, packed.q) || !attn_is_layout(s->k, packed.k) || !attn_is_layout(s->v, packed.v) ||
-             !attn_is_layout(s->out, packed.out) || k.p != dc_buf_at(q, D).p || v.p != dc_buf_at(q, 2 * D).p)
-        snprintf(msg, size, "attention layout: the GPU runs only packed qkv [B,T,3D] into out [B,T,D] yet");
-}
-
-// One kernel dtype for all the tensors it reads and writes, lse always fp32.
-static bool attn_dtypes_ok(dc_buf qkv, dc_buf a, dc_buf b, dc_buf lse) {
-    return a.dt == qkv.dt && (!b.p || b.dt == qkv.dt) && lse.dt == DC_F32 &&
-           (qkv.dt == DC_F32 || qkv.dt == DC_BF16);
-}
-
-static void cu_attention_fwd(dc_backend *be, dc_buf out, dc_buf lse, dc_buf q, dc_buf k, dc_buf v,
-                             const dc_attn_shape *s) {
-    DC_CUDA_OP(be);
-    char msg[200];
-    attn_unsupported(msg, sizeof msg, s, q, k, v);
-    if (msg[0]) DC_CUDA_FAIL(be, "%s", msg);
-    if (!attn_dtypes_ok(q, out, dc_buf_none(), lse) || k.dt != q.dt || v.dt != q.dt)
-        DC_CUDA_FAIL(be, "attention dtypes: qkv %s, out %s, lse %s", dc_dtype_name(q.dt), dc_dtype_name(out.dt),
-                     dc_dtype_name(lse.dt));
-    if (dc_cuda_attn_fwd(dc_cuda(be)->stream, out.p, (float *)lse.p, q.p, s->B, s->Tq, s->H * s->Dh, s->H,
-                         q.dt == DC_BF16) != 0)
-        DC_CUDA_FAIL(be, "attention head size %d is not supported (at most %d)", s->Dh, dc_cuda_attn_max_head_dim());
-    DC_CUDA_LAUNCHED(be);
-}
-
-static void cu_attention_bwd(dc_backend *be, dc_buf dq, dc_buf dk, dc_buf dv, dc_buf dout, dc_buf q, dc_buf k,
-                             dc_buf v, dc_buf out, dc_buf lse, const dc_attn_shape *s) {
-    DC_CUDA_OP(be);
-    char msg[200];
-    attn_unsupported(msg, sizeof msg, s, q, k, v);
-    if (!msg[0]) attn_unsupported(msg, sizeof msg, s, dq, dk, dv);  // the gradients packed alike
-    if (msg[0]) DC_CUDA_FAIL(be, "%s", msg);
-    if (!attn_dtypes_ok(q, dq, dout, lse) || out.dt != q.dt || k.dt != q.dt || v.dt != q.dt)
-        DC_CUDA_FAIL(be, "attention dtypes: dqkv %s, dout %s, qkv %s, out %s, lse %s", dc_dtype_name(dq.dt),
-                     dc_dtype_name(dout.dt), dc_dtype_name(q.dt), dc_dtype_name(out.dt), dc_dtype_name(lse.dt));
-    if (dc_cuda_attn_bwd(dc_cuda(be)->stream, dq.p, dout.p, q.p, out.p, (const float *)lse.p, s->B, s->Tq,
-                         s->H * s->Dh, s->H, q.dt == DC_BF16) != 0)
-        DC_CUDA_FAIL(be, "attention head size %d is not supported (at most %d)", s->Dh, dc_cuda_attn_max_head_dim());
-    DC_CUDA_LAUNCHED(be);
 }
 
 // ---- creation ----------------------------------------------------------------------------
@@ -373,8 +302,8 @@ extern "C" dc_backend *dc_backend_cuda_create(bool fp32) {
         .ln_mod_bwd = dc_cuda_ln_mod_bwd,
         .gate_res_fwd = dc_cuda_gate_res_fwd,
         .gate_res_bwd = dc_cuda_gate_res_bwd,
-        .attention_fwd = cu_attention_fwd,
-        .attention_bwd = cu_attention_bwd,
+        .attention_fwd = dc_cuda_attention_fwd,  // cuda_attention_op.cu checks the shape, picks the kernels
+        .attention_bwd = dc_cuda_attention_bwd,
         .patchify = dc_cuda_patchify,
         .unpatchify_fwd = dc_cuda_unpatchify_fwd,
         .unpatchify_bwd = dc_cuda_unpatchify_bwd,
@@ -401,6 +330,9 @@ extern "C" dc_backend *dc_backend_cuda_create(bool fp32) {
         .geglu_bwd = dc_cuda_geglu_bwd,
         .activation_fwd = dc_cuda_activation_fwd,
         .activation_bwd = dc_cuda_activation_bwd,
+        .transpose = dc_cuda_transpose,
+        .add_channel = dc_cuda_add_channel,
+        .channel_sum = dc_cuda_channel_sum,
         .memory = cu_memory,
         .graph_capture = cu_graph_capture,
         .graph_launch = cu_graph_launch,

@@ -171,12 +171,12 @@ void dc_cuda_gate_res_fwd(dc_backend *be, dc_buf out, dc_buf x, dc_buf y, dc_buf
 void dc_cuda_gate_res_bwd(dc_backend *be, dc_buf dy, dc_buf dmod, dc_buf dx, dc_buf y, dc_buf mod,
                           int B, int T, int D, int nchunk, int ch_gate);
 
-// ---- attention (cuda_attention.cu) ----
-int dc_cuda_attn_fwd(cudaStream_t s, void *out, float *lse, const void *qkv, int B, int T, int D,
-                     int H, int bf16);
-int dc_cuda_attn_bwd(cudaStream_t s, void *dqkv, const void *dout, const void *qkv, const void *out,
-                     const float *lse, int B, int T, int D, int H, int bf16);
-int dc_cuda_attn_max_head_dim(void);
+// ---- attention (cuda_attention_op.cu) ----
+void dc_cuda_attention_fwd(dc_backend *be, dc_buf out, dc_buf lse, dc_buf q, dc_buf k, dc_buf v,
+                           const dc_attn_shape *s);
+void dc_cuda_attention_bwd(dc_backend *be, dc_buf dq, dc_buf dk, dc_buf dv, dc_buf dout, dc_buf q,
+                           dc_buf k, dc_buf v, dc_buf out, dc_buf lse, const dc_attn_shape *s);
+int dc_cuda_attention_reserve(dc_backend *be, int max_tokens, int head_dim);
 
 // ---- diffusion (cuda_diffusion.cu) ----
 void dc_cuda_randn(dc_backend *be, dc_buf out, const uint32_t *keys, int B, int64_t n, uint64_t seed,
