@@ -133,6 +133,8 @@ done:
 }
 
 int cmd_bench(int argc, char **argv) {
+    for (int k = 1; k < argc; k++)  // Stable Diffusion: its own flags
+        if (!strcmp(argv[k], "--sd") || !strncmp(argv[k], "--sd=", 5)) return cmd_bench_sd(argc, argv);
     const char *model = NULL, *device = "auto", *precision = "auto";
     int batch = 64, iters = 5, warm = 1, sample_batch = 32, sample_steps = 10, threads = 0, latency = 1;
     float cfg = 4.0f;
@@ -154,7 +156,8 @@ int cmd_bench(int argc, char **argv) {
                      "prints images/s, achieved TFLOP/s (a training step counted as 3 forward\n"
                      "passes; 1 MAC = 2 FLOP) and peak memory. On a GPU it first times a large\n"
                      "matrix product in the compute dtype and quotes MFU against it; sampling\n"
-                     "runs at --sample-batch and at batch 1 (latency), with guidance.",
+                     "runs at --sample-batch and at batch 1 (latency), with guidance.\n"
+                     "For Stable Diffusion: diffusion bench --sd PATH --help.",
                      specs, (int)(sizeof specs / sizeof specs[0]), 0, {0}, 0, {0}};
     int rc = args_parse(&ap, argc, argv);
     if (rc) return rc > 0 ? 0 : cli_usage_fail();

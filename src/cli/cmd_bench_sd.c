@@ -1,0 +1,175 @@
+// diffusion bench --sd MODEL: Stable Diffusion's speed and memory, each
+// part alone (text encoder, one guided UNet step, VAE decode) and whole
+// pictures (a 50-step image at batch 1, and a batch), beside the figures
+// tools/sd_pytorch.py measures for diffusers on the same device.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/args.h"
+#include "cli/cli_util.h"
+#include "cli/commands.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "models/unet.h"
+#include "pipelines/sd.h"
+
+static size_t peak_bytes(dc_backend *be) {
+    size_t peak = 0;
+    if (be->memory) be->memory(be, NULL, &peak);
+    return peak;
+}
+
+// Seconds per call of one guided UNet step at `rows` rows (2 per picture).
+static int time_unet(dc_sd_pipe *p, int rows, int h, int w, int iters, double *sec) {
+    dc_backend *be = p->be;
+    const int D = p->text->cfg.width, T = DC_CLIP_CONTEXT;
+    const int64_t n = (int64_t)rows * 4 * h * w;
+    dc_buf x = {0}, out = {0}, t = {0}, ctx = {0};
+    int rc = dc_unet_set_size(p->unet, h, w);
+    if (!rc) rc = dc_model_reserve(p->unet, rows);
+    if (!rc) rc = dc_buf_alloc(be, &x, DC_F32, (size_t)n, "x");
+    if (!rc) rc = dc_buf_alloc(be, &out, DC_F32, (size_t)n, "out");
+    if (!rc) rc = dc_buf_alloc(be, &t, DC_F32, (size_t)rows, "t");
+    if (!rc) rc = dc_buf_alloc(be, &ctx, be->compute, (size_t)rows * T * D, "ctx");
+    if (!rc) {
+        uint32_t *keys = malloc(sizeof(uint32_t) * (size_t)rows);
+        float *tv = malloc(sizeof(float) * (size_t)rows);
+        for (int i = 0; i < rows; i++) keys[i] = (uint32_t)i, tv[i] = 500.0f;
+        be->randn(be, x, keys, rows, 4 * (int64_t)h * w, 1, 0, 0);
+        be->upload(be, t.p, tv, sizeof(float) * (size_t)rows);
+        be->zero(be, ctx.p, (size_t)rows * T * D * dc_dtype_size(be->compute));
+        free(keys), free(tv);
+        dc_cond cond = {.ctx = ctx, .len = T, .dim = D};
+        for (int i = 0; i < iters + 2 && !rc; i++) {
+            if (i == 2) be->sync(be), *sec = dc_time_now();
+            rc = dc_model_forward(p->unet, out, x, t, &cond, rows);
+        }
+        be->sync(be);
+        *sec = (dc_time_now() - *sec) / iters;
+        if (!rc) rc = dc_backend_status(be);
+    }
+    dc_buf all[] = {x, out, t, ctx};
+    for (int i = 0; i < 4; i++)
+        if (all[i].p) be->free(be, all[i].p);
+    return rc;
+}
+
+static int time_decode(dc_sd_pipe *p, int H, int W, int iters, double *sec) {
+    dc_backend *be = p->be;
+    const int f = p->factor, h = H / f, w = W / f;
+    dc_buf z = {0}, img = {0};
+    int rc = dc_vae_reserve(p->vae, 1, H, W);
+    if (!rc) rc = dc_buf_alloc(be, &z, be->compute, (size_t)4 * h * w, "z");
+    if (!rc) rc = dc_buf_alloc(be, &img, be->compute, (size_t)3 * H * W, "image");
+    if (!rc) {
+        be->zero(be, z.p, (size_t)4 * h * w * dc_dtype_size(be->compute));
+        for (int i = 0; i < iters + 1 && !rc; i++) {
+            if (i == 1) be->sync(be), *sec = dc_time_now();
+            rc = dc_vae_decode(p->vae, img, z, 1, h, w);
+        }
+        be->sync(be);
+        *sec = (dc_time_now() - *sec) / iters;
+    }
+    if (z.p) be->free(be, z.p);
+    if (img.p) be->free(be, img.p);
+    return rc;
+}
+
+static int time_pictures(dc_sd_pipe *p, int count, int batch, int steps, int size, double *sec) {
+    float *img = malloc(sizeof(float) * (size_t)count * 3 * size * size);
+    if (!img) return dc_fail("out of memory");
+    dc_sd_gen g = {"a photo of an astronaut riding a horse on mars", "", count, batch, size, size,
+                   dc_ksampler_opts_default(), NULL, 0};
+    g.ks.steps = steps, g.ks.kind = DC_KS_EULER_A;
+    p->be->sync(p->be);
+    *sec = dc_time_now();
+    int rc = dc_sd_generate(p, &g, img, NULL, NULL);
+    *sec = dc_time_now() - *sec;
+    free(img);
+    return rc;
+}
+
+int cmd_bench_sd(int argc, char **argv) {
+    const char *model = NULL, *vocab = NULL, *device = "auto", *precision = "auto";
+    int size = 0, steps = 50, batch = 8, iters = 20, threads = 0;
+    arg_spec specs[] = {
+        {"sd", ARG_STR, &model, "PATH", "Stable Diffusion model (folder or single file)"},
+        {"vocab", ARG_STR, &vocab, "PATH", "CLIP vocabulary when the model has no tokenizer/"},
+        {"size", ARG_INT, &size, "PX", "picture size (default: the model's)"},
+        {"steps", ARG_INT, &steps, "N", "sampling steps of a whole picture"},
+        {"batch", ARG_INT, &batch, "N", "pictures of the batch measurement (0: skip it)"},
+        {"iters", ARG_INT, &iters, "N", "timed calls of each part"},
+        {"threads", ARG_INT, &threads, "N", "CPU threads (default: all cores)"},
+        {"device", ARG_STR, &device, "NAME", CLI_DEVICE_HELP},
+        {"precision", ARG_STR, &precision, "P", CLI_PRECISION_HELP},
+    };
+    arg_parser ap = {"diffusion bench --sd PATH [--size PX] [--steps N] [--batch N]",
+                     "Times Stable Diffusion: the text encoder, one guided UNet step, the VAE\n"
+                     "decoder, a whole picture (guidance 7.5, Euler a) and a batch of pictures,\n"
+                     "and the peak device memory.",
+                     specs, (int)(sizeof specs / sizeof specs[0]), 0, {0}, 0, {0}};
+    int rc = args_parse(&ap, argc, argv);
+    if (rc) return rc > 0 ? 0 : cli_usage_fail();
+    if (!model) return dc_fail("--sd is required"), cli_usage_fail();
+    if (steps < 1 || steps > 1000 || batch < 0 || batch > 64 || iters < 1 || size < 0 || size > 4096)
+        return dc_fail("--steps, --batch, --iters or --size out of range"), cli_usage_fail();
+    if (cli_check_device_flags(threads, device, precision)) return cli_usage_fail();
+    dc_backend *be = NULL;
+    dc_sd_pipe p = {0};
+    const char *fallback = NULL;
+    int status = 1;
+    if (!vocab && cli_find_vocab(&fallback)) dc_error_clear();
+    if (cli_set_threads(threads) || cli_backend(device, precision, &be)) goto done;
+    double t0 = dc_time_now();
+    dc_sd_open_opts oo = {model, vocab, fallback, DC_ST_NO_VERIFY, -1, false};
+    if (dc_sd_pipe_open(&p, be, &oo)) goto done;
+    double load = dc_time_now() - t0;
+    if (!size) size = p.default_size;
+    const int h = size / p.factor, w = size / p.factor;
+    printf("SD %s on %s (%s), %dx%d, loaded in %.1f s\n",
+           p.version == 2 ? "2.x" : p.version == 1 ? "1.x" : "(version unknown)", be->name,
+           dc_dtype_name(be->compute), size, size, load);
+    // the text encoder: two prompts (the prompt and the negative one)
+    dc_buf ctx = {0};
+    if (dc_buf_alloc(be, &ctx, be->compute, (size_t)2 * DC_CLIP_CONTEXT * p.text->cfg.width, "ctx")) goto done;
+    const char *prompts[2] = {"a photo of an astronaut riding a horse on mars", ""};
+    double tt = 0;
+    for (int i = 0; i < iters + 1; i++) {
+        if (i == 1) be->sync(be), tt = dc_time_now();
+        if (dc_sd_encode_prompts(&p, prompts, 2, ctx)) goto done;
+    }
+    be->sync(be);
+    tt = (dc_time_now() - tt) / iters;
+    be->free(be, ctx.p);
+    printf("  %-44s %9.2f ms\n", "text encoder, prompt + negative", tt * 1e3);
+    double u1 = 0, u8 = 0, dec = 0, pic = 0, bat = 0;
+    if (time_unet(&p, 2, h, w, iters, &u1)) goto done;
+    double macs = dc_model_macs_per_image(p.unet) * 2;
+    printf("  %-44s %9.2f ms  %6.1f TFLOP/s\n", "UNet step, batch 1 with guidance (2 rows)", u1 * 1e3,
+           2 * macs / u1 / 1e12);
+    if (batch > 0) {
+        if (time_unet(&p, 2 * batch, h, w, iters, &u8)) goto done;
+        char what[64];
+        snprintf(what, sizeof what, "UNet step, batch %d with guidance (%d rows)", batch, 2 * batch);
+        printf("  %-44s %9.2f ms  %6.1f TFLOP/s\n", what, u8 * 1e3, 2 * macs * batch / u8 / 1e12);
+    }
+    if (time_decode(&p, size, size, iters, &dec)) goto done;
+    printf("  %-44s %9.2f ms\n", "VAE decode, one picture", dec * 1e3);
+    if (time_pictures(&p, 1, 1, 2, size, &pic) || time_pictures(&p, 1, 1, steps, size, &pic)) goto done;
+    char what[96];
+    snprintf(what, sizeof what, "whole picture, %d steps (text, UNet, VAE)", steps);
+    printf("  %-44s %9.3f s\n", what, pic);
+    if (batch > 0) {
+        if (time_pictures(&p, batch, batch, steps, size, &bat)) goto done;
+        snprintf(what, sizeof what, "%d pictures in one batch, %d steps", batch, steps);
+        printf("  %-44s %9.3f s   %.2f pictures/s\n", what, bat, batch / bat);
+    }
+    if (be->memory) printf("  %-44s %9.2f GiB\n", "peak device memory", peak_bytes(be) / 1073741824.0);
+    status = 0;
+done:
+    if (status) cli_fail();
+    dc_sd_pipe_close(&p);
+    if (be) dc_backend_destroy(be);
+    return status;
+}

@@ -1,0 +1,149 @@
+#!/usr/bin/env python3
+"""diffusers and transformers beside the engine, on one GPU, for Stable Diffusion.
+
+check  Loads a pipeline folder in diffusers' layout (tools/sd_random writes a
+       random-weight SD 1.5 or 2.1 one) into diffusers' UNet2DConditionModel
+       and AutoencoderKL and transformers' CLIPTextModel (every tensor loaded
+       strictly: nothing left at its random init) and writes, for
+       `diffusion forward --component`, the inputs unet_in.safetensors,
+       dec_in.safetensors, txt_in.safetensors and the outputs in fp32 with
+       TF32 off (ref.safetensors: unet.out, vae.image, text.hidden,
+       text.penultimate).
+bench  The same models in fp16 on the GPU, eager and torch.compile: one UNet
+       step at batch 1 and at batch N with guidance (2 and 2N rows), the VAE
+       decode of one picture, the text encoder on two prompts, and the
+       whole-picture time they add up to (text + steps x UNet + VAE), with the
+       peak memory of the eager batch-1 picture.
+
+    python3 tools/sd_pytorch.py check --model DIR --out DIR --diffusers PATH/diffusers/src
+    python3 tools/sd_pytorch.py bench --model DIR --diffusers PATH/diffusers/src [--batch 8] [--steps 50]
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+
+def load(folder, diffusers_src, dtype, device):
+    sys.path.insert(0, diffusers_src)
+    from diffusers import AutoencoderKL, UNet2DConditionModel
+    from safetensors.torch import load_file
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    def weights(sub, name):
+        sd = load_file(os.path.join(folder, sub, name))
+        return {k[len('text_model.'):] if k.startswith('text_model.') else k: v for k, v in sd.items()}
+
+    def cfg(sub):
+        with open(os.path.join(folder, sub, 'config.json')) as f:
+            return json.load(f)
+
+    unet = UNet2DConditionModel.from_config(cfg('unet'))
+    unet.load_state_dict(weights('unet', 'diffusion_pytorch_model.safetensors'), strict=True)
+    vae = AutoencoderKL.from_config(cfg('vae'))
+    vae.load_state_dict(weights('vae', 'diffusion_pytorch_model.safetensors'), strict=True)
+    tc = {k: v for k, v in cfg('text_encoder').items() if k not in ('architectures', 'model_type')}
+    text = CLIPTextModel(CLIPTextConfig(**tc))
+    missing = text.load_state_dict(weights('text_encoder', 'model.safetensors'), strict=False)
+    assert not missing.missing_keys or all('position_ids' in k for k in missing.missing_keys), missing
+    assert not missing.unexpected_keys, missing.unexpected_keys
+    return [m.to(device=device, dtype=dtype).eval() for m in (unet, vae, text)]
+
+
+def save(path, tensors):
+    from safetensors.torch import save_file
+    save_file({k: v.detach().float().cpu().contiguous() if v.is_floating_point() else v.cpu().contiguous()
+               for k, v in tensors.items()}, path)
+
+
+def check(a):
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    unet, vae, text = load(a.model, a.diffusers, torch.float32, 'cuda')
+    g = torch.Generator(device='cpu').manual_seed(0)
+    lat = unet.config.sample_size
+    ctx_dim = unet.config.cross_attention_dim
+    x = torch.randn(1, 4, lat, lat, generator=g)
+    t = torch.tensor([500.0])
+    ctx = torch.randn(1, 77, ctx_dim, generator=g)
+    z = torch.randn(1, 4, lat, lat, generator=g)
+    ids = torch.randint(1, 49406, (1, 77), generator=g)
+    ids[0, 0], ids[0, 20:] = 49406, 49407
+    os.makedirs(a.out, exist_ok=True)
+    save(os.path.join(a.out, 'unet_in.safetensors'), {'x': x, 't': t, 'context': ctx})
+    save(os.path.join(a.out, 'dec_in.safetensors'), {'z': z})
+    save(os.path.join(a.out, 'txt_in.safetensors'), {'ids': ids})
+    with torch.no_grad():
+        out = unet(x.cuda(), t.cuda(), ctx.cuda()).sample
+        image = vae.decode(z.cuda()).sample
+        o = text(ids.cuda(), output_hidden_states=True)
+    save(os.path.join(a.out, 'ref.safetensors'), {'unet.out': out, 'vae.image': image,
+                                                  'text.hidden': o.last_hidden_state,
+                                                  'text.penultimate': o.hidden_states[-2]})
+    print('check: wrote inputs and fp32 references to', a.out)
+
+
+def timed(fn, iters):
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / iters
+
+
+def bench(a):
+    unet, vae, text = load(a.model, a.diffusers, torch.float16, 'cuda')
+    lat = unet.config.sample_size
+    D = unet.config.cross_attention_dim
+    ids = torch.full((2, 77), 49407, device='cuda')
+    ids[:, 0] = 49406
+    rows = {r: (torch.randn(r, 4, lat, lat, device='cuda', dtype=torch.float16),
+                torch.full((r,), 500.0, device='cuda'),
+                torch.randn(r, 77, D, device='cuda', dtype=torch.float16)) for r in (2, 2 * a.batch)}
+    z = torch.randn(1, 4, lat, lat, device='cuda', dtype=torch.float16)
+    print(f'diffusers {sys.modules["diffusers"].__version__}, torch {torch.__version__}, '
+          f'{torch.cuda.get_device_name()}, fp16, {lat * 8}x{lat * 8}')
+    results = {}
+    for mode in ('eager', 'compile'):
+        u = unet if mode == 'eager' else torch.compile(unet)
+        d = vae.decode if mode == 'eager' else torch.compile(vae.decode)
+        with torch.no_grad():
+            tt = timed(lambda: text(ids), 20)
+            u1 = timed(lambda: u(*rows[2]), 20)
+            ub = timed(lambda: u(*rows[2 * a.batch]), 10)
+            dec = timed(lambda: d(z), 10)
+        pic = tt + a.steps * u1 + dec
+        results[mode] = (tt, u1, ub, dec, pic)
+        print(f'  {mode:8s} text {tt * 1e3:7.2f} ms | UNet step batch 1 + guidance {u1 * 1e3:7.2f} ms | '
+              f'batch {a.batch} + guidance {ub * 1e3:7.2f} ms | VAE decode {dec * 1e3:7.2f} ms | '
+              f'{a.steps}-step picture {pic:.3f} s | batch {a.batch}: {a.batch / (a.steps * ub + a.batch * dec + tt):.2f} pictures/s')
+        if mode == 'eager':
+            torch.cuda.reset_peak_memory_stats()
+            with torch.no_grad():
+                u(*rows[2]), d(z)
+            torch.cuda.synchronize()
+            print(f'  eager peak memory, batch 1 with guidance: {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB')
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument('mode', choices=['check', 'bench'])
+    ap.add_argument('--model', required=True)
+    ap.add_argument('--diffusers', required=True, help="diffusers' src folder")
+    ap.add_argument('--out', default='.')
+    ap.add_argument('--batch', type=int, default=8)
+    ap.add_argument('--steps', type=int, default=50)
+    a = ap.parse_args()
+    sys.path.insert(0, a.diffusers)
+    import diffusers  # noqa: F401
+    check(a) if a.mode == 'check' else bench(a)
+
+
+if __name__ == '__main__':
+    main()
