@@ -118,6 +118,7 @@ EOF
   # set weights component input golden=ours...: 1e-4 relative (float32 against float64 on the same weights)
   check() {
     local set=$1 w=$2 comp=$3 in=$4; shift 4
+    rm -f "$TMP/out.st"  # never compare a previous run's output
     if ! diffusion forward --component "$comp" --weights "$w" --input "$TMP/${set}_$in.st" --output "$TMP/out.st" --device cpu > "$TMP/log" 2>&1; then
       fail "forward --component $comp $w: $(tail -1 "$TMP/log")"; return
     fi

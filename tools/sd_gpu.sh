@@ -6,7 +6,9 @@
 # diffusers in fp16 (eager and torch.compile). Prints a summary table last.
 #
 #   tools/sd_gpu.sh --bin DIR --diffusers SRC --vocab FILE [--out DIR] [--config sd1.5|sd2.1]
-#                   [check] [bench]
+#                   [tests] [check] [bench]
+# tests: the GPU test programs; check: components against golden files and
+# diffusers; bench: speed and memory beside diffusers.
 # --bin holds diffusion, tests/ and tools/ (the binaries `make` builds);
 # --diffusers is diffusers' src folder (pure Python, loaded from source).
 set -u
@@ -19,12 +21,12 @@ while [ $# -gt 0 ]; do
     --diffusers) DIFF=$2; shift 2;;
     --vocab) VOCAB=$2; shift 2;;
     --config) CONFIG=$2; shift 2;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0;;
-    check|bench) STEPS+=("$1"); shift;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0;;
+    tests|check|bench) STEPS+=("$1"); shift;;
     *) echo "sd_gpu: unknown argument $1" >&2; exit 2;;
   esac
 done
-[ ${#STEPS[@]} -gt 0 ] || STEPS=(check bench)
+[ ${#STEPS[@]} -gt 0 ] || STEPS=(tests check bench)
 has() { local s; for s in "${STEPS[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 mkdir -p "$OUT"
 D=$BIN/diffusion T=$BIN/tests SDR=$BIN/tools/sd_random G=tests/golden/sd
@@ -32,6 +34,7 @@ if ! ldconfig -p 2>/dev/null | grep -q libcudnn.so.9 && [ ! -e /usr/local/cuda/l
   d=$(python3 -c "import nvidia.cudnn as m; print(list(m.__path__)[0])" 2>/dev/null) &&
     export LD_LIBRARY_PATH="$d/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
+grep -q avx512f /proc/cpuinfo && export OPENBLAS_CORETYPE=SkylakeX
 summary=()
 note() { summary+=("$1"); echo "== $1"; }
 cmp_t() { python3 tools/compare_tensors.py "$@"; }
@@ -42,7 +45,7 @@ t0=$SECONDS
 [ -d "$MODEL" ] || "$SDR" --config "$CONFIG" --layout diffusers --dtype f16 --out "$MODEL" || exit 1
 note "random-weight $CONFIG pipeline folder written in $((SECONDS - t0)) s"
 
-if has check; then
+if has tests; then
   seed=$(date +%s)
   for t in "test_cuda_attention $seed" "test_unet cuda" "test_unet cuda-fp32" "test_cuda $seed"; do
     set -- $t
@@ -50,6 +53,9 @@ if has check; then
     grep -E "^FAIL" "$OUT/$1_$2.log" | head -5
     note "$1 $2: $r, $(tail -1 "$OUT/$1_$2.log")"
   done
+fi
+
+if has check; then
   # every component on the GPU against the golden files (fp32 1e-4, bf16 3e-2)
   python3 - "$G" "$OUT" << 'EOF'
 import json, struct, sys
@@ -72,6 +78,7 @@ EOF
     tol=1e-4; [ $prec = bf16 ] && tol=3e-2
     for c in "unet unet unet.out=out" "vae-decode dec vae.decoded=image" "vae-encode enc vae.mean=mean" "text-encoder txt text.hidden=hidden"; do
       set -- $c
+      rm -f "$OUT/g_$2_out.st"  # never compare a previous run's output
       $D forward --component $1 --weights $G/sd1/diffusers --input "$OUT/g_$2.st" --output "$OUT/g_$2_out.st" \
         --device cuda --precision $prec > "$OUT/g_$2_$prec.log" 2>&1 || tail -2 "$OUT/g_$2_$prec.log"
       note "$(cmp_t "$3" $G/sd1/io.safetensors "$OUT/g_$2_out.st" $tol "golden sd1 $1 on cuda $prec")"
@@ -102,6 +109,7 @@ print('PASS' if px(sys.argv[1]) == px(sys.argv[2]) else 'FAIL')" "$OUT/tiny1-dif
     tol=2e-3; [ $prec = bf16 ] && tol=5e-2
     for c in "unet unet_in unet.out=out" "vae-decode dec_in vae.image=image" "text-encoder txt_in text.hidden=hidden"; do
       set -- $c
+      rm -f "$OUT/full/$1_$prec.st"
       $D forward --component $1 --weights "$MODEL" --input "$OUT/full/$2.safetensors" --output "$OUT/full/$1_$prec.st" \
         --device cuda --precision $prec > "$OUT/full_$1_$prec.log" 2>&1 || tail -2 "$OUT/full_$1_$prec.log"
       note "$(cmp_t "$3" "$OUT/full/ref.safetensors" "$OUT/full/$1_$prec.st" $tol "$CONFIG-size $1 on cuda $prec vs diffusers fp32")"

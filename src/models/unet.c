@@ -265,8 +265,13 @@ static int unet_forward(dc_model *mm, dc_buf out, dc_buf x, dc_buf t, const dc_c
     be->silu_fwd(be, s->silu_temb, a->temb, (int64_t)B * td);
 
     // down path: every output is kept as a skip
+    // x and out may be F32 (a sampler's state) while the layers run in the
+    // compute dtype: cast through the scratch, which is free at both ends.
+    const int64_t HW0 = (int64_t)m->lh * m->lw;
+    dc_buf xin = x;
+    if (x.dt != be->compute) be->cast(be, s->r1, x, B * c->in_channels * HW0), xin = s->r1;
     int k = 0;
-    conv_fwd(be, ps, &md->conv_in, a->skip[k], x, B, m->lh, m->lw);
+    conv_fwd(be, ps, &md->conv_in, a->skip[k], xin, B, m->lh, m->lw);
     dc_buf h = a->skip[k++];
     for (int i = 0; i < N; i++) {
         const unet_block *b = &md->down[i];
@@ -312,7 +317,12 @@ static int unet_forward(dc_model *mm, dc_buf out, dc_buf x, dc_buf t, const dc_c
     }
 
     dc_group_norm_fwd(be, ps, &md->norm_out, s->r0, s->gn_mean, s->gn_rstd, h, B, (int64_t)m->lh * m->lw, true);
-    conv_fwd(be, ps, &md->conv_out, out, s->r0, B, m->lh, m->lw);
+    if (out.dt == be->compute) {
+        conv_fwd(be, ps, &md->conv_out, out, s->r0, B, m->lh, m->lw);
+    } else {
+        conv_fwd(be, ps, &md->conv_out, s->r1, s->r0, B, m->lh, m->lw);
+        be->cast(be, out, s->r1, B * c->out_channels * HW0);
+    }
     return dc_backend_status(be);
 }
 

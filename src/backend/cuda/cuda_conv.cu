@@ -46,6 +46,8 @@ struct dc_conv_plan {
     cudnnConvolutionBwdFilterAlgo_t bwd_filter;
     cudnnMathType_t math_fwd, math_data, math_filter;
     size_t ws;          // workspace bytes the three need (the largest)
+    char bwd_missing[200];  // empty, or why backward cannot run (forward still can: inference
+                            // of large fp32 convs where no deterministic backward fits)
 };
 
 // The most workspace reserve lets one algorithm ask for: cuDNN's fastest
@@ -204,9 +206,10 @@ static bool plan_make(cudnnHandle_t h, const dc_conv2d_shape *s, dc_dtype dt, si
     if (!found) {
         char t[200];
         shape_text(s, t, sizeof t);
-        snprintf(err, errn, "cuDNN offers no deterministic %s %s algorithm within %.1f MiB of workspace for %s", pass,
+        snprintf(strcmp(pass, "forward") ? p->bwd_missing : err, strcmp(pass, "forward") ? sizeof p->bwd_missing : errn,
+                 "cuDNN offers no deterministic %s %s algorithm within %.1f MiB of workspace for %s", pass,
                  dc_dtype_name(dt), limit / 1048576.0, t);
-        return false;
+        return strcmp(pass, "forward") != 0;  // a convolution without backward still runs forward
     }
     return true;
 }
@@ -434,6 +437,7 @@ extern "C" void dc_cuda_conv2d_bwd(dc_backend *be, dc_buf dx, dc_buf dw, dc_buf 
                      dc_dtype_name(dw.dt), dc_dtype_name(db.dt));
     dc_conv_plan *p = op_plan(be, __func__, s, x.dt);
     if (!p) return;
+    if (p->bwd_missing[0]) DC_CUDA_FAIL(be, "%s", p->bwd_missing);
     const float one = 1.0f, zero = 0.0f;
     if (db.p)
         k_conv_bias_grad<<<s->Co, TPB, 0, c->stream>>>(db.p, BF(db), dout.p, BF(dout), s->B, s->Co,
