@@ -91,7 +91,7 @@ static int time_pictures(dc_sd_pipe *p, int count, int batch, int steps, int siz
 }
 
 int cmd_bench_sd(int argc, char **argv) {
-    const char *model = NULL, *vocab = NULL, *device = "auto", *precision = "auto";
+    const char *model = NULL, *vocab = NULL, *device = "auto", *precision = "auto", *parts = "all";
     int size = 0, steps = 50, batch = 8, iters = 20, threads = 0;
     arg_spec specs[] = {
         {"sd", ARG_STR, &model, "PATH", "Stable Diffusion model (folder or single file)"},
@@ -100,6 +100,8 @@ int cmd_bench_sd(int argc, char **argv) {
         {"steps", ARG_INT, &steps, "N", "sampling steps of a whole picture"},
         {"batch", ARG_INT, &batch, "N", "pictures of the batch measurement (0: skip it)"},
         {"iters", ARG_INT, &iters, "N", "timed calls of each part"},
+        {"parts", ARG_STR, &parts, "LIST", "all, or some of text,unet,vae,picture (with DC_CUDA_PROFILE=1, "
+                                           "one part's op profile)"},
         {"threads", ARG_INT, &threads, "N", "CPU threads (default: all cores)"},
         {"device", ARG_STR, &device, "NAME", CLI_DEVICE_HELP},
         {"precision", ARG_STR, &precision, "P", CLI_PRECISION_HELP},
@@ -126,6 +128,7 @@ int cmd_bench_sd(int argc, char **argv) {
     if (dc_sd_pipe_open(&p, be, &oo)) goto done;
     double load = dc_time_now() - t0;
     if (!size) size = p.default_size;
+#define PART(x) (!strcmp(parts, "all") || strstr(parts, x))
     const int h = size / p.factor, w = size / p.factor;
     printf("SD %s on %s (%s), %dx%d, loaded in %.1f s\n",
            p.version == 2 ? "2.x" : p.version == 1 ? "1.x" : "(version unknown)", be->name,
@@ -135,27 +138,33 @@ int cmd_bench_sd(int argc, char **argv) {
     if (dc_buf_alloc(be, &ctx, be->compute, (size_t)2 * DC_CLIP_CONTEXT * p.text->cfg.width, "ctx")) goto done;
     const char *prompts[2] = {"a photo of an astronaut riding a horse on mars", ""};
     double tt = 0;
-    for (int i = 0; i < iters + 1; i++) {
+    for (int i = 0; PART("text") && i < iters + 1; i++) {
         if (i == 1) be->sync(be), tt = dc_time_now();
         if (dc_sd_encode_prompts(&p, prompts, 2, ctx)) goto done;
     }
     be->sync(be);
     tt = (dc_time_now() - tt) / iters;
     be->free(be, ctx.p);
-    printf("  %-44s %9.2f ms\n", "text encoder, prompt + negative", tt * 1e3);
+    if (PART("text")) printf("  %-44s %9.2f ms\n", "text encoder, prompt + negative", tt * 1e3);
     double u1 = 0, u8 = 0, dec = 0, pic = 0, bat = 0;
-    if (time_unet(&p, 2, h, w, iters, &u1)) goto done;
-    double macs = dc_model_macs_per_image(p.unet) * 2;
-    printf("  %-44s %9.2f ms  %6.1f TFLOP/s\n", "UNet step, batch 1 with guidance (2 rows)", u1 * 1e3,
-           2 * macs / u1 / 1e12);
-    if (batch > 0) {
+    if (PART("unet")) {
+        if (time_unet(&p, 2, h, w, iters, &u1)) goto done;
+        double macs = dc_model_macs_per_image(p.unet) * 2;
+        printf("  %-44s %9.2f ms  %6.1f TFLOP/s\n", "UNet step, batch 1 with guidance (2 rows)", u1 * 1e3,
+               2 * macs / u1 / 1e12);
+    }
+    if (PART("unet") && batch > 0) {
+        double macs = dc_model_macs_per_image(p.unet) * 2;
         if (time_unet(&p, 2 * batch, h, w, iters, &u8)) goto done;
         char what[64];
         snprintf(what, sizeof what, "UNet step, batch %d with guidance (%d rows)", batch, 2 * batch);
         printf("  %-44s %9.2f ms  %6.1f TFLOP/s\n", what, u8 * 1e3, 2 * macs * batch / u8 / 1e12);
     }
-    if (time_decode(&p, size, size, iters, &dec)) goto done;
-    printf("  %-44s %9.2f ms\n", "VAE decode, one picture", dec * 1e3);
+    if (PART("vae")) {
+        if (time_decode(&p, size, size, iters, &dec)) goto done;
+        printf("  %-44s %9.2f ms\n", "VAE decode, one picture", dec * 1e3);
+    }
+    if (!PART("picture")) goto memory;
     if (time_pictures(&p, 1, 1, 2, size, &pic) || time_pictures(&p, 1, 1, steps, size, &pic)) goto done;
     char what[96];
     snprintf(what, sizeof what, "whole picture, %d steps (text, UNet, VAE)", steps);
@@ -165,6 +174,7 @@ int cmd_bench_sd(int argc, char **argv) {
         snprintf(what, sizeof what, "%d pictures in one batch, %d steps", batch, steps);
         printf("  %-44s %9.3f s   %.2f pictures/s\n", what, bat, batch / bat);
     }
+memory:
     if (be->memory) printf("  %-44s %9.2f GiB\n", "peak device memory", peak_bytes(be) / 1073741824.0);
     status = 0;
 done:

@@ -194,6 +194,7 @@ static void cu_graph_free(dc_backend *be, void *graph) {
 // ---- creation ----------------------------------------------------------------------------
 static void cu_destroy(dc_backend *be) {
     dc_cuda_ctx *c = dc_cuda(be);
+    if (c->prof) dc_cuda_prof_report(c);
     if (c->stream) cudaStreamSynchronize(c->stream);
     dc_cuda_gemm_free(c);
     dc_cuda_conv_free(c);
@@ -246,6 +247,7 @@ static int start(dc_cuda_ctx *c) {
     }
     if (e != cudaSuccess)
         return cudaGetLastError(), dc_fail("the CUDA GPU could not be used (events: %s)", cudaGetErrorString(e));
+    dc_cuda_prof_start(c);
     return 0;
 }
 

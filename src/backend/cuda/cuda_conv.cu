@@ -5,9 +5,12 @@
 // descriptors and the three algorithms, and grows the workspace to what they
 // need; ops find the plan in a cache, so no op allocates (a reserved shape in
 // another dtype gets a plan within the workspace there; a shape never
-// reserved is an error that says so). Algorithms come from cuDNN's
-// heuristics, not from timing runs (which could choose differently from one
-// run to the next), and must be deterministic. fp32 convs run with FMA math
+// reserved is an error that says so). Algorithms must be deterministic. In
+// fp32 (the checking mode) and for backward they come from cuDNN's
+// heuristics, the same every run; bf16 forward passes take the fastest of a
+// timing run at reserve (cudnnFind: the heuristics' picks for NCHW bf16 ran
+// several times slower), so two runs may pick different (each deterministic)
+// algorithms and differ in the last bits. fp32 convs run with FMA math
 // only (no TF32), so the fp32 mode checks as tightly as the CPU; bf16 convs
 // use tensor cores with fp32 accumulation. Memory: the scratch holds a padded
 // copy of the largest asymmetrically padded input reserved (4 bytes a value).
@@ -46,6 +49,14 @@ struct dc_conv_plan {
     cudnnConvolutionBwdFilterAlgo_t bwd_filter;
     cudnnMathType_t math_fwd, math_data, math_filter;
     size_t ws;          // workspace bytes the three need (the largest)
+    // bf16 forward in channels-last: cuDNN's NHWC kernels, several times faster
+    // than its NCHW ones; the op transposes x and w in and y out (cheap beside
+    // the convolution) through the layout scratch.
+    bool nhwc;
+    cudnnTensorDescriptor_t xd_h, yd_h;
+    cudnnFilterDescriptor_t wd_h;
+    cudnnConvolutionFwdAlgo_t fwd_h;
+    cudnnMathType_t math_fwd_h;
     char bwd_missing[200];  // empty, or why backward cannot run (forward still can: inference
                             // of large fp32 convs where no deterministic backward fits)
 };
@@ -97,7 +108,16 @@ static bool shape_ok(const dc_conv2d_shape *s, char *err, size_t n) {
     return true;
 }
 
+// The layout scratch of an NHWC forward: x, y and w in channels-last (bf16).
+static size_t layout_bytes(const dc_conv2d_shape *s) {
+    return (size_t)(round256((int64_t)s->B * s->Ci * s->H * s->W * 2) +
+                    round256((int64_t)s->B * s->Co * dc_conv2d_ho(s) * dc_conv2d_wo(s) * 2) + round256(dw_numel(s) * 2));
+}
+
 static void plan_free(dc_conv_plan *p) {
+    if (p->xd_h) cudnnDestroyTensorDescriptor(p->xd_h);
+    if (p->yd_h) cudnnDestroyTensorDescriptor(p->yd_h);
+    if (p->wd_h) cudnnDestroyFilterDescriptor(p->wd_h);
     if (p->xd) cudnnDestroyTensorDescriptor(p->xd);
     if (p->yd) cudnnDestroyTensorDescriptor(p->yd);
     if (p->wd) cudnnDestroyFilterDescriptor(p->wd);
@@ -128,7 +148,8 @@ static bool plan_make(cudnnHandle_t h, const dc_conv2d_shape *s, dc_dtype dt, si
                       char *err, size_t errn) {
     const bool fp32 = dt == DC_F32;
     const cudnnDataType_t ty = fp32 ? CUDNN_DATA_FLOAT : CUDNN_DATA_BFLOAT16;
-    const cudnnMathType_t base = fp32 ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH;
+    // bf16 needs TENSOR_OP_MATH for tensor cores (DEFAULT_MATH gives FMA kernels, about 60 TFLOP/s)
+    const cudnnMathType_t base = fp32 ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH;
     p->s = *s, p->dt = dt, p->padded = padded(s);
     const int hi = p->padded ? s->H + s->pad_t + s->pad_b : s->H, wi = p->padded ? s->W + s->pad_l + s->pad_r : s->W;
     const int ph = p->padded ? 0 : s->pad_t, pw = p->padded ? 0 : s->pad_l;
@@ -157,8 +178,12 @@ static bool plan_make(cudnnHandle_t h, const dc_conv2d_shape *s, dc_dtype dt, si
     bool found = false;
     cudnnConvolutionFwdAlgoPerf_t f[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
     DNN_MAKE(cudnnSetConvolutionMathType(p->cd, base));  // rank for the base math
-    DNN_MAKE(cudnnGetConvolutionForwardAlgorithm_v7(h, p->xd, p->wd, p->cd, p->yd, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
-                                                    &n, f));
+    if (fp32)  // the checking mode: heuristics, the same choice every run
+        DNN_MAKE(cudnnGetConvolutionForwardAlgorithm_v7(h, p->xd, p->wd, p->cd, p->yd,
+                                                        CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &n, f));
+    else  // the fast mode: timed once here (the heuristics' NCHW bf16 picks ran 3-10x slower)
+        DNN_MAKE(cudnnFindConvolutionForwardAlgorithm(h, p->xd, p->wd, p->cd, p->yd, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
+                                                      &n, f));
     for (int i = 0; i < n && !found; i++) {
         cudnnMathType_t m = fp32 ? base : f[i].mathType;
         if (!usable(f[i], fp32) || cudnnSetConvolutionMathType(p->cd, m) != CUDNN_STATUS_SUCCESS ||
@@ -169,6 +194,31 @@ static bool plan_make(cudnnHandle_t h, const dc_conv2d_shape *s, dc_dtype dt, si
         p->fwd = f[i].algo, p->math_fwd = m, p->ws = ws, found = true;
     }
     const char *pass = "forward";
+    if (found && !fp32 && !p->padded) {  // channels-last, when cuDNN times it faster
+        float t_nchw = 1e30f;
+        for (int i = 0; i < n; i++)
+            if (f[i].algo == p->fwd && f[i].status == CUDNN_STATUS_SUCCESS) t_nchw = f[i].time;
+        DNN_MAKE(cudnnCreateTensorDescriptor(&p->xd_h));
+        DNN_MAKE(cudnnSetTensor4dDescriptor(p->xd_h, CUDNN_TENSOR_NHWC, ty, s->B, s->Ci, s->H, s->W));
+        DNN_MAKE(cudnnCreateTensorDescriptor(&p->yd_h));
+        DNN_MAKE(cudnnSetTensor4dDescriptor(p->yd_h, CUDNN_TENSOR_NHWC, ty, s->B, s->Co, ho, wo));
+        DNN_MAKE(cudnnCreateFilterDescriptor(&p->wd_h));
+        DNN_MAKE(cudnnSetFilter4dDescriptor(p->wd_h, ty, CUDNN_TENSOR_NHWC, s->Co, s->Ci, s->k, s->k));
+        DNN_MAKE(cudnnSetConvolutionMathType(p->cd, base));
+        int nh = 0;
+        DNN_MAKE(cudnnFindConvolutionForwardAlgorithm(h, p->xd_h, p->wd_h, p->cd, p->yd_h,
+                                                      CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &nh, f));
+        for (int i = 0; i < nh && !p->nhwc; i++) {
+            if (!usable(f[i], fp32) || f[i].time >= t_nchw ||
+                cudnnSetConvolutionMathType(p->cd, f[i].mathType) != CUDNN_STATUS_SUCCESS ||
+                cudnnGetConvolutionForwardWorkspaceSize(h, p->xd_h, p->wd_h, p->cd, p->yd_h, f[i].algo, &ws) !=
+                    CUDNN_STATUS_SUCCESS ||
+                ws > limit)
+                continue;
+            p->fwd_h = f[i].algo, p->math_fwd_h = f[i].mathType, p->nhwc = true;
+            if (ws > p->ws) p->ws = ws;
+        }
+    }
     if (found) {
         found = false, pass = "backward-data";
         cudnnConvolutionBwdDataAlgoPerf_t d[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
@@ -254,7 +304,8 @@ extern "C" void dc_cuda_conv_free(dc_cuda_ctx *c) {
     c->dnn = NULL;
     if (c->conv_ws) cudaFree(c->conv_ws);
     if (c->conv_scratch) cudaFree(c->conv_scratch);
-    c->conv_ws = c->conv_scratch = NULL, c->conv_ws_bytes = c->conv_scratch_bytes = 0;
+    if (c->conv_lay) cudaFree(c->conv_lay);
+    c->conv_ws = c->conv_scratch = c->conv_lay = NULL, c->conv_ws_bytes = c->conv_scratch_bytes = c->conv_lay_bytes = 0;
 }
 
 // Replaces *p by a buffer of `bytes` if it is smaller (grow-only); -1 with a
@@ -289,6 +340,7 @@ extern "C" int dc_cuda_reserve_conv(dc_backend *be, const dc_conv2d_shape *s) {
     if (!p) return cudaGetLastError(), dc_fail("%s", err);
     DC_TRY(grow(&c->conv_ws, &c->conv_ws_bytes, p->ws, "the convolution workspace"));
     DC_TRY(grow(&c->conv_scratch, &c->conv_scratch_bytes, scratch_bytes(s), "the convolution scratch"));
+    if (p->nhwc) DC_TRY(grow(&c->conv_lay, &c->conv_lay_bytes, layout_bytes(s), "the channels-last scratch"));
     return 0;
 }
 
@@ -311,7 +363,9 @@ static dc_conv_plan *op_plan(dc_backend *be, const char *func, const dc_conv2d_s
     dc_cuda_ctx *c = dc_cuda(be);
     char err[400], t[200];
     dc_conv_plan *p = plan_find(c, s, dt);
-    if (p && p->ws <= c->conv_ws_bytes && scratch_bytes(s) <= c->conv_scratch_bytes) return p;
+    if (p && p->ws <= c->conv_ws_bytes && scratch_bytes(s) <= c->conv_scratch_bytes &&
+        (!p->nhwc || layout_bytes(s) <= c->conv_lay_bytes))
+        return p;
     shape_text(s, t, sizeof t);
     if (p) {  // its reserve_conv failed to grow the workspace
         dc_cuda_record(be, func, __FILE__, __LINE__, "conv2d of %s was not reserved (reserve_conv)", t);
@@ -327,6 +381,7 @@ static dc_conv_plan *op_plan(dc_backend *be, const char *func, const dc_conv2d_s
     }
     p = plan_get(c, s, dt, c->conv_ws_bytes, err, sizeof err);
     if (!p) dc_cuda_record(be, func, __FILE__, __LINE__, "%s (the shape was not reserved in %s)", err, dc_dtype_name(dt));
+    if (p && p->nhwc && layout_bytes(s) > c->conv_lay_bytes) p->nhwc = false;  // NCHW needs no layout scratch
     return p;
 }
 
@@ -411,11 +466,25 @@ extern "C" void dc_cuda_conv2d_fwd(dc_backend *be, dc_buf out, dc_buf x, dc_buf 
                      dc_dtype_name(x.dt), dc_dtype_name(w.dt), dc_dtype_name(out.dt), dc_dtype_name(b.dt));
     dc_conv_plan *p = op_plan(be, __func__, s, x.dt);
     if (!p) return;
-    const void *xin = conv_input(be, p, x);
     const float one = 1.0f, zero = 0.0f;
-    DNN(cudnnSetConvolutionMathType(p->cd, p->math_fwd));
-    DNN(cudnnConvolutionForward(c->dnn, &one, p->xd, xin, p->wd, w.p, p->cd, p->fwd, c->conv_ws, c->conv_ws_bytes,
-                                &zero, p->yd, out.p));
+    if (p->nhwc) {  // x [B,Ci,HW] -> [B,HW,Ci], w [Co,Ci,kk] -> [Co,kk,Ci], y [B,HoWo,Co] -> [B,Co,HoWo]
+        const int64_t HW = (int64_t)s->H * s->W, HWo = (int64_t)dc_conv2d_ho(s) * dc_conv2d_wo(s);
+        char *base = (char *)c->conv_lay;
+        dc_buf xh = {base, x.dt};
+        dc_buf yh = {base + round256((int64_t)s->B * s->Ci * HW * 2), x.dt};
+        dc_buf wh = {(char *)yh.p + round256((int64_t)s->B * s->Co * HWo * 2), x.dt};
+        dc_cuda_transpose(be, xh, x, s->B, s->Ci, HW);
+        dc_cuda_transpose(be, wh, w, s->Co, s->Ci, (int64_t)s->k * s->k);
+        DNN(cudnnSetConvolutionMathType(p->cd, p->math_fwd_h));
+        DNN(cudnnConvolutionForward(c->dnn, &one, p->xd_h, xh.p, p->wd_h, wh.p, p->cd, p->fwd_h, c->conv_ws,
+                                    c->conv_ws_bytes, &zero, p->yd_h, yh.p));
+        dc_cuda_transpose(be, out, yh, s->B, HWo, s->Co);
+    } else {
+        const void *xin = conv_input(be, p, x);
+        DNN(cudnnSetConvolutionMathType(p->cd, p->math_fwd));
+        DNN(cudnnConvolutionForward(c->dnn, &one, p->xd, xin, p->wd, w.p, p->cd, p->fwd, c->conv_ws,
+                                    c->conv_ws_bytes, &zero, p->yd, out.p));
+    }
     if (b.p) {
         const int64_t HW = (int64_t)dc_conv2d_ho(s) * dc_conv2d_wo(s), n = (int64_t)s->B * s->Co * HW;
         k_conv_bias<<<dc_blocks((n + 3) / 4, TPB), TPB, 0, c->stream>>>(out.p, BF(out), b.p, BF(b), s->Co, HW, n,

@@ -18,6 +18,7 @@
 typedef struct dc_gemm_plan dc_gemm_plan;
 typedef struct dc_conv_plan dc_conv_plan;
 typedef struct { void *p; size_t bytes; } dc_cuda_alloc_rec;
+typedef struct dc_cuda_prof dc_cuda_prof;
 
 typedef struct {
     cudaStream_t stream;
@@ -35,6 +36,8 @@ typedef struct {
     size_t conv_ws_bytes;
     void *conv_scratch;       // conv weight gradients and padded inputs (grown by reserve_conv)
     size_t conv_scratch_bytes;
+    void *conv_lay;           // channels-last copies of a bf16 conv's x, y, w (grown by reserve_conv)
+    size_t conv_lay_bytes;
     char *ring;               // pinned upload staging ring
     size_t ring_head;
     cudaEvent_t ring_ev[8];   // the last copy out of each eighth of the ring
@@ -43,6 +46,7 @@ typedef struct {
     size_t bytes_now, bytes_peak;  // device memory we hold
     bool failed;              // an op has failed: err says how, and nothing runs any more
     char err[512];
+    dc_cuda_prof *prof;       // DC_CUDA_PROFILE=1: per-op GPU time (cuda_profile.cu), else NULL
 } dc_cuda_ctx;
 
 static inline dc_cuda_ctx *dc_cuda(dc_backend *be) { return (dc_cuda_ctx *)be->ctx; }
@@ -89,11 +93,16 @@ static inline bool dc_cuda_ok(dc_backend *be, cudaError_t e, const char *call, c
         dc_cuda_record((be), __func__, __FILE__, __LINE__, __VA_ARGS__);            \
         return;                                                                     \
     } while (0)
-// First line of every op: nothing runs on a backend that has failed.
+// First line of every op: nothing runs on a backend that has failed (and,
+// when profiling, the op's start is marked).
 #define DC_CUDA_OP(be)                                                              \
     do {                                                                            \
         if (dc_cuda(be)->failed) return;                                            \
+        if (dc_cuda(be)->prof) dc_cuda_prof_mark(dc_cuda(be), __func__);            \
     } while (0)
+void dc_cuda_prof_start(dc_cuda_ctx *c);
+void dc_cuda_prof_mark(dc_cuda_ctx *c, const char *op);
+void dc_cuda_prof_report(dc_cuda_ctx *c);
 
 // Fails (-1, message set) for memory the GPU could not give: how much was
 // asked for, for what, and how much is free. Not recorded: the backend stays usable.

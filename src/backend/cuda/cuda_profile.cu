@@ -1,0 +1,89 @@
+// DC_CUDA_PROFILE=1: where a run's GPU time goes, op by op. Every op records
+// an event at its entry (DC_CUDA_OP); the time from one op's event to the
+// next is charged to the first, so each op's kernels, copies and library
+// calls are counted, and the host's gaps between ops too (launch overhead
+// shows as time). The table goes to stderr when the backend is destroyed.
+// Costs one event record per op: for finding hot spots, not for timing runs.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_ops.h"
+
+#define PROF_EVENTS 16384
+#define PROF_NAMES 128
+
+struct dc_cuda_prof {
+    cudaEvent_t ev[PROF_EVENTS];
+    const char *at[PROF_EVENTS];
+    int n;
+    struct { const char *name; long count; double ms; } tab[PROF_NAMES];
+    int ntab;
+};
+
+extern "C" void dc_cuda_prof_start(dc_cuda_ctx *c) {
+    const char *e = getenv("DC_CUDA_PROFILE");
+    if (!e || !*e || !strcmp(e, "0")) return;
+    c->prof = (dc_cuda_prof *)calloc(1, sizeof *c->prof);
+    for (int i = 0; c->prof && i < PROF_EVENTS; i++) cudaEventCreate(&c->prof->ev[i]);
+}
+
+static void charge(dc_cuda_prof *p, const char *name, double ms) {
+    int i = 0;
+    while (i < p->ntab && p->tab[i].name != name && strcmp(p->tab[i].name, name)) i++;
+    if (i == p->ntab) {
+        if (p->ntab == PROF_NAMES) return;
+        p->tab[p->ntab++].name = name;
+    }
+    p->tab[i].count++, p->tab[i].ms += ms;
+}
+
+// Charges every closed interval; the last mark opens the next round.
+static void flush(dc_cuda_prof *p) {
+    if (p->n < 2) return;
+    cudaEventSynchronize(p->ev[p->n - 1]);
+    for (int i = 0; i + 1 < p->n; i++) {
+        float ms = 0;
+        if (cudaEventElapsedTime(&ms, p->ev[i], p->ev[i + 1]) == cudaSuccess) charge(p, p->at[i], ms);
+    }
+    cudaEvent_t last = p->ev[p->n - 1];
+    p->ev[p->n - 1] = p->ev[0], p->ev[0] = last;
+    p->at[0] = p->at[p->n - 1];
+    p->n = 1;
+    cudaGetLastError();
+}
+
+extern "C" void dc_cuda_prof_mark(dc_cuda_ctx *c, const char *op) {
+    dc_cuda_prof *p = c->prof;
+    cudaStreamCaptureStatus st;
+    if (cudaStreamIsCapturing(c->stream, &st) != cudaSuccess || st != cudaStreamCaptureStatusNone) return;
+    if (p->n == PROF_EVENTS) flush(p);
+    cudaEventRecord(p->ev[p->n], c->stream);
+    p->at[p->n++] = op;
+}
+
+static int by_time(const void *a, const void *b) {
+    double x = ((const double *)a)[0], y = ((const double *)b)[0];
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+extern "C" void dc_cuda_prof_report(dc_cuda_ctx *c) {
+    dc_cuda_prof *p = c->prof;
+    if (!p) return;
+    dc_cuda_prof_mark(c, "(end)");
+    flush(p);
+    double total = 0, (*rows)[2] = (double (*)[2])calloc(p->ntab + 1, sizeof *rows);
+    for (int i = 0; i < p->ntab; i++) total += p->tab[i].ms, rows[i][0] = p->tab[i].ms, rows[i][1] = i;
+    qsort(rows, p->ntab, sizeof *rows, by_time);
+    fprintf(stderr, "cuda op profile: %.1f ms between the first op and the last\n", total);
+    fprintf(stderr, "  %-34s %9s %11s %9s %6s\n", "op", "calls", "total ms", "avg us", "share");
+    for (int k = 0; k < p->ntab && k < 30; k++) {
+        int i = (int)rows[k][1];
+        fprintf(stderr, "  %-34s %9ld %11.2f %9.1f %5.1f%%\n", p->tab[i].name, p->tab[i].count, p->tab[i].ms,
+                1e3 * p->tab[i].ms / p->tab[i].count, total > 0 ? 100 * p->tab[i].ms / total : 0);
+    }
+    free(rows);
+    for (int i = 0; i < PROF_EVENTS; i++) cudaEventDestroy(p->ev[i]);
+    free(p);
+    c->prof = NULL;
+}
