@@ -183,6 +183,32 @@ static void shape_seeds(void) {
     put("fuzz_dit_config", "tiny_eps_ema_2_blocks", eps_ema, sizeof eps_ema);
 }
 
+// fuzz_sd_config inputs: byte 0 even, then (name, rank 4, 32 32 3 3) for
+// the first names of its table (convolutions of every component); byte 0
+// odd, then each golden config.json (diffusers and transformers wrote them).
+static void sd_config_seeds(void) {
+    uint8_t shapes[1 + 48 * 6];
+    shapes[0] = 0;
+    for (int i = 0; i < 48; i++) {
+        uint8_t *e = shapes + 1 + 6 * i;
+        e[0] = (uint8_t)(i * 5), e[1] = 4, e[2] = 32, e[3] = 32, e[4] = 3, e[5] = 3;
+    }
+    put("fuzz_sd_config", "convolutions", shapes, sizeof shapes);
+    const char *files[] = {"unet", "vae", "text_encoder"};
+    for (int i = 0; i < 3; i++) {
+        char path[256], name[64];
+        snprintf(path, sizeof path, "tests/golden/sd/sd1/diffusers/%s/config.json", files[i]);
+        FILE *f = fopen(path, "rb");
+        if (!f) continue;  // run from elsewhere: the shapes seed still works
+        static uint8_t buf[1 << 16];
+        buf[0] = 1;
+        size_t n = fread(buf + 1, 1, sizeof buf - 1, f);
+        fclose(f);
+        snprintf(name, sizeof name, "json_%s", files[i]);
+        put("fuzz_sd_config", name, buf, n + 1);
+    }
+}
+
 // A PNG made with libpng directly (palette, alpha, 16 bits, interlace: what
 // the engine's writer never makes). rows are packed as libpng wants them.
 static void raw_png(const char *path, int w, int h, int depth, int color, int interlace, uint8_t *const *rows) {
@@ -266,6 +292,7 @@ int main(int argc, char **argv) {
     mkdir(tmp, 0777);
     idx_seeds();
     shape_seeds();
+    sd_config_seeds();
     dataset_seeds(tmp);
     model_seeds(tmp);
     png_seeds(tmp);
