@@ -75,6 +75,36 @@ static int write_picture(const char *path, const float *img, int H, int W, const
     return rc;
 }
 
+// Writes each picture as soon as its batch is decoded, with how it was made.
+typedef struct {
+    const char *out;
+    int count, width, height;
+    const dc_sd_pipe *pipe;
+    const dc_sd_gen *g;
+    const char *sampler;  // AUTOMATIC1111's name
+    bool img2img;
+} writer;
+
+static int write_one(void *ctx, int i, const float *image) {
+    const writer *w = ctx;
+    const dc_sd_gen *g = w->g;
+    char extra[160] = "", path[4200];
+    int k = 0;
+    if (w->img2img) k += snprintf(extra + k, sizeof extra - (size_t)k, "Denoising strength: %g", g->strength);
+    if (g->ks.kind == DC_KS_DDIM && g->ks.eta > 0)
+        k += snprintf(extra + k, sizeof extra - (size_t)k, "%sEta: %g", k ? ", " : "", g->ks.eta);
+    if (w->count > 1) snprintf(extra + k, sizeof extra - (size_t)k, "%sBatch pos: %d", k ? ", " : "", i);
+    dc_gen_params gp = {g->prompt, g->negative_prompt, g->ks.steps, w->sampler, g->ks.cfg_scale, g->ks.seed,
+                        w->width, w->height, w->pipe->name, extra[0] ? extra : NULL};
+    char *params = dc_gen_params_format(&gp);
+    if (!params) return dc_fail("out of memory");
+    picture_path(path, sizeof path, w->out, i, w->count);
+    int rc = write_picture(path, image, w->height, w->width, params);
+    free(params);
+    if (rc == 0) dc_log("wrote %s", path);
+    return rc;
+}
+
 static int run(int argc, char **argv, bool img2img) {
     const char *model = NULL, *prompt = NULL, *negative = "", *sampler = "euler_a", *out = NULL;
     const char *vocab = NULL, *prediction = "auto", *device = "auto", *precision = "auto", *init_path = NULL;
@@ -155,8 +185,6 @@ static int run(int argc, char **argv, bool img2img) {
     dc_backend *be = NULL;
     dc_sd_pipe pipe = {0};
     dc_png_image init = {0};
-    float *images = NULL;
-    char *params = NULL;
     int status = 1;
     const char *fallback = NULL;
     if (!vocab && cli_find_vocab(&fallback)) dc_error_clear();
@@ -179,41 +207,16 @@ static int run(int argc, char **argv, bool img2img) {
            pipe.version == 1 ? "1.x" : pipe.version == 2 ? "2.x" : "(version unknown)",
            pipe.v_pred ? "v-prediction" : "epsilon", width, height, k_samplers[si].a1111, steps, cfg,
            (unsigned long long)seed);
-    const int64_t pix = (int64_t)3 * width * height;
-    images = malloc(sizeof(float) * (size_t)pix * count);
-    if (!images) {
-        dc_fail("out of memory for %d pictures of %dx%d", count, width, height);
-        goto done;
-    }
     dc_sd_gen g = {prompt, negative, count, batch, width, height, dc_ksampler_opts_default(),
                    img2img ? init.data : NULL, strength};
     g.ks.kind = k_samplers[si].kind, g.ks.karras = k_samplers[si].karras, g.ks.steps = steps;
     g.ks.cfg_scale = cfg, g.ks.eta = eta, g.ks.seed = seed;
+    writer wr = {out, count, width, height, &pipe, &g, k_samplers[si].a1111, img2img};
     progress_ctx pc = {dc_time_now()};
-    if (dc_sd_generate(&pipe, &g, images, on_progress, &pc)) goto done;
-    for (int i = 0; i < count; i++) {
-        char extra[160] = "";
-        int k = 0;
-        if (img2img) k += snprintf(extra + k, sizeof extra - (size_t)k, "Denoising strength: %g", strength);
-        if (k_samplers[si].kind == DC_KS_DDIM && eta > 0)
-            k += snprintf(extra + k, sizeof extra - (size_t)k, "%sEta: %g", k ? ", " : "", eta);
-        if (count > 1) snprintf(extra + k, sizeof extra - (size_t)k, "%sBatch pos: %d", k ? ", " : "", i);
-        dc_gen_params gp = {prompt, negative, steps, k_samplers[si].a1111, cfg, seed, width, height, pipe.name,
-                            extra[0] ? extra : NULL};
-        free(params);
-        params = dc_gen_params_format(&gp);
-        picture_path(path, sizeof path, out, i, count);
-        if (!params) {
-            dc_fail("out of memory");
-            goto done;
-        }
-        if (write_picture(path, images + (size_t)i * pix, height, width, params)) goto done;
-        dc_log("wrote %s", path);
-    }
+    if (dc_sd_generate(&pipe, &g, write_one, &wr, on_progress, &pc)) goto done;
     status = 0;
 done:
     if (status) cli_fail();
-    free(images), free(params);
     dc_png_image_free(&init);
     dc_sd_pipe_close(&pipe);
     if (be) dc_backend_destroy(be);

@@ -197,7 +197,8 @@ static void init_latents(float *lat, const float *mean, const float *logvar, int
         lat[j] = (mean[j] + expf(0.5f * logvar[j]) * dc_randn_at(seed, key, 0, DC_STREAM_INIT, j)) * scaling;
 }
 
-int dc_sd_generate(dc_sd_pipe *p, const dc_sd_gen *g, float *images, dc_sd_progress_fn progress, void *pctx) {
+int dc_sd_generate(dc_sd_pipe *p, const dc_sd_gen *g, dc_sd_picture_fn on_picture, void *ctx,
+                   dc_sd_progress_fn progress, void *pctx) {
     dc_backend *be = p->be;
     const int f = p->factor, align = f * (1 << (dc_unet_of(p->unet)->cfg.nblocks - 1));
     if (g->width < align || g->height < align || g->width % align || g->height % align)
@@ -212,13 +213,14 @@ int dc_sd_generate(dc_sd_pipe *p, const dc_sd_gen *g, float *images, dc_sd_progr
     const float scaling = p->vae->cfg.scaling_factor;
     gen_bufs b = {0};
     dc_ksampler ks = {0};
-    float *hl = NULL, *hm = NULL, *hv = NULL;
+    float *hl = NULL, *hm = NULL, *hv = NULL, *pics = malloc(sizeof(float) * (size_t)B * pix);
     int rc = 0;
 
     // Text: the prompt and the negative prompt in one pass.
     const char *texts[2] = {g->prompt ? g->prompt : "", g->negative_prompt ? g->negative_prompt : ""};
     if (progress) progress(pctx, "text", 0, 1);
-    rc = dc_buf_alloc(be, &b.text, ct, (size_t)2 * T * D, "text embeddings");
+    rc = pics ? 0 : dc_fail("out of memory for %d pictures of %dx%d", B, g->width, g->height);
+    if (!rc) rc = dc_buf_alloc(be, &b.text, ct, (size_t)2 * T * D, "text embeddings");
     if (!rc) rc = dc_sd_encode_prompts(p, texts, 2, b.text);
     if (!rc) rc = dc_buf_alloc(be, &b.cctx, ct, (size_t)B * T * D, "prompt embeddings");
     for (int i = 0; i < B && !rc; i++)
@@ -291,13 +293,14 @@ int dc_sd_generate(dc_sd_pipe *p, const dc_sd_gen *g, float *images, dc_sd_progr
         rc = dc_vae_decode(p->vae, b.img, b.zc, n, h, w);
         if (!rc) {
             be->cast(be, b.imgf, b.img, (int64_t)n * pix);
-            be->download(be, images + (size_t)i0 * pix, b.imgf.p, sizeof(float) * (size_t)n * pix);
+            be->download(be, pics, b.imgf.p, sizeof(float) * (size_t)n * pix);
             rc = dc_backend_status(be);
         }
+        for (int i = 0; i < n && !rc && on_picture; i++) rc = on_picture(ctx, i0 + i, pics + (size_t)i * pix);
     }
     if (!rc && progress) progress(pctx, "done", g->count, g->count);
     dc_ksampler_free(&ks);
     gen_free(be, &b);
-    free(hl), free(hm), free(hv);
+    free(hl), free(hm), free(hv), free(pics);
     return rc;
 }

@@ -50,11 +50,17 @@ typedef struct {
 } dc_sd_gen;
 
 typedef void (*dc_sd_progress_fn)(void *ctx, const char *stage, int done, int total);
+// Receives picture `index` ([3, height, width] floats in [-1, 1], unclamped,
+// valid during the call) as soon as its batch is decoded; non-zero stops the
+// run (its message set).
+typedef int (*dc_sd_picture_fn)(void *ctx, int index, const float *image);
 
-// Makes g->count pictures into images[count, 3, height, width] (host, in
-// [-1, 1], unclamped). Picture i uses the noise of sample index i of
-// g->ks.seed, so a seed gives the same pictures at any batch size.
-int dc_sd_generate(dc_sd_pipe *p, const dc_sd_gen *g, float *images, dc_sd_progress_fn progress, void *pctx);
+// Makes g->count pictures, handing each to on_picture as its batch finishes
+// (so a long run keeps what it made, and memory holds one batch). Picture i
+// uses the noise of sample index i of g->ks.seed, so a seed gives the same
+// pictures at any batch size.
+int dc_sd_generate(dc_sd_pipe *p, const dc_sd_gen *g, dc_sd_picture_fn on_picture, void *ctx,
+                   dc_sd_progress_fn progress, void *pctx);
 
 // Embeddings of prompts into ctx[n, 77, D] (backend, compute dtype):
 // tokenized (the tokens beyond 75 are cut, with a warning), then the text encoder.
