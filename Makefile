@@ -36,7 +36,7 @@ BIN     ?= diffusion
 CONFIG  := $(BUILD)/config
 LIB_SRC := $(wildcard src/core/*.c src/backend/*.c src/backend/cpu/*.c src/nn/*.c \
                       src/text/*.c src/models/*.c src/diffusion/*.c src/train/*.c src/io/*.c \
-                      src/pipelines/*.c)
+                      src/pipelines/*.c src/dist/*.c)
 CLI_SRC := $(wildcard src/cli/*.c)
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)
 CLI_OBJ := $(CLI_SRC:%.c=$(BUILD)/%.o)

@@ -1,0 +1,79 @@
+// Several ranks working on one job, and the collectives they use to share
+// it. One rank per GPU through NCCL comes next; here N ranks run as threads
+// of one process on the CPU backend, so every multi-rank code path (sharding,
+// the data split, gradient reduction, checkpoint gather and scatter) runs in
+// every test pass on a machine without GPUs.
+//
+// Every rank calls the same collectives in the same order with the same
+// sizes. Buffers are the rank's own (host memory for the thread
+// communicator, device memory for NCCL). Sums are deterministic: element j
+// of a result is ((x_0 + x_1) + x_2) + ... in rank order, on every rank and
+// in every run.
+//
+// Faults: a rank that cannot go on calls dc_comm_abort with why; every rank
+// then fails its current or next collective with that message instead of
+// waiting for it forever.
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct dc_comm dc_comm;
+
+typedef struct {
+    // buf[n] (F32) = the sum of every rank's buf[n], on every rank.
+    int (*all_reduce_sum)(dc_comm *c, float *buf, int64_t n);
+    // out[n] = the sum over ranks of their in[rank * n .. (rank + 1) * n):
+    // rank r receives the sum of slice r (ZeRO's gradient shards).
+    int (*reduce_scatter_sum)(dc_comm *c, float *out, const float *in, int64_t n);
+    // out[size * bytes] = every rank's in[bytes], in rank order.
+    int (*all_gather)(dc_comm *c, void *out, const void *in, size_t bytes);
+    // buf = root's buf on every rank.
+    int (*broadcast)(dc_comm *c, void *buf, size_t bytes, int root);
+    int (*barrier)(dc_comm *c);
+    // Marks the job failed with `why` (the first abort's message wins).
+    void (*abort)(dc_comm *c, const char *why);
+} dc_comm_ops;
+
+struct dc_comm {
+    int rank, size;
+    const dc_comm_ops *ops;
+    void *ctx;  // the implementation's shared state
+};
+
+static inline int dc_comm_all_reduce_sum(dc_comm *c, float *buf, int64_t n) {
+    return c->ops->all_reduce_sum(c, buf, n);
+}
+static inline int dc_comm_reduce_scatter_sum(dc_comm *c, float *out, const float *in, int64_t n) {
+    return c->ops->reduce_scatter_sum(c, out, in, n);
+}
+static inline int dc_comm_all_gather(dc_comm *c, void *out, const void *in, size_t bytes) {
+    return c->ops->all_gather(c, out, in, bytes);
+}
+static inline int dc_comm_broadcast(dc_comm *c, void *buf, size_t bytes, int root) {
+    return c->ops->broadcast(c, buf, bytes, root);
+}
+static inline int dc_comm_barrier(dc_comm *c) { return c->ops->barrier(c); }
+static inline void dc_comm_abort(dc_comm *c, const char *why) { c->ops->abort(c, why); }
+
+// Runs fn on `size` threads, rank 0..size-1, each with its communicator;
+// returns 0, or -1 with the message of the first rank that failed (a failed
+// rank's error, or "rank R failed: ..." when one aborted the others).
+typedef int (*dc_rank_fn)(dc_comm *c, void *arg);
+int dc_comm_threads_run(int size, dc_rank_fn fn, void *arg);
+
+// ---- sharding -------------------------------------------------------------------------
+// n elements split over `size` ranks in equal shards of `per` elements (a
+// multiple of `align`, so shards start aligned), the last ones shorter or
+// empty: rank r owns [r * per, min((r + 1) * per, n)). Reduce-scatter runs on
+// the padded length size * per.
+typedef struct {
+    int64_t per;            // elements per shard (padded)
+    int64_t begin, count;   // this rank's range within the n real elements
+} dc_shard;
+dc_shard dc_shard_of(int64_t n, int size, int rank, int64_t align);
+
+// The global batch split over ranks: rank r takes `count` samples starting at
+// `begin` of the global batch (the first batch % size ranks one more), so the
+// union in rank order is the global batch in its order, whatever the size.
+void dc_batch_split(int batch, int size, int rank, int *begin, int *count);

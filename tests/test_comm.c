@@ -1,0 +1,143 @@
+// The thread communicator (dist/comm.h): every collective on 1 to 7 ranks
+// against the sums and copies written out here (exact: the sums run in rank
+// order), the same result on every rank, a failing rank stopping the others
+// with its message instead of a hang, and the sharding and batch-split
+// arithmetic.
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "core/error.h"
+#include "dist/comm.h"
+
+static float value(int rank, int64_t j) { return (float)((rank * 7919 + j * 104729) % 1999) / 997.0f - 1.0f; }
+
+typedef struct {
+    int64_t n;
+    int bad[64];  // per rank: wrong elements seen
+} job;
+
+static int collectives(dc_comm *c, void *arg) {
+    job *jb = arg;
+    const int64_t n = jb->n;
+    int bad = 0;
+    // all_reduce_sum: ((x0 + x1) + x2) ... in rank order
+    float *buf = malloc(sizeof(float) * (size_t)(n + 1));
+    for (int64_t j = 0; j < n; j++) buf[j] = value(c->rank, j);
+    DC_TRY(dc_comm_all_reduce_sum(c, buf, n));
+    for (int64_t j = 0; j < n; j++) {
+        float want = value(0, j);
+        for (int q = 1; q < c->size; q++) want += value(q, j);
+        bad += buf[j] != want;
+    }
+    // reduce_scatter_sum: rank r gets the sum of slice r
+    float *in = malloc(sizeof(float) * (size_t)(n * c->size + 1)), *out = malloc(sizeof(float) * (size_t)(n + 1));
+    for (int64_t j = 0; j < n * c->size; j++) in[j] = value(c->rank + 3, j);
+    DC_TRY(dc_comm_reduce_scatter_sum(c, out, in, n));
+    for (int64_t j = 0; j < n; j++) {
+        float want = value(3, (int64_t)c->rank * n + j);
+        for (int q = 1; q < c->size; q++) want += value(q + 3, (int64_t)c->rank * n + j);
+        bad += out[j] != want;
+    }
+    // all_gather and broadcast
+    int mine[3] = {c->rank, c->rank * 10, -c->rank}, all[64 * 3];
+    DC_TRY(dc_comm_all_gather(c, all, mine, sizeof mine));
+    for (int q = 0; q < c->size; q++) bad += all[3 * q] != q || all[3 * q + 1] != 10 * q || all[3 * q + 2] != -q;
+    char msg[32];
+    snprintf(msg, sizeof msg, "from rank %d", c->rank);
+    const int root = c->size - 1;
+    DC_TRY(dc_comm_broadcast(c, msg, sizeof msg, root));
+    char want[32];
+    snprintf(want, sizeof want, "from rank %d", root);
+    bad += strcmp(msg, want) != 0;
+    DC_TRY(dc_comm_barrier(c));
+    jb->bad[c->rank] = bad;
+    free(buf), free(in), free(out);
+    return 0;
+}
+
+// Rank 1 finds a NaN at step 3 and stops the job; the others are in a collective.
+static int one_fails(dc_comm *c, void *arg) {
+    (void)arg;
+    float x[4] = {1, 2, 3, 4};
+    for (int step = 0; step < 10; step++) {
+        if (c->rank == 1 && step == 3) {
+            dc_comm_abort(c, "the loss is NaN at step 3");
+            return dc_fail("the loss is NaN at step 3");
+        }
+        DC_TRY(dc_comm_all_reduce_sum(c, x, 4));
+    }
+    return 0;
+}
+
+// Rank 2 returns an error without aborting: the others must not wait for it.
+static int one_returns(dc_comm *c, void *arg) {
+    (void)arg;
+    if (c->rank == 2) return dc_fail("cannot open shard 2 of the data set");
+    return dc_comm_barrier(c);
+}
+
+static void on_alarm(int sig) {
+    (void)sig;
+    static const char m[] = "FAIL test_comm: a collective hung (30 s)\n";
+    if (write(1, m, sizeof m - 1)) {}
+    _exit(1);
+}
+
+int main(void) {
+    signal(SIGALRM, on_alarm);
+    alarm(30);
+    const int sizes[] = {1, 2, 3, 4, 7};
+    const int64_t ns[] = {0, 1, 5, 1000, 1001};
+    for (size_t a = 0; a < sizeof sizes / sizeof *sizes; a++)
+        for (size_t b = 0; b < sizeof ns / sizeof *ns; b++) {
+            job jb = {ns[b], {0}};
+            int rc = dc_comm_threads_run(sizes[a], collectives, &jb);
+            int bad = 0;
+            for (int r = 0; r < sizes[a]; r++) bad += jb.bad[r];
+            CHECK(rc == 0 && bad == 0, "%d ranks, n %lld: rc %d (%s), %d wrong values", sizes[a], (long long)ns[b],
+                  rc, rc ? dc_error() : "", bad);
+        }
+    int rc = dc_comm_threads_run(3, one_fails, NULL);
+    CHECK(rc != 0 && strstr(dc_error(), "rank 1 of 3 failed: the loss is NaN at step 3"),
+          "an aborting rank stops every rank with its message: %s", dc_error());
+    rc = dc_comm_threads_run(4, one_returns, NULL);
+    CHECK(rc != 0 && strstr(dc_error(), "rank 2 of 4 failed: cannot open shard 2"),
+          "a rank that returns an error releases the others: %s", dc_error());
+    CHECK(dc_comm_threads_run(0, collectives, NULL) != 0, "0 ranks refused");
+
+    // shards cover [0, n) in rank order without overlap, aligned, equal but the last
+    int bad = 0;
+    for (int64_t n = 0; n < 300; n += 7)
+        for (int size = 1; size <= 8; size++)
+            for (int64_t align = 1; align <= 64; align *= 4) {
+                int64_t next = 0;
+                for (int r = 0; r < size; r++) {
+                    dc_shard s = dc_shard_of(n, size, r, align);
+                    bad += s.count < 0 || (s.count && s.begin != next) || (n && s.per % align) ||
+                           (s.count && s.begin % align) || s.count > s.per;
+                    next += s.count;
+                }
+                bad += next != n || (n && dc_shard_of(n, size, 0, align).per * size < n);
+            }
+    CHECK(bad == 0, "%d shard layouts wrong", bad);
+    // the batch split: the global batch in order, counts within one of each other
+    bad = 0;
+    for (int batch = 0; batch < 70; batch++)
+        for (int size = 1; size <= 9; size++) {
+            int next = 0, lo = batch, hi = 0;
+            for (int r = 0; r < size; r++) {
+                int b, n;
+                dc_batch_split(batch, size, r, &b, &n);
+                bad += b != next;
+                next += n, lo = n < lo ? n : lo, hi = n > hi ? n : hi;
+            }
+            bad += next != batch || hi - lo > 1;
+        }
+    CHECK(bad == 0, "%d batch splits wrong", bad);
+    printf("test_comm: %d passed, %d failed\n", g_pass, g_fail);
+    return g_fail != 0;
+}
