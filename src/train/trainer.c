@@ -197,6 +197,15 @@ static void stage_micro_batch(dc_trainer *tr, int done, int n) {
     }
 }
 
+int dc_trainer_set_comm(dc_trainer *tr, dc_comm *comm) {
+    if (comm && comm->size > 1 && strcmp(tr->be->name, "cpu") != 0)
+        return dc_fail("training on %d ranks on the %s backend needs NCCL, which is not built yet (the thread "
+                       "communicator shares host memory: use --device cpu)", comm->size, tr->be->name);
+    if (tr->step != 0 && comm && comm->size > 1) return dc_fail("ranks are set before the first step");
+    tr->comm = comm && comm->size > 1 ? comm : NULL;
+    return 0;
+}
+
 int dc_trainer_step(dc_trainer *tr, dc_step_stats *st) {
     dc_backend *be = tr->be;
     dc_model *m = tr->model;
@@ -209,8 +218,15 @@ int dc_trainer_step(dc_trainer *tr, dc_step_stats *st) {
     // Nothing here waits for the backend: losses and the gradient norm stay
     // there until dc_trainer_stats reads them.
     be->zero(be, ps->grad.p, (size_t)np * sizeof(float));
-    for (int done = 0; done < c->batch; done += c->micro_batch) {
-        int n = c->batch - done < c->micro_batch ? c->batch - done : c->micro_batch;
+    // This rank's part of the global batch (all of it with one rank); `done`
+    // counts images in the global batch, which keys their randomness.
+    int first = 0, count = c->batch;
+    if (tr->comm) {
+        dc_batch_split(c->batch, tr->comm->size, tr->comm->rank, &first, &count);
+        be->zero(be, tr->losses.p, (size_t)c->batch * 2 * sizeof(float));  // summed over ranks below
+    }
+    for (int done = first; done < first + count; done += c->micro_batch) {
+        int n = first + count - done < c->micro_batch ? first + count - done : c->micro_batch;
         stage_micro_batch(tr, done, n);
         be->upload(be, tr->x0.p, tr->h_x0, (size_t)n * C * HW * sizeof(float));
         be->upload(be, tr->y.p, tr->h_y, (size_t)n * sizeof(int32_t));
@@ -223,6 +239,11 @@ int dc_trainer_step(dc_trainer *tr, dc_step_stats *st) {
                                  tr->xt, tr->eps, tr->h_coef, n, C, mi->out_channels, HW,
                                  1.0f / c->batch, NULL, NULL));
         DC_TRY(dc_model_backward(m, tr->dout, n));
+    }
+    if (tr->comm) {  // every rank's gradient and losses, summed in rank order
+        DC_TRY(dc_backend_status(be));
+        DC_TRY(dc_comm_all_reduce_sum(tr->comm, (float *)ps->grad.p, np));
+        DC_TRY(dc_comm_all_reduce_sum(tr->comm, (float *)tr->losses.p, 2 * (int64_t)c->batch));
     }
 
     // the norm and the clipping factor stay on the backend; AdamW reads the factor

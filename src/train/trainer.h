@@ -14,6 +14,7 @@
 #include "io/kv.h"
 #include "io/safetensors.h"
 #include "models/model.h"
+#include "dist/comm.h"
 #include "train/data.h"
 
 typedef struct {
@@ -62,6 +63,7 @@ typedef struct {
     dc_buf gstats;                  // [2] its gradient norm and clipping factor
     float last_lr;
     bool allow_data_change;         // restore: accept a data set whose fingerprint differs
+    dc_comm *comm;                  // several ranks (data parallel), or NULL: one
     dc_buf t, y;                    // [mb] float timesteps, int32 labels
     dc_cond cond;                   // the micro-batch's conditioning (labels y)
     // host staging
@@ -78,6 +80,15 @@ typedef struct {
 // conditioned on class labels train with label dropout to the null label.
 int dc_trainer_init(dc_trainer *tr, dc_model *model, const dc_dataset *data,
                     const dc_train_config *cfg);
+// Data parallel over comm's ranks (before the first step; each rank has its
+// own trainer, model replica and backend, the same config and seed). Rank r
+// runs its part of every global batch (dc_batch_split), micro_batch images
+// at a time, with the randomness of each image's place in the global batch,
+// so the run does not depend on the rank count; the gradients and losses are
+// summed over ranks and every rank takes the same AdamW and EMA step
+// (replicated; the sharded ZeRO stages come next). The thread communicator
+// needs the CPU backend, whose buffers are host memory.
+int dc_trainer_set_comm(dc_trainer *tr, dc_comm *comm);
 void dc_trainer_free(dc_trainer *tr);
 // One optimizer step over cfg.batch images. With stats NULL it only queues
 // work on the backend (no waiting); otherwise it also reads the step's

@@ -1,0 +1,128 @@
+// Data-parallel training on N ranks (threads, CPU backend) against one rank:
+// the same global batches, randomness keyed by each image's place in the
+// global batch, gradients summed over ranks. With each rank's part equal to
+// one of the single rank's micro-batches the sums are the same additions, so
+// the runs agree exactly; other splits regroup the sum and agree to 1e-6.
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "check.h"
+#include "core/error.h"
+#include "dist/comm.h"
+#include "models/dit_io.h"
+#include "train/trainer.h"
+
+static const dc_dit_config k_model = {.input_size = 8, .patch = 4, .in_channels = 1, .hidden = 16, .depth = 2,
+                                      .heads = 2, .mlp_hidden = 32, .num_classes = 2, .learn_sigma = true};
+enum { STEPS = 4, BATCH = 6 };
+
+static dc_dataset g_data;
+
+static void make_data(void) {
+    dc_dataset *ds = &g_data;
+    memset(ds, 0, sizeof *ds);
+    ds->n = 12, ds->channels = 1, ds->height = 8, ds->width = 8, ds->num_classes = 2;
+    ds->images = malloc(12 * 64 * sizeof *ds->images);
+    ds->labels = malloc(12 * sizeof *ds->labels);
+    for (int i = 0; i < 12 * 64; i++) ds->images[i] = (float)((i * 37) % 255) / 127.5f - 1.0f;
+    for (int i = 0; i < 12; i++) ds->labels[i] = i % 2;
+    ds->fingerprint = dc_dataset_fingerprint(ds);
+}
+
+typedef struct {
+    int micro_batch;
+    float *weights, *ema;  // rank 0's, at the end
+    int64_t numel;
+    double loss[STEPS];
+    int same;              // ranks whose weights equal rank 0's exactly (counted by rank 0 last)
+    float *rank_w[8];
+} result;
+
+static int train(dc_comm *c, void *arg) {
+    result *res = arg;
+    omp_set_num_threads(1);
+    dc_backend *be = NULL;
+    dc_dit m;
+    dc_trainer tr;
+    memset(&m, 0, sizeof m), memset(&tr, 0, sizeof tr);
+    dc_train_config tc = dc_train_config_default();
+    tc.batch = BATCH, tc.micro_batch = res->micro_batch, tc.steps = STEPS, tc.lr = 1e-3f, tc.ema_decay = 0.9f;
+    tc.hflip = true;
+    int rc = dc_backend_create("cpu", &be);
+    if (!rc) rc = dc_dit_create(&m, &k_model, be, true);
+    if (!rc) rc = dc_dit_init_weights(&m, 5);
+    if (!rc) rc = dc_trainer_init(&tr, &m.base, &g_data, &tc);
+    if (!rc) rc = dc_trainer_set_comm(&tr, c);
+    for (int s = 0; s < STEPS && !rc; s++) {
+        dc_step_stats st;
+        rc = dc_trainer_step(&tr, &st);
+        if (!rc && c->rank == 0) res->loss[s] = st.loss;
+    }
+    const dc_params *ps = m.base.params;
+    if (!rc) {
+        float *w = malloc(sizeof(float) * (size_t)ps->numel);
+        be->download(be, w, ps->data.p, sizeof(float) * (size_t)ps->numel);
+        res->rank_w[c->rank] = w;
+        if (c->rank == 0) {
+            res->numel = ps->numel;
+            res->weights = w;
+            res->ema = malloc(sizeof(float) * (size_t)ps->numel);
+            be->download(be, res->ema, tr.ema.p, sizeof(float) * (size_t)ps->numel);
+        }
+    }
+    dc_trainer_free(&tr);
+    dc_dit_free(&m);
+    if (be) dc_backend_destroy(be);
+    return rc;
+}
+
+static double rel(const float *a, const float *b, int64_t n) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = (double)a[i] - b[i];
+        num = fmax(num, fabs(d)), den = fmax(den, fabs((double)b[i]));
+        if (d != d) return INFINITY;
+    }
+    return num / (den > 0 ? den : 1);
+}
+
+int main(void) {
+    make_data();
+    result one = {.micro_batch = 2};
+    CHECK(dc_comm_threads_run(1, train, &one) == 0, "1 rank: %s", dc_error());
+    const struct { int ranks, micro; bool exact; } runs[] = {
+        {3, 2, true},   // each rank's 2 images are one of the single rank's micro-batches
+        {2, 3, false},  // 3 + 3: the single rank's sums regrouped
+        {4, 2, false},  // 2 + 2 + 1 + 1
+    };
+    for (size_t k = 0; k < sizeof runs / sizeof *runs; k++) {
+        result r = {.micro_batch = runs[k].micro};
+        int rc = dc_comm_threads_run(runs[k].ranks, train, &r);
+        CHECK(rc == 0, "%d ranks: %s", runs[k].ranks, dc_error());
+        if (rc || !one.weights || !r.weights) continue;
+        double ew = rel(r.weights, one.weights, one.numel), ee = rel(r.ema, one.ema, one.numel);
+        double el = 0;
+        for (int s = 0; s < STEPS; s++) el = fmax(el, fabs(r.loss[s] - one.loss[s]) / fabs(one.loss[s]));
+        int differ = 0;
+        for (int q = 1; q < runs[k].ranks; q++)
+            differ += r.rank_w[q] && memcmp(r.rank_w[q], r.weights, sizeof(float) * (size_t)one.numel) != 0;
+        printf("  %d ranks, micro-batch %d: weights %.2e, EMA %.2e, losses %.2e from 1 rank\n", runs[k].ranks,
+               runs[k].micro, ew, ee, el);
+        CHECK(differ == 0, "%d ranks: %d ranks end with other weights than rank 0", runs[k].ranks, differ);
+        if (runs[k].exact)
+            CHECK(ew == 0 && ee == 0 && el == 0, "%d ranks: not bit-identical to 1 rank (%.2e)", runs[k].ranks, ew);
+        else
+            CHECK(ew < 1e-6 && ee < 1e-6 && el < 1e-6, "%d ranks: %.2e from 1 rank", runs[k].ranks, ew);
+        for (int q = 0; q < runs[k].ranks; q++) free(r.rank_w[q]);
+        free(r.ema);
+    }
+    for (int q = 0; q < 1; q++) free(one.rank_w[q]);
+    free(one.ema);
+    free(g_data.images), free(g_data.labels);
+    printf("test_dist_train: %d passed, %d failed\n", g_pass, g_fail);
+    return g_fail != 0;
+}
