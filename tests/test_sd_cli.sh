@@ -92,6 +92,7 @@ expect_fail "a truncated checkpoint" "cut.safetensors" diffusion forward --compo
 expect_fail "a component the file does not hold" "holds a vae" diffusion forward --component unet --weights "$TMP/tiny1/vae/diffusion_pytorch_model.safetensors" --input "$GOLD/sd1/io.safetensors" --output "$TMP/o.st" --device cpu
 expect_fail "an input without its tensors" "needs a tensor 'z'" diffusion forward --component vae-decode --weights "$TMP/tiny1" --input "$GOLD/sd1/io.safetensors" --output "$TMP/o.st" --device cpu
 expect_code 2 "an unknown component" diffusion forward --component clip --weights "$TMP/tiny1" --input x --output y
+expect_code 2 "malformed --unet-heads" diffusion forward --component unet --unet-heads 8,x --weights "$TMP/tiny1" --input x --output y
 
 # ---- forward --component against diffusers and transformers --------------------------------------
 if [ -z "$PY" ]; then
@@ -119,7 +120,8 @@ EOF
   check() {
     local set=$1 w=$2 comp=$3 in=$4; shift 4
     rm -f "$TMP/out.st"  # never compare a previous run's output
-    if ! diffusion forward --component "$comp" --weights "$w" --input "$TMP/${set}_$in.st" --output "$TMP/out.st" --device cpu > "$TMP/log" 2>&1; then
+    # shellcheck disable=SC2086 # w may carry flags after the path
+    if ! diffusion forward --component "$comp" --weights $w --input "$TMP/${set}_$in.st" --output "$TMP/out.st" --device cpu > "$TMP/log" 2>&1; then
       fail "forward --component $comp $w: $(tail -1 "$TMP/log")"; return
     fi
     for pair in "$@"; do
@@ -134,6 +136,11 @@ EOF
   check sd1 "$GOLD/sd1/single.safetensors" vae-decode dec vae.decoded=image
   check sd1 "$GOLD/sd1/single.safetensors" vae-encode enc vae.mean=mean vae.logvar=logvar
   check sd1 "$GOLD/sd1/single.safetensors" text-encoder txt text.hidden=hidden text.penultimate=penultimate
+  # single-file UNets: their width follows no SD head rule, so the heads are given
+  expect_fail "a single-file UNet whose heads no rule gives" "head count" diffusion forward --component unet \
+    --weights "$GOLD/sd1/single.safetensors" --input "$TMP/sd1_unet.st" --output "$TMP/o.st" --device cpu
+  check sd1 "$GOLD/sd1/single.safetensors --unet-heads 2" unet unet unet.out=out
+  check sd2 "$GOLD/sd2/single.safetensors --unet-heads 1,1,2,2" unet unet unet.out=out
   check sd2 "$GOLD/sd2/single.safetensors" vae-decode dec vae.decoded=image
   check sd2 "$GOLD/sd2/single.safetensors" text-encoder txt text.single_hidden=hidden text.single_penultimate=penultimate
 fi

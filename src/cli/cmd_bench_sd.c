@@ -121,7 +121,7 @@ int cmd_bench_sd(int argc, char **argv) {
     if (!vocab && cli_find_vocab(&fallback)) dc_error_clear();
     if (cli_set_threads(threads) || cli_backend(device, precision, &be)) goto done;
     double t0 = dc_time_now();
-    dc_sd_open_opts oo = {model, vocab, fallback, DC_ST_NO_VERIFY, -1, false};
+    dc_sd_open_opts oo = {model, vocab, fallback, DC_ST_NO_VERIFY, -1, false, NULL};
     if (dc_sd_pipe_open(&p, be, &oo)) goto done;
     double load = dc_time_now() - t0;
     if (!size) size = p.default_size;

@@ -175,7 +175,7 @@ static int run_vae(fwd_ctx *c, dc_sd_source *s, bool encode, out_tensor *o, int 
     return rc;
 }
 
-static int run_unet(fwd_ctx *c, dc_sd_source *s, out_tensor *o, int *nout) {
+static int run_unet(fwd_ctx *c, dc_sd_source *s, const dc_heads *heads, out_tensor *o, int *nout) {
     const dc_st_tensor *tx, *tt, *tc;
     float *x = input(c, "x", 4, (int64_t[]){-1, -1, -1, -1}, &tx);
     if (!x) return -1;
@@ -187,7 +187,7 @@ static int run_unet(fwd_ctx *c, dc_sd_source *s, out_tensor *o, int *nout) {
         if (!(t[i] >= 0 && t[i] < 1000))
             return dc_fail("%s: t[%d] = %g is outside [0, 1000), the timesteps", c->in->path, i, t[i]);
     dc_model *m;
-    DC_TRY(dc_sd_load_unet(s, c->be, H, W, &m));
+    DC_TRY(dc_sd_load_unet(s, c->be, H, W, heads, &m));
     const dc_model_info *info = &m->info;
     int rc = 0;
     if (C != info->channels)
@@ -217,7 +217,7 @@ static int run_unet(fwd_ctx *c, dc_sd_source *s, out_tensor *o, int *nout) {
 
 int cmd_forward_sd(int argc, char **argv) {
     const char *weights = NULL, *component = NULL, *input_path = NULL, *output = NULL;
-    const char *device = "auto", *precision = "auto";
+    const char *device = "auto", *precision = "auto", *heads_text = NULL;
     int threads = 0;
     bool no_verify = false;
     arg_spec specs[] = {
@@ -225,6 +225,8 @@ int cmd_forward_sd(int argc, char **argv) {
         {"component", ARG_STR, &component, "NAME", "unet, vae-encode, vae-decode or text-encoder"},
         {"input", ARG_STR, &input_path, "PATH", "safetensors with the component's inputs (see above)"},
         {"output", ARG_STR, &output, "PATH", "safetensors file to write"},
+        {"unet-heads", ARG_STR, &heads_text, "LIST", "UNet attention heads, 8 or 5,10,20,20 (default: config.json, "
+                                                     "else SD's rules)"},
         {"no-verify", ARG_FLAG, &no_verify, NULL, CLI_NO_VERIFY_HELP},
         {"threads", ARG_INT, &threads, "N", "CPU threads (default: all cores)"},
         {"device", ARG_STR, &device, "NAME", CLI_DEVICE_HELP},
@@ -249,6 +251,8 @@ int cmd_forward_sd(int argc, char **argv) {
     if (kind < 0)
         return dc_fail("--component %s: choose unet, vae-encode, vae-decode or text-encoder", component),
                cli_usage_fail();
+    dc_heads heads = {0};
+    if (heads_text && dc_heads_parse(heads_text, &heads)) return cli_usage_fail();
     if (cli_check_device_flags(threads, device, precision)) return cli_usage_fail();
     if (cli_check_output(output, weights) || cli_check_output(output, input_path)) return cli_fail();
 
@@ -267,7 +271,7 @@ int cmd_forward_sd(int argc, char **argv) {
     model_open = true;
     if (dc_sd_source_open(&src, &model, parts[kind])) goto done;
     src_open = true;
-    int r = kind == 0 ? run_unet(&c, &src, o, &nout) : kind == 3 ? run_text(&c, &src, o, &nout)
+    int r = kind == 0 ? run_unet(&c, &src, &heads, o, &nout) : kind == 3 ? run_text(&c, &src, o, &nout)
                                                           : run_vae(&c, &src, kind == 1, o, &nout);
     if (r) goto done;
     dc_st_entry e[MAX_OUT];

@@ -108,6 +108,7 @@ static int write_one(void *ctx, int i, const float *image) {
 static int run(int argc, char **argv, bool img2img) {
     const char *model = NULL, *prompt = NULL, *negative = "", *sampler = "euler_a", *out = NULL;
     const char *vocab = NULL, *prediction = "auto", *device = "auto", *precision = "auto", *init_path = NULL;
+    const char *heads_text = NULL;
     int steps = 20, width = 0, height = 0, count = 1, batch = 1, threads = 0;
     float cfg = 7.5f, eta = 0.0f, strength = 0.75f;
     uint64_t seed = 0;
@@ -131,6 +132,8 @@ static int run(int argc, char **argv, bool img2img) {
         {"vocab", ARG_STR, &vocab, "PATH", "CLIP vocabulary (default: the model's tokenizer/, else searched)"},
         {"prediction", ARG_STR, &prediction, "P", "auto, eps or v (default auto: the scheduler config; SD 2 "
                                                   "single files: v)"},
+        {"unet-heads", ARG_STR, &heads_text, "LIST", "UNet attention heads, 8 or 5,10,20,20 (default: config.json, "
+                                                     "else SD's rules)"},
         {"no-verify", ARG_FLAG, &no_verify, NULL, CLI_NO_VERIFY_HELP},
         {"threads", ARG_INT, &threads, "N", "CPU threads (default: all cores)"},
         {"device", ARG_STR, &device, "NAME", CLI_DEVICE_HELP},
@@ -175,6 +178,8 @@ static int run(int argc, char **argv, bool img2img) {
     if (batch < 1 || batch > 64) return dc_fail("--batch %d: 1 to 64", batch), cli_usage_fail();
     if (width < 0 || height < 0 || width > 4096 || height > 4096)
         return dc_fail("--width/--height %dx%d: up to 4096 (multiples of 64)", width, height), cli_usage_fail();
+    dc_heads heads = {0};
+    if (heads_text && dc_heads_parse(heads_text, &heads)) return cli_usage_fail();
     if (cli_check_device_flags(threads, device, precision)) return cli_usage_fail();
     char path[4200];
     for (int i = 0; i < count; i++) {
@@ -191,7 +196,8 @@ static int run(int argc, char **argv, bool img2img) {
     if (img2img && dc_png_read_image(init_path, &init, 1)) goto done;
     if (cli_set_threads(threads) || cli_backend(device, precision, &be)) goto done;
     dc_log("loading %s on %s", model, be->name);
-    dc_sd_open_opts oo = {model, vocab, fallback, no_verify ? DC_ST_NO_VERIFY : 0, pred, img2img};
+    dc_sd_open_opts oo = {model, vocab, fallback, no_verify ? DC_ST_NO_VERIFY : 0, pred, img2img,
+                          heads_text ? &heads : NULL};
     if (dc_sd_pipe_open(&pipe, be, &oo)) goto done;
     if (img2img) {
         if ((width && width != init.width) || (height && height != init.height)) {

@@ -44,13 +44,35 @@ int dc_sd_load_vae(dc_sd_source *s, dc_backend *be, bool encoder, bool decoder, 
     return 0;
 }
 
-int dc_sd_load_unet(dc_sd_source *s, dc_backend *be, int latent_h, int latent_w, dc_model **out) {
+int dc_heads_parse(const char *s, dc_heads *h) {
+    memset(h, 0, sizeof *h);
+    const char *p = s;
+    while (*p) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 1 || v > 4096 || h->n == 8 || (*end && *end != ','))
+            return dc_fail("heads '%s': a count (8) or one per block (5,10,20,20), each 1 to 4096", s);
+        h->v[h->n++] = (int)v;
+        p = *end ? end + 1 : end;
+    }
+    return h->n ? 0 : dc_fail("heads '%s': empty", s);
+}
+
+int dc_sd_load_unet(dc_sd_source *s, dc_backend *be, int latent_h, int latent_w, const dc_heads *heads,
+                    dc_model **out) {
     *out = NULL;
     dc_unet_config c;
     if (dc_sd_config(s))
         DC_TRY(dc_unet_config_from_json(&c, dc_sd_config(s), s->dir));
     else
         DC_TRY(dc_unet_config_infer(&c, &s->w, s->names));
+    if (heads && heads->n) {
+        if (heads->n != 1 && heads->n != c.nblocks)
+            return dc_fail("%d head counts given for a UNet of %d blocks (give one, or one per block)", heads->n,
+                           c.nblocks);
+        for (int i = 0; i < c.nblocks; i++) c.heads[i] = heads->v[heads->n == 1 ? 0 : i];
+        DC_TRY(dc_unet_config_validate(&c));
+    }
     DC_TRY(dc_unet_new(&c, be, latent_h, latent_w, out));
     if (dc_unet_load(*out, &s->w, s->names)) {
         dc_model_free(*out), *out = NULL;
@@ -92,7 +114,7 @@ int dc_sd_pipe_open(dc_sd_pipe *p, dc_backend *be, const dc_sd_open_opts *o) {
                      "bpe_simple_vocab_16e6.txt.gz, or a tokenizer folder)", o->model);
     if (!rc) rc = dc_clip_tokenizer_load(&p->tok, vocab);
     if (!rc) rc = dc_sd_load_text(&src[0], be, &p->text_skip, &p->text);
-    if (!rc) rc = dc_sd_load_unet(&src[1], be, 64, 64, &p->unet);
+    if (!rc) rc = dc_sd_load_unet(&src[1], be, 64, 64, o->unet_heads, &p->unet);
     if (!rc) rc = dc_sd_load_vae(&src[2], be, o->encoder, true, &p->vae);
     for (int i = 0; i < nsrc; i++) dc_sd_source_close(&src[i]);
     if (rc) return dc_sd_pipe_close(p), -1;

@@ -12,6 +12,14 @@
 #include "models/vae.h"
 #include "text/clip_tokenizer.h"
 
+// Attention heads of a UNet: one count for every block (n 1), or one per block.
+typedef struct {
+    int n;
+    int v[8];
+} dc_heads;
+// Parses "8" or "5,10,20,20"; -1 with a message naming the text.
+int dc_heads_parse(const char *s, dc_heads *h);
+
 typedef struct {
     const char *model;   // PATH: pipeline folder, component folder or single file
     const char *vocab;   // the tokenizer's vocabulary (NULL: the model's tokenizer/ folder)
@@ -19,6 +27,7 @@ typedef struct {
     unsigned st_flags;   // DC_ST_NO_VERIFY ...
     int prediction;      // -1: from the files (scheduler config; SD 2 single files: v), 0 eps, 1 v
     bool encoder;        // load the VAE's encoder too (img2img)
+    const dc_heads *unet_heads;  // NULL: from config.json or SD's rules
 } dc_sd_open_opts;
 
 typedef struct {
@@ -70,4 +79,7 @@ int dc_sd_encode_prompts(dc_sd_pipe *p, const char *const *prompts, int n, dc_bu
 // from config.json or the shapes, then the weights.
 int dc_sd_load_text(dc_sd_source *s, dc_backend *be, int *skip, dc_clip_text **out);
 int dc_sd_load_vae(dc_sd_source *s, dc_backend *be, bool encoder, bool decoder, dc_vae **out);
-int dc_sd_load_unet(dc_sd_source *s, dc_backend *be, int latent_h, int latent_w, dc_model **out);
+// heads: NULL, or the UNet's attention heads (one count for every block, or
+// one per block) for files whose width no SD rule covers.
+int dc_sd_load_unet(dc_sd_source *s, dc_backend *be, int latent_h, int latent_w, const dc_heads *heads,
+                    dc_model **out);
