@@ -142,4 +142,14 @@ expect_fail "resume on a changed data set" "allow-data-change" \
   diffusion train --resume "$TMP/dc" --data "$TMP/d2.safetensors" --steps 2 --threads 2
 diffusion train --resume "$TMP/dc" --data "$TMP/d2.safetensors" --steps 2 --threads 2 --allow-data-change > /dev/null 2>&1 \
   && pass "--allow-data-change resumes on the changed data" || fail "--allow-data-change"
+# ---- activation checkpointing changes nothing but memory: the same checkpoint, byte for byte
+diffusion train "${flags[@]}" --out "$TMP/rc0" --steps 2 --ckpt-every 2 > /dev/null 2>&1
+diffusion train "${flags[@]}" --out "$TMP/rc1" --steps 2 --ckpt-every 2 --recompute 0 > /dev/null 2>&1
+if [ -s "$TMP/rc1/step_0000002.safetensors" ] && \
+   cmp -s <(st_data "$TMP/rc0/step_0000002.safetensors") <(st_data "$TMP/rc1/step_0000002.safetensors"); then
+  pass "--recompute 0 trains to the same checkpoint"
+else
+  fail "--recompute 0 changes the training run"
+fi
+expect_code 2 "--recompute -1" diffusion train "${flags[@]}" --out "$TMP/rc2" --recompute -1
 finish

@@ -135,7 +135,7 @@ int cmd_train(int argc, char **argv) {
     dc_train_config tc = official ? dc_train_config_default() : cli_demo_train();
     const char *model = NULL, *data_path = DC_FMNIST_DIR, *out = "runs/train", *resume = NULL;
     const char *device = "auto", *precision = "auto";
-    int ckpt_every = 500, keep = 3, log_every = 50, threads = 0, heads = 0;
+    int ckpt_every = 500, keep = 3, log_every = 50, threads = 0, heads = 0, recompute = -1;
     bool flip = false, force = false, allow_data_change = false, no_verify = false;
     // Shape flags default to the --model's values or the demo DiT's: say both.
     const dc_dit_config demo = cli_demo_model();
@@ -164,6 +164,9 @@ int cmd_train(int argc, char **argv) {
         {"steps", ARG_INT, &tc.steps, "N", "total optimizer steps of the run"},
         {"batch", ARG_INT, &tc.batch, "N", "global batch (images per step)"},
         {"micro-batch", ARG_INT, &tc.micro_batch, "N", "images per forward/backward (default: --batch)"},
+        {"recompute", ARG_INT, &recompute, "K", "activation checkpointing: the first K blocks keep their "
+                                               "activations, the others recompute theirs in backward (0: all "
+                                               "recompute; default off: all keep)"},
         {"lr", ARG_FLOAT, &tc.lr, "X", "AdamW learning rate"},
         {"beta1", ARG_FLOAT, &tc.beta1, "X", "AdamW beta1"},
         {"beta2", ARG_FLOAT, &tc.beta2, "X", "AdamW beta2"},
@@ -197,6 +200,8 @@ int cmd_train(int argc, char **argv) {
     // ---- the command line alone: usage errors (exit 2) before anything happens
     if (ckpt_every < 1 || keep < 1 || log_every < 1)
         return dc_fail("--ckpt-every, --keep and --log-every must be positive"), cli_usage_fail();
+    if (args_given(&ap, "recompute") && recompute < 0)
+        return dc_fail("--recompute %d: blocks that keep their activations, 0 or more", recompute), cli_usage_fail();
     if (cli_check_device_flags(threads, device, precision)) return cli_usage_fail();
     if (flip) tc.hflip = true;
     if (!args_given(&ap, "micro-batch")) tc.micro_batch = tc.batch;
@@ -204,7 +209,7 @@ int cmd_train(int argc, char **argv) {
         // The checkpoint fixes the model and the recipe; these may change.
         static const char *k_free[] = {"resume", "steps", "out", "data", "ckpt-every", "keep",
                                        "log-every", "threads", "device", "precision", "force",
-                                       "allow-data-change", "no-verify"};
+                                       "allow-data-change", "no-verify", "recompute"};
         for (int i = 0; i < ap.nspecs; i++) {
             bool free_flag = false;
             for (size_t k = 0; k < sizeof k_free / sizeof k_free[0]; k++)
@@ -338,6 +343,7 @@ int cmd_train(int argc, char **argv) {
         goto fail;
     }
     if (dc_dit_new(&mc, be, true, &m)) goto fail;
+    if (recompute >= 0 && dc_dit_set_recompute(dc_dit_of(m), recompute)) goto fail;
     if (have_ck ? dc_model_load_weights(m, &ck, "") : dc_model_init_weights(m, tc.seed)) goto fail;
     if (dc_trainer_init(&tr, m, &ds, &tc)) goto fail;
     if (have_ck) {

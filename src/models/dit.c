@@ -60,7 +60,10 @@ struct dc_dit_acts {
     dc_buf th, ta, temb; // [B, D] t-MLP hidden, its SiLU, output
     dc_buf yemb;         // [B, D]
     dc_buf c, silu_c;    // [B, D] conditioning and SiLU(c) (shared by every adaLN)
-    block_acts *blocks;  // [L] when training, [1] otherwise
+    block_acts *blocks;  // [L] when training (recomputed blocks: x_in only), [1] otherwise
+    block_acts redo;     // training with recompute: a recomputed block's activations (x_in unused)
+    dc_buf redo_next;    // [B, T, D] f32: the stream a recomputed block's forward leaves
+    int keep;            // blocks with all their activations (the rest recompute)
     dc_buf x_out;        // [B, T, D] stream after the last block
     dc_buf modf;         // [B, 2D]
     dc_buf lnf, meanf, rstdf;  // [B, T, D], [B*T] x2
@@ -139,6 +142,7 @@ int dc_dit_create(dc_dit *m, const dc_dit_config *cfg, dc_backend *be, bool with
     DC_TRY(dc_dit_config_validate(cfg));
     m->cfg = *cfg;
     m->be = be;
+    m->keep = -1;  // no recompute
     m->base = (dc_model){
         .ops = &dit_ops, .be = be, .params = &m->params,
         .info = {.channels = cfg->in_channels, .height = cfg->input_size, .width = cfg->input_size,
@@ -233,6 +237,10 @@ static void carve(dc_dit *m, carver *cv, dc_dit_acts *a, int B) {
     dc_buf stream = a->training ? dc_buf_none() : take32(cv, BTD);  // inference: one stream, in place
     for (int l = 0; l < nblk; l++) {
         block_acts *k = &a->blocks[l];
+        if (a->training && l >= a->keep) {  // recomputed: only the stream entering it
+            k->x_in = take32(cv, BTD);
+            continue;
+        }
         k->mod = take(cv, B * 6 * D);
         k->x_in = a->training ? take32(cv, BTD) : stream;
         k->ln1 = take(cv, BTD), k->ln2 = a->training ? take(cv, BTD) : k->ln1;
@@ -247,6 +255,22 @@ static void carve(dc_dit *m, carver *cv, dc_dit_acts *a, int B) {
         k->act = take(cv, B * T * F);
         k->fc2 = take(cv, BTD);
     }
+    if (a->training && a->keep < c->depth) {  // one set for whichever block is recomputed
+        block_acts *k = &a->redo;
+        k->mod = take(cv, B * 6 * D);
+        k->ln1 = take(cv, BTD), k->ln2 = take(cv, BTD);
+        k->mean1 = take32(cv, B * T), k->rstd1 = take32(cv, B * T);
+        k->mean2 = take32(cv, B * T), k->rstd2 = take32(cv, B * T);
+        k->qkv = take(cv, B * T * 3 * D);
+        k->att = take(cv, BTD);
+        k->lse = take32(cv, B * H * T);
+        k->proj = take(cv, BTD);
+        k->x_mid = take32(cv, BTD);
+        k->fc1 = take(cv, B * T * F);
+        k->act = take(cv, B * T * F);
+        k->fc2 = take(cv, BTD);
+        a->redo_next = take32(cv, BTD);
+    }
     a->x_out = a->training ? take32(cv, BTD) : stream;
     a->modf = take(cv, B * 2 * D);
     a->lnf = take(cv, BTD), a->meanf = take32(cv, B * T), a->rstdf = take32(cv, B * T);
@@ -259,6 +283,15 @@ static void carve(dc_dit *m, carver *cv, dc_dit_acts *a, int B) {
     a->dsilu_c = take32(cv, B * D), a->dc = take(cv, B * D), a->dtmp = take(cv, B * D);
     a->dth = take(cv, B * D);
     a->dlin = take(cv, B * T * OP);
+}
+
+int dc_dit_set_recompute(dc_dit *m, int keep) {
+    if (keep < -1) return dc_fail("recompute: %d blocks keeping their activations", keep);
+    if (keep != m->keep) {
+        free_acts(m);  // replanned by the next reserve
+        m->keep = keep;
+    }
+    return 0;
 }
 
 int dc_dit_reserve(dc_dit *m, int max_batch) {
@@ -279,6 +312,7 @@ int dc_dit_reserve(dc_dit *m, int max_batch) {
     dc_dit_acts *a = calloc(1, sizeof *a);
     if (!a) return dc_fail("out of memory");
     a->training = m->params.grad.p != NULL;
+    a->keep = m->keep < 0 || m->keep > m->cfg.depth ? m->cfg.depth : m->keep;
     a->blocks = calloc(a->training ? m->cfg.depth : 1, sizeof *a->blocks);
     if (!a->blocks) return free(a), dc_fail("out of memory");
     carver cv = {NULL, 0, m->be->compute};
@@ -306,6 +340,37 @@ static dit_dims dims_of(const dc_dit_config *c, int B) {
                   .S = c->input_size};
     d.Pf = d.p * d.p * d.C, d.OP = d.p * d.p * d.OC, d.BT = B * d.T;
     return d;
+}
+
+// Block l's activations: its own, or (recomputed) the shared set with its input.
+static block_acts block_of(const dc_dit_acts *a, int l) {
+    if (!a->training) return a->blocks[0];
+    if (l < a->keep) return a->blocks[l];
+    block_acts k = a->redo;
+    k.x_in = a->blocks[l].x_in;
+    return k;
+}
+
+// One block's forward from k->x_in into the stream `next`, keeping what
+// backward reads in k.
+static void block_fwd(dc_dit *m, const block_acts *k, const dit_block *w, dc_buf next, int B, const dit_dims *dd,
+                      const dc_attn_shape *attn) {
+    dc_backend *be = m->be;
+    const dc_params *ps = &m->params;
+    const dit_dims d = *dd;
+    // mod = Linear(SiLU(c)) -> shift, scale, gate (msa), shift, scale, gate (mlp)
+    dc_linear_fwd(be, ps, &w->ada, k->mod, m->acts->silu_c, B);
+    // x = x + gate_msa * attn(modulate(LN(x), shift_msa, scale_msa))
+    be->ln_mod_fwd(be, k->ln1, k->mean1, k->rstd1, k->x_in, k->mod, B, d.T, d.D, 6, 0, 1);
+    dc_linear_fwd(be, ps, &w->qkv, k->qkv, k->ln1, d.BT);
+    be->attention_fwd(be, k->att, k->lse, k->qkv, dc_buf_at(k->qkv, d.D), dc_buf_at(k->qkv, 2 * d.D), attn);
+    dc_linear_fwd(be, ps, &w->proj, k->proj, k->att, d.BT);
+    be->gate_res_fwd(be, k->x_mid, k->x_in, k->proj, k->mod, B, d.T, d.D, 6, 2);
+    // x = x + gate_mlp * mlp(modulate(LN(x), shift_mlp, scale_mlp))
+    be->ln_mod_fwd(be, k->ln2, k->mean2, k->rstd2, k->x_mid, k->mod, B, d.T, d.D, 6, 3, 4);
+    dc_linear_gelu_fwd(be, ps, &w->fc1, k->act, k->fc1, k->ln2, d.BT);
+    dc_linear_fwd(be, ps, &w->fc2, k->fc2, k->act, d.BT);
+    be->gate_res_fwd(be, next, k->x_mid, k->fc2, k->mod, B, d.T, d.D, 6, 5);
 }
 
 int dc_dit_forward(dc_dit *m, dc_buf out, dc_buf x, dc_buf t, dc_buf y, int B) {
@@ -338,23 +403,9 @@ int dc_dit_forward(dc_dit *m, dc_buf out, dc_buf x, dc_buf t, dc_buf y, int B) {
     be->add_rows(be, x0, dc_param_data(ps, md->pos), B, d.T, d.D);
 
     for (int l = 0; l < c->depth; l++) {
-        block_acts *k = &a->blocks[a->training ? l : 0];
-        const dit_block *w = &md->blocks[l];
-        // mod = Linear(SiLU(c)) -> shift, scale, gate (msa), shift, scale, gate (mlp)
-        dc_linear_fwd(be, ps, &w->ada, k->mod, a->silu_c, B);
-        // x = x + gate_msa * attn(modulate(LN(x), shift_msa, scale_msa))
-        be->ln_mod_fwd(be, k->ln1, k->mean1, k->rstd1, k->x_in, k->mod, B, d.T, d.D, 6, 0, 1);
-        dc_linear_fwd(be, ps, &w->qkv, k->qkv, k->ln1, d.BT);
-        be->attention_fwd(be, k->att, k->lse, k->qkv, dc_buf_at(k->qkv, d.D),
-                          dc_buf_at(k->qkv, 2 * d.D), &attn);
-        dc_linear_fwd(be, ps, &w->proj, k->proj, k->att, d.BT);
-        be->gate_res_fwd(be, k->x_mid, k->x_in, k->proj, k->mod, B, d.T, d.D, 6, 2);
-        // x = x + gate_mlp * mlp(modulate(LN(x), shift_mlp, scale_mlp))
-        be->ln_mod_fwd(be, k->ln2, k->mean2, k->rstd2, k->x_mid, k->mod, B, d.T, d.D, 6, 3, 4);
-        dc_linear_gelu_fwd(be, ps, &w->fc1, k->act, k->fc1, k->ln2, d.BT);
-        dc_linear_fwd(be, ps, &w->fc2, k->fc2, k->act, d.BT);
-        dc_buf next = !a->training ? k->x_mid : l + 1 < c->depth ? a->blocks[l + 1].x_in : a->x_out;
-        be->gate_res_fwd(be, next, k->x_mid, k->fc2, k->mod, B, d.T, d.D, 6, 5);
+        block_acts k = block_of(a, l);
+        dc_buf next = !a->training ? k.x_mid : l + 1 < c->depth ? a->blocks[l + 1].x_in : a->x_out;
+        block_fwd(m, &k, &md->blocks[l], next, B, &d, &attn);
     }
 
     // final layer: modulate(LN(x), shift, scale) -> Linear -> unpatchify
@@ -386,8 +437,10 @@ int dc_dit_backward(dc_dit *m, dc_buf dout, int B) {
 
     // blocks, last to first; a->dx holds dL/d(stream leaving the block)
     for (int l = c->depth - 1; l >= 0; l--) {
-        block_acts *k = &a->blocks[l];
+        block_acts kk = block_of(a, l);
+        const block_acts *k = &kk;
         const dit_block *w = &md->blocks[l];
+        if (l >= a->keep) block_fwd(m, k, w, a->redo_next, B, &d, &attn);  // recompute what backward reads
         // mlp branch: stream = x_mid + gate_mlp * fc2(gelu(fc1(ln2)))
         be->gate_res_bwd(be, a->dt1, a->dmod, a->dx, k->fc2, k->mod, B, d.T, d.D, 6, 5);
         dc_linear_bwd_gelu(be, ps, &w->fc2, a->df1, a->dt1, k->act, k->fc1, a->df2, d.BT);

@@ -49,6 +49,9 @@ typedef struct {
     dc_dit_modules *mods;
     dc_dit_acts *acts; // activations planned for up to max_batch images
     int max_batch;
+    int keep;          // training: blocks 0..keep-1 keep their activations for backward;
+                       // the others keep only their input and run forward again inside
+                       // backward (activation checkpointing). -1: every block keeps them.
 } dc_dit;
 
 // Registers the parameters and allocates them (and gradients if training).
@@ -61,6 +64,13 @@ int dc_dit_init_weights(dc_dit *m, uint64_t seed);
 // Plans activation memory for batches up to max_batch (training keeps what
 // backward needs).
 int dc_dit_reserve(dc_dit *m, int max_batch);
+// Activation checkpointing for training: `keep` blocks (the first ones) keep
+// their activations, the rest recompute theirs in backward from the block's
+// input (-1: none recompute). The recomputed forward runs the same ops on the
+// same inputs, so gradients are bit-identical; it costs one more forward of
+// those blocks and saves all but one fp32 [B, T, D] stream of each. Replans
+// the activations (reserve again).
+int dc_dit_set_recompute(dc_dit *m, int keep);
 
 // out[B, OC, H, W] = model(x[B, C, H, W], t[B] float timesteps, y[B] int32 labels).
 // All buffers live on the model's backend. B <= max_batch. Like every
