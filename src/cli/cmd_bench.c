@@ -50,7 +50,7 @@ static void print_memory(dc_backend *be) {
 
 static double g_peak_tflops;  // measured GEMM ceiling (0: unknown)
 
-static int bench_train(const dc_dit_config *mc, dc_backend *be, int batch, int iters, int warm) {
+static int bench_train(const dc_dit_config *mc, dc_backend *be, int batch, int iters, int warm, int recompute) {
     dc_dataset ds = {0};
     dc_model *m = NULL;
     dc_trainer tr = {0};
@@ -58,7 +58,8 @@ static int bench_train(const dc_dit_config *mc, dc_backend *be, int batch, int i
     tc.batch = tc.micro_batch = batch;
     tc.steps = iters + warm;
     int rc = -1;
-    if (dc_dit_new(mc, be, true, &m) || synthetic_data(&ds, &m->info, batch * 4) ||
+    if (dc_dit_new(mc, be, true, &m) || (recompute >= 0 && dc_dit_set_recompute(dc_dit_of(m), recompute)) ||
+        synthetic_data(&ds, &m->info, batch * 4) ||
         dc_model_init_weights(m, 0) || dc_trainer_init(&tr, m, &ds, &tc))
         goto done;
     double t0 = 0;
@@ -137,10 +138,13 @@ int cmd_bench(int argc, char **argv) {
         if (!strcmp(argv[k], "--sd") || !strncmp(argv[k], "--sd=", 5)) return cmd_bench_sd(argc, argv);
     const char *model = NULL, *device = "auto", *precision = "auto";
     int batch = 64, iters = 5, warm = 1, sample_batch = 32, sample_steps = 10, threads = 0, latency = 1;
+    int recompute = -1;
     float cfg = 4.0f;
     arg_spec specs[] = {
         {"model", ARG_STR, &model, "NAME", "official config DiT-{S,B,L,XL}/{2,4,8} (default: the demo DiT)"},
         {"batch", ARG_INT, &batch, "N", "training batch"},
+        {"recompute", ARG_INT, &recompute, "K", "training with activation checkpointing: K blocks keep their "
+                                               "activations (default off)"},
         {"iters", ARG_INT, &iters, "N", "timed training steps"},
         {"warmup", ARG_INT, &warm, "N", "untimed training steps first"},
         {"sample-batch", ARG_INT, &sample_batch, "N", "images per sampling step (0: skip sampling)"},
@@ -188,7 +192,7 @@ int cmd_bench(int argc, char **argv) {
                g_peak_tflops, dc_dtype_name(be->compute));
     }
     fflush(stdout);
-    rc = bench_train(&mc, be, batch, iters, warm);
+    rc = bench_train(&mc, be, batch, iters, warm, recompute);
     if (!rc && sample_batch > 0) rc = bench_sample(&mc, be, sample_batch, sample_steps, cfg);
     if (!rc && sample_batch > 1 && latency) rc = bench_sample(&mc, be, 1, sample_steps, cfg);
     dc_backend_destroy(be);
