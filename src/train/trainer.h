@@ -84,9 +84,10 @@ int dc_trainer_init(dc_trainer *tr, dc_model *model, const dc_dataset *data,
 // own trainer, model replica and backend, the same config and seed). Rank r
 // runs its part of every global batch (dc_batch_split), micro_batch images
 // at a time, with the randomness of each image's place in the global batch,
-// so the run does not depend on the rank count (bit for bit where the shares
-// group the sums as one rank's micro-batches do and each rank's thread count
-// is fixed; else to float rounding); the gradients and losses are
+// so the run does not depend on the rank count (to float rounding; bit for
+// bit where the shares group the sums as one rank's micro-batches do, the
+// thread counts are fixed and the BLAS sums each product from zero); the
+// gradients and losses are
 // summed over ranks and every rank takes the same AdamW and EMA step
 // (replicated; the sharded ZeRO stages come next). The thread communicator
 // needs the CPU backend, whose buffers are host memory.
