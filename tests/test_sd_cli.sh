@@ -13,21 +13,10 @@ unset DIFFUSION_VOCAB
 PY=; for p in /usr/bin/python3 python3; do "$p" -c 'import numpy' 2> /dev/null && { PY=$p; break; }; done
 
 # pixels A.png B.png MAXDIFF: the decoded pixels differ by at most MAXDIFF levels
-# (python3's zlib reads the PNGs; no python3: skipped, returns 2)
+# (tools/png_pixels.py, standard library; no python3: skipped, returns 2)
 pixels() {
   command -v python3 > /dev/null || return 2
-  python3 - "$1" "$2" "$3" << 'EOF'
-import struct, sys, zlib
-def px(p):
-    b = open(p, 'rb').read(); i = 8; d = b''
-    while i < len(b):
-        n, = struct.unpack('>I', b[i:i + 4])
-        if b[i + 4:i + 8] == b'IDAT': d += b[i + 8:i + 8 + n]
-        i += 12 + n
-    return zlib.decompress(d)  # filter bytes included: equal images give equal streams with one encoder
-a, b = px(sys.argv[1]), px(sys.argv[2])
-sys.exit(0 if len(a) == len(b) and max((abs(x - y) for x, y in zip(a, b)), default=0) <= int(sys.argv[3]) else 1)
-EOF
+  python3 "$ROOT/tools/png_pixels.py" "$1" "$2" "$3" > /dev/null
 }
 
 out=$(diffusion txt2img --help)
@@ -98,24 +87,10 @@ expect_code 2 "malformed --unet-heads" diffusion forward --component unet --unet
 if [ -z "$PY" ]; then
   echo "SKIP forward --component golden checks: no python3 with numpy"
 else
-  "$PY" - "$GOLD" "$TMP" << 'EOF'
-import json, struct, sys
-def read(p):
-    b = open(p, 'rb').read(); n, = struct.unpack('<Q', b[:8]); return json.loads(b[8:8 + n]), b[8 + n:]
-def write(p, d):
-    hdr, off, data = {}, 0, b''
-    for k, (dt, shape, raw) in d.items():
-        hdr[k] = {'dtype': dt, 'shape': shape, 'data_offsets': [off, off + len(raw)]}; off += len(raw); data += raw
-    h = json.dumps(hdr).encode(); h += b' ' * ((8 - len(h) % 8) % 8)
-    open(p, 'wb').write(struct.pack('<Q', len(h)) + h + data)
-for s in ['sd1', 'sd2']:
-    h, data = read(f'{sys.argv[1]}/{s}/io.safetensors')
-    t = lambda k: (h[k]['dtype'], h[k]['shape'], data[h[k]['data_offsets'][0]:h[k]['data_offsets'][1]])
-    write(f'{sys.argv[2]}/{s}_unet.st', {'x': t('unet.x'), 't': t('unet.t'), 'context': t('unet.context')})
-    write(f'{sys.argv[2]}/{s}_dec.st', {'z': t('vae.z')})
-    write(f'{sys.argv[2]}/{s}_enc.st', {'image': t('vae.image')})
-    write(f'{sys.argv[2]}/{s}_txt.st', {'ids': t('text.ids')})
-EOF
+  # each component's inputs, as the golden file names them without the component's prefix
+  for set in sd1 sd2; do
+    for c in unet vae text; do "$PY" "$ROOT/tools/st_read.py" extract "$GOLD/$set/io.safetensors" "$TMP/${set}_$c.st" "$c."; done
+  done
   # set weights component input golden=ours...: 1e-4 relative (float32 against float64 on the same weights)
   check() {
     local set=$1 w=$2 comp=$3 in=$4; shift 4
@@ -130,18 +105,18 @@ EOF
     done
   }
   check sd1 "$GOLD/sd1/diffusers" unet unet unet.out=out
-  check sd1 "$GOLD/sd1/diffusers/vae" vae-decode dec vae.decoded=image
-  check sd1 "$GOLD/sd1/diffusers/vae/diffusion_pytorch_model.safetensors" vae-encode enc vae.mean=mean vae.logvar=logvar
-  check sd1 "$GOLD/sd1/diffusers" text-encoder txt text.hidden=hidden text.penultimate=penultimate
-  check sd1 "$GOLD/sd1/single.safetensors" vae-decode dec vae.decoded=image
-  check sd1 "$GOLD/sd1/single.safetensors" vae-encode enc vae.mean=mean vae.logvar=logvar
-  check sd1 "$GOLD/sd1/single.safetensors" text-encoder txt text.hidden=hidden text.penultimate=penultimate
+  check sd1 "$GOLD/sd1/diffusers/vae" vae-decode vae vae.decoded=image
+  check sd1 "$GOLD/sd1/diffusers/vae/diffusion_pytorch_model.safetensors" vae-encode vae vae.mean=mean vae.logvar=logvar
+  check sd1 "$GOLD/sd1/diffusers" text-encoder text text.hidden=hidden text.penultimate=penultimate
+  check sd1 "$GOLD/sd1/single.safetensors" vae-decode vae vae.decoded=image
+  check sd1 "$GOLD/sd1/single.safetensors" vae-encode vae vae.mean=mean vae.logvar=logvar
+  check sd1 "$GOLD/sd1/single.safetensors" text-encoder text text.hidden=hidden text.penultimate=penultimate
   # single-file UNets: their width follows no SD head rule, so the heads are given
   expect_fail "a single-file UNet whose heads no rule gives" "head count" diffusion forward --component unet \
     --weights "$GOLD/sd1/single.safetensors" --input "$TMP/sd1_unet.st" --output "$TMP/o.st" --device cpu
   check sd1 "$GOLD/sd1/single.safetensors --unet-heads 2" unet unet unet.out=out
   check sd2 "$GOLD/sd2/single.safetensors --unet-heads 1,1,2,2" unet unet unet.out=out
-  check sd2 "$GOLD/sd2/single.safetensors" vae-decode dec vae.decoded=image
-  check sd2 "$GOLD/sd2/single.safetensors" text-encoder txt text.single_hidden=hidden text.single_penultimate=penultimate
+  check sd2 "$GOLD/sd2/single.safetensors" vae-decode vae vae.decoded=image
+  check sd2 "$GOLD/sd2/single.safetensors" text-encoder text text.single_hidden=hidden text.single_penultimate=penultimate
 fi
 finish

@@ -57,26 +57,10 @@ fi
 
 if has check; then
   # every component on the GPU against the golden files (fp32 1e-4, bf16 3e-2)
-  python3 - "$G" "$OUT" << 'EOF'
-import json, struct, sys
-def read(p):
-    b = open(p, 'rb').read(); n, = struct.unpack('<Q', b[:8]); return json.loads(b[8:8 + n]), b[8 + n:]
-def write(p, d):
-    hdr, off, data = {}, 0, b''
-    for k, (dt, shape, raw) in d.items():
-        hdr[k] = {'dtype': dt, 'shape': shape, 'data_offsets': [off, off + len(raw)]}; off += len(raw); data += raw
-    h = json.dumps(hdr).encode(); h += b' ' * ((8 - len(h) % 8) % 8)
-    open(p, 'wb').write(struct.pack('<Q', len(h)) + h + data)
-h, data = read(f'{sys.argv[1]}/sd1/io.safetensors')
-t = lambda k: (h[k]['dtype'], h[k]['shape'], data[h[k]['data_offsets'][0]:h[k]['data_offsets'][1]])
-write(f'{sys.argv[2]}/g_unet.st', {'x': t('unet.x'), 't': t('unet.t'), 'context': t('unet.context')})
-write(f'{sys.argv[2]}/g_dec.st', {'z': t('vae.z')})
-write(f'{sys.argv[2]}/g_enc.st', {'image': t('vae.image')})
-write(f'{sys.argv[2]}/g_txt.st', {'ids': t('text.ids')})
-EOF
+  for c in unet vae text; do python3 tools/st_read.py extract $G/sd1/io.safetensors "$OUT/g_$c.st" "$c."; done
   for prec in fp32 bf16; do
     tol=1e-4; [ $prec = bf16 ] && tol=3e-2
-    for c in "unet unet unet.out=out" "vae-decode dec vae.decoded=image" "vae-encode enc vae.mean=mean" "text-encoder txt text.hidden=hidden"; do
+    for c in "unet unet unet.out=out" "vae-decode vae vae.decoded=image" "vae-encode vae vae.mean=mean" "text-encoder text text.hidden=hidden"; do
       set -- $c
       rm -f "$OUT/g_$2_out.st"  # never compare a previous run's output
       $D forward --component $1 --weights $G/sd1/diffusers --input "$OUT/g_$2.st" --output "$OUT/g_$2_out.st" \
@@ -91,16 +75,7 @@ EOF
     $D txt2img --model $o --vocab "$VOCAB" --prompt "a red cube" --steps 5 --width 32 --height 32 --device cuda \
       --out "$OUT/tiny1-$l.png" > /dev/null 2>&1 || echo "txt2img tiny1 $l failed"
   done
-  python3 -c "
-import sys, zlib, struct
-def px(p):
-    b = open(p, 'rb').read(); i = 8; d = b''
-    while i < len(b):
-        n, = struct.unpack('>I', b[i:i+4])
-        if b[i+4:i+8] == b'IDAT': d += b[i+8:i+8+n]
-        i += 12 + n
-    return zlib.decompress(d)
-print('PASS' if px(sys.argv[1]) == px(sys.argv[2]) else 'FAIL')" "$OUT/tiny1-diffusers.png" "$OUT/tiny1-single.png" > "$OUT/layouts.txt" 2>&1
+  python3 tools/png_pixels.py "$OUT/tiny1-diffusers.png" "$OUT/tiny1-single.png" > "$OUT/layouts.txt" 2>&1
   note "txt2img on cuda, diffusers folder vs single file: $(cat "$OUT/layouts.txt")"
   # full size against diffusers / transformers, fp32 without TF32 on their side
   python3 tools/sd_pytorch.py check --model "$MODEL" --diffusers "$DIFF" --out "$OUT/full" > "$OUT/full_ref.log" 2>&1 ||
