@@ -25,27 +25,7 @@
 
 static dc_backend *g_be;
 
-static char *slurp(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)len + 1);
-    if (b && fread(b, 1, (size_t)len, f) != (size_t)len) free(b), b = NULL;
-    fclose(f);
-    if (b) b[len] = 0, *n = (size_t)len;
-    return b;
-}
-
-static int json_file(const char *path, dc_json_doc *doc) {
-    size_t n;
-    char *text = slurp(path, &n);
-    if (!text) return -1;
-    int rc = dc_json_parse(doc, text, n, 0);
-    free(text);
-    return rc;
-}
+static int json_file(const char *path, dc_json_doc *doc) { return dc_json_read_file(doc, path); }
 
 static bool same_config(const dc_clip_text_config *a, const dc_clip_text_config *b, bool with_act) {
     return a->vocab == b->vocab && a->positions == b->positions && a->width == b->width && a->layers == b->layers &&

@@ -35,27 +35,7 @@ static double nerr(const float *a, const float *b, int64_t n) {
     return den > 0 ? num / den : num;
 }
 
-static char *read_text(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)len + 1);
-    if (b && fread(b, 1, (size_t)len, f) != (size_t)len) free(b), b = NULL;
-    fclose(f);
-    *n = (size_t)len;
-    return b;
-}
-
-static int parse_json_file(const char *path, dc_json_doc *doc) {
-    size_t n;
-    char *t = read_text(path, &n);
-    if (!t) return dc_fail("cannot read %s", path);
-    int rc = dc_json_parse(doc, t, n, 0);
-    free(t);
-    return rc;
-}
+static int parse_json_file(const char *path, dc_json_doc *doc) { return dc_json_read_file(doc, path); }
 
 static bool same_config(const dc_vae_config *a, const dc_vae_config *b) {
     bool same = a->in_channels == b->in_channels && a->out_channels == b->out_channels &&
