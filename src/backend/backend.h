@@ -284,6 +284,9 @@ struct dc_backend {
     // TFLOP/s of a large matrix product in the compute dtype, timed now (the
     // peak that MFU is quoted against); 0 with a message if it cannot run.
     double (*gemm_peak)(dc_backend *be);
+    // The queue the ops run on (a cudaStream_t), so a communicator's
+    // collectives take their place among them.
+    void *(*stream)(dc_backend *be);
 };
 
 // Creates a backend by name: "cpu", "cuda" (bf16 compute, fp32 master

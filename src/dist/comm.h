@@ -37,6 +37,7 @@ typedef struct {
 
 struct dc_comm {
     int rank, size;
+    bool device;  // buffers are GPU memory (NCCL); else host memory
     const dc_comm_ops *ops;
     void *ctx;  // the implementation's shared state
 };

@@ -132,7 +132,7 @@ int dc_comm_threads_run(int size, dc_rank_fn fn, void *arg) {
     int started = 0, rc = 0;
     if (!jobs || !th) rc = dc_fail("out of memory for %d ranks", size);
     for (int r = 0; r < size && !rc; r++, started++) {
-        jobs[r] = (rank_job){{r, size, &k_ops, &sh}, fn, arg, 0};
+        jobs[r] = (rank_job){{.rank = r, .size = size, .ops = &k_ops, .ctx = &sh}, fn, arg, 0};
         if (pthread_create(&th[r], NULL, rank_main, &jobs[r]) != 0) {
             comm_abort(&jobs[r].comm, "could not start a thread");
             rc = dc_fail("could not start the thread of rank %d", r);

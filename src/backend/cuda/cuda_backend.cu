@@ -251,6 +251,8 @@ static int start(dc_cuda_ctx *c) {
     return 0;
 }
 
+static void *cu_stream(dc_backend *be) { return (void *)((dc_cuda_ctx *)be->ctx)->stream; }
+
 extern "C" dc_backend *dc_backend_cuda_create(bool fp32) {
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
@@ -340,6 +342,7 @@ extern "C" dc_backend *dc_backend_cuda_create(bool fp32) {
         .graph_launch = cu_graph_launch,
         .graph_free = cu_graph_free,
         .gemm_peak = dc_cuda_gemm_peak,
+        .stream = cu_stream,
     };
     return be;
 }
