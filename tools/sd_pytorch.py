@@ -14,9 +14,14 @@ bench  The same models in fp16 on the GPU, eager and torch.compile: one UNet
        decode of one picture, the text encoder on two prompts, and the
        whole-picture time they add up to (text + steps x UNet + VAE), with the
        peak memory of the eager batch-1 picture.
+profile  The eager fp16 UNet step at 2N rows under torch.profiler: GPU time by
+       kind of kernel (convolution, matrix product, attention, normalisation,
+       elementwise) and the 15 costliest kernels, to set beside the engine's
+       DC_CUDA_PROFILE=1 table.
 
     python3 tools/sd_pytorch.py check --model DIR --out DIR --diffusers PATH/diffusers/src
     python3 tools/sd_pytorch.py bench --model DIR --diffusers PATH/diffusers/src [--batch 8] [--steps 50]
+    python3 tools/sd_pytorch.py profile --model DIR --diffusers PATH/diffusers/src [--batch 8]
 """
 import argparse
 import json
@@ -131,9 +136,53 @@ def bench(a):
             print(f'  eager peak memory, batch 1 with guidance: {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB')
 
 
+def kind(name):
+    n = name.lower()
+    if 'conv' in n or 'implicit' in n or 'dgrad' in n or 'nchw' in n or 'nhwc' in n:
+        return 'convolution'
+    if 'flash' in n or 'fmha' in n or 'attention' in n or 'softmax' in n:
+        return 'attention'
+    if 'gemm' in n or 'cutlass' in n or 'xmma' in n or 'sm90' in n:
+        return 'matrix product'
+    if 'norm' in n or 'welford' in n:
+        return 'normalisation'
+    return 'elementwise and copies'
+
+
+def profile(a):
+    from torch.profiler import ProfilerActivity, profile as tprofile
+    unet, _, _ = load(a.model, a.diffusers, torch.float16, 'cuda')
+    lat, D, r = unet.config.sample_size, unet.config.cross_attention_dim, 2 * a.batch
+    args = (torch.randn(r, 4, lat, lat, device='cuda', dtype=torch.float16), torch.full((r,), 500.0, device='cuda'),
+            torch.randn(r, 77, D, device='cuda', dtype=torch.float16))
+    iters = 5
+    with torch.no_grad():
+        for _ in range(3):
+            unet(*args)
+        torch.cuda.synchronize()
+        with tprofile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(iters):
+                unet(*args)
+            torch.cuda.synchronize()
+    per = {}
+    kinds = {}
+    for e in prof.key_averages():
+        t = e.device_time_total / 1e3 / iters if hasattr(e, 'device_time_total') else e.cuda_time_total / 1e3 / iters
+        if t <= 0:
+            continue
+        per[e.key] = per.get(e.key, 0) + t
+        kinds[kind(e.key)] = kinds.get(kind(e.key), 0) + t
+    total = sum(kinds.values())
+    print(f'diffusers eager fp16 UNet step at {r} rows: {total:.2f} ms of GPU kernels per step')
+    for k, t in sorted(kinds.items(), key=lambda kv: -kv[1]):
+        print(f'  {k:24s} {t:8.2f} ms  {100 * t / total:5.1f}%')
+    for k, t in sorted(per.items(), key=lambda kv: -kv[1])[:15]:
+        print(f'    {t:8.2f} ms  {k[:110]}')
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument('mode', choices=['check', 'bench'])
+    ap.add_argument('mode', choices=['check', 'bench', 'profile'])
     ap.add_argument('--model', required=True)
     ap.add_argument('--diffusers', required=True, help="diffusers' src folder")
     ap.add_argument('--out', default='.')
@@ -142,7 +191,7 @@ def main():
     a = ap.parse_args()
     sys.path.insert(0, a.diffusers)
     import diffusers  # noqa: F401
-    check(a) if a.mode == 'check' else bench(a)
+    {'check': check, 'bench': bench, 'profile': profile}[a.mode](a)
 
 
 if __name__ == '__main__':

@@ -2,6 +2,7 @@
 // part alone (text encoder, one guided UNet step, VAE decode) and whole
 // pictures (a 50-step image at batch 1, and a batch), beside the figures
 // tools/sd_pytorch.py measures for diffusers on the same device.
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,7 +21,34 @@ static size_t peak_bytes(dc_backend *be) {
     return peak;
 }
 
-// Seconds per call of one guided UNet step at `rows` rows (2 per picture).
+// Whether the comma-separated list names `part` (or is "all").
+static bool has_part(const char *list, const char *part) {
+    if (!strcmp(list, "all")) return true;
+    size_t n = strlen(part);
+    for (const char *p = list; *p;) {
+        const char *e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        if (len == n && !strncmp(p, part, n)) return true;
+        p += len + (e != NULL);
+    }
+    return false;
+}
+
+typedef struct {
+    dc_model *m;
+    dc_buf out, x, t;
+    dc_cond cond;
+    int rows;
+} unet_call;
+
+static int unet_call_run(void *arg) {
+    unet_call *u = arg;
+    return dc_model_forward(u->m, u->out, u->x, u->t, &u->cond, u->rows);
+}
+
+// Seconds per call of one guided UNet step at `rows` rows (2 per picture),
+// replayed as a recorded graph where the backend has graphs, as the sampler
+// runs it (DC_CUDA_PROFILE=1: op by op, so each op is timed).
 static int time_unet(dc_sd_pipe *p, int rows, int h, int w, int iters, double *sec) {
     dc_backend *be = p->be;
     const int D = p->text->cfg.width, T = DC_CLIP_CONTEXT;
@@ -40,13 +68,21 @@ static int time_unet(dc_sd_pipe *p, int rows, int h, int w, int iters, double *s
         be->upload(be, t.p, tv, sizeof(float) * (size_t)rows);
         be->zero(be, ctx.p, (size_t)rows * T * D * dc_dtype_size(be->compute));
         free(keys), free(tv);
-        dc_cond cond = {.ctx = ctx, .len = T, .dim = D};
-        for (int i = 0; i < iters + 2 && !rc; i++) {
-            if (i == 2) be->sync(be), *sec = dc_time_now();
-            rc = dc_model_forward(p->unet, out, x, t, &cond, rows);
+        unet_call u = {p->unet, out, x, t, {.ctx = ctx, .len = T, .dim = D}, rows};
+        const char *prof = getenv("DC_CUDA_PROFILE");
+        bool graph = be->graph_capture && !(prof && *prof && strcmp(prof, "0"));
+        void *g = NULL;
+        for (int i = 0; i < 2 && !rc; i++) rc = unet_call_run(&u);  // warm-up
+        if (!rc && graph && !(g = be->graph_capture(be, unet_call_run, &u))) rc = -1;
+        be->sync(be);
+        *sec = dc_time_now();
+        for (int i = 0; i < iters && !rc; i++) {
+            if (g) be->graph_launch(be, g);
+            else rc = unet_call_run(&u);
         }
         be->sync(be);
         *sec = (dc_time_now() - *sec) / iters;
+        if (g) be->graph_free(be, g);
         if (!rc) rc = dc_backend_status(be);
     }
     dc_buf all[] = {x, out, t, ctx};
@@ -97,8 +133,8 @@ int cmd_bench_sd(int argc, char **argv) {
         {"steps", ARG_INT, &steps, "N", "sampling steps of a whole picture"},
         {"batch", ARG_INT, &batch, "N", "pictures of the batch measurement (0: skip it)"},
         {"iters", ARG_INT, &iters, "N", "timed calls of each part"},
-        {"parts", ARG_STR, &parts, "LIST", "all, or some of text,unet,vae,picture (with DC_CUDA_PROFILE=1, "
-                                           "one part's op profile)"},
+        {"parts", ARG_STR, &parts, "LIST", "all, or some of text,unet,vae,picture (unet: both batches; "
+                                           "unet1, unetN: one; with DC_CUDA_PROFILE=1, one part's op profile)"},
         {"threads", ARG_INT, &threads, "N", "CPU threads (default: all cores)"},
         {"device", ARG_STR, &device, "NAME", CLI_DEVICE_HELP},
         {"precision", ARG_STR, &precision, "P", CLI_PRECISION_HELP},
@@ -114,6 +150,17 @@ int cmd_bench_sd(int argc, char **argv) {
     if (steps < 1 || steps > 1000 || batch < 0 || batch > 64 || iters < 1 || size < 0 || size > 4096)
         return dc_fail("--steps, --batch, --iters or --size out of range"), cli_usage_fail();
     if (cli_check_device_flags(threads, device, precision)) return cli_usage_fail();
+    for (const char *q = parts; strcmp(parts, "all") && *q;) {
+        size_t len = strcspn(q, ",");
+        static const char *known[] = {"text", "unet", "unet1", "unetN", "vae", "picture"};
+        bool ok = false;
+        for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
+            ok |= strlen(known[i]) == len && !strncmp(q, known[i], len);
+        if (!ok)
+            return dc_fail("--parts %s: '%.*s' is not a part (all, or text, unet, unet1, unetN, vae, picture)",
+                           parts, (int)len, q), cli_usage_fail();
+        q += len + (q[len] == ',');
+    }
     dc_backend *be = NULL;
     dc_sd_pipe p = {0};
     const char *fallback = NULL;
@@ -125,7 +172,7 @@ int cmd_bench_sd(int argc, char **argv) {
     if (dc_sd_pipe_open(&p, be, &oo)) goto done;
     double load = dc_time_now() - t0;
     if (!size) size = p.default_size;
-#define PART(x) (!strcmp(parts, "all") || strstr(parts, x))
+#define PART(x) has_part(parts, x)
     const int h = size / p.factor, w = size / p.factor;
     printf("SD %s on %s (%s), %dx%d, loaded in %.1f s\n",
            p.version == 2 ? "2.x" : p.version == 1 ? "1.x" : "(version unknown)", be->name,
@@ -144,13 +191,13 @@ int cmd_bench_sd(int argc, char **argv) {
     be->free(be, ctx.p);
     if (PART("text")) printf("  %-44s %9.2f ms\n", "text encoder, prompt + negative", tt * 1e3);
     double u1 = 0, u8 = 0, dec = 0, pic = 0, bat = 0;
-    if (PART("unet")) {
+    if (PART("unet") || PART("unet1")) {
         if (time_unet(&p, 2, h, w, iters, &u1)) goto done;
         double macs = dc_model_macs_per_image(p.unet) * 2;
         printf("  %-44s %9.2f ms  %6.1f TFLOP/s\n", "UNet step, batch 1 with guidance (2 rows)", u1 * 1e3,
                2 * macs / u1 / 1e12);
     }
-    if (PART("unet") && batch > 0) {
+    if ((PART("unet") || PART("unetN")) && batch > 0) {
         double macs = dc_model_macs_per_image(p.unet) * 2;
         if (time_unet(&p, 2 * batch, h, w, iters, &u8)) goto done;
         char what[64];

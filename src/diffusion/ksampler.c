@@ -150,6 +150,7 @@ void dc_ksampler_free(dc_ksampler *s) {
     dc_buf *bufs[] = {&s->xin, &s->out, &s->comb, &s->den, &s->old, &s->z, &s->t, &s->ctx};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]->p) s->be->free(s->be, bufs[i]->p);
+    if (s->graph) s->be->graph_free(s->be, s->graph);
     free(s->t_host);
     free(s->ca);
     free(s->cb);
@@ -211,6 +212,38 @@ static void lin(dc_ksampler *s, dc_buf out, dc_buf p, dc_buf q, double a, double
     s->be->q_sample(s->be, out, p, q, s->ca, s->cb, B, n);
 }
 
+// The model's part of a step: it reads s->xin's first B rows, s->t and s->cond
+// and writes s->out and (guidance) s->comb, fixed buffers all, so a backend
+// can record it once and replay it.
+typedef struct {
+    dc_ksampler *s;
+    int B;
+    dc_eval_fn eval;
+    void *ctx;
+} model_call;
+
+static int run_model(void *arg) {
+    const model_call *mc = arg;
+    dc_ksampler *s = mc->s;
+    dc_backend *be = s->be;
+    int64_t HW = (int64_t)s->H * s->W, bn = (int64_t)mc->B * s->C * HW;
+    if (!s->cfg) return mc->eval(mc->ctx, s->out, s->xin, s->t, &s->cond, mc->B);
+    be->copy(be, dc_buf_at(s->xin, bn).p, s->xin.p, sizeof(float) * (size_t)bn);
+    DC_TRY(mc->eval(mc->ctx, s->out, s->xin, s->t, &s->cond, 2 * mc->B));
+    be->cfg_combine(be, s->comb, s->out, mc->B, s->C, HW, s->C, s->opt.cfg_scale);
+    return 0;
+}
+
+// Directly on a run's first step (which also warms the model's and the
+// backend's caches), then through a graph recorded on the second.
+static int model_step(dc_ksampler *s, const model_call *mc, bool first) {
+    dc_backend *be = s->be;
+    if (!s->opt.graph || !be->graph_capture || first) return run_model((void *)mc);
+    if (!s->graph && !(s->graph = be->graph_capture(be, run_model, (void *)mc))) return -1;
+    be->graph_launch(be, s->graph);
+    return 0;
+}
+
 int dc_ksampler_run(dc_ksampler *s, dc_buf x, const dc_cond *cond, const uint32_t *idx, int B,
                     dc_eval_fn eval, void *ctx, dc_sample_progress_fn progress, void *pctx) {
     if (B < 1 || B > s->max_batch)
@@ -218,7 +251,11 @@ int dc_ksampler_run(dc_ksampler *s, dc_buf x, const dc_cond *cond, const uint32_
     DC_TRY(dc_stage_text_cond(s->be, s->ctx, cond, s->opt.null_ctx, s->opt.ctx_len, s->opt.ctx_dim, B, s->cfg));
     dc_backend *be = s->be;
     int64_t HW = (int64_t)s->H * s->W, n = (int64_t)s->C * HW, bn = (int64_t)B * n;
-    int rows = s->cfg ? 2 * B : B, total = s->opt.steps;
+    int total = s->opt.steps;
+    // A graph from an earlier run holds its batch size and perhaps buffers
+    // the model has since replaced: record afresh in every run.
+    if (s->graph) be->graph_free(be, s->graph), s->graph = NULL;
+    model_call mc = {s, B, eval, ctx};
 
     const int first = s->opt.skip;
     if (first > 0) {  // img2img: clean latents in x get the noise of step `first`
@@ -235,13 +272,11 @@ int dc_ksampler_run(dc_ksampler *s, dc_buf x, const dc_cond *cond, const uint32_
 
     for (int i = first; i < total; i++) {
         const dc_kstep *p = &s->plan[i];
+        int rows = s->cfg ? 2 * B : B;
         for (int r = 0; r < rows; r++) s->t_host[r] = (float)p->t;
         be->upload(be, s->t.p, s->t_host, sizeof(float) * (size_t)rows);
         lin(s, s->xin, x, x, p->c_in, 0, B, n);
-        if (s->cfg) be->copy(be, dc_buf_at(s->xin, bn).p, s->xin.p, sizeof(float) * (size_t)bn);
-        if (eval(ctx, s->out, s->xin, s->t, &s->cond, rows) != 0)
-            return dc_fail_ctx("sampling step %d of %d", i + 1, total);
-        if (s->cfg) be->cfg_combine(be, s->comb, s->out, B, s->C, HW, s->C, s->opt.cfg_scale);
+        if (model_step(s, &mc, i == first) != 0) return dc_fail_ctx("sampling step %d of %d", i + 1, total);
         dc_buf mo = s->cfg ? s->comb : s->out;
         lin(s, s->den, x, mo, p->dx, p->de, B, n);
         lin(s, x, x, s->den, p->ax, p->ad, B, n);

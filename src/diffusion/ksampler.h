@@ -67,6 +67,10 @@ typedef struct {
     int ctx_len, ctx_dim;   // the text embeddings the model reads, [ctx_len, ctx_dim] per image
     dc_buf null_ctx;        // the negative prompt's (or ""'s) embedding, on the backend
     bool x_given;           // x already holds the start noise (unscaled randn): skip drawing it
+    bool graph;             // eval issues backend ops only (no uploads, downloads or syncs): the
+                            // model's part of a step (guided input, eval, guidance) is recorded
+                            // on the second step as a graph and replayed, where the backend has
+                            // graphs (about 1500 launches a UNet step become one)
     int skip;               // img2img: the first `skip` steps of the plan are not run. x holds
                             // the clean latents, which get the start noise at the level of step
                             // `skip` (k-samplers: x + sigma z; DDIM: sqrt(acp) x + sqrt(1-acp) z,
@@ -102,6 +106,7 @@ typedef struct {
     dc_cond cond;
     float *t_host;         // [rows]
     float *ca, *cb;        // [max_batch] per-sample coefficients for q_sample
+    void *graph;           // the recorded model call of the current run (opt.graph)
 } dc_ksampler;
 
 // Builds the SD schedule and the plan and allocates the scratch for batches

@@ -253,6 +253,7 @@ int dc_sd_generate(dc_sd_pipe *p, const dc_sd_gen *g, dc_sd_picture_fn on_pictur
     o.prediction = p->v_pred ? DC_PRED_V : DC_PRED_EPS;
     o.ctx_len = T, o.ctx_dim = D;
     o.null_ctx = dc_buf_at(b.text, (int64_t)T * D);
+    o.graph = true;  // the UNet forward issues backend ops only
     if (g->init) {
         int runs = (int)(o.steps * g->strength);
         if (!(g->strength > 0 && g->strength <= 1) || runs < 1)
