@@ -11,7 +11,7 @@
 //
 // mma.sync m16n8k16 (bf16 in, fp32 accumulate, fp32 softmax); Dh is padded
 // to a compile-time DP (multiple of 16) with zeros in shared memory, so Dh =
-// 72 (DiT-XL) runs as DP = 80 and SD's 40 as 64. Fragment layouts and tile
+// 72 (DiT-XL) runs as DP = 80 and SD's 40 as 48. Fragment layouts and tile
 // helpers are in cuda_attention_tc.h; backward is cuda_attention_bwd.cu.
 #include "backend/cuda/cuda_attention_tc.h"
 

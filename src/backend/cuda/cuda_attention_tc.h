@@ -211,7 +211,8 @@ static inline void allow_smem(const void *kernel, size_t bytes) {
 
 // The padded head size DP of the kernel instance that runs heads of Dh.
 static inline int attn_pick_dp(int Dh) {
-    return Dh <= 16 ? 16 : Dh <= 32 ? 32 : Dh <= 64 ? 64 : Dh <= 80 ? 80 : Dh <= 96 ? 96 : Dh <= 128 ? 128 : 160;
+    return Dh <= 16 ? 16 : Dh <= 32 ? 32 : Dh <= 48 ? 48 : Dh <= 64 ? 64 : Dh <= 80 ? 80 : Dh <= 96 ? 96
+                                                                                    : Dh <= 128 ? 128 : 160;
 }
 
 // Calls f.template operator()<DP>() for the instance that runs heads of Dh.
@@ -219,6 +220,7 @@ template <class F> static inline void attn_dispatch_dp(int Dh, F &&f) {
     switch (attn_pick_dp(Dh)) {
     case 16: f.template operator()<16>(); break;
     case 32: f.template operator()<32>(); break;
+    case 48: f.template operator()<48>(); break;  // SD 1.x's heads of 40
     case 64: f.template operator()<64>(); break;
     case 80: f.template operator()<80>(); break;
     case 96: f.template operator()<96>(); break;

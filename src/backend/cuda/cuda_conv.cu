@@ -475,16 +475,19 @@ extern "C" void dc_cuda_conv2d_fwd(dc_backend *be, dc_buf out, dc_buf x, dc_buf 
         dc_buf wh = {(char *)yh.p + round256((int64_t)s->B * s->Co * HWo * 2), x.dt};
         dc_cuda_transpose(be, xh, x, s->B, s->Ci, HW);
         dc_cuda_transpose(be, wh, w, s->Co, s->Ci, (int64_t)s->k * s->k);
+        if (c->prof) dc_cuda_prof_mark(c, "conv2d_fwd: cuDNN (NHWC)");
         DNN(cudnnSetConvolutionMathType(p->cd, p->math_fwd_h));
         DNN(cudnnConvolutionForward(c->dnn, &one, p->xd_h, xh.p, p->wd_h, wh.p, p->cd, p->fwd_h, c->conv_ws,
                                     c->conv_ws_bytes, &zero, p->yd_h, yh.p));
-        dc_cuda_transpose(be, out, yh, s->B, HWo, s->Co);
-    } else {
-        const void *xin = conv_input(be, p, x);
-        DNN(cudnnSetConvolutionMathType(p->cd, p->math_fwd));
-        DNN(cudnnConvolutionForward(c->dnn, &one, p->xd, xin, p->wd, w.p, p->cd, p->fwd, c->conv_ws,
-                                    c->conv_ws_bytes, &zero, p->yd, out.p));
+        dc_cuda_transpose_bias(be, out, yh, b, s->B, HWo, s->Co);  // and the bias, in the same pass
+        DC_CUDA_LAUNCHED(be);
+        return;
     }
+    const void *xin = conv_input(be, p, x);
+    if (c->prof) dc_cuda_prof_mark(c, "conv2d_fwd: cuDNN (NCHW)");
+    DNN(cudnnSetConvolutionMathType(p->cd, p->math_fwd));
+    DNN(cudnnConvolutionForward(c->dnn, &one, p->xd, xin, p->wd, w.p, p->cd, p->fwd, c->conv_ws,
+                                c->conv_ws_bytes, &zero, p->yd, out.p));
     if (b.p) {
         const int64_t HW = (int64_t)dc_conv2d_ho(s) * dc_conv2d_wo(s), n = (int64_t)s->B * s->Co * HW;
         k_conv_bias<<<dc_blocks((n + 3) / 4, TPB), TPB, 0, c->stream>>>(out.p, BF(out), b.p, BF(b), s->Co, HW, n,

@@ -441,15 +441,17 @@ extern "C" void dc_cuda_upsample2x_bwd(dc_backend *be, dc_buf dx, dc_buf dout, i
 // ---- layout ----------------------------------------------------------------------------
 // 32 x 32 tiles through shared memory (one padding column against bank
 // conflicts), so both the reads of x and the writes of out are coalesced.
-__global__ void k_transpose(void *out, int obf, const void *x, int xbf, int64_t M, int64_t N, int64_t mb,
-                            int64_t nb) {
+// bias (may be NULL): out[b, j, i] = x[b, i, j] + bias[j] (a channels-last
+// convolution's output turned channels-first with its bias in one pass).
+__global__ void k_transpose(void *out, int obf, const void *x, int xbf, const void *bias, int bbf, int64_t M,
+                            int64_t N, int64_t mb, int64_t nb) {
     __shared__ float tile[32][33];
     const int64_t t = blockIdx.x, b = t / (mb * nb);
     const int64_t i0 = (t / nb % mb) * 32, j0 = t % nb * 32;
     const int64_t base = b * M * N;
     for (int r = threadIdx.y; r < 32; r += blockDim.y) {
         int64_t i = i0 + r, j = j0 + threadIdx.x;
-        if (i < M && j < N) tile[r][threadIdx.x] = dc_ld(x, base + i * N + j, xbf);
+        if (i < M && j < N) tile[r][threadIdx.x] = dc_ld(x, base + i * N + j, xbf) + (bias ? dc_ld(bias, j, bbf) : 0.0f);
     }
     __syncthreads();
     for (int r = threadIdx.y; r < 32; r += blockDim.y) {
@@ -458,11 +460,24 @@ __global__ void k_transpose(void *out, int obf, const void *x, int xbf, int64_t 
     }
 }
 
-extern "C" void dc_cuda_transpose(dc_backend *be, dc_buf out, dc_buf x, int B, int64_t M, int64_t N) {
-    DC_CUDA_OP(be);
+static void transpose(dc_backend *be, dc_buf out, dc_buf x, dc_buf bias, int B, int64_t M, int64_t N) {
     if (B <= 0 || M <= 0 || N <= 0) return;
     const int64_t mb = (M + 31) / 32, nb = (N + 31) / 32;
-    k_transpose<<<(unsigned)(B * mb * nb), dim3(32, 8), 0, S(be)>>>(out.p, BF(out), x.p, BF(x), M, N, mb, nb);
+    k_transpose<<<(unsigned)(B * mb * nb), dim3(32, 8), 0, S(be)>>>(out.p, BF(out), x.p, BF(x), bias.p,
+                                                                   bias.p ? BF(bias) : 0, M, N, mb, nb);
+}
+
+extern "C" void dc_cuda_transpose(dc_backend *be, dc_buf out, dc_buf x, int B, int64_t M, int64_t N) {
+    DC_CUDA_OP(be);
+    const dc_buf none = {NULL, DC_F32};
+    transpose(be, out, x, none, B, M, N);
+    DC_CUDA_LAUNCHED(be);
+}
+
+extern "C" void dc_cuda_transpose_bias(dc_backend *be, dc_buf out, dc_buf x, dc_buf bias, int B, int64_t M,
+                                       int64_t N) {
+    DC_CUDA_OP(be);
+    transpose(be, out, x, bias, B, M, N);
     DC_CUDA_LAUNCHED(be);
 }
 
