@@ -1,8 +1,8 @@
 // The thread communicator (dist/comm.h): every collective on 1 to 7 ranks
 // against the sums and copies written out here (exact: the sums run in rank
-// order), the same result on every rank, a failing rank stopping the others
-// with its message instead of a hang, and the sharding and batch-split
-// arithmetic.
+// order), out of place and in place (as ZeRO runs them), the same result on
+// every rank, a failing rank stopping the others with its message instead of
+// a hang, and the sharding and batch-split arithmetic.
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,6 +53,20 @@ static int collectives(dc_comm *c, void *arg) {
     char want[32];
     snprintf(want, sizeof want, "from rank %d", root);
     bad += strcmp(msg, want) != 0;
+    // in place, as ZeRO uses them: reduce_scatter's out is in + rank * n,
+    // all_gather's in is out + rank * bytes
+    for (int64_t j = 0; j < n * c->size; j++) in[j] = value(c->rank + 5, j);
+    float *slice = in + (int64_t)c->rank * n;
+    DC_TRY(dc_comm_reduce_scatter_sum(c, slice, in, n));
+    for (int64_t j = 0; j < n; j++) {
+        float want = value(5, (int64_t)c->rank * n + j);
+        for (int q = 1; q < c->size; q++) want += value(q + 5, (int64_t)c->rank * n + j);
+        bad += slice[j] != want;
+    }
+    for (int64_t j = 0; j < n; j++) slice[j] = value(c->rank + 9, j);
+    DC_TRY(dc_comm_all_gather(c, in, slice, sizeof(float) * (size_t)n));
+    for (int q = 0; q < c->size; q++)
+        for (int64_t j = 0; j < n; j++) bad += in[(int64_t)q * n + j] != value(q + 9, j);
     DC_TRY(dc_comm_barrier(c));
     jb->bad[c->rank] = bad;
     free(buf), free(in), free(out);

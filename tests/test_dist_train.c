@@ -60,7 +60,7 @@ static int train(dc_comm *c, void *arg) {
     if (!rc) rc = dc_dit_create(&m, &k_model, be, true);
     if (!rc) rc = dc_dit_init_weights(&m, 5);
     if (!rc) rc = dc_trainer_init(&tr, &m.base, &g_data, &tc);
-    if (!rc) rc = dc_trainer_set_comm(&tr, c);
+    if (!rc) rc = dc_trainer_set_comm(&tr, c, 0);
     for (int s = 0; s < STEPS && !rc; s++) {
         dc_step_stats st;
         rc = dc_trainer_step(&tr, &st);

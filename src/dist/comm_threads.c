@@ -78,6 +78,9 @@ static int all_reduce_sum(dc_comm *c, float *buf, int64_t n) {
     return rc ? rc : wait_all(c);
 }
 
+// In place as NCCL allows: out may be in + rank * n. Each rank writes only
+// its own slice of its own buffer, which only it reads, element by element
+// before writing it.
 static int reduce_scatter_sum(dc_comm *c, float *out, const float *in, int64_t n) {
     DC_TRY(publish(c, in));
     const int64_t at = (int64_t)c->rank * n;
@@ -89,9 +92,14 @@ static int reduce_scatter_sum(dc_comm *c, float *out, const float *in, int64_t n
     return wait_all(c);
 }
 
+// In place as NCCL allows: in may be out + rank * bytes (this rank's slot,
+// which nobody writes; the others write only their own buffers).
 static int all_gather(dc_comm *c, void *out, const void *in, size_t bytes) {
     DC_TRY(publish(c, in));
-    for (int q = 0; q < c->size; q++) memcpy((char *)out + (size_t)q * bytes, peer(c, q), bytes);
+    for (int q = 0; q < c->size; q++) {
+        char *dst = (char *)out + (size_t)q * bytes;
+        if (dst != peer(c, q)) memcpy(dst, peer(c, q), bytes);
+    }
     return wait_all(c);
 }
 

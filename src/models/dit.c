@@ -79,6 +79,9 @@ struct dc_dit_acts {
 
 // Registers the modules in official state-dict order: embedders, blocks,
 // final layer (checkpoints and the weight initialisation's seeding follow it).
+// Each of these is a unit of the parameters (unit 0 the embedders, 1 + l
+// block l, depth + 1 the final layer): backward finishes their gradients one
+// unit at a time, which sharded training reduces as they come.
 static int build_modules(dc_dit *m) {
     const dc_dit_config *c = &m->cfg;
     dc_params *ps = &m->params;
@@ -94,7 +97,8 @@ static int build_modules(dc_dit *m) {
         dc_linear_add_patch_conv(ps, &md->x_embed, "x_embedder.proj", C, p, D) ||
         dc_linear_add(ps, &md->t_fc1, "t_embedder.mlp.0", DC_TFREQ, D) ||
         dc_linear_add(ps, &md->t_fc2, "t_embedder.mlp.2", D, D) ||
-        dc_embedding_add(ps, &md->y_embed, "y_embedder.embedding_table", c->num_classes + 1, D))
+        dc_embedding_add(ps, &md->y_embed, "y_embedder.embedding_table", c->num_classes + 1, D) ||
+        dc_params_end_unit(ps))
         return -1;
     for (int l = 0; l < c->depth; l++) {
         dit_block *k = &md->blocks[l];
@@ -104,12 +108,14 @@ static int build_modules(dc_dit *m) {
             dc_linear_add(ps, &k->proj, BLOCK_KEY("attn.proj"), D, D) ||
             dc_linear_add(ps, &k->fc1, BLOCK_KEY("mlp.fc1"), D, F) ||
             dc_linear_add(ps, &k->fc2, BLOCK_KEY("mlp.fc2"), F, D) ||
-            dc_linear_add(ps, &k->ada, BLOCK_KEY("adaLN_modulation.1"), D, 6 * D))
+            dc_linear_add(ps, &k->ada, BLOCK_KEY("adaLN_modulation.1"), D, 6 * D) ||
+            dc_params_end_unit(ps))
             return -1;
 #undef BLOCK_KEY
     }
     if (dc_linear_add(ps, &md->final_linear, "final_layer.linear", D, OP) ||
-        dc_linear_add(ps, &md->final_ada, "final_layer.adaLN_modulation.1", D, 2 * D))
+        dc_linear_add(ps, &md->final_ada, "final_layer.adaLN_modulation.1", D, 2 * D) ||
+        dc_params_end_unit(ps))
         return -1;
     return 0;
 }
@@ -311,7 +317,7 @@ int dc_dit_reserve(dc_dit *m, int max_batch) {
     free_acts(m);
     dc_dit_acts *a = calloc(1, sizeof *a);
     if (!a) return dc_fail("out of memory");
-    a->training = m->params.grad.p != NULL;
+    a->training = dc_params_trains(&m->params);
     a->keep = m->keep < 0 || m->keep > m->cfg.depth ? m->cfg.depth : m->keep;
     a->blocks = calloc(a->training ? m->cfg.depth : 1, sizeof *a->blocks);
     if (!a->blocks) return free(a), dc_fail("out of memory");
@@ -422,18 +428,21 @@ int dc_dit_backward(dc_dit *m, dc_buf dout, int B) {
     dc_backend *be = m->be;
     const dc_dit_config *c = &m->cfg;
     const dc_dit_modules *md = m->mods;
-    const dc_params *ps = &m->params;
+    dc_params *ps = &m->params;
     dc_dit_acts *a = m->acts;
     const dit_dims d = dims_of(c, B);
     const dc_attn_shape attn = dc_attn_packed(B, d.T, d.D, d.H);
+    const int final_unit = c->depth + 1;  // units: embedders, blocks, final layer
 
     // final layer
+    DC_TRY(dc_params_unit_begin(ps, final_unit));
     be->zero(be, a->dsilu_c.p, (size_t)B * d.D * dc_dtype_size(a->dsilu_c.dt));
     be->zero(be, a->dx.p, (size_t)d.BT * d.D * dc_dtype_size(a->dx.dt));
     be->unpatchify_bwd(be, a->dlin, dout, B, d.OC, d.S, d.S, d.p);
     dc_linear_bwd(be, ps, &md->final_linear, a->dt1, a->dlin, a->lnf, d.BT, false);
     be->ln_mod_bwd(be, a->dx, a->dmod, a->dt1, a->x_out, a->meanf, a->rstdf, a->modf, B, d.T, d.D, 2, 0, 1);
     dc_linear_bwd(be, ps, &md->final_ada, a->dsilu_c, a->dmod, a->silu_c, B, true);
+    DC_TRY(dc_params_unit_done(ps, final_unit));
 
     // blocks, last to first; a->dx holds dL/d(stream leaving the block)
     for (int l = c->depth - 1; l >= 0; l--) {
@@ -441,6 +450,7 @@ int dc_dit_backward(dc_dit *m, dc_buf dout, int B) {
         const block_acts *k = &kk;
         const dit_block *w = &md->blocks[l];
         if (l >= a->keep) block_fwd(m, k, w, a->redo_next, B, &d, &attn);  // recompute what backward reads
+        DC_TRY(dc_params_unit_begin(ps, 1 + l));
         // mlp branch: stream = x_mid + gate_mlp * fc2(gelu(fc1(ln2)))
         be->gate_res_bwd(be, a->dt1, a->dmod, a->dx, k->fc2, k->mod, B, d.T, d.D, 6, 5);
         dc_linear_bwd_gelu(be, ps, &w->fc2, a->df1, a->dt1, k->act, k->fc1, a->df2, d.BT);
@@ -456,10 +466,12 @@ int dc_dit_backward(dc_dit *m, dc_buf dout, int B) {
         be->ln_mod_bwd(be, a->dx, a->dmod, a->dt1, k->x_in, k->mean1, k->rstd1, k->mod, B, d.T, d.D, 6, 0, 1);
         // adaLN modulation of this block
         dc_linear_bwd(be, ps, &w->ada, a->dsilu_c, a->dmod, a->silu_c, B, true);
+        DC_TRY(dc_params_unit_done(ps, 1 + l));
     }
 
     // patch embedding (pos_embed is fixed); the fp32 stream gradient is cast
     // to the patches' dtype for the matrix product
+    DC_TRY(dc_params_unit_begin(ps, 0));
     be->cast(be, a->dt1, a->dx, (int64_t)d.BT * d.D);
     dc_linear_bwd(be, ps, &md->x_embed, dc_buf_none(), a->dt1, a->patches, d.BT, false);
     // conditioning: dc = SiLU'(c) dsilu_c flows to both embedders
@@ -468,6 +480,7 @@ int dc_dit_backward(dc_dit *m, dc_buf dout, int B) {
     dc_linear_bwd(be, ps, &md->t_fc2, a->dtmp, a->dc, a->ta, B, false);
     be->silu_bwd(be, a->dth, a->dtmp, a->th, (int64_t)B * d.D, false);
     dc_linear_bwd(be, ps, &md->t_fc1, dc_buf_none(), a->dth, a->tfreq, B, false);
+    DC_TRY(dc_params_unit_done(ps, 0));
     return dc_backend_status(be);
 }
 

@@ -78,7 +78,10 @@ int dc_dit_set_recompute(dc_dit *m, int keep);
 // (dc_backend_status: a failed op is an error, found without waiting).
 int dc_dit_forward(dc_dit *m, dc_buf out, dc_buf x, dc_buf t, dc_buf y, int B);
 // Given dout = dL/dout of the last forward, accumulates dL/dparams into
-// m->params.grad (+=, so micro-batches sum).
+// m->params.grad (+=, so micro-batches sum). The parameters' units (unit 0
+// the embedders, 1 + l block l, depth + 1 the final layer) are announced to
+// the parameters' unit hook before and after their gradients are computed,
+// final layer first, so sharded training can take each as it completes.
 int dc_dit_backward(dc_dit *m, dc_buf dout, int B);
 // Creates a DiT on the heap as a dc_model that dc_model_free releases whole.
 int dc_dit_new(const dc_dit_config *cfg, dc_backend *be, bool with_grad, dc_model **out);

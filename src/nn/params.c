@@ -73,6 +73,7 @@ void dc_params_free(dc_params *ps) {
         if (ps->wc.p) ps->be->free(ps->be, ps->wc.p);
     }
     free(ps->items);
+    free(ps->unit_end);
     memset(ps, 0, sizeof *ps);
 }
 
@@ -80,4 +81,23 @@ int dc_params_find(const dc_params *ps, const char *name) {
     for (int i = 0; i < ps->count; i++)
         if (strcmp(ps->items[i].name, name) == 0) return i;
     return -1;
+}
+
+int dc_params_end_unit(dc_params *ps) {
+    if (ps->numel == (ps->units ? ps->unit_end[ps->units - 1] : 0)) return 0;
+    int64_t *e = realloc(ps->unit_end, sizeof *e * (size_t)(ps->units + 1));
+    if (!e) return dc_fail("out of memory");
+    ps->unit_end = e;
+    e[ps->units++] = ps->numel;
+    return 0;
+}
+
+int dc_params_unit_count(const dc_params *ps) {
+    bool tail = ps->numel > (ps->units ? ps->unit_end[ps->units - 1] : 0);
+    return ps->units + tail;
+}
+
+void dc_params_unit_range(const dc_params *ps, int u, int64_t *lo, int64_t *hi) {
+    *lo = u > 0 ? ps->unit_end[u - 1] : 0;
+    *hi = u < ps->units ? ps->unit_end[u] : ps->numel;
 }

@@ -46,6 +46,23 @@ typedef struct {
     dc_buf wc;    // [numel] in the backend's compute dtype; NULL when that is F32
     bool stale;   // wc lags behind data
     bool frozen;  // dc_params_alloc_frozen: data is the only copy
+    // Units: runs of parameters whose gradients are complete together (a
+    // transformer block's, once its backward is done), in registration order.
+    // unit u is [unit_end[u-1], unit_end[u]) (unit_end[-1] = 0); a model that
+    // marks none has one unit, all of it.
+    int64_t *unit_end;
+    int units;
+    // The gradient window: parameters in [win_lo, win_hi) take their
+    // gradients from win (element win_lo at win.p) instead of grad. Sharded
+    // training points one unit at a time into a bucket, so no full-size
+    // gradient buffer is held; grad.p is then NULL and sharded_grad true.
+    dc_buf win;
+    int64_t win_lo, win_hi;
+    bool sharded_grad;
+    // Called by the model's backward before (done false) and after (done
+    // true) the backward of each unit it marked; NULL: nothing to do.
+    int (*unit_hook)(void *ctx, int unit, bool done);
+    void *hook_ctx;
 } dc_params;
 
 // Registers a tensor with ndim int dimensions; returns its index, or -1.
@@ -69,5 +86,24 @@ static inline dc_buf dc_param_w(const dc_params *ps, int i) {
 void dc_params_refresh(dc_params *ps);
 static inline void dc_params_touch(dc_params *ps) { ps->stale = true; }
 static inline dc_buf dc_param_grad(const dc_params *ps, int i) {
-    return dc_buf_at(ps->grad, ps->items[i].offset);
+    int64_t o = ps->items[i].offset;
+    if (o >= ps->win_lo && o < ps->win_hi) return dc_buf_at(ps->win, o - ps->win_lo);
+    return dc_buf_at(ps->grad, o);
+}
+// Whether the set takes gradients (allocated with them, or sharded).
+static inline bool dc_params_trains(const dc_params *ps) { return ps->grad.p || ps->sharded_grad; }
+
+// Closes the current unit at the parameters registered so far (a model calls
+// it after each block; an empty unit is not recorded).
+int dc_params_end_unit(dc_params *ps);
+// Unit u's flat range [*lo, *hi); the parameters after the last marked unit
+// form one more.
+int dc_params_unit_count(const dc_params *ps);
+void dc_params_unit_range(const dc_params *ps, int u, int64_t *lo, int64_t *hi);
+// What a model's backward calls around unit u's gradients (see unit_hook).
+static inline int dc_params_unit_begin(dc_params *ps, int u) {
+    return ps->unit_hook ? ps->unit_hook(ps->hook_ctx, u, false) : 0;
+}
+static inline int dc_params_unit_done(dc_params *ps, int u) {
+    return ps->unit_hook ? ps->unit_hook(ps->hook_ctx, u, true) : 0;
 }

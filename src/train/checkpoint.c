@@ -55,26 +55,58 @@ static int check_values(const dc_params *ps, int b, const float *host, const cha
                    k_state[b].name, (long long)i, p->name, (long long)e, host[i], kind, why);
 }
 
+// One entry per parameter, named prefix + key, pointing into host[numel].
+static void entries_of(const dc_params *ps, const char *prefix, float *host, dc_st_entry *entries,
+                       char (*names)[128]) {
+    for (int i = 0; i < ps->count; i++) {
+        const dc_param *p = &ps->items[i];
+        snprintf(names[i], 128, "%s%s", prefix, p->name);
+        dc_st_entry *e = &entries[i];
+        memset(e, 0, sizeof *e);
+        e->name = names[i], e->dtype = DC_F32, e->ndim = p->ndim;
+        for (int d = 0; d < p->ndim; d++) e->shape[d] = p->shape[d];
+        e->data = host + p->offset;
+    }
+}
+
+// The four flat buffers (weights, EMA, m, v) into host[4 * numel] on rank 0
+// (host NULL on the others): downloaded, or under ZeRO gathered from every
+// rank's shards, unit by unit (collective).
+static int state_to_host(const dc_trainer *tr, float *host) {
+    const dc_params *ps = tr->model->params;
+    int64_t np = ps->numel;
+    if (tr->zero) {
+        dc_zero *z = tr->zero;
+        const dc_buf st[4] = {z->master, z->ema, z->m, z->v};
+        for (int b = 0; b < 4; b++) DC_TRY(dc_zero_gather(z, st[b], host ? host + b * np : NULL));
+        return 0;
+    }
+    const dc_buf st[4] = {ps->data, tr->ema, tr->adam_m, tr->adam_v};
+    for (int b = 0; b < 4 && host; b++) tr->be->download(tr->be, host + b * np, st[b].p, (size_t)np * sizeof(float));
+    return dc_backend_status(tr->be);  // a device error, not a diverged run
+}
+
 int dc_trainer_save(const dc_trainer *tr, const char *path, const dc_kv *extra) {
     const dc_model *m = tr->model;
     const dc_params *ps = m->params;
     int n = ps->count, total = 2 * n + 2;
     int64_t np = ps->numel;
+    // Rank 0 writes the file; the others only hand over their shards.
+    if (tr->comm && tr->comm->rank != 0) return state_to_host(tr, NULL);
     float *host = malloc((size_t)np * 4 * sizeof(float));
     dc_st_entry *e = calloc(total, sizeof *e);
     char (*names)[128] = calloc(2 * n, sizeof *names);
     dc_kv kv = {0};
     int rc = -1;
     if (!host || !e || !names) {
+        // the others are in the gather: stop them too
+        if (tr->comm) dc_comm_abort(tr->comm, "out of memory for the checkpoint on rank 0");
         dc_fail("out of memory writing %s", path);
         goto done;
     }
-    if (dc_params_entries(ps, ps->data, "", host, e, names) ||
-        dc_params_entries(ps, tr->ema, "ema.", host + np, e + n, names + n))
-        goto done;
-    tr->be->download(tr->be, host + 2 * np, tr->adam_m.p, (size_t)np * sizeof(float));
-    tr->be->download(tr->be, host + 3 * np, tr->adam_v.p, (size_t)np * sizeof(float));
-    if (dc_backend_status(tr->be)) goto done;  // a device error, not a diverged run
+    if (state_to_host(tr, host)) goto done;
+    entries_of(ps, "", host, e, names);
+    entries_of(ps, "ema.", host + np, e + n, names + n);
     // A checkpoint of a diverged run would only carry the damage forward.
     for (int b = 0; b < 4; b++)
         if (check_values(ps, b, host + b * np, path,
@@ -150,11 +182,37 @@ static int check_data(const dc_trainer *tr, const dc_st_file *f) {
                    (unsigned long long)d->fingerprint, v);
 }
 
+// Under ZeRO: the file's full EMA and moments pass through one full-size
+// buffer, and each rank keeps its shard; the master shard comes from the
+// weights loaded into the model.
+static int restore_shards(dc_trainer *tr, const dc_st_file *f) {
+    dc_zero *z = tr->zero;
+    dc_params *ps = tr->model->params;
+    dc_buf full = {tr->be->alloc(tr->be, (size_t)ps->numel * sizeof(float)), DC_F32};
+    if (!full.p) return dc_fail_ctx("restoring %s", f->path);
+    // a fixed tensor the file may lack keeps the model's value, as without ZeRO
+    tr->be->copy(tr->be, full.p, ps->data.p, (size_t)ps->numel * sizeof(float));
+    int rc = dc_params_load(ps, full, f, "ema.");
+    if (!rc) dc_zero_take(z, z->ema, full);
+    if (!rc) rc = read_flat(tr, f, 2, full);
+    if (!rc) dc_zero_take(z, z->m, full);
+    if (!rc) rc = read_flat(tr, f, 3, full);
+    if (!rc) dc_zero_take(z, z->v, full);
+    if (!rc) dc_zero_take(z, z->master, ps->data);
+    if (!rc) rc = dc_backend_status(tr->be);
+    tr->be->free(tr->be, full.p);
+    return rc;
+}
+
 int dc_trainer_restore(dc_trainer *tr, const dc_st_file *f) {
     DC_TRY(check_data(tr, f));
-    DC_TRY(dc_params_load(tr->model->params, tr->ema, f, "ema."));
-    DC_TRY(read_flat(tr, f, 2, tr->adam_m));
-    DC_TRY(read_flat(tr, f, 3, tr->adam_v));
+    if (tr->zero) {
+        DC_TRY(restore_shards(tr, f));
+    } else {
+        DC_TRY(dc_params_load(tr->model->params, tr->ema, f, "ema."));
+        DC_TRY(read_flat(tr, f, 2, tr->adam_m));
+        DC_TRY(read_flat(tr, f, 3, tr->adam_v));
+    }
     DC_TRY(meta_i64(f, "step", &tr->step));
     DC_TRY(meta_i64(f, "samples_seen", &tr->samples_seen));
     return 0;

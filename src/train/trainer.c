@@ -114,7 +114,7 @@ int dc_trainer_init(dc_trainer *tr, dc_model *model, const dc_dataset *data,
     memset(tr, 0, sizeof *tr);
     DC_TRY(dc_train_config_validate(cfg));
     const dc_model_info *mi = &model->info;
-    if (!model->params->grad.p) return dc_fail("the model was not created for training");
+    if (!dc_params_trains(model->params)) return dc_fail("the model was not created for training");
     if (data->channels != mi->channels || data->height != mi->height || data->width != mi->width)
         return dc_fail("data images are %dx%dx%d but the model takes %dx%dx%d", data->channels,
                        data->height, data->width, mi->channels, mi->height, mi->width);
@@ -164,6 +164,7 @@ int dc_trainer_init(dc_trainer *tr, dc_model *model, const dc_dataset *data,
 
 void dc_trainer_free(dc_trainer *tr) {
     dc_backend *be = tr->be;
+    if (tr->zero) dc_zero_free(tr->zero), free(tr->zero);
     if (be) {
         dc_buf *bufs[] = {&tr->ema, &tr->adam_m, &tr->adam_v, &tr->x0, &tr->xt, &tr->eps,
                           &tr->out, &tr->dout, &tr->losses, &tr->gstats, &tr->t, &tr->y};
@@ -197,12 +198,33 @@ static void stage_micro_batch(dc_trainer *tr, int done, int n) {
     }
 }
 
-int dc_trainer_set_comm(dc_trainer *tr, dc_comm *comm) {
-    if (comm && comm->size > 1 && strcmp(tr->be->name, "cpu") != 0)
-        return dc_fail("training on %d ranks on the %s backend needs NCCL, which is not built yet (the thread "
-                       "communicator shares host memory: use --device cpu)", comm->size, tr->be->name);
-    if (tr->step != 0 && comm && comm->size > 1) return dc_fail("ranks are set before the first step");
-    tr->comm = comm && comm->size > 1 ? comm : NULL;
+int dc_trainer_set_comm(dc_trainer *tr, dc_comm *comm, int zero_stage) {
+    if (zero_stage < 0 || zero_stage > 2) return dc_fail("--zero %d: the stages are 0, 1 and 2", zero_stage);
+    if (tr->started || tr->zero) return dc_fail("the ranks and the ZeRO stage are set once, before the first step");
+    if (!comm) {
+        if (zero_stage) return dc_fail("ZeRO stage %d needs a communicator", zero_stage);
+        return 0;
+    }
+    bool cpu = strcmp(tr->be->name, "cpu") == 0;
+    if ((comm->size > 1 || zero_stage) && !comm->device && !cpu)
+        return dc_fail("training on %d ranks on the %s backend needs NCCL (the thread communicator shares host "
+                       "memory: use --device cpu)", comm->size, tr->be->name);
+    if ((comm->size > 1 || zero_stage) && comm->device && cpu)
+        return dc_fail("a GPU communicator cannot run the CPU backend's ranks (use the thread communicator)");
+    if (comm->size == 1 && zero_stage == 0) return 0;  // one rank, nothing shared
+    tr->comm = comm;
+    if (zero_stage == 0) return 0;
+    dc_zero *z = calloc(1, sizeof *z);
+    if (!z) return dc_fail("out of memory");
+    if (dc_zero_init(z, tr->model->params, comm, zero_stage, tr->ema, tr->adam_m, tr->adam_v)) {
+        free(z);
+        tr->comm = NULL;
+        return -1;
+    }
+    // the shards replace the full buffers
+    dc_buf *full[] = {&tr->ema, &tr->adam_m, &tr->adam_v};
+    for (int i = 0; i < 3; i++) tr->be->free(tr->be, full[i]->p), *full[i] = dc_buf_none();
+    tr->zero = z;
     return 0;
 }
 
@@ -217,7 +239,9 @@ int dc_trainer_step(dc_trainer *tr, dc_step_stats *st) {
 
     // Nothing here waits for the backend: losses and the gradient norm stay
     // there until dc_trainer_stats reads them.
-    be->zero(be, ps->grad.p, (size_t)np * sizeof(float));
+    tr->started = true;
+    if (tr->zero) dc_zero_begin_step(tr->zero);
+    else be->zero(be, ps->grad.p, (size_t)np * sizeof(float));
     // This rank's part of the global batch (all of it with one rank); `done`
     // counts images in the global batch, which keys their randomness.
     int first = 0, count = c->batch;
@@ -240,20 +264,27 @@ int dc_trainer_step(dc_trainer *tr, dc_step_stats *st) {
                                  1.0f / c->batch, NULL, NULL));
         DC_TRY(dc_model_backward(m, tr->dout, n));
     }
-    if (tr->comm) {  // every rank's gradient and losses, summed in rank order
+    if (tr->comm) {  // every rank's gradient (stage 0) and losses, summed in rank order
         DC_TRY(dc_backend_status(be));
-        DC_TRY(dc_comm_all_reduce_sum(tr->comm, (float *)ps->grad.p, np));
+        if (!tr->zero) DC_TRY(dc_comm_all_reduce_sum(tr->comm, (float *)ps->grad.p, np));
         DC_TRY(dc_comm_all_reduce_sum(tr->comm, (float *)tr->losses.p, 2 * (int64_t)c->batch));
     }
 
-    // the norm and the clipping factor stay on the backend; AdamW reads the factor
-    be->grad_norm(be, tr->gstats, ps->grad, np, c->grad_clip);
     int64_t s = tr->step + 1;
     float lr = c->warmup > 0 && s < c->warmup ? c->lr * (float)s / c->warmup : c->lr;
     tr->last_lr = lr;
     dc_adamw_step h = {lr, c->beta1, c->beta2, c->adam_eps, c->weight_decay,
                        1.0f - powf(c->beta1, (float)s), 1.0f - powf(c->beta2, (float)s), 1.0f,
                        c->ema_decay};
+    if (tr->zero) {
+        DC_TRY(dc_zero_reduce(tr->zero));
+        DC_TRY(dc_zero_update(tr->zero, tr->gstats, c->grad_clip, &h));
+        tr->step = s;
+        tr->samples_seen += c->batch;
+        return st ? dc_trainer_stats(tr, st) : 0;
+    }
+    // the norm and the clipping factor stay on the backend; AdamW reads the factor
+    be->grad_norm(be, tr->gstats, ps->grad, np, c->grad_clip);
     // AdamW, EMA and the compute copy in one pass over each run of trainable
     // parameters (fixed ones such as pos_embed keep their EMA and compute copy).
     for (int i = 0; i < ps->count;) {

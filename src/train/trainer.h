@@ -16,6 +16,7 @@
 #include "models/model.h"
 #include "dist/comm.h"
 #include "train/data.h"
+#include "train/zero.h"
 
 typedef struct {
     int steps;            // optimizer steps of the whole run
@@ -54,7 +55,8 @@ typedef struct {
     const dc_dataset *data;
     dc_order order;
     dc_schedule sched;
-    dc_buf ema, adam_m, adam_v;  // [numel] F32, same layout as the parameters
+    dc_buf ema, adam_m, adam_v;  // [numel] F32, same layout as the parameters (NULL under ZeRO:
+                                 // zero holds this rank's shards)
     int64_t step;                // optimizer steps done
     int64_t samples_seen;        // images consumed (the data position)
     // one micro-batch on the backend
@@ -64,6 +66,8 @@ typedef struct {
     float last_lr;
     bool allow_data_change;         // restore: accept a data set whose fingerprint differs
     dc_comm *comm;                  // several ranks (data parallel), or NULL: one
+    dc_zero *zero;                  // ZeRO stage 1 or 2: the sharded state, or NULL (stage 0)
+    bool started;                   // a step ran: the ranks are fixed
     dc_buf t, y;                    // [mb] float timesteps, int32 labels
     dc_cond cond;                   // the micro-batch's conditioning (labels y)
     // host staging
@@ -80,18 +84,29 @@ typedef struct {
 // conditioned on class labels train with label dropout to the null label.
 int dc_trainer_init(dc_trainer *tr, dc_model *model, const dc_dataset *data,
                     const dc_train_config *cfg);
-// Data parallel over comm's ranks (before the first step; each rank has its
-// own trainer, model replica and backend, the same config and seed). Rank r
+// Data parallel over comm's ranks with ZeRO stage zero_stage (0, 1 or 2),
+// before the first step of this process (before or after dc_trainer_restore;
+// each rank has its own trainer, model replica and backend, the same config
+// and seed, and the same weights loaded). Rank r
 // runs its part of every global batch (dc_batch_split), micro_batch images
 // at a time, with the randomness of each image's place in the global batch,
 // so the run does not depend on the rank count (to float rounding; bit for
 // bit where the shares group the sums as one rank's micro-batches do, the
 // thread counts are fixed and the BLAS sums each product from zero); the
 // gradients and losses are
-// summed over ranks and every rank takes the same AdamW and EMA step
-// (replicated; the sharded ZeRO stages come next). The thread communicator
-// needs the CPU backend, whose buffers are host memory.
-int dc_trainer_set_comm(dc_trainer *tr, dc_comm *comm);
+// summed over ranks and every rank takes the same AdamW and EMA step.
+//
+// Stage 0 replicates AdamW and the EMA. Stages 1 and 2 (train/zero.h) keep
+// only this rank's shard of the fp32 master weights, moments and EMA, sum
+// the gradients with a reduce-scatter (stage 2: block by block during
+// backward, holding no full gradient buffer), clip by the global norm and
+// all-gather the updated weights into the compute copy. The weights match
+// stage 0 to float rounding: the global norm is combined from the shards'
+// norms, so with clipping off they are bit-identical. A stage above 0 on one
+// rank runs the sharded code with one shard. The communicator's buffers must
+// be where the backend's are: a host-memory communicator (threads) needs the
+// CPU backend, a device one (NCCL) a GPU backend.
+int dc_trainer_set_comm(dc_trainer *tr, dc_comm *comm, int zero_stage);
 void dc_trainer_free(dc_trainer *tr);
 // One optimizer step over cfg.batch images. With stats NULL it only queues
 // work on the backend (no waiting); otherwise it also reads the step's
@@ -106,12 +121,16 @@ int dc_trainer_stats(dc_trainer *tr, dc_step_stats *stats);
 // training config, position (step, samples_seen) and the data set's
 // fingerprint ("data_fingerprint", 16 hex digits) in __metadata__, with
 // "format" = "diffusion.c checkpoint v2" and checksums (io/safetensors.h).
-// Written atomically. `extra` adds metadata (may be NULL). Refuses, naming
+// Written atomically. `extra` adds metadata (may be NULL). With several
+// ranks every rank calls it (under ZeRO it gathers the shards onto rank 0,
+// unit by unit) and rank 0 alone writes: the same file, byte for byte, as
+// one rank with the same state writes; the others return 0. Refuses, naming
 // the tensor and element, to write a NaN or infinity in any tensor or a
 // negative second moment: a diverged run leaves no checkpoint that hides it.
 int dc_trainer_save(const dc_trainer *tr, const char *path, const dc_kv *extra);
 // Restores EMA, moments and position from a checkpoint whose raw weights
-// have already been loaded into the model. Rejects non-finite values (and a
+// have already been loaded into the model (on any rank count: under ZeRO
+// each rank takes its shard, whatever count wrote the file). Rejects non-finite values (and a
 // negative adam_v) naming the tensor and element, and a data set whose
 // fingerprint differs from the checkpoint's unless tr->allow_data_change
 // (then it warns); a checkpoint without a fingerprint (older) only warns.

@@ -1,0 +1,219 @@
+#include "train/zero.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+
+// Shard slices start on 64-element boundaries (256 bytes of fp32), which
+// keeps every slice that a collective or a vector kernel touches aligned.
+#define ZERO_ALIGN 64
+
+// Lays the units out over `size` ranks (into u when not NULL): returns the
+// elements of a shard buffer; *bucket: size x the widest unit slice.
+static int64_t layout(const dc_params *ps, int size, int rank, dc_zero_unit *u, int64_t *bucket) {
+    int64_t slot = 0, widest = 0;
+    for (int i = 0; i < dc_params_unit_count(ps); i++) {
+        int64_t lo, hi;
+        dc_params_unit_range(ps, i, &lo, &hi);
+        dc_shard sh = dc_shard_of(hi - lo, size, rank, ZERO_ALIGN);
+        if (u) u[i] = (dc_zero_unit){lo, hi - lo, sh, slot};
+        slot += sh.per;
+        widest = sh.per > widest ? sh.per : widest;
+    }
+    *bucket = widest * size;
+    return slot;
+}
+
+int dc_zero_mem_of(const dc_params *ps, int size, int stage, dc_dtype compute, dc_zero_mem *out) {
+    if (size < 1) return dc_fail("%d ranks: at least one is needed", size);
+    if (stage < 0 || stage > 2) return dc_fail("--zero %d: the stages are 0, 1 and 2", stage);
+    int64_t P = ps->numel, bucket, S = layout(ps, size, 0, NULL, &bucket);
+    int64_t wc = compute != DC_F32 ? P * (int64_t)dc_dtype_size(compute) : 0;
+    if (stage == 0) *out = (dc_zero_mem){4 * P, 4 * P, 8 * P, 4 * P, wc};
+    else *out = (dc_zero_mem){(stage == 1 ? 4 * P : 4 * S) + 4 * bucket, 4 * S, 8 * S, 4 * S, wc + 4 * P};
+    return 0;
+}
+
+// The compute copy the model reads: the low-precision one, or the fp32 data.
+static dc_buf compute_copy(const dc_params *ps) { return ps->wc.p ? ps->wc : ps->data; }
+
+// Stage 2's gradient path, called by the model's backward around each unit:
+// before, the unit's gradients are pointed into the zeroed bucket; after,
+// the bucket is reduce-scattered in place (this rank's slice is summed over
+// ranks where it lies) and added to the gradient shard, so micro-batches
+// accumulate there.
+static int unit_hook(void *ctx, int unit, bool done) {
+    dc_zero *z = ctx;
+    dc_params *ps = z->ps;
+    dc_backend *be = z->be;
+    if (unit < 0 || unit >= z->units)
+        return dc_fail("the model reported gradients of unit %d, but its parameters have %d", unit, z->units);
+    const dc_zero_unit *u = &z->u[unit];
+    const int64_t per = u->sh.per;
+    if (!done) {
+        be->zero(be, z->buf.p, (size_t)(per * z->comm->size) * sizeof(float));
+        ps->win = z->buf, ps->win_lo = u->lo, ps->win_hi = u->lo + u->len;
+        return 0;
+    }
+    ps->win_lo = ps->win_hi = 0;
+    dc_buf mine = dc_buf_at(z->buf, (int64_t)z->comm->rank * per);
+    DC_TRY(dc_backend_status(be));
+    DC_TRY(dc_comm_reduce_scatter_sum(z->comm, (float *)mine.p, (const float *)z->buf.p, per));
+    be->axpy(be, dc_buf_at(z->grad, u->slot), mine, 1.0f, per);
+    return 0;
+}
+
+static dc_buf alloc_f32(dc_backend *be, int64_t n, int *ok) {
+    size_t bytes = (size_t)(n > 0 ? n : 1) * sizeof(float);
+    dc_buf b = {be->alloc(be, bytes), DC_F32};
+    if (b.p) be->zero(be, b.p, bytes);
+    else *ok = 0;
+    return b;
+}
+
+int dc_zero_init(dc_zero *z, dc_params *ps, dc_comm *comm, int stage, dc_buf ema, dc_buf m, dc_buf v) {
+    memset(z, 0, sizeof *z);
+    if (stage < 1 || stage > 2) return dc_fail("ZeRO stage %d: the sharded stages are 1 and 2", stage);
+    if (stage == 2 && dc_params_unit_count(ps) < 2)
+        return dc_fail("ZeRO stage 2 needs a model whose backward hands over its gradients block by block; "
+                       "this one does not (use --zero 1)");
+    dc_backend *be = ps->be;
+    z->stage = stage, z->comm = comm, z->be = be, z->ps = ps;
+    z->units = dc_params_unit_count(ps);
+    z->u = calloc((size_t)z->units, sizeof *z->u);
+    if (!z->u) return dc_fail("out of memory");
+    z->shard = layout(ps, comm->size, comm->rank, z->u, &z->bucket);
+    int ok = 1;
+    z->master = alloc_f32(be, z->shard, &ok), z->m = alloc_f32(be, z->shard, &ok);
+    z->v = alloc_f32(be, z->shard, &ok), z->ema = alloc_f32(be, z->shard, &ok);
+    z->grad = alloc_f32(be, z->shard, &ok), z->buf = alloc_f32(be, z->bucket, &ok);
+    z->norms = alloc_f32(be, comm->size, &ok), z->local = alloc_f32(be, 2, &ok);
+    if (!ok) {
+        dc_zero_free(z);
+        return dc_fail_ctx("the ZeRO-%d shards (%.1f MiB)", stage, (double)z->shard * 5 * 4 / 1048576.0);
+    }
+    dc_zero_take(z, z->master, ps->data);
+    dc_zero_take(z, z->ema, ema);
+    dc_zero_take(z, z->m, m);
+    dc_zero_take(z, z->v, v);
+    if (stage == 2) {  // the full gradient buffer gives way to the bucket and the shard
+        be->free(be, ps->grad.p);
+        ps->grad = dc_buf_none();
+        ps->sharded_grad = true;
+        ps->unit_hook = unit_hook, ps->hook_ctx = z;
+    }
+    return dc_backend_status(be);
+}
+
+void dc_zero_free(dc_zero *z) {
+    if (z->ps && z->ps->hook_ctx == z) {
+        z->ps->unit_hook = NULL, z->ps->hook_ctx = NULL;
+        z->ps->win_lo = z->ps->win_hi = 0;
+    }
+    dc_buf *bufs[] = {&z->master, &z->m, &z->v, &z->ema, &z->grad, &z->buf, &z->norms, &z->local};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+        if (bufs[i]->p) z->be->free(z->be, bufs[i]->p);
+    free(z->u);
+    memset(z, 0, sizeof *z);
+}
+
+void dc_zero_begin_step(dc_zero *z) {
+    z->be->zero(z->be, z->grad.p, (size_t)z->shard * sizeof(float));
+    if (z->stage == 1) z->be->zero(z->be, z->ps->grad.p, (size_t)z->ps->numel * sizeof(float));
+}
+
+int dc_zero_reduce(dc_zero *z) {
+    if (z->stage != 1) return 0;
+    dc_backend *be = z->be;
+    const int size = z->comm->size, rank = z->comm->rank;
+    for (int i = 0; i < z->units; i++) {
+        const dc_zero_unit *u = &z->u[i];
+        const int64_t per = u->sh.per;
+        // the unit, padded with zeros to size x per: slice q goes to rank q
+        be->copy(be, z->buf.p, dc_buf_at(z->ps->grad, u->lo).p, (size_t)u->len * sizeof(float));
+        be->zero(be, dc_buf_at(z->buf, u->len).p, (size_t)(per * size - u->len) * sizeof(float));
+        dc_buf mine = dc_buf_at(z->buf, (int64_t)rank * per);
+        DC_TRY(dc_backend_status(be));
+        DC_TRY(dc_comm_reduce_scatter_sum(z->comm, (float *)mine.p, (const float *)z->buf.p, per));
+        be->copy(be, dc_buf_at(z->grad, u->slot).p, mine.p, (size_t)per * sizeof(float));
+    }
+    return 0;
+}
+
+// AdamW and EMA over the trainable parameters within flat [a, b), whose
+// shard copy starts at shard element `at`, in runs of adjacent trainable
+// tensors (fixed ones such as pos_embed keep their values).
+static void adamw_range(dc_zero *z, int64_t a, int64_t b, int64_t at, dc_buf scale, const dc_adamw_step *h) {
+    const dc_params *ps = z->ps;
+    dc_backend *be = z->be;
+    int64_t rs = 0, re = 0;  // the current run, flat
+    for (int i = 0; i <= ps->count; i++) {
+        const dc_param *p = i < ps->count ? &ps->items[i] : NULL;
+        int64_t lo = p ? (p->offset > a ? p->offset : a) : b;
+        int64_t hi = p ? (p->offset + p->numel < b ? p->offset + p->numel : b) : b;
+        if (p && lo >= hi) continue;
+        if (p && p->trainable && lo == re && re > rs) {  // extends the run
+            re = hi;
+            continue;
+        }
+        if (re > rs) {
+            int64_t s = at + rs - a;
+            be->adamw(be, dc_buf_at(z->master, s), dc_buf_at(z->grad, s), dc_buf_at(z->m, s), dc_buf_at(z->v, s),
+                      dc_buf_at(z->ema, s), dc_buf_none(), scale, re - rs, h);
+        }
+        rs = re = 0;
+        if (p && p->trainable) rs = lo, re = hi;
+    }
+}
+
+int dc_zero_update(dc_zero *z, dc_buf gstats, float max_norm, const dc_adamw_step *h) {
+    dc_backend *be = z->be;
+    dc_params *ps = z->ps;
+    const int size = z->comm->size, rank = z->comm->rank;
+    // |g| = sqrt(sum over ranks of |shard|^2): grad_norm over the ranks'
+    // shard norms gives it, and the clipping factor, without leaving the backend.
+    be->grad_norm(be, z->local, z->grad, z->shard, 0.0f);
+    DC_TRY(dc_backend_status(be));
+    DC_TRY(dc_comm_all_gather(z->comm, z->norms.p, z->local.p, sizeof(float)));
+    be->grad_norm(be, gstats, z->norms, size, max_norm);
+    for (int i = 0; i < z->units; i++) {
+        const dc_zero_unit *u = &z->u[i];
+        int64_t a = u->lo + u->sh.begin;
+        adamw_range(z, a, a + u->sh.count, u->slot, dc_buf_at(gstats, 1), h);
+    }
+    // every rank's updated slices, in the compute dtype, into the compute copy
+    dc_buf cc = compute_copy(ps), gb = {z->buf.p, cc.dt};
+    const size_t es = dc_dtype_size(cc.dt);
+    for (int i = 0; i < z->units; i++) {
+        const dc_zero_unit *u = &z->u[i];
+        dc_buf mine = dc_buf_at(gb, (int64_t)rank * u->sh.per);
+        be->cast(be, mine, dc_buf_at(z->master, u->slot), u->sh.per);
+        DC_TRY(dc_backend_status(be));
+        DC_TRY(dc_comm_all_gather(z->comm, gb.p, mine.p, (size_t)u->sh.per * es));
+        be->copy(be, dc_buf_at(cc, u->lo).p, gb.p, (size_t)u->len * es);
+    }
+    return dc_backend_status(be);
+}
+
+int dc_zero_gather(dc_zero *z, dc_buf state, float *host) {
+    dc_backend *be = z->be;
+    for (int i = 0; i < z->units; i++) {
+        const dc_zero_unit *u = &z->u[i];
+        dc_buf mine = dc_buf_at(z->buf, (int64_t)z->comm->rank * u->sh.per);
+        be->copy(be, mine.p, dc_buf_at(state, u->slot).p, (size_t)u->sh.per * sizeof(float));
+        DC_TRY(dc_backend_status(be));
+        DC_TRY(dc_comm_all_gather(z->comm, z->buf.p, mine.p, (size_t)u->sh.per * sizeof(float)));
+        if (host) be->download(be, host + u->lo, z->buf.p, (size_t)u->len * sizeof(float));
+    }
+    return dc_backend_status(be);
+}
+
+void dc_zero_take(dc_zero *z, dc_buf state, dc_buf full) {
+    for (int i = 0; i < z->units; i++) {
+        const dc_zero_unit *u = &z->u[i];
+        if (u->sh.count)
+            z->be->copy(z->be, dc_buf_at(state, u->slot).p, dc_buf_at(full, u->lo + u->sh.begin).p,
+                        (size_t)u->sh.count * sizeof(float));
+    }
+}

@@ -1,0 +1,81 @@
+// ZeRO stages 1 and 2 (Rajbhandari et al. 2020): each rank keeps only its
+// shard of the fp32 master weights, the AdamW moments and the EMA, runs the
+// optimizer on that shard, and all-gathers the updated weights into every
+// rank's compute copy. Stage 2 also shards the gradients: backward hands over
+// each unit (a transformer block, say) as soon as its gradients are complete,
+// they are reduce-scattered from one bucket, and the rank accumulates only its
+// shard.
+//
+// Layout: the parameters' units (nn/params.h) are sharded one by one, as
+// FSDP shards each flat parameter: unit u of len elements gives every rank
+// dc_shard_of(len, size, rank, 64), so each unit's reduce-scatter and
+// all-gather moves equal, aligned slices. A rank's shard buffers are its
+// slices of every unit back to back (`per` elements each, padding zero).
+//
+// Buffers are the backend's (device memory on a GPU): everything here goes
+// through backend ops and the communicator, never the host, except the
+// checkpoint gather, which downloads onto rank 0.
+#pragma once
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "backend/backend.h"
+#include "dist/comm.h"
+#include "nn/params.h"
+
+typedef struct {
+    int64_t lo, len;  // the unit's flat range [lo, lo + len)
+    dc_shard sh;      // this rank's part of it: [lo + sh.begin, + sh.count), sh.per per rank
+    int64_t slot;     // where that part starts in the shard buffers
+} dc_zero_unit;
+
+typedef struct {
+    int stage;  // 1 or 2
+    dc_comm *comm;
+    dc_backend *be;
+    dc_params *ps;
+    int units;
+    dc_zero_unit *u;                // [units]
+    int64_t shard;                  // elements of each shard buffer (the sum of the units' per)
+    int64_t bucket;                 // size x the largest per: one unit, all ranks' slices
+    dc_buf master, m, v, ema, grad;  // [shard] F32: weights, AdamW moments, EMA, reduced gradients
+    dc_buf buf;                     // [bucket] F32: a unit's gradients in flight, or a gather
+    dc_buf norms;                   // [size] F32: every rank's gradient shard norm
+    dc_buf local;                   // [2] F32: this rank's (grad_norm's output)
+} dc_zero;
+
+// Per-rank bytes of the training state for `stage` on `size` ranks (the
+// memory table and the GPU memory planner). grads: the full buffer (stages 0
+// and 1; stage 1 adds the bucket), or the shard and the bucket (stage 2);
+// master, moments (m and v) and ema: full (stage 0) or the shard. weights: the
+// full copies the model reads besides an fp32 master: the compute copy when
+// `compute` is not F32 (stage 0), and, from stage 1, the full fp32 buffer the
+// parameters keep (on the CPU it is the compute copy).
+typedef struct {
+    int64_t grads, master, moments, ema, weights;
+} dc_zero_mem;
+int dc_zero_mem_of(const dc_params *ps, int size, int stage, dc_dtype compute, dc_zero_mem *out);
+// grads + master + moments + ema: the share that ZeRO shards.
+static inline int64_t dc_zero_mem_state(const dc_zero_mem *m) {
+    return m->grads + m->master + m->moments + m->ema;
+}
+
+// Sets up the shards from full buffers (ema, m, v [numel] F32 and the
+// parameters' data); stage 2 frees the full gradient buffer and takes the
+// parameters' unit hook. The caller frees the full buffers after.
+int dc_zero_init(dc_zero *z, dc_params *ps, dc_comm *comm, int stage, dc_buf ema, dc_buf m, dc_buf v);
+void dc_zero_free(dc_zero *z);
+// A step's start: the gradient shard (and stage 1's full gradient) at zero.
+void dc_zero_begin_step(dc_zero *z);
+// After the step's backward: stage 1 reduce-scatters the full gradient unit
+// by unit (stage 2 did it in backward).
+int dc_zero_reduce(dc_zero *z);
+// The global gradient norm and clipping factor into gstats ([2] F32, as
+// grad_norm), AdamW and EMA on the shard, then the weights all-gathered into
+// the compute copy.
+int dc_zero_update(dc_zero *z, dc_buf gstats, float max_norm, const dc_adamw_step *h);
+// Collective: the full [numel] F32 state (a shard buffer of z) into host on
+// rank 0 (host may be NULL elsewhere), one unit at a time.
+int dc_zero_gather(dc_zero *z, dc_buf state, float *host);
+// This rank's shard of a full [numel] F32 buffer on the backend into state.
+void dc_zero_take(dc_zero *z, dc_buf state, dc_buf full);

@@ -1,0 +1,343 @@
+// ZeRO stages 1 and 2 on the thread communicator and the CPU backend, against
+// one rank of plain (stage 0) training of a tiny DiT:
+// - stages 0, 1 and 2 on 1, 2 and 3 ranks, with gradient clipping active and
+//   micro-batch accumulation: weights, EMA and both moments within 1e-6 (the
+//   global norm is combined from the shards' norms, so clipping moves the
+//   last bits);
+// - with clipping off and each rank's share one micro-batch, ZeRO-1 and 2
+//   are bit-identical to ZeRO-0 on the same ranks (the same additions in the
+//   same order), and stage 2 with recompute to stage 2 without;
+// - checkpoints: a file restored on 2 or 3 ranks and written again is the
+//   same bytes; 2 -> 1, 1 -> 2 and 2 -> 3 resumes end within 1e-6 of the
+//   uninterrupted run;
+// - a rank failing inside a stage-2 bucket fails every rank, without a hang;
+// - the per-rank memory accounting: ZeRO-2 on 2 ranks holds at most 60% of
+//   ZeRO-0's gradients, master weights, moments and EMA for DiT-S/2, and the
+//   accounting matches what the trainer allocates.
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend/backend.h"
+#include "check.h"
+#include "core/error.h"
+#include "dist/comm.h"
+#include "models/dit.h"
+#include "models/model_io.h"
+#include "tmpdir.h"
+#include "train/trainer.h"
+
+static const dc_dit_config k_model = {.input_size = 8, .patch = 4, .in_channels = 1, .hidden = 16, .depth = 3,
+                                      .heads = 2, .mlp_hidden = 32, .num_classes = 2, .learn_sigma = true};
+enum { STEPS = 4, BATCH = 6, MAX_RANKS = 4 };
+static const float k_clip = 0.02f;  // below every step's norm here: clipping acts each step
+
+static dc_dataset g_data;
+
+static void make_data(void) {
+    dc_dataset *ds = &g_data;
+    memset(ds, 0, sizeof *ds);
+    ds->n = 12, ds->channels = 1, ds->height = 8, ds->width = 8, ds->num_classes = 2;
+    ds->images = malloc(12 * 64 * sizeof *ds->images);
+    ds->labels = malloc(12 * sizeof *ds->labels);
+    for (int i = 0; i < 12 * 64; i++) ds->images[i] = (float)((i * 37) % 255) / 127.5f - 1.0f;
+    for (int i = 0; i < 12; i++) ds->labels[i] = i % 2;
+    ds->fingerprint = dc_dataset_fingerprint(ds);
+}
+
+typedef struct {
+    int stage, micro, steps;  // ZeRO stage, micro-batch, the step to train up to
+    float clip;
+    const char *resume;       // restore this checkpoint first (NULL: fresh weights)
+    bool restore_first;       // restore before dc_trainer_set_comm rather than after
+    const char *save;         // write a checkpoint at the end
+    int fail_rank, fail_unit; // that rank fails in that unit's bucket (fail_rank 0 never does here)
+    int recompute;            // blocks keeping their activations (0: none recompute)
+    float *state[4];          // rank 0's weights, EMA, m, v at the end (gathered)
+    int64_t numel;
+    double min_norm;          // the smallest gradient norm of the run's steps
+    int differ;               // ranks whose compute weights are not rank 0's
+    float *rank_w[MAX_RANKS];
+    bool mem_ok;              // the accounting matches the shards allocated
+} job;
+
+// Rank `fail_rank`'s hook: fails once unit fail_unit's gradients are done,
+// while the other ranks wait in that unit's reduce-scatter.
+typedef struct {
+    int (*inner)(void *, int, bool);
+    void *ctx;
+    int unit;
+} failing_hook;
+
+static int fail_in_bucket(void *ctx, int unit, bool done) {
+    failing_hook *f = ctx;
+    if (done && unit == f->unit) return dc_fail("injected failure in the bucket of unit %d", unit);
+    return f->inner(f->ctx, unit, done);
+}
+
+static int train(dc_comm *c, void *arg) {
+    job *j = arg;
+    omp_set_num_threads(1);
+    dc_backend *be = NULL;
+    dc_dit m;
+    dc_trainer tr;
+    dc_st_file f;
+    memset(&m, 0, sizeof m), memset(&tr, 0, sizeof tr), memset(&f, 0, sizeof f);
+    bool open = false;
+    dc_train_config tc = dc_train_config_default();
+    tc.batch = BATCH, tc.micro_batch = j->micro, tc.steps = STEPS, tc.lr = 1e-3f, tc.ema_decay = 0.9f;
+    tc.hflip = true, tc.grad_clip = j->clip;
+    int rc = dc_backend_create("cpu", &be);
+    if (!rc) rc = dc_dit_create(&m, &k_model, be, true);
+    if (!rc && j->recompute) rc = dc_dit_set_recompute(&m, j->recompute);
+    if (!rc && j->resume) rc = dc_st_open(&f, j->resume), open = rc == 0;
+    if (!rc) rc = j->resume ? dc_model_load_weights(&m.base, &f, "") : dc_dit_init_weights(&m, 5);
+    if (!rc) rc = dc_trainer_init(&tr, &m.base, &g_data, &tc);
+    if (!rc && j->resume && j->restore_first) rc = dc_trainer_restore(&tr, &f);
+    if (!rc) rc = dc_trainer_set_comm(&tr, c, j->stage);
+    if (!rc && j->resume && !j->restore_first) rc = dc_trainer_restore(&tr, &f);
+    if (open) dc_st_close(&f);
+    failing_hook fh = {m.params.unit_hook, m.params.hook_ctx, j->fail_unit};
+    if (!rc && j->fail_rank == c->rank && c->rank) m.params.unit_hook = fail_in_bucket, m.params.hook_ctx = &fh;
+    double min_norm = INFINITY;
+    while (!rc && tr.step < j->steps) {
+        dc_step_stats st;
+        rc = dc_trainer_step(&tr, &st);
+        if (!rc) min_norm = fmin(min_norm, st.grad_norm);
+    }
+    if (!rc && j->save) rc = dc_trainer_save(&tr, j->save, NULL);
+    const dc_params *ps = m.base.params;
+    int64_t np = ps->numel;
+    // the state, gathered (collective), onto rank 0
+    for (int b = 0; b < 4 && !rc; b++) {
+        float *h = c->rank == 0 ? malloc(sizeof(float) * (size_t)np) : NULL;
+        if (tr.zero) {
+            const dc_buf st[4] = {tr.zero->master, tr.zero->ema, tr.zero->m, tr.zero->v};
+            rc = dc_zero_gather(tr.zero, st[b], h);
+        } else if (h) {
+            const dc_buf st[4] = {ps->data, tr.ema, tr.adam_m, tr.adam_v};
+            be->download(be, h, st[b].p, sizeof(float) * (size_t)np);
+        }
+        if (h) j->state[b] = h;
+    }
+    if (!rc) {
+        j->rank_w[c->rank] = malloc(sizeof(float) * (size_t)np);
+        be->download(be, j->rank_w[c->rank], ps->data.p, sizeof(float) * (size_t)np);
+    }
+    if (!rc && c->rank == 0) {
+        j->numel = np, j->min_norm = min_norm;
+        dc_zero_mem mem;
+        j->mem_ok = dc_zero_mem_of(ps, c->size, j->stage, be->compute, &mem) == 0 &&
+                    (!tr.zero || (mem.master == 4 * tr.zero->shard && mem.moments == 8 * tr.zero->shard &&
+                                  mem.grads == (j->stage == 1 ? 4 * np : 4 * tr.zero->shard) + 4 * tr.zero->bucket));
+    }
+    if (m.params.hook_ctx == &fh) m.params.unit_hook = fh.inner, m.params.hook_ctx = fh.ctx;
+    dc_trainer_free(&tr);
+    dc_dit_free(&m);
+    if (be) dc_backend_destroy(be);
+    return rc;
+}
+
+static void job_free(job *j) {
+    for (int b = 0; b < 4; b++) free(j->state[b]);
+    for (int q = 0; q < MAX_RANKS; q++) free(j->rank_w[q]);
+}
+
+static double rel(const float *a, const float *b, int64_t n) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = (double)a[i] - b[i];
+        if (d != d) return INFINITY;
+        num = fmax(num, fabs(d)), den = fmax(den, fabs((double)b[i]));
+    }
+    return num / (den > 0 ? den : 1);
+}
+
+// Runs j on `ranks`; the largest error of its state against ref (-1 if it failed).
+static double run_against(job *j, int ranks, const job *ref, bool *exact) {
+    int rc = dc_comm_threads_run(ranks, train, j);
+    CHECK(rc == 0, "stage %d on %d ranks: %s", j->stage, ranks, rc ? dc_error() : "");
+    if (rc || !j->state[3]) return -1;
+    double e = 0;
+    *exact = true;
+    for (int b = 0; b < 4; b++) {
+        e = fmax(e, rel(j->state[b], ref->state[b], ref->numel));
+        *exact = *exact && memcmp(j->state[b], ref->state[b], sizeof(float) * (size_t)ref->numel) == 0;
+    }
+    int differ = 0;
+    for (int q = 0; q < ranks; q++)  // every rank's compute copy is the gathered master
+        differ += !j->rank_w[q] || memcmp(j->rank_w[q], j->state[0], sizeof(float) * (size_t)ref->numel) != 0;
+    CHECK(differ == 0, "stage %d on %d ranks: %d ranks' weights are not the master's", j->stage, ranks, differ);
+    CHECK(j->mem_ok, "stage %d on %d ranks: the memory accounting differs from the allocation", j->stage, ranks);
+    return e;
+}
+
+static bool same_file(const char *a, const char *b) {
+    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+    bool same = fa && fb;
+    for (int ca = 0, cb = 0; same && ca != EOF; ) ca = fgetc(fa), cb = fgetc(fb), same = ca == cb;
+    if (fa) fclose(fa);
+    if (fb) fclose(fb);
+    return same;
+}
+
+static void on_alarm(int sig) {
+    (void)sig;
+    static const char m[] = "FAIL test_zero: a collective hung (60 s)\n";
+    if (write(1, m, sizeof m - 1)) {}
+    _exit(1);
+}
+
+int main(void) {
+    signal(SIGALRM, on_alarm);
+    alarm(60);
+    openblas_set_num_threads(1);  // rounding must not depend on the threads beside each rank
+    make_data();
+    if (tmpdir_make("zero")) return 1;
+
+    // stages x ranks, clipping on, several micro-batches per rank
+    job ref = {.stage = 0, .micro = 2, .steps = STEPS, .clip = k_clip, .fail_rank = -1};
+    CHECK(dc_comm_threads_run(1, train, &ref) == 0, "1 rank: %s", dc_error());
+    printf("  reference: 1 rank, %lld parameters, smallest gradient norm %.4f (clipped at %g)\n",
+           (long long)ref.numel, ref.min_norm, k_clip);
+    CHECK(ref.min_norm > k_clip, "clipping acts on every step (smallest norm %g)", ref.min_norm);
+    for (int stage = 0; stage <= 2; stage++)
+        for (int ranks = 1; ranks <= 3; ranks++) {
+            job j = {.stage = stage, .micro = 1, .steps = STEPS, .clip = k_clip, .fail_rank = -1};
+            bool exact;
+            double e = run_against(&j, ranks, &ref, &exact);
+            printf("  ZeRO-%d, %d ranks, micro-batch 1: weights/EMA/m/v within %.2e of 1 rank%s\n", stage, ranks, e,
+                   exact ? " (bit-identical)" : "");
+            CHECK(e >= 0 && e < 1e-6, "ZeRO-%d on %d ranks: %.2e from 1 rank", stage, ranks, e);
+            job_free(&j);
+        }
+    // Clipping off, each rank's share one of the single rank's micro-batches:
+    // ZeRO-1 and 2 add the same numbers in the same order as ZeRO-0 on the
+    // same ranks (bit-identical); ZeRO-0 against one rank regroups the label
+    // table's sums (the moments' last bits).
+    job ref0 = {.stage = 0, .micro = 2, .steps = STEPS, .clip = 0, .fail_rank = -1};
+    job zr = {.stage = 0, .micro = 2, .steps = STEPS, .clip = 0, .fail_rank = -1};
+    CHECK(dc_comm_threads_run(1, train, &ref0) == 0, "1 rank: %s", dc_error());
+    bool exact;
+    double e0 = run_against(&zr, 3, &ref0, &exact);
+    printf("  ZeRO-0, 3 ranks of 2 images, no clipping: %.2e from 1 rank, %s\n", e0,
+           exact ? "bit-identical" : "not bit-identical");
+    CHECK(e0 >= 0 && e0 < 1e-6, "ZeRO-0 on 3 ranks: %.2e from 1 rank", e0);
+    for (int stage = 1; stage <= 2 && zr.state[3]; stage++) {
+        job j = {.stage = stage, .micro = 2, .steps = STEPS, .clip = 0, .fail_rank = -1};
+        double e = run_against(&j, 3, &zr, &exact);
+        printf("  ZeRO-%d, the same: %.2e from ZeRO-0, %s\n", stage, e, exact ? "bit-identical" : "not bit-identical");
+        CHECK(exact, "ZeRO-%d on 3 ranks: %.2e from ZeRO-0, not bit-identical", stage, e);
+        job_free(&j);
+    }
+    job_free(&zr);
+    // stage 2 with activation checkpointing: the recomputed blocks hand over
+    // the same gradients
+    job plain = {.stage = 2, .micro = 1, .steps = STEPS, .clip = k_clip, .fail_rank = -1};
+    job redo = {.stage = 2, .micro = 1, .steps = STEPS, .clip = k_clip, .fail_rank = -1, .recompute = 1};
+    CHECK(dc_comm_threads_run(2, train, &plain) == 0, "ZeRO-2 on 2 ranks: %s", dc_error());
+    double er = plain.state[3] ? run_against(&redo, 2, &plain, &exact) : -1;
+    CHECK(er == 0 && exact, "ZeRO-2 with recompute: %.2e from without, not bit-identical", er);
+    job_free(&plain), job_free(&redo);
+
+    // checkpoints: one file whatever the rank count
+    char ck1[256], ck2[256], again2[256], again3[256];
+    snprintf(ck1, sizeof ck1, "%s", tmp_path("one.safetensors"));
+    snprintf(ck2, sizeof ck2, "%s", tmp_path("two.safetensors"));
+    snprintf(again2, sizeof again2, "%s", tmp_path("again2.safetensors"));
+    snprintf(again3, sizeof again3, "%s", tmp_path("again3.safetensors"));
+    job a = {.stage = 0, .micro = 2, .steps = STEPS / 2, .clip = k_clip, .save = ck1, .fail_rank = -1};
+    CHECK(dc_comm_threads_run(1, train, &a) == 0, "1 rank to step %d: %s", STEPS / 2, dc_error());
+    job_free(&a);
+    // restored onto shards and gathered again, with no step between: the same bytes
+    job b2 = {.stage = 2, .micro = 2, .steps = STEPS / 2, .clip = k_clip, .resume = ck1, .save = again2,
+              .fail_rank = -1};
+    job b3 = {.stage = 1, .micro = 2, .steps = STEPS / 2, .clip = k_clip, .resume = ck1, .restore_first = true,
+              .save = again3, .fail_rank = -1};
+    CHECK(dc_comm_threads_run(2, train, &b2) == 0, "restore on 2 ranks: %s", dc_error());
+    CHECK(dc_comm_threads_run(3, train, &b3) == 0, "restore on 3 ranks: %s", dc_error());
+    CHECK(same_file(ck1, again2), "a checkpoint restored on 2 ranks (ZeRO-2) and saved is the same file");
+    CHECK(same_file(ck1, again3), "a checkpoint restored on 3 ranks (ZeRO-1) and saved is the same file");
+    job_free(&b2), job_free(&b3);
+    // resumes against the uninterrupted run (ref)
+    job w2 = {.stage = 2, .micro = 1, .steps = STEPS / 2, .clip = k_clip, .save = ck2, .fail_rank = -1};
+    CHECK(dc_comm_threads_run(2, train, &w2) == 0, "2 ranks to step %d: %s", STEPS / 2, dc_error());
+    job_free(&w2);
+    const struct { const char *from, *what; int ranks, stage; bool first; } resumes[] = {
+        {ck2, "2 -> 1 (ZeRO-2 -> 0)", 1, 0, true},
+        {ck1, "1 -> 2 (ZeRO-0 -> 2)", 2, 2, false},
+        {ck2, "2 -> 3 (ZeRO-2 -> 1)", 3, 1, true},
+    };
+    for (size_t k = 0; k < sizeof resumes / sizeof *resumes; k++) {
+        job j = {.stage = resumes[k].stage, .micro = 1, .steps = STEPS, .clip = k_clip, .resume = resumes[k].from,
+                 .restore_first = resumes[k].first, .fail_rank = -1};
+        bool exact;
+        double e = run_against(&j, resumes[k].ranks, &ref, &exact);
+        printf("  resume %s: %.2e from the uninterrupted run%s\n", resumes[k].what, e, exact ? " (bit-identical)" : "");
+        CHECK(e >= 0 && e < 1e-6, "resume %s: %.2e", resumes[k].what, e);
+        job_free(&j);
+    }
+
+    // a rank failing in a stage-2 bucket stops every rank
+    job bad = {.stage = 2, .micro = 1, .steps = STEPS, .clip = k_clip, .fail_rank = 1, .fail_unit = 2};
+    int rc = dc_comm_threads_run(3, train, &bad);
+    CHECK(rc != 0 && strstr(dc_error(), "rank 1 of 3 failed") && strstr(dc_error(), "bucket of unit 2"),
+          "a failure in a bucket fails every rank with its message: %s", rc ? dc_error() : "it succeeded");
+    job_free(&bad);
+
+    // memory: DiT-S/2 (33M parameters), per rank
+    dc_backend *be = NULL;
+    dc_dit s2;
+    dc_dit_config cs;
+    memset(&s2, 0, sizeof s2);
+    CHECK(dc_backend_create("cpu", &be) == 0 && dc_dit_config_from_name("DiT-S/2", &cs) == 0 &&
+          dc_dit_create(&s2, &cs, be, false) == 0, "DiT-S/2: %s", dc_error());
+    dc_zero_mem z0, z1, z2;
+    printf("  DiT-S/2, %.1fM parameters, per-rank MiB (grads + master + moments + EMA; bf16 compute):\n",
+           s2.params.numel / 1e6);
+    for (int n = 1; n <= 8; n *= 2) {
+        CHECK(dc_zero_mem_of(&s2.params, n, 0, DC_BF16, &z0) == 0 && dc_zero_mem_of(&s2.params, n, 1, DC_BF16, &z1) == 0 &&
+              dc_zero_mem_of(&s2.params, n, 2, DC_BF16, &z2) == 0, "accounting: %s", dc_error());
+        double s0 = (double)dc_zero_mem_state(&z0);
+        printf("    %d ranks: ZeRO-0 %.0f, ZeRO-1 %.0f (%.0f%%), ZeRO-2 %.0f (%.0f%%)\n", n, s0 / 1048576.0,
+               dc_zero_mem_state(&z1) / 1048576.0, 100.0 * dc_zero_mem_state(&z1) / s0,
+               dc_zero_mem_state(&z2) / 1048576.0, 100.0 * dc_zero_mem_state(&z2) / s0);
+        if (n == 2)
+            CHECK(dc_zero_mem_state(&z2) <= 0.6 * s0, "ZeRO-2 on 2 ranks: %.1f%% of ZeRO-0",
+                  100.0 * dc_zero_mem_state(&z2) / s0);
+    }
+    CHECK(dc_zero_mem_of(&s2.params, 2, 3, DC_BF16, &z0) != 0, "stage 3 is refused");
+    dc_dit_free(&s2);
+
+    // refusals: a stage that does not exist, a device communicator for the CPU
+    // backend, a stage set after the first step
+    dc_dit m;
+    dc_trainer tr;
+    memset(&m, 0, sizeof m), memset(&tr, 0, sizeof tr);
+    dc_train_config tc = dc_train_config_default();
+    tc.batch = 2, tc.micro_batch = 2;
+    dc_comm gpu = {.rank = 0, .size = 2, .device = true};
+    CHECK(dc_dit_create(&m, &k_model, be, true) == 0 && dc_trainer_init(&tr, &m.base, &g_data, &tc) == 0,
+          "setup: %s", dc_error());
+    CHECK(dc_trainer_set_comm(&tr, &gpu, 3) != 0 && strstr(dc_error(), "--zero 3"), "stage 3: %s", dc_error());
+    CHECK(dc_trainer_set_comm(&tr, &gpu, 1) != 0 && strstr(dc_error(), "GPU communicator"), "device comm: %s",
+          dc_error());
+    dc_step_stats st;
+    CHECK(dc_trainer_step(&tr, &st) == 0, "a step: %s", dc_error());
+    CHECK(dc_trainer_set_comm(&tr, &gpu, 0) != 0 && strstr(dc_error(), "before the first step"),
+          "ranks after a step: %s", dc_error());
+    dc_trainer_free(&tr);
+    dc_dit_free(&m);
+    dc_backend_destroy(be);
+
+    job_free(&ref), job_free(&ref0);
+    free(g_data.images), free(g_data.labels);
+    tmpdir_remove();
+    printf("test_zero: %d passed, %d failed\n", g_pass, g_fail);
+    return g_fail != 0;
+}
