@@ -37,6 +37,8 @@ CONFIG  := $(BUILD)/config
 LIB_SRC := $(wildcard src/core/*.c src/backend/*.c src/backend/cpu/*.c src/nn/*.c \
                       src/text/*.c src/models/*.c src/diffusion/*.c src/train/*.c src/io/*.c \
                       src/pipelines/*.c src/dist/*.c)
+# The NCCL communicator exists only beside the CUDA backend (below).
+LIB_SRC := $(filter-out src/dist/comm_nccl.c,$(LIB_SRC))
 CLI_SRC := $(wildcard src/cli/*.c)
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)
 CLI_OBJ := $(CLI_SRC:%.c=$(BUILD)/%.o)
@@ -57,6 +59,10 @@ GENCODE ?= -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,code=c
 NVFLAGS ?= -O3 -std=c++20 $(GENCODE) -Xcompiler -Wall,-Wextra
 NVFLAGS += -Isrc -MD -MP -DDC_HAVE_CUDA
 CU_SRC  := $(wildcard src/backend/cuda/*.cu)
+# Several GPUs: NCCL's header from the toolkit; libnccl.so.2 itself is opened
+# at run time (-ldl), from the loader's path or the toolkit's lib folder.
+LIB_OBJ += $(BUILD)/src/dist/comm_nccl.o
+$(BUILD)/src/dist/comm_nccl.o: CPPFLAGS += -I$(CUDA_HOME)/include -DDC_NCCL_DIR='"$(CUDA_HOME)/lib"'
 LIB_OBJ += $(CU_SRC:%.cu=$(BUILD)/%.o)
 CFLAGS  += -DDC_HAVE_CUDA
 # cuBLASLt runs the matrix products, cuDNN the convolutions.

@@ -13,6 +13,7 @@
 #include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "cli/run_folder.h"
+#include "cli/train_ranks.h"
 #include "core/fsutil.h"
 #include "core/log.h"
 #include "io/json.h"
@@ -59,15 +60,20 @@ static void prune_checkpoints(const char *dir, int keep, int64_t step) {
     free(steps);
 }
 
-static int save(const dc_trainer *tr, const char *dir, int keep, int every, const char *data_path) {
+// Every rank calls it (the save is collective: under ZeRO the shards are
+// gathered onto rank 0); rank 0 writes the file. The ranks first agree that
+// all of them got here with sound statistics, so a rank that failed this
+// step leaves no checkpoint behind, then that rank 0 wrote it.
+static int save(train_ranks *job, const dc_trainer *tr, const char *dir, int keep, int every, const char *data_path) {
+    DC_TRY(train_ranks_agree(job, true, "reach the checkpoint"));
     char path[4096];
     cli_checkpoint_path(dir, tr->step, path, sizeof path);
     dc_kv extra = {0};
     int rc = dc_kv_set(&extra, "dataset", "%s", data_path) || dc_kv_set(&extra, "keep", "%d", keep) ||
              dc_kv_set(&extra, "ckpt_every", "%d", every) || dc_trainer_save(tr, path, &extra);
     dc_kv_free(&extra);
-    if (rc) return -1;
-    prune_checkpoints(dir, keep, tr->step);
+    DC_TRY(train_ranks_agree(job, rc == 0, "write the checkpoint"));
+    if (train_ranks_lead(job)) prune_checkpoints(dir, keep, tr->step);
     return 0;
 }
 
@@ -136,6 +142,8 @@ int cmd_train(int argc, char **argv) {
     const char *model = NULL, *data_path = DC_FMNIST_DIR, *out = "runs/train", *resume = NULL;
     const char *device = "auto", *precision = "auto";
     int ckpt_every = 500, keep = 3, log_every = 50, threads = 0, heads = 0, recompute = -1;
+    int ranks = 0, gpus = 0, zero = 0;
+    float comm_timeout = 300;
     bool flip = false, force = false, allow_data_change = false, no_verify = false;
     // Shape flags default to the --model's values or the demo DiT's: say both.
     const dc_dit_config demo = cli_demo_model();
@@ -184,6 +192,14 @@ int cmd_train(int argc, char **argv) {
         {"threads", ARG_INT, &threads, "N", "CPU threads (default: all cores)"},
         {"device", ARG_STR, &device, "NAME", CLI_DEVICE_HELP},
         {"precision", ARG_STR, &precision, "P", CLI_PRECISION_HELP},
+        {"gpus", ARG_INT, &gpus, "N", "data parallel on N GPUs of this machine: starts N ranks, one per GPU, "
+                                      "through NCCL (under torchrun, mpirun or srun: the launcher starts them)"},
+        {"ranks", ARG_INT, &ranks, "N", "data parallel on N processes of this machine on any device (with "
+                                        "--device cpu they share gradients over local sockets)"},
+        {"zero", ARG_INT, &zero, "S", "ZeRO stage over the ranks: 0 replicates the optimizer, 1 shards AdamW "
+                                      "and EMA state, 2 also the gradients (with one rank: one shard)"},
+        {"comm-timeout", ARG_FLOAT, &comm_timeout, "S", "seconds a rank waits for the others (to start, or in "
+                                                         "a step) before it calls the job hung and stops"},
     };
     arg_parser ap = {"diffusion train [flags]",
                      "Trains a class-conditional DiT with the official objective (eps MSE plus the\n"
@@ -192,7 +208,11 @@ int cmd_train(int argc, char **argv) {
                      "Fashion-MNIST. Checkpoints are written atomically into --out and hold all\n"
                      "state: --resume continues bit-exactly. One training run at a time may write\n"
                      "into a folder (it holds the folder's .lock file). Ctrl-C, SIGTERM, SIGHUP and\n"
-                     "SIGPIPE write a checkpoint and exit with 128 + the signal's number.",
+                     "SIGPIPE write a checkpoint and exit with 128 + the signal's number.\n"
+                     "Several ranks (--gpus N, --ranks N, or started by torchrun, mpirun or srun)\n"
+                     "split each global batch; rank 0 logs and writes checkpoints, a signal to any\n"
+                     "rank checkpoints and stops them all, and a rank that fails or dies stops them\n"
+                     "all with its message.",
                      specs, (int)(sizeof specs / sizeof specs[0]), 0, {0}, 0, {0}};
     int rc = args_parse(&ap, argc, argv);
     if (rc) return rc > 0 ? 0 : cli_usage_fail();
@@ -209,7 +229,8 @@ int cmd_train(int argc, char **argv) {
         // The checkpoint fixes the model and the recipe; these may change.
         static const char *k_free[] = {"resume", "steps", "out", "data", "ckpt-every", "keep",
                                        "log-every", "threads", "device", "precision", "force",
-                                       "allow-data-change", "no-verify", "recompute"};
+                                       "allow-data-change", "no-verify", "recompute",
+                                       "ranks", "gpus", "zero", "comm-timeout"};
         for (int i = 0; i < ap.nspecs; i++) {
             bool free_flag = false;
             for (size_t k = 0; k < sizeof k_free / sizeof k_free[0]; k++)
@@ -257,7 +278,32 @@ int cmd_train(int argc, char **argv) {
         if (!mc.heads)
             return dc_fail("--hidden %d is not in the official table; pass --heads", mc.hidden), cli_usage_fail();
     }
+    if (zero < 0 || zero > 2) return dc_fail("--zero %d: the stages are 0, 1 and 2", zero), cli_usage_fail();
+    if (!(comm_timeout >= 1)) return dc_fail("--comm-timeout must be at least 1 second"), cli_usage_fail();
+    if (ranks < 0 || gpus < 0) return dc_fail("--%s must be 1 or more", ranks < 0 ? "ranks" : "gpus"), cli_usage_fail();
+    if (ranks && gpus) return dc_fail("--ranks and --gpus both start ranks: give one"), cli_usage_fail();
+    if (gpus && !strcmp(device, "cpu"))
+        return dc_fail("--gpus runs one rank per GPU; with --device cpu use --ranks N"), cli_usage_fail();
     unsigned st_flags = no_verify ? DC_ST_NO_VERIFY : 0;
+
+    // ---- several ranks: this process starts them, or is one of them
+    train_ranks job;
+    int spawn;
+    if (train_ranks_plan(&job, ranks, gpus, device, &spawn)) return cli_fail();
+    if (spawn) {
+        char **args = malloc(sizeof *args * (size_t)(argc + 1));
+        if (!args) return dc_fail("out of memory"), cli_fail();
+        args[0] = "diffusion";
+        memcpy(args + 1, argv, sizeof *args * (size_t)argc);
+        int rc = dc_launch_spawn(spawn, argc + 1, args, 10);
+        free(args);
+        return rc < 0 ? cli_fail() : rc;
+    }
+    const bool lead = train_ranks_lead(&job);
+    if (train_ranks_select_device(&job, device) || train_ranks_join(&job, comm_timeout)) {
+        train_ranks_end(&job);
+        return cli_fail();
+    }
 
     dc_backend *be = NULL;
     dc_dataset ds = {0};
@@ -277,14 +323,15 @@ int cmd_train(int argc, char **argv) {
         else parent_dir(resume, src_dir, sizeof src_dir);
         if (!args_given(&ap, "out")) out = src_dir;
     }
-    if (open_run_folder(out, &lock_fd, &created_out)) goto fail;
-    if (!resume && cli_list_checkpoints(out, NULL) > 0) {
+    // Rank 0 owns the run folder; the others only read the checkpoint and data.
+    if (lead && open_run_folder(out, &lock_fd, &created_out)) goto fail;
+    if (lead && !resume && cli_list_checkpoints(out, NULL) > 0) {
         dc_fail("%s already holds checkpoints of a run: continue it with --resume %s, or "
                 "choose another --out", out, out);
         goto fail;
     }
     bool same_folder = resume && cli_same_file(out, src_dir);
-    if (resume && !same_folder && cli_list_checkpoints(out, NULL) > 0) {
+    if (lead && resume && !same_folder && cli_list_checkpoints(out, NULL) > 0) {
         dc_fail("%s already holds checkpoints of another run; resume into an empty folder", out);
         goto fail;
     }
@@ -297,7 +344,7 @@ int cmd_train(int argc, char **argv) {
         const char *v = dc_st_meta(&ck, "step");
         ck_step = v ? strtoll(v, NULL, 10) : -1;
         char newer[1024];
-        int n_newer = same_folder && ck_step >= 0 ? newer_checkpoints(out, ck_step, newer, sizeof newer) : 0;
+        int n_newer = lead && same_folder && ck_step >= 0 ? newer_checkpoints(out, ck_step, newer, sizeof newer) : 0;
         if (n_newer > 0 && cli_same_file(resume, src_dir)) {
             // The run folder was given: the newer files are the unreadable ones
             // that opening it skipped (and reported).
@@ -349,21 +396,30 @@ int cmd_train(int argc, char **argv) {
     if (have_ck) {
         tr.allow_data_change = allow_data_change;
         if (dc_trainer_restore(&tr, &ck)) goto fail;
-        dc_log("resumed %s at step %lld", ck.path, (long long)tr.step);
+        if (lead) dc_log("resumed %s at step %lld", ck.path, (long long)tr.step);
         dc_st_close(&ck);
         have_ck = false;
     }
+    if (train_ranks_comm(&job, be)) goto fail;
+    // ZeRO: the one place the ranks and the stage reach the trainer.
+    if ((job.comm || zero) && dc_trainer_set_comm(&tr, job.comm, zero)) goto fail;
+    // Every rank is ready (one that failed to get here has told the others),
+    // at the same step of the same run.
+    if (train_ranks_agree(&job, true, "start") || train_ranks_same(&job, tr.step, "step")) goto fail;
     if (tr.step >= tc.steps) {
-        dc_log("the run is already at step %lld of %d; nothing to do (raise --steps)", (long long)tr.step, tc.steps);
+        if (lead) dc_log("the run is already at step %lld of %d; nothing to do (raise --steps)", (long long)tr.step, tc.steps);
         status = 0;
         goto fail;
     }
-    if (force) remove_newer_checkpoints(out, tr.step);
-    dc_log("training DiT depth %d hidden %d heads %d patch %d on %s (%d images, %d classes), %.2fM params",
+    if (lead && force) remove_newer_checkpoints(out, tr.step);
+    if (lead) dc_log("training DiT depth %d hidden %d heads %d patch %d on %s (%d images, %d classes), %.2fM params",
            mc.depth, mc.hidden, mc.heads, mc.patch, data_path, ds.n, ds.num_classes,
            m->params->numel / 1e6);
-    dc_log("batch %d (micro %d), lr %g, %d steps, checkpoints every %d into %s, backend %s",
-           tc.batch, tc.micro_batch, tc.lr, tc.steps, ckpt_every, out, be->name);
+    if (lead) dc_log("batch %d (micro %d), lr %g, %d steps, checkpoints every %d into %s, backend %s",
+                     tc.batch, tc.micro_batch, tc.lr, tc.steps, ckpt_every, out, be->name);
+    if (lead && job.rv)
+        dc_log("%d ranks (%s), %s, ZeRO stage %d", job.launch.size, job.launch.launcher,
+               job.nccl ? "NCCL" : "sockets", zero);
 
     double t0 = dc_time_now(), smooth = 0, shown = 0;
     int64_t first = tr.step, seen = first;
@@ -374,9 +430,12 @@ int cmd_train(int argc, char **argv) {
         if (dc_trainer_step(&tr, NULL)) goto fail;
         // Read once: a signal that arrives later in this step (while logging,
         // say) is acted on after the next one, never between saving and stopping.
-        int stop = g_stop;
+        // With several ranks every rank learns every rank's signal here, and
+        // all read the statistics at rank 0's moments: they stop together.
+        int stop = g_stop, stop_rank;
+        bool tty_due = lead && dc_log_is_tty() && dc_time_now() - shown >= 0.25;
+        if (train_ranks_step(&job, stop, tty_due, &stop, &stop_rank, &tty_due)) goto fail;
         bool last = tr.step == tc.steps, save_now = tr.step % ckpt_every == 0 || last || stop;
-        bool tty_due = dc_log_is_tty() && dc_time_now() - shown >= 0.25;
         bool log_now = tty_due || tr.step % log_every == 0 || last || tr.step == first + 1;
         if (log_now || save_now) {
             dc_step_stats st;
@@ -387,7 +446,7 @@ int cmd_train(int argc, char **argv) {
             seen = tr.step;
             double el = dc_time_now() - t0, per = el / (double)(tr.step - first);
             char eta[32];
-            if (log_now) {
+            if (log_now && lead) {
                 shown = dc_time_now();
                 dc_progress(last, "step %lld/%d  loss %.4f (mse %.4f vb %.4f)  avg %.4f  |g| %.3f  %.1f img/s  ETA %s",
                             (long long)tr.step, tc.steps, st.loss, st.mse, st.vb, smooth, st.grad_norm,
@@ -395,24 +454,32 @@ int cmd_train(int argc, char **argv) {
             }
         }
         if (save_now) {
-            if (save(&tr, out, keep, ckpt_every, data_path)) goto fail;
+            if (save(&job, &tr, out, keep, ckpt_every, data_path)) goto fail;
             wrote = true;
         }
         if (stop && !last) {
-            dc_log("interrupted (%s): checkpoint of step %lld written to %s; continue with --resume %s",
-                   strsignal(stop), (long long)tr.step, out, out);
+            char on[32] = "";
+            if (job.rv) snprintf(on, sizeof on, " on rank %d", stop_rank);
+            if (lead)
+                dc_log("interrupted (%s%s): checkpoint of step %lld written to %s; continue with --resume %s",
+                       strsignal(stop), on, (long long)tr.step, out, out);
             status = 128 + stop;
             goto fail;
         }
     }
-    dc_log("done: %lld steps in %.1f s; checkpoint %s/step_%07lld.safetensors",
+    if (lead) dc_log("done: %lld steps in %.1f s; checkpoint %s/step_%07lld.safetensors",
            (long long)(tr.step - first), dc_time_now() - t0, out, (long long)tr.step);
     status = 0;
 fail:
     g_training = 0;
-    if (status == 1) cli_fail();
+    if (status == 1) {
+        train_ranks_abort(&job);  // the others stop too, with this message
+        if (job.rv) dc_fail_ctx("rank %d of %d", job.launch.rank, job.launch.size);
+        cli_fail();
+    }
     if (have_ck) dc_st_close(&ck);
     dc_trainer_free(&tr);
+    train_ranks_end(&job);
     dc_model_free(m);
     dc_dataset_free(&ds);
     if (be) dc_backend_destroy(be);

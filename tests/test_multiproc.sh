@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Training on several processes on the CPU: `train --ranks N` and ranks
+# started as torchrun starts them (RANK, WORLD_SIZE, MASTER_ADDR/PORT in the
+# environment) give the checkpoint of one rank; a rank killed with SIGKILL
+# stops the others within seconds with a message; SIGTERM to one rank
+# checkpoints and stops them all, and the run resumes exactly.
+source "$(dirname "$0")/lib.sh"
+small_data "$TMP/d.safetensors"
+# Each rank's 4 images are one of the single rank's micro-batches and every
+# rank runs one thread: the same additions in the same order, so the files
+# are identical, not merely close (for the first epoch; later steps have
+# been seen to differ in the last bits).
+T=(--input-size 32 --depth 2 --hidden 32 --heads 2 --patch 8 --batch 8 --micro-batch 4 --threads 1
+   --data "$TMP/d.safetensors" --device cpu --log-every 1)
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' 2>/dev/null \
+  || echo $((20000 + RANDOM % 20000)); }
+# rank R N PORT ARGS...: one rank of a torchrun-style job, in the background
+rank() {
+  local r=$1 n=$2 port=$3; shift 3
+  RANK=$r WORLD_SIZE=$n LOCAL_RANK=$r LOCAL_WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+    timeout -k 5 120 "$BIN" train "$@" &
+}
+# pid_of PID: the program under `timeout` (PID), which is what a signal must reach
+pid_of() { local c; for ((i = 0; i < 50; i++)); do c=$(pgrep -P "$1" | head -n 1); [ -n "$c" ] && break; sleep 0.1; done; echo "$c"; }
+
+# ---- flags
+expect_fail "--ranks with --gpus" "give one" diffusion train --ranks 2 --gpus 2 --out "$TMP/x"
+expect_fail "--zero 3" "--zero 3: the stages are 0, 1 and 2" diffusion train --zero 3 --out "$TMP/x"
+expect_fail "--gpus on the CPU" "with --device cpu use --ranks N" diffusion train --gpus 2 --device cpu --out "$TMP/x"
+if ! nvidia-smi -L > /dev/null 2>&1; then
+  expect_fail "--gpus without a GPU" "GPU" diffusion train --gpus 2 --out "$TMP/x"
+fi
+expect_fail "--ranks against the launcher's count" "--ranks 3, but torchrun started 2 ranks" \
+  env RANK=0 WORLD_SIZE=2 "$BIN" train --ranks 3 --out "$TMP/x"
+expect_fail "a malformed launcher variable" "WORLD_SIZE='two'" env RANK=0 WORLD_SIZE=two "$BIN" train --out "$TMP/x"
+[ ! -e "$TMP/x" ] && pass "refused runs create no folder" || fail "a refused run created $TMP/x"
+
+# ---- the same checkpoint as one rank
+diffusion train "${T[@]}" --steps 3 --out "$TMP/one" > /dev/null 2>&1 || fail "one rank"
+diffusion train "${T[@]}" --steps 3 --ranks 2 --out "$TMP/two" > "$TMP/two.log" 2>&1 || fail "--ranks 2: $(tail -3 "$TMP/two.log")"
+cmp -s "$TMP/one/step_0000003.safetensors" "$TMP/two/step_0000003.safetensors" \
+  && pass "--ranks 2 writes the checkpoint of one rank" || fail "--ranks 2: checkpoint differs from one rank's"
+n=$(grep -c '^step ' "$TMP/two.log")
+[ "$n" -eq 3 ] && pass "only rank 0 prints progress" || fail "$n progress lines for 3 steps"
+p=$(free_port)
+rank 0 2 "$p" "${T[@]}" --steps 3 --out "$TMP/tr" 2> "$TMP/tr0.log"; a=$!
+rank 1 2 "$p" "${T[@]}" --steps 3 --out "$TMP/tr" 2> "$TMP/tr1.log"; b=$!
+wait $a; ra=$?; wait $b; rb=$?
+[ $ra -eq 0 ] && [ $rb -eq 0 ] && cmp -s "$TMP/one/step_0000003.safetensors" "$TMP/tr/step_0000003.safetensors" \
+  && pass "ranks started as torchrun does write the checkpoint of one rank" \
+  || fail "torchrun-style ranks: exit $ra $rb; $(tail -2 "$TMP/tr0.log" "$TMP/tr1.log")"
+
+# ---- kill -9 of a rank: the other stops by itself, naming it
+p=$(free_port)
+rank 0 2 "$p" "${T[@]}" --steps 100000 --out "$TMP/k" 2> "$TMP/k0.log"; a=$!
+rank 1 2 "$p" "${T[@]}" --steps 100000 --out "$TMP/k" 2> "$TMP/k1.log"; b=$!
+if wait_for "$TMP/k0.log" '^step ' 60 $a; then
+  kill -9 "$(pid_of $b)"; t0=$SECONDS
+  wait $a; ra=$?
+  dt=$((SECONDS - t0))
+  [ $ra -ne 0 ] && [ $dt -le 10 ] && grep -q "rank 1 of 2 died" "$TMP/k0.log" \
+    && pass "rank 1 killed: rank 0 exits $ra within ${dt} s saying so" \
+    || fail "rank 1 killed: rank 0 exit $ra after ${dt} s: $(tail -2 "$TMP/k0.log")"
+else
+  fail "kill -9: the job did not start: $(tail -2 "$TMP/k0.log" "$TMP/k1.log")"; kill -9 $a $b 2> /dev/null
+fi
+wait 2> /dev/null
+# under train --ranks: the launcher stops the rest and names the rank
+timeout -k 5 120 "$BIN" train "${T[@]}" --steps 100000 --ranks 2 --out "$TMP/k2" > /dev/null 2> "$TMP/k2.log" & parent=$!
+if wait_for "$TMP/k2.log" '^step ' 60 $parent; then
+  child=$(pgrep -P "$(pid_of $parent)" | tail -n 1)  # timeout -> launcher -> ranks
+  kill -9 "$child"; t0=$SECONDS
+  wait $parent; rp=$?
+  dt=$((SECONDS - t0))
+  [ $rp -ne 0 ] && [ $dt -le 10 ] && grep -q "was killed by signal 9" "$TMP/k2.log" \
+    && pass "--ranks 2, a rank killed: exit $rp within ${dt} s naming it" \
+    || fail "--ranks 2, a rank killed: exit $rp after ${dt} s: $(tail -3 "$TMP/k2.log")"
+else
+  fail "--ranks 2 did not start: $(tail -3 "$TMP/k2.log")"; kill -9 $parent 2> /dev/null
+fi
+
+# ---- SIGTERM to rank 1: every rank checkpoints and stops; the run resumes exactly
+STEPS=300
+p=$(free_port)
+rank 0 2 "$p" "${T[@]}" --steps $STEPS --out "$TMP/s" 2> "$TMP/s0.log"; a=$!
+rank 1 2 "$p" "${T[@]}" --steps $STEPS --out "$TMP/s" 2> "$TMP/s1.log"; b=$!
+if wait_for "$TMP/s0.log" '^step ' 60 $a; then
+  kill -TERM "$(pid_of $b)"
+  wait $a; ra=$?; wait $b; rb=$?
+  ck=$(ls "$TMP/s"/step_*.safetensors 2> /dev/null | tail -n 1)
+  [ $ra -eq 143 ] && [ $rb -eq 143 ] && [ -n "$ck" ] && grep -q "Terminated on rank 1" "$TMP/s0.log" \
+    && pass "SIGTERM to rank 1: both exit 143 after writing $(basename "$ck")" \
+    || fail "SIGTERM to rank 1: exit $ra $rb, checkpoint '$ck': $(tail -2 "$TMP/s0.log")"
+  diffusion train --resume "$TMP/s" --ranks 2 --threads 1 > /dev/null 2> "$TMP/s2.log" \
+    || fail "resume on 2 ranks: $(tail -2 "$TMP/s2.log")"
+  diffusion train "${T[@]}" --steps $STEPS --ranks 2 --out "$TMP/s1" > /dev/null 2>&1 || fail "$STEPS steps at once"
+  f=$(printf 'step_%07d.safetensors' $STEPS)
+  cmp -s <(st_data "$TMP/s/$f") <(st_data "$TMP/s1/$f") && pass "interrupted and resumed on 2 ranks = $STEPS steps at once" \
+    || fail "interrupted and resumed on 2 ranks differs from an uninterrupted run"
+else
+  fail "SIGTERM: the job did not start: $(tail -2 "$TMP/s0.log")"; kill -9 $a $b 2> /dev/null
+fi
+wait 2> /dev/null
+finish
