@@ -33,6 +33,16 @@ typedef struct {
     int (*barrier)(dc_comm *c);
     // Marks the job failed with `why` (the first abort's message wins).
     void (*abort)(dc_comm *c, const char *why);
+
+    // ---- overlap: NULL where a collective is complete when it returns (the CPU) ----
+    // async true: the collectives issued from now on run beside the backend's
+    // later work instead of holding it up (each still starts after everything
+    // the backend had queued when it was issued); false: each holds it up again.
+    void (*set_async)(dc_comm *c, bool async);
+    // How many collectives have been issued so far.
+    int64_t (*issued)(dc_comm *c);
+    // The backend's work queued from now on waits for the first n collectives.
+    int (*wait)(dc_comm *c, int64_t n);
 } dc_comm_ops;
 
 struct dc_comm {
@@ -55,6 +65,14 @@ static inline int dc_comm_broadcast(dc_comm *c, void *buf, size_t bytes, int roo
     return c->ops->broadcast(c, buf, bytes, root);
 }
 static inline int dc_comm_barrier(dc_comm *c) { return c->ops->barrier(c); }
+// Overlap where the communicator has it (see dc_comm_ops); elsewhere a
+// collective is complete when it returns, so these do nothing.
+static inline bool dc_comm_overlaps(const dc_comm *c) { return c->ops->wait != NULL; }
+static inline void dc_comm_set_async(dc_comm *c, bool async) {
+    if (c->ops->set_async) c->ops->set_async(c, async);
+}
+static inline int64_t dc_comm_issued(dc_comm *c) { return c->ops->issued ? c->ops->issued(c) : 0; }
+static inline int dc_comm_wait(dc_comm *c, int64_t n) { return c->ops->wait ? c->ops->wait(c, n) : 0; }
 static inline void dc_comm_abort(dc_comm *c, const char *why) { c->ops->abort(c, why); }
 
 // Runs fn on `size` threads, rank 0..size-1, each with its communicator;

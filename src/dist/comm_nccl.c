@@ -1,6 +1,10 @@
 // The NCCL communicator: one rank per GPU, collectives on device buffers
-// enqueued on the CUDA backend's stream. libnccl.so.2 is opened at run time
+// ordered with the CUDA backend's stream. libnccl.so.2 is opened at run time
 // (dlopen), so the program starts, and one GPU trains, without NCCL.
+//
+// Collectives run on a stream of their own, each after the backend's work
+// queued before it; the backend's stream waits for each (in order, as if it
+// ran them) unless dc_comm_set_async lets them overlap its later work.
 //
 // No rank may hang: NCCL waits for ever on a peer that died. A watchdog
 // thread watches the rendezvous connections (a dead or failed peer), NCCL's
@@ -88,10 +92,17 @@ int dc_comm_nccl_select_device(int local_rank) {
     return e == cudaSuccess ? 0 : dc_fail("selecting GPU %d: %s", local_rank, cudaGetErrorString(e));
 }
 
+#define FIN_RING 64
+
 typedef struct {
     dc_rendezvous *rv;
     ncclComm_t nc;
-    cudaStream_t stream;
+    cudaStream_t main;      // the backend's queue
+    cudaStream_t stream;    // the collectives' own queue, so they can run beside the backend's work
+    cudaEvent_t ready;      // recorded on main before each collective: it starts after that work
+    cudaEvent_t fin[FIN_RING];  // collective k's end is fin[k % FIN_RING]
+    int64_t issued;         // collectives issued
+    bool async;             // dc_comm_set_async: main does not wait for each collective
     cudaEvent_t done;       // recorded after the newest collective
     double pending_since;   // when the oldest unfinished collective was enqueued (0: none)
     pthread_t watchdog;
@@ -148,6 +159,13 @@ static void *watchdog(void *arg) {
 
 static nccl_ctx *ctx_of(dc_comm *c) { return c->ctx; }
 
+// Before a collective: its queue waits for the backend's work queued so far.
+static cudaStream_t begin(nccl_ctx *x) {
+    cudaEventRecord(x->ready, x->main);
+    cudaStreamWaitEvent(x->stream, x->ready, 0);
+    return x->stream;
+}
+
 // After enqueueing a collective: its status, and the clock the watchdog reads.
 static int enqueued(dc_comm *c, ncclResult_t r, const char *what) {
     nccl_ctx *x = ctx_of(c);
@@ -156,6 +174,9 @@ static int enqueued(dc_comm *c, ncclResult_t r, const char *what) {
     char why[1024];
     memcpy(why, x->why, sizeof why);
     if (!aborted && r == ncclSuccess) {
+        cudaEvent_t fin = x->fin[x->issued++ % FIN_RING];
+        cudaEventRecord(fin, x->stream);
+        if (!x->async) cudaStreamWaitEvent(x->main, fin, 0);  // in order, as if on main
         cudaEventRecord(x->done, x->stream);
         if (x->pending_since == 0) x->pending_since = dc_time_now();
     }
@@ -184,27 +205,27 @@ static int check_open(dc_comm *c) {
 static int all_reduce_sum(dc_comm *c, float *buf, int64_t n) {
     DC_TRY(check_open(c));
     nccl_ctx *x = ctx_of(c);
-    return enqueued(c, g_nccl.all_reduce(buf, buf, (size_t)n, ncclFloat32, ncclSum, x->nc, x->stream), "all-reduce");
+    return enqueued(c, g_nccl.all_reduce(buf, buf, (size_t)n, ncclFloat32, ncclSum, x->nc, begin(x)), "all-reduce");
 }
 
 static int reduce_scatter_sum(dc_comm *c, float *out, const float *in, int64_t n) {
     DC_TRY(check_open(c));
     nccl_ctx *x = ctx_of(c);
-    return enqueued(c, g_nccl.reduce_scatter(in, out, (size_t)n, ncclFloat32, ncclSum, x->nc, x->stream),
+    return enqueued(c, g_nccl.reduce_scatter(in, out, (size_t)n, ncclFloat32, ncclSum, x->nc, begin(x)),
                     "reduce-scatter");
 }
 
 static int all_gather(dc_comm *c, void *out, const void *in, size_t bytes) {
     DC_TRY(check_open(c));
     nccl_ctx *x = ctx_of(c);
-    return enqueued(c, g_nccl.all_gather(in, out, bytes, ncclUint8, x->nc, x->stream), "all-gather");
+    return enqueued(c, g_nccl.all_gather(in, out, bytes, ncclUint8, x->nc, begin(x)), "all-gather");
 }
 
 static int broadcast(dc_comm *c, void *buf, size_t bytes, int root) {
     if (root < 0 || root >= c->size) return dc_fail("broadcast from rank %d of %d", root, c->size);
     DC_TRY(check_open(c));
     nccl_ctx *x = ctx_of(c);
-    return enqueued(c, g_nccl.broadcast(buf, buf, bytes, ncclUint8, root, x->nc, x->stream), "broadcast");
+    return enqueued(c, g_nccl.broadcast(buf, buf, bytes, ncclUint8, root, x->nc, begin(x)), "broadcast");
 }
 
 // The host channel: every rank has enqueued its work up to here. (Device
@@ -223,7 +244,31 @@ static void comm_abort(dc_comm *c, const char *why) {
     nccl_fail(x, msg);
 }
 
-static const dc_comm_ops k_ops = {all_reduce_sum, reduce_scatter_sum, all_gather, broadcast, barrier, comm_abort};
+static void set_async(dc_comm *c, bool async) { ctx_of(c)->async = async; }
+
+static int64_t issued(dc_comm *c) { return ctx_of(c)->issued; }
+
+// Events are reused every FIN_RING collectives: waiting on the newest of the
+// first n covers the older ones (one queue runs them in order).
+static int wait_for(dc_comm *c, int64_t n) {
+    nccl_ctx *x = ctx_of(c);
+    if (n > x->issued) return dc_fail("waiting for collective %lld, but %lld were issued", (long long)n,
+                                      (long long)x->issued);
+    if (n > 0) cudaStreamWaitEvent(x->main, x->fin[(n - 1) % FIN_RING], 0);
+    return check_open(c);
+}
+
+static const dc_comm_ops k_ops = {all_reduce_sum, reduce_scatter_sum, all_gather, broadcast, barrier, comm_abort,
+                                  set_async, issued, wait_for};
+
+// The stream and events (those created: the rest are NULL).
+static void release_cuda(nccl_ctx *x) {
+    if (x->done) cudaEventDestroy(x->done);
+    if (x->ready) cudaEventDestroy(x->ready);
+    for (int i = 0; i < FIN_RING; i++)
+        if (x->fin[i]) cudaEventDestroy(x->fin[i]);
+    if (x->stream) cudaStreamDestroy(x->stream);
+}
 
 int dc_comm_nccl_create(dc_rendezvous *rv, void *stream, dc_comm **out) {
     *out = NULL;
@@ -246,25 +291,30 @@ int dc_comm_nccl_create(dc_rendezvous *rv, void *stream, dc_comm **out) {
         free(x), free(c);
         return dc_fail("out of memory");
     }
-    x->rv = rv, x->stream = (cudaStream_t)stream;
+    x->rv = rv, x->main = (cudaStream_t)stream;
     pthread_mutex_init(&x->mu, NULL);
     // ncclCommInitRank blocks until every rank has called it; a rank that
     // fails before then is seen by the others through the rendezvous only
     // afterwards, so it says why first.
     ncclResult_t r = g_nccl.comm_init_rank(&x->nc, size, id, rank);
     cudaError_t e = r == ncclSuccess ? cudaEventCreateWithFlags(&x->done, cudaEventDisableTiming) : cudaSuccess;
+    if (r == ncclSuccess && e == cudaSuccess) e = cudaStreamCreateWithFlags(&x->stream, cudaStreamNonBlocking);
+    if (r == ncclSuccess && e == cudaSuccess) e = cudaEventCreateWithFlags(&x->ready, cudaEventDisableTiming);
+    for (int i = 0; i < FIN_RING && r == ncclSuccess && e == cudaSuccess; i++)
+        e = cudaEventCreateWithFlags(&x->fin[i], cudaEventDisableTiming);
     if (r != ncclSuccess || e != cudaSuccess) {
         dc_fail("starting NCCL on rank %d of %d: %s", rank, size,
                 r != ncclSuccess ? g_nccl.error_string(r) : cudaGetErrorString(e));
         dc_rendezvous_abort(rv, dc_error());
         if (r == ncclSuccess) g_nccl.comm_destroy(x->nc);
+        release_cuda(x);
         pthread_mutex_destroy(&x->mu);
         free(x), free(c);
         return -1;
     }
     if (pthread_create(&x->watchdog, NULL, watchdog, x) != 0) {
         g_nccl.comm_destroy(x->nc);
-        cudaEventDestroy(x->done);
+        release_cuda(x);
         pthread_mutex_destroy(&x->mu);
         free(x), free(c);
         return dc_fail("could not start the NCCL watchdog thread");
@@ -281,7 +331,7 @@ void dc_comm_nccl_free(dc_comm *c) {
     pthread_join(x->watchdog, NULL);
     // An aborted communicator is already released by ncclCommAbort.
     if (!x->aborted) g_nccl.comm_destroy(x->nc);
-    cudaEventDestroy(x->done);
+    release_cuda(x);
     pthread_mutex_destroy(&x->mu);
     free(x), free(c);
 }

@@ -68,7 +68,8 @@ static int barrier(dc_comm *c) {
 
 static void comm_abort(dc_comm *c, const char *why) { dc_rendezvous_abort(rv_of(c), why); }
 
-static const dc_comm_ops k_ops = {all_reduce_sum, reduce_scatter_sum, all_gather, broadcast, barrier, comm_abort};
+static const dc_comm_ops k_ops = {all_reduce_sum, reduce_scatter_sum, all_gather, broadcast, barrier, comm_abort,
+                                  NULL, NULL, NULL};
 
 int dc_comm_socket_create(dc_rendezvous *rv, dc_comm **out) {
     dc_comm *c = calloc(1, sizeof *c);

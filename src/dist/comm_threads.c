@@ -112,7 +112,8 @@ static int broadcast(dc_comm *c, void *buf, size_t bytes, int root) {
 
 static int barrier(dc_comm *c) { return wait_all(c); }
 
-static const dc_comm_ops k_ops = {all_reduce_sum, reduce_scatter_sum, all_gather, broadcast, barrier, comm_abort};
+static const dc_comm_ops k_ops = {all_reduce_sum, reduce_scatter_sum, all_gather, broadcast, barrier, comm_abort,
+                                  NULL, NULL, NULL};
 
 typedef struct {
     dc_comm comm;

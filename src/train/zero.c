@@ -31,18 +31,34 @@ int dc_zero_mem_of(const dc_params *ps, int size, int stage, dc_dtype compute, d
     int64_t P = ps->numel, bucket, S = layout(ps, size, 0, NULL, &bucket);
     int64_t wc = compute != DC_F32 ? P * (int64_t)dc_dtype_size(compute) : 0;
     if (stage == 0) *out = (dc_zero_mem){4 * P, 4 * P, 8 * P, 4 * P, wc};
-    else *out = (dc_zero_mem){(stage == 1 ? 4 * P : 4 * S) + 4 * bucket, 4 * S, 8 * S, 4 * S, wc + 4 * P};
+    else *out = (dc_zero_mem){stage == 1 ? 4 * P + 4 * bucket : 4 * S + 8 * bucket, 4 * S, 8 * S, 4 * S, wc + 4 * P};
     return 0;
 }
 
 // The compute copy the model reads: the low-precision one, or the fp32 data.
 static dc_buf compute_copy(const dc_params *ps) { return ps->wc.p ? ps->wc : ps->data; }
 
+static dc_buf bucket(const dc_zero *z, int j) { return j ? z->buf2 : z->buf; }
+
+// Adds the slice waiting in bucket j (if any) to the gradient shard, once the
+// reduce-scatter that wrote it is done.
+static int settle(dc_zero *z, int j) {
+    if (z->pending[j] < 0) return 0;
+    const dc_zero_unit *u = &z->u[z->pending[j]];
+    z->pending[j] = -1;
+    DC_TRY(dc_comm_wait(z->comm, z->ticket[j]));
+    dc_buf mine = dc_buf_at(bucket(z, j), (int64_t)z->comm->rank * u->sh.per);
+    z->be->axpy(z->be, dc_buf_at(z->grad, u->slot), mine, 1.0f, u->sh.per);
+    return 0;
+}
+
 // Stage 2's gradient path, called by the model's backward around each unit:
-// before, the unit's gradients are pointed into the zeroed bucket; after,
-// the bucket is reduce-scattered in place (this rank's slice is summed over
-// ranks where it lies) and added to the gradient shard, so micro-batches
-// accumulate there.
+// before, the unit's gradients are pointed into a zeroed bucket; after, the
+// bucket is reduce-scattered in place (this rank's slice is summed over ranks
+// where it lies), beside the next unit's backward where the communicator
+// overlaps, and the slice is added to the gradient shard before the bucket is
+// reused, so micro-batches accumulate there (each unit's slices in
+// micro-batch order, as with one bucket).
 static int unit_hook(void *ctx, int unit, bool done) {
     dc_zero *z = ctx;
     dc_params *ps = z->ps;
@@ -51,16 +67,22 @@ static int unit_hook(void *ctx, int unit, bool done) {
         return dc_fail("the model reported gradients of unit %d, but its parameters have %d", unit, z->units);
     const dc_zero_unit *u = &z->u[unit];
     const int64_t per = u->sh.per;
+    const int j = z->next;
     if (!done) {
-        be->zero(be, z->buf.p, (size_t)(per * z->comm->size) * sizeof(float));
-        ps->win = z->buf, ps->win_lo = u->lo, ps->win_hi = u->lo + u->len;
+        DC_TRY(settle(z, j));
+        be->zero(be, bucket(z, j).p, (size_t)(per * z->comm->size) * sizeof(float));
+        ps->win = bucket(z, j), ps->win_lo = u->lo, ps->win_hi = u->lo + u->len;
         return 0;
     }
     ps->win_lo = ps->win_hi = 0;
-    dc_buf mine = dc_buf_at(z->buf, (int64_t)z->comm->rank * per);
+    dc_buf mine = dc_buf_at(bucket(z, j), (int64_t)z->comm->rank * per);
     DC_TRY(dc_backend_status(be));
-    DC_TRY(dc_comm_reduce_scatter_sum(z->comm, (float *)mine.p, (const float *)z->buf.p, per));
-    be->axpy(be, dc_buf_at(z->grad, u->slot), mine, 1.0f, per);
+    dc_comm_set_async(z->comm, true);
+    int rc = dc_comm_reduce_scatter_sum(z->comm, (float *)mine.p, (const float *)bucket(z, j).p, per);
+    dc_comm_set_async(z->comm, false);
+    DC_TRY(rc);
+    z->pending[j] = unit, z->ticket[j] = dc_comm_issued(z->comm);
+    z->next = (j + 1) % z->nbuckets;
     return 0;
 }
 
@@ -88,6 +110,9 @@ int dc_zero_init(dc_zero *z, dc_params *ps, dc_comm *comm, int stage, dc_buf ema
     z->master = alloc_f32(be, z->shard, &ok), z->m = alloc_f32(be, z->shard, &ok);
     z->v = alloc_f32(be, z->shard, &ok), z->ema = alloc_f32(be, z->shard, &ok);
     z->grad = alloc_f32(be, z->shard, &ok), z->buf = alloc_f32(be, z->bucket, &ok);
+    z->nbuckets = stage == 2 ? 2 : 1;
+    if (z->nbuckets == 2) z->buf2 = alloc_f32(be, z->bucket, &ok);
+    z->pending[0] = z->pending[1] = -1;
     z->norms = alloc_f32(be, comm->size, &ok), z->local = alloc_f32(be, 2, &ok);
     if (!ok) {
         dc_zero_free(z);
@@ -111,7 +136,7 @@ void dc_zero_free(dc_zero *z) {
         z->ps->unit_hook = NULL, z->ps->hook_ctx = NULL;
         z->ps->win_lo = z->ps->win_hi = 0;
     }
-    dc_buf *bufs[] = {&z->master, &z->m, &z->v, &z->ema, &z->grad, &z->buf, &z->norms, &z->local};
+    dc_buf *bufs[] = {&z->master, &z->m, &z->v, &z->ema, &z->grad, &z->buf, &z->buf2, &z->norms, &z->local};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         if (bufs[i]->p) z->be->free(z->be, bufs[i]->p);
     free(z->u);
@@ -124,7 +149,10 @@ void dc_zero_begin_step(dc_zero *z) {
 }
 
 int dc_zero_reduce(dc_zero *z) {
-    if (z->stage != 1) return 0;
+    if (z->stage == 2) {  // the slices still in the buckets, oldest first
+        for (int k = 0; k < z->nbuckets; k++) DC_TRY(settle(z, (z->next + k) % z->nbuckets));
+        return 0;
+    }
     dc_backend *be = z->be;
     const int size = z->comm->size, rank = z->comm->rank;
     for (int i = 0; i < z->units; i++) {

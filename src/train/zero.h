@@ -40,14 +40,23 @@ typedef struct {
     int64_t bucket;                 // size x the largest per: one unit, all ranks' slices
     dc_buf master, m, v, ema, grad;  // [shard] F32: weights, AdamW moments, EMA, reduced gradients
     dc_buf buf;                     // [bucket] F32: a unit's gradients in flight, or a gather
+    // Stage 2 keeps two buckets: where the communicator overlaps (a GPU), unit
+    // k's reduce-scatter runs beside unit k+1's backward, and its slice is
+    // added to the shard when its bucket comes round again (or at the end).
+    int nbuckets;                   // 1 or 2
+    dc_buf buf2;                    // [bucket] F32: the second bucket, or none
+    int next;                       // the bucket the next unit takes
+    int pending[2];                 // the unit whose slice waits in each bucket (-1: none)
+    int64_t ticket[2];              // the collectives to wait for before reading it
     dc_buf norms;                   // [size] F32: every rank's gradient shard norm
     dc_buf local;                   // [2] F32: this rank's (grad_norm's output)
 } dc_zero;
 
 // Per-rank bytes of the training state for `stage` on `size` ranks (the
 // memory table and the GPU memory planner). grads: the full buffer (stages 0
-// and 1; stage 1 adds the bucket), or the shard and the bucket (stage 2);
-// master, moments (m and v) and ema: full (stage 0) or the shard. weights: the
+// and 1; stage 1 adds the bucket), or the shard and two buckets (stage 2);
+// master, moments (m and v) and ema: full (stage 0) or the shard. (Stage 2
+// holds two buckets.) weights: the
 // full copies the model reads besides an fp32 master: the compute copy when
 // `compute` is not F32 (stage 0), and, from stage 1, the full fp32 buffer the
 // parameters keep (on the CPU it is the compute copy).
@@ -68,7 +77,7 @@ void dc_zero_free(dc_zero *z);
 // A step's start: the gradient shard (and stage 1's full gradient) at zero.
 void dc_zero_begin_step(dc_zero *z);
 // After the step's backward: stage 1 reduce-scatters the full gradient unit
-// by unit (stage 2 did it in backward).
+// by unit; stage 2 (which did it in backward) adds the last slices in flight.
 int dc_zero_reduce(dc_zero *z);
 // The global gradient norm and clipping factor into gstats ([2] F32, as
 // grad_norm), AdamW and EMA on the shard, then the weights all-gathered into
