@@ -22,7 +22,7 @@
 
 static const dc_dit_config k_model = {.input_size = 8, .patch = 4, .in_channels = 1, .hidden = 16, .depth = 2,
                                       .heads = 2, .mlp_hidden = 32, .num_classes = 2, .learn_sigma = true};
-enum { STEPS = 4, BATCH = 6 };
+enum { STEPS = 6, BATCH = 6 };  // three epochs of the 12 images, each with its own order
 
 static dc_dataset g_data;
 

@@ -8,12 +8,26 @@ source "$(dirname "$0")/lib.sh"
 small_data "$TMP/d.safetensors"
 # Each rank's 4 images are one of the single rank's micro-batches and every
 # rank runs one thread: the same additions in the same order, so the files
-# are identical, not merely close (for the first epoch; later steps have
-# been seen to differ in the last bits).
+# are identical, not merely close, as long as no label is shared across the
+# micro-batches as described below (true of the first 9 steps of this data).
+# Later steps differ in the last bits: the label embedding's gradient adds
+# each image's row into the gradient in batch order, so one rank computes
+# (a + b1) + b2 where two ranks compute a + (b1 + b2) (a label in the first
+# micro-batch and twice in the second; step 10 here, 7 moments of 56384
+# differ by 1 ulp). Across epochs the runs are compared to 1e-6.
 T=(--input-size 32 --depth 2 --hidden 32 --heads 2 --patch 8 --batch 8 --micro-batch 4 --threads 1
    --data "$TMP/d.safetensors" --device cpu --log-every 1)
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' 2>/dev/null \
   || echo $((20000 + RANDOM % 20000)); }
+# close_to A B TOL: every float in checkpoint A's tensors is within TOL of B's,
+# relative to the largest magnitude in A; NaN or infinity fails. Prints the error.
+close_to() {
+  paste -d ' ' <(st_data "$1" | od -An -v -t f4 -w4) <(st_data "$2" | od -An -v -t f4 -w4) | awk -v tol="$3" '
+    { if ($1 !~ /^-?[0-9]/ || $2 !~ /^-?[0-9]/) bad++
+      d = $1 - $2; if (d < 0) d = -d; if (d > md) md = d
+      a = $1 < 0 ? -$1 : $1; if (a > ma) ma = a; n++ }
+    END { r = ma > 0 ? md / ma : md; printf "%.2e", r; exit !(n > 0 && bad == 0 && r <= tol) }'
+}
 # rank R N PORT ARGS...: one rank of a torchrun-style job, in the background
 rank() {
   local r=$1 n=$2 port=$3; shift 3
@@ -26,6 +40,7 @@ pid_of() { local c; for ((i = 0; i < 50; i++)); do c=$(pgrep -P "$1" | head -n 1
 # ---- flags
 expect_fail "--ranks with --gpus" "give one" diffusion train --ranks 2 --gpus 2 --out "$TMP/x"
 expect_fail "--zero 3" "--zero 3: the stages are 0, 1 and 2" diffusion train --zero 3 --out "$TMP/x"
+expect_fail "--zero on one rank" "--zero 1 shards the state over several ranks" diffusion train --zero 1 --steps 1 --out "$TMP/x"
 expect_fail "--gpus on the CPU" "with --device cpu use --ranks N" diffusion train --gpus 2 --device cpu --out "$TMP/x"
 if ! nvidia-smi -L > /dev/null 2>&1; then
   expect_fail "--gpus without a GPU" "GPU" diffusion train --gpus 2 --out "$TMP/x"
@@ -42,6 +57,18 @@ cmp -s "$TMP/one/step_0000003.safetensors" "$TMP/two/step_0000003.safetensors" \
   && pass "--ranks 2 writes the checkpoint of one rank" || fail "--ranks 2: checkpoint differs from one rank's"
 n=$(grep -c '^step ' "$TMP/two.log")
 [ "$n" -eq 3 ] && pass "only rank 0 prints progress" || fail "$n progress lines for 3 steps"
+# three epochs (64 images, 8 a step): the order is drawn again at each epoch
+# boundary from (seed, epoch) alone, and each rank takes its share of it
+diffusion train "${T[@]}" --steps 24 --out "$TMP/one24" > /dev/null 2>&1 || fail "one rank, 24 steps"
+diffusion train "${T[@]}" --steps 24 --ranks 2 --out "$TMP/two24" > "$TMP/two24.log" 2>&1 \
+  || fail "--ranks 2, 24 steps: $(tail -3 "$TMP/two24.log")"
+e=$(close_to "$TMP/one24/step_0000024.safetensors" "$TMP/two24/step_0000024.safetensors" 1e-6) \
+  && pass "--ranks 2 over 3 epochs: the checkpoint of one rank to $e" \
+  || fail "--ranks 2 over 3 epochs: $e from one rank's checkpoint (tolerance 1e-6)"
+diffusion train "${T[@]}" --steps 24 --seed 1 --out "$TMP/seed1" > /dev/null 2>&1 || fail "one rank, seed 1"
+e=$(close_to "$TMP/one24/step_0000024.safetensors" "$TMP/seed1/step_0000024.safetensors" 1e-6) \
+  && fail "another seed is within 1e-6 ($e): the comparison cannot tell runs apart" \
+  || pass "the comparison tells another seed's run apart ($e)"
 p=$(free_port)
 rank 0 2 "$p" "${T[@]}" --steps 3 --out "$TMP/tr" 2> "$TMP/tr0.log"; a=$!
 rank 1 2 "$p" "${T[@]}" --steps 3 --out "$TMP/tr" 2> "$TMP/tr1.log"; b=$!
@@ -49,6 +76,20 @@ wait $a; ra=$?; wait $b; rb=$?
 [ $ra -eq 0 ] && [ $rb -eq 0 ] && cmp -s "$TMP/one/step_0000003.safetensors" "$TMP/tr/step_0000003.safetensors" \
   && pass "ranks started as torchrun does write the checkpoint of one rank" \
   || fail "torchrun-style ranks: exit $ra $rb; $(tail -2 "$TMP/tr0.log" "$TMP/tr1.log")"
+
+# ---- a diverging run (inf or NaN in the losses of some images, so in one
+# rank's share): every rank stops naming the step, and no checkpoint is
+# written at or after it (one every step until then)
+diffusion train "${T[@]}" --steps 100 --lr 0.9 --grad-clip 0 --warmup 0 --ckpt-every 1 --keep 1000 --ranks 2 \
+  --out "$TMP/nan" > /dev/null 2> "$TMP/nan.log"; rn=$?
+s0=$(sed -n 's/.*rank 0 of 2: .* became .* by step \([0-9]*\);.*/\1/p' "$TMP/nan.log" | head -n 1)
+s1=$(sed -n 's/.*rank 1 of 2: .* became .* by step \([0-9]*\);.*/\1/p' "$TMP/nan.log" | head -n 1)
+ck=$(ls "$TMP/nan"/step_*.safetensors 2> /dev/null | tail -n 1 | sed 's/.*step_0*\([0-9][0-9]*\).*/\1/')
+last=$(printf '%s/step_%07d.safetensors' "$TMP/nan" "${ck:-0}")
+[ $rn -eq 1 ] && [ -n "$s0" ] && [ "$s0" = "$s1" ] && [ -n "$ck" ] && [ "$ck" -eq $((s0 - 1)) ] \
+  && close_to "$last" "$last" 0 > /dev/null \
+  && pass "diverged at step $s0: both ranks stop saying so; the last checkpoint, step $ck, is finite" \
+  || fail "diverging on 2 ranks: exit $rn, steps '$s0' '$s1', last checkpoint '$ck': $(tail -3 "$TMP/nan.log")"
 
 # ---- kill -9 of a rank: the other stops by itself, naming it
 p=$(free_port)

@@ -62,15 +62,16 @@ static int failed_msg(dc_rendezvous *rv) {
 }
 
 // ---- framed I/O with a deadline ---------------------------------------------------------
-static int io_wait(int fd, short ev, double deadline) {
+// Waits until fd is ready for ev. With watch_in, a writer also watches for a
+// frame coming the other way (IO_INCOMING): mid-exchange the peer only ever
+// sends one to say the job has failed.
+static int io_wait(int fd, short ev, bool watch_in, double deadline) {
     for (;;) {
         double left = deadline - now();
         if (left <= 0) return IO_TIMEOUT;
-        // A writer also watches for a frame coming the other way: the peer
-        // only ever sends one mid-exchange to say the job has failed.
-        struct pollfd p = {fd, (short)(ev == POLLOUT ? POLLOUT | POLLIN : ev), 0};
+        struct pollfd p = {fd, (short)(watch_in ? ev | POLLIN : ev), 0};
         int rc = poll(&p, 1, left > 1e6 ? 1000000000 : (int)(left * 1000) + 1);
-        if (rc > 0 && ev == POLLOUT && (p.revents & POLLIN)) return IO_INCOMING;
+        if (rc > 0 && watch_in && (p.revents & POLLIN)) return IO_INCOMING;
         if (rc > 0) return IO_OK;
         if (rc < 0 && errno != EINTR) return IO_CLOSED;
     }
@@ -79,7 +80,7 @@ static int io_wait(int fd, short ev, double deadline) {
 static int io_read(int fd, void *buf, size_t n, double deadline) {
     char *p = buf;
     while (n > 0) {
-        int w = io_wait(fd, POLLIN, deadline);
+        int w = io_wait(fd, POLLIN, false, deadline);
         if (w) return w;
         ssize_t k = recv(fd, p, n, 0);
         if (k == 0) return IO_CLOSED;
@@ -92,10 +93,10 @@ static int io_read(int fd, void *buf, size_t n, double deadline) {
     return IO_OK;
 }
 
-static int io_write(int fd, const void *buf, size_t n, double deadline) {
+static int io_write(int fd, const void *buf, size_t n, bool watch_in, double deadline) {
     const char *p = buf;
     while (n > 0) {
-        int w = io_wait(fd, POLLOUT, deadline);
+        int w = io_wait(fd, POLLOUT, watch_in, deadline);
         if (w) return w;
         // MSG_NOSIGNAL: a peer gone is an error to report, not SIGPIPE
         ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
@@ -108,10 +109,14 @@ static int io_write(int fd, const void *buf, size_t n, double deadline) {
     return IO_OK;
 }
 
+// A DATA frame stops at a frame coming the other way (IO_INCOMING), so that a
+// sender blocked on a peer that stopped reading hears why. Every other kind goes out whatever the peer has
+// sent: an ABORT or BYE matters most to a peer that is waiting on this rank
+// with its own frame still unread here.
 static int write_frame(int fd, uint32_t kind, const void *buf, size_t n, double deadline) {
     frame f = {MAGIC, kind, n};
-    int rc = io_write(fd, &f, sizeof f, deadline);
-    return rc ? rc : io_write(fd, buf, n, deadline);
+    int rc = io_write(fd, &f, sizeof f, kind == DATA, deadline);
+    return rc ? rc : io_write(fd, buf, n, kind == DATA, deadline);
 }
 
 // Records the job's first failure. Rank 0 passes it to every other rank (an
@@ -343,7 +348,7 @@ static int meet_as_root(dc_rendezvous *rv, int port, double deadline) {
     DC_TRY(listen_on(port, rv->size, &lfd));
     int missing = rv->size - 1, rc = 0;
     while (missing > 0 && !rc) {
-        if (io_wait(lfd, POLLIN, deadline)) {
+        if (io_wait(lfd, POLLIN, false, deadline)) {
             char list[256] = "";
             for (int q = 1; q < rv->size; q++)
                 if (rv->fd[q] < 0 && strlen(list) < 200)
@@ -469,7 +474,7 @@ void dc_rendezvous_close(dc_rendezvous *rv) {
         shutdown(rv->fd[q], SHUT_WR);
         char skip[4096];
         double end = now() + 1;
-        while (io_wait(rv->fd[q], POLLIN, end) == IO_OK && recv(rv->fd[q], skip, sizeof skip, 0) > 0) {}
+        while (io_wait(rv->fd[q], POLLIN, false, end) == IO_OK && recv(rv->fd[q], skip, sizeof skip, 0) > 0) {}
         close(rv->fd[q]);
     }
     pthread_mutex_unlock(&rv->io);
