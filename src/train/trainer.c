@@ -228,6 +228,24 @@ int dc_trainer_set_comm(dc_trainer *tr, dc_comm *comm, int zero_stage) {
     return 0;
 }
 
+// Stage 0 where the communicator overlaps (NCCL): in the step's last
+// micro-batch each unit's gradients are all-reduced as soon as its backward
+// has finished, beside the backward of the units before it. The units tile
+// the parameters, so this sums all of them, as one all-reduce after backward
+// would.
+static int all_reduce_unit(void *ctx, int unit, bool done) {
+    dc_trainer *tr = ctx;
+    if (!done) return 0;
+    dc_params *ps = tr->model->params;
+    int64_t lo, hi;
+    dc_params_unit_range(ps, unit, &lo, &hi);
+    DC_TRY(dc_backend_status(tr->be));
+    dc_comm_set_async(tr->comm, true);
+    int rc = dc_comm_all_reduce_sum(tr->comm, (float *)dc_buf_at(ps->grad, lo).p, hi - lo);
+    dc_comm_set_async(tr->comm, false);
+    return rc;
+}
+
 int dc_trainer_step(dc_trainer *tr, dc_step_stats *st) {
     dc_backend *be = tr->be;
     dc_model *m = tr->model;
@@ -245,6 +263,7 @@ int dc_trainer_step(dc_trainer *tr, dc_step_stats *st) {
     // This rank's part of the global batch (all of it with one rank); `done`
     // counts images in the global batch, which keys their randomness.
     int first = 0, count = c->batch;
+    bool reduced = false;  // stage 0's gradients were all-reduced unit by unit in backward
     if (tr->comm) {
         dc_batch_split(c->batch, tr->comm->size, tr->comm->rank, &first, &count);
         be->zero(be, tr->losses.p, (size_t)c->batch * 2 * sizeof(float));  // summed over ranks below
@@ -262,11 +281,17 @@ int dc_trainer_step(dc_trainer *tr, dc_step_stats *st) {
         DC_TRY(dc_diffusion_loss(be, tr->dout, dc_buf_at(tr->losses, 2 * (int64_t)done), tr->out, tr->x0,
                                  tr->xt, tr->eps, tr->h_coef, n, C, mi->out_channels, HW,
                                  1.0f / c->batch, NULL, NULL));
-        DC_TRY(dc_model_backward(m, tr->dout, n));
+        const bool overlap = tr->comm && !tr->zero && dc_comm_overlaps(tr->comm) && !ps->unit_hook &&
+                             dc_params_unit_count(ps) > 1 && done + n == first + count;
+        if (overlap) ps->unit_hook = all_reduce_unit, ps->hook_ctx = tr;
+        int rc = dc_model_backward(m, tr->dout, n);
+        if (overlap) ps->unit_hook = NULL, ps->hook_ctx = NULL, reduced = true;
+        DC_TRY(rc);
     }
     if (tr->comm) {  // every rank's gradient (stage 0) and losses, summed in rank order
         DC_TRY(dc_backend_status(be));
-        if (!tr->zero) DC_TRY(dc_comm_all_reduce_sum(tr->comm, (float *)ps->grad.p, np));
+        if (reduced) DC_TRY(dc_comm_wait(tr->comm, dc_comm_issued(tr->comm)));
+        else if (!tr->zero) DC_TRY(dc_comm_all_reduce_sum(tr->comm, (float *)ps->grad.p, np));
         DC_TRY(dc_comm_all_reduce_sum(tr->comm, (float *)tr->losses.p, 2 * (int64_t)c->batch));
     }
 
@@ -303,6 +328,10 @@ int dc_trainer_step(dc_trainer *tr, dc_step_stats *st) {
     return st ? dc_trainer_stats(tr, st) : 0;
 }
 
+// Names a non-finite value for a message ("%g" prints a NaN as "-nan" or "nan"
+// depending on its sign bit, which means nothing to the reader).
+static const char *nonfinite(double v) { return isnan(v) ? "NaN" : v > 0 ? "infinite" : "-infinite"; }
+
 int dc_trainer_stats(dc_trainer *tr, dc_step_stats *st) {
     dc_backend *be = tr->be;
     int B = tr->cfg.batch;
@@ -314,10 +343,17 @@ int dc_trainer_stats(dc_trainer *tr, dc_step_stats *st) {
     for (int i = 0; i < B; i++) mse += tr->h_losses[2 * i], vb += tr->h_losses[2 * i + 1];
     *st = (dc_step_stats){(mse + vb) / B, mse / B, vb / B, g[0], tr->last_lr};
     if (!isfinite(mse + vb))
-        return dc_fail("loss became %g by step %lld; lower --lr or enable --grad-clip", mse + vb,
+        return dc_fail("loss became %s by step %lld; lower --lr or enable --grad-clip", nonfinite(mse + vb),
                        (long long)tr->step);
     if (!isfinite(g[0]))
-        return dc_fail("gradient norm became %g by step %lld; lower --lr or enable --grad-clip", g[0],
+        return dc_fail("gradient norm became %s by step %lld; lower --lr or enable --grad-clip", nonfinite(g[0]),
                        (long long)tr->step);
+    // AdamW's second moment holds g^2 in float32, which overflows once an
+    // element passes 1.8e19: a norm (after clipping) that large has already
+    // made it infinite, though the loss and the norm are still finite.
+    float used = tr->cfg.grad_clip > 0 && g[0] > tr->cfg.grad_clip ? tr->cfg.grad_clip : g[0];
+    if (used > 1e19f)
+        return dc_fail("gradient norm became %g by step %lld, beyond what AdamW's moments hold in float32; lower "
+                       "--lr or enable --grad-clip", g[0], (long long)tr->step);
     return 0;
 }
