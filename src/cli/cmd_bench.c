@@ -1,5 +1,7 @@
 // diffusion bench: training and sampling throughput of a config on synthetic
-// data, with achieved FLOP rates and peak memory.
+// data, with achieved FLOP rates and peak memory; training also data parallel
+// on several ranks (--gpus N, --ranks N, or a launcher's), through the same
+// ranks, communicator and trainer as `diffusion train`.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,10 +10,12 @@
 #include "cli/args.h"
 #include "cli/cli_util.h"
 #include "cli/commands.h"
+#include "cli/train_ranks.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/rng.h"
 #include "diffusion/sampler.h"
+#include "train/trainer.h"
 
 static int eval_model(void *ctx, dc_buf out, dc_buf x, dc_buf t, const dc_cond *cond, int B) {
     return dc_model_forward(ctx, out, x, t, cond, B);
@@ -48,35 +52,105 @@ static void print_memory(dc_backend *be) {
     }
 }
 
-static double g_peak_tflops;  // measured GEMM ceiling (0: unknown)
+static double g_peak_tflops;  // measured GEMM ceiling (0: unknown; rank 0 measures it)
 
-static int bench_train(const dc_dit_config *mc, dc_backend *be, int batch, int iters, int warm, int recompute) {
+// What each rank measured, gathered onto every rank: the slowest rank sets the
+// job's pace, and memory is quoted for the rank that needs the most.
+typedef struct {
+    double sec;   // seconds per timed step
+    double peak;  // peak device memory (bytes), or the process's peak RSS without one
+    double held;  // device memory held during the steps (bytes), -1 without one
+} rank_report;
+
+static int gather_reports(train_ranks *job, rank_report *mine) {
+    if (!job->rv) return 0;
+    const int n = job->launch.size;
+    rank_report *all = malloc(sizeof *all * (size_t)n);
+    if (!all) return dc_fail("out of memory");
+    int rc = dc_rendezvous_all_gather(job->rv, mine, all, sizeof *mine);
+    for (int q = 0; q < n && !rc; q++) {
+        if (all[q].sec > mine->sec) mine->sec = all[q].sec;
+        if (all[q].peak > mine->peak) mine->peak = all[q].peak;
+        if (all[q].held > mine->held) mine->held = all[q].held;
+    }
+    free(all);
+    return rc;
+}
+
+// The ZeRO-sharded state per rank (train/zero.h), beside stage 0's: what the
+// stage saves is read off this line.
+static int print_zero_state(const dc_params *ps, int size, int stage, dc_dtype compute) {
+    dc_zero_mem z, z0;
+    DC_TRY(dc_zero_mem_of(ps, size, stage, compute, &z));
+    DC_TRY(dc_zero_mem_of(ps, size, 0, compute, &z0));
+    const double mib = 1048576.0, s = (double)dc_zero_mem_state(&z), s0 = (double)dc_zero_mem_state(&z0);
+    printf("zero    stage %d on %d rank%s, per rank: grads %.2f MiB, master %.2f MiB, moments %.2f MiB, "
+           "ema %.2f MiB = state %.2f MiB (%.1f%% of stage 0's %.2f MiB); full weight copies %.2f MiB\n",
+           stage, size, size == 1 ? "" : "s", z.grads / mib, z.master / mib, z.moments / mib, z.ema / mib,
+           s / mib, 100 * s / s0, s0 / mib, z.weights / mib);
+    return 0;
+}
+
+// Training steps on synthetic data, on every rank of the job: `batch` images
+// per rank (as PyTorch DDP counts its batch), so one step is batch x ranks
+// images; the gradients are reduced by the trainer's communicator exactly as
+// in `diffusion train --zero`. Rank 0 prints.
+static int bench_train(train_ranks *job, const dc_dit_config *mc, dc_backend *be, int batch, int iters, int warm,
+                       int recompute, int zero) {
+    const int size = job->launch.size;
+    const bool lead = train_ranks_lead(job);
     dc_dataset ds = {0};
     dc_model *m = NULL;
     dc_trainer tr = {0};
     dc_train_config tc = dc_train_config_default();
-    tc.batch = tc.micro_batch = batch;
+    tc.batch = batch * size, tc.micro_batch = batch;
     tc.steps = iters + warm;
     int rc = -1;
     if (dc_dit_new(mc, be, true, &m) || (recompute >= 0 && dc_dit_set_recompute(dc_dit_of(m), recompute)) ||
-        synthetic_data(&ds, &m->info, batch * 4) ||
-        dc_model_init_weights(m, 0) || dc_trainer_init(&tr, m, &ds, &tc))
+        synthetic_data(&ds, &m->info, tc.batch * 4) ||
+        dc_model_init_weights(m, 0) || dc_trainer_init(&tr, m, &ds, &tc) || train_ranks_comm(job, be) ||
+        ((job->comm || zero) && dc_trainer_set_comm(&tr, job->comm, zero)))
         goto done;
+    // Every rank is ready (one that failed has told the others).
+    if (train_ranks_agree(job, true, "start")) goto done;
     double t0 = 0;
     for (int i = 0; i < warm + iters; i++) {
-        if (i == warm) be->sync(be), t0 = dc_time_now();
+        if (i == warm) {  // every rank starts the clock together
+            be->sync(be);
+            if (dc_backend_status(be) || train_ranks_agree(job, true, "finish the warm-up")) goto done;
+            t0 = dc_time_now();
+        }
         if (dc_trainer_step(&tr, NULL)) goto done;
     }
     be->sync(be);
     if (dc_backend_status(be)) goto done;
-    double dt = (dc_time_now() - t0) / iters;
-    double flop = 3 * 2 * dc_model_macs_per_image(m) * batch;  // backward ~ 2x forward
+    rank_report r = {(dc_time_now() - t0) / iters, peak_rss_gib() * 1073741824.0, -1};
+    if (be->memory) {
+        size_t held = 0, peak = 0;
+        be->memory(be, &held, &peak);
+        r.peak = (double)peak, r.held = (double)held;
+    }
+    dc_step_stats st;  // a diverged or broken step (NaN loss or gradient) fails the bench
+    if (dc_trainer_stats(&tr, &st) || train_ranks_agree(job, true, "finish the timed steps") ||
+        gather_reports(job, &r))
+        goto done;
+    double dt = r.sec;
+    double flop = 3 * 2 * dc_model_macs_per_image(m) * batch;  // per rank; backward ~ 2x forward
     double tf = flop / dt / 1e12;
-    printf("train   batch %4d   %9.1f img/s   %8.1f ms/step   %8.2f TFLOP/s", batch, batch / dt, dt * 1e3, tf);
-    if (g_peak_tflops > 0) printf("   MFU %.1f%%", 100 * tf / g_peak_tflops);
-    print_memory(be);
-    printf("\n");
-    fflush(stdout);
+    if (lead && size == 1) {
+        printf("train   batch %4d   %9.1f img/s   %8.1f ms/step   %8.2f TFLOP/s", batch, batch / dt, dt * 1e3, tf);
+    } else if (lead) {
+        printf("train   batch %4d x %d ranks   %9.1f img/s total   %9.1f img/s per rank   %8.1f ms/step   "
+               "%8.2f TFLOP/s per rank", batch, size, tc.batch / dt, batch / dt, dt * 1e3, tf);
+    }
+    if (lead) {
+        if (g_peak_tflops > 0) printf("   MFU %.1f%%", 100 * tf / g_peak_tflops);
+        if (r.held >= 0) printf("   peak GPU %.2f GiB   held %.2f GiB", r.peak / 1073741824.0, r.held / 1073741824.0);
+        else printf("   peak RSS %.2f GiB", r.peak / 1073741824.0);
+        printf(size > 1 ? " (max over ranks)\n" : "\n");
+        if (print_zero_state(m->params, size, zero, be->compute)) goto done;
+        fflush(stdout);
+    }
     rc = 0;
 done:
     dc_trainer_free(&tr);
@@ -138,11 +212,11 @@ int cmd_bench(int argc, char **argv) {
         if (!strcmp(argv[k], "--sd") || !strncmp(argv[k], "--sd=", 5)) return cmd_bench_sd(argc, argv);
     const char *model = NULL, *device = "auto", *precision = "auto";
     int batch = 64, iters = 5, warm = 1, sample_batch = 32, sample_steps = 10, threads = 0, latency = 1;
-    int recompute = -1;
-    float cfg = 4.0f;
+    int recompute = -1, ranks = 0, gpus = 0, zero = 0;
+    float cfg = 4.0f, comm_timeout = 300;
     arg_spec specs[] = {
         {"model", ARG_STR, &model, "NAME", "official config DiT-{S,B,L,XL}/{2,4,8} (default: the demo DiT)"},
-        {"batch", ARG_INT, &batch, "N", "training batch"},
+        {"batch", ARG_INT, &batch, "N", "training batch (per rank with several ranks)"},
         {"recompute", ARG_INT, &recompute, "K", "training with activation checkpointing: K blocks keep their "
                                                "activations (default off)"},
         {"iters", ARG_INT, &iters, "N", "timed training steps"},
@@ -154,6 +228,14 @@ int cmd_bench(int argc, char **argv) {
         {"threads", ARG_INT, &threads, "N", "CPU threads (default: all cores)"},
         {"device", ARG_STR, &device, "NAME", CLI_DEVICE_HELP},
         {"precision", ARG_STR, &precision, "P", CLI_PRECISION_HELP},
+        {"gpus", ARG_INT, &gpus, "N", "data-parallel training on N GPUs of this machine, one rank each, through "
+                                      "NCCL (under torchrun, mpirun or srun: the launcher starts them)"},
+        {"ranks", ARG_INT, &ranks, "N", "data-parallel training on N processes of this machine (with --device "
+                                        "cpu they share gradients over local sockets)"},
+        {"zero", ARG_INT, &zero, "S", "ZeRO stage over the ranks: 0, 1 (AdamW and EMA state sharded) or 2 "
+                                      "(gradients too); needs several ranks"},
+        {"comm-timeout", ARG_FLOAT, &comm_timeout, "S", "seconds a rank waits for the others before it calls "
+                                                         "the job hung"},
     };
     arg_parser ap = {"diffusion bench [--model NAME] [flags]",
                      "Times training steps and sampling steps of a model on synthetic data and\n"
@@ -161,6 +243,11 @@ int cmd_bench(int argc, char **argv) {
                      "passes; 1 MAC = 2 FLOP) and peak memory. On a GPU it first times a large\n"
                      "matrix product in the compute dtype and quotes MFU against it; sampling\n"
                      "runs at --sample-batch and at batch 1 (latency), with guidance.\n"
+                     "With several ranks (--gpus N, --ranks N, or a launcher's) it times training\n"
+                     "only: every rank trains --batch images a step and the gradients are reduced\n"
+                     "as `diffusion train` reduces them (--zero S); rank 0 prints the images/s of\n"
+                     "all ranks and of one, MFU per rank, the largest rank's memory and the\n"
+                     "per-rank bytes of the state ZeRO shards.\n"
                      "For Stable Diffusion: diffusion bench --sd PATH --help.",
                      specs, (int)(sizeof specs / sizeof specs[0]), 0, {0}, 0, {0}};
     int rc = args_parse(&ap, argc, argv);
@@ -173,28 +260,63 @@ int cmd_bench(int argc, char **argv) {
         return dc_fail("--iters must be positive, --warmup non-negative and --sample-steps in 1..1000"), cli_usage_fail();
     if (latency != 0 && latency != 1) return dc_fail("--latency must be 0 or 1 (got %d)", latency), cli_usage_fail();
     if (!(cfg >= 0 && cfg <= 100)) return dc_fail("--cfg-scale must be in 0..100 (got %g)", cfg), cli_usage_fail();
+    if (zero < 0 || zero > 2) return dc_fail("--zero %d: the stages are 0, 1 and 2", zero), cli_usage_fail();
+    if (!(comm_timeout >= 1)) return dc_fail("--comm-timeout must be at least 1 second"), cli_usage_fail();
+    if (ranks < 0 || gpus < 0) return dc_fail("--%s must be 1 or more", ranks < 0 ? "ranks" : "gpus"), cli_usage_fail();
+    if (ranks && gpus) return dc_fail("--ranks and --gpus both start ranks: give one"), cli_usage_fail();
+    if (gpus && !strcmp(device, "cpu"))
+        return dc_fail("--gpus runs one rank per GPU; with --device cpu use --ranks N"), cli_usage_fail();
     if (cli_check_device_flags(threads, device, precision)) return cli_usage_fail();
     dc_dit_config mc = cli_demo_model();
     if (model && dc_dit_config_from_name(model, &mc)) return cli_usage_fail();
+
+    // ---- several ranks: this process starts them, or is one of them
+    train_ranks job;
+    int spawn;
+    if (train_ranks_plan(&job, ranks, gpus, device, &spawn)) return cli_fail();
+    if (spawn) {
+        int rc = train_ranks_spawn(spawn, argc, argv);
+        return rc < 0 ? cli_fail() : rc;
+    }
+    const int size = job.launch.size;
+    const bool lead = train_ranks_lead(&job);
+    // The trainer shards only over a communicator, which one rank does not have.
+    if (zero && size < 2)
+        return dc_fail("--zero %d shards the state over several ranks: add --gpus N or --ranks N", zero),
+               cli_usage_fail();
+    if (train_ranks_select_device(&job, device) || train_ranks_join(&job, comm_timeout)) {
+        train_ranks_end(&job);
+        return cli_fail();
+    }
     dc_backend *be = NULL;
-    if (cli_set_threads(threads) || cli_backend(device, precision, &be)) return cli_fail();
-    printf("model   %s: depth %d, hidden %d, heads %d, patch %d, %dx%dx%d, %.2f GFLOP/image forward; backend %s\n",
-           model ? model : "demo DiT", mc.depth, mc.hidden, mc.heads, mc.patch, mc.input_size,
-           mc.input_size, mc.in_channels, 2 * dc_dit_macs_per_image(&mc) / 1e9, be->name);
-    if (be->gemm_peak) {
+    rc = -1;
+    if (cli_set_threads(threads) || cli_backend(device, precision, &be)) goto done;
+    if (lead) {
+        printf("model   %s: depth %d, hidden %d, heads %d, patch %d, %dx%dx%d, %.2f GFLOP/image forward; backend %s\n",
+               model ? model : "demo DiT", mc.depth, mc.hidden, mc.heads, mc.patch, mc.input_size,
+               mc.input_size, mc.in_channels, 2 * dc_dit_macs_per_image(&mc) / 1e9, be->name);
+        if (size > 1)
+            printf("ranks   %d, %s, ZeRO stage %d, batch %d per rank (%d per step)\n", size,
+                   strcmp(be->name, "cpu") ? "NCCL" : "sockets", zero, batch, batch * size);
+    }
+    if (lead && be->gemm_peak) {
         g_peak_tflops = be->gemm_peak(be);
-        if (g_peak_tflops <= 0) {
-            cli_fail();
-            dc_backend_destroy(be);
-            return 1;
-        }
+        if (g_peak_tflops <= 0) goto done;
         printf("peak    %.1f TFLOP/s: 8192^3 %s matrix product on this device (MFU is quoted against it)\n",
                g_peak_tflops, dc_dtype_name(be->compute));
     }
     fflush(stdout);
-    rc = bench_train(&mc, be, batch, iters, warm, recompute);
-    if (!rc && sample_batch > 0) rc = bench_sample(&mc, be, sample_batch, sample_steps, cfg);
-    if (!rc && sample_batch > 1 && latency) rc = bench_sample(&mc, be, 1, sample_steps, cfg);
-    dc_backend_destroy(be);
-    return rc ? cli_fail() : 0;
+    rc = bench_train(&job, &mc, be, batch, iters, warm, recompute, zero);
+    // Sampling involves no communication: with several ranks it is not timed.
+    if (!rc && size == 1 && sample_batch > 0) rc = bench_sample(&mc, be, sample_batch, sample_steps, cfg);
+    if (!rc && size == 1 && sample_batch > 1 && latency) rc = bench_sample(&mc, be, 1, sample_steps, cfg);
+done:
+    if (rc) {
+        train_ranks_abort(&job);  // the others stop too, with this message
+        if (job.rv) dc_fail_ctx("rank %d of %d", job.launch.rank, size);
+        cli_fail();
+    }
+    train_ranks_end(&job);  // before the backend: NCCL's communicator uses its stream
+    if (be) dc_backend_destroy(be);
+    return rc ? CLI_EXIT_FAILURE : 0;
 }

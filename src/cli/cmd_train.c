@@ -197,7 +197,7 @@ int cmd_train(int argc, char **argv) {
         {"ranks", ARG_INT, &ranks, "N", "data parallel on N processes of this machine on any device (with "
                                         "--device cpu they share gradients over local sockets)"},
         {"zero", ARG_INT, &zero, "S", "ZeRO stage over the ranks: 0 replicates the optimizer, 1 shards AdamW "
-                                      "and EMA state, 2 also the gradients (with one rank: one shard)"},
+                                      "and EMA state, 2 also the gradients (needs several ranks)"},
         {"comm-timeout", ARG_FLOAT, &comm_timeout, "S", "seconds a rank waits for the others (to start, or in "
                                                          "a step) before it calls the job hung and stops"},
     };
@@ -291,15 +291,14 @@ int cmd_train(int argc, char **argv) {
     int spawn;
     if (train_ranks_plan(&job, ranks, gpus, device, &spawn)) return cli_fail();
     if (spawn) {
-        char **args = malloc(sizeof *args * (size_t)(argc + 1));
-        if (!args) return dc_fail("out of memory"), cli_fail();
-        args[0] = "diffusion";
-        memcpy(args + 1, argv, sizeof *args * (size_t)argc);
-        int rc = dc_launch_spawn(spawn, argc + 1, args, 10);
-        free(args);
+        int rc = train_ranks_spawn(spawn, argc, argv);
         return rc < 0 ? cli_fail() : rc;
     }
     const bool lead = train_ranks_lead(&job);
+    // The trainer shards only over a communicator, which one rank does not have.
+    if (zero && job.launch.size < 2)
+        return dc_fail("--zero %d shards the state over several ranks: add --gpus N or --ranks N", zero),
+               cli_usage_fail();
     if (train_ranks_select_device(&job, device) || train_ranks_join(&job, comm_timeout)) {
         train_ranks_end(&job);
         return cli_fail();

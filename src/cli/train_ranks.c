@@ -124,3 +124,13 @@ void train_ranks_end(train_ranks *tr) {
     dc_rendezvous_close(tr->rv);
     memset(tr, 0, sizeof *tr);
 }
+
+int train_ranks_spawn(int n, int argc, char **argv) {
+    char **args = malloc(sizeof *args * (size_t)(argc + 1));
+    if (!args) return dc_fail("out of memory");
+    args[0] = "diffusion";
+    memcpy(args + 1, argv, sizeof *args * (size_t)argc);
+    int rc = dc_launch_spawn(n, argc + 1, args, 10);
+    free(args);
+    return rc;
+}

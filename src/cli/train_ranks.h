@@ -21,6 +21,10 @@ typedef struct {
 // Reads the launcher's variables and checks --ranks / --gpus against them.
 // *spawn: this process is to start `*spawn` local ranks (and not train).
 int train_ranks_plan(train_ranks *tr, int ranks, int gpus, const char *device, int *spawn);
+// Starts n ranks of this same command line (argv without the program name,
+// as the command gets it) and waits for them: the job's exit status, or -1
+// with a message.
+int train_ranks_spawn(int n, int argc, char **argv);
 // Rank 0 of the job prints progress and owns the run folder.
 static inline bool train_ranks_lead(const train_ranks *tr) { return tr->launch.rank == 0; }
 // Picks this rank's GPU (LOCAL_RANK), before the backend is created.
