@@ -205,21 +205,34 @@ int dc_zero_update(dc_zero *z, dc_buf gstats, float max_norm, const dc_adamw_ste
     DC_TRY(dc_backend_status(be));
     DC_TRY(dc_comm_all_gather(z->comm, z->norms.p, z->local.p, sizeof(float)));
     be->grad_norm(be, gstats, z->norms, size, max_norm);
-    for (int i = 0; i < z->units; i++) {
+    // Unit by unit: AdamW and the EMA on this rank's slice, its new weights
+    // cast to the compute dtype, and every rank's slices all-gathered into a
+    // bucket beside the next unit's AdamW (where the communicator overlaps),
+    // then copied into the compute copy when the bucket comes round again.
+    dc_buf cc = compute_copy(ps);
+    const size_t es = dc_dtype_size(cc.dt);
+    int held[2] = {-1, -1};  // the unit whose gathered weights wait in each bucket
+    int64_t ticket[2] = {0, 0};
+    for (int i = 0; i < z->units + z->nbuckets; i++) {
+        const int j = i % z->nbuckets;
+        if (held[j] >= 0) {  // the bucket's last unit, gathered: into the compute copy
+            const dc_zero_unit *u = &z->u[held[j]];
+            DC_TRY(dc_comm_wait(z->comm, ticket[j]));
+            be->copy(be, dc_buf_at(cc, u->lo).p, bucket(z, j).p, (size_t)u->len * es);
+            held[j] = -1;
+        }
+        if (i >= z->units) continue;
         const dc_zero_unit *u = &z->u[i];
         int64_t a = u->lo + u->sh.begin;
         adamw_range(z, a, a + u->sh.count, u->slot, dc_buf_at(gstats, 1), h);
-    }
-    // every rank's updated slices, in the compute dtype, into the compute copy
-    dc_buf cc = compute_copy(ps), gb = {z->buf.p, cc.dt};
-    const size_t es = dc_dtype_size(cc.dt);
-    for (int i = 0; i < z->units; i++) {
-        const dc_zero_unit *u = &z->u[i];
-        dc_buf mine = dc_buf_at(gb, (int64_t)rank * u->sh.per);
+        dc_buf gb = {bucket(z, j).p, cc.dt}, mine = dc_buf_at(gb, (int64_t)rank * u->sh.per);
         be->cast(be, mine, dc_buf_at(z->master, u->slot), u->sh.per);
         DC_TRY(dc_backend_status(be));
-        DC_TRY(dc_comm_all_gather(z->comm, gb.p, mine.p, (size_t)u->sh.per * es));
-        be->copy(be, dc_buf_at(cc, u->lo).p, gb.p, (size_t)u->len * es);
+        dc_comm_set_async(z->comm, true);
+        int rc = dc_comm_all_gather(z->comm, gb.p, mine.p, (size_t)u->sh.per * es);
+        dc_comm_set_async(z->comm, false);
+        DC_TRY(rc);
+        held[j] = i, ticket[j] = dc_comm_issued(z->comm);
     }
     return dc_backend_status(be);
 }
