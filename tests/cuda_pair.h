@@ -1,6 +1,8 @@
-// Shared by the CPU-vs-GPU test programs (test_cuda, test_cuda_attention):
-// the two backends, a fresh-input generator, and tensors held on both, the
-// CPU copy in fp32 and the GPU copy in the GPU's compute dtype (g_ct).
+// Shared by the CPU-vs-GPU test programs (test_cuda, test_cuda_latent,
+// test_cuda_errors, test_cuda_attention): the two backends, a fresh-input
+// generator, and tensors held on both, the CPU copy in fp32 and the GPU copy in
+// the GPU's compute dtype (g_ct). (The functions are inline so that a program
+// using only some of them compiles without warnings.)
 #pragma once
 #include <math.h>
 #include <stdint.h>
@@ -15,7 +17,7 @@ static dc_dtype g_ct;  // the GPU's compute dtype
 
 // ---- random numbers and buffers ------------------------------------------------------------
 static uint64_t g_rng;
-static double rnd(double lo, double hi) {
+static inline double rnd(double lo, double hi) {
     g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
     return lo + (hi - lo) * (g_rng >> 11) * 0x1p-53;
 }
@@ -25,7 +27,7 @@ typedef struct { dc_buf c, g; int64_t n; } pair;
 static void *g_allocs[256][2];
 static int g_nallocs;
 
-static pair make(int64_t n, dc_dtype dt) {
+static inline pair make(int64_t n, dc_dtype dt) {
     pair p = {{g_cpu->alloc(g_cpu, n * 4), DC_F32}, {g_gpu->alloc(g_gpu, n * dc_dtype_size(dt)), dt}, n};
     if (!p.c.p || !p.g.p) { printf("allocation failed: %s\n", dc_error()); exit(1); }
     g_allocs[g_nallocs][0] = p.c.p, g_allocs[g_nallocs][1] = p.g.p, g_nallocs++;
@@ -33,7 +35,7 @@ static pair make(int64_t n, dc_dtype dt) {
 }
 
 // Writes host values (rounded to the GPU dtype) to both copies.
-static void put(pair p, const float *h) {
+static inline void put(pair p, const float *h) {
     float *r = calloc(p.n, 4);
     uint16_t *b = malloc(p.n * 2);
     for (int64_t i = 0; i < p.n; i++) {
@@ -45,7 +47,7 @@ static void put(pair p, const float *h) {
     free(r), free(b);
 }
 
-static pair rand_pair(int64_t n, dc_dtype dt, double lo, double hi) {
+static inline pair rand_pair(int64_t n, dc_dtype dt, double lo, double hi) {
     pair p = make(n, dt);
     float *h = malloc(n * 4);
     for (int64_t i = 0; i < n; i++) h[i] = (float)rnd(lo, hi);
@@ -55,7 +57,7 @@ static pair rand_pair(int64_t n, dc_dtype dt, double lo, double hi) {
 }
 
 // NaN on both sides: an output the op fails to write shows up as NaN.
-static pair nan_pair(int64_t n, dc_dtype dt) {
+static inline pair nan_pair(int64_t n, dc_dtype dt) {
     pair p = make(n, dt);
     float *h = malloc(n * 4);
     for (int64_t i = 0; i < n; i++) h[i] = NAN;
@@ -64,7 +66,7 @@ static pair nan_pair(int64_t n, dc_dtype dt) {
     return p;
 }
 
-static float *get_gpu(pair p) {
+static inline float *get_gpu(pair p) {
     float *h = malloc(p.n * 4);
     if (p.g.dt == DC_BF16) {
         uint16_t *b = malloc(p.n * 2);
@@ -75,4 +77,13 @@ static float *get_gpu(pair p) {
         g_gpu->download(g_gpu, h, p.g.p, p.n * 4);
     }
     return h;
+}
+
+// Frees every pair made since the last release.
+static inline void release(void) {
+    for (int i = 0; i < g_nallocs; i++) {
+        g_cpu->free(g_cpu, g_allocs[i][0]);
+        g_gpu->free(g_gpu, g_allocs[i][1]);
+    }
+    g_nallocs = 0;
 }

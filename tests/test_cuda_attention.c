@@ -30,14 +30,6 @@
 
 static int g_fail, g_count;
 
-static void release(void) {
-    for (int i = 0; i < g_nallocs; i++) {
-        g_cpu->free(g_cpu, g_allocs[i][0]);
-        g_gpu->free(g_gpu, g_allocs[i][1]);
-    }
-    g_nallocs = 0;
-}
-
 // The elements of tensor [B, H, T, D] in layout l, from element `off` of p:
 // relative error of the GPU against the CPU; NaN (unwritten) fails.
 static void compare_view(const char *what, const char *name, pair p, int64_t off, dc_attn_layout l, int B, int H,

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The GPU checks and benchmarks of the CUDA backend, in one run on a machine
 # with an NVIDIA GPU. Steps (any subset, in this order):
-#   check     test_cuda (every op, CPU vs GPU, fp32 and bf16 modes, and a whole
-#             DiT), test_ops and test_ops_latent on the GPU in fp32 against float64 references,
-#             `diffusion forward` GPU vs CPU on the golden model, the same seed's
-#             starting noise on both, and a short training run on each whose
-#             loss curves are compared
-#   sanitize  compute-sanitizer (memcheck, racecheck, synccheck, initcheck) over test_cuda
+#   check     test_cuda, test_cuda_latent, test_cuda_errors and test_cuda_attention
+#             (every op, CPU vs GPU, fp32 and bf16 modes, a whole DiT, errors
+#             returned as errors), test_ops and test_ops_latent on the GPU in fp32
+#             against float64 references, `diffusion forward` GPU vs CPU on the
+#             golden model, the same seed's starting noise on both, and a short
+#             training run on each whose loss curves are compared
+#   sanitize  compute-sanitizer (memcheck, racecheck, synccheck, initcheck) over the
+#             CPU-vs-GPU op programs
 #   bench     `diffusion bench` on --model at --batch (training, sampling at 32
 #             and at 1 with guidance), then tools/bench_pytorch.py on the same
 #             workloads (eager bf16 and torch.compile), then the ratios
@@ -49,12 +51,11 @@ fi
 
 if has check; then
   seed=$(date +%s)
-  if "$TESTS/test_cuda" "$seed" > "$OUT/test_cuda.log" 2>&1; then r=PASS; else r=FAIL; fi
-  grep -E "^(FAIL|==)|checks" "$OUT/test_cuda.log"
-  note "test_cuda (seed $seed): $r, $(tail -1 "$OUT/test_cuda.log")"
-  if "$TESTS/test_cuda_attention" "$seed" > "$OUT/test_cuda_attention.log" 2>&1; then r=PASS; else r=FAIL; fi
-  grep -E "^FAIL" "$OUT/test_cuda_attention.log"
-  note "test_cuda_attention (seed $seed): $r, $(tail -1 "$OUT/test_cuda_attention.log")"
+  for t in test_cuda test_cuda_latent test_cuda_errors test_cuda_attention; do
+    if "$TESTS/$t" "$seed" > "$OUT/$t.log" 2>&1; then r=PASS; else r=FAIL; fi
+    grep -E "^FAIL" "$OUT/$t.log"
+    note "$t (seed $seed): $r, $(tail -1 "$OUT/$t.log")"
+  done
   if "$TESTS/test_ops" "$seed" cuda-fp32 > "$OUT/test_ops_gpu.log" 2>&1; then r=PASS; else r=FAIL; fi
   grep -E "FAIL" "$OUT/test_ops_gpu.log" | head
   note "test_ops on cuda-fp32 vs float64: $r, $(tail -1 "$OUT/test_ops_gpu.log")"
@@ -95,13 +96,17 @@ if has sanitize; then
     # (racecheck and initcheck over the engine's own shared-memory kernels only:
     # under them cuBLASLt's products take many minutes)
     for tool in memcheck racecheck synccheck initcheck; do
-      groups=all
-      case $tool in racecheck|initcheck) groups=attention,adaln,pointwise;; esac
-      timeout "${SANITIZE_TIMEOUT:-300}" compute-sanitizer --tool $tool --error-exitcode 9 "$TESTS/test_cuda" 1 \
-        $groups > "$OUT/sanitize_$tool.log" 2>&1
-      rc=$?
-      grep -E "Invalid|Race|Barrier|Uninitialized|FAIL" "$OUT/sanitize_$tool.log" | head -3
-      note "compute-sanitizer $tool on test_cuda ($groups): exit $rc, $(grep -h 'SUMMARY' "$OUT/sanitize_$tool.log" | tail -1)"
+      runs=("test_cuda all" "test_cuda_latent all" "test_cuda_errors all")
+      case $tool in racecheck|initcheck) runs=("test_cuda attention,adaln,pointwise");; esac
+      for run in "${runs[@]}"; do
+        set -- $run
+        log=$OUT/sanitize_${tool}_$1.log
+        timeout "${SANITIZE_TIMEOUT:-300}" compute-sanitizer --tool $tool --error-exitcode 9 "$TESTS/$1" 1 $2 \
+          > "$log" 2>&1
+        rc=$?
+        grep -E "Invalid|Race|Barrier|Uninitialized|FAIL" "$log" | head -3
+        note "compute-sanitizer $tool on $1 ($2): exit $rc, $(grep -h 'SUMMARY' "$log" | tail -1)"
+      done
     done
   else
     note "compute-sanitizer: not installed"

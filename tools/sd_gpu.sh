@@ -47,7 +47,8 @@ note "random-weight $CONFIG pipeline folder written in $((SECONDS - t0)) s"
 
 if has tests; then
   seed=$(date +%s)
-  for t in "test_cuda_attention $seed" "test_unet cuda" "test_unet cuda-fp32" "test_cuda $seed"; do
+  for t in "test_cuda_attention $seed" "test_unet cuda" "test_unet cuda-fp32" "test_cuda $seed" \
+           "test_cuda_latent $seed" "test_cuda_errors $seed"; do
     set -- $t
     if "$T/$1" "${@:2}" > "$OUT/$1_$2.log" 2>&1; then r=PASS; else r=FAIL; fi
     grep -E "^FAIL" "$OUT/$1_$2.log" | head -5
