@@ -287,6 +287,24 @@ struct dc_backend {
     // The queue the ops run on (a cudaStream_t), so a communicator's
     // collectives take their place among them.
     void *(*stream)(dc_backend *be);
+    // Host memory the device copies to and from beside its ops (offloaded
+    // training keeps the optimizer state there). alloc_pinned: page-locked
+    // host memory (the CPU: ordinary memory), NULL with a message on failure.
+    void *(*alloc_pinned)(dc_backend *be, size_t bytes);
+    void (*free_pinned)(dc_backend *be, void *p);
+    // Copies bytes between backend memory and pinned host memory (to_host:
+    // dst is the host side) on a second queue, once the ops queued so far are
+    // done, so it runs beside the ops queued after it. Returns a ticket:
+    // tickets grow with each copy, 0 means nothing to wait for (the CPU
+    // copies at once and returns 0). Failures are recorded as an op's.
+    int64_t (*copy_async)(dc_backend *be, void *dst, const void *src, size_t bytes, bool to_host);
+    // The calling host thread (any thread) waits until the copy of `ticket`
+    // and every earlier one are done: 0, or -1 with a message (set on the
+    // calling thread; nothing is recorded in the backend).
+    int (*host_wait)(dc_backend *be, int64_t ticket);
+    // The ops queued after this wait for the copy of `ticket` and every
+    // earlier one (the host does not wait).
+    void (*wait_ticket)(dc_backend *be, int64_t ticket);
 };
 
 // Creates a backend by name: "cpu", "cuda" (bf16 compute, fp32 master

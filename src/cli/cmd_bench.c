@@ -96,7 +96,7 @@ static int print_zero_state(const dc_params *ps, int size, int stage, dc_dtype c
 // images; the gradients are reduced by the trainer's communicator exactly as
 // in `diffusion train --zero`. Rank 0 prints.
 static int bench_train(train_ranks *job, const dc_dit_config *mc, dc_backend *be, int batch, int iters, int warm,
-                       int recompute, int zero) {
+                       int recompute, int zero, bool offload) {
     const int size = job->launch.size;
     const bool lead = train_ranks_lead(job);
     dc_dataset ds = {0};
@@ -105,6 +105,7 @@ static int bench_train(train_ranks *job, const dc_dit_config *mc, dc_backend *be
     dc_train_config tc = dc_train_config_default();
     tc.batch = batch * size, tc.micro_batch = batch;
     tc.steps = iters + warm;
+    tc.offload = offload;
     int rc = -1;
     if (dc_dit_new(mc, be, true, &m) || (recompute >= 0 && dc_dit_set_recompute(dc_dit_of(m), recompute)) ||
         synthetic_data(&ds, &m->info, tc.batch * 4) ||
@@ -148,7 +149,14 @@ static int bench_train(train_ranks *job, const dc_dit_config *mc, dc_backend *be
         if (r.held >= 0) printf("   peak GPU %.2f GiB   held %.2f GiB", r.peak / 1073741824.0, r.held / 1073741824.0);
         else printf("   peak RSS %.2f GiB", r.peak / 1073741824.0);
         printf(size > 1 ? " (max over ranks)\n" : "\n");
-        if (print_zero_state(m->params, size, zero, be->compute)) goto done;
+        if (!offload && print_zero_state(m->params, size, zero, be->compute)) goto done;
+        if (offload) {  // what stayed on the device, and what went to the host
+            const double mib = 1048576.0, P = (double)m->params->numel;
+            printf("offload device: weights %.2f MiB (fp32) + %.2f MiB (compute copy), gradient buckets %.2f MiB; "
+                   "host: master, moments, EMA and gradients %.2f MiB\n", 4 * P / mib,
+                   m->params->wc.p ? P * dc_dtype_size(be->compute) / mib : 0.0,
+                   dc_offload_device_bytes(m->params) / mib, 5 * 4 * P / mib);
+        }
         fflush(stdout);
     }
     rc = 0;
@@ -214,6 +222,7 @@ int cmd_bench(int argc, char **argv) {
     int batch = 64, iters = 5, warm = 1, sample_batch = 32, sample_steps = 10, threads = 0, latency = 1;
     int recompute = -1, ranks = 0, gpus = 0, zero = 0;
     float cfg = 4.0f, comm_timeout = 300;
+    bool offload = false;
     arg_spec specs[] = {
         {"model", ARG_STR, &model, "NAME", "official config DiT-{S,B,L,XL}/{2,4,8} (default: the demo DiT)"},
         {"batch", ARG_INT, &batch, "N", "training batch (per rank with several ranks)"},
@@ -228,6 +237,9 @@ int cmd_bench(int argc, char **argv) {
         {"threads", ARG_INT, &threads, "N", "CPU threads (default: all cores)"},
         {"device", ARG_STR, &device, "NAME", CLI_DEVICE_HELP},
         {"precision", ARG_STR, &precision, "P", CLI_PRECISION_HELP},
+        {"offload", ARG_FLAG, &offload, NULL, "training with the fp32 master weights, AdamW moments and EMA in host "
+                                              "memory and AdamW + EMA on the CPU (one rank); prints what the "
+                                              "device holds"},
         {"gpus", ARG_INT, &gpus, "N", "data-parallel training on N GPUs of this machine, one rank each, through "
                                       "NCCL (under torchrun, mpirun or srun: the launcher starts them)"},
         {"ranks", ARG_INT, &ranks, "N", "data-parallel training on N processes of this machine (with --device "
@@ -281,6 +293,9 @@ int cmd_bench(int argc, char **argv) {
     const int size = job.launch.size;
     const bool lead = train_ranks_lead(&job);
     // The trainer shards only over a communicator, which one rank does not have.
+    if (offload && (zero || size > 1))
+        return dc_fail("--offload runs on one rank for now: it cannot be combined with %s",
+                       zero ? "--zero" : "several ranks"), cli_usage_fail();
     if (zero && size < 2)
         return dc_fail("--zero %d shards the state over several ranks: add --gpus N or --ranks N", zero),
                cli_usage_fail();
@@ -306,7 +321,7 @@ int cmd_bench(int argc, char **argv) {
                g_peak_tflops, dc_dtype_name(be->compute));
     }
     fflush(stdout);
-    rc = bench_train(&job, &mc, be, batch, iters, warm, recompute, zero);
+    rc = bench_train(&job, &mc, be, batch, iters, warm, recompute, zero, offload);
     // Sampling involves no communication: with several ranks it is not timed.
     if (!rc && size == 1 && sample_batch > 0) rc = bench_sample(&mc, be, sample_batch, sample_steps, cfg);
     if (!rc && size == 1 && sample_batch > 1 && latency) rc = bench_sample(&mc, be, 1, sample_steps, cfg);

@@ -144,7 +144,7 @@ int cmd_train(int argc, char **argv) {
     int ckpt_every = 500, keep = 3, log_every = 50, threads = 0, heads = 0, recompute = -1;
     int ranks = 0, gpus = 0, zero = 0;
     float comm_timeout = 300;
-    bool flip = false, force = false, allow_data_change = false, no_verify = false;
+    bool flip = false, force = false, allow_data_change = false, no_verify = false, offload = false;
     // Shape flags default to the --model's values or the demo DiT's: say both.
     const dc_dit_config demo = cli_demo_model();
     char h_patch[96], h_hidden[96], h_depth[96], h_heads[128];
@@ -200,6 +200,8 @@ int cmd_train(int argc, char **argv) {
                                       "and EMA state, 2 also the gradients (needs several ranks)"},
         {"comm-timeout", ARG_FLOAT, &comm_timeout, "S", "seconds a rank waits for the others (to start, or in "
                                                          "a step) before it calls the job hung and stops"},
+        {"offload", ARG_FLAG, &offload, NULL, "keep the fp32 master weights, AdamW moments and EMA in host memory "
+                                              "and run AdamW + EMA on the CPU beside the GPU's backward (one rank)"},
     };
     arg_parser ap = {"diffusion train [flags]",
                      "Trains a class-conditional DiT with the official objective (eps MSE plus the\n"
@@ -230,7 +232,7 @@ int cmd_train(int argc, char **argv) {
         static const char *k_free[] = {"resume", "steps", "out", "data", "ckpt-every", "keep",
                                        "log-every", "threads", "device", "precision", "force",
                                        "allow-data-change", "no-verify", "recompute",
-                                       "ranks", "gpus", "zero", "comm-timeout"};
+                                       "ranks", "gpus", "zero", "comm-timeout", "offload"};
         for (int i = 0; i < ap.nspecs; i++) {
             bool free_flag = false;
             for (size_t k = 0; k < sizeof k_free / sizeof k_free[0]; k++)
@@ -296,6 +298,9 @@ int cmd_train(int argc, char **argv) {
     }
     const bool lead = train_ranks_lead(&job);
     // The trainer shards only over a communicator, which one rank does not have.
+    if (offload && (zero || job.launch.size > 1))
+        return dc_fail("--offload runs on one rank for now: it cannot be combined with %s",
+                       zero ? "--zero" : "several ranks"), cli_usage_fail();
     if (zero && job.launch.size < 2)
         return dc_fail("--zero %d shards the state over several ranks: add --gpus N or --ranks N", zero),
                cli_usage_fail();
@@ -391,6 +396,7 @@ int cmd_train(int argc, char **argv) {
     if (dc_dit_new(&mc, be, true, &m)) goto fail;
     if (recompute >= 0 && dc_dit_set_recompute(dc_dit_of(m), recompute)) goto fail;
     if (have_ck ? dc_model_load_weights(m, &ck, "") : dc_model_init_weights(m, tc.seed)) goto fail;
+    tc.offload = offload;  // where the state lives: never recorded, so a checkpoint resumes either way
     if (dc_trainer_init(&tr, m, &ds, &tc)) goto fail;
     if (have_ck) {
         tr.allow_data_change = allow_data_change;
@@ -416,6 +422,7 @@ int cmd_train(int argc, char **argv) {
            m->params->numel / 1e6);
     if (lead) dc_log("batch %d (micro %d), lr %g, %d steps, checkpoints every %d into %s, backend %s",
                      tc.batch, tc.micro_batch, tc.lr, tc.steps, ckpt_every, out, be->name);
+    if (lead && offload) dc_log("offload: master weights, AdamW moments and EMA in host memory, AdamW on the CPU");
     if (lead && job.rv)
         dc_log("%d ranks (%s), %s, ZeRO stage %d", job.launch.size, job.launch.launcher,
                job.nccl ? "NCCL" : "sockets", zero);

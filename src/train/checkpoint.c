@@ -81,6 +81,12 @@ static int state_to_host(const dc_trainer *tr, float *host) {
         for (int b = 0; b < 4; b++) DC_TRY(dc_zero_gather(z, st[b], host ? host + b * np : NULL));
         return 0;
     }
+    if (tr->offload) {  // the host copy: the worker is idle between steps
+        const dc_offload *o = tr->offload;
+        const float *st[4] = {o->master, o->ema, o->m, o->v};
+        for (int b = 0; b < 4 && host; b++) memcpy(host + b * np, st[b], (size_t)np * sizeof(float));
+        return 0;
+    }
     const dc_buf st[4] = {ps->data, tr->ema, tr->adam_m, tr->adam_v};
     for (int b = 0; b < 4 && host; b++) tr->be->download(tr->be, host + b * np, st[b].p, (size_t)np * sizeof(float));
     return dc_backend_status(tr->be);  // a device error, not a diverged run
@@ -129,7 +135,8 @@ done:
     return rc;
 }
 
-static int read_flat(const dc_trainer *tr, const dc_st_file *f, int b, dc_buf dst) {
+// A flat tensor (the moments) of the file into host h[numel], checked.
+static int read_flat_host(const dc_trainer *tr, const dc_st_file *f, int b, float *h) {
     const char *name = k_state[b].name;
     const dc_st_tensor *t = dc_st_find(f, name);
     int64_t np = tr->model->params->numel;
@@ -137,13 +144,37 @@ static int read_flat(const dc_trainer *tr, const dc_st_file *f, int b, dc_buf ds
     if (t->ndim != 1 || t->shape[0] != np)
         return dc_fail("%s: tensor '%s' has %lld values, the model has %lld parameters", f->path,
                        name, (long long)t->numel, (long long)np);
+    if (dc_st_read_f32(f, t, h)) return -1;
+    return check_values(tr->model->params, b, h, f->path, "the file is damaged or was edited");
+}
+
+static int read_flat(const dc_trainer *tr, const dc_st_file *f, int b, dc_buf dst) {
+    int64_t np = tr->model->params->numel;
     float *h = malloc((size_t)np * sizeof *h + 1);
     if (!h) return dc_fail("out of memory");
-    if (dc_st_read_f32(f, t, h)) return free(h), -1;
-    if (check_values(tr->model->params, b, h, f->path, "the file is damaged or was edited")) return free(h), -1;
-    tr->be->upload(tr->be, dst.p, h, (size_t)np * sizeof *h);
+    int rc = read_flat_host(tr, f, b, h);
+    if (!rc) tr->be->upload(tr->be, dst.p, h, (size_t)np * sizeof *h);
     free(h);
-    return 0;
+    return rc;
+}
+
+// With offload: the moments straight into the host copy; the EMA passes
+// through the parameters' data on the backend (the loader's destination),
+// which then gets the weights back from the host master, so no device
+// buffer is added. The master is the weights the model loaded.
+static int restore_offload(dc_trainer *tr, const dc_st_file *f) {
+    dc_offload *o = tr->offload;
+    dc_params *ps = tr->model->params;
+    const size_t bytes = (size_t)ps->numel * sizeof(float);
+    tr->be->download(tr->be, o->master, ps->data.p, bytes);
+    DC_TRY(dc_backend_status(tr->be));
+    int rc = dc_params_load(ps, ps->data, f, "ema.");
+    if (!rc) tr->be->download(tr->be, o->ema, ps->data.p, bytes);
+    tr->be->upload(tr->be, ps->data.p, o->master, bytes);
+    if (!rc) rc = read_flat_host(tr, f, 2, o->m);
+    if (!rc) rc = read_flat_host(tr, f, 3, o->v);
+    DC_TRY(dc_backend_status(tr->be));
+    return rc;
 }
 
 static int meta_i64(const dc_st_file *f, const char *key, int64_t *out) {
@@ -208,6 +239,8 @@ int dc_trainer_restore(dc_trainer *tr, const dc_st_file *f) {
     DC_TRY(check_data(tr, f));
     if (tr->zero) {
         DC_TRY(restore_shards(tr, f));
+    } else if (tr->offload) {
+        DC_TRY(restore_offload(tr, f));
     } else {
         DC_TRY(dc_params_load(tr->model->params, tr->ema, f, "ema."));
         DC_TRY(read_flat(tr, f, 2, tr->adam_m));

@@ -133,9 +133,11 @@ int dc_trainer_init(dc_trainer *tr, dc_model *model, const dc_dataset *data,
     int64_t img = (int64_t)mi->channels * mi->height * mi->width;
     int64_t oimg = (int64_t)mi->out_channels * mi->height * mi->width;
     int ok = 1;
-    tr->ema = alloc_buf(be, np, DC_F32, &ok);
-    tr->adam_m = alloc_buf(be, np, DC_F32, &ok);
-    tr->adam_v = alloc_buf(be, np, DC_F32, &ok);
+    if (!cfg->offload) {
+        tr->ema = alloc_buf(be, np, DC_F32, &ok);
+        tr->adam_m = alloc_buf(be, np, DC_F32, &ok);
+        tr->adam_v = alloc_buf(be, np, DC_F32, &ok);
+    }
     tr->x0 = alloc_buf(be, mb * img, DC_F32, &ok);
     tr->xt = alloc_buf(be, mb * img, DC_F32, &ok);
     tr->eps = alloc_buf(be, mb * img, DC_F32, &ok);
@@ -156,6 +158,15 @@ int dc_trainer_init(dc_trainer *tr, dc_model *model, const dc_dataset *data,
         dc_trainer_free(tr);
         return dc_fail("out of memory for the training state");
     }
+    if (cfg->offload) {  // the EMA and moments start on the host (train/offload.c)
+        tr->offload = calloc(1, sizeof *tr->offload);
+        if (!tr->offload || dc_offload_init(tr->offload, model->params, be)) {
+            free(tr->offload), tr->offload = NULL;
+            dc_trainer_free(tr);
+            return -1;
+        }
+        return 0;
+    }
     be->copy(be, tr->ema.p, model->params->data.p, (size_t)np * sizeof(float));
     be->zero(be, tr->adam_m.p, (size_t)np * sizeof(float));
     be->zero(be, tr->adam_v.p, (size_t)np * sizeof(float));
@@ -165,6 +176,7 @@ int dc_trainer_init(dc_trainer *tr, dc_model *model, const dc_dataset *data,
 void dc_trainer_free(dc_trainer *tr) {
     dc_backend *be = tr->be;
     if (tr->zero) dc_zero_free(tr->zero), free(tr->zero);
+    if (tr->offload) dc_offload_free(tr->offload), free(tr->offload);
     if (be) {
         dc_buf *bufs[] = {&tr->ema, &tr->adam_m, &tr->adam_v, &tr->x0, &tr->xt, &tr->eps,
                           &tr->out, &tr->dout, &tr->losses, &tr->gstats, &tr->t, &tr->y};
@@ -212,6 +224,9 @@ int dc_trainer_set_comm(dc_trainer *tr, dc_comm *comm, int zero_stage) {
     if ((comm->size > 1 || zero_stage) && comm->device && cpu)
         return dc_fail("a GPU communicator cannot run the CPU backend's ranks (use the thread communicator)");
     if (comm->size == 1 && zero_stage == 0) return 0;  // one rank, nothing shared
+    if (tr->offload)
+        return dc_fail("--offload runs on one rank for now: it cannot be combined with %s",
+                       comm->size > 1 ? "several ranks" : "--zero");
     tr->comm = comm;
     if (zero_stage == 0) return 0;
     dc_zero *z = calloc(1, sizeof *z);
@@ -259,7 +274,13 @@ int dc_trainer_step(dc_trainer *tr, dc_step_stats *st) {
     // there until dc_trainer_stats reads them.
     tr->started = true;
     if (tr->zero) dc_zero_begin_step(tr->zero);
-    else be->zero(be, ps->grad.p, (size_t)np * sizeof(float));
+    else if (!tr->offload) be->zero(be, ps->grad.p, (size_t)np * sizeof(float));
+    int64_t s = tr->step + 1;
+    float lr = c->warmup > 0 && s < c->warmup ? c->lr * (float)s / c->warmup : c->lr;
+    tr->last_lr = lr;
+    dc_adamw_step h = {lr, c->beta1, c->beta2, c->adam_eps, c->weight_decay,
+                       1.0f - powf(c->beta1, (float)s), 1.0f - powf(c->beta2, (float)s), 1.0f,
+                       c->ema_decay};
     // This rank's part of the global batch (all of it with one rank); `done`
     // counts images in the global batch, which keys their randomness.
     int first = 0, count = c->batch;
@@ -268,8 +289,10 @@ int dc_trainer_step(dc_trainer *tr, dc_step_stats *st) {
         dc_batch_split(c->batch, tr->comm->size, tr->comm->rank, &first, &count);
         be->zero(be, tr->losses.p, (size_t)c->batch * 2 * sizeof(float));  // summed over ranks below
     }
-    for (int done = first; done < first + count; done += c->micro_batch) {
+    for (int done = first, micro = 0; done < first + count; done += c->micro_batch, micro++) {
         int n = first + count - done < c->micro_batch ? first + count - done : c->micro_batch;
+        // offload updates each unit as its gradients arrive, unless clipping needs them all first
+        if (tr->offload) dc_offload_micro(tr->offload, micro, done + n == first + count, c->grad_clip == 0, &h);
         stage_micro_batch(tr, done, n);
         be->upload(be, tr->x0.p, tr->h_x0, (size_t)n * C * HW * sizeof(float));
         be->upload(be, tr->y.p, tr->h_y, (size_t)n * sizeof(int32_t));
@@ -295,15 +318,10 @@ int dc_trainer_step(dc_trainer *tr, dc_step_stats *st) {
         DC_TRY(dc_comm_all_reduce_sum(tr->comm, (float *)tr->losses.p, 2 * (int64_t)c->batch));
     }
 
-    int64_t s = tr->step + 1;
-    float lr = c->warmup > 0 && s < c->warmup ? c->lr * (float)s / c->warmup : c->lr;
-    tr->last_lr = lr;
-    dc_adamw_step h = {lr, c->beta1, c->beta2, c->adam_eps, c->weight_decay,
-                       1.0f - powf(c->beta1, (float)s), 1.0f - powf(c->beta2, (float)s), 1.0f,
-                       c->ema_decay};
-    if (tr->zero) {
-        DC_TRY(dc_zero_reduce(tr->zero));
-        DC_TRY(dc_zero_update(tr->zero, tr->gstats, c->grad_clip, &h));
+    if (tr->offload) DC_TRY(dc_offload_finish(tr->offload, tr->gstats, c->grad_clip));
+    if (tr->zero || tr->offload) {
+        if (tr->zero) DC_TRY(dc_zero_reduce(tr->zero));
+        if (tr->zero) DC_TRY(dc_zero_update(tr->zero, tr->gstats, c->grad_clip, &h));
         tr->step = s;
         tr->samples_seen += c->batch;
         return st ? dc_trainer_stats(tr, st) : 0;

@@ -16,6 +16,7 @@
 #include "models/model.h"
 #include "dist/comm.h"
 #include "train/data.h"
+#include "train/offload.h"
 #include "train/zero.h"
 
 typedef struct {
@@ -29,6 +30,11 @@ typedef struct {
     float class_dropout;  // probability of replacing a label by the null class
     bool hflip;           // random horizontal flips
     uint64_t seed;
+    // Where the optimizer runs, not part of the recipe (checkpoints do not
+    // record it, and a run may resume either way): the fp32 master weights,
+    // moments and EMA in host memory with AdamW + EMA on the CPU, beside the
+    // device's backward (train/offload.h). One rank only, for now.
+    bool offload;
 } dc_train_config;
 
 // The official DiT recipe (lr 1e-4, betas 0.9/0.999, no decay, EMA 0.9999,
@@ -56,7 +62,7 @@ typedef struct {
     dc_order order;
     dc_schedule sched;
     dc_buf ema, adam_m, adam_v;  // [numel] F32, same layout as the parameters (NULL under ZeRO:
-                                 // zero holds this rank's shards)
+                                 // zero holds this rank's shards; and with offload: on the host)
     int64_t step;                // optimizer steps done
     int64_t samples_seen;        // images consumed (the data position)
     // one micro-batch on the backend
@@ -67,6 +73,7 @@ typedef struct {
     bool allow_data_change;         // restore: accept a data set whose fingerprint differs
     dc_comm *comm;                  // several ranks (data parallel), or NULL: one
     dc_zero *zero;                  // ZeRO stage 1 or 2: the sharded state, or NULL (stage 0)
+    dc_offload *offload;            // cfg.offload: the state in host memory, or NULL
     bool started;                   // a step ran: the ranks are fixed
     dc_buf t, y;                    // [mb] float timesteps, int32 labels
     dc_cond cond;                   // the micro-batch's conditioning (labels y)
@@ -109,8 +116,9 @@ int dc_trainer_init(dc_trainer *tr, dc_model *model, const dc_dataset *data,
 int dc_trainer_set_comm(dc_trainer *tr, dc_comm *comm, int zero_stage);
 void dc_trainer_free(dc_trainer *tr);
 // One optimizer step over cfg.batch images. With stats NULL it only queues
-// work on the backend (no waiting); otherwise it also reads the step's
-// statistics, as dc_trainer_stats.
+// work on the backend (no waiting; with offload the host does wait for the
+// CPU's AdamW, which waits for the gradients); otherwise it also reads the
+// step's statistics, as dc_trainer_stats.
 int dc_trainer_step(dc_trainer *tr, dc_step_stats *stats);
 // Waits for the last step and reads its losses and gradient norm; fails if
 // either has become NaN or infinite (the run diverged by that step).
@@ -134,4 +142,6 @@ int dc_trainer_save(const dc_trainer *tr, const char *path, const dc_kv *extra);
 // negative adam_v) naming the tensor and element, and a data set whose
 // fingerprint differs from the checkpoint's unless tr->allow_data_change
 // (then it warns); a checkpoint without a fingerprint (older) only warns.
+// With offload the state goes to the host copy; the file is the same either
+// way, so a run resumes with or without offload whichever wrote it.
 int dc_trainer_restore(dc_trainer *tr, const dc_st_file *f);

@@ -43,6 +43,21 @@ static void cpu_zero(dc_backend *be, void *dst, size_t bytes) {
 // Every op finishes before it returns.
 static void cpu_sync(dc_backend *be) { (void)be; }
 
+// Host memory is the device's, so an asynchronous copy is done when it
+// returns: there is never a ticket to wait for.
+static int64_t cpu_copy_async(dc_backend *be, void *dst, const void *src, size_t bytes, bool to_host) {
+    (void)to_host;
+    cpu_copy(be, dst, src, bytes);
+    return 0;
+}
+
+static int cpu_host_wait(dc_backend *be, int64_t ticket) {
+    (void)be, (void)ticket;
+    return 0;
+}
+
+static void cpu_wait_ticket(dc_backend *be, int64_t ticket) { (void)be, (void)ticket; }
+
 static void cpu_destroy(dc_backend *be) {
     if (!be) return;
     dc_cpu_ctx *ctx = be->ctx;
@@ -182,6 +197,11 @@ dc_backend *dc_backend_cpu_create(void) {
         .transpose = dc_cpu_transpose,
         .add_channel = dc_cpu_add_channel,
         .channel_sum = dc_cpu_channel_sum,
+        .alloc_pinned = cpu_alloc,
+        .free_pinned = cpu_free,
+        .copy_async = cpu_copy_async,
+        .host_wait = cpu_host_wait,
+        .wait_ticket = cpu_wait_ticket,
     };
     return be;
 }

@@ -1,5 +1,6 @@
 // The CUDA backend: device memory, the one stream every op runs on, pinned
-// staging for uploads, graph capture, and the table of ops.
+// staging for uploads, graph capture, and the table of ops (copies beside
+// the ops, on a second stream, are in cuda_copy.cu).
 //
 // Nothing here synchronises with the host except download and sync:
 // uploads go through a pinned ring buffer, so the host copies its data and
@@ -196,6 +197,7 @@ static void cu_destroy(dc_backend *be) {
     dc_cuda_ctx *c = dc_cuda(be);
     if (c->prof) dc_cuda_prof_report(c);
     if (c->stream) cudaStreamSynchronize(c->stream);
+    dc_cuda_copy_free(c);
     dc_cuda_gemm_free(c);
     dc_cuda_conv_free(c);
     if (c->lt) cublasLtDestroy(c->lt);
@@ -247,6 +249,7 @@ static int start(dc_cuda_ctx *c) {
     }
     if (e != cudaSuccess)
         return cudaGetLastError(), dc_fail("the CUDA GPU could not be used (events: %s)", cudaGetErrorString(e));
+    DC_TRY(dc_cuda_copy_start(c));
     dc_cuda_prof_start(c);
     return 0;
 }
@@ -343,6 +346,11 @@ extern "C" dc_backend *dc_backend_cuda_create(bool fp32) {
         .graph_free = cu_graph_free,
         .gemm_peak = dc_cuda_gemm_peak,
         .stream = cu_stream,
+        .alloc_pinned = dc_cuda_alloc_pinned,
+        .free_pinned = dc_cuda_free_pinned,
+        .copy_async = dc_cuda_copy_async,
+        .host_wait = dc_cuda_host_wait,
+        .wait_ticket = dc_cuda_wait_ticket,
     };
     return be;
 }

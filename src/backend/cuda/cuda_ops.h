@@ -12,6 +12,9 @@
 
 #define DC_CUDA_RING_BYTES ((size_t)32 << 20)  // pinned staging for uploads
 
+// Events of the asynchronous copy ring (copy_async's tickets).
+#define DC_CUDA_COPY_EVENTS 256
+
 // Doubles in the normalisation workspace (group and layer norm partial sums).
 #define DC_CUDA_NORM_WS ((int64_t)1 << 19)
 
@@ -41,6 +44,15 @@ typedef struct {
     char *ring;               // pinned upload staging ring
     size_t ring_head;
     cudaEvent_t ring_ev[8];   // the last copy out of each eighth of the ring
+    // Copies between device and pinned host memory beside the ops
+    // (copy_async): their own stream, which first waits for the ops queued
+    // so far (copy_after), and a ring of events, ticket t recorded in
+    // copy_ev[t % DC_CUDA_COPY_EVENTS]. A slot reused by a later copy makes
+    // a wait on the older ticket wait for the later one too: longer, never wrong.
+    cudaStream_t copy_stream;
+    cudaEvent_t copy_after;
+    cudaEvent_t copy_ev[DC_CUDA_COPY_EVENTS];
+    int64_t copies;           // tickets issued
     dc_cuda_alloc_rec *allocs;     // live allocations
     int nallocs, cap_allocs;
     size_t bytes_now, bytes_peak;  // device memory we hold
@@ -107,6 +119,16 @@ void dc_cuda_prof_report(dc_cuda_ctx *c);
 // Fails (-1, message set) for memory the GPU could not give: how much was
 // asked for, for what, and how much is free. Not recorded: the backend stays usable.
 int dc_cuda_fail_alloc(const char *what, size_t bytes, cudaError_t e);
+
+// ---- copies beside the ops (cuda_copy.cu) ----
+// The copy stream and its events (0, or -1 with a message); freed by dc_cuda_copy_free.
+int dc_cuda_copy_start(dc_cuda_ctx *c);
+void dc_cuda_copy_free(dc_cuda_ctx *c);
+void *dc_cuda_alloc_pinned(dc_backend *be, size_t bytes);
+void dc_cuda_free_pinned(dc_backend *be, void *p);
+int64_t dc_cuda_copy_async(dc_backend *be, void *dst, const void *src, size_t bytes, bool to_host);
+int dc_cuda_host_wait(dc_backend *be, int64_t ticket);
+void dc_cuda_wait_ticket(dc_backend *be, int64_t ticket);
 
 // ---- matrix products (cuda_linear.cu) ----
 void dc_cuda_linear_fwd(dc_backend *be, dc_buf out, dc_buf inp, dc_buf w, dc_buf b, int M, int K, int N);

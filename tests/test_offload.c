@@ -1,0 +1,264 @@
+// Optimizer offload (train/offload.h) on the CPU backend, against plain
+// training of a tiny DiT. On the CPU the offloaded step runs the same AdamW
+// kernel on the same gradient sums, so everything must match bit for bit:
+// - weights, EMA, both moments and every step's loss and gradient norm, over
+//   several steps with micro-batch accumulation (the running sums go down to
+//   the host and back up), with clipping (the norm before any update) and
+//   without (each unit updated by the worker thread during backward), with
+//   recompute, and with one micro-batch per step;
+// - checkpoints: an offloaded run writes the same file as a plain one, and
+//   resumes cross both ways (plain -> offload, offload -> plain) end where the
+//   uninterrupted run does;
+// - refusals: offload with several ranks or with ZeRO, and on a backend
+//   without the copy ops, fail with a message naming --offload.
+#include <cblas.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "check.h"
+#include "core/error.h"
+#include "dist/comm.h"
+#include "models/dit.h"
+#include "models/model_io.h"
+#include "tmpdir.h"
+#include "train/trainer.h"
+
+static const dc_dit_config k_model = {.input_size = 8, .patch = 4, .in_channels = 1, .hidden = 16, .depth = 3,
+                                      .heads = 2, .mlp_hidden = 32, .num_classes = 2, .learn_sigma = true};
+enum { STEPS = 4, BATCH = 6 };
+static const float k_clip = 0.02f;  // below every step's norm here: clipping acts each step
+
+static dc_dataset g_data;
+
+static void make_data(void) {
+    dc_dataset *ds = &g_data;
+    memset(ds, 0, sizeof *ds);
+    ds->n = 12, ds->channels = 1, ds->height = 8, ds->width = 8, ds->num_classes = 2;
+    ds->images = malloc(12 * 64 * sizeof *ds->images);
+    ds->labels = malloc(12 * sizeof *ds->labels);
+    for (int i = 0; i < 12 * 64; i++) ds->images[i] = (float)((i * 37) % 255) / 127.5f - 1.0f;
+    for (int i = 0; i < 12; i++) ds->labels[i] = i % 2;
+    ds->fingerprint = dc_dataset_fingerprint(ds);
+}
+
+typedef struct {
+    bool offload;
+    int micro, steps, recompute;  // micro-batch, the step to train up to, blocks keeping activations (0: off)
+    float clip;
+    const char *resume, *save;    // restore this checkpoint first / write one at the end (NULL: no)
+    float *state[5];              // weights (the model's), EMA, m, v, and the compute weights at the end
+    double loss[STEPS + 1], norm[STEPS + 1];  // each step's statistics, by step number
+    int64_t numel;
+} job;
+
+// The trainer's state as the checkpoint holds it (weights, EMA, m, v).
+static void read_state(const dc_trainer *tr, job *j) {
+    const dc_params *ps = tr->model->params;
+    size_t bytes = sizeof(float) * (size_t)ps->numel;
+    for (int b = 0; b < 5; b++) j->state[b] = malloc(bytes);
+    if (tr->offload) {
+        const dc_offload *o = tr->offload;
+        const float *st[4] = {o->master, o->ema, o->m, o->v};
+        for (int b = 0; b < 4; b++) memcpy(j->state[b], st[b], bytes);
+    } else {
+        const dc_buf st[4] = {ps->data, tr->ema, tr->adam_m, tr->adam_v};
+        for (int b = 0; b < 4; b++) tr->be->download(tr->be, j->state[b], st[b].p, bytes);
+    }
+    // what the next forward reads: the parameters' data on the CPU
+    tr->be->download(tr->be, j->state[4], ps->data.p, bytes);
+    j->numel = ps->numel;
+}
+
+static int train(job *j) {
+    dc_backend *be = NULL;
+    dc_dit m;
+    dc_trainer tr;
+    dc_st_file f;
+    memset(&m, 0, sizeof m), memset(&tr, 0, sizeof tr), memset(&f, 0, sizeof f);
+    bool open = false;
+    dc_train_config tc = dc_train_config_default();
+    tc.batch = BATCH, tc.micro_batch = j->micro, tc.steps = STEPS, tc.lr = 1e-3f, tc.ema_decay = 0.9f;
+    tc.hflip = true, tc.grad_clip = j->clip, tc.offload = j->offload;
+    int rc = dc_backend_create("cpu", &be);
+    if (!rc) rc = dc_dit_create(&m, &k_model, be, true);
+    if (!rc && j->recompute) rc = dc_dit_set_recompute(&m, j->recompute);
+    if (!rc && j->resume) rc = dc_st_open(&f, j->resume), open = rc == 0;
+    if (!rc) rc = j->resume ? dc_model_load_weights(&m.base, &f, "") : dc_dit_init_weights(&m, 5);
+    if (!rc) rc = dc_trainer_init(&tr, &m.base, &g_data, &tc);
+    if (!rc && j->resume) rc = dc_trainer_restore(&tr, &f);
+    if (open) dc_st_close(&f);
+    while (!rc && tr.step < j->steps) {
+        dc_step_stats st;
+        rc = dc_trainer_step(&tr, &st);
+        if (!rc) j->loss[tr.step] = st.loss, j->norm[tr.step] = st.grad_norm;
+    }
+    if (!rc && j->save) rc = dc_trainer_save(&tr, j->save, NULL);
+    if (!rc) read_state(&tr, j);
+    dc_trainer_free(&tr);
+    dc_dit_free(&m);
+    if (be) dc_backend_destroy(be);
+    return rc;
+}
+
+static void job_free(job *j) {
+    for (int b = 0; b < 5; b++) free(j->state[b]), j->state[b] = NULL;
+}
+
+static bool run(job *j, const char *what) {
+    int rc = train(j);
+    CHECK(rc == 0, "%s: %s", what, rc ? dc_error() : "");
+    return rc == 0;
+}
+
+// Whether j ended in exactly ref's state, with ref's statistics for steps
+// from..to (those j ran).
+static void check_same(const job *j, const job *ref, int from, const char *what) {
+    static const char *names[5] = {"weights", "EMA", "adam_m", "adam_v", "compute weights"};
+    if (!j->state[0] || !ref->state[0]) return;
+    for (int b = 0; b < 5; b++) {
+        int64_t diff = 0, first = -1;
+        for (int64_t i = 0; i < ref->numel; i++)
+            if (memcmp(&j->state[b][i], &ref->state[b][i], sizeof(float)) != 0) diff++, first = first < 0 ? i : first;
+        CHECK(diff == 0, "%s: %lld %s differ from the plain run's (first: element %lld, %.9g vs %.9g)", what,
+              (long long)diff, names[b], (long long)first, first < 0 ? 0.0 : j->state[b][first],
+              first < 0 ? 0.0 : ref->state[b][first]);
+    }
+    for (int s = from; s <= j->steps; s++) {
+        CHECK(isfinite(j->loss[s]) && j->loss[s] == ref->loss[s], "%s: step %d loss %.9g, plain %.9g", what, s,
+              j->loss[s], ref->loss[s]);
+        CHECK(isfinite(j->norm[s]) && j->norm[s] == ref->norm[s], "%s: step %d gradient norm %.9g, plain %.9g",
+              what, s, j->norm[s], ref->norm[s]);
+    }
+}
+
+static bool same_file(const char *a, const char *b) {
+    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+    bool same = fa && fb;
+    for (int ca = 0, cb = 0; same && ca != EOF;) ca = fgetc(fa), cb = fgetc(fb), same = ca == cb;
+    if (fa) fclose(fa);
+    if (fb) fclose(fb);
+    return same;
+}
+
+// Offload against plain training with the same settings.
+static void compare(int micro, float clip, int recompute, const char *what) {
+    job plain = {.micro = micro, .steps = STEPS, .clip = clip};
+    job off = {.offload = true, .micro = micro, .steps = STEPS, .clip = clip, .recompute = recompute};
+    char name[160];
+    snprintf(name, sizeof name, "offload, %s", what);
+    if (run(&plain, what) && run(&off, name)) {
+        check_same(&off, &plain, 1, name);
+        // clipping must have acted, or the test would not tell the two paths apart
+        if (clip > 0) CHECK(plain.norm[1] > clip, "%s: the norm %g does not reach the clip %g", what, plain.norm[1], clip);
+    }
+    job_free(&plain), job_free(&off);
+}
+
+// A trainer that fails to start: the message must name --offload.
+static void check_refused(int rc, const char *what) {
+    CHECK(rc != 0, "%s: accepted", what);
+    if (rc) CHECK(strstr(dc_error(), "--offload") != NULL, "%s: the message does not name --offload: %s", what,
+                  dc_error());
+}
+
+typedef struct {
+    int stage;
+    int rc;
+    char msg[512];
+} comm_job;
+
+// Rank 0 records what dc_trainer_set_comm says to offload beside ranks or ZeRO.
+static int set_comm_offload(dc_comm *c, void *arg) {
+    comm_job *cj = arg;
+    dc_backend *be = NULL;
+    dc_dit m;
+    dc_trainer tr;
+    memset(&m, 0, sizeof m), memset(&tr, 0, sizeof tr);
+    dc_train_config tc = dc_train_config_default();
+    tc.batch = BATCH, tc.micro_batch = BATCH, tc.offload = true;
+    int rc = dc_backend_create("cpu", &be);
+    if (!rc) rc = dc_dit_create(&m, &k_model, be, true);
+    if (!rc) rc = dc_dit_init_weights(&m, 5);
+    if (!rc) rc = dc_trainer_init(&tr, &m.base, &g_data, &tc);
+    int set = rc ? rc : dc_trainer_set_comm(&tr, c, cj->stage);
+    if (c->rank == 0) cj->rc = set, snprintf(cj->msg, sizeof cj->msg, "%s", set ? dc_error() : "");
+    dc_trainer_free(&tr);
+    dc_dit_free(&m);
+    if (be) dc_backend_destroy(be);
+    return 0;
+}
+
+static void refusals(void) {
+    for (int k = 0; k < 2; k++) {
+        comm_job cj = {.stage = k ? 1 : 0};
+        int ranks = k ? 1 : 2;
+        int rc = dc_comm_threads_run(ranks, set_comm_offload, &cj);
+        CHECK(rc == 0, "the thread communicator: %s", rc ? dc_error() : "");
+        CHECK(cj.rc != 0, "offload on %d ranks with ZeRO %d: accepted", ranks, cj.stage);
+        CHECK(strstr(cj.msg, "--offload") != NULL, "offload on %d ranks with ZeRO %d: the message does not name "
+              "--offload: %s", ranks, cj.stage, cj.msg);
+    }
+    // a backend that cannot copy beside its ops
+    dc_backend *be = NULL;
+    dc_dit m;
+    dc_trainer tr;
+    memset(&m, 0, sizeof m), memset(&tr, 0, sizeof tr);
+    dc_train_config tc = dc_train_config_default();
+    tc.batch = BATCH, tc.micro_batch = BATCH, tc.offload = true;
+    int rc = dc_backend_create("cpu", &be);
+    CHECK(rc == 0, "cpu backend: %s", rc ? dc_error() : "");
+    if (rc) return;
+    be->copy_async = NULL;
+    rc = dc_dit_create(&m, &k_model, be, true);
+    if (!rc) rc = dc_dit_init_weights(&m, 5);
+    CHECK(rc == 0, "model: %s", rc ? dc_error() : "");
+    if (!rc) check_refused(dc_trainer_init(&tr, &m.base, &g_data, &tc), "offload on a backend without copy_async");
+    CHECK(m.params.grad.p != NULL && m.params.unit_hook == NULL, "a refused offload changed the parameters");
+    dc_trainer_free(&tr);
+    dc_dit_free(&m);
+    dc_backend_destroy(be);
+}
+
+// Checkpoints: the same file either way, and resumes across.
+static void checkpoints(void) {
+    if (tmpdir_make("offload")) {
+        CHECK(0, "no scratch folder");
+        return;
+    }
+    const char *p2 = tmp_path("plain2.st"), *o2 = tmp_path("off2.st");
+    const char *p4 = tmp_path("plain4.st"), *o4 = tmp_path("off4.st");
+    job full = {.micro = 2, .steps = STEPS, .clip = k_clip, .save = p4};
+    job half_plain = {.micro = 2, .steps = 2, .clip = k_clip, .save = p2};
+    job half_off = {.offload = true, .micro = 2, .steps = 2, .clip = k_clip, .save = o2};
+    job off_full = {.offload = true, .micro = 2, .steps = STEPS, .clip = k_clip, .save = o4};
+    job p_to_o = {.offload = true, .micro = 2, .steps = STEPS, .clip = k_clip, .resume = p2};
+    job o_to_p = {.micro = 2, .steps = STEPS, .clip = k_clip, .resume = o2};
+    if (run(&full, "plain, 4 steps") && run(&half_plain, "plain, 2 steps") && run(&half_off, "offload, 2 steps") &&
+        run(&off_full, "offload, 4 steps")) {
+        CHECK(same_file(p2, o2), "after 2 steps the offloaded run's checkpoint differs from the plain run's");
+        CHECK(same_file(p4, o4), "after 4 steps the offloaded run's checkpoint differs from the plain run's");
+        if (run(&p_to_o, "plain checkpoint resumed with offload")) check_same(&p_to_o, &full, 3, "plain -> offload");
+        if (run(&o_to_p, "offloaded checkpoint resumed plain")) check_same(&o_to_p, &full, 3, "offload -> plain");
+    }
+    job *all[] = {&full, &half_plain, &half_off, &off_full, &p_to_o, &o_to_p};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) job_free(all[i]);
+    tmpdir_remove();
+}
+
+int main(void) {
+    openblas_set_num_threads(1);
+    make_data();
+    compare(2, 0.0f, 0, "3 micro-batches, no clipping");
+    compare(2, k_clip, 0, "3 micro-batches, clipping");
+    compare(BATCH, 0.0f, 0, "one micro-batch, no clipping");
+    compare(3, 0.0f, 1, "2 micro-batches, recompute (1 block keeps its activations)");
+    compare(3, k_clip, 1, "2 micro-batches, clipping, recompute");
+    checkpoints();
+    refusals();
+    free(g_data.images), free(g_data.labels);
+    printf("test_offload: %d passed, %d failed\n", g_pass, g_fail);
+    return g_fail != 0;
+}
