@@ -127,7 +127,23 @@ int dc_trainer_init(dc_trainer *tr, dc_model *model, const dc_dataset *data,
     dc_backend *be = tr->be;
     DC_TRY(dc_schedule_init_dit(&tr->sched, DC_DIFFUSION_STEPS, DC_DIFFUSION_STEPS));
     DC_TRY(dc_order_init(&tr->order, data->n, cfg->seed));
-    DC_TRY(dc_model_reserve(model, cfg->micro_batch));
+    // Offload first: the full gradient buffer it gives up is then gone before
+    // the activations arrive, so it never adds to the peak.
+    if (cfg->offload) {  // the EMA and moments start on the host (train/offload.c)
+        if (!(tr->offload = calloc(1, sizeof *tr->offload))) {
+            dc_trainer_free(tr);
+            return dc_fail("out of host memory for --offload");
+        }
+        if (dc_offload_init(tr->offload, model->params, be)) {
+            free(tr->offload), tr->offload = NULL;
+            dc_trainer_free(tr);
+            return -1;
+        }
+    }
+    if (dc_model_reserve(model, cfg->micro_batch)) {
+        dc_trainer_free(tr);
+        return -1;
+    }
 
     int64_t np = model->params->numel, mb = cfg->micro_batch;
     int64_t img = (int64_t)mi->channels * mi->height * mi->width;
@@ -158,15 +174,7 @@ int dc_trainer_init(dc_trainer *tr, dc_model *model, const dc_dataset *data,
         dc_trainer_free(tr);
         return dc_fail("out of memory for the training state");
     }
-    if (cfg->offload) {  // the EMA and moments start on the host (train/offload.c)
-        tr->offload = calloc(1, sizeof *tr->offload);
-        if (!tr->offload || dc_offload_init(tr->offload, model->params, be)) {
-            free(tr->offload), tr->offload = NULL;
-            dc_trainer_free(tr);
-            return -1;
-        }
-        return 0;
-    }
+    if (cfg->offload) return 0;
     be->copy(be, tr->ema.p, model->params->data.p, (size_t)np * sizeof(float));
     be->zero(be, tr->adam_m.p, (size_t)np * sizeof(float));
     be->zero(be, tr->adam_v.p, (size_t)np * sizeof(float));
