@@ -127,8 +127,9 @@ int dc_trainer_init(dc_trainer *tr, dc_model *model, const dc_dataset *data,
     dc_backend *be = tr->be;
     DC_TRY(dc_schedule_init_dit(&tr->sched, DC_DIFFUSION_STEPS, DC_DIFFUSION_STEPS));
     DC_TRY(dc_order_init(&tr->order, data->n, cfg->seed));
-    // Offload first: the full gradient buffer it gives up is then gone before
-    // the activations arrive, so it never adds to the peak.
+    // The activations are planned at the first step, after offload or ZeRO
+    // (dc_trainer_set_comm) have taken over the full gradient buffer and the
+    // moments they shard or move: those never sit beside the activations.
     if (cfg->offload) {  // the EMA and moments start on the host (train/offload.c)
         if (!(tr->offload = calloc(1, sizeof *tr->offload))) {
             dc_trainer_free(tr);
@@ -139,10 +140,6 @@ int dc_trainer_init(dc_trainer *tr, dc_model *model, const dc_dataset *data,
             dc_trainer_free(tr);
             return -1;
         }
-    }
-    if (dc_model_reserve(model, cfg->micro_batch)) {
-        dc_trainer_free(tr);
-        return -1;
     }
 
     int64_t np = model->params->numel, mb = cfg->micro_batch;
@@ -280,6 +277,7 @@ int dc_trainer_step(dc_trainer *tr, dc_step_stats *st) {
 
     // Nothing here waits for the backend: losses and the gradient norm stay
     // there until dc_trainer_stats reads them.
+    if (!tr->started) DC_TRY(dc_model_reserve(m, c->micro_batch));
     tr->started = true;
     if (tr->zero) dc_zero_begin_step(tr->zero);
     else if (!tr->offload) be->zero(be, ps->grad.p, (size_t)np * sizeof(float));
