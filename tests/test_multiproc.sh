@@ -76,6 +76,15 @@ wait $a; ra=$?; wait $b; rb=$?
 [ $ra -eq 0 ] && [ $rb -eq 0 ] && cmp -s "$TMP/one/step_0000003.safetensors" "$TMP/tr/step_0000003.safetensors" \
   && pass "ranks started as torchrun does write the checkpoint of one rank" \
   || fail "torchrun-style ranks: exit $ra $rb; $(tail -2 "$TMP/tr0.log" "$TMP/tr1.log")"
+# a rank started with another setting must not train its own variant silently
+p=$(free_port)
+rank 0 2 "$p" "${T[@]}" --steps 3 --out "$TMP/lr" 2> "$TMP/lr0.log"; a=$!
+rank 1 2 "$p" "${T[@]}" --steps 3 --lr 0.0002 --out "$TMP/lr" 2> "$TMP/lr1.log"; b=$!
+wait $a; ra=$?; wait $b; rb=$?
+[ $ra -ne 0 ] && [ $rb -ne 0 ] && grep -q "rank 1 trains other settings than rank 0" "$TMP/lr0.log" "$TMP/lr1.log" \
+  && [ ! -e "$TMP/lr/step_0000003.safetensors" ] \
+  && pass "ranks with different settings stop before training, saying so" \
+  || fail "ranks with different --lr: exit $ra $rb; $(tail -2 "$TMP/lr0.log" "$TMP/lr1.log")"
 
 # ---- a diverging run (inf or NaN in the losses of some images, so in one
 # rank's share): every rank stops naming the step, and no checkpoint is

@@ -410,7 +410,9 @@ int cmd_train(int argc, char **argv) {
     if ((job.comm || zero) && dc_trainer_set_comm(&tr, job.comm, zero)) goto fail;
     // Every rank is ready (one that failed to get here has told the others),
     // at the same step of the same run.
-    if (train_ranks_agree(&job, true, "start") || train_ranks_same(&job, tr.step, "step")) goto fail;
+    if (train_ranks_agree(&job, true, "start") || train_ranks_same(&job, tr.step, "step") ||
+        train_ranks_same_settings(&job, m, &tc, ds.fingerprint))
+        goto fail;
     if (tr.step >= tc.steps) {
         if (lead) dc_log("the run is already at step %lld of %d; nothing to do (raise --steps)", (long long)tr.step, tc.steps);
         status = 0;

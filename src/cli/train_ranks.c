@@ -6,6 +6,8 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "core/hash.h"
+#include "io/kv.h"
 
 int train_ranks_plan(train_ranks *tr, int ranks, int gpus, const char *device, int *spawn) {
     memset(tr, 0, sizeof *tr);
@@ -103,6 +105,39 @@ int train_ranks_same(train_ranks *tr, int64_t value, const char *what) {
         if (all[q] != all[0])
             rc = dc_fail("rank %d is at %s %lld but rank 0 at %lld: the ranks do not see the same files", q, what,
                          (long long)all[q], (long long)all[0]);
+    free(all);
+    return rc;
+}
+
+// The settings as text (the checkpoint's metadata) hashed, with the data.
+static int settings_hash(const dc_model *m, const dc_train_config *tc, uint64_t data, uint64_t *out) {
+    dc_kv kv = {0};
+    int rc = dc_model_config_to_kv(m, &kv);
+    if (!rc) rc = dc_train_config_to_kv(tc, &kv);
+    dc_xxh64_state h;
+    dc_xxh64_init(&h, 0);
+    for (int i = 0; !rc && i < kv.n; i++) {
+        dc_xxh64_update(&h, kv.keys[i], strlen(kv.keys[i]) + 1);
+        dc_xxh64_update(&h, kv.values[i], strlen(kv.values[i]) + 1);
+    }
+    dc_xxh64_update_u64(&h, data);
+    dc_kv_free(&kv);
+    *out = dc_xxh64_digest(&h);
+    return rc;
+}
+
+int train_ranks_same_settings(train_ranks *tr, const dc_model *m, const dc_train_config *tc, uint64_t data) {
+    if (!tr->rv) return 0;
+    uint64_t mine = 0;
+    DC_TRY(settings_hash(m, tc, data, &mine));
+    const int n = tr->launch.size;
+    uint64_t *all = malloc(sizeof(uint64_t) * (size_t)n);
+    if (!all) return dc_fail("out of memory");
+    int rc = dc_rendezvous_all_gather(tr->rv, &mine, all, sizeof mine);
+    for (int q = 1; q < n && !rc; q++)
+        if (all[q] != all[0])
+            rc = dc_fail("rank %d trains other settings than rank 0 (the model, a training flag or the data set "
+                         "differs): start every rank with the same command and files", q);
     free(all);
     return rc;
 }

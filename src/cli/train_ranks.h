@@ -10,6 +10,8 @@
 #include "dist/comm_net.h"
 #include "dist/launch.h"
 #include "dist/rendezvous.h"
+#include "models/model.h"
+#include "train/trainer.h"
 
 typedef struct {
     dc_launch launch;   // who this process is (rank 0 of 1 without a launcher)
@@ -42,5 +44,10 @@ int train_ranks_agree(train_ranks *tr, bool ok, const char *what);
 // This rank is failing with dc_error(): the others stop too, with its message.
 // Every rank has the same `value` of `what` (the step resumed from, say).
 int train_ranks_same(train_ranks *tr, int64_t value, const char *what);
+// Every rank trains the same model with the same settings on the same data:
+// a hash of the model's and the training's settings and the data set's
+// fingerprint, compared across ranks (a rank started with another --lr or
+// another data file would otherwise train its own variant silently).
+int train_ranks_same_settings(train_ranks *tr, const dc_model *m, const dc_train_config *tc, uint64_t data);
 void train_ranks_abort(train_ranks *tr);
 void train_ranks_end(train_ranks *tr);
