@@ -300,6 +300,17 @@ int dc_dit_set_recompute(dc_dit *m, int keep) {
     return 0;
 }
 
+int64_t dc_dit_activation_bytes(dc_dit *m, int max_batch, int keep) {
+    dc_dit_acts a = {0};
+    a.training = true;
+    a.keep = keep < 0 || keep > m->cfg.depth ? m->cfg.depth : keep;
+    if (max_batch < 1 || !(a.blocks = calloc((size_t)m->cfg.depth, sizeof *a.blocks))) return -1;
+    carver cv = {NULL, 0, m->be->compute};  // no base: the plan's size only
+    carve(m, &cv, &a, max_batch);
+    free(a.blocks);
+    return (int64_t)cv.used;
+}
+
 int dc_dit_reserve(dc_dit *m, int max_batch) {
     if (max_batch < 1) return dc_fail("batch size must be at least 1");
     // Ops index with int: every activation must hold fewer than 2^31 elements.

@@ -71,6 +71,11 @@ int dc_dit_reserve(dc_dit *m, int max_batch);
 // those blocks and saves all but one fp32 [B, T, D] stream of each. Replans
 // the activations (reserve again).
 int dc_dit_set_recompute(dc_dit *m, int keep);
+// The bytes a training reserve for batches of max_batch with `keep` blocks
+// keeping their activations (-1: all) would allocate for activations, planned
+// exactly as the reserve plans them but without allocating; -1 on a bad batch
+// or no memory. (For memory planners: the backend's own workspaces come on top.)
+int64_t dc_dit_activation_bytes(dc_dit *m, int max_batch, int keep);
 
 // out[B, OC, H, W] = model(x[B, C, H, W], t[B] float timesteps, y[B] int32 labels).
 // All buffers live on the model's backend. B <= max_batch. Like every
