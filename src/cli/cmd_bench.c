@@ -15,6 +15,7 @@
 #include "core/log.h"
 #include "core/rng.h"
 #include "diffusion/sampler.h"
+#include "train/plan.h"
 #include "train/trainer.h"
 
 static int eval_model(void *ctx, dc_buf out, dc_buf x, dc_buf t, const dc_cond *cond, int B) {
@@ -95,15 +96,15 @@ static int print_zero_state(const dc_params *ps, int size, int stage, dc_dtype c
 // per rank (as PyTorch DDP counts its batch), so one step is batch x ranks
 // images; the gradients are reduced by the trainer's communicator exactly as
 // in `diffusion train --zero`. Rank 0 prints.
-static int bench_train(train_ranks *job, const dc_dit_config *mc, dc_backend *be, int batch, int iters, int warm,
-                       int recompute, int zero, bool offload) {
+static int bench_train(train_ranks *job, const dc_dit_config *mc, dc_backend *be, int batch, int micro, int iters,
+                       int warm, int recompute, int zero, bool offload) {
     const int size = job->launch.size;
     const bool lead = train_ranks_lead(job);
     dc_dataset ds = {0};
     dc_model *m = NULL;
     dc_trainer tr = {0};
     dc_train_config tc = dc_train_config_default();
-    tc.batch = batch * size, tc.micro_batch = batch;
+    tc.batch = batch * size, tc.micro_batch = micro;
     tc.steps = iters + warm;
     tc.offload = offload;
     int rc = -1;
@@ -218,7 +219,8 @@ done:
 int cmd_bench(int argc, char **argv) {
     for (int k = 1; k < argc; k++)  // Stable Diffusion: its own flags
         if (!strcmp(argv[k], "--sd") || !strncmp(argv[k], "--sd=", 5)) return cmd_bench_sd(argc, argv);
-    const char *model = NULL, *device = "auto", *precision = "auto";
+    const char *model = NULL, *device = "auto", *precision = "auto", *max_mem = NULL;
+    int64_t budget = 0;
     int batch = 64, iters = 5, warm = 1, sample_batch = 32, sample_steps = 10, threads = 0, latency = 1;
     int recompute = -1, ranks = 0, gpus = 0, zero = 0;
     float cfg = 4.0f, comm_timeout = 300;
@@ -248,6 +250,10 @@ int cmd_bench(int argc, char **argv) {
                                       "(gradients too); needs several ranks"},
         {"comm-timeout", ARG_FLOAT, &comm_timeout, "S", "seconds a rank waits for the others before it calls "
                                                          "the job hung"},
+        {"max-gpu-memory", ARG_STR, &max_mem, "SIZE", "training with the fastest micro-batch, --recompute and "
+                                                      "--offload whose predicted peak device memory fits in SIZE "
+                                                      "(8G, 7.5GiB, 8000M), printed as the plan; --recompute or "
+                                                      "--offload given stay as given (default: off)"},
     };
     arg_parser ap = {"diffusion bench [--model NAME] [flags]",
                      "Times training steps and sampling steps of a model on synthetic data and\n"
@@ -279,6 +285,7 @@ int cmd_bench(int argc, char **argv) {
     if (gpus && !strcmp(device, "cpu"))
         return dc_fail("--gpus runs one rank per GPU; with --device cpu use --ranks N"), cli_usage_fail();
     if (cli_check_device_flags(threads, device, precision)) return cli_usage_fail();
+    if (max_mem && dc_parse_size(max_mem, &budget)) return dc_fail_ctx("--max-gpu-memory"), cli_usage_fail();
     dc_dit_config mc = cli_demo_model();
     if (model && dc_dit_config_from_name(model, &mc)) return cli_usage_fail();
 
@@ -321,7 +328,24 @@ int cmd_bench(int argc, char **argv) {
                g_peak_tflops, dc_dtype_name(be->compute));
     }
     fflush(stdout);
-    rc = bench_train(&job, &mc, be, batch, iters, warm, recompute, zero, offload);
+    int micro = batch;
+    if (max_mem) {  // the fastest plan that fits; --recompute and --offload given fix their part of it
+        size_t held = 0;
+        if (be->memory) be->memory(be, &held, NULL);  // the backend's own workspaces: no model exists yet
+        dc_plan_request rq = {.cfg = mc, .compute = be->compute, .fixed = (int64_t)held, .batch = batch * size,
+                              .ranks = size, .zero = zero, .micro_batch = 0,
+                              .keep = recompute >= 0 ? (recompute < mc.depth ? recompute : mc.depth) : -1,
+                              .offload = offload ? 1 : -1};
+        dc_train_plan plan;
+        dc_plan_mem pm;
+        if (dc_plan_choose(&rq, budget, &plan, &pm, NULL)) goto done;
+        char line[256];
+        dc_plan_describe(&rq, &plan, &pm, budget, line, sizeof line);
+        if (lead) printf("%s\n", line), fflush(stdout);
+        micro = plan.micro_batch, offload = plan.offload;
+        recompute = plan.keep < mc.depth ? plan.keep : -1;
+    }
+    rc = bench_train(&job, &mc, be, batch, micro, iters, warm, recompute, zero, offload);
     // Sampling involves no communication: with several ranks it is not timed.
     if (!rc && size == 1 && sample_batch > 0) rc = bench_sample(&mc, be, sample_batch, sample_steps, cfg);
     if (!rc && size == 1 && sample_batch > 1 && latency) rc = bench_sample(&mc, be, 1, sample_steps, cfg);

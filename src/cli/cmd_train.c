@@ -19,6 +19,7 @@
 #include "io/json.h"
 #include "models/dit_io.h"
 #include "models/model_io.h"
+#include "train/plan.h"
 #include "train/trainer.h"
 
 // Ctrl-C, SIGTERM, SIGHUP (the terminal closed) and SIGPIPE (the log's reader
@@ -140,7 +141,8 @@ int cmd_train(int argc, char **argv) {
     for (int i = 1; i < argc; i++) official |= !strcmp(argv[i], "--model") || !strncmp(argv[i], "--model=", 8);
     dc_train_config tc = official ? dc_train_config_default() : cli_demo_train();
     const char *model = NULL, *data_path = DC_FMNIST_DIR, *out = "runs/train", *resume = NULL;
-    const char *device = "auto", *precision = "auto";
+    const char *device = "auto", *precision = "auto", *max_mem = NULL;
+    int64_t budget = 0;
     int ckpt_every = 500, keep = 3, log_every = 50, threads = 0, heads = 0, recompute = -1;
     int ranks = 0, gpus = 0, zero = 0;
     float comm_timeout = 300;
@@ -202,6 +204,10 @@ int cmd_train(int argc, char **argv) {
                                                          "a step) before it calls the job hung and stops"},
         {"offload", ARG_FLAG, &offload, NULL, "keep the fp32 master weights, AdamW moments and EMA in host memory "
                                               "and run AdamW + EMA on the CPU beside the GPU's backward (one rank)"},
+        {"max-gpu-memory", ARG_STR, &max_mem, "SIZE", "pick the fastest --micro-batch, --recompute and --offload whose "
+                                                      "predicted peak device memory fits in SIZE (8G, 7.5GiB, "
+                                                      "8000M) and print the plan; those of the three given on the "
+                                                      "command line stay as given (default: off)"},
     };
     arg_parser ap = {"diffusion train [flags]",
                      "Trains a class-conditional DiT with the official objective (eps MSE plus the\n"
@@ -225,6 +231,8 @@ int cmd_train(int argc, char **argv) {
     if (args_given(&ap, "recompute") && recompute < 0)
         return dc_fail("--recompute %d: blocks that keep their activations, 0 or more", recompute), cli_usage_fail();
     if (cli_check_device_flags(threads, device, precision)) return cli_usage_fail();
+    if (max_mem && dc_parse_size(max_mem, &budget))
+        return dc_fail_ctx("--max-gpu-memory"), cli_usage_fail();
     if (flip) tc.hflip = true;
     if (!args_given(&ap, "micro-batch")) tc.micro_batch = tc.batch;
     if (resume) {
@@ -232,7 +240,8 @@ int cmd_train(int argc, char **argv) {
         static const char *k_free[] = {"resume", "steps", "out", "data", "ckpt-every", "keep",
                                        "log-every", "threads", "device", "precision", "force",
                                        "allow-data-change", "no-verify", "recompute",
-                                       "ranks", "gpus", "zero", "comm-timeout", "offload"};
+                                       "ranks", "gpus", "zero", "comm-timeout", "offload",
+                                       "max-gpu-memory"};
         for (int i = 0; i < ap.nspecs; i++) {
             bool free_flag = false;
             for (size_t k = 0; k < sizeof k_free / sizeof k_free[0]; k++)
@@ -392,6 +401,23 @@ int cmd_train(int argc, char **argv) {
     if (dc_utf8_invalid_at(data_path, strlen(data_path)) >= 0) {
         dc_fail("data path '%s' is not valid UTF-8 (checkpoints record it); rename it", data_path);
         goto fail;
+    }
+    if (max_mem) {  // the fastest plan that fits; the flags given fix their part of it
+        size_t held = 0;
+        if (be->memory) be->memory(be, &held, NULL);  // the backend's own workspaces: nothing else is held yet
+        dc_plan_request rq = {.cfg = mc, .compute = be->compute, .fixed = (int64_t)held, .batch = tc.batch,
+                              .ranks = job.launch.size, .zero = zero,
+                              .micro_batch = resume || args_given(&ap, "micro-batch") ? tc.micro_batch : 0,
+                              .keep = recompute >= 0 ? (recompute < mc.depth ? recompute : mc.depth) : -1,
+                              .offload = offload ? 1 : -1};
+        dc_train_plan plan;
+        dc_plan_mem pm;
+        if (dc_plan_choose(&rq, budget, &plan, &pm, NULL)) goto fail;
+        char line[256];
+        dc_plan_describe(&rq, &plan, &pm, budget, line, sizeof line);
+        if (lead) dc_log("%s", line);
+        tc.micro_batch = plan.micro_batch, offload = plan.offload;
+        recompute = plan.keep < mc.depth ? plan.keep : -1;
     }
     if (dc_dit_new(&mc, be, true, &m)) goto fail;
     if (recompute >= 0 && dc_dit_set_recompute(dc_dit_of(m), recompute)) goto fail;

@@ -535,3 +535,29 @@ int dc_dit_new(const dc_dit_config *cfg, dc_backend *be, bool with_grad, dc_mode
     *out = &m->base;
     return 0;
 }
+
+// For memory planners that run before any model exists: the parameters of a
+// DiT of `cfg` registered (names, shapes, units) but not allocated, and the
+// activation arena a training reserve would plan on a backend computing in
+// `compute`. dc_params_free releases ps.
+int dc_dit_params_layout(const dc_dit_config *cfg, dc_params *ps) {
+    DC_TRY(dc_dit_config_validate(cfg));
+    dc_dit m = {.cfg = *cfg};
+    int rc = build_modules(&m);
+    if (m.mods) free(m.mods->blocks), free(m.mods);
+    if (rc) return dc_params_free(&m.params), -1;
+    *ps = m.params;
+    return 0;
+}
+
+int64_t dc_dit_config_activation_bytes(const dc_dit_config *cfg, dc_dtype compute, int max_batch, int keep) {
+    dc_dit m = {.cfg = *cfg};
+    dc_dit_acts a = {0};
+    a.training = true;
+    a.keep = keep < 0 || keep > cfg->depth ? cfg->depth : keep;
+    if (max_batch < 1 || !(a.blocks = calloc((size_t)cfg->depth, sizeof *a.blocks))) return -1;
+    carver cv = {NULL, 0, compute};
+    carve(&m, &cv, &a, max_batch);
+    free(a.blocks);
+    return (int64_t)cv.used;
+}

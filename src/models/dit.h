@@ -76,6 +76,11 @@ int dc_dit_set_recompute(dc_dit *m, int keep);
 // exactly as the reserve plans them but without allocating; -1 on a bad batch
 // or no memory. (For memory planners: the backend's own workspaces come on top.)
 int64_t dc_dit_activation_bytes(dc_dit *m, int max_batch, int keep);
+// The same plan before any model exists, for a backend computing in `compute`.
+int64_t dc_dit_config_activation_bytes(const dc_dit_config *cfg, dc_dtype compute, int max_batch, int keep);
+// The parameters of a DiT of `cfg` registered (names, shapes, units) but not
+// allocated, for memory planners; dc_params_free releases them.
+int dc_dit_params_layout(const dc_dit_config *cfg, dc_params *ps);
 
 // out[B, OC, H, W] = model(x[B, C, H, W], t[B] float timesteps, y[B] int32 labels).
 // All buffers live on the model's backend. B <= max_batch. Like every

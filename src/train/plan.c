@@ -1,0 +1,156 @@
+#include "train/plan.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "dist/comm.h"
+#include "train/offload.h"
+#include "train/zero.h"
+
+#define GIB 1073741824.0
+
+int dc_parse_size(const char *s, int64_t *bytes) {
+    char *end = NULL;
+    errno = 0;
+    double v = s && *s && !isspace((unsigned char)*s) ? strtod(s, &end) : NAN;
+    if (!end || end == s || errno || !isfinite(v) || !(v > 0))
+        return dc_fail("'%s' is not a memory size (a positive number and a unit: 8G, 7.5GiB, 8000M)", s ? s : "");
+    static const char units[] = "KMGT";
+    const char *u = *end ? strchr(units, toupper((unsigned char)*end)) : NULL;
+    if (!u || !(end[1] == 0 || !strcmp(end + 1, "iB")))
+        return dc_fail("'%s': the size needs a unit K, M, G or T (binary: G = GiB = 2^30 bytes), as in 8G or "
+                       "8000MiB", s);
+    double b = v * pow(1024.0, (double)(u - units + 1));
+    if (b < 1 || b > 9.0e18) return dc_fail("'%s' is not a usable memory size", s);
+    *bytes = (int64_t)b;
+    return 0;
+}
+
+// "7.41 GiB", or "12.3 MiB" below a GiB.
+static const char *size_str(int64_t b, char *buf) {
+    if (b >= GIB) snprintf(buf, 32, "%.2f GiB", b / GIB);
+    else snprintf(buf, 32, "%.1f MiB", b / 1048576.0);
+    return buf;
+}
+
+// The images one rank trains per step (rank 0's share: the largest).
+static int share_of(const dc_plan_request *r) {
+    int begin, count;
+    dc_batch_split(r->batch, r->ranks, 0, &begin, &count);
+    return count;
+}
+
+int dc_plan_predict(const dc_plan_request *r, const dc_train_plan *p, dc_plan_mem *out) {
+    const dc_dit_config *c = &r->cfg;
+    if (p->micro_batch < 1 || p->micro_batch > r->batch || p->keep < 0 || p->keep > c->depth)
+        return dc_fail("plan: micro-batch %d of %d, %d of %d blocks keeping activations", p->micro_batch,
+                       r->batch, p->keep, c->depth);
+    if (p->offload && (r->ranks > 1 || r->zero))
+        return dc_fail("--offload runs on one rank for now: it cannot be combined with %s",
+                       r->zero ? "--zero" : "several ranks");
+    dc_params ps = {0};
+    DC_TRY(dc_dit_params_layout(c, &ps));
+    const int64_t P = ps.numel, mb = p->micro_batch;
+    dc_plan_mem m = {0};
+    // nn/params.c: the fp32 parameters, their gradients, the compute copy
+    m.weights = 4 * P + (r->compute != DC_F32 ? P * (int64_t)dc_dtype_size(r->compute) : 0);
+    const int64_t full_grad = 4 * P;
+    // train/trainer.c: x0, xt, eps [mb, C, H, W], out, dout [mb, OC, H, W] F32,
+    // t and y [mb], the step's losses [batch, 2] and gstats [2]
+    int64_t img = (int64_t)c->in_channels * c->input_size * c->input_size;
+    int64_t oimg = (int64_t)dc_dit_out_channels(c) * c->input_size * c->input_size;
+    m.trainer = 4 * (3 * mb * img + 2 * mb * oimg + 2 * mb + 2 * (int64_t)r->batch + 2);
+    m.activations = dc_dit_config_activation_bytes(c, r->compute, p->micro_batch, p->keep);
+    m.fixed = r->fixed;
+    int rc = 0;
+    if (m.activations < 0) rc = dc_fail("plan: the activations of micro-batch %d", p->micro_batch);
+    if (!rc && p->offload) {
+        // train/offload.c: two unit buckets, allocated before the gradient buffer is freed
+        m.grads = dc_offload_device_bytes(&ps);
+        m.setup = m.weights + full_grad + m.grads + m.fixed;
+    } else if (!rc && r->zero == 0) {
+        m.grads = full_grad, m.optimizer = 12 * P;  // AdamW m, v and the EMA
+        m.setup = m.weights + m.grads + m.optimizer + m.trainer + m.fixed;
+    } else if (!rc) {
+        // train/zero.c: five shard buffers (master, m, v, EMA, gradients), one
+        // bucket (stage 2: two), the norms; they join the full state, which is
+        // then freed (and stage 2's full gradient buffer)
+        dc_zero_mem z;  // stage 2's figures give the shard S (master: 4 S) and the bucket (grads: 4 S + 8 bucket)
+        rc = dc_zero_mem_of(&ps, r->ranks, 2, r->compute, &z);
+        int64_t S4 = z.master, bucket4 = (z.grads - z.master) / 2;
+        int64_t zallocs = 5 * S4 + (r->zero == 2 ? 2 : 1) * bucket4 + 4 * (int64_t)r->ranks + 8;
+        m.grads = S4 + (r->zero == 2 ? 2 : 1) * bucket4 + (r->zero == 1 ? full_grad : 0);
+        m.optimizer = zallocs - S4 - (r->zero == 2 ? 2 : 1) * bucket4;
+        m.setup = m.weights + full_grad + 12 * P + m.trainer + zallocs + m.fixed;
+    }
+    dc_params_free(&ps);
+    DC_TRY(rc);
+    int64_t step = m.weights + m.grads + m.optimizer + m.trainer + m.activations + m.fixed;
+    m.peak = step > m.setup ? step : m.setup;
+    *out = m;
+    return 0;
+}
+
+double dc_plan_cost(const dc_plan_request *r, const dc_train_plan *p) {
+    const int share = share_of(r), micro = (share + p->micro_batch - 1) / p->micro_batch;
+    const double recomputed = (double)(r->cfg.depth - p->keep) / r->cfg.depth;
+    double t = (1 + recomputed / 3) * (1 + 2.0 / p->micro_batch) / (1 + 2.0 / share);
+    return p->offload ? t + 1.30 + 0.65 * (micro - 1) : t;
+}
+
+int dc_plan_choose(const dc_plan_request *r, int64_t budget, dc_train_plan *best, dc_plan_mem *best_mem,
+                   dc_train_plan *runner_up) {
+    const int D = r->cfg.depth, share = share_of(r);
+    if (r->batch < 1 || r->ranks < 1 || share < 1)
+        return dc_fail("plan: batch %d on %d ranks", r->batch, r->ranks);
+    bool may_offload = r->ranks == 1 && r->zero == 0;
+    int off_lo = r->offload >= 0 ? r->offload : 0, off_hi = r->offload >= 0 ? r->offload : may_offload;
+    int keep_lo = r->keep >= 0 ? r->keep : 0, keep_hi = r->keep >= 0 ? r->keep : D;
+    dc_train_plan none = {0}, small = {0};
+    dc_plan_mem smallest = {.peak = INT64_MAX};
+    double best_cost = INFINITY, second_cost = INFINITY;
+    *best = none;
+    if (runner_up) *runner_up = none;
+    // micro-batch: the user's, or the rank's share halved down to 1
+    for (int mb = r->micro_batch > 0 ? r->micro_batch : share; mb >= 1; mb = r->micro_batch > 0 ? 0 : mb / 2)
+        for (int keep = keep_hi; keep >= keep_lo; keep--)
+            for (int off = off_lo; off <= off_hi; off++) {
+                dc_train_plan p = {mb, keep, off == 1};
+                dc_plan_mem m;
+                DC_TRY(dc_plan_predict(r, &p, &m));
+                if (m.peak < smallest.peak) smallest = m, small = p;
+                if (m.peak > budget) continue;
+                double cost = dc_plan_cost(r, &p);
+                bool better = cost < best_cost - 1e-12 || (cost < best_cost + 1e-12 && m.peak < best_mem->peak);
+                if (best->micro_batch && better) {
+                    if (runner_up) *runner_up = *best;
+                    second_cost = best_cost;
+                } else if (!better && cost < second_cost && runner_up) {
+                    *runner_up = p, second_cost = cost;
+                }
+                if (!best->micro_batch || better) *best = p, *best_mem = m, best_cost = cost;
+            }
+    if (best->micro_batch) return 0;
+    char what[256];
+    dc_plan_describe(r, &small, &smallest, 0, what, sizeof what);
+    char b1[32], b2[32];
+    return dc_fail("--max-gpu-memory %s: no training plan fits; the smallest needs %s (%s)", size_str(budget, b1),
+                   size_str(smallest.peak, b2), what + strlen("plan: "));
+}
+
+void dc_plan_describe(const dc_plan_request *r, const dc_train_plan *p, const dc_plan_mem *m, int64_t budget,
+                      char *buf, size_t n) {
+    const int D = r->cfg.depth;
+    char rec[96];
+    if (p->keep >= D) snprintf(rec, sizeof rec, "recompute off (all %d blocks keep activations)", D);
+    else snprintf(rec, sizeof rec, "recompute %d (%d of %d blocks keep activations)", p->keep, p->keep, D);
+    char b1[32], b2[32];
+    int k = snprintf(buf, n, "plan: micro-batch %d, %s, offload %s: predicted peak %s", p->micro_batch, rec,
+                     p->offload ? "yes" : "no", size_str(m->peak, b1));
+    if (budget > 0 && k > 0 && (size_t)k < n) snprintf(buf + k, n - (size_t)k, " of %s", size_str(budget, b2));
+}

@@ -1,0 +1,215 @@
+// The training memory planner (train/plan.h):
+// - memory sizes parse with binary units and junk is refused;
+// - on the CPU backend, whose every allocation is counted here by wrapping its
+//   alloc and free, the predicted peak equals the bytes the trainer and model
+//   really hold at their peak (setting up and over two steps), for plans with
+//   and without offload, recompute and accumulation; the activation prediction
+//   equals the arena dc_dit_reserve allocates;
+// - the planner never picks a slower plan for a larger budget, refuses a budget
+//   below the smallest plan naming its size, and for DiT-XL/2 at batch 64 in
+//   bf16 with 8 GiB picks offload with recompute, predicted under 8 GiB.
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "check.h"
+#include "core/error.h"
+#include "models/dit.h"
+#include "train/plan.h"
+#include "train/trainer.h"
+
+#define GIB 1073741824.0
+// The CUDA backend's own workspaces: 64 MiB for cuBLASLt, 4 MiB of doubles for
+// the normalisations (cuda_backend.cu), as its memory() counts them.
+static const int64_t k_cuda_fixed = (64 << 20) + (1 << 19) * 8;
+
+static void test_sizes(void) {
+    struct { const char *s; int64_t want; } ok[] = {
+        {"8G", 8LL << 30}, {"8GiB", 8LL << 30}, {"7.5G", 15LL << 29}, {"8000M", 8000LL << 20},
+        {"8000MiB", 8000LL << 20}, {"512k", 512LL << 10}, {"1T", 1LL << 40},
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        int64_t b = 0;
+        int rc = dc_parse_size(ok[i].s, &b);
+        CHECK(rc == 0 && b == ok[i].want, "'%s' -> %lld (rc %d), want %lld", ok[i].s, (long long)b, rc,
+              (long long)ok[i].want);
+    }
+    const char *bad[] = {"", "8", "G", "8X", "-1G", "0G", "8GB", "8Gi", "8 G", " 8G", "nanG", "infG", "1e30G", "8G8"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int64_t b = -7;
+        CHECK(dc_parse_size(bad[i], &b) != 0 && b == -7, "'%s' was accepted as %lld bytes", bad[i], (long long)b);
+    }
+}
+
+// ---- the CPU backend with every allocation counted -----------------------------------
+static dc_backend *g_cpu;
+typedef struct { void *p; size_t bytes; } rec;
+static rec g_live[256];
+static int g_nlive;
+static int64_t g_now, g_peak;
+
+static void *count_alloc(dc_backend *be, size_t bytes) {
+    (void)be;
+    void *p = g_cpu->alloc(g_cpu, bytes);
+    if (p && g_nlive < 256) {
+        g_live[g_nlive++] = (rec){p, bytes};
+        g_now += (int64_t)bytes;
+        if (g_now > g_peak) g_peak = g_now;
+    }
+    return p;
+}
+
+static void count_free(dc_backend *be, void *p) {
+    (void)be;
+    for (int i = 0; i < g_nlive; i++)
+        if (g_live[i].p == p) {
+            g_now -= (int64_t)g_live[i].bytes;
+            g_live[i] = g_live[--g_nlive];
+            break;
+        }
+    g_cpu->free(g_cpu, p);
+}
+
+static const dc_dit_config k_tiny = {.input_size = 8, .patch = 4, .in_channels = 1, .hidden = 16, .depth = 3,
+                                     .heads = 2, .mlp_hidden = 32, .num_classes = 2, .learn_sigma = true};
+enum { BATCH = 6 };
+
+static void make_data(dc_dataset *ds) {
+    memset(ds, 0, sizeof *ds);
+    ds->n = 12, ds->channels = 1, ds->height = 8, ds->width = 8, ds->num_classes = 2;
+    ds->images = malloc(12 * 64 * sizeof *ds->images);
+    ds->labels = malloc(12 * sizeof *ds->labels);
+    for (int i = 0; i < 12 * 64; i++) ds->images[i] = (float)((i * 37) % 255) / 127.5f - 1.0f;
+    for (int i = 0; i < 12; i++) ds->labels[i] = i % 2;
+    ds->fingerprint = dc_dataset_fingerprint(ds);
+}
+
+// Trains two steps of plan p on the counted backend; the peak it held.
+static int64_t measured_peak(dc_backend *be, const dc_dataset *ds, const dc_train_plan *p) {
+    g_now = g_peak = 0, g_nlive = 0;
+    dc_model *m = NULL;
+    dc_trainer tr = {0};
+    dc_train_config tc = dc_train_config_default();
+    tc.batch = BATCH, tc.micro_batch = p->micro_batch, tc.steps = 2, tc.offload = p->offload;
+    int64_t peak = -1;
+    if (!dc_dit_new(&k_tiny, be, true, &m) && !dc_dit_set_recompute(dc_dit_of(m), p->keep) &&
+        !dc_model_init_weights(m, 1) && !dc_trainer_init(&tr, m, ds, &tc) && !dc_trainer_step(&tr, NULL) &&
+        !dc_trainer_step(&tr, NULL))
+        peak = g_peak;
+    else
+        printf("training failed: %s\n", dc_error());
+    dc_trainer_free(&tr);
+    dc_model_free(m);
+    CHECK(g_now == 0, "%lld bytes still held after freeing everything", (long long)g_now);
+    return peak;
+}
+
+static void test_exact_on_cpu(void) {
+    g_cpu = dc_backend_cpu_create();
+    dc_backend counted = *g_cpu;
+    counted.alloc = count_alloc, counted.free = count_free;
+    dc_dataset ds;
+    make_data(&ds);
+    dc_plan_request r = {.cfg = k_tiny, .compute = counted.compute, .fixed = 0, .batch = BATCH, .ranks = 1,
+                         .zero = 0, .micro_batch = 0, .keep = -1, .offload = -1};
+    const dc_train_plan plans[] = {{6, 3, false}, {6, 0, false}, {3, 1, false}, {2, 3, true},
+                                   {6, 0, true},  {1, 2, true},  {4, 0, false}};
+    for (size_t i = 0; i < sizeof plans / sizeof plans[0]; i++) {
+        const dc_train_plan *p = &plans[i];
+        dc_plan_mem pm;
+        CHECK(dc_plan_predict(&r, p, &pm) == 0, "predict: %s", dc_error());
+        int64_t got = measured_peak(&counted, &ds, p);
+        CHECK(got == pm.peak, "micro %d keep %d offload %d: predicted %lld bytes, the backend held %lld",
+              p->micro_batch, p->keep, p->offload, (long long)pm.peak, (long long)got);
+        // the arena alone: what the reserve allocates
+        dc_model *m = NULL;
+        g_now = g_peak = 0, g_nlive = 0;
+        if (dc_dit_new(&k_tiny, &counted, true, &m) == 0) {
+            int64_t before = g_now;
+            CHECK(dc_dit_set_recompute(dc_dit_of(m), p->keep) == 0 && dc_dit_reserve(dc_dit_of(m), p->micro_batch) == 0,
+                  "reserve: %s", dc_error());
+            CHECK(g_now - before == pm.activations, "keep %d micro %d: arena %lld bytes, predicted %lld", p->keep,
+                  p->micro_batch, (long long)(g_now - before), (long long)pm.activations);
+        }
+        dc_model_free(m);
+    }
+    dc_dataset_free(&ds);
+    dc_backend_destroy(g_cpu);
+}
+
+// DiT-XL/2 at batch 64 in bf16 on one GPU.
+static dc_plan_request xl_request(void) {
+    dc_plan_request r = {.compute = DC_BF16, .fixed = k_cuda_fixed, .batch = 64, .ranks = 1, .zero = 0,
+                         .micro_batch = 0, .keep = -1, .offload = -1};
+    dc_dit_config_from_name("DiT-XL/2", &r.cfg);
+    return r;
+}
+
+static void test_xl(void) {
+    dc_plan_request r = xl_request();
+    const int D = r.cfg.depth;
+    // the settings measured on an H200 (peak device memory as the backend counts it)
+    struct { dc_train_plan p; double measured; } h200[] = {{{64, D, false}, 34.29}, {{64, 0, true}, 7.34}};
+    for (int i = 0; i < 2; i++) {
+        dc_plan_mem m;
+        CHECK(dc_plan_predict(&r, &h200[i].p, &m) == 0, "predict: %s", dc_error());
+        printf("DiT-XL/2 batch 64 keep %d offload %d: predicted %.2f GiB (weights %.2f, grads %.2f, optimizer "
+               "%.2f, trainer %.3f, activations %.2f, fixed %.3f; setup %.2f), measured %.2f GiB\n",
+               h200[i].p.keep, h200[i].p.offload, m.peak / GIB, m.weights / GIB, m.grads / GIB, m.optimizer / GIB,
+               m.trainer / GIB, m.activations / GIB, m.fixed / GIB, m.setup / GIB, h200[i].measured);
+        CHECK(fabs(m.peak / GIB / h200[i].measured - 1) < 0.03, "prediction %.2f GiB is not within 3%% of %.2f",
+              m.peak / GIB, h200[i].measured);
+    }
+    dc_train_plan best, second;
+    dc_plan_mem bm;
+    int64_t budget = 8LL << 30;
+    CHECK(dc_plan_choose(&r, budget, &best, &bm, &second) == 0, "8 GiB: %s", dc_error());
+    char line[256];
+    dc_plan_describe(&r, &best, &bm, budget, line, sizeof line);
+    printf("8 GiB: %s\n", line);
+    CHECK(best.offload && best.keep < D && bm.peak <= budget, "8 GiB chose offload %d keep %d (%.2f GiB)",
+          best.offload, best.keep, bm.peak / GIB);
+    CHECK(best.micro_batch == 64, "8 GiB: micro-batch %d, but 64 fits with offload + recompute", best.micro_batch);
+    CHECK(strstr(line, "offload yes") && strstr(line, "of 8.00 GiB"), "describe: %s", line);
+    // 40 GiB: everything on the GPU, nothing recomputed
+    CHECK(dc_plan_choose(&r, 40LL << 30, &best, &bm, NULL) == 0 && !best.offload && best.keep == D &&
+          best.micro_batch == 64, "40 GiB chose micro %d keep %d offload %d", best.micro_batch, best.keep,
+          best.offload);
+    // monotonic: a larger budget never gives a slower plan, and the plan fits
+    double last = INFINITY;
+    int fitted = 0;
+    for (double g = 1; g <= 40; g += 0.125) {
+        int64_t b = (int64_t)(g * GIB);
+        if (dc_plan_choose(&r, b, &best, &bm, NULL)) {
+            CHECK(fitted == 0, "%.3f GiB refused after a smaller budget fitted", g);
+            continue;
+        }
+        fitted++;
+        double c = dc_plan_cost(&r, &best);
+        CHECK(c <= last + 1e-12 && bm.peak <= b, "%.3f GiB: cost %.4f after %.4f, peak %.2f GiB", g, c, last,
+              bm.peak / GIB);
+        last = c;
+    }
+    CHECK(fitted > 100, "only %d budgets fitted", fitted);
+    // below the smallest plan: refused, naming its size
+    CHECK(dc_plan_choose(&r, 1LL << 30, &best, &bm, NULL) != 0 && strstr(dc_error(), "the smallest needs"),
+          "1 GiB: %s", dc_error());
+    // fixed dimensions stay fixed
+    r.offload = 0, r.micro_batch = 16;
+    CHECK(dc_plan_choose(&r, 16LL << 30, &best, &bm, NULL) == 0 && !best.offload && best.micro_batch == 16,
+          "fixed: micro %d offload %d (%s)", best.micro_batch, best.offload, dc_error());
+    r = xl_request();
+    r.ranks = 2;  // several ranks: never offload
+    CHECK(dc_plan_choose(&r, 80LL << 30, &best, &bm, NULL) == 0 && !best.offload && best.micro_batch == 32,
+          "2 ranks: micro %d offload %d", best.micro_batch, best.offload);
+}
+
+int main(void) {
+    test_sizes();
+    test_exact_on_cpu();
+    test_xl();
+    printf("%d passed, %d failed\n", g_pass, g_fail);
+    return g_fail ? 1 : 0;
+}
