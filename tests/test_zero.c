@@ -134,7 +134,7 @@ static int train(dc_comm *c, void *arg) {
         dc_zero_mem mem;
         j->mem_ok = dc_zero_mem_of(ps, c->size, j->stage, be->compute, &mem) == 0 &&
                     (!tr.zero || (mem.master == 4 * tr.zero->shard && mem.moments == 8 * tr.zero->shard &&
-                                  mem.grads == (j->stage == 1 ? 4 * np : 4 * tr.zero->shard) +
+                                  mem.grads == (j->stage == 1 ? 4 * np : 0) + 4 * tr.zero->shard +
                                                    4 * tr.zero->bucket * tr.zero->nbuckets));
     }
     if (m.params.hook_ctx == &fh) m.params.unit_hook = fh.inner, m.params.hook_ctx = fh.ctx;

@@ -31,7 +31,9 @@ int dc_zero_mem_of(const dc_params *ps, int size, int stage, dc_dtype compute, d
     int64_t P = ps->numel, bucket, S = layout(ps, size, 0, NULL, &bucket);
     int64_t wc = compute != DC_F32 ? P * (int64_t)dc_dtype_size(compute) : 0;
     if (stage == 0) *out = (dc_zero_mem){4 * P, 4 * P, 8 * P, 4 * P, wc};
-    else *out = (dc_zero_mem){stage == 1 ? 4 * P + 4 * bucket : 4 * S + 8 * bucket, 4 * S, 8 * S, 4 * S, wc + 4 * P};
+    // stage 1: the full gradient, its reduced shard and one bucket; stage 2: the shard and two buckets
+    else *out = (dc_zero_mem){stage == 1 ? 4 * P + 4 * S + 4 * bucket : 4 * S + 8 * bucket, 4 * S, 8 * S, 4 * S,
+                              wc + 4 * P};
     return 0;
 }
 

@@ -53,13 +53,12 @@ typedef struct {
 } dc_zero;
 
 // Per-rank bytes of the training state for `stage` on `size` ranks (the
-// memory table and the GPU memory planner). grads: the full buffer (stages 0
-// and 1; stage 1 adds the bucket), or the shard and two buckets (stage 2);
-// master, moments (m and v) and ema: full (stage 0) or the shard. (Stage 2
-// holds two buckets.) weights: the
-// full copies the model reads besides an fp32 master: the compute copy when
-// `compute` is not F32 (stage 0), and, from stage 1, the full fp32 buffer the
-// parameters keep (on the CPU it is the compute copy).
+// memory table and the GPU memory planner). grads: the full buffer (stage 0),
+// the full buffer, its reduced shard and a bucket (stage 1), or the shard and
+// two buckets (stage 2); master, moments (m and v) and ema: full (stage 0) or
+// the shard. weights: the full copies the model reads besides an fp32 master:
+// the compute copy when `compute` is not F32 (stage 0), and, from stage 1, the
+// full fp32 buffer the parameters keep (on the CPU it is the compute copy).
 typedef struct {
     int64_t grads, master, moments, ema, weights;
 } dc_zero_mem;
