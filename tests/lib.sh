@@ -43,6 +43,14 @@ wait_for() {
   return 1
 }
 # st_data FILE: the data buffer of a safetensors file (everything after the header)
+# children_of PID: the processes whose parent is PID, oldest first (read from
+# /proc: a minimal Debian has no pgrep)
+children_of() {
+  local s pid comm state ppid
+  for s in /proc/[0-9]*/stat; do
+    read -r pid comm state ppid _ < "$s" 2> /dev/null && [ "$ppid" = "$1" ] && echo "$pid"
+  done | sort -n
+}
 st_data() { local h; h=$(od -An -t u8 -N8 "$1" | tr -d ' '); tail -c +$((9 + h)) "$1"; }
 # st_file PATH JSON_HEADER DATA_BYTES: a safetensors file with zero-filled data
 st_file() {

@@ -35,7 +35,7 @@ rank() {
     timeout -k 5 120 "$BIN" train "$@" &
 }
 # pid_of PID: the program under `timeout` (PID), which is what a signal must reach
-pid_of() { local c; for ((i = 0; i < 50; i++)); do c=$(pgrep -P "$1" | head -n 1); [ -n "$c" ] && break; sleep 0.1; done; echo "$c"; }
+pid_of() { local c; for ((i = 0; i < 50; i++)); do c=$(children_of "$1" | head -n 1); [ -n "$c" ] && break; sleep 0.1; done; echo "$c"; }
 
 # ---- flags
 expect_fail "--ranks with --gpus" "give one" diffusion train --ranks 2 --gpus 2 --out "$TMP/x"
@@ -118,7 +118,7 @@ wait 2> /dev/null
 # under train --ranks: the launcher stops the rest and names the rank
 timeout -k 5 120 "$BIN" train "${T[@]}" --steps 100000 --ranks 2 --out "$TMP/k2" > /dev/null 2> "$TMP/k2.log" & parent=$!
 if wait_for "$TMP/k2.log" '^step ' 60 $parent; then
-  child=$(pgrep -P "$(pid_of $parent)" | tail -n 1)  # timeout -> launcher -> ranks
+  child=$(children_of "$(pid_of $parent)" | tail -n 1)  # timeout -> launcher -> ranks
   kill -9 "$child"; t0=$SECONDS
   wait $parent; rp=$?
   dt=$((SECONDS - t0))

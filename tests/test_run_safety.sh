@@ -7,14 +7,8 @@ source "$(dirname "$0")/lib.sh"
 small_data "$TMP/small.safetensors"
 flags=("${TINY[@]}" --data "$TMP/small.safetensors" --log-every 1)
 
-# trainer_of PID: the diffusion process that `timeout` (PID) runs (read from /proc:
-# a minimal Debian has no pgrep)
-trainer_of() {
-  local s pid comm state ppid
-  for s in /proc/[0-9]*/stat; do
-    read -r pid comm state ppid _ < "$s" 2>/dev/null && [ "$ppid" = "$1" ] && { echo "$pid"; return; }
-  done
-}
+# trainer_of PID: the diffusion process that `timeout` (PID) runs
+trainer_of() { children_of "$1" | head -n 1; }
 
 # ---- the lock: a second run into a busy folder fails, naming the first
 diffusion train "${flags[@]}" --steps 1 --out "$TMP/busy" > "$TMP/busy0.log" 2>&1 || { cat "$TMP/busy0.log"; fail "first run"; finish; }
