@@ -399,9 +399,12 @@ static int meet_as_peer(dc_rendezvous *rv, const char *addr, int port, double de
     snprintf(service, sizeof service, "%d", port);
     struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *ai = NULL;
     const char *last = "no attempt";
+    // "localhost" is the loopback address by definition (RFC 6761), also
+    // where no /etc/hosts says so (a minimal container)
+    const char *host = strcmp(addr, "localhost") == 0 ? "127.0.0.1" : addr;
     int fd = -1;
     while (fd < 0) {
-        int g = getaddrinfo(addr, service, &hints, &ai);
+        int g = getaddrinfo(host, service, &hints, &ai);
         if (g == 0) {
             fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
             if (fd >= 0 && connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
