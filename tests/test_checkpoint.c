@@ -16,21 +16,11 @@
 #include "train/trainer.h"
 
 #include "check.h"
+#include "tiny_data.h"
 #include "tmpdir.h"
 
 static const dc_dit_config k_model = {.input_size = 8, .patch = 4, .in_channels = 1, .hidden = 16, .depth = 1,
                                       .heads = 2, .mlp_hidden = 32, .num_classes = 2, .learn_sigma = true};
-
-// 8 images of 1 x 8 x 8, two classes, as a loader would leave them.
-static void make_data(dc_dataset *ds) {
-    memset(ds, 0, sizeof *ds);
-    ds->n = 8, ds->channels = 1, ds->height = 8, ds->width = 8, ds->num_classes = 2;
-    ds->images = malloc(8 * 64 * sizeof *ds->images);
-    ds->labels = malloc(8 * sizeof *ds->labels);
-    for (int i = 0; i < 8 * 64; i++) ds->images[i] = (float)((i * 37) % 255) / 127.5f - 1.0f;
-    for (int i = 0; i < 8; i++) ds->labels[i] = i % 2;
-    ds->fingerprint = dc_dataset_fingerprint(ds);
-}
 
 typedef struct {
     dc_backend *be;
@@ -102,7 +92,7 @@ static int rewrite(const char *src, const char *dst, const char *name, int64_t e
 
 static void test_checkpoints(void) {
     dc_dataset ds, other;
-    make_data(&ds), make_data(&other);
+    tiny_data(&ds, 8), tiny_data(&other, 8);
     other.images[5] += 0.5f;  // one pixel changed on disk
     other.fingerprint = dc_dataset_fingerprint(&other);
     run r;

@@ -18,6 +18,7 @@
 #include "core/error.h"
 #include "dist/comm.h"
 #include "models/dit_io.h"
+#include "tiny_data.h"
 #include "train/trainer.h"
 
 static const dc_dit_config k_model = {.input_size = 8, .patch = 4, .in_channels = 1, .hidden = 16, .depth = 2,
@@ -25,17 +26,6 @@ static const dc_dit_config k_model = {.input_size = 8, .patch = 4, .in_channels 
 enum { STEPS = 6, BATCH = 6 };  // three epochs of the 12 images, each with its own order
 
 static dc_dataset g_data;
-
-static void make_data(void) {
-    dc_dataset *ds = &g_data;
-    memset(ds, 0, sizeof *ds);
-    ds->n = 12, ds->channels = 1, ds->height = 8, ds->width = 8, ds->num_classes = 2;
-    ds->images = malloc(12 * 64 * sizeof *ds->images);
-    ds->labels = malloc(12 * sizeof *ds->labels);
-    for (int i = 0; i < 12 * 64; i++) ds->images[i] = (float)((i * 37) % 255) / 127.5f - 1.0f;
-    for (int i = 0; i < 12; i++) ds->labels[i] = i % 2;
-    ds->fingerprint = dc_dataset_fingerprint(ds);
-}
 
 typedef struct {
     int micro_batch;
@@ -98,7 +88,7 @@ int main(void) {
     // Matrix products split their work by the thread count, and so their
     // rounding: one thread each, whatever ranks run beside them.
     openblas_set_num_threads(1);
-    make_data();
+    tiny_data(&g_data, 12);
     result one = {.micro_batch = 2};
     CHECK(dc_comm_threads_run(1, train, &one) == 0, "1 rank: %s", dc_error());
     const struct { int ranks, micro; bool exact; } runs[] = {

@@ -21,6 +21,7 @@
 #include "diffusion/training_loss.h"
 #include "io/safetensors.h"
 #include "models/dit.h"
+#include "nerr.h"
 
 // Tolerances on the normalised error max|a - b| / max|b| of a tensor.
 // A float32 run of the PyTorch reference itself lands at ~4e-7 on these files
@@ -50,17 +51,6 @@ static const char *default_files[] = {
     "tests/golden/dit_b.safetensors",
 };
 
-// max|a - b| / max|b| (absolute when b is all zero); NaN or Inf in a fails.
-static double nerr(const float *a, const float *b, int64_t n) {
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < n; i++) {
-        if (!isfinite(a[i])) return INFINITY;
-        double d = fabs((double)a[i] - (double)b[i]);
-        if (d > num) num = d;
-        if (fabs((double)b[i]) > den) den = fabs((double)b[i]);
-    }
-    return den > 0 ? num / den : num;
-}
 
 static int is_io_name(const char *name) {
     return strcmp(name, "R") == 0 || strncmp(name, "input.", 6) == 0 ||

@@ -24,6 +24,7 @@
 #include "models/dit.h"
 #include "models/model_io.h"
 #include "tmpdir.h"
+#include "tiny_data.h"
 #include "train/trainer.h"
 
 static const dc_dit_config k_model = {.input_size = 8, .patch = 4, .in_channels = 1, .hidden = 16, .depth = 3,
@@ -32,17 +33,6 @@ enum { STEPS = 4, BATCH = 6 };
 static const float k_clip = 0.02f;  // below every step's norm here: clipping acts each step
 
 static dc_dataset g_data;
-
-static void make_data(void) {
-    dc_dataset *ds = &g_data;
-    memset(ds, 0, sizeof *ds);
-    ds->n = 12, ds->channels = 1, ds->height = 8, ds->width = 8, ds->num_classes = 2;
-    ds->images = malloc(12 * 64 * sizeof *ds->images);
-    ds->labels = malloc(12 * sizeof *ds->labels);
-    for (int i = 0; i < 12 * 64; i++) ds->images[i] = (float)((i * 37) % 255) / 127.5f - 1.0f;
-    for (int i = 0; i < 12; i++) ds->labels[i] = i % 2;
-    ds->fingerprint = dc_dataset_fingerprint(ds);
-}
 
 typedef struct {
     bool offload;
@@ -250,7 +240,7 @@ static void checkpoints(void) {
 
 int main(void) {
     openblas_set_num_threads(1);
-    make_data();
+    tiny_data(&g_data, 12);
     compare(2, 0.0f, 0, "3 micro-batches, no clipping");
     compare(2, k_clip, 0, "3 micro-batches, clipping");
     compare(BATCH, 0.0f, 0, "one micro-batch, no clipping");

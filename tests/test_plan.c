@@ -17,6 +17,7 @@
 #include "check.h"
 #include "core/error.h"
 #include "models/dit.h"
+#include "tiny_data.h"
 #include "train/plan.h"
 #include "train/trainer.h"
 
@@ -76,16 +77,6 @@ static const dc_dit_config k_tiny = {.input_size = 8, .patch = 4, .in_channels =
                                      .heads = 2, .mlp_hidden = 32, .num_classes = 2, .learn_sigma = true};
 enum { BATCH = 6 };
 
-static void make_data(dc_dataset *ds) {
-    memset(ds, 0, sizeof *ds);
-    ds->n = 12, ds->channels = 1, ds->height = 8, ds->width = 8, ds->num_classes = 2;
-    ds->images = malloc(12 * 64 * sizeof *ds->images);
-    ds->labels = malloc(12 * sizeof *ds->labels);
-    for (int i = 0; i < 12 * 64; i++) ds->images[i] = (float)((i * 37) % 255) / 127.5f - 1.0f;
-    for (int i = 0; i < 12; i++) ds->labels[i] = i % 2;
-    ds->fingerprint = dc_dataset_fingerprint(ds);
-}
-
 // Trains two steps of plan p on the counted backend; the peak it held.
 static int64_t measured_peak(dc_backend *be, const dc_dataset *ds, const dc_train_plan *p) {
     g_now = g_peak = 0, g_nlive = 0;
@@ -111,7 +102,7 @@ static void test_exact_on_cpu(void) {
     dc_backend counted = *g_cpu;
     counted.alloc = count_alloc, counted.free = count_free;
     dc_dataset ds;
-    make_data(&ds);
+    tiny_data(&ds, 12);
     dc_plan_request r = {.cfg = k_tiny, .compute = counted.compute, .fixed = 0, .batch = BATCH, .ranks = 1,
                          .zero = 0, .micro_batch = 0, .keep = -1, .offload = -1};
     const dc_train_plan plans[] = {{6, 3, false}, {6, 0, false}, {3, 1, false}, {2, 3, true},

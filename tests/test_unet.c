@@ -26,6 +26,7 @@
 #include "io/json.h"
 #include "io/safetensors.h"
 #include "models/unet.h"
+#include "nerr.h"
 #include "nn/weights.h"
 
 #define GOLD "tests/golden/sd"
@@ -68,16 +69,6 @@ static void buf_down(dc_buf b, float *h, int64_t n) {
     g_be->free(g_be, f.p);
 }
 
-static double nerr(const float *a, const float *b, int64_t n) {
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < n; i++) {
-        if (!isfinite(a[i])) return INFINITY;
-        double d = fabs((double)a[i] - (double)b[i]);
-        if (d > num) num = d;
-        if (fabs((double)b[i]) > den) den = fabs((double)b[i]);
-    }
-    return den > 0 ? num / den : num;
-}
 
 // A backend buffer of dtype dt holding the tensor `name` of f (p NULL if absent).
 static dc_buf upload_tensor(const dc_st_file *f, const char *name, dc_dtype dt) {

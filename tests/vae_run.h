@@ -9,18 +9,8 @@
 
 #include "backend/backend.h"
 #include "models/vae.h"
+#include "nerr.h"
 
-// max|a - b| / max|b|; NaN or Inf in a fails.
-static double nerr(const float *a, const float *b, int64_t n) {
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < n; i++) {
-        if (!isfinite(a[i])) return INFINITY;
-        double d = fabs((double)a[i] - (double)b[i]);
-        if (d > num) num = d;
-        if (fabs((double)b[i]) > den) den = fabs((double)b[i]);
-    }
-    return den > 0 ? num / den : num;
-}
 
 static bool same_config(const dc_vae_config *a, const dc_vae_config *b) {
     bool same = a->in_channels == b->in_channels && a->out_channels == b->out_channels &&
