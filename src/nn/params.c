@@ -92,6 +92,23 @@ int dc_params_end_unit(dc_params *ps) {
     return 0;
 }
 
+bool dc_params_next_run(const dc_params *ps, int64_t *pos, int64_t end, int64_t *lo, int64_t *hi) {
+    bool open = false;
+    for (int i = 0; i < ps->count; i++) {
+        const dc_param *p = &ps->items[i];
+        int64_t s = p->offset > *pos ? p->offset : *pos, e = p->offset + p->numel < end ? p->offset + p->numel : end;
+        if (s >= e) continue;
+        if (!p->trainable) {
+            if (open) break;
+            continue;
+        }
+        if (!open) *lo = s, open = true;
+        *hi = e;
+    }
+    if (open) *pos = *hi;
+    return open;
+}
+
 int dc_params_unit_count(const dc_params *ps) {
     bool tail = ps->numel > (ps->units ? ps->unit_end[ps->units - 1] : 0);
     return ps->units + tail;

@@ -99,6 +99,11 @@ int dc_params_end_unit(dc_params *ps);
 // Unit u's flat range [*lo, *hi); the parameters after the last marked unit
 // form one more.
 int dc_params_unit_count(const dc_params *ps);
+// The optimizer's runs: the next run of adjacent trainable tensors in flat
+// [*pos, end), as [*lo, *hi) (clipped to it), with *pos moved past it; false
+// when none is left. Fixed tensors (pos_embed) end a run, so they keep their
+// values. Walk [a, b) with *pos = a and end = b.
+bool dc_params_next_run(const dc_params *ps, int64_t *pos, int64_t end, int64_t *lo, int64_t *hi);
 void dc_params_unit_range(const dc_params *ps, int u, int64_t *lo, int64_t *hi);
 // What a model's backward calls around unit u's gradients (see unit_hook).
 static inline int dc_params_unit_begin(dc_params *ps, int u) {

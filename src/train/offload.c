@@ -30,22 +30,10 @@ static void update_unit(dc_offload *o, int u) {
     int64_t a, b;
     dc_params_unit_range(ps, u, &a, &b);
     dc_buf scale = host(&o->factor);
-    int64_t rs = 0, re = 0;  // the current run, flat
-    for (int i = 0; i <= ps->count; i++) {
-        const dc_param *p = i < ps->count ? &ps->items[i] : NULL;
-        int64_t lo = p ? (p->offset > a ? p->offset : a) : b;
-        int64_t hi = p ? (p->offset + p->numel < b ? p->offset + p->numel : b) : b;
-        if (p && lo >= hi) continue;
-        if (p && p->trainable && lo == re && re > rs) {  // extends the run
-            re = hi;
-            continue;
-        }
-        if (re > rs)  // the backend argument is only used to cast a compute copy: none here
-            dc_cpu_adamw(NULL, host(o->master + rs), host(o->grad + rs), host(o->m + rs), host(o->v + rs),
-                         host(o->ema + rs), dc_buf_none(), scale, re - rs, &o->h);
-        rs = re = 0;
-        if (p && p->trainable) rs = lo, re = hi;
-    }
+    int64_t pos = a, lo, hi;
+    while (dc_params_next_run(ps, &pos, b, &lo, &hi))  // the backend argument only casts a compute copy: none here
+        dc_cpu_adamw(NULL, host(o->master + lo), host(o->grad + lo), host(o->m + lo), host(o->v + lo),
+                     host(o->ema + lo), dc_buf_none(), scale, hi - lo, &o->h);
 }
 
 // The worker: takes queued units in order, waits for each one's gradients

@@ -336,16 +336,11 @@ int dc_trainer_step(dc_trainer *tr, dc_step_stats *st) {
     be->grad_norm(be, tr->gstats, ps->grad, np, c->grad_clip);
     // AdamW, EMA and the compute copy in one pass over each run of trainable
     // parameters (fixed ones such as pos_embed keep their EMA and compute copy).
-    for (int i = 0; i < ps->count;) {
-        if (!ps->items[i].trainable) { i++; continue; }
-        int j = i;
-        while (j + 1 < ps->count && ps->items[j + 1].trainable) j++;
-        int64_t off = ps->items[i].offset, n = ps->items[j].offset + ps->items[j].numel - off;
+    int64_t pos = 0, off, end;
+    while (dc_params_next_run(ps, &pos, np, &off, &end))
         be->adamw(be, dc_buf_at(ps->data, off), dc_buf_at(ps->grad, off), dc_buf_at(tr->adam_m, off),
                   dc_buf_at(tr->adam_v, off), dc_buf_at(tr->ema, off), dc_buf_at(ps->wc, off),
-                  dc_buf_at(tr->gstats, 1), n, &h);
-        i = j + 1;
-    }
+                  dc_buf_at(tr->gstats, 1), end - off, &h);
     DC_TRY(dc_backend_status(be));  // a host flag: no wait
     tr->step = s;
     tr->samples_seen += c->batch;

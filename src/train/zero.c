@@ -177,23 +177,11 @@ int dc_zero_reduce(dc_zero *z) {
 static void adamw_range(dc_zero *z, int64_t a, int64_t b, int64_t at, dc_buf scale, const dc_adamw_step *h) {
     const dc_params *ps = z->ps;
     dc_backend *be = z->be;
-    int64_t rs = 0, re = 0;  // the current run, flat
-    for (int i = 0; i <= ps->count; i++) {
-        const dc_param *p = i < ps->count ? &ps->items[i] : NULL;
-        int64_t lo = p ? (p->offset > a ? p->offset : a) : b;
-        int64_t hi = p ? (p->offset + p->numel < b ? p->offset + p->numel : b) : b;
-        if (p && lo >= hi) continue;
-        if (p && p->trainable && lo == re && re > rs) {  // extends the run
-            re = hi;
-            continue;
-        }
-        if (re > rs) {
-            int64_t s = at + rs - a;
-            be->adamw(be, dc_buf_at(z->master, s), dc_buf_at(z->grad, s), dc_buf_at(z->m, s), dc_buf_at(z->v, s),
-                      dc_buf_at(z->ema, s), dc_buf_none(), scale, re - rs, h);
-        }
-        rs = re = 0;
-        if (p && p->trainable) rs = lo, re = hi;
+    int64_t pos = a, lo, hi;
+    while (dc_params_next_run(ps, &pos, b, &lo, &hi)) {
+        int64_t s = at + lo - a;
+        be->adamw(be, dc_buf_at(z->master, s), dc_buf_at(z->grad, s), dc_buf_at(z->m, s), dc_buf_at(z->v, s),
+                  dc_buf_at(z->ema, s), dc_buf_none(), scale, hi - lo, h);
     }
 }
 
