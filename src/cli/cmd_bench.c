@@ -278,12 +278,7 @@ int cmd_bench(int argc, char **argv) {
         return dc_fail("--iters must be positive, --warmup non-negative and --sample-steps in 1..1000"), cli_usage_fail();
     if (latency != 0 && latency != 1) return dc_fail("--latency must be 0 or 1 (got %d)", latency), cli_usage_fail();
     if (!(cfg >= 0 && cfg <= 100)) return dc_fail("--cfg-scale must be in 0..100 (got %g)", cfg), cli_usage_fail();
-    if (zero < 0 || zero > 2) return dc_fail("--zero %d: the stages are 0, 1 and 2", zero), cli_usage_fail();
-    if (!(comm_timeout >= 1)) return dc_fail("--comm-timeout must be at least 1 second"), cli_usage_fail();
-    if (ranks < 0 || gpus < 0) return dc_fail("--%s must be 1 or more", ranks < 0 ? "ranks" : "gpus"), cli_usage_fail();
-    if (ranks && gpus) return dc_fail("--ranks and --gpus both start ranks: give one"), cli_usage_fail();
-    if (gpus && !strcmp(device, "cpu"))
-        return dc_fail("--gpus runs one rank per GPU; with --device cpu use --ranks N"), cli_usage_fail();
+    if (train_ranks_check_flags(ranks, gpus, zero, comm_timeout, device)) return cli_usage_fail();
     if (cli_check_device_flags(threads, device, precision)) return cli_usage_fail();
     if (max_mem && dc_parse_size(max_mem, &budget)) return dc_fail_ctx("--max-gpu-memory"), cli_usage_fail();
     dc_dit_config mc = cli_demo_model();

@@ -289,12 +289,7 @@ int cmd_train(int argc, char **argv) {
         if (!mc.heads)
             return dc_fail("--hidden %d is not in the official table; pass --heads", mc.hidden), cli_usage_fail();
     }
-    if (zero < 0 || zero > 2) return dc_fail("--zero %d: the stages are 0, 1 and 2", zero), cli_usage_fail();
-    if (!(comm_timeout >= 1)) return dc_fail("--comm-timeout must be at least 1 second"), cli_usage_fail();
-    if (ranks < 0 || gpus < 0) return dc_fail("--%s must be 1 or more", ranks < 0 ? "ranks" : "gpus"), cli_usage_fail();
-    if (ranks && gpus) return dc_fail("--ranks and --gpus both start ranks: give one"), cli_usage_fail();
-    if (gpus && !strcmp(device, "cpu"))
-        return dc_fail("--gpus runs one rank per GPU; with --device cpu use --ranks N"), cli_usage_fail();
+    if (train_ranks_check_flags(ranks, gpus, zero, comm_timeout, device)) return cli_usage_fail();
     unsigned st_flags = no_verify ? DC_ST_NO_VERIFY : 0;
 
     // ---- several ranks: this process starts them, or is one of them

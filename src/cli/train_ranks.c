@@ -95,18 +95,28 @@ int train_ranks_agree(train_ranks *tr, bool ok, const char *what) {
     return rc;
 }
 
-int train_ranks_same(train_ranks *tr, int64_t value, const char *what) {
-    if (!tr->rv) return 0;
+// Every rank's value gathered; *q the first rank whose value differs from
+// rank 0's (0: none), *theirs its value and *first rank 0's.
+static int first_differing(train_ranks *tr, int64_t value, int *q, int64_t *theirs, int64_t *first) {
     const int n = tr->launch.size;
     int64_t *all = malloc(sizeof(int64_t) * (size_t)n);
     if (!all) return dc_fail("out of memory");
     int rc = dc_rendezvous_all_gather(tr->rv, &value, all, sizeof value);
-    for (int q = 1; q < n && !rc; q++)
-        if (all[q] != all[0])
-            rc = dc_fail("rank %d is at %s %lld but rank 0 at %lld: the ranks do not see the same files", q, what,
-                         (long long)all[q], (long long)all[0]);
+    *q = 0;
+    for (int r = 1; r < n && !rc && !*q; r++)
+        if (all[r] != all[0]) *q = r, *theirs = all[r], *first = all[0];
     free(all);
     return rc;
+}
+
+int train_ranks_same(train_ranks *tr, int64_t value, const char *what) {
+    if (!tr->rv) return 0;
+    int q = 0;
+    int64_t theirs = 0, first = 0;
+    DC_TRY(first_differing(tr, value, &q, &theirs, &first));
+    return q ? dc_fail("rank %d is at %s %lld but rank 0 at %lld: the ranks do not see the same files", q, what,
+                       (long long)theirs, (long long)first)
+             : 0;
 }
 
 // The settings as text (the checkpoint's metadata) hashed, with the data.
@@ -129,17 +139,13 @@ static int settings_hash(const dc_model *m, const dc_train_config *tc, uint64_t 
 int train_ranks_same_settings(train_ranks *tr, const dc_model *m, const dc_train_config *tc, uint64_t data) {
     if (!tr->rv) return 0;
     uint64_t mine = 0;
+    int q = 0;
+    int64_t theirs = 0, first = 0;
     DC_TRY(settings_hash(m, tc, data, &mine));
-    const int n = tr->launch.size;
-    uint64_t *all = malloc(sizeof(uint64_t) * (size_t)n);
-    if (!all) return dc_fail("out of memory");
-    int rc = dc_rendezvous_all_gather(tr->rv, &mine, all, sizeof mine);
-    for (int q = 1; q < n && !rc; q++)
-        if (all[q] != all[0])
-            rc = dc_fail("rank %d trains other settings than rank 0 (the model, a training flag or the data set "
-                         "differs): start every rank with the same command and files", q);
-    free(all);
-    return rc;
+    DC_TRY(first_differing(tr, (int64_t)mine, &q, &theirs, &first));
+    return q ? dc_fail("rank %d trains other settings than rank 0 (the model, a training flag or the data set "
+                       "differs): start every rank with the same command and files", q)
+             : 0;
 }
 
 void train_ranks_abort(train_ranks *tr) {
@@ -158,6 +164,15 @@ void train_ranks_end(train_ranks *tr) {
     }
     dc_rendezvous_close(tr->rv);
     memset(tr, 0, sizeof *tr);
+}
+
+int train_ranks_check_flags(int ranks, int gpus, int zero, double comm_timeout, const char *device) {
+    if (zero < 0 || zero > 2) return dc_fail("--zero %d: the stages are 0, 1 and 2", zero);
+    if (!(comm_timeout >= 1)) return dc_fail("--comm-timeout must be at least 1 second");
+    if (ranks < 0 || gpus < 0) return dc_fail("--%s must be 1 or more", ranks < 0 ? "ranks" : "gpus");
+    if (ranks && gpus) return dc_fail("--ranks and --gpus both start ranks: give one");
+    if (gpus && !strcmp(device, "cpu")) return dc_fail("--gpus runs one rank per GPU; with --device cpu use --ranks N");
+    return 0;
 }
 
 int train_ranks_spawn(int n, int argc, char **argv) {

@@ -20,6 +20,9 @@ typedef struct {
     bool nccl;          // comm is NCCL's (device buffers), else the socket one
 } train_ranks;
 
+// --ranks, --gpus, --zero and --comm-timeout as given (before anything
+// starts): 0, or -1 with what is wrong.
+int train_ranks_check_flags(int ranks, int gpus, int zero, double comm_timeout, const char *device);
 // Reads the launcher's variables and checks --ranks / --gpus against them.
 // *spawn: this process is to start `*spawn` local ranks (and not train).
 int train_ranks_plan(train_ranks *tr, int ranks, int gpus, const char *device, int *spawn);
