@@ -234,16 +234,6 @@ static int run_model(void *arg) {
     return 0;
 }
 
-// Directly on a run's first step (which also warms the model's and the
-// backend's caches), then through a graph recorded on the second.
-static int model_step(dc_ksampler *s, const model_call *mc, bool first) {
-    dc_backend *be = s->be;
-    if (!s->opt.graph || !be->graph_capture || first) return run_model((void *)mc);
-    if (!s->graph && !(s->graph = be->graph_capture(be, run_model, (void *)mc))) return -1;
-    be->graph_launch(be, s->graph);
-    return 0;
-}
-
 int dc_ksampler_run(dc_ksampler *s, dc_buf x, const dc_cond *cond, const uint32_t *idx, int B,
                     dc_eval_fn eval, void *ctx, dc_sample_progress_fn progress, void *pctx) {
     if (B < 1 || B > s->max_batch)
@@ -276,7 +266,7 @@ int dc_ksampler_run(dc_ksampler *s, dc_buf x, const dc_cond *cond, const uint32_
         for (int r = 0; r < rows; r++) s->t_host[r] = (float)p->t;
         be->upload(be, s->t.p, s->t_host, sizeof(float) * (size_t)rows);
         lin(s, s->xin, x, x, p->c_in, 0, B, n);
-        if (model_step(s, &mc, i == first) != 0) return dc_fail_ctx("sampling step %d of %d", i + 1, total);
+        if (dc_sample_step_recorded(be, &s->graph, s->opt.graph, i == first, run_model, &mc) != 0) return dc_fail_ctx("sampling step %d of %d", i + 1, total);
         dc_buf mo = s->cfg ? s->comb : s->out;
         lin(s, s->den, x, mo, p->dx, p->de, B, n);
         lin(s, x, x, s->den, p->ax, p->ad, B, n);

@@ -113,15 +113,10 @@ static int run_model(void *arg) {
     return 0;
 }
 
-// Runs the model's part of a step: directly on the first step of a run (it
-// also warms the backend's caches), then through a graph recorded on the
-// second step, where the backend supports graphs. The call's buffers, batch
-// and model stay the same for the whole run.
-static int model_step(dc_sampler *s, const model_call *mc, bool first) {
-    dc_backend *be = s->be;
-    if (!be->graph_capture || first) return run_model((void *)mc);
-    if (!s->graph && !(s->graph = be->graph_capture(be, run_model, (void *)mc))) return -1;
-    be->graph_launch(be, s->graph);
+int dc_sample_step_recorded(dc_backend *be, void **graph, bool record, bool first, int (*fn)(void *), void *arg) {
+    if (!record || !be->graph_capture || first) return fn(arg);
+    if (!*graph && !(*graph = be->graph_capture(be, fn, arg))) return -1;
+    be->graph_launch(be, *graph);
     return 0;
 }
 
@@ -177,7 +172,7 @@ int dc_sampler_run(dc_sampler *s, dc_buf x, const dc_cond *cond, const uint32_t 
         be->upload(be, s->t.p, s->t_host, sizeof(float) * (size_t)rows);
 
         model_call mc = {s, x, B, eval, ctx};
-        if (model_step(s, &mc, k == total - 1) != 0)
+        if (dc_sample_step_recorded(be, &s->graph, true, k == total - 1, run_model, &mc) != 0)
             return dc_fail_ctx("sampling step %d of %d", total - k, total);
         dc_buf mo = s->cfg ? s->comb : s->out;
         if (coef.add_noise)
