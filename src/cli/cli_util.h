@@ -26,6 +26,18 @@ int cli_backend(const char *device, const char *precision, dc_backend **be);
 #define CLI_DEVICE_HELP "auto (GPU if present), cuda or cpu"
 #define CLI_PRECISION_HELP "GPU compute: auto (bf16), bf16 or fp32 (for checking)"
 #define CLI_NO_VERIFY_HELP "skip checksum verification (faster on multi-GB files)"
+// The data-parallel flags of train and bench.
+#define CLI_GPUS_HELP                                                                                      \
+    "data parallel on N GPUs of this machine: starts N ranks, one per GPU, through NCCL (under torchrun, " \
+    "mpirun or srun: the launcher starts them)"
+#define CLI_RANKS_HELP                                                                                     \
+    "data parallel on N processes of this machine on any device (with --device cpu they share gradients " \
+    "over local sockets)"
+#define CLI_ZERO_HELP                                                                                      \
+    "ZeRO stage over the ranks: 0 replicates the optimizer, 1 shards AdamW and EMA state, 2 also the "    \
+    "gradients (needs several ranks)"
+#define CLI_COMM_TIMEOUT_HELP                                                                              \
+    "seconds a rank waits for the others (to start, or in a step) before it calls the job hung and stops"
 #define CLI_HEADS_HELP "heads, for widths outside the official table (default: from the table)"
 // --heads of the inference commands: 0 (the official table) or a head count.
 int cli_check_heads(int heads);

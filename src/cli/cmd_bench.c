@@ -242,14 +242,10 @@ int cmd_bench(int argc, char **argv) {
         {"offload", ARG_FLAG, &offload, NULL, "training with the fp32 master weights, AdamW moments and EMA in host "
                                               "memory and AdamW + EMA on the CPU (one rank); prints what the "
                                               "device holds"},
-        {"gpus", ARG_INT, &gpus, "N", "data-parallel training on N GPUs of this machine, one rank each, through "
-                                      "NCCL (under torchrun, mpirun or srun: the launcher starts them)"},
-        {"ranks", ARG_INT, &ranks, "N", "data-parallel training on N processes of this machine (with --device "
-                                        "cpu they share gradients over local sockets)"},
-        {"zero", ARG_INT, &zero, "S", "ZeRO stage over the ranks: 0, 1 (AdamW and EMA state sharded) or 2 "
-                                      "(gradients too); needs several ranks"},
-        {"comm-timeout", ARG_FLOAT, &comm_timeout, "S", "seconds a rank waits for the others before it calls "
-                                                         "the job hung"},
+        {"gpus", ARG_INT, &gpus, "N", CLI_GPUS_HELP},
+        {"ranks", ARG_INT, &ranks, "N", CLI_RANKS_HELP},
+        {"zero", ARG_INT, &zero, "S", CLI_ZERO_HELP},
+        {"comm-timeout", ARG_FLOAT, &comm_timeout, "S", CLI_COMM_TIMEOUT_HELP},
         {"max-gpu-memory", ARG_STR, &max_mem, "SIZE", "training with the fastest micro-batch, --recompute and "
                                                       "--offload whose predicted peak device memory fits in SIZE "
                                                       "(8G, 7.5GiB, 8000M), printed as the plan; --recompute or "

@@ -194,14 +194,10 @@ int cmd_train(int argc, char **argv) {
         {"threads", ARG_INT, &threads, "N", "CPU threads (default: all cores)"},
         {"device", ARG_STR, &device, "NAME", CLI_DEVICE_HELP},
         {"precision", ARG_STR, &precision, "P", CLI_PRECISION_HELP},
-        {"gpus", ARG_INT, &gpus, "N", "data parallel on N GPUs of this machine: starts N ranks, one per GPU, "
-                                      "through NCCL (under torchrun, mpirun or srun: the launcher starts them)"},
-        {"ranks", ARG_INT, &ranks, "N", "data parallel on N processes of this machine on any device (with "
-                                        "--device cpu they share gradients over local sockets)"},
-        {"zero", ARG_INT, &zero, "S", "ZeRO stage over the ranks: 0 replicates the optimizer, 1 shards AdamW "
-                                      "and EMA state, 2 also the gradients (needs several ranks)"},
-        {"comm-timeout", ARG_FLOAT, &comm_timeout, "S", "seconds a rank waits for the others (to start, or in "
-                                                         "a step) before it calls the job hung and stops"},
+        {"gpus", ARG_INT, &gpus, "N", CLI_GPUS_HELP},
+        {"ranks", ARG_INT, &ranks, "N", CLI_RANKS_HELP},
+        {"zero", ARG_INT, &zero, "S", CLI_ZERO_HELP},
+        {"comm-timeout", ARG_FLOAT, &comm_timeout, "S", CLI_COMM_TIMEOUT_HELP},
         {"offload", ARG_FLAG, &offload, NULL, "keep the fp32 master weights, AdamW moments and EMA in host memory "
                                               "and run AdamW + EMA on the CPU beside the GPU's backward (one rank)"},
         {"max-gpu-memory", ARG_STR, &max_mem, "SIZE", "pick the fastest --micro-batch, --recompute and --offload whose "
