@@ -198,7 +198,7 @@ static void test_errors(void) {
 
     // 6. A conv whose shape was never reserved: an error naming reserve_conv, no allocation inside the op.
     if (!(be = fresh())) return;
-    dc_conv2d_shape cs = {1, 4, 8, 8, 4, 3, 1, 1, 1, 1, 1};
+    dc_conv2d_shape cs = {1, 4, 8, 8, 4, 3, 1, 1, 1, 1, 1, 0};
     dc_buf cx = {be->alloc(be, 4 * 64 * 4), g_ct}, cw = {be->alloc(be, 4 * 4 * 9 * 4), g_ct};
     dc_buf co = {be->alloc(be, 4 * 64 * 4), g_ct};
     be->zero(be, cx.p, 4 * 64 * 4), be->zero(be, cw.p, 4 * 4 * 9 * 4);
@@ -211,7 +211,7 @@ static void test_errors(void) {
     dc_backend_destroy(be);
     // 7. ... and after it, a conv of another shape than the ones reserved.
     if (!(be = fresh())) return;
-    dc_conv2d_shape big = {1, 4, 8, 8, 4, 3, 2, 0, 1, 0, 1}, other = big;
+    dc_conv2d_shape big = {1, 4, 8, 8, 4, 3, 2, 0, 1, 0, 1, 0}, other = big;
     other.B = 64;  // its padded copy would not fit the scratch
     cx = (dc_buf){be->alloc(be, 64 * 4 * 64 * 4), g_ct}, cw = (dc_buf){be->alloc(be, 4 * 4 * 9 * 4), g_ct};
     co = (dc_buf){be->alloc(be, 64 * 4 * 16 * 4), g_ct};

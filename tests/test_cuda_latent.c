@@ -5,11 +5,14 @@
 // modes (fp32 for checking, bf16 mixed precision), on fresh random inputs. The
 // CPU reference reads the same values, rounded to bf16 where the GPU's input is
 // bf16, so the error measured is the GPU's own arithmetic.
+// The channels-last (NHWC) forms of the convolution and GroupNorm are also
+// held against the CPU's channels-first ops on the same values transposed, a
+// reference that shares no code with either channels-last form.
 //
 // Error: ||gpu - cpu|| / ||cpu|| per output; NaN fails. Tolerances per mode.
 // Skips (exit 0, with a message) where no GPU is present.
 //
-//   build/tests/test_cuda_latent [seed] [all | groups: conv,norm,latent]
+//   build/tests/test_cuda_latent [seed] [all | groups: conv,norm,latent,nhwc]
 #include "cuda_check.h"
 
 // Copies the CPU's values of p to the GPU's copy (backward then starts from the same state).
@@ -32,6 +35,52 @@ static void expect_same(const char *name, pair a, pair b) {
     free(ha), free(hb);
 }
 
+// The CPU copy of p (fp32), on the host.
+static float *get_cpu(pair p) {
+    float *h = malloc(p.n * 4);
+    g_cpu->download(g_cpu, h, p.c.p, p.n * 4);
+    return h;
+}
+
+// h[N, C, S] (channels-first) to [N, S, C] (to_last), or back.
+static float *relayout(const float *h, int64_t N, int64_t C, int64_t S, bool to_last) {
+    float *o = malloc(N * C * S * 4);
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t c = 0; c < C; c++)
+            for (int64_t i = 0; i < S; i++) {
+                const int64_t first = (n * C + c) * S + i, last = (n * S + i) * C + c;
+                if (to_last) o[last] = h[first];
+                else o[first] = h[last];
+            }
+    return o;
+}
+
+// A pair whose CPU copy holds h[n] (its GPU copy is not used).
+static pair cpu_pair(const float *h, int64_t n) {
+    pair p = make(n, DC_F32);
+    g_cpu->upload(g_cpu, p.c.p, h, n * 4);
+    return p;
+}
+
+// The channels-first form of p's CPU copy, [N, S, C] -> [N, C, S], in a new pair.
+static pair cpu_first(pair p, int64_t N, int64_t C, int64_t S) {
+    float *h = get_cpu(p), *f = relayout(h, N, C, S, false);
+    pair q = cpu_pair(f, p.n);
+    free(h), free(f);
+    return q;
+}
+
+// Compares the GPU's channels-last result p [N, S, C] with ref, the CPU's
+// channels-first result [N, C, S] of the same values.
+static void compare_first(const char *name, pair p, pair ref, int64_t N, int64_t C, int64_t S, double tol) {
+    float *h = get_cpu(ref), *r = relayout(h, N, C, S, true);
+    pair q = make(p.n, p.g.dt);
+    g_cpu->upload(g_cpu, q.c.p, r, p.n * 4);
+    g_gpu->copy(g_gpu, q.g.p, p.g.p, p.n * dc_dtype_size(p.g.dt));
+    compare(name, q, tol);
+    free(h), free(r);
+}
+
 // A conv's forward and its input gradient, as a model's step issues them (for graph capture).
 typedef struct {
     dc_buf out, dx, x, w, b, dout;
@@ -47,10 +96,12 @@ static int run_conv(void *arg) {
 // conv2d forward and backward; the GPU's compute-dtype tensors, fp32 gradients
 // of the weights. bf16 tolerances: the output and dx are rounded to bf16 (2^-9
 // relative); cuDNN writes the weight gradient in bf16 before it is added in fp32.
+// nhwc: channels-last maps and weights, also checked against the CPU's
+// channels-first conv of the same values.
 static void test_conv(int B, int Ci, int H, int W, int Co, int k, int stride, int pt, int pb, int pl, int pr,
-                      bool bias) {
+                      bool bias, bool nhwc) {
     char name[128];
-    dc_conv2d_shape s = {B, Ci, H, W, Co, k, stride, pt, pb, pl, pr};
+    dc_conv2d_shape s = {B, Ci, H, W, Co, k, stride, pt, pb, pl, pr, nhwc};
     const int Ho = dc_conv2d_ho(&s), Wo = dc_conv2d_wo(&s);
     const int64_t nx = (int64_t)B * Ci * H * W, ny = (int64_t)B * Co * Ho * Wo, nw = (int64_t)Co * Ci * k * k;
     if (g_cpu->reserve_conv(g_cpu, &s) || g_gpu->reserve_conv(g_gpu, &s)) {
@@ -62,12 +113,13 @@ static void test_conv(int B, int Ci, int H, int W, int Co, int k, int stride, in
     pair out = nan_pair(ny, g_ct);
     dc_buf bc = bias ? b.c : dc_buf_none(), bg = bias ? b.g : dc_buf_none();
     g_cpu->conv2d_fwd(g_cpu, out.c, x.c, w.c, bc, &s), g_gpu->conv2d_fwd(g_gpu, out.g, x.g, w.g, bg, &s);
-    snprintf(name, sizeof name, "conv2d_fwd B%d %d->%d %dx%d k%d s%d pad %d,%d,%d,%d%s", B, Ci, Co, H, W, k, stride,
-             pt, pb, pl, pr, bias ? "" : " (no bias)");
+    snprintf(name, sizeof name, "conv2d_fwd B%d %d->%d %dx%d k%d s%d pad %d,%d,%d,%d%s%s", B, Ci, Co, H, W, k,
+             stride, pt, pb, pl, pr, nhwc ? " NHWC" : "", bias ? "" : " (no bias)");
     compare(name, out, g_ct == DC_F32 ? 1e-5 : 1e-2);
     pair dout = rand_pair(ny, g_ct, -1, 1), dx = nan_pair(nx, g_ct);
     pair dw = rand_pair(nw, DC_F32, -1, 1), db = rand_pair(Co, DC_F32, -1, 1);
     pair dw2 = make(nw, DC_F32), dx2 = make(nx, g_ct);
+    pair dw0 = nhwc ? cpu_first(dw, Co, Ci, (int64_t)k * k) : dw;  // dw before +=, channels-first
     // the GPU's second copy of dw starts equal to its first: run twice, the bytes must agree
     g_gpu->copy(g_gpu, dw2.g.p, dw.g.p, nw * 4);
     g_cpu->conv2d_bwd(g_cpu, dx.c, dw.c, db.c, dout.c, x.c, w.c, &s, false);
@@ -75,6 +127,23 @@ static void test_conv(int B, int Ci, int H, int W, int Co, int k, int stride, in
     compare("conv2d_bwd dx", dx, g_ct == DC_F32 ? 1e-5 : 1e-2);
     compare("conv2d_bwd dw (fp32 +=)", dw, g_ct == DC_F32 ? 1e-5 : 5e-3);
     compare("conv2d_bwd db (fp32 +=)", db, 1e-5);
+    if (nhwc) {  // the same values channels-first through the CPU's NCHW conv
+        dc_conv2d_shape sf = s;
+        sf.nhwc = 0;
+        if (g_cpu->reserve_conv(g_cpu, &sf)) {
+            printf("FAIL reserve_conv (NCHW): %s\n", dc_error());
+            g_fail++, g_count++;
+        } else {
+            const int64_t HW = (int64_t)H * W, HWo = (int64_t)Ho * Wo, kk = (int64_t)k * k;
+            pair xf = cpu_first(x, B, Ci, HW), wf = cpu_first(w, Co, Ci, kk), df = cpu_first(dout, B, Co, HWo);
+            pair of = make(ny, DC_F32), dxf = make(nx, DC_F32);
+            g_cpu->conv2d_fwd(g_cpu, of.c, xf.c, wf.c, bc, &sf);
+            g_cpu->conv2d_bwd(g_cpu, dxf.c, dw0.c, dc_buf_none(), df.c, xf.c, wf.c, &sf, false);
+            compare_first("conv2d_fwd NHWC = NCHW transposed", out, of, B, Co, HWo, g_ct == DC_F32 ? 1e-5 : 1e-2);
+            compare_first("conv2d_bwd dx NHWC = NCHW", dx, dxf, B, Ci, HW, g_ct == DC_F32 ? 1e-5 : 1e-2);
+            compare_first("conv2d_bwd dw NHWC = NCHW", dw, dw0, Co, Ci, kk, g_ct == DC_F32 ? 1e-5 : 5e-3);
+        }
+    }
     g_gpu->conv2d_bwd(g_gpu, dx2.g, dw2.g, dc_buf_none(), dout.g, x.g, w.g, &s, false);
     expect_same("conv2d_bwd run twice: dx bit for bit", dx, dx2);
     expect_same("conv2d_bwd run twice: dw bit for bit", dw, dw2);
@@ -204,16 +273,179 @@ static void test_latent_pointwise(int off) {
     release();
 }
 
+// GroupNorm(+SiLU) over channels-last x[B, HW, C] in dtype xt: against the
+// CPU's channels-last op and its channels-first one on the same values
+// transposed; run twice, and on copies of the inputs at an odd offset (no
+// vector accesses), the same bits.
+static void test_group_norm_nhwc(int B, int C, int64_t HW, int G, bool silu, float eps, dc_dtype xt) {
+    char name[128];
+    const int64_t n = (int64_t)B * C * HW, ns = (int64_t)B * G;
+    pair x = rand_pair(n, xt, -3, 5), ga = rand_pair(C, g_ct, 0.5, 1.5), be = rand_pair(C, g_ct, -0.5, 0.5);
+    pair out = nan_pair(n, g_ct), mean = nan_pair(ns, DC_F32), rstd = nan_pair(ns, DC_F32);
+    g_cpu->group_norm_nhwc_fwd(g_cpu, out.c, mean.c, rstd.c, x.c, ga.c, be.c, B, C, HW, G, eps, silu);
+    g_gpu->group_norm_nhwc_fwd(g_gpu, out.g, mean.g, rstd.g, x.g, ga.g, be.g, B, C, HW, G, eps, silu);
+    snprintf(name, sizeof name, "group_norm_nhwc_fwd B%d C%d HW%lld G%d%s (x %s)", B, C, (long long)HW, G,
+             silu ? " +silu" : "", dc_dtype_name(xt));
+    compare(name, out, g_tol);
+    compare("group_norm_nhwc_fwd mean", mean, 1e-5);
+    compare("group_norm_nhwc_fwd rstd", rstd, 1e-5);
+    // the channels-first op on the same values
+    pair xf = cpu_first(x, B, C, HW), of = make(n, DC_F32), mf = make(ns, DC_F32), rf = make(ns, DC_F32);
+    g_cpu->group_norm_fwd(g_cpu, of.c, mf.c, rf.c, xf.c, ga.c, be.c, B, C, HW, G, eps, silu);
+    compare_first("group_norm_nhwc_fwd = NCHW transposed", out, of, B, C, HW, g_tol);
+    compare_first("group_norm_nhwc_fwd mean = NCHW", mean, mf, B, 1, G, 1e-5);
+    compare_first("group_norm_nhwc_fwd rstd = NCHW", rstd, rf, B, 1, G, 1e-5);
+    // again, and from inputs one element off their alignment: the same bits
+    pair out2 = make(n, g_ct), mean2 = make(ns, DC_F32), rstd2 = make(ns, DC_F32);
+    g_gpu->group_norm_nhwc_fwd(g_gpu, out2.g, mean2.g, rstd2.g, x.g, ga.g, be.g, B, C, HW, G, eps, silu);
+    expect_same("group_norm_nhwc_fwd run twice: bit for bit", out, out2);
+    pair xu = offset(make(n + 1, xt), 1), ou = offset(make(n + 1, g_ct), 1);
+    g_gpu->copy(g_gpu, xu.g.p, x.g.p, n * dc_dtype_size(xt));
+    g_gpu->group_norm_nhwc_fwd(g_gpu, ou.g, mean2.g, rstd2.g, xu.g, ga.g, be.g, B, C, HW, G, eps, silu);
+    expect_same("group_norm_nhwc_fwd unaligned: bit for bit", out, ou);
+    expect_same("group_norm_nhwc_fwd unaligned: mean bit for bit", mean, mean2);
+    expect_same("group_norm_nhwc_fwd unaligned: rstd bit for bit", rstd, rstd2);
+    release();
+}
+
+// The two copies of concat_channels, recorded into a graph (as a sampler step is).
+typedef struct {
+    dc_buf out, a, b;
+    int C1, C2;
+    int64_t M;
+} concat_call;
+static int run_concat(void *arg) {
+    concat_call *c = arg;
+    g_gpu->concat_channels(g_gpu, c->out, c->a, c->C1, c->b, c->C2, c->M);
+    return 0;
+}
+
+// Channels-last upsampling, per-channel add and concatenation. off > 0 shifts
+// every buffer by that many elements: 1 leaves only one-value accesses, 4
+// (8 bytes in BF16) 4-wide ones where offset 0 has 8-wide.
+static void test_nhwc_pointwise(int off) {
+    char name[128], sfx[32] = "";
+    if (off) snprintf(sfx, sizeof sfx, " (offset %d)", off);
+    static const struct { int B, C, H, W; } up[3] = {{2, 320, 8, 8}, {2, 36, 5, 7}, {1, 3, 4, 3}};
+    for (int i = 0; i < 3; i++) {
+        const int B = up[i].B, C = up[i].C, H = up[i].H, W = up[i].W;
+        const int64_t n = (int64_t)B * C * H * W;
+        pair x = offset(rand_pair(n + off, g_ct, -1, 1), off), o = offset(nan_pair(4 * n + off, g_ct), off);
+        g_cpu->upsample2x_nhwc_fwd(g_cpu, o.c, x.c, B, C, H, W);
+        g_gpu->upsample2x_nhwc_fwd(g_gpu, o.g, x.g, B, C, H, W);
+        snprintf(name, sizeof name, "upsample2x_nhwc_fwd %dx%dx%dx%d%s", B, H, W, C, sfx);
+        compare(name, o, 0);
+        // against the channels-first op on the same values
+        pair xf = cpu_first(x, B, C, (int64_t)H * W), of = make(4 * n, DC_F32);
+        g_cpu->upsample2x_fwd(g_cpu, of.c, xf.c, B, C, H, W);
+        compare_first("upsample2x_nhwc_fwd = NCHW transposed", o, of, B, C, 4 * (int64_t)H * W, 0);
+    }
+    static const struct { int B, C; int64_t HW; } ac[3] = {{2, 320, 64}, {3, 36, 35}, {2, 5, 9}};
+    for (int i = 0; i < 3; i++) {
+        const int B = ac[i].B, C = ac[i].C;
+        const int64_t HW = ac[i].HW, n = B * C * HW;
+        pair x = offset(rand_pair(n + off, g_ct, -1, 1), off), v = offset(rand_pair(B * C + off, g_ct, -1, 1), off);
+        g_cpu->add_channel_nhwc(g_cpu, x.c, v.c, B, C, HW), g_gpu->add_channel_nhwc(g_gpu, x.g, v.g, B, C, HW);
+        snprintf(name, sizeof name, "add_channel_nhwc B%d C%d HW%lld%s", B, C, (long long)HW, sfx);
+        compare(name, x, g_ct == DC_F32 ? 0 : g_tol);  // one addition, rounded once
+    }
+    static const struct { int C1, C2; int64_t M; } cc[3] = {{320, 640, 2 * 64}, {4, 8, 33}, {3, 5, 7}};
+    for (int i = 0; i < 3; i++) {
+        const int C1 = cc[i].C1, C2 = cc[i].C2;
+        const int64_t M = cc[i].M, n = M * (C1 + C2);
+        pair a = offset(rand_pair(M * C1 + off, g_ct, -1, 1), off), b = offset(rand_pair(M * C2 + off, g_ct, -1, 1), off);
+        pair o = offset(nan_pair(n + off, g_ct), off), og = offset(nan_pair(n + off, g_ct), off);
+        g_cpu->concat_channels(g_cpu, o.c, a.c, C1, b.c, C2, M);
+        g_gpu->concat_channels(g_gpu, o.g, a.g, C1, b.g, C2, M);
+        snprintf(name, sizeof name, "concat_channels M%lld %d+%d%s", (long long)M, C1, C2, sfx);
+        compare(name, o, 0);
+        concat_call call = {og.g, a.g, b.g, C1, C2, M};
+        void *graph = g_gpu->graph_capture(g_gpu, run_concat, &call);
+        if (graph) g_gpu->graph_launch(g_gpu, graph);
+        else printf("     graph capture: %s\n", dc_error());
+        expect(graph != NULL, "concat_channels: captured in a graph");
+        expect_same("concat_channels replayed from a graph: bit for bit", o, og);
+        if (graph) g_gpu->graph_free(g_gpu, graph);
+    }
+    release();
+}
+
+// Inputs the channels-last ops cannot take: each is an error recorded in the
+// op's name (on a backend of its own: a recorded error ends a backend), and a
+// layout flag other than 0 or 1 is refused at reserve_conv.
+static void expect_op_error(void (*call)(dc_backend *be, void *buf), const char *op, const char *what) {
+    dc_backend *be = dc_backend_cuda_create(g_ct == DC_F32);
+    if (!be) {
+        expect(false, dc_error());
+        return;
+    }
+    void *buf = be->alloc(be, 4096);
+    call(be, buf);
+    const int st = dc_backend_status(be);
+    printf("     %s: %s\n", op, st ? dc_error() : "(no error)");
+    expect(st == -1 && strstr(dc_error(), op) != NULL, what);
+    be->free(be, buf);
+    dc_backend_destroy(be);
+}
+static void bad_concat(dc_backend *be, void *p) {
+    be->concat_channels(be, (dc_buf){p, DC_F32}, (dc_buf){p, DC_BF16}, 4, (dc_buf){p, DC_F32}, 4, 8);
+}
+static void bad_concat_overlap(dc_backend *be, void *p) {
+    // out [8, 8] F32 at p, a [8, 4] starting inside it
+    be->concat_channels(be, (dc_buf){p, DC_F32}, (dc_buf){(float *)p + 16, DC_F32}, 4,
+                        (dc_buf){(float *)p + 512, DC_F32}, 4, 8);
+}
+static void bad_group_norm(dc_backend *be, void *p) {
+    const dc_buf f = {p, DC_F32};
+    be->group_norm_nhwc_fwd(be, f, f, f, (dc_buf){p, DC_F16}, f, f, 1, 8, 4, 4, 1e-5f, false);
+}
+static void bad_upsample(dc_backend *be, void *p) {
+    be->upsample2x_nhwc_fwd(be, (dc_buf){p, DC_F32}, (dc_buf){p, DC_I32}, 1, 4, 2, 2);
+}
+static void bad_add_channel(dc_backend *be, void *p) {
+    be->add_channel_nhwc(be, (dc_buf){p, DC_F16}, (dc_buf){p, DC_F32}, 1, 4, 2);
+}
+static void test_nhwc_errors(void) {
+    expect_op_error(bad_concat, "concat_channels", "concat_channels of mixed dtypes: an error naming the op");
+    expect_op_error(bad_concat_overlap, "concat_channels", "concat_channels into its own input: an error");
+    expect_op_error(bad_group_norm, "group_norm_nhwc_fwd", "group_norm_nhwc_fwd of F16 maps: an error naming the op");
+    expect_op_error(bad_upsample, "upsample2x_nhwc_fwd", "upsample2x_nhwc_fwd of I32 maps: an error naming the op");
+    expect_op_error(bad_add_channel, "add_channel_nhwc", "add_channel_nhwc of F16 maps: an error naming the op");
+    dc_conv2d_shape s = {1, 4, 8, 8, 4, 3, 1, 1, 1, 1, 1, 2};
+    const int rc = g_gpu->reserve_conv(g_gpu, &s);
+    expect(rc == -1 && strstr(dc_error(), "layout") != NULL, "reserve_conv of layout flag 2: an error naming the layout");
+}
+
 static void run_groups(void) {
     if (want("conv")) {
-        test_conv(2, 8, 12, 10, 16, 3, 1, 1, 1, 1, 1, true);     // 3x3, H != W, Ci != Co
-        test_conv(2, 16, 16, 12, 16, 3, 2, 0, 1, 0, 1, true);    // SD VAE downsampling
-        test_conv(2, 6, 9, 11, 10, 3, 2, 0, 1, 0, 1, true);      // the same, odd sizes
-        test_conv(2, 32, 8, 6, 24, 1, 1, 0, 0, 0, 0, true);      // 1x1
-        test_conv(1, 32, 16, 16, 3, 3, 1, 1, 1, 1, 1, false);    // to RGB, no bias
-        test_conv(2, 5, 7, 9, 4, 3, 1, 0, 2, 2, 0, true);        // asymmetric, stride 1
-        test_conv(2, 64, 32, 32, 128, 3, 1, 1, 1, 1, 1, true);   // a UNet-sized one
-        test_conv(2, 64, 16, 16, 64, 3, 2, 1, 1, 1, 1, true);    // symmetric stride 2 (UNet)
+        test_conv(2, 8, 12, 10, 16, 3, 1, 1, 1, 1, 1, true, false);     // 3x3, H != W, Ci != Co
+        test_conv(2, 16, 16, 12, 16, 3, 2, 0, 1, 0, 1, true, false);    // SD VAE downsampling
+        test_conv(2, 6, 9, 11, 10, 3, 2, 0, 1, 0, 1, true, false);      // the same, odd sizes
+        test_conv(2, 32, 8, 6, 24, 1, 1, 0, 0, 0, 0, true, false);      // 1x1
+        test_conv(1, 32, 16, 16, 3, 3, 1, 1, 1, 1, 1, false, false);    // to RGB, no bias
+        test_conv(2, 5, 7, 9, 4, 3, 1, 0, 2, 2, 0, true, false);        // asymmetric, stride 1
+        test_conv(2, 64, 32, 32, 128, 3, 1, 1, 1, 1, 1, true, false);   // a UNet-sized one
+        test_conv(2, 64, 16, 16, 64, 3, 2, 1, 1, 1, 1, true, false);    // symmetric stride 2 (UNet)
+    }
+    if (want("nhwc")) {  // channels-last maps, as the UNet and the VAE keep them
+        test_conv(2, 64, 16, 12, 64, 3, 1, 1, 1, 1, 1, true, true);     // 3x3, H != W
+        test_conv(2, 36, 9, 11, 20, 3, 1, 1, 1, 1, 1, true, true);      // odd channel counts and sizes
+        test_conv(2, 128, 16, 16, 128, 3, 2, 1, 1, 1, 1, true, true);   // UNet downsampling
+        test_conv(2, 36, 9, 11, 20, 3, 2, 1, 1, 1, 1, true, true);
+        test_conv(2, 128, 16, 16, 128, 3, 2, 0, 1, 0, 1, true, true);   // VAE downsampling
+        test_conv(2, 36, 9, 11, 20, 3, 2, 0, 1, 0, 1, true, true);
+        test_conv(2, 64, 8, 6, 128, 1, 1, 0, 0, 0, 0, true, true);      // 1x1 (a resnet's shortcut)
+        test_conv(2, 36, 7, 5, 20, 1, 1, 0, 0, 0, 0, true, true);
+        test_conv(2, 5, 7, 9, 4, 3, 1, 0, 2, 2, 0, true, true);         // asymmetric, stride 1, 5 channels
+        test_conv(1, 64, 16, 16, 3, 3, 1, 1, 1, 1, 1, false, true);     // to RGB, no bias
+        test_group_norm_nhwc(2, 320, 4096, 32, true, 1e-5f, g_ct);       // UNet at 64x64
+        test_group_norm_nhwc(2, 320, 4096, 32, false, 1e-6f, DC_F32);
+        test_group_norm_nhwc(2, 64, 4096, 32, true, 1e-6f, g_ct);
+        test_group_norm_nhwc(3, 64, 35, 32, false, 1e-5f, g_ct);         // odd pixel count
+        test_group_norm_nhwc(2, 36, 35, 4, true, 1e-5f, g_ct);           // 9-channel groups: a 4-wide access spans two
+        test_group_norm_nhwc(17, 320, 1632, 32, true, 1e-5f, g_ct);      // more samples than one piece of partials
+        test_nhwc_pointwise(0), test_nhwc_pointwise(1), test_nhwc_pointwise(4);
+        test_nhwc_errors();
     }
     if (want("norm")) {
         test_group_norm(2, 64, 64, 32, true, 1e-6f, g_ct);

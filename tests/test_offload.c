@@ -119,8 +119,11 @@ static void check_same(const job *j, const job *ref, int from, const char *what)
     for (int s = from; s <= j->steps; s++) {
         CHECK(isfinite(j->loss[s]) && j->loss[s] == ref->loss[s], "%s: step %d loss %.9g, plain %.9g", what, s,
               j->loss[s], ref->loss[s]);
-        CHECK(isfinite(j->norm[s]) && j->norm[s] == ref->norm[s], "%s: step %d gradient norm %.9g, plain %.9g",
-              what, s, j->norm[s], ref->norm[s]);
+        // with clipping the norm sets the update: the same pass, the same bits; without,
+        // offload combines the units' norms (train/offload.h): fp32 rounding apart
+        const double tol = j->clip > 0 ? 0.0 : 1e-6 * fabs(ref->norm[s]);
+        CHECK(isfinite(j->norm[s]) && fabs(j->norm[s] - ref->norm[s]) <= tol,
+              "%s: step %d gradient norm %.9g, plain %.9g", what, s, j->norm[s], ref->norm[s]);
     }
 }
 

@@ -1,5 +1,6 @@
 // The ops of latent diffusion (convolutions, GroupNorm with SiLU, affine
-// LayerNorm, nearest upsampling, GEGLU and the activations) of a backend
+// LayerNorm, nearest upsampling, GEGLU and the activations; the convolution,
+// GroupNorm, upsampling, channel add and concat of channels-last maps) of a backend
 // against straight double loops and their finite differences, as test_ops.c
 // does for the DiT ops (its header comment explains the tolerances).
 //
@@ -20,6 +21,47 @@ static int64_t conv_nw(const dc_conv2d_shape *s) { return (int64_t)s->Co * s->Ci
 static int64_t conv_no(const dc_conv2d_shape *s) {
     return (int64_t)s->B * s->Co * dc_conv2d_ho(s) * dc_conv2d_wo(s);
 }
+// The reference keeps every tensor as PyTorch lays it out (NCHW); a
+// channels-last conv (s.nhwc) gets them permuted. A map [B, C, HW] becomes
+// [B, HW, C], and a weight [Co, Ci, k*k] becomes [Co, k*k, Ci]: the same
+// permutation with Co in place of B.
+typedef struct {
+    int B, C;
+    int64_t HW;
+} conv_dims;
+// dst[b, p, c] = src[b, c, p] (to_last), or back.
+static float *permute(const float *src, conv_dims d, bool to_last) {
+    float *dst = malloc((size_t)d.B * d.C * d.HW * sizeof(float));
+    for (int b = 0; b < d.B; b++)
+        for (int c = 0; c < d.C; c++)
+            for (int64_t p = 0; p < d.HW; p++) {
+                const int64_t first = ((int64_t)b * d.C + c) * d.HW + p;
+                const int64_t last = ((int64_t)b * d.HW + p) * d.C + c;
+                if (to_last) dst[last] = src[first];
+                else dst[first] = src[last];
+            }
+    return dst;
+}
+// Uploads h (NCHW) into buffer d in the conv's layout.
+static void conv_put(const dc_conv2d_shape *s, dc_buf d, const float *h, conv_dims dims) {
+    float *t = s->nhwc ? permute(h, dims, true) : NULL;
+    g_be->upload(g_be, d.p, t ? t : h, (size_t)dims.B * dims.C * dims.HW * sizeof(float));
+    free(t);
+}
+static dc_buf conv_dev(const dc_conv2d_shape *s, const float *h, conv_dims dims) {
+    dc_buf d = dev_alloc((int64_t)dims.B * dims.C * dims.HW);
+    conv_put(s, d, h, dims);
+    return d;
+}
+// Downloads d (in the conv's layout) as NCHW; caller frees.
+static float *conv_get(const dc_conv2d_shape *s, dc_buf d, conv_dims dims) {
+    float *h = dev_get(d, (int64_t)dims.B * dims.C * dims.HW);
+    if (!s->nhwc) return h;
+    float *t = permute(h, dims, false);
+    free(h);
+    return t;
+}
+
 // PyTorch's Conv2d (a cross-correlation), as loops over every output and tap:
 // out[b,co,oy,ox] = bias[co] + sum w[co,ci,ky,kx] x[b,ci,oy*s-pad_t+ky, ox*s-pad_l+kx],
 // x zero outside the image. Without dx, adds the products into c->out; with
@@ -70,13 +112,16 @@ static void conv_grad_ref(conv_ctx *c, double *dx, double *dw, double *db) {
 
 // Forward with and without bias; backward dx (overwritten, then +=), dw +=,
 // db += against the reference gradients, and (nfd > 0) against finite
-// differences of the reference loss at nfd random coordinates each.
+// differences of the reference loss at nfd random coordinates each. Every
+// tensor is compared in NCHW order, whatever the layout the backend ran.
 static void test_conv2d(dc_conv2d_shape s, int nfd) {
     if (!have("conv2d", g_be->reserve_conv && g_be->conv2d_fwd && g_be->conv2d_bwd)) return;
     const int64_t nx = conv_nx(&s), nw = conv_nw(&s), no = conv_no(&s);
-    char tag[64], name[128];
-    snprintf(tag, sizeof tag, "B%d %d>%d %dx%d k%d s%d p%d%d%d%d", s.B, s.Ci, s.Co, s.H, s.W, s.k,
-             s.stride, s.pad_t, s.pad_b, s.pad_l, s.pad_r);
+    const conv_dims mx = {s.B, s.Ci, (int64_t)s.H * s.W}, mw = {s.Co, s.Ci, s.k * s.k};
+    const conv_dims mo = {s.B, s.Co, (int64_t)dc_conv2d_ho(&s) * dc_conv2d_wo(&s)};
+    char tag[80], name[160];
+    snprintf(tag, sizeof tag, "%sB%d %d>%d %dx%d k%d s%d p%d%d%d%d", s.nhwc ? "nhwc " : "", s.B,
+             s.Ci, s.Co, s.H, s.W, s.k, s.stride, s.pad_t, s.pad_b, s.pad_l, s.pad_r);
     float *x = host_rand(nx, -1, 1), *w = host_rand(nw, -1, 1), *b = host_rand(s.Co, -1, 1);
     float *R = host_rand(no, -1, 1);
     conv_ctx c = {s, to_d(x, nx), to_d(w, nw), to_d(b, s.Co), to_d(R, no),
@@ -86,19 +131,20 @@ static void test_conv2d(dc_conv2d_shape s, int nfd) {
         report("reserve_conv", INFINITY, 0);
         goto done;
     }
-    dc_buf xd = dev_from(x, nx), wd = dev_from(w, nw), bd = dev_from(b, s.Co), out = dev_nan(no);
+    dc_buf xd = conv_dev(&s, x, mx), wd = conv_dev(&s, w, mw), bd = dev_from(b, s.Co);
+    dc_buf out = dev_nan(no);
     for (int bias = 1; bias >= 0; bias--) {
         conv_ctx cc = c;
         if (!bias) cc.b = NULL;
         conv_ref(&cc);
         g_be->conv2d_fwd(g_be, out, xd, wd, bias ? bd : dc_buf_none(), &s);
-        float *got = dev_get(out, no);
+        float *got = conv_get(&s, out, mo);
         snprintf(name, sizeof name, "conv2d_fwd %s%s", tag, bias ? "" : " nobias");
         check(name, got, c.out, no, TOL_FWD);
         for (int k = 0; bias && other_threads(k); k++) {
             g_be->conv2d_fwd(g_be, out, xd, wd, bd, &s);
-            float *again = dev_get(out, no);
-            snprintf(name, sizeof name, "conv2d_fwd %s", threads_tag(k));
+            float *again = conv_get(&s, out, mo);
+            snprintf(name, sizeof name, "conv2d_fwd %s%s", s.nhwc ? "nhwc " : "", threads_tag(k));
             check_same(name, again, got, no);
             free(again);
         }
@@ -109,9 +155,10 @@ static void test_conv2d(dc_conv2d_shape s, int nfd) {
     double *rdb = malloc(s.Co * sizeof(double));
     conv_grad_ref(&c, rdx, rdw, rdb);
     float *pw = host_rand(nw, -1, 1), *pb = host_rand(s.Co, -1, 1), *start = host_rand(nx, -1, 1);
-    dc_buf Rd = dev_from(R, no), gx = dev_nan(nx), gw = dev_from(pw, nw), gb = dev_from(pb, s.Co);
+    dc_buf Rd = conv_dev(&s, R, mo), gx = dev_nan(nx), gw = conv_dev(&s, pw, mw);
+    dc_buf gb = dev_from(pb, s.Co);
     g_be->conv2d_bwd(g_be, gx, gw, gb, Rd, xd, wd, &s, false);
-    float *g1 = dev_get(gx, nx), *g2 = dev_get(gw, nw), *g3 = dev_get(gb, s.Co);
+    float *g1 = conv_get(&s, gx, mx), *g2 = conv_get(&s, gw, mw), *g3 = dev_get(gb, s.Co);
     float *dw = malloc(nw * sizeof(float)), *db = malloc(s.Co * sizeof(float));
     for (int64_t i = 0; i < nw; i++) dw[i] = g2[i] - pw[i];  // dw and db are "+="
     for (int i = 0; i < s.Co; i++) db[i] = g3[i] - pb[i];
@@ -122,34 +169,35 @@ static void test_conv2d(dc_conv2d_shape s, int nfd) {
     snprintf(name, sizeof name, "conv2d_bwd db += %s", tag);
     check(name, db, rdb, s.Co, TOL_FWD);
     if (nfd) {
-        snprintf(name, sizeof name, "conv2d_bwd dx vs FD k%d s%d", s.k, s.stride);
+        const char *l = s.nhwc ? " nhwc" : "";
+        snprintf(name, sizeof name, "conv2d_bwd dx vs FD k%d s%d%s", s.k, s.stride, l);
         report(name, fd_err(conv_ref, &c, c.x, nx, g1, nfd), TOL_FD);
-        snprintf(name, sizeof name, "conv2d_bwd dw vs FD k%d s%d", s.k, s.stride);
+        snprintf(name, sizeof name, "conv2d_bwd dw vs FD k%d s%d%s", s.k, s.stride, l);
         report(name, fd_err(conv_ref, &c, c.w, nw, dw, nfd), TOL_FD);
-        snprintf(name, sizeof name, "conv2d_bwd db vs FD k%d s%d", s.k, s.stride);
+        snprintf(name, sizeof name, "conv2d_bwd db vs FD k%d s%d%s", s.k, s.stride, l);
         report(name, fd_err(conv_ref, &c, c.b, s.Co, db, nfd), TOL_FD);
     }
     for (int k = 0; other_threads(k); k++) {
-        g_be->upload(g_be, gw.p, pw, nw * sizeof(float));
+        conv_put(&s, gw, pw, mw);
         g_be->upload(g_be, gb.p, pb, s.Co * sizeof(float));
         g_be->conv2d_bwd(g_be, gx, gw, gb, Rd, xd, wd, &s, false);
-        float *a1 = dev_get(gx, nx), *a2 = dev_get(gw, nw), *a3 = dev_get(gb, s.Co);
+        float *a1 = conv_get(&s, gx, mx), *a2 = conv_get(&s, gw, mw), *a3 = dev_get(gb, s.Co);
         bool same = !memcmp(a1, g1, nx * 4) && !memcmp(a2, g2, nw * 4) && !memcmp(a3, g3, s.Co * 4);
-        snprintf(name, sizeof name, "conv2d_bwd %s", threads_tag(k));
+        snprintf(name, sizeof name, "conv2d_bwd %s%s", s.nhwc ? "nhwc " : "", threads_tag(k));
         report(name, same ? 0 : INFINITY, 0);
         free(a1), free(a2), free(a3);
     }
 
     // accumulate adds onto dx; NULL dw and db are skipped; dw alone is the same.
-    g_be->upload(g_be, gx.p, start, nx * sizeof(float));
+    conv_put(&s, gx, start, mx);
     g_be->conv2d_bwd(g_be, gx, dc_buf_none(), dc_buf_none(), Rd, xd, wd, &s, true);
-    float *g4 = dev_get(gx, nx);
+    float *g4 = conv_get(&s, gx, mx);
     for (int64_t i = 0; i < nx; i++) rdx[i] = (double)start[i] + g1[i];
     snprintf(name, sizeof name, "conv2d_bwd dx += %s", tag);
     check(name, g4, rdx, nx, TOL_FWD);
-    g_be->upload(g_be, gw.p, pw, nw * sizeof(float));
+    conv_put(&s, gw, pw, mw);
     g_be->conv2d_bwd(g_be, dc_buf_none(), gw, dc_buf_none(), Rd, xd, wd, &s, false);
-    float *g5 = dev_get(gw, nw);
+    float *g5 = conv_get(&s, gw, mw);
     snprintf(name, sizeof name, "conv2d_bwd dw only %s", tag);
     check_same(name, g5, g2, nw);
     free(rdx), free(rdw), free(rdb), free(pw), free(pb), free(start), free(g1), free(g2);
@@ -263,6 +311,45 @@ static void test_group_norm(int B, int C, int64_t HW, int G, float eps, bool sil
     free(x), free(gamma), free(beta), free(R), free(c.x), free(c.gamma), free(c.beta), free(c.R);
     free(c.out), free(mean), free(rstd), free(got), free(gm), free(gr), free(pg), free(pb);
     free(start), free(g1), free(g2), free(g3), free(dg), free(db), free(g4);
+    dev_free_all();
+}
+
+// GroupNorm over channels-last maps (forward only) against the same float64
+// reference, which keeps x as [B, C, HW]: the backend gets x as [B, HW, C].
+static void test_group_norm_nhwc(int B, int C, int64_t HW, int G, float eps, bool silu, double lo,
+                                 double hi) {
+    if (!have("group_norm_nhwc", g_be->group_norm_nhwc_fwd)) return;
+    const int64_t n = (int64_t)B * C * HW, ns = (int64_t)B * G;
+    const conv_dims dims = {B, C, HW};
+    char tag[64], name[128];
+    snprintf(tag, sizeof tag, "B%d C%d HW%lld G%d eps%.0e%s", B, C, (long long)HW, G, eps,
+             silu ? " silu" : "");
+    float *x = host_rand(n, lo, hi), *gamma = host_rand(C, -1.5, 1.5), *beta = host_rand(C, -1, 1);
+    float *R = host_rand(n, -1, 1);  // only for gn_ref's loss, unused here
+    gn_ctx c = {to_d(x, n), to_d(gamma, C), to_d(beta, C), to_d(R, n), malloc(n * sizeof(double)),
+                B, C, G, HW, eps, silu};
+    double *mean = malloc(ns * sizeof(double)), *rstd = malloc(ns * sizeof(double));
+    gn_ref(&c, mean, rstd);
+    float *xl = permute(x, dims, true);
+    dc_buf xd = dev_from(xl, n), gd = dev_from(gamma, C), bd = dev_from(beta, C), out = dev_nan(n);
+    dc_buf md = dev_nan(ns), rd = dev_nan(ns);
+    g_be->group_norm_nhwc_fwd(g_be, out, md, rd, xd, gd, bd, B, C, HW, G, eps, silu);
+    float *raw = dev_get(out, n), *got = permute(raw, dims, false);
+    float *gm = dev_get(md, ns), *gr = dev_get(rd, ns);
+    snprintf(name, sizeof name, "group_norm_nhwc_fwd %s", tag);
+    check(name, got, c.out, n, TOL_FWD);
+    check("group_norm_nhwc_fwd mean", gm, mean, ns, TOL_FWD);
+    check("group_norm_nhwc_fwd rstd", gr, rstd, ns, TOL_FWD);
+    for (int k = 0; other_threads(k); k++) {
+        g_be->group_norm_nhwc_fwd(g_be, out, md, rd, xd, gd, bd, B, C, HW, G, eps, silu);
+        float *a1 = dev_get(out, n), *a2 = dev_get(md, ns), *a3 = dev_get(rd, ns);
+        bool same = !memcmp(a1, raw, n * 4) && !memcmp(a2, gm, ns * 4) && !memcmp(a3, gr, ns * 4);
+        snprintf(name, sizeof name, "group_norm_nhwc_fwd %s", threads_tag(k));
+        report(name, same ? 0 : INFINITY, 0);
+        free(a1), free(a2), free(a3);
+    }
+    free(x), free(gamma), free(beta), free(R), free(c.x), free(c.gamma), free(c.beta), free(c.R);
+    free(c.out), free(mean), free(rstd), free(xl), free(raw), free(got), free(gm), free(gr);
     dev_free_all();
 }
 
@@ -381,6 +468,59 @@ static void test_upsample(int B, int C, int H, int W) {
         free(again);
     }
     free(x), free(R), free(ref), free(rdx), free(got), free(g);
+    dev_free_all();
+}
+
+// Channels-last: out[b, y, x, c] = x[b, y/2, x/2, c], exactly.
+static void test_upsample_nhwc(int B, int C, int H, int W) {
+    if (!have("upsample2x_nhwc", g_be->upsample2x_nhwc_fwd)) return;
+    const int64_t ni = (int64_t)B * H * W * C, no = 4 * ni;
+    char name[128];
+    float *x = host_rand(ni, -1, 1);
+    double *ref = malloc(no * sizeof(double));
+    for (int b = 0; b < B; b++)
+        for (int y = 0; y < 2 * H; y++)
+            for (int x2 = 0; x2 < 2 * W; x2++)
+                for (int c = 0; c < C; c++)
+                    ref[(((int64_t)b * 2 * H + y) * 2 * W + x2) * C + c] =
+                        x[(((int64_t)b * H + y / 2) * W + x2 / 2) * C + c];
+    dc_buf xd = dev_from(x, ni), out = dev_nan(no);
+    g_be->upsample2x_nhwc_fwd(g_be, out, xd, B, C, H, W);
+    float *got = dev_get(out, no);
+    snprintf(name, sizeof name, "upsample2x_nhwc_fwd %dx%d C%d (exact)", H, W, C);
+    report(name, nerr(got, ref, no) == 0 ? 0 : INFINITY, 0);
+    free(x), free(ref), free(got);
+    dev_free_all();
+}
+
+// Channels-last maps x[B, HW, C]: add_channel_nhwc (v[B, C] over every pixel)
+// and concat_channels (rows of a then b), both exact.
+static void test_layout_nhwc(int B, int64_t HW, int C1, int C2) {
+    if (!have("add_channel_nhwc/concat_channels", g_be->add_channel_nhwc && g_be->concat_channels))
+        return;
+    const int64_t M = (int64_t)B * HW, n1 = M * C1, n2 = M * C2, no = n1 + n2;
+    char name[128];
+    float *a = host_rand(n1, -1, 1), *b = host_rand(n2, -1, 1);
+    float *v = host_rand((int64_t)B * C1, -2, 2);
+    double *ref = malloc(no * sizeof(double));
+    dc_buf ad = dev_from(a, n1), bd = dev_from(b, n2), vd = dev_from(v, (int64_t)B * C1);
+    dc_buf out = dev_nan(no);
+    g_be->add_channel_nhwc(g_be, ad, vd, B, C1, HW);
+    float *added = dev_get(ad, n1);
+    bool exact = true;
+    for (int64_t k = 0; k < n1; k++)  // one rounding, as fp32 does it
+        exact &= added[k] == (float)((double)a[k] + v[k / (HW * C1) * C1 + k % C1]);
+    snprintf(name, sizeof name, "add_channel_nhwc B%d HW%lld C%d (exact)", B, (long long)HW, C1);
+    report(name, exact ? 0 : INFINITY, 0);
+    for (int64_t m = 0; m < M; m++) {
+        for (int c = 0; c < C1; c++) ref[m * (C1 + C2) + c] = added[m * C1 + c];
+        for (int c = 0; c < C2; c++) ref[m * (C1 + C2) + C1 + c] = b[m * C2 + c];
+    }
+    g_be->concat_channels(g_be, out, ad, C1, bd, C2, M);
+    float *got = dev_get(out, no);
+    snprintf(name, sizeof name, "concat_channels M%lld %d+%d (exact)", (long long)M, C1, C2);
+    report(name, nerr(got, ref, no) == 0 ? 0 : INFINITY, 0);
+    free(a), free(b), free(v), free(ref), free(added), free(got);
     dev_free_all();
 }
 
@@ -521,19 +661,43 @@ int main(int argc, char **argv) {
     test_conv2d((cs){.B = 1, .Ci = 128, .H = 49, .W = 200, .Co = 16, .k = 3, .stride = 2,
                      .pad_b = 1, .pad_r = 1}, 0);
     test_conv2d((cs){.B = 2, .Ci = 160, .H = 24, .W = 20, .Co = 96, .k = 1, .stride = 1}, 0);
+    // The same shapes channels-last, plus odd channel counts (not multiples of 4 or 8).
+    test_conv2d((cs){.B = 2, .Ci = 3, .H = 7, .W = 9, .Co = 5, .k = 3, .stride = 1,
+                     .pad_t = 1, .pad_b = 1, .pad_l = 1, .pad_r = 1, .nhwc = 1}, 100);
+    test_conv2d((cs){.B = 2, .Ci = 5, .H = 8, .W = 7, .Co = 3, .k = 3, .stride = 2,
+                     .pad_b = 1, .pad_r = 1, .nhwc = 1}, 0);
+    test_conv2d((cs){.B = 2, .Ci = 3, .H = 9, .W = 6, .Co = 7, .k = 3, .stride = 2,
+                     .pad_t = 1, .pad_b = 1, .pad_l = 1, .pad_r = 1, .nhwc = 1}, 0);
+    test_conv2d((cs){.B = 2, .Ci = 6, .H = 5, .W = 3, .Co = 9, .k = 1, .stride = 1, .nhwc = 1}, 0);
+    test_conv2d((cs){.B = 2, .Ci = 7, .H = 6, .W = 5, .Co = 11, .k = 1, .stride = 2, .nhwc = 1}, 0);
+    test_conv2d((cs){.B = 2, .Ci = 128, .H = 40, .W = 48, .Co = 10, .k = 3, .stride = 1,
+                     .pad_t = 1, .pad_b = 1, .pad_l = 1, .pad_r = 1, .nhwc = 1}, 0);
+    test_conv2d((cs){.B = 1, .Ci = 130, .H = 49, .W = 200, .Co = 19, .k = 3, .stride = 2,
+                     .pad_b = 1, .pad_r = 1, .nhwc = 1}, 0);
+    test_conv2d((cs){.B = 2, .Ci = 160, .H = 24, .W = 20, .Co = 300, .k = 1, .stride = 1,
+                     .nhwc = 1}, 0);
     test_conv2d_bad_shape();
     // GroupNorm: SD's 32 groups and a small G; eps of the VAE (1e-6) and UNet (1e-5).
     test_group_norm(2, 64, 35, 32, 1e-6f, true, -1, 2, 300);
     test_group_norm(3, 8, 63, 4, 1e-5f, false, 3, 3.2, 300);  // narrow: eps matters
     test_group_norm(2, 8, 63, 4, 1e-5f, true, 3, 3.2, 300);
     test_group_norm(2, 128, 256, 32, 1e-5f, true, -1, 2, 120);  // threaded
+    test_group_norm_nhwc(2, 64, 35, 32, 1e-6f, true, -1, 2);
+    test_group_norm_nhwc(2, 12, 63, 4, 1e-5f, false, 3, 3.2);  // narrow: eps matters
+    test_group_norm_nhwc(2, 12, 63, 4, 1e-5f, true, 3, 3.2);
+    test_group_norm_nhwc(2, 320, 256, 32, 1e-5f, false, -1, 2);  // threaded
+    test_group_norm_nhwc(2, 140, 45, 2, 1e-6f, true, -1, 2);  // 70 channels a group
     test_layer_norm(37, 72, -1, 2, 300);
     test_layer_norm(300, 320, 2, 2.4, 200);  // threaded; narrow: eps matters
     test_upsample(2, 3, 5, 7);
     test_upsample(2, 16, 32, 24);
+    test_upsample_nhwc(2, 3, 5, 7);
+    test_upsample_nhwc(2, 40, 32, 24);  // threaded
     test_layout(2, 3, 5);
     test_layout(2, 320, 4096);  // a UNet feature map to tokens: several tiles each way
     test_layout(3, 77, 33);     // ragged tiles
+    test_layout_nhwc(2, 35, 5, 3);
+    test_layout_nhwc(2, 1024, 320, 640);  // a UNet decoder's skip concat, threaded
     test_geglu(37, 72);
     test_geglu(129, 640);
     test_activation(DC_ACT_SILU, "silu", ref_silu);

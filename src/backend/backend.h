@@ -220,15 +220,16 @@ struct dc_backend {
     void (*grad_norm)(dc_backend *be, dc_buf out, dc_buf g, int64_t n, float max_norm);
 
     // ---- latent diffusion: convolutions, group norm, affine layer norm ---------------
-    // Shapes as in dc_conv2d_shape (op_math.h). Weights [Co, Ci, k, k] as PyTorch's Conv2d.
+    // Shapes as in dc_conv2d_shape (op_math.h). Weights [Co, Ci, k, k] as PyTorch's Conv2d,
+    // or [Co, k, k, Ci] with the channels-last maps of s->nhwc.
     // Before the first conv of a shape runs, reserve_conv(shape) sizes the workspace
     // (im2col columns on the CPU, cuDNN's on a GPU) so no conv allocates later.
     int (*reserve_conv)(dc_backend *be, const dc_conv2d_shape *s);
-    // out[B,Co,Ho,Wo] = conv2d(x, w) + b[Co]   (b may be NULL)
+    // out[B,Co,Ho,Wo] = conv2d(x, w) + b[Co]   (b may be NULL; out[B,Ho,Wo,Co] if s->nhwc)
     void (*conv2d_fwd)(dc_backend *be, dc_buf out, dc_buf x, dc_buf w, dc_buf b,
                        const dc_conv2d_shape *s);
     // dx[B,Ci,H,W] (skipped if NULL; += if accumulate); dw[Co,Ci,k,k] += ; db[Co] +=
-    // (skipped if NULL)
+    // (skipped if NULL); channels-last dx, dw, dout if s->nhwc
     void (*conv2d_bwd)(dc_backend *be, dc_buf dx, dc_buf dw, dc_buf db, dc_buf dout, dc_buf x,
                        dc_buf w, const dc_conv2d_shape *s, bool accumulate);
     // GroupNorm over G groups of C/G channels (statistics over (C/G) * HW values):
@@ -271,6 +272,23 @@ struct dc_backend {
     // dv[B, C] = sum over HW of dx[B, C, HW] (overwritten): its backward.
     void (*add_channel)(dc_backend *be, dc_buf x, dc_buf v, int B, int C, int64_t HW);
     void (*channel_sum)(dc_backend *be, dc_buf dv, dc_buf dx, int B, int C, int64_t HW);
+
+    // ---- channels-last (NHWC) maps: x[B, HW, C] ---------------------------------------
+    // The UNet and the VAE keep their maps channels-last: cuDNN's fast convolutions
+    // read them as they are, and a pixel's channels are already a token for the
+    // attention layers. Forward only for now (inference); the same contracts as
+    // their NCHW forms above.
+    // GroupNorm over x[B, HW, C]: group g is channels [g C/G, (g+1) C/G) of every pixel.
+    void (*group_norm_nhwc_fwd)(dc_backend *be, dc_buf out, dc_buf mean, dc_buf rstd, dc_buf x,
+                                dc_buf gamma, dc_buf beta, int B, int C, int64_t HW, int G, float eps,
+                                bool silu);
+    // out[B, 2H, 2W, C] = x[B, H, W, C], each pixel repeated over a 2x2 block (nearest).
+    void (*upsample2x_nhwc_fwd)(dc_backend *be, dc_buf out, dc_buf x, int B, int C, int H, int W);
+    // x[B, HW, C] += v[B, C], v broadcast over HW.
+    void (*add_channel_nhwc)(dc_backend *be, dc_buf x, dc_buf v, int B, int C, int64_t HW);
+    // out[M, C1 + C2] = [a[M, C1] | b[M, C2]] row by row: torch.cat along channels
+    // of channels-last maps (M = B HW). Same dtype throughout; out overlaps neither.
+    void (*concat_channels)(dc_backend *be, dc_buf out, dc_buf a, int C1, dc_buf b, int C2, int64_t M);
 
     // ---- optional: NULL where a backend has no such thing -------------------------
     // Device memory this backend holds now and its peak since creation, in bytes.

@@ -60,8 +60,12 @@ typedef enum {
 // with stride `stride` and zero padding pad_t/pad_b/pad_l/pad_r (top, bottom,
 // left, right: SD's VAE downsampling pads only bottom and right);
 // Ho = (H + pad_t + pad_b - k) / stride + 1, Wo likewise.
+// nhwc (channels-last): x[B, H, W, Ci] * w[Co, k, k, Ci] -> out[B, Ho, Wo, Co],
+// and the gradients likewise. An int, so the struct has no padding bytes
+// (backends compare shapes with memcmp).
 typedef struct {
     int B, Ci, H, W, Co, k, stride, pad_t, pad_b, pad_l, pad_r;
+    int nhwc;
 } dc_conv2d_shape;
 DC_HD int dc_conv2d_ho(const dc_conv2d_shape *s) { return (s->H + s->pad_t + s->pad_b - s->k) / s->stride + 1; }
 DC_HD int dc_conv2d_wo(const dc_conv2d_shape *s) { return (s->W + s->pad_l + s->pad_r - s->k) / s->stride + 1; }

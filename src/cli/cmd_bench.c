@@ -121,6 +121,7 @@ static int bench_train(train_ranks *job, const dc_dit_config *mc, dc_backend *be
             be->sync(be);
             if (dc_backend_status(be) || train_ranks_agree(job, true, "finish the warm-up")) goto done;
             t0 = dc_time_now();
+            if (tr.offload) tr.offload->busy_s = tr.offload->wait_s = 0, tr.offload->steps = 0;
         }
         if (dc_trainer_step(&tr, NULL)) goto done;
     }
@@ -157,6 +158,10 @@ static int bench_train(train_ranks *job, const dc_dit_config *mc, dc_backend *be
                    "host: master, moments, EMA and gradients %.2f MiB\n", 4 * P / mib,
                    m->params->wc.p ? P * dc_dtype_size(be->compute) / mib : 0.0,
                    dc_offload_device_bytes(m->params) / mib, 5 * 4 * P / mib);
+            const dc_offload *o = tr.offload;
+            if (o->steps)
+                printf("offload time: the CPU updates for %.1f ms a step; the host waits %.1f ms a step for the "
+                       "last updates after queueing backward\n", 1e3 * o->busy_s / o->steps, 1e3 * o->wait_s / o->steps);
         }
         fflush(stdout);
     }

@@ -15,6 +15,8 @@
 #include "models/unet.h"
 #include "pipelines/sd.h"
 
+static size_t params_bytes(const dc_params *ps) { return (size_t)ps->numel * dc_dtype_size(ps->data.dt); }
+
 static size_t peak_bytes(dc_backend *be) {
     size_t peak = 0;
     if (be->memory) be->memory(be, NULL, &peak);
@@ -219,7 +221,18 @@ int cmd_bench_sd(int argc, char **argv) {
         printf("  %-44s %9.3f s   %.2f pictures/s\n", what, bat, batch / bat);
     }
 memory:
-    if (be->memory) printf("  %-44s %9.2f GiB\n", "peak device memory", peak_bytes(be) / 1073741824.0);
+    if (be->memory) {
+        // where the peak goes: weights, the activations planned last, the rest
+        // (the backend's workspaces, the generation's buffers)
+        const double G = 1073741824.0;
+        const dc_unet *un = dc_unet_of(p.unet);
+        size_t wu = params_bytes(&un->params), wv = params_bytes(&p.vae->params), wt = params_bytes(&p.text->params);
+        size_t au = un->max_batch ? dc_unet_activation_bytes(p.unet, un->max_batch) : 0;
+        size_t av = dc_vae_activation_bytes(p.vae), peak = peak_bytes(be);
+        printf("  %-44s %9.2f GiB\n", "peak device memory", peak / G);
+        printf("    weights: UNet %.2f, VAE %.2f, text encoder %.2f GiB; activations: UNet %.2f (%d rows), VAE "
+               "%.2f GiB\n", wu / G, wv / G, wt / G, au / G, un->max_batch, av / G);
+    }
     status = 0;
 done:
     if (status) cli_fail();

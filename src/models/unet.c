@@ -9,6 +9,8 @@
 //            a resnet's view (concat, two temporaries) and a transformer's
 //            (six token slabs and the feed-forward's row chunks) overlap,
 //            since a block uses one at a time.
+// Maps are channels-last (unet_blocks.c); the caller's x and out are
+// [B, C, H, W] as PyTorch's, transposed at the two ends.
 // For SD 1.5 at 64x64 latents the scratch is ~11.8M values per image either
 // way (an up resnet's 960-channel concat, or the level-0 transformer), the
 // skips 6.6M, p0 and p1 2.6M each.
@@ -221,17 +223,6 @@ static int unet_reserve(dc_model *mm, int max_batch) {
 
 // ---- forward --------------------------------------------------------------------------
 
-// cat[B, C1 + C2, HW] = [h | skip] per image (torch.cat along channels).
-static void concat(dc_backend *be, dc_buf cat, dc_buf h, int C1, dc_buf skip, int C2, int B, int64_t HW) {
-    const size_t es = dc_dtype_size(cat.dt);
-    for (int b = 0; b < B; b++) {
-        dc_buf dst = dc_buf_at(cat, (int64_t)b * (C1 + C2) * HW);
-        be->copy(be, dst.p, dc_buf_at(h, (int64_t)b * C1 * HW).p, (size_t)C1 * HW * es);
-        be->copy(be, dc_buf_at(dst, (int64_t)C1 * HW).p, dc_buf_at(skip, (int64_t)b * C2 * HW).p,
-                 (size_t)C2 * HW * es);
-    }
-}
-
 static void conv_fwd(dc_backend *be, const dc_params *ps, const dc_conv2d *c, dc_buf y, dc_buf x, int B, int H,
                      int W) {
     const dc_conv2d_shape s = dc_conv2d_shape_of(c, B, H, W);
@@ -266,12 +257,13 @@ static int unet_forward(dc_model *mm, dc_buf out, dc_buf x, dc_buf t, const dc_c
 
     // down path: every output is kept as a skip
     // x and out may be F32 (a sampler's state) while the layers run in the
-    // compute dtype: cast through the scratch, which is free at both ends.
+    // compute dtype: cast and transpose through the scratch, which is free at both ends.
     const int64_t HW0 = (int64_t)m->lh * m->lw;
     dc_buf xin = x;
     if (x.dt != be->compute) be->cast(be, s->r1, x, B * c->in_channels * HW0), xin = s->r1;
+    be->transpose(be, s->r0, xin, B, c->in_channels, HW0);  // [B, C, HW] -> [B, HW, C]
     int k = 0;
-    conv_fwd(be, ps, &md->conv_in, a->skip[k], xin, B, m->lh, m->lw);
+    conv_fwd(be, ps, &md->conv_in, a->skip[k], s->r0, B, m->lh, m->lw);
     dc_buf h = a->skip[k++];
     for (int i = 0; i < N; i++) {
         const unet_block *b = &md->down[i];
@@ -303,25 +295,26 @@ static int unet_forward(dc_model *mm, dc_buf out, dc_buf x, dc_buf t, const dc_c
             const unet_resnet *r = &b->res[j];
             dc_buf dst = h.p == a->p0.p ? a->p1 : a->p0;
             k--;
-            concat(be, s->cat, h, C, a->skip[k], r->ci - C, B, (int64_t)H * W);
+            be->concat_channels(be, s->cat, h, C, a->skip[k], r->ci - C, (int64_t)B * H * W);
             unet_resnet_fwd(be, ps, r, dst, s->cat, B, H, W, s);
             if (b->has_attn) unet_transformer_fwd(be, ps, &b->attn[j], dst, B, H, W, cond->ctx, len, s);
             h = dst, C = r->co;
         }
         if (b->sample.w >= 0) {  // nearest 2x, then a 3x3 conv
             dc_buf dst = h.p == a->p0.p ? a->p1 : a->p0;
-            be->upsample2x_fwd(be, s->r0, h, B, C, H, W);
+            be->upsample2x_nhwc_fwd(be, s->r0, h, B, C, H, W);
             conv_fwd(be, ps, &b->sample, dst, s->r0, B, 2 * H, 2 * W);
             h = dst;
         }
     }
 
-    dc_group_norm_fwd(be, ps, &md->norm_out, s->r0, s->gn_mean, s->gn_rstd, h, B, (int64_t)m->lh * m->lw, true);
+    dc_group_norm_nhwc_fwd(be, ps, &md->norm_out, s->r0, s->gn_mean, s->gn_rstd, h, B, HW0, true);
+    conv_fwd(be, ps, &md->conv_out, s->r1, s->r0, B, m->lh, m->lw);
     if (out.dt == be->compute) {
-        conv_fwd(be, ps, &md->conv_out, out, s->r0, B, m->lh, m->lw);
+        be->transpose(be, out, s->r1, B, HW0, c->out_channels);  // [B, HW, C] -> [B, C, HW]
     } else {
-        conv_fwd(be, ps, &md->conv_out, s->r1, s->r0, B, m->lh, m->lw);
-        be->cast(be, out, s->r1, B * c->out_channels * HW0);
+        be->transpose(be, s->r0, s->r1, B, HW0, c->out_channels);
+        be->cast(be, out, s->r0, B * c->out_channels * HW0);
     }
     return dc_backend_status(be);
 }
@@ -350,6 +343,7 @@ static int unet_init(dc_model *mm, uint64_t seed) {
         for (size_t j = 0; j < n; j++)
             h[j] = p->ndim > 1 ? 0.02f * dc_randn_at(seed, (uint32_t)i, 0, DC_STREAM_INIT, (uint32_t)j)
                                : norm_scale ? 1.0f : 0.0f;
+        if (dc_param_to_stored(p, h)) return free(h), -1;  // drawn in PyTorch's order, whatever the layout
         // frozen weights live in the compute dtype: convert on the host
         if (dt == DC_BF16 || dt == DC_F16) {
             uint16_t *q = (uint16_t *)h;  // narrowing in place: element j is read before it is overwritten

@@ -1,6 +1,8 @@
 // The UNet's blocks: registration under diffusers' names (unet_2d_blocks.py,
 // resnet.py, transformer_2d.py, attention.py) and forward passes as backend
-// ops. Shapes in PyTorch order; B images, HW = H W pixels, T = HW tokens.
+// ops. Maps are channels-last, [B, H, W, C] = [B, HW, C]: the convolutions
+// read them as they are (weights stored [co, k, k, ci]), and a map is already
+// the transformer's tokens. B images, HW = H W pixels, T = HW tokens.
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -27,14 +29,14 @@ static int resnet_add(dc_params *ps, unet_resnet *r, const char *name, int ci, i
                       const dc_unet_config *c) {
     char k[NAME_MAX_];
     r->ci = ci, r->co = co;
-    r->shortcut = (dc_conv2d){-1, -1, ci, co, 1, 1, 0};
+    r->shortcut = (dc_conv2d){-1, -1, ci, co, 1, 1, 0, true};
     if (dc_group_norm_add(ps, &r->norm1, KEY(k, "%s.norm1", name), ci, c->groups, c->eps) ||
-        dc_conv2d_add(ps, &r->conv1, KEY(k, "%s.conv1", name), ci, co, 3, 1, 1) ||
+        dc_conv2d_add_nhwc(ps, &r->conv1, KEY(k, "%s.conv1", name), ci, co, 3, 1, 1) ||
         dc_linear_add(ps, &r->temb, KEY(k, "%s.time_emb_proj", name), tdim, co) ||
         dc_group_norm_add(ps, &r->norm2, KEY(k, "%s.norm2", name), co, c->groups, c->eps) ||
-        dc_conv2d_add(ps, &r->conv2, KEY(k, "%s.conv2", name), co, co, 3, 1, 1))
+        dc_conv2d_add_nhwc(ps, &r->conv2, KEY(k, "%s.conv2", name), co, co, 3, 1, 1))
         return -1;
-    if (ci != co && dc_conv2d_add(ps, &r->shortcut, KEY(k, "%s.conv_shortcut", name), ci, co, 1, 1, 0)) return -1;
+    if (ci != co && dc_conv2d_add_nhwc(ps, &r->shortcut, KEY(k, "%s.conv_shortcut", name), ci, co, 1, 1, 0)) return -1;
     return 0;
 }
 
@@ -78,15 +80,15 @@ static int block_add(dc_params *ps, unet_block *b, const char *name, const int *
                      int nattn, int heads, int sample_stride, const dc_unet_config *c) {
     char k[NAME_MAX_];
     b->nres = nres, b->has_attn = nattn > 0;
-    b->sample = (dc_conv2d){-1, -1, rout, rout, 3, 1, 1};
+    b->sample = (dc_conv2d){-1, -1, rout, rout, 3, 1, 1, true};
     for (int j = 0; j < nattn; j++)
         DC_TRY(transformer_add(ps, &b->attn[j], KEY(k, "%s.attentions.%d", name, j), rout, heads, c));
     for (int j = 0; j < nres; j++)
         DC_TRY(resnet_add(ps, &b->res[j], KEY(k, "%s.resnets.%d", name, j), rin[j], rout, dc_unet_time_dim(c), c));
     if (sample_stride == 2)
-        DC_TRY(dc_conv2d_add(ps, &b->sample, KEY(k, "%s.downsamplers.0.conv", name), rout, rout, 3, 2, 1));
+        DC_TRY(dc_conv2d_add_nhwc(ps, &b->sample, KEY(k, "%s.downsamplers.0.conv", name), rout, rout, 3, 2, 1));
     if (sample_stride == 1)
-        DC_TRY(dc_conv2d_add(ps, &b->sample, KEY(k, "%s.upsamplers.0.conv", name), rout, rout, 3, 1, 1));
+        DC_TRY(dc_conv2d_add_nhwc(ps, &b->sample, KEY(k, "%s.upsamplers.0.conv", name), rout, rout, 3, 1, 1));
     return 0;
 }
 
@@ -98,7 +100,7 @@ int unet_modules_add(dc_params *ps, dc_unet_modules *md, const dc_unet_config *c
     char k[NAME_MAX_];
     const int N = c->nblocks, L = c->layers;
     int rin[DC_UNET_MAX_LAYERS + 1];
-    if (dc_conv2d_add(ps, &md->conv_in, "conv_in", c->in_channels, c->ch[0], 3, 1, 1) ||
+    if (dc_conv2d_add_nhwc(ps, &md->conv_in, "conv_in", c->in_channels, c->ch[0], 3, 1, 1) ||
         dc_linear_add(ps, &md->time1, "time_embedding.linear_1", c->ch[0], dc_unet_time_dim(c)) ||
         dc_linear_add(ps, &md->time2, "time_embedding.linear_2", dc_unet_time_dim(c), dc_unet_time_dim(c)))
         return -1;
@@ -119,7 +121,7 @@ int unet_modules_add(dc_params *ps, dc_unet_modules *md, const dc_unet_config *c
     // UNetMidBlock2DCrossAttn: resnet, attention, resnet (heads of the last down block)
     DC_TRY(block_add(ps, &md->mid, "mid_block", rin, top, 2, 1, c->heads[N - 1], 0, c));
     if (dc_group_norm_add(ps, &md->norm_out, "conv_norm_out", c->ch[0], c->groups, c->eps) ||
-        dc_conv2d_add(ps, &md->conv_out, "conv_out", c->ch[0], c->out_channels, 3, 1, 1))
+        dc_conv2d_add_nhwc(ps, &md->conv_out, "conv_out", c->ch[0], c->out_channels, 3, 1, 1))
         return -1;
     return 0;
 }
@@ -129,11 +131,11 @@ void unet_resnet_fwd(dc_backend *be, const dc_params *ps, const unet_resnet *r, 
     const int64_t HW = (int64_t)H * W;
     const dc_conv2d_shape s3 = dc_conv2d_shape_of(&r->conv1, B, H, W);
     const dc_conv2d_shape s3b = dc_conv2d_shape_of(&r->conv2, B, H, W);
-    dc_group_norm_fwd(be, ps, &r->norm1, s->r0, s->gn_mean, s->gn_rstd, x, B, HW, true);
-    dc_conv2d_fwd(be, ps, &r->conv1, s->r1, s->r0, &s3);                  // r1 [B, co, HW]
+    dc_group_norm_nhwc_fwd(be, ps, &r->norm1, s->r0, s->gn_mean, s->gn_rstd, x, B, HW, true);
+    dc_conv2d_fwd(be, ps, &r->conv1, s->r1, s->r0, &s3);                  // r1 [B, HW, co]
     dc_linear_fwd(be, ps, &r->temb, s->tproj, s->silu_temb, B);           // [B, co]
-    be->add_channel(be, s->r1, s->tproj, B, r->co, HW);
-    dc_group_norm_fwd(be, ps, &r->norm2, s->r0, s->gn_mean, s->gn_rstd, s->r1, B, HW, true);
+    be->add_channel_nhwc(be, s->r1, s->tproj, B, r->co, HW);
+    dc_group_norm_nhwc_fwd(be, ps, &r->norm2, s->r0, s->gn_mean, s->gn_rstd, s->r1, B, HW, true);
     dc_conv2d_fwd(be, ps, &r->conv2, out, s->r0, &s3b);
     if (r->shortcut.w >= 0) {
         const dc_conv2d_shape s1 = dc_conv2d_shape_of(&r->shortcut, B, H, W);
@@ -162,9 +164,8 @@ void unet_transformer_fwd(dc_backend *be, const dc_params *ps, const unet_transf
     const int64_t n = (int64_t)M * C;
     const dc_buf *tok = s->tok;
     dc_buf x = tok[2];  // [B, T, C] the token stream
-    dc_group_norm_fwd(be, ps, &t->norm, tok[0], s->gn_mean, s->gn_rstd, h, B, T, false);
-    be->transpose(be, tok[1], tok[0], B, C, T);  // [B, C, T] -> [B, T, C]
-    dc_linear_fwd(be, ps, &t->proj_in, x, tok[1], M);
+    dc_group_norm_nhwc_fwd(be, ps, &t->norm, tok[0], s->gn_mean, s->gn_rstd, h, B, T, false);
+    dc_linear_fwd(be, ps, &t->proj_in, x, tok[0], M);
 
     // self-attention
     dc_layer_norm_fwd(be, ps, &t->norm1, tok[0], s->ln_mean, s->ln_rstd, x, M);
@@ -198,6 +199,5 @@ void unet_transformer_fwd(dc_backend *be, const dc_params *ps, const unet_transf
     be->axpy(be, x, tok[1], 1.0f, n);
 
     dc_linear_fwd(be, ps, &t->proj_out, tok[0], x, M);
-    be->transpose(be, tok[1], tok[0], B, T, C);  // [B, T, C] -> [B, C, T]
-    be->axpy(be, h, tok[1], 1.0f, n);
+    be->axpy(be, h, tok[0], 1.0f, n);
 }

@@ -171,10 +171,10 @@ static int resnet_add(dc_params *ps, vae_resnet *r, const char *name, int ci, in
 #define KEY(leaf) (snprintf(k, sizeof k, "%s.%s", name, leaf), k)
     r->has_shortcut = ci != co;
     DC_TRY(dc_group_norm_add(ps, &r->norm1, KEY("norm1"), ci, c->groups, c->eps));
-    DC_TRY(dc_conv2d_add(ps, &r->conv1, KEY("conv1"), ci, co, 3, 1, 1));
+    DC_TRY(dc_conv2d_add_nhwc(ps, &r->conv1, KEY("conv1"), ci, co, 3, 1, 1));
     DC_TRY(dc_group_norm_add(ps, &r->norm2, KEY("norm2"), co, c->groups, c->eps));
-    DC_TRY(dc_conv2d_add(ps, &r->conv2, KEY("conv2"), co, co, 3, 1, 1));
-    if (r->has_shortcut) DC_TRY(dc_conv2d_add(ps, &r->shortcut, KEY("conv_shortcut"), ci, co, 1, 1, 0));
+    DC_TRY(dc_conv2d_add_nhwc(ps, &r->conv2, KEY("conv2"), co, co, 3, 1, 1));
+    if (r->has_shortcut) DC_TRY(dc_conv2d_add_nhwc(ps, &r->shortcut, KEY("conv_shortcut"), ci, co, 1, 1, 0));
     return 0;
 }
 
@@ -199,7 +199,7 @@ static int mid_add(dc_params *ps, vae_mid *m, const char *side, int C, const dc_
 static int encoder_add(dc_params *ps, vae_encoder *e, const dc_vae_config *c) {
     char k[DC_PARAM_NAME_MAX];
     int n = c->nblocks;
-    DC_TRY(dc_conv2d_add(ps, &e->conv_in, "encoder.conv_in", c->in_channels, c->ch[0], 3, 1, 1));
+    DC_TRY(dc_conv2d_add_nhwc(ps, &e->conv_in, "encoder.conv_in", c->in_channels, c->ch[0], 3, 1, 1));
     for (int i = 0; i < n; i++) {
         for (int j = 0; j < c->layers_per_block; j++) {
             int ci = j ? c->ch[i] : c->ch[i ? i - 1 : 0];
@@ -208,18 +208,18 @@ static int encoder_add(dc_params *ps, vae_encoder *e, const dc_vae_config *c) {
         }
         if (i + 1 < n) {  // padded (0, 1, 0, 1) at run time, hence no padding here
             snprintf(k, sizeof k, "encoder.down_blocks.%d.downsamplers.0.conv", i);
-            DC_TRY(dc_conv2d_add(ps, &e->down[i], k, c->ch[i], c->ch[i], 3, 2, 0));
+            DC_TRY(dc_conv2d_add_nhwc(ps, &e->down[i], k, c->ch[i], c->ch[i], 3, 2, 0));
         }
     }
     DC_TRY(mid_add(ps, &e->mid, "encoder", c->ch[n - 1], c));
     DC_TRY(dc_group_norm_add(ps, &e->norm_out, "encoder.conv_norm_out", c->ch[n - 1], c->groups, c->eps));
-    return dc_conv2d_add(ps, &e->conv_out, "encoder.conv_out", c->ch[n - 1], 2 * c->latent_channels, 3, 1, 1);
+    return dc_conv2d_add_nhwc(ps, &e->conv_out, "encoder.conv_out", c->ch[n - 1], 2 * c->latent_channels, 3, 1, 1);
 }
 
 static int decoder_add(dc_params *ps, vae_decoder *d, const dc_vae_config *c) {
     char k[DC_PARAM_NAME_MAX];
     int n = c->nblocks;
-    DC_TRY(dc_conv2d_add(ps, &d->conv_in, "decoder.conv_in", c->latent_channels, c->ch[n - 1], 3, 1, 1));
+    DC_TRY(dc_conv2d_add_nhwc(ps, &d->conv_in, "decoder.conv_in", c->latent_channels, c->ch[n - 1], 3, 1, 1));
     // up_blocks.i works at level n-1-i: channels in reverse order
     for (int i = 0; i < n; i++) {
         int co = c->ch[n - 1 - i], prev = c->ch[i ? n - i : n - 1];
@@ -229,12 +229,12 @@ static int decoder_add(dc_params *ps, vae_decoder *d, const dc_vae_config *c) {
         }
         if (i + 1 < n) {
             snprintf(k, sizeof k, "decoder.up_blocks.%d.upsamplers.0.conv", i);
-            DC_TRY(dc_conv2d_add(ps, &d->up[i], k, co, co, 3, 1, 1));
+            DC_TRY(dc_conv2d_add_nhwc(ps, &d->up[i], k, co, co, 3, 1, 1));
         }
     }
     DC_TRY(mid_add(ps, &d->mid, "decoder", c->ch[n - 1], c));
     DC_TRY(dc_group_norm_add(ps, &d->norm_out, "decoder.conv_norm_out", c->ch[0], c->groups, c->eps));
-    return dc_conv2d_add(ps, &d->conv_out, "decoder.conv_out", c->ch[0], c->out_channels, 3, 1, 1);
+    return dc_conv2d_add_nhwc(ps, &d->conv_out, "decoder.conv_out", c->ch[0], c->out_channels, 3, 1, 1);
 }
 
 int dc_vae_create(dc_vae **out, const dc_vae_config *c, dc_backend *be, bool encoder, bool decoder) {
@@ -248,8 +248,8 @@ int dc_vae_create(dc_vae **out, const dc_vae_config *c, dc_backend *be, bool enc
     dc_vae_modules *md = m->mods;
     int L2 = 2 * c->latent_channels;
     if ((encoder && encoder_add(ps, &md->enc, c)) || (decoder && decoder_add(ps, &md->dec, c)) ||
-        (encoder && dc_conv2d_add(ps, &md->quant_conv, "quant_conv", L2, L2, 1, 1, 0)) ||
-        (decoder && dc_conv2d_add(ps, &md->post_quant_conv, "post_quant_conv", c->latent_channels,
+        (encoder && dc_conv2d_add_nhwc(ps, &md->quant_conv, "quant_conv", L2, L2, 1, 1, 0)) ||
+        (decoder && dc_conv2d_add_nhwc(ps, &md->post_quant_conv, "post_quant_conv", c->latent_channels,
                                   c->latent_channels, 1, 1, 0)) ||
         dc_params_alloc_frozen(ps, be)) {
         dc_vae_free(m);

@@ -9,6 +9,10 @@
 // (and reserves each convolution shape and the attention workspace) and
 // the same walk runs it, so plan and run cannot disagree.
 //
+// Maps are channels-last, [H, W, C] = [HW, C] tokens (the convolutions read
+// them as they are, with weights stored [co, k, k, ci]); the caller's images
+// and latents are [C, H, W] as PyTorch's, transposed at the ends.
+//
 // Images go through one at a time: a 512x512 image's maps already fill a
 // GPU, the memory stays that of one image whatever the batch, and only
 // batch-1 convolution shapes need reserving.
@@ -23,7 +27,7 @@ enum { SLOTS = 3, BUF_K = 3, BUF_V = 4, BUF_IN = 5, BUF_OUT = 6, NBUF = 7 };
 
 struct dc_vae_acts {
     void *base;
-    dc_buf buf[NBUF];         // slots, keys, values [C, HW] (compute dtype); the caller's in and out
+    dc_buf buf[NBUF];         // slots, keys, values [HW, C] (compute dtype); the caller's in and out [C, HW]
     dc_buf mean, rstd;        // [groups] F32: GroupNorm statistics (not needed afterwards)
     dc_buf lse;               // [1, HW] F32: attention log-sum-exp
     void *host;               // [latent, h, w] of the compute dtype: logvar being clamped
@@ -66,7 +70,7 @@ static int conv(vae_pass *p, const dc_conv2d *c, int y, int x, int H, int W, boo
 static void norm(vae_pass *p, const dc_group_norm *g, int y, int x, int64_t HW, bool silu) {
     use(p, y, g->C * HW);
     if (p->mode == PASS_RUN)
-        dc_group_norm_fwd(p->m->be, &p->m->params, g, p->buf[y], p->mean, p->rstd, p->buf[x], 1, HW, silu);
+        dc_group_norm_nhwc_fwd(p->m->be, &p->m->params, g, p->buf[y], p->mean, p->rstd, p->buf[x], 1, HW, silu);
 }
 
 // y[M, out] = x[M, in] W^T + b
@@ -117,8 +121,7 @@ static int attention(vae_pass *p, const vae_attention *t, int x, int C, int HW) 
     const dc_vae *m = p->m;
     int a, b;
     others(x, &a, &b);
-    norm(p, &t->norm, a, x, HW, false);                    // a [C, HW]
-    transpose(p, b, a, C, HW);                             // b [HW, C] tokens
+    norm(p, &t->norm, b, x, HW, false);                    // b [HW, C] tokens
     linear(p, &t->q, a, b, HW);                            // a [HW, C]
     linear(p, &t->k, BUF_K, b, HW);
     linear(p, &t->v, BUF_V, b, HW);
@@ -133,8 +136,7 @@ static int attention(vae_pass *p, const vae_attention *t, int x, int C, int HW) 
     if (p->mode == PASS_RUN)
         m->be->attention_fwd(m->be, p->buf[b], p->lse, p->buf[a], p->buf[BUF_K], p->buf[BUF_V], &s);
     linear(p, &t->out, a, b, HW);                          // a [HW, C]
-    transpose(p, b, a, HW, C);                             // b [C, HW]
-    add(p, x, b, (int64_t)C * HW);
+    add(p, x, a, (int64_t)C * HW);
     return 0;
 }
 
@@ -145,12 +147,13 @@ static int mid(vae_pass *p, const vae_mid *md, int *x, int C, int H, int W) {
 }
 
 // Image in BUF_IN [in, H, W] -> moments [2 latent, H/f, W/f] (quant_conv's
-// output: mean, then logvar) in the slot returned.
+// output: mean, then logvar, as PyTorch lays them out) in the slot returned.
 static int encoder(vae_pass *p, int H, int W, int *moments) {
     const dc_vae_config *c = &p->m->cfg;
     const vae_encoder *e = &p->m->mods->enc;
     int x = 0, a, b;
-    DC_TRY(conv(p, &e->conv_in, x, BUF_IN, H, W, false));
+    transpose(p, 1, BUF_IN, c->in_channels, (int64_t)H * W);  // [HW, in]
+    DC_TRY(conv(p, &e->conv_in, x, 1, H, W, false));
     for (int i = 0; i < c->nblocks; i++) {
         for (int j = 0; j < c->layers_per_block; j++) DC_TRY(resnet(p, &e->res[i][j], &x, H, W));
         if (i + 1 == c->nblocks) break;
@@ -163,7 +166,8 @@ static int encoder(vae_pass *p, int H, int W, int *moments) {
     norm(p, &e->norm_out, a, x, (int64_t)H * W, true);
     DC_TRY(conv(p, &e->conv_out, b, a, H, W, false));
     DC_TRY(conv(p, &p->m->mods->quant_conv, a, b, H, W, false));
-    *moments = a;
+    transpose(p, b, a, (int64_t)H * W, 2 * c->latent_channels);
+    *moments = b;
     return 0;
 }
 
@@ -172,7 +176,8 @@ static int decoder(vae_pass *p, int H, int W) {
     const dc_vae_config *c = &p->m->cfg;
     const vae_decoder *d = &p->m->mods->dec;
     int x = 1, a, b;
-    DC_TRY(conv(p, &p->m->mods->post_quant_conv, 0, BUF_IN, H, W, false));
+    transpose(p, 2, BUF_IN, c->latent_channels, (int64_t)H * W);  // [hw, latent]
+    DC_TRY(conv(p, &p->m->mods->post_quant_conv, 0, 2, H, W, false));
     DC_TRY(conv(p, &d->conv_in, x, 0, H, W, false));
     DC_TRY(mid(p, &d->mid, &x, c->ch[c->nblocks - 1], H, W));
     for (int i = 0; i < c->nblocks; i++) {
@@ -184,14 +189,16 @@ static int decoder(vae_pass *p, int H, int W) {
         others(x, &a, &b);
         int C = d->up[i].ci;
         use(p, b, (int64_t)C * 4 * H * W);
-        if (p->mode == PASS_RUN) p->m->be->upsample2x_fwd(p->m->be, p->buf[b], p->buf[x], 1, C, H, W);
+        if (p->mode == PASS_RUN) p->m->be->upsample2x_nhwc_fwd(p->m->be, p->buf[b], p->buf[x], 1, C, H, W);
         H *= 2, W *= 2;
         DC_TRY(conv(p, &d->up[i], a, b, H, W, false));
         x = a;
     }
     others(x, &a, &b);
     norm(p, &d->norm_out, a, x, (int64_t)H * W, true);
-    return conv(p, &d->conv_out, BUF_OUT, a, H, W, false);
+    DC_TRY(conv(p, &d->conv_out, b, a, H, W, false));
+    transpose(p, BUF_OUT, b, (int64_t)H * W, c->out_channels);  // [out, HW]
+    return 0;
 }
 
 void dc_vae_acts_free(dc_vae *m) {

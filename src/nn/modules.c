@@ -28,9 +28,16 @@ int dc_linear_add_nobias(dc_params *ps, dc_linear *l, const char *name, int in, 
 
 int dc_conv2d_add(dc_params *ps, dc_conv2d *c, const char *name, int ci, int co, int k, int stride, int pad) {
     char n[DC_PARAM_NAME_MAX];
-    *c = (dc_conv2d){-1, -1, ci, co, k, stride, pad};
+    *c = (dc_conv2d){-1, -1, ci, co, k, stride, pad, false};
     if (key(n, name, "weight") || (c->w = dc_params_add(ps, n, true, 4, co, ci, k, k)) < 0) return -1;
     if (key(n, name, "bias") || (c->b = dc_params_add(ps, n, true, 1, co)) < 0) return -1;
+    return 0;
+}
+
+int dc_conv2d_add_nhwc(dc_params *ps, dc_conv2d *c, const char *name, int ci, int co, int k, int stride, int pad) {
+    DC_TRY(dc_conv2d_add(ps, c, name, ci, co, k, stride, pad));
+    c->nhwc = true;
+    ps->items[c->w].channels_last = true;
     return 0;
 }
 

@@ -22,10 +22,12 @@ typedef struct {
 } dc_embedding;
 
 // 2-D convolution with a k x k kernel, `stride` and symmetric zero padding
-// `pad`: "<name>.weight" [co, ci, k, k], "<name>.bias" [co].
+// `pad`: "<name>.weight" [co, ci, k, k], "<name>.bias" [co]. nhwc: over
+// channels-last maps, the kernel stored [co, k, k, ci] (dc_param.channels_last).
 typedef struct {
     int w, b;
     int ci, co, k, stride, pad;
+    bool nhwc;
 } dc_conv2d;
 
 // GroupNorm over `groups` groups of C channels (eps as the model's config):
@@ -48,12 +50,14 @@ int dc_linear_add(dc_params *ps, dc_linear *l, const char *name, int in, int out
 // A linear layer without bias (attention projections in the UNet and VAE).
 int dc_linear_add_nobias(dc_params *ps, dc_linear *l, const char *name, int in, int out);
 int dc_conv2d_add(dc_params *ps, dc_conv2d *c, const char *name, int ci, int co, int k, int stride, int pad);
+// The same convolution over channels-last maps x[B, H, W, ci] -> y[B, Ho, Wo, co].
+int dc_conv2d_add_nhwc(dc_params *ps, dc_conv2d *c, const char *name, int ci, int co, int k, int stride, int pad);
 int dc_group_norm_add(dc_params *ps, dc_group_norm *n, const char *name, int C, int groups, float eps);
 int dc_layer_norm_add(dc_params *ps, dc_layer_norm *n, const char *name, int D, float eps);
 
-// The shape of conv c over x[B, ci, H, W] (symmetric padding).
+// The shape of conv c over x[B, ci, H, W] (symmetric padding; x[B, H, W, ci] if c->nhwc).
 static inline dc_conv2d_shape dc_conv2d_shape_of(const dc_conv2d *c, int B, int H, int W) {
-    dc_conv2d_shape s = {B, c->ci, H, W, c->co, c->k, c->stride, c->pad, c->pad, c->pad, c->pad};
+    dc_conv2d_shape s = {B, c->ci, H, W, c->co, c->k, c->stride, c->pad, c->pad, c->pad, c->pad, c->nhwc};
     return s;
 }
 // A stride-p convolution over non-overlapping p x p patches of C channels,
@@ -101,6 +105,12 @@ static inline void dc_group_norm_fwd(dc_backend *be, const dc_params *ps, const 
                                      dc_buf mean, dc_buf rstd, dc_buf x, int B, int64_t HW, bool silu) {
     be->group_norm_fwd(be, y, mean, rstd, x, dc_param_w(ps, n->w), dc_param_w(ps, n->b), B, n->C, HW, n->groups,
                        n->eps, silu);
+}
+// The same over channels-last maps y, x [B, HW, C].
+static inline void dc_group_norm_nhwc_fwd(dc_backend *be, const dc_params *ps, const dc_group_norm *n, dc_buf y,
+                                          dc_buf mean, dc_buf rstd, dc_buf x, int B, int64_t HW, bool silu) {
+    be->group_norm_nhwc_fwd(be, y, mean, rstd, x, dc_param_w(ps, n->w), dc_param_w(ps, n->b), B, n->C, HW,
+                            n->groups, n->eps, silu);
 }
 // y[M,D] = LayerNorm(x); mean, rstd [M] F32.
 static inline void dc_layer_norm_fwd(dc_backend *be, const dc_params *ps, const dc_layer_norm *n, dc_buf y,

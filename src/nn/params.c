@@ -31,6 +31,24 @@ int dc_params_add(dc_params *ps, const char *name, bool trainable, int ndim, ...
     return ps->count++;
 }
 
+// [Co, A, Bn] -> [Co, Bn, A] in place through a copy: to the storage order
+// A = Ci, Bn = kh kw; back, A = kh kw, Bn = Ci.
+static int permute_kernel(const dc_param *p, float *h, bool to_stored) {
+    if (!p->channels_last) return 0;
+    const int64_t co = p->shape[0], ci = p->shape[1], kk = p->shape[2] * p->shape[3];
+    const int64_t A = to_stored ? ci : kk, Bn = to_stored ? kk : ci;
+    float *t = malloc((size_t)p->numel * sizeof *t + 1);
+    if (!t) return dc_fail("out of memory permuting %s", p->name);
+    for (int64_t o = 0; o < co; o++)
+        for (int64_t a = 0; a < A; a++)
+            for (int64_t b = 0; b < Bn; b++) t[(o * Bn + b) * A + a] = h[(o * A + a) * Bn + b];
+    memcpy(h, t, (size_t)p->numel * sizeof *t);
+    free(t);
+    return 0;
+}
+int dc_param_to_stored(const dc_param *p, float *h) { return permute_kernel(p, h, true); }
+int dc_param_from_stored(const dc_param *p, float *h) { return permute_kernel(p, h, false); }
+
 int dc_params_alloc(dc_params *ps, dc_backend *be, bool with_grad) {
     size_t bytes = (size_t)ps->numel * sizeof(float);
     ps->be = be;

@@ -34,6 +34,11 @@ typedef struct {
     int64_t shape[DC_MAX_DIMS];
     int64_t offset, numel;  // in elements, into the flat buffers
     bool trainable;         // false for fixed tensors such as pos_embed
+    // A 4-d kernel [Co, Ci, kh, kw] (its shape as PyTorch's) stored
+    // channels-last, [Co, kh, kw, Ci], for convolutions over channels-last
+    // maps. Whatever moves values between files and storage permutes them
+    // (dc_param_to_stored / dc_param_from_stored).
+    bool channels_last;
 } dc_param;
 
 typedef struct {
@@ -74,6 +79,11 @@ int dc_params_alloc(dc_params *ps, dc_backend *be, bool with_grad);
 // return the same storage. Such a set never trains.
 int dc_params_alloc_frozen(dc_params *ps, dc_backend *be);
 void dc_params_free(dc_params *ps);
+// p's values h (numel floats) from PyTorch's order to the storage order, and
+// back; nothing to do unless p->channels_last. -1 with a message if the
+// scratch cannot be had.
+int dc_param_to_stored(const dc_param *p, float *h);
+int dc_param_from_stored(const dc_param *p, float *h);
 int dc_params_find(const dc_params *ps, const char *name);  // index or -1
 static inline dc_buf dc_param_data(const dc_params *ps, int i) {
     return dc_buf_at(ps->data, ps->items[i].offset);

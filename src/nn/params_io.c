@@ -42,6 +42,7 @@ int dc_params_load(const dc_params *ps, dc_buf dst, const dc_st_file *f, const c
                 return dc_fail("%s: tensor '%s' element %lld is %g: weights must be finite (the run that wrote "
                                "them diverged, or the file is damaged)", f->path, name, (long long)j, v);
             }
+        if (dc_param_to_stored(p, h)) return free(h), -1;
         be->upload(be, dc_buf_at(dst, p->offset).p, h, (size_t)p->numel * sizeof *h);
         free(h);
     }
@@ -62,6 +63,7 @@ int dc_params_entries(const dc_params *ps, dc_buf src, const char *prefix, float
         e->ndim = p->ndim;
         for (int d = 0; d < p->ndim; d++) e->shape[d] = p->shape[d];
         e->data = host + p->offset;
+        DC_TRY(dc_param_from_stored(p, host + p->offset));
     }
     return 0;
 }

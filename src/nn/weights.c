@@ -102,6 +102,7 @@ static int load_one(dc_params *ps, int i, const dc_weights *w, const dc_weight_s
                            "or the run that wrote it diverged)", f->path, w->prefix, src->name, at, bad);
         }
     if (v != h) memmove(h, v, (size_t)p->numel * sizeof *h);
+    if (dc_param_to_stored(p, h)) return free(h), -1;
     upload_as(ps->be, dc_param_data(ps, i), h, p->numel);
     free(h);
     return 0;

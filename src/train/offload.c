@@ -1,11 +1,13 @@
 #include "train/offload.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend/cpu/cpu_ops.h"
 #include "core/error.h"
+#include "core/log.h"
 
 static int64_t widest_unit(const dc_params *ps) {
     int64_t w = 0;
@@ -17,7 +19,9 @@ static int64_t widest_unit(const dc_params *ps) {
     return w;
 }
 
-int64_t dc_offload_device_bytes(const dc_params *ps) { return 2 * widest_unit(ps) * (int64_t)sizeof(float); }
+int64_t dc_offload_device_bytes(const dc_params *ps) {
+    return (2 * widest_unit(ps) + 2 * (int64_t)dc_params_unit_count(ps)) * (int64_t)sizeof(float);
+}
 
 // A host view of n floats for the CPU kernels (which read only .p).
 static dc_buf host(float *p) { return (dc_buf){p, DC_F32}; }
@@ -49,7 +53,11 @@ static void *worker(void *arg) {
         bool skip = o->failed;
         pthread_mutex_unlock(&o->mu);
         int rc = skip ? -1 : o->be->host_wait(o->be, o->ticket[u]);
-        if (rc == 0) update_unit(o, u);
+        if (rc == 0) {
+            double t0 = dc_time_now();
+            update_unit(o, u);
+            o->busy_s += dc_time_now() - t0;  // read by the main thread only between steps
+        }
         pthread_mutex_lock(&o->mu);
         if (rc != 0 && !o->failed) {
             o->failed = true;
@@ -114,6 +122,9 @@ static int unit_hook(void *ctx, int unit, bool done) {
         return dc_backend_status(be);
     }
     ps->win_lo = ps->win_hi = 0;
+    // the norm that overlapped steps report, per unit on the device: a pass
+    // over the host's gradients would come after the last update
+    if (o->last && o->overlap) be->grad_norm(be, dc_buf_at(o->unorm, 2 * unit), o->bucket[j], hi - lo, 0.0f);
     o->down[j] = be->copy_async(be, o->grad + lo, o->bucket[j].p, bytes, true);
     o->next = 1 - j;
     if (o->last) {
@@ -142,12 +153,15 @@ int dc_offload_init(dc_offload *o, dc_params *ps, dc_backend *be) {
             return dc_fail_ctx("--offload: the host copy of the optimizer state (5 x %.1f MiB)", bytes / 1048576.0);
         }
     o->ticket = calloc((size_t)o->units, sizeof *o->ticket);
+    o->unorm_host = calloc((size_t)o->units * 2, sizeof *o->unorm_host);
     o->todo = calloc((size_t)o->units, sizeof *o->todo), o->done = calloc((size_t)o->units, sizeof *o->done);
-    if (!o->ticket || !o->todo || !o->done) return dc_offload_free(o), dc_fail("out of memory");
+    if (!o->ticket || !o->todo || !o->done || !o->unorm_host) return dc_offload_free(o), dc_fail("out of memory");
     for (int j = 0; j < 2; j++) {
         o->bucket[j] = (dc_buf){be->alloc(be, (size_t)o->widest * sizeof(float)), DC_F32};
         if (!o->bucket[j].p) return dc_offload_free(o), dc_fail_ctx("--offload: a gradient bucket");
     }
+    o->unorm = (dc_buf){be->alloc(be, (size_t)o->units * 2 * sizeof(float)), DC_F32};
+    if (!o->unorm.p) return dc_offload_free(o), dc_fail_ctx("--offload: the units' gradient norms");
     be->download(be, o->master, ps->data.p, bytes);
     DC_TRY(dc_backend_status(be));
     memcpy(o->ema, o->master, bytes);  // the EMA starts as an exact copy of the weights
@@ -189,8 +203,9 @@ void dc_offload_free(dc_offload *o) {
             if (host_bufs[i]) be->free_pinned(be, host_bufs[i]);
         for (int j = 0; j < 2; j++)
             if (o->bucket[j].p) be->free(be, o->bucket[j].p);
+        if (o->unorm.p) be->free(be, o->unorm.p);
     }
-    free(o->ticket), free(o->todo), free(o->done);
+    free(o->ticket), free(o->todo), free(o->done), free(o->unorm_host);
     memset(o, 0, sizeof *o);
 }
 
@@ -217,17 +232,27 @@ int dc_offload_finish(dc_offload *o, dc_buf gstats, float max_norm) {
     } else if (o->ntodo != o->units) {  // read without the lock: only this thread queues
         return dc_fail("--offload: the model handed over the gradients of %d of its %d units", o->ntodo, o->units);
     }
+    double t0 = dc_time_now();
     send_updated(o, true);
+    o->wait_s += dc_time_now() - t0;
+    o->steps++;
     pthread_mutex_lock(&o->mu);
     bool failed = o->failed;
     pthread_mutex_unlock(&o->mu);
     if (failed) return dc_fail("--offload: %s", o->err);
+    if (o->overlap) {  // the norm only reports: the units' norms, combined in unit order
+        // (the queue holds no copy up yet, so this waits for backward alone)
+        be->download(be, o->unorm_host, o->unorm.p, (size_t)o->units * 2 * sizeof(float));
+        DC_TRY(dc_backend_status(be));
+        double ss = 0.0;
+        for (int u = 0; u < o->units; u++) ss += (double)o->unorm_host[2 * u] * o->unorm_host[2 * u];
+        stats[0] = (float)sqrt(ss);
+        stats[1] = dc_clip_factor(sqrt(ss), max_norm);
+    }
     // the next forward reads the new weights: the queue waits for the last copy up
     be->wait_ticket(be, o->up);
     dc_params_touch(o->ps);
     dc_params_refresh(o->ps);
-    if (o->overlap)  // the norm only reports: every gradient is on the host by now
-        dc_cpu_grad_norm(NULL, host(stats), host(o->grad), o->ps->numel, max_norm);
     be->upload(be, gstats.p, stats, sizeof stats);
     return dc_backend_status(be);
 }

@@ -25,7 +25,10 @@
 //
 // Results equal the non-offloaded run's: bit for bit on the CPU backend (the
 // same kernel on the same sums), to fp32 rounding of the update on a GPU
-// (host AdamW against the device's).
+// (host AdamW against the device's). The gradient norm a step without
+// clipping reports is combined from each unit's norm, taken on the device
+// from its bucket (a pass over the host's gradients would follow the last
+// update): equal to the plain run's to fp32 rounding.
 #pragma once
 #include <pthread.h>
 #include <stdbool.h>
@@ -53,6 +56,9 @@ typedef struct {
     dc_adamw_step h;
     float factor;           // the clipping factor the update applies (1: none)
     int64_t *ticket;        // [units] the copy of each unit's final gradients to the host
+    dc_buf unorm;           // [2 units] F32 on the device: each unit's gradient norm (grad_norm's
+                            // pair), taken from its bucket when the update overlaps backward
+    float *unorm_host;      // [2 units] their host copy
     // the worker: units to update, in order, and the ones it has updated
     pthread_t thread;
     bool running;
@@ -62,6 +68,10 @@ typedef struct {
     int *done, ndone, sent;   // [units] updated, in order; sent: how many went back up
     bool stop, failed;
     char err[512];
+    // where the time goes, summed over steps: the worker's updates, and the
+    // main thread's wait for them after the step's backward was queued
+    double busy_s, wait_s;
+    int steps;
 } dc_offload;
 
 // Takes the parameters' state onto the host: master and EMA copied from the

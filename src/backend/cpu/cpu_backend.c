@@ -89,8 +89,9 @@ static int cpu_reserve(dc_backend *be, int max_tokens, int head_dim) {
 }
 
 // The im2col workspace of the largest conv reserved so far (grow-only), shared
-// by every thread of a conv (see cpu_conv.c). Also where a conv's shape is
-// checked, once, before any conv of it runs.
+// by every thread of a conv (see cpu_conv.c); the same size for NCHW and
+// channels-last shapes. Also where a conv's shape is checked, once, before
+// any conv of it runs.
 static int cpu_reserve_conv(dc_backend *be, const dc_conv2d_shape *s) {
     dc_cpu_ctx *ctx = be->ctx;
     if (s->B < 1 || s->Ci < 1 || s->Co < 1 || s->H < 1 || s->W < 1 || s->k < 1 || s->stride < 1 ||
@@ -197,6 +198,10 @@ dc_backend *dc_backend_cpu_create(void) {
         .transpose = dc_cpu_transpose,
         .add_channel = dc_cpu_add_channel,
         .channel_sum = dc_cpu_channel_sum,
+        .group_norm_nhwc_fwd = dc_cpu_group_norm_nhwc_fwd,
+        .upsample2x_nhwc_fwd = dc_cpu_upsample2x_nhwc_fwd,
+        .add_channel_nhwc = dc_cpu_add_channel_nhwc,
+        .concat_channels = dc_cpu_concat_channels,
         .alloc_pinned = cpu_alloc,
         .free_pinned = cpu_free,
         .copy_async = cpu_copy_async,

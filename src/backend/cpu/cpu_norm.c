@@ -1,5 +1,6 @@
 // GroupNorm (with an optional fused SiLU) and LayerNorm with affine weights,
-// forward and backward: the norms of the SD UNet, VAE and text encoders.
+// forward and backward: the norms of the SD UNet, VAE and text encoders; and
+// GroupNorm's forward over channels-last maps.
 //
 // Statistics are two passes in double (mean, then the centred variance), so
 // the variance stays accurate when a group's mean dwarfs its spread. Every
@@ -134,6 +135,104 @@ void dc_cpu_group_norm_bwd(dc_backend *be, dc_buf dx_, dc_buf dgamma_, dc_buf db
             }
             if (dbeta) dbeta[c] += (float)a;
             if (dgamma) dgamma[c] += (float)e;
+        }
+    }
+}
+
+// ---- group norm over channels-last maps --------------------------------------------
+// x[B, HW, C]: group g of sample b is channels [g C/G, (g+1) C/G) of each of
+// its HW pixels, a run of only C/G (often 4 or 10) values per pixel. So that
+// loops run over long contiguous stretches, statistics are summed per channel
+// over pixels in order, several whole groups side by side (channels are
+// vector lanes), then per group over its channels in order; the
+// normalisation runs over blocks of pixels, a row of channels at a time.
+
+// Channels summed side by side (whole groups, or slices of a wider group);
+// pixels and channels of one step of the normalisation.
+enum { GN_SC = 32, GN_PB = 64, GN_CH = 256 };
+
+// Mean and rstd of groups [g0, g1) (g1 - g0 <= GN_SC) of one image x[HW, C]
+// with Cg channels each: two passes in double, as dc_cpu_moments.
+static void group_stats_nhwc(const float *x, int C, int64_t HW, int Cg, int g0, int g1,
+                             float eps, float *mean, float *rstd) {
+    const int c0 = g0 * Cg, c1 = g1 * Cg;
+    const double n = (double)Cg * HW;
+    double s[GN_SC] = {0}, ss[GN_SC] = {0};  // per group of [g0, g1)
+    for (int a = c0; a < c1; a += GN_SC) {
+        const int len = c1 - a < GN_SC ? c1 - a : GN_SC;
+        double acc[GN_SC] = {0};  // per channel of the slice [a, a + len)
+        for (int64_t p = 0; p < HW; p++) {
+            const float *xp = x + p * C + a;
+#pragma omp simd
+            for (int j = 0; j < len; j++) acc[j] += xp[j];
+        }
+        for (int j = 0; j < len; j++) s[(a + j) / Cg - g0] += acc[j];
+    }
+    for (int a = c0; a < c1; a += GN_SC) {
+        const int len = c1 - a < GN_SC ? c1 - a : GN_SC;
+        double acc[GN_SC] = {0}, mu[GN_SC];
+        for (int j = 0; j < len; j++) mu[j] = s[(a + j) / Cg - g0] / n;
+        for (int64_t p = 0; p < HW; p++) {
+            const float *xp = x + p * C + a;
+#pragma omp simd
+            for (int j = 0; j < len; j++) acc[j] += (xp[j] - mu[j]) * (xp[j] - mu[j]);
+        }
+        for (int j = 0; j < len; j++) ss[(a + j) / Cg - g0] += acc[j];
+    }
+    for (int g = g0; g < g1; g++) {
+        mean[g] = (float)(s[g - g0] / n);
+        rstd[g] = dc_norm_rstd(ss[g - g0] / n, eps);
+    }
+}
+
+void dc_cpu_group_norm_nhwc_fwd(dc_backend *be, dc_buf out_, dc_buf mean_, dc_buf rstd_,
+                                dc_buf x_, dc_buf gamma_, dc_buf beta_, int B, int C, int64_t HW,
+                                int G, float eps, bool silu) {
+    (void)be;
+    float *out = dc_cpu_f32(out_);                                    // [B, HW, C]
+    float *mean = dc_cpu_f32(mean_), *rstd = dc_cpu_f32(rstd_);       // [B, G]
+    const float *x = dc_cpu_f32(x_);                                  // [B, HW, C]
+    const float *gamma = dc_cpu_f32(gamma_), *beta = dc_cpu_f32(beta_);  // [C]
+    assert(C % G == 0);
+    const int Cg = C / G, gpu = Cg < GN_SC ? GN_SC / Cg : 1;  // groups per statistics unit
+    const int nu = (G + gpu - 1) / gpu;
+    const int64_t nblk = (HW + GN_PB - 1) / GN_PB;
+#pragma omp parallel if ((int64_t)B * C * HW > DC_CPU_PAR_MIN)
+    {
+#pragma omp for schedule(static)
+        for (int u = 0; u < B * nu; u++) {
+            const int b = u / nu, g0 = u % nu * gpu, g1 = g0 + gpu < G ? g0 + gpu : G;
+            group_stats_nhwc(x + (int64_t)b * HW * C, C, HW, Cg, g0, g1, eps, mean + b * G,
+                             rstd + b * G);
+        }
+        // The group statistics spread over channels, so each row is one vector loop.
+#pragma omp for schedule(static)
+        for (int64_t u = 0; u < B * nblk; u++) {
+            const int64_t b = u / nblk, p0 = u % nblk * GN_PB;
+            const int64_t p1 = p0 + GN_PB < HW ? p0 + GN_PB : HW;
+            for (int a = 0; a < C; a += GN_CH) {
+                const int len = C - a < GN_CH ? C - a : GN_CH;
+                const float *ga = gamma + a, *bt = beta + a;
+                float m[GN_CH], r[GN_CH];
+                for (int j = 0; j < len; j++) {
+                    m[j] = mean[b * G + (a + j) / Cg];
+                    r[j] = rstd[b * G + (a + j) / Cg];
+                }
+                for (int64_t p = p0; p < p1; p++) {
+                    const float *xr = x + (b * HW + p) * C + a;
+                    float *o = out + (b * HW + p) * C + a;
+                    if (silu) {
+#pragma omp simd
+                        for (int j = 0; j < len; j++)
+                            o[j] = dc_silu(
+                                dc_norm_affine(dc_norm_xhat(xr[j], m[j], r[j]), ga[j], bt[j]));
+                    } else {
+#pragma omp simd
+                        for (int j = 0; j < len; j++)
+                            o[j] = dc_norm_affine(dc_norm_xhat(xr[j], m[j], r[j]), ga[j], bt[j]);
+                    }
+                }
+            }
         }
     }
 }

@@ -118,7 +118,8 @@ void dc_cpu_attention_bwd(dc_backend *be, dc_buf dq, dc_buf dk, dc_buf dv, dc_bu
 size_t dc_cpu_attn_scratch(int max_tokens);
 
 // ---- convolution (cpu_conv.c) -------------------------------------------------
-// The im2col workspace (floats) the conv of shape s needs; 0 for a 1x1 conv.
+// The im2col workspace (floats) the conv of shape s needs, in either layout;
+// 0 for a 1x1, stride-1, unpadded conv.
 size_t dc_cpu_conv_ws_floats(const dc_conv2d_shape *s);
 void dc_cpu_conv2d_fwd(dc_backend *be, dc_buf out, dc_buf x, dc_buf w, dc_buf b,
                        const dc_conv2d_shape *s);
@@ -129,6 +130,9 @@ void dc_cpu_conv2d_bwd(dc_backend *be, dc_buf dx, dc_buf dw, dc_buf db, dc_buf d
 void dc_cpu_group_norm_fwd(dc_backend *be, dc_buf out, dc_buf mean, dc_buf rstd, dc_buf x,
                            dc_buf gamma, dc_buf beta, int B, int C, int64_t HW, int G, float eps,
                            bool silu);
+void dc_cpu_group_norm_nhwc_fwd(dc_backend *be, dc_buf out, dc_buf mean, dc_buf rstd, dc_buf x,
+                                dc_buf gamma, dc_buf beta, int B, int C, int64_t HW, int G,
+                                float eps, bool silu);
 void dc_cpu_group_norm_bwd(dc_backend *be, dc_buf dx, dc_buf dgamma, dc_buf dbeta, dc_buf dout,
                            dc_buf x, dc_buf mean, dc_buf rstd, dc_buf gamma, dc_buf beta, int B,
                            int C, int64_t HW, int G, bool silu, bool accumulate);
@@ -149,6 +153,10 @@ void dc_cpu_geglu_bwd(dc_backend *be, dc_buf dx, dc_buf dout, dc_buf x, int64_t 
 void dc_cpu_activation_fwd(dc_backend *be, dc_buf out, dc_buf inp, int64_t n, dc_act act);
 void dc_cpu_activation_bwd(dc_backend *be, dc_buf dinp, dc_buf dout, dc_buf inp, int64_t n,
                            dc_act act, bool accumulate);
+void dc_cpu_upsample2x_nhwc_fwd(dc_backend *be, dc_buf out, dc_buf x, int B, int C, int H, int W);
+void dc_cpu_add_channel_nhwc(dc_backend *be, dc_buf x, dc_buf v, int B, int C, int64_t HW);
+void dc_cpu_concat_channels(dc_backend *be, dc_buf out, dc_buf a, int C1, dc_buf b, int C2,
+                            int64_t M);
 
 // ---- diffusion (cpu_diffusion.c) ----------------------------------------------
 void dc_cpu_randn(dc_backend *be, dc_buf out, const uint32_t *keys, int B, int64_t n,

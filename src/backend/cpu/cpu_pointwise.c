@@ -1,6 +1,7 @@
 // Elementwise ops and the DiT embeddings: activations, axpy, positional add,
 // patchify / unpatchify, timestep and label embeddings; and the latent
-// diffusion ones: the activation of a given kind, GEGLU, nearest 2x upsampling.
+// diffusion ones: the activation of a given kind, GEGLU, nearest 2x upsampling,
+// layout changes and per-channel adds, for NCHW and channels-last maps.
 //
 // Activation loops are `omp simd` so expf, tanhf and erff vectorise through
 // libmvec (see cpu_ops.h), in fixed blocks so that results do not depend on the
@@ -339,5 +340,57 @@ void dc_cpu_channel_sum(dc_backend *be, dc_buf dv_, dc_buf dx_, int B, int C, in
         double s = 0;
         for (int64_t i = 0; i < HW; i++) s += dx[r * HW + i];
         dv[r] = (float)s;
+    }
+}
+
+// ---- channels-last maps: x[B, HW, C] ------------------------------------------------------
+
+// Input row r of x[B*H, W, C] fills output rows 2r and 2r+1: each pixel's C
+// channels twice side by side, then the whole row once more.
+void dc_cpu_upsample2x_nhwc_fwd(dc_backend *be, dc_buf out_, dc_buf x_, int B, int C, int H,
+                                int W) {
+    (void)be;
+    float *out = dc_cpu_f32(out_);    // [B, 2H, 2W, C]
+    const float *x = dc_cpu_f32(x_);  // [B, H, W, C]
+    const int64_t rows = (int64_t)B * H, rc = (int64_t)W * C;  // rc: floats of one input row
+    const size_t px = (size_t)C * sizeof(float);
+#pragma omp parallel for schedule(static) if (rows * rc * 4 > DC_CPU_PAR_MIN)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * rc;
+        float *o0 = out + 2 * r * 2 * rc, *o1 = o0 + 2 * rc;
+        for (int w = 0; w < W; w++) {
+            memcpy(o0 + (int64_t)2 * w * C, xr + (int64_t)w * C, px);
+            memcpy(o0 + (int64_t)(2 * w + 1) * C, xr + (int64_t)w * C, px);
+        }
+        memcpy(o1, o0, (size_t)2 * rc * sizeof(float));
+    }
+}
+
+void dc_cpu_add_channel_nhwc(dc_backend *be, dc_buf x_, dc_buf v_, int B, int C, int64_t HW) {
+    (void)be;
+    float *x = dc_cpu_f32(x_);        // [B, HW, C]
+    const float *v = dc_cpu_f32(v_);  // [B, C]
+    const int64_t rows = (int64_t)B * HW;
+#pragma omp parallel for schedule(static) if (rows * C > DC_CPU_PAR_MIN)
+    for (int64_t r = 0; r < rows; r++) {
+        float *xr = x + r * C;
+        const float *vb = v + r / HW * C;
+#pragma omp simd
+        for (int c = 0; c < C; c++) xr[c] += vb[c];
+    }
+}
+
+// torch.cat([a, b], dim=1) of channels-last maps: each row of out is a row of
+// a followed by a row of b.
+void dc_cpu_concat_channels(dc_backend *be, dc_buf out_, dc_buf a_, int C1, dc_buf b_, int C2,
+                            int64_t M) {
+    (void)be;
+    float *out = dc_cpu_f32(out_);                            // [M, C1 + C2]
+    const float *a = dc_cpu_f32(a_), *b = dc_cpu_f32(b_);     // [M, C1], [M, C2]
+    const int64_t C = (int64_t)C1 + C2;
+#pragma omp parallel for schedule(static) if (M * C > DC_CPU_PAR_MIN)
+    for (int64_t m = 0; m < M; m++) {
+        memcpy(out + m * C, a + m * C1, (size_t)C1 * sizeof(float));
+        memcpy(out + m * C + C1, b + m * C2, (size_t)C2 * sizeof(float));
     }
 }

@@ -79,3 +79,81 @@ static inline unsigned dc_blocks(int64_t n, int threads) {
     int64_t b = (n + threads - 1) / threads;
     return (unsigned)(b < 1 ? 1 : b > 1048576 ? 1048576 : b);
 }
+
+// ---- channels-last maps ------------------------------------------------------------------
+// V consecutive values at i (a multiple of V) into v: V = 1, 4 (dc_ld4's
+// alignment) or 8 (16-byte aligned buffers: one 16-byte access in BF16, two in F32).
+template <int V>
+__device__ __forceinline__ void dc_ldv(float (&v)[V], const void *p, int64_t i, int bf16) {
+    if constexpr (V == 1) {
+        v[0] = dc_ld(p, i, bf16);
+    } else if constexpr (V == 4) {
+        float4 a = dc_ld4(p, i, bf16);
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+    } else {
+        static_assert(V == 8, "1, 4 or 8 values");
+        if (bf16) {
+            uint4 u = *(const uint4 *)((const __nv_bfloat16 *)p + i);
+            const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                float2 f = __bfloat1622float2(*(const __nv_bfloat162 *)&w[k]);
+                v[2 * k] = f.x, v[2 * k + 1] = f.y;
+            }
+        } else {
+            float4 a = *(const float4 *)((const float *)p + i), b = *(const float4 *)((const float *)p + i + 4);
+            v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+        }
+    }
+}
+template <int V>
+__device__ __forceinline__ void dc_stv(void *p, int64_t i, const float (&v)[V], int bf16) {
+    if constexpr (V == 1) {
+        dc_st(p, i, v[0], bf16);
+    } else if constexpr (V == 4) {
+        dc_st4(p, i, make_float4(v[0], v[1], v[2], v[3]), bf16);
+    } else {
+        static_assert(V == 8, "1, 4 or 8 values");
+        if (bf16) {
+            uint32_t w[4];
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);
+                w[k] = *(uint32_t *)&h;
+            }
+            *(uint4 *)((__nv_bfloat16 *)p + i) = make_uint4(w[0], w[1], w[2], w[3]);
+        } else {
+            *(float4 *)((float *)p + i) = make_float4(v[0], v[1], v[2], v[3]);
+            *(float4 *)((float *)p + i + 4) = make_float4(v[4], v[5], v[6], v[7]);
+        }
+    }
+}
+
+// The widest access (8, 4 or 1 values) at every multiple of it along rows of
+// C channels that C and the buffers' alignment allow (buffers with a NULL
+// pointer are not counted).
+static inline int dc_vec_width(int C, dc_buf a, dc_buf b, dc_buf c) {
+    const dc_buf bufs[3] = {a, b, c};
+    bool v8 = C % 8 == 0, v4 = C % 4 == 0;
+    for (int i = 0; i < 3; i++)
+        if (bufs[i].p) v8 = v8 && dc_aligned(bufs[i].p, 16), v4 = v4 && dc_vec4(bufs[i]);
+    return v8 ? 8 : v4 ? 4 : 1;
+}
+
+// Maps [rows, C] (a pixel's channels contiguous, the rows its pixels) are
+// walked with each thread on V fixed channels, so what belongs to a channel
+// (a bias, gamma and beta) is loaded once, and a stride of rows, so no index
+// is divided per element. A block is ct x rt threads (blockDim.x, blockDim.y):
+// ct columns of V channels side by side (a warp reads along a row), rt rows
+// at a time; `tiles` blocks side by side cover rows of more than one block's columns.
+typedef struct {
+    int V, cols, ct, rt, tiles;  // cols = C / V
+} dc_rows_geom;
+static inline dc_rows_geom dc_rows_geom_make(int C, int V, int threads) {
+    dc_rows_geom g;
+    g.V = V, g.cols = C / V;
+    g.tiles = (g.cols + threads - 1) / threads;
+    g.ct = (g.cols + g.tiles - 1) / g.tiles;
+    g.rt = threads / g.ct;
+    return g;
+}

@@ -1,5 +1,9 @@
 // 2-D convolutions through cuDNN (its convolution API: forward, backward
-// data, backward filter) on NCHW tensors, as PyTorch lays them out.
+// data, backward filter) on channels-first maps (NCHW, as PyTorch lays them
+// out) or channels-last ones (NHWC: x[B, H, W, Ci], w[Co, k, k, Ci],
+// out[B, Ho, Wo, Co], s->nhwc). cuDNN's tensor-core kernels are NHWC ones, so
+// the models keep their maps channels-last and cuDNN reads them as they are;
+// the NCHW form stays for checking and for callers that have such maps.
 //
 // Plans. reserve_conv makes, for a shape in the backend's compute dtype, the
 // descriptors and the three algorithms, and grows the workspace to what they
@@ -12,8 +16,10 @@
 // several times slower), so two runs may pick different (each deterministic)
 // algorithms and differ in the last bits. fp32 convs run with FMA math
 // only (no TF32), so the fp32 mode checks as tightly as the CPU; bf16 convs
-// use tensor cores with fp32 accumulation. Memory: the scratch holds a padded
-// copy of the largest asymmetrically padded input reserved (4 bytes a value).
+// use tensor cores with fp32 accumulation. A layout cuDNN has no qualifying
+// algorithm for is an error that names it: maps are never transposed here.
+// Memory: the scratch holds a padded copy of the largest asymmetrically
+// padded input reserved (4 bytes a value).
 //
 // Padding. cuDNN pads symmetrically; SD's VAE downsampling pads (0,1,0,1).
 // A conv with asymmetric padding copies its input, zero-padded, into the conv
@@ -38,7 +44,7 @@
 #include "core/error.h"
 
 struct dc_conv_plan {
-    dc_conv2d_shape s;  // key: shape and dtype (of x, w, out and their gradients)
+    dc_conv2d_shape s;  // key: shape, layout and dtype (of x, w, out and their gradients)
     dc_dtype dt;
     bool padded;        // asymmetric: cuDNN sees the input padded by us
     cudnnTensorDescriptor_t xd, yd;
@@ -49,15 +55,7 @@ struct dc_conv_plan {
     cudnnConvolutionBwdFilterAlgo_t bwd_filter;
     cudnnMathType_t math_fwd, math_data, math_filter;
     size_t ws;          // workspace bytes the three need (the largest)
-    // bf16 forward in channels-last: cuDNN's NHWC kernels, several times faster
-    // than its NCHW ones; the op transposes x and w in and y out (cheap beside
-    // the convolution) through the layout scratch.
-    bool nhwc;
-    cudnnTensorDescriptor_t xd_h, yd_h;
-    cudnnFilterDescriptor_t wd_h;
-    cudnnConvolutionFwdAlgo_t fwd_h;
-    cudnnMathType_t math_fwd_h;
-    char bwd_missing[200];  // empty, or why backward cannot run (forward still can: inference
+    char bwd_missing[320];  // empty, or why backward cannot run (forward still can: inference
                             // of large fp32 convs where no deterministic backward fits)
 };
 
@@ -68,14 +66,20 @@ struct dc_conv_plan {
 #define GRID_STRIDE(i, n) \
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
 enum { TPB = 256 };
+// Row slices of a channels-last bias gradient (partial sums in the scratch).
+enum { DB_SLICES = 32 };
 
 static bool padded(const dc_conv2d_shape *s) { return s->pad_t != s->pad_b || s->pad_l != s->pad_r; }
 static int64_t round256(int64_t n) { return (n + 255) & ~(int64_t)255; }
 static int64_t dw_numel(const dc_conv2d_shape *s) { return (int64_t)s->Co * s->Ci * s->k * s->k; }
 
-// Scratch: the weight gradient as cuDNN writes it, then (asymmetric padding)
-// the padded input or input gradient, sized for 4-byte values whatever the dtype.
-static int64_t scratch_pad_offset(const dc_conv2d_shape *s) { return round256(dw_numel(s) * 4); }
+// Scratch: the weight gradient as cuDNN writes it, the slices' partial sums
+// of a channels-last bias gradient, then (asymmetric padding) the padded
+// input or input gradient, sized for 4-byte values whatever the dtype.
+static int64_t scratch_db_offset(const dc_conv2d_shape *s) { return round256(dw_numel(s) * 4); }
+static int64_t scratch_pad_offset(const dc_conv2d_shape *s) {
+    return scratch_db_offset(s) + (s->nhwc ? round256((int64_t)DB_SLICES * s->Co * (int64_t)sizeof(double)) : 0);
+}
 static size_t scratch_bytes(const dc_conv2d_shape *s) {
     int64_t n = scratch_pad_offset(s);
     if (padded(s)) n += (int64_t)s->B * s->Ci * (s->H + s->pad_t + s->pad_b) * (s->W + s->pad_l + s->pad_r) * 4;
@@ -85,14 +89,19 @@ static size_t scratch_bytes(const dc_conv2d_shape *s) {
 static void shape_text(const dc_conv2d_shape *s, char *buf, size_t n) {
     snprintf(buf, n,
              "%d images of %d channels %dx%d to %d channels, kernel %d, stride %d, padding %d,%d,%d,%d "
-             "(top, bottom, left, right)",
-             s->B, s->Ci, s->H, s->W, s->Co, s->k, s->stride, s->pad_t, s->pad_b, s->pad_l, s->pad_r);
+             "(top, bottom, left, right), %s",
+             s->B, s->Ci, s->H, s->W, s->Co, s->k, s->stride, s->pad_t, s->pad_b, s->pad_l, s->pad_r,
+             s->nhwc ? "channels-last (NHWC)" : "channels-first (NCHW)");
 }
 
 // A shape cuDNN's 4-d descriptors (int sizes) can take; else false with why.
 static bool shape_ok(const dc_conv2d_shape *s, char *err, size_t n) {
-    char t[200];
+    char t[240];
     shape_text(s, t, sizeof t);
+    if (s->nhwc != 0 && s->nhwc != 1) {  // an uninitialised field would key a plan of its own
+        snprintf(err, n, "conv2d: invalid layout flag nhwc = %d (0 or 1): %s", s->nhwc, t);
+        return false;
+    }
     if (s->B < 1 || s->Ci < 1 || s->Co < 1 || s->H < 1 || s->W < 1 || s->k < 1 || s->stride < 1 || s->pad_t < 0 ||
         s->pad_b < 0 || s->pad_l < 0 || s->pad_r < 0 || s->pad_t >= s->k || s->pad_b >= s->k || s->pad_l >= s->k ||
         s->pad_r >= s->k || dc_conv2d_ho(s) < 1 || dc_conv2d_wo(s) < 1) {
@@ -108,16 +117,7 @@ static bool shape_ok(const dc_conv2d_shape *s, char *err, size_t n) {
     return true;
 }
 
-// The layout scratch of an NHWC forward: x, y and w in channels-last (bf16).
-static size_t layout_bytes(const dc_conv2d_shape *s) {
-    return (size_t)(round256((int64_t)s->B * s->Ci * s->H * s->W * 2) +
-                    round256((int64_t)s->B * s->Co * dc_conv2d_ho(s) * dc_conv2d_wo(s) * 2) + round256(dw_numel(s) * 2));
-}
-
 static void plan_free(dc_conv_plan *p) {
-    if (p->xd_h) cudnnDestroyTensorDescriptor(p->xd_h);
-    if (p->yd_h) cudnnDestroyTensorDescriptor(p->yd_h);
-    if (p->wd_h) cudnnDestroyFilterDescriptor(p->wd_h);
     if (p->xd) cudnnDestroyTensorDescriptor(p->xd);
     if (p->yd) cudnnDestroyTensorDescriptor(p->yd);
     if (p->wd) cudnnDestroyFilterDescriptor(p->wd);
@@ -150,14 +150,17 @@ static bool plan_make(cudnnHandle_t h, const dc_conv2d_shape *s, dc_dtype dt, si
     const cudnnDataType_t ty = fp32 ? CUDNN_DATA_FLOAT : CUDNN_DATA_BFLOAT16;
     // bf16 needs TENSOR_OP_MATH for tensor cores (DEFAULT_MATH gives FMA kernels, about 60 TFLOP/s)
     const cudnnMathType_t base = fp32 ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH;
+    // x, y [N, C, H, W] and w [K, C, R, S] in cuDNN's terms, stored in that
+    // order or channels-last (w then [K, R, S, C]): the layout is the format alone
+    const cudnnTensorFormat_t fmt = s->nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
     p->s = *s, p->dt = dt, p->padded = padded(s);
     const int hi = p->padded ? s->H + s->pad_t + s->pad_b : s->H, wi = p->padded ? s->W + s->pad_l + s->pad_r : s->W;
     const int ph = p->padded ? 0 : s->pad_t, pw = p->padded ? 0 : s->pad_l;
     const int ho = dc_conv2d_ho(s), wo = dc_conv2d_wo(s);
     DNN_MAKE(cudnnCreateTensorDescriptor(&p->xd));
-    DNN_MAKE(cudnnSetTensor4dDescriptor(p->xd, CUDNN_TENSOR_NCHW, ty, s->B, s->Ci, hi, wi));
+    DNN_MAKE(cudnnSetTensor4dDescriptor(p->xd, fmt, ty, s->B, s->Ci, hi, wi));
     DNN_MAKE(cudnnCreateFilterDescriptor(&p->wd));
-    DNN_MAKE(cudnnSetFilter4dDescriptor(p->wd, ty, CUDNN_TENSOR_NCHW, s->Co, s->Ci, s->k, s->k));
+    DNN_MAKE(cudnnSetFilter4dDescriptor(p->wd, ty, fmt, s->Co, s->Ci, s->k, s->k));
     DNN_MAKE(cudnnCreateConvolutionDescriptor(&p->cd));
     DNN_MAKE(cudnnSetConvolution2dDescriptor(p->cd, ph, pw, s->stride, s->stride, 1, 1, CUDNN_CROSS_CORRELATION,
                                              CUDNN_DATA_FLOAT));
@@ -170,7 +173,7 @@ static bool plan_make(cudnnHandle_t h, const dc_conv2d_shape *s, dc_dtype dt, si
         return false;
     }
     DNN_MAKE(cudnnCreateTensorDescriptor(&p->yd));
-    DNN_MAKE(cudnnSetTensor4dDescriptor(p->yd, CUDNN_TENSOR_NCHW, ty, s->B, s->Co, ho, wo));
+    DNN_MAKE(cudnnSetTensor4dDescriptor(p->yd, fmt, ty, s->B, s->Co, ho, wo));
 
     // Each pass takes the first qualifying choice whose workspace fits; the
     // math type a choice was ranked with is set again before it runs.
@@ -194,31 +197,6 @@ static bool plan_make(cudnnHandle_t h, const dc_conv2d_shape *s, dc_dtype dt, si
         p->fwd = f[i].algo, p->math_fwd = m, p->ws = ws, found = true;
     }
     const char *pass = "forward";
-    if (found && !fp32 && !p->padded) {  // channels-last, when cuDNN times it faster
-        float t_nchw = 1e30f;
-        for (int i = 0; i < n; i++)
-            if (f[i].algo == p->fwd && f[i].status == CUDNN_STATUS_SUCCESS) t_nchw = f[i].time;
-        DNN_MAKE(cudnnCreateTensorDescriptor(&p->xd_h));
-        DNN_MAKE(cudnnSetTensor4dDescriptor(p->xd_h, CUDNN_TENSOR_NHWC, ty, s->B, s->Ci, s->H, s->W));
-        DNN_MAKE(cudnnCreateTensorDescriptor(&p->yd_h));
-        DNN_MAKE(cudnnSetTensor4dDescriptor(p->yd_h, CUDNN_TENSOR_NHWC, ty, s->B, s->Co, ho, wo));
-        DNN_MAKE(cudnnCreateFilterDescriptor(&p->wd_h));
-        DNN_MAKE(cudnnSetFilter4dDescriptor(p->wd_h, ty, CUDNN_TENSOR_NHWC, s->Co, s->Ci, s->k, s->k));
-        DNN_MAKE(cudnnSetConvolutionMathType(p->cd, base));
-        int nh = 0;
-        DNN_MAKE(cudnnFindConvolutionForwardAlgorithm(h, p->xd_h, p->wd_h, p->cd, p->yd_h,
-                                                      CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &nh, f));
-        for (int i = 0; i < nh && !p->nhwc; i++) {
-            if (!usable(f[i], fp32) || f[i].time >= t_nchw ||
-                cudnnSetConvolutionMathType(p->cd, f[i].mathType) != CUDNN_STATUS_SUCCESS ||
-                cudnnGetConvolutionForwardWorkspaceSize(h, p->xd_h, p->wd_h, p->cd, p->yd_h, f[i].algo, &ws) !=
-                    CUDNN_STATUS_SUCCESS ||
-                ws > limit)
-                continue;
-            p->fwd_h = f[i].algo, p->math_fwd_h = f[i].mathType, p->nhwc = true;
-            if (ws > p->ws) p->ws = ws;
-        }
-    }
     if (found) {
         found = false, pass = "backward-data";
         cudnnConvolutionBwdDataAlgoPerf_t d[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
@@ -254,7 +232,7 @@ static bool plan_make(cudnnHandle_t h, const dc_conv2d_shape *s, dc_dtype dt, si
         }
     }
     if (!found) {
-        char t[200];
+        char t[240];
         shape_text(s, t, sizeof t);
         snprintf(strcmp(pass, "forward") ? p->bwd_missing : err, strcmp(pass, "forward") ? sizeof p->bwd_missing : errn,
                  "cuDNN offers no deterministic %s %s algorithm within %.1f MiB of workspace for %s", pass,
@@ -304,8 +282,7 @@ extern "C" void dc_cuda_conv_free(dc_cuda_ctx *c) {
     c->dnn = NULL;
     if (c->conv_ws) cudaFree(c->conv_ws);
     if (c->conv_scratch) cudaFree(c->conv_scratch);
-    if (c->conv_lay) cudaFree(c->conv_lay);
-    c->conv_ws = c->conv_scratch = c->conv_lay = NULL, c->conv_ws_bytes = c->conv_scratch_bytes = c->conv_lay_bytes = 0;
+    c->conv_ws = c->conv_scratch = NULL, c->conv_ws_bytes = c->conv_scratch_bytes = 0;
 }
 
 // Replaces *p by a buffer of `bytes` if it is smaller (grow-only); -1 with a
@@ -340,7 +317,6 @@ extern "C" int dc_cuda_reserve_conv(dc_backend *be, const dc_conv2d_shape *s) {
     if (!p) return cudaGetLastError(), dc_fail("%s", err);
     DC_TRY(grow(&c->conv_ws, &c->conv_ws_bytes, p->ws, "the convolution workspace"));
     DC_TRY(grow(&c->conv_scratch, &c->conv_scratch_bytes, scratch_bytes(s), "the convolution scratch"));
-    if (p->nhwc) DC_TRY(grow(&c->conv_lay, &c->conv_lay_bytes, layout_bytes(s), "the channels-last scratch"));
     return 0;
 }
 
@@ -361,11 +337,9 @@ extern "C" int dc_cuda_reserve_conv(dc_backend *be, const dc_conv2d_shape *s) {
 // there. NULL with the error recorded.
 static dc_conv_plan *op_plan(dc_backend *be, const char *func, const dc_conv2d_shape *s, dc_dtype dt) {
     dc_cuda_ctx *c = dc_cuda(be);
-    char err[400], t[200];
+    char err[400], t[240];
     dc_conv_plan *p = plan_find(c, s, dt);
-    if (p && p->ws <= c->conv_ws_bytes && scratch_bytes(s) <= c->conv_scratch_bytes &&
-        (!p->nhwc || layout_bytes(s) <= c->conv_lay_bytes))
-        return p;
+    if (p && p->ws <= c->conv_ws_bytes && scratch_bytes(s) <= c->conv_scratch_bytes) return p;
     shape_text(s, t, sizeof t);
     if (p) {  // its reserve_conv failed to grow the workspace
         dc_cuda_record(be, func, __FILE__, __LINE__, "conv2d of %s was not reserved (reserve_conv)", t);
@@ -381,34 +355,106 @@ static dc_conv_plan *op_plan(dc_backend *be, const char *func, const dc_conv2d_s
     }
     p = plan_get(c, s, dt, c->conv_ws_bytes, err, sizeof err);
     if (!p) dc_cuda_record(be, func, __FILE__, __LINE__, "%s (the shape was not reserved in %s)", err, dc_dtype_name(dt));
-    if (p && p->nhwc && layout_bytes(s) > c->conv_lay_bytes) p->nhwc = false;  // NCHW needs no layout scratch
     return p;
 }
 
 static bool float_type(dc_dtype t) { return t == DC_F32 || t == DC_BF16; }
 
-// xp[B*Ci, Hp, Wp] = x[B*Ci, H, W] placed at (pad_t, pad_l), zeros around it.
-__global__ void k_conv_pad(void *xp, const void *x, int bf, int H, int W, int Hp, int Wp, int pt, int pl, int64_t n) {
-    GRID_STRIDE(i, n) {
-        int j = (int)(i % Wp) - pl, r = (int)((i / Wp) % Hp) - pt;
-        int64_t plane = i / ((int64_t)Hp * Wp);
-        float v = r >= 0 && r < H && j >= 0 && j < W ? dc_ld(x, (plane * H + r) * W + j, bf) : 0.0f;
-        dc_st(xp, i, v, bf);
+// ---- padding ------------------------------------------------------------------------------
+// Both layouts are maps [N, H, W, C]: channels-first ones with N = B Ci and
+// C = 1, channels-last ones with N = B. A thread takes V channels of a pixel.
+
+// xp[N, Hp, Wp, C] = x[N, H, W, C] placed at (pad_t, pad_l), zeros around it;
+// n = N Hp Wp C / V.
+template <int V>
+__global__ void k_conv_pad(void *xp, const void *x, int bf, int H, int W, int C, int Hp, int Wp, int pt, int pl,
+                           int64_t n) {
+    const int cols = C / V;
+    GRID_STRIDE(t, n) {
+        const int c = (int)(t % cols) * V;
+        const int64_t pix = t / cols, img = pix / ((int64_t)Hp * Wp);
+        const int j = (int)(pix % Wp) - pl, r = (int)(pix / Wp % Hp) - pt;
+        float v[V] = {};
+        if (r >= 0 && r < H && j >= 0 && j < W) dc_ldv<V>(v, x, ((img * H + r) * W + j) * C + c, bf);
+        dc_stv<V>(xp, pix * C + c, v, bf);
     }
 }
 
-// dx[B*Ci, H, W] (+)= the window of dxp[B*Ci, Hp, Wp] at (pad_t, pad_l).
-__global__ void k_conv_crop(void *dx, const void *dxp, int bf, int H, int W, int Hp, int Wp, int pt, int pl,
+// dx[N, H, W, C] (+)= the window of dxp[N, Hp, Wp, C] at (pad_t, pad_l); n = N H W C / V.
+template <int V>
+__global__ void k_conv_crop(void *dx, const void *dxp, int bf, int H, int W, int C, int Hp, int Wp, int pt, int pl,
                             bool accumulate, int64_t n) {
-    GRID_STRIDE(i, n) {
-        int j = (int)(i % W), r = (int)((i / W) % H);
-        int64_t plane = i / ((int64_t)H * W);
-        float v = dc_ld(dxp, (plane * Hp + r + pt) * Wp + j + pl, bf);
-        if (accumulate) v += dc_ld(dx, i, bf);
-        dc_st(dx, i, v, bf);
+    const int cols = C / V;
+    GRID_STRIDE(t, n) {
+        const int c = (int)(t % cols) * V;
+        const int64_t pix = t / cols, img = pix / ((int64_t)H * W);
+        const int j = (int)(pix % W), r = (int)(pix / W % H);
+        float v[V];
+        dc_ldv<V>(v, dxp, ((img * Hp + r + pt) * Wp + j + pl) * C + c, bf);
+        if (accumulate) {
+            float a[V];
+            dc_ldv<V>(a, dx, pix * C + c, bf);
+            for (int k = 0; k < V; k++) v[k] += a[k];
+        }
+        dc_stv<V>(dx, pix * C + c, v, bf);
     }
 }
 
+// The maps' [N, H, W, C] view of a shape (see above).
+static void pad_view(const dc_conv2d_shape *s, int64_t *N, int *C) {
+    *N = s->nhwc ? s->B : (int64_t)s->B * s->Ci;
+    *C = s->nhwc ? s->Ci : 1;
+}
+
+// Copies x into the scratch, zero-padded, for a plan that pads asymmetrically;
+// returns the input cuDNN reads.
+static const void *conv_input(dc_backend *be, const dc_conv_plan *p, dc_buf x) {
+    if (!p->padded) return x.p;
+    dc_cuda_ctx *c = dc_cuda(be);
+    const dc_conv2d_shape *s = &p->s;
+    const int Hp = s->H + s->pad_t + s->pad_b, Wp = s->W + s->pad_l + s->pad_r;
+    int64_t N;
+    int C;
+    pad_view(s, &N, &C);
+    void *xp = (char *)c->conv_scratch + scratch_pad_offset(s);
+    const dc_buf xpb = {xp, x.dt};
+    const int V = dc_vec_width(C, x, xpb, dc_buf_none());
+    const int64_t n = N * Hp * Wp * (C / V);
+    if (V == 8)
+        k_conv_pad<8><<<dc_blocks(n, TPB), TPB, 0, c->stream>>>(xp, x.p, BF(x), s->H, s->W, C, Hp, Wp, s->pad_t,
+                                                                s->pad_l, n);
+    else if (V == 4)
+        k_conv_pad<4><<<dc_blocks(n, TPB), TPB, 0, c->stream>>>(xp, x.p, BF(x), s->H, s->W, C, Hp, Wp, s->pad_t,
+                                                                s->pad_l, n);
+    else
+        k_conv_pad<1><<<dc_blocks(n, TPB), TPB, 0, c->stream>>>(xp, x.p, BF(x), s->H, s->W, C, Hp, Wp, s->pad_t,
+                                                                s->pad_l, n);
+    return xp;
+}
+
+// dx (+)= the window of the padded input gradient dxp.
+static void conv_crop(dc_backend *be, const dc_conv_plan *p, dc_buf dx, const void *dxp, bool accumulate) {
+    dc_cuda_ctx *c = dc_cuda(be);
+    const dc_conv2d_shape *s = &p->s;
+    const int Hp = s->H + s->pad_t + s->pad_b, Wp = s->W + s->pad_l + s->pad_r;
+    int64_t N;
+    int C;
+    pad_view(s, &N, &C);
+    const dc_buf dxpb = {(void *)dxp, dx.dt};
+    const int V = dc_vec_width(C, dx, dxpb, dc_buf_none());
+    const int64_t n = N * s->H * s->W * (C / V);
+    if (V == 8)
+        k_conv_crop<8><<<dc_blocks(n, TPB), TPB, 0, c->stream>>>(dx.p, dxp, BF(dx), s->H, s->W, C, Hp, Wp, s->pad_t,
+                                                                 s->pad_l, accumulate, n);
+    else if (V == 4)
+        k_conv_crop<4><<<dc_blocks(n, TPB), TPB, 0, c->stream>>>(dx.p, dxp, BF(dx), s->H, s->W, C, Hp, Wp, s->pad_t,
+                                                                 s->pad_l, accumulate, n);
+    else
+        k_conv_crop<1><<<dc_blocks(n, TPB), TPB, 0, c->stream>>>(dx.p, dxp, BF(dx), s->H, s->W, C, Hp, Wp, s->pad_t,
+                                                                 s->pad_l, accumulate, n);
+}
+
+// ---- bias ---------------------------------------------------------------------------------
 // out[B, Co, HW] += b[co]; four values a thread, of one channel when HW % 4 == 0.
 __global__ void k_conv_bias(void *out, int obf, const void *b, int bbf, int Co, int64_t HW, int64_t n, bool vec) {
     GRID_STRIDE(t, (n + 3) / 4) {
@@ -418,6 +464,47 @@ __global__ void k_conv_bias(void *out, int obf, const void *b, int bbf, int Co, 
         for (int k = 0; k < 4; k++) a[k] += dc_ld(b, ((i + k) / HW) % Co, bbf);
         dc_st4_upto(out, i, n, make_float4(a[0], a[1], a[2], a[3]), obf, vec);
     }
+}
+
+// out[M, Co] += b[Co] (channels-last: M = B Ho Wo rows). A thread keeps its V
+// channels' bias (read one by one, once: b may lie at any offset) and walks
+// the rows of its block's chunk (dc_rows_geom).
+template <int V>
+__global__ void k_conv_bias_nhwc(void *out, int obf, const void *b, int bbf, int64_t M, int Co, int cols,
+                                 int64_t chunk) {
+    const int col = blockIdx.y * blockDim.x + threadIdx.x;
+    if (col >= cols) return;
+    const int c = col * V;
+    float bv[V];
+    for (int k = 0; k < V; k++) bv[k] = dc_ld(b, c + k, bbf);
+    const int64_t r0 = blockIdx.x * chunk, r1 = r0 + chunk < M ? r0 + chunk : M;
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += blockDim.y) {
+        float v[V];
+        dc_ldv<V>(v, out, r * Co + c, obf);
+        for (int k = 0; k < V; k++) v[k] += bv[k];
+        dc_stv<V>(out, r * Co + c, v, obf);
+    }
+}
+
+static void conv_bias(dc_backend *be, dc_buf out, dc_buf b, const dc_conv2d_shape *s) {
+    cudaStream_t st = dc_cuda(be)->stream;
+    const int64_t HW = (int64_t)dc_conv2d_ho(s) * dc_conv2d_wo(s);
+    if (!s->nhwc) {
+        const int64_t n = (int64_t)s->B * s->Co * HW;
+        k_conv_bias<<<dc_blocks((n + 3) / 4, TPB), TPB, 0, st>>>(out.p, BF(out), b.p, BF(b), s->Co, HW, n,
+                                                                HW % 4 == 0 && dc_vec4(out));
+        return;
+    }
+    const int64_t M = s->B * HW;
+    const dc_rows_geom g = dc_rows_geom_make(s->Co, dc_vec_width(s->Co, out, dc_buf_none(), dc_buf_none()), TPB);
+    const int64_t chunk = 8 * (int64_t)g.rt;  // eight rows a thread
+    const dim3 grid((unsigned)((M + chunk - 1) / chunk), (unsigned)g.tiles), block(g.ct, g.rt);
+    if (g.V == 8)
+        k_conv_bias_nhwc<8><<<grid, block, 0, st>>>(out.p, BF(out), b.p, BF(b), M, s->Co, g.cols, chunk);
+    else if (g.V == 4)
+        k_conv_bias_nhwc<4><<<grid, block, 0, st>>>(out.p, BF(out), b.p, BF(b), M, s->Co, g.cols, chunk);
+    else
+        k_conv_bias_nhwc<1><<<grid, block, 0, st>>>(out.p, BF(out), b.p, BF(b), M, s->Co, g.cols, chunk);
 }
 
 // db[co] += sum over b and pixels of dout[b, co, :]: one block per channel,
@@ -439,24 +526,57 @@ __global__ void k_conv_bias_grad(void *db, int dbbf, const void *dout, int gbf, 
     if (threadIdx.x == 0) dc_st(db, co, dc_ld(db, co, dbbf) + (float)sm[0], dbbf);
 }
 
+// Channels-last: part[slice, co] = the sum of dout[m, co] over the slice's
+// rows m. A block takes 32 channels (a warp along a row) and 8 row lanes,
+// combined in lane order.
+__global__ void k_conv_bias_grad_nhwc(double *part, const void *dout, int gbf, int64_t M, int Co, int64_t rows_per) {
+    __shared__ double acc[8][33];
+    const int co = blockIdx.x * 32 + threadIdx.x;
+    const int64_t r0 = blockIdx.y * rows_per, r1 = r0 + rows_per < M ? r0 + rows_per : M;
+    double s = 0.0;
+    if (co < Co)
+        for (int64_t r = r0 + threadIdx.y; r < r1; r += 8) s += dc_ld(dout, r * Co + co, gbf);
+    acc[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && co < Co) {
+        double t = 0.0;
+        for (int y = 0; y < 8; y++) t += acc[y][threadIdx.x];
+        part[(int64_t)blockIdx.y * Co + co] = t;
+    }
+}
+
+// db[co] += the slices' partial sums, in slice order.
+__global__ void k_conv_bias_grad_sum(void *db, int dbbf, const double *part, int slices, int Co) {
+    const int co = blockIdx.x * blockDim.x + threadIdx.x;
+    if (co >= Co) return;
+    double t = 0.0;
+    for (int k = 0; k < slices; k++) t += part[(int64_t)k * Co + co];
+    dc_st(db, co, dc_ld(db, co, dbbf) + (float)t, dbbf);
+}
+
+static void conv_bias_grad(dc_backend *be, dc_buf db, dc_buf dout, const dc_conv2d_shape *s) {
+    dc_cuda_ctx *c = dc_cuda(be);
+    const int64_t HW = (int64_t)dc_conv2d_ho(s) * dc_conv2d_wo(s);
+    if (!s->nhwc) {
+        k_conv_bias_grad<<<s->Co, TPB, 0, c->stream>>>(db.p, BF(db), dout.p, BF(dout), s->B, s->Co, HW);
+        return;
+    }
+    // slices of at least 256 rows, cut from the shape alone
+    const int64_t M = s->B * HW;
+    const int64_t slices = (M + 255) / 256 < (int64_t)DB_SLICES ? (M + 255) / 256 : (int64_t)DB_SLICES;
+    const int64_t rows_per = (M + slices - 1) / slices;
+    double *part = (double *)((char *)c->conv_scratch + scratch_db_offset(s));
+    k_conv_bias_grad_nhwc<<<dim3((s->Co + 31) / 32, (unsigned)slices), dim3(32, 8), 0, c->stream>>>(
+        part, dout.p, BF(dout), M, s->Co, rows_per);
+    k_conv_bias_grad_sum<<<(s->Co + 255) / 256, 256, 0, c->stream>>>(db.p, BF(db), part, (int)slices, s->Co);
+}
+
 // y[n] += x[n]
 __global__ void k_conv_add(void *y, int ybf, const void *x, int xbf, int64_t n) {
     GRID_STRIDE(i, n) dc_st(y, i, dc_ld(y, i, ybf) + dc_ld(x, i, xbf), ybf);
 }
 
-// Copies x into the scratch, zero-padded, for a plan that pads asymmetrically;
-// returns the input cuDNN reads.
-static const void *conv_input(dc_backend *be, const dc_conv_plan *p, dc_buf x) {
-    if (!p->padded) return x.p;
-    dc_cuda_ctx *c = dc_cuda(be);
-    const dc_conv2d_shape *s = &p->s;
-    const int Hp = s->H + s->pad_t + s->pad_b, Wp = s->W + s->pad_l + s->pad_r;
-    const int64_t n = (int64_t)s->B * s->Ci * Hp * Wp;
-    void *xp = (char *)c->conv_scratch + scratch_pad_offset(s);
-    k_conv_pad<<<dc_blocks(n, TPB), TPB, 0, c->stream>>>(xp, x.p, BF(x), s->H, s->W, Hp, Wp, s->pad_t, s->pad_l, n);
-    return xp;
-}
-
+// ---- the ops --------------------------------------------------------------------------------
 extern "C" void dc_cuda_conv2d_fwd(dc_backend *be, dc_buf out, dc_buf x, dc_buf w, dc_buf b,
                                    const dc_conv2d_shape *s) {
     DC_CUDA_OP(be);
@@ -467,31 +587,14 @@ extern "C" void dc_cuda_conv2d_fwd(dc_backend *be, dc_buf out, dc_buf x, dc_buf 
     dc_conv_plan *p = op_plan(be, __func__, s, x.dt);
     if (!p) return;
     const float one = 1.0f, zero = 0.0f;
-    if (p->nhwc) {  // x [B,Ci,HW] -> [B,HW,Ci], w [Co,Ci,kk] -> [Co,kk,Ci], y [B,HoWo,Co] -> [B,Co,HoWo]
-        const int64_t HW = (int64_t)s->H * s->W, HWo = (int64_t)dc_conv2d_ho(s) * dc_conv2d_wo(s);
-        char *base = (char *)c->conv_lay;
-        dc_buf xh = {base, x.dt};
-        dc_buf yh = {base + round256((int64_t)s->B * s->Ci * HW * 2), x.dt};
-        dc_buf wh = {(char *)yh.p + round256((int64_t)s->B * s->Co * HWo * 2), x.dt};
-        dc_cuda_transpose(be, xh, x, s->B, s->Ci, HW);
-        dc_cuda_transpose(be, wh, w, s->Co, s->Ci, (int64_t)s->k * s->k);
-        if (c->prof) dc_cuda_prof_mark(c, "conv2d_fwd: cuDNN (NHWC)");
-        DNN(cudnnSetConvolutionMathType(p->cd, p->math_fwd_h));
-        DNN(cudnnConvolutionForward(c->dnn, &one, p->xd_h, xh.p, p->wd_h, wh.p, p->cd, p->fwd_h, c->conv_ws,
-                                    c->conv_ws_bytes, &zero, p->yd_h, yh.p));
-        dc_cuda_transpose_bias(be, out, yh, b, s->B, HWo, s->Co);  // and the bias, in the same pass
-        DC_CUDA_LAUNCHED(be);
-        return;
-    }
     const void *xin = conv_input(be, p, x);
-    if (c->prof) dc_cuda_prof_mark(c, "conv2d_fwd: cuDNN (NCHW)");
+    if (c->prof) dc_cuda_prof_mark(c, s->nhwc ? "conv2d_fwd: cuDNN (NHWC)" : "conv2d_fwd: cuDNN (NCHW)");
     DNN(cudnnSetConvolutionMathType(p->cd, p->math_fwd));
     DNN(cudnnConvolutionForward(c->dnn, &one, p->xd, xin, p->wd, w.p, p->cd, p->fwd, c->conv_ws,
                                 c->conv_ws_bytes, &zero, p->yd, out.p));
     if (b.p) {
-        const int64_t HW = (int64_t)dc_conv2d_ho(s) * dc_conv2d_wo(s), n = (int64_t)s->B * s->Co * HW;
-        k_conv_bias<<<dc_blocks((n + 3) / 4, TPB), TPB, 0, c->stream>>>(out.p, BF(out), b.p, BF(b), s->Co, HW, n,
-                                                                        HW % 4 == 0 && dc_vec4(out));
+        if (c->prof) dc_cuda_prof_mark(c, "conv2d_fwd: bias");
+        conv_bias(be, out, b, s);
     }
     DC_CUDA_LAUNCHED(be);
 }
@@ -511,11 +614,9 @@ extern "C" void dc_cuda_conv2d_bwd(dc_backend *be, dc_buf dx, dc_buf dw, dc_buf 
     if (!p) return;
     if (p->bwd_missing[0]) DC_CUDA_FAIL(be, "%s", p->bwd_missing);
     const float one = 1.0f, zero = 0.0f;
-    if (db.p)
-        k_conv_bias_grad<<<s->Co, TPB, 0, c->stream>>>(db.p, BF(db), dout.p, BF(dout), s->B, s->Co,
-                                                       (int64_t)dc_conv2d_ho(s) * dc_conv2d_wo(s));
+    if (db.p) conv_bias_grad(be, db, dout, s);
     if (dw.p) {
-        // into the scratch's head in the weights' dtype, then added to dw
+        // into the scratch's head in the weights' dtype (and layout), then added to dw
         const void *xin = conv_input(be, p, x);
         DNN(cudnnSetConvolutionMathType(p->cd, p->math_filter));
         DNN(cudnnConvolutionBackwardFilter(c->dnn, &one, p->xd, xin, p->yd, dout.p, p->cd, p->bwd_filter, c->conv_ws,
@@ -531,13 +632,10 @@ extern "C" void dc_cuda_conv2d_bwd(dc_backend *be, dc_buf dx, dc_buf dw, dc_buf 
                                              c->conv_ws_bytes, &beta, p->xd, dx.p));
         } else {
             // the padded gradient over the padded input (which dw no longer needs), then its window
-            const int Hp = s->H + s->pad_t + s->pad_b, Wp = s->W + s->pad_l + s->pad_r;
             void *dxp = (char *)c->conv_scratch + scratch_pad_offset(s);
             DNN(cudnnConvolutionBackwardData(c->dnn, &one, p->wd, w.p, p->yd, dout.p, p->cd, p->bwd_data, c->conv_ws,
                                              c->conv_ws_bytes, &zero, p->xd, dxp));
-            const int64_t n = (int64_t)s->B * s->Ci * s->H * s->W;
-            k_conv_crop<<<dc_blocks(n, TPB), TPB, 0, c->stream>>>(dx.p, dxp, BF(dx), s->H, s->W, Hp, Wp, s->pad_t,
-                                                                  s->pad_l, accumulate, n);
+            conv_crop(be, p, dx, dxp, accumulate);
         }
     }
     DC_CUDA_LAUNCHED(be);

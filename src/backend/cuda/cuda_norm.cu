@@ -10,7 +10,8 @@
 // Group norm works on rows: one block per (sample, channel) row of HW values,
 // so large images and small batches still fill the GPU. The group statistics
 // are the sums of the group's C/G row partials, which every block of the
-// group adds itself in the same order.
+// group adds itself in the same order. Its channels-last form (group norm
+// forward over x[B, HW, C]) reads along pixels instead: see below.
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/cuda_ops.h"
 
@@ -128,6 +129,164 @@ extern "C" void dc_cuda_group_norm_fwd(dc_backend *be, dc_buf out, dc_buf mean, 
                                                  (float *)rstd.p + (int64_t)b0 * G, dc_buf_at(x, off).p, BF(x),
                                                  gamma.p, BF(gamma), beta.p, BF(beta), part, C, HW, G, eps, silu,
                                                  vec);
+        DC_CUDA_LAUNCHED(be);
+    }
+}
+
+// ---- group norm forward, channels-last ---------------------------------------------------
+// x[B, HW, C]: a group is C/G consecutive channels of every pixel. Three
+// kernels, each reading along rows (a pixel's channels), never across them:
+//   1. per (sample, chunk of pixels, channel): (sum x, sum x^2) in double
+//      into the norm workspace;
+//   2. per (sample, group): mean and rstd from its chunks' and channels' partials;
+//   3. out = act(xhat gamma + beta), each thread on fixed channels (their
+//      gamma, beta and statistics in registers) down a chunk of pixels.
+// The chunks and the order of every sum come from the shape alone: the lanes
+// of kernel 1 are GN_RT rows apart whatever the vector width, so the
+// alignment of the buffers never changes a bit of the result.
+enum { GN_RT = 8 };
+
+// Pixels per chunk of kernel 1: at least 32, and up to 16384 partials per sample.
+static int64_t gn_nhwc_chunks(int64_t HW, int C) {
+    const int64_t by_rows = (HW + 31) / 32, by_ws = 16384 / C > 1 ? 16384 / C : 1;
+    return by_rows < by_ws ? by_rows : by_ws;
+}
+
+// part[b, chunk, c] = (sum, sum of squares) of x[b, p, c] over the chunk's
+// pixels p: lane y of the block sums pixels p0 + y, p0 + y + GN_RT, ...; the
+// lanes are then added in order.
+template <int V>
+__global__ void k_gn_nhwc_part(double2 *part, const void *x, int xbf, int64_t HW, int C, int cols, int64_t rows_per) {
+    __shared__ double2 red[GN_RT * 32];
+    const int col = blockIdx.y * blockDim.x + threadIdx.x, b = blockIdx.z;
+    const int64_t chunk = blockIdx.x, p0 = chunk * rows_per, p1 = p0 + rows_per < HW ? p0 + rows_per : HW;
+    double s[V], ss[V];
+    for (int k = 0; k < V; k++) s[k] = 0.0, ss[k] = 0.0;
+    if (col < cols) {
+        const int64_t base = (int64_t)b * HW * C + (int64_t)col * V;
+#pragma unroll 4  // several loads in flight; the sums still run in row order
+        for (int64_t p = p0 + threadIdx.y; p < p1; p += GN_RT) {
+            float v[V];
+            dc_ldv<V>(v, x, base + p * C, xbf);
+            for (int k = 0; k < V; k++) s[k] += v[k], ss[k] += (double)v[k] * v[k];
+        }
+    }
+    double2 *out = part + ((int64_t)b * gridDim.x + chunk) * C + (int64_t)col * V;
+    for (int k = 0; k < V; k++) {
+        red[threadIdx.y * blockDim.x + threadIdx.x] = make_double2(s[k], ss[k]);
+        __syncthreads();
+        if (threadIdx.y == 0 && col < cols) {
+            double a = 0.0, q = 0.0;
+            for (int y = 0; y < GN_RT; y++) {
+                const double2 r = red[y * blockDim.x + threadIdx.x];
+                a += r.x, q += r.y;
+            }
+            out[k] = make_double2(a, q);
+        }
+        __syncthreads();
+    }
+}
+
+// A warp per (sample, group): lane l adds the group's partials l, l + 32, ...
+// (chunk-major, then channel), then a fixed butterfly over the lanes.
+__global__ void k_gn_nhwc_stats(float *mean, float *rstd, const double2 *part, int nb, int64_t chunks, int C, int G,
+                                int64_t HW, float eps) {
+    const int64_t i = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32;  // b G + g
+    const int lane = threadIdx.x % 32;
+    if (i >= (int64_t)nb * G) return;  // whole warps leave together
+    const int b = (int)(i / G), g = (int)(i % G), cg = C / G;
+    double s = 0.0, ss = 0.0;
+    for (int64_t e = lane; e < chunks * cg; e += 32) {
+        const double2 p = part[((int64_t)b * chunks + e / cg) * C + (int64_t)g * cg + e % cg];
+        s += p.x, ss += p.y;
+    }
+    s = dc_warp_sum_d(s), ss = dc_warp_sum_d(ss);
+    if (lane == 0) {
+        const double n = (double)cg * HW, mu = s / n, var = ss / n - mu * mu;
+        mean[i] = (float)mu;
+        rstd[i] = dc_norm_rstd(var > 0.0 ? var : 0.0, eps);
+    }
+}
+
+// out = act(xhat gamma + beta). Block (chunk of a sample's pixels, tile of
+// columns): blockIdx.x = b cps + chunk.
+template <int V>
+__global__ void k_gn_nhwc_apply(void *out, int obf, const void *x, int xbf, const float *mean, const float *rstd,
+                                const void *gamma, int gbf, const void *beta, int bbf, int64_t HW, int C, int G,
+                                int cols, int64_t cps, int64_t rows_per, bool silu) {
+    const int col = blockIdx.y * blockDim.x + threadIdx.x;
+    if (col >= cols) return;
+    const int64_t b = blockIdx.x / cps, p0 = blockIdx.x % cps * rows_per;
+    const int64_t p1 = p0 + rows_per < HW ? p0 + rows_per : HW;
+    const int c0 = col * V, cg = C / G;
+    float ga[V], be[V], mu[V], r[V];
+    for (int k = 0; k < V; k++) {
+        const int64_t j = b * G + (c0 + k) / cg;  // the channel's group (V channels may span two)
+        ga[k] = dc_ld(gamma, c0 + k, gbf), be[k] = dc_ld(beta, c0 + k, bbf), mu[k] = mean[j], r[k] = rstd[j];
+    }
+    const int64_t base = b * HW * C + c0;
+#pragma unroll 4
+    for (int64_t p = p0 + threadIdx.y; p < p1; p += blockDim.y) {
+        float v[V];
+        dc_ldv<V>(v, x, base + p * C, xbf);
+        for (int k = 0; k < V; k++) {
+            v[k] = dc_norm_affine(dc_norm_xhat(v[k], mu[k], r[k]), ga[k], be[k]);
+            if (silu) v[k] = dc_silu(v[k]);
+        }
+        dc_stv<V>(out, base + p * C, v, obf);
+    }
+}
+
+static bool float_bufs(dc_buf a, dc_buf b, dc_buf c, dc_buf d) {
+    const dc_buf t[4] = {a, b, c, d};
+    for (int i = 0; i < 4; i++)
+        if (t[i].dt != DC_F32 && t[i].dt != DC_BF16) return false;
+    return true;
+}
+
+extern "C" void dc_cuda_group_norm_nhwc_fwd(dc_backend *be, dc_buf out, dc_buf mean, dc_buf rstd, dc_buf x,
+                                            dc_buf gamma, dc_buf beta, int B, int C, int64_t HW, int G, float eps,
+                                            bool silu) {
+    DC_CUDA_OP(be);
+    if (!gn_shape_ok(be, __func__, B, C, HW, G, mean, rstd)) return;
+    if (!float_bufs(out, x, gamma, beta))
+        DC_CUDA_FAIL(be, "group norm dtypes: x %s, out %s, gamma %s, beta %s (each F32 or BF16)",
+                     dc_dtype_name(x.dt), dc_dtype_name(out.dt), dc_dtype_name(gamma.dt), dc_dtype_name(beta.dt));
+    dc_cuda_ctx *c = dc_cuda(be);
+    double2 *part = (double2 *)c->norm_ws;
+    const int V = dc_vec_width(C, x, out, dc_buf_none());
+    // kernel 1: chunks of pixels, each thread GN_RT rows from its lane neighbours
+    const int64_t chunks = gn_nhwc_chunks(HW, C), rows_per = (HW + chunks - 1) / chunks;
+    dc_rows_geom gs = dc_rows_geom_make(C, V, 32);
+    gs.rt = GN_RT;
+    // kernel 3: chunks of eight rows a thread
+    const dc_rows_geom ga = dc_rows_geom_make(C, V, NT);
+    const int64_t rows_apply = 8 * (int64_t)ga.rt, cps = (HW + rows_apply - 1) / rows_apply;
+    // samples per piece: their partials fit the workspace, and grid.z (65535) holds them
+    int64_t piece = DC_CUDA_NORM_WS / 2 / (chunks * C);
+    if (piece > 65535) piece = 65535;
+    for (int b0 = 0; b0 < B; b0 += (int)piece) {
+        const int nb = B - b0 < piece ? B - b0 : (int)piece;
+        const int64_t off = (int64_t)b0 * C * HW;
+        float *mu = (float *)mean.p + (int64_t)b0 * G, *r = (float *)rstd.p + (int64_t)b0 * G;
+        const dim3 g1((unsigned)chunks, (unsigned)gs.tiles, (unsigned)nb), b1(gs.ct, GN_RT);
+        const void *xp = dc_buf_at(x, off).p;
+        if (V == 8) k_gn_nhwc_part<8><<<g1, b1, 0, c->stream>>>(part, xp, BF(x), HW, C, gs.cols, rows_per);
+        else if (V == 4) k_gn_nhwc_part<4><<<g1, b1, 0, c->stream>>>(part, xp, BF(x), HW, C, gs.cols, rows_per);
+        else k_gn_nhwc_part<1><<<g1, b1, 0, c->stream>>>(part, xp, BF(x), HW, C, gs.cols, rows_per);
+        const int64_t warps = (int64_t)nb * G;
+        k_gn_nhwc_stats<<<(unsigned)((warps + 7) / 8), 256, 0, c->stream>>>(mu, r, part, nb, chunks, C, G, HW, eps);
+        const dim3 g3((unsigned)(nb * cps), (unsigned)ga.tiles), b3(ga.ct, ga.rt);
+        void *op = dc_buf_at(out, off).p;
+        if (V == 8)
+            k_gn_nhwc_apply<8><<<g3, b3, 0, c->stream>>>(op, BF(out), xp, BF(x), mu, r, gamma.p, BF(gamma), beta.p,
+                                                         BF(beta), HW, C, G, ga.cols, cps, rows_apply, silu);
+        else if (V == 4)
+            k_gn_nhwc_apply<4><<<g3, b3, 0, c->stream>>>(op, BF(out), xp, BF(x), mu, r, gamma.p, BF(gamma), beta.p,
+                                                         BF(beta), HW, C, G, ga.cols, cps, rows_apply, silu);
+        else
+            k_gn_nhwc_apply<1><<<g3, b3, 0, c->stream>>>(op, BF(out), xp, BF(x), mu, r, gamma.p, BF(gamma), beta.p,
+                                                         BF(beta), HW, C, G, ga.cols, cps, rows_apply, silu);
         DC_CUDA_LAUNCHED(be);
     }
 }

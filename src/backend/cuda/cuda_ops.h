@@ -37,10 +37,8 @@ typedef struct {
     int nconv_plans, cap_conv_plans;
     void *conv_ws;            // cuDNN's workspace (grown by reserve_conv)
     size_t conv_ws_bytes;
-    void *conv_scratch;       // conv weight gradients and padded inputs (grown by reserve_conv)
+    void *conv_scratch;       // conv weight and bias gradients, padded inputs (grown by reserve_conv)
     size_t conv_scratch_bytes;
-    void *conv_lay;           // channels-last copies of a bf16 conv's x, y, w (grown by reserve_conv)
-    size_t conv_lay_bytes;
     char *ring;               // pinned upload staging ring
     size_t ring_head;
     cudaEvent_t ring_ev[8];   // the last copy out of each eighth of the ring
@@ -169,10 +167,13 @@ void dc_cuda_geglu_bwd(dc_backend *be, dc_buf dx, dc_buf dout, dc_buf x, int64_t
 void dc_cuda_upsample2x_fwd(dc_backend *be, dc_buf out, dc_buf x, int B, int C, int H, int W);
 void dc_cuda_upsample2x_bwd(dc_backend *be, dc_buf dx, dc_buf dout, int B, int C, int H, int W);
 void dc_cuda_transpose(dc_backend *be, dc_buf out, dc_buf x, int B, int64_t M, int64_t N);
-// out[b, j, i] = x[b, i, j] + bias[j] (bias may be absent: a plain transpose)
-void dc_cuda_transpose_bias(dc_backend *be, dc_buf out, dc_buf x, dc_buf bias, int B, int64_t M, int64_t N);
 void dc_cuda_add_channel(dc_backend *be, dc_buf x, dc_buf v, int B, int C, int64_t HW);
 void dc_cuda_channel_sum(dc_backend *be, dc_buf dv, dc_buf dx, int B, int C, int64_t HW);
+
+// ---- channels-last maps (cuda_pointwise.cu; group norm in cuda_norm.cu) ----
+void dc_cuda_upsample2x_nhwc_fwd(dc_backend *be, dc_buf out, dc_buf x, int B, int C, int H, int W);
+void dc_cuda_add_channel_nhwc(dc_backend *be, dc_buf x, dc_buf v, int B, int C, int64_t HW);
+void dc_cuda_concat_channels(dc_backend *be, dc_buf out, dc_buf a, int C1, dc_buf b, int C2, int64_t M);
 
 // ---- convolutions through cuDNN (cuda_conv.cu) ----
 int dc_cuda_reserve_conv(dc_backend *be, const dc_conv2d_shape *s);
@@ -185,6 +186,8 @@ void dc_cuda_conv_free(dc_cuda_ctx *c);
 // ---- group norm and affine layer norm (cuda_norm.cu) ----
 void dc_cuda_group_norm_fwd(dc_backend *be, dc_buf out, dc_buf mean, dc_buf rstd, dc_buf x, dc_buf gamma,
                             dc_buf beta, int B, int C, int64_t HW, int G, float eps, bool silu);
+void dc_cuda_group_norm_nhwc_fwd(dc_backend *be, dc_buf out, dc_buf mean, dc_buf rstd, dc_buf x, dc_buf gamma,
+                                 dc_buf beta, int B, int C, int64_t HW, int G, float eps, bool silu);
 void dc_cuda_group_norm_bwd(dc_backend *be, dc_buf dx, dc_buf dgamma, dc_buf dbeta, dc_buf dout, dc_buf x,
                             dc_buf mean, dc_buf rstd, dc_buf gamma, dc_buf beta, int B, int C, int64_t HW, int G,
                             bool silu, bool accumulate);

@@ -441,17 +441,14 @@ extern "C" void dc_cuda_upsample2x_bwd(dc_backend *be, dc_buf dx, dc_buf dout, i
 // ---- layout ----------------------------------------------------------------------------
 // 32 x 32 tiles through shared memory (one padding column against bank
 // conflicts), so both the reads of x and the writes of out are coalesced.
-// bias (may be NULL): out[b, j, i] = x[b, i, j] + bias[j] (a channels-last
-// convolution's output turned channels-first with its bias in one pass).
-__global__ void k_transpose(void *out, int obf, const void *x, int xbf, const void *bias, int bbf, int64_t M,
-                            int64_t N, int64_t mb, int64_t nb) {
+__global__ void k_transpose(void *out, int obf, const void *x, int xbf, int64_t M, int64_t N, int64_t mb, int64_t nb) {
     __shared__ float tile[32][33];
     const int64_t t = blockIdx.x, b = t / (mb * nb);
     const int64_t i0 = (t / nb % mb) * 32, j0 = t % nb * 32;
     const int64_t base = b * M * N;
     for (int r = threadIdx.y; r < 32; r += blockDim.y) {
         int64_t i = i0 + r, j = j0 + threadIdx.x;
-        if (i < M && j < N) tile[r][threadIdx.x] = dc_ld(x, base + i * N + j, xbf) + (bias ? dc_ld(bias, j, bbf) : 0.0f);
+        if (i < M && j < N) tile[r][threadIdx.x] = dc_ld(x, base + i * N + j, xbf);
     }
     __syncthreads();
     for (int r = threadIdx.y; r < 32; r += blockDim.y) {
@@ -460,24 +457,11 @@ __global__ void k_transpose(void *out, int obf, const void *x, int xbf, const vo
     }
 }
 
-static void transpose(dc_backend *be, dc_buf out, dc_buf x, dc_buf bias, int B, int64_t M, int64_t N) {
-    if (B <= 0 || M <= 0 || N <= 0) return;
-    const int64_t mb = (M + 31) / 32, nb = (N + 31) / 32;
-    k_transpose<<<(unsigned)(B * mb * nb), dim3(32, 8), 0, S(be)>>>(out.p, BF(out), x.p, BF(x), bias.p,
-                                                                   bias.p ? BF(bias) : 0, M, N, mb, nb);
-}
-
 extern "C" void dc_cuda_transpose(dc_backend *be, dc_buf out, dc_buf x, int B, int64_t M, int64_t N) {
     DC_CUDA_OP(be);
-    const dc_buf none = {NULL, DC_F32};
-    transpose(be, out, x, none, B, M, N);
-    DC_CUDA_LAUNCHED(be);
-}
-
-extern "C" void dc_cuda_transpose_bias(dc_backend *be, dc_buf out, dc_buf x, dc_buf bias, int B, int64_t M,
-                                       int64_t N) {
-    DC_CUDA_OP(be);
-    transpose(be, out, x, bias, B, M, N);
+    if (B <= 0 || M <= 0 || N <= 0) return;
+    const int64_t mb = (M + 31) / 32, nb = (N + 31) / 32;
+    k_transpose<<<(unsigned)(B * mb * nb), dim3(32, 8), 0, S(be)>>>(out.p, BF(out), x.p, BF(x), M, N, mb, nb);
     DC_CUDA_LAUNCHED(be);
 }
 
@@ -514,4 +498,116 @@ extern "C" void dc_cuda_channel_sum(dc_backend *be, dc_buf dv, dc_buf dx, int B,
     if (B <= 0 || C <= 0) return;
     k_channel_sum<<<(unsigned)((int64_t)B * C), TPB, 0, S(be)>>>(dv.p, BF(dv), dx.p, BF(dx), HW);
     DC_CUDA_LAUNCHED(be);
+}
+
+// ---- channels-last maps: x[B, HW, C] ---------------------------------------------------
+// Each thread keeps V channels (one vector access each, dc_rows_geom) and
+// walks a chunk of pixels, so nothing is divided per element.
+
+static bool float_dt(dc_dtype t) { return t == DC_F32 || t == DC_BF16; }
+
+// out[B, 2H, 2W, C]: input pixel p = (b H + h) W + w goes to the 2x2 block at
+// output rows 2 (b H + h) + {0, 1}, columns 2w + {0, 1}.
+template <int V>
+__global__ void k_upsample2x_nhwc(void *out, int obf, const void *x, int xbf, int64_t pixels, int W, int C, int cols,
+                                  int64_t chunk) {
+    const int col = blockIdx.y * blockDim.x + threadIdx.x;
+    if (col >= cols) return;
+    const int c = col * V;
+    const int64_t p0 = blockIdx.x * chunk, p1 = p0 + chunk < pixels ? p0 + chunk : pixels;
+    const int64_t orow = 2 * (int64_t)W * C;  // one output row
+    for (int64_t p = p0 + threadIdx.y; p < p1; p += blockDim.y) {
+        const int64_t bh = p / W, w = p - bh * W;
+        float v[V];
+        dc_ldv<V>(v, x, p * C + c, xbf);
+        const int64_t o = 2 * bh * orow + 2 * w * C + c;
+        dc_stv<V>(out, o, v, obf), dc_stv<V>(out, o + C, v, obf);
+        dc_stv<V>(out, o + orow, v, obf), dc_stv<V>(out, o + orow + C, v, obf);
+    }
+}
+
+extern "C" void dc_cuda_upsample2x_nhwc_fwd(dc_backend *be, dc_buf out, dc_buf x, int B, int C, int H, int W) {
+    DC_CUDA_OP(be);
+    if (!float_dt(x.dt) || !float_dt(out.dt))
+        DC_CUDA_FAIL(be, "upsample dtypes: x %s, out %s (each F32 or BF16)", dc_dtype_name(x.dt),
+                     dc_dtype_name(out.dt));
+    if (B < 0 || C < 0 || H < 0 || W < 0) DC_CUDA_FAIL(be, "upsample of %d maps of %d channels %dx%d", B, C, H, W);
+    const int64_t pixels = (int64_t)B * H * W;
+    if (pixels == 0 || C == 0) return;
+    const dc_rows_geom g = dc_rows_geom_make(C, dc_vec_width(C, x, out, dc_buf_none()), TPB);
+    const int64_t chunk = 4 * (int64_t)g.rt;  // four pixels a thread: sixteen stores
+    const dim3 grid((unsigned)((pixels + chunk - 1) / chunk), (unsigned)g.tiles), block(g.ct, g.rt);
+    if (g.V == 8)
+        k_upsample2x_nhwc<8><<<grid, block, 0, S(be)>>>(out.p, BF(out), x.p, BF(x), pixels, W, C, g.cols, chunk);
+    else if (g.V == 4)
+        k_upsample2x_nhwc<4><<<grid, block, 0, S(be)>>>(out.p, BF(out), x.p, BF(x), pixels, W, C, g.cols, chunk);
+    else
+        k_upsample2x_nhwc<1><<<grid, block, 0, S(be)>>>(out.p, BF(out), x.p, BF(x), pixels, W, C, g.cols, chunk);
+    DC_CUDA_LAUNCHED(be);
+}
+
+// x[b, p, c] += v[b, c]. Block (chunk of a sample's pixels, tile of columns):
+// blockIdx.x = b cps + chunk; v's values are read once a thread, one by one
+// (v may lie at any offset).
+template <int V>
+__global__ void k_add_channel_nhwc(void *x, int xbf, const void *v, int vbf, int64_t HW, int C, int cols, int64_t cps,
+                                   int64_t chunk) {
+    const int col = blockIdx.y * blockDim.x + threadIdx.x;
+    if (col >= cols) return;
+    const int64_t b = blockIdx.x / cps, p0 = blockIdx.x % cps * chunk;
+    const int64_t p1 = p0 + chunk < HW ? p0 + chunk : HW;
+    const int c = col * V;
+    float a[V];
+    for (int k = 0; k < V; k++) a[k] = dc_ld(v, b * C + c + k, vbf);
+    const int64_t base = b * HW * C + c;
+    for (int64_t p = p0 + threadIdx.y; p < p1; p += blockDim.y) {
+        float y[V];
+        dc_ldv<V>(y, x, base + p * C, xbf);
+        for (int k = 0; k < V; k++) y[k] += a[k];
+        dc_stv<V>(x, base + p * C, y, xbf);
+    }
+}
+
+extern "C" void dc_cuda_add_channel_nhwc(dc_backend *be, dc_buf x, dc_buf v, int B, int C, int64_t HW) {
+    DC_CUDA_OP(be);
+    if (!float_dt(x.dt) || !float_dt(v.dt))
+        DC_CUDA_FAIL(be, "add_channel dtypes: x %s, v %s (each F32 or BF16)", dc_dtype_name(x.dt),
+                     dc_dtype_name(v.dt));
+    if (B < 0 || C < 0 || HW < 0)
+        DC_CUDA_FAIL(be, "add_channel over %d maps of %d channels and %lld pixels", B, C, (long long)HW);
+    if (B == 0 || C == 0 || HW == 0) return;
+    const dc_rows_geom g = dc_rows_geom_make(C, dc_vec_width(C, x, dc_buf_none(), dc_buf_none()), TPB);
+    const int64_t chunk = 8 * (int64_t)g.rt, cps = (HW + chunk - 1) / chunk;
+    const dim3 grid((unsigned)(B * cps), (unsigned)g.tiles), block(g.ct, g.rt);
+    if (g.V == 8)
+        k_add_channel_nhwc<8><<<grid, block, 0, S(be)>>>(x.p, BF(x), v.p, BF(v), HW, C, g.cols, cps, chunk);
+    else if (g.V == 4)
+        k_add_channel_nhwc<4><<<grid, block, 0, S(be)>>>(x.p, BF(x), v.p, BF(v), HW, C, g.cols, cps, chunk);
+    else
+        k_add_channel_nhwc<1><<<grid, block, 0, S(be)>>>(x.p, BF(x), v.p, BF(v), HW, C, g.cols, cps, chunk);
+    DC_CUDA_LAUNCHED(be);
+}
+
+// Whether [p, p + n) and [q, q + m) share a byte.
+static bool overlap(const void *p, size_t n, const void *q, size_t m) {
+    const char *a = (const char *)p, *b = (const char *)q;
+    return n && m && a < b + m && b < a + n;
+}
+
+// out[M, C1 + C2] = [a | b] row by row: two strided copies (a memcpy node
+// each in a captured graph), a's rows into the left columns, b's into the right.
+extern "C" void dc_cuda_concat_channels(dc_backend *be, dc_buf out, dc_buf a, int C1, dc_buf b, int C2, int64_t M) {
+    DC_CUDA_OP(be);
+    if (!float_dt(out.dt) || a.dt != out.dt || b.dt != out.dt)
+        DC_CUDA_FAIL(be, "concat_channels dtypes: out %s, a %s, b %s (all F32 or all BF16)", dc_dtype_name(out.dt),
+                     dc_dtype_name(a.dt), dc_dtype_name(b.dt));
+    if (M < 0 || C1 < 0 || C2 < 0)
+        DC_CUDA_FAIL(be, "concat_channels of %lld rows of %d and %d channels", (long long)M, C1, C2);
+    if (M == 0 || C1 + C2 == 0) return;
+    const size_t es = dc_dtype_size(out.dt), row = (size_t)(C1 + C2) * es, n1 = (size_t)C1 * es, n2 = (size_t)C2 * es;
+    if (overlap(out.p, row * M, a.p, n1 * M) || overlap(out.p, row * M, b.p, n2 * M))
+        DC_CUDA_FAIL(be, "concat_channels: the output overlaps an input");
+    if (C1) DC_CUDA(be, cudaMemcpy2DAsync(out.p, row, a.p, n1, n1, (size_t)M, cudaMemcpyDeviceToDevice, S(be)));
+    if (C2)
+        DC_CUDA(be, cudaMemcpy2DAsync((char *)out.p + n1, row, b.p, n2, n2, (size_t)M, cudaMemcpyDeviceToDevice, S(be)));
 }
