@@ -216,7 +216,7 @@ static void test_errors(void) {
     cx = (dc_buf){be->alloc(be, 64 * 4 * 64 * 4), g_ct}, cw = (dc_buf){be->alloc(be, 4 * 4 * 9 * 4), g_ct};
     co = (dc_buf){be->alloc(be, 64 * 4 * 16 * 4), g_ct};
     be->zero(be, cx.p, 64 * 4 * 64 * 4), be->zero(be, cw.p, 4 * 4 * 9 * 4);
-    expect(be->reserve_conv(be, &big) == 0, "reserve_conv of a stride-2 conv with padding (0,1,0,1)");
+    expect(be->reserve_conv(be, &big, true) == 0, "reserve_conv of a stride-2 conv with padding (0,1,0,1)");
     be->conv2d_fwd(be, co, cx, cw, dc_buf_none(), &big);
     expect(dc_backend_status(be) == 0, "its forward runs");
     be->conv2d_fwd(be, co, cx, cw, dc_buf_none(), &other);
@@ -224,6 +224,24 @@ static void test_errors(void) {
     printf("     conv: %s\n", cst ? dc_error() : "(no error)");
     expect(cst == -1 && has(dc_error(), "not reserved"), "the same conv on 64 images, not reserved: an error saying so");
     be->free(be, cx.p), be->free(be, cw.p), be->free(be, co.p);
+    dc_backend_destroy(be);
+    // 8. A conv reserved for inference runs forward; its backward is refused, naming backward.
+    if (!(be = fresh())) return;
+    dc_conv2d_shape inf = {2, 8, 8, 8, 8, 3, 1, 1, 1, 1, 1, 1};  // channels-last
+    const size_t nx = 2 * 8 * 64, nw = 8 * 8 * 9, es = dc_dtype_size(g_ct);
+    cx = (dc_buf){be->alloc(be, nx * es), g_ct}, cw = (dc_buf){be->alloc(be, nw * es), g_ct};
+    co = (dc_buf){be->alloc(be, nx * es), g_ct};
+    dc_buf cdx = {be->alloc(be, nx * es), g_ct}, cdw = {be->alloc(be, nw * 4), DC_F32};
+    be->zero(be, cx.p, nx * es), be->zero(be, cw.p, nw * es), be->zero(be, co.p, nx * es), be->zero(be, cdw.p, nw * 4);
+    expect(be->reserve_conv(be, &inf, false) == 0, "reserve_conv of a channels-last conv for forward only");
+    be->conv2d_fwd(be, co, cx, cw, dc_buf_none(), &inf);
+    expect(dc_backend_status(be) == 0, "its forward runs");
+    be->conv2d_bwd(be, cdx, cdw, dc_buf_none(), co, cx, cw, &inf, false);
+    cst = dc_backend_status(be);
+    printf("     conv: %s\n", cst ? dc_error() : "(no error)");
+    expect(cst == -1 && has(dc_error(), "not reserved for backward") && has(dc_error(), "conv2d_bwd"),
+           "its backward, reserved for forward only: an error saying so");
+    be->free(be, cx.p), be->free(be, cw.p), be->free(be, co.p), be->free(be, cdx.p), be->free(be, cdw.p);
     dc_backend_destroy(be);
 }
 

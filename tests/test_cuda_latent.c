@@ -104,7 +104,7 @@ static void test_conv(int B, int Ci, int H, int W, int Co, int k, int stride, in
     dc_conv2d_shape s = {B, Ci, H, W, Co, k, stride, pt, pb, pl, pr, nhwc};
     const int Ho = dc_conv2d_ho(&s), Wo = dc_conv2d_wo(&s);
     const int64_t nx = (int64_t)B * Ci * H * W, ny = (int64_t)B * Co * Ho * Wo, nw = (int64_t)Co * Ci * k * k;
-    if (g_cpu->reserve_conv(g_cpu, &s) || g_gpu->reserve_conv(g_gpu, &s)) {
+    if (g_cpu->reserve_conv(g_cpu, &s, true) || g_gpu->reserve_conv(g_gpu, &s, true)) {
         printf("FAIL reserve_conv: %s\n", dc_error());
         g_fail++, g_count++;
         return;
@@ -130,7 +130,7 @@ static void test_conv(int B, int Ci, int H, int W, int Co, int k, int stride, in
     if (nhwc) {  // the same values channels-first through the CPU's NCHW conv
         dc_conv2d_shape sf = s;
         sf.nhwc = 0;
-        if (g_cpu->reserve_conv(g_cpu, &sf)) {
+        if (g_cpu->reserve_conv(g_cpu, &sf, true)) {
             printf("FAIL reserve_conv (NCHW): %s\n", dc_error());
             g_fail++, g_count++;
         } else {
@@ -412,7 +412,7 @@ static void test_nhwc_errors(void) {
     expect_op_error(bad_upsample, "upsample2x_nhwc_fwd", "upsample2x_nhwc_fwd of I32 maps: an error naming the op");
     expect_op_error(bad_add_channel, "add_channel_nhwc", "add_channel_nhwc of F16 maps: an error naming the op");
     dc_conv2d_shape s = {1, 4, 8, 8, 4, 3, 1, 1, 1, 1, 1, 2};
-    const int rc = g_gpu->reserve_conv(g_gpu, &s);
+    const int rc = g_gpu->reserve_conv(g_gpu, &s, true);
     expect(rc == -1 && strstr(dc_error(), "layout") != NULL, "reserve_conv of layout flag 2: an error naming the layout");
 }
 

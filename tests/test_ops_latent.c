@@ -126,7 +126,7 @@ static void test_conv2d(dc_conv2d_shape s, int nfd) {
     float *R = host_rand(no, -1, 1);
     conv_ctx c = {s, to_d(x, nx), to_d(w, nw), to_d(b, s.Co), to_d(R, no),
                   malloc(no * sizeof(double))};
-    if (g_be->reserve_conv(g_be, &s) != 0) {
+    if (g_be->reserve_conv(g_be, &s, true) != 0) {
         printf("reserve_conv %s failed: %s\n", tag, dc_error());
         report("reserve_conv", INFINITY, 0);
         goto done;
@@ -212,7 +212,7 @@ static void test_conv2d_bad_shape(void) {
     if (!have("reserve_conv", g_be->reserve_conv)) return;
     dc_conv2d_shape s = {.B = 1, .Ci = 4, .H = 2, .W = 8, .Co = 4, .k = 3, .stride = 1};
     dc_error_clear();
-    int rc = g_be->reserve_conv(g_be, &s);
+    int rc = g_be->reserve_conv(g_be, &s, true);
     bool ok = rc != 0 && strstr(dc_error(), "conv2d");
     report("reserve_conv refuses a 2x8 input, k3", ok ? 0 : INFINITY, 0);
     if (!ok) printf("  rc %d, message: %s\n", rc, dc_error());

@@ -223,8 +223,9 @@ struct dc_backend {
     // Shapes as in dc_conv2d_shape (op_math.h). Weights [Co, Ci, k, k] as PyTorch's Conv2d,
     // or [Co, k, k, Ci] with the channels-last maps of s->nhwc.
     // Before the first conv of a shape runs, reserve_conv(shape) sizes the workspace
-    // (im2col columns on the CPU, cuDNN's on a GPU) so no conv allocates later.
-    int (*reserve_conv)(dc_backend *be, const dc_conv2d_shape *s);
+    // (im2col columns on the CPU, cuDNN's on a GPU) so no conv allocates later;
+    // for its forward pass only (inference), or for backward as well.
+    int (*reserve_conv)(dc_backend *be, const dc_conv2d_shape *s, bool backward);
     // out[B,Co,Ho,Wo] = conv2d(x, w) + b[Co]   (b may be NULL; out[B,Ho,Wo,Co] if s->nhwc)
     void (*conv2d_fwd)(dc_backend *be, dc_buf out, dc_buf x, dc_buf w, dc_buf b,
                        const dc_conv2d_shape *s);

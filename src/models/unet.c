@@ -196,7 +196,7 @@ static int unet_reserve(dc_model *mm, int max_batch) {
                        max_batch, m->lh, m->lw);
     for (int i = 0; i < p.nconv; i++) {
         dc_conv2d_shape s = dc_conv2d_shape_of(p.conv[i].c, max_batch, p.conv[i].H, p.conv[i].W);
-        DC_TRY(be->reserve_conv(be, &s));
+        DC_TRY(be->reserve_conv(be, &s, false));  // inference: forward only
     }
     for (int i = 0; i < p.nattn; i++) {
         const unet_transformer *t = p.attn[i].t;
@@ -426,6 +426,11 @@ int dc_unet_set_size(dc_model *mm, int latent_h, int latent_w) {
     m->lh = latent_h, m->lw = latent_w;
     m->base.info.height = latent_h, m->base.info.width = latent_w;
     return 0;
+}
+
+void dc_unet_release(dc_model *mm) {
+    dc_unet *m = dc_unet_of(mm);
+    if (m) free_acts(m);
 }
 
 int dc_unet_register(const dc_unet_config *c, dc_params *ps) {

@@ -109,6 +109,8 @@ int dc_unet_register(const dc_unet_config *c, dc_params *ps);
 dc_unet *dc_unet_of(dc_model *m);
 // Changes the latent size, releasing the planned activations (reserve again).
 int dc_unet_set_size(dc_model *m, int latent_h, int latent_w);
+// Frees the planned activations (reserve again before the next forward).
+void dc_unet_release(dc_model *m);
 // Loads every weight from w under `names` (diffusers keys or the original
 // single-file keys), refusing a missing or mis-shaped tensor by name.
 int dc_unet_load(dc_model *m, const dc_weights *w, dc_names names);

@@ -298,7 +298,7 @@ int dc_vae_load(dc_vae *m, const dc_weights *w, dc_names names) {
 
 void dc_vae_free(dc_vae *m) {
     if (!m) return;
-    dc_vae_acts_free(m);
+    dc_vae_release(m);
     dc_params_free(&m->params);
     free(m->mods);
     free(m);

@@ -69,6 +69,9 @@ int dc_vae_load(dc_vae *m, const dc_weights *w, dc_names names);
 // that encode and decode allocate nothing. Encode and decode then run that
 // image size (another size needs another reserve, which replans).
 int dc_vae_reserve(dc_vae *m, int max_batch, int height, int width);
+// Frees the planned activations (a pipeline runs the UNet and the VAE in
+// turn and holds one model's at a time); reserve again before the next run.
+void dc_vae_release(dc_vae *m);
 // image [B, in, H, W] -> mean, logvar [B, latent, H/f, W/f], logvar clamped
 // to [-30, 20] as diffusers' DiagonalGaussianDistribution does.
 int dc_vae_encode(dc_vae *m, dc_buf mean, dc_buf logvar, dc_buf image, int B, int height, int width);

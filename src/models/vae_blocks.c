@@ -59,7 +59,7 @@ static int conv(vae_pass *p, const dc_conv2d *c, int y, int x, int H, int W, boo
     if (down) s.pad_t = 0, s.pad_b = 1, s.pad_l = 0, s.pad_r = 1;
     int64_t n = (int64_t)c->co * dc_conv2d_ho(&s) * dc_conv2d_wo(&s);
     switch (p->mode) {
-    case PASS_SIZE: use(p, y, n); return p->m->be->reserve_conv(p->m->be, &s);
+    case PASS_SIZE: use(p, y, n); return p->m->be->reserve_conv(p->m->be, &s, false);
     case PASS_COUNT: p->macs += (double)n * c->ci * c->k * c->k; return 0;
     case PASS_RUN: dc_conv2d_fwd(p->m->be, &p->m->params, c, p->buf[y], p->buf[x], &s); return 0;
     }
@@ -201,7 +201,7 @@ static int decoder(vae_pass *p, int H, int W) {
     return 0;
 }
 
-void dc_vae_acts_free(dc_vae *m) {
+void dc_vae_release(dc_vae *m) {
     if (!m->acts) return;
     if (m->acts->base) m->be->free(m->be, m->acts->base);
     free(m->acts->host);
@@ -222,7 +222,7 @@ int dc_vae_reserve(dc_vae *m, int max_batch, int height, int width) {
         if (max_batch > m->max_batch) m->max_batch = max_batch;  // images go one at a time: nothing more to plan
         return 0;
     }
-    dc_vae_acts_free(m);
+    dc_vae_release(m);
     vae_pass p = {.m = m, .mode = PASS_SIZE};
     int moments;
     if (m->has_encoder && encoder(&p, height, width, &moments))

@@ -51,5 +51,3 @@ struct dc_vae_modules {
     dc_conv2d post_quant_conv;  // 1x1, latent -> latent (decoder side)
 };
 
-// Frees what dc_vae_reserve planned (vae_blocks.c).
-void dc_vae_acts_free(dc_vae *m);

@@ -260,9 +260,10 @@ int dc_sd_generate(dc_sd_pipe *p, const dc_sd_gen *g, dc_sd_picture_fn on_pictur
             rc = rc ? rc : dc_fail("strength %g of %d steps runs no step (at least 1 / steps)", g->strength, o.steps);
         o.skip = o.steps - runs;
     }
+    // The UNet's activations and the VAE's are planned as each model runs and
+    // freed after it, so the device never holds both (the peak is the larger).
+    const int rows = o.cfg_scale != 1.0f ? 2 * B : B;
     if (!rc) rc = dc_unet_set_size(p->unet, h, w);
-    if (!rc) rc = dc_model_reserve(p->unet, o.cfg_scale != 1.0f ? 2 * B : B);
-    if (!rc) rc = dc_vae_reserve(p->vae, B, g->height, g->width);
     if (!rc) rc = dc_ksampler_init(&ks, be, &o, C, h, w, B);
     if (!rc) rc = dc_buf_alloc(be, &b.x, DC_F32, (size_t)B * lat, "latents");
     if (!rc) rc = dc_buf_alloc(be, &b.zc, ct, (size_t)B * lat, "decoder input");
@@ -278,11 +279,13 @@ int dc_sd_generate(dc_sd_pipe *p, const dc_sd_gen *g, dc_sd_picture_fn on_pictur
         hl = malloc(sizeof(float) * (size_t)lat * B), hm = malloc(sizeof(float) * (size_t)lat);
         hv = malloc(sizeof(float) * (size_t)lat);
         if (!rc && (!hl || !hm || !hv)) rc = dc_fail("out of memory");
+        if (!rc) rc = dc_vae_reserve(p->vae, B, g->height, g->width);
         if (!rc) {
             be->upload(be, b.imgf.p, g->init, sizeof(float) * (size_t)pix);
             be->cast(be, b.init, b.imgf, pix);
             rc = dc_vae_encode(p->vae, b.mean, b.logvar, b.init, 1, g->height, g->width);
         }
+        dc_vae_release(p->vae);
         if (!rc) {
             be->cast(be, b.x, b.mean, lat);
             be->download(be, hm, b.x.p, sizeof(float) * (size_t)lat);
@@ -306,8 +309,12 @@ int dc_sd_generate(dc_sd_pipe *p, const dc_sd_gen *g, dc_sd_picture_fn on_pictur
             be->upload(be, b.x.p, hl, sizeof(float) * (size_t)n * lat);
         }
         dc_cond cond = {.ctx = b.cctx, .len = T, .dim = D};
-        rc = dc_ksampler_run(&ks, b.x, &cond, idx, n, unet_eval, p->unet, on_step, &sp);
+        dc_vae_release(p->vae);
+        rc = dc_model_reserve(p->unet, rows);
+        if (!rc) rc = dc_ksampler_run(&ks, b.x, &cond, idx, n, unet_eval, p->unet, on_step, &sp);
         sp.done0 += o.steps - o.skip;
+        dc_unet_release(p->unet);
+        if (!rc) rc = dc_vae_reserve(p->vae, B, g->height, g->width);
         if (rc) break;
         // Decode: z / scaling in the compute dtype, then back to f32 pictures.
         if (progress) progress(pctx, "decode", i0, g->count);

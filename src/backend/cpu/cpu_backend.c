@@ -92,7 +92,8 @@ static int cpu_reserve(dc_backend *be, int max_tokens, int head_dim) {
 // by every thread of a conv (see cpu_conv.c); the same size for NCHW and
 // channels-last shapes. Also where a conv's shape is checked, once, before
 // any conv of it runs.
-static int cpu_reserve_conv(dc_backend *be, const dc_conv2d_shape *s) {
+static int cpu_reserve_conv(dc_backend *be, const dc_conv2d_shape *s, bool backward) {
+    (void)backward;  // both directions unfold into the same columns
     dc_cpu_ctx *ctx = be->ctx;
     if (s->B < 1 || s->Ci < 1 || s->Co < 1 || s->H < 1 || s->W < 1 || s->k < 1 || s->stride < 1 ||
         s->pad_t < 0 || s->pad_b < 0 || s->pad_l < 0 || s->pad_r < 0 || dc_conv2d_ho(s) < 1 ||

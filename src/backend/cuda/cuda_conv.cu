@@ -6,15 +6,18 @@
 // the NCHW form stays for checking and for callers that have such maps.
 //
 // Plans. reserve_conv makes, for a shape in the backend's compute dtype, the
-// descriptors and the three algorithms, and grows the workspace to what they
-// need; ops find the plan in a cache, so no op allocates (a reserved shape in
+// descriptors and the three algorithms, and grows the workspace to what the
+// forward pass needs, or all three (backward): inference never holds the
+// backward passes' workspace or the weight-gradient scratch. Ops find the plan in a cache, so no op allocates (a reserved shape in
 // another dtype gets a plan within the workspace there; a shape never
 // reserved is an error that says so). Algorithms must be deterministic. In
 // fp32 (the checking mode) and for backward they come from cuDNN's
-// heuristics, the same every run; bf16 forward passes take the fastest of a
-// timing run at reserve (cudnnFind: the heuristics' picks for NCHW bf16 ran
-// several times slower), so two runs may pick different (each deterministic)
-// algorithms and differ in the last bits. fp32 convs run with FMA math
+// heuristics, the same every run, and so do channels-last bf16 forward
+// passes (as fast as timed picks, and the same bits every run); channels-first
+// bf16 forward passes take the fastest of a timing run at reserve (cudnnFind:
+// the heuristics' picks ran several times slower there), or among those within
+// 3% of it the one needing the least workspace, so two runs may pick
+// different (each deterministic) algorithms and differ in the last bits. fp32 convs run with FMA math
 // only (no TF32), so the fp32 mode checks as tightly as the CPU; bf16 convs
 // use tensor cores with fp32 accumulation. A layout cuDNN has no qualifying
 // algorithm for is an error that names it: maps are never transposed here.
@@ -54,7 +57,7 @@ struct dc_conv_plan {
     cudnnConvolutionBwdDataAlgo_t bwd_data;
     cudnnConvolutionBwdFilterAlgo_t bwd_filter;
     cudnnMathType_t math_fwd, math_data, math_filter;
-    size_t ws;          // workspace bytes the three need (the largest)
+    size_t ws_fwd, ws_bwd;  // workspace bytes forward needs, and the larger of the backward passes'
     char bwd_missing[320];  // empty, or why backward cannot run (forward still can: inference
                             // of large fp32 convs where no deterministic backward fits)
 };
@@ -73,17 +76,24 @@ static bool padded(const dc_conv2d_shape *s) { return s->pad_t != s->pad_b || s-
 static int64_t round256(int64_t n) { return (n + 255) & ~(int64_t)255; }
 static int64_t dw_numel(const dc_conv2d_shape *s) { return (int64_t)s->Co * s->Ci * s->k * s->k; }
 
-// Scratch: the weight gradient as cuDNN writes it, the slices' partial sums
-// of a channels-last bias gradient, then (asymmetric padding) the padded
-// input or input gradient, sized for 4-byte values whatever the dtype.
-static int64_t scratch_db_offset(const dc_conv2d_shape *s) { return round256(dw_numel(s) * 4); }
-static int64_t scratch_pad_offset(const dc_conv2d_shape *s) {
-    return scratch_db_offset(s) + (s->nhwc ? round256((int64_t)DB_SLICES * s->Co * (int64_t)sizeof(double)) : 0);
+// Scratch: (asymmetric padding) the padded input or input gradient, which
+// forward needs too, then for backward the weight gradient as cuDNN writes
+// it and the slices' partial sums of a channels-last bias gradient; sized
+// for 4-byte values whatever the dtype.
+static int64_t scratch_fwd_bytes(const dc_conv2d_shape *s) {
+    if (!padded(s)) return 0;
+    return round256((int64_t)s->B * s->Ci * (s->H + s->pad_t + s->pad_b) * (s->W + s->pad_l + s->pad_r) * 4);
 }
-static size_t scratch_bytes(const dc_conv2d_shape *s) {
-    int64_t n = scratch_pad_offset(s);
-    if (padded(s)) n += (int64_t)s->B * s->Ci * (s->H + s->pad_t + s->pad_b) * (s->W + s->pad_l + s->pad_r) * 4;
-    return (size_t)n;
+static int64_t scratch_dw_offset(const dc_conv2d_shape *s) { return scratch_fwd_bytes(s); }
+static int64_t scratch_db_offset(const dc_conv2d_shape *s) { return scratch_dw_offset(s) + round256(dw_numel(s) * 4); }
+static size_t scratch_bytes(const dc_conv2d_shape *s, bool backward) {
+    if (!backward) return (size_t)scratch_fwd_bytes(s);
+    return (size_t)(scratch_db_offset(s) + (s->nhwc ? round256((int64_t)DB_SLICES * s->Co * (int64_t)sizeof(double)) : 0));
+}
+
+// Workspace bytes plan p's forward pass needs, or all three passes.
+static size_t op_ws(const dc_conv_plan *p, bool backward) {
+    return backward && p->ws_bwd > p->ws_fwd ? p->ws_bwd : p->ws_fwd;
 }
 
 static void shape_text(const dc_conv2d_shape *s, char *buf, size_t n) {
@@ -181,20 +191,28 @@ static bool plan_make(cudnnHandle_t h, const dc_conv2d_shape *s, dc_dtype dt, si
     bool found = false;
     cudnnConvolutionFwdAlgoPerf_t f[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
     DNN_MAKE(cudnnSetConvolutionMathType(p->cd, base));  // rank for the base math
-    if (fp32)  // the checking mode: heuristics, the same choice every run
+    // Heuristics give the same choice every run (the same bits); channels-last
+    // bf16 picks run as fast as timed ones (SD 1.5's UNet and VAE on an H100),
+    // channels-first ones 3-10x slower, so those alone are timed here
+    const bool timed = !fp32 && !s->nhwc;
+    if (!timed)
         DNN_MAKE(cudnnGetConvolutionForwardAlgorithm_v7(h, p->xd, p->wd, p->cd, p->yd,
                                                         CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &n, f));
-    else  // the fast mode: timed once here (the heuristics' NCHW bf16 picks ran 3-10x slower)
+    else
         DNN_MAKE(cudnnFindConvolutionForwardAlgorithm(h, p->xd, p->wd, p->cd, p->yd, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
                                                       &n, f));
-    for (int i = 0; i < n && !found; i++) {
+    // Find ranks by time: after the fastest, a choice within 3% of it that
+    // needs less workspace is taken instead (memory for nothing measurable)
+    float fastest = 0.0f;
+    for (int i = 0; i < n && !(found && !timed); i++) {
         cudnnMathType_t m = fp32 ? base : f[i].mathType;
         if (!usable(f[i], fp32) || cudnnSetConvolutionMathType(p->cd, m) != CUDNN_STATUS_SUCCESS ||
             cudnnGetConvolutionForwardWorkspaceSize(h, p->xd, p->wd, p->cd, p->yd, f[i].algo, &ws) !=
                 CUDNN_STATUS_SUCCESS ||
-            ws > limit)
+            ws > limit || (found && (f[i].time > 1.03f * fastest || ws >= p->ws_fwd)))
             continue;
-        p->fwd = f[i].algo, p->math_fwd = m, p->ws = ws, found = true;
+        if (!found) fastest = f[i].time;
+        p->fwd = f[i].algo, p->math_fwd = m, p->ws_fwd = ws, found = true;
     }
     const char *pass = "forward";
     if (found) {
@@ -210,8 +228,7 @@ static bool plan_make(cudnnHandle_t h, const dc_conv2d_shape *s, dc_dtype dt, si
                     CUDNN_STATUS_SUCCESS ||
                 ws > limit)
                 continue;
-            p->bwd_data = d[i].algo, p->math_data = m, found = true;
-            if (ws > p->ws) p->ws = ws;
+            p->bwd_data = d[i].algo, p->math_data = m, p->ws_bwd = ws, found = true;
         }
     }
     if (found) {
@@ -228,7 +245,7 @@ static bool plan_make(cudnnHandle_t h, const dc_conv2d_shape *s, dc_dtype dt, si
                 ws > limit)
                 continue;
             p->bwd_filter = w[i].algo, p->math_filter = m, found = true;
-            if (ws > p->ws) p->ws = ws;
+            if (ws > p->ws_bwd) p->ws_bwd = ws;
         }
     }
     if (!found) {
@@ -297,7 +314,7 @@ static int grow(void **p, size_t *have, size_t bytes, const char *what) {
     return 0;
 }
 
-extern "C" int dc_cuda_reserve_conv(dc_backend *be, const dc_conv2d_shape *s) {
+extern "C" int dc_cuda_reserve_conv(dc_backend *be, const dc_conv2d_shape *s, bool backward) {
     dc_cuda_ctx *c = dc_cuda(be);
     char err[400];
     if (c->failed) return dc_fail("%s", c->err);
@@ -315,8 +332,8 @@ extern "C" int dc_cuda_reserve_conv(dc_backend *be, const dc_conv2d_shape *s) {
     size_t limit = c->conv_ws_bytes > CONV_WS_MAX ? c->conv_ws_bytes : CONV_WS_MAX;
     dc_conv_plan *p = plan_get(c, s, be->compute, limit, err, sizeof err);
     if (!p) return cudaGetLastError(), dc_fail("%s", err);
-    DC_TRY(grow(&c->conv_ws, &c->conv_ws_bytes, p->ws, "the convolution workspace"));
-    DC_TRY(grow(&c->conv_scratch, &c->conv_scratch_bytes, scratch_bytes(s), "the convolution scratch"));
+    DC_TRY(grow(&c->conv_ws, &c->conv_ws_bytes, op_ws(p, backward), "the convolution workspace"));
+    DC_TRY(grow(&c->conv_scratch, &c->conv_scratch_bytes, scratch_bytes(s, backward), "the convolution scratch"));
     return 0;
 }
 
@@ -332,24 +349,31 @@ extern "C" int dc_cuda_reserve_conv(dc_backend *be, const dc_conv2d_shape *s) {
         }                                                                                                \
     } while (0)
 
+// Whether the workspace and scratch hold what plan p's forward (or backward) needs.
+static bool fits(const dc_cuda_ctx *c, const dc_conv_plan *p, bool backward) {
+    return op_ws(p, backward) <= c->conv_ws_bytes && scratch_bytes(&p->s, backward) <= c->conv_scratch_bytes;
+}
+
 // The plan an op runs: made by reserve_conv, or now (host work only) for a
 // dtype reserve_conv did not make it for, within the workspace and scratch
 // there. NULL with the error recorded.
-static dc_conv_plan *op_plan(dc_backend *be, const char *func, const dc_conv2d_shape *s, dc_dtype dt) {
+static dc_conv_plan *op_plan(dc_backend *be, const char *func, const dc_conv2d_shape *s, dc_dtype dt,
+                             bool backward) {
     dc_cuda_ctx *c = dc_cuda(be);
     char err[400], t[240];
     dc_conv_plan *p = plan_find(c, s, dt);
-    if (p && p->ws <= c->conv_ws_bytes && scratch_bytes(s) <= c->conv_scratch_bytes) return p;
+    if (p && fits(c, p, backward)) return p;
     shape_text(s, t, sizeof t);
-    if (p) {  // its reserve_conv failed to grow the workspace
-        dc_cuda_record(be, func, __FILE__, __LINE__, "conv2d of %s was not reserved (reserve_conv)", t);
+    if (p) {  // reserved for forward only, or its reserve_conv failed to grow the workspace
+        dc_cuda_record(be, func, __FILE__, __LINE__, "conv2d of %s was not reserved%s (reserve_conv)", t,
+                       backward && fits(c, p, false) ? " for backward" : "");
         return NULL;
     }
     if (!shape_ok(s, err, sizeof err)) {
         dc_cuda_record(be, func, __FILE__, __LINE__, "%s", err);
         return NULL;
     }
-    if (!c->dnn || scratch_bytes(s) > c->conv_scratch_bytes) {
+    if (!c->dnn || scratch_bytes(s, backward) > c->conv_scratch_bytes) {
         dc_cuda_record(be, func, __FILE__, __LINE__, "conv2d of %s was not reserved (reserve_conv)", t);
         return NULL;
     }
@@ -416,7 +440,7 @@ static const void *conv_input(dc_backend *be, const dc_conv_plan *p, dc_buf x) {
     int64_t N;
     int C;
     pad_view(s, &N, &C);
-    void *xp = (char *)c->conv_scratch + scratch_pad_offset(s);
+    void *xp = c->conv_scratch;  // the scratch's head (scratch_fwd_bytes)
     const dc_buf xpb = {xp, x.dt};
     const int V = dc_vec_width(C, x, xpb, dc_buf_none());
     const int64_t n = N * Hp * Wp * (C / V);
@@ -584,7 +608,7 @@ extern "C" void dc_cuda_conv2d_fwd(dc_backend *be, dc_buf out, dc_buf x, dc_buf 
     if (!float_type(x.dt) || w.dt != x.dt || out.dt != x.dt || (b.p && !float_type(b.dt)))
         DC_CUDA_FAIL(be, "conv2d dtypes: x %s, w %s, out %s (one of F32, BF16 for all three), b %s",
                      dc_dtype_name(x.dt), dc_dtype_name(w.dt), dc_dtype_name(out.dt), dc_dtype_name(b.dt));
-    dc_conv_plan *p = op_plan(be, __func__, s, x.dt);
+    dc_conv_plan *p = op_plan(be, __func__, s, x.dt, false);
     if (!p) return;
     const float one = 1.0f, zero = 0.0f;
     const void *xin = conv_input(be, p, x);
@@ -610,19 +634,20 @@ extern "C" void dc_cuda_conv2d_bwd(dc_backend *be, dc_buf dx, dc_buf dw, dc_buf 
                      "dw %s, db %s",
                      dc_dtype_name(x.dt), dc_dtype_name(w.dt), dc_dtype_name(dout.dt), dc_dtype_name(dx.dt),
                      dc_dtype_name(dw.dt), dc_dtype_name(db.dt));
-    dc_conv_plan *p = op_plan(be, __func__, s, x.dt);
+    dc_conv_plan *p = op_plan(be, __func__, s, x.dt, true);
     if (!p) return;
     if (p->bwd_missing[0]) DC_CUDA_FAIL(be, "%s", p->bwd_missing);
     const float one = 1.0f, zero = 0.0f;
     if (db.p) conv_bias_grad(be, db, dout, s);
     if (dw.p) {
-        // into the scratch's head in the weights' dtype (and layout), then added to dw
+        // into the scratch in the weights' dtype (and layout), then added to dw
+        void *dws = (char *)c->conv_scratch + scratch_dw_offset(s);
         const void *xin = conv_input(be, p, x);
         DNN(cudnnSetConvolutionMathType(p->cd, p->math_filter));
         DNN(cudnnConvolutionBackwardFilter(c->dnn, &one, p->xd, xin, p->yd, dout.p, p->cd, p->bwd_filter, c->conv_ws,
-                                           c->conv_ws_bytes, &zero, p->wd, c->conv_scratch));
+                                           c->conv_ws_bytes, &zero, p->wd, dws));
         const int64_t n = dw_numel(s);
-        k_conv_add<<<dc_blocks(n, TPB), TPB, 0, c->stream>>>(dw.p, BF(dw), c->conv_scratch, BF(w), n);
+        k_conv_add<<<dc_blocks(n, TPB), TPB, 0, c->stream>>>(dw.p, BF(dw), dws, BF(w), n);
     }
     if (dx.p) {
         DNN(cudnnSetConvolutionMathType(p->cd, p->math_data));
@@ -632,7 +657,7 @@ extern "C" void dc_cuda_conv2d_bwd(dc_backend *be, dc_buf dx, dc_buf dw, dc_buf 
                                              c->conv_ws_bytes, &beta, p->xd, dx.p));
         } else {
             // the padded gradient over the padded input (which dw no longer needs), then its window
-            void *dxp = (char *)c->conv_scratch + scratch_pad_offset(s);
+            void *dxp = c->conv_scratch;
             DNN(cudnnConvolutionBackwardData(c->dnn, &one, p->wd, w.p, p->yd, dout.p, p->cd, p->bwd_data, c->conv_ws,
                                              c->conv_ws_bytes, &zero, p->xd, dxp));
             conv_crop(be, p, dx, dxp, accumulate);

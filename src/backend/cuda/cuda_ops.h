@@ -176,7 +176,7 @@ void dc_cuda_add_channel_nhwc(dc_backend *be, dc_buf x, dc_buf v, int B, int C, 
 void dc_cuda_concat_channels(dc_backend *be, dc_buf out, dc_buf a, int C1, dc_buf b, int C2, int64_t M);
 
 // ---- convolutions through cuDNN (cuda_conv.cu) ----
-int dc_cuda_reserve_conv(dc_backend *be, const dc_conv2d_shape *s);
+int dc_cuda_reserve_conv(dc_backend *be, const dc_conv2d_shape *s, bool backward);
 void dc_cuda_conv2d_fwd(dc_backend *be, dc_buf out, dc_buf x, dc_buf w, dc_buf b, const dc_conv2d_shape *s);
 void dc_cuda_conv2d_bwd(dc_backend *be, dc_buf dx, dc_buf dw, dc_buf db, dc_buf dout, dc_buf x, dc_buf w,
                         const dc_conv2d_shape *s, bool accumulate);
