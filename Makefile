@@ -22,8 +22,10 @@ endif
 CFLAGS  ?= $(OPT)
 # -MD (not -MMD) so that system headers such as cblas.h are tracked too. An
 # undeclared function or a C type error is an error, never a warning that
-# links into a binary which crashes.
-CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -fopenmp -Isrc -MD -MP \
+# links into a binary which crashes. -fno-math-errno: no code reads errno after
+# a math function, and without it every loop that takes a square root (AdamW)
+# stays scalar, for the branch that would set errno (results are the same bits).
+CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -fopenmp -fno-math-errno -Isrc -MD -MP \
            -Werror=implicit-function-declaration -Werror=implicit-int \
            -Werror=int-conversion -Werror=incompatible-pointer-types
 # OpenBLAS's own include directory when pkg-config knows it, so its cblas.h is
