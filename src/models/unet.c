@@ -153,7 +153,10 @@ static void carve(const dc_unet *m, const unet_plan *p, carver *cv, dc_unet_acts
     s->r0 = take(cv, B * p->R), s->r1 = take(cv, B * p->R);
     const size_t resnet_end = cv->used;
     cv->used = start;
-    for (int k = 0; k < 6; k++) s->tok[k] = take(cv, B * (p->S ? p->S : 1));
+    const int64_t slab = B * (p->S ? p->S : 1);
+    for (int k = 0; k < 3; k++) s->tok[k] = take(cv, slab);
+    s->tok[3] = take(cv, 3 * slab);  // one region: a packed [B, HW, 3C] q | k | v
+    s->tok[4] = dc_buf_at(s->tok[3], slab), s->tok[5] = dc_buf_at(s->tok[3], 2 * slab);
     // the feed-forward's hidden layer in chunks of rows: two slabs' worth
     s->ff_cap = 2 * B * (p->S ? p->S : 8 * p->cmax);
     s->ff1 = take(cv, s->ff_cap), s->ff2 = take(cv, s->ff_cap / 2);
@@ -189,7 +192,7 @@ static int unet_reserve(dc_model *mm, int max_batch) {
     make_plan(m, &p);
     // ops index with int: every buffer must hold fewer than 2^31 values
     int64_t big = p.R > p.cat ? p.R : p.cat;
-    max_to(&big, 2 * p.S), max_to(&big, p.P);
+    max_to(&big, 3 * p.S), max_to(&big, p.P);  // the packed q | k | v
     for (int k = 0; k < p.nskip; k++) max_to(&big, p.skip[k]);
     if ((int64_t)max_batch * big > INT32_MAX)
         return dc_fail("batch %d of %dx%d latents is too large for this UNet (a buffer over 2^31 values)",

@@ -70,6 +70,15 @@ static int transformer_add(dc_params *ps, unet_transformer *t, const char *name,
         proj_add(ps, &t->proj_out, KEY(k, "%s.proj_out", name), C, c->linear_proj))
         return -1;
 #undef TB
+    // registered one after the other without biases, so the weights of q1, k1,
+    // v1 (and of k2, v2) are adjacent rows of one matrix
+    const dc_param *it = ps->items;
+    if (it[t->k1.w].offset != it[t->q1.w].offset + (int64_t)C * C ||
+        it[t->v1.w].offset != it[t->k1.w].offset + (int64_t)C * C ||
+        it[t->v2.w].offset != it[t->k2.w].offset + (int64_t)C * ctx)
+        return dc_fail("%s: the attention projections are not adjacent in the parameters", name);
+    t->qkv1 = (dc_linear){t->q1.w, -1, C, 3 * C};
+    t->kv2 = (dc_linear){t->k2.w, -1, ctx, 2 * C};
     return 0;
 }
 
@@ -147,14 +156,16 @@ void unet_resnet_fwd(dc_backend *be, const dc_params *ps, const unet_resnet *r, 
 }
 
 // Multi-head attention of q [B, Tq, C] over k, v [B, Tk, C] (heads side by
-// side in each row) into out [B, Tq, C].
+// side in each row; rows of qrow and kvrow elements, so packed projections
+// are read in place) into out [B, Tq, C].
 static void attend(dc_backend *be, dc_buf out, dc_buf lse, dc_buf q, dc_buf k, dc_buf v, int B, int Tq, int Tk,
-                   int C, int heads) {
+                   int qrow, int kvrow, int C, int heads) {
     dc_attn_shape a;
     memset(&a, 0, sizeof a);
     a.B = B, a.H = heads, a.Tq = Tq, a.Tk = Tk, a.Dh = a.Dv = C / heads;
-    a.q = a.out = dc_attn_rows(Tq, C, a.Dh);
-    a.k = a.v = dc_attn_rows(Tk, C, a.Dh);
+    a.q = dc_attn_rows(Tq, qrow, a.Dh);
+    a.k = a.v = dc_attn_rows(Tk, kvrow, a.Dh);
+    a.out = dc_attn_rows(Tq, C, a.Dh);
     be->attention_fwd(be, out, lse, q, k, v, &a);
 }
 
@@ -167,21 +178,19 @@ void unet_transformer_fwd(dc_backend *be, const dc_params *ps, const unet_transf
     dc_group_norm_nhwc_fwd(be, ps, &t->norm, tok[0], s->gn_mean, s->gn_rstd, h, B, T, false);
     dc_linear_fwd(be, ps, &t->proj_in, x, tok[0], M);
 
-    // self-attention
+    // self-attention: q | k | v from one product into tok[3..5] as [M, 3C]
     dc_layer_norm_fwd(be, ps, &t->norm1, tok[0], s->ln_mean, s->ln_rstd, x, M);
-    dc_linear_fwd(be, ps, &t->q1, tok[1], tok[0], M);
-    dc_linear_fwd(be, ps, &t->k1, tok[3], tok[0], M);
-    dc_linear_fwd(be, ps, &t->v1, tok[4], tok[0], M);
-    attend(be, tok[5], s->lse, tok[1], tok[3], tok[4], B, T, T, C, t->heads);
-    dc_linear_fwd(be, ps, &t->o1, tok[0], tok[5], M);
+    dc_linear_fwd(be, ps, &t->qkv1, tok[3], tok[0], M);
+    attend(be, tok[1], s->lse, tok[3], dc_buf_at(tok[3], C), dc_buf_at(tok[3], 2 * C), B, T, T, 3 * C, 3 * C, C,
+           t->heads);
+    dc_linear_fwd(be, ps, &t->o1, tok[0], tok[1], M);
     be->axpy(be, x, tok[0], 1.0f, n);
 
-    // cross-attention: keys and values from the text
+    // cross-attention: keys and values from the text, k | v from one product [B len, 2C]
     dc_layer_norm_fwd(be, ps, &t->norm2, tok[0], s->ln_mean, s->ln_rstd, x, M);
     dc_linear_fwd(be, ps, &t->q2, tok[1], tok[0], M);
-    dc_linear_fwd(be, ps, &t->k2, tok[3], ctx, B * len);
-    dc_linear_fwd(be, ps, &t->v2, tok[4], ctx, B * len);
-    attend(be, tok[5], s->lse, tok[1], tok[3], tok[4], B, T, len, C, t->heads);
+    dc_linear_fwd(be, ps, &t->kv2, tok[3], ctx, B * len);
+    attend(be, tok[5], s->lse, tok[1], tok[3], dc_buf_at(tok[3], C), B, T, len, C, 2 * C, C, t->heads);
     dc_linear_fwd(be, ps, &t->o2, tok[0], tok[5], M);
     be->axpy(be, x, tok[0], 1.0f, n);
 

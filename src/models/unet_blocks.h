@@ -27,6 +27,8 @@ typedef struct {
     dc_layer_norm norm1, norm2, norm3;  // eps 1e-5
     dc_linear q1, k1, v1, o1;           // attn1: self-attention (no bias but to_out.0)
     dc_linear q2, k2, v2, o2;           // attn2: k, v read the text [len, ctx_dim]
+    dc_linear qkv1, kv2;                // [q1 | k1 | v1] and [k2 | v2]: their weights lie side by
+                                        // side in the parameters, so each set runs as one product
     dc_linear ff1, ff2;                 // ff.net.0.proj [8C, C], ff.net.2 [C, 4C]
     int C, heads;
 } unet_transformer;
@@ -61,16 +63,17 @@ typedef struct {
     dc_buf gn_mean, gn_rstd; // [B, groups] F32
     dc_buf cat;              // [B, ci, HW] an up resnet's input [h | skip]
     dc_buf r0, r1;           // [B, max(ci, co), HW] (r0 also a 2x upsampled image)
-    dc_buf tok[6];           // [B, max(HW, len), C] token-sized slabs
+    dc_buf tok[6];           // [B, max(HW, len), C] token-sized slabs; tok[3..5] are one region,
+                             // where self-attention's packed [B, HW, 3C] q | k | v goes
     dc_buf ln_mean, ln_rstd; // [B HW] F32
     dc_buf lse;              // [B, heads, HW] F32
     dc_buf ff1, ff2;         // [ff_rows, 8C], [ff_rows, 4C]: the feed-forward in row chunks
     int64_t ff_cap;          // elements of ff1
 } unet_scratch;
 
-// out[B, co, H, W] = resnet(x[B, ci, H, W]).
+// out[B, H, W, co] = resnet(x[B, H, W, ci]) (channels-last maps).
 void unet_resnet_fwd(dc_backend *be, const dc_params *ps, const unet_resnet *r, dc_buf out, dc_buf x, int B,
                      int H, int W, const unet_scratch *s);
-// h[B, C, H, W] += transformer(h, ctx[B, len, ctx_dim]), in place.
+// h[B, H, W, C] += transformer(h, ctx[B, len, ctx_dim]), in place.
 void unet_transformer_fwd(dc_backend *be, const dc_params *ps, const unet_transformer *t, dc_buf h, int B,
                           int H, int W, dc_buf ctx, int len, const unet_scratch *s);
