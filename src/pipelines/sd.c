@@ -219,6 +219,20 @@ static void init_latents(float *lat, const float *mean, const float *logvar, int
         lat[j] = (mean[j] + expf(0.5f * logvar[j]) * dc_randn_at(seed, key, 0, DC_STREAM_INIT, j)) * scaling;
 }
 
+// Plans the activations of the UNet (for `rows` rows) or of the VAE (batch B
+// of height x width pictures) before that model runs. Both stay planned while
+// the device has room for both, so batches after the first plan nothing; when
+// one does not fit beside the other, the other's are freed and planned again
+// when next needed (the peak is then the larger of the two, not their sum).
+static int plan_for(dc_sd_pipe *p, bool unet, int rows, int B, int height, int width) {
+    int rc = unet ? dc_model_reserve(p->unet, rows) : dc_vae_reserve(p->vae, B, height, width);
+    if (rc == 0) return 0;
+    dc_error_clear();
+    if (unet) dc_vae_release(p->vae);
+    else dc_unet_release(p->unet);
+    return unet ? dc_model_reserve(p->unet, rows) : dc_vae_reserve(p->vae, B, height, width);
+}
+
 int dc_sd_generate(dc_sd_pipe *p, const dc_sd_gen *g, dc_sd_picture_fn on_picture, void *ctx,
                    dc_sd_progress_fn progress, void *pctx) {
     dc_backend *be = p->be;
@@ -260,8 +274,7 @@ int dc_sd_generate(dc_sd_pipe *p, const dc_sd_gen *g, dc_sd_picture_fn on_pictur
             rc = rc ? rc : dc_fail("strength %g of %d steps runs no step (at least 1 / steps)", g->strength, o.steps);
         o.skip = o.steps - runs;
     }
-    // The UNet's activations and the VAE's are planned as each model runs and
-    // freed after it, so the device never holds both (the peak is the larger).
+    // Sampling needs the UNet's activations, decoding the VAE's (see plan_for).
     const int rows = o.cfg_scale != 1.0f ? 2 * B : B;
     if (!rc) rc = dc_unet_set_size(p->unet, h, w);
     if (!rc) rc = dc_ksampler_init(&ks, be, &o, C, h, w, B);
@@ -279,13 +292,12 @@ int dc_sd_generate(dc_sd_pipe *p, const dc_sd_gen *g, dc_sd_picture_fn on_pictur
         hl = malloc(sizeof(float) * (size_t)lat * B), hm = malloc(sizeof(float) * (size_t)lat);
         hv = malloc(sizeof(float) * (size_t)lat);
         if (!rc && (!hl || !hm || !hv)) rc = dc_fail("out of memory");
-        if (!rc) rc = dc_vae_reserve(p->vae, B, g->height, g->width);
+        if (!rc) rc = plan_for(p, false, rows, B, g->height, g->width);
         if (!rc) {
             be->upload(be, b.imgf.p, g->init, sizeof(float) * (size_t)pix);
             be->cast(be, b.init, b.imgf, pix);
             rc = dc_vae_encode(p->vae, b.mean, b.logvar, b.init, 1, g->height, g->width);
         }
-        dc_vae_release(p->vae);
         if (!rc) {
             be->cast(be, b.x, b.mean, lat);
             be->download(be, hm, b.x.p, sizeof(float) * (size_t)lat);
@@ -309,12 +321,10 @@ int dc_sd_generate(dc_sd_pipe *p, const dc_sd_gen *g, dc_sd_picture_fn on_pictur
             be->upload(be, b.x.p, hl, sizeof(float) * (size_t)n * lat);
         }
         dc_cond cond = {.ctx = b.cctx, .len = T, .dim = D};
-        dc_vae_release(p->vae);
-        rc = dc_model_reserve(p->unet, rows);
+        rc = plan_for(p, true, rows, B, g->height, g->width);
         if (!rc) rc = dc_ksampler_run(&ks, b.x, &cond, idx, n, unet_eval, p->unet, on_step, &sp);
         sp.done0 += o.steps - o.skip;
-        dc_unet_release(p->unet);
-        if (!rc) rc = dc_vae_reserve(p->vae, B, g->height, g->width);
+        if (!rc) rc = plan_for(p, false, rows, B, g->height, g->width);
         if (rc) break;
         // Decode: z / scaling in the compute dtype, then back to f32 pictures.
         if (progress) progress(pctx, "decode", i0, g->count);
