@@ -1,5 +1,4 @@
 // diffusion train: train a DiT from scratch or resume a run.
-#include <errno.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -46,21 +45,6 @@ static void install_signal_handlers(void) {
     for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) sigaction(sigs[i], &sa, NULL);
 }
 
-// Removes all but the newest `keep` checkpoints up to `step`. Newer ones are
-// left alone: they are unreadable files that a resumed run replaces when it
-// reaches their step.
-static void prune_checkpoints(const char *dir, int keep, int64_t step) {
-    int64_t *steps;
-    int n = cli_list_checkpoints(dir, &steps);
-    while (n > 0 && steps[n - 1] > step) n--;
-    for (int i = 0; i + keep < n; i++) {
-        char path[4096];
-        cli_checkpoint_path(dir, steps[i], path, sizeof path);
-        if (remove(path) != 0) dc_warn("could not remove old checkpoint %s", path);
-    }
-    free(steps);
-}
-
 // Every rank calls it (the save is collective: under ZeRO the shards are
 // gathered onto rank 0); rank 0 writes the file. The ranks first agree that
 // all of them got here with sound statistics, so a rank that failed this
@@ -74,63 +58,95 @@ static int save(train_ranks *job, const dc_trainer *tr, const char *dir, int kee
              dc_kv_set(&extra, "ckpt_every", "%d", every) || dc_trainer_save(tr, path, &extra);
     dc_kv_free(&extra);
     DC_TRY(train_ranks_agree(job, rc == 0, "write the checkpoint"));
-    if (train_ranks_lead(job)) prune_checkpoints(dir, keep, tr->step);
+    if (train_ranks_lead(job)) cli_prune_checkpoints(dir, keep, tr->step);
     return 0;
 }
 
-// The run folder's checkpoints newer than `step`, named in a list for a message.
-static int newer_checkpoints(const char *dir, int64_t step, char *list, size_t n) {
-    int64_t *steps;
-    int k = cli_list_checkpoints(dir, &steps), count = 0;
-    list[0] = 0;
-    for (int i = 0; i < k; i++) {
-        if (steps[i] <= step) continue;
-        size_t len = strlen(list);
-        if (count < 8) snprintf(list + len, n - len, "%sstep_%07lld.safetensors", count ? ", " : "", (long long)steps[i]);
-        else if (count == 8) snprintf(list + len, n - len, ", ...");
-        count++;
+// The model of a new run: the demo DiT or --model's config, then the shape
+// flags given, with what the data set gives (image size, channels, classes)
+// left 0; checked as far as the flags fix it.
+static int model_from_flags(dc_dit_config *mc, const arg_parser *ap, const char *model, int heads) {
+    dc_dit_config flags = *mc;
+    if (model && dc_dit_config_from_name(model, mc)) return -1;
+    if (args_given(ap, "patch")) mc->patch = flags.patch;
+    if (args_given(ap, "depth")) mc->depth = flags.depth;
+    if (args_given(ap, "hidden")) {
+        mc->hidden = flags.hidden, mc->mlp_hidden = 4 * flags.hidden;
+        mc->heads = dc_dit_heads_for_width(mc->hidden);
     }
-    free(steps);
-    return count;
+    if (args_given(ap, "mlp-hidden")) mc->mlp_hidden = flags.mlp_hidden;
+    if (heads) mc->heads = heads;
+    mc->input_size = args_given(ap, "input-size") ? flags.input_size : 0;
+    mc->in_channels = args_given(ap, "in-channels") ? flags.in_channels : 0;
+    mc->num_classes = args_given(ap, "num-classes") ? flags.num_classes : 0;
+    // What the flags fix is checked now, before the data set (which may be
+    // large, and is padded to --input-size) is read; stand-ins that pass
+    // fill what the data will give.
+    dc_dit_config now = *mc;
+    if (!now.input_size) now.input_size = now.patch;
+    if (!now.in_channels) now.in_channels = 1;
+    if (!now.num_classes) now.num_classes = 1;
+    if (!now.heads) now.heads = 1;
+    if (dc_dit_config_validate(&now)) return -1;
+    if (!mc->heads) return dc_fail("--hidden %d is not in the official table; pass --heads", mc->hidden);
+    return 0;
 }
 
-static void remove_newer_checkpoints(const char *dir, int64_t step) {
-    int64_t *steps;
-    int k = cli_list_checkpoints(dir, &steps);
-    for (int i = 0; i < k; i++) {
-        if (steps[i] <= step) continue;
-        char path[4096];
-        cli_checkpoint_path(dir, steps[i], path, sizeof path);
-        if (remove(path) == 0) dc_warn("--force: removed %s, newer than the resumed checkpoint", path);
-        else dc_warn("--force: could not remove %s: %s", path, strerror(errno));
+// The run's steps, with progress lines, checkpoints and signals: 0 when it
+// reached its last step, 128 + the signal's number when one stopped it (after
+// a checkpoint), -1 on failure; *wrote once a checkpoint is written.
+static int run_steps(train_ranks *job, dc_trainer *tr, const dc_train_config *tc, const char *out, int keep,
+                     int ckpt_every, int log_every, const char *data_path, bool *wrote) {
+    const bool lead = train_ranks_lead(job);
+    double t0 = dc_time_now(), smooth = 0, shown = 0;
+    int64_t first = tr->step, seen = first;
+    g_training = 1;
+    while (tr->step < tc->steps) {
+        // Steps only queue work; the statistics (which wait for the device)
+        // are read for a log line, a checkpoint or the end.
+        if (dc_trainer_step(tr, NULL)) return -1;
+        // Read once: a signal that arrives later in this step (while logging,
+        // say) is acted on after the next one, never between saving and stopping.
+        // With several ranks every rank learns every rank's signal here, and
+        // all read the statistics at rank 0's moments: they stop together.
+        int stop = g_stop, stop_rank;
+        bool tty_due = lead && dc_log_is_tty() && dc_time_now() - shown >= 0.25;
+        if (train_ranks_step(job, stop, tty_due, &stop, &stop_rank, &tty_due)) return -1;
+        bool last = tr->step == tc->steps, save_now = tr->step % ckpt_every == 0 || last || stop;
+        bool log_now = tty_due || tr->step % log_every == 0 || last || tr->step == first + 1;
+        if (log_now || save_now) {
+            dc_step_stats st;
+            if (dc_trainer_stats(tr, &st)) return -1;
+            // running mean with weight 0.98 per step, over the steps since the last reading
+            double w = pow(0.98, (double)(tr->step - seen));
+            smooth = seen == first ? st.loss : w * smooth + (1 - w) * st.loss;
+            seen = tr->step;
+            double el = dc_time_now() - t0, per = el / (double)(tr->step - first);
+            char eta[32];
+            if (log_now && lead) {
+                shown = dc_time_now();
+                dc_progress(last, "step %lld/%d  loss %.4f (mse %.4f vb %.4f)  avg %.4f  |g| %.3f  %.1f img/s  ETA %s",
+                            (long long)tr->step, tc->steps, st.loss, st.mse, st.vb, smooth, st.grad_norm,
+                            tc->batch / per, dc_format_duration(per * (tc->steps - tr->step), eta, sizeof eta));
+            }
+        }
+        if (save_now) {
+            if (save(job, tr, out, keep, ckpt_every, data_path)) return -1;
+            *wrote = true;
+        }
+        if (stop && !last) {
+            char on[32] = "";
+            if (job->rv) snprintf(on, sizeof on, " on rank %d", stop_rank);
+            if (lead)
+                dc_log("interrupted (%s%s): checkpoint of step %lld written to %s; continue with --resume %s",
+                       strsignal(stop), on, (long long)tr->step, out, out);
+            return 128 + stop;
+        }
     }
-    free(steps);
-}
-
-// The folder a checkpoint file lies in.
-static void parent_dir(const char *file, char *out, size_t n) {
-    snprintf(out, n, "%s", file);
-    char *slash = strrchr(out, '/');
-    if (!slash) snprintf(out, n, ".");
-    else if (slash == out) out[1] = 0;
-    else *slash = 0;
-}
-
-// Creates the run folder if needed and takes its lock; then any checkpoint
-// temporary in it is a leftover, and a checkpoint can be written there.
-static int open_run_folder(const char *out, int *lock_fd, bool *created) {
-    struct stat st;
-    *created = false;
-    if (strlen(out) > 3900) return dc_fail("--out %s: the path is too long", out);
-    bool exists = stat(out, &st) == 0;
-    if (exists && !S_ISDIR(st.st_mode)) return dc_fail("--out %s exists and is not a folder", out);
-    if (!exists && dc_mkdir_p(out)) return -1;
-    *created = !exists;
-    DC_TRY(cli_lock_run(out, lock_fd));
-    cli_remove_stale_temps(out);
-    char probe[4096];
-    cli_checkpoint_path(out, 0, probe, sizeof probe);
-    return cli_probe_write(probe);
+    if (lead)
+        dc_log("done: %lld steps in %.1f s; checkpoint %s/step_%07lld.safetensors", (long long)(tr->step - first),
+               dc_time_now() - t0, out, (long long)tr->step);
+    return 0;
 }
 
 int cmd_train(int argc, char **argv) {
@@ -258,32 +274,7 @@ int cmd_train(int argc, char **argv) {
             if (args_given(&ap, shape_flags[i]) && shape_values[i] < 1)
                 return dc_fail("--%s must be positive", shape_flags[i]), cli_usage_fail();
         if (dc_train_config_validate(&tc)) return cli_usage_fail();
-        // Start from the demo DiT or an official config; flags given explicitly
-        // win; the data set gives what remains (image size, channels, classes).
-        dc_dit_config flags = mc;
-        if (model && dc_dit_config_from_name(model, &mc)) return cli_usage_fail();
-        if (args_given(&ap, "patch")) mc.patch = flags.patch;
-        if (args_given(&ap, "depth")) mc.depth = flags.depth;
-        if (args_given(&ap, "hidden")) {
-            mc.hidden = flags.hidden, mc.mlp_hidden = 4 * flags.hidden;
-            mc.heads = dc_dit_heads_for_width(mc.hidden);
-        }
-        if (args_given(&ap, "mlp-hidden")) mc.mlp_hidden = flags.mlp_hidden;
-        if (heads) mc.heads = heads;
-        mc.input_size = args_given(&ap, "input-size") ? flags.input_size : 0;
-        mc.in_channels = args_given(&ap, "in-channels") ? flags.in_channels : 0;
-        mc.num_classes = args_given(&ap, "num-classes") ? flags.num_classes : 0;
-        // What the flags fix is checked now, before the data set (which may be
-        // large, and is padded to --input-size) is read; stand-ins that pass
-        // fill what the data will give.
-        dc_dit_config now = mc;
-        if (!now.input_size) now.input_size = now.patch;
-        if (!now.in_channels) now.in_channels = 1;
-        if (!now.num_classes) now.num_classes = 1;
-        if (!now.heads) now.heads = 1;
-        if (dc_dit_config_validate(&now)) return cli_usage_fail();
-        if (!mc.heads)
-            return dc_fail("--hidden %d is not in the official table; pass --heads", mc.hidden), cli_usage_fail();
+        if (model_from_flags(&mc, &ap, model, heads)) return cli_usage_fail();
     }
     if (train_ranks_check_flags(ranks, gpus, zero, comm_timeout, device)) return cli_usage_fail();
     unsigned st_flags = no_verify ? DC_ST_NO_VERIFY : 0;
@@ -324,11 +315,11 @@ int cmd_train(int argc, char **argv) {
         struct stat st;
         if (stat(resume, &st) != 0) { dc_fail("%s: no such file or folder", resume); goto fail; }
         if (S_ISDIR(st.st_mode)) snprintf(src_dir, sizeof src_dir, "%s", resume);
-        else parent_dir(resume, src_dir, sizeof src_dir);
+        else cli_parent_dir(resume, src_dir, sizeof src_dir);
         if (!args_given(&ap, "out")) out = src_dir;
     }
     // Rank 0 owns the run folder; the others only read the checkpoint and data.
-    if (lead && open_run_folder(out, &lock_fd, &created_out)) goto fail;
+    if (lead && cli_open_run_folder(out, &lock_fd, &created_out)) goto fail;
     if (lead && !resume && cli_list_checkpoints(out, NULL) > 0) {
         dc_fail("%s already holds checkpoints of a run: continue it with --resume %s, or "
                 "choose another --out", out, out);
@@ -348,7 +339,7 @@ int cmd_train(int argc, char **argv) {
         const char *v = dc_st_meta(&ck, "step");
         ck_step = v ? strtoll(v, NULL, 10) : -1;
         char newer[1024];
-        int n_newer = lead && same_folder && ck_step >= 0 ? newer_checkpoints(out, ck_step, newer, sizeof newer) : 0;
+        int n_newer = lead && same_folder && ck_step >= 0 ? cli_newer_checkpoints(out, ck_step, newer, sizeof newer) : 0;
         if (n_newer > 0 && cli_same_file(resume, src_dir)) {
             // The run folder was given: the newer files are the unreadable ones
             // that opening it skipped (and reported).
@@ -435,7 +426,7 @@ int cmd_train(int argc, char **argv) {
         status = 0;
         goto fail;
     }
-    if (lead && force) remove_newer_checkpoints(out, tr.step);
+    if (lead && force) cli_remove_newer_checkpoints(out, tr.step);
     if (lead) dc_log("training DiT depth %d hidden %d heads %d patch %d on %s (%d images, %d classes), %.2fM params",
            mc.depth, mc.hidden, mc.heads, mc.patch, data_path, ds.n, ds.num_classes,
            m->params->numel / 1e6);
@@ -446,55 +437,9 @@ int cmd_train(int argc, char **argv) {
         dc_log("%d ranks (%s), %s, ZeRO stage %d", job.launch.size, job.launch.launcher,
                job.nccl ? "NCCL" : "sockets", zero);
 
-    double t0 = dc_time_now(), smooth = 0, shown = 0;
-    int64_t first = tr.step, seen = first;
-    g_training = 1;
-    while (tr.step < tc.steps) {
-        // Steps only queue work; the statistics (which wait for the device)
-        // are read for a log line, a checkpoint or the end.
-        if (dc_trainer_step(&tr, NULL)) goto fail;
-        // Read once: a signal that arrives later in this step (while logging,
-        // say) is acted on after the next one, never between saving and stopping.
-        // With several ranks every rank learns every rank's signal here, and
-        // all read the statistics at rank 0's moments: they stop together.
-        int stop = g_stop, stop_rank;
-        bool tty_due = lead && dc_log_is_tty() && dc_time_now() - shown >= 0.25;
-        if (train_ranks_step(&job, stop, tty_due, &stop, &stop_rank, &tty_due)) goto fail;
-        bool last = tr.step == tc.steps, save_now = tr.step % ckpt_every == 0 || last || stop;
-        bool log_now = tty_due || tr.step % log_every == 0 || last || tr.step == first + 1;
-        if (log_now || save_now) {
-            dc_step_stats st;
-            if (dc_trainer_stats(&tr, &st)) goto fail;
-            // running mean with weight 0.98 per step, over the steps since the last reading
-            double w = pow(0.98, (double)(tr.step - seen));
-            smooth = seen == first ? st.loss : w * smooth + (1 - w) * st.loss;
-            seen = tr.step;
-            double el = dc_time_now() - t0, per = el / (double)(tr.step - first);
-            char eta[32];
-            if (log_now && lead) {
-                shown = dc_time_now();
-                dc_progress(last, "step %lld/%d  loss %.4f (mse %.4f vb %.4f)  avg %.4f  |g| %.3f  %.1f img/s  ETA %s",
-                            (long long)tr.step, tc.steps, st.loss, st.mse, st.vb, smooth, st.grad_norm,
-                            tc.batch / per, dc_format_duration(per * (tc.steps - tr.step), eta, sizeof eta));
-            }
-        }
-        if (save_now) {
-            if (save(&job, &tr, out, keep, ckpt_every, data_path)) goto fail;
-            wrote = true;
-        }
-        if (stop && !last) {
-            char on[32] = "";
-            if (job.rv) snprintf(on, sizeof on, " on rank %d", stop_rank);
-            if (lead)
-                dc_log("interrupted (%s%s): checkpoint of step %lld written to %s; continue with --resume %s",
-                       strsignal(stop), on, (long long)tr.step, out, out);
-            status = 128 + stop;
-            goto fail;
-        }
-    }
-    if (lead) dc_log("done: %lld steps in %.1f s; checkpoint %s/step_%07lld.safetensors",
-           (long long)(tr.step - first), dc_time_now() - t0, out, (long long)tr.step);
-    status = 0;
+    int r = run_steps(&job, &tr, &tc, out, keep, ckpt_every, log_every, data_path, &wrote);
+    if (r < 0) goto fail;
+    status = r;
 fail:
     g_training = 0;
     if (status == 1) {

@@ -10,7 +10,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "cli/cli_util.h"
 #include "core/error.h"
+#include "core/fsutil.h"
 #include "core/log.h"
 
 #define LOCK_NAME ".lock"
@@ -152,4 +154,74 @@ int cli_open_checkpoint(const char *path, unsigned flags, dc_st_file *f) {
     free(steps);
     if (k == 1) return dc_fail("%s", newest_err);
     return dc_fail("%s (no older checkpoint in %s can be read either)", newest_err, path);
+}
+
+// Removes all but the newest `keep` checkpoints up to `step`. Newer ones are
+// left alone: they are unreadable files that a resumed run replaces when it
+// reaches their step.
+void cli_prune_checkpoints(const char *dir, int keep, int64_t step) {
+    int64_t *steps;
+    int n = cli_list_checkpoints(dir, &steps);
+    while (n > 0 && steps[n - 1] > step) n--;
+    for (int i = 0; i + keep < n; i++) {
+        char path[4096];
+        cli_checkpoint_path(dir, steps[i], path, sizeof path);
+        if (remove(path) != 0) dc_warn("could not remove old checkpoint %s", path);
+    }
+    free(steps);
+}
+
+// The run folder's checkpoints newer than `step`, named in a list for a message.
+int cli_newer_checkpoints(const char *dir, int64_t step, char *list, size_t n) {
+    int64_t *steps;
+    int k = cli_list_checkpoints(dir, &steps), count = 0;
+    list[0] = 0;
+    for (int i = 0; i < k; i++) {
+        if (steps[i] <= step) continue;
+        size_t len = strlen(list);
+        if (count < 8) snprintf(list + len, n - len, "%sstep_%07lld.safetensors", count ? ", " : "", (long long)steps[i]);
+        else if (count == 8) snprintf(list + len, n - len, ", ...");
+        count++;
+    }
+    free(steps);
+    return count;
+}
+
+void cli_remove_newer_checkpoints(const char *dir, int64_t step) {
+    int64_t *steps;
+    int k = cli_list_checkpoints(dir, &steps);
+    for (int i = 0; i < k; i++) {
+        if (steps[i] <= step) continue;
+        char path[4096];
+        cli_checkpoint_path(dir, steps[i], path, sizeof path);
+        if (remove(path) == 0) dc_warn("--force: removed %s, newer than the resumed checkpoint", path);
+        else dc_warn("--force: could not remove %s: %s", path, strerror(errno));
+    }
+    free(steps);
+}
+
+// The folder a checkpoint file lies in.
+void cli_parent_dir(const char *file, char *out, size_t n) {
+    snprintf(out, n, "%s", file);
+    char *slash = strrchr(out, '/');
+    if (!slash) snprintf(out, n, ".");
+    else if (slash == out) out[1] = 0;
+    else *slash = 0;
+}
+
+// Creates the run folder if needed and takes its lock; then any checkpoint
+// temporary in it is a leftover, and a checkpoint can be written there.
+int cli_open_run_folder(const char *out, int *lock_fd, bool *created) {
+    struct stat st;
+    *created = false;
+    if (strlen(out) > 3900) return dc_fail("--out %s: the path is too long", out);
+    bool exists = stat(out, &st) == 0;
+    if (exists && !S_ISDIR(st.st_mode)) return dc_fail("--out %s exists and is not a folder", out);
+    if (!exists && dc_mkdir_p(out)) return -1;
+    *created = !exists;
+    DC_TRY(cli_lock_run(out, lock_fd));
+    cli_remove_stale_temps(out);
+    char probe[4096];
+    cli_checkpoint_path(out, 0, probe, sizeof probe);
+    return cli_probe_write(probe);
 }

@@ -31,3 +31,16 @@ void cli_remove_stale_temps(const char *dir);
 // back to the next older one. A file named explicitly that is bad is an
 // error. flags as for dc_st_open_opts (DC_ST_NO_VERIFY).
 int cli_open_checkpoint(const char *path, unsigned flags, dc_st_file *f);
+
+// Removes all but the newest `keep` checkpoints at or below `step`; newer
+// ones are left alone (unreadable files a resumed run replaces at their step).
+void cli_prune_checkpoints(const char *dir, int keep, int64_t step);
+// How many checkpoints of dir are newer than `step`, named in list[n] (at most 8, then "...").
+int cli_newer_checkpoints(const char *dir, int64_t step, char *list, size_t n);
+// Removes the checkpoints newer than `step` (resume --force), warning for each.
+void cli_remove_newer_checkpoints(const char *dir, int64_t step);
+// The folder a checkpoint file lies in, into out[n].
+void cli_parent_dir(const char *file, char *out, size_t n);
+// Creates the run folder if needed (*created) and takes its lock; then any
+// checkpoint temporary in it is a leftover, and a checkpoint can be written there.
+int cli_open_run_folder(const char *out, int *lock_fd, bool *created);
