@@ -27,6 +27,13 @@ static void test_linear(int M, int K, int N, bool out32, int off) {
     snprintf(name, sizeof name, "linear_fwd %dx%dx%d%s%s", M, K, N, out32 ? " (fp32 out)" : "",
              off ? " (w, b unaligned)" : "");
     compare(name, out, out32 && g_ct == DC_F32 ? 1e-5 : g_tol);
+    // out += x w^T + b, onto a random start
+    pair acc = rand_pair((int64_t)M * N, ot, -1, 1);
+    g_cpu->linear_fwd_acc(g_cpu, acc.c, x.c, w.c, b.c, M, K, N);
+    g_gpu->linear_fwd_acc(g_gpu, acc.g, x.g, w.g, b.g, M, K, N);
+    snprintf(name, sizeof name, "linear_fwd_acc %dx%dx%d%s%s", M, K, N, out32 ? " (fp32 out)" : "",
+             off ? " (w, b unaligned)" : "");
+    compare(name, acc, out32 && g_ct == DC_F32 ? 1e-5 : g_tol);
     // backward: dinp accumulated in fp32 (dsilu_c style) or written in compute
     pair dout = rand_pair((int64_t)M * N, g_ct, -1, 1);
     pair dinp = out32 ? rand_pair((int64_t)M * K, DC_F32, -1, 1) : nan_pair((int64_t)M * K, g_ct);

@@ -81,6 +81,15 @@ static void test_linear(int M, int K, int N, int nfd) {
         snprintf(name, sizeof name, "linear_fwd %dx%dx%d%s", M, K, N, bias ? "" : " nobias");
         check(name, got, ref, (int64_t)M * N, TOL_FWD);
         free(got);
+        // the same product added onto a random start (a residual branch's last layer)
+        float *start = host_rand((int64_t)M * N, -1, 1);
+        dc_buf acc = dev_from(start, (int64_t)M * N);
+        g_be->linear_fwd_acc(g_be, acc, dinp, dw, bias ? db : dc_buf_none(), M, K, N);
+        got = dev_get(acc, (int64_t)M * N);
+        for (int64_t i = 0; i < (int64_t)M * N; i++) ref[i] += start[i];
+        snprintf(name, sizeof name, "linear_fwd_acc %dx%dx%d%s", M, K, N, bias ? "" : " nobias");
+        check(name, got, ref, (int64_t)M * N, TOL_FWD);
+        free(got), free(start);
     }
 
     // Backward: gradients of L = sum(out * R), so dout = R.

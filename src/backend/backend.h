@@ -106,6 +106,10 @@ struct dc_backend {
     // out[M,N] = inp[M,K] @ w[N,K]^T + b[N]   (b may be NULL)
     void (*linear_fwd)(dc_backend *be, dc_buf out, dc_buf inp, dc_buf w, dc_buf b,
                        int M, int K, int N);
+    // out[M,N] += inp @ w^T + b (b may be NULL): a residual added in the product's
+    // epilogue instead of in a pass of its own.
+    void (*linear_fwd_acc)(dc_backend *be, dc_buf out, dc_buf inp, dc_buf w, dc_buf b,
+                           int M, int K, int N);
     // dinp[M,K] = dout @ w (skipped if dinp.p is NULL; += if accumulate)
     // dw[N,K] += dout^T @ inp ; db[N] += sum_m dout (skipped if NULL)
     void (*linear_bwd)(dc_backend *be, dc_buf dinp, dc_buf dw, dc_buf db, dc_buf dout,

@@ -172,7 +172,6 @@ static void attend(dc_backend *be, dc_buf out, dc_buf lse, dc_buf q, dc_buf k, d
 void unet_transformer_fwd(dc_backend *be, const dc_params *ps, const unet_transformer *t, dc_buf h, int B,
                           int H, int W, dc_buf ctx, int len, const unet_scratch *s) {
     const int C = t->C, T = H * W, M = B * T;
-    const int64_t n = (int64_t)M * C;
     const dc_buf *tok = s->tok;
     dc_buf x = tok[2];  // [B, T, C] the token stream
     dc_group_norm_nhwc_fwd(be, ps, &t->norm, tok[0], s->gn_mean, s->gn_rstd, h, B, T, false);
@@ -183,16 +182,14 @@ void unet_transformer_fwd(dc_backend *be, const dc_params *ps, const unet_transf
     dc_linear_fwd(be, ps, &t->qkv1, tok[3], tok[0], M);
     attend(be, tok[1], s->lse, tok[3], dc_buf_at(tok[3], C), dc_buf_at(tok[3], 2 * C), B, T, T, 3 * C, 3 * C, C,
            t->heads);
-    dc_linear_fwd(be, ps, &t->o1, tok[0], tok[1], M);
-    be->axpy(be, x, tok[0], 1.0f, n);
+    dc_linear_fwd_acc(be, ps, &t->o1, x, tok[1], M);  // x += to_out(attention)
 
     // cross-attention: keys and values from the text, k | v from one product [B len, 2C]
     dc_layer_norm_fwd(be, ps, &t->norm2, tok[0], s->ln_mean, s->ln_rstd, x, M);
     dc_linear_fwd(be, ps, &t->q2, tok[1], tok[0], M);
     dc_linear_fwd(be, ps, &t->kv2, tok[3], ctx, B * len);
     attend(be, tok[5], s->lse, tok[1], tok[3], dc_buf_at(tok[3], C), B, T, len, C, 2 * C, C, t->heads);
-    dc_linear_fwd(be, ps, &t->o2, tok[0], tok[5], M);
-    be->axpy(be, x, tok[0], 1.0f, n);
+    dc_linear_fwd_acc(be, ps, &t->o2, x, tok[5], M);
 
     // GEGLU feed-forward, in chunks of rows (each row is independent) so its
     // 8C-wide hidden layer needs only ff_cap elements of scratch
@@ -203,10 +200,8 @@ void unet_transformer_fwd(dc_backend *be, const dc_params *ps, const unet_transf
         const int m = M - r0 < rows ? M - r0 : rows;
         dc_linear_fwd(be, ps, &t->ff1, s->ff1, dc_buf_at(tok[0], (int64_t)r0 * C), m);  // [m, 8C]
         be->geglu_fwd(be, s->ff2, s->ff1, m, 4 * C);                                     // [m, 4C]
-        dc_linear_fwd(be, ps, &t->ff2, dc_buf_at(tok[1], (int64_t)r0 * C), s->ff2, m);
+        dc_linear_fwd_acc(be, ps, &t->ff2, dc_buf_at(x, (int64_t)r0 * C), s->ff2, m);  // rows r0.. of x +=
     }
-    be->axpy(be, x, tok[1], 1.0f, n);
 
-    dc_linear_fwd(be, ps, &t->proj_out, tok[0], x, M);
-    be->axpy(be, h, tok[0], 1.0f, n);
+    dc_linear_fwd_acc(be, ps, &t->proj_out, h, x, M);  // h += proj_out(x)
 }

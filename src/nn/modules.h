@@ -71,6 +71,12 @@ static inline void dc_linear_fwd(dc_backend *be, const dc_params *ps, const dc_l
     be->linear_fwd(be, y, x, dc_param_w(ps, l->w), l->b >= 0 ? dc_param_w(ps, l->b) : dc_buf_none(), M, l->in,
                    l->out);
 }
+// y += x W^T + b: a residual branch's last product, added in its epilogue.
+static inline void dc_linear_fwd_acc(dc_backend *be, const dc_params *ps, const dc_linear *l, dc_buf y,
+                                     dc_buf x, int M) {
+    be->linear_fwd_acc(be, y, x, dc_param_w(ps, l->w), l->b >= 0 ? dc_param_w(ps, l->b) : dc_buf_none(), M,
+                       l->in, l->out);
+}
 // dx = dy W (skipped if dx.p is NULL; += if accumulate); dW, db +=.
 static inline void dc_linear_bwd(dc_backend *be, const dc_params *ps, const dc_linear *l, dc_buf dx,
                                  dc_buf dy, dc_buf x, int M, bool accumulate) {

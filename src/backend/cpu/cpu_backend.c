@@ -155,6 +155,7 @@ dc_backend *dc_backend_cpu_create(void) {
         .reserve = cpu_reserve,
         .destroy = cpu_destroy,
         .linear_fwd = dc_cpu_linear_fwd,
+        .linear_fwd_acc = dc_cpu_linear_fwd_acc,
         .linear_bwd = dc_cpu_linear_bwd,
         .linear_gelu_fwd = dc_cpu_linear_gelu_fwd,
         .linear_bwd_gelu = dc_cpu_linear_bwd_gelu,

@@ -86,6 +86,20 @@ void dc_cpu_linear_fwd(dc_backend *be, dc_buf out_, dc_buf inp_, dc_buf w_, dc_b
     sgemm(false, true, M, N, K, 1.0f, inp, K, w, K, b ? 1.0f : 0.0f, out, N);
 }
 
+void dc_cpu_linear_fwd_acc(dc_backend *be, dc_buf out_, dc_buf inp_, dc_buf w_, dc_buf b_, int M, int K,
+                           int N) {
+    (void)be;
+    float *out = dc_cpu_f32(out_);                                  // [M, N]
+    const float *inp = dc_cpu_f32(inp_), *w = dc_cpu_f32(w_);       // [M, K], [N, K]
+    const float *b = b_.p ? dc_cpu_f32(b_) : NULL;                  // [N]
+    if (b) {
+#pragma omp parallel for schedule(static) if ((int64_t)M * N > DC_CPU_PAR_MIN)
+        for (int m = 0; m < M; m++)
+            for (int n = 0; n < N; n++) out[(int64_t)m * N + n] += b[n];
+    }
+    sgemm(false, true, M, N, K, 1.0f, inp, K, w, K, 1.0f, out, N);
+}
+
 void dc_cpu_linear_bwd(dc_backend *be, dc_buf dinp_, dc_buf dw_, dc_buf db_, dc_buf dout_,
                        dc_buf inp_, dc_buf w_, int M, int K, int N, bool accumulate) {
     (void)be;

@@ -78,6 +78,8 @@ void dc_cpu_blas_init(void);
 // ---- dense layers (cpu_linear.c) ----------------------------------------------
 void dc_cpu_linear_fwd(dc_backend *be, dc_buf out, dc_buf inp, dc_buf w, dc_buf b, int M, int K,
                        int N);
+void dc_cpu_linear_fwd_acc(dc_backend *be, dc_buf out, dc_buf inp, dc_buf w, dc_buf b, int M, int K,
+                           int N);
 void dc_cpu_linear_bwd(dc_backend *be, dc_buf dinp, dc_buf dw, dc_buf db, dc_buf dout,
                        dc_buf inp, dc_buf w, int M, int K, int N, bool accumulate);
 

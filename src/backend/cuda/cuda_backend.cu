@@ -296,6 +296,7 @@ extern "C" dc_backend *dc_backend_cuda_create(bool fp32) {
         .destroy = cu_destroy,
         .reserve = cu_reserve,
         .linear_fwd = dc_cuda_linear_fwd,
+        .linear_fwd_acc = dc_cuda_linear_fwd_acc,
         .linear_bwd = dc_cuda_linear_bwd,
         .linear_gelu_fwd = dc_cuda_linear_gelu_fwd,
         .linear_bwd_gelu = dc_cuda_linear_bwd_gelu,

@@ -189,6 +189,19 @@ extern "C" void dc_cuda_linear_fwd(dc_backend *be, dc_buf out, dc_buf inp, dc_bu
     if (b.p) dc_cuda_add_bias(be, out, b, M, N);
 }
 
+extern "C" void dc_cuda_linear_fwd_acc(dc_backend *be, dc_buf out, dc_buf inp, dc_buf w, dc_buf b, int M,
+                                       int K, int N) {
+    DC_CUDA_OP(be);
+    if (inp.dt != w.dt)
+        DC_CUDA_FAIL(be, "input and weight dtypes differ (%s, %s)", dc_dtype_name(inp.dt), dc_dtype_name(w.dt));
+    // out^T += (w as K x N)^T (inp as K x M) (+ b in the epilogue)
+    bool fused = fusable_bias(b, out) &&
+                 gemm_epi(be, N, M, K, w.p, K, true, inp.p, K, false, out.p, N, inp.dt, out.dt, b.p, true, 0, NULL);
+    if (fused) return;
+    gemm(be, N, M, K, w.p, K, true, inp.p, K, false, out.p, N, inp.dt, out.dt, true);
+    if (b.p) dc_cuda_add_bias(be, out, b, M, N);
+}
+
 extern "C" void dc_cuda_linear_bwd(dc_backend *be, dc_buf dinp, dc_buf dw, dc_buf db, dc_buf dout,
                                    dc_buf inp, dc_buf w, int M, int K, int N, bool accumulate) {
     DC_CUDA_OP(be);

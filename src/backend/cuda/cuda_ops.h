@@ -130,6 +130,8 @@ void dc_cuda_wait_ticket(dc_backend *be, int64_t ticket);
 
 // ---- matrix products (cuda_linear.cu) ----
 void dc_cuda_linear_fwd(dc_backend *be, dc_buf out, dc_buf inp, dc_buf w, dc_buf b, int M, int K, int N);
+void dc_cuda_linear_fwd_acc(dc_backend *be, dc_buf out, dc_buf inp, dc_buf w, dc_buf b, int M, int K,
+                            int N);
 void dc_cuda_linear_bwd(dc_backend *be, dc_buf dinp, dc_buf dw, dc_buf db, dc_buf dout, dc_buf inp,
                         dc_buf w, int M, int K, int N, bool accumulate);
 void dc_cuda_linear_gelu_fwd(dc_backend *be, dc_buf out, dc_buf pre, dc_buf inp, dc_buf w, dc_buf b, int M,
