@@ -98,6 +98,21 @@ int main(void) {
     CHECK(load("nan.safetensors", "", 4, 0, NULL) != 0 && strstr(dc_error(), "'bias' element 2 is nan"),
           "a NaN is refused naming the tensor and element: %s", dc_error());
 
+    // A channels-last kernel: [Co=2, Ci=3, 2, 2] in PyTorch's order is stored
+    // [Co, kh, kw, Ci], and comes back unchanged.
+    dc_param cl = {.name = "conv.weight", .ndim = 4, .shape = {2, 3, 2, 2}, .numel = 24, .channels_last = true};
+    float k[24], orig[24];
+    for (int i = 0; i < 24; i++) k[i] = orig[i] = (float)i;  // k[co][ci][ky][kx] = ((co*3 + ci)*2 + ky)*2 + kx
+    CHECK(dc_param_to_stored(&cl, k) == 0, "to stored: %s", dc_error());
+    bad = 0;
+    for (int co = 0; co < 2; co++)
+        for (int t = 0; t < 4; t++)
+            for (int ci = 0; ci < 3; ci++) bad += k[(co * 4 + t) * 3 + ci] != orig[(co * 3 + ci) * 4 + t];
+    CHECK(bad == 0, "%d values of a channels-last kernel out of place", bad);
+    CHECK(dc_param_from_stored(&cl, k) == 0 && memcmp(k, orig, sizeof k) == 0, "back to PyTorch's order");
+    cl.channels_last = false;
+    CHECK(dc_param_to_stored(&cl, k) == 0 && memcmp(k, orig, sizeof k) == 0, "other parameters stay as they are");
+
     // Lookups that infer configs from shapes.
     dc_st_file f;
     CHECK(dc_st_open(&f, tmp_path("prefixed.safetensors")) == 0, "open: %s", dc_error());

@@ -69,8 +69,8 @@ int dc_vae_load(dc_vae *m, const dc_weights *w, dc_names names);
 // that encode and decode allocate nothing. Encode and decode then run that
 // image size (another size needs another reserve, which replans).
 int dc_vae_reserve(dc_vae *m, int max_batch, int height, int width);
-// Frees the planned activations (a pipeline runs the UNet and the VAE in
-// turn and holds one model's at a time); reserve again before the next run.
+// Frees the planned activations (a pipeline short of device memory frees
+// one model's for the other's); reserve again before the next run.
 void dc_vae_release(dc_vae *m);
 // image [B, in, H, W] -> mean, logvar [B, latent, H/f, W/f], logvar clamped
 // to [-30, 20] as diffusers' DiagonalGaussianDistribution does.
