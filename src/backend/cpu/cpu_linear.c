@@ -72,32 +72,32 @@ static void sgemm(bool ta, bool tb, int M, int N, int K, float alpha, const floa
     }
 }
 
-void dc_cpu_linear_fwd(dc_backend *be, dc_buf out_, dc_buf inp_, dc_buf w_, dc_buf b_, int M,
-                       int K, int N) {
-    (void)be;
+// out[M,N] (+)= inp w^T + b: the bias goes into out first and the GEMM adds onto it (no extra pass).
+static void linear_fwd(dc_buf out_, dc_buf inp_, dc_buf w_, dc_buf b_, int M, int K, int N, bool accumulate) {
     float *out = dc_cpu_f32(out_);                                  // [M, N]
     const float *inp = dc_cpu_f32(inp_), *w = dc_cpu_f32(w_);       // [M, K], [N, K]
     const float *b = b_.p ? dc_cpu_f32(b_) : NULL;                  // [N]
     if (b) {
-        // Start from the bias and let the GEMM accumulate onto it: no extra pass.
 #pragma omp parallel for schedule(static) if ((int64_t)M * N > DC_CPU_PAR_MIN)
-        for (int m = 0; m < M; m++) memcpy(out + (int64_t)m * N, b, (size_t)N * sizeof(float));
+        for (int m = 0; m < M; m++) {
+            float *o = out + (int64_t)m * N;
+            if (accumulate)
+                for (int n = 0; n < N; n++) o[n] += b[n];
+            else
+                memcpy(o, b, (size_t)N * sizeof(float));
+        }
     }
-    sgemm(false, true, M, N, K, 1.0f, inp, K, w, K, b ? 1.0f : 0.0f, out, N);
+    sgemm(false, true, M, N, K, 1.0f, inp, K, w, K, b || accumulate ? 1.0f : 0.0f, out, N);
 }
 
-void dc_cpu_linear_fwd_acc(dc_backend *be, dc_buf out_, dc_buf inp_, dc_buf w_, dc_buf b_, int M, int K,
-                           int N) {
+void dc_cpu_linear_fwd(dc_backend *be, dc_buf out, dc_buf inp, dc_buf w, dc_buf b, int M, int K, int N) {
     (void)be;
-    float *out = dc_cpu_f32(out_);                                  // [M, N]
-    const float *inp = dc_cpu_f32(inp_), *w = dc_cpu_f32(w_);       // [M, K], [N, K]
-    const float *b = b_.p ? dc_cpu_f32(b_) : NULL;                  // [N]
-    if (b) {
-#pragma omp parallel for schedule(static) if ((int64_t)M * N > DC_CPU_PAR_MIN)
-        for (int m = 0; m < M; m++)
-            for (int n = 0; n < N; n++) out[(int64_t)m * N + n] += b[n];
-    }
-    sgemm(false, true, M, N, K, 1.0f, inp, K, w, K, 1.0f, out, N);
+    linear_fwd(out, inp, w, b, M, K, N, false);
+}
+
+void dc_cpu_linear_fwd_acc(dc_backend *be, dc_buf out, dc_buf inp, dc_buf w, dc_buf b, int M, int K, int N) {
+    (void)be;
+    linear_fwd(out, inp, w, b, M, K, N, true);
 }
 
 void dc_cpu_linear_bwd(dc_backend *be, dc_buf dinp_, dc_buf dw_, dc_buf db_, dc_buf dout_,
