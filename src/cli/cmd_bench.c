@@ -8,6 +8,7 @@
 #include <sys/resource.h>
 
 #include "cli/args.h"
+#include "cli/cli_plan.h"
 #include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "cli/train_ranks.h"
@@ -15,7 +16,6 @@
 #include "core/log.h"
 #include "core/rng.h"
 #include "diffusion/sampler.h"
-#include "train/plan.h"
 #include "train/trainer.h"
 
 static int eval_model(void *ctx, dc_buf out, dc_buf x, dc_buf t, const dc_cond *cond, int B) {
@@ -281,7 +281,7 @@ int cmd_bench(int argc, char **argv) {
     if (!(cfg >= 0 && cfg <= 100)) return dc_fail("--cfg-scale must be in 0..100 (got %g)", cfg), cli_usage_fail();
     if (train_ranks_check_flags(ranks, gpus, zero, comm_timeout, device)) return cli_usage_fail();
     if (cli_check_device_flags(threads, device, precision)) return cli_usage_fail();
-    if (max_mem && dc_parse_size(max_mem, &budget)) return dc_fail_ctx("--max-gpu-memory"), cli_usage_fail();
+    if (cli_plan_budget(max_mem, &budget)) return cli_usage_fail();
     dc_dit_config mc = cli_demo_model();
     if (model && dc_dit_config_from_name(model, &mc)) return cli_usage_fail();
 
@@ -295,13 +295,7 @@ int cmd_bench(int argc, char **argv) {
     }
     const int size = job.launch.size;
     const bool lead = train_ranks_lead(&job);
-    // The trainer shards only over a communicator, which one rank does not have.
-    if (offload && (zero || size > 1))
-        return dc_fail("--offload runs on one rank for now: it cannot be combined with %s",
-                       zero ? "--zero" : "several ranks"), cli_usage_fail();
-    if (zero && size < 2)
-        return dc_fail("--zero %d shards the state over several ranks: add --gpus N or --ranks N", zero),
-               cli_usage_fail();
+    if (cli_plan_check_ranks(offload, zero, size)) return cli_usage_fail();
     if (train_ranks_select_device(&job, device) || train_ranks_join(&job, comm_timeout)) {
         train_ranks_end(&job);
         return cli_fail();
@@ -326,20 +320,12 @@ int cmd_bench(int argc, char **argv) {
     fflush(stdout);
     int micro = batch;
     if (max_mem) {  // the fastest plan that fits; --recompute and --offload given fix their part of it
-        size_t held = 0;
-        if (be->memory) be->memory(be, &held, NULL);  // the backend's own workspaces: no model exists yet
-        dc_plan_request rq = {.cfg = mc, .compute = be->compute, .fixed = (int64_t)held, .batch = batch * size,
-                              .ranks = size, .zero = zero, .micro_batch = 0,
-                              .keep = recompute >= 0 ? (recompute < mc.depth ? recompute : mc.depth) : -1,
-                              .offload = offload ? 1 : -1};
-        dc_train_plan plan;
-        dc_plan_mem pm;
-        if (dc_plan_choose(&rq, budget, &plan, &pm, NULL)) goto done;
         char line[256];
-        dc_plan_describe(&rq, &plan, &pm, budget, line, sizeof line);
+        micro = 0;  // bench has no --micro-batch: the plan picks it
+        if (cli_plan_choose(&mc, be, budget, batch * size, size, zero, &micro, &recompute, &offload, line,
+                            sizeof line))
+            goto done;
         if (lead) printf("%s\n", line), fflush(stdout);
-        micro = plan.micro_batch, offload = plan.offload;
-        recompute = plan.keep < mc.depth ? plan.keep : -1;
     }
     rc = bench_train(&job, &mc, be, batch, micro, iters, warm, recompute, zero, offload);
     // Sampling involves no communication: with several ranks it is not timed.

@@ -9,6 +9,7 @@
 
 #include "backend/backend.h"
 #include "cli/args.h"
+#include "cli/cli_plan.h"
 #include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "cli/run_folder.h"
@@ -18,7 +19,6 @@
 #include "io/json.h"
 #include "models/dit_io.h"
 #include "models/model_io.h"
-#include "train/plan.h"
 #include "train/trainer.h"
 
 // Ctrl-C, SIGTERM, SIGHUP (the terminal closed) and SIGPIPE (the log's reader
@@ -243,8 +243,7 @@ int cmd_train(int argc, char **argv) {
     if (args_given(&ap, "recompute") && recompute < 0)
         return dc_fail("--recompute %d: blocks that keep their activations, 0 or more", recompute), cli_usage_fail();
     if (cli_check_device_flags(threads, device, precision)) return cli_usage_fail();
-    if (max_mem && dc_parse_size(max_mem, &budget))
-        return dc_fail_ctx("--max-gpu-memory"), cli_usage_fail();
+    if (cli_plan_budget(max_mem, &budget)) return cli_usage_fail();
     if (flip) tc.hflip = true;
     if (!args_given(&ap, "micro-batch")) tc.micro_batch = tc.batch;
     if (resume) {
@@ -288,13 +287,7 @@ int cmd_train(int argc, char **argv) {
         return rc < 0 ? cli_fail() : rc;
     }
     const bool lead = train_ranks_lead(&job);
-    // The trainer shards only over a communicator, which one rank does not have.
-    if (offload && (zero || job.launch.size > 1))
-        return dc_fail("--offload runs on one rank for now: it cannot be combined with %s",
-                       zero ? "--zero" : "several ranks"), cli_usage_fail();
-    if (zero && job.launch.size < 2)
-        return dc_fail("--zero %d shards the state over several ranks: add --gpus N or --ranks N", zero),
-               cli_usage_fail();
+    if (cli_plan_check_ranks(offload, zero, job.launch.size)) return cli_usage_fail();
     if (train_ranks_select_device(&job, device) || train_ranks_join(&job, comm_timeout)) {
         train_ranks_end(&job);
         return cli_fail();
@@ -384,22 +377,13 @@ int cmd_train(int argc, char **argv) {
         dc_fail("data path '%s' is not valid UTF-8 (checkpoints record it); rename it", data_path);
         goto fail;
     }
-    if (max_mem) {  // the fastest plan that fits; the flags given fix their part of it
-        size_t held = 0;
-        if (be->memory) be->memory(be, &held, NULL);  // the backend's own workspaces: nothing else is held yet
-        dc_plan_request rq = {.cfg = mc, .compute = be->compute, .fixed = (int64_t)held, .batch = tc.batch,
-                              .ranks = job.launch.size, .zero = zero,
-                              .micro_batch = resume || args_given(&ap, "micro-batch") ? tc.micro_batch : 0,
-                              .keep = recompute >= 0 ? (recompute < mc.depth ? recompute : mc.depth) : -1,
-                              .offload = offload ? 1 : -1};
-        dc_train_plan plan;
-        dc_plan_mem pm;
-        if (dc_plan_choose(&rq, budget, &plan, &pm, NULL)) goto fail;
+    if (max_mem) {  // the fastest plan that fits; the flags given (a checkpoint fixes the micro-batch) stay
         char line[256];
-        dc_plan_describe(&rq, &plan, &pm, budget, line, sizeof line);
+        if (!resume && !args_given(&ap, "micro-batch")) tc.micro_batch = 0;  // the plan picks it
+        if (cli_plan_choose(&mc, be, budget, tc.batch, job.launch.size, zero, &tc.micro_batch, &recompute,
+                            &offload, line, sizeof line))
+            goto fail;
         if (lead) dc_log("%s", line);
-        tc.micro_batch = plan.micro_batch, offload = plan.offload;
-        recompute = plan.keep < mc.depth ? plan.keep : -1;
     }
     if (dc_dit_new(&mc, be, true, &m)) goto fail;
     if (recompute >= 0 && dc_dit_set_recompute(dc_dit_of(m), recompute)) goto fail;

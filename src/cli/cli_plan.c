@@ -1,0 +1,36 @@
+#include "cli/cli_plan.h"
+
+#include "core/error.h"
+#include "train/plan.h"
+
+int cli_plan_budget(const char *size, int64_t *budget) {
+    if (size && dc_parse_size(size, budget)) return dc_fail_ctx("--max-gpu-memory");
+    return 0;
+}
+
+// The trainer shards only over a communicator, which one rank does not have.
+int cli_plan_check_ranks(bool offload, int zero, int ranks) {
+    if (offload && (zero || ranks > 1))
+        return dc_fail("--offload runs on one rank for now: it cannot be combined with %s",
+                       zero ? "--zero" : "several ranks");
+    if (zero && ranks < 2)
+        return dc_fail("--zero %d shards the state over several ranks: add --gpus N or --ranks N", zero);
+    return 0;
+}
+
+int cli_plan_choose(const dc_dit_config *mc, dc_backend *be, int64_t budget, int batch, int ranks, int zero,
+                    int *micro_batch, int *recompute, bool *offload, char *line, size_t n) {
+    size_t held = 0;
+    if (be->memory) be->memory(be, &held, NULL);  // the backend's own workspaces: no model exists yet
+    dc_plan_request rq = {.cfg = *mc, .compute = be->compute, .fixed = (int64_t)held, .batch = batch,
+                          .ranks = ranks, .zero = zero, .micro_batch = *micro_batch,
+                          .keep = *recompute >= 0 ? (*recompute < mc->depth ? *recompute : mc->depth) : -1,
+                          .offload = *offload ? 1 : -1};
+    dc_train_plan plan;
+    dc_plan_mem pm;
+    DC_TRY(dc_plan_choose(&rq, budget, &plan, &pm, NULL));
+    dc_plan_describe(&rq, &plan, &pm, budget, line, n);
+    *micro_batch = plan.micro_batch, *offload = plan.offload;
+    *recompute = plan.keep < mc->depth ? plan.keep : -1;
+    return 0;
+}

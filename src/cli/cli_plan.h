@@ -1,0 +1,27 @@
+// Where `train` and `bench` keep the training state: --offload and --zero
+// checked against the job's ranks, and --max-gpu-memory's plan (train/plan.h)
+// with the flags the user gave fixing their part of it.
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend/backend.h"
+#include "models/dit.h"
+
+// --max-gpu-memory SIZE in bytes into *budget (untouched when size is NULL:
+// the flag was not given); -1 naming the flag.
+int cli_plan_budget(const char *size, int64_t *budget);
+
+// --offload and --zero S against the ranks of the job: offload runs on one
+// rank, and ZeRO needs several.
+int cli_plan_check_ranks(bool offload, int zero, int ranks);
+
+// The fastest plan whose predicted peak device memory fits in budget, for
+// the model mc trained on be with batch images a step (all ranks together)
+// over `ranks` ranks at ZeRO stage `zero`. In: what the command line fixed,
+// *micro_batch (0: free), *recompute (-1: free) and *offload (false: free).
+// Out: the plan, *recompute -1 when every block keeps its activations; line
+// gets its description ("plan: micro-batch 64, ...") for the command to print.
+int cli_plan_choose(const dc_dit_config *mc, dc_backend *be, int64_t budget, int batch, int ranks, int zero,
+                    int *micro_batch, int *recompute, bool *offload, char *line, size_t n);
