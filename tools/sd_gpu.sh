@@ -54,6 +54,12 @@ if has tests; then
     grep -E "^FAIL" "$OUT/$1_$2.log" | head -5
     note "$1 $2: $r, $(tail -1 "$OUT/$1_$2.log")"
   done
+  # cuDNN's flash attention (opt-in) against the same references
+  for t in "test_cuda_attention $seed" "test_unet cuda"; do
+    set -- $t
+    if DC_CUDNN_ATTENTION=1 "$T/$1" "${@:2}" > "$OUT/$1_cudnn.log" 2>&1; then r=PASS; else r=FAIL; fi
+    note "$1 with DC_CUDNN_ATTENTION=1: $r, $(grep -c ': plan' "$OUT/$1_cudnn.log") shapes on cuDNN, $(grep -c declined "$OUT/$1_cudnn.log") declined, $(tail -1 "$OUT/$1_cudnn.log")"
+  done
 fi
 
 if has check; then
@@ -95,6 +101,8 @@ fi
 
 if has bench; then
   $D bench --sd "$MODEL" --vocab "$VOCAB" --device cuda --batch 8 --steps 50 2>&1 | tee "$OUT/bench_engine.txt"
+  DC_CUDNN_ATTENTION=1 $D bench --sd "$MODEL" --vocab "$VOCAB" --device cuda --batch 8 --steps 50 2>&1 |
+    tee "$OUT/bench_engine_cudnn.txt"
   python3 tools/sd_pytorch.py bench --model "$MODEL" --diffusers "$DIFF" --batch 8 --steps 50 2>&1 |
     grep -v Warning | tee "$OUT/bench_pytorch.txt"
   /usr/bin/time -v $D txt2img --model "$MODEL" --vocab "$VOCAB" --prompt "a photo of an astronaut riding a horse on mars" \

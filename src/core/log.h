@@ -4,6 +4,10 @@
 #include <stdbool.h>
 #include "core/error.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 void dc_log(const char *fmt, ...) DC_PRINTF(1, 2);
 void dc_warn(const char *fmt, ...) DC_PRINTF(1, 2);
 // A progress line; `final` ends it with a newline on a terminal.
@@ -12,3 +16,7 @@ bool dc_log_is_tty(void);
 double dc_time_now(void);  // monotonic seconds
 // Formats seconds as "1h02m", "3m05s" or "12s" into buf.
 const char *dc_format_duration(double sec, char *buf, int n);
+
+#ifdef __cplusplus
+}
+#endif

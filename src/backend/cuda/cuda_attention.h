@@ -57,3 +57,8 @@ void dc_attn_bwd_f32(cudaStream_t s, const AttnParams &p);
 void dc_attn_big_fwd(dc_backend *be, const AttnParams &p, bool bf16);
 void dc_attn_big_bwd(dc_backend *be, const AttnParams &p, bool bf16);
 bool dc_attn_big_fits(dc_backend *be, int Tq, int Tk, bool bf16);
+
+// cuDNN's fused flash attention (cuda_attention_cudnn.cu): runs the bf16
+// forward and returns true where its graph covers the call and cuDNN has a
+// plan for the shape, else returns false and leaves the call to the kernels.
+bool dc_cuda_attention_cudnn_fwd(dc_backend *be, const AttnParams *p, const dc_attn_shape *s);

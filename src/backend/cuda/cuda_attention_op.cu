@@ -1,7 +1,8 @@
 // The attention op of the CUDA backend (backend.h: attention_fwd and
 // attention_bwd): checks a call, then picks its path (cuda_attention.h):
-// the bf16 tensor-core kernels or the fp32 kernels where the head fits, else
-// the product path. A call none can run is recorded as the op's error, in the
+// cuDNN's flash attention for a bf16 forward it covers, the bf16
+// tensor-core kernels or the fp32 kernels where the head fits, else the
+// product path. A call none can run is recorded as the op's error, in the
 // caller's terms.
 #include <stdio.h>
 
@@ -67,6 +68,7 @@ extern "C" void dc_cuda_attention_fwd(dc_backend *be, dc_buf out, dc_buf lse, dc
     AttnParams p = params_for(s);
     p.q = q.p, p.k = k.p, p.v = v.p, p.out = out.p, p.lse = (float *)lse.p;
     cudaStream_t st = dc_cuda(be)->stream;
+    if (bf16 && dc_cuda_attention_cudnn_fwd(be, &p, s)) return;
     if (!fused(s, bf16)) {
         if (!dc_attn_big_fits(be, s->Tq, s->Tk, bf16))
             DC_CUDA_FAIL(be, "attention over %d queries and %d keys with head size %d is too long for the GPU's "

@@ -199,6 +199,7 @@ static void cu_destroy(dc_backend *be) {
     if (c->stream) cudaStreamSynchronize(c->stream);
     dc_cuda_copy_free(c);
     dc_cuda_gemm_free(c);
+    dc_cuda_attention_cudnn_free(c);
     dc_cuda_conv_free(c);
     if (c->lt) cublasLtDestroy(c->lt);
     if (c->lt_ws) cudaFree(c->lt_ws);

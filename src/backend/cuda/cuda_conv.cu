@@ -314,21 +314,23 @@ static int grow(void **p, size_t *have, size_t bytes, const char *what) {
     return 0;
 }
 
+extern "C" int dc_cuda_dnn_start(dc_cuda_ctx *c) {
+    if (c->dnn) return 0;
+    cudnnStatus_t st = cudnnCreate(&c->dnn);
+    if (st == CUDNN_STATUS_SUCCESS) st = cudnnSetStream(c->dnn, c->stream);
+    if (st == CUDNN_STATUS_SUCCESS) return 0;
+    if (c->dnn) cudnnDestroy(c->dnn);
+    c->dnn = NULL;
+    cudaGetLastError();
+    return dc_fail("cuDNN could not start (%s)", cudnnGetErrorString(st));
+}
+
 extern "C" int dc_cuda_reserve_conv(dc_backend *be, const dc_conv2d_shape *s, bool backward) {
     dc_cuda_ctx *c = dc_cuda(be);
     char err[400];
     if (c->failed) return dc_fail("%s", c->err);
     if (!shape_ok(s, err, sizeof err)) return dc_fail("%s", err);
-    if (!c->dnn) {
-        cudnnStatus_t st = cudnnCreate(&c->dnn);
-        if (st == CUDNN_STATUS_SUCCESS) st = cudnnSetStream(c->dnn, c->stream);
-        if (st != CUDNN_STATUS_SUCCESS) {
-            if (c->dnn) cudnnDestroy(c->dnn);
-            c->dnn = NULL;
-            cudaGetLastError();
-            return dc_fail("cuDNN could not start (%s)", cudnnGetErrorString(st));
-        }
-    }
+    DC_TRY(dc_cuda_dnn_start(c));
     size_t limit = c->conv_ws_bytes > CONV_WS_MAX ? c->conv_ws_bytes : CONV_WS_MAX;
     dc_conv_plan *p = plan_get(c, s, be->compute, limit, err, sizeof err);
     if (!p) return cudaGetLastError(), dc_fail("%s", err);

@@ -20,6 +20,7 @@
 
 typedef struct dc_gemm_plan dc_gemm_plan;
 typedef struct dc_conv_plan dc_conv_plan;
+typedef struct dc_sdpa_plan dc_sdpa_plan;
 typedef struct { void *p; size_t bytes; } dc_cuda_alloc_rec;
 typedef struct dc_cuda_prof dc_cuda_prof;
 
@@ -37,6 +38,8 @@ typedef struct {
     int nconv_plans, cap_conv_plans;
     void *conv_ws;            // cuDNN's workspace (grown by reserve_conv)
     size_t conv_ws_bytes;
+    dc_sdpa_plan *sdpa;       // cuDNN's attention plans (cuda_attention_cudnn.cu)
+    int nsdpa, cap_sdpa;
     void *conv_scratch;       // conv weight and bias gradients, padded inputs (grown by reserve_conv)
     size_t conv_scratch_bytes;
     char *ring;               // pinned upload staging ring
@@ -184,6 +187,10 @@ void dc_cuda_conv2d_bwd(dc_backend *be, dc_buf dx, dc_buf dw, dc_buf db, dc_buf 
                         const dc_conv2d_shape *s, bool accumulate);
 // Releases the plans, cuDNN and the conv workspaces.
 void dc_cuda_conv_free(dc_cuda_ctx *c);
+// Starts cuDNN on the backend's stream if it is not running: 0, or -1 with a message.
+int dc_cuda_dnn_start(dc_cuda_ctx *c);
+// Releases cuDNN's attention plans (before dc_cuda_conv_free ends cuDNN).
+void dc_cuda_attention_cudnn_free(dc_cuda_ctx *c);
 
 // ---- group norm and affine layer norm (cuda_norm.cu) ----
 void dc_cuda_group_norm_fwd(dc_backend *be, dc_buf out, dc_buf mean, dc_buf rstd, dc_buf x, dc_buf gamma,
