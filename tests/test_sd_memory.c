@@ -1,0 +1,184 @@
+// The SD pipeline short of device memory (pipelines/sd.c, plan_for): the
+// UNet's and the VAE's activations stay planned side by side while they fit;
+// when the next model's plan cannot be had, the other model's activations are
+// freed and the plan tried again. Run on the CPU backend with every
+// allocation counted here and a cap on the bytes held, on a tiny SD 1.x
+// pipeline that tools/sd_random writes (beside this program's folder: the
+// golden files' text encoder has too few tokens for the real vocabulary):
+// - without a cap, both plans are held at the peak;
+// - with a cap below that peak (but above what one model's plan needs), the
+//   pictures still come, bit for bit the same, within the cap;
+// - with a cap below what the weights and one plan need, generation fails
+//   with a message naming the allocation, and nothing crashes.
+// Needs ../shared/data/bpe_simple_vocab_16e6.txt.gz (skips without it).
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "backend/backend.h"
+#include "core/error.h"
+#include "models/unet.h"
+#include "pipelines/sd.h"
+
+#define VOCAB "../shared/data/bpe_simple_vocab_16e6.txt.gz"
+#define SIZE 32  // pixels a side that tiny1's VAE and UNet divide
+
+static char g_model[300];
+
+static int g_pass, g_fail;
+#define CHECK(cond, ...)                                  \
+    do {                                                  \
+        if (cond) g_pass++;                               \
+        else {                                            \
+            g_fail++;                                     \
+            printf("FAIL %s:%d: ", __FILE__, __LINE__);   \
+            printf(__VA_ARGS__);                          \
+            printf("\n");                                 \
+        }                                                 \
+    } while (0)
+
+// ---- the CPU backend, every allocation counted, with an optional cap --------------------
+static dc_backend *g_cpu;
+typedef struct {
+    void *p;
+    size_t bytes;
+} live_rec;
+static live_rec g_live[4096];
+static int g_nlive;
+static int64_t g_now, g_peak, g_cap;  // g_cap 0: none
+
+static void *count_alloc(dc_backend *be, size_t bytes) {
+    (void)be;
+    if (g_cap && g_now + (int64_t)bytes > g_cap) {
+        dc_fail("test cap: %zu bytes more would hold %lld of at most %lld", bytes, (long long)(g_now + bytes),
+                (long long)g_cap);
+        return NULL;
+    }
+    if (g_nlive == (int)(sizeof g_live / sizeof g_live[0])) return dc_fail("test: too many allocations"), NULL;
+    void *p = g_cpu->alloc(g_cpu, bytes);
+    if (!p) return NULL;
+    g_live[g_nlive++] = (live_rec){p, bytes};
+    g_now += (int64_t)bytes;
+    if (g_now > g_peak) g_peak = g_now;
+    return p;
+}
+
+static void count_free(dc_backend *be, void *p) {
+    (void)be;
+    if (!p) return;
+    for (int i = 0; i < g_nlive; i++)
+        if (g_live[i].p == p) {
+            g_now -= (int64_t)g_live[i].bytes;
+            g_live[i] = g_live[--g_nlive];
+            break;
+        }
+    g_cpu->free(g_cpu, p);
+}
+
+// ---- one picture ---------------------------------------------------------------------
+typedef struct {
+    float *img;
+    int n;
+} picture;
+
+static int keep(void *ctx, int index, const float *image) {
+    picture *pic = ctx;
+    (void)index;
+    memcpy(pic->img, image, sizeof(float) * 3 * SIZE * SIZE);
+    pic->n++;
+    return 0;
+}
+
+// Opens the pipeline on `be` and makes one guided picture into pic; 0 or -1.
+// *unet_b, *vae_b: the two models' planned activation bytes.
+static int generate(dc_backend *be, picture *pic, int64_t *unet_b, int64_t *vae_b) {
+    dc_sd_pipe p;
+    memset(&p, 0, sizeof p);
+    dc_sd_open_opts oo = {g_model, VOCAB, NULL, 0, -1, false, NULL};
+    int rc = dc_sd_pipe_open(&p, be, &oo);
+    if (rc == 0) {
+        dc_sd_gen g = {"a red cube on a table", "blurry", 1, 1, SIZE, SIZE, dc_ksampler_opts_default(), NULL, 0};
+        g.ks.steps = 2, g.ks.kind = DC_KS_EULER_A, g.ks.cfg_scale = 5.0f, g.ks.seed = 7;
+        rc = dc_sd_generate(&p, &g, keep, pic, NULL, NULL);
+        if (unet_b) *unet_b = (int64_t)dc_unet_activation_bytes(p.unet, 2);
+        if (vae_b) *vae_b = (int64_t)dc_vae_activation_bytes(p.vae);
+    }
+    dc_sd_pipe_close(&p);
+    return rc;
+}
+
+// Writes tiny1 with tools/sd_random (BUILD/tools beside BUILD/tests) into a
+// new folder under /tmp; 0 or -1.
+static int write_model(const char *argv0, char *dir, size_t size) {
+    const char *slash = strrchr(argv0, '/');
+    int n = slash ? (int)(slash - argv0) : 1;
+    char tool[400], cmd[1000];
+    snprintf(tool, sizeof tool, "%.*s/../tools/sd_random", n, slash ? argv0 : ".");
+    snprintf(dir, size, "/tmp/test_sd_memory.XXXXXX");
+    if (!mkdtemp(dir)) return printf("FAIL mkdtemp\n"), -1;
+    snprintf(g_model, sizeof g_model, "%s/tiny1", dir);
+    snprintf(cmd, sizeof cmd, "'%s' --config tiny1 --layout diffusers --seed 3 --out '%s' > /dev/null", tool, g_model);
+    if (system(cmd) != 0) return printf("FAIL %s\n", cmd), -1;
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    (void)argc;
+    struct stat st;
+    if (stat(VOCAB, &st) != 0) {
+        printf("SKIP test_sd_memory: %s is absent\n", VOCAB);
+        return 0;
+    }
+    char dir[64], rm[128];
+    if (write_model(argv[0], dir, sizeof dir)) return 1;
+    g_cpu = dc_backend_cpu_create();
+    dc_backend counted = *g_cpu;
+    counted.alloc = count_alloc, counted.free = count_free;
+    const size_t n = 3 * SIZE * SIZE;
+    picture a = {malloc(sizeof(float) * n), 0}, b = {malloc(sizeof(float) * n), 0};
+
+    // 1. No cap: both plans are held at the peak.
+    int64_t unet_b = 0, vae_b = 0;
+    g_now = g_peak = 0, g_cap = 0;
+    int rc = generate(&counted, &a, &unet_b, &vae_b);
+    CHECK(rc == 0 && a.n == 1, "uncapped generation: %s", rc ? dc_error() : "no picture");
+    const int64_t peak = g_peak, small = unet_b < vae_b ? unet_b : vae_b;
+    CHECK(unet_b > 0 && vae_b > 0, "planned activations: UNet %lld, VAE %lld bytes", (long long)unet_b,
+          (long long)vae_b);
+    CHECK(g_now == 0, "after closing, %lld bytes are still held", (long long)g_now);
+    bool finite = true;
+    for (size_t i = 0; i < n; i++) finite = finite && isfinite(a.img[i]);
+    CHECK(finite, "the uncapped picture holds NaN or Inf");
+    printf("uncapped: peak %lld bytes, UNet activations %lld, VAE activations %lld\n", (long long)peak,
+           (long long)unet_b, (long long)vae_b);
+
+    // 2. A cap below that peak by half the smaller plan: the models cannot both
+    // keep theirs, so the pipeline must free one for the other.
+    g_now = g_peak = 0, g_cap = peak - small / 2;
+    rc = generate(&counted, &b, NULL, NULL);
+    CHECK(rc == 0 && b.n == 1, "generation within %lld bytes (peak %lld less half of %lld): %s", (long long)g_cap,
+          (long long)peak, (long long)small, rc ? dc_error() : "no picture");
+    CHECK(g_peak <= g_cap, "capped peak %lld above the cap %lld", (long long)g_peak, (long long)g_cap);
+    double diff = 0;
+    for (size_t i = 0; i < n && rc == 0; i++) diff = fmax(diff, fabs((double)a.img[i] - b.img[i]));
+    CHECK(rc == 0 && diff == 0, "capped picture differs from the uncapped one by %g", diff);
+    printf("capped at %lld: peak %lld, pictures differ by %g\n", (long long)g_cap, (long long)g_peak, diff);
+
+    // 3. A cap too small for even one plan beside the weights: a clear error.
+    g_now = g_peak = 0, g_cap = peak - small - (unet_b > vae_b ? unet_b : vae_b) / 2;
+    dc_error_clear();
+    rc = generate(&counted, &b, NULL, NULL);
+    CHECK(rc != 0 && strstr(dc_error(), "test cap"), "generation within %lld bytes: rc %d, message '%s'",
+          (long long)g_cap, rc, dc_error());
+    CHECK(g_now == 0, "after the failed run, %lld bytes are still held", (long long)g_now);
+    printf("too small (%lld): %s\n", (long long)g_cap, dc_error());
+
+    free(a.img), free(b.img);
+    dc_backend_destroy(g_cpu);
+    snprintf(rm, sizeof rm, "rm -rf '%s'", dir);
+    if (system(rm) != 0) printf("could not remove %s\n", dir);
+    printf("%d of %d checks passed\n", g_pass, g_pass + g_fail);
+    return g_fail ? 1 : 0;
+}
