@@ -21,12 +21,13 @@ own tables: its HTML unescaping, C1 controls as Windows-1252, Latin ligatures, c
 width, curly quotes, line breaks, terminal escapes, control characters and NFC, line by line
 until nothing changes. What that leaves out is ftfy's mojibake repair, which none of the
 prompts below triggers; the file's header says which was used, and --check with ftfy
-installed confirms the two agree on them.
+installed confirms the two agree on them. (The engine repairs mojibake too; its own golden
+cases come from the real ftfy: tools/ftfy_golden.py.)
 
 --against BIN runs `BIN tokenize -` on --random N generated prompts (entities, contractions,
 quotes, ligatures, wide forms, combining marks, Greek sigma, controls, emoji, random code
 points of every plane) and compares every id. With ftfy installed, --no-fix-encoding switches
-off its mojibake repair, the one fix the engine leaves out, so that any other difference shows.
+off its mojibake repair (for comparing with an engine built before it had one).
 
 --transformers builds vocab.json and merges.txt from the BPE file in a temporary folder and
 loads CLIPTokenizer from it. Note that without ftfy CLIPTokenizer does not follow OpenAI: it

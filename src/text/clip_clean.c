@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "text/ftfy_encoding.h"
 #include "text/text_tables.h"
 
 // An entity's value by name (ASCII, with its ';' where it has one), or NULL.
@@ -241,16 +242,18 @@ static void ustr_swap(dc_ustr *a, dc_ustr *b) {
     *a = *b, *b = t;
 }
 
-// ftfy.fix_and_explain on one segment: the fixes, then NFC, until the text
-// stops changing. Each pass that changes anything either shortens the text
-// (unescaping) or leaves it in a form the next pass keeps, so a few passes
-// settle it; the bound guards the loop against a table error.
+// ftfy.fix_and_explain on one segment: HTML unescaping, the mojibake repair
+// (text/ftfy_encoding.h), the character fixes, then NFC, until the text stops
+// changing. Each pass that changes anything either shortens the text
+// (unescaping, re-decoding) or leaves it in a form the next pass keeps, so a
+// few passes settle it; the bound guards the loop against a table error.
 static int ftfy_segment(const uint32_t *s, size_t n, bool unescape, dc_ustr *out) {
     dc_ustr cur = {0}, a = {0}, b = {0};
     int rc = dc_ustr_append(&cur, s, n);
     for (int pass = 0; !rc && pass < 100; pass++) {
-        a.n = 0;
-        rc = unescape ? ftfy_unescape(&cur, &a) : dc_ustr_append(&a, cur.cp, cur.n);
+        b.n = 0;
+        rc = unescape ? ftfy_unescape(&cur, &b) : dc_ustr_append(&b, cur.cp, cur.n);
+        if (!rc) rc = dc_ftfy_fix_encoding(&b, &a);
         if (!rc) rc = ftfy_chars(&a, &b);
         if (!rc) rc = dc_uc_nfc(&a, &b);
         ustr_swap(&a, &b);
@@ -265,7 +268,7 @@ static int ftfy_segment(const uint32_t *s, size_t n, bool unescape, dc_ustr *out
 // ftfy.fix_text: segments of at most a line (and at most max_decode_length,
 // 10^6 characters); HTML unescaping stops for good at the first segment that
 // holds '<' (ftfy's unescape_html="auto").
-static int ftfy_fix_text(const dc_ustr *text, dc_ustr *out) {
+int dc_ftfy_fix_text(const dc_ustr *text, dc_ustr *out) {
     bool unescape = true;
     out->n = 0;
     for (size_t pos = 0; pos < text->n;) {
@@ -296,7 +299,7 @@ static void strip(dc_ustr *s) {
 
 int dc_clip_clean(const dc_ustr *text, dc_ustr *out) {
     dc_ustr a = {0}, b = {0};
-    int rc = ftfy_fix_text(text, &a);
+    int rc = dc_ftfy_fix_text(text, &a);
     if (!rc) rc = dc_html_unescape(&a, &b);
     if (!rc) rc = dc_html_unescape(&b, &a);
     if (!rc) {
