@@ -19,15 +19,6 @@ int dc_dtype_parse(const char *s, dc_dtype *out) {
     return -1;
 }
 
-float dc_f16_to_f32(uint16_t h) {
-    int sign = h >> 15, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
-    float v;
-    if (exp == 0) v = ldexpf((float)man, -24);                  // zero and subnormals
-    else if (exp == 31) v = man ? NAN : INFINITY;
-    else v = ldexpf((float)(man | 0x400), exp - 25);
-    return sign ? -v : v;
-}
-
 uint16_t dc_f32_to_f16(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);

@@ -41,7 +41,21 @@ DC_HD uint16_t dc_f32_to_bf16(float f) {
     return (uint16_t)(u >> 16);
 }
 
-float dc_f16_to_f32(uint16_t h);
+// Exact, by bits (no libm call: loading a model converts a billion of them).
+DC_HD float dc_f16_to_f32(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+    uint32_t u;
+    if (exp == 0x1f) u = sign | 0x7f800000u | (man << 13);      // inf, NaN (payload kept)
+    else if (exp) u = sign | ((exp + 112u) << 23) | (man << 13);  // normal: rebias 15 -> 127
+    else {                                                       // zero and subnormals: man 2^-24
+        float f = (float)man * 5.9604644775390625e-8f;
+        memcpy(&u, &f, 4);
+        u |= sign;
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
 uint16_t dc_f32_to_f16(float f);
 
 // A block of memory owned by one backend, with its element type.
