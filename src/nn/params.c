@@ -37,12 +37,16 @@ static int permute_kernel(const dc_param *p, float *h, bool to_stored) {
     if (!p->channels_last) return 0;
     const int64_t co = p->shape[0], ci = p->shape[1], kk = p->shape[2] * p->shape[3];
     const int64_t A = to_stored ? ci : kk, Bn = to_stored ? kk : ci;
-    float *t = malloc((size_t)p->numel * sizeof *t + 1);
+    // One output channel at a time through a small scratch (ci kh kw values,
+    // heap memory that is reused, not fresh pages for every tensor).
+    float *t = malloc((size_t)(A * Bn) * sizeof *t + 1);
     if (!t) return dc_fail("out of memory permuting %s", p->name);
-    for (int64_t o = 0; o < co; o++)
+    for (int64_t o = 0; o < co; o++) {
+        float *ho = h + o * A * Bn;
         for (int64_t a = 0; a < A; a++)
-            for (int64_t b = 0; b < Bn; b++) t[(o * Bn + b) * A + a] = h[(o * A + a) * Bn + b];
-    memcpy(h, t, (size_t)p->numel * sizeof *t);
+            for (int64_t b = 0; b < Bn; b++) t[b * A + a] = ho[a * Bn + b];
+        memcpy(ho, t, (size_t)(A * Bn) * sizeof *t);
+    }
     free(t);
     return 0;
 }

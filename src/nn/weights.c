@@ -61,7 +61,22 @@ static void upload_as(dc_backend *be, dc_buf dst, float *h, int64_t n) {
     be->upload(be, dst.p, u, (size_t)n * sizeof *u);
 }
 
-static int load_one(dc_params *ps, int i, const dc_weights *w, const dc_weight_src *src) {
+// Host scratch for one tensor's values, grown as needed and kept across the
+// tensors of a load (fresh pages for each tensor cost more than the copying).
+typedef struct {
+    float *p;
+    size_t cap;  // floats
+} scratch;
+
+static float *scratch_get(scratch *s, size_t n) {
+    if (n <= s->cap) return s->p;
+    float *p = realloc(s->p, n * sizeof *p);
+    if (!p) return NULL;
+    s->p = p, s->cap = n;
+    return p;
+}
+
+static int load_one(dc_params *ps, int i, const dc_weights *w, const dc_weight_src *src, scratch *sc) {
     const dc_param *p = &ps->items[i];
     const dc_st_file *f = NULL;
     const dc_st_tensor *t = dc_weights_find(w, src->name, &f);
@@ -89,35 +104,37 @@ static int load_one(dc_params *ps, int i, const dc_weights *w, const dc_weight_s
                        src->name, got, src->rows ? " in the rows it takes" : "", want, p->name);
     }
     int64_t row_elems = t->shape[0] ? t->numel / t->shape[0] : 0;
-    float *h = malloc((size_t)(src->rows ? t->numel : p->numel) * sizeof *h + 1);
+    float *h = scratch_get(sc, (size_t)(src->rows ? t->numel : p->numel) + 1);
     if (!h) return dc_fail("out of memory loading %s", src->name);
-    if (dc_st_read_f32(f, t, h)) return free(h), -1;
+    if (dc_st_read_f32(f, t, h)) return -1;
     float *v = src->rows ? h + src->row0 * row_elems : h;
     for (int64_t j = 0; j < p->numel; j++)
         if (!isfinite(v[j])) {
             float bad = v[j];
             long long at = (long long)(j + (v - h));
-            free(h);
             return dc_fail("%s: tensor '%s%s' element %lld is %g: weights must be finite (the file is damaged, "
                            "or the run that wrote it diverged)", f->path, w->prefix, src->name, at, bad);
         }
     if (v != h) memmove(h, v, (size_t)p->numel * sizeof *h);
-    if (dc_param_to_stored(p, h)) return free(h), -1;
+    if (dc_param_to_stored(p, h)) return -1;
     upload_as(ps->be, dc_param_data(ps, i), h, p->numel);
-    free(h);
     return 0;
 }
 
 int dc_params_load_weights(dc_params *ps, const dc_weights *w, dc_weight_map map, void *ctx) {
-    for (int i = 0; i < ps->count; i++) {
+    scratch sc = {NULL, 0};
+    int rc = 0;
+    for (int i = 0; i < ps->count && !rc; i++) {
         dc_weight_src src = {{0}, 0, 0};
         if (map) {
-            DC_TRY(map(ctx, ps->items[i].name, &src));
+            rc = map(ctx, ps->items[i].name, &src);
         } else {
             snprintf(src.name, sizeof src.name, "%s", ps->items[i].name);
         }
-        DC_TRY(load_one(ps, i, w, &src));
+        if (!rc) rc = load_one(ps, i, w, &src, &sc);
     }
+    free(sc.p);
+    if (rc) return rc;
     dc_params_touch(ps);
     return dc_backend_status(ps->be);
 }
