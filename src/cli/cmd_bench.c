@@ -334,7 +334,6 @@ int cmd_bench(int argc, char **argv) {
 done:
     if (rc) {
         train_ranks_abort(&job);  // the others stop too, with this message
-        if (job.rv) dc_fail_ctx("rank %d of %d", job.launch.rank, size);
         cli_fail();
     }
     train_ranks_end(&job);  // before the backend: NCCL's communicator uses its stream

@@ -428,7 +428,6 @@ fail:
     g_training = 0;
     if (status == 1) {
         train_ranks_abort(&job);  // the others stop too, with this message
-        if (job.rv) dc_fail_ctx("rank %d of %d", job.launch.rank, job.launch.size);
         cli_fail();
     }
     if (have_ck) dc_st_close(&ck);

@@ -152,6 +152,7 @@ void train_ranks_abort(train_ranks *tr) {
     if (!tr->rv) return;
     if (tr->comm) dc_comm_abort(tr->comm, dc_error());  // NCCL's also stops its collectives
     else dc_rendezvous_abort(tr->rv, dc_error());
+    dc_fail_ctx("rank %d of %d", tr->launch.rank, tr->launch.size);
 }
 
 void train_ranks_end(train_ranks *tr) {

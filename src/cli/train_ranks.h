@@ -52,5 +52,7 @@ int train_ranks_same(train_ranks *tr, int64_t value, const char *what);
 // fingerprint, compared across ranks (a rank started with another --lr or
 // another data file would otherwise train its own variant silently).
 int train_ranks_same_settings(train_ranks *tr, const dc_model *m, const dc_train_config *tc, uint64_t data);
+// After a failure: the other ranks stop too, with this rank's message, which
+// then names the rank ("rank 1 of 2: ..."). Nothing to do with one rank.
 void train_ranks_abort(train_ranks *tr);
 void train_ranks_end(train_ranks *tr);
