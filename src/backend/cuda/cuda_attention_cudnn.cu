@@ -43,10 +43,17 @@ enum { UID_Q = 1, UID_K, UID_V, UID_O, UID_LSE, UID_SCALE, UID_VIRTUAL = 100 };
 // from them) and the first failure (later calls do nothing once one failed).
 typedef struct {
     cudnnStatus_t st;
+    int line;  // where the first failure happened (this file's line), for the report
     cudnnBackendDescriptor_t own[48];
     int n;
     int64_t next_uid;
 } graph_build;
+
+// Records the first failure and its line; true while none has happened.
+static bool ok_at(graph_build *g, cudnnStatus_t st, int line) {
+    if (g->st == CUDNN_STATUS_SUCCESS && st != CUDNN_STATUS_SUCCESS) g->st = st, g->line = line;
+    return g->st == CUDNN_STATUS_SUCCESS;
+}
 
 struct dc_sdpa_plan {
     sdpa_key key;
@@ -61,26 +68,30 @@ static void graph_free(graph_build *g) {
     free(g);
 }
 
-static cudnnBackendDescriptor_t make(graph_build *g, cudnnBackendDescriptorType_t type) {
+static cudnnBackendDescriptor_t make_at(graph_build *g, cudnnBackendDescriptorType_t type, int line) {
     cudnnBackendDescriptor_t d = NULL;
     if (g->st != CUDNN_STATUS_SUCCESS) return NULL;
     if (g->n == (int)(sizeof g->own / sizeof g->own[0])) {
-        g->st = CUDNN_STATUS_INTERNAL_ERROR;
+        ok_at(g, CUDNN_STATUS_INTERNAL_ERROR, line);
         return NULL;
     }
-    g->st = cudnnBackendCreateDescriptor(type, &d);
-    if (g->st == CUDNN_STATUS_SUCCESS) g->own[g->n++] = d;
+    if (ok_at(g, cudnnBackendCreateDescriptor(type, &d), line)) g->own[g->n++] = d;
     return d;
 }
 
-static void set(graph_build *g, cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name,
-                cudnnBackendAttributeType_t type, int64_t count, const void *value) {
-    if (g->st == CUDNN_STATUS_SUCCESS) g->st = cudnnBackendSetAttribute(d, name, type, count, value);
+static void set_at(graph_build *g, cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name,
+                   cudnnBackendAttributeType_t type, int64_t count, const void *value, int line) {
+    if (g->st == CUDNN_STATUS_SUCCESS) ok_at(g, cudnnBackendSetAttribute(d, name, type, count, value), line);
 }
 
-static void finish(graph_build *g, cudnnBackendDescriptor_t d) {
-    if (g->st == CUDNN_STATUS_SUCCESS) g->st = cudnnBackendFinalize(d);
+static void finish_at(graph_build *g, cudnnBackendDescriptor_t d, int line) {
+    if (g->st == CUDNN_STATUS_SUCCESS) ok_at(g, cudnnBackendFinalize(d), line);
 }
+
+// The calls of a graph's construction, each failure reported with its line.
+#define make(g, type) make_at(g, type, __LINE__)
+#define set(g, d, name, type, count, value) set_at(g, d, name, type, count, value, __LINE__)
+#define finish(g, d) finish_at(g, d, __LINE__)
 
 // A 4-d tensor: real (uid given) or virtual (an intermediate of the graph).
 static cudnnBackendDescriptor_t tensor(graph_build *g, int64_t uid, cudnnDataType_t dt, const int64_t dim[4],
@@ -200,8 +211,9 @@ static cudnnBackendDescriptor_t plan_for(graph_build *g, cudnnHandle_t dnn, cudn
     for (int i = 0; i < MAX_CFG; i++) cfg[i] = make(g, CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
     int64_t n = 0;
     if (g->st == CUDNN_STATUS_SUCCESS)
-        g->st = cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, MAX_CFG,
-                                         &n, cfg);
+        ok_at(g, cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, MAX_CFG,
+                                          &n, cfg), __LINE__);
+    if (g->st == CUDNN_STATUS_SUCCESS && n == 0) ok_at(g, CUDNN_STATUS_NOT_SUPPORTED, __LINE__);  // no engine
     for (int64_t i = 0; g->st == CUDNN_STATUS_SUCCESS && i < n; i++) {
         cudnnBackendDescriptor_t plan = NULL;
         if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan)) return NULL;
@@ -219,6 +231,7 @@ static cudnnBackendDescriptor_t plan_for(graph_build *g, cudnnHandle_t dnn, cudn
             return plan;
         }
         cudnnBackendDestroyDescriptor(plan);
+        if (i == n - 1) ok_at(g, st ? st : CUDNN_STATUS_NOT_SUPPORTED, __LINE__);  // none within max_ws
     }
     return NULL;
 }
@@ -259,8 +272,12 @@ static dc_sdpa_plan *plan_get(dc_backend *be, const sdpa_key *key) {
     cudnnBackendDescriptor_t graph = op_graph(g, c->dnn, key);
     if (g->st == CUDNN_STATUS_SUCCESS) p->plan = plan_for(g, c->dnn, graph, (int64_t)c->conv_ws_bytes, &p->ws);
     if (p->plan) p->g = g;
-    dc_log("cuDNN attention B %d H %d Tq %d Tk %d Dh %d: %s (workspace %lld bytes)", key->B, key->H, key->Tq,
-               key->Tk, key->Dh, p->plan ? "plan" : "declined", (long long)p->ws);
+    if (p->plan)
+        dc_log("cuDNN attention B %d H %d Tq %d Tk %d Dh %d: plan (workspace %lld bytes)", key->B, key->H, key->Tq,
+               key->Tk, key->Dh, (long long)p->ws);
+    else
+        dc_log("cuDNN attention B %d H %d Tq %d Tk %d Dh %d: declined (%s at %s:%d)", key->B, key->H, key->Tq,
+               key->Tk, key->Dh, cudnnGetErrorString(g->st), __FILE__, g->line);
     if (!p->plan) graph_free(g);
     cudaGetLastError();  // a declined build leaves no error behind for the ops after it
     return p;
