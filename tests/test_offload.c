@@ -6,6 +6,11 @@
 //   the host and back up), with clipping (the norm before any update) and
 //   without (each unit updated by the worker thread during backward), with
 //   recompute, and with one micro-batch per step;
+// - the same with a compute copy beside the fp32 weights, as on a GPU (an
+//   fp32 one here, so the CPU's ops read it): offload then keeps only the
+//   fixed pos_embed of the fp32 data on the device while it trains, the
+//   forward reading that and the compute copy, and gives the model its full
+//   fp32 weights back when freed;
 // - checkpoints: an offloaded run writes the same file as a plain one, and
 //   resumes cross both ways (plain -> offload, offload -> plain) end where the
 //   uninterrupted run does;
@@ -35,7 +40,7 @@ static const float k_clip = 0.02f;  // below every step's norm here: clipping ac
 static dc_dataset g_data;
 
 typedef struct {
-    bool offload;
+    bool offload, wc;             // wc: a compute copy beside the fp32 data (as on a GPU)
     int micro, steps, recompute;  // micro-batch, the step to train up to, blocks keeping activations (0: off)
     float clip;
     const char *resume, *save;    // restore this checkpoint first / write one at the end (NULL: no)
@@ -49,17 +54,40 @@ static void read_state(const dc_trainer *tr, job *j) {
     const dc_params *ps = tr->model->params;
     size_t bytes = sizeof(float) * (size_t)ps->numel;
     for (int b = 0; b < 5; b++) j->state[b] = malloc(bytes);
-    if (tr->offload) {
+    if (tr->offload) {  // the host's master and moments, the device's EMA
         const dc_offload *o = tr->offload;
-        const float *st[4] = {o->master, o->ema, o->m, o->v};
-        for (int b = 0; b < 4; b++) memcpy(j->state[b], st[b], bytes);
+        const float *st[4] = {o->master, NULL, o->m, o->v};
+        for (int b = 0; b < 4; b++)
+            if (st[b]) memcpy(j->state[b], st[b], bytes);
+        tr->be->download(tr->be, j->state[1], o->ema.p, bytes);
     } else {
         const dc_buf st[4] = {ps->data, tr->ema, tr->adam_m, tr->adam_v};
         for (int b = 0; b < 4; b++) tr->be->download(tr->be, j->state[b], st[b].p, bytes);
     }
-    // what the next forward reads: the parameters' data on the CPU
-    tr->be->download(tr->be, j->state[4], ps->data.p, bytes);
+    // what the next forward reads: the compute copy, or the parameters' data
+    tr->be->download(tr->be, j->state[4], (ps->wc.p ? ps->wc : ps->data).p, bytes);
     j->numel = ps->numel;
+}
+
+// Beside a compute copy offload keeps on the device only the fp32 data's
+// prefix holding the fixed tensors (pos_embed, first in DiT's layout).
+static void check_shrunk(const dc_trainer *tr) {
+    const dc_params *ps = tr->model->params;
+    const dc_param *pos = &ps->items[dc_params_find(ps, "pos_embed")];
+    CHECK(tr->offload->shrunk && dc_offload_kept_data(ps) == pos->offset + pos->numel,
+          "offload beside a compute copy kept %lld fp32 values, pos_embed ends at %lld",
+          (long long)dc_offload_kept_data(ps), (long long)(pos->offset + pos->numel));
+}
+
+// After the trainer is freed the model has its full fp32 weights again: the
+// trained ones.
+static void check_given_back(const dc_dit *m, const job *j) {
+    const dc_params *ps = &m->params;
+    float *h = malloc(sizeof(float) * (size_t)ps->numel);
+    ps->be->download(ps->be, h, ps->data.p, sizeof(float) * (size_t)ps->numel);
+    CHECK(memcmp(h, j->state[0], sizeof(float) * (size_t)ps->numel) == 0,
+          "the fp32 weights given back after offload are not the trained weights");
+    free(h);
 }
 
 static int train(job *j) {
@@ -74,6 +102,10 @@ static int train(job *j) {
     tc.hflip = true, tc.grad_clip = j->clip, tc.offload = j->offload;
     int rc = dc_backend_create("cpu", &be);
     if (!rc) rc = dc_dit_create(&m, &k_model, be, true);
+    if (!rc && j->wc) {  // dc_params_free frees it
+        m.params.wc = (dc_buf){be->alloc(be, sizeof(float) * (size_t)m.params.numel), DC_F32};
+        m.params.stale = true;
+    }
     if (!rc && j->recompute) rc = dc_dit_set_recompute(&m, j->recompute);
     if (!rc && j->resume) rc = dc_st_open(&f, j->resume), open = rc == 0;
     if (!rc) rc = j->resume ? dc_model_load_weights(&m.base, &f, "") : dc_dit_init_weights(&m, 5);
@@ -87,7 +119,9 @@ static int train(job *j) {
     }
     if (!rc && j->save) rc = dc_trainer_save(&tr, j->save, NULL);
     if (!rc) read_state(&tr, j);
+    if (!rc && j->offload && j->wc) check_shrunk(&tr);
     dc_trainer_free(&tr);
+    if (!rc && j->offload && j->wc) check_given_back(&m, j);
     dc_dit_free(&m);
     if (be) dc_backend_destroy(be);
     return rc;
@@ -136,10 +170,11 @@ static bool same_file(const char *a, const char *b) {
     return same;
 }
 
-// Offload against plain training with the same settings.
-static void compare(int micro, float clip, int recompute, const char *what) {
-    job plain = {.micro = micro, .steps = STEPS, .clip = clip};
-    job off = {.offload = true, .micro = micro, .steps = STEPS, .clip = clip, .recompute = recompute};
+// Offload against plain training with the same settings (wc: both with a
+// compute copy).
+static void compare(int micro, float clip, int recompute, bool wc, const char *what) {
+    job plain = {.wc = wc, .micro = micro, .steps = STEPS, .clip = clip};
+    job off = {.offload = true, .wc = wc, .micro = micro, .steps = STEPS, .clip = clip, .recompute = recompute};
     char name[160];
     snprintf(name, sizeof name, "offload, %s", what);
     if (run(&plain, what) && run(&off, name)) {
@@ -229,14 +264,17 @@ static void checkpoints(void) {
     job off_full = {.offload = true, .micro = 2, .steps = STEPS, .clip = k_clip, .save = o4};
     job p_to_o = {.offload = true, .micro = 2, .steps = STEPS, .clip = k_clip, .resume = p2};
     job o_to_p = {.micro = 2, .steps = STEPS, .clip = k_clip, .resume = o2};
+    job p_to_o_wc = {.offload = true, .wc = true, .micro = 2, .steps = STEPS, .clip = k_clip, .resume = p2};
     if (run(&full, "plain, 4 steps") && run(&half_plain, "plain, 2 steps") && run(&half_off, "offload, 2 steps") &&
         run(&off_full, "offload, 4 steps")) {
         CHECK(same_file(p2, o2), "after 2 steps the offloaded run's checkpoint differs from the plain run's");
         CHECK(same_file(p4, o4), "after 4 steps the offloaded run's checkpoint differs from the plain run's");
         if (run(&p_to_o, "plain checkpoint resumed with offload")) check_same(&p_to_o, &full, 3, "plain -> offload");
         if (run(&o_to_p, "offloaded checkpoint resumed plain")) check_same(&o_to_p, &full, 3, "offload -> plain");
+        if (run(&p_to_o_wc, "plain checkpoint resumed with offload beside a compute copy"))
+            check_same(&p_to_o_wc, &full, 3, "plain -> offload, a compute copy");
     }
-    job *all[] = {&full, &half_plain, &half_off, &off_full, &p_to_o, &o_to_p};
+    job *all[] = {&full, &half_plain, &half_off, &off_full, &p_to_o, &o_to_p, &p_to_o_wc};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) job_free(all[i]);
     tmpdir_remove();
 }
@@ -244,11 +282,13 @@ static void checkpoints(void) {
 int main(void) {
     openblas_set_num_threads(1);
     tiny_data(&g_data, 12);
-    compare(2, 0.0f, 0, "3 micro-batches, no clipping");
-    compare(2, k_clip, 0, "3 micro-batches, clipping");
-    compare(BATCH, 0.0f, 0, "one micro-batch, no clipping");
-    compare(3, 0.0f, 1, "2 micro-batches, recompute (1 block keeps its activations)");
-    compare(3, k_clip, 1, "2 micro-batches, clipping, recompute");
+    compare(2, 0.0f, 0, false, "3 micro-batches, no clipping");
+    compare(2, k_clip, 0, false, "3 micro-batches, clipping");
+    compare(BATCH, 0.0f, 0, false, "one micro-batch, no clipping");
+    compare(3, 0.0f, 1, false, "2 micro-batches, recompute (1 block keeps its activations)");
+    compare(3, k_clip, 1, false, "2 micro-batches, clipping, recompute");
+    compare(2, 0.0f, 0, true, "3 micro-batches, no clipping, a compute copy");
+    compare(2, k_clip, 1, true, "3 micro-batches, clipping, recompute, a compute copy");
     checkpoints();
     refusals();
     free(g_data.images), free(g_data.labels);

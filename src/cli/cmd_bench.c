@@ -154,10 +154,11 @@ static int bench_train(train_ranks *job, const dc_dit_config *mc, dc_backend *be
         if (!offload && print_zero_state(m->params, size, zero, be->compute)) goto done;
         if (offload) {  // what stayed on the device, and what went to the host
             const double mib = 1048576.0, P = (double)m->params->numel;
-            printf("offload device: weights %.2f MiB (fp32) + %.2f MiB (compute copy), gradient buckets %.2f MiB; "
-                   "host: master, moments, EMA and gradients %.2f MiB\n", 4 * P / mib,
-                   m->params->wc.p ? P * dc_dtype_size(be->compute) / mib : 0.0,
-                   dc_offload_device_bytes(m->params) / mib, 5 * 4 * P / mib);
+            printf("offload device: weights %.2f MiB (fp32 kept) + %.2f MiB (compute copy), EMA %.2f MiB, "
+                   "buckets and staging %.2f MiB; host: master, moments and gradients %.2f MiB\n",
+                   4 * (double)dc_offload_kept_data(m->params) / mib,
+                   m->params->wc.p ? P * dc_dtype_size(be->compute) / mib : 0.0, 4 * P / mib,
+                   dc_offload_device_bytes(m->params) / mib, 4 * 4 * P / mib);
             const dc_offload *o = tr.offload;
             if (o->steps)
                 printf("offload time: the CPU updates for %.1f ms a step; the host waits %.1f ms a step for the "
@@ -244,9 +245,9 @@ int cmd_bench(int argc, char **argv) {
         {"threads", ARG_INT, &threads, "N", "CPU threads (default: all cores)"},
         {"device", ARG_STR, &device, "NAME", CLI_DEVICE_HELP},
         {"precision", ARG_STR, &precision, "P", CLI_PRECISION_HELP},
-        {"offload", ARG_FLAG, &offload, NULL, "training with the fp32 master weights, AdamW moments and EMA in host "
-                                              "memory and AdamW + EMA on the CPU (one rank); prints what the "
-                                              "device holds"},
+        {"offload", ARG_FLAG, &offload, NULL, "training with the fp32 master weights and AdamW moments in host "
+                                              "memory and AdamW on the CPU, the EMA on the device (one rank); "
+                                              "prints what the device holds"},
         {"gpus", ARG_INT, &gpus, "N", CLI_GPUS_HELP},
         {"ranks", ARG_INT, &ranks, "N", CLI_RANKS_HELP},
         {"zero", ARG_INT, &zero, "S", CLI_ZERO_HELP},

@@ -214,8 +214,8 @@ int cmd_train(int argc, char **argv) {
         {"ranks", ARG_INT, &ranks, "N", CLI_RANKS_HELP},
         {"zero", ARG_INT, &zero, "S", CLI_ZERO_HELP},
         {"comm-timeout", ARG_FLOAT, &comm_timeout, "S", CLI_COMM_TIMEOUT_HELP},
-        {"offload", ARG_FLAG, &offload, NULL, "keep the fp32 master weights, AdamW moments and EMA in host memory "
-                                              "and run AdamW + EMA on the CPU beside the GPU's backward (one rank)"},
+        {"offload", ARG_FLAG, &offload, NULL, "keep the fp32 master weights and AdamW moments in host memory and "
+                                              "run AdamW on the CPU beside the GPU's backward (one rank)"},
         {"max-gpu-memory", ARG_STR, &max_mem, "SIZE", "pick the fastest --micro-batch, --recompute and --offload whose "
                                                       "predicted peak device memory fits in SIZE (8G, 7.5GiB, "
                                                       "8000M) and print the plan; those of the three given on the "
@@ -416,7 +416,7 @@ int cmd_train(int argc, char **argv) {
            m->params->numel / 1e6);
     if (lead) dc_log("batch %d (micro %d), lr %g, %d steps, checkpoints every %d into %s, backend %s",
                      tc.batch, tc.micro_batch, tc.lr, tc.steps, ckpt_every, out, be->name);
-    if (lead && offload) dc_log("offload: master weights, AdamW moments and EMA in host memory, AdamW on the CPU");
+    if (lead && offload) dc_log("offload: master weights and AdamW moments in host memory, AdamW on the CPU");
     if (lead && job.rv)
         dc_log("%d ranks (%s), %s, ZeRO stage %d", job.launch.size, job.launch.launcher,
                job.nccl ? "NCCL" : "sockets", zero);

@@ -81,11 +81,13 @@ static int state_to_host(const dc_trainer *tr, float *host) {
         for (int b = 0; b < 4; b++) DC_TRY(dc_zero_gather(z, st[b], host ? host + b * np : NULL));
         return 0;
     }
-    if (tr->offload) {  // the host copy: the worker is idle between steps
+    if (tr->offload) {  // the host copy (the worker is idle between steps) and the device's EMA
         const dc_offload *o = tr->offload;
-        const float *st[4] = {o->master, o->ema, o->m, o->v};
-        for (int b = 0; b < 4 && host; b++) memcpy(host + b * np, st[b], (size_t)np * sizeof(float));
-        return 0;
+        const float *st[4] = {o->master, NULL, o->m, o->v};
+        for (int b = 0; b < 4 && host; b++)
+            if (st[b]) memcpy(host + b * np, st[b], (size_t)np * sizeof(float));
+        if (host) tr->be->download(tr->be, host + np, o->ema.p, (size_t)np * sizeof(float));
+        return dc_backend_status(tr->be);
     }
     const dc_buf st[4] = {ps->data, tr->ema, tr->adam_m, tr->adam_v};
     for (int b = 0; b < 4 && host; b++) tr->be->download(tr->be, host + b * np, st[b].p, (size_t)np * sizeof(float));
@@ -158,23 +160,15 @@ static int read_flat(const dc_trainer *tr, const dc_st_file *f, int b, dc_buf ds
     return rc;
 }
 
-// With offload: the moments straight into the host copy; the EMA passes
-// through the parameters' data on the backend (the loader's destination),
-// which then gets the weights back from the host master, so no device
-// buffer is added. The master is the weights the model loaded.
+// With offload: the EMA into its device buffer, as without; the moments
+// straight into the host copy. The master is already the weights the model
+// loaded (taken by dc_trainer_init).
 static int restore_offload(dc_trainer *tr, const dc_st_file *f) {
     dc_offload *o = tr->offload;
-    dc_params *ps = tr->model->params;
-    const size_t bytes = (size_t)ps->numel * sizeof(float);
-    tr->be->download(tr->be, o->master, ps->data.p, bytes);
-    DC_TRY(dc_backend_status(tr->be));
-    int rc = dc_params_load(ps, ps->data, f, "ema.");
-    if (!rc) tr->be->download(tr->be, o->ema, ps->data.p, bytes);
-    tr->be->upload(tr->be, ps->data.p, o->master, bytes);
-    if (!rc) rc = read_flat_host(tr, f, 2, o->m);
-    if (!rc) rc = read_flat_host(tr, f, 3, o->v);
-    DC_TRY(dc_backend_status(tr->be));
-    return rc;
+    DC_TRY(dc_params_load(tr->model->params, o->ema, f, "ema."));
+    DC_TRY(read_flat_host(tr, f, 2, o->m));
+    DC_TRY(read_flat_host(tr, f, 3, o->v));
+    return dc_backend_status(tr->be);
 }
 
 static int meta_i64(const dc_st_file *f, const char *key, int64_t *out) {

@@ -20,15 +20,24 @@ static int64_t widest_unit(const dc_params *ps) {
 }
 
 int64_t dc_offload_device_bytes(const dc_params *ps) {
-    return (2 * widest_unit(ps) + 2 * (int64_t)dc_params_unit_count(ps)) * (int64_t)sizeof(float);
+    // buckets, the staging buffer and zeros: four units' worth; two norms a unit
+    return (4 * widest_unit(ps) + 2 * (int64_t)dc_params_unit_count(ps)) * (int64_t)sizeof(float);
+}
+
+int64_t dc_offload_kept_data(const dc_params *ps) {
+    int64_t end = 0;
+    for (int i = 0; i < ps->count; i++)
+        if (!ps->items[i].trainable) end = ps->items[i].offset + ps->items[i].numel;
+    return end;
 }
 
 // A host view of n floats for the CPU kernels (which read only .p).
 static dc_buf host(float *p) { return (dc_buf){p, DC_F32}; }
 
-// AdamW + EMA over the trainable parameters of unit u, in runs of adjacent
+// AdamW over the trainable parameters of unit u, in runs of adjacent
 // trainable tensors (fixed ones such as pos_embed keep their values), with
 // the CPU backend's kernel: the same arithmetic as the non-offloaded step.
+// No EMA here: the device keeps it (land).
 static void update_unit(dc_offload *o, int u) {
     const dc_params *ps = o->ps;
     int64_t a, b;
@@ -37,7 +46,7 @@ static void update_unit(dc_offload *o, int u) {
     int64_t pos = a, lo, hi;
     while (dc_params_next_run(ps, &pos, b, &lo, &hi))  // the backend argument only casts a compute copy: none here
         dc_cpu_adamw(NULL, host(o->master + lo), host(o->grad + lo), host(o->m + lo), host(o->v + lo),
-                     host(o->ema + lo), dc_buf_none(), scale, hi - lo, &o->h);
+                     dc_buf_none(), dc_buf_none(), scale, hi - lo, &o->h);
 }
 
 // The worker: takes queued units in order, waits for each one's gradients
@@ -77,20 +86,53 @@ static void enqueue(dc_offload *o, int u) {
     pthread_mutex_unlock(&o->mu);
 }
 
-// Copies the units the worker has updated since the last call up into the
-// parameters' data (wait: until every queued unit is done).
+// The weights the forward reads: the compute copy, or the fp32 data itself.
+static dc_buf compute_copy(const dc_params *ps) { return ps->wc.p ? ps->wc : ps->data; }
+
+// The staged unit into the EMA and the compute copy, once its copy up is
+// done (the device's queue waits; the host does not). Over the unit's runs
+// of trainable tensors, as the plain step's adamw: with lr 0 on zero
+// gradients and moments it leaves the staged weights as they are, and its
+// EMA and cast are the plain step's arithmetic.
+static void land(dc_offload *o) {
+    const dc_params *ps = o->ps;
+    dc_backend *be = o->be;
+    int64_t a, b, lo, hi;
+    dc_params_unit_range(ps, o->staged, &a, &b);
+    be->wait_ticket(be, o->up);
+    const dc_buf wc = compute_copy(ps);
+    int64_t pos = a;
+    while (dc_params_next_run(ps, &pos, b, &lo, &hi))
+        be->adamw(be, dc_buf_at(o->stage, lo - a), o->zeros, o->zeros, o->zeros, dc_buf_at(o->ema, lo),
+                  dc_buf_at(wc, lo), dc_buf_none(), hi - lo, &o->keep);
+    o->staged = -1;
+}
+
+// Unit u's new weights up into the staging buffer; the unit it held lands
+// first, its copy having run beside the work queued since. copy_async starts
+// only once the ops queued so far are done, so the copy never overwrites
+// what a landing reads. One buffer: a second would give each copy longer
+// before the queue waits for it (until the unit after next comes up), at one
+// more unit of device memory; with the CPU's update the slower side, the
+// units come up more slowly than a unit's copy takes.
+static void stage_unit(dc_offload *o, int u) {
+    if (o->staged >= 0) land(o);
+    int64_t lo, hi;
+    dc_params_unit_range(o->ps, u, &lo, &hi);
+    o->up = o->be->copy_async(o->be, o->stage.p, o->master + lo, (size_t)(hi - lo) * sizeof(float), false);
+    o->staged = u;
+}
+
+// Stages the units the worker has updated since the last call (wait: until
+// every queued unit is done).
 static void send_updated(dc_offload *o, bool wait) {
-    dc_params *ps = o->ps;
     pthread_mutex_lock(&o->mu);
     for (;;) {
         while (o->sent < o->ndone) {
             int u = o->done[o->sent++];
             if (o->failed) continue;
             pthread_mutex_unlock(&o->mu);  // the worker goes on meanwhile
-            int64_t lo, hi;
-            dc_params_unit_range(ps, u, &lo, &hi);
-            o->up = o->be->copy_async(o->be, dc_buf_at(ps->data, lo).p, o->master + lo,
-                                      (size_t)(hi - lo) * sizeof(float), false);
+            stage_unit(o, u);
             pthread_mutex_lock(&o->mu);
         }
         if (!wait || o->ndone == o->ntodo) break;
@@ -135,6 +177,32 @@ static int unit_hook(void *ctx, int unit, bool done) {
     return dc_backend_status(be);
 }
 
+// Where a compute copy exists, the fp32 data shrinks to `kept`, the prefix
+// holding the fixed tensors (the forward may read those in fp32); the rest
+// of the weights is the host master's.
+static void keep_fixed_only(dc_offload *o, dc_buf kept) {
+    dc_params *ps = o->ps;
+    dc_backend *be = o->be;
+    if (kept.p) be->copy(be, kept.p, ps->data.p, (size_t)dc_offload_kept_data(ps) * sizeof(float));
+    be->free(be, ps->data.p);
+    ps->data = kept;
+    o->shrunk = true;
+}
+
+// The parameters' full fp32 data back, holding the master's weights.
+static void restore_data(dc_offload *o) {
+    dc_params *ps = o->ps;
+    dc_backend *be = o->be;
+    const size_t bytes = (size_t)ps->numel * sizeof(float);
+    dc_buf full = {be->alloc(be, bytes), DC_F32};
+    if (full.p) be->upload(be, full.p, o->master, bytes);
+    else dc_warn("--offload: no device memory to give the model its fp32 weights back (%s)", dc_error());
+    if (ps->data.p) be->free(be, ps->data.p);
+    ps->data = full;
+    o->shrunk = false;
+    dc_params_touch(ps);
+}
+
 int dc_offload_init(dc_offload *o, dc_params *ps, dc_backend *be) {
     memset(o, 0, sizeof *o);
     if (!be->alloc_pinned || !be->copy_async || !be->host_wait || !be->wait_ticket)
@@ -145,40 +213,55 @@ int dc_offload_init(dc_offload *o, dc_params *ps, dc_backend *be) {
     if (!ps->grad.p || ps->unit_hook) return dc_fail("--offload: the parameters' gradients are already taken");
     o->be = be, o->ps = ps, o->units = dc_params_unit_count(ps);
     o->widest = widest_unit(ps);
-    const size_t bytes = (size_t)ps->numel * sizeof(float);
-    float **host_bufs[] = {&o->master, &o->m, &o->v, &o->ema, &o->grad};
+    o->staged = -1;
+    const size_t bytes = (size_t)ps->numel * sizeof(float), wbytes = (size_t)o->widest * sizeof(float);
+    float **host_bufs[] = {&o->master, &o->m, &o->v, &o->grad};
     for (size_t i = 0; i < sizeof host_bufs / sizeof *host_bufs; i++)
         if (!(*host_bufs[i] = be->alloc_pinned(be, bytes))) {
             dc_offload_free(o);
-            return dc_fail_ctx("--offload: the host copy of the optimizer state (5 x %.1f MiB)", bytes / 1048576.0);
+            return dc_fail_ctx("--offload: the host copy of the optimizer state (4 x %.1f MiB)", bytes / 1048576.0);
         }
     o->ticket = calloc((size_t)o->units, sizeof *o->ticket);
     o->unorm_host = calloc((size_t)o->units * 2, sizeof *o->unorm_host);
     o->todo = calloc((size_t)o->units, sizeof *o->todo), o->done = calloc((size_t)o->units, sizeof *o->done);
     if (!o->ticket || !o->todo || !o->done || !o->unorm_host) return dc_offload_free(o), dc_fail("out of memory");
-    for (int j = 0; j < 2; j++) {
-        o->bucket[j] = (dc_buf){be->alloc(be, (size_t)o->widest * sizeof(float)), DC_F32};
-        if (!o->bucket[j].p) return dc_offload_free(o), dc_fail_ctx("--offload: a gradient bucket");
+    dc_buf *unit_bufs[] = {&o->bucket[0], &o->bucket[1], &o->stage, &o->zeros};
+    for (size_t i = 0; i < sizeof unit_bufs / sizeof *unit_bufs; i++) {
+        *unit_bufs[i] = (dc_buf){be->alloc(be, wbytes), DC_F32};
+        if (!unit_bufs[i]->p) return dc_offload_free(o), dc_fail_ctx("--offload: a unit-sized device buffer");
     }
     o->unorm = (dc_buf){be->alloc(be, (size_t)o->units * 2 * sizeof(float)), DC_F32};
     if (!o->unorm.p) return dc_offload_free(o), dc_fail_ctx("--offload: the units' gradient norms");
+    const int64_t nkept = ps->wc.p ? dc_offload_kept_data(ps) : 0;
+    dc_buf kept = {nkept ? be->alloc(be, (size_t)nkept * sizeof(float)) : NULL, DC_F32};
+    if (nkept && !kept.p) return dc_offload_free(o), dc_fail_ctx("--offload: the fixed tensors' fp32 values");
+    be->zero(be, o->zeros.p, wbytes);
     be->download(be, o->master, ps->data.p, bytes);
-    DC_TRY(dc_backend_status(be));
-    memcpy(o->ema, o->master, bytes);  // the EMA starts as an exact copy of the weights
+    if (dc_backend_status(be)) {
+        if (kept.p) be->free(be, kept.p);
+        return dc_offload_free(o), -1;
+    }
     memset(o->m, 0, bytes), memset(o->v, 0, bytes), memset(o->grad, 0, bytes);
     pthread_mutex_init(&o->mu, NULL);
     pthread_cond_init(&o->cv, NULL);
     if (pthread_create(&o->thread, NULL, worker, o) != 0) {
         pthread_mutex_destroy(&o->mu), pthread_cond_destroy(&o->cv);
+        if (kept.p) be->free(be, kept.p);
         dc_offload_free(o);
         return dc_fail("--offload: could not start the optimizer thread");
     }
     o->running = true;
-    // the buckets replace the full gradient buffer
-    be->free(be, ps->grad.p);
+    // the buckets replace the full gradient buffer, which becomes the EMA:
+    // an exact copy of the weights, as the plain trainer's starts
+    o->ema = ps->grad;
+    be->copy(be, o->ema.p, ps->data.p, bytes);
     ps->grad = dc_buf_none();
     ps->sharded_grad = true;
     ps->unit_hook = unit_hook, ps->hook_ctx = o;
+    // the compute copy holds the weights now; from here only the updates write it
+    dc_params_refresh(ps);
+    if (ps->wc.p) keep_fixed_only(o, kept);
+    if (dc_backend_status(be)) return dc_offload_free(o), -1;
     return 0;
 }
 
@@ -198,12 +281,13 @@ void dc_offload_free(dc_offload *o) {
     dc_backend *be = o->be;
     if (be) {
         be->sync(be);  // no copy still reads or writes what is freed here
-        float *host_bufs[] = {o->master, o->m, o->v, o->ema, o->grad};
+        dc_buf *dev_bufs[] = {&o->bucket[0], &o->bucket[1], &o->stage, &o->zeros, &o->unorm, &o->ema};
+        for (size_t i = 0; i < sizeof dev_bufs / sizeof *dev_bufs; i++)
+            if (dev_bufs[i]->p) be->free(be, dev_bufs[i]->p);
+        if (o->shrunk) restore_data(o);  // the EMA's room, freed above, takes it
+        float *host_bufs[] = {o->master, o->m, o->v, o->grad};
         for (size_t i = 0; i < sizeof host_bufs / sizeof *host_bufs; i++)
             if (host_bufs[i]) be->free_pinned(be, host_bufs[i]);
-        for (int j = 0; j < 2; j++)
-            if (o->bucket[j].p) be->free(be, o->bucket[j].p);
-        if (o->unorm.p) be->free(be, o->unorm.p);
     }
     free(o->ticket), free(o->todo), free(o->done), free(o->unorm_host);
     memset(o, 0, sizeof *o);
@@ -213,6 +297,9 @@ void dc_offload_micro(dc_offload *o, int micro, bool last, bool overlap, const d
     o->micro = micro, o->last = last, o->overlap = last && overlap;
     if (!last) return;
     o->h = *h;
+    // land's pass: zero gradients and moments make a zero update (lr 0 besides)
+    o->keep = (dc_adamw_step){.lr = 0.0f, .eps = 1.0f, .bias_corr1 = 1.0f, .bias_corr2 = 1.0f, .grad_scale = 1.0f,
+                              .ema_decay = h->ema_decay};
     o->factor = 1.0f;
     pthread_mutex_lock(&o->mu);
     o->ntodo = o->taken = o->ndone = o->sent = 0;
@@ -233,15 +320,9 @@ int dc_offload_finish(dc_offload *o, dc_buf gstats, float max_norm) {
         return dc_fail("--offload: the model handed over the gradients of %d of its %d units", o->ntodo, o->units);
     }
     double t0 = dc_time_now();
-    send_updated(o, true);
-    o->wait_s += dc_time_now() - t0;
-    o->steps++;
-    pthread_mutex_lock(&o->mu);
-    bool failed = o->failed;
-    pthread_mutex_unlock(&o->mu);
-    if (failed) return dc_fail("--offload: %s", o->err);
     if (o->overlap) {  // the norm only reports: the units' norms, combined in unit order
-        // (the queue holds no copy up yet, so this waits for backward alone)
+        // (read before staging the last units: this waits for the backward and
+        // the landings queued in it, not for the copies up queued after it)
         be->download(be, o->unorm_host, o->unorm.p, (size_t)o->units * 2 * sizeof(float));
         DC_TRY(dc_backend_status(be));
         double ss = 0.0;
@@ -249,10 +330,15 @@ int dc_offload_finish(dc_offload *o, dc_buf gstats, float max_norm) {
         stats[0] = (float)sqrt(ss);
         stats[1] = dc_clip_factor(sqrt(ss), max_norm);
     }
-    // the next forward reads the new weights: the queue waits for the last copy up
-    be->wait_ticket(be, o->up);
-    dc_params_touch(o->ps);
-    dc_params_refresh(o->ps);
+    send_updated(o, true);
+    o->wait_s += dc_time_now() - t0;
+    o->steps++;
+    pthread_mutex_lock(&o->mu);
+    bool failed = o->failed;
+    pthread_mutex_unlock(&o->mu);
+    if (failed) return dc_fail("--offload: %s", o->err);
+    // the next forward reads the new weights: the last staged unit lands (queued)
+    if (o->staged >= 0) land(o);
     be->upload(be, gstats.p, stats, sizeof stats);
     return dc_backend_status(be);
 }

@@ -1,7 +1,10 @@
-// Optimizer offload (as Colossal-AI's HybridAdam): the fp32 master weights,
-// the AdamW moments and the EMA live in pinned host memory and AdamW + EMA
-// run on the CPU (dc_cpu_adamw, the CPU backend's kernel), so the device
-// holds only the weights the model reads and the activations.
+// Optimizer offload (as Colossal-AI's HybridAdam): the fp32 master weights
+// and the AdamW moments live in pinned host memory and AdamW runs on the CPU
+// (dc_cpu_adamw, the CPU backend's kernel, without its EMA), so the device
+// holds the weights the model reads, the EMA and the activations. Per
+// parameter and step the host's memory moves 36 bytes (AdamW reads and
+// writes 28, the copies down and up 8): the EMA, which would add 8 more,
+// stays on the device.
 //
 // Gradients never fill a full device buffer: backward hands over each unit
 // of the parameters (nn/params.h: a transformer block, say) as it finishes,
@@ -13,22 +16,41 @@
 // to it exactly as it adds to a full gradient buffer: the sums are the
 // non-offloaded run's, bit for bit, at the price of one more copy of the
 // gradients per accumulated micro-batch (up and down: 8 bytes a parameter).
+// The full gradient buffer the buckets replace becomes the device EMA.
 //
 // Without clipping, in the step's last micro-batch a worker thread runs
-// AdamW + EMA for each unit as soon as its gradients are on the host, while
-// the device goes on with the backward of the units before it, and the
-// unit's new fp32 weights go back up into the parameters' data. With
-// clipping the global norm is needed first: the update waits for the whole
-// backward (no overlap). Either way the step ends with the device's queue
-// waiting for the last copy up, then refreshing the compute copy, so the
-// next forward reads the new weights; the host waits only for the CPU's work.
+// AdamW for each unit as soon as its gradients are on the host, while the
+// device goes on with the backward of the units before it, and the unit's
+// new fp32 weights go up into a unit-sized staging buffer on the device.
+// When the next unit comes up (or at the step's end) the device's queue
+// waits for that copy and one pass over the unit's runs of trainable tensors
+// updates the EMA from the staged weights and writes them into the compute
+// copy: the backend's adamw with lr 0 on zero moments, which leaves the
+// weights as they are and runs exactly the plain step's EMA and cast. Fixed
+// tensors (DiT's pos_embed) are in no run: their compute copy and EMA keep
+// their values. With clipping the global norm is needed first: the update
+// waits for the whole backward (no overlap). The host waits only for the
+// CPU's work and the backward, not for the last copies up.
+//
+// The device keeps no full fp32 copy of the weights where a compute copy
+// exists (bf16 on a GPU): the master is on the host and every reader has
+// its own source (checkpoints: the master and the device EMA; the forward:
+// the compute copy). Only the fixed tensors, which a forward may read in
+// fp32 (DiT's reads pos_embed from the parameters' data), stay in that
+// data: it shrinks to the prefix of the flat layout that holds them, and
+// dc_offload_free gives the model its full fp32 weights back (the master's).
+// The weights must therefore be loaded before dc_offload_init and not be
+// written while it lasts (the trainer refuses a step after they were). On
+// the CPU backend, and wherever the compute dtype is fp32, the parameters'
+// data is the compute copy and keeps its size.
 //
 // Results equal the non-offloaded run's: bit for bit on the CPU backend (the
-// same kernel on the same sums), to fp32 rounding of the update on a GPU
-// (host AdamW against the device's). The gradient norm a step without
-// clipping reports is combined from each unit's norm, taken on the device
-// from its bucket (a pass over the host's gradients would follow the last
-// update): equal to the plain run's to fp32 rounding.
+// same kernels on the same sums), to fp32 rounding of the update on a GPU
+// (host AdamW against the device's; the EMA is the device's own arithmetic).
+// The gradient norm a step without clipping reports is combined from each
+// unit's norm, taken on the device from its bucket (a pass over the host's
+// gradients would follow the last update): equal to the plain run's to fp32
+// rounding.
 #pragma once
 #include <pthread.h>
 #include <stdbool.h>
@@ -42,13 +64,20 @@ typedef struct {
     dc_params *ps;
     int units;
     // pinned host state, [numel] F32 each, the parameters' flat layout
-    float *master, *m, *v, *ema;
+    float *master, *m, *v;
     float *grad;            // the step's gradients (running sums over its micro-batches)
+    dc_buf ema;             // [numel] F32 on the device (the parameters' former gradient buffer)
     dc_buf bucket[2];       // [widest unit] F32 on the device: a unit's gradients in backward
     int64_t widest;         // elements of the largest unit
     int next;               // the bucket the next unit takes
     int64_t down[2];        // the copy of each bucket to the host (a ticket; 0: none)
-    int64_t up;             // the last copy of new weights to the device
+    // a unit's new weights on the device, on their way into the EMA and the compute copy
+    dc_buf stage;           // [widest unit] F32
+    int staged;             // the unit it holds, or -1
+    int64_t up;             // the copy up into it (a ticket)
+    dc_buf zeros;           // [widest unit] F32 zeros: gradient and moments of the EMA pass
+    dc_adamw_step keep;     // that pass's step: lr 0, the EMA's decay
+    bool shrunk;            // the parameters' data holds only the fixed tensors' prefix
     // the step in progress
     int micro;              // micro-batch within the step (0: the first)
     bool last;              // the step's last micro-batch: the update follows the gradients
@@ -74,11 +103,14 @@ typedef struct {
     int steps;
 } dc_offload;
 
-// Takes the parameters' state onto the host: master and EMA copied from the
-// weights, moments zero; frees the full gradient buffer and takes the unit
-// hook. Needs a backend with the pinned-copy ops and a model whose backward
-// hands over its gradients unit by unit.
+// Takes the parameters' state: the master copied from the weights onto the
+// host, moments zero there; the full gradient buffer becomes the device EMA,
+// an exact copy of the weights; where a compute copy exists, the fp32 data
+// shrinks to the fixed tensors. Takes the unit hook. Needs a backend with the
+// pinned-copy ops and a model whose backward hands over its gradients unit
+// by unit.
 int dc_offload_init(dc_offload *o, dc_params *ps, dc_backend *be);
+// Also gives the parameters their full fp32 data back, from the master.
 void dc_offload_free(dc_offload *o);
 // Before each micro-batch's backward: its index in the step, and whether it
 // is the last. With last, h is the step's AdamW (and EMA) and overlap says
@@ -86,8 +118,14 @@ void dc_offload_free(dc_offload *o);
 void dc_offload_micro(dc_offload *o, int micro, bool last, bool overlap, const dc_adamw_step *h);
 // After the step's backward: the global norm and clipping factor into
 // gstats ([2] F32 on the backend, as grad_norm writes it), the update of
-// every unit not yet done, the new weights back on the device and the
-// compute copy refreshed (queued; the host waits only for the CPU's work).
+// every unit not yet done, the new weights back on the device in the EMA and
+// the compute copy (queued; the host waits only for the CPU's work).
 int dc_offload_finish(dc_offload *o, dc_buf gstats, float max_norm);
-// Device bytes offload holds beyond the model's weights: the two buckets.
+// Device bytes offload allocates: the two gradient buckets, the staging
+// buffer, the zeros and the units' norms. Beside them it keeps the full
+// gradient buffer (as the EMA) and, where a compute copy exists, only
+// dc_offload_kept_data(ps) elements of the fp32 data.
 int64_t dc_offload_device_bytes(const dc_params *ps);
+// The fp32 data's elements kept on the device beside a compute copy: the
+// prefix of the flat layout up to the end of the last fixed tensor (0: none).
+int64_t dc_offload_kept_data(const dc_params *ps);

@@ -21,7 +21,9 @@
 // with --offload --recompute 0, 1 / 0.38 = 4/3 + 1.30; each of the n
 // micro-batches after the first copies the running gradient sums down and up
 // again (8 bytes a parameter, train/offload.h), about half that traffic and
-// update again. Estimates, not measurements of each plan: they order plans.
+// update again. The offload figures were measured while the host still kept
+// the EMA (44 bytes a parameter a step, now 36); not yet measured since.
+// Estimates, not measurements of each plan: they order plans.
 #pragma once
 #include <stdbool.h>
 #include <stdint.h>
@@ -41,8 +43,8 @@ typedef struct {
 
 // The device bytes of a plan, by what holds them (at the step's peak).
 typedef struct {
-    int64_t weights;      // fp32 parameters + the compute copy
-    int64_t grads;        // the full gradient buffer, or offload's / ZeRO's buckets (+ shard)
+    int64_t weights;      // fp32 parameters (offload beside a compute copy: the fixed ones) + the compute copy
+    int64_t grads;        // the full gradient buffer, or offload's unit buffers / ZeRO's buckets (+ shard)
     int64_t optimizer;    // AdamW moments, EMA (and ZeRO's master shard) on the device
     int64_t trainer;      // the micro-batch's images, outputs, timesteps, labels; the step's losses
     int64_t activations;  // the model's activation arena

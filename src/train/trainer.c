@@ -130,7 +130,7 @@ int dc_trainer_init(dc_trainer *tr, dc_model *model, const dc_dataset *data,
     // The activations are planned at the first step, after offload or ZeRO
     // (dc_trainer_set_comm) have taken over the full gradient buffer and the
     // moments they shard or move: those never sit beside the activations.
-    if (cfg->offload) {  // the EMA and moments start on the host (train/offload.c)
+    if (cfg->offload) {  // the master and moments on the host, the EMA in the gradient buffer (train/offload.c)
         if (!(tr->offload = calloc(1, sizeof *tr->offload))) {
             dc_trainer_free(tr);
             return dc_fail("out of host memory for --offload");
@@ -275,6 +275,10 @@ int dc_trainer_step(dc_trainer *tr, dc_step_stats *st) {
     int C = mi->channels;
     int64_t HW = (int64_t)mi->height * mi->width, np = ps->numel;
 
+    // offload's master on the host is the weights: nothing else may write them
+    if (tr->offload && ps->stale)
+        return dc_fail("--offload: the model's weights were written after the trainer took them (load them before "
+                       "dc_trainer_init)");
     // Nothing here waits for the backend: losses and the gradient norm stay
     // there until dc_trainer_stats reads them.
     if (!tr->started) DC_TRY(dc_model_reserve(m, c->micro_batch));

@@ -31,9 +31,10 @@ typedef struct {
     bool hflip;           // random horizontal flips
     uint64_t seed;
     // Where the optimizer runs, not part of the recipe (checkpoints do not
-    // record it, and a run may resume either way): the fp32 master weights,
-    // moments and EMA in host memory with AdamW + EMA on the CPU, beside the
-    // device's backward (train/offload.h). One rank only, for now.
+    // record it, and a run may resume either way): the fp32 master weights
+    // and moments in host memory with AdamW on the CPU, beside the device's
+    // backward; the EMA stays on the device (train/offload.h). The model's
+    // weights are loaded before dc_trainer_init. One rank only, for now.
     bool offload;
 } dc_train_config;
 
@@ -62,7 +63,8 @@ typedef struct {
     dc_order order;
     dc_schedule sched;
     dc_buf ema, adam_m, adam_v;  // [numel] F32, same layout as the parameters (NULL under ZeRO:
-                                 // zero holds this rank's shards; and with offload: on the host)
+                                 // zero holds this rank's shards; and with offload, which keeps
+                                 // the moments on the host and the EMA in offload->ema)
     int64_t step;                // optimizer steps done
     int64_t samples_seen;        // images consumed (the data position)
     // one micro-batch on the backend
@@ -142,6 +144,7 @@ int dc_trainer_save(const dc_trainer *tr, const char *path, const dc_kv *extra);
 // negative adam_v) naming the tensor and element, and a data set whose
 // fingerprint differs from the checkpoint's unless tr->allow_data_change
 // (then it warns); a checkpoint without a fingerprint (older) only warns.
-// With offload the state goes to the host copy; the file is the same either
-// way, so a run resumes with or without offload whichever wrote it.
+// With offload the moments go to the host copy and the EMA to offload's
+// device buffer; the file is the same either way, so a run resumes with or
+// without offload whichever wrote it.
 int dc_trainer_restore(dc_trainer *tr, const dc_st_file *f);
