@@ -16,7 +16,8 @@ hidden=$(diffusion train --model DiT-S/2 --help | grep -E '^ *--hidden ')
 [[ "$hidden" == *"the --model's"* && "$hidden" != *"(default 64)"* ]] && pass "train --help under --model" \
   || fail "train --help under --model: '$hidden'"
 version=$(diffusion --version)
-[[ "$version" =~ ^diffusion\ [0-9]+\.[0-9]+\.[0-9]+ && "$version" == *"CUDA backend: "* ]] \
+[[ "$version" =~ ^diffusion\ [0-9]+\.[0-9]+\.[0-9]+ && "$version" == *"CUDA backend: "* ]] &&
+  [[ "$(OPENBLAS_CORETYPE=Haswell diffusion --version)" == *"OpenBLAS kernels: Haswell"* ]] \
   && pass "--version: $(head -n 1 <<< "$version")" || fail "--version: '$version'"
 expect_code 2 "no command" diffusion
 expect_code 2 "unknown command" diffusion fly

@@ -336,6 +336,9 @@ struct dc_backend {
 int dc_backend_create(const char *name, dc_backend **out);
 void dc_backend_destroy(dc_backend *be);
 dc_backend *dc_backend_cpu_create(void);
+// The kernels OpenBLAS chose as the program loaded ("Cooperlake", "Haswell",
+// ...; OPENBLAS_CORETYPE overrides its choice).
+const char *dc_cpu_blas_core(void);
 // NULL with a message when the build has no CUDA or no GPU is present.
 dc_backend *dc_backend_cuda_create(bool fp32);
 

@@ -4,6 +4,7 @@
 
 #include "cli/commands.h"
 #include "cli/version.h"
+#include "backend/backend.h"
 #include "core/error.h"
 
 int cli_fail(void) {
@@ -55,7 +56,8 @@ static void version(void) {
 #else
     const char *cuda = "no (rebuild with nvcc present for GPUs)";
 #endif
-    printf("diffusion " DC_VERSION "\nbuilt with %s; CUDA backend: %s\n", cc, cuda);
+    printf("diffusion " DC_VERSION "\nbuilt with %s; CUDA backend: %s\nOpenBLAS kernels: %s\n", cc, cuda,
+           dc_cpu_blas_core());
 }
 
 int main(int argc, char **argv) {

@@ -13,6 +13,8 @@
 #include "backend/cpu/cpu_ops.h"
 #include "core/log.h"
 
+const char *dc_cpu_blas_core(void) { return openblas_get_corename(); }
+
 void dc_cpu_blas_init(void) {
     // 1 = the pthreads build, whose pool must not be entered from OpenMP
     // threads. The OpenMP build runs nested calls single-threaded by itself,
