@@ -18,7 +18,9 @@
 #include <sys/stat.h>
 
 #include "backend/backend.h"
+#include "check.h"
 #include "core/error.h"
+#include "count_alloc.h"
 #include "models/unet.h"
 #include "pipelines/sd.h"
 
@@ -26,56 +28,6 @@
 #define SIZE 32  // pixels a side that tiny1's VAE and UNet divide
 
 static char g_model[300];
-
-static int g_pass, g_fail;
-#define CHECK(cond, ...)                                  \
-    do {                                                  \
-        if (cond) g_pass++;                               \
-        else {                                            \
-            g_fail++;                                     \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__);   \
-            printf(__VA_ARGS__);                          \
-            printf("\n");                                 \
-        }                                                 \
-    } while (0)
-
-// ---- the CPU backend, every allocation counted, with an optional cap --------------------
-static dc_backend *g_cpu;
-typedef struct {
-    void *p;
-    size_t bytes;
-} live_rec;
-static live_rec g_live[4096];
-static int g_nlive;
-static int64_t g_now, g_peak, g_cap;  // g_cap 0: none
-
-static void *count_alloc(dc_backend *be, size_t bytes) {
-    (void)be;
-    if (g_cap && g_now + (int64_t)bytes > g_cap) {
-        dc_fail("test cap: %zu bytes more would hold %lld of at most %lld", bytes, (long long)(g_now + bytes),
-                (long long)g_cap);
-        return NULL;
-    }
-    if (g_nlive == (int)(sizeof g_live / sizeof g_live[0])) return dc_fail("test: too many allocations"), NULL;
-    void *p = g_cpu->alloc(g_cpu, bytes);
-    if (!p) return NULL;
-    g_live[g_nlive++] = (live_rec){p, bytes};
-    g_now += (int64_t)bytes;
-    if (g_now > g_peak) g_peak = g_now;
-    return p;
-}
-
-static void count_free(dc_backend *be, void *p) {
-    (void)be;
-    if (!p) return;
-    for (int i = 0; i < g_nlive; i++)
-        if (g_live[i].p == p) {
-            g_now -= (int64_t)g_live[i].bytes;
-            g_live[i] = g_live[--g_nlive];
-            break;
-        }
-    g_cpu->free(g_cpu, p);
-}
 
 // ---- one picture ---------------------------------------------------------------------
 typedef struct {
@@ -133,9 +85,8 @@ int main(int argc, char **argv) {
     }
     char dir[64], rm[128];
     if (write_model(argv[0], dir, sizeof dir)) return 1;
-    g_cpu = dc_backend_cpu_create();
-    dc_backend counted = *g_cpu;
-    counted.alloc = count_alloc, counted.free = count_free;
+    dc_backend *cpu = dc_backend_cpu_create();
+    dc_backend counted = count_backend(cpu);
     const size_t n = 3 * SIZE * SIZE;
     picture a = {malloc(sizeof(float) * n), 0}, b = {malloc(sizeof(float) * n), 0};
 
@@ -176,7 +127,7 @@ int main(int argc, char **argv) {
     printf("too small (%lld): %s\n", (long long)g_cap, dc_error());
 
     free(a.img), free(b.img);
-    dc_backend_destroy(g_cpu);
+    dc_backend_destroy(cpu);
     snprintf(rm, sizeof rm, "rm -rf '%s'", dir);
     if (system(rm) != 0) printf("could not remove %s\n", dir);
     printf("%d of %d checks passed\n", g_pass, g_pass + g_fail);

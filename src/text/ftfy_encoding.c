@@ -304,22 +304,6 @@ static int replace_lossy_sequences(bytes *x) {
     return 0;
 }
 
-// One well-formed UTF-8 sequence at s[0, n): its length, or 0.
-static size_t utf8_seq(const unsigned char *s, size_t n, uint32_t *c) {
-    unsigned b = s[0];
-    if (b < 0x80) return *c = b, 1;
-    size_t len = b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : b >= 0xC2 ? 2 : 0;
-    if (!len || b > 0xF4 || len > n) return 0;
-    uint32_t v = b & (0x7F >> len);
-    for (size_t i = 1; i < len; i++) {
-        if (!cont(s[i])) return 0;
-        v = v << 6 | (s[i] & 0x3F);
-    }
-    static const uint32_t k_min[5] = {0, 0, 0x80, 0x800, 0x10000};
-    if (v < k_min[len] || (v >= 0xD800 && v <= 0xDFFF) || v > 0x10FFFF) return 0;
-    return *c = v, len;
-}
-
 // x decoded as Python's strict UTF-8 or, with `variants`, as ftfy's
 // utf-8-variants; *ok false when it does not decode. The variants codec finds
 // its sequences with regexes whose '$' also matches before a final "\n", so
@@ -342,7 +326,7 @@ static int decode_utf8(const bytes *x, bool variants, dc_ustr *out, bool *ok) {
         } else if (variants && cesu) {  // the bits of a UTF-16 surrogate pair
             c = 0x10000 + ((b[1] & 0x0F) << 16) + ((b[2] & 0x3F) << 10) + ((b[4] & 0x0F) << 6) + (b[5] & 0x3F);
             len = 6;
-        } else if (!(len = utf8_seq(x->b + i, x->n - i, &c))) {
+        } else if (!(len = dc_utf8_get(x->b + i, x->n - i, &c))) {
             return 0;
         }
         DC_TRY(dc_ustr_push(out, c));

@@ -36,10 +36,7 @@ int dc_ustr_append(dc_ustr *s, const uint32_t *cp, size_t n) {
     return 0;
 }
 
-// Decodes the sequence at s[0, n): its code point and length, or 0 when it is
-// not well-formed UTF-8 (overlong forms, surrogates and values above U+10FFFF
-// included).
-static size_t utf8_get(const unsigned char *s, size_t n, uint32_t *c) {
+size_t dc_utf8_get(const unsigned char *s, size_t n, uint32_t *c) {
     unsigned b = s[0];
     if (b < 0x80) return *c = b, 1;
     size_t len = b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : b >= 0xC2 ? 2 : 0;
@@ -60,7 +57,7 @@ int dc_utf8_decode(const char *s, size_t n, const char *what, dc_ustr *out) {
     const unsigned char *u = (const unsigned char *)s;
     for (size_t i = 0; i < n;) {
         uint32_t c;
-        size_t len = utf8_get(u + i, n - i, &c);
+        size_t len = dc_utf8_get(u + i, n - i, &c);
         if (!len)
             return dc_fail("%s is not valid UTF-8: byte 0x%02x at offset %zu", what, u[i], i);
         out->cp[out->n++] = c;
@@ -74,7 +71,7 @@ int dc_ustr_append_utf8(dc_ustr *s, const char *utf8) {
     size_t n = strlen(utf8);
     for (size_t i = 0; i < n;) {
         uint32_t c;
-        size_t len = utf8_get(u + i, n - i, &c);
+        size_t len = dc_utf8_get(u + i, n - i, &c);
         if (!len) return dc_fail("internal error: a text table holds invalid UTF-8");
         DC_TRY(dc_ustr_push(s, c));
         i += len;

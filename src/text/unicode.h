@@ -22,6 +22,10 @@ int dc_ustr_append_utf8(dc_ustr *s, const char *utf8);
 // Decodes UTF-8 text into out (which it resets). Text that is not valid
 // UTF-8 is refused with a message naming `what` and the byte offset.
 int dc_utf8_decode(const char *s, size_t n, const char *what, dc_ustr *out);
+// Decodes the sequence at s[0, n): its code point and length, or 0 when it is
+// not well-formed UTF-8 (overlong forms, surrogates and values above U+10FFFF
+// included).
+size_t dc_utf8_get(const unsigned char *s, size_t n, uint32_t *c);
 // Writes the UTF-8 encoding of c (at most 4 bytes); returns its length.
 size_t dc_utf8_put(uint32_t c, char *out);
 
