@@ -69,6 +69,20 @@ for z in 0 1 2; do
     fail "--ranks 2 --zero $z: exit $?: $(tail -3 "$TMP/z$z.err")"
   fi
 done
+# ---- gradients summed in bf16: said on the ranks line, their bf16 copies in the state's gradients
+expect_code 2 "--grad-comm fp16 is a usage error" diffusion bench --ranks 2 --grad-comm fp16
+grads_mib() { grep -oE '^zero .*grads [0-9.]+ MiB' "$1" | grep -oE '[0-9.]+ MiB$' | grep -oE '[0-9.]+'; }
+for z in 0 2; do
+  if diffusion bench "${Q[@]}" --ranks 2 --zero $z --grad-comm bf16 > "$TMP/b$z.txt" 2> "$TMP/b$z.err"; then
+    g16=$(grads_mib "$TMP/b$z.txt") g32=$(grads_mib "$TMP/z$z.txt")
+    grep -qE "^ranks   2, sockets, ZeRO stage $z, .*gradients summed in bf16" "$TMP/b$z.txt" \
+      && grep -qE '^train .*img/s total' "$TMP/b$z.txt" && awk -v a="$g16" -v b="$g32" 'BEGIN { exit !(a > b) }' \
+      && pass "--ranks 2 --zero $z --grad-comm bf16: gradients $g16 MiB a rank with their bf16 copies ($g32 in fp32)" \
+      || fail "--ranks 2 --zero $z --grad-comm bf16: $(cat "$TMP/b$z.txt")"
+  else
+    fail "--ranks 2 --zero $z --grad-comm bf16: exit $?: $(tail -3 "$TMP/b$z.err")"
+  fi
+done
 p1=$(cat "$TMP/pct1" 2> /dev/null || echo 0) p2=$(cat "$TMP/pct2" 2> /dev/null || echo 100)
 awk -v a="$p1" -v b="$p2" 'BEGIN { exit !(b < a) }' && pass "stage 2 keeps less per rank than stage 1 ($p2% < $p1%)" \
   || fail "stage 2 keeps $p2% of stage 0, stage 1 $p1%"

@@ -2,7 +2,10 @@
 // against the sums and copies written out here (exact: the sums run in rank
 // order), out of place and in place (as ZeRO runs them), the same result on
 // every rank, a failing rank stopping the others with its message instead of
-// a hang, and the sharding and batch-split arithmetic.
+// a hang, and the sharding and batch-split arithmetic. Sums in bf16: the
+// ranks' bf16 values added in fp32 in rank order and rounded once (round to
+// nearest even), exactly, on 2 and 3 ranks, out of place and in place, with
+// a check that rounding after every addition instead would be caught.
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -73,6 +76,80 @@ static int collectives(dc_comm *c, void *arg) {
     return 0;
 }
 
+// ---- bf16 sums ------------------------------------------------------------------------
+// Rank q's bf16 element j: values of every size and sign, so that sums carry
+// into new exponents and lose low bits.
+static uint16_t value16(int rank, int64_t j) {
+    float scale = (float)(1 << ((rank * 3 + j) % 11));
+    return dc_f32_to_bf16(value(rank, j) * scale);
+}
+
+// The reference: element j of every rank summed in fp32, rank order, then
+// rounded once; *hop: rounded to bf16 after every addition (as a ring does).
+static uint16_t want16(int size, int off, int64_t j, uint16_t *hop) {
+    float v = dc_bf16_to_f32(value16(off, j)), h = v;
+    for (int q = 1; q < size; q++) {
+        v += dc_bf16_to_f32(value16(q + off, j));
+        h = dc_bf16_to_f32(dc_f32_to_bf16(h + dc_bf16_to_f32(value16(q + off, j))));
+    }
+    *hop = dc_f32_to_bf16(h);
+    return dc_f32_to_bf16(v);
+}
+
+typedef struct {
+    int64_t n;
+    int bad[64];      // per rank: wrong elements seen
+    int64_t hop_differs;  // rank 0: elements where rounding every addition gives another result
+} job16;
+
+static int collectives_bf16(dc_comm *c, void *arg) {
+    job16 *jb = arg;
+    const int64_t n = jb->n;
+    int bad = 0;
+    int64_t differs = 0;
+    uint16_t hop;
+    uint16_t *buf = malloc(sizeof(uint16_t) * (size_t)(n + 1));
+    for (int64_t j = 0; j < n; j++) buf[j] = value16(c->rank, j);
+    DC_TRY(dc_comm_all_reduce_sum_typed(c, buf, n, DC_BF16));
+    for (int64_t j = 0; j < n; j++) {
+        bad += buf[j] != want16(c->size, 0, j, &hop);
+        differs += hop != buf[j];
+    }
+    // reduce-scatter out of place, then in place (ZeRO's buckets)
+    uint16_t *in = malloc(sizeof(uint16_t) * (size_t)(n * c->size + 1)), *out = malloc(sizeof(uint16_t) * (size_t)(n + 1));
+    for (int64_t j = 0; j < n * c->size; j++) in[j] = value16(c->rank + 3, j);
+    DC_TRY(dc_comm_reduce_scatter_sum_typed(c, out, in, n, DC_BF16));
+    for (int64_t j = 0; j < n; j++) bad += out[j] != want16(c->size, 3, (int64_t)c->rank * n + j, &hop);
+    for (int64_t j = 0; j < n * c->size; j++) in[j] = value16(c->rank + 5, j);
+    uint16_t *slice = in + (int64_t)c->rank * n;
+    DC_TRY(dc_comm_reduce_scatter_sum_typed(c, slice, in, n, DC_BF16));
+    for (int64_t j = 0; j < n; j++) bad += slice[j] != want16(c->size, 5, (int64_t)c->rank * n + j, &hop);
+    // a type the sums do not take is refused on every rank alike
+    int32_t ints[2] = {1, 2};
+    bad += dc_comm_all_reduce_sum_typed(c, ints, 2, DC_I32) == 0 || !strstr(dc_error(), "I32");
+    jb->bad[c->rank] = bad;
+    if (c->rank == 0) jb->hop_differs = differs;
+    free(buf), free(in), free(out);
+    return 0;
+}
+
+static void test_bf16_sums(void) {
+    const int64_t ns[] = {1, 7, 999, 1001};
+    for (int size = 2; size <= 3; size++)
+        for (size_t b = 0; b < sizeof ns / sizeof *ns; b++) {
+            job16 jb = {ns[b], {0}, 0};
+            int rc = dc_comm_threads_run(size, collectives_bf16, &jb);
+            int bad = 0;
+            for (int r = 0; r < size; r++) bad += jb.bad[r];
+            CHECK(rc == 0 && bad == 0, "bf16, %d ranks, n %lld: rc %d (%s), %d wrong values", size, (long long)ns[b],
+                  rc, rc ? dc_error() : "", bad);
+            // the reference can tell one rounding from one per addition
+            if (size == 3 && ns[b] == 1001)
+                CHECK(jb.hop_differs > 0, "bf16, 3 ranks: no element where rounding each addition differs (the "
+                      "check could not tell)");
+        }
+}
+
 // Rank 1 finds a NaN at step 3 and stops the job; the others are in a collective.
 static int one_fails(dc_comm *c, void *arg) {
     (void)arg;
@@ -115,6 +192,7 @@ int main(void) {
             CHECK(rc == 0 && bad == 0, "%d ranks, n %lld: rc %d (%s), %d wrong values", sizes[a], (long long)ns[b],
                   rc, rc ? dc_error() : "", bad);
         }
+    test_bf16_sums();
     int rc = dc_comm_threads_run(3, one_fails, NULL);
     CHECK(rc != 0 && strstr(dc_error(), "rank 1 of 3 failed: the loss is NaN at step 3"),
           "an aborting rank stops every rank with its message: %s", dc_error());

@@ -86,6 +86,33 @@ wait $a; ra=$?; wait $b; rb=$?
   && pass "ranks with different settings stop before training, saying so" \
   || fail "ranks with different --lr: exit $ra $rb; $(tail -2 "$TMP/lr0.log" "$TMP/lr1.log")"
 
+# ---- gradients summed in bf16 over the sockets (--grad-comm bf16): each step's summed gradient
+# rounded once to bf16 (relative 2^-9), which the moments carry (tests/test_zero.c: 4e-3 of
+# each buffer's largest value). Here relative to the file's largest value, which the weights
+# set: 1e-5 to 3e-5 seen (the data are random), 1e-3 asked; yet not the fp32 run's file. ZeRO-2
+# sums the same way in its reduce-scatter. A rank summing in bf16 beside one in fp32 is refused.
+expect_code 2 "--grad-comm fp16 is a usage error" diffusion train --grad-comm fp16 --out "$TMP/x"
+for z in 0 2; do
+  diffusion train "${T[@]}" --steps 3 --ranks 2 --zero $z --grad-comm bf16 --out "$TMP/bf$z" > "$TMP/bf$z.log" 2>&1 \
+    || fail "--ranks 2 --zero $z --grad-comm bf16: $(tail -3 "$TMP/bf$z.log")"
+  e=$(close_to "$TMP/one/step_0000003.safetensors" "$TMP/bf$z/step_0000003.safetensors" 1e-3) \
+    && ! cmp -s "$TMP/two/step_0000003.safetensors" "$TMP/bf$z/step_0000003.safetensors" \
+    && grep -q "gradients summed in bf16" "$TMP/bf$z.log" \
+    && pass "--ranks 2 --zero $z --grad-comm bf16: $e from one rank in fp32, not the fp32 run's checkpoint" \
+    || fail "--ranks 2 --zero $z --grad-comm bf16: $e from one rank (tolerance 1e-3), or the fp32 run's file"
+done
+# each rank's share is one micro-batch: ZeRO-2 rounds and sums the values ZeRO-0 does (test_zero)
+cmp -s "$TMP/bf0/step_0000003.safetensors" "$TMP/bf2/step_0000003.safetensors" \
+  && pass "--grad-comm bf16: ZeRO-2's reduce-scatter writes ZeRO-0's all-reduce's checkpoint" \
+  || fail "--grad-comm bf16: ZeRO-2's checkpoint differs from ZeRO-0's"
+p=$(free_port)
+rank 0 2 "$p" "${T[@]}" --steps 3 --out "$TMP/gc" 2> "$TMP/gc0.log"; a=$!
+rank 1 2 "$p" "${T[@]}" --steps 3 --grad-comm bf16 --out "$TMP/gc" 2> "$TMP/gc1.log"; b=$!
+wait $a; ra=$?; wait $b; rb=$?
+[ $ra -ne 0 ] && [ $rb -ne 0 ] && grep -q "rank 1 trains other settings than rank 0" "$TMP/gc0.log" "$TMP/gc1.log" \
+  && pass "a rank summing gradients in bf16 beside one in fp32 stops before training" \
+  || fail "ranks with different --grad-comm: exit $ra $rb; $(tail -2 "$TMP/gc0.log" "$TMP/gc1.log")"
+
 # ---- a diverging run (inf or NaN in the losses of some images, so in one
 # rank's share): every rank stops naming the step, and no checkpoint is
 # written at or after it (one every step until then)

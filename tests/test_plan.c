@@ -4,7 +4,9 @@
 //   alloc and free, the predicted peak equals the bytes the trainer and model
 //   really hold at their peak (setting up and over two steps), for plans with
 //   and without offload, recompute and accumulation; the activation prediction
-//   equals the arena dc_dit_reserve allocates;
+//   equals the arena dc_dit_reserve allocates; and on 2 ranks (threads, each
+//   rank's backend counted on its own) for ZeRO stages 0, 1 and 2 with the
+//   gradients summed in fp32 and in bf16 (whose bf16 copies the plan adds);
 // - the planner never picks a slower plan for a larger budget, refuses a budget
 //   below the smallest plan naming its size, and for DiT-XL/2 at batch 64 in
 //   bf16 with 8 GiB picks offload with recompute, predicted under 8 GiB.
@@ -16,6 +18,7 @@
 #include "backend/backend.h"
 #include "check.h"
 #include "core/error.h"
+#include "dist/comm.h"
 #include "models/dit.h"
 #include "tiny_data.h"
 #include "train/plan.h"
@@ -130,6 +133,95 @@ static void test_exact_on_cpu(void) {
     dc_backend_destroy(g_cpu);
 }
 
+// ---- several ranks: each rank's backend counted on its own --------------------------
+typedef struct {
+    dc_backend be;  // first: the callbacks find their counter from the backend they are given
+    dc_backend *cpu;
+    rec live[256];
+    int nlive;
+    int64_t now, peak;
+} rank_counter;
+
+static void *rank_alloc(dc_backend *be, size_t bytes) {
+    rank_counter *k = (rank_counter *)be;
+    void *p = k->cpu->alloc(k->cpu, bytes);
+    if (p && k->nlive < 256) {
+        k->live[k->nlive++] = (rec){p, bytes};
+        k->now += (int64_t)bytes;
+        if (k->now > k->peak) k->peak = k->now;
+    }
+    return p;
+}
+
+static void rank_free(dc_backend *be, void *p) {
+    rank_counter *k = (rank_counter *)be;
+    for (int i = 0; i < k->nlive; i++)
+        if (k->live[i].p == p) {
+            k->now -= (int64_t)k->live[i].bytes;
+            k->live[i] = k->live[--k->nlive];
+            break;
+        }
+    k->cpu->free(k->cpu, p);
+}
+
+typedef struct {
+    dc_plan_request r;
+    dc_train_plan p;
+    const dc_dataset *ds;
+    int64_t peak[2];  // each rank's
+} ranks_job;
+
+// Two steps of the job's plan on this rank's counted backend.
+static int rank_train(dc_comm *c, void *arg) {
+    ranks_job *j = arg;
+    rank_counter *k = calloc(1, sizeof *k);
+    if (!k || !(k->cpu = dc_backend_cpu_create())) return free(k), dc_fail("no CPU backend");
+    k->be = *k->cpu, k->be.alloc = rank_alloc, k->be.free = rank_free;
+    dc_model *m = NULL;
+    dc_trainer tr = {0};
+    dc_train_config tc = dc_train_config_default();
+    tc.batch = j->r.batch, tc.micro_batch = j->p.micro_batch, tc.steps = 2, tc.grad_comm = j->r.grad_comm;
+    int rc = dc_dit_new(&k_tiny, &k->be, true, &m) || dc_dit_set_recompute(dc_dit_of(m), j->p.keep) ||
+             dc_model_init_weights(m, 1) || dc_trainer_init(&tr, m, j->ds, &tc) ||
+             dc_trainer_set_comm(&tr, c, j->r.zero) || dc_trainer_step(&tr, NULL) || dc_trainer_step(&tr, NULL);
+    j->peak[c->rank] = rc ? -1 : k->peak;
+    dc_trainer_free(&tr);
+    dc_model_free(m);
+    if (!rc && k->now != 0) rc = dc_fail("rank %d: %lld bytes still held after freeing everything", c->rank,
+                                         (long long)k->now);
+    dc_backend_destroy(k->cpu);
+    free(k);
+    return rc ? -1 : 0;
+}
+
+static void test_ranks_on_cpu(void) {
+    dc_dataset ds;
+    tiny_data(&ds, 12);
+    const dc_train_plan plans[] = {{3, 3, false}, {2, 1, false}};
+    for (int zero = 0; zero <= 2; zero++)
+        for (int bf16 = 0; bf16 <= 1; bf16++)
+            for (size_t i = 0; i < sizeof plans / sizeof *plans; i++) {
+                ranks_job j = {.r = {.cfg = k_tiny, .compute = DC_F32, .fixed = 0, .batch = BATCH, .ranks = 2,
+                                     .zero = zero, .micro_batch = 0, .keep = -1, .offload = 0,
+                                     .grad_comm = bf16 ? DC_BF16 : DC_F32},
+                               .p = plans[i], .ds = &ds, .peak = {-1, -1}};
+                dc_plan_mem pm, p32;
+                dc_plan_request r32 = j.r;
+                r32.grad_comm = DC_F32;
+                CHECK(dc_plan_predict(&j.r, &j.p, &pm) == 0 && dc_plan_predict(&r32, &j.p, &p32) == 0, "predict: %s",
+                      dc_error());
+                if (bf16)  // the bf16 copies sit beside the fp32 gradients
+                    CHECK(pm.grads > p32.grads && pm.peak > p32.peak, "ZeRO-%d: bf16 gradients predicted no larger",
+                          zero);
+                int rc = dc_comm_threads_run(2, rank_train, &j);
+                CHECK(rc == 0 && j.peak[0] == pm.peak && j.peak[1] == pm.peak,
+                      "2 ranks, ZeRO-%d, %s gradients, micro %d keep %d: predicted %lld bytes, the ranks held %lld "
+                      "and %lld (%s)", zero, bf16 ? "bf16" : "fp32", j.p.micro_batch, j.p.keep, (long long)pm.peak,
+                      (long long)j.peak[0], (long long)j.peak[1], rc ? dc_error() : "");
+            }
+    dc_dataset_free(&ds);
+}
+
 // DiT-XL/2 at batch 64 in bf16 on one GPU.
 static dc_plan_request xl_request(void) {
     dc_plan_request r = {.compute = DC_BF16, .fixed = k_cuda_fixed, .batch = 64, .ranks = 1, .zero = 0,
@@ -200,6 +292,7 @@ static void test_xl(void) {
 int main(void) {
     test_sizes();
     test_exact_on_cpu();
+    test_ranks_on_cpu();
     test_xl();
     printf("%d passed, %d failed\n", g_pass, g_fail);
     return g_fail ? 1 : 0;

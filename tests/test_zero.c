@@ -54,6 +54,8 @@ typedef struct {
     int differ;               // ranks whose compute weights are not rank 0's
     float *rank_w[MAX_RANKS];
     bool mem_ok;              // the accounting matches the shards allocated
+    dc_dtype wire;            // gradients between ranks (F32 unless set)
+    double loss[STEPS];       // rank 0's step losses
 } job;
 
 // Rank `fail_rank`'s hook: fails once unit fail_unit's gradients are done,
@@ -81,7 +83,7 @@ static int train(dc_comm *c, void *arg) {
     bool open = false;
     dc_train_config tc = dc_train_config_default();
     tc.batch = BATCH, tc.micro_batch = j->micro, tc.steps = STEPS, tc.lr = 1e-3f, tc.ema_decay = 0.9f;
-    tc.hflip = true, tc.grad_clip = j->clip;
+    tc.hflip = true, tc.grad_clip = j->clip, tc.grad_comm = j->wire;
     int rc = dc_backend_create("cpu", &be);
     if (!rc) rc = dc_dit_create(&m, &k_model, be, true);
     if (!rc && j->recompute) rc = dc_dit_set_recompute(&m, j->recompute);
@@ -99,6 +101,7 @@ static int train(dc_comm *c, void *arg) {
         dc_step_stats st;
         rc = dc_trainer_step(&tr, &st);
         if (!rc) min_norm = fmin(min_norm, st.grad_norm);
+        if (!rc && c->rank == 0 && tr.step <= STEPS) j->loss[tr.step - 1] = st.loss;
     }
     if (!rc && j->save) rc = dc_trainer_save(&tr, j->save, NULL);
     const dc_params *ps = m.base.params;
@@ -122,10 +125,15 @@ static int train(dc_comm *c, void *arg) {
     if (!rc && c->rank == 0) {
         j->numel = np, j->min_norm = min_norm;
         dc_zero_mem mem;
-        j->mem_ok = dc_zero_mem_of(ps, c->size, j->stage, be->compute, &mem) == 0 &&
-                    (!tr.zero || (mem.master == 4 * tr.zero->shard && mem.moments == 8 * tr.zero->shard &&
-                                  mem.grads == (j->stage == 1 ? 4 * np : 0) + 4 * tr.zero->shard +
-                                                   4 * tr.zero->bucket * tr.zero->nbuckets));
+        // bf16 on the wire: stage 0's copy of the gradients, or a copy of each bucket
+        const int64_t wire0 = tr.grad16.p ? 2 * np : 0;
+        const int64_t wirez = tr.zero && tr.zero->wbuf.p ? 2 * tr.zero->bucket * tr.zero->nbuckets : 0;
+        j->mem_ok = dc_zero_mem_of(ps, c->size, j->stage, be->compute, tc.grad_comm, &mem) == 0 &&
+                    (tr.zero ? mem.master == 4 * tr.zero->shard && mem.moments == 8 * tr.zero->shard &&
+                                   mem.grads == (j->stage == 1 ? 4 * np : 0) + 4 * tr.zero->shard +
+                                                    4 * tr.zero->bucket * tr.zero->nbuckets + wirez
+                             : mem.grads == 4 * np + wire0) &&
+                    (tc.grad_comm == DC_F32 || c->size == 1 || wire0 + wirez > 0);
     }
     if (m.params.hook_ctx == &fh) m.params.unit_hook = fh.inner, m.params.hook_ctx = fh.ctx;
     dc_trainer_free(&tr);
@@ -166,6 +174,54 @@ static double run_against(job *j, int ranks, const job *ref, bool *exact) {
     CHECK(differ == 0, "stage %d on %d ranks: %d ranks' weights are not the master's", j->stage, ranks, differ);
     CHECK(j->mem_ok, "stage %d on %d ranks: the memory accounting differs from the allocation", j->stage, ranks);
     return e;
+}
+
+// Gradients summed in bf16 (--grad-comm bf16) on 2 ranks against fp32 on 1
+// (ref: clipping on, micro-batch 2). Each step's summed gradient carries one
+// bf16 rounding, relative 2^-9 = 2e-3 per element; the moments carry it
+// (v squared: 4e-3), the weights move by lr x m / sqrt(v), which it changes
+// by as little, and the clipping factor (from the rounded gradients' norm)
+// by as little again: 1e-2 on every state buffer and on the losses, over
+// four steps. The same run in fp32 on 2 ranks must differ from it (the
+// option acts). With clipping off and each of 3 ranks' share one
+// micro-batch, ZeRO-1 and 2 round and sum the same values as ZeRO-0
+// (stage 2 rounds each micro-batch's bucket, here the rank's one): all
+// bit-identical.
+static void test_bf16_gradients(const job *ref) {
+    const float tol = 1e-2f;
+    for (int stage = 0; stage <= 2; stage++) {
+        job b = {.stage = stage, .micro = 1, .steps = STEPS, .clip = k_clip, .fail_rank = -1, .wire = DC_BF16};
+        job f = {.stage = stage, .micro = 1, .steps = STEPS, .clip = k_clip, .fail_rank = -1};
+        bool exact, same_as_fp32 = true;
+        double e = run_against(&b, 2, ref, &exact);
+        double ef = b.state[3] ? run_against(&f, 2, &b, &same_as_fp32) : -1;
+        double el = 0;
+        for (int s = 0; s < STEPS; s++) el = fmax(el, fabs(b.loss[s] - ref->loss[s]) / fabs(ref->loss[s]));
+        printf("  ZeRO-%d, 2 ranks, bf16 gradients: state %.2e, losses %.2e from 1 rank in fp32; %.2e from 2 ranks "
+               "in fp32\n", stage, e, el, ef);
+        CHECK(e >= 0 && e < tol && el < tol, "ZeRO-%d, bf16 on 2 ranks: state %.2e, losses %.2e from fp32 (tolerance "
+              "%g)", stage, e, el, tol);
+        CHECK(ef > 0 && !same_as_fp32, "ZeRO-%d, bf16 on 2 ranks: the same state as fp32 (%.2e): the option does "
+              "nothing", stage, ef);
+        job_free(&b), job_free(&f);
+    }
+    job z0 = {.stage = 0, .micro = 2, .steps = STEPS, .clip = 0, .fail_rank = -1, .wire = DC_BF16};
+    bool exact;
+    CHECK(dc_comm_threads_run(3, train, &z0) == 0, "ZeRO-0, bf16 on 3 ranks: %s", dc_error());
+    for (int stage = 1; stage <= 2 && z0.state[3]; stage++) {
+        job j = {.stage = stage, .micro = 2, .steps = STEPS, .clip = 0, .fail_rank = -1, .wire = DC_BF16};
+        double e = run_against(&j, 3, &z0, &exact);
+        printf("  ZeRO-%d, bf16 gradients on 3 ranks: %.2e from ZeRO-0's, %s\n", stage, e,
+               exact ? "bit-identical" : "not bit-identical");
+        CHECK(exact, "ZeRO-%d, bf16 on 3 ranks: %.2e from ZeRO-0, not bit-identical", stage, e);
+        job_free(&j);
+    }
+    job_free(&z0);
+    // one rank sends nothing: bf16 changes nothing
+    job one = {.stage = 0, .micro = 2, .steps = STEPS, .clip = k_clip, .fail_rank = -1, .wire = DC_BF16};
+    double e1 = run_against(&one, 1, ref, &exact);
+    CHECK(e1 == 0 && exact, "bf16 on 1 rank: %.2e from fp32, not bit-identical", e1);
+    job_free(&one);
 }
 
 static bool same_file(const char *a, const char *b) {
@@ -236,6 +292,8 @@ int main(void) {
     CHECK(er == 0 && exact, "ZeRO-2 with recompute: %.2e from without, not bit-identical", er);
     job_free(&plain), job_free(&redo);
 
+    test_bf16_gradients(&ref);
+
     // checkpoints: one file whatever the rank count
     char ck1[256], ck2[256], again2[256], again3[256];
     snprintf(ck1, sizeof ck1, "%s", tmp_path("one.safetensors"));
@@ -292,8 +350,9 @@ int main(void) {
     printf("  DiT-S/2, %.1fM parameters, per-rank MiB (grads + master + moments + EMA; bf16 compute):\n",
            s2.params.numel / 1e6);
     for (int n = 1; n <= 8; n *= 2) {
-        CHECK(dc_zero_mem_of(&s2.params, n, 0, DC_BF16, &z0) == 0 && dc_zero_mem_of(&s2.params, n, 1, DC_BF16, &z1) == 0 &&
-              dc_zero_mem_of(&s2.params, n, 2, DC_BF16, &z2) == 0, "accounting: %s", dc_error());
+        CHECK(dc_zero_mem_of(&s2.params, n, 0, DC_BF16, DC_F32, &z0) == 0 &&
+              dc_zero_mem_of(&s2.params, n, 1, DC_BF16, DC_F32, &z1) == 0 &&
+              dc_zero_mem_of(&s2.params, n, 2, DC_BF16, DC_F32, &z2) == 0, "accounting: %s", dc_error());
         double s0 = (double)dc_zero_mem_state(&z0);
         printf("    %d ranks: ZeRO-0 %.0f, ZeRO-1 %.0f (%.0f%%), ZeRO-2 %.0f (%.0f%%)\n", n, s0 / 1048576.0,
                dc_zero_mem_state(&z1) / 1048576.0, 100.0 * dc_zero_mem_state(&z1) / s0,
@@ -302,7 +361,7 @@ int main(void) {
             CHECK(dc_zero_mem_state(&z2) <= 0.6 * s0, "ZeRO-2 on 2 ranks: %.1f%% of ZeRO-0",
                   100.0 * dc_zero_mem_state(&z2) / s0);
     }
-    CHECK(dc_zero_mem_of(&s2.params, 2, 3, DC_BF16, &z0) != 0, "stage 3 is refused");
+    CHECK(dc_zero_mem_of(&s2.params, 2, 3, DC_BF16, DC_F32, &z0) != 0, "stage 3 is refused");
     dc_dit_free(&s2);
 
     // refusals: a stage that does not exist, a device communicator for the CPU

@@ -36,6 +36,9 @@ int cli_backend(const char *device, const char *precision, dc_backend **be);
 #define CLI_ZERO_HELP                                                                                      \
     "ZeRO stage over the ranks: 0 replicates the optimizer, 1 shards AdamW and EMA state, 2 also the "    \
     "gradients (needs several ranks)"
+#define CLI_GRAD_COMM_HELP                                                                                 \
+    "how gradients travel between ranks: fp32, or bf16 (half the gradient bytes on the wire, for one bf16 " \
+    "rounding of each step's summed gradients; with one rank it changes nothing)"
 #define CLI_COMM_TIMEOUT_HELP                                                                              \
     "seconds a rank waits for the others (to start, or in a step) before it calls the job hung and stops"
 #define CLI_HEADS_HELP "heads, for widths outside the official table (default: from the table)"

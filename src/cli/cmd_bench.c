@@ -80,10 +80,10 @@ static int gather_reports(train_ranks *job, rank_report *mine) {
 
 // The ZeRO-sharded state per rank (train/zero.h), beside stage 0's: what the
 // stage saves is read off this line.
-static int print_zero_state(const dc_params *ps, int size, int stage, dc_dtype compute) {
+static int print_zero_state(const dc_params *ps, int size, int stage, dc_dtype compute, dc_dtype wire) {
     dc_zero_mem z, z0;
-    DC_TRY(dc_zero_mem_of(ps, size, stage, compute, &z));
-    DC_TRY(dc_zero_mem_of(ps, size, 0, compute, &z0));
+    DC_TRY(dc_zero_mem_of(ps, size, stage, compute, wire, &z));
+    DC_TRY(dc_zero_mem_of(ps, size, 0, compute, wire, &z0));
     const double mib = 1048576.0, s = (double)dc_zero_mem_state(&z), s0 = (double)dc_zero_mem_state(&z0);
     printf("zero    stage %d on %d rank%s, per rank: grads %.2f MiB, master %.2f MiB, moments %.2f MiB, "
            "ema %.2f MiB = state %.2f MiB (%.1f%% of stage 0's %.2f MiB); full weight copies %.2f MiB\n",
@@ -97,7 +97,7 @@ static int print_zero_state(const dc_params *ps, int size, int stage, dc_dtype c
 // images; the gradients are reduced by the trainer's communicator exactly as
 // in `diffusion train --zero`. Rank 0 prints.
 static int bench_train(train_ranks *job, const dc_dit_config *mc, dc_backend *be, int batch, int micro, int iters,
-                       int warm, int recompute, int zero, bool offload) {
+                       int warm, int recompute, int zero, bool offload, dc_dtype wire) {
     const int size = job->launch.size;
     const bool lead = train_ranks_lead(job);
     dc_dataset ds = {0};
@@ -106,7 +106,7 @@ static int bench_train(train_ranks *job, const dc_dit_config *mc, dc_backend *be
     dc_train_config tc = dc_train_config_default();
     tc.batch = batch * size, tc.micro_batch = micro;
     tc.steps = iters + warm;
-    tc.offload = offload;
+    tc.offload = offload, tc.grad_comm = wire;
     int rc = -1;
     if (dc_dit_new(mc, be, true, &m) || (recompute >= 0 && dc_dit_set_recompute(dc_dit_of(m), recompute)) ||
         synthetic_data(&ds, &m->info, tc.batch * 4) ||
@@ -151,12 +151,12 @@ static int bench_train(train_ranks *job, const dc_dit_config *mc, dc_backend *be
         if (r.held >= 0) printf("   peak GPU %.2f GiB   held %.2f GiB", r.peak / 1073741824.0, r.held / 1073741824.0);
         else printf("   peak RSS %.2f GiB", r.peak / 1073741824.0);
         printf(size > 1 ? " (max over ranks)\n" : "\n");
-        if (!offload && print_zero_state(m->params, size, zero, be->compute)) goto done;
+        if (!offload && print_zero_state(m->params, size, zero, be->compute, wire)) goto done;
         if (offload) {  // what stayed on the device, and what went to the host
             const double mib = 1048576.0, P = (double)m->params->numel;
             printf("offload device: weights %.2f MiB (fp32 kept) + %.2f MiB (compute copy), EMA %.2f MiB, "
                    "buckets and staging %.2f MiB; host: master, moments and gradients %.2f MiB\n",
-                   4 * (double)dc_offload_kept_data(m->params) / mib,
+                   4 * (double)(m->params->wc.p ? dc_offload_kept_data(m->params) : m->params->numel) / mib,
                    m->params->wc.p ? P * dc_dtype_size(be->compute) / mib : 0.0, 4 * P / mib,
                    dc_offload_device_bytes(m->params) / mib, 4 * 4 * P / mib);
             const dc_offload *o = tr.offload;
@@ -225,7 +225,7 @@ done:
 int cmd_bench(int argc, char **argv) {
     for (int k = 1; k < argc; k++)  // Stable Diffusion: its own flags
         if (!strcmp(argv[k], "--sd") || !strncmp(argv[k], "--sd=", 5)) return cmd_bench_sd(argc, argv);
-    const char *model = NULL, *device = "auto", *precision = "auto", *max_mem = NULL;
+    const char *model = NULL, *device = "auto", *precision = "auto", *max_mem = NULL, *grad_comm = "fp32";
     int64_t budget = 0;
     int batch = 64, iters = 5, warm = 1, sample_batch = 32, sample_steps = 10, threads = 0, latency = 1;
     int recompute = -1, ranks = 0, gpus = 0, zero = 0;
@@ -251,6 +251,7 @@ int cmd_bench(int argc, char **argv) {
         {"gpus", ARG_INT, &gpus, "N", CLI_GPUS_HELP},
         {"ranks", ARG_INT, &ranks, "N", CLI_RANKS_HELP},
         {"zero", ARG_INT, &zero, "S", CLI_ZERO_HELP},
+        {"grad-comm", ARG_STR, &grad_comm, "T", CLI_GRAD_COMM_HELP},
         {"comm-timeout", ARG_FLOAT, &comm_timeout, "S", CLI_COMM_TIMEOUT_HELP},
         {"max-gpu-memory", ARG_STR, &max_mem, "SIZE", "training with the fastest micro-batch, --recompute and "
                                                       "--offload whose predicted peak device memory fits in SIZE "
@@ -283,6 +284,8 @@ int cmd_bench(int argc, char **argv) {
     if (train_ranks_check_flags(ranks, gpus, zero, comm_timeout, device)) return cli_usage_fail();
     if (cli_check_device_flags(threads, device, precision)) return cli_usage_fail();
     if (cli_plan_budget(max_mem, &budget)) return cli_usage_fail();
+    dc_dtype wire;
+    if (train_ranks_grad_comm(grad_comm, &wire)) return cli_usage_fail();
     dc_dit_config mc = cli_demo_model();
     if (model && dc_dit_config_from_name(model, &mc)) return cli_usage_fail();
 
@@ -309,8 +312,9 @@ int cmd_bench(int argc, char **argv) {
                model ? model : "demo DiT", mc.depth, mc.hidden, mc.heads, mc.patch, mc.input_size,
                mc.input_size, mc.in_channels, 2 * dc_dit_macs_per_image(&mc) / 1e9, be->name);
         if (size > 1)
-            printf("ranks   %d, %s, ZeRO stage %d, batch %d per rank (%d per step)\n", size,
-                   strcmp(be->name, "cpu") ? "NCCL" : "sockets", zero, batch, batch * size);
+            printf("ranks   %d, %s, ZeRO stage %d, batch %d per rank (%d per step), gradients summed in %s\n", size,
+                   strcmp(be->name, "cpu") ? "NCCL" : "sockets", zero, batch, batch * size,
+                   wire == DC_BF16 ? "bf16" : "fp32");
     }
     if (lead && be->gemm_peak) {
         g_peak_tflops = be->gemm_peak(be);
@@ -323,12 +327,12 @@ int cmd_bench(int argc, char **argv) {
     if (max_mem) {  // the fastest plan that fits; --recompute and --offload given fix their part of it
         char line[256];
         micro = 0;  // bench has no --micro-batch: the plan picks it
-        if (cli_plan_choose(&mc, be, budget, batch * size, size, zero, &micro, &recompute, &offload, line,
+        if (cli_plan_choose(&mc, be, budget, batch * size, size, zero, wire, &micro, &recompute, &offload, line,
                             sizeof line))
             goto done;
         if (lead) printf("%s\n", line), fflush(stdout);
     }
-    rc = bench_train(&job, &mc, be, batch, micro, iters, warm, recompute, zero, offload);
+    rc = bench_train(&job, &mc, be, batch, micro, iters, warm, recompute, zero, offload, wire);
     // Sampling involves no communication: with several ranks it is not timed.
     if (!rc && size == 1 && sample_batch > 0) rc = bench_sample(&mc, be, sample_batch, sample_steps, cfg);
     if (!rc && size == 1 && sample_batch > 1 && latency) rc = bench_sample(&mc, be, 1, sample_steps, cfg);

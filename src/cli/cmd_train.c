@@ -157,7 +157,7 @@ int cmd_train(int argc, char **argv) {
     for (int i = 1; i < argc; i++) official |= !strcmp(argv[i], "--model") || !strncmp(argv[i], "--model=", 8);
     dc_train_config tc = official ? dc_train_config_default() : cli_demo_train();
     const char *model = NULL, *data_path = DC_FMNIST_DIR, *out = "runs/train", *resume = NULL;
-    const char *device = "auto", *precision = "auto", *max_mem = NULL;
+    const char *device = "auto", *precision = "auto", *max_mem = NULL, *grad_comm = "fp32";
     int64_t budget = 0;
     int ckpt_every = 500, keep = 3, log_every = 50, threads = 0, heads = 0, recompute = -1;
     int ranks = 0, gpus = 0, zero = 0;
@@ -213,6 +213,7 @@ int cmd_train(int argc, char **argv) {
         {"gpus", ARG_INT, &gpus, "N", CLI_GPUS_HELP},
         {"ranks", ARG_INT, &ranks, "N", CLI_RANKS_HELP},
         {"zero", ARG_INT, &zero, "S", CLI_ZERO_HELP},
+        {"grad-comm", ARG_STR, &grad_comm, "T", CLI_GRAD_COMM_HELP},
         {"comm-timeout", ARG_FLOAT, &comm_timeout, "S", CLI_COMM_TIMEOUT_HELP},
         {"offload", ARG_FLAG, &offload, NULL, "keep the fp32 master weights and AdamW moments in host memory and "
                                               "run AdamW on the CPU beside the GPU's backward (one rank)"},
@@ -244,6 +245,8 @@ int cmd_train(int argc, char **argv) {
         return dc_fail("--recompute %d: blocks that keep their activations, 0 or more", recompute), cli_usage_fail();
     if (cli_check_device_flags(threads, device, precision)) return cli_usage_fail();
     if (cli_plan_budget(max_mem, &budget)) return cli_usage_fail();
+    dc_dtype wire;
+    if (train_ranks_grad_comm(grad_comm, &wire)) return cli_usage_fail();
     if (flip) tc.hflip = true;
     if (!args_given(&ap, "micro-batch")) tc.micro_batch = tc.batch;
     if (resume) {
@@ -251,7 +254,7 @@ int cmd_train(int argc, char **argv) {
         static const char *k_free[] = {"resume", "steps", "out", "data", "ckpt-every", "keep",
                                        "log-every", "threads", "device", "precision", "force",
                                        "allow-data-change", "no-verify", "recompute",
-                                       "ranks", "gpus", "zero", "comm-timeout", "offload",
+                                       "ranks", "gpus", "zero", "grad-comm", "comm-timeout", "offload",
                                        "max-gpu-memory"};
         for (int i = 0; i < ap.nspecs; i++) {
             bool free_flag = false;
@@ -380,8 +383,8 @@ int cmd_train(int argc, char **argv) {
     if (max_mem) {  // the fastest plan that fits; the flags given (a checkpoint fixes the micro-batch) stay
         char line[256];
         if (!resume && !args_given(&ap, "micro-batch")) tc.micro_batch = 0;  // the plan picks it
-        if (cli_plan_choose(&mc, be, budget, tc.batch, job.launch.size, zero, &tc.micro_batch, &recompute,
-                            &offload, line, sizeof line))
+        if (cli_plan_choose(&mc, be, budget, tc.batch, job.launch.size, zero, wire, &tc.micro_batch,
+                            &recompute, &offload, line, sizeof line))
             goto fail;
         if (lead) dc_log("%s", line);
     }
@@ -389,6 +392,7 @@ int cmd_train(int argc, char **argv) {
     if (recompute >= 0 && dc_dit_set_recompute(dc_dit_of(m), recompute)) goto fail;
     if (have_ck ? dc_model_load_weights(m, &ck, "") : dc_model_init_weights(m, tc.seed)) goto fail;
     tc.offload = offload;  // where the state lives: never recorded, so a checkpoint resumes either way
+    tc.grad_comm = wire;   // how gradients travel: not recorded either
     if (dc_trainer_init(&tr, m, &ds, &tc)) goto fail;
     if (have_ck) {
         tr.allow_data_change = allow_data_change;
@@ -418,8 +422,8 @@ int cmd_train(int argc, char **argv) {
                      tc.batch, tc.micro_batch, tc.lr, tc.steps, ckpt_every, out, be->name);
     if (lead && offload) dc_log("offload: master weights and AdamW moments in host memory, AdamW on the CPU");
     if (lead && job.rv)
-        dc_log("%d ranks (%s), %s, ZeRO stage %d", job.launch.size, job.launch.launcher,
-               job.nccl ? "NCCL" : "sockets", zero);
+        dc_log("%d ranks (%s), %s, ZeRO stage %d, gradients summed in %s", job.launch.size, job.launch.launcher,
+               job.nccl ? "NCCL" : "sockets", zero, wire == DC_BF16 ? "bf16" : "fp32");
 
     int r = run_steps(&job, &tr, &tc, out, keep, ckpt_every, log_every, data_path, &wrote);
     if (r < 0) goto fail;

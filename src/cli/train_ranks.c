@@ -130,6 +130,7 @@ static int settings_hash(const dc_model *m, const dc_train_config *tc, uint64_t 
         dc_xxh64_update(&h, kv.keys[i], strlen(kv.keys[i]) + 1);
         dc_xxh64_update(&h, kv.values[i], strlen(kv.values[i]) + 1);
     }
+    dc_xxh64_update_u64(&h, (uint64_t)tc->grad_comm);
     dc_xxh64_update_u64(&h, data);
     dc_kv_free(&kv);
     *out = dc_xxh64_digest(&h);
@@ -173,6 +174,13 @@ int train_ranks_check_flags(int ranks, int gpus, int zero, double comm_timeout, 
     if (ranks < 0 || gpus < 0) return dc_fail("--%s must be 1 or more", ranks < 0 ? "ranks" : "gpus");
     if (ranks && gpus) return dc_fail("--ranks and --gpus both start ranks: give one");
     if (gpus && !strcmp(device, "cpu")) return dc_fail("--gpus runs one rank per GPU; with --device cpu use --ranks N");
+    return 0;
+}
+
+int train_ranks_grad_comm(const char *name, dc_dtype *out) {
+    if (!strcmp(name, "fp32")) *out = DC_F32;
+    else if (!strcmp(name, "bf16")) *out = DC_BF16;
+    else return dc_fail("--grad-comm must be fp32 or bf16 (got '%s')", name);
     return 0;
 }
 

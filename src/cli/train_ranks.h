@@ -23,6 +23,8 @@ typedef struct {
 // --ranks, --gpus, --zero and --comm-timeout as given (before anything
 // starts): 0, or -1 with what is wrong.
 int train_ranks_check_flags(int ranks, int gpus, int zero, double comm_timeout, const char *device);
+// --grad-comm fp32 or bf16 into *out (DC_F32, DC_BF16): 0, or -1 with what is wrong.
+int train_ranks_grad_comm(const char *name, dc_dtype *out);
 // Reads the launcher's variables and checks --ranks / --gpus against them.
 // *spawn: this process is to start `*spawn` local ranks (and not train).
 int train_ranks_plan(train_ranks *tr, int ranks, int gpus, const char *device, int *spawn);
@@ -48,9 +50,11 @@ int train_ranks_agree(train_ranks *tr, bool ok, const char *what);
 // Every rank has the same `value` of `what` (the step resumed from, say).
 int train_ranks_same(train_ranks *tr, int64_t value, const char *what);
 // Every rank trains the same model with the same settings on the same data:
-// a hash of the model's and the training's settings and the data set's
-// fingerprint, compared across ranks (a rank started with another --lr or
-// another data file would otherwise train its own variant silently).
+// a hash of the model's and the training's settings (with --grad-comm,
+// which checkpoints do not record: one rank summing in bf16 beside one in
+// fp32 would send buffers of another size) and the data set's fingerprint,
+// compared across ranks (a rank started with another --lr or another data
+// file would otherwise train its own variant silently).
 int train_ranks_same_settings(train_ranks *tr, const dc_model *m, const dc_train_config *tc, uint64_t data);
 // After a failure: the other ranks stop too, with this rank's message, which
 // then names the rank ("rank 1 of 2: ..."). Nothing to do with one rank.

@@ -18,14 +18,17 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/dtype.h"
+
 typedef struct dc_comm dc_comm;
 
 typedef struct {
-    // buf[n] (F32) = the sum of every rank's buf[n], on every rank.
-    int (*all_reduce_sum)(dc_comm *c, float *buf, int64_t n);
+    // The sums take F32 or BF16 elements (dt); any other type fails.
+    // buf[n] = the sum of every rank's buf[n], on every rank.
+    int (*all_reduce_sum)(dc_comm *c, void *buf, int64_t n, dc_dtype dt);
     // out[n] = the sum over ranks of their in[rank * n .. (rank + 1) * n):
     // rank r receives the sum of slice r (ZeRO's gradient shards).
-    int (*reduce_scatter_sum)(dc_comm *c, float *out, const float *in, int64_t n);
+    int (*reduce_scatter_sum)(dc_comm *c, void *out, const void *in, int64_t n, dc_dtype dt);
     // out[size * bytes] = every rank's in[bytes], in rank order.
     int (*all_gather)(dc_comm *c, void *out, const void *in, size_t bytes);
     // buf = root's buf on every rank.
@@ -53,10 +56,17 @@ struct dc_comm {
 };
 
 static inline int dc_comm_all_reduce_sum(dc_comm *c, float *buf, int64_t n) {
-    return c->ops->all_reduce_sum(c, buf, n);
+    return c->ops->all_reduce_sum(c, buf, n, DC_F32);
 }
 static inline int dc_comm_reduce_scatter_sum(dc_comm *c, float *out, const float *in, int64_t n) {
-    return c->ops->reduce_scatter_sum(c, out, in, n);
+    return c->ops->reduce_scatter_sum(c, out, in, n, DC_F32);
+}
+// The same sums of elements of type dt (F32 or BF16: gradients sent in bf16).
+static inline int dc_comm_all_reduce_sum_typed(dc_comm *c, void *buf, int64_t n, dc_dtype dt) {
+    return c->ops->all_reduce_sum(c, buf, n, dt);
+}
+static inline int dc_comm_reduce_scatter_sum_typed(dc_comm *c, void *out, const void *in, int64_t n, dc_dtype dt) {
+    return c->ops->reduce_scatter_sum(c, out, in, n, dt);
 }
 static inline int dc_comm_all_gather(dc_comm *c, void *out, const void *in, size_t bytes) {
     return c->ops->all_gather(c, out, in, bytes);
@@ -74,6 +84,9 @@ static inline void dc_comm_set_async(dc_comm *c, bool async) {
 static inline int64_t dc_comm_issued(dc_comm *c) { return c->ops->issued ? c->ops->issued(c) : 0; }
 static inline int dc_comm_wait(dc_comm *c, int64_t n) { return c->ops->wait ? c->ops->wait(c, n) : 0; }
 static inline void dc_comm_abort(dc_comm *c, const char *why) { c->ops->abort(c, why); }
+
+// 0 when the sums take elements of type dt (F32, BF16); else -1 saying so.
+int dc_comm_sum_dtype_check(dc_dtype dt);
 
 // Runs fn on `size` threads, rank 0..size-1, each with its communicator;
 // returns 0, or -1 with the message of the first rank that failed (a failed

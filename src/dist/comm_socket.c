@@ -1,7 +1,8 @@
 // The socket communicator: collectives over the rendezvous connections.
 // Rank 0 receives each rank's buffer in rank order and adds it into its
 // own, element by element, which is the thread communicator's
-// ((x_0 + x_1) + x_2) + ... ; then it sends the result to every rank.
+// ((x_0 + x_1) + x_2) + ... ; then it sends the result to every rank. Sums
+// in bf16 add into an fp32 copy and round once, at the end.
 #include <stdlib.h>
 #include <string.h>
 
@@ -10,37 +11,80 @@
 
 static dc_rendezvous *rv_of(dc_comm *c) { return c->ctx; }
 
+// Rank 0's running sum (fp32) of the buffers arriving as dt.
+typedef struct {
+    float *acc;
+    dc_dtype dt;
+} sum_sink;
+
 static void add_sink(void *ctx, const void *piece, size_t offset, size_t len) {
-    float *dst = (float *)((char *)ctx + offset);
-    const float *src = piece;  // pieces hold whole floats: their sizes are multiples of 4
-    for (size_t j = 0; j < len / sizeof(float); j++) dst[j] += src[j];
-}
-
-static int all_reduce_sum(dc_comm *c, float *buf, int64_t n) {
-    dc_rendezvous *rv = rv_of(c);
-    size_t bytes = sizeof(float) * (size_t)n;
-    if (c->rank != 0) return dc_rv_send(rv, 0, buf, bytes) || dc_rv_recv(rv, 0, buf, bytes) ? -1 : 0;
-    for (int q = 1; q < c->size; q++) DC_TRY(dc_rv_recv_stream(rv, q, bytes, add_sink, buf));
-    for (int q = 1; q < c->size; q++) DC_TRY(dc_rv_send(rv, q, buf, bytes));
-    return 0;
-}
-
-static int reduce_scatter_sum(dc_comm *c, float *out, const float *in, int64_t n) {
-    dc_rendezvous *rv = rv_of(c);
-    size_t slice = sizeof(float) * (size_t)n, all = slice * (size_t)c->size;
-    if (c->rank != 0) return dc_rv_send(rv, 0, in, all) || dc_rv_recv(rv, 0, out, slice) ? -1 : 0;
-    float *sum = malloc(all ? all : 1);
-    if (!sum) {
-        dc_fail("out of memory for a reduce-scatter of %lld floats", (long long)n * c->size);
-        dc_comm_abort(c, dc_error());
-        return -1;
+    const sum_sink *s = ctx;
+    // pieces hold whole elements (64 KiB each, then the rest of the buffer)
+    if (s->dt == DC_BF16) {
+        float *dst = s->acc + offset / 2;
+        const uint16_t *src = piece;
+        for (size_t j = 0; j < len / 2; j++) dst[j] += dc_bf16_to_f32(src[j]);
+    } else {
+        float *dst = s->acc + offset / 4;
+        const float *src = piece;
+        for (size_t j = 0; j < len / 4; j++) dst[j] += src[j];
     }
-    memcpy(sum, in, all);
+}
+
+// n elements of type dt as a new fp32 array (NULL when out of memory).
+static float *widen(const void *src, int64_t n, dc_dtype dt) {
+    float *f = malloc(sizeof(float) * (size_t)(n ? n : 1));
+    if (!f) return NULL;
+    if (dt == DC_F32) memcpy(f, src, sizeof(float) * (size_t)n);
+    else
+        for (int64_t j = 0; j < n; j++) f[j] = dc_bf16_to_f32(((const uint16_t *)src)[j]);
+    return f;
+}
+
+static int out_of_memory(dc_comm *c, int64_t n) {
+    dc_fail("out of memory for a sum of %lld elements over ranks", (long long)n);
+    dc_comm_abort(c, dc_error());
+    return -1;
+}
+
+static int all_reduce_sum(dc_comm *c, void *buf, int64_t n, dc_dtype dt) {
+    DC_TRY(dc_comm_sum_dtype_check(dt));
+    dc_rendezvous *rv = rv_of(c);
+    size_t bytes = dc_dtype_size(dt) * (size_t)n;
+    if (c->rank != 0) return dc_rv_send(rv, 0, buf, bytes) || dc_rv_recv(rv, 0, buf, bytes) ? -1 : 0;
+    sum_sink s = {dt == DC_F32 ? buf : widen(buf, n, dt), dt};  // fp32 sums straight into buf
+    if (!s.acc) return out_of_memory(c, n);
     int rc = 0;
-    for (int q = 1; q < c->size && !rc; q++) rc = dc_rv_recv_stream(rv, q, all, add_sink, sum);
-    for (int q = 1; q < c->size && !rc; q++) rc = dc_rv_send(rv, q, sum + (size_t)q * n, slice);
+    for (int q = 1; q < c->size && !rc; q++) rc = dc_rv_recv_stream(rv, q, bytes, add_sink, &s);
+    if (dt == DC_BF16) {
+        for (int64_t j = 0; j < n; j++) ((uint16_t *)buf)[j] = dc_f32_to_bf16(s.acc[j]);
+        free(s.acc);
+    }
+    for (int q = 1; q < c->size && !rc; q++) rc = dc_rv_send(rv, q, buf, bytes);
+    return rc;
+}
+
+static int reduce_scatter_sum(dc_comm *c, void *out, const void *in, int64_t n, dc_dtype dt) {
+    DC_TRY(dc_comm_sum_dtype_check(dt));
+    dc_rendezvous *rv = rv_of(c);
+    const size_t es = dc_dtype_size(dt), slice = es * (size_t)n, all = slice * (size_t)c->size;
+    if (c->rank != 0) return dc_rv_send(rv, 0, in, all) || dc_rv_recv(rv, 0, out, slice) ? -1 : 0;
+    const int64_t total = n * c->size;
+    sum_sink s = {widen(in, total, dt), dt};
+    char *sum = dt == DC_F32 ? (char *)s.acc : malloc(all ? all : 1);  // what is sent: the sums as dt
+    if (!s.acc || !sum) {
+        free(s.acc);
+        if (sum != (char *)s.acc) free(sum);
+        return out_of_memory(c, total);
+    }
+    int rc = 0;
+    for (int q = 1; q < c->size && !rc; q++) rc = dc_rv_recv_stream(rv, q, all, add_sink, &s);
+    if (dt == DC_BF16)
+        for (int64_t j = 0; j < total; j++) ((uint16_t *)sum)[j] = dc_f32_to_bf16(s.acc[j]);
+    for (int q = 1; q < c->size && !rc; q++) rc = dc_rv_send(rv, q, sum + (size_t)q * slice, slice);
     if (!rc) memcpy(out, sum, slice);
-    free(sum);
+    if (sum != (char *)s.acc) free(sum);
+    free(s.acc);
     return rc;
 }
 

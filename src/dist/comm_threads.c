@@ -58,22 +58,41 @@ static int publish(dc_comm *c, const void *p) {
 }
 static const void *peer(dc_comm *c, int q) { return ((shared *)c->ctx)->ptr[q]; }
 
-static int all_reduce_sum(dc_comm *c, float *buf, int64_t n) {
+int dc_comm_sum_dtype_check(dc_dtype dt) {
+    if (dt == DC_F32 || dt == DC_BF16) return 0;
+    return dc_fail("a sum over ranks of %s elements: the communicators sum F32 and BF16", dc_dtype_name(dt));
+}
+
+// Element j of a buffer of type dt (F32 or BF16), widened to fp32.
+static float load(const void *p, dc_dtype dt, int64_t j) {
+    return dt == DC_BF16 ? dc_bf16_to_f32(((const uint16_t *)p)[j]) : ((const float *)p)[j];
+}
+static void store(void *p, dc_dtype dt, int64_t j, float v) {
+    if (dt == DC_BF16) ((uint16_t *)p)[j] = dc_f32_to_bf16(v);
+    else ((float *)p)[j] = v;
+}
+
+// Element `at` of every rank's buffer summed in rank order, in fp32.
+static float sum_at(dc_comm *c, dc_dtype dt, int64_t at) {
+    float v = load(peer(c, 0), dt, at);
+    for (int q = 1; q < c->size; q++) v += load(peer(c, q), dt, at);
+    return v;
+}
+
+static int all_reduce_sum(dc_comm *c, void *buf, int64_t n, dc_dtype dt) {
+    DC_TRY(dc_comm_sum_dtype_check(dt));
     DC_TRY(publish(c, buf));
+    const size_t es = dc_dtype_size(dt);
     dc_shard s = dc_shard_of(n, c->size, c->rank, 1);  // this rank sums its slice for everyone
-    float *sum = malloc(sizeof(float) * (size_t)(s.count ? s.count : 1));
+    void *sum = malloc(es * (size_t)(s.count ? s.count : 1));
     if (!sum) {
         comm_abort(c, "out of memory");
         return wait_all(c);
     }
-    for (int64_t j = 0; j < s.count; j++) {
-        float v = ((const float *)peer(c, 0))[s.begin + j];
-        for (int q = 1; q < c->size; q++) v += ((const float *)peer(c, q))[s.begin + j];
-        sum[j] = v;
-    }
+    for (int64_t j = 0; j < s.count; j++) store(sum, dt, j, sum_at(c, dt, s.begin + j));  // one rounding
     int rc = wait_all(c);  // every slice is read before any is written
     for (int q = 0; q < c->size && rc == 0; q++)
-        memcpy((float *)peer(c, q) + s.begin, sum, sizeof(float) * (size_t)s.count);
+        memcpy((char *)peer(c, q) + es * (size_t)s.begin, sum, es * (size_t)s.count);
     free(sum);
     return rc ? rc : wait_all(c);
 }
@@ -81,14 +100,11 @@ static int all_reduce_sum(dc_comm *c, float *buf, int64_t n) {
 // In place as NCCL allows: out may be in + rank * n. Each rank writes only
 // its own slice of its own buffer, which only it reads, element by element
 // before writing it.
-static int reduce_scatter_sum(dc_comm *c, float *out, const float *in, int64_t n) {
+static int reduce_scatter_sum(dc_comm *c, void *out, const void *in, int64_t n, dc_dtype dt) {
+    DC_TRY(dc_comm_sum_dtype_check(dt));
     DC_TRY(publish(c, in));
     const int64_t at = (int64_t)c->rank * n;
-    for (int64_t j = 0; j < n; j++) {
-        float v = ((const float *)peer(c, 0))[at + j];
-        for (int q = 1; q < c->size; q++) v += ((const float *)peer(c, q))[at + j];
-        out[j] = v;
-    }
+    for (int64_t j = 0; j < n; j++) store(out, dt, j, sum_at(c, dt, at + j));
     return wait_all(c);
 }
 

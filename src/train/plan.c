@@ -80,18 +80,24 @@ int dc_plan_predict(const dc_plan_request *r, const dc_train_plan *p, dc_plan_me
         m.setup = m.weights + full_grad + m.grads + kept + m.fixed;
         if (r->compute != DC_F32) m.weights += kept - 4 * P;
     } else if (!rc && r->zero == 0) {
-        m.grads = full_grad, m.optimizer = 12 * P;  // AdamW m, v and the EMA
+        // AdamW m, v and the EMA; with bf16 gradients between ranks, their
+        // bf16 copy [P] (train/trainer.c, set with the communicator)
+        const bool bf16 = r->grad_comm == DC_BF16 && r->ranks > 1;
+        m.grads = full_grad + (bf16 ? 2 * P : 0), m.optimizer = 12 * P;
         m.setup = m.weights + m.grads + m.optimizer + m.trainer + m.fixed;
     } else if (!rc) {
         // train/zero.c: five shard buffers (master, m, v, EMA, gradients), one
-        // bucket (stage 2: two), the norms; they join the full state, which is
-        // then freed (and stage 2's full gradient buffer)
+        // bucket (stage 2: two) and with bf16 gradients between ranks a bf16
+        // copy of each, the norms; they join the full state, which is then
+        // freed (and stage 2's full gradient buffer)
         dc_zero_mem z;  // stage 2's figures give the shard S (master: 4 S) and the bucket (grads: 4 S + 8 bucket)
-        rc = dc_zero_mem_of(&ps, r->ranks, 2, r->compute, &z);
+        rc = dc_zero_mem_of(&ps, r->ranks, 2, r->compute, DC_F32, &z);
+        const int nb = r->zero == 2 ? 2 : 1;
         int64_t S4 = z.master, bucket4 = (z.grads - z.master) / 2;
-        int64_t zallocs = 5 * S4 + (r->zero == 2 ? 2 : 1) * bucket4 + 4 * (int64_t)r->ranks + 8;
-        m.grads = S4 + (r->zero == 2 ? 2 : 1) * bucket4 + (r->zero == 1 ? full_grad : 0);
-        m.optimizer = zallocs - S4 - (r->zero == 2 ? 2 : 1) * bucket4;
+        int64_t buckets = nb * bucket4 + (r->grad_comm == DC_BF16 && r->ranks > 1 ? nb * bucket4 / 2 : 0);
+        int64_t zallocs = 5 * S4 + buckets + 4 * (int64_t)r->ranks + 8;
+        m.grads = S4 + buckets + (r->zero == 1 ? full_grad : 0);
+        m.optimizer = zallocs - S4 - buckets;
         m.setup = m.weights + full_grad + 12 * P + m.trainer + zallocs + m.fixed;
     }
     dc_params_free(&ps);

@@ -65,6 +65,7 @@ typedef struct {
     int micro_batch;   // fixed by the user, or 0: the planner chooses
     int keep;          // fixed blocks keeping activations (depth: all), or -1: the planner chooses
     int offload;       // fixed 0 or 1, or -1: the planner chooses (never with several ranks or ZeRO)
+    dc_dtype grad_comm;  // gradients between ranks: DC_F32 (0), or DC_BF16 (bf16 copies on the device)
 } dc_plan_request;
 
 // The peak device bytes of plan p for the request's model and batch.

@@ -14,7 +14,7 @@ dc_train_config dc_train_config_default(void) {
         .steps = 1000, .batch = 256, .micro_batch = 256, .lr = 1e-4f, .beta1 = 0.9f,
         .beta2 = 0.999f, .adam_eps = 1e-8f, .weight_decay = 0.0f, .warmup = 0,
         .grad_clip = 0.0f, .ema_decay = 0.9999f, .class_dropout = 0.1f, .hflip = false,
-        .seed = 0,
+        .seed = 0, .offload = false, .grad_comm = DC_F32,
     };
 }
 
@@ -38,6 +38,8 @@ int dc_train_config_validate(const dc_train_config *c) {
     if (!(c->ema_decay >= 0 && c->ema_decay <= 1)) return dc_fail("--ema-decay must be in [0, 1]");
     if (!(c->class_dropout >= 0 && c->class_dropout < 1))
         return dc_fail("--class-dropout must be in [0, 1)");
+    if (c->grad_comm != DC_F32 && c->grad_comm != DC_BF16)
+        return dc_fail("--grad-comm %s: gradients travel as fp32 or bf16", dc_dtype_name(c->grad_comm));
     return 0;
 }
 
@@ -184,7 +186,7 @@ void dc_trainer_free(dc_trainer *tr) {
     if (tr->offload) dc_offload_free(tr->offload), free(tr->offload);
     if (be) {
         dc_buf *bufs[] = {&tr->ema, &tr->adam_m, &tr->adam_v, &tr->x0, &tr->xt, &tr->eps,
-                          &tr->out, &tr->dout, &tr->losses, &tr->gstats, &tr->t, &tr->y};
+                          &tr->out, &tr->dout, &tr->losses, &tr->gstats, &tr->t, &tr->y, &tr->grad16};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             if (bufs[i]->p) be->free(be, bufs[i]->p);
         dc_schedule_free(&tr->sched);
@@ -232,11 +234,16 @@ int dc_trainer_set_comm(dc_trainer *tr, dc_comm *comm, int zero_stage) {
     if (tr->offload)
         return dc_fail("--offload runs on one rank for now: it cannot be combined with %s",
                        comm->size > 1 ? "several ranks" : "--zero");
+    if (zero_stage == 0 && comm->size > 1 && tr->cfg.grad_comm == DC_BF16) {
+        int ok = 1;
+        tr->grad16 = alloc_buf(tr->be, tr->model->params->numel, DC_BF16, &ok);
+        if (!ok) return dc_fail_ctx("the bf16 copy of the gradients for --grad-comm bf16");
+    }
     tr->comm = comm;
     if (zero_stage == 0) return 0;
     dc_zero *z = calloc(1, sizeof *z);
     if (!z) return dc_fail("out of memory");
-    if (dc_zero_init(z, tr->model->params, comm, zero_stage, tr->ema, tr->adam_m, tr->adam_v)) {
+    if (dc_zero_init(z, tr->model->params, comm, zero_stage, tr->cfg.grad_comm, tr->ema, tr->adam_m, tr->adam_v)) {
         free(z);
         tr->comm = NULL;
         return -1;
@@ -246,6 +253,19 @@ int dc_trainer_set_comm(dc_trainer *tr, dc_comm *comm, int zero_stage) {
     for (int i = 0; i < 3; i++) tr->be->free(tr->be, full[i]->p), *full[i] = dc_buf_none();
     tr->zero = z;
     return 0;
+}
+
+// --grad-comm bf16, stage 0: the gradients [lo, hi) cast into grad16 and
+// summed there over ranks (beside the backend's later work where the
+// communicator overlaps); the step casts grad16 back once every sum is done.
+static int all_reduce_bf16(dc_trainer *tr, int64_t lo, int64_t hi) {
+    dc_buf wire = dc_buf_at(tr->grad16, lo);
+    tr->be->cast(tr->be, wire, dc_buf_at(tr->model->params->grad, lo), hi - lo);
+    DC_TRY(dc_backend_status(tr->be));
+    dc_comm_set_async(tr->comm, true);
+    int rc = dc_comm_all_reduce_sum_typed(tr->comm, wire.p, hi - lo, DC_BF16);
+    dc_comm_set_async(tr->comm, false);
+    return rc;
 }
 
 // Stage 0 where the communicator overlaps (NCCL): in the step's last
@@ -259,6 +279,7 @@ static int all_reduce_unit(void *ctx, int unit, bool done) {
     dc_params *ps = tr->model->params;
     int64_t lo, hi;
     dc_params_unit_range(ps, unit, &lo, &hi);
+    if (tr->grad16.p) return all_reduce_bf16(tr, lo, hi);
     DC_TRY(dc_backend_status(tr->be));
     dc_comm_set_async(tr->comm, true);
     int rc = dc_comm_all_reduce_sum(tr->comm, (float *)dc_buf_at(ps->grad, lo).p, hi - lo);
@@ -324,7 +345,12 @@ int dc_trainer_step(dc_trainer *tr, dc_step_stats *st) {
     if (tr->comm) {  // every rank's gradient (stage 0) and losses, summed in rank order
         DC_TRY(dc_backend_status(be));
         if (reduced) DC_TRY(dc_comm_wait(tr->comm, dc_comm_issued(tr->comm)));
+        else if (tr->grad16.p) DC_TRY(all_reduce_bf16(tr, 0, np));
         else if (!tr->zero) DC_TRY(dc_comm_all_reduce_sum(tr->comm, (float *)ps->grad.p, np));
+        if (tr->grad16.p) {  // the bf16 sums back where AdamW reads the gradients
+            DC_TRY(dc_comm_wait(tr->comm, dc_comm_issued(tr->comm)));
+            be->cast(be, ps->grad, tr->grad16, np);
+        }
         DC_TRY(dc_comm_all_reduce_sum(tr->comm, (float *)tr->losses.p, 2 * (int64_t)c->batch));
     }
 

@@ -36,6 +36,13 @@ typedef struct {
     // backward; the EMA stays on the device (train/offload.h). The model's
     // weights are loaded before dc_trainer_init. One rank only, for now.
     bool offload;
+    // How the gradients travel between ranks, also not part of the recipe:
+    // DC_F32, or DC_BF16 (half the bytes): each gradient bucket is cast to
+    // bf16, summed over ranks in bf16, and cast back to fp32 where the
+    // optimizer reads it, so each step's summed gradient carries a bf16
+    // rounding (relative 2^-9). With one rank nothing travels and it changes
+    // nothing.
+    dc_dtype grad_comm;
 } dc_train_config;
 
 // The official DiT recipe (lr 1e-4, betas 0.9/0.999, no decay, EMA 0.9999,
@@ -76,6 +83,8 @@ typedef struct {
     dc_comm *comm;                  // several ranks (data parallel), or NULL: one
     dc_zero *zero;                  // ZeRO stage 1 or 2: the sharded state, or NULL (stage 0)
     dc_offload *offload;            // cfg.offload: the state in host memory, or NULL
+    dc_buf grad16;                  // [numel] BF16: stage 0's gradients as sent with grad_comm BF16 on
+                                    // several ranks (else none; ZeRO keeps its own wire buckets)
     bool started;                   // a step ran: the ranks are fixed
     dc_buf t, y;                    // [mb] float timesteps, int32 labels
     dc_cond cond;                   // the micro-batch's conditioning (labels y)
@@ -114,7 +123,10 @@ int dc_trainer_init(dc_trainer *tr, dc_model *model, const dc_dataset *data,
 // norms, so with clipping off they are bit-identical. A stage above 0 on one
 // rank runs the sharded code with one shard. The communicator's buffers must
 // be where the backend's are: a host-memory communicator (threads) needs the
-// CPU backend, a device one (NCCL) a GPU backend.
+// CPU backend, a device one (NCCL) a GPU backend. With cfg.grad_comm BF16 on
+// several ranks the gradients are summed in bf16 (stage 0 holds a bf16 copy
+// of the full gradient buffer for it, ZeRO bf16 copies of its buckets); the
+// weights then differ from fp32 sums by the gradients' bf16 rounding.
 int dc_trainer_set_comm(dc_trainer *tr, dc_comm *comm, int zero_stage);
 void dc_trainer_free(dc_trainer *tr);
 // One optimizer step over cfg.batch images. With stats NULL it only queues

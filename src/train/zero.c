@@ -25,15 +25,18 @@ static int64_t layout(const dc_params *ps, int size, int rank, dc_zero_unit *u, 
     return slot;
 }
 
-int dc_zero_mem_of(const dc_params *ps, int size, int stage, dc_dtype compute, dc_zero_mem *out) {
+int dc_zero_mem_of(const dc_params *ps, int size, int stage, dc_dtype compute, dc_dtype wire, dc_zero_mem *out) {
     if (size < 1) return dc_fail("%d ranks: at least one is needed", size);
     if (stage < 0 || stage > 2) return dc_fail("--zero %d: the stages are 0, 1 and 2", stage);
+    DC_TRY(dc_comm_sum_dtype_check(wire));
     int64_t P = ps->numel, bucket, S = layout(ps, size, 0, NULL, &bucket);
     int64_t wc = compute != DC_F32 ? P * (int64_t)dc_dtype_size(compute) : 0;
-    if (stage == 0) *out = (dc_zero_mem){4 * P, 4 * P, 8 * P, 4 * P, wc};
+    const bool bf16 = wire == DC_BF16 && size > 1;  // one rank sends nothing: no bf16 copies
+    const int64_t nb = stage == 2 ? 2 : 1;           // buckets
+    if (stage == 0) *out = (dc_zero_mem){4 * P + (bf16 ? 2 * P : 0), 4 * P, 8 * P, 4 * P, wc};
     // stage 1: the full gradient, its reduced shard and one bucket; stage 2: the shard and two buckets
-    else *out = (dc_zero_mem){stage == 1 ? 4 * P + 4 * S + 4 * bucket : 4 * S + 8 * bucket, 4 * S, 8 * S, 4 * S,
-                              wc + 4 * P};
+    else *out = (dc_zero_mem){(stage == 1 ? 4 * P : 0) + 4 * S + nb * 4 * bucket + (bf16 ? nb * 2 * bucket : 0),
+                              4 * S, 8 * S, 4 * S, wc + 4 * P};
     return 0;
 }
 
@@ -41,15 +44,32 @@ int dc_zero_mem_of(const dc_params *ps, int size, int stage, dc_dtype compute, d
 static dc_buf compute_copy(const dc_params *ps) { return ps->wc.p ? ps->wc : ps->data; }
 
 static dc_buf bucket(const dc_zero *z, int j) { return j ? z->buf2 : z->buf; }
+static dc_buf wire_bucket(const dc_zero *z, int j) { return j ? z->wbuf2 : z->wbuf; }
+
+// Reduce-scatters bucket j (size x per elements) in place: this rank's slice
+// is summed over ranks where it lies. With bf16 on the wire the caller has
+// cast the bucket into its wire bucket, which is what is summed.
+static int reduce_scatter_bucket(dc_zero *z, int j, int64_t per) {
+    const int64_t at = (int64_t)z->comm->rank * per;
+    if (z->wire == DC_BF16) {
+        dc_buf w = wire_bucket(z, j);
+        return dc_comm_reduce_scatter_sum_typed(z->comm, dc_buf_at(w, at).p, w.p, per, DC_BF16);
+    }
+    dc_buf b = bucket(z, j);
+    return dc_comm_reduce_scatter_sum(z->comm, (float *)dc_buf_at(b, at).p, (const float *)b.p, per);
+}
 
 // Adds the slice waiting in bucket j (if any) to the gradient shard, once the
-// reduce-scatter that wrote it is done.
+// reduce-scatter that wrote it is done (a bf16 slice cast back into the fp32
+// bucket first).
 static int settle(dc_zero *z, int j) {
     if (z->pending[j] < 0) return 0;
     const dc_zero_unit *u = &z->u[z->pending[j]];
     z->pending[j] = -1;
     DC_TRY(dc_comm_wait(z->comm, z->ticket[j]));
-    dc_buf mine = dc_buf_at(bucket(z, j), (int64_t)z->comm->rank * u->sh.per);
+    const int64_t at = (int64_t)z->comm->rank * u->sh.per;
+    dc_buf mine = dc_buf_at(bucket(z, j), at);
+    if (z->wire == DC_BF16) z->be->cast(z->be, mine, dc_buf_at(wire_bucket(z, j), at), u->sh.per);
     z->be->axpy(z->be, dc_buf_at(z->grad, u->slot), mine, 1.0f, u->sh.per);
     return 0;
 }
@@ -77,10 +97,10 @@ static int unit_hook(void *ctx, int unit, bool done) {
         return 0;
     }
     ps->win_lo = ps->win_hi = 0;
-    dc_buf mine = dc_buf_at(bucket(z, j), (int64_t)z->comm->rank * per);
+    if (z->wire == DC_BF16) be->cast(be, wire_bucket(z, j), bucket(z, j), per * z->comm->size);
     DC_TRY(dc_backend_status(be));
     dc_comm_set_async(z->comm, true);
-    int rc = dc_comm_reduce_scatter_sum(z->comm, (float *)mine.p, (const float *)bucket(z, j).p, per);
+    int rc = reduce_scatter_bucket(z, j, per);
     dc_comm_set_async(z->comm, false);
     DC_TRY(rc);
     z->pending[j] = unit, z->ticket[j] = dc_comm_issued(z->comm);
@@ -88,22 +108,26 @@ static int unit_hook(void *ctx, int unit, bool done) {
     return 0;
 }
 
-static dc_buf alloc_f32(dc_backend *be, int64_t n, int *ok) {
-    size_t bytes = (size_t)(n > 0 ? n : 1) * sizeof(float);
-    dc_buf b = {be->alloc(be, bytes), DC_F32};
+static dc_buf alloc_zeroed(dc_backend *be, int64_t n, dc_dtype dt, int *ok) {
+    size_t bytes = (size_t)(n > 0 ? n : 1) * dc_dtype_size(dt);
+    dc_buf b = {be->alloc(be, bytes), dt};
     if (b.p) be->zero(be, b.p, bytes);
     else *ok = 0;
     return b;
 }
+static dc_buf alloc_f32(dc_backend *be, int64_t n, int *ok) { return alloc_zeroed(be, n, DC_F32, ok); }
 
-int dc_zero_init(dc_zero *z, dc_params *ps, dc_comm *comm, int stage, dc_buf ema, dc_buf m, dc_buf v) {
+int dc_zero_init(dc_zero *z, dc_params *ps, dc_comm *comm, int stage, dc_dtype wire, dc_buf ema, dc_buf m,
+                 dc_buf v) {
     memset(z, 0, sizeof *z);
     if (stage < 1 || stage > 2) return dc_fail("ZeRO stage %d: the sharded stages are 1 and 2", stage);
+    DC_TRY(dc_comm_sum_dtype_check(wire));
     if (stage == 2 && dc_params_unit_count(ps) < 2)
         return dc_fail("ZeRO stage 2 needs a model whose backward hands over its gradients block by block; "
                        "this one does not (use --zero 1)");
     dc_backend *be = ps->be;
     z->stage = stage, z->comm = comm, z->be = be, z->ps = ps;
+    z->wire = comm->size > 1 ? wire : DC_F32;  // one rank sends nothing: nothing to round
     z->units = dc_params_unit_count(ps);
     z->u = calloc((size_t)z->units, sizeof *z->u);
     if (!z->u) return dc_fail("out of memory");
@@ -114,6 +138,10 @@ int dc_zero_init(dc_zero *z, dc_params *ps, dc_comm *comm, int stage, dc_buf ema
     z->grad = alloc_f32(be, z->shard, &ok), z->buf = alloc_f32(be, z->bucket, &ok);
     z->nbuckets = stage == 2 ? 2 : 1;
     if (z->nbuckets == 2) z->buf2 = alloc_f32(be, z->bucket, &ok);
+    if (z->wire == DC_BF16) {
+        z->wbuf = alloc_zeroed(be, z->bucket, DC_BF16, &ok);
+        if (z->nbuckets == 2) z->wbuf2 = alloc_zeroed(be, z->bucket, DC_BF16, &ok);
+    }
     z->pending[0] = z->pending[1] = -1;
     z->norms = alloc_f32(be, comm->size, &ok), z->local = alloc_f32(be, 2, &ok);
     if (!ok) {
@@ -138,7 +166,8 @@ void dc_zero_free(dc_zero *z) {
         z->ps->unit_hook = NULL, z->ps->hook_ctx = NULL;
         z->ps->win_lo = z->ps->win_hi = 0;
     }
-    dc_buf *bufs[] = {&z->master, &z->m, &z->v, &z->ema, &z->grad, &z->buf, &z->buf2, &z->norms, &z->local};
+    dc_buf *bufs[] = {&z->master, &z->m, &z->v, &z->ema, &z->grad, &z->buf, &z->buf2, &z->wbuf, &z->wbuf2,
+                      &z->norms, &z->local};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         if (bufs[i]->p) z->be->free(z->be, bufs[i]->p);
     free(z->u);
@@ -160,6 +189,14 @@ int dc_zero_reduce(dc_zero *z) {
     for (int i = 0; i < z->units; i++) {
         const dc_zero_unit *u = &z->u[i];
         const int64_t per = u->sh.per;
+        if (z->wire == DC_BF16) {  // the unit cast straight into the wire bucket, padded, and this rank's slice back
+            be->cast(be, z->wbuf, dc_buf_at(z->ps->grad, u->lo), u->len);
+            be->zero(be, dc_buf_at(z->wbuf, u->len).p, (size_t)(per * size - u->len) * sizeof(uint16_t));
+            DC_TRY(dc_backend_status(be));
+            DC_TRY(reduce_scatter_bucket(z, 0, per));
+            be->cast(be, dc_buf_at(z->grad, u->slot), dc_buf_at(z->wbuf, (int64_t)rank * per), per);
+            continue;
+        }
         // the unit, padded with zeros to size x per: slice q goes to rank q
         be->copy(be, z->buf.p, dc_buf_at(z->ps->grad, u->lo).p, (size_t)u->len * sizeof(float));
         be->zero(be, dc_buf_at(z->buf, u->len).p, (size_t)(per * size - u->len) * sizeof(float));

@@ -4,7 +4,9 @@
 // rank's compute copy. Stage 2 also shards the gradients: backward hands over
 // each unit (a transformer block, say) as soon as its gradients are complete,
 // they are reduce-scattered from one bucket, and the rank accumulates only its
-// shard.
+// shard. The buckets travel as fp32, or as bf16 (half the bytes; summed in
+// bf16 by the communicator): then each is cast into a bf16 wire bucket
+// before its reduce-scatter, and this rank's slice cast back to fp32 after.
 //
 // Layout: the parameters' units (nn/params.h) are sharded one by one, as
 // FSDP shards each flat parameter: unit u of len elements gives every rank
@@ -40,6 +42,8 @@ typedef struct {
     int64_t bucket;                 // size x the largest per: one unit, all ranks' slices
     dc_buf master, m, v, ema, grad;  // [shard] F32: weights, AdamW moments, EMA, reduced gradients
     dc_buf buf;                     // [bucket] F32: a unit's gradients in flight, or a gather
+    dc_dtype wire;                  // the gradients' type in the reduce-scatter: F32 or BF16
+    dc_buf wbuf, wbuf2;             // [bucket] BF16: the buckets as sent with wire BF16 (else none)
     // Stage 2 keeps two buckets: where the communicator overlaps (a GPU), unit
     // k's reduce-scatter runs beside unit k+1's backward, and its slice is
     // added to the shard when its bucket comes round again (or at the end).
@@ -59,10 +63,13 @@ typedef struct {
 // the shard. weights: the full copies the model reads besides an fp32 master:
 // the compute copy when `compute` is not F32 (stage 0), and, from stage 1, the
 // full fp32 buffer the parameters keep (on the CPU it is the compute copy).
+// With gradients sent as bf16 (wire BF16) over several ranks, grads also
+// holds the bf16 copies sent: the full buffer's (stage 0, the trainer's) or
+// each bucket's.
 typedef struct {
     int64_t grads, master, moments, ema, weights;
 } dc_zero_mem;
-int dc_zero_mem_of(const dc_params *ps, int size, int stage, dc_dtype compute, dc_zero_mem *out);
+int dc_zero_mem_of(const dc_params *ps, int size, int stage, dc_dtype compute, dc_dtype wire, dc_zero_mem *out);
 // grads + master + moments + ema: the share that ZeRO shards.
 static inline int64_t dc_zero_mem_state(const dc_zero_mem *m) {
     return m->grads + m->master + m->moments + m->ema;
@@ -70,8 +77,10 @@ static inline int64_t dc_zero_mem_state(const dc_zero_mem *m) {
 
 // Sets up the shards from full buffers (ema, m, v [numel] F32 and the
 // parameters' data); stage 2 frees the full gradient buffer and takes the
-// parameters' unit hook. The caller frees the full buffers after.
-int dc_zero_init(dc_zero *z, dc_params *ps, dc_comm *comm, int stage, dc_buf ema, dc_buf m, dc_buf v);
+// parameters' unit hook. The caller frees the full buffers after. wire: the
+// gradients' type on the communicator, F32 or BF16.
+int dc_zero_init(dc_zero *z, dc_params *ps, dc_comm *comm, int stage, dc_dtype wire, dc_buf ema, dc_buf m,
+                 dc_buf v);
 void dc_zero_free(dc_zero *z);
 // A step's start: the gradient shard (and stage 1's full gradient) at zero.
 void dc_zero_begin_step(dc_zero *z);
