@@ -1,55 +1,70 @@
 // The CPU backend with every allocation counted (and, for tests of running
-// short, capped): count_backend(cpu) returns a copy of cpu's table whose
-// alloc and free keep g_now (bytes held), g_peak (their most since the last
-// reset) and refuse an allocation that would hold more than g_cap (0: no cap).
+// short, capped). A counter's `be` is a copy of the CPU backend's table whose
+// alloc and free keep `now` (bytes held) and `peak` (their most since the
+// last reset), and refuse an allocation that would hold more than `cap`
+// (0: no cap). Each counter counts on its own (one per rank of a job).
 #pragma once
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "backend/backend.h"
 #include "core/error.h"
 
-static dc_backend *g_cpu;
 typedef struct {
     void *p;
     size_t bytes;
 } count_rec;
-static count_rec g_live[4096];
-static int g_nlive;
-static int64_t g_now, g_peak, g_cap;
+
+typedef struct {
+    dc_backend be;  // first: the callbacks find their counter from the backend they are given
+    dc_backend *cpu;
+    count_rec live[4096];
+    int nlive;
+    int64_t now, peak, cap;
+} counter;
 
 static void *count_alloc(dc_backend *be, size_t bytes) {
-    (void)be;
-    if (g_cap && g_now + (int64_t)bytes > g_cap) {
-        dc_fail("test cap: %zu bytes more would hold %lld of at most %lld", bytes, (long long)(g_now + bytes),
-                (long long)g_cap);
+    counter *k = (counter *)be;
+    if (k->cap && k->now + (int64_t)bytes > k->cap) {
+        dc_fail("test cap: %zu bytes more would hold %lld of at most %lld", bytes, (long long)(k->now + bytes),
+                (long long)k->cap);
         return NULL;
     }
-    if (g_nlive == (int)(sizeof g_live / sizeof g_live[0])) return dc_fail("test: too many allocations"), NULL;
-    void *p = g_cpu->alloc(g_cpu, bytes);
+    if (k->nlive == (int)(sizeof k->live / sizeof k->live[0])) return dc_fail("test: too many allocations"), NULL;
+    void *p = k->cpu->alloc(k->cpu, bytes);
     if (!p) return NULL;
-    g_live[g_nlive++] = (count_rec){p, bytes};
-    g_now += (int64_t)bytes;
-    if (g_now > g_peak) g_peak = g_now;
+    k->live[k->nlive++] = (count_rec){p, bytes};
+    k->now += (int64_t)bytes;
+    if (k->now > k->peak) k->peak = k->now;
     return p;
 }
 
 static void count_free(dc_backend *be, void *p) {
-    (void)be;
+    counter *k = (counter *)be;
     if (!p) return;
-    for (int i = 0; i < g_nlive; i++)
-        if (g_live[i].p == p) {
-            g_now -= (int64_t)g_live[i].bytes;
-            g_live[i] = g_live[--g_nlive];
+    for (int i = 0; i < k->nlive; i++)
+        if (k->live[i].p == p) {
+            k->now -= (int64_t)k->live[i].bytes;
+            k->live[i] = k->live[--k->nlive];
             break;
         }
-    g_cpu->free(g_cpu, p);
+    k->cpu->free(k->cpu, p);
 }
 
-// A counting copy of cpu (which stays the owner: destroy cpu, not the copy).
-static dc_backend count_backend(dc_backend *cpu) {
-    g_cpu = cpu;
-    dc_backend b = *cpu;
-    b.alloc = count_alloc, b.free = count_free;
-    return b;
+// Counts on a new CPU backend (k is large: static or on the heap); 0 or -1.
+static int counter_init(counter *k) {
+    memset(k, 0, sizeof *k);
+    if (!(k->cpu = dc_backend_cpu_create())) return -1;
+    k->be = *k->cpu;
+    k->be.alloc = count_alloc, k->be.free = count_free;
+    return 0;
 }
+
+static void counter_free(counter *k) {
+    if (k->cpu) dc_backend_destroy(k->cpu);
+    k->cpu = NULL;
+}
+
+// Forgets the peak and sets a cap (0: none) for what comes next.
+static void counter_reset(counter *k, int64_t cap) { k->peak = k->now, k->cap = cap; }

@@ -47,42 +47,16 @@ static void test_sizes(void) {
     }
 }
 
-// ---- the CPU backend with every allocation counted -----------------------------------
-static dc_backend *g_cpu;
-typedef struct { void *p; size_t bytes; } rec;
-static rec g_live[256];
-static int g_nlive;
-static int64_t g_now, g_peak;
-
-static void *count_alloc(dc_backend *be, size_t bytes) {
-    (void)be;
-    void *p = g_cpu->alloc(g_cpu, bytes);
-    if (p && g_nlive < 256) {
-        g_live[g_nlive++] = (rec){p, bytes};
-        g_now += (int64_t)bytes;
-        if (g_now > g_peak) g_peak = g_now;
-    }
-    return p;
-}
-
-static void count_free(dc_backend *be, void *p) {
-    (void)be;
-    for (int i = 0; i < g_nlive; i++)
-        if (g_live[i].p == p) {
-            g_now -= (int64_t)g_live[i].bytes;
-            g_live[i] = g_live[--g_nlive];
-            break;
-        }
-    g_cpu->free(g_cpu, p);
-}
+#include "count_alloc.h"
 
 static const dc_dit_config k_tiny = {.input_size = 8, .patch = 4, .in_channels = 1, .hidden = 16, .depth = 3,
                                      .heads = 2, .mlp_hidden = 32, .num_classes = 2, .learn_sigma = true};
 enum { BATCH = 6 };
 
 // Trains two steps of plan p on the counted backend; the peak it held.
-static int64_t measured_peak(dc_backend *be, const dc_dataset *ds, const dc_train_plan *p) {
-    g_now = g_peak = 0, g_nlive = 0;
+static int64_t measured_peak(counter *k, const dc_dataset *ds, const dc_train_plan *p) {
+    dc_backend *be = &k->be;
+    counter_reset(k, 0);
     dc_model *m = NULL;
     dc_trainer tr = {0};
     dc_train_config tc = dc_train_config_default();
@@ -91,22 +65,21 @@ static int64_t measured_peak(dc_backend *be, const dc_dataset *ds, const dc_trai
     if (!dc_dit_new(&k_tiny, be, true, &m) && !dc_dit_set_recompute(dc_dit_of(m), p->keep) &&
         !dc_model_init_weights(m, 1) && !dc_trainer_init(&tr, m, ds, &tc) && !dc_trainer_step(&tr, NULL) &&
         !dc_trainer_step(&tr, NULL))
-        peak = g_peak;
+        peak = k->peak;
     else
         printf("training failed: %s\n", dc_error());
     dc_trainer_free(&tr);
     dc_model_free(m);
-    CHECK(g_now == 0, "%lld bytes still held after freeing everything", (long long)g_now);
+    CHECK(k->now == 0, "%lld bytes still held after freeing everything", (long long)k->now);
     return peak;
 }
 
 static void test_exact_on_cpu(void) {
-    g_cpu = dc_backend_cpu_create();
-    dc_backend counted = *g_cpu;
-    counted.alloc = count_alloc, counted.free = count_free;
+    static counter k;  // large: not on the stack
+    if (counter_init(&k)) return;
     dc_dataset ds;
     tiny_data(&ds, 12);
-    dc_plan_request r = {.cfg = k_tiny, .compute = counted.compute, .fixed = 0, .batch = BATCH, .ranks = 1,
+    dc_plan_request r = {.cfg = k_tiny, .compute = k.be.compute, .fixed = 0, .batch = BATCH, .ranks = 1,
                          .zero = 0, .micro_batch = 0, .keep = -1, .offload = -1};
     const dc_train_plan plans[] = {{6, 3, false}, {6, 0, false}, {3, 1, false}, {2, 3, true},
                                    {6, 0, true},  {1, 2, true},  {4, 0, false}};
@@ -114,56 +87,26 @@ static void test_exact_on_cpu(void) {
         const dc_train_plan *p = &plans[i];
         dc_plan_mem pm;
         CHECK(dc_plan_predict(&r, p, &pm) == 0, "predict: %s", dc_error());
-        int64_t got = measured_peak(&counted, &ds, p);
+        int64_t got = measured_peak(&k, &ds, p);
         CHECK(got == pm.peak, "micro %d keep %d offload %d: predicted %lld bytes, the backend held %lld",
               p->micro_batch, p->keep, p->offload, (long long)pm.peak, (long long)got);
         // the arena alone: what the reserve allocates
         dc_model *m = NULL;
-        g_now = g_peak = 0, g_nlive = 0;
-        if (dc_dit_new(&k_tiny, &counted, true, &m) == 0) {
-            int64_t before = g_now;
+        counter_reset(&k, 0);
+        if (dc_dit_new(&k_tiny, &k.be, true, &m) == 0) {
+            int64_t before = k.now;
             CHECK(dc_dit_set_recompute(dc_dit_of(m), p->keep) == 0 && dc_dit_reserve(dc_dit_of(m), p->micro_batch) == 0,
                   "reserve: %s", dc_error());
-            CHECK(g_now - before == pm.activations, "keep %d micro %d: arena %lld bytes, predicted %lld", p->keep,
-                  p->micro_batch, (long long)(g_now - before), (long long)pm.activations);
+            CHECK(k.now - before == pm.activations, "keep %d micro %d: arena %lld bytes, predicted %lld", p->keep,
+                  p->micro_batch, (long long)(k.now - before), (long long)pm.activations);
         }
         dc_model_free(m);
     }
     dc_dataset_free(&ds);
-    dc_backend_destroy(g_cpu);
+    counter_free(&k);
 }
 
 // ---- several ranks: each rank's backend counted on its own --------------------------
-typedef struct {
-    dc_backend be;  // first: the callbacks find their counter from the backend they are given
-    dc_backend *cpu;
-    rec live[256];
-    int nlive;
-    int64_t now, peak;
-} rank_counter;
-
-static void *rank_alloc(dc_backend *be, size_t bytes) {
-    rank_counter *k = (rank_counter *)be;
-    void *p = k->cpu->alloc(k->cpu, bytes);
-    if (p && k->nlive < 256) {
-        k->live[k->nlive++] = (rec){p, bytes};
-        k->now += (int64_t)bytes;
-        if (k->now > k->peak) k->peak = k->now;
-    }
-    return p;
-}
-
-static void rank_free(dc_backend *be, void *p) {
-    rank_counter *k = (rank_counter *)be;
-    for (int i = 0; i < k->nlive; i++)
-        if (k->live[i].p == p) {
-            k->now -= (int64_t)k->live[i].bytes;
-            k->live[i] = k->live[--k->nlive];
-            break;
-        }
-    k->cpu->free(k->cpu, p);
-}
-
 typedef struct {
     dc_plan_request r;
     dc_train_plan p;
@@ -174,9 +117,8 @@ typedef struct {
 // Two steps of the job's plan on this rank's counted backend.
 static int rank_train(dc_comm *c, void *arg) {
     ranks_job *j = arg;
-    rank_counter *k = calloc(1, sizeof *k);
-    if (!k || !(k->cpu = dc_backend_cpu_create())) return free(k), dc_fail("no CPU backend");
-    k->be = *k->cpu, k->be.alloc = rank_alloc, k->be.free = rank_free;
+    counter *k = malloc(sizeof *k);
+    if (!k || counter_init(k)) return free(k), dc_fail("no CPU backend");
     dc_model *m = NULL;
     dc_trainer tr = {0};
     dc_train_config tc = dc_train_config_default();
@@ -189,7 +131,7 @@ static int rank_train(dc_comm *c, void *arg) {
     dc_model_free(m);
     if (!rc && k->now != 0) rc = dc_fail("rank %d: %lld bytes still held after freeing everything", c->rank,
                                          (long long)k->now);
-    dc_backend_destroy(k->cpu);
+    counter_free(k);
     free(k);
     return rc ? -1 : 0;
 }

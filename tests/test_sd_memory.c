@@ -85,20 +85,20 @@ int main(int argc, char **argv) {
     }
     char dir[64], rm[128];
     if (write_model(argv[0], dir, sizeof dir)) return 1;
-    dc_backend *cpu = dc_backend_cpu_create();
-    dc_backend counted = count_backend(cpu);
+    static counter k;  // large: not on the stack
+    if (counter_init(&k)) return printf("FAIL no CPU backend: %s\n", dc_error()), 1;
     const size_t n = 3 * SIZE * SIZE;
     picture a = {malloc(sizeof(float) * n), 0}, b = {malloc(sizeof(float) * n), 0};
 
     // 1. No cap: both plans are held at the peak.
     int64_t unet_b = 0, vae_b = 0;
-    g_now = g_peak = 0, g_cap = 0;
-    int rc = generate(&counted, &a, &unet_b, &vae_b);
+    counter_reset(&k, 0);
+    int rc = generate(&k.be, &a, &unet_b, &vae_b);
     CHECK(rc == 0 && a.n == 1, "uncapped generation: %s", rc ? dc_error() : "no picture");
-    const int64_t peak = g_peak, small = unet_b < vae_b ? unet_b : vae_b;
+    const int64_t peak = k.peak, small = unet_b < vae_b ? unet_b : vae_b;
     CHECK(unet_b > 0 && vae_b > 0, "planned activations: UNet %lld, VAE %lld bytes", (long long)unet_b,
           (long long)vae_b);
-    CHECK(g_now == 0, "after closing, %lld bytes are still held", (long long)g_now);
+    CHECK(k.now == 0, "after closing, %lld bytes are still held", (long long)k.now);
     bool finite = true;
     for (size_t i = 0; i < n; i++) finite = finite && isfinite(a.img[i]);
     CHECK(finite, "the uncapped picture holds NaN or Inf");
@@ -107,27 +107,27 @@ int main(int argc, char **argv) {
 
     // 2. A cap below that peak by half the smaller plan: the models cannot both
     // keep theirs, so the pipeline must free one for the other.
-    g_now = g_peak = 0, g_cap = peak - small / 2;
-    rc = generate(&counted, &b, NULL, NULL);
-    CHECK(rc == 0 && b.n == 1, "generation within %lld bytes (peak %lld less half of %lld): %s", (long long)g_cap,
+    counter_reset(&k, peak - small / 2);
+    rc = generate(&k.be, &b, NULL, NULL);
+    CHECK(rc == 0 && b.n == 1, "generation within %lld bytes (peak %lld less half of %lld): %s", (long long)k.cap,
           (long long)peak, (long long)small, rc ? dc_error() : "no picture");
-    CHECK(g_peak <= g_cap, "capped peak %lld above the cap %lld", (long long)g_peak, (long long)g_cap);
+    CHECK(k.peak <= k.cap, "capped peak %lld above the cap %lld", (long long)k.peak, (long long)k.cap);
     double diff = 0;
     for (size_t i = 0; i < n && rc == 0; i++) diff = fmax(diff, fabs((double)a.img[i] - b.img[i]));
     CHECK(rc == 0 && diff == 0, "capped picture differs from the uncapped one by %g", diff);
-    printf("capped at %lld: peak %lld, pictures differ by %g\n", (long long)g_cap, (long long)g_peak, diff);
+    printf("capped at %lld: peak %lld, pictures differ by %g\n", (long long)k.cap, (long long)k.peak, diff);
 
     // 3. A cap too small for even one plan beside the weights: a clear error.
-    g_now = g_peak = 0, g_cap = peak - small - (unet_b > vae_b ? unet_b : vae_b) / 2;
+    counter_reset(&k, peak - small - (unet_b > vae_b ? unet_b : vae_b) / 2);
     dc_error_clear();
-    rc = generate(&counted, &b, NULL, NULL);
+    rc = generate(&k.be, &b, NULL, NULL);
     CHECK(rc != 0 && strstr(dc_error(), "test cap"), "generation within %lld bytes: rc %d, message '%s'",
-          (long long)g_cap, rc, dc_error());
-    CHECK(g_now == 0, "after the failed run, %lld bytes are still held", (long long)g_now);
-    printf("too small (%lld): %s\n", (long long)g_cap, dc_error());
+          (long long)k.cap, rc, dc_error());
+    CHECK(k.now == 0, "after the failed run, %lld bytes are still held", (long long)k.now);
+    printf("too small (%lld): %s\n", (long long)k.cap, dc_error());
 
     free(a.img), free(b.img);
-    dc_backend_destroy(cpu);
+    counter_free(&k);
     snprintf(rm, sizeof rm, "rm -rf '%s'", dir);
     if (system(rm) != 0) printf("could not remove %s\n", dir);
     printf("%d of %d checks passed\n", g_pass, g_pass + g_fail);
