@@ -257,6 +257,11 @@ static dc_sdpa_plan *plan_get(dc_backend *be, const sdpa_key *key) {
     dc_cuda_ctx *c = dc_cuda(be);
     for (int i = 0; i < c->nsdpa; i++)
         if (!memcmp(&c->sdpa[i].key, key, sizeof *key)) return &c->sdpa[i];
+    // Building a plan may load or compile kernels, which a stream being
+    // captured into a CUDA graph does not allow: such a call runs on our
+    // kernels, and the shape gets its plan the next time it runs uncaptured.
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(c->stream, &cap) != cudaSuccess || cap != cudaStreamCaptureStatusNone) return NULL;
     if (c->nsdpa == c->cap_sdpa) {
         int cap = c->cap_sdpa ? 2 * c->cap_sdpa : 16;
         dc_sdpa_plan *grown = (dc_sdpa_plan *)realloc(c->sdpa, (size_t)cap * sizeof *grown);
