@@ -114,4 +114,6 @@ echo
 echo "==== summary ($(head -1 "$OUT/gpu.txt"))"
 for s in "${summary[@]}"; do echo "  $s"; done
 [ -f "$OUT/bench_engine.txt" ] && sed -n '1,12p' "$OUT/bench_engine.txt"
+[ -f "$OUT/bench_engine_cudnn.txt" ] && echo "-- with DC_CUDNN_ATTENTION=1:" &&
+  grep -v "cuDNN attention B " "$OUT/bench_engine_cudnn.txt" | sed -n '1,12p'
 [ -f "$OUT/bench_pytorch.txt" ] && cat "$OUT/bench_pytorch.txt"
