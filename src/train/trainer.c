@@ -344,13 +344,11 @@ int dc_trainer_step(dc_trainer *tr, dc_step_stats *st) {
     }
     if (tr->comm) {  // every rank's gradient (stage 0) and losses, summed in rank order
         DC_TRY(dc_backend_status(be));
-        if (reduced) DC_TRY(dc_comm_wait(tr->comm, dc_comm_issued(tr->comm)));
-        else if (tr->grad16.p) DC_TRY(all_reduce_bf16(tr, 0, np));
-        else if (!tr->zero) DC_TRY(dc_comm_all_reduce_sum(tr->comm, (float *)ps->grad.p, np));
-        if (tr->grad16.p) {  // the bf16 sums back where AdamW reads the gradients
-            DC_TRY(dc_comm_wait(tr->comm, dc_comm_issued(tr->comm)));
-            be->cast(be, ps->grad, tr->grad16, np);
-        }
+        if (!reduced && tr->grad16.p) DC_TRY(all_reduce_bf16(tr, 0, np));
+        else if (!reduced && !tr->zero) DC_TRY(dc_comm_all_reduce_sum(tr->comm, (float *)ps->grad.p, np));
+        // the overlapped sums, and the bf16 ones, done before AdamW reads the gradients
+        if (reduced || tr->grad16.p) DC_TRY(dc_comm_wait(tr->comm, dc_comm_issued(tr->comm)));
+        if (tr->grad16.p) be->cast(be, ps->grad, tr->grad16, np);  // the bf16 sums back in fp32
         DC_TRY(dc_comm_all_reduce_sum(tr->comm, (float *)tr->losses.p, 2 * (int64_t)c->batch));
     }
 

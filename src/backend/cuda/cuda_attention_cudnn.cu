@@ -216,7 +216,8 @@ static cudnnBackendDescriptor_t plan_for(graph_build *g, cudnnHandle_t dnn, cudn
     if (g->st == CUDNN_STATUS_SUCCESS && n == 0) ok_at(g, CUDNN_STATUS_NOT_SUPPORTED, __LINE__);  // no engine
     for (int64_t i = 0; g->st == CUDNN_STATUS_SUCCESS && i < n; i++) {
         cudnnBackendDescriptor_t plan = NULL;
-        if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan)) return NULL;
+        if (!ok_at(g, cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan), __LINE__))
+            return NULL;
         cudnnStatus_t st = cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &dnn);
         if (!st)
             st = cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG,
