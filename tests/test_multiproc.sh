@@ -118,8 +118,10 @@ wait $a; ra=$?; wait $b; rb=$?
 # written at or after it (one every step until then)
 diffusion train "${T[@]}" --steps 100 --lr 0.9 --grad-clip 0 --warmup 0 --ckpt-every 1 --keep 1000 --ranks 2 \
   --out "$TMP/nan" > /dev/null 2> "$TMP/nan.log"; rn=$?
-s0=$(sed -n 's/.*rank 0 of 2: .* became .* by step \([0-9]*\);.*/\1/p' "$TMP/nan.log" | head -n 1)
-s1=$(sed -n 's/.*rank 1 of 2: .* became .* by step \([0-9]*\);.*/\1/p' "$TMP/nan.log" | head -n 1)
+# (the loss or the gradient norm turns non-finite first, or the norm outgrows
+# float32's moments first: "by step N;" or "by step N, beyond ...")
+s0=$(sed -n 's/.*rank 0 of 2: .* became .* by step \([0-9]*\)[;,].*/\1/p' "$TMP/nan.log" | head -n 1)
+s1=$(sed -n 's/.*rank 1 of 2: .* became .* by step \([0-9]*\)[;,].*/\1/p' "$TMP/nan.log" | head -n 1)
 ck=$(ls "$TMP/nan"/step_*.safetensors 2> /dev/null | tail -n 1 | sed 's/.*step_0*\([0-9][0-9]*\).*/\1/')
 last=$(printf '%s/step_%07d.safetensors' "$TMP/nan" "${ck:-0}")
 [ $rn -eq 1 ] && [ -n "$s0" ] && [ "$s0" = "$s1" ] && [ -n "$ck" ] && [ "$ck" -eq $((s0 - 1)) ] \
