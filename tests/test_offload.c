@@ -118,6 +118,7 @@ static int train(job *j) {
         if (!rc) j->loss[tr.step] = st.loss, j->norm[tr.step] = st.grad_norm;
     }
     if (!rc && j->save) rc = dc_trainer_save(&tr, j->save, NULL);
+    if (!rc) rc = dc_trainer_sync(&tr);  // offload leaves the last units' update running
     if (!rc) read_state(&tr, j);
     if (!rc && j->offload && j->wc) check_shrunk(&tr);
     dc_trainer_free(&tr);

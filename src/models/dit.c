@@ -117,6 +117,7 @@ static int build_modules(dc_dit *m) {
         dc_linear_add(ps, &md->final_ada, "final_layer.adaLN_modulation.1", D, 2 * D) ||
         dc_params_end_unit(ps))
         return -1;
+    ps->forward_uses_units = true;  // dc_dit_forward announces each unit before reading it
     return 0;
 }
 
@@ -403,6 +404,7 @@ int dc_dit_forward(dc_dit *m, dc_buf out, dc_buf x, dc_buf t, dc_buf y, int B) {
     dc_params_refresh(&m->params);
 
     // conditioning: c = t_embedder(t) + y_embedder(y); every adaLN reads SiLU(c)
+    DC_TRY(dc_params_unit_use(ps, 0));
     be->timestep_embed(be, a->tfreq, t, B, DC_TFREQ / 2);
     dc_linear_fwd(be, ps, &md->t_fc1, a->th, a->tfreq, B);
     be->silu_fwd(be, a->ta, a->th, (int64_t)B * d.D);
@@ -422,10 +424,12 @@ int dc_dit_forward(dc_dit *m, dc_buf out, dc_buf x, dc_buf t, dc_buf y, int B) {
     for (int l = 0; l < c->depth; l++) {
         block_acts k = block_of(a, l);
         dc_buf next = !a->training ? k.x_mid : l + 1 < c->depth ? a->blocks[l + 1].x_in : a->x_out;
+        DC_TRY(dc_params_unit_use(ps, 1 + l));
         block_fwd(m, &k, &md->blocks[l], next, B, &d, &attn);
     }
 
     // final layer: modulate(LN(x), shift, scale) -> Linear -> unpatchify
+    DC_TRY(dc_params_unit_use(ps, c->depth + 1));
     dc_linear_fwd(be, ps, &md->final_ada, a->modf, a->silu_c, B);
     be->ln_mod_fwd(be, a->lnf, a->meanf, a->rstdf, a->x_out, a->modf, B, d.T, d.D, 2, 0, 1);
     dc_linear_fwd(be, ps, &md->final_linear, a->lin, a->lnf, d.BT);

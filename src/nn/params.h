@@ -68,6 +68,12 @@ typedef struct {
     // true) the backward of each unit it marked; NULL: nothing to do.
     int (*unit_hook)(void *ctx, int unit, bool done);
     void *hook_ctx;
+    // Called by the model's forward before it first reads unit u's weights
+    // (dc_params_unit_use), when the model marks forward_uses_units: an
+    // optimizer that finishes the last step's update while the next forward
+    // runs (train/offload.c) makes that forward wait per unit. NULL: none.
+    int (*use_hook)(void *ctx, int unit);
+    bool forward_uses_units;  // the model's forward calls dc_params_unit_use for every unit, in order
 } dc_params;
 
 // Registers a tensor with ndim int dimensions; returns its index, or -1.
@@ -121,4 +127,8 @@ static inline int dc_params_unit_begin(dc_params *ps, int u) {
 }
 static inline int dc_params_unit_done(dc_params *ps, int u) {
     return ps->unit_hook ? ps->unit_hook(ps->hook_ctx, u, true) : 0;
+}
+// What a model's forward calls before reading unit u's weights (see use_hook).
+static inline int dc_params_unit_use(const dc_params *ps, int u) {
+    return ps->use_hook ? ps->use_hook(ps->hook_ctx, u) : 0;
 }

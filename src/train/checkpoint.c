@@ -81,7 +81,8 @@ static int state_to_host(const dc_trainer *tr, float *host) {
         for (int b = 0; b < 4; b++) DC_TRY(dc_zero_gather(z, st[b], host ? host + b * np : NULL));
         return 0;
     }
-    if (tr->offload) {  // the host copy (the worker is idle between steps) and the device's EMA
+    if (tr->offload) {  // the host copy and the device's EMA, once the last update is over
+        DC_TRY(dc_offload_drain(tr->offload));
         const dc_offload *o = tr->offload;
         const float *st[4] = {o->master, NULL, o->m, o->v};
         for (int b = 0; b < 4 && host; b++)
@@ -165,6 +166,7 @@ static int read_flat(const dc_trainer *tr, const dc_st_file *f, int b, dc_buf ds
 // loaded (taken by dc_trainer_init).
 static int restore_offload(dc_trainer *tr, const dc_st_file *f) {
     dc_offload *o = tr->offload;
+    DC_TRY(dc_offload_drain(o));  // no update may still write what is read in here
     DC_TRY(dc_params_load(tr->model->params, o->ema, f, "ema."));
     DC_TRY(read_flat_host(tr, f, 2, o->m));
     DC_TRY(read_flat_host(tr, f, 3, o->v));

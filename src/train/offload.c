@@ -105,6 +105,8 @@ static void land(dc_offload *o) {
     while (dc_params_next_run(ps, &pos, b, &lo, &hi))
         be->adamw(be, dc_buf_at(o->stage, lo - a), o->zeros, o->zeros, o->zeros, dc_buf_at(o->ema, lo),
                   dc_buf_at(wc, lo), dc_buf_none(), hi - lo, &o->keep);
+    o->landed[o->staged] = true;
+    o->nlanded++;
     o->staged = -1;
 }
 
@@ -123,9 +125,10 @@ static void stage_unit(dc_offload *o, int u) {
     o->staged = u;
 }
 
-// Stages the units the worker has updated since the last call (wait: until
-// every queued unit is done).
-static void send_updated(dc_offload *o, bool wait) {
+// Stages the units the worker has updated since the last call; with until
+// >= 0, waits until that unit is staged, and with all, until every queued
+// unit is (either stops early once the worker failed and is through).
+static void send_updated(dc_offload *o, int until, bool all) {
     pthread_mutex_lock(&o->mu);
     for (;;) {
         while (o->sent < o->ndone) {
@@ -134,11 +137,66 @@ static void send_updated(dc_offload *o, bool wait) {
             pthread_mutex_unlock(&o->mu);  // the worker goes on meanwhile
             stage_unit(o, u);
             pthread_mutex_lock(&o->mu);
+            if (u == until) goto out;
         }
-        if (!wait || o->ndone == o->ntodo) break;
+        if (o->ndone == o->ntodo || (until < 0 && !all)) break;
         pthread_cond_wait(&o->cv, &o->mu);
     }
+out:
     pthread_mutex_unlock(&o->mu);
+}
+
+static bool worker_failed(dc_offload *o) {
+    pthread_mutex_lock(&o->mu);
+    bool failed = o->failed;
+    pthread_mutex_unlock(&o->mu);
+    return failed;
+}
+
+// The settings dc_offload_micro armed become the update's, once the last
+// update is all landed (the worker reads them until then).
+static void begin_update(dc_offload *o) {
+    o->h = o->next_h;
+    o->overlap = o->next_overlap;
+    // land's pass: zero gradients and moments make a zero update (lr 0 besides)
+    o->keep = (dc_adamw_step){.lr = 0.0f, .eps = 1.0f, .bias_corr1 = 1.0f, .bias_corr2 = 1.0f, .grad_scale = 1.0f,
+                              .ema_decay = o->h.ema_decay};
+    o->factor = 1.0f;
+    memset(o->landed, 0, (size_t)o->units * sizeof *o->landed);
+    o->nlanded = 0;
+    pthread_mutex_lock(&o->mu);
+    o->ntodo = o->taken = o->ndone = o->sent = 0;
+    pthread_mutex_unlock(&o->mu);
+    o->armed = false;
+}
+
+// Unit u of the last update (u < 0: every unit) updated and landed; the
+// update is over once every unit has landed.
+static int settle(dc_offload *o, int u) {
+    double t0 = dc_time_now();
+    if (u < 0 || !o->landed[u]) {
+        if (u < 0 || o->staged != u) send_updated(o, u, u < 0);
+        if (worker_failed(o)) return dc_fail("--offload: %s", o->err);
+        if (o->staged >= 0 && (u < 0 || o->staged == u)) land(o);
+        if (u >= 0 && !o->landed[u]) return dc_fail("--offload: the model's forward read unit %d, which the update "
+                                                     "never reached", u);
+    }
+    o->wait_s += dc_time_now() - t0;
+    if (o->nlanded == o->units) {
+        o->pending = false;
+        if (o->armed) begin_update(o);
+    }
+    return dc_backend_status(o->be);
+}
+
+int dc_offload_drain(dc_offload *o) { return o->pending ? settle(o, -1) : 0; }
+
+// The forward's call before it reads unit u: the last update's unit landed.
+static int use_hook(void *ctx, int unit) {
+    dc_offload *o = ctx;
+    if (unit < 0 || unit >= o->units)
+        return dc_fail("the model's forward read unit %d, but its parameters have %d", unit, o->units);
+    return o->pending ? settle(o, unit) : 0;
 }
 
 // Called by the model's backward around each unit: before, the unit's
@@ -157,6 +215,8 @@ static int unit_hook(void *ctx, int unit, bool done) {
     const size_t bytes = (size_t)(hi - lo) * sizeof(float);
     const int j = o->next;
     if (!done) {
+        // the host's gradients and the units' settings are the last update's until it is over
+        if (o->pending) DC_TRY(dc_offload_drain(o));
         be->wait_ticket(be, o->down[j]);  // the bucket's last unit has reached the host
         if (o->micro == 0) be->zero(be, o->bucket[j].p, bytes);
         else be->wait_ticket(be, be->copy_async(be, o->bucket[j].p, o->grad + lo, bytes, false));
@@ -172,7 +232,7 @@ static int unit_hook(void *ctx, int unit, bool done) {
     if (o->last) {
         o->ticket[unit] = o->down[j];
         if (o->overlap) enqueue(o, unit);
-        send_updated(o, false);
+        send_updated(o, -1, false);
     }
     return dc_backend_status(be);
 }
@@ -224,7 +284,9 @@ int dc_offload_init(dc_offload *o, dc_params *ps, dc_backend *be) {
     o->ticket = calloc((size_t)o->units, sizeof *o->ticket);
     o->unorm_host = calloc((size_t)o->units * 2, sizeof *o->unorm_host);
     o->todo = calloc((size_t)o->units, sizeof *o->todo), o->done = calloc((size_t)o->units, sizeof *o->done);
-    if (!o->ticket || !o->todo || !o->done || !o->unorm_host) return dc_offload_free(o), dc_fail("out of memory");
+    o->landed = calloc((size_t)o->units, sizeof *o->landed);
+    if (!o->ticket || !o->todo || !o->done || !o->unorm_host || !o->landed)
+        return dc_offload_free(o), dc_fail("out of memory");
     dc_buf *unit_bufs[] = {&o->bucket[0], &o->bucket[1], &o->stage, &o->zeros};
     for (size_t i = 0; i < sizeof unit_bufs / sizeof *unit_bufs; i++) {
         *unit_bufs[i] = (dc_buf){be->alloc(be, wbytes), DC_F32};
@@ -258,6 +320,7 @@ int dc_offload_init(dc_offload *o, dc_params *ps, dc_backend *be) {
     ps->grad = dc_buf_none();
     ps->sharded_grad = true;
     ps->unit_hook = unit_hook, ps->hook_ctx = o;
+    if (ps->forward_uses_units) ps->use_hook = use_hook;
     // the compute copy holds the weights now; from here only the updates write it
     dc_params_refresh(ps);
     if (ps->wc.p) keep_fixed_only(o, kept);
@@ -266,6 +329,8 @@ int dc_offload_init(dc_offload *o, dc_params *ps, dc_backend *be) {
 }
 
 void dc_offload_free(dc_offload *o) {
+    if (o->pending && dc_offload_drain(o))
+        dc_warn("--offload: the last update did not complete (%s)", dc_error());
     if (o->running) {
         pthread_mutex_lock(&o->mu);
         o->stop = true;
@@ -275,7 +340,7 @@ void dc_offload_free(dc_offload *o) {
         pthread_mutex_destroy(&o->mu), pthread_cond_destroy(&o->cv);
     }
     if (o->ps && o->ps->hook_ctx == o) {
-        o->ps->unit_hook = NULL, o->ps->hook_ctx = NULL;
+        o->ps->unit_hook = NULL, o->ps->use_hook = NULL, o->ps->hook_ctx = NULL;
         o->ps->win_lo = o->ps->win_hi = 0;
     }
     dc_backend *be = o->be;
@@ -289,20 +354,29 @@ void dc_offload_free(dc_offload *o) {
         for (size_t i = 0; i < sizeof host_bufs / sizeof *host_bufs; i++)
             if (host_bufs[i]) be->free_pinned(be, host_bufs[i]);
     }
-    free(o->ticket), free(o->todo), free(o->done), free(o->unorm_host);
+    free(o->ticket), free(o->todo), free(o->done), free(o->unorm_host), free(o->landed);
     memset(o, 0, sizeof *o);
 }
 
-void dc_offload_micro(dc_offload *o, int micro, bool last, bool overlap, const dc_adamw_step *h) {
-    o->micro = micro, o->last = last, o->overlap = last && overlap;
-    if (!last) return;
-    o->h = *h;
-    // land's pass: zero gradients and moments make a zero update (lr 0 besides)
-    o->keep = (dc_adamw_step){.lr = 0.0f, .eps = 1.0f, .bias_corr1 = 1.0f, .bias_corr2 = 1.0f, .grad_scale = 1.0f,
-                              .ema_decay = h->ema_decay};
-    o->factor = 1.0f;
+int dc_offload_micro(dc_offload *o, int micro, bool last, bool overlap, const dc_adamw_step *h) {
+    // a forward that does not announce its units reads the weights whole
+    if (!o->ps->forward_uses_units) DC_TRY(dc_offload_drain(o));
+    o->micro = micro, o->last = last;
+    if (!last) return 0;
+    o->next_h = *h, o->next_overlap = overlap, o->armed = true;
+    if (!o->pending) begin_update(o);
+    return 0;
+}
+
+// The units the worker has not started, in forward order: backward queued
+// them last to first, and the next forward waits for them first to last.
+static void in_forward_order(dc_offload *o) {
     pthread_mutex_lock(&o->mu);
-    o->ntodo = o->taken = o->ndone = o->sent = 0;
+    for (int i = o->taken + 1; i < o->ntodo; i++)  // insertion sort: a few dozen units
+        for (int j = i; j > o->taken && o->todo[j - 1] > o->todo[j]; j--) {
+            int t = o->todo[j];
+            o->todo[j] = o->todo[j - 1], o->todo[j - 1] = t;
+        }
     pthread_mutex_unlock(&o->mu);
 }
 
@@ -330,15 +404,12 @@ int dc_offload_finish(dc_offload *o, dc_buf gstats, float max_norm) {
         stats[0] = (float)sqrt(ss);
         stats[1] = dc_clip_factor(sqrt(ss), max_norm);
     }
-    send_updated(o, true);
+    in_forward_order(o);
+    send_updated(o, -1, false);
+    o->pending = true;  // the next forward lands the rest (dc_offload_drain for anything else)
     o->wait_s += dc_time_now() - t0;
     o->steps++;
-    pthread_mutex_lock(&o->mu);
-    bool failed = o->failed;
-    pthread_mutex_unlock(&o->mu);
-    if (failed) return dc_fail("--offload: %s", o->err);
-    // the next forward reads the new weights: the last staged unit lands (queued)
-    if (o->staged >= 0) land(o);
+    if (worker_failed(o)) return dc_fail("--offload: %s", o->err);
     be->upload(be, gstats.p, stats, sizeof stats);
     return dc_backend_status(be);
 }

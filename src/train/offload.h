@@ -29,8 +29,18 @@
 // weights as they are and runs exactly the plain step's EMA and cast. Fixed
 // tensors (DiT's pos_embed) are in no run: their compute copy and EMA keep
 // their values. With clipping the global norm is needed first: the update
-// waits for the whole backward (no overlap). The host waits only for the
-// CPU's work and the backward, not for the last copies up.
+// waits for the whole backward (no overlap).
+//
+// The step does not wait for the last units either: dc_offload_finish
+// returns with the units still queued re-ordered into forward order (the
+// backward hands them over last to first, the forward reads them first to
+// last), and the next forward, before it reads each unit (the model's
+// dc_params_unit_use), waits for the worker to update it and lands it. The
+// CPU's update thus also runs beside the next forward, and a step takes
+// about the longer of the CPU's update and the device's work instead of
+// their sum less the backward. Whatever else reads the weights, the master
+// or the EMA (a checkpoint, the end of training, a model whose forward does
+// not announce its units) calls dc_offload_drain first.
 //
 // The device keeps no full fp32 copy of the weights where a compute copy
 // exists (bf16 on a GPU): the master is on the host and every reader has
@@ -82,8 +92,14 @@ typedef struct {
     int micro;              // micro-batch within the step (0: the first)
     bool last;              // the step's last micro-batch: the update follows the gradients
     bool overlap;           // update each unit in backward (no clipping)
-    dc_adamw_step h;
+    bool armed;             // the update's settings below wait for the last one to be drained
+    bool next_overlap;
+    dc_adamw_step next_h;
+    dc_adamw_step h;        // the update the worker runs (fixed until it is drained)
     float factor;           // the clipping factor the update applies (1: none)
+    bool pending;           // units of the last update not landed yet (the next forward lands them)
+    bool *landed;           // [units]
+    int nlanded;
     int64_t *ticket;        // [units] the copy of each unit's final gradients to the host
     dc_buf unorm;           // [2 units] F32 on the device: each unit's gradient norm (grad_norm's
                             // pair), taken from its bucket when the update overlaps backward
@@ -112,15 +128,20 @@ typedef struct {
 int dc_offload_init(dc_offload *o, dc_params *ps, dc_backend *be);
 // Also gives the parameters their full fp32 data back, from the master.
 void dc_offload_free(dc_offload *o);
-// Before each micro-batch's backward: its index in the step, and whether it
+// Before each micro-batch's forward: its index in the step, and whether it
 // is the last. With last, h is the step's AdamW (and EMA) and overlap says
-// whether each unit may be updated as its gradients arrive (no clipping).
-void dc_offload_micro(dc_offload *o, int micro, bool last, bool overlap, const dc_adamw_step *h);
+// whether each unit may be updated as its gradients arrive (no clipping);
+// they take effect once the last update is over. -1 if finishing that
+// update failed (a model whose forward does not announce its units has it
+// drained here).
+int dc_offload_micro(dc_offload *o, int micro, bool last, bool overlap, const dc_adamw_step *h);
 // After the step's backward: the global norm and clipping factor into
-// gstats ([2] F32 on the backend, as grad_norm writes it), the update of
-// every unit not yet done, the new weights back on the device in the EMA and
-// the compute copy (queued; the host waits only for the CPU's work).
+// gstats ([2] F32 on the backend, as grad_norm writes it); the units not yet
+// updated are left to the worker, in forward order (see above).
 int dc_offload_finish(dc_offload *o, dc_buf gstats, float max_norm);
+// Waits for every unit of the last update and lands it (queued): the master,
+// the EMA and the compute copy then hold the step's result.
+int dc_offload_drain(dc_offload *o);
 // Device bytes offload allocates: the two gradient buckets, the staging
 // buffer, the zeros and the units' norms. Beside them it keeps the full
 // gradient buffer (as the EMA) and, where a compute copy exists, only

@@ -323,7 +323,8 @@ int dc_trainer_step(dc_trainer *tr, dc_step_stats *st) {
     for (int done = first, micro = 0; done < first + count; done += c->micro_batch, micro++) {
         int n = first + count - done < c->micro_batch ? first + count - done : c->micro_batch;
         // offload updates each unit as its gradients arrive, unless clipping needs them all first
-        if (tr->offload) dc_offload_micro(tr->offload, micro, done + n == first + count, c->grad_clip == 0, &h);
+        if (tr->offload)
+            DC_TRY(dc_offload_micro(tr->offload, micro, done + n == first + count, c->grad_clip == 0, &h));
         stage_micro_batch(tr, done, n);
         be->upload(be, tr->x0.p, tr->h_x0, (size_t)n * C * HW * sizeof(float));
         be->upload(be, tr->y.p, tr->h_y, (size_t)n * sizeof(int32_t));
@@ -373,6 +374,12 @@ int dc_trainer_step(dc_trainer *tr, dc_step_stats *st) {
     tr->step = s;
     tr->samples_seen += c->batch;
     return st ? dc_trainer_stats(tr, st) : 0;
+}
+
+int dc_trainer_sync(dc_trainer *tr) {
+    if (tr->offload) DC_TRY(dc_offload_drain(tr->offload));
+    tr->be->sync(tr->be);
+    return dc_backend_status(tr->be);
 }
 
 // Names a non-finite value for a message ("%g" prints a NaN as "-nan" or "nan"

@@ -131,9 +131,15 @@ int dc_trainer_set_comm(dc_trainer *tr, dc_comm *comm, int zero_stage);
 void dc_trainer_free(dc_trainer *tr);
 // One optimizer step over cfg.batch images. With stats NULL it only queues
 // work on the backend (no waiting; with offload the host does wait for the
-// CPU's AdamW, which waits for the gradients); otherwise it also reads the
-// step's statistics, as dc_trainer_stats.
+// CPU's AdamW of the units the backward handed over, and the next step's
+// forward for the rest); otherwise it also reads the step's statistics, as
+// dc_trainer_stats.
 int dc_trainer_step(dc_trainer *tr, dc_step_stats *stats);
+// Finishes what the last step left running on the host (offload's update
+// of the last units) and waits for the backend: the weights, the EMA and
+// the optimizer state then hold the step's result. Checkpoints do it
+// themselves.
+int dc_trainer_sync(dc_trainer *tr);
 // Waits for the last step and reads its losses and gradient norm; fails if
 // either has become NaN or infinite (the run diverged by that step).
 int dc_trainer_stats(dc_trainer *tr, dc_step_stats *stats);
