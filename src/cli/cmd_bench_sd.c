@@ -211,10 +211,20 @@ int cmd_bench_sd(int argc, char **argv) {
         printf("  %-44s %9.2f ms\n", "VAE decode, one picture", dec * 1e3);
     }
     if (!PART("picture")) goto memory;
-    if (time_pictures(&p, 1, 1, 2, size, &pic) || time_pictures(&p, 1, 1, steps, size, &pic)) goto done;
+    // a warm-up, then 2 and `steps` steps: their difference is the cost of a
+    // step within a picture, the rest what a picture costs besides its steps
+    double pic2;
+    if (time_pictures(&p, 1, 1, 2, size, &pic2) || time_pictures(&p, 1, 1, 2, size, &pic2) ||
+        time_pictures(&p, 1, 1, steps, size, &pic))
+        goto done;
     char what[96];
     snprintf(what, sizeof what, "whole picture, %d steps (text, UNet, VAE)", steps);
     printf("  %-44s %9.3f s\n", what, pic);
+    if (steps > 2) {
+        double per = (pic - pic2) / (steps - 2);
+        printf("  %-44s %9.2f ms a step, %.1f ms besides\n", "  within it (from 2 and all steps)", per * 1e3,
+               (pic - steps * per) * 1e3);
+    }
     if (batch > 0) {
         if (time_pictures(&p, batch, batch, steps, size, &bat)) goto done;
         snprintf(what, sizeof what, "%d pictures in one batch, %d steps", batch, steps);

@@ -272,6 +272,8 @@ int dc_offload_init(dc_offload *o, dc_params *ps, dc_backend *be) {
                        "this one does not");
     if (!ps->grad.p || ps->unit_hook) return dc_fail("--offload: the parameters' gradients are already taken");
     o->be = be, o->ps = ps, o->units = dc_params_unit_count(ps);
+    const char *e = getenv("DC_OFFLOAD_DEFER");
+    o->defer = !e || strcmp(e, "0") != 0;
     o->widest = widest_unit(ps);
     o->staged = -1;
     const size_t bytes = (size_t)ps->numel * sizeof(float), wbytes = (size_t)o->widest * sizeof(float);
@@ -410,6 +412,7 @@ int dc_offload_finish(dc_offload *o, dc_buf gstats, float max_norm) {
     o->wait_s += dc_time_now() - t0;
     o->steps++;
     if (worker_failed(o)) return dc_fail("--offload: %s", o->err);
+    if (!o->defer) DC_TRY(settle(o, -1));
     be->upload(be, gstats.p, stats, sizeof stats);
     return dc_backend_status(be);
 }

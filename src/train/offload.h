@@ -40,7 +40,8 @@
 // about the longer of the CPU's update and the device's work instead of
 // their sum less the backward. Whatever else reads the weights, the master
 // or the EMA (a checkpoint, the end of training, a model whose forward does
-// not announce its units) calls dc_offload_drain first.
+// not announce its units) calls dc_offload_drain first. DC_OFFLOAD_DEFER=0
+// finishes every update within its step instead, for comparison.
 //
 // The device keeps no full fp32 copy of the weights where a compute copy
 // exists (bf16 on a GPU): the master is on the host and every reader has
@@ -98,6 +99,7 @@ typedef struct {
     dc_adamw_step h;        // the update the worker runs (fixed until it is drained)
     float factor;           // the clipping factor the update applies (1: none)
     bool pending;           // units of the last update not landed yet (the next forward lands them)
+    bool defer;             // leave them to the next forward (DC_OFFLOAD_DEFER=0: finish them in the step)
     bool *landed;           // [units]
     int nlanded;
     int64_t *ticket;        // [units] the copy of each unit's final gradients to the host
