@@ -175,8 +175,9 @@ static dc_plan_request xl_request(void) {
 static void test_xl(void) {
     dc_plan_request r = xl_request();
     const int D = r.cfg.depth;
-    // the settings measured on an H200 (peak device memory as the backend counts it)
-    struct { dc_train_plan p; double measured; } h200[] = {{{64, D, false}, 34.29}, {{64, 0, true}, 7.34}};
+    // the settings measured on an H200 and an H100 (peak device memory as the backend counts it;
+    // offload's 7.52 GiB with the EMA on the device, 2026-11-23)
+    struct { dc_train_plan p; double measured; } h200[] = {{{64, D, false}, 34.29}, {{64, 0, true}, 7.52}};
     for (int i = 0; i < 2; i++) {
         dc_plan_mem m;
         CHECK(dc_plan_predict(&r, &h200[i].p, &m) == 0, "predict: %s", dc_error());
