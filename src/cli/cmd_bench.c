@@ -154,11 +154,15 @@ static int bench_train(train_ranks *job, const dc_dit_config *mc, dc_backend *be
         if (offload) {  // what stayed on the device, and what went to the host
             const double mib = 1048576.0, P = (double)m->params->numel;
             printf("offload device: weights %.2f MiB (fp32 kept) + %.2f MiB (compute copy), EMA %.2f MiB, "
-                   "buckets and staging %.2f MiB; host: master, moments and gradients %.2f MiB\n",
+                   "unit buffers %.2f MiB; host: master, moments and gradients %.2f MiB\n",
                    4 * (double)(m->params->wc.p ? dc_offload_kept_data(m->params) : m->params->numel) / mib,
                    m->params->wc.p ? P * dc_dtype_size(be->compute) / mib : 0.0, 4 * P / mib,
                    dc_offload_device_bytes(m->params) / mib, 4 * 4 * P / mib);
             const dc_offload *o = tr.offload;
+            int64_t lo, dev = 0;
+            if (o->dev_units > 0) dc_params_unit_range(m->params, o->dev_units - 1, &lo, &dev);
+            printf("offload units: %d of %d (%.0f%% of the parameters) updated on the device, the rest on the CPU\n",
+                   o->dev_units, o->units, 100.0 * (double)dev / P);
             if (o->steps)
                 printf("offload time: the CPU updates for %.1f ms a step; the host waits %.1f ms a step for the "
                        "updates (after queueing backward, and before each unit's forward)\n",

@@ -19,9 +19,33 @@ static int64_t widest_unit(const dc_params *ps) {
     return w;
 }
 
+// The share of the parameters updated on the device (see offload.h):
+// DC_OFFLOAD_DEVICE_SHARE, else the default.
+static double device_share(void) {
+    const char *e = getenv("DC_OFFLOAD_DEVICE_SHARE");
+    char *end;
+    double f = e ? strtod(e, &end) : DC_OFFLOAD_DEVICE_SHARE;
+    if (e && (end == e || *end)) f = DC_OFFLOAD_DEVICE_SHARE;
+    return f < 0 ? 0 : f > 1 ? 1 : f;
+}
+
+int dc_offload_device_units(const dc_params *ps) {
+    const double want = device_share() * (double)ps->numel;
+    const int n = dc_params_unit_count(ps);
+    int k = 0;
+    for (int64_t lo, hi; k < n; k++) {
+        dc_params_unit_range(ps, k, &lo, &hi);
+        if ((double)lo >= want) break;
+    }
+    return k;
+}
+
 int64_t dc_offload_device_bytes(const dc_params *ps) {
-    // buckets, the staging buffer and zeros: four units' worth; two norms a unit
-    return (4 * widest_unit(ps) + 2 * (int64_t)dc_params_unit_count(ps)) * (int64_t)sizeof(float);
+    // buckets, the staging buffer and zeros: four units' worth (three more,
+    // a unit's master and moments, where units are updated on the device);
+    // two norms a unit
+    const int64_t units = 4 + (dc_offload_device_units(ps) > 0 ? 3 : 0);
+    return (units * widest_unit(ps) + 2 * (int64_t)dc_params_unit_count(ps)) * (int64_t)sizeof(float);
 }
 
 int64_t dc_offload_kept_data(const dc_params *ps) {
@@ -178,6 +202,8 @@ static int settle(dc_offload *o, int u) {
         if (u < 0 || o->staged != u) send_updated(o, u, u < 0);
         if (worker_failed(o)) return dc_fail("--offload: %s", o->err);
         if (o->staged >= 0 && (u < 0 || o->staged == u)) land(o);
+        // the device's units back on the host (their copies down)
+        if (u < 0 && o->be->host_wait(o->be, o->dev_down)) return dc_fail_ctx("--offload");
         if (u >= 0 && !o->landed[u]) return dc_fail("--offload: the model's forward read unit %d, which the update "
                                                      "never reached", u);
     }
@@ -197,6 +223,40 @@ static int use_hook(void *ctx, int unit) {
     if (unit < 0 || unit >= o->units)
         return dc_fail("the model's forward read unit %d, but its parameters have %d", unit, o->units);
     return o->pending ? settle(o, unit) : 0;
+}
+
+// A unit updated on the device (offload.h): its master and moments up into
+// the device's unit buffers, once the copies before them are done (the last
+// such unit's copies down among them: copies run in order).
+static void state_up(dc_offload *o, int u) {
+    int64_t lo, hi;
+    dc_params_unit_range(o->ps, u, &lo, &hi);
+    const size_t bytes = (size_t)(hi - lo) * sizeof(float);
+    float *host[3] = {o->master, o->m, o->v};
+    const dc_buf dev[3] = {o->dw, o->dm, o->dv};
+    for (int b = 0; b < 3; b++) o->dev_up = o->be->copy_async(o->be, dev[b].p, host[b] + lo, bytes, false);
+}
+
+// The plain step's AdamW, EMA and cast for unit u on the device, from its
+// gradients in `grad` and its state brought up by state_up; the new master
+// and moments then go back to the host (dev_down). The unit has landed.
+static void update_on_device(dc_offload *o, int u, dc_buf grad) {
+    const dc_params *ps = o->ps;
+    dc_backend *be = o->be;
+    int64_t a, b, lo, hi;
+    dc_params_unit_range(ps, u, &a, &b);
+    be->wait_ticket(be, o->dev_up);
+    const dc_buf wc = compute_copy(ps);
+    int64_t pos = a;
+    while (dc_params_next_run(ps, &pos, b, &lo, &hi))
+        be->adamw(be, dc_buf_at(o->dw, lo - a), dc_buf_at(grad, lo - a), dc_buf_at(o->dm, lo - a),
+                  dc_buf_at(o->dv, lo - a), dc_buf_at(o->ema, lo), dc_buf_at(wc, lo), dc_buf_none(), hi - lo, &o->h);
+    const size_t bytes = (size_t)(b - a) * sizeof(float);
+    float *host[3] = {o->master, o->m, o->v};
+    const dc_buf dev[3] = {o->dw, o->dm, o->dv};
+    for (int k = 0; k < 3; k++) o->dev_down = be->copy_async(be, host[k] + a, dev[k].p, bytes, true);
+    o->landed[u] = true;
+    o->nlanded++;
 }
 
 // Called by the model's backward around each unit: before, the unit's
@@ -221,12 +281,21 @@ static int unit_hook(void *ctx, int unit, bool done) {
         if (o->micro == 0) be->zero(be, o->bucket[j].p, bytes);
         else be->wait_ticket(be, be->copy_async(be, o->bucket[j].p, o->grad + lo, bytes, false));
         ps->win = o->bucket[j], ps->win_lo = lo, ps->win_hi = hi;
+        // a unit updated on the device: its state goes up beside its backward
+        if (o->last && o->overlap && unit < o->dev_units) state_up(o, unit);
         return dc_backend_status(be);
     }
     ps->win_lo = ps->win_hi = 0;
     // the norm that overlapped steps report, per unit on the device: a pass
     // over the host's gradients would come after the last update
     if (o->last && o->overlap) be->grad_norm(be, dc_buf_at(o->unorm, 2 * unit), o->bucket[j], hi - lo, 0.0f);
+    if (o->last && o->overlap && unit < o->dev_units) {
+        update_on_device(o, unit, o->bucket[j]);
+        o->down[j] = 0;  // the bucket's gradients stay here
+        o->next = 1 - j;
+        send_updated(o, -1, false);
+        return dc_backend_status(be);
+    }
     o->down[j] = be->copy_async(be, o->grad + lo, o->bucket[j].p, bytes, true);
     o->next = 1 - j;
     if (o->last) {
@@ -289,8 +358,10 @@ int dc_offload_init(dc_offload *o, dc_params *ps, dc_backend *be) {
     o->landed = calloc((size_t)o->units, sizeof *o->landed);
     if (!o->ticket || !o->todo || !o->done || !o->unorm_host || !o->landed)
         return dc_offload_free(o), dc_fail("out of memory");
-    dc_buf *unit_bufs[] = {&o->bucket[0], &o->bucket[1], &o->stage, &o->zeros};
-    for (size_t i = 0; i < sizeof unit_bufs / sizeof *unit_bufs; i++) {
+    o->dev_units = dc_offload_device_units(ps);
+    dc_buf *unit_bufs[] = {&o->bucket[0], &o->bucket[1], &o->stage, &o->zeros, &o->dw, &o->dm, &o->dv};
+    const size_t nbufs = o->dev_units > 0 ? 7 : 4;
+    for (size_t i = 0; i < nbufs; i++) {
         *unit_bufs[i] = (dc_buf){be->alloc(be, wbytes), DC_F32};
         if (!unit_bufs[i]->p) return dc_offload_free(o), dc_fail_ctx("--offload: a unit-sized device buffer");
     }
@@ -348,7 +419,8 @@ void dc_offload_free(dc_offload *o) {
     dc_backend *be = o->be;
     if (be) {
         be->sync(be);  // no copy still reads or writes what is freed here
-        dc_buf *dev_bufs[] = {&o->bucket[0], &o->bucket[1], &o->stage, &o->zeros, &o->unorm, &o->ema};
+        dc_buf *dev_bufs[] = {&o->bucket[0], &o->bucket[1], &o->stage, &o->zeros, &o->unorm, &o->ema,
+                              &o->dw, &o->dm, &o->dv};
         for (size_t i = 0; i < sizeof dev_bufs / sizeof *dev_bufs; i++)
             if (dev_bufs[i]->p) be->free(be, dev_bufs[i]->p);
         if (o->shrunk) restore_data(o);  // the EMA's room, freed above, takes it
@@ -392,8 +464,9 @@ int dc_offload_finish(dc_offload *o, dc_buf gstats, float max_norm) {
         dc_cpu_grad_norm(NULL, host(stats), host(o->grad), o->ps->numel, max_norm);
         o->factor = stats[1];
         for (int u = 0; u < o->units; u++) enqueue(o, u);
-    } else if (o->ntodo != o->units) {  // read without the lock: only this thread queues
-        return dc_fail("--offload: the model handed over the gradients of %d of its %d units", o->ntodo, o->units);
+    } else if (o->ntodo + o->dev_units != o->units) {  // read without the lock: only this thread queues
+        return dc_fail("--offload: the model handed over the gradients of %d of its %d units",
+                       o->ntodo + o->dev_units, o->units);
     }
     double t0 = dc_time_now();
     if (o->overlap) {  // the norm only reports: the units' norms, combined in unit order

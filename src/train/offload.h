@@ -43,6 +43,19 @@
 // not announce its units) calls dc_offload_drain first. DC_OFFLOAD_DEFER=0
 // finishes every update within its step instead, for comparison.
 //
+// The CPU's update is bound by the host's memory (36 bytes a parameter a
+// step), while the PCIe link and the device have room. So, without
+// clipping, the first units (about DC_OFFLOAD_DEVICE_SHARE of the
+// parameters; DC_OFFLOAD_DEVICE_SHARE=x in the environment for another
+// share, 0 for none) are updated on the device instead: as such a unit's
+// backward starts, its master and moments go up into three unit-sized
+// device buffers, and when it ends the plain step's AdamW, EMA and cast run
+// there on its gradients in the bucket, and the master and moments go back
+// down. That moves 24 bytes a parameter over PCIe instead of 8 through the
+// CPU's 36, and they are the units the next forward reads first, updated
+// before the CPU's last ones. The host reads them only after their copies
+// down (dc_offload_drain waits for them).
+//
 // The device keeps no full fp32 copy of the weights where a compute copy
 // exists (bf16 on a GPU): the master is on the host and every reader has
 // its own source (checkpoints: the master and the device EMA; the forward:
@@ -70,6 +83,8 @@
 #include "backend/backend.h"
 #include "nn/params.h"
 
+#define DC_OFFLOAD_DEVICE_SHARE 0.25
+
 typedef struct {
     dc_backend *be;
     dc_params *ps;
@@ -87,6 +102,11 @@ typedef struct {
     int staged;             // the unit it holds, or -1
     int64_t up;             // the copy up into it (a ticket)
     dc_buf zeros;           // [widest unit] F32 zeros: gradient and moments of the EMA pass
+    // units [0, dev_units) are updated on the device: a unit's master and
+    // moments come up into dw, dm, dv ([widest unit] F32 each) and go back
+    int dev_units;
+    dc_buf dw, dm, dv;
+    int64_t dev_up, dev_down;  // the last copies up and down of such a unit (tickets)
     dc_adamw_step keep;     // that pass's step: lr 0, the EMA's decay
     bool shrunk;            // the parameters' data holds only the fixed tensors' prefix
     // the step in progress
@@ -144,8 +164,11 @@ int dc_offload_finish(dc_offload *o, dc_buf gstats, float max_norm);
 // Waits for every unit of the last update and lands it (queued): the master,
 // the EMA and the compute copy then hold the step's result.
 int dc_offload_drain(dc_offload *o);
+// Units [0, n) are updated on the device (see above); n is returned.
+int dc_offload_device_units(const dc_params *ps);
 // Device bytes offload allocates: the two gradient buckets, the staging
-// buffer, the zeros and the units' norms. Beside them it keeps the full
+// buffer, the zeros, the units' norms and, with units updated on the
+// device, their master and moments. Beside them it keeps the full
 // gradient buffer (as the EMA) and, where a compute copy exists, only
 // dc_offload_kept_data(ps) elements of the fp32 data.
 int64_t dc_offload_device_bytes(const dc_params *ps);
