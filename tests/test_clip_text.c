@@ -330,7 +330,8 @@ static int run(const dc_clip_text_config *c, source_t *s, dc_names names, const 
     dc_clip_text *m = NULL;
     int64_t n = (int64_t)nb * c->positions * c->width;
     dc_buf dh = {0}, dp = {0}, di = {0};
-    int rc = dc_clip_text_create(&m, c, g_be) || dc_clip_text_load(m, &s->w, names) || dc_clip_text_reserve(m, nb) ||
+    int rc = dc_clip_text_create(&m, c, g_be, dc_weights_dtype(&s->w)) || dc_clip_text_load(m, &s->w, names) ||
+             dc_clip_text_reserve(m, nb) ||
              dc_buf_alloc(g_be, &dh, DC_F32, (size_t)n, "hidden") || dc_buf_alloc(g_be, &dp, DC_F32, (size_t)n, "pen") ||
              dc_buf_alloc(g_be, &di, DC_I32, (size_t)nb * c->positions, "ids");
     if (!rc) {
@@ -396,7 +397,8 @@ static void test_small(dc_act act) {
     // out of range: skip, ids dtype, batch
     dc_clip_text *m = NULL;
     dc_buf di = {0};
-    if (dc_clip_text_create(&m, &c, g_be) == 0 && dc_clip_text_load(m, &s.w, DC_NAMES_DIFFUSERS) == 0 &&
+    if (dc_clip_text_create(&m, &c, g_be, dc_weights_dtype(&s.w)) == 0 &&
+        dc_clip_text_load(m, &s.w, DC_NAMES_DIFFUSERS) == 0 &&
         dc_clip_text_reserve(m, 1) == 0 && dc_buf_alloc(g_be, &di, DC_I32, 2 * T, "ids") == 0) {
         CHECK(dc_clip_text_forward(m, dc_buf_f32(NULL), dc_buf_none(), di, 1, L) != 0 && strstr(dc_error(), "skip"),
               "skipping every layer refused: %s", dc_error());

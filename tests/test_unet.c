@@ -205,7 +205,7 @@ static void test_golden_diffusers(const char *set) {
     CHECK(dc_unet_config_infer(&inf, &w, DC_NAMES_DIFFUSERS) == 0, "infer %s: %s", w_path, dc_error());
     CHECK(same_config(&inf, &c, false), "%s: config inferred from the shapes differs from config.json", set);
     dc_model *m = NULL;
-    CHECK(dc_unet_new(&c, g_be, 16, 16, &m) == 0, "new: %s", dc_error());
+    CHECK(dc_unet_new(&c, g_be, dc_weights_dtype(&w), 16, 16, &m) == 0, "new: %s", dc_error());
     if (!m) return dc_st_close(&f);
     CHECK(dc_unet_load(m, &w, DC_NAMES_DIFFUSERS) == 0, "load %s: %s", w_path, dc_error());
     double e = run_golden(m, io_path, set);
@@ -237,7 +237,7 @@ static void test_golden_single(const char *set) {
           set, dc_error());
     memcpy(c.heads, want.heads, sizeof c.heads);
     dc_model *m = NULL;
-    CHECK(dc_unet_new(&c, g_be, 16, 16, &m) == 0, "new: %s", dc_error());
+    CHECK(dc_unet_new(&c, g_be, dc_weights_dtype(&w), 16, 16, &m) == 0, "new: %s", dc_error());
     if (!m) return dc_st_close(&f);
     CHECK(dc_unet_load(m, &w, DC_NAMES_ORIGINAL) == 0, "load %s: %s", w_path, dc_error());
     double e = run_golden(m, io_path, set);
@@ -249,7 +249,8 @@ static void test_golden_single(const char *set) {
     dc_unet_config bad = c;
     for (int i = 0; i < bad.nblocks; i++) bad.heads[i] = bad.heads[i] == 1 ? 2 : 1;
     dc_model *mb = NULL;
-    if (dc_unet_new(&bad, g_be, 16, 16, &mb) == 0 && dc_unet_load(mb, &w, DC_NAMES_ORIGINAL) == 0) {
+    if (dc_unet_new(&bad, g_be, dc_weights_dtype(&w), 16, 16, &mb) == 0 &&
+        dc_unet_load(mb, &w, DC_NAMES_ORIGINAL) == 0) {
         double eb = run_golden(mb, io_path, set);
         printf("  %s with wrong head counts: error %.2e\n", set, eb);
         CHECK(eb > g_tol, "%s: wrong head counts still match (error %.2e)", set, eb);
@@ -336,7 +337,7 @@ static void test_refusals(void) {
         return;
     }
     dc_model *m = NULL;
-    CHECK(dc_unet_new(&c, g_be, 16, 16, &m) == 0, "new: %s", dc_error());
+    CHECK(dc_unet_new(&c, g_be, DC_F32, 16, 16, &m) == 0, "new: %s", dc_error());
     if (!m) return dc_st_close(&f);
     const char *drop = "up_blocks.2.attentions.1.transformer_blocks.0.attn2.to_k.weight";
     if (altered_copy(&f, drop, NULL, &g) == 0) {
@@ -586,7 +587,7 @@ static void test_meta_init(void) {
     dc_unet_config t;
     if (dc_unet_config_from_json_file(&t, GOLD "/sd1/diffusers/unet/config.json")) return;
     dc_model *a = NULL, *b = NULL;
-    CHECK(dc_unet_new(&t, g_be, 16, 16, &a) == 0 && dc_unet_new(&t, g_be, 16, 16, &b) == 0, "new");
+    CHECK(dc_unet_new(&t, g_be, DC_F32, 16, 16, &a) == 0 && dc_unet_new(&t, g_be, DC_F32, 16, 16, &b) == 0, "new");
     if (!a || !b) return;
     CHECK(dc_model_init_weights(a, 7) == 0 && dc_model_init_weights(b, 7) == 0, "init");
     const dc_params *pa = a->params, *pb = b->params;

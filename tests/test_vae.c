@@ -78,7 +78,7 @@ static void test_manifest(dc_backend *be) {
         const char *halves[3] = {"both", "encoder", "decoder"};
         for (int h = 0; h < 3; h++) {
             dc_vae *m;
-            if (dc_vae_create(&m, &c, be, h != 2, h != 1)) {
+            if (dc_vae_create(&m, &c, be, DC_F32, h != 2, h != 1)) {
                 CHECK(0, "%s: create: %s", models[t], dc_error());
                 continue;
             }
@@ -256,7 +256,7 @@ static void test_golden_dir(dc_backend *be, const char *dir) {
             }
             dc_vae *m;
             outputs o = {0};
-            int rc = dc_vae_create(&m, &c, be, true, true);
+            int rc = dc_vae_create(&m, &c, be, dc_weights_dtype(&wt), true, true);
             if (!rc) rc = dc_vae_load(m, &wt, names);
             if (!rc && (H != h * dc_vae_factor(&c) || W != w * dc_vae_factor(&c)))
                 rc = dc_fail("%s: latent %dx%d does not match the image %dx%d", dir, w, h, W, H);

@@ -312,7 +312,7 @@ static int load_and_run(dc_backend *be, const dc_vae_config *c, const dc_st_file
     dc_vae *m;
     dc_weights w = {(dc_st_file *)f, 1, ""};
     snprintf(w.prefix, sizeof w.prefix, "%s", prefix);
-    DC_TRY(dc_vae_create(&m, c, be, true, true));
+    DC_TRY(dc_vae_create(&m, c, be, dc_weights_dtype(&w), true, true));
     int rc = dc_vae_load(m, &w, names);
     if (!rc) rc = run(m, img, z, B, H, W, o);
     dc_vae_free(m);
@@ -330,7 +330,7 @@ static void test_small(dc_backend *be) {
     enum { B = 2, H = 16, W = 12 };
     int f = dc_vae_factor(&c), h = H / f, w = W / f;
     dc_vae *m;
-    if (dc_vae_create(&m, &c, be, true, true)) {
+    if (dc_vae_create(&m, &c, be, DC_F32, true, true)) {
         CHECK(0, "create: %s", dc_error());
         return;
     }
@@ -415,7 +415,7 @@ static void test_small(dc_backend *be) {
     // each half alone, and the calls a model cannot serve
     dc_vae *dec;
     dc_st_file fd;
-    if (!dc_vae_create(&dec, &c, be, false, true) && !make_file(&fd, &t, &c, 0, "", -1, -1)) {
+    if (!dc_vae_create(&dec, &c, be, DC_F32, false, true) && !make_file(&fd, &t, &c, 0, "", -1, -1)) {
         dc_weights wt = {&fd, 1, ""};
         outputs o = {0};
         int rc = dc_vae_load(dec, &wt, DC_NAMES_DIFFUSERS);
@@ -438,7 +438,7 @@ static void test_small(dc_backend *be) {
     }
 
     // multiply-adds: the formula against a count written out here for this config
-    if (!dc_vae_create(&m, &c, be, true, true)) {
+    if (!dc_vae_create(&m, &c, be, DC_F32, true, true)) {
         // encoder at 16x12: conv_in, level 0 (2 resnets 32->32, down), level 1 at 8x6 (32->64 with
         // shortcut, 64->64, down), level 2 at 4x3 (2 resnets), mid (2 resnets, attention), out, quant
         double p0 = 16 * 12, p1 = 8 * 6, p2 = 4 * 3, k9 = 9;

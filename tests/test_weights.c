@@ -51,7 +51,7 @@ static void build(dc_params *ps, dc_backend *be, int lin_out) {
     dc_params_add(ps, "q.weight", true, 2, 2, 2);
     dc_params_add(ps, "k.weight", true, 2, 2, 2);
     dc_params_add(ps, "v.weight", true, 2, 2, 2);
-    dc_params_alloc_frozen(ps, be);
+    dc_params_alloc_frozen(ps, be, DC_F32);  // the files mix F16, BF16 and F32
 }
 
 static int load(const char *file, const char *prefix, int lin_out, int shift, float *out) {

@@ -279,9 +279,9 @@ static int run(const char *config, const char *layout, const char *dtype, uint64
     dc_model *unet = NULL;
     dc_vae *vae = NULL;
     dc_clip_text *text = NULL;
-    int rc = dc_unet_new(&c.unet, be, 8, 8, &unet);
-    if (!rc) rc = dc_vae_create(&vae, &c.vae, be, true, true);
-    if (!rc) rc = dc_clip_text_create(&text, &c.text, be);
+    int rc = dc_unet_new(&c.unet, be, DC_F32, 8, 8, &unet);
+    if (!rc) rc = dc_vae_create(&vae, &c.vae, be, DC_F32, true, true);
+    if (!rc) rc = dc_clip_text_create(&text, &c.text, be, DC_F32);
     if (!rc) {
         fill(&dc_unet_of(unet)->params, seed, 1);
         fill(&vae->params, seed, 2);

@@ -81,6 +81,10 @@ struct dc_backend {
     const char *name;   // "cpu", "cuda"
     void *ctx;          // backend-private state
     dc_dtype compute;   // dtype of activations it prefers (DC_F32 on the CPU)
+    // Its ops also take F16 and BF16 weights and biases (widened exactly as they
+    // read them) beside activations in `compute`, so inference weights may stay
+    // as loaded (the CPU). false: weights come in `compute` (a GPU).
+    bool half_weights;
 
     // ---- memory ------------------------------------------------------------
     void *(*alloc)(dc_backend *be, size_t bytes);  // NULL on failure (message set)
@@ -93,8 +97,9 @@ struct dc_backend {
     void (*cast)(dc_backend *be, dc_buf dst, dc_buf src, int64_t n);
     void (*sync)(dc_backend *be);
     // 0, or -1 with the first recorded error as the message: what failed, in
-    // which op, where ("CUDA error: <text>, from <call> in <op> (file:line)").
-    // NULL where ops cannot fail late (the CPU).
+    // which op, where ("CUDA error: <text>, from <call> in <op> (file:line)";
+    // on the CPU, only scratch for widening half-precision weights can fail).
+    // NULL where ops cannot fail late.
     int (*status)(dc_backend *be);
     void (*destroy)(dc_backend *be);
     // Allocates the ops' workspace for sequences of up to max_tokens with

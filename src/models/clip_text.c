@@ -87,7 +87,7 @@ int dc_clip_text_params(dc_params *ps, const dc_clip_text_config *c) {
     return rc;
 }
 
-int dc_clip_text_create(dc_clip_text **out, const dc_clip_text_config *c, dc_backend *be) {
+int dc_clip_text_create(dc_clip_text **out, const dc_clip_text_config *c, dc_backend *be, dc_dtype loaded) {
     *out = NULL;
     DC_TRY(dc_clip_text_config_validate(c));
     dc_clip_text *m = calloc(1, sizeof *m);
@@ -95,7 +95,7 @@ int dc_clip_text_create(dc_clip_text **out, const dc_clip_text_config *c, dc_bac
     m->cfg = *c;
     m->be = be;
     if (!(m->mods = modules_new(c)) || build_modules(c, &m->params, m->mods) ||
-        dc_params_alloc_frozen(&m->params, be)) {
+        dc_params_alloc_frozen(&m->params, be, loaded)) {
         dc_clip_text_free(m);
         return -1;
     }

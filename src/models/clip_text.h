@@ -71,9 +71,10 @@ typedef struct {
     int max_batch;
 } dc_clip_text;
 
-// Registers the parameters and allocates them frozen (inference weights in
-// the backend's compute dtype); load weights next.
-int dc_clip_text_create(dc_clip_text **out, const dc_clip_text_config *c, dc_backend *be);
+// Registers the parameters and allocates them frozen, kept in `loaded` where
+// the backend can (dc_params_alloc_frozen; the files' dtype from
+// dc_weights_dtype, or DC_F32); load weights next.
+int dc_clip_text_create(dc_clip_text **out, const dc_clip_text_config *c, dc_backend *be, dc_dtype loaded);
 // Registers into ps (empty) the names and shapes dc_clip_text_create
 // registers, allocating nothing: for listing and checking names.
 int dc_clip_text_params(dc_params *ps, const dc_clip_text_config *c);

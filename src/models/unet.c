@@ -445,7 +445,8 @@ int dc_unet_register(const dc_unet_config *c, dc_params *ps) {
     return rc;
 }
 
-int dc_unet_new(const dc_unet_config *c, dc_backend *be, int latent_h, int latent_w, dc_model **out) {
+int dc_unet_new(const dc_unet_config *c, dc_backend *be, dc_dtype loaded, int latent_h, int latent_w,
+                dc_model **out) {
     *out = NULL;
     DC_TRY(dc_unet_config_validate(c));
     DC_TRY(check_size(c, latent_h, latent_w));
@@ -462,7 +463,7 @@ int dc_unet_new(const dc_unet_config *c, dc_backend *be, int latent_h, int laten
     };
     m->mods = calloc(1, sizeof *m->mods);
     if (!m->mods) return free(m), dc_fail("out of memory");
-    if (unet_modules_add(&m->params, m->mods, c) || dc_params_alloc_frozen(&m->params, be)) {
+    if (unet_modules_add(&m->params, m->mods, c) || dc_params_alloc_frozen(&m->params, be, loaded)) {
         unet_release(&m->base);
         free(m);
         return -1;

@@ -1,7 +1,7 @@
 // The Stable Diffusion UNet (diffusers' UNet2DConditionModel, SD 1.x and
 // 2.x) as a dc_model: eps (or v) = unet(latents x[B,4,h,w], timesteps t[B],
 // text embeddings ctx[B,len,ctx_dim]). Inference only for now: the weights
-// are frozen in the backend's compute dtype and backward says it is not built.
+// are frozen (nn/params.h) and backward says it is not built.
 //
 // Layout (diffusers names; L = layers per block, N blocks of channels ch[i]):
 //   conv_in 3x3 -> time_embedding (sinusoidal ch[0] -> Linear-SiLU-Linear to 4 ch[0])
@@ -98,10 +98,13 @@ typedef struct {
     int lh, lw;          // latent height and width
 } dc_unet;
 
-// Creates the model with frozen weights (zeros until loaded or initialised)
-// for latents of lh x lw (multiples of 2^(nblocks-1)). info: 4 channels in
-// and out, DC_COND_TEXT with ctx_len 77 and ctx_dim. Free with dc_model_free.
-int dc_unet_new(const dc_unet_config *c, dc_backend *be, int latent_h, int latent_w, dc_model **out);
+// Creates the model with frozen weights (zeros until loaded or initialised),
+// kept in `loaded` where the backend can (dc_params_alloc_frozen; the files'
+// dtype from dc_weights_dtype, or DC_F32), for latents of lh x lw (multiples
+// of 2^(nblocks-1)). info: 4 channels in and out, DC_COND_TEXT with ctx_len
+// 77 and ctx_dim. Free with dc_model_free.
+int dc_unet_new(const dc_unet_config *c, dc_backend *be, dc_dtype loaded, int latent_h, int latent_w,
+                dc_model **out);
 // Registers the parameters of config c into ps (names and shapes, in
 // diffusers' state-dict order) without allocating them: listings, checks.
 int dc_unet_register(const dc_unet_config *c, dc_params *ps);

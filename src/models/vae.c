@@ -237,7 +237,8 @@ static int decoder_add(dc_params *ps, vae_decoder *d, const dc_vae_config *c) {
     return dc_conv2d_add_nhwc(ps, &d->conv_out, "decoder.conv_out", c->ch[0], c->out_channels, 3, 1, 1);
 }
 
-int dc_vae_create(dc_vae **out, const dc_vae_config *c, dc_backend *be, bool encoder, bool decoder) {
+int dc_vae_create(dc_vae **out, const dc_vae_config *c, dc_backend *be, dc_dtype loaded, bool encoder,
+                  bool decoder) {
     *out = NULL;
     DC_TRY(dc_vae_config_validate(c));
     if (!encoder && !decoder) return dc_fail("VAE: neither the encoder nor the decoder was asked for");
@@ -251,7 +252,7 @@ int dc_vae_create(dc_vae **out, const dc_vae_config *c, dc_backend *be, bool enc
         (encoder && dc_conv2d_add_nhwc(ps, &md->quant_conv, "quant_conv", L2, L2, 1, 1, 0)) ||
         (decoder && dc_conv2d_add_nhwc(ps, &md->post_quant_conv, "post_quant_conv", c->latent_channels,
                                   c->latent_channels, 1, 1, 0)) ||
-        dc_params_alloc_frozen(ps, be)) {
+        dc_params_alloc_frozen(ps, be, loaded)) {
         dc_vae_free(m);
         return dc_fail_ctx("VAE");
     }

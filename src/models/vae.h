@@ -58,8 +58,10 @@ typedef struct dc_vae {
 
 // Registers the halves asked for (encoder: encoder.* and quant_conv;
 // decoder: decoder.* and post_quant_conv) and allocates their weights,
-// frozen, in the backend's compute dtype (zeros until loaded).
-int dc_vae_create(dc_vae **out, const dc_vae_config *c, dc_backend *be, bool encoder, bool decoder);
+// frozen (zeros until loaded), kept in `loaded` where the backend can
+// (dc_params_alloc_frozen; the files' dtype from dc_weights_dtype, or DC_F32).
+int dc_vae_create(dc_vae **out, const dc_vae_config *c, dc_backend *be, dc_dtype loaded, bool encoder,
+                  bool decoder);
 // Loads every registered parameter from w: names as diffusers writes them
 // (older files' attention names query/key/value/proj_attn are accepted too),
 // or the original layout's.

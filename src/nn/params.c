@@ -72,11 +72,13 @@ int dc_params_alloc(dc_params *ps, dc_backend *be, bool with_grad) {
     return 0;
 }
 
-int dc_params_alloc_frozen(dc_params *ps, dc_backend *be) {
-    size_t bytes = (size_t)ps->numel * dc_dtype_size(be->compute);
+int dc_params_alloc_frozen(dc_params *ps, dc_backend *be, dc_dtype loaded) {
+    const bool half = loaded == DC_F16 || loaded == DC_BF16;
+    const dc_dtype dt = half && be->half_weights ? loaded : be->compute;
+    size_t bytes = (size_t)ps->numel * dc_dtype_size(dt);
     ps->be = be;
     ps->frozen = true;
-    ps->data = (dc_buf){be->alloc(be, bytes), be->compute};
+    ps->data = (dc_buf){be->alloc(be, bytes), dt};
     if (!ps->data.p) return -1;
     be->zero(be, ps->data.p, bytes);
     ps->stale = false;

@@ -9,11 +9,13 @@
 // and anything else that writes the master copy marks it stale.
 //
 // Frozen sets (dc_params_alloc_frozen): every tensor of an inference-only
-// model (the SD UNet, VAE and text encoder today) lives once, in the
-// backend's compute dtype, with no fp32 master, gradient or compute copy:
-// dc_param_w and dc_param_data both return it, dc_param_grad returns an
-// empty buffer. F16 and BF16 files load without widening on a BF16 device
-// (F16 is rounded to BF16 once, at load: the ops take one activation dtype).
+// model (the SD UNet, VAE and text encoder today) lives once, with no fp32
+// master, gradient or compute copy: dc_param_w and dc_param_data both return
+// it, dc_param_grad returns an empty buffer. It is kept in the dtype it was
+// loaded in where the backend's ops read such weights (F16 or BF16 files stay
+// 2 bytes a weight on the CPU, whose ops widen them as they read them), else
+// in the backend's compute dtype (on a BF16 device F16 is rounded to BF16
+// once, at load: the ops take one activation dtype).
 //
 // Next, for fine-tuning (LoRA, a frozen VAE beside a training UNet): one set
 // holding both kinds, trainable tensors in today's flat fp32 layout and
@@ -46,7 +48,7 @@ typedef struct {
     int count, cap;
     int64_t numel;
     dc_backend *be;
-    dc_buf data;  // [numel] F32 (the compute dtype when frozen)
+    dc_buf data;  // [numel] F32 (frozen: see dc_params_alloc_frozen)
     dc_buf grad;  // [numel] F32, NULL until dc_params_alloc(.., true)
     dc_buf wc;    // [numel] in the backend's compute dtype; NULL when that is F32
     bool stale;   // wc lags behind data
@@ -79,11 +81,13 @@ typedef struct {
 // Registers a tensor with ndim int dimensions; returns its index, or -1.
 int dc_params_add(dc_params *ps, const char *name, bool trainable, int ndim, ...);
 int dc_params_alloc(dc_params *ps, dc_backend *be, bool with_grad);
-// Inference: one copy of the weights, in the backend's compute dtype (F32 on
-// the CPU, BF16 on the GPU), with no fp32 master, no gradient and no compute
-// copy. F16/BF16 files load without widening; dc_param_w and dc_param_data
-// return the same storage. Such a set never trains.
-int dc_params_alloc_frozen(dc_params *ps, dc_backend *be);
+// Inference: one copy of the weights, with no fp32 master, no gradient and no
+// compute copy; dc_param_w and dc_param_data return the same storage. Such a
+// set never trains. loaded: the dtype the weights come in (dc_weights_dtype).
+// They are stored in it when it is F16 or BF16 and the backend's ops read such
+// weights (be->half_weights: the CPU), else in the compute dtype (F32 on the
+// CPU, BF16 on a GPU).
+int dc_params_alloc_frozen(dc_params *ps, dc_backend *be, dc_dtype loaded);
 void dc_params_free(dc_params *ps);
 // p's values h (numel floats) from PyTorch's order to the storage order, and
 // back; nothing to do unless p->channels_last. -1 with a message if the

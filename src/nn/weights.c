@@ -36,6 +36,23 @@ int dc_weights_count_prefix(const dc_weights *w, const char *start) {
     return n;
 }
 
+static bool is_float(dc_dtype t) {
+    return t == DC_F32 || t == DC_F16 || t == DC_BF16 || t == DC_F64 || t == DC_F8_E4M3 || t == DC_F8_E5M2;
+}
+
+dc_dtype dc_weights_dtype(const dc_weights *w) {
+    size_t np = strlen(w->prefix);
+    dc_dtype common = DC_DTYPE_COUNT;  // none seen yet
+    for (int i = 0; i < w->nfiles; i++)
+        for (int j = 0; j < w->files[i].count; j++) {
+            const dc_st_tensor *t = &w->files[i].tensors[j];
+            if (strncmp(t->name, w->prefix, np) != 0 || !is_float(t->dtype)) continue;
+            if (common != DC_DTYPE_COUNT && t->dtype != common) return DC_F32;
+            common = t->dtype;
+        }
+    return common == DC_F16 || common == DC_BF16 ? common : DC_F32;
+}
+
 // The dimensions other than 1, so [Co, Ci, 1, 1] and [Co, Ci] compare equal.
 static int squeeze(int ndim, const int64_t *shape, int64_t *out) {
     int n = 0;
@@ -103,6 +120,14 @@ static int load_one(dc_params *ps, int i, const dc_weights *w, const dc_weight_s
         return dc_fail("%s: tensor '%s%s' has shape [%s]%s, the model needs [%s] for %s", f->path, w->prefix,
                        src->name, got, src->rows ? " in the rows it takes" : "", want, p->name);
     }
+    // A frozen set kept as loaded (narrower than the backend computes in) holds
+    // the file's values as they are: a tensor of another dtype would be
+    // rounded (or overflow).
+    const dc_dtype dt = ps->data.dt;
+    if (ps->frozen && dt != ps->be->compute && t->dtype != dt)
+        return dc_fail("%s: tensor '%s%s' is %s, but the model was created to keep its weights as %s, as "
+                       "loaded (a model whose files mix dtypes is created F32)", f->path, w->prefix, src->name,
+                       dc_dtype_name(t->dtype), dc_dtype_name(dt));
     int64_t row_elems = t->shape[0] ? t->numel / t->shape[0] : 0;
     float *h = scratch_get(sc, (size_t)(src->rows ? t->numel : p->numel) + 1);
     if (!h) return dc_fail("out of memory loading %s", src->name);

@@ -37,6 +37,11 @@ static inline bool dc_weights_has(const dc_weights *w, const char *name) {
 int64_t dc_weights_dim(const dc_weights *w, const char *name, int d);
 // Number of tensors whose name (after the prefix) starts with `start`.
 int dc_weights_count_prefix(const dc_weights *w, const char *start);
+// The dtype a model's weights come in from w, for dc_params_alloc_frozen: F16
+// or BF16 when every floating-point tensor under the prefix has it, else F32
+// (mixed dtypes, F32 or wider, or none: kept exactly only in F32). Integer
+// tensors (a text encoder's position ids) do not count.
+dc_dtype dc_weights_dtype(const dc_weights *w);
 
 // Where one parameter's values lie: the source tensor's name (after the
 // prefix) and, for a tensor packed with others along its first dimension
@@ -52,7 +57,10 @@ typedef int (*dc_weight_map)(void *ctx, const char *param, dc_weight_src *src);
 // dtype) from w, through map (NULL: the parameter's own name). Shapes must
 // match, except that dimensions of size 1 are ignored on both sides (a 1x1
 // convolution [Co, Ci, 1, 1] loads into a linear layer's [Co, Ci]); any float
-// dtype converts. A missing or mis-shaped tensor, or a NaN or infinity, is
+// dtype converts into F32 or the backend's compute dtype, but a set kept as
+// loaded (F16 or BF16 storage on a backend computing in F32) takes only
+// tensors of its own dtype, so that no value is rounded. A missing or
+// mis-shaped tensor, a tensor of another dtype, or a NaN or infinity, is
 // refused naming the file and the tensor. A fixed (non-trainable) parameter
 // may be absent: the model computes it at creation. Marks the compute copy
 // stale.

@@ -21,7 +21,7 @@ int dc_sd_load_text(dc_sd_source *s, dc_backend *be, int *skip, dc_clip_text **o
     // SD 2 conditions on layer 23 of OpenCLIP's 24 through the final LayerNorm:
     // a single file holds all 24, diffusers' folder only the 23 it uses.
     *skip = s->names == DC_NAMES_ORIGINAL && c.layers > 1 ? 1 : 0;
-    DC_TRY(dc_clip_text_create(out, &c, be));
+    DC_TRY(dc_clip_text_create(out, &c, be, dc_weights_dtype(&s->w)));
     if (dc_clip_text_load(*out, &s->w, s->names)) {
         dc_clip_text_free(*out), *out = NULL;
         return -1;
@@ -36,7 +36,7 @@ int dc_sd_load_vae(dc_sd_source *s, dc_backend *be, bool encoder, bool decoder, 
         DC_TRY(dc_vae_config_from_json(&c, dc_sd_config(s), s->dir));
     else
         DC_TRY(dc_vae_config_infer(&c, &s->w, s->names));
-    DC_TRY(dc_vae_create(out, &c, be, encoder, decoder));
+    DC_TRY(dc_vae_create(out, &c, be, dc_weights_dtype(&s->w), encoder, decoder));
     if (dc_vae_load(*out, &s->w, s->names)) {
         dc_vae_free(*out), *out = NULL;
         return -1;
@@ -73,7 +73,7 @@ int dc_sd_load_unet(dc_sd_source *s, dc_backend *be, int latent_h, int latent_w,
         for (int i = 0; i < c.nblocks; i++) c.heads[i] = heads->v[heads->n == 1 ? 0 : i];
         DC_TRY(dc_unet_config_validate(&c));
     }
-    DC_TRY(dc_unet_new(&c, be, latent_h, latent_w, out));
+    DC_TRY(dc_unet_new(&c, be, dc_weights_dtype(&s->w), latent_h, latent_w, out));
     if (dc_unet_load(*out, &s->w, s->names)) {
         dc_model_free(*out), *out = NULL;
         return -1;

@@ -60,6 +60,12 @@ static void cpu_zero(dc_backend *be, void *dst, size_t bytes) {
 // Every op finishes before it returns.
 static void cpu_sync(dc_backend *be) { (void)be; }
 
+// The one failure an op can meet: no memory to widen F16/BF16 weights.
+static int cpu_status(dc_backend *be) {
+    const dc_cpu_ctx *ctx = be->ctx;
+    return ctx->error[0] ? dc_fail("%s", ctx->error) : 0;
+}
+
 // Host memory is the device's, so an asynchronous copy is done when it
 // returns: there is never a ticket to wait for.
 static int64_t cpu_copy_async(dc_backend *be, void *dst, const void *src, size_t bytes, bool to_host) {
@@ -78,7 +84,10 @@ static void cpu_wait_ticket(dc_backend *be, int64_t ticket) { (void)be, (void)ti
 static void cpu_destroy(dc_backend *be) {
     if (!be) return;
     dc_cpu_ctx *ctx = be->ctx;
-    if (ctx) free(ctx->scratch), free(ctx->conv_ws);
+    if (ctx) {
+        free(ctx->scratch), free(ctx->conv_ws);
+        for (int i = 0; i < DC_CPU_WIDE_SLOTS; i++) free(ctx->wide[i]);
+    }
     free(ctx);
     free(be);
 }
@@ -160,6 +169,7 @@ dc_backend *dc_backend_cpu_create(void) {
         .name = "cpu",
         .ctx = ctx,
         .compute = DC_F32,
+        .half_weights = true,
         .alloc = cpu_alloc,
         .free = cpu_free,
         .upload = cpu_copy,
@@ -168,7 +178,7 @@ dc_backend *dc_backend_cpu_create(void) {
         .zero = cpu_zero,
         .cast = dc_cpu_cast,
         .sync = cpu_sync,
-        .status = NULL,  // every op finishes before it returns: no error is left for later
+        .status = cpu_status,
         .reserve = cpu_reserve,
         .destroy = cpu_destroy,
         .linear_fwd = dc_cpu_linear_fwd,

@@ -299,13 +299,18 @@ static void conv2d_nhwc_bwd(dc_backend *be, float *dx, float *dw, float *db, con
 }
 
 // ---- the backend's entry points: the NCHW method, or the channels-last one above ----------
+// The kernel and bias may be F16 or BF16 (weights kept as loaded): widened
+// once per call, before the bands and images that reuse them.
 
 void dc_cpu_conv2d_fwd(dc_backend *be, dc_buf out_, dc_buf x_, dc_buf w_, dc_buf b_,
                        const dc_conv2d_shape *s) {
     // Shapes of NCHW maps; channels-last ones (s->nhwc) as in conv2d_nhwc_fwd.
-    float *out = dc_cpu_f32(out_);                              // [B, Co, Ho, Wo]
-    const float *x = dc_cpu_f32(x_), *w = dc_cpu_f32(w_);       // [B, Ci, H, W], [Co, Ci, k, k]
-    const float *bias = b_.p ? dc_cpu_f32(b_) : NULL;           // [Co]
+    const int64_t nw = (int64_t)s->Co * s->Ci * s->k * s->k;
+    float *out = dc_cpu_f32(out_);                                         // [B, Co, Ho, Wo]
+    const float *x = dc_cpu_f32(x_);                                       // [B, Ci, H, W]
+    const float *w = dc_cpu_weight(be, w_, nw, DC_CPU_WIDE_W);             // [Co, Ci, k, k]
+    const float *bias = b_.p ? dc_cpu_weight(be, b_, s->Co, DC_CPU_WIDE_B) : NULL;  // [Co]
+    if (!w || (b_.p && !bias)) return;  // no scratch to widen them: recorded for status
     if (s->nhwc) {
         conv2d_nhwc_fwd(be, out, x, w, bias, s);
         return;
@@ -334,7 +339,10 @@ void dc_cpu_conv2d_bwd(dc_backend *be, dc_buf dx_, dc_buf dw_, dc_buf db_, dc_bu
     float *dw = dw_.p ? dc_cpu_f32(dw_) : NULL;                 // [Co, Ci, k, k]
     float *db = db_.p ? dc_cpu_f32(db_) : NULL;                 // [Co]
     const float *dout = dc_cpu_f32(dout_);                      // [B, Co, Ho, Wo]
-    const float *x = dc_cpu_f32(x_), *w = dc_cpu_f32(w_);
+    const float *x = dc_cpu_f32(x_);
+    // The kernel is read for dx alone.
+    const float *w = dx ? dc_cpu_weight(be, w_, (int64_t)s->Co * s->Ci * s->k * s->k, DC_CPU_WIDE_W) : NULL;
+    if (dx && !w) return;  // recorded for status
     if (s->nhwc) {
         conv2d_nhwc_bwd(be, dx, dw, db, dout, x, w, s, accumulate);
         return;

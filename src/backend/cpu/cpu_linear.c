@@ -75,10 +75,14 @@ static void sgemm(bool ta, bool tb, int M, int N, int K, float alpha, const floa
 }
 
 // out[M,N] (+)= inp w^T + b: the bias goes into out first and the GEMM adds onto it (no extra pass).
-static void linear_fwd(dc_buf out_, dc_buf inp_, dc_buf w_, dc_buf b_, int M, int K, int N, bool accumulate) {
-    float *out = dc_cpu_f32(out_);                                  // [M, N]
-    const float *inp = dc_cpu_f32(inp_), *w = dc_cpu_f32(w_);       // [M, K], [N, K]
-    const float *b = b_.p ? dc_cpu_f32(b_) : NULL;                  // [N]
+// w and b may be F16 or BF16 (weights kept as loaded), widened first.
+static void linear_fwd(dc_backend *be, dc_buf out_, dc_buf inp_, dc_buf w_, dc_buf b_, int M, int K, int N,
+                       bool accumulate) {
+    float *out = dc_cpu_f32(out_);                                            // [M, N]
+    const float *inp = dc_cpu_f32(inp_);                                      // [M, K]
+    const float *w = dc_cpu_weight(be, w_, (int64_t)N * K, DC_CPU_WIDE_W);    // [N, K]
+    const float *b = b_.p ? dc_cpu_weight(be, b_, N, DC_CPU_WIDE_B) : NULL;   // [N]
+    if (!w || (b_.p && !b)) return;  // no scratch to widen them: recorded for status
     if (b) {
 #pragma omp parallel for schedule(static) if ((int64_t)M * N > DC_CPU_PAR_MIN)
         for (int m = 0; m < M; m++) {
@@ -93,23 +97,25 @@ static void linear_fwd(dc_buf out_, dc_buf inp_, dc_buf w_, dc_buf b_, int M, in
 }
 
 void dc_cpu_linear_fwd(dc_backend *be, dc_buf out, dc_buf inp, dc_buf w, dc_buf b, int M, int K, int N) {
-    (void)be;
-    linear_fwd(out, inp, w, b, M, K, N, false);
+    linear_fwd(be, out, inp, w, b, M, K, N, false);
 }
 
 void dc_cpu_linear_fwd_acc(dc_backend *be, dc_buf out, dc_buf inp, dc_buf w, dc_buf b, int M, int K, int N) {
-    (void)be;
-    linear_fwd(out, inp, w, b, M, K, N, true);
+    linear_fwd(be, out, inp, w, b, M, K, N, true);
 }
 
+// w may be F16 or BF16 (a frozen layer that passes gradients through); the
+// gradients are F32.
 void dc_cpu_linear_bwd(dc_backend *be, dc_buf dinp_, dc_buf dw_, dc_buf db_, dc_buf dout_,
                        dc_buf inp_, dc_buf w_, int M, int K, int N, bool accumulate) {
-    (void)be;
     const float *dout = dc_cpu_f32(dout_);                          // [M, N]
-    const float *inp = dc_cpu_f32(inp_), *w = dc_cpu_f32(w_);       // [M, K], [N, K]
-    if (dinp_.p)  // dinp[M,K] (+)= dout @ w
+    const float *inp = dc_cpu_f32(inp_);                            // [M, K]
+    if (dinp_.p) {  // dinp[M,K] (+)= dout @ w
+        const float *w = dc_cpu_weight(be, w_, (int64_t)N * K, DC_CPU_WIDE_W);  // [N, K]
+        if (!w) return;  // recorded for status
         sgemm(false, false, M, K, N, 1.0f, dout, N, w, K, accumulate ? 1.0f : 0.0f,
                      dc_cpu_f32(dinp_), K);
+    }
     if (dw_.p)  // dw[N,K] += dout^T @ inp
         sgemm(true, false, N, K, M, 1.0f, dout, N, inp, K, 1.0f, dc_cpu_f32(dw_), K);
     if (db_.p) {  // db[N] += sum over rows of dout, column blocks per thread

@@ -7,7 +7,8 @@
 // sum is taken by one thread in one fixed order: groups and rows are split
 // over threads, and the sums over the batch (dgamma, dbeta) run per channel
 // or per column block, never split, so results do not depend on the thread
-// count. The element formulas are the shared ones in op_math.h.
+// count. The element formulas are the shared ones in op_math.h. The affine
+// weights may be F16 or BF16 (weights kept as loaded): widened once per call.
 #include <stdint.h>
 
 #include "backend/cpu/cpu_ops.h"
@@ -21,11 +22,12 @@ enum { CB = 64 };  // columns per block for the layer norm's sums over rows
 void dc_cpu_group_norm_fwd(dc_backend *be, dc_buf out_, dc_buf mean_, dc_buf rstd_, dc_buf x_,
                            dc_buf gamma_, dc_buf beta_, int B, int C, int64_t HW, int G, float eps,
                            bool silu) {
-    (void)be;
     float *out = dc_cpu_f32(out_);                                    // [B, C, HW]
     float *mean = dc_cpu_f32(mean_), *rstd = dc_cpu_f32(rstd_);       // [B, G]
     const float *x = dc_cpu_f32(x_);                                  // [B, C, HW]
-    const float *gamma = dc_cpu_f32(gamma_), *beta = dc_cpu_f32(beta_);  // [C]
+    const float *gamma = dc_cpu_weight(be, gamma_, C, DC_CPU_WIDE_B);  // [C]
+    const float *beta = dc_cpu_weight(be, beta_, C, DC_CPU_WIDE_B2);   // [C]
+    if (!gamma || !beta) return;  // no scratch to widen them: recorded for status
     assert(C % G == 0);
     const int Cg = C / G;
     const int64_t n = Cg * HW;
@@ -65,14 +67,14 @@ void dc_cpu_group_norm_bwd(dc_backend *be, dc_buf dx_, dc_buf dgamma_, dc_buf db
                            dc_buf dout_, dc_buf x_, dc_buf mean_, dc_buf rstd_, dc_buf gamma_,
                            dc_buf beta_, int B, int C, int64_t HW, int G, bool silu,
                            bool accumulate) {
-    (void)be;
     float *dx = dx_.p ? dc_cpu_f32(dx_) : NULL;                       // [B, C, HW]
     float *dgamma = dgamma_.p ? dc_cpu_f32(dgamma_) : NULL;           // [C]
     float *dbeta = dbeta_.p ? dc_cpu_f32(dbeta_) : NULL;              // [C]
     const float *dout = dc_cpu_f32(dout_), *x = dc_cpu_f32(x_);       // [B, C, HW]
     const float *mean = dc_cpu_f32(mean_), *rstd = dc_cpu_f32(rstd_);  // [B, G]
-    const float *gamma = dc_cpu_f32(gamma_);                          // [C]
-    const float *beta = silu ? dc_cpu_f32(beta_) : NULL;              // [C], read with SiLU only
+    const float *gamma = dc_cpu_weight(be, gamma_, C, DC_CPU_WIDE_B);  // [C]
+    const float *beta = silu ? dc_cpu_weight(be, beta_, C, DC_CPU_WIDE_B2) : NULL;  // [C], read with SiLU only
+    if (!gamma || (silu && !beta)) return;  // recorded for status
     assert(C % G == 0);
     const int Cg = C / G;
     const int64_t n = Cg * HW;
@@ -188,11 +190,12 @@ static void group_stats_nhwc(const float *x, int C, int64_t HW, int Cg, int g0, 
 void dc_cpu_group_norm_nhwc_fwd(dc_backend *be, dc_buf out_, dc_buf mean_, dc_buf rstd_,
                                 dc_buf x_, dc_buf gamma_, dc_buf beta_, int B, int C, int64_t HW,
                                 int G, float eps, bool silu) {
-    (void)be;
     float *out = dc_cpu_f32(out_);                                    // [B, HW, C]
     float *mean = dc_cpu_f32(mean_), *rstd = dc_cpu_f32(rstd_);       // [B, G]
     const float *x = dc_cpu_f32(x_);                                  // [B, HW, C]
-    const float *gamma = dc_cpu_f32(gamma_), *beta = dc_cpu_f32(beta_);  // [C]
+    const float *gamma = dc_cpu_weight(be, gamma_, C, DC_CPU_WIDE_B);  // [C]
+    const float *beta = dc_cpu_weight(be, beta_, C, DC_CPU_WIDE_B2);   // [C]
+    if (!gamma || !beta) return;  // no scratch to widen them: recorded for status
     assert(C % G == 0);
     const int Cg = C / G, gpu = Cg < GN_SC ? GN_SC / Cg : 1;  // groups per statistics unit
     const int nu = (G + gpu - 1) / gpu;
@@ -241,11 +244,12 @@ void dc_cpu_group_norm_nhwc_fwd(dc_backend *be, dc_buf out_, dc_buf mean_, dc_bu
 
 void dc_cpu_layer_norm_fwd(dc_backend *be, dc_buf out_, dc_buf mean_, dc_buf rstd_, dc_buf x_,
                            dc_buf gamma_, dc_buf beta_, int64_t M, int D, float eps) {
-    (void)be;
     float *out = dc_cpu_f32(out_);                                    // [M, D]
     float *mean = dc_cpu_f32(mean_), *rstd = dc_cpu_f32(rstd_);       // [M]
     const float *x = dc_cpu_f32(x_);                                  // [M, D]
-    const float *gamma = dc_cpu_f32(gamma_), *beta = dc_cpu_f32(beta_);  // [D]
+    const float *gamma = dc_cpu_weight(be, gamma_, D, DC_CPU_WIDE_B);  // [D]
+    const float *beta = dc_cpu_weight(be, beta_, D, DC_CPU_WIDE_B2);   // [D]
+    if (!gamma || !beta) return;  // no scratch to widen them: recorded for status
 #pragma omp parallel for schedule(static) if (M * D > DC_CPU_PAR_MIN)
     for (int64_t row = 0; row < M; row++) {
         const float *xr = x + row * D;
@@ -264,13 +268,13 @@ void dc_cpu_layer_norm_fwd(dc_backend *be, dc_buf out_, dc_buf mean_, dc_buf rst
 void dc_cpu_layer_norm_bwd(dc_backend *be, dc_buf dx_, dc_buf dgamma_, dc_buf dbeta_,
                            dc_buf dout_, dc_buf x_, dc_buf mean_, dc_buf rstd_, dc_buf gamma_,
                            int64_t M, int D, bool accumulate) {
-    (void)be;
     float *dx = dx_.p ? dc_cpu_f32(dx_) : NULL;                       // [M, D]
     float *dgamma = dgamma_.p ? dc_cpu_f32(dgamma_) : NULL;           // [D]
     float *dbeta = dbeta_.p ? dc_cpu_f32(dbeta_) : NULL;              // [D]
     const float *dout = dc_cpu_f32(dout_), *x = dc_cpu_f32(x_);       // [M, D]
     const float *mean = dc_cpu_f32(mean_), *rstd = dc_cpu_f32(rstd_);  // [M]
-    const float *gamma = dc_cpu_f32(gamma_);                          // [D]
+    const float *gamma = dc_cpu_weight(be, gamma_, D, DC_CPU_WIDE_B);  // [D]
+    if (!gamma) return;  // recorded for status
     const int ncb = (D + CB - 1) / CB;
 #pragma omp parallel if (M * D > DC_CPU_PAR_MIN)
     {

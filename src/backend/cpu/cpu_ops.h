@@ -7,6 +7,7 @@
 #include <stddef.h>
 
 #include "backend/backend.h"
+#include "core/error.h"
 
 // Without -ffast-math glibc does not declare the SIMD variants of its libm
 // functions, so every loop calling expf or tanhf (GELU, softmax) runs scalar
@@ -36,6 +37,10 @@ float erff(float);
 // bit) then depends on n alone, so results are the same for any thread count.
 #define DC_CPU_BLOCK 4096
 
+// The weight scratch's slots (cpu_weights.c): a matrix, kernel or table;
+// a bias or a norm's scale; a norm's shift.
+enum { DC_CPU_WIDE_W, DC_CPU_WIDE_B, DC_CPU_WIDE_B2, DC_CPU_WIDE_SLOTS };
+
 // Backend state: per-thread scratch, grown on demand and kept between calls
 // so ops do not allocate in the training step.
 typedef struct {
@@ -44,14 +49,33 @@ typedef struct {
     int scratch_threads;
     float *conv_ws;        // im2col columns of one band, shared by all threads (cpu_conv.c)
     size_t conv_ws_floats;
+    // F16/BF16 weights widened for the op reading them, one slot per operand,
+    // each grown to the largest weight it has held (cpu_weights.c).
+    float *wide[DC_CPU_WIDE_SLOTS];
+    size_t wide_floats[DC_CPU_WIDE_SLOTS];
+    char error[512];       // the first failure of an op (status), "" while none
 } dc_cpu_ctx;
 
-// The F32 data of a buffer. Other dtypes never reach the CPU backend: that is a
-// bug in the caller, not bad input.
+// The F32 data of a buffer. Activations are F32 on the CPU: another dtype is a
+// bug in the caller, not bad input. (Weights may be F16 or BF16: dc_cpu_weight.)
 static inline float *dc_cpu_f32(dc_buf b) {
     assert(b.dt == DC_F32 && "the CPU backend computes in F32 only");
     return (float *)b.p;
 }
+
+// ---- weights kept as loaded (cpu_weights.c) -----------------------------------
+// The n values of weight buffer w as F32: w itself when it is F32; F16 or BF16
+// (inference weights kept as loaded, be->half_weights) widened exactly into
+// the backend's weight scratch `slot` (DC_CPU_WIDE_*), valid until the next
+// call for that slot. So an op computes the same bits from either storage.
+// NULL when the scratch cannot be had: the failure is recorded for status and
+// the op leaves its outputs as they are.
+const float *dc_cpu_weight(dc_backend *be, dc_buf w, int64_t n, int slot);
+// dst[n] = the F32, F16 or BF16 values at src (of dtype dt), widened exactly;
+// on every thread when n is large (call it outside parallel regions).
+void dc_cpu_widen(float *dst, const void *src, dc_dtype dt, int64_t n);
+// Records an op's failure (the first one stays) for status to report.
+void dc_cpu_fail(dc_backend *be, const char *fmt, ...) DC_PRINTF(2, 3);
 
 // Mean and biased variance of x[0, n), in double, in two passes (mean, then
 // squared deviations): the statistics of LayerNorm, adaLN and GroupNorm.

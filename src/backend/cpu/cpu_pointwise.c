@@ -62,10 +62,11 @@ void dc_cpu_axpy(dc_backend *be, dc_buf y_, dc_buf x_, float alpha, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] += alpha * x[i];
 }
 
+// pos may be F16 or BF16 (a position embedding kept as loaded).
 void dc_cpu_add_rows(dc_backend *be, dc_buf x_, dc_buf pos_, int B, int T, int D) {
-    (void)be;
-    float *x = dc_cpu_f32(x_);            // [B, T, D]
-    const float *pos = dc_cpu_f32(pos_);  // [T, D]
+    float *x = dc_cpu_f32(x_);                                                 // [B, T, D]
+    const float *pos = dc_cpu_weight(be, pos_, (int64_t)T * D, DC_CPU_WIDE_W);  // [T, D]
+    if (!pos) return;  // no scratch to widen it: recorded for status
 #pragma omp parallel for schedule(static) if ((int64_t)B * T * D > DC_CPU_PAR_MIN)
     for (int bt = 0; bt < B * T; bt++) {
         float *xr = x + (int64_t)bt * D;
@@ -153,14 +154,15 @@ static const int32_t *idx_i32(dc_buf idx) {
     return (const int32_t *)idx.p;
 }
 
+// The table may be F16 or BF16 (kept as loaded): only the rows looked up are widened.
 void dc_cpu_embed_fwd(dc_backend *be, dc_buf out_, dc_buf table_, dc_buf idx_, int B, int D) {
     (void)be;
-    float *out = dc_cpu_f32(out_);            // [B, D]
-    const float *table = dc_cpu_f32(table_);  // [rows, D]
-    const int32_t *idx = idx_i32(idx_);       // [B]
+    float *out = dc_cpu_f32(out_);       // [B, D]
+    const int32_t *idx = idx_i32(idx_);  // [B]; table [rows, D]
+    const size_t row = (size_t)D * dc_dtype_size(table_.dt);
     for (int b = 0; b < B; b++) {
         assert(idx[b] >= 0);
-        memcpy(out + (int64_t)b * D, table + (int64_t)idx[b] * D, (size_t)D * sizeof(float));
+        dc_cpu_widen(out + (int64_t)b * D, (const char *)table_.p + idx[b] * row, table_.dt, D);
     }
 }
 
