@@ -333,6 +333,9 @@ struct dc_backend {
     // The ops queued after this wait for the copy of `ticket` and every
     // earlier one (the host does not wait).
     void (*wait_ticket)(dc_backend *be, int64_t ticket);
+    // With an op profile running (DC_CUDA_PROFILE=1), forgets what it has
+    // counted so far, so a benchmark's warm-up stays out of it.
+    void (*profile_restart)(dc_backend *be);
 };
 
 // Creates a backend by name: "cpu", "cuda" (bf16 compute, fp32 master

@@ -76,6 +76,7 @@ static int time_unet(dc_sd_pipe *p, int rows, int h, int w, int iters, double *s
         void *g = NULL;
         for (int i = 0; i < 2 && !rc; i++) rc = unet_call_run(&u);  // warm-up
         if (!rc && graph && !(g = be->graph_capture(be, unet_call_run, &u))) rc = -1;
+        if (be->profile_restart) be->profile_restart(be);  // a profile of the timed calls alone
         be->sync(be);
         *sec = dc_time_now();
         for (int i = 0; i < iters && !rc; i++) {

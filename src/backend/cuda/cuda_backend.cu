@@ -285,6 +285,7 @@ extern "C" dc_backend *dc_backend_cuda_create(bool fp32) {
         .name = fp32 ? "cuda-fp32" : "cuda",
         .ctx = c,
         .compute = fp32 ? DC_F32 : DC_BF16,
+        .half_weights = false,  // the ops read weights in the compute dtype
         .alloc = cu_alloc,
         .free = cu_free,
         .upload = cu_upload,
@@ -357,6 +358,7 @@ extern "C" dc_backend *dc_backend_cuda_create(bool fp32) {
         .copy_async = dc_cuda_copy_async,
         .host_wait = dc_cuda_host_wait,
         .wait_ticket = dc_cuda_wait_ticket,
+        .profile_restart = dc_cuda_prof_restart,
     };
     return be;
 }

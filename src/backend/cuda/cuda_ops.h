@@ -116,6 +116,7 @@ static inline bool dc_cuda_ok(dc_backend *be, cudaError_t e, const char *call, c
 void dc_cuda_prof_start(dc_cuda_ctx *c);
 void dc_cuda_prof_mark(dc_cuda_ctx *c, const char *op);
 void dc_cuda_prof_report(dc_cuda_ctx *c);
+void dc_cuda_prof_restart(dc_backend *be);
 
 // Fails (-1, message set) for memory the GPU could not give: how much was
 // asked for, for what, and how much is free. Not recorded: the backend stays usable.

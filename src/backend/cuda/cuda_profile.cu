@@ -62,6 +62,14 @@ extern "C" void dc_cuda_prof_mark(dc_cuda_ctx *c, const char *op) {
     p->at[p->n++] = op;
 }
 
+// Drops the counted intervals and the open one: the next op starts afresh.
+extern "C" void dc_cuda_prof_restart(dc_backend *be) {
+    dc_cuda_prof *p = dc_cuda(be)->prof;
+    if (!p) return;
+    flush(p);
+    p->n = 0, p->ntab = 0;
+}
+
 static int by_time(const void *a, const void *b) {
     double x = ((const double *)a)[0], y = ((const double *)b)[0];
     return x < y ? 1 : x > y ? -1 : 0;
