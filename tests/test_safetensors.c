@@ -563,8 +563,19 @@ static void test_fuzz(int iters) {
     free(b), free(fo), free(io);
 }
 
+// The process's resident memory in bytes (/proc/self/statm), or -1.
+static double resident_bytes(void) {
+    FILE *fp = fopen("/proc/self/statm", "r");
+    long size, res;
+    int ok = fp && fscanf(fp, "%ld %ld", &size, &res) == 2;
+    if (fp) fclose(fp);
+    return ok ? (double)res * (double)sysconf(_SC_PAGESIZE) : -1;
+}
+
 // Files of 64 MiB and more are mapped, not read: the same values, the same
-// checksum verification (a flipped byte is found and named).
+// checksum verification (a flipped byte is found and named); a tensor the
+// loader has read leaves the process's memory (dc_st_release) and reads the
+// same again.
 static void test_mapped(void) {
     const int64_t n = (65 << 20) / 4;
     float *big = malloc((size_t)n * sizeof *big);
@@ -579,6 +590,13 @@ static void test_mapped(void) {
     float *back = malloc((size_t)n * sizeof *back);
     const dc_st_tensor *t = dc_st_find(&f, "big");
     CHECK(t && dc_st_read_f32(&f, t, back) == 0 && memcmp(back, big, (size_t)n * 4) == 0, "mapped values");
+    double before = resident_bytes();
+    dc_st_release(&f, t);
+    double after = resident_bytes();
+    CHECK(before > 0 && before - after > 60.0 * (1 << 20), "releasing a 65 MiB mapped tensor left %.1f of %.1f "
+          "MiB resident", after / 1048576.0, before / 1048576.0);
+    memset(back, 0, (size_t)n * 4);
+    CHECK(dc_st_read_f32(&f, t, back) == 0 && memcmp(back, big, (size_t)n * 4) == 0, "values read after release");
     const uint64_t at = 8 + (f.data - (uint8_t *)f.mem) - 8 + t->begin + 12345;
     dc_st_close(&f);
     FILE *fp = fopen(path, "r+b");

@@ -249,6 +249,7 @@ static int verify_in_memory(dc_st_file *f, const uint64_t *want) {
     for (int i = 0; i < f->count; i++) {
         const dc_st_tensor *t = &f->tensors[i];
         got[i] = dc_xxh64(f->data + t->begin, (size_t)(t->end - t->begin), 0);
+        dc_st_release(f, t);  // hashed: out of the process's memory until it is loaded
     }
     int rc = dc_st_verify_data(f, want, got);
     free(got);
@@ -375,6 +376,18 @@ static const uint8_t *tensor_bytes(const dc_st_file *f, const dc_st_tensor *t) {
 }
 
 #define PARALLEL_MIN ((int64_t)1 << 18)  // values: below this, threads cost more than they save
+
+void dc_st_release(const dc_st_file *f, const dc_st_tensor *t) {
+    if (!f->mapped || t->begin >= t->end || t->end > f->data_len) return;
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t lo = (uintptr_t)(f->data + t->begin) / page * page;
+    uintptr_t hi = ((uintptr_t)(f->data + t->end) + page - 1) / page * page;
+    const uintptr_t m0 = (uintptr_t)f->mem, m1 = m0 + f->mem_len;
+    lo = lo < m0 ? m0 : lo, hi = hi > m1 ? m1 : hi;
+    // A private read-only mapping never written: the pages go back to the
+    // page cache and a later read faults them in from there.
+    if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}
 
 int dc_st_read_f32(const dc_st_file *f, const dc_st_tensor *t, float *out) {
     const uint8_t *p = tensor_bytes(f, t);

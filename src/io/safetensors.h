@@ -71,6 +71,12 @@ const dc_st_tensor *dc_st_find(const dc_st_file *f, const char *name);
 const char *dc_st_meta(const dc_st_file *f, const char *key);  // NULL if absent
 // Converts a float tensor (F32, F16, BF16, F64) to f32 into out[numel].
 int dc_st_read_f32(const dc_st_file *f, const dc_st_tensor *t, float *out);
+// For a mapped file (from 64 MiB on): drops the pages holding t's bytes from
+// the process's memory once it has read them (a loader that has converted a
+// tensor, the checksum pass), so a multi-GB file never sits in memory beside
+// the weights made from it. Reading t again faults them back in. Nothing to do
+// for a file read into memory.
+void dc_st_release(const dc_st_file *f, const dc_st_tensor *t);
 // Converts an integer tensor (I64, I32, I16, I8, U8) to int64 into out[numel].
 int dc_st_read_i64(const dc_st_file *f, const dc_st_tensor *t, int64_t *out);
 
