@@ -3,18 +3,21 @@
 # (docs/PERFORMANCE.md, "Less memory on one GPU"): everything on the GPU, then
 # --offload --recompute 0 with the CPU's threads at 16, 8 and 4, then the plan
 # --max-gpu-memory 8G picks. Each line: images/s, peak GPU memory and the
-# CPU's update time a step; a table last.
-#   tools/offload_gpu.sh path/to/diffusion [--model DiT-XL/2] [--batch 64] [--out DIR]
+# CPU's update time a step; a table last. --check PATH first runs that
+# test_offload program on the GPU (offload against plain training, fp32 and
+# bf16, at every device share).
+#   tools/offload_gpu.sh path/to/diffusion [--model DiT-XL/2] [--batch 64] [--out DIR] [--check PATH]
 set -u
 BIN=${1:?usage: tools/offload_gpu.sh path/to/diffusion [--model NAME] [--batch N] [--out DIR]}
 shift
-MODEL=DiT-XL/2 BATCH=64 OUT=runs/offload-gpu
+MODEL=DiT-XL/2 BATCH=64 OUT=runs/offload-gpu CHECK=
 while [ $# -gt 0 ]; do
   case $1 in
+    --check) CHECK=$2; shift 2;;
     --model) MODEL=$2; shift 2;;
     --batch) BATCH=$2; shift 2;;
     --out) OUT=$2; shift 2;;
-    -h|--help) sed -n '2,7p' "$0"; exit 0;;
+    -h|--help) sed -n '2,9p' "$0"; exit 0;;
     *) echo "offload_gpu: unknown argument $1" >&2; exit 2;;
   esac
 done
@@ -22,6 +25,13 @@ mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 B=(bench --model "$MODEL" --batch "$BATCH" --iters 5 --warmup 2 --sample-batch 0)
 rows=()
+if [ -n "$CHECK" ]; then
+  for mode in cuda-fp32 cuda; do
+    if "$CHECK" $mode > "$OUT/test_offload_$mode.log" 2>&1; then r=PASS; else r=FAIL; fi
+    grep -E "^FAIL" "$OUT/test_offload_$mode.log" | head -5
+    rows+=("test_offload $mode | $r: $(tail -1 "$OUT/test_offload_$mode.log")")
+  done
+fi
 run() {  # name, threads (empty: all), then the extra flags
   local name=$1 threads=$2; shift 2
   local log="$OUT/$(echo "$name" | tr -c 'A-Za-z0-9\n' '_').txt"
@@ -40,6 +50,8 @@ run "--offload --recompute 0, all threads" "" --offload --recompute 0
 run "--offload --recompute 0, 8 threads" 8 --offload --recompute 0
 run "--offload --recompute 0, 4 threads" 4 --offload --recompute 0
 run "--max-gpu-memory 8G" "" --max-gpu-memory 8G
+DC_OFFLOAD_DEVICE_SHARE=0 run "--offload --recompute 0, no share on the device" "" --offload --recompute 0
+DC_OFFLOAD_DEVICE_SHARE=1 run "--offload --recompute 0, all on the device" "" --offload --recompute 0
 echo
 echo "==== $MODEL, batch $BATCH ($(head -1 "$OUT/gpu.txt"))"
 for r in "${rows[@]}"; do echo "  $r"; done
