@@ -321,17 +321,21 @@ struct dc_backend {
     void *(*alloc_pinned)(dc_backend *be, size_t bytes);
     void (*free_pinned)(dc_backend *be, void *p);
     // Copies bytes between backend memory and pinned host memory (to_host:
-    // dst is the host side) on a second queue, once the ops queued so far are
-    // done, so it runs beside the ops queued after it. Returns a ticket:
-    // tickets grow with each copy, 0 means nothing to wait for (the CPU
-    // copies at once and returns 0). Failures are recorded as an op's.
+    // dst is the host side) on a queue of its direction, once the ops queued
+    // so far are done, so it runs beside the ops queued after it and beside
+    // copies the other way. Returns a ticket, 0 meaning nothing to wait for
+    // (the CPU copies at once and returns 0); a ticket covers the earlier
+    // copies of its direction. A copy that must follow one the other way
+    // waits through the ops: wait_ticket(that ticket), then copy_async.
+    // Failures are recorded as an op's.
     int64_t (*copy_async)(dc_backend *be, void *dst, const void *src, size_t bytes, bool to_host);
     // The calling host thread (any thread) waits until the copy of `ticket`
-    // and every earlier one are done: 0, or -1 with a message (set on the
-    // calling thread; nothing is recorded in the backend).
+    // and every earlier one of its direction are done: 0, or -1 with a
+    // message (set on the calling thread; nothing is recorded in the backend).
     int (*host_wait)(dc_backend *be, int64_t ticket);
-    // The ops queued after this wait for the copy of `ticket` and every
-    // earlier one (the host does not wait).
+    // The ops queued after this (and so the copies issued after it) wait for
+    // the copy of `ticket` and every earlier one of its direction (the host
+    // does not wait).
     void (*wait_ticket)(dc_backend *be, int64_t ticket);
     // With an op profile running (DC_CUDA_PROFILE=1), forgets what it has
     // counted so far, so a benchmark's warm-up stays out of it.

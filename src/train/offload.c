@@ -226,11 +226,13 @@ static int use_hook(void *ctx, int unit) {
 }
 
 // A unit updated on the device (offload.h): its master and moments up into
-// the device's unit buffers, once the copies before them are done (the last
-// such unit's copies down among them: copies run in order).
+// the device's unit buffers, once the last such unit's copies down have
+// read them (copies up and down run on streams of their own: the main
+// stream orders them).
 static void state_up(dc_offload *o, int u) {
     int64_t lo, hi;
     dc_params_unit_range(o->ps, u, &lo, &hi);
+    o->be->wait_ticket(o->be, o->dev_down);
     const size_t bytes = (size_t)(hi - lo) * sizeof(float);
     float *host[3] = {o->master, o->m, o->v};
     const dc_buf dev[3] = {o->dw, o->dm, o->dv};
@@ -278,8 +280,12 @@ static int unit_hook(void *ctx, int unit, bool done) {
         // the host's gradients and the units' settings are the last update's until it is over
         if (o->pending) DC_TRY(dc_offload_drain(o));
         be->wait_ticket(be, o->down[j]);  // the bucket's last unit has reached the host
-        if (o->micro == 0) be->zero(be, o->bucket[j].p, bytes);
-        else be->wait_ticket(be, be->copy_async(be, o->bucket[j].p, o->grad + lo, bytes, false));
+        if (o->micro == 0) {
+            be->zero(be, o->bucket[j].p, bytes);
+        } else {  // the running sum back up, once the last micro-batch's copy down has written it
+            be->wait_ticket(be, o->ticket[unit]);
+            be->wait_ticket(be, be->copy_async(be, o->bucket[j].p, o->grad + lo, bytes, false));
+        }
         ps->win = o->bucket[j], ps->win_lo = lo, ps->win_hi = hi;
         // a unit updated on the device: its state goes up beside its backward
         if (o->last && o->overlap && unit < o->dev_units) state_up(o, unit);
@@ -297,9 +303,9 @@ static int unit_hook(void *ctx, int unit, bool done) {
         return dc_backend_status(be);
     }
     o->down[j] = be->copy_async(be, o->grad + lo, o->bucket[j].p, bytes, true);
+    o->ticket[unit] = o->down[j];
     o->next = 1 - j;
     if (o->last) {
-        o->ticket[unit] = o->down[j];
         if (o->overlap) enqueue(o, unit);
         send_updated(o, -1, false);
     }

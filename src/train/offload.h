@@ -122,7 +122,7 @@ typedef struct {
     bool defer;             // leave them to the next forward (DC_OFFLOAD_DEFER=0: finish them in the step)
     bool *landed;           // [units]
     int nlanded;
-    int64_t *ticket;        // [units] the copy of each unit's final gradients to the host
+    int64_t *ticket;        // [units] the copy of each unit's gradients to the host (the last micro-batch's)
     dc_buf unorm;           // [2 units] F32 on the device: each unit's gradient norm (grad_norm's
                             // pair), taken from its bucket when the update overlaps backward
     float *unorm_host;      // [2 units] their host copy

@@ -46,14 +46,15 @@ typedef struct {
     size_t ring_head;
     cudaEvent_t ring_ev[8];   // the last copy out of each eighth of the ring
     // Copies between device and pinned host memory beside the ops
-    // (copy_async): their own stream, which first waits for the ops queued
-    // so far (copy_after), and a ring of events, ticket t recorded in
-    // copy_ev[t % DC_CUDA_COPY_EVENTS]. A slot reused by a later copy makes
-    // a wait on the older ticket wait for the later one too: longer, never wrong.
-    cudaStream_t copy_stream;
+    // (copy_async, cuda_copy.cu): a stream a direction ([0] up, [1] down),
+    // which first waits for the ops queued so far (copy_after), and a ring of
+    // events a direction, the copy seq recorded in copy_ev[d][seq %
+    // DC_CUDA_COPY_EVENTS]. A slot reused by a later copy makes a wait on the
+    // older ticket wait for the later one too: longer, never wrong.
+    cudaStream_t copy_stream[2];
     cudaEvent_t copy_after;
-    cudaEvent_t copy_ev[DC_CUDA_COPY_EVENTS];
-    int64_t copies;           // tickets issued
+    cudaEvent_t copy_ev[2][DC_CUDA_COPY_EVENTS];
+    int64_t copies[2];        // copies issued a direction
     dc_cuda_alloc_rec *allocs;     // live allocations
     int nallocs, cap_allocs;
     size_t bytes_now, bytes_peak;  // device memory we hold
