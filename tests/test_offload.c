@@ -360,6 +360,13 @@ int main(int argc, char **argv) {
     compare(3, k_clip, 1, false, "2 micro-batches, clipping, recompute");
     compare(2, 0.0f, 0, true, "3 micro-batches, no clipping, a compute copy");
     compare(2, k_clip, 1, true, "3 micro-batches, clipping, recompute, a compute copy");
+    // every unit updated on the device (two sets of state buffers), and none
+    setenv("DC_OFFLOAD_DEVICE_SHARE", "1", 1);
+    compare(2, 0.0f, 0, false, "3 micro-batches, no clipping, every unit on the device");
+    compare(BATCH, 0.0f, 1, true, "one micro-batch, recompute, a compute copy, every unit on the device");
+    setenv("DC_OFFLOAD_DEVICE_SHARE", "0", 1);
+    compare(2, 0.0f, 0, false, "3 micro-batches, no clipping, no unit on the device");
+    unsetenv("DC_OFFLOAD_DEVICE_SHARE");
     checkpoints();
     refusals();
     free(g_data.images), free(g_data.labels);

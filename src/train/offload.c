@@ -40,11 +40,17 @@ int dc_offload_device_units(const dc_params *ps) {
     return k;
 }
 
+// Sets of device state buffers: two where every unit is updated on the device.
+static int state_sets(const dc_params *ps, int dev_units) {
+    return dev_units == dc_params_unit_count(ps) ? 2 : 1;
+}
+
 int64_t dc_offload_device_bytes(const dc_params *ps) {
-    // buckets, the staging buffer and zeros: four units' worth (three more,
-    // a unit's master and moments, where units are updated on the device);
-    // two norms a unit
-    const int64_t units = 4 + (dc_offload_device_units(ps) > 0 ? 3 : 0);
+    // buckets, the staging buffer and zeros: four units' worth (three more a
+    // set, a unit's master and moments, where units are updated on the
+    // device); two norms a unit
+    const int dev = dc_offload_device_units(ps);
+    const int64_t units = 4 + (dev > 0 ? 3 * state_sets(ps, dev) : 0);
     return (units * widest_unit(ps) + 2 * (int64_t)dc_params_unit_count(ps)) * (int64_t)sizeof(float);
 }
 
@@ -232,11 +238,11 @@ static int use_hook(void *ctx, int unit) {
 static void state_up(dc_offload *o, int u) {
     int64_t lo, hi;
     dc_params_unit_range(o->ps, u, &lo, &hi);
-    o->be->wait_ticket(o->be, o->dev_down);
+    const int k = u % o->nsets;
+    o->be->wait_ticket(o->be, o->set_down[k]);
     const size_t bytes = (size_t)(hi - lo) * sizeof(float);
     float *host[3] = {o->master, o->m, o->v};
-    const dc_buf dev[3] = {o->dw, o->dm, o->dv};
-    for (int b = 0; b < 3; b++) o->dev_up = o->be->copy_async(o->be, dev[b].p, host[b] + lo, bytes, false);
+    for (int b = 0; b < 3; b++) o->dev_up = o->be->copy_async(o->be, o->state[k][b].p, host[b] + lo, bytes, false);
 }
 
 // The plain step's AdamW, EMA and cast for unit u on the device, from its
@@ -249,14 +255,15 @@ static void update_on_device(dc_offload *o, int u, dc_buf grad) {
     dc_params_unit_range(ps, u, &a, &b);
     be->wait_ticket(be, o->dev_up);
     const dc_buf wc = compute_copy(ps);
+    const dc_buf *st = o->state[u % o->nsets];  // master, m, v
     int64_t pos = a;
     while (dc_params_next_run(ps, &pos, b, &lo, &hi))
-        be->adamw(be, dc_buf_at(o->dw, lo - a), dc_buf_at(grad, lo - a), dc_buf_at(o->dm, lo - a),
-                  dc_buf_at(o->dv, lo - a), dc_buf_at(o->ema, lo), dc_buf_at(wc, lo), dc_buf_none(), hi - lo, &o->h);
+        be->adamw(be, dc_buf_at(st[0], lo - a), dc_buf_at(grad, lo - a), dc_buf_at(st[1], lo - a),
+                  dc_buf_at(st[2], lo - a), dc_buf_at(o->ema, lo), dc_buf_at(wc, lo), dc_buf_none(), hi - lo, &o->h);
     const size_t bytes = (size_t)(b - a) * sizeof(float);
     float *host[3] = {o->master, o->m, o->v};
-    const dc_buf dev[3] = {o->dw, o->dm, o->dv};
-    for (int k = 0; k < 3; k++) o->dev_down = be->copy_async(be, host[k] + a, dev[k].p, bytes, true);
+    for (int k = 0; k < 3; k++) o->dev_down = be->copy_async(be, host[k] + a, st[k].p, bytes, true);
+    o->set_down[u % o->nsets] = o->dev_down;
     o->landed[u] = true;
     o->nlanded++;
 }
@@ -365,8 +372,10 @@ int dc_offload_init(dc_offload *o, dc_params *ps, dc_backend *be) {
     if (!o->ticket || !o->todo || !o->done || !o->unorm_host || !o->landed)
         return dc_offload_free(o), dc_fail("out of memory");
     o->dev_units = dc_offload_device_units(ps);
-    dc_buf *unit_bufs[] = {&o->bucket[0], &o->bucket[1], &o->stage, &o->zeros, &o->dw, &o->dm, &o->dv};
-    const size_t nbufs = o->dev_units > 0 ? 7 : 4;
+    o->nsets = state_sets(ps, o->dev_units);
+    dc_buf *unit_bufs[] = {&o->bucket[0], &o->bucket[1], &o->stage, &o->zeros, &o->state[0][0], &o->state[0][1],
+                           &o->state[0][2], &o->state[1][0], &o->state[1][1], &o->state[1][2]};
+    const size_t nbufs = 4 + (o->dev_units > 0 ? 3 * (size_t)o->nsets : 0);
     for (size_t i = 0; i < nbufs; i++) {
         *unit_bufs[i] = (dc_buf){be->alloc(be, wbytes), DC_F32};
         if (!unit_bufs[i]->p) return dc_offload_free(o), dc_fail_ctx("--offload: a unit-sized device buffer");
@@ -426,7 +435,8 @@ void dc_offload_free(dc_offload *o) {
     if (be) {
         be->sync(be);  // no copy still reads or writes what is freed here
         dc_buf *dev_bufs[] = {&o->bucket[0], &o->bucket[1], &o->stage, &o->zeros, &o->unorm, &o->ema,
-                              &o->dw, &o->dm, &o->dv};
+                              &o->state[0][0], &o->state[0][1], &o->state[0][2], &o->state[1][0], &o->state[1][1],
+                              &o->state[1][2]};
         for (size_t i = 0; i < sizeof dev_bufs / sizeof *dev_bufs; i++)
             if (dev_bufs[i]->p) be->free(be, dev_bufs[i]->p);
         if (o->shrunk) restore_data(o);  // the EMA's room, freed above, takes it

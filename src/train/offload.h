@@ -49,7 +49,9 @@
 // parameters; DC_OFFLOAD_DEVICE_SHARE=x in the environment for another
 // share, 0 for none) are updated on the device instead: as such a unit's
 // backward starts, its master and moments go up into three unit-sized
-// device buffers, and when it ends the plain step's AdamW, EMA and cast run
+// device buffers (two sets of them when every unit is updated there, so one
+// unit's state goes up while the last one's goes down), and when it ends the
+// plain step's AdamW, EMA and cast run
 // there on its gradients in the bucket, and the master and moments go back
 // down. That moves 24 bytes a parameter over PCIe instead of 8 through the
 // CPU's 36, and they are the units the next forward reads first, updated
@@ -102,10 +104,13 @@ typedef struct {
     int staged;             // the unit it holds, or -1
     int64_t up;             // the copy up into it (a ticket)
     dc_buf zeros;           // [widest unit] F32 zeros: gradient and moments of the EMA pass
-    // units [0, dev_units) are updated on the device: a unit's master and
-    // moments come up into dw, dm, dv ([widest unit] F32 each) and go back
-    int dev_units;
-    dc_buf dw, dm, dv;
+    // units [0, dev_units) are updated on the device: unit u's master and
+    // moments come up into state[u % nsets] ([widest unit] F32 each) and go
+    // back. Two sets where every unit is updated there (one unit's state
+    // goes up while the last one's goes down), else one.
+    int dev_units, nsets;
+    dc_buf state[2][3];
+    int64_t set_down[2];       // the last copy down out of each set (a ticket)
     int64_t dev_up, dev_down;  // the last copies up and down of such a unit (tickets)
     dc_adamw_step keep;     // that pass's step: lr 0, the EMA's decay
     bool shrunk;            // the parameters' data holds only the fixed tensors' prefix
