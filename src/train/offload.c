@@ -119,22 +119,29 @@ static void enqueue(dc_offload *o, int u) {
 // The weights the forward reads: the compute copy, or the fp32 data itself.
 static dc_buf compute_copy(const dc_params *ps) { return ps->wc.p ? ps->wc : ps->data; }
 
+// The backend's AdamW, EMA and cast over unit u's runs of trainable tensors
+// (fixed ones keep their values), as the plain step runs it: w, g, m and v
+// hold the unit from its first element, the EMA and compute copy are the
+// model's.
+static void unit_adamw(dc_offload *o, int u, dc_buf w, dc_buf g, dc_buf m, dc_buf v, const dc_adamw_step *h) {
+    const dc_params *ps = o->ps;
+    const dc_buf wc = compute_copy(ps);
+    int64_t a, b, lo, hi;
+    dc_params_unit_range(ps, u, &a, &b);
+    int64_t pos = a;
+    while (dc_params_next_run(ps, &pos, b, &lo, &hi))
+        o->be->adamw(o->be, dc_buf_at(w, lo - a), dc_buf_at(g, lo - a), dc_buf_at(m, lo - a), dc_buf_at(v, lo - a),
+                     dc_buf_at(o->ema, lo), dc_buf_at(wc, lo), dc_buf_none(), hi - lo, h);
+}
+
 // The staged unit into the EMA and the compute copy, once its copy up is
 // done (the device's queue waits; the host does not). Over the unit's runs
 // of trainable tensors, as the plain step's adamw: with lr 0 on zero
 // gradients and moments it leaves the staged weights as they are, and its
 // EMA and cast are the plain step's arithmetic.
 static void land(dc_offload *o) {
-    const dc_params *ps = o->ps;
-    dc_backend *be = o->be;
-    int64_t a, b, lo, hi;
-    dc_params_unit_range(ps, o->staged, &a, &b);
-    be->wait_ticket(be, o->up);
-    const dc_buf wc = compute_copy(ps);
-    int64_t pos = a;
-    while (dc_params_next_run(ps, &pos, b, &lo, &hi))
-        be->adamw(be, dc_buf_at(o->stage, lo - a), o->zeros, o->zeros, o->zeros, dc_buf_at(o->ema, lo),
-                  dc_buf_at(wc, lo), dc_buf_none(), hi - lo, &o->keep);
+    o->be->wait_ticket(o->be, o->up);
+    unit_adamw(o, o->staged, o->stage, o->zeros, o->zeros, o->zeros, &o->keep);
     o->landed[o->staged] = true;
     o->nlanded++;
     o->staged = -1;
@@ -231,39 +238,38 @@ static int use_hook(void *ctx, int unit) {
     return o->pending ? settle(o, unit) : 0;
 }
 
-// A unit updated on the device (offload.h): its master and moments up into
-// the device's unit buffers, once the last such unit's copies down have
-// read them (copies up and down run on streams of their own: the main
-// stream orders them).
-static void state_up(dc_offload *o, int u) {
+// Unit u's master and moments between the host and its set of device
+// buffers; the last copy's ticket.
+static int64_t copy_state(dc_offload *o, int u, bool to_host) {
     int64_t lo, hi;
     dc_params_unit_range(o->ps, u, &lo, &hi);
-    const int k = u % o->nsets;
-    o->be->wait_ticket(o->be, o->set_down[k]);
     const size_t bytes = (size_t)(hi - lo) * sizeof(float);
     float *host[3] = {o->master, o->m, o->v};
-    for (int b = 0; b < 3; b++) o->dev_up = o->be->copy_async(o->be, o->state[k][b].p, host[b] + lo, bytes, false);
+    const dc_buf *dev = o->state[u % o->nsets];
+    int64_t t = 0;
+    for (int b = 0; b < 3; b++)
+        t = to_host ? o->be->copy_async(o->be, host[b] + lo, dev[b].p, bytes, true)
+                    : o->be->copy_async(o->be, dev[b].p, host[b] + lo, bytes, false);
+    return t;
+}
+
+// A unit updated on the device (offload.h): its master and moments up into
+// its set of device buffers, once the last unit of that set has been copied
+// down out of them (copies up and down run on streams of their own: the
+// main stream orders them).
+static void state_up(dc_offload *o, int u) {
+    o->be->wait_ticket(o->be, o->set_down[u % o->nsets]);
+    o->dev_up = copy_state(o, u, false);
 }
 
 // The plain step's AdamW, EMA and cast for unit u on the device, from its
 // gradients in `grad` and its state brought up by state_up; the new master
 // and moments then go back to the host (dev_down). The unit has landed.
 static void update_on_device(dc_offload *o, int u, dc_buf grad) {
-    const dc_params *ps = o->ps;
-    dc_backend *be = o->be;
-    int64_t a, b, lo, hi;
-    dc_params_unit_range(ps, u, &a, &b);
-    be->wait_ticket(be, o->dev_up);
-    const dc_buf wc = compute_copy(ps);
+    o->be->wait_ticket(o->be, o->dev_up);
     const dc_buf *st = o->state[u % o->nsets];  // master, m, v
-    int64_t pos = a;
-    while (dc_params_next_run(ps, &pos, b, &lo, &hi))
-        be->adamw(be, dc_buf_at(st[0], lo - a), dc_buf_at(grad, lo - a), dc_buf_at(st[1], lo - a),
-                  dc_buf_at(st[2], lo - a), dc_buf_at(o->ema, lo), dc_buf_at(wc, lo), dc_buf_none(), hi - lo, &o->h);
-    const size_t bytes = (size_t)(b - a) * sizeof(float);
-    float *host[3] = {o->master, o->m, o->v};
-    for (int k = 0; k < 3; k++) o->dev_down = be->copy_async(be, host[k] + a, st[k].p, bytes, true);
-    o->set_down[u % o->nsets] = o->dev_down;
+    unit_adamw(o, u, st[0], grad, st[1], st[2], &o->h);
+    o->dev_down = o->set_down[u % o->nsets] = copy_state(o, u, true);
     o->landed[u] = true;
     o->nlanded++;
 }
