@@ -278,10 +278,10 @@ static dc_sdpa_plan *plan_get(dc_backend *be, const sdpa_key *key, bool report) 
     cudnnBackendDescriptor_t graph = op_graph(g, c->dnn, key);
     if (g->st == CUDNN_STATUS_SUCCESS) p->plan = plan_for(g, c->dnn, graph, (int64_t)c->conv_ws_bytes, &p->ws);
     if (p->plan) p->g = g;
-    if (p->plan && report)
+    if (report && p->plan)
         dc_log("cuDNN attention B %d H %d Tq %d Tk %d Dh %d: plan (workspace %lld bytes)", key->B, key->H, key->Tq,
                key->Tk, key->Dh, (long long)p->ws);
-    else if (report)
+    if (report && !p->plan)
         dc_log("cuDNN attention B %d H %d Tq %d Tk %d Dh %d: declined (%s at %s:%d)", key->B, key->H, key->Tq,
                key->Tk, key->Dh, cudnnGetErrorString(g->st), __FILE__, g->line);
     if (!p->plan) graph_free(g);
