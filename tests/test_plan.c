@@ -180,9 +180,7 @@ static void test_xl(void) {
     struct { dc_train_plan p; double measured; } h200[] = {{{64, D, false}, 34.29}, {{64, 0, true}, 7.52}};
     for (int i = 0; i < 2; i++) {
         dc_plan_mem m;
-        setenv("DC_OFFLOAD_DEVICE_SHARE", "0", 1);  // as measured
         CHECK(dc_plan_predict(&r, &h200[i].p, &m) == 0, "predict: %s", dc_error());
-        unsetenv("DC_OFFLOAD_DEVICE_SHARE");
         printf("DiT-XL/2 batch 64 keep %d offload %d: predicted %.2f GiB (weights %.2f, grads %.2f, optimizer "
                "%.2f, trainer %.3f, activations %.2f, fixed %.3f; setup %.2f), measured %.2f GiB\n",
                h200[i].p.keep, h200[i].p.offload, m.peak / GIB, m.weights / GIB, m.grads / GIB, m.optimizer / GIB,

@@ -319,7 +319,13 @@ static int unit_hook(void *ctx, int unit, bool done) {
     o->ticket[unit] = o->down[j];
     o->next = 1 - j;
     if (o->last) {
-        if (o->overlap) enqueue(o, unit);
+        if (o->overlap) {
+            enqueue(o, unit);
+            // paced: the host waits until the device has the last unit's gradients
+            // out, so the units the worker has updated since go up and land
+            // between this backward's units rather than after all of it
+            if (o->pace && be->host_wait(be, o->down[1 - j])) return dc_fail_ctx("--offload");
+        }
         send_updated(o, -1, false);
     }
     return dc_backend_status(be);
@@ -362,6 +368,8 @@ int dc_offload_init(dc_offload *o, dc_params *ps, dc_backend *be) {
     o->be = be, o->ps = ps, o->units = dc_params_unit_count(ps);
     const char *e = getenv("DC_OFFLOAD_DEFER");
     o->defer = !e || strcmp(e, "0") != 0;
+    e = getenv("DC_OFFLOAD_PACE");
+    o->pace = !e || strcmp(e, "0") != 0;
     o->widest = widest_unit(ps);
     o->staged = -1;
     const size_t bytes = (size_t)ps->numel * sizeof(float), wbytes = (size_t)o->widest * sizeof(float);

@@ -31,6 +31,16 @@
 // their values. With clipping the global norm is needed first: the update
 // waits for the whole backward (no overlap).
 //
+// The host queues a backward far ahead of the device, and an update can go
+// up only after the ops queued before it (copy_async), its landing only
+// after them too: units the worker updated while the device was still in
+// the backward would all go up and land after it, holding up the next
+// forward. So in a step's last micro-batch the host waits, as a unit's
+// backward is queued, until the unit before it has its gradients out, and
+// stages what the worker has done meanwhile: each update goes up beside
+// the next unit's backward and lands between two units. DC_OFFLOAD_PACE=0
+// lets the host run ahead, for comparison.
+//
 // The step does not wait for the last units either: dc_offload_finish
 // returns with the units still queued re-ordered into forward order (the
 // backward hands them over last to first, the forward reads them first to
@@ -45,9 +55,9 @@
 //
 // The CPU's update is bound by the host's memory (36 bytes a parameter a
 // step), while the PCIe link and the device have room. So, without
-// clipping, the first units (about DC_OFFLOAD_DEVICE_SHARE of the
-// parameters; DC_OFFLOAD_DEVICE_SHARE=x in the environment for another
-// share, 0 for none) are updated on the device instead: as such a unit's
+// clipping, the first units (DC_OFFLOAD_DEVICE_SHARE=x in the environment:
+// about that share of the parameters; none by default) can be updated on
+// the device instead: as such a unit's
 // backward starts, its master and moments go up into three unit-sized
 // device buffers (two sets of them when every unit is updated there, so one
 // unit's state goes up while the last one's goes down), and when it ends the
@@ -56,7 +66,11 @@
 // down. That moves 24 bytes a parameter over PCIe instead of 8 through the
 // CPU's 36, and they are the units the next forward reads first, updated
 // before the CPU's last ones. The host reads them only after their copies
-// down (dc_offload_drain waits for them).
+// down (dc_offload_drain waits for them). The streamed state still passes
+// through the host's memory (24 bytes a parameter against the CPU's 36),
+// and on the H100 machines measured no share beat none once the host was
+// paced (docs/PERFORMANCE.md); it stays for hosts whose CPU is the slower
+// side.
 //
 // The device keeps no full fp32 copy of the weights where a compute copy
 // exists (bf16 on a GPU): the master is on the host and every reader has
@@ -85,7 +99,7 @@
 #include "backend/backend.h"
 #include "nn/params.h"
 
-#define DC_OFFLOAD_DEVICE_SHARE 0.25
+#define DC_OFFLOAD_DEVICE_SHARE 0.0
 
 typedef struct {
     dc_backend *be;
@@ -125,6 +139,7 @@ typedef struct {
     float factor;           // the clipping factor the update applies (1: none)
     bool pending;           // units of the last update not landed yet (the next forward lands them)
     bool defer;             // leave them to the next forward (DC_OFFLOAD_DEFER=0: finish them in the step)
+    bool pace;              // keep the host one unit ahead of the device in backward (DC_OFFLOAD_PACE=0: not)
     bool *landed;           // [units]
     int nlanded;
     int64_t *ticket;        // [units] the copy of each unit's gradients to the host (the last micro-batch's)
