@@ -456,6 +456,12 @@ static void run_groups(void) {
         test_layer_norm(154, 768, 1e-5f, DC_F32);             // CLIP text encoder, batch 2
         test_layer_norm(154, 768, 1e-5f, g_ct);
         test_layer_norm(5, 100, 1e-6f, g_ct);
+        // rows held in registers (up to 512 and 1536 values a row), odd widths, and the loop beyond
+        test_layer_norm(300, 320, 1e-5f, g_ct);                // SD UNet at the first level
+        test_layer_norm(70, 1280, 1e-5f, DC_F32);
+        test_layer_norm(33, 1030, 1e-5f, g_ct);                // not a multiple of 4
+        test_layer_norm(9, 2048, 1e-5f, g_ct);
+        test_layer_norm(17, 3, 1e-5f, DC_F32);
     }
     if (want("latent")) test_latent_pointwise(0), test_latent_pointwise(1);
 }

@@ -50,7 +50,7 @@ run "--offload --recompute 0, all threads" "" --offload --recompute 0
 run "--offload --recompute 0, 8 threads" 8 --offload --recompute 0
 run "--offload --recompute 0, 4 threads" 4 --offload --recompute 0
 run "--max-gpu-memory 8G" "" --max-gpu-memory 8G
-DC_OFFLOAD_DEVICE_SHARE=0 run "--offload --recompute 0, no share on the device" "" --offload --recompute 0
+DC_OFFLOAD_DEVICE_SHARE=0.25 run "--offload --recompute 0, a quarter on the device" "" --offload --recompute 0
 DC_OFFLOAD_DEVICE_SHARE=1 run "--offload --recompute 0, all on the device" "" --offload --recompute 0
 echo
 echo "==== $MODEL, batch $BATCH ($(head -1 "$OUT/gpu.txt"))"

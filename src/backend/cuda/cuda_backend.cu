@@ -159,11 +159,18 @@ static void *cu_graph_capture(dc_backend *be, int (*fn)(void *arg), void *arg) {
     if (!dc_cuda_ok(be, cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal),
                     "cudaStreamBeginCapture", __func__, __FILE__, __LINE__))
         return cu_status(be), (void *)NULL;
+    dc_cuda_prof_capture_begin(c);
     int rc = fn(arg);
     if (rc == 0) rc = cu_status(be);  // fn may not have asked
+    if (c->prof) dc_cuda_prof_mark(c, "(graph end)");
     cudaError_t e = cudaStreamEndCapture(c->stream, &g);
+    if (rc == 0 && e == cudaSuccess) {
+        e = cudaGraphInstantiate(&exec, g, 0);
+        if (e != cudaSuccess) exec = NULL;
+    }
+    if (g) cudaGraphDestroy(g);
+    dc_cuda_prof_capture_end(c, exec);
     if (rc != 0) {
-        if (g) cudaGraphDestroy(g);
         cudaGetLastError();  // a capture that fn's failure invalidated leaves an error behind
         return NULL;
     }
@@ -172,24 +179,21 @@ static void *cu_graph_capture(dc_backend *be, int (*fn)(void *arg), void *arg) {
         dc_fail("cuda: graph capture failed: %s", cudaGetErrorString(e));
         return NULL;
     }
-    e = cudaGraphInstantiate(&exec, g, 0);
-    cudaGraphDestroy(g);
-    if (e != cudaSuccess) {
-        cudaGetLastError();
-        dc_fail("cuda: graph instantiation failed: %s", cudaGetErrorString(e));
-        return NULL;
-    }
     return exec;
 }
 
 static void cu_graph_launch(dc_backend *be, void *graph) {
-    DC_CUDA_OP(be);
-    DC_CUDA(be, cudaGraphLaunch((cudaGraphExec_t)graph, dc_cuda(be)->stream));
+    dc_cuda_ctx *c = dc_cuda(be);
+    if (c->failed) return;
+    if (c->prof) dc_cuda_prof_mark(c, DC_CUDA_PROF_GRAPH_LAUNCH);
+    DC_CUDA(be, cudaGraphLaunch((cudaGraphExec_t)graph, c->stream));
+    if (c->prof) dc_cuda_prof_graph_ran(c, graph);
 }
 
 static void cu_graph_free(dc_backend *be, void *graph) {
-    (void)be;
-    if (graph) cudaGraphExecDestroy((cudaGraphExec_t)graph);
+    if (!graph) return;
+    if (dc_cuda(be)->prof) dc_cuda_prof_graph_free(dc_cuda(be), graph);
+    cudaGraphExecDestroy((cudaGraphExec_t)graph);
 }
 
 // ---- creation ----------------------------------------------------------------------------

@@ -187,21 +187,28 @@ __global__ void k_gn_nhwc_part(double2 *part, const void *x, int xbf, int64_t HW
     }
 }
 
-// A warp per (sample, group): lane l adds the group's partials l, l + 32, ...
-// (chunk-major, then channel), then a fixed butterfly over the lanes.
-__global__ void k_gn_nhwc_stats(float *mean, float *rstd, const double2 *part, int nb, int64_t chunks, int C, int G,
-                                int64_t HW, float eps) {
-    const int64_t i = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32;  // b G + g
-    const int lane = threadIdx.x % 32;
-    if (i >= (int64_t)nb * G) return;  // whole warps leave together
-    const int b = (int)(i / G), g = (int)(i % G), cg = C / G;
+// A block per (sample, group): thread t adds the group's partials t, t +
+// GN_ST, ... (chunk-major, then channel), each warp's lanes are added by a
+// fixed butterfly and the warps' sums in order. (A warp per group left the
+// SD UNet's group norms at 2 rows waiting on its serial loads.)
+enum { GN_ST = 128 };
+__global__ void __launch_bounds__(GN_ST) k_gn_nhwc_stats(float *mean, float *rstd, const double2 *part, int64_t chunks,
+                                                       int C, int G, int64_t HW, float eps) {
+    __shared__ double2 wsum[GN_ST / 32];
+    const int64_t i = blockIdx.x;  // b G + g
+    const int b = (int)(i / G), g = (int)(i % G), cg = C / G, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     double s = 0.0, ss = 0.0;
-    for (int64_t e = lane; e < chunks * cg; e += 32) {
+#pragma unroll 4
+    for (int64_t e = threadIdx.x; e < chunks * cg; e += GN_ST) {
         const double2 p = part[((int64_t)b * chunks + e / cg) * C + (int64_t)g * cg + e % cg];
         s += p.x, ss += p.y;
     }
     s = dc_warp_sum_d(s), ss = dc_warp_sum_d(ss);
-    if (lane == 0) {
+    if (lane == 0) wsum[warp] = make_double2(s, ss);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        s = 0.0, ss = 0.0;
+        for (int w = 0; w < GN_ST / 32; w++) s += wsum[w].x, ss += wsum[w].y;
         const double n = (double)cg * HW, mu = s / n, var = ss / n - mu * mu;
         mean[i] = (float)mu;
         rstd[i] = dc_norm_rstd(var > 0.0 ? var : 0.0, eps);
@@ -274,8 +281,7 @@ extern "C" void dc_cuda_group_norm_nhwc_fwd(dc_backend *be, dc_buf out, dc_buf m
         if (V == 8) k_gn_nhwc_part<8><<<g1, b1, 0, c->stream>>>(part, xp, BF(x), HW, C, gs.cols, rows_per);
         else if (V == 4) k_gn_nhwc_part<4><<<g1, b1, 0, c->stream>>>(part, xp, BF(x), HW, C, gs.cols, rows_per);
         else k_gn_nhwc_part<1><<<g1, b1, 0, c->stream>>>(part, xp, BF(x), HW, C, gs.cols, rows_per);
-        const int64_t warps = (int64_t)nb * G;
-        k_gn_nhwc_stats<<<(unsigned)((warps + 7) / 8), 256, 0, c->stream>>>(mu, r, part, nb, chunks, C, G, HW, eps);
+        k_gn_nhwc_stats<<<(unsigned)((int64_t)nb * G), GN_ST, 0, c->stream>>>(mu, r, part, chunks, C, G, HW, eps);
         const dim3 g3((unsigned)(nb * cps), (unsigned)ga.tiles), b3(ga.ct, ga.rt);
         void *op = dc_buf_at(out, off).p;
         if (V == 8)

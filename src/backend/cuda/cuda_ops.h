@@ -118,6 +118,11 @@ void dc_cuda_prof_start(dc_cuda_ctx *c);
 void dc_cuda_prof_mark(dc_cuda_ctx *c, const char *op);
 void dc_cuda_prof_report(dc_cuda_ctx *c);
 void dc_cuda_prof_restart(dc_backend *be);
+#define DC_CUDA_PROF_GRAPH_LAUNCH "(graph launches: their ops are listed)"
+void dc_cuda_prof_capture_begin(dc_cuda_ctx *c);
+void dc_cuda_prof_capture_end(dc_cuda_ctx *c, void *exec);  // exec NULL: the capture failed
+void dc_cuda_prof_graph_ran(dc_cuda_ctx *c, void *exec);
+void dc_cuda_prof_graph_free(dc_cuda_ctx *c, void *exec);
 
 // Fails (-1, message set) for memory the GPU could not give: how much was
 // asked for, for what, and how much is free. Not recorded: the backend stays usable.

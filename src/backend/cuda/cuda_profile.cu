@@ -3,7 +3,13 @@
 // next is charged to the first, so each op's kernels, copies and library
 // calls are counted, and the host's gaps between ops too (launch overhead
 // shows as time). The table goes to stderr when the backend is destroyed.
-// Costs one event record per op: for finding hot spots, not for timing runs.
+//
+// Inside a CUDA graph the marks become event-record nodes of the graph
+// (cudaEventRecordExternal), so a graph's ops are timed as the graph runs
+// them, without the host's gaps: each launch of a profiled graph waits for
+// it and charges its ops (the launch itself is listed apart, its time not
+// added to the total). Costs one event record per op and, for graphs, a
+// wait per launch: for finding hot spots, not for timing runs.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,12 +17,20 @@
 #include "backend/cuda/cuda_ops.h"
 
 #define PROF_EVENTS 16384
+#define PROF_GEVENTS 8192  // marks inside graphs, over all graphs alive
+#define PROF_GRAPHS 16
 #define PROF_NAMES 128
 
 struct dc_cuda_prof {
     cudaEvent_t ev[PROF_EVENTS];
     const char *at[PROF_EVENTS];
     int n;
+    // graphs: their marks gev[lo, hi) as captured
+    cudaEvent_t gev[PROF_GEVENTS];
+    const char *gat[PROF_GEVENTS];
+    int gn, cap_lo;
+    struct { void *exec; int lo, hi; } graphs[PROF_GRAPHS];
+    int ngraphs;
     struct { const char *name; long count; double ms; } tab[PROF_NAMES];
     int ntab;
 };
@@ -26,6 +40,7 @@ extern "C" void dc_cuda_prof_start(dc_cuda_ctx *c) {
     if (!e || !*e || !strcmp(e, "0")) return;
     c->prof = (dc_cuda_prof *)calloc(1, sizeof *c->prof);
     for (int i = 0; c->prof && i < PROF_EVENTS; i++) cudaEventCreate(&c->prof->ev[i]);
+    for (int i = 0; c->prof && i < PROF_GEVENTS; i++) cudaEventCreate(&c->prof->gev[i]);
 }
 
 static void charge(dc_cuda_prof *p, const char *name, double ms) {
@@ -56,17 +71,76 @@ static void flush(dc_cuda_prof *p) {
 extern "C" void dc_cuda_prof_mark(dc_cuda_ctx *c, const char *op) {
     dc_cuda_prof *p = c->prof;
     cudaStreamCaptureStatus st;
-    if (cudaStreamIsCapturing(c->stream, &st) != cudaSuccess || st != cudaStreamCaptureStatusNone) return;
+    if (cudaStreamIsCapturing(c->stream, &st) != cudaSuccess) return;
+    if (st != cudaStreamCaptureStatusNone) {  // a node of the graph being captured
+        if (st == cudaStreamCaptureStatusActive && p->gn < PROF_GEVENTS &&
+            cudaEventRecordWithFlags(p->gev[p->gn], c->stream, cudaEventRecordExternal) == cudaSuccess)
+            p->gat[p->gn++] = op;
+        return;
+    }
     if (p->n == PROF_EVENTS) flush(p);
     cudaEventRecord(p->ev[p->n], c->stream);
     p->at[p->n++] = op;
 }
 
 // Forgets the marks and the table: the next op starts afresh (an event is
-// simply recorded again, so nothing needs waiting for).
+// simply recorded again, so nothing needs waiting for). Graphs keep theirs.
 extern "C" void dc_cuda_prof_restart(dc_backend *be) {
     dc_cuda_prof *p = dc_cuda(be)->prof;
     if (p) p->n = 0, p->ntab = 0;
+}
+
+// Around a capture: its marks start here, and the graph made of them.
+extern "C" void dc_cuda_prof_capture_begin(dc_cuda_ctx *c) {
+    if (c->prof) c->prof->cap_lo = c->prof->gn;
+}
+
+extern "C" void dc_cuda_prof_capture_end(dc_cuda_ctx *c, void *exec) {
+    dc_cuda_prof *p = c->prof;
+    if (!p) return;
+    if (!exec || p->ngraphs == PROF_GRAPHS || p->gn - p->cap_lo < 2) {  // not profiled: its marks go
+        p->gn = p->cap_lo;
+        return;
+    }
+    p->graphs[p->ngraphs].exec = exec, p->graphs[p->ngraphs].lo = p->cap_lo, p->graphs[p->ngraphs].hi = p->gn;
+    p->ngraphs++;
+}
+
+static int find_graph(dc_cuda_prof *p, void *exec) {
+    for (int i = 0; i < p->ngraphs; i++)
+        if (p->graphs[i].exec == exec) return i;
+    return -1;
+}
+
+// After a launch: waits for the graph and charges its ops.
+extern "C" void dc_cuda_prof_graph_ran(dc_cuda_ctx *c, void *exec) {
+    dc_cuda_prof *p = c->prof;
+    const int g = p ? find_graph(p, exec) : -1;
+    if (g < 0) return;
+    const int lo = p->graphs[g].lo, hi = p->graphs[g].hi;
+    cudaEventSynchronize(p->gev[hi - 1]);
+    for (int i = lo; i + 1 < hi; i++) {
+        float ms = 0;
+        if (cudaEventElapsedTime(&ms, p->gev[i], p->gev[i + 1]) == cudaSuccess) charge(p, p->gat[i], ms);
+    }
+    cudaGetLastError();
+}
+
+// A freed graph's marks go; the later graphs' move down.
+extern "C" void dc_cuda_prof_graph_free(dc_cuda_ctx *c, void *exec) {
+    dc_cuda_prof *p = c->prof;
+    const int g = p ? find_graph(p, exec) : -1;
+    if (g < 0) return;
+    const int lo = p->graphs[g].lo, hi = p->graphs[g].hi, k = hi - lo;
+    for (int i = hi; i < p->gn; i++) {  // keep every event: swap the freed ones to the end
+        cudaEvent_t e = p->gev[i - k];
+        p->gev[i - k] = p->gev[i], p->gat[i - k] = p->gat[i], p->gev[i] = e;
+    }
+    p->gn -= k;
+    for (int i = g; i + 1 < p->ngraphs; i++) p->graphs[i] = p->graphs[i + 1];
+    p->ngraphs--;
+    for (int i = 0; i < p->ngraphs; i++)
+        if (p->graphs[i].lo >= hi) p->graphs[i].lo -= k, p->graphs[i].hi -= k;
 }
 
 static int by_time(const void *a, const void *b) {
@@ -80,17 +154,21 @@ extern "C" void dc_cuda_prof_report(dc_cuda_ctx *c) {
     dc_cuda_prof_mark(c, "(end)");
     flush(p);
     double total = 0, (*rows)[2] = (double (*)[2])calloc(p->ntab + 1, sizeof *rows);
-    for (int i = 0; i < p->ntab; i++) total += p->tab[i].ms, rows[i][0] = p->tab[i].ms, rows[i][1] = i;
+    for (int i = 0; i < p->ntab; i++) {  // a graph launch's time is its ops'
+        if (strcmp(p->tab[i].name, DC_CUDA_PROF_GRAPH_LAUNCH)) total += p->tab[i].ms;
+        rows[i][0] = p->tab[i].ms, rows[i][1] = i;
+    }
     qsort(rows, p->ntab, sizeof *rows, by_time);
     fprintf(stderr, "cuda op profile: %.1f ms between the first op and the last\n", total);
-    fprintf(stderr, "  %-34s %9s %11s %9s %6s\n", "op", "calls", "total ms", "avg us", "share");
+    fprintf(stderr, "  %-38s %9s %11s %9s %6s\n", "op", "calls", "total ms", "avg us", "share");
     for (int k = 0; k < p->ntab && k < 30; k++) {
         int i = (int)rows[k][1];
-        fprintf(stderr, "  %-34s %9ld %11.2f %9.1f %5.1f%%\n", p->tab[i].name, p->tab[i].count, p->tab[i].ms,
+        fprintf(stderr, "  %-38s %9ld %11.2f %9.1f %5.1f%%\n", p->tab[i].name, p->tab[i].count, p->tab[i].ms,
                 1e3 * p->tab[i].ms / p->tab[i].count, total > 0 ? 100 * p->tab[i].ms / total : 0);
     }
     free(rows);
     for (int i = 0; i < PROF_EVENTS; i++) cudaEventDestroy(p->ev[i]);
+    for (int i = 0; i < PROF_GEVENTS; i++) cudaEventDestroy(p->gev[i]);
     free(p);
     c->prof = NULL;
 }
