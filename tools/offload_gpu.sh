@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # DiT training in little GPU memory, measured on a machine with an NVIDIA GPU
 # (docs/PERFORMANCE.md, "Less memory on one GPU"): everything on the GPU, then
-# --offload --recompute 0 with the CPU's threads at 16, 8 and 4, then the plan
-# --max-gpu-memory 8G picks. Each line: images/s, peak GPU memory and the
+# --offload --recompute 0 with the CPU's threads at 16, 8 and 4, the plan
+# --max-gpu-memory 8G picks, and for comparison device shares of a quarter and
+# all and the host not paced. Each line: images/s, peak GPU memory and the
 # CPU's update time a step; a table last. --check PATH first runs that
 # test_offload program on the GPU (offload against plain training, fp32 and
 # bf16, at every device share).
@@ -52,6 +53,7 @@ run "--offload --recompute 0, 4 threads" 4 --offload --recompute 0
 run "--max-gpu-memory 8G" "" --max-gpu-memory 8G
 DC_OFFLOAD_DEVICE_SHARE=0.25 run "--offload --recompute 0, a quarter on the device" "" --offload --recompute 0
 DC_OFFLOAD_DEVICE_SHARE=1 run "--offload --recompute 0, all on the device" "" --offload --recompute 0
+DC_OFFLOAD_PACE=0 run "--offload --recompute 0, host not paced" "" --offload --recompute 0
 echo
 echo "==== $MODEL, batch $BATCH ($(head -1 "$OUT/gpu.txt"))"
 for r in "${rows[@]}"; do echo "  $r"; done
