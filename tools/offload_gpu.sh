@@ -18,7 +18,7 @@ while [ $# -gt 0 ]; do
     --model) MODEL=$2; shift 2;;
     --batch) BATCH=$2; shift 2;;
     --out) OUT=$2; shift 2;;
-    -h|--help) sed -n '2,9p' "$0"; exit 0;;
+    -h|--help) sed -n '2,10p' "$0"; exit 0;;
     *) echo "offload_gpu: unknown argument $1" >&2; exit 2;;
   esac
 done
