@@ -45,6 +45,17 @@ static int state_sets(const dc_params *ps, int dev_units) {
     return dev_units == dc_params_unit_count(ps) ? 2 : 1;
 }
 
+// The unit-sized device buffers o uses, into b: the buckets, the staging
+// buffer and zeros, then (units updated on the device) each set's master and
+// moments. Returns how many.
+static int unit_buffers(dc_offload *o, dc_buf *b[10]) {
+    dc_buf *all[10] = {&o->bucket[0],   &o->bucket[1],   &o->stage,       &o->zeros,       &o->state[0][0],
+                       &o->state[0][1], &o->state[0][2], &o->state[1][0], &o->state[1][1], &o->state[1][2]};
+    const int n = 4 + (o->dev_units > 0 ? 3 * o->nsets : 0);
+    memcpy(b, all, sizeof(dc_buf *) * (size_t)n);
+    return n;
+}
+
 int64_t dc_offload_device_bytes(const dc_params *ps) {
     // buckets, the staging buffer and zeros: four units' worth (three more a
     // set, a unit's master and moments, where units are updated on the
@@ -308,18 +319,17 @@ static int unit_hook(void *ctx, int unit, bool done) {
     // the norm that overlapped steps report, per unit on the device: a pass
     // over the host's gradients would come after the last update
     if (o->last && o->overlap) be->grad_norm(be, dc_buf_at(o->unorm, 2 * unit), o->bucket[j], hi - lo, 0.0f);
-    if (o->last && o->overlap && unit < o->dev_units) {
+    const bool on_device = o->last && o->overlap && unit < o->dev_units;
+    if (on_device) {
         update_on_device(o, unit, o->bucket[j]);
         o->down[j] = 0;  // the bucket's gradients stay here
-        o->next = 1 - j;
-        send_updated(o, -1, false);
-        return dc_backend_status(be);
+    } else {
+        o->down[j] = be->copy_async(be, o->grad + lo, o->bucket[j].p, bytes, true);
+        o->ticket[unit] = o->down[j];
     }
-    o->down[j] = be->copy_async(be, o->grad + lo, o->bucket[j].p, bytes, true);
-    o->ticket[unit] = o->down[j];
     o->next = 1 - j;
     if (o->last) {
-        if (o->overlap) {
+        if (o->overlap && !on_device) {
             enqueue(o, unit);
             // paced: the host waits until the device has the last unit's gradients
             // out, so the units the worker has updated since go up and land
@@ -387,10 +397,8 @@ int dc_offload_init(dc_offload *o, dc_params *ps, dc_backend *be) {
         return dc_offload_free(o), dc_fail("out of memory");
     o->dev_units = dc_offload_device_units(ps);
     o->nsets = state_sets(ps, o->dev_units);
-    dc_buf *unit_bufs[] = {&o->bucket[0], &o->bucket[1], &o->stage, &o->zeros, &o->state[0][0], &o->state[0][1],
-                           &o->state[0][2], &o->state[1][0], &o->state[1][1], &o->state[1][2]};
-    const size_t nbufs = 4 + (o->dev_units > 0 ? 3 * (size_t)o->nsets : 0);
-    for (size_t i = 0; i < nbufs; i++) {
+    dc_buf *unit_bufs[10];
+    for (int i = 0, n = unit_buffers(o, unit_bufs); i < n; i++) {
         *unit_bufs[i] = (dc_buf){be->alloc(be, wbytes), DC_F32};
         if (!unit_bufs[i]->p) return dc_offload_free(o), dc_fail_ctx("--offload: a unit-sized device buffer");
     }
@@ -448,10 +456,9 @@ void dc_offload_free(dc_offload *o) {
     dc_backend *be = o->be;
     if (be) {
         be->sync(be);  // no copy still reads or writes what is freed here
-        dc_buf *dev_bufs[] = {&o->bucket[0], &o->bucket[1], &o->stage, &o->zeros, &o->unorm, &o->ema,
-                              &o->state[0][0], &o->state[0][1], &o->state[0][2], &o->state[1][0], &o->state[1][1],
-                              &o->state[1][2]};
-        for (size_t i = 0; i < sizeof dev_bufs / sizeof *dev_bufs; i++)
+        dc_buf *dev_bufs[12] = {&o->unorm, &o->ema};
+        const int n = 2 + unit_buffers(o, dev_bufs + 2);
+        for (int i = 0; i < n; i++)
             if (dev_bufs[i]->p) be->free(be, dev_bufs[i]->p);
         if (o->shrunk) restore_data(o);  // the EMA's room, freed above, takes it
         float *host_bufs[] = {o->master, o->m, o->v, o->grad};
