@@ -45,23 +45,27 @@ static int state_sets(const dc_params *ps, int dev_units) {
     return dev_units == dc_params_unit_count(ps) ? 2 : 1;
 }
 
+// How many unit-sized device buffers offload allocates: two gradient
+// buckets, the staging buffer and zeros, and three a state set (a unit's
+// master and moments) where units are updated on the device.
+static int unit_buffer_count(const dc_params *ps, int dev_units) {
+    return 4 + (dev_units > 0 ? 3 * state_sets(ps, dev_units) : 0);
+}
+
 // The unit-sized device buffers o uses, into b: the buckets, the staging
 // buffer and zeros, then (units updated on the device) each set's master and
 // moments. Returns how many.
 static int unit_buffers(dc_offload *o, dc_buf *b[10]) {
     dc_buf *all[10] = {&o->bucket[0],   &o->bucket[1],   &o->stage,       &o->zeros,       &o->state[0][0],
                        &o->state[0][1], &o->state[0][2], &o->state[1][0], &o->state[1][1], &o->state[1][2]};
-    const int n = 4 + (o->dev_units > 0 ? 3 * o->nsets : 0);
+    const int n = unit_buffer_count(o->ps, o->dev_units);
     memcpy(b, all, sizeof(dc_buf *) * (size_t)n);
     return n;
 }
 
 int64_t dc_offload_device_bytes(const dc_params *ps) {
-    // buckets, the staging buffer and zeros: four units' worth (three more a
-    // set, a unit's master and moments, where units are updated on the
-    // device); two norms a unit
-    const int dev = dc_offload_device_units(ps);
-    const int64_t units = 4 + (dev > 0 ? 3 * state_sets(ps, dev) : 0);
+    // the unit-sized buffers, and two norms a unit
+    const int64_t units = unit_buffer_count(ps, dc_offload_device_units(ps));
     return (units * widest_unit(ps) + 2 * (int64_t)dc_params_unit_count(ps)) * (int64_t)sizeof(float);
 }
 
