@@ -345,9 +345,15 @@ static void test_nhwc_pointwise(int off) {
         const int B = ac[i].B, C = ac[i].C;
         const int64_t HW = ac[i].HW, n = B * C * HW;
         pair x = offset(rand_pair(n + off, g_ct, -1, 1), off), v = offset(rand_pair(B * C + off, g_ct, -1, 1), off);
-        g_cpu->add_channel_nhwc(g_cpu, x.c, v.c, B, C, HW), g_gpu->add_channel_nhwc(g_gpu, x.g, v.g, B, C, HW);
-        snprintf(name, sizeof name, "add_channel_nhwc B%d C%d HW%lld%s", B, C, (long long)HW, sfx);
+        g_cpu->add_nhwc(g_cpu, x.c, dc_buf_none(), v.c, dc_buf_none(), B, C, HW);
+        g_gpu->add_nhwc(g_gpu, x.g, dc_buf_none(), v.g, dc_buf_none(), B, C, HW);
+        snprintf(name, sizeof name, "add_nhwc +v[b] B%d C%d HW%lld%s", B, C, (long long)HW, sfx);
         compare(name, x, g_ct == DC_F32 ? 0 : g_tol);  // one addition, rounded once
+        // all three terms, the bias in the weights' dtype (as a conv's bias joins a residual)
+        pair y = offset(rand_pair(n + off, g_ct, -1, 1), off), bias = offset(rand_pair(C + off, g_ct, -1, 1), off);
+        g_cpu->add_nhwc(g_cpu, x.c, y.c, v.c, bias.c, B, C, HW), g_gpu->add_nhwc(g_gpu, x.g, y.g, v.g, bias.g, B, C, HW);
+        snprintf(name, sizeof name, "add_nhwc +y +v[b] +bias B%d C%d HW%lld%s", B, C, (long long)HW, sfx);
+        compare(name, x, g_ct == DC_F32 ? 1e-6 : g_tol);
     }
     static const struct { int C1, C2; int64_t M; } cc[3] = {{320, 640, 2 * 64}, {4, 8, 33}, {3, 5, 7}};
     for (int i = 0; i < 3; i++) {
@@ -403,14 +409,14 @@ static void bad_upsample(dc_backend *be, void *p) {
     be->upsample2x_nhwc_fwd(be, (dc_buf){p, DC_F32}, (dc_buf){p, DC_I32}, 1, 4, 2, 2);
 }
 static void bad_add_channel(dc_backend *be, void *p) {
-    be->add_channel_nhwc(be, (dc_buf){p, DC_F16}, (dc_buf){p, DC_F32}, 1, 4, 2);
+    be->add_nhwc(be, (dc_buf){p, DC_F16}, dc_buf_none(), (dc_buf){p, DC_F32}, dc_buf_none(), 1, 4, 2);
 }
 static void test_nhwc_errors(void) {
     expect_op_error(bad_concat, "concat_channels", "concat_channels of mixed dtypes: an error naming the op");
     expect_op_error(bad_concat_overlap, "concat_channels", "concat_channels into its own input: an error");
     expect_op_error(bad_group_norm, "group_norm_nhwc_fwd", "group_norm_nhwc_fwd of F16 maps: an error naming the op");
     expect_op_error(bad_upsample, "upsample2x_nhwc_fwd", "upsample2x_nhwc_fwd of I32 maps: an error naming the op");
-    expect_op_error(bad_add_channel, "add_channel_nhwc", "add_channel_nhwc of F16 maps: an error naming the op");
+    expect_op_error(bad_add_channel, "add_nhwc", "add_nhwc of F16 maps: an error naming the op");
     dc_conv2d_shape s = {1, 4, 8, 8, 4, 3, 1, 1, 1, 1, 1, 2};
     const int rc = g_gpu->reserve_conv(g_gpu, &s, true);
     expect(rc == -1 && strstr(dc_error(), "layout") != NULL, "reserve_conv of layout flag 2: an error naming the layout");
@@ -444,6 +450,8 @@ static void run_groups(void) {
         test_group_norm_nhwc(3, 64, 35, 32, false, 1e-5f, g_ct);         // odd pixel count
         test_group_norm_nhwc(2, 36, 35, 4, true, 1e-5f, g_ct);           // 9-channel groups: a 4-wide access spans two
         test_group_norm_nhwc(17, 320, 1632, 32, true, 1e-5f, g_ct);      // more samples than one piece of partials
+        test_group_norm_nhwc(2, 960, 1024, 32, true, 1e-5f, g_ct);       // 30-channel groups (UNet 1.x up blocks)
+        test_group_norm_nhwc(1, 128, 65536, 32, true, 1e-6f, g_ct);      // VAE at 256x256
         test_nhwc_pointwise(0), test_nhwc_pointwise(1), test_nhwc_pointwise(4);
         test_nhwc_errors();
     }

@@ -493,25 +493,49 @@ static void test_upsample_nhwc(int B, int C, int H, int W) {
     dev_free_all();
 }
 
-// Channels-last maps x[B, HW, C]: add_channel_nhwc (v[B, C] over every pixel)
-// and concat_channels (rows of a then b), both exact.
+// add_nhwc: x += y + v[b] + bias with every subset of the optional terms,
+// against the sum in double: with one term, the exact sum rounded once; with
+// more, each float addition rounds once (a few ulp of the largest value).
+static void test_add_nhwc(int B, int64_t HW, int C) {
+    const int64_t n = (int64_t)B * HW * C;
+    float *x = host_rand(n, -1, 1), *y = host_rand(n, -1, 1), *v = host_rand((int64_t)B * C, -2, 2);
+    float *bias = host_rand(C, -2, 2);
+    double *ref = malloc(n * sizeof(double));
+    for (int terms = 0; terms < 8; terms++) {
+        const bool ty = terms & 1, tv = terms & 2, tb = terms & 4;
+        dc_buf xd = dev_from(x, n), yd = ty ? dev_from(y, n) : dc_buf_none();
+        dc_buf vd = tv ? dev_from(v, (int64_t)B * C) : dc_buf_none(), bd = tb ? dev_from(bias, C) : dc_buf_none();
+        g_be->add_nhwc(g_be, xd, yd, vd, bd, B, C, HW);
+        float *got = dev_get(xd, n);
+        const int nterms = ty + tv + tb;
+        bool exact = true;
+        for (int64_t k = 0; k < n; k++) {
+            const int64_t b = k / (HW * C), c = k % C;
+            ref[k] = (double)x[k] + (ty ? y[k] : 0.0) + (tv ? v[b * C + c] : 0.0) + (tb ? bias[c] : 0.0);
+            exact &= got[k] == (float)ref[k];
+        }
+        char name[128];
+        snprintf(name, sizeof name, "add_nhwc B%d HW%lld C%d:%s%s%s", B, (long long)HW, C, ty ? " +y" : "",
+                 tv ? " +v[b]" : "", tb ? " +bias" : "");
+        if (nterms <= 1) report(name, exact ? 0 : INFINITY, 0);
+        else report(name, nerr(got, ref, n), 1.2e-7 * nterms);
+        free(got);
+        dev_free_all();
+    }
+    free(x), free(y), free(v), free(bias), free(ref);
+}
+
+// Channels-last maps x[B, HW, C]: concat_channels (rows of a then b), exact.
 static void test_layout_nhwc(int B, int64_t HW, int C1, int C2) {
-    if (!have("add_channel_nhwc/concat_channels", g_be->add_channel_nhwc && g_be->concat_channels))
-        return;
+    if (!have("add_nhwc/concat_channels", g_be->add_nhwc && g_be->concat_channels)) return;
+    test_add_nhwc(B, HW, C1);
     const int64_t M = (int64_t)B * HW, n1 = M * C1, n2 = M * C2, no = n1 + n2;
     char name[128];
     float *a = host_rand(n1, -1, 1), *b = host_rand(n2, -1, 1);
-    float *v = host_rand((int64_t)B * C1, -2, 2);
     double *ref = malloc(no * sizeof(double));
-    dc_buf ad = dev_from(a, n1), bd = dev_from(b, n2), vd = dev_from(v, (int64_t)B * C1);
+    dc_buf ad = dev_from(a, n1), bd = dev_from(b, n2);
     dc_buf out = dev_nan(no);
-    g_be->add_channel_nhwc(g_be, ad, vd, B, C1, HW);
     float *added = dev_get(ad, n1);
-    bool exact = true;
-    for (int64_t k = 0; k < n1; k++)  // one rounding, as fp32 does it
-        exact &= added[k] == (float)((double)a[k] + v[k / (HW * C1) * C1 + k % C1]);
-    snprintf(name, sizeof name, "add_channel_nhwc B%d HW%lld C%d (exact)", B, (long long)HW, C1);
-    report(name, exact ? 0 : INFINITY, 0);
     for (int64_t m = 0; m < M; m++) {
         for (int c = 0; c < C1; c++) ref[m * (C1 + C2) + c] = added[m * C1 + c];
         for (int c = 0; c < C2; c++) ref[m * (C1 + C2) + C1 + c] = b[m * C2 + c];
@@ -520,7 +544,7 @@ static void test_layout_nhwc(int B, int64_t HW, int C1, int C2) {
     float *got = dev_get(out, no);
     snprintf(name, sizeof name, "concat_channels M%lld %d+%d (exact)", (long long)M, C1, C2);
     report(name, nerr(got, ref, no) == 0 ? 0 : INFINITY, 0);
-    free(a), free(b), free(v), free(ref), free(added), free(got);
+    free(a), free(b), free(ref), free(added), free(got);
     dev_free_all();
 }
 

@@ -145,6 +145,34 @@ static int eval_unet(void *ctx, dc_buf out, dc_buf x, dc_buf t, const dc_cond *c
     return dc_model_forward(ctx, out, x, t, cond, B);
 }
 
+// A recorded sampler runs again (a second picture): its graph is replayed
+// from the first step and gives the same latents; once a device buffer has
+// been freed the graph is no longer valid, is recorded afresh, and still
+// gives them.
+static int test_graph_kept(dc_ksampler *ks, dc_buf x, const dc_cond *cond, const uint32_t *idx, dc_model *m,
+                           const float *want, int64_t n, const char *set) {
+    float *got = malloc(sizeof(float) * n);
+    void *g = ks->graph;
+    int rc = 0;
+    for (int run = 0; run < 2 && !rc; run++) {
+        if (run == 1) {  // a buffer freed: any graph may point at it
+            g_be->free(g_be, g_be->alloc(g_be, 4096));
+            if (g) CHECK(!g_be->graph_valid(g_be, g), "%s: a graph stays valid after a buffer was freed", set);
+        }
+        for (int64_t i = 0; i < n; i++) got[i] = NAN;
+        rc = dc_ksampler_run(ks, x, cond, idx, 2, eval_unet, m, NULL, NULL);
+        if (rc) break;
+        buf_down(x, got, n);
+        const double e = nerr(got, want, n);  // as below: only a nondeterministic kernel choice may differ
+        CHECK(e <= 1e-6, "%s: run %d of a recorded sampler differs from its first by %.3e", set, run + 2, e);
+        if (run == 0 && g) CHECK(ks->graph == g, "%s: the second run recorded its graph again", set);
+        if (run == 0) printf("  %s: a second run of the sampler: the same latents%s\n", set,
+                             g ? ", its graph replayed from the first step" : "");
+    }
+    free(got);
+    return rc;
+}
+
 // Guided sampling whose model calls replay a recorded graph (as txt2img runs
 // them) gives what calling the model op by op gives. On a backend without
 // graphs both runs are direct (the CPU); a GPU is where this checks capture:
@@ -172,6 +200,7 @@ static void test_recorded_steps(dc_model *m, const dc_unet_config *c, const char
         dc_cond cond = {.ctx = dctx, .len = L, .dim = D};
         if (!rc) rc = dc_ksampler_run(&ks, x, &cond, idx, B, eval_unet, m, NULL, NULL);
         if (!rc) buf_down(x, r[k], n);
+        if (!rc && k == 1) rc = test_graph_kept(&ks, x, &cond, idx, m, r[1], n, set);
         if (!rc) dc_ksampler_free(&ks);
     }
     CHECK(rc == 0, "%s: sampling: %s", set, rc ? dc_error() : "");

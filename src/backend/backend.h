@@ -294,8 +294,12 @@ struct dc_backend {
                                 bool silu);
     // out[B, 2H, 2W, C] = x[B, H, W, C], each pixel repeated over a 2x2 block (nearest).
     void (*upsample2x_nhwc_fwd)(dc_backend *be, dc_buf out, dc_buf x, int B, int C, int H, int W);
-    // x[B, HW, C] += v[B, C], v broadcast over HW.
-    void (*add_channel_nhwc)(dc_backend *be, dc_buf x, dc_buf v, int B, int C, int64_t HW);
+    // x[B, HW, C] += y[B, HW, C] + v[B, C] + bias[C], v broadcast over HW and
+    // bias over every pixel; each term optional (a buffer with a NULL
+    // pointer). bias may be a weight in its loaded dtype. The sum is rounded
+    // once into x, so a conv's bias can join the add that follows it (a
+    // resnet's time embedding or residual) instead of a pass of its own.
+    void (*add_nhwc)(dc_backend *be, dc_buf x, dc_buf y, dc_buf v, dc_buf bias, int B, int C, int64_t HW);
     // out[M, C1 + C2] = [a[M, C1] | b[M, C2]] row by row: torch.cat along channels
     // of channels-last maps (M = B HW). Same dtype throughout; out overlaps neither.
     void (*concat_channels)(dc_backend *be, dc_buf out, dc_buf a, int C1, dc_buf b, int C2, int64_t M);
@@ -309,6 +313,10 @@ struct dc_backend {
     void *(*graph_capture)(dc_backend *be, int (*fn)(void *arg), void *arg);
     void (*graph_launch)(dc_backend *be, void *graph);
     void (*graph_free)(dc_backend *be, void *graph);
+    // Whether a recorded graph may still be replayed: false once any device
+    // buffer has been freed or replaced since it was recorded (it may point
+    // at one), so a caller can keep a graph across runs safely.
+    bool (*graph_valid)(dc_backend *be, void *graph);
     // TFLOP/s of a large matrix product in the compute dtype, timed now (the
     // peak that MFU is quoted against); 0 with a message if it cannot run.
     double (*gemm_peak)(dc_backend *be);

@@ -242,9 +242,13 @@ int dc_ksampler_run(dc_ksampler *s, dc_buf x, const dc_cond *cond, const uint32_
     dc_backend *be = s->be;
     int64_t HW = (int64_t)s->H * s->W, n = (int64_t)s->C * HW, bn = (int64_t)B * n;
     int total = s->opt.steps;
-    // A graph from an earlier run holds its batch size and perhaps buffers
-    // the model has since replaced: record afresh in every run.
-    if (s->graph) be->graph_free(be, s->graph), s->graph = NULL;
+    // A graph from an earlier run is replayed from the first step when it was
+    // recorded at this batch size and the backend has freed no buffer since
+    // (the model's and the backend's buffers are the same then); else it is
+    // recorded afresh.
+    if (s->graph && (s->graph_B != B || !be->graph_valid || !be->graph_valid(be, s->graph)))
+        be->graph_free(be, s->graph), s->graph = NULL;
+    s->graph_B = B;
     model_call mc = {s, B, eval, ctx};
 
     const int first = s->opt.skip;

@@ -106,7 +106,8 @@ typedef struct {
     dc_cond cond;
     float *t_host;         // [rows]
     float *ca, *cb;        // [max_batch] per-sample coefficients for q_sample
-    void *graph;           // the recorded model call of the current run (opt.graph)
+    void *graph;           // the recorded model call (opt.graph), kept across runs while valid
+    int graph_B;           // the batch it was recorded at
 } dc_ksampler;
 
 // Builds the SD schedule and the plan and allocates the scratch for batches

@@ -114,7 +114,7 @@ static int run_model(void *arg) {
 }
 
 int dc_sample_step_recorded(dc_backend *be, void **graph, bool record, bool first, int (*fn)(void *), void *arg) {
-    if (!record || !be->graph_capture || first) return fn(arg);
+    if (!record || !be->graph_capture || (first && !*graph)) return fn(arg);
     if (!*graph && !(*graph = be->graph_capture(be, fn, arg))) return -1;
     be->graph_launch(be, *graph);
     return 0;

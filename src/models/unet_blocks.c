@@ -140,19 +140,22 @@ void unet_resnet_fwd(dc_backend *be, const dc_params *ps, const unet_resnet *r, 
     const int64_t HW = (int64_t)H * W;
     const dc_conv2d_shape s3 = dc_conv2d_shape_of(&r->conv1, B, H, W);
     const dc_conv2d_shape s3b = dc_conv2d_shape_of(&r->conv2, B, H, W);
+    // The convolutions' biases join the adds that follow them (the time
+    // embedding, the residual): one pass over the map fewer each.
+    const dc_buf none = dc_buf_none();
     dc_group_norm_nhwc_fwd(be, ps, &r->norm1, s->r0, s->gn_mean, s->gn_rstd, x, B, HW, true);
-    dc_conv2d_fwd(be, ps, &r->conv1, s->r1, s->r0, &s3);                  // r1 [B, HW, co]
+    dc_conv2d_fwd_nobias(be, ps, &r->conv1, s->r1, s->r0, &s3);           // r1 [B, HW, co]
     dc_linear_fwd(be, ps, &r->temb, s->tproj, s->silu_temb, B);           // [B, co]
-    be->add_channel_nhwc(be, s->r1, s->tproj, B, r->co, HW);
+    be->add_nhwc(be, s->r1, none, s->tproj, dc_conv2d_bias(ps, &r->conv1), B, r->co, HW);
     dc_group_norm_nhwc_fwd(be, ps, &r->norm2, s->r0, s->gn_mean, s->gn_rstd, s->r1, B, HW, true);
-    dc_conv2d_fwd(be, ps, &r->conv2, out, s->r0, &s3b);
+    dc_conv2d_fwd_nobias(be, ps, &r->conv2, out, s->r0, &s3b);
+    dc_buf skip = x;
     if (r->shortcut.w >= 0) {
         const dc_conv2d_shape s1 = dc_conv2d_shape_of(&r->shortcut, B, H, W);
         dc_conv2d_fwd(be, ps, &r->shortcut, s->r1, x, &s1);
-        be->axpy(be, out, s->r1, 1.0f, B * r->co * HW);
-    } else {
-        be->axpy(be, out, x, 1.0f, B * r->co * HW);
+        skip = s->r1;
     }
+    be->add_nhwc(be, out, skip, none, dc_conv2d_bias(ps, &r->conv2), B, r->co, HW);
 }
 
 // Multi-head attention of q [B, Tq, C] over k, v [B, Tk, C] (heads side by

@@ -101,6 +101,15 @@ static inline void dc_conv2d_fwd(dc_backend *be, const dc_params *ps, const dc_c
                                  const dc_conv2d_shape *s) {
     be->conv2d_fwd(be, y, x, dc_param_w(ps, c->w), dc_param_w(ps, c->b), s);
 }
+// y = conv(x) without the bias, which the caller adds in the op that follows
+// (add_nhwc with dc_conv2d_bias).
+static inline void dc_conv2d_fwd_nobias(dc_backend *be, const dc_params *ps, const dc_conv2d *c, dc_buf y, dc_buf x,
+                                        const dc_conv2d_shape *s) {
+    be->conv2d_fwd(be, y, x, dc_param_w(ps, c->w), dc_buf_none(), s);
+}
+static inline dc_buf dc_conv2d_bias(const dc_params *ps, const dc_conv2d *c) {
+    return c->b >= 0 ? dc_param_w(ps, c->b) : dc_buf_none();
+}
 static inline void dc_conv2d_bwd(dc_backend *be, const dc_params *ps, const dc_conv2d *c, dc_buf dx, dc_buf dy,
                                  dc_buf x, const dc_conv2d_shape *s, bool accumulate) {
     be->conv2d_bwd(be, dx, dc_param_grad(ps, c->w), dc_param_grad(ps, c->b), dy, x, dc_param_w(ps, c->w), s,

@@ -307,6 +307,12 @@ int dc_sd_generate(dc_sd_pipe *p, const dc_sd_gen *g, dc_sd_picture_fn on_pictur
         }
     }
 
+    // Both models' plans before the first batch, where they fit together: a
+    // plan made later (the VAE's, after the first batch's sampling) could
+    // replace a workspace the recorded step graph uses, which would then be
+    // recorded again for the second batch.
+    if (!rc) rc = plan_for(p, true, rows, B, g->height, g->width);
+    if (!rc) rc = plan_for(p, false, rows, B, g->height, g->width);
     step_progress sp = {progress, pctx, 0, (o.steps - o.skip) * ((g->count + B - 1) / B)};
     for (int i0 = 0; i0 < g->count && !rc; i0 += B) {
         const int n = g->count - i0 < B ? g->count - i0 : B;

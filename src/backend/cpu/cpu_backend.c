@@ -229,7 +229,7 @@ dc_backend *dc_backend_cpu_create(void) {
         .channel_sum = dc_cpu_channel_sum,
         .group_norm_nhwc_fwd = dc_cpu_group_norm_nhwc_fwd,
         .upsample2x_nhwc_fwd = dc_cpu_upsample2x_nhwc_fwd,
-        .add_channel_nhwc = dc_cpu_add_channel_nhwc,
+        .add_nhwc = dc_cpu_add_nhwc,
         .concat_channels = dc_cpu_concat_channels,
         .alloc_pinned = cpu_alloc,
         .free_pinned = cpu_free,

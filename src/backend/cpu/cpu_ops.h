@@ -180,7 +180,7 @@ void dc_cpu_activation_fwd(dc_backend *be, dc_buf out, dc_buf inp, int64_t n, dc
 void dc_cpu_activation_bwd(dc_backend *be, dc_buf dinp, dc_buf dout, dc_buf inp, int64_t n,
                            dc_act act, bool accumulate);
 void dc_cpu_upsample2x_nhwc_fwd(dc_backend *be, dc_buf out, dc_buf x, int B, int C, int H, int W);
-void dc_cpu_add_channel_nhwc(dc_backend *be, dc_buf x, dc_buf v, int B, int C, int64_t HW);
+void dc_cpu_add_nhwc(dc_backend *be, dc_buf x, dc_buf y, dc_buf v, dc_buf bias, int B, int C, int64_t HW);
 void dc_cpu_concat_channels(dc_backend *be, dc_buf out, dc_buf a, int C1, dc_buf b, int C2,
                             int64_t M);
 

@@ -368,17 +368,22 @@ void dc_cpu_upsample2x_nhwc_fwd(dc_backend *be, dc_buf out_, dc_buf x_, int B, i
     }
 }
 
-void dc_cpu_add_channel_nhwc(dc_backend *be, dc_buf x_, dc_buf v_, int B, int C, int64_t HW) {
-    (void)be;
-    float *x = dc_cpu_f32(x_);        // [B, HW, C]
-    const float *v = dc_cpu_f32(v_);  // [B, C]
+void dc_cpu_add_nhwc(dc_backend *be, dc_buf x_, dc_buf y_, dc_buf v_, dc_buf bias_, int B, int C, int64_t HW) {
+    float *x = dc_cpu_f32(x_);                          // [B, HW, C]
+    const float *y = y_.p ? dc_cpu_f32(y_) : NULL;      // [B, HW, C]
+    const float *v = v_.p ? dc_cpu_f32(v_) : NULL;      // [B, C]
+    const float *bias = bias_.p ? dc_cpu_weight(be, bias_, C, DC_CPU_WIDE_B) : NULL;  // [C]
+    if (bias_.p && !bias) return;                       // recorded for status
     const int64_t rows = (int64_t)B * HW;
 #pragma omp parallel for schedule(static) if (rows * C > DC_CPU_PAR_MIN)
     for (int64_t r = 0; r < rows; r++) {
         float *xr = x + r * C;
-        const float *vb = v + r / HW * C;
-#pragma omp simd
-        for (int c = 0; c < C; c++) xr[c] += vb[c];
+        const float *yr = y ? y + r * C : NULL, *vb = v ? v + r / HW * C : NULL;
+        for (int c = 0; c < C; c++) {
+            float a = vb ? vb[c] : 0.0f;  // x + (y + (v + bias)), as the GPU adds them
+            if (bias) a += bias[c];
+            xr[c] += yr ? yr[c] + a : a;
+        }
     }
 }
 

@@ -71,6 +71,7 @@ static void cu_free(dc_backend *be, void *p) {
         c->allocs[i] = c->allocs[--c->nallocs];
         break;
     }
+    c->frees++;
     DC_CUDA(be, cudaFree(p));  // implicitly waits for the work that uses it
 }
 
@@ -148,6 +149,13 @@ static int cu_reserve(dc_backend *be, int max_tokens, int head_dim) {
 }
 
 // ---- graphs ---------------------------------------------------------------------------
+// A graph remembers how many buffers the context had freed when it was
+// recorded: once another is freed, the graph may point at it (graph_valid).
+typedef struct {
+    cudaGraphExec_t exec;
+    uint64_t frees;
+} cu_graph;
+
 // An op that fails inside fn is recorded like any other; a capture that
 // cudaStreamEndCapture or instantiation refuses is not (nothing ran, and the
 // stream is back to normal), so the caller may go on without a graph.
@@ -179,21 +187,36 @@ static void *cu_graph_capture(dc_backend *be, int (*fn)(void *arg), void *arg) {
         dc_fail("cuda: graph capture failed: %s", cudaGetErrorString(e));
         return NULL;
     }
-    return exec;
+    cu_graph *g2 = (cu_graph *)malloc(sizeof *g2);
+    if (!g2) {
+        if (c->prof) dc_cuda_prof_graph_free(c, exec);
+        cudaGraphExecDestroy(exec);
+        dc_fail("out of host memory for a graph");
+        return NULL;
+    }
+    *g2 = (cu_graph){exec, c->frees};
+    return g2;
 }
 
 static void cu_graph_launch(dc_backend *be, void *graph) {
     dc_cuda_ctx *c = dc_cuda(be);
     if (c->failed) return;
     if (c->prof) dc_cuda_prof_mark(c, DC_CUDA_PROF_GRAPH_LAUNCH);
-    DC_CUDA(be, cudaGraphLaunch((cudaGraphExec_t)graph, c->stream));
-    if (c->prof) dc_cuda_prof_graph_ran(c, graph);
+    cu_graph *g = (cu_graph *)graph;
+    DC_CUDA(be, cudaGraphLaunch(g->exec, c->stream));
+    if (c->prof) dc_cuda_prof_graph_ran(c, g->exec);
 }
 
 static void cu_graph_free(dc_backend *be, void *graph) {
     if (!graph) return;
-    if (dc_cuda(be)->prof) dc_cuda_prof_graph_free(dc_cuda(be), graph);
-    cudaGraphExecDestroy((cudaGraphExec_t)graph);
+    cu_graph *g = (cu_graph *)graph;
+    if (dc_cuda(be)->prof) dc_cuda_prof_graph_free(dc_cuda(be), g->exec);
+    cudaGraphExecDestroy(g->exec);
+    free(g);
+}
+
+static bool cu_graph_valid(dc_backend *be, void *graph) {
+    return graph && ((cu_graph *)graph)->frees == dc_cuda(be)->frees;
 }
 
 // ---- creation ----------------------------------------------------------------------------
@@ -349,12 +372,13 @@ extern "C" dc_backend *dc_backend_cuda_create(bool fp32) {
         .channel_sum = dc_cuda_channel_sum,
         .group_norm_nhwc_fwd = dc_cuda_group_norm_nhwc_fwd,
         .upsample2x_nhwc_fwd = dc_cuda_upsample2x_nhwc_fwd,
-        .add_channel_nhwc = dc_cuda_add_channel_nhwc,
+        .add_nhwc = dc_cuda_add_nhwc,
         .concat_channels = dc_cuda_concat_channels,
         .memory = cu_memory,
         .graph_capture = cu_graph_capture,
         .graph_launch = cu_graph_launch,
         .graph_free = cu_graph_free,
+        .graph_valid = cu_graph_valid,
         .gemm_peak = dc_cuda_gemm_peak,
         .stream = cu_stream,
         .alloc_pinned = dc_cuda_alloc_pinned,

@@ -157,3 +157,11 @@ static inline dc_rows_geom dc_rows_geom_make(int C, int V, int threads) {
     g.rt = threads / g.ct;
     return g;
 }
+// Rows a block takes: up to `per` rows a thread, fewer while that leaves the
+// GPU fewer than about a thousand blocks (a batch of two 64x64 maps in eight-
+// row chunks made 172 blocks, too few loads in flight to approach the
+// memory's bandwidth). `rows` counts all of the maps' rows.
+static inline int64_t dc_rows_chunk(const dc_rows_geom *g, int64_t rows, int per) {
+    while (per > 1 && (rows + (int64_t)per * g->rt - 1) / ((int64_t)per * g->rt) * g->tiles < 1024) per /= 2;
+    return (int64_t)per * g->rt;
+}

@@ -300,12 +300,14 @@ extern "C" void dc_cuda_conv_free(dc_cuda_ctx *c) {
     if (c->conv_ws) cudaFree(c->conv_ws);
     if (c->conv_scratch) cudaFree(c->conv_scratch);
     c->conv_ws = c->conv_scratch = NULL, c->conv_ws_bytes = c->conv_scratch_bytes = 0;
+    c->frees++;
 }
 
 // Replaces *p by a buffer of `bytes` if it is smaller (grow-only); -1 with a
 // message if the GPU cannot give it (the old one is gone then too).
-static int grow(void **p, size_t *have, size_t bytes, const char *what) {
+static int grow(dc_cuda_ctx *c, void **p, size_t *have, size_t bytes, const char *what) {
     if (bytes <= *have) return 0;
+    c->frees += *p != NULL;  // a graph that uses the old one is stale
     if (*p) cudaFree(*p);  // waits for the work that uses it
     *p = NULL, *have = 0;
     cudaError_t e = cudaMalloc(p, bytes);
@@ -334,8 +336,8 @@ extern "C" int dc_cuda_reserve_conv(dc_backend *be, const dc_conv2d_shape *s, bo
     size_t limit = c->conv_ws_bytes > CONV_WS_MAX ? c->conv_ws_bytes : CONV_WS_MAX;
     dc_conv_plan *p = plan_get(c, s, be->compute, limit, err, sizeof err);
     if (!p) return cudaGetLastError(), dc_fail("%s", err);
-    DC_TRY(grow(&c->conv_ws, &c->conv_ws_bytes, op_ws(p, backward), "the convolution workspace"));
-    DC_TRY(grow(&c->conv_scratch, &c->conv_scratch_bytes, scratch_bytes(s, backward), "the convolution scratch"));
+    DC_TRY(grow(c, &c->conv_ws, &c->conv_ws_bytes, op_ws(p, backward), "the convolution workspace"));
+    DC_TRY(grow(c, &c->conv_scratch, &c->conv_scratch_bytes, scratch_bytes(s, backward), "the convolution scratch"));
     return 0;
 }
 
@@ -523,7 +525,7 @@ static void conv_bias(dc_backend *be, dc_buf out, dc_buf b, const dc_conv2d_shap
     }
     const int64_t M = s->B * HW;
     const dc_rows_geom g = dc_rows_geom_make(s->Co, dc_vec_width(s->Co, out, dc_buf_none(), dc_buf_none()), TPB);
-    const int64_t chunk = 8 * (int64_t)g.rt;  // eight rows a thread
+    const int64_t chunk = dc_rows_chunk(&g, M, 8);
     const dim3 grid((unsigned)((M + chunk - 1) / chunk), (unsigned)g.tiles), block(g.ct, g.rt);
     if (g.V == 8)
         k_conv_bias_nhwc<8><<<grid, block, 0, st>>>(out.p, BF(out), b.p, BF(b), M, s->Co, g.cols, chunk);

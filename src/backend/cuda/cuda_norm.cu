@@ -266,9 +266,9 @@ extern "C" void dc_cuda_group_norm_nhwc_fwd(dc_backend *be, dc_buf out, dc_buf m
     const int64_t chunks = gn_nhwc_chunks(HW, C), rows_per = (HW + chunks - 1) / chunks;
     dc_rows_geom gs = dc_rows_geom_make(C, V, 32);
     gs.rt = GN_RT;
-    // kernel 3: chunks of eight rows a thread
+    // kernel 3: chunks of up to eight rows a thread
     const dc_rows_geom ga = dc_rows_geom_make(C, V, NT);
-    const int64_t rows_apply = 8 * (int64_t)ga.rt, cps = (HW + rows_apply - 1) / rows_apply;
+    const int64_t rows_apply = dc_rows_chunk(&ga, (int64_t)B * HW, 8), cps = (HW + rows_apply - 1) / rows_apply;
     // samples per piece: their partials fit the workspace, and grid.z (65535) holds them
     int64_t piece = DC_CUDA_NORM_WS / 2 / (chunks * C);
     if (piece > 65535) piece = 65535;
@@ -429,6 +429,55 @@ __global__ void k_ln_fwd(void *out, int obf, float *mean, float *rstd, const voi
     if (lane == 0) mean[row] = m, rstd[row] = r;
 }
 
+// Rows of whole 16-byte vectors (D a multiple of 8, up to 2048; every buffer
+// aligned): a warp per row as above, but each lane holds its NV vectors of 8
+// values in registers, so x is read once with one access per 8 values, and
+// the sums are taken in float (lanes in order of their vectors, then the
+// fixed butterfly). A warp per row of 320 that loaded one value at a time
+// and summed in double left the SD UNet's layer norms bound by the count of
+// instructions (11-14 us a call at 2 rows against about 4 of memory time).
+template <int NV>
+__global__ void k_ln_fwd_v8(void *out, int obf, float *mean, float *rstd, const void *x, int xbf, const void *gamma,
+                            int gbf, const void *beta, int bbf, int64_t M, int D, float eps) {
+    const int64_t row = blockIdx.x * (int64_t)ROWS + threadIdx.y;
+    const int lane = threadIdx.x, nvec = D / 8;
+    if (row >= M) return;
+    const int64_t base = row * D;
+    float v[NV][8];
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+        const int i = lane + 32 * k;
+        if (i >= nvec) break;
+        dc_ldv<8>(v[k], x, base + 8 * i, xbf);
+#pragma unroll
+        for (int e = 0; e < 8; e++) s += v[k][e];
+    }
+    const float mu = dc_warp_sum(s) / D;
+    float ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+        if (lane + 32 * k >= nvec) break;
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            const float t = v[k][e] - mu;
+            ss += t * t;
+        }
+    }
+    const float r = dc_norm_rstd((double)(dc_warp_sum(ss) / D), eps);
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+        const int i = lane + 32 * k;
+        if (i >= nvec) break;
+        float g[8], b[8];
+        dc_ldv<8>(g, gamma, 8 * i, gbf), dc_ldv<8>(b, beta, 8 * i, bbf);
+#pragma unroll
+        for (int e = 0; e < 8; e++) v[k][e] = dc_norm_affine(dc_norm_xhat(v[k][e], mu, r), g[e], b[e]);
+        dc_stv<8>(out, base + 8 * i, v[k], obf);
+    }
+    if (lane == 0) mean[row] = mu, rstd[row] = r;
+}
+
 extern "C" void dc_cuda_layer_norm_fwd(dc_backend *be, dc_buf out, dc_buf mean, dc_buf rstd, dc_buf x, dc_buf gamma,
                                        dc_buf beta, int64_t M, int D, float eps) {
     DC_CUDA_OP(be);
@@ -437,6 +486,25 @@ extern "C" void dc_cuda_layer_norm_fwd(dc_backend *be, dc_buf out, dc_buf mean, 
                      dc_dtype_name(rstd.dt));
     if (M <= 0 || D <= 0) return;
     dim3 block(32, ROWS);
+    const unsigned grid = (unsigned)((M + ROWS - 1) / ROWS);
+    const int nv = (D / 8 + 31) / 32;
+    cudaStream_t st = dc_cuda(be)->stream;
+    float *mu = (float *)mean.p, *r = (float *)rstd.p;
+    if (D % 8 == 0 && nv <= 8 && dc_vec_width(8, x, out, gamma) == 8 && dc_vec_width(8, beta, dc_buf_none(), dc_buf_none()) == 8) {
+#define LN_V8(n) k_ln_fwd_v8<n><<<grid, block, 0, st>>>(out.p, BF(out), mu, r, x.p, BF(x), gamma.p, BF(gamma), beta.p, BF(beta), M, D, eps)
+        switch (nv) {
+        case 1: LN_V8(1); break;
+        case 2: LN_V8(2); break;
+        case 3: LN_V8(3); break;
+        case 4: LN_V8(4); break;
+        case 5: LN_V8(5); break;
+        case 6: LN_V8(6); break;
+        default: LN_V8(8); break;
+        }
+#undef LN_V8
+        DC_CUDA_LAUNCHED(be);
+        return;
+    }
     k_ln_fwd<<<(unsigned)((M + ROWS - 1) / ROWS), block, 0, dc_cuda(be)->stream>>>(out.p, BF(out), (float *)mean.p, (float *)rstd.p,
                                                                   x.p, BF(x), gamma.p, BF(gamma), beta.p, BF(beta), M,
                                                                   D, eps);

@@ -58,6 +58,7 @@ typedef struct {
     dc_cuda_alloc_rec *allocs;     // live allocations
     int nallocs, cap_allocs;
     size_t bytes_now, bytes_peak;  // device memory we hold
+    uint64_t frees;           // device buffers freed or replaced so far (a graph's validity)
     bool failed;              // an op has failed: err says how, and nothing runs any more
     char err[512];
     dc_cuda_prof *prof;       // DC_CUDA_PROFILE=1: per-op GPU time (cuda_profile.cu), else NULL
@@ -184,7 +185,7 @@ void dc_cuda_channel_sum(dc_backend *be, dc_buf dv, dc_buf dx, int B, int C, int
 
 // ---- channels-last maps (cuda_pointwise.cu; group norm in cuda_norm.cu) ----
 void dc_cuda_upsample2x_nhwc_fwd(dc_backend *be, dc_buf out, dc_buf x, int B, int C, int H, int W);
-void dc_cuda_add_channel_nhwc(dc_backend *be, dc_buf x, dc_buf v, int B, int C, int64_t HW);
+void dc_cuda_add_nhwc(dc_backend *be, dc_buf x, dc_buf y, dc_buf v, dc_buf bias, int B, int C, int64_t HW);
 void dc_cuda_concat_channels(dc_backend *be, dc_buf out, dc_buf a, int C1, dc_buf b, int C2, int64_t M);
 
 // ---- convolutions through cuDNN (cuda_conv.cu) ----

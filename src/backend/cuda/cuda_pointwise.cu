@@ -535,7 +535,7 @@ extern "C" void dc_cuda_upsample2x_nhwc_fwd(dc_backend *be, dc_buf out, dc_buf x
     const int64_t pixels = (int64_t)B * H * W;
     if (pixels == 0 || C == 0) return;
     const dc_rows_geom g = dc_rows_geom_make(C, dc_vec_width(C, x, out, dc_buf_none()), TPB);
-    const int64_t chunk = 4 * (int64_t)g.rt;  // four pixels a thread: sixteen stores
+    const int64_t chunk = dc_rows_chunk(&g, pixels, 4);  // up to four pixels a thread: sixteen stores
     const dim3 grid((unsigned)((pixels + chunk - 1) / chunk), (unsigned)g.tiles), block(g.ct, g.rt);
     if (g.V == 8)
         k_upsample2x_nhwc<8><<<grid, block, 0, S(be)>>>(out.p, BF(out), x.p, BF(x), pixels, W, C, g.cols, chunk);
@@ -546,45 +546,57 @@ extern "C" void dc_cuda_upsample2x_nhwc_fwd(dc_backend *be, dc_buf out, dc_buf x
     DC_CUDA_LAUNCHED(be);
 }
 
-// x[b, p, c] += v[b, c]. Block (chunk of a sample's pixels, tile of columns):
-// blockIdx.x = b cps + chunk; v's values are read once a thread, one by one
-// (v may lie at any offset).
+// x[b, p, c] += y[b, p, c] + v[b, c] + bias[c], each term optional (NULL).
+// Block (chunk of a sample's pixels, tile of columns): blockIdx.x = b cps +
+// chunk; v's and bias's values are read once a thread, one by one (they may
+// lie at any offset).
 template <int V>
-__global__ void k_add_channel_nhwc(void *x, int xbf, const void *v, int vbf, int64_t HW, int C, int cols, int64_t cps,
-                                   int64_t chunk) {
+__global__ void k_add_nhwc(void *x, int xbf, const void *y, int ybf, const void *v, int vbf, const void *bias,
+                           int bbf, int64_t HW, int C, int cols, int64_t cps, int64_t chunk) {
     const int col = blockIdx.y * blockDim.x + threadIdx.x;
     if (col >= cols) return;
     const int64_t b = blockIdx.x / cps, p0 = blockIdx.x % cps * chunk;
     const int64_t p1 = p0 + chunk < HW ? p0 + chunk : HW;
     const int c = col * V;
     float a[V];
-    for (int k = 0; k < V; k++) a[k] = dc_ld(v, b * C + c + k, vbf);
+    for (int k = 0; k < V; k++) {
+        a[k] = v ? dc_ld(v, b * C + c + k, vbf) : 0.0f;
+        if (bias) a[k] += dc_ld(bias, c + k, bbf);
+    }
     const int64_t base = b * HW * C + c;
     for (int64_t p = p0 + threadIdx.y; p < p1; p += blockDim.y) {
-        float y[V];
-        dc_ldv<V>(y, x, base + p * C, xbf);
-        for (int k = 0; k < V; k++) y[k] += a[k];
-        dc_stv<V>(x, base + p * C, y, xbf);
+        float t[V], u[V];
+        dc_ldv<V>(t, x, base + p * C, xbf);
+        if (y) {
+            dc_ldv<V>(u, y, base + p * C, ybf);
+            for (int k = 0; k < V; k++) t[k] += u[k] + a[k];
+        } else {
+            for (int k = 0; k < V; k++) t[k] += a[k];
+        }
+        dc_stv<V>(x, base + p * C, t, xbf);
     }
 }
 
-extern "C" void dc_cuda_add_channel_nhwc(dc_backend *be, dc_buf x, dc_buf v, int B, int C, int64_t HW) {
+extern "C" void dc_cuda_add_nhwc(dc_backend *be, dc_buf x, dc_buf y, dc_buf v, dc_buf bias, int B, int C,
+                                 int64_t HW) {
     DC_CUDA_OP(be);
-    if (!float_dt(x.dt) || !float_dt(v.dt))
-        DC_CUDA_FAIL(be, "add_channel dtypes: x %s, v %s (each F32 or BF16)", dc_dtype_name(x.dt),
-                     dc_dtype_name(v.dt));
+    if (!float_dt(x.dt) || (y.p && !float_dt(y.dt)) || (v.p && !float_dt(v.dt)) || (bias.p && !float_dt(bias.dt)))
+        DC_CUDA_FAIL(be, "add_nhwc dtypes: x %s, y %s, v %s, bias %s (each F32 or BF16)", dc_dtype_name(x.dt),
+                     y.p ? dc_dtype_name(y.dt) : "-", v.p ? dc_dtype_name(v.dt) : "-",
+                     bias.p ? dc_dtype_name(bias.dt) : "-");
     if (B < 0 || C < 0 || HW < 0)
-        DC_CUDA_FAIL(be, "add_channel over %d maps of %d channels and %lld pixels", B, C, (long long)HW);
+        DC_CUDA_FAIL(be, "add_nhwc over %d maps of %d channels and %lld pixels", B, C, (long long)HW);
     if (B == 0 || C == 0 || HW == 0) return;
-    const dc_rows_geom g = dc_rows_geom_make(C, dc_vec_width(C, x, dc_buf_none(), dc_buf_none()), TPB);
-    const int64_t chunk = 8 * (int64_t)g.rt, cps = (HW + chunk - 1) / chunk;
+    const dc_rows_geom g = dc_rows_geom_make(C, dc_vec_width(C, x, y, dc_buf_none()), TPB);
+    const int64_t chunk = dc_rows_chunk(&g, (int64_t)B * HW, 8), cps = (HW + chunk - 1) / chunk;
     const dim3 grid((unsigned)(B * cps), (unsigned)g.tiles), block(g.ct, g.rt);
-    if (g.V == 8)
-        k_add_channel_nhwc<8><<<grid, block, 0, S(be)>>>(x.p, BF(x), v.p, BF(v), HW, C, g.cols, cps, chunk);
-    else if (g.V == 4)
-        k_add_channel_nhwc<4><<<grid, block, 0, S(be)>>>(x.p, BF(x), v.p, BF(v), HW, C, g.cols, cps, chunk);
-    else
-        k_add_channel_nhwc<1><<<grid, block, 0, S(be)>>>(x.p, BF(x), v.p, BF(v), HW, C, g.cols, cps, chunk);
+#define ADD_NHWC(n)                                                                                             \
+    k_add_nhwc<n><<<grid, block, 0, S(be)>>>(x.p, BF(x), y.p, BF(y), v.p, BF(v), bias.p, BF(bias), HW, C, g.cols, \
+                                             cps, chunk)
+    if (g.V == 8) ADD_NHWC(8);
+    else if (g.V == 4) ADD_NHWC(4);
+    else ADD_NHWC(1);
+#undef ADD_NHWC
     DC_CUDA_LAUNCHED(be);
 }
 
