@@ -27,10 +27,13 @@ int dc_cuda_copy_start(dc_cuda_ctx *c) {
     if (e == cudaSuccess && !shared) e = cudaStreamCreateWithFlags(&c->copy_stream[1], cudaStreamNonBlocking);
     if (e == cudaSuccess && shared) c->copy_stream[1] = c->copy_stream[0];
     if (e == cudaSuccess) e = cudaEventCreateWithFlags(&c->copy_after, cudaEventDisableTiming);
-    // every slot starts recorded (complete), so a wait on any ticket returns
+    // Every slot starts recorded (complete), so a wait on any ticket returns.
+    // A host waiting on one sleeps rather than spins (BlockingSync): the
+    // waiters are the offload's threads, which would otherwise take a core
+    // from the CPU's optimizer step running beside them.
     for (int d = 0; d < 2; d++)
         for (int i = 0; i < DC_CUDA_COPY_EVENTS && e == cudaSuccess; i++) {
-            e = cudaEventCreateWithFlags(&c->copy_ev[d][i], cudaEventDisableTiming);
+            e = cudaEventCreateWithFlags(&c->copy_ev[d][i], cudaEventDisableTiming | cudaEventBlockingSync);
             if (e == cudaSuccess) e = cudaEventRecord(c->copy_ev[d][i], c->copy_stream[d]);
         }
     if (e != cudaSuccess)

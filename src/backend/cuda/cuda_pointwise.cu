@@ -606,8 +606,21 @@ static bool overlap(const void *p, size_t n, const void *q, size_t m) {
     return n && m && a < b + m && b < a + n;
 }
 
-// out[M, C1 + C2] = [a | b] row by row: two strided copies (a memcpy node
-// each in a captured graph), a's rows into the left columns, b's into the right.
+// out[M, C1 + C2] = [a | b] in 16-byte units (rows of whole units, buffers
+// aligned): a thread a unit of out, from a's row or b's.
+__global__ void k_concat_rows16(uint4 *out, const uint4 *a, int u1, const uint4 *b, int u2, int64_t n) {
+    const int u = u1 + u2;
+    GRID_STRIDE(i, n) {
+        const int64_t m = i / u;
+        const int k = (int)(i - m * u);
+        out[i] = k < u1 ? a[m * u1 + k] : b[m * u2 + k - u1];
+    }
+}
+
+// out[M, C1 + C2] = [a | b] row by row: one kernel where the rows are whole
+// 16-byte units, else two strided copies (a memcpy node each in a captured
+// graph; with rows of a few hundred bytes they took 13.6 us a UNet concat at
+// 2 rows), a's rows into the left columns, b's into the right.
 extern "C" void dc_cuda_concat_channels(dc_backend *be, dc_buf out, dc_buf a, int C1, dc_buf b, int C2, int64_t M) {
     DC_CUDA_OP(be);
     if (!float_dt(out.dt) || a.dt != out.dt || b.dt != out.dt)
@@ -619,6 +632,13 @@ extern "C" void dc_cuda_concat_channels(dc_backend *be, dc_buf out, dc_buf a, in
     const size_t es = dc_dtype_size(out.dt), row = (size_t)(C1 + C2) * es, n1 = (size_t)C1 * es, n2 = (size_t)C2 * es;
     if (overlap(out.p, row * M, a.p, n1 * M) || overlap(out.p, row * M, b.p, n2 * M))
         DC_CUDA_FAIL(be, "concat_channels: the output overlaps an input");
+    if (n1 % 16 == 0 && n2 % 16 == 0 && dc_aligned(out.p, 16) && dc_aligned(a.p, 16) && dc_aligned(b.p, 16)) {
+        const int64_t units = (int64_t)M * (int64_t)(row / 16);
+        k_concat_rows16<<<dc_blocks(units, TPB), TPB, 0, S(be)>>>((uint4 *)out.p, (const uint4 *)a.p, (int)(n1 / 16),
+                                                                   (const uint4 *)b.p, (int)(n2 / 16), units);
+        DC_CUDA_LAUNCHED(be);
+        return;
+    }
     if (C1) DC_CUDA(be, cudaMemcpy2DAsync(out.p, row, a.p, n1, n1, (size_t)M, cudaMemcpyDeviceToDevice, S(be)));
     if (C2)
         DC_CUDA(be, cudaMemcpy2DAsync((char *)out.p + n1, row, b.p, n2, n2, (size_t)M, cudaMemcpyDeviceToDevice, S(be)));
