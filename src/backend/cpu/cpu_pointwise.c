@@ -7,6 +7,7 @@
 // libmvec (see cpu_ops.h), in fixed blocks so that results do not depend on the
 // thread count; the formulas themselves are the shared ones in op_math.h.
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend/cpu/cpu_ops.h"
@@ -374,17 +375,27 @@ void dc_cpu_add_nhwc(dc_backend *be, dc_buf x_, dc_buf y_, dc_buf v_, dc_buf bia
     const float *v = v_.p ? dc_cpu_f32(v_) : NULL;      // [B, C]
     const float *bias = bias_.p ? dc_cpu_weight(be, bias_, C, DC_CPU_WIDE_B) : NULL;  // [C]
     if (bias_.p && !bias) return;                       // recorded for status
+    // a[b, c] = v[b, c] + bias[c] first, then x + (y + a), as the GPU adds them
+    float *a = calloc((size_t)B * C, sizeof(float));
+    if (!a) {
+        dc_cpu_fail(be, "add_nhwc: out of memory for %d x %d sums", B, C);
+        return;
+    }
+    for (int64_t i = 0; i < (int64_t)B * C; i++) a[i] = (v ? v[i] : 0.0f) + (bias ? bias[i % C] : 0.0f);
     const int64_t rows = (int64_t)B * HW;
 #pragma omp parallel for schedule(static) if (rows * C > DC_CPU_PAR_MIN)
     for (int64_t r = 0; r < rows; r++) {
         float *xr = x + r * C;
-        const float *yr = y ? y + r * C : NULL, *vb = v ? v + r / HW * C : NULL;
-        for (int c = 0; c < C; c++) {
-            float a = vb ? vb[c] : 0.0f;  // x + (y + (v + bias)), as the GPU adds them
-            if (bias) a += bias[c];
-            xr[c] += yr ? yr[c] + a : a;
+        const float *ab = a + r / HW * C, *yr = y ? y + r * C : NULL;
+        if (yr) {
+#pragma omp simd
+            for (int c = 0; c < C; c++) xr[c] += yr[c] + ab[c];
+        } else {
+#pragma omp simd
+            for (int c = 0; c < C; c++) xr[c] += ab[c];
         }
     }
+    free(a);
 }
 
 // torch.cat([a, b], dim=1) of channels-last maps: each row of out is a row of

@@ -490,8 +490,11 @@ extern "C" void dc_cuda_layer_norm_fwd(dc_backend *be, dc_buf out, dc_buf mean, 
     const int nv = (D / 8 + 31) / 32;
     cudaStream_t st = dc_cuda(be)->stream;
     float *mu = (float *)mean.p, *r = (float *)rstd.p;
-    if (D % 8 == 0 && nv <= 8 && dc_vec_width(8, x, out, gamma) == 8 && dc_vec_width(8, beta, dc_buf_none(), dc_buf_none()) == 8) {
-#define LN_V8(n) k_ln_fwd_v8<n><<<grid, block, 0, st>>>(out.p, BF(out), mu, r, x.p, BF(x), gamma.p, BF(gamma), beta.p, BF(beta), M, D, eps)
+    const bool v8 = D % 8 == 0 && dc_vec_width(8, x, out, gamma) == 8 && dc_aligned(beta.p, 16);
+    if (v8 && nv <= 8) {
+#define LN_V8(n)                                                                                                      \
+    k_ln_fwd_v8<n><<<grid, block, 0, st>>>(out.p, BF(out), mu, r, x.p, BF(x), gamma.p, BF(gamma), beta.p, BF(beta), M, D, \
+                                           eps)
         switch (nv) {
         case 1: LN_V8(1); break;
         case 2: LN_V8(2); break;
@@ -505,9 +508,7 @@ extern "C" void dc_cuda_layer_norm_fwd(dc_backend *be, dc_buf out, dc_buf mean, 
         DC_CUDA_LAUNCHED(be);
         return;
     }
-    k_ln_fwd<<<(unsigned)((M + ROWS - 1) / ROWS), block, 0, dc_cuda(be)->stream>>>(out.p, BF(out), (float *)mean.p, (float *)rstd.p,
-                                                                  x.p, BF(x), gamma.p, BF(gamma), beta.p, BF(beta), M,
-                                                                  D, eps);
+    k_ln_fwd<<<grid, block, 0, st>>>(out.p, BF(out), mu, r, x.p, BF(x), gamma.p, BF(gamma), beta.p, BF(beta), M, D, eps);
     DC_CUDA_LAUNCHED(be);
 }
 
