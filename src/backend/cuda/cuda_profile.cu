@@ -10,9 +10,15 @@
 // it and charges its ops (the launch itself is listed apart, its time not
 // added to the total). Costs one event record per op and, for graphs, a
 // wait per launch: for finding hot spots, not for timing runs.
+//
+// Beside the GPU's time, each op is charged the host's time from its mark to
+// the next op's (its launches and library calls, and the caller's work before
+// the next op): an op whose host time exceeds its GPU time starves the GPU
+// when it runs outside a graph.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "backend/cuda/cuda_ops.h"
 
@@ -31,8 +37,10 @@ struct dc_cuda_prof {
     int gn, cap_lo;
     struct { void *exec; int lo, hi; } graphs[PROF_GRAPHS];
     int ngraphs;
-    struct { const char *name; long count; double ms; } tab[PROF_NAMES];
+    struct { const char *name; long count, host_count; double ms, host_ms; } tab[PROF_NAMES];
     int ntab;
+    const char *host_at;  // the op the host's clock runs for, since host_t (seconds)
+    double host_t;
 };
 
 extern "C" void dc_cuda_prof_start(dc_cuda_ctx *c) {
@@ -43,14 +51,31 @@ extern "C" void dc_cuda_prof_start(dc_cuda_ctx *c) {
     for (int i = 0; c->prof && i < PROF_GEVENTS; i++) cudaEventCreate(&c->prof->gev[i]);
 }
 
-static void charge(dc_cuda_prof *p, const char *name, double ms) {
+// The table row of an op (a new one if needed), or -1 when the table is full.
+static int row_of(dc_cuda_prof *p, const char *name) {
     int i = 0;
     while (i < p->ntab && p->tab[i].name != name && strcmp(p->tab[i].name, name)) i++;
     if (i == p->ntab) {
-        if (p->ntab == PROF_NAMES) return;
+        if (p->ntab == PROF_NAMES) return -1;
+        memset(&p->tab[i], 0, sizeof p->tab[i]);  // a restart leaves old rows behind
         p->tab[p->ntab++].name = name;
     }
-    p->tab[i].count++, p->tab[i].ms += ms;
+    return i;
+}
+
+static void charge(dc_cuda_prof *p, const char *name, double ms) {
+    const int i = row_of(p, name);
+    if (i >= 0) p->tab[i].count++, p->tab[i].ms += ms;
+}
+
+// The host's time since the last mark goes to the op that mark opened.
+static void charge_host(dc_cuda_prof *p, const char *next) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    const double now = ts.tv_sec + 1e-9 * ts.tv_nsec;
+    const int i = p->host_at ? row_of(p, p->host_at) : -1;
+    if (i >= 0) p->tab[i].host_count++, p->tab[i].host_ms += 1e3 * (now - p->host_t);
+    p->host_at = next, p->host_t = now;
 }
 
 // Charges every closed interval; the last mark opens the next round.
@@ -70,6 +95,7 @@ static void flush(dc_cuda_prof *p) {
 
 extern "C" void dc_cuda_prof_mark(dc_cuda_ctx *c, const char *op) {
     dc_cuda_prof *p = c->prof;
+    charge_host(p, op);
     cudaStreamCaptureStatus st;
     if (cudaStreamIsCapturing(c->stream, &st) != cudaSuccess) return;
     if (st != cudaStreamCaptureStatusNone) {  // a node of the graph being captured
@@ -87,7 +113,7 @@ extern "C" void dc_cuda_prof_mark(dc_cuda_ctx *c, const char *op) {
 // simply recorded again, so nothing needs waiting for). Graphs keep theirs.
 extern "C" void dc_cuda_prof_restart(dc_backend *be) {
     dc_cuda_prof *p = dc_cuda(be)->prof;
-    if (p) p->n = 0, p->ntab = 0;
+    if (p) p->n = 0, p->ntab = 0, p->host_at = NULL;
 }
 
 // Around a capture: its marks start here, and the graph made of them.
@@ -160,11 +186,13 @@ extern "C" void dc_cuda_prof_report(dc_cuda_ctx *c) {
     }
     qsort(rows, p->ntab, sizeof *rows, by_time);
     fprintf(stderr, "cuda op profile: %.1f ms between the first op and the last\n", total);
-    fprintf(stderr, "  %-38s %9s %11s %9s %6s\n", "op", "calls", "total ms", "avg us", "share");
+    fprintf(stderr, "  %-38s %9s %11s %9s %6s %11s\n", "op", "calls", "total ms", "avg us", "share", "host avg us");
     for (int k = 0; k < p->ntab && k < 30; k++) {
         int i = (int)rows[k][1];
-        fprintf(stderr, "  %-38s %9ld %11.2f %9.1f %5.1f%%\n", p->tab[i].name, p->tab[i].count, p->tab[i].ms,
-                1e3 * p->tab[i].ms / p->tab[i].count, total > 0 ? 100 * p->tab[i].ms / total : 0);
+        fprintf(stderr, "  %-38s %9ld %11.2f %9.1f %5.1f%% %11.1f\n", p->tab[i].name, p->tab[i].count, p->tab[i].ms,
+                p->tab[i].count ? 1e3 * p->tab[i].ms / p->tab[i].count : 0.0,
+                total > 0 ? 100 * p->tab[i].ms / total : 0,
+                p->tab[i].host_count ? 1e3 * p->tab[i].host_ms / p->tab[i].host_count : 0.0);
     }
     free(rows);
     for (int i = 0; i < PROF_EVENTS; i++) cudaEventDestroy(p->ev[i]);
