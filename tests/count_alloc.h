@@ -22,6 +22,7 @@ typedef struct {
     count_rec live[4096];
     int nlive;
     int64_t now, peak, cap;
+    int64_t allocs, frees;  // calls so far
 } counter;
 
 static void *count_alloc(dc_backend *be, size_t bytes) {
@@ -35,6 +36,7 @@ static void *count_alloc(dc_backend *be, size_t bytes) {
     void *p = k->cpu->alloc(k->cpu, bytes);
     if (!p) return NULL;
     k->live[k->nlive++] = (count_rec){p, bytes};
+    k->allocs++;
     k->now += (int64_t)bytes;
     if (k->now > k->peak) k->peak = k->now;
     return p;
@@ -43,6 +45,7 @@ static void *count_alloc(dc_backend *be, size_t bytes) {
 static void count_free(dc_backend *be, void *p) {
     counter *k = (counter *)be;
     if (!p) return;
+    k->frees++;
     for (int i = 0; i < k->nlive; i++)
         if (k->live[i].p == p) {
             k->now -= (int64_t)k->live[i].bytes;

@@ -10,6 +10,11 @@
 //   pictures still come, bit for bit the same, within the cap;
 // - with a cap below what the weights and one plan need, generation fails
 //   with a message naming the allocation, and nothing crashes.
+// And a pipe kept open across calls: a second call of the same shape uses
+// the first one's device buffers (it allocates and frees nothing, so a step
+// graph recorded by the first stays valid) and makes the same picture; a new
+// seed changes the picture and nothing else; a new batch size gets new
+// buffers; closing frees everything.
 // Needs ../shared/data/bpe_simple_vocab_16e6.txt.gz (skips without it).
 #include <math.h>
 #include <stdio.h>
@@ -43,6 +48,14 @@ static int keep(void *ctx, int index, const float *image) {
     return 0;
 }
 
+// Keeps picture 0 of a batch, counting all.
+static int keep_first(void *ctx, int index, const float *image) {
+    picture *pic = ctx;
+    if (index == 0) memcpy(pic->img, image, sizeof(float) * 3 * SIZE * SIZE);
+    pic->n++;
+    return 0;
+}
+
 // Opens the pipeline on `be` and makes one guided picture into pic; 0 or -1.
 // *unet_b, *vae_b: the two models' planned activation bytes.
 static int generate(dc_backend *be, picture *pic, int64_t *unet_b, int64_t *vae_b) {
@@ -59,6 +72,55 @@ static int generate(dc_backend *be, picture *pic, int64_t *unet_b, int64_t *vae_
     }
     dc_sd_pipe_close(&p);
     return rc;
+}
+
+// Makes `count` guided pictures (batches of `batch`) on an open pipe, the
+// first into pic; 0 or -1.
+static int generate_on(dc_sd_pipe *p, picture *pic, uint64_t seed, int count, int batch) {
+    dc_sd_gen g = {"a red cube on a table", "blurry", count, batch, SIZE, SIZE, dc_ksampler_opts_default(), NULL, 0};
+    g.ks.steps = 2, g.ks.kind = DC_KS_EULER_A, g.ks.cfg_scale = 5.0f, g.ks.seed = seed;
+    pic->n = 0;
+    return dc_sd_generate(p, &g, keep_first, pic, NULL, NULL);
+}
+
+static double max_diff(const float *a, const float *b, size_t n) {
+    double d = 0;
+    for (size_t i = 0; i < n; i++) d = fmax(d, fabs((double)a[i] - b[i]));
+    return d;
+}
+
+// 4. The pipe's state across calls (see the top of the file).
+static void test_kept_state(counter *k, const float *first) {
+    const size_t n = 3 * SIZE * SIZE;
+    picture a = {malloc(sizeof(float) * n), 0}, b = {malloc(sizeof(float) * n), 0};
+    dc_sd_pipe p;
+    memset(&p, 0, sizeof p);
+    dc_sd_open_opts oo = {g_model, VOCAB, NULL, 0, -1, false, NULL};
+    counter_reset(k, 0);
+    int rc = dc_sd_pipe_open(&p, &k->be, &oo);
+    if (!rc) rc = generate_on(&p, &a, 7, 1, 1);
+    CHECK(rc == 0 && a.n == 1, "first call on an open pipe: %s", rc ? dc_error() : "no picture");
+    CHECK(rc == 0 && max_diff(a.img, first, n) == 0, "the open pipe's first picture differs from a fresh pipe's");
+    const int64_t allocs = k->allocs, frees = k->frees;
+    if (!rc) rc = generate_on(&p, &b, 7, 1, 1);
+    CHECK(rc == 0 && b.n == 1, "second call: %s", rc ? dc_error() : "no picture");
+    CHECK(k->allocs == allocs && k->frees == frees, "the second call of the same shape allocated %lld and freed "
+          "%lld device buffers (none expected)", (long long)(k->allocs - allocs), (long long)(k->frees - frees));
+    CHECK(rc == 0 && max_diff(a.img, b.img, n) == 0, "the second call's picture differs from the first's by %g",
+          max_diff(a.img, b.img, n));
+    if (!rc) rc = generate_on(&p, &b, 8, 1, 1);
+    CHECK(rc == 0 && k->allocs == allocs && k->frees == frees, "a new seed: %s, %lld buffers allocated",
+          rc ? dc_error() : "ran", (long long)(k->allocs - allocs));
+    CHECK(rc == 0 && max_diff(a.img, b.img, n) > 0, "seeds 7 and 8 made the same picture");
+    if (!rc) rc = generate_on(&p, &b, 7, 2, 2);
+    CHECK(rc == 0 && b.n == 2 && k->allocs > allocs, "a batch of 2 after batches of 1: %s, %lld buffers allocated",
+          rc ? dc_error() : "ran", (long long)(k->allocs - allocs));
+    CHECK(rc == 0 && max_diff(a.img, b.img, n) < 1e-4, "seed 7's first picture in a batch of 2 differs by %g",
+          max_diff(a.img, b.img, n));
+    dc_sd_pipe_close(&p);
+    CHECK(k->now == 0, "after closing the kept pipe, %lld bytes are still held", (long long)k->now);
+    printf("kept pipe: later calls of one shape allocate nothing and repeat their pictures\n");
+    free(a.img), free(b.img);
 }
 
 // Writes tiny1 with tools/sd_random (BUILD/tools beside BUILD/tests) into a
@@ -125,6 +187,8 @@ int main(int argc, char **argv) {
           (long long)k.cap, rc, dc_error());
     CHECK(k.now == 0, "after the failed run, %lld bytes are still held", (long long)k.now);
     printf("too small (%lld): %s\n", (long long)k.cap, dc_error());
+
+    test_kept_state(&k, a.img);
 
     free(a.img), free(b.img);
     counter_free(&k);

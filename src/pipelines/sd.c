@@ -139,7 +139,13 @@ int dc_sd_pipe_open(dc_sd_pipe *p, dc_backend *be, const dc_sd_open_opts *o) {
     return 0;
 }
 
+static void state_free(dc_sd_pipe *p);
+
 void dc_sd_pipe_close(dc_sd_pipe *p) {
+    if (p->be) {
+        state_free(p);
+        if (p->ids.p) p->be->free(p->be, p->ids.p);
+    }
     if (p->text) dc_clip_text_free(p->text);
     dc_model_free(p->unet);
     if (p->vae) dc_vae_free(p->vae);
@@ -164,14 +170,17 @@ int dc_sd_encode_prompts(dc_sd_pipe *p, const char *const *prompts, int n, dc_bu
                     DC_CLIP_CONTEXT - 2, prompts[i], strlen(prompts[i]) > 60 ? "..." : "");
     }
     if (!rc) rc = dc_clip_text_check_ids(ids, (int64_t)n * T, p->text->cfg.vocab);
-    dc_buf dids = {0};
-    if (!rc) rc = dc_buf_alloc(be, &dids, DC_I32, (size_t)n * T, "token ids");
+    const size_t count = (size_t)n * T;
+    if (!rc && count > p->ids_cap) {  // grown, and kept (see dc_sd_pipe)
+        if (p->ids.p) be->free(be, p->ids.p), p->ids = dc_buf_none(), p->ids_cap = 0;
+        rc = dc_buf_alloc(be, &p->ids, DC_I32, count, "token ids");
+        if (!rc) p->ids_cap = count;
+    }
     if (!rc) rc = dc_clip_text_reserve(p->text, n);
     if (!rc) {
-        be->upload(be, dids.p, ids, sizeof(int32_t) * (size_t)n * T);
-        rc = dc_clip_text_forward(p->text, ctx, dc_buf_none(), dids, n, p->text_skip);
+        be->upload(be, p->ids.p, ids, sizeof(int32_t) * count);
+        rc = dc_clip_text_forward(p->text, ctx, dc_buf_none(), p->ids, n, p->text_skip);
     }
-    if (dids.p) be->free(be, dids.p);
     free(ids);
     return rc;
 }
@@ -209,6 +218,71 @@ static void gen_free(dc_backend *be, gen_bufs *b) {
     dc_buf *all[] = {&b->text, &b->cctx, &b->x, &b->zc, &b->img, &b->imgf, &b->init, &b->mean, &b->logvar};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
         if (all[i]->p) be->free(be, all[i]->p);
+    memset(b, 0, sizeof *b);
+}
+
+// A generation's device state, kept by the pipe for the next call (see
+// dc_sd_pipe): the buffers of a batch of B pictures of h x w latents (with
+// img2img's or not), and the sampler, made for the options in ks.opt.
+typedef struct dc_sd_gen_state {
+    gen_bufs b;
+    int B, h, w;
+    bool init;
+    dc_ksampler ks;  // ks.be is NULL until made
+} dc_sd_gen_state;
+
+static void state_free(dc_sd_pipe *p) {
+    if (!p->gen) return;
+    dc_ksampler_free(&p->gen->ks);
+    gen_free(p->be, &p->gen->b);
+    free(p->gen);
+    p->gen = NULL;
+}
+
+// Whether a sampler made for a runs as one made for b would: all but the
+// seed, which a run reads as it goes.
+static bool same_sampler(const dc_ksampler_opts *a, const dc_ksampler_opts *b) {
+    return a->kind == b->kind && a->steps == b->steps && a->karras == b->karras && a->eta == b->eta &&
+           a->spacing == b->spacing && a->steps_offset == b->steps_offset && a->prediction == b->prediction &&
+           a->cfg_scale == b->cfg_scale && a->ctx_len == b->ctx_len && a->ctx_dim == b->ctx_dim &&
+           a->null_ctx.p == b->null_ctx.p && a->null_ctx.dt == b->null_ctx.dt && a->x_given == b->x_given &&
+           a->graph == b->graph && a->skip == b->skip;
+}
+
+// The buffers for B pictures of h x w latents: the last call's where its
+// shape was the same, else new ones.
+static int state_buffers(dc_sd_pipe *p, int B, int h, int w, bool init, int64_t lat, int64_t pix, int T, int D) {
+    dc_sd_gen_state *st = p->gen;
+    if (st && st->B == B && st->h == h && st->w == w && st->init == init) return 0;
+    state_free(p);
+    if (!(st = p->gen = calloc(1, sizeof *st))) return dc_fail("out of host memory");
+    st->B = B, st->h = h, st->w = w, st->init = init;
+    dc_backend *be = p->be;
+    const dc_dtype ct = be->compute;
+    gen_bufs *b = &st->b;
+    int rc = dc_buf_alloc(be, &b->text, ct, (size_t)2 * T * D, "text embeddings");
+    if (!rc) rc = dc_buf_alloc(be, &b->cctx, ct, (size_t)B * T * D, "prompt embeddings");
+    if (!rc) rc = dc_buf_alloc(be, &b->x, DC_F32, (size_t)B * lat, "latents");
+    if (!rc) rc = dc_buf_alloc(be, &b->zc, ct, (size_t)B * lat, "decoder input");
+    if (!rc) rc = dc_buf_alloc(be, &b->img, ct, (size_t)B * pix, "decoded pictures");
+    if (!rc) rc = dc_buf_alloc(be, &b->imgf, DC_F32, (size_t)B * pix, "decoded pictures (f32)");
+    if (!rc && init) rc = dc_buf_alloc(be, &b->init, ct, (size_t)pix, "input picture");
+    if (!rc && init) rc = dc_buf_alloc(be, &b->mean, ct, (size_t)lat, "latent mean");
+    if (!rc && init) rc = dc_buf_alloc(be, &b->logvar, ct, (size_t)lat, "latent log-variance");
+    if (rc) state_free(p);
+    return rc;
+}
+
+// The sampler for options o: the last call's (with o's seed) where it was
+// made for the same options, else a new one.
+static int state_sampler(dc_sd_pipe *p, const dc_ksampler_opts *o, int C, int h, int w, int B) {
+    dc_ksampler *ks = &p->gen->ks;
+    if (ks->be && same_sampler(&ks->opt, o)) {
+        ks->opt.seed = o->seed;
+        return 0;
+    }
+    dc_ksampler_free(ks);
+    return dc_ksampler_init(ks, p->be, o, C, h, w, B);
 }
 
 // img2img: the clean latents of picture i, z = (mean + exp(logvar / 2) n) * scaling
@@ -247,26 +321,14 @@ int dc_sd_generate(dc_sd_pipe *p, const dc_sd_gen *g, dc_sd_picture_fn on_pictur
     const int64_t lat = (int64_t)C * h * w, pix = (int64_t)3 * g->height * g->width;
     const dc_dtype ct = be->compute;
     const float scaling = p->vae->cfg.scaling_factor;
-    gen_bufs b = {0};
-    dc_ksampler ks = {0};
     float *hl = NULL, *hm = NULL, *hv = NULL, *pics = malloc(sizeof(float) * (size_t)B * pix);
-    int rc = 0;
+    int rc = pics ? 0 : dc_fail("out of memory for %d pictures of %dx%d", B, g->width, g->height);
 
-    // Text: the prompt and the negative prompt in one pass.
-    const char *texts[2] = {g->prompt ? g->prompt : "", g->negative_prompt ? g->negative_prompt : ""};
-    if (progress) progress(pctx, "text", 0, 1);
-    rc = pics ? 0 : dc_fail("out of memory for %d pictures of %dx%d", B, g->width, g->height);
-    if (!rc) rc = dc_buf_alloc(be, &b.text, ct, (size_t)2 * T * D, "text embeddings");
-    if (!rc) rc = dc_sd_encode_prompts(p, texts, 2, b.text);
-    if (!rc) rc = dc_buf_alloc(be, &b.cctx, ct, (size_t)B * T * D, "prompt embeddings");
-    for (int i = 0; i < B && !rc; i++)
-        be->copy(be, dc_buf_at(b.cctx, (int64_t)i * T * D).p, b.text.p, (size_t)T * D * dc_dtype_size(ct));
-
-    // The sampler and the models' plans for this size.
+    // The device buffers and the sampler: the last call's where this call's
+    // shape and options are the same (see dc_sd_pipe).
     dc_ksampler_opts o = g->ks;
     o.prediction = p->v_pred ? DC_PRED_V : DC_PRED_EPS;
     o.ctx_len = T, o.ctx_dim = D;
-    o.null_ctx = dc_buf_at(b.text, (int64_t)T * D);
     o.graph = true;  // the UNet forward issues backend ops only
     if (g->init) {
         int runs = (int)(o.steps * g->strength);
@@ -274,21 +336,25 @@ int dc_sd_generate(dc_sd_pipe *p, const dc_sd_gen *g, dc_sd_picture_fn on_pictur
             rc = rc ? rc : dc_fail("strength %g of %d steps runs no step (at least 1 / steps)", g->strength, o.steps);
         o.skip = o.steps - runs;
     }
+    if (!rc) rc = dc_unet_set_size(p->unet, h, w);
+    if (!rc) rc = state_buffers(p, B, h, w, g->init != NULL, lat, pix, T, D);
+    gen_bufs b = rc ? (gen_bufs){0} : p->gen->b;
+    o.null_ctx = dc_buf_at(b.text, (int64_t)T * D);
+    if (!rc) rc = state_sampler(p, &o, C, h, w, B);
+    dc_ksampler *ks = rc ? NULL : &p->gen->ks;
+
+    // Text: the prompt and the negative prompt in one pass.
+    const char *texts[2] = {g->prompt ? g->prompt : "", g->negative_prompt ? g->negative_prompt : ""};
+    if (progress) progress(pctx, "text", 0, 1);
+    if (!rc) rc = dc_sd_encode_prompts(p, texts, 2, b.text);
+    for (int i = 0; i < B && !rc; i++)
+        be->copy(be, dc_buf_at(b.cctx, (int64_t)i * T * D).p, b.text.p, (size_t)T * D * dc_dtype_size(ct));
     // Sampling needs the UNet's activations, decoding the VAE's (see plan_for).
     const int rows = o.cfg_scale != 1.0f ? 2 * B : B;
-    if (!rc) rc = dc_unet_set_size(p->unet, h, w);
-    if (!rc) rc = dc_ksampler_init(&ks, be, &o, C, h, w, B);
-    if (!rc) rc = dc_buf_alloc(be, &b.x, DC_F32, (size_t)B * lat, "latents");
-    if (!rc) rc = dc_buf_alloc(be, &b.zc, ct, (size_t)B * lat, "decoder input");
-    if (!rc) rc = dc_buf_alloc(be, &b.img, ct, (size_t)B * pix, "decoded pictures");
-    if (!rc) rc = dc_buf_alloc(be, &b.imgf, DC_F32, (size_t)B * pix, "decoded pictures (f32)");
 
     // img2img: the input's latent moments, once.
     if (!rc && g->init) {
         if (progress) progress(pctx, "encode", 0, 1);
-        rc = dc_buf_alloc(be, &b.init, ct, (size_t)pix, "input picture");
-        if (!rc) rc = dc_buf_alloc(be, &b.mean, ct, (size_t)lat, "latent mean");
-        if (!rc) rc = dc_buf_alloc(be, &b.logvar, ct, (size_t)lat, "latent log-variance");
         hl = malloc(sizeof(float) * (size_t)lat * B), hm = malloc(sizeof(float) * (size_t)lat);
         hv = malloc(sizeof(float) * (size_t)lat);
         if (!rc && (!hl || !hm || !hv)) rc = dc_fail("out of memory");
@@ -328,7 +394,7 @@ int dc_sd_generate(dc_sd_pipe *p, const dc_sd_gen *g, dc_sd_picture_fn on_pictur
         }
         dc_cond cond = {.ctx = b.cctx, .len = T, .dim = D};
         rc = plan_for(p, true, rows, B, g->height, g->width);
-        if (!rc) rc = dc_ksampler_run(&ks, b.x, &cond, idx, n, unet_eval, p->unet, on_step, &sp);
+        if (!rc) rc = dc_ksampler_run(ks, b.x, &cond, idx, n, unet_eval, p->unet, on_step, &sp);
         sp.done0 += o.steps - o.skip;
         if (!rc) rc = plan_for(p, false, rows, B, g->height, g->width);
         if (rc) break;
@@ -345,8 +411,7 @@ int dc_sd_generate(dc_sd_pipe *p, const dc_sd_gen *g, dc_sd_picture_fn on_pictur
         for (int i = 0; i < n && !rc && on_picture; i++) rc = on_picture(ctx, i0 + i, pics + (size_t)i * pix);
     }
     if (!rc && progress) progress(pctx, "done", g->count, g->count);
-    dc_ksampler_free(&ks);
-    gen_free(be, &b);
+    if (rc) state_free(p);  // a failed call's state is not used again
     free(hl), free(hm), free(hv), free(pics);
     return rc;
 }

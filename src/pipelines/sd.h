@@ -43,6 +43,14 @@ typedef struct {
     int factor;          // the VAE's downsampling factor (8)
     int default_size;    // pixels a side the model was trained at (512, or 768 for SD 2 v)
     char name[128];      // the model's name for the picture's parameters
+    // Kept from one call to the next, because freeing any device buffer makes
+    // a recorded step graph stale: the prompts' token ids (grown as needed),
+    // and the last generation's buffers and sampler with its step graph (sd.c),
+    // so a later generation of the same shape replays that graph from its
+    // first step. dc_sd_pipe_close frees them.
+    dc_buf ids;
+    size_t ids_cap;
+    struct dc_sd_gen_state *gen;
 } dc_sd_pipe;
 
 int dc_sd_pipe_open(dc_sd_pipe *p, dc_backend *be, const dc_sd_open_opts *o);
@@ -67,7 +75,9 @@ typedef int (*dc_sd_picture_fn)(void *ctx, int index, const float *image);
 // Makes g->count pictures, handing each to on_picture as its batch finishes
 // (so a long run keeps what it made, and memory holds one batch). Picture i
 // uses the noise of sample index i of g->ks.seed, so a seed gives the same
-// pictures at any batch size.
+// pictures at any batch size. The device buffers of a batch stay allocated
+// after the call (see dc_sd_pipe), and are used again by the next call of
+// the same batch and size.
 int dc_sd_generate(dc_sd_pipe *p, const dc_sd_gen *g, dc_sd_picture_fn on_picture, void *ctx,
                    dc_sd_progress_fn progress, void *pctx);
 
