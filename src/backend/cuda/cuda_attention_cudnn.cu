@@ -3,8 +3,8 @@
 // diffusers' profile on an H100 it ran SD 1.5's attention in half the time
 // our kernels take.
 //
-// cuDNN offers it as an operation graph (its backend API, plain C) that its
-// runtime fusion engine recognises as one kernel:
+// cuDNN offers it as an operation graph (its graph API: cuda_dnn_graph.h)
+// that its runtime fusion engine recognises as one kernel:
 //
 //   S = Q K^T * scale            (matmul, pointwise multiply by a scalar)
 //   M = max_j S,  E = exp(S - M),  Z = sum_j E
@@ -27,6 +27,7 @@
 
 #include "backend/cuda/cuda_attention.h"
 #include "backend/cuda/cuda_common.h"
+#include "backend/cuda/cuda_dnn_graph.h"
 #include "backend/cuda/cuda_ops.h"
 #include "core/log.h"
 
@@ -39,127 +40,62 @@ typedef struct {
 
 enum { UID_Q = 1, UID_K, UID_V, UID_O, UID_LSE, UID_SCALE, UID_VIRTUAL = 100 };
 
-// A graph under construction: its descriptors (kept as long as the plan made
-// from them) and the first failure (later calls do nothing once one failed).
-typedef struct {
-    cudnnStatus_t st;
-    int line;  // where the first failure happened (this file's line), for the report
-    cudnnBackendDescriptor_t own[48];
-    int n;
-    int64_t next_uid;
-} graph_build;
-
-// Records the first failure and its line; true while none has happened.
-static bool ok_at(graph_build *g, cudnnStatus_t st, int line) {
-    if (g->st == CUDNN_STATUS_SUCCESS && st != CUDNN_STATUS_SUCCESS) g->st = st, g->line = line;
-    return g->st == CUDNN_STATUS_SUCCESS;
-}
-
 struct dc_sdpa_plan {
     sdpa_key key;
     cudnnBackendDescriptor_t plan;  // NULL: cuDNN declined the shape
     int64_t ws;                     // workspace bytes it needs
-    graph_build *g;                 // the graph's descriptors
+    dc_dnn_graph *g;                // the graph's descriptors
 };
 
-static void graph_free(graph_build *g) {
-    if (!g) return;
-    for (int i = g->n - 1; i >= 0; i--) cudnnBackendDestroyDescriptor(g->own[i]);
-    free(g);
-}
-
-static cudnnBackendDescriptor_t make_at(graph_build *g, cudnnBackendDescriptorType_t type, int line) {
-    cudnnBackendDescriptor_t d = NULL;
-    if (g->st != CUDNN_STATUS_SUCCESS) return NULL;
-    if (g->n == (int)(sizeof g->own / sizeof g->own[0])) {
-        ok_at(g, CUDNN_STATUS_INTERNAL_ERROR, line);
-        return NULL;
-    }
-    if (ok_at(g, cudnnBackendCreateDescriptor(type, &d), line)) g->own[g->n++] = d;
-    return d;
-}
-
-static void set_at(graph_build *g, cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name,
-                   cudnnBackendAttributeType_t type, int64_t count, const void *value, int line) {
-    if (g->st == CUDNN_STATUS_SUCCESS) ok_at(g, cudnnBackendSetAttribute(d, name, type, count, value), line);
-}
-
-static void finish_at(graph_build *g, cudnnBackendDescriptor_t d, int line) {
-    if (g->st == CUDNN_STATUS_SUCCESS) ok_at(g, cudnnBackendFinalize(d), line);
-}
-
-// The calls of a graph's construction, each failure reported with its line.
-#define make(g, type) make_at(g, type, __LINE__)
-#define set(g, d, name, type, count, value) set_at(g, d, name, type, count, value, __LINE__)
-#define finish(g, d) finish_at(g, d, __LINE__)
-
-// A 4-d tensor: real (uid given) or virtual (an intermediate of the graph).
-static cudnnBackendDescriptor_t tensor(graph_build *g, int64_t uid, cudnnDataType_t dt, const int64_t dim[4],
-                                       const int64_t stride[4], bool by_value) {
-    cudnnBackendDescriptor_t t = make(g, CUDNN_BACKEND_TENSOR_DESCRIPTOR);
-    const bool virt = uid == 0;
-    if (virt) uid = g->next_uid++;
-    const int64_t align = 16;
-    set(g, t, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &dt);
-    set(g, t, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dim);
-    set(g, t, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, stride);
-    set(g, t, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid);
-    set(g, t, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &align);
-    set(g, t, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &virt);
-    if (by_value) set(g, t, CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &by_value);
-    finish(g, t);
-    return t;
-}
-
-static cudnnBackendDescriptor_t matmul(graph_build *g, cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b,
+static cudnnBackendDescriptor_t matmul(dc_dnn_graph *g, cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b,
                                        cudnnBackendDescriptor_t c) {
     const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
-    cudnnBackendDescriptor_t m = make(g, CUDNN_BACKEND_MATMUL_DESCRIPTOR);
-    set(g, m, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f32);
-    finish(g, m);
-    cudnnBackendDescriptor_t op = make(g, CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR);
-    set(g, op, CUDNN_ATTR_OPERATION_MATMUL_ADESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &a);
-    set(g, op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b);
-    set(g, op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &c);
-    set(g, op, CUDNN_ATTR_OPERATION_MATMUL_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &m);
-    finish(g, op);
+    cudnnBackendDescriptor_t m = DNN_G_MAKE(g, CUDNN_BACKEND_MATMUL_DESCRIPTOR);
+    DNN_G_SET(g, m, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f32);
+    DNN_G_FINISH(g, m);
+    cudnnBackendDescriptor_t op = DNN_G_MAKE(g, CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR);
+    DNN_G_SET(g, op, CUDNN_ATTR_OPERATION_MATMUL_ADESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &a);
+    DNN_G_SET(g, op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b);
+    DNN_G_SET(g, op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &c);
+    DNN_G_SET(g, op, CUDNN_ATTR_OPERATION_MATMUL_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &m);
+    DNN_G_FINISH(g, op);
     return op;
 }
 
 // y = x (mode) b, or y = mode(x) where b is NULL.
-static cudnnBackendDescriptor_t pointwise(graph_build *g, cudnnPointwiseMode_t mode, cudnnBackendDescriptor_t x,
+static cudnnBackendDescriptor_t pointwise(dc_dnn_graph *g, cudnnPointwiseMode_t mode, cudnnBackendDescriptor_t x,
                                           cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t y) {
     const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
-    cudnnBackendDescriptor_t pw = make(g, CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
-    set(g, pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode);
-    set(g, pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &f32);
-    finish(g, pw);
-    cudnnBackendDescriptor_t op = make(g, CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
-    set(g, op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &pw);
-    set(g, op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x);
-    if (b) set(g, op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b);
-    set(g, op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y);
-    finish(g, op);
+    cudnnBackendDescriptor_t pw = DNN_G_MAKE(g, CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
+    DNN_G_SET(g, pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode);
+    DNN_G_SET(g, pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &f32);
+    DNN_G_FINISH(g, pw);
+    cudnnBackendDescriptor_t op = DNN_G_MAKE(g, CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
+    DNN_G_SET(g, op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &pw);
+    DNN_G_SET(g, op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x);
+    if (b) DNN_G_SET(g, op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b);
+    DNN_G_SET(g, op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y);
+    DNN_G_FINISH(g, op);
     return op;
 }
 
-static cudnnBackendDescriptor_t reduction(graph_build *g, cudnnReduceTensorOp_t how, cudnnBackendDescriptor_t x,
+static cudnnBackendDescriptor_t reduction(dc_dnn_graph *g, cudnnReduceTensorOp_t how, cudnnBackendDescriptor_t x,
                                           cudnnBackendDescriptor_t y) {
     const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
-    cudnnBackendDescriptor_t r = make(g, CUDNN_BACKEND_REDUCTION_DESCRIPTOR);
-    set(g, r, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &how);
-    set(g, r, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f32);
-    finish(g, r);
-    cudnnBackendDescriptor_t op = make(g, CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
-    set(g, op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x);
-    set(g, op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y);
-    set(g, op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &r);
-    finish(g, op);
+    cudnnBackendDescriptor_t r = DNN_G_MAKE(g, CUDNN_BACKEND_REDUCTION_DESCRIPTOR);
+    DNN_G_SET(g, r, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &how);
+    DNN_G_SET(g, r, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f32);
+    DNN_G_FINISH(g, r);
+    cudnnBackendDescriptor_t op = DNN_G_MAKE(g, CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
+    DNN_G_SET(g, op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x);
+    DNN_G_SET(g, op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y);
+    DNN_G_SET(g, op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &r);
+    DNN_G_FINISH(g, op);
     return op;
 }
 
 // The operation graph of one attention shape (see the top of the file).
-static cudnnBackendDescriptor_t op_graph(graph_build *g, cudnnHandle_t dnn, const sdpa_key *s) {
+static cudnnBackendDescriptor_t op_graph(dc_dnn_graph *g, cudnnHandle_t dnn, const sdpa_key *s) {
     const int64_t B = s->B, H = s->H, Tq = s->Tq, Tk = s->Tk, D = s->Dh;
     const cudnnDataType_t bf = CUDNN_DATA_BFLOAT16, f32 = CUDNN_DATA_FLOAT;
     const int64_t qd[4] = {B, H, Tq, D}, qs[4] = {s->q.batch, s->q.head, s->q.token, 1};
@@ -169,14 +105,17 @@ static cudnnBackendDescriptor_t op_graph(graph_build *g, cudnnHandle_t dnn, cons
     const int64_t sd[4] = {B, H, Tq, Tk}, ss[4] = {H * Tq * Tk, Tq * Tk, Tk, 1};
     const int64_t rd[4] = {B, H, Tq, 1}, rs[4] = {H * Tq, Tq, 1, 1};
     const int64_t one[4] = {1, 1, 1, 1};
-    cudnnBackendDescriptor_t q = tensor(g, UID_Q, bf, qd, qs, false), kt = tensor(g, UID_K, bf, kd, ks, false);
-    cudnnBackendDescriptor_t v = tensor(g, UID_V, bf, vd, vs, false), o = tensor(g, UID_O, bf, qd, os, false);
-    cudnnBackendDescriptor_t lse = tensor(g, UID_LSE, f32, rd, rs, false);
-    cudnnBackendDescriptor_t scale = tensor(g, UID_SCALE, f32, one, one, true);
-    cudnnBackendDescriptor_t s0 = tensor(g, 0, f32, sd, ss, false), s1 = tensor(g, 0, f32, sd, ss, false);
-    cudnnBackendDescriptor_t mx = tensor(g, 0, f32, rd, rs, false), s2 = tensor(g, 0, f32, sd, ss, false);
-    cudnnBackendDescriptor_t e = tensor(g, 0, f32, sd, ss, false), z = tensor(g, 0, f32, rd, rs, false);
-    cudnnBackendDescriptor_t lz = tensor(g, 0, f32, rd, rs, false), p = tensor(g, 0, bf, sd, ss, false);
+    cudnnBackendDescriptor_t q = dc_dnn_tensor(g, UID_Q, bf, qd, qs, false);
+    cudnnBackendDescriptor_t kt = dc_dnn_tensor(g, UID_K, bf, kd, ks, false);
+    cudnnBackendDescriptor_t v = dc_dnn_tensor(g, UID_V, bf, vd, vs, false);
+    cudnnBackendDescriptor_t o = dc_dnn_tensor(g, UID_O, bf, qd, os, false);
+    cudnnBackendDescriptor_t lse = dc_dnn_tensor(g, UID_LSE, f32, rd, rs, false);
+    cudnnBackendDescriptor_t scale = dc_dnn_tensor(g, UID_SCALE, f32, one, one, true);
+    // the virtual intermediates: scores, their maximum, exponentials, sums, probabilities
+    cudnnBackendDescriptor_t s0 = dc_dnn_tensor(g, 0, f32, sd, ss, false), s1 = dc_dnn_tensor(g, 0, f32, sd, ss, false);
+    cudnnBackendDescriptor_t mx = dc_dnn_tensor(g, 0, f32, rd, rs, false), s2 = dc_dnn_tensor(g, 0, f32, sd, ss, false);
+    cudnnBackendDescriptor_t e = dc_dnn_tensor(g, 0, f32, sd, ss, false), z = dc_dnn_tensor(g, 0, f32, rd, rs, false);
+    cudnnBackendDescriptor_t lz = dc_dnn_tensor(g, 0, f32, rd, rs, false), p = dc_dnn_tensor(g, 0, bf, sd, ss, false);
     cudnnBackendDescriptor_t ops[10] = {
         matmul(g, q, kt, s0),
         pointwise(g, CUDNN_POINTWISE_MUL, s0, scale, s1),
@@ -189,52 +128,7 @@ static cudnnBackendDescriptor_t op_graph(graph_build *g, cudnnHandle_t dnn, cons
         pointwise(g, CUDNN_POINTWISE_DIV, e, z, p),
         matmul(g, p, v, o),
     };
-    cudnnBackendDescriptor_t graph = make(g, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
-    set(g, graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 10, ops);
-    set(g, graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &dnn);
-    finish(g, graph);
-    return graph;
-}
-
-// The first engine configuration cuDNN's heuristics offer that finalises into
-// a plan within max_ws bytes of workspace, or NULL.
-static cudnnBackendDescriptor_t plan_for(graph_build *g, cudnnHandle_t dnn, cudnnBackendDescriptor_t graph,
-                                         int64_t max_ws, int64_t *ws) {
-    const cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
-    cudnnBackendDescriptor_t heur = make(g, CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
-    set(g, heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &graph);
-    set(g, heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
-    finish(g, heur);
-    if (g->st != CUDNN_STATUS_SUCCESS) return NULL;
-    enum { MAX_CFG = 8 };
-    cudnnBackendDescriptor_t cfg[MAX_CFG];
-    for (int i = 0; i < MAX_CFG; i++) cfg[i] = make(g, CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
-    int64_t n = 0;
-    if (g->st == CUDNN_STATUS_SUCCESS)
-        ok_at(g, cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, MAX_CFG,
-                                          &n, cfg), __LINE__);
-    if (g->st == CUDNN_STATUS_SUCCESS && n == 0) ok_at(g, CUDNN_STATUS_NOT_SUPPORTED, __LINE__);  // no engine
-    for (int64_t i = 0; g->st == CUDNN_STATUS_SUCCESS && i < n; i++) {
-        cudnnBackendDescriptor_t plan = NULL;
-        if (!ok_at(g, cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan), __LINE__))
-            return NULL;
-        cudnnStatus_t st = cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &dnn);
-        if (!st)
-            st = cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG,
-                                          CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfg[i]);
-        if (!st) st = cudnnBackendFinalize(plan);
-        int64_t got = 0, need = 0;
-        if (!st)
-            st = cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &got,
-                                          &need);
-        if (!st && need <= max_ws) {
-            *ws = need;
-            return plan;
-        }
-        cudnnBackendDestroyDescriptor(plan);
-        if (i == n - 1) ok_at(g, st ? st : CUDNN_STATUS_NOT_SUPPORTED, __LINE__);  // none within max_ws
-    }
-    return NULL;
+    return dc_dnn_op_graph(g, dnn, ops, 10);
 }
 
 // DC_CUDNN_ATTENTION: 0 off; unset or anything else on, 1 also reporting.
@@ -272,11 +166,12 @@ static dc_sdpa_plan *plan_get(dc_backend *be, const sdpa_key *key, bool report) 
     dc_sdpa_plan *p = &c->sdpa[c->nsdpa++];
     memset(p, 0, sizeof *p);
     p->key = *key;
-    graph_build *g = (graph_build *)calloc(1, sizeof *g);
+    dc_dnn_graph *g = (dc_dnn_graph *)calloc(1, sizeof *g);
     if (!g || dc_cuda_dnn_start(c) != 0) return free(g), p;  // no cuDNN: the plan stays empty
     g->next_uid = UID_VIRTUAL;
     cudnnBackendDescriptor_t graph = op_graph(g, c->dnn, key);
-    if (g->st == CUDNN_STATUS_SUCCESS) p->plan = plan_for(g, c->dnn, graph, (int64_t)c->conv_ws_bytes, &p->ws);
+    if (g->st == CUDNN_STATUS_SUCCESS)
+        p->plan = dc_dnn_plan(g, c->dnn, graph, (int64_t)c->conv_ws_bytes, false, &p->ws);
     if (p->plan) p->g = g;
     if (report && p->plan)
         dc_log("cuDNN attention B %d H %d Tq %d Tk %d Dh %d: plan (workspace %lld bytes)", key->B, key->H, key->Tq,
@@ -284,7 +179,7 @@ static dc_sdpa_plan *plan_get(dc_backend *be, const sdpa_key *key, bool report) 
     if (report && !p->plan)
         dc_log("cuDNN attention B %d H %d Tq %d Tk %d Dh %d: declined (%s at %s:%d)", key->B, key->H, key->Tq,
                key->Tk, key->Dh, cudnnGetErrorString(g->st), __FILE__, g->line);
-    if (!p->plan) graph_free(g);
+    if (!p->plan) dc_dnn_graph_free(g);
     cudaGetLastError();  // a declined build leaves no error behind for the ops after it
     return p;
 }
@@ -305,14 +200,7 @@ bool dc_cuda_attention_cudnn_fwd(dc_backend *be, const AttnParams *ap, const dc_
     const int64_t uids[6] = {UID_Q, UID_K, UID_V, UID_O, UID_LSE, UID_SCALE};
     void *data[6] = {(void *)ap->q, (void *)ap->k, (void *)ap->v, ap->out, ap->lse, &scale};
     void *ws = p->ws ? c->conv_ws : NULL;
-    cudnnBackendDescriptor_t pack = NULL;
-    cudnnStatus_t st = cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &pack);
-    if (!st) st = cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 6, uids);
-    if (!st) st = cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 6, data);
-    if (!st) st = cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws);
-    if (!st) st = cudnnBackendFinalize(pack);
-    if (!st) st = cudnnBackendExecute(c->dnn, p->plan, pack);
-    if (pack) cudnnBackendDestroyDescriptor(pack);
+    cudnnStatus_t st = dc_dnn_execute(c->dnn, p->plan, 6, uids, data, ws);
     if (st) {
         cudaGetLastError();
         dc_cuda_record(be, __func__, __FILE__, __LINE__, "cuDNN error: %s, from cudnnBackendExecute (attention)",
@@ -324,7 +212,7 @@ bool dc_cuda_attention_cudnn_fwd(dc_backend *be, const AttnParams *ap, const dc_
 extern "C" void dc_cuda_attention_cudnn_free(dc_cuda_ctx *c) {
     for (int i = 0; i < c->nsdpa; i++) {
         if (c->sdpa[i].plan) cudnnBackendDestroyDescriptor(c->sdpa[i].plan);
-        graph_free(c->sdpa[i].g);
+        dc_dnn_graph_free(c->sdpa[i].g);
     }
     free(c->sdpa);
     c->sdpa = NULL, c->nsdpa = c->cap_sdpa = 0;

@@ -1,0 +1,52 @@
+// cuDNN's graph API (its backend API, plain C) in the few calls the CUDA
+// backend needs: an operation graph is built from descriptors, cuDNN's
+// heuristics rank engine configurations for it, and the first that
+// finalises into an execution plan within a workspace limit is kept. Each
+// op runs a plan with a variant pack (its tensors' pointers by unique id).
+// Used by cuDNN's fused attention (cuda_attention_cudnn.cu) and the bf16
+// channels-last convolutions (cuda_conv.cu): a plan executes with a fraction
+// of the host time of cuDNN's legacy convolution call.
+#pragma once
+#include <cudnn.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+// A graph under construction: its descriptors (kept as long as the plan made
+// from them) and the first failure (later calls do nothing once one failed).
+typedef struct {
+    cudnnStatus_t st;
+    int line;  // where the first failure happened (the building file's line), for the report
+    cudnnBackendDescriptor_t own[48];
+    int n;
+    int64_t next_uid;  // the next virtual tensor's unique id
+} dc_dnn_graph;
+
+// Records the first failure and its line; true while none has happened.
+bool dc_dnn_ok_at(dc_dnn_graph *g, cudnnStatus_t st, int line);
+cudnnBackendDescriptor_t dc_dnn_make_at(dc_dnn_graph *g, cudnnBackendDescriptorType_t type, int line);
+void dc_dnn_set_at(dc_dnn_graph *g, cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name,
+                   cudnnBackendAttributeType_t type, int64_t count, const void *value, int line);
+void dc_dnn_finish_at(dc_dnn_graph *g, cudnnBackendDescriptor_t d, int line);
+void dc_dnn_graph_free(dc_dnn_graph *g);
+
+// The calls of a graph's construction, each failure reported with its line.
+#define DNN_G_MAKE(g, type) dc_dnn_make_at(g, type, __LINE__)
+#define DNN_G_SET(g, d, name, type, count, value) dc_dnn_set_at(g, d, name, type, count, value, __LINE__)
+#define DNN_G_FINISH(g, d) dc_dnn_finish_at(g, d, __LINE__)
+
+// A 4-d tensor: real (uid given) or virtual (uid 0: an intermediate of the
+// graph), 16-byte aligned; by_value: a host scalar.
+cudnnBackendDescriptor_t dc_dnn_tensor(dc_dnn_graph *g, int64_t uid, cudnnDataType_t dt, const int64_t dim[4],
+                                       const int64_t stride[4], bool by_value);
+// The operation graph of n ops.
+cudnnBackendDescriptor_t dc_dnn_op_graph(dc_dnn_graph *g, cudnnHandle_t dnn, const cudnnBackendDescriptor_t *ops,
+                                         int64_t n);
+// The first configuration cuDNN's heuristics offer that finalises into a
+// plan within max_ws bytes of workspace (and, if deterministic, whose engine
+// carries no nondeterminism note), or NULL; *ws its workspace bytes.
+cudnnBackendDescriptor_t dc_dnn_plan(dc_dnn_graph *g, cudnnHandle_t dnn, cudnnBackendDescriptor_t graph,
+                                     int64_t max_ws, bool deterministic, int64_t *ws);
+// Runs plan on the handle's stream with n tensors (uids[i] at data[i]) and
+// the workspace.
+cudnnStatus_t dc_dnn_execute(cudnnHandle_t dnn, cudnnBackendDescriptor_t plan, int n, const int64_t *uids,
+                             void *const *data, void *ws);
