@@ -339,7 +339,7 @@ int dc_sd_generate(dc_sd_pipe *p, const dc_sd_gen *g, dc_sd_picture_fn on_pictur
     if (!rc) rc = dc_unet_set_size(p->unet, h, w);
     if (!rc) rc = state_buffers(p, B, h, w, g->init != NULL, lat, pix, T, D);
     gen_bufs b = rc ? (gen_bufs){0} : p->gen->b;
-    o.null_ctx = dc_buf_at(b.text, (int64_t)T * D);
+    if (!rc) o.null_ctx = dc_buf_at(b.text, (int64_t)T * D);
     if (!rc) rc = state_sampler(p, &o, C, h, w, B);
     dc_ksampler *ks = rc ? NULL : &p->gen->ks;
 
