@@ -470,6 +470,14 @@ static void run_groups(void) {
         test_layer_norm(33, 1030, 1e-5f, g_ct);                // not a multiple of 4
         test_layer_norm(9, 2048, 1e-5f, g_ct);
         test_layer_norm(17, 3, 1e-5f, DC_F32);
+        // 8, 16 and 32 lanes a row, 1 to 8 vectors a lane, rows that fill no whole warp or block
+        test_layer_norm(37, 64, 1e-5f, g_ct);
+        test_layer_norm(101, 384, 1e-5f, g_ct);
+        test_layer_norm(45, 392, 1e-5f, DC_F32);
+        test_layer_norm(29, 640, 1e-5f, g_ct);
+        test_layer_norm(23, 776, 1e-5f, g_ct);
+        test_layer_norm(13, 1152, 1e-6f, g_ct);
+        test_layer_norm(11, 1792, 1e-5f, DC_F32);
     }
     if (want("latent")) test_latent_pointwise(0), test_latent_pointwise(1);
 }

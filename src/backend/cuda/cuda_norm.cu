@@ -430,44 +430,52 @@ __global__ void k_ln_fwd(void *out, int obf, float *mean, float *rstd, const voi
 }
 
 // Rows of whole 16-byte vectors (D a multiple of 8, up to 2048; every buffer
-// aligned): a warp per row as above, but each lane holds its NV vectors of 8
-// values in registers, so x is read once with one access per 8 values, and
-// the sums are taken in float (lanes in order of their vectors, then the
-// fixed butterfly). A warp per row of 320 that loaded one value at a time
-// and summed in double left the SD UNet's layer norms bound by the count of
-// instructions (11-14 us a call at 2 rows against about 4 of memory time).
-template <int NV>
+// aligned): LPR lanes a row (8, 16 or 32, so a warp takes 32 / LPR rows),
+// each lane holding its NV vectors of 8 values in registers, so x is read
+// once with one access per 8 values, and the sums are taken in float (lanes
+// in order of their vectors, then the fixed butterfly within the row's
+// lanes). A warp per row of 320 that loaded one value at a time and summed in
+// double left the SD UNet's layer norms bound by the count of instructions;
+// a warp per row of 320 vectors left 24 of its lanes idle for the last 8
+// vectors and too few bytes in flight (46 us for 42 MB in and out at 16 rows,
+// against 28 of memory time).
+template <int NV, int LPR>
 __global__ void k_ln_fwd_v8(void *out, int obf, float *mean, float *rstd, const void *x, int xbf, const void *gamma,
                             int gbf, const void *beta, int bbf, int64_t M, int D, float eps) {
-    const int64_t row = blockIdx.x * (int64_t)ROWS + threadIdx.y;
-    const int lane = threadIdx.x, nvec = D / 8;
-    if (row >= M) return;
+    const int lane = threadIdx.x % LPR, nvec = D / 8;
+    const int64_t row = (blockIdx.x * (int64_t)ROWS + threadIdx.y) * (32 / LPR) + threadIdx.x / LPR;
+    const bool live = row < M;  // every lane takes part in the sums' shuffles
     const int64_t base = row * D;
     float v[NV][8];
     float s = 0.0f;
 #pragma unroll
     for (int k = 0; k < NV; k++) {
-        const int i = lane + 32 * k;
-        if (i >= nvec) break;
+        const int i = lane + LPR * k;
+        if (!live || i >= nvec) break;
         dc_ldv<8>(v[k], x, base + 8 * i, xbf);
 #pragma unroll
         for (int e = 0; e < 8; e++) s += v[k][e];
     }
-    const float mu = dc_warp_sum(s) / D;
+#pragma unroll
+    for (int o = LPR / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    const float mu = s / D;
     float ss = 0.0f;
 #pragma unroll
     for (int k = 0; k < NV; k++) {
-        if (lane + 32 * k >= nvec) break;
+        if (!live || lane + LPR * k >= nvec) break;
 #pragma unroll
         for (int e = 0; e < 8; e++) {
             const float t = v[k][e] - mu;
             ss += t * t;
         }
     }
-    const float r = dc_norm_rstd((double)(dc_warp_sum(ss) / D), eps);
+#pragma unroll
+    for (int o = LPR / 2; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if (!live) return;
+    const float r = dc_norm_rstd((double)(ss / D), eps);
 #pragma unroll
     for (int k = 0; k < NV; k++) {
-        const int i = lane + 32 * k;
+        const int i = lane + LPR * k;
         if (i >= nvec) break;
         float g[8], b[8];
         dc_ldv<8>(g, gamma, 8 * i, gbf), dc_ldv<8>(b, beta, 8 * i, bbf);
@@ -476,6 +484,44 @@ __global__ void k_ln_fwd_v8(void *out, int obf, float *mean, float *rstd, const 
         dc_stv<8>(out, base + 8 * i, v[k], obf);
     }
     if (lane == 0) mean[row] = mu, rstd[row] = r;
+}
+
+// Launches k_ln_fwd_v8 with the fewest lanes a row that leave a lane at most
+// 6 vectors (8 at 32 lanes): 320 wide 8 lanes of 5 vectors, 640 16 of 5,
+// 1280 32 of 5, 768 16 of 6, 1152 32 of 5.
+static void ln_fwd_v8(cudaStream_t st, dc_buf out, float *mu, float *r, dc_buf x, dc_buf gamma, dc_buf beta,
+                      int64_t M, int D, float eps) {
+    const int nvec = D / 8, lpr = nvec <= 48 ? 8 : nvec <= 96 ? 16 : 32, nv = (nvec + lpr - 1) / lpr;
+    const dim3 block(32, ROWS);
+    const int64_t rows = (int64_t)ROWS * (32 / lpr);
+    const unsigned grid = (unsigned)((M + rows - 1) / rows);
+#define LN_V8(n, l)                                                                                                 \
+    k_ln_fwd_v8<n, l><<<grid, block, 0, st>>>(out.p, BF(out), mu, r, x.p, BF(x), gamma.p, BF(gamma), beta.p, \
+                                              BF(beta), M, D, eps)
+    if (lpr == 8) {
+        switch (nv) {
+        case 1: LN_V8(1, 8); break;
+        case 2: LN_V8(2, 8); break;
+        case 3: LN_V8(3, 8); break;
+        case 4: LN_V8(4, 8); break;
+        case 5: LN_V8(5, 8); break;
+        default: LN_V8(6, 8); break;
+        }
+    } else if (lpr == 16) {
+        switch (nv) {
+        case 4: LN_V8(4, 16); break;
+        case 5: LN_V8(5, 16); break;
+        default: LN_V8(6, 16); break;
+        }
+    } else {
+        switch (nv) {
+        case 4: LN_V8(4, 32); break;
+        case 5: LN_V8(5, 32); break;
+        case 6: LN_V8(6, 32); break;
+        default: LN_V8(8, 32); break;
+        }
+    }
+#undef LN_V8
 }
 
 extern "C" void dc_cuda_layer_norm_fwd(dc_backend *be, dc_buf out, dc_buf mean, dc_buf rstd, dc_buf x, dc_buf gamma,
@@ -487,24 +533,11 @@ extern "C" void dc_cuda_layer_norm_fwd(dc_backend *be, dc_buf out, dc_buf mean, 
     if (M <= 0 || D <= 0) return;
     dim3 block(32, ROWS);
     const unsigned grid = (unsigned)((M + ROWS - 1) / ROWS);
-    const int nv = (D / 8 + 31) / 32;
     cudaStream_t st = dc_cuda(be)->stream;
     float *mu = (float *)mean.p, *r = (float *)rstd.p;
     const bool v8 = D % 8 == 0 && dc_vec_width(8, x, out, gamma) == 8 && dc_aligned(beta.p, 16);
-    if (v8 && nv <= 8) {
-#define LN_V8(n)                                                                                                      \
-    k_ln_fwd_v8<n><<<grid, block, 0, st>>>(out.p, BF(out), mu, r, x.p, BF(x), gamma.p, BF(gamma), beta.p, BF(beta), M, D, \
-                                           eps)
-        switch (nv) {
-        case 1: LN_V8(1); break;
-        case 2: LN_V8(2); break;
-        case 3: LN_V8(3); break;
-        case 4: LN_V8(4); break;
-        case 5: LN_V8(5); break;
-        case 6: LN_V8(6); break;
-        default: LN_V8(8); break;
-        }
-#undef LN_V8
+    if (v8 && D <= 2048) {
+        ln_fwd_v8(st, out, mu, r, x, gamma, beta, M, D, eps);
         DC_CUDA_LAUNCHED(be);
         return;
     }
