@@ -531,8 +531,6 @@ extern "C" void dc_cuda_layer_norm_fwd(dc_backend *be, dc_buf out, dc_buf mean, 
         DC_CUDA_FAIL(be, "layer norm statistics must be F32 (mean %s, rstd %s)", dc_dtype_name(mean.dt),
                      dc_dtype_name(rstd.dt));
     if (M <= 0 || D <= 0) return;
-    dim3 block(32, ROWS);
-    const unsigned grid = (unsigned)((M + ROWS - 1) / ROWS);
     cudaStream_t st = dc_cuda(be)->stream;
     float *mu = (float *)mean.p, *r = (float *)rstd.p;
     const bool v8 = D % 8 == 0 && dc_vec_width(8, x, out, gamma) == 8 && dc_aligned(beta.p, 16);
@@ -541,6 +539,8 @@ extern "C" void dc_cuda_layer_norm_fwd(dc_backend *be, dc_buf out, dc_buf mean, 
         DC_CUDA_LAUNCHED(be);
         return;
     }
+    const dim3 block(32, ROWS);
+    const unsigned grid = (unsigned)((M + ROWS - 1) / ROWS);
     k_ln_fwd<<<grid, block, 0, st>>>(out.p, BF(out), mu, r, x.p, BF(x), gamma.p, BF(gamma), beta.p, BF(beta), M, D, eps);
     DC_CUDA_LAUNCHED(be);
 }
