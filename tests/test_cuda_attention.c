@@ -3,9 +3,11 @@
 // projections and packed k|v cross-attention (Tq != Tk), CLIP's causal mask,
 // head sizes from 16 to 512 (the VAE's one head), Dv != Dh, any scale, and
 // layouts whose strides are not the dense ones (padded samples, head-major).
-// Each case runs forward (out, lse) and backward (dq, dk, dv) in both GPU
-// modes: cuda-fp32 (checking kernels and fp32 products) and cuda (bf16 tensor
-// cores). The CPU reads the same values the GPU does (rounded to bf16 where
+// Each case runs forward (out, lse) and backward (dq, dk, dv) in three GPU
+// modes: cuda-fp32 (checking kernels and fp32 products), cuda (bf16 tensor
+// cores; on a Hopper GPU the forward's wgmma kernel where a call fits it) and
+// cuda again with that kernel off (DC_ATTENTION_SM90=0: cuDNN's forward, else
+// ours). The CPU reads the same values the GPU does (rounded to bf16 where
 // the GPU's input is bf16); backward starts from the CPU's forward results,
 // so it is checked on its own.
 //
@@ -189,6 +191,9 @@ static const attn_case g_cases[] = {
     {"VAE-size head, causal Tq100 Tk130 Dh200", 2, 1, 100, 130, 200, 200, true, 0, ROWS, 5},
     {"Dh64 Dv32 Tq77 Tk100, packed kv", 2, 3, 77, 100, 64, 32, false, 0, KV, 0},
     {"SD 1024 px self T16384 Dh40", 1, 1, 16384, 16384, 40, 40, false, 0, ROWS, 0},
+    {"Tq300 Tk700 Dh32, head-major", 2, 3, 300, 700, 32, 32, false, 0, HEADS, 0},
+    {"Tq200 Tk260 Dh40, padded samples", 2, 2, 200, 260, 40, 40, false, 0.2f, ROWS, 16},
+    {"Tq129 Tk129 Dh24, packed qkv", 3, 2, 129, 129, 24, 24, false, 0, PACKED, 0},
 };
 
 int main(int argc, char **argv) {
@@ -198,7 +203,10 @@ int main(int argc, char **argv) {
     printf("test_cuda_attention: seed %llu\n", (unsigned long long)seed);
     g_cpu = dc_backend_cpu_create();
     if (g_cpu->reserve(g_cpu, 16384, 512)) return printf("cpu reserve: %s\n", dc_error()), 1;
-    for (int mode = 0; mode < 2; mode++) {
+    // Modes: fp32; bf16 (on a Hopper GPU its wgmma forward where the call
+    // fits); bf16 with that kernel off (cuDNN's forward, then our kernels).
+    for (int mode = 0; mode < 3; mode++) {
+        if (mode == 2) setenv("DC_ATTENTION_SM90", "0", 1);
         g_gpu = dc_backend_cuda_create(mode == 0);
         if (!g_gpu) {
             printf("SKIP test_cuda_attention: %s\n", dc_error());
@@ -206,7 +214,8 @@ int main(int argc, char **argv) {
             return 0;
         }
         g_ct = g_gpu->compute;
-        printf("== %s (compute %s) ==\n", g_gpu->name, dc_dtype_name(g_ct));
+        printf("== %s (compute %s%s) ==\n", g_gpu->name, dc_dtype_name(g_ct),
+               mode == 2 ? ", DC_ATTENTION_SM90=0" : "");
         if (g_gpu->reserve(g_gpu, 16384, 512)) {
             printf("FAIL reserve for 16384 tokens, head size 512: %s\n", dc_error());
             return 1;

@@ -8,7 +8,9 @@
 //    a workspace (cuda_attention_big.cu): any head size, either dtype, and
 //    values of another size than queries (Dv != Dh). The VAE's one head of 512.
 // All three read q, k, v, out in any layout (element strides per sample,
-// token and head), with Tq != Tk, a causal mask and any scale.
+// token and head), with Tq != Tk, a causal mask and any scale. Ahead of them
+// the bf16 forward tries Hopper's wgmma kernel (cuda_attention_sm90.cu), then
+// cuDNN's (cuda_attention_cudnn.cu), where the call fits those.
 #pragma once
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -57,6 +59,12 @@ void dc_attn_bwd_f32(cudaStream_t s, const AttnParams &p);
 void dc_attn_big_fwd(dc_backend *be, const AttnParams &p, bool bf16);
 void dc_attn_big_bwd(dc_backend *be, const AttnParams &p, bool bf16);
 bool dc_attn_big_fits(dc_backend *be, int Tq, int Tk, bool bf16);
+
+// Hopper's flash attention (cuda_attention_sm90.cu): runs the bf16 forward
+// and returns true where the device is an sm_90 GPU and the call fits it (no
+// mask, Dh == Dv in 17..48 and a multiple of 8, at least 256 keys, 16-byte
+// layouts), else returns false having launched nothing.
+bool dc_attn_fwd_sm90(cudaStream_t s, const AttnParams &p, const dc_attn_shape *shape);
 
 // cuDNN's fused flash attention (cuda_attention_cudnn.cu): runs the bf16
 // forward and returns true where its graph covers the call and cuDNN has a
