@@ -34,22 +34,13 @@
 // the stride offset is 1024 bytes; Q and K are read K-major (the head dim
 // contiguous; a 16-column step adds 32 bytes to the start), V N-major (the
 // transpose bit; a 16-key step adds 2048 bytes).
-#include <cuda.h>
-#include <cudaTypedefs.h>
 #include <math.h>
 #include <string.h>
 
 #include "backend/cuda/cuda_attention.h"
 #include "backend/cuda/cuda_attention_tc.h"
 #include "backend/cuda/cuda_common.h"
-
-// The kernels need sm_90a's instructions; other targets compile an empty body
-// and are never launched (dc_attn_fwd_sm90 checks the device).
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define SM90_BODY 1
-#else
-#define SM90_BODY 0
-#endif
+#include "backend/cuda/cuda_sm90.h"
 
 namespace {
 
@@ -86,58 +77,17 @@ struct Sm90Params {
 };
 
 #if SM90_BODY
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
-}
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
-    asm volatile(
-        "{\n.reg .pred done;\nWAIT:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-        "@!done bra WAIT;\n}\n" ::"r"(bar),
-        "r"(parity)
-        : "memory");
-}
-// A box of the tensor map at coordinates c into shared memory, completing
-// on bar.
-__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap *map, const int (&c)[4], uint32_t bar) {
-    asm volatile(
-        "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
-        "[%6];\n" ::"r"(dst),
-        "l"((uint64_t)map), "r"(c[0]), "r"(c[1]), "r"(c[2]), "r"(c[3]), "r"(bar)
-        : "memory");
-}
 __device__ __forceinline__ void tile_coords(int (&c)[4], MapDims d, int t, int h, int b) {
     c[0] = 0, c[1] = c[2] = c[3] = 0;
 #pragma unroll
     for (int i = 1; i < 4; i++) c[i] = i == d.t ? t : i == d.h ? h : b;
 }
 
-// Descriptor of a swizzled 128-byte-row operand at shared address a.
-__device__ __forceinline__ uint64_t sw128_desc(uint32_t a) {
-    return (uint64_t)((a & 0x3FFFF) >> 4) | (uint64_t)(1024 >> 4) << 16 | (uint64_t)(1024 >> 4) << 32 | 1ull << 62;
-}
 // 2^x in one MUFU.EX2 (inputs below -126 flush to 0; exp2f adds a range fix).
 __device__ __forceinline__ float fast_exp2(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
     return y;
-}
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-// Keeps the compiler from moving reads or writes of accumulators across a
-// wgmma issue or wait.
-template <int N> __device__ __forceinline__ void reg_fence(float (&d)[N]) {
-#pragma unroll
-    for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
 }
 // The same for A fragments a product may still be reading.
 __device__ __forceinline__ void reg_fence_u(uint32_t (&a)[8][4]) {
@@ -145,27 +95,6 @@ __device__ __forceinline__ void reg_fence_u(uint32_t (&a)[8][4]) {
     for (int i = 0; i < 8; i++)
 #pragma unroll
         for (int k = 0; k < 4; k++) asm volatile("" : "+r"(a[i][k])::"memory");
-}
-
-// d[64] (+)= A B: A 64x16 and B 16x128 from shared memory (descriptors).
-__device__ __forceinline__ void wgmma_ss_n128(float (&d)[64], uint64_t da, uint64_t db, int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-        "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "l"(da), "l"(db), "r"(accumulate));
 }
 
 // d[16] += A B: A 64x16 from registers (a: the mma.sync A fragment of each
@@ -317,17 +246,17 @@ __global__ void __launch_bounds__(kThreadsSm90, 1)
             int c[4];
             tile_coords(c, p.q, q0, h, b);
             mbar_expect_tx(smem_u32(&sm.q_full), kBM * kRowBytes);
-            tma_load(smem_u32(sm.q), &tq, c, smem_u32(&sm.q_full));
+            tma_load_4d(smem_u32(sm.q), &tq, c, smem_u32(&sm.q_full));
             for (int j = 0; j < ntiles; j++) {
                 const int s = j % kStages, use = j / kStages;
                 if (use > 0) mbar_wait(smem_u32(&sm.k_empty[s]), (use - 1) & 1);
                 tile_coords(c, p.k, j * kBN, h, b);
                 mbar_expect_tx(smem_u32(&sm.k_full[s]), kTileBytes);
-                tma_load(smem_u32(sm.k[s]), &tk, c, smem_u32(&sm.k_full[s]));
+                tma_load_4d(smem_u32(sm.k[s]), &tk, c, smem_u32(&sm.k_full[s]));
                 if (use > 0) mbar_wait(smem_u32(&sm.v_empty[s]), (use - 1) & 1);
                 tile_coords(c, p.v, j * kBN, h, b);
                 mbar_expect_tx(smem_u32(&sm.v_full[s]), kTileBytes);
-                tma_load(smem_u32(sm.v[s]), &tv, c, smem_u32(&sm.v_full[s]));
+                tma_load_4d(smem_u32(sm.v[s]), &tv, c, smem_u32(&sm.v_full[s]));
             }
         }
         return;
@@ -386,31 +315,13 @@ __global__ void __launch_bounds__(kThreadsSm90, 1)
 #endif
 }
 
-// cuTensorMapEncodeTiled, from the driver through the runtime (the build
-// links no libcuda).
-static PFN_cuTensorMapEncodeTiled_v12000 encode_fn(void) {
-    static PFN_cuTensorMapEncodeTiled_v12000 fn;
-    static bool tried;
-    if (!tried) {
-        tried = true;
-        cudaDriverEntryPointQueryResult q;
-        void *f = NULL;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) ==
-                cudaSuccess &&
-            q == cudaDriverEntryPointSuccess)
-            fn = (PFN_cuTensorMapEncodeTiled_v12000)f;
-        cudaGetLastError();
-    }
-    return fn;
-}
-
 // A tensor map over one operand, [B, H, T, Dh] in layout l at base, boxes of
 // `rows` tokens x 64 columns of one head, 128-byte swizzle, zeros out of
 // bounds. Its dimensions 1..3 are token, head and sample sorted by stride;
 // d says where each went. False where the TMA cannot take the layout.
 static bool make_map(CUtensorMap *map, MapDims *d, const void *base, dc_attn_layout l, int B, int H, int T, int Dh,
                      int rows) {
-    PFN_cuTensorMapEncodeTiled_v12000 enc = encode_fn();
+    PFN_cuTensorMapEncodeTiled_v12000 enc = sm90_encode_fn();
     if (!enc) return false;
     struct { int64_t stride; int64_t size; int which; } dim[3] = {{l.token, T, 0}, {l.head, H, 1}, {l.batch, B, 2}};
     for (int i = 0; i < 3; i++)  // sort by stride (a sample of one token or head has any stride)
@@ -434,31 +345,16 @@ static bool make_map(CUtensorMap *map, MapDims *d, const void *base, dc_attn_lay
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// Whether the current device runs sm_90a code (Hopper), asked once a device.
-static bool device_is_sm90(void) {
-    static signed char known[64];
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
-    if (!known[dev]) {
-        int major = 0, minor = 0;
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-        known[dev] = major == 9 && minor == 0 ? 1 : -1;
-        cudaGetLastError();
-    }
-    return known[dev] == 1;
-}
-
 }  // namespace
 
 bool dc_attn_fwd_sm90(cudaStream_t st, const AttnParams &ap, const dc_attn_shape *s) {
     if (s->causal || s->Dh != s->Dv || s->Dh <= 16 || s->Dh > 48 || s->Dh % 8) return false;
-    if (s->Tk < kMinKeys) return false;
+    if (s->Tk < kMinKeys || s->H > 65535 || s->B > 65535) return false;  // grid y and z
     const dc_attn_layout l[4] = {s->q, s->k, s->v, s->out};
     const void *ptr[4] = {ap.q, ap.k, ap.v, ap.out};
     for (int i = 0; i < 4; i++)
         if (l[i].batch % 8 || l[i].token % 8 || l[i].head % 8 || !dc_aligned(ptr[i], 16)) return false;
-    if (!device_is_sm90()) return false;
+    if (!sm90_device()) return false;
     Sm90Params p;
     memset(&p, 0, sizeof p);
     CUtensorMap mq, mk, mv;
