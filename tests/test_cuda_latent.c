@@ -277,6 +277,28 @@ static void test_latent_pointwise(int off) {
 // CPU's channels-last op and its channels-first one on the same values
 // transposed; run twice, and on copies of the inputs at an odd offset (no
 // vector accesses), the same bits.
+// The feed-forward's first product with its gate (linear_geglu_fwd): on a
+// Hopper GPU in bf16 the fused kernel where the call fits (K a multiple of 8,
+// F of 64, at least 8 blocks of 128 x 64 an SM: the large cases), with rows
+// past a block and K past a stage of 64; else the product and the GEGLU pass.
+// bias: 0 none, 1 in the compute dtype, 2 F32.
+static void test_linear_geglu(int M, int K, int F, int bias) {
+    char name[128];
+    const int64_t nx = (int64_t)M * K, no = (int64_t)M * F;
+    pair x = rand_pair(nx, g_ct, -1, 1), w = rand_pair(2LL * F * K, g_ct, -0.3, 0.3);
+    pair o = nan_pair(no, g_ct), pre = nan_pair(2 * no, g_ct);
+    dc_buf bc = dc_buf_none(), bg = dc_buf_none();
+    if (bias) {
+        pair b = rand_pair(2LL * F, bias == 2 ? DC_F32 : g_ct, -1, 1);
+        bc = b.c, bg = b.g;
+    }
+    g_cpu->linear_geglu_fwd(g_cpu, o.c, pre.c, x.c, w.c, bc, M, K, F);
+    g_gpu->linear_geglu_fwd(g_gpu, o.g, pre.g, x.g, w.g, bg, M, K, F);
+    snprintf(name, sizeof name, "linear_geglu_fwd M%d K%d F%d%s", M, K, F,
+             bias == 2 ? " (F32 bias)" : bias ? "" : " (no bias)");
+    compare(name, o, g_tol);
+}
+
 static void test_group_norm_nhwc(int B, int C, int64_t HW, int G, bool silu, float eps, dc_dtype xt) {
     char name[128];
     const int64_t n = (int64_t)B * C * HW, ns = (int64_t)B * G;
@@ -480,6 +502,13 @@ static void run_groups(void) {
         test_layer_norm(11, 1792, 1e-5f, DC_F32);
     }
     if (want("latent")) test_latent_pointwise(0), test_latent_pointwise(1);
+    if (want("latent")) {
+        test_linear_geglu(6900, 320, 1280, 1);  // SD's K and F, rows past a block
+        test_linear_geglu(8192, 72, 1280, 2);   // K past a stage
+        test_linear_geglu(2000, 640, 5120, 0);
+        test_linear_geglu(300, 320, 128, 1);    // too few blocks: unfused
+        test_linear_geglu(7, 24, 40, 1);        // F not a multiple of 64: unfused
+    }
 }
 
 int main(int argc, char **argv) { return cuda_main("test_cuda_latent", argc, argv, run_groups); }

@@ -586,6 +586,33 @@ static void test_geglu(int64_t M, int F) {
     dev_free_all();
 }
 
+// The feed-forward's first product with its gate: out = h * gelu_erf(g) where
+// [h | g] = x w^T + b, against float64.
+static void test_linear_geglu(int M, int K, int F) {
+    if (!have("linear_geglu", g_be->linear_geglu_fwd != NULL)) return;
+    const int64_t nx = (int64_t)M * K, nw = 2LL * F * K, no = (int64_t)M * F;
+    char name[128];
+    float *x = host_rand(nx, -1, 1), *w = host_rand(nw, -0.3, 0.3), *b = host_rand(2 * F, -1, 1);
+    double *ref = malloc(no * sizeof(double));
+    for (int m = 0; m < M; m++)
+        for (int f = 0; f < F; f++) {
+            double h = b[f], gt = b[F + f];
+            for (int k = 0; k < K; k++) {
+                h += (double)x[(int64_t)m * K + k] * w[(int64_t)f * K + k];
+                gt += (double)x[(int64_t)m * K + k] * w[(int64_t)(F + f) * K + k];
+            }
+            ref[(int64_t)m * F + f] = h * ref_gelu_erf(gt);
+        }
+    dc_buf xd = dev_from(x, nx), wd = dev_from(w, nw), bd = dev_from(b, 2 * F), out = dev_nan(no),
+           pre = dev_nan(2 * no);
+    g_be->linear_geglu_fwd(g_be, out, pre, xd, wd, bd, M, K, F);
+    float *got = dev_get(out, no);
+    snprintf(name, sizeof name, "linear_geglu_fwd M%d K%d F%d", M, K, F);
+    check(name, got, ref, no, TOL_FWD);
+    free(x), free(w), free(b), free(ref), free(got);
+    dev_free_all();
+}
+
 // ---- activations of a given kind ----------------------------------------------------------
 static void test_activation(dc_act act, const char *what, double (*f)(double)) {
     if (!have("activation", g_be->activation_fwd && g_be->activation_bwd)) return;
@@ -724,6 +751,7 @@ int main(int argc, char **argv) {
     test_layout_nhwc(2, 1024, 320, 640);  // a UNet decoder's skip concat, threaded
     test_geglu(37, 72);
     test_geglu(129, 640);
+    test_linear_geglu(37, 40, 24);
     test_activation(DC_ACT_SILU, "silu", ref_silu);
     test_activation(DC_ACT_GELU_TANH, "gelu_tanh", ref_gelu);
     test_activation(DC_ACT_GELU_ERF, "gelu_erf", ref_gelu_erf);

@@ -124,6 +124,13 @@ struct dc_backend {
     // (pre is kept for backward). One product with a fused epilogue on a GPU.
     void (*linear_gelu_fwd)(dc_backend *be, dc_buf out, dc_buf pre, dc_buf inp, dc_buf w, dc_buf b,
                             int M, int K, int N);
+    // The GEGLU feed-forward's first product and gate: out[M,F] = h * gelu_erf(g)
+    // where [h | g] = inp @ w^T + b, w [2F,K], b [2F] (may be NULL). pre
+    // [M,2F] is scratch the backend may use for [h | g] (one product with the
+    // gate in its epilogue on a Hopper GPU writes none); its contents after
+    // the op are unspecified.
+    void (*linear_geglu_fwd)(dc_backend *be, dc_buf out, dc_buf pre, dc_buf inp, dc_buf w, dc_buf b,
+                             int M, int K, int F);
     // Backward of out = fc2(gelu(pre)) down to pre, for fc2 of shape [N,K]:
     // dpre[M,K] = (dout @ w) * gelu'(pre); dw += dout^T @ act; db += sum_m dout,
     // where act = gelu(pre) was fc2's input. scratch [M,K] (compute dtype) may be used.

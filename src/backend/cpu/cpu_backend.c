@@ -185,6 +185,7 @@ dc_backend *dc_backend_cpu_create(void) {
         .linear_fwd_acc = dc_cpu_linear_fwd_acc,
         .linear_bwd = dc_cpu_linear_bwd,
         .linear_gelu_fwd = dc_cpu_linear_gelu_fwd,
+        .linear_geglu_fwd = dc_cpu_linear_geglu_fwd,
         .linear_bwd_gelu = dc_cpu_linear_bwd_gelu,
         .gelu_fwd = dc_cpu_gelu_fwd,
         .gelu_bwd = dc_cpu_gelu_bwd,

@@ -62,9 +62,6 @@ template <int DP> struct Tune {
     static constexpr int dq_min_blocks = DP <= 96 ? 4 : DP <= 128 ? 3 : 2;
     static constexpr int dkdv_qc = DP == 80 || DP > 128 ? 16 : 32;
 };
-__device__ __forceinline__ uint32_t smem_u32(const void *p) {
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
 
 // 16 bytes global -> shared, asynchronous; bytes past src_bytes (0 or 16) are
 // zero-filled, which pads rows past T and columns past Dh for free.

@@ -328,6 +328,7 @@ extern "C" dc_backend *dc_backend_cuda_create(bool fp32) {
         .linear_fwd_acc = dc_cuda_linear_fwd_acc,
         .linear_bwd = dc_cuda_linear_bwd,
         .linear_gelu_fwd = dc_cuda_linear_gelu_fwd,
+        .linear_geglu_fwd = dc_cuda_linear_geglu_fwd,
         .linear_bwd_gelu = dc_cuda_linear_bwd_gelu,
         .gelu_fwd = dc_cuda_gelu_fwd,
         .gelu_bwd = dc_cuda_gelu_bwd,

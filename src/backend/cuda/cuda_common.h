@@ -7,6 +7,10 @@
 
 #include "core/dtype.h"
 
+// The shared-memory address of a generic pointer into shared memory (what
+// cp.async, ldmatrix, mbarrier and TMA instructions take).
+__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
 // Device-side element access for buffers that are either F32 or BF16.
 __device__ __forceinline__ float dc_ld(const void *p, int64_t i, int bf16) {
     return bf16 ? __bfloat162float(((const __nv_bfloat16 *)p)[i]) : ((const float *)p)[i];

@@ -226,6 +226,21 @@ extern "C" void dc_cuda_linear_gelu_fwd(dc_backend *be, dc_buf out, dc_buf pre, 
     dc_cuda_gelu_fwd(be, out, pre, (int64_t)M * N);
 }
 
+// [h | g] = inp w^T + b, out = h gelu_erf(g): one product with the gate in its
+// epilogue where the Hopper kernel takes the call, else the product into pre
+// and the GEGLU pass. DC_GEGLU_SM90=0 turns the fused kernel off.
+extern "C" void dc_cuda_linear_geglu_fwd(dc_backend *be, dc_buf out, dc_buf pre, dc_buf inp, dc_buf w, dc_buf b,
+                                         int M, int K, int F) {
+    DC_CUDA_OP(be);
+    const char *e = getenv("DC_GEGLU_SM90");
+    if ((!e || strcmp(e, "0") != 0) && dc_cuda_geglu_linear_sm90(be, out, inp, w, b, M, K, F)) {
+        DC_CUDA_LAUNCHED(be);
+        return;
+    }
+    linear_fwd(be, pre, inp, w, b, M, K, 2 * F, false);
+    dc_cuda_geglu_fwd(be, out, pre, M, F);
+}
+
 // The backward of out = fc2(gelu(pre)) down to pre: dpre = (dout w) * gelu'(pre)
 // from one product, plus the weight and bias gradients of fc2 (act = gelu(pre)).
 extern "C" void dc_cuda_linear_bwd_gelu(dc_backend *be, dc_buf dpre, dc_buf dw, dc_buf db, dc_buf dout,
