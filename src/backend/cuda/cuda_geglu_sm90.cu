@@ -22,9 +22,9 @@
 #include <string.h>
 
 #include "backend/cuda/cuda_common.h"
-#include "backend/op_math.h"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/cuda_sm90.h"
+#include "backend/op_math.h"
 
 namespace {
 
