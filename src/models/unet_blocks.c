@@ -201,8 +201,7 @@ void unet_transformer_fwd(dc_backend *be, const dc_params *ps, const unet_transf
     if (rows > M) rows = M;
     for (int r0 = 0; r0 < M; r0 += rows) {
         const int m = M - r0 < rows ? M - r0 : rows;
-        be->linear_geglu_fwd(be, s->ff2, s->ff1, dc_buf_at(tok[0], (int64_t)r0 * C), dc_param_w(ps, t->ff1.w),
-                             t->ff1.b >= 0 ? dc_param_w(ps, t->ff1.b) : dc_buf_none(), m, C, 4 * C);  // [m, 4C]
+        dc_linear_geglu_fwd(be, ps, &t->ff1, s->ff2, s->ff1, dc_buf_at(tok[0], (int64_t)r0 * C), m);  // [m, 4C]
         dc_linear_fwd_acc(be, ps, &t->ff2, dc_buf_at(x, (int64_t)r0 * C), s->ff2, m);  // rows r0.. of x +=
     }
 

@@ -5,8 +5,6 @@
 // product path. A call none can run is recorded as the op's error, in the
 // caller's terms.
 #include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include "backend/cuda/cuda_attention.h"
 #include "backend/cuda/cuda_common.h"
@@ -56,13 +54,6 @@ static bool fused(const dc_attn_shape *s, bool bf16) {
     return s->Dh == s->Dv && s->Dh <= (bf16 ? ATTN_TC_MAX_DH : ATTN_F32_MAX_DH);
 }
 
-// DC_ATTENTION_SM90=0 turns the Hopper kernel off (for comparing and for
-// testing the paths behind it); read at every call, so a test can switch it.
-static bool sm90_enabled(void) {
-    const char *e = getenv("DC_ATTENTION_SM90");
-    return !e || strcmp(e, "0") != 0;
-}
-
 extern "C" void dc_cuda_attention_fwd(dc_backend *be, dc_buf out, dc_buf lse, dc_buf q, dc_buf k, dc_buf v,
                                       const dc_attn_shape *s) {
     DC_CUDA_OP(be);
@@ -77,7 +68,9 @@ extern "C" void dc_cuda_attention_fwd(dc_backend *be, dc_buf out, dc_buf lse, dc
     AttnParams p = params_for(s);
     p.q = q.p, p.k = k.p, p.v = v.p, p.out = out.p, p.lse = (float *)lse.p;
     cudaStream_t st = dc_cuda(be)->stream;
-    if (bf16 && sm90_enabled() && dc_attn_fwd_sm90(st, p, s)) {
+    // DC_ATTENTION_SM90=0 turns the Hopper kernel off (for comparing and for
+    // testing the paths behind it); read at every call, so a test can switch it.
+    if (bf16 && dc_env_on("DC_ATTENTION_SM90") && dc_attn_fwd_sm90(st, p, s)) {
         DC_CUDA_LAUNCHED(be);
         return;
     }

@@ -28,12 +28,9 @@
 // mma.sync A fragment of the warp's 16 rows, so two adjacent 8-column blocks
 // of S are one 16-key block of P (cuda_attention_tc.h, c_to_a).
 //
-// Shared-memory descriptors (PTX ISA, the wgmma matrix descriptor): start
-// address, leading and stride byte offsets (in 16-byte units) and the
-// swizzle mode. Rows of 64 bf16 (128 bytes) swizzled in groups of 8 rows:
-// the stride offset is 1024 bytes; Q and K are read K-major (the head dim
-// contiguous; a 16-column step adds 32 bytes to the start), V N-major (the
-// transpose bit; a 16-key step adds 2048 bytes).
+// Shared memory holds rows of 64 bf16 in the 128-byte swizzle (cuda_sm90.h):
+// Q and K are read K-major (the head dim contiguous), V N-major (the
+// transpose bit of the P V product).
 #include <math.h>
 #include <string.h>
 

@@ -4,6 +4,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "core/dtype.h"
 
@@ -75,6 +77,11 @@ __device__ __forceinline__ float dc_warp_max(float v) {
 
 // Whether a buffer holds bf16 (the kernels' dtype flag), and pointer alignment.
 #define BF(b) ((b).dt == DC_BF16)
+// A switch for comparing paths: on unless the variable is set to "0".
+static inline bool dc_env_on(const char *name) {
+    const char *e = getenv(name);
+    return !e || strcmp(e, "0") != 0;
+}
 static inline bool dc_aligned(const void *p, uintptr_t n) { return ((uintptr_t)p & (n - 1)) == 0; }
 // Whether a buffer allows dc_ld4 / dc_st4 (at multiples of 4 from its start).
 static inline bool dc_vec4(dc_buf b) { return dc_aligned(b.p, b.dt == DC_BF16 ? 8 : 16); }

@@ -232,8 +232,7 @@ extern "C" void dc_cuda_linear_gelu_fwd(dc_backend *be, dc_buf out, dc_buf pre, 
 extern "C" void dc_cuda_linear_geglu_fwd(dc_backend *be, dc_buf out, dc_buf pre, dc_buf inp, dc_buf w, dc_buf b,
                                          int M, int K, int F) {
     DC_CUDA_OP(be);
-    const char *e = getenv("DC_GEGLU_SM90");
-    if ((!e || strcmp(e, "0") != 0) && dc_cuda_geglu_linear_sm90(be, out, inp, w, b, M, K, F)) {
+    if (dc_env_on("DC_GEGLU_SM90") && dc_cuda_geglu_linear_sm90(be, out, inp, w, b, M, K, F)) {
         DC_CUDA_LAUNCHED(be);
         return;
     }
