@@ -5,9 +5,9 @@
 // layouts whose strides are not the dense ones (padded samples, head-major).
 // Each case runs forward (out, lse) and backward (dq, dk, dv) in three GPU
 // modes: cuda-fp32 (checking kernels and fp32 products), cuda (bf16 tensor
-// cores; on a Hopper GPU the forward's wgmma kernel where a call fits it) and
-// cuda again with that kernel off (DC_ATTENTION_SM90=0: cuDNN's forward, else
-// ours). The CPU reads the same values the GPU does (rounded to bf16 where
+// cores; on a Hopper GPU the forward's wgmma kernel where a call fits it, the
+// few-keys kernel where one has at most 128 keys) and cuda again with both
+// off (DC_ATTENTION_SM90=0 DC_ATTENTION_SHORT=0: cuDNN's forward, else ours). The CPU reads the same values the GPU does (rounded to bf16 where
 // the GPU's input is bf16); backward starts from the CPU's forward results,
 // so it is checked on its own.
 //
@@ -194,6 +194,10 @@ static const attn_case g_cases[] = {
     {"Tq300 Tk700 Dh32, head-major", 2, 3, 300, 700, 32, 32, false, 0, HEADS, 0},
     {"Tq200 Tk260 Dh40, padded samples", 2, 2, 200, 260, 40, 40, false, 0.2f, ROWS, 16},
     {"Tq129 Tk129 Dh24, packed qkv", 3, 2, 129, 129, 24, 24, false, 0, PACKED, 0},
+    {"Tq1000 Tk128 Dh48, padded samples", 3, 5, 1000, 128, 48, 48, false, 0, ROWS, 8},
+    {"Tq700 Tk81 Dh32, head-major", 2, 2, 700, 81, 32, 32, false, 0, HEADS, 0},
+    {"Tq333 Tk1 Dh16, packed kv", 2, 3, 333, 1, 16, 16, false, 0, KV, 0},
+    {"Tq5000 Tk80 Dh40 rows", 1, 3, 5000, 80, 40, 40, false, 0.5f, ROWS, 0},
 };
 
 int main(int argc, char **argv) {
@@ -204,9 +208,10 @@ int main(int argc, char **argv) {
     g_cpu = dc_backend_cpu_create();
     if (g_cpu->reserve(g_cpu, 16384, 512)) return printf("cpu reserve: %s\n", dc_error()), 1;
     // Modes: fp32; bf16 (on a Hopper GPU its wgmma forward where the call
-    // fits); bf16 with that kernel off (cuDNN's forward, then our kernels).
+    // fits, the few-keys kernel where that fits); bf16 with both off
+    // (cuDNN's forward, then our flash kernels).
     for (int mode = 0; mode < 3; mode++) {
-        if (mode == 2) setenv("DC_ATTENTION_SM90", "0", 1);
+        if (mode == 2) setenv("DC_ATTENTION_SM90", "0", 1), setenv("DC_ATTENTION_SHORT", "0", 1);
         g_gpu = dc_backend_cuda_create(mode == 0);
         if (!g_gpu) {
             printf("SKIP test_cuda_attention: %s\n", dc_error());
@@ -215,7 +220,7 @@ int main(int argc, char **argv) {
         }
         g_ct = g_gpu->compute;
         printf("== %s (compute %s%s) ==\n", g_gpu->name, dc_dtype_name(g_ct),
-               mode == 2 ? ", DC_ATTENTION_SM90=0" : "");
+               mode == 2 ? ", DC_ATTENTION_SM90=0 DC_ATTENTION_SHORT=0" : "");
         if (g_gpu->reserve(g_gpu, 16384, 512)) {
             printf("FAIL reserve for 16384 tokens, head size 512: %s\n", dc_error());
             return 1;

@@ -9,8 +9,9 @@
 //    values of another size than queries (Dv != Dh). The VAE's one head of 512.
 // All three read q, k, v, out in any layout (element strides per sample,
 // token and head), with Tq != Tk, a causal mask and any scale. Ahead of them
-// the bf16 forward tries Hopper's wgmma kernel (cuda_attention_sm90.cu), then
-// cuDNN's (cuda_attention_cudnn.cu), where the call fits those.
+// the bf16 forward tries Hopper's wgmma kernel (cuda_attention_sm90.cu), the
+// few-keys kernel (cuda_attention_short.cu), then cuDNN's
+// (cuda_attention_cudnn.cu), where the call fits those.
 #pragma once
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -65,6 +66,12 @@ bool dc_attn_big_fits(dc_backend *be, int Tq, int Tk, bool bf16);
 // mask, Dh == Dv in 17..48 and a multiple of 8, at least 256 keys, 16-byte
 // layouts), else returns false having launched nothing.
 bool dc_attn_fwd_sm90(cudaStream_t s, const AttnParams &p, const dc_attn_shape *shape);
+
+// Attention over at most 128 keys (cuda_attention_short.cu): runs the bf16
+// forward and returns true where the call fits it (no mask, Dh == Dv at most
+// 48 and a multiple of 8, 16-byte layouts), else returns false having
+// launched nothing.
+bool dc_attn_fwd_short(cudaStream_t s, const AttnParams &p, const dc_attn_shape *shape);
 
 // cuDNN's fused flash attention (cuda_attention_cudnn.cu): runs the bf16
 // forward and returns true where its graph covers the call and cuDNN has a

@@ -83,6 +83,15 @@ static inline bool dc_env_on(const char *name) {
     return !e || strcmp(e, "0") != 0;
 }
 static inline bool dc_aligned(const void *p, uintptr_t n) { return ((uintptr_t)p & (n - 1)) == 0; }
+// The current device's SM count (0 if it cannot be asked), asked once a device.
+static inline int dc_cuda_sm_count(void) {
+    static int known[64];
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 0;
+    if (!known[dev] && cudaDeviceGetAttribute(&known[dev], cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+        known[dev] = 0;
+    return known[dev];
+}
 // Whether a buffer allows dc_ld4 / dc_st4 (at multiples of 4 from its start).
 static inline bool dc_vec4(dc_buf b) { return dc_aligned(b.p, b.dt == DC_BF16 ? 8 : 16); }
 
