@@ -14,46 +14,67 @@
 // mask: the causal calls (CLIP's 77 tokens) keep the general kernels.
 //
 // It takes heads of at most 48, which cuDNN runs 64 wide: on an H100 at SD
-// 1.x's 16-row step the 64x64 level's call (heads of 40) takes 63 us where
-// cuDNN's took 74.6. At heads of 80 cuDNN's is the faster (28 us, at the
-// memory's speed, against 31.4), so wider heads stay with it.
+// 1.x's 16-row step the 64x64 level's call (heads of 40) takes 57.4 us where
+// cuDNN's took 74.5 (a block-wide ring of query tiles: 62.8). There the
+// exponentials and products, not the 84 MB moved (25 us), bound it. At heads
+// of 80 cuDNN's is the faster (28 us against 30.7), so wider heads stay
+// with it.
 #include "backend/cuda/cuda_attention_tc.h"
 
-// KB: blocks of 16 keys (KP = 16 KB >= Tk). Warp w owns queries 16w..16w+15
-// of each 64-query tile.
+// KB: blocks of 16 keys (KP = 16 KB >= Tk). The block's queries are
+// `rounds` groups of 64; warp w takes rows 16w..16w+15 of each group and
+// streams them through a ring of NQ 16-row buffers of its own, loading two
+// tiles ahead, so after the keys and values (the one block-wide wait) the
+// warps run apart and one's loads overlap another's products.
+constexpr int NQ = 3;
 template <int DP, int KB>
 __global__ void __launch_bounds__(kThreads) attn_fwd_short(const AttnParams p, float scale_log2, int rounds) {
-    constexpr int SST = DP + 8, NT = DP / 8, KT = DP / 16, KP = 16 * KB;
+    constexpr int SST = DP + 8, NT = DP / 8, KT = DP / 16, KP = 16 * KB, CPR = DP / 8;
     extern __shared__ __align__(16) unsigned char smem[];
-    bf16 *sK = (bf16 *)smem, *sV = sK + KP * SST, *sQ = sV + KP * SST;  // sQ: two tiles of BT rows
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = lane & 3, g = lane >> 2;
+    bf16 *sK = (bf16 *)smem, *sV = sK + KP * SST, *sQ = sV + KP * SST + warp * NQ * 16 * SST;
 
     const int Tq = p.Tq, Tk = p.Tk, Dh = p.Dh;
     const int groups = (Tq + BT * rounds - 1) / (BT * rounds);  // query groups of a (b, h)
     const int h = blockIdx.x % p.H, rest = blockIdx.x / p.H;
     const int grp = rest % groups, b = rest / groups;
     const bf16 *qg = (const bf16 *)p.q + b * p.qb + h * p.qh;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = lane & 3, g = lane >> 2;
-    const int wrow = warp * 16;
     const int lrow = lane & 15, lcol = (lane >> 4) * 8;
-    const int first = grp * rounds * BT;  // this block's first query
-    const int nr = min(rounds, (Tq - first + BT - 1) / BT);
+    // this warp's tiles: rows q_at(j) .. + 15 for j < nt
+    const int first = grp * rounds * BT + warp * 16;
+    auto q_at = [&](int j) { return first + j * BT; };
+    const int nt = first < Tq ? min(rounds, (Tq - first + BT - 1) / BT) : 0;
+    auto load_q = [&](int j) {  // 16 rows of tile j into its buffer, zeros past Tq and Dh
+        bf16 *dst = sQ + (j % NQ) * 16 * SST;
+        const int q0 = q_at(j);
+        for (int c = lane; c < 16 * CPR; c += 32) {
+            const int r = c / CPR, col = (c % CPR) * 8;
+            const bool ok = q0 + r < Tq && col < Dh;
+            cp_async16(smem_u32(dst + r * SST + col), ok ? qg + (int64_t)(q0 + r) * p.qt + col : qg, ok ? 16 : 0);
+        }
+    };
 
     load_tile<KP, DP>(sK, (const bf16 *)p.k + b * p.kb + h * p.kh, p.kt, Tk, Dh, true);
     load_tile<KP, DP>(sV, (const bf16 *)p.v + b * p.vb + h * p.vh, p.vt, Tk, Dh, true);
-    load_tile<BT, DP>(sQ, qg + first * p.qt, p.qt, min(BT, Tq - first), Dh, true);
     cp_async_commit();
-    if (nr > 1) load_tile<BT, DP>(sQ + BT * SST, qg + (first + BT) * p.qt, p.qt, min(BT, Tq - first - BT), Dh, true);
-    cp_async_commit();
+    for (int j = 0; j < NQ - 1; j++) {
+        if (j < nt) load_q(j);
+        cp_async_commit();  // possibly empty: keeps the group count uniform
+    }
+    cp_async_wait<NQ - 1>();  // K and V
+    __syncthreads();
 
-    for (int r = 0; r < nr; r++) {
-        const int q0 = first + r * BT;
-        bf16 *sQr = sQ + (r & 1) * BT * SST;
-        cp_async_wait<1>();  // K, V and this tile's queries have landed
-        __syncthreads();
+    for (int j = 0; j < nt; j++) {
+        __syncwarp();  // the buffer tile j + NQ - 1 takes was tile j - 1's
+        if (j + NQ - 1 < nt) load_q(j + NQ - 1);
+        cp_async_commit();
+        cp_async_wait<NQ - 1>();  // tile j has landed
+        __syncwarp();
+        const bf16 *sQj = sQ + (j % NQ) * 16 * SST;
 
         // S = Q K^T: 16 rows x KP keys.
         float s[2 * KB][4];
-        warp_abt<2 * KB, KT, SST>(s, sQr, wrow, sK, 0, lrow, lcol);
+        warp_abt<2 * KB, KT, SST>(s, sQj, 0, sK, 0, lrow, lcol);
         // Softmax in base 2. Element (n, e) is row g + 8 (e >> 1), key
         // 8n + 2t + (e & 1); keys past Tk get -inf (every row sees key 0).
         float mx[2] = {-INFINITY, -INFINITY};
@@ -88,18 +109,12 @@ __global__ void __launch_bounds__(kThreads) attn_fwd_short(const AttnParams p, f
         for (int n = 0; n < NT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
         warp_pb<KB, KT, SST>(o, s, sV, 0, lrow, lcol);
 
-        // Every warp is done with this tile's queries: the tile after next
-        // loads into its buffer (an empty group keeps the count uniform).
-        __syncthreads();
-        if (r + 2 < nr)
-            load_tile<BT, DP>(sQr, qg + (q0 + 2 * BT) * p.qt, p.qt, min(BT, Tq - q0 - 2 * BT), Dh, true);
-        cp_async_commit();
-
+        const int q0 = q_at(j);
 #pragma unroll
         for (int i = 0; i < 2; i++) {
             l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
             l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
-            const int row = q0 + wrow + g + 8 * i;
+            const int row = q0 + g + 8 * i;
             if (row >= Tq) continue;
             const float inv = 1.0f / l[i];
             bf16 *orow = (bf16 *)p.out + b * p.ob + h * p.oh + row * p.ot;
@@ -111,7 +126,7 @@ __global__ void __launch_bounds__(kThreads) attn_fwd_short(const AttnParams p, f
 }
 
 template <int DP, int KB> static void launch(cudaStream_t st, const AttnParams &p, int rounds, unsigned grid) {
-    const size_t sm = (size_t)(2 * 16 * KB + 2 * BT) * (DP + 8) * sizeof(bf16);
+    const size_t sm = (size_t)(2 * 16 * KB + NQ * BT) * (DP + 8) * sizeof(bf16);
     allow_smem((const void *)attn_fwd_short<DP, KB>, sm);
     attn_fwd_short<DP, KB><<<grid, kThreads, sm, st>>>(p, p.scale * kLog2e, rounds);
 }
