@@ -63,22 +63,6 @@ static cudnnBackendDescriptor_t matmul(dc_dnn_graph *g, cudnnBackendDescriptor_t
 }
 
 // y = x (mode) b, or y = mode(x) where b is NULL.
-static cudnnBackendDescriptor_t pointwise(dc_dnn_graph *g, cudnnPointwiseMode_t mode, cudnnBackendDescriptor_t x,
-                                          cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t y) {
-    const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
-    cudnnBackendDescriptor_t pw = DNN_G_MAKE(g, CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
-    DNN_G_SET(g, pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode);
-    DNN_G_SET(g, pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &f32);
-    DNN_G_FINISH(g, pw);
-    cudnnBackendDescriptor_t op = DNN_G_MAKE(g, CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
-    DNN_G_SET(g, op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &pw);
-    DNN_G_SET(g, op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x);
-    if (b) DNN_G_SET(g, op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b);
-    DNN_G_SET(g, op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y);
-    DNN_G_FINISH(g, op);
-    return op;
-}
-
 static cudnnBackendDescriptor_t reduction(dc_dnn_graph *g, cudnnReduceTensorOp_t how, cudnnBackendDescriptor_t x,
                                           cudnnBackendDescriptor_t y) {
     const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
@@ -118,14 +102,14 @@ static cudnnBackendDescriptor_t op_graph(dc_dnn_graph *g, cudnnHandle_t dnn, con
     cudnnBackendDescriptor_t lz = dc_dnn_tensor(g, 0, f32, rd, rs, false), p = dc_dnn_tensor(g, 0, bf, sd, ss, false);
     cudnnBackendDescriptor_t ops[10] = {
         matmul(g, q, kt, s0),
-        pointwise(g, CUDNN_POINTWISE_MUL, s0, scale, s1),
+        dc_dnn_pointwise(g, CUDNN_POINTWISE_MUL, s0, scale, s1),
         reduction(g, CUDNN_REDUCE_TENSOR_MAX, s1, mx),
-        pointwise(g, CUDNN_POINTWISE_SUB, s1, mx, s2),
-        pointwise(g, CUDNN_POINTWISE_EXP, s2, NULL, e),
+        dc_dnn_pointwise(g, CUDNN_POINTWISE_SUB, s1, mx, s2),
+        dc_dnn_pointwise(g, CUDNN_POINTWISE_EXP, s2, NULL, e),
         reduction(g, CUDNN_REDUCE_TENSOR_ADD, e, z),
-        pointwise(g, CUDNN_POINTWISE_LOG, z, NULL, lz),
-        pointwise(g, CUDNN_POINTWISE_ADD, mx, lz, lse),
-        pointwise(g, CUDNN_POINTWISE_DIV, e, z, p),
+        dc_dnn_pointwise(g, CUDNN_POINTWISE_LOG, z, NULL, lz),
+        dc_dnn_pointwise(g, CUDNN_POINTWISE_ADD, mx, lz, lse),
+        dc_dnn_pointwise(g, CUDNN_POINTWISE_DIV, e, z, p),
         matmul(g, p, v, o),
     };
     return dc_dnn_op_graph(g, dnn, ops, 10);

@@ -22,6 +22,11 @@
 // (its heuristics' first deterministic choice, the same every run), which
 // they run by: the legacy call costs the host about 160 us a call on an
 // H100 machine, which made eager steps and recording a step graph slow.
+// A bf16 bias joins that graph as a pointwise add in the convolution's
+// epilogue (cuDNN runs the same precompiled kernels with it): SD 1.x's
+// 16-row step lost its 0.33 ms of bias passes (31.40 -> 31.09-31.23 ms on an
+// H100). DC_CONV_BIAS_FUSED=0, read when a shape's plan is made, keeps the
+// separate pass.
 // fp32 convs run with FMA math only (no TF32), so the fp32 mode checks as
 // tightly as the CPU; bf16 convs
 // use tensor cores with fp32 accumulation. A layout cuDNN has no qualifying
@@ -69,6 +74,10 @@ struct dc_conv_plan {
     // time of the legacy call, which dominates recording a UNet step
     cudnnBackendDescriptor_t gplan;
     dc_dnn_graph *g;
+    // the same with a bf16 bias added in the convolution's epilogue (NULL:
+    // none; the bias pass runs after the plan above)
+    cudnnBackendDescriptor_t gplan_b;
+    dc_dnn_graph *g_b;
     char bwd_missing[320];  // empty, or why backward cannot run (forward still can: inference
                             // of large fp32 convs where no deterministic backward fits)
 };
@@ -141,6 +150,8 @@ static bool shape_ok(const dc_conv2d_shape *s, char *err, size_t n) {
 static void plan_free(dc_conv_plan *p) {
     if (p->gplan) cudnnBackendDestroyDescriptor(p->gplan);
     dc_dnn_graph_free(p->g);
+    if (p->gplan_b) cudnnBackendDestroyDescriptor(p->gplan_b);
+    dc_dnn_graph_free(p->g_b);
     if (p->xd) cudnnDestroyTensorDescriptor(p->xd);
     if (p->yd) cudnnDestroyTensorDescriptor(p->yd);
     if (p->wd) cudnnDestroyFilterDescriptor(p->wd);
@@ -165,16 +176,19 @@ static bool usable(const Perf &r, bool fp32) {
     return !fp32 || (r.mathType != CUDNN_TENSOR_OP_MATH && r.mathType != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION);
 }
 
-enum { UID_X = 1, UID_W, UID_Y };
+enum { UID_X = 1, UID_W, UID_Y, UID_B, UID_VIRTUAL };
 
-// The forward convolution as a one-op graph of x, w and y (channels-last
-// strides, the shape cuDNN sees: hi x wi, padding ph, pw) and its plan, where
-// cuDNN offers a deterministic one within limit bytes of workspace; else p
-// keeps the legacy call alone.
+// The forward convolution as a graph of x, w and y (channels-last strides,
+// the shape cuDNN sees: hi x wi, padding ph, pw), with bias: y = conv + b (b
+// bf16 [Co], added in fp32 before y is rounded), and its plan, where cuDNN
+// offers a deterministic one within limit bytes of workspace (into
+// p->gplan, or p->gplan_b with bias); else p keeps the legacy call (and the
+// bias pass).
 static void graph_plan(cudnnHandle_t h, const dc_conv2d_shape *s, int hi, int wi, int ph, int pw, size_t limit,
-                       dc_conv_plan *p) {
+                       bool bias, dc_conv_plan *p) {
     dc_dnn_graph *g = (dc_dnn_graph *)calloc(1, sizeof *g);
     if (!g) return;
+    g->next_uid = UID_VIRTUAL;
     const int64_t B = s->B, ci = s->Ci, co = s->Co, k = s->k, ho = dc_conv2d_ho(s), wo = dc_conv2d_wo(s);
     const int64_t xd[4] = {B, ci, hi, wi}, xs[4] = {hi * wi * ci, 1, wi * ci, ci};
     const int64_t wd[4] = {co, ci, k, k}, ws[4] = {k * k * ci, 1, k * ci, ci};
@@ -183,6 +197,7 @@ static void graph_plan(cudnnHandle_t h, const dc_conv2d_shape *s, int hi, int wi
     cudnnBackendDescriptor_t x = dc_dnn_tensor(g, UID_X, bf, xd, xs, false);
     cudnnBackendDescriptor_t w = dc_dnn_tensor(g, UID_W, bf, wd, ws, false);
     cudnnBackendDescriptor_t y = dc_dnn_tensor(g, UID_Y, bf, yd, ys, false);
+    cudnnBackendDescriptor_t yc = bias ? dc_dnn_tensor(g, 0, f32, yd, ys, false) : y;  // the product, fp32
     const int64_t dims = 2, dil[2] = {1, 1}, str[2] = {s->stride, s->stride}, pad[2] = {ph, pw};
     const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
     cudnnBackendDescriptor_t cd = DNN_G_MAKE(g, CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR);
@@ -198,21 +213,28 @@ static void graph_plan(cudnnHandle_t h, const dc_conv2d_shape *s, int hi, int wi
     cudnnBackendDescriptor_t op = DNN_G_MAKE(g, CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR);
     DNN_G_SET(g, op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x);
     DNN_G_SET(g, op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &w);
-    DNN_G_SET(g, op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y);
+    DNN_G_SET(g, op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &yc);
     DNN_G_SET(g, op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cd);
     DNN_G_SET(g, op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha);
     DNN_G_SET(g, op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, CUDNN_TYPE_FLOAT, 1, &beta);
     DNN_G_FINISH(g, op);
-    cudnnBackendDescriptor_t graph = dc_dnn_op_graph(g, h, &op, 1);
+    cudnnBackendDescriptor_t ops[2] = {op, NULL};
+    if (bias) {
+        const int64_t bd[4] = {1, co, 1, 1}, bs[4] = {co, 1, co, co};
+        ops[1] = dc_dnn_pointwise(g, CUDNN_POINTWISE_ADD, yc, dc_dnn_tensor(g, UID_B, bf, bd, bs, false), y);
+    }
+    cudnnBackendDescriptor_t graph = dc_dnn_op_graph(g, h, ops, bias ? 2 : 1);
     int64_t ws_bytes = 0;
-    if (g->st == CUDNN_STATUS_SUCCESS) p->gplan = dc_dnn_plan(g, h, graph, (int64_t)limit, true, &ws_bytes);
-    if (!p->gplan) {
+    cudnnBackendDescriptor_t plan = NULL;
+    if (g->st == CUDNN_STATUS_SUCCESS) plan = dc_dnn_plan(g, h, graph, (int64_t)limit, true, &ws_bytes);
+    if (!plan) {
         dc_dnn_graph_free(g);
         cudaGetLastError();  // a declined build leaves no error behind
         return;
     }
-    p->g = g;
-    if ((size_t)ws_bytes > p->ws_fwd) p->ws_fwd = (size_t)ws_bytes;  // either call may run
+    if (bias) p->gplan_b = plan, p->g_b = g;
+    else p->gplan = plan, p->g = g;
+    if ((size_t)ws_bytes > p->ws_fwd) p->ws_fwd = (size_t)ws_bytes;  // any of the calls may run
 }
 
 // Fills p (zeroed by the caller, freed by it on failure) for shape s in dtype
@@ -277,7 +299,10 @@ static bool plan_make(cudnnHandle_t h, const dc_conv2d_shape *s, dc_dtype dt, si
         if (!found) fastest = f[i].time;
         p->fwd = f[i].algo, p->math_fwd = m, p->ws_fwd = ws, found = true;
     }
-    if (found && !fp32 && s->nhwc) graph_plan(h, s, hi, wi, ph, pw, limit, p);
+    if (found && !fp32 && s->nhwc) {
+        graph_plan(h, s, hi, wi, ph, pw, limit, false, p);
+        if (p->gplan && dc_env_on("DC_CONV_BIAS_FUSED")) graph_plan(h, s, hi, wi, ph, pw, limit, true, p);
+    }
     const char *pass = "forward";
     if (found) {
         found = false, pass = "backward-data";
@@ -680,7 +705,14 @@ extern "C" void dc_cuda_conv2d_fwd(dc_backend *be, dc_buf out, dc_buf x, dc_buf 
     if (!p) return;
     const float one = 1.0f, zero = 0.0f;
     const void *xin = conv_input(be, p, x);
-    if (p->gplan && dc_aligned(xin, 16) && dc_aligned(w.p, 16) && dc_aligned(out.p, 16)) {
+    const bool graph = p->gplan && dc_aligned(xin, 16) && dc_aligned(w.p, 16) && dc_aligned(out.p, 16);
+    if (graph && b.p && b.dt == DC_BF16 && p->gplan_b && dc_aligned(b.p, 16)) {
+        if (c->prof) dc_cuda_prof_mark(c, "conv2d_fwd: cuDNN graph with bias (NHWC)");
+        const int64_t uids[4] = {UID_X, UID_W, UID_Y, UID_B};
+        void *const data[4] = {(void *)xin, w.p, out.p, b.p};
+        DNN(dc_dnn_execute(c->dnn, p->gplan_b, 4, uids, data, c->conv_ws));
+        b = dc_buf_none();  // added
+    } else if (graph) {
         if (c->prof) dc_cuda_prof_mark(c, "conv2d_fwd: cuDNN graph (NHWC)");
         const int64_t uids[3] = {UID_X, UID_W, UID_Y};
         void *const data[3] = {(void *)xin, w.p, out.p};

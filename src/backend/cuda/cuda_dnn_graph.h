@@ -38,6 +38,9 @@ void dc_dnn_graph_free(dc_dnn_graph *g);
 // graph), 16-byte aligned; by_value: a host scalar.
 cudnnBackendDescriptor_t dc_dnn_tensor(dc_dnn_graph *g, int64_t uid, cudnnDataType_t dt, const int64_t dim[4],
                                        const int64_t stride[4], bool by_value);
+// y = mode(x, b) elementwise in fp32 (b NULL for a unary mode).
+cudnnBackendDescriptor_t dc_dnn_pointwise(dc_dnn_graph *g, cudnnPointwiseMode_t mode, cudnnBackendDescriptor_t x,
+                                          cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t y);
 // The operation graph of n ops.
 cudnnBackendDescriptor_t dc_dnn_op_graph(dc_dnn_graph *g, cudnnHandle_t dnn, const cudnnBackendDescriptor_t *ops,
                                          int64_t n);
