@@ -53,7 +53,7 @@ constexpr size_t kSmemBytes = sizeof(GegluSmem) + 1024;
 struct GegluParams {
     __nv_bfloat16 *out;
     const void *bias;  // [2F] or NULL
-    int M, K, F;
+    int M, F;
     int nk;  // stages of kBK columns of K
 };
 
@@ -209,7 +209,7 @@ extern "C" bool dc_cuda_geglu_linear_sm90(dc_backend *be, dc_buf out, dc_buf inp
     GegluParams p;
     memset(&p, 0, sizeof p);
     p.out = (__nv_bfloat16 *)out.p, p.bias = b.p;
-    p.M = M, p.K = K, p.F = F, p.nk = (K + kBK - 1) / kBK;
+    p.M = M, p.F = F, p.nk = (K + kBK - 1) / kBK;
     // Persistent: a block an SM, each taking every grid-th tile.
     const unsigned grid = (unsigned)(tiles < dc_cuda_sm_count() ? tiles : dc_cuda_sm_count());
     auto launch = [&](auto kernel) {
