@@ -4,10 +4,13 @@
 // head sizes from 16 to 512 (the VAE's one head), Dv != Dh, any scale, and
 // layouts whose strides are not the dense ones (padded samples, head-major).
 // Each case runs forward (out, lse) and backward (dq, dk, dv) in three GPU
-// modes: cuda-fp32 (checking kernels and fp32 products), cuda (bf16 tensor
+// modes: cuda-fp32 (checking kernels and fp32 products); cuda (bf16 tensor
 // cores; on a Hopper GPU the forward's wgmma kernel where a call fits it, the
-// few-keys kernel where one has at most 128 keys) and cuda again with both
-// off (DC_ATTENTION_SM90=0 DC_ATTENTION_SHORT=0: cuDNN's forward, else ours). The CPU reads the same values the GPU does (rounded to bf16 where
+// few-keys kernel where one has at most 128 keys, cuDNN's forward elsewhere
+// and its backward where it covers the call); and cuda with those off
+// (DC_ATTENTION_SM90=0 DC_ATTENTION_SHORT=0 DC_CUDNN_ATTENTION_BWD=0:
+// cuDNN's forward, else ours; our backward). Every backward runs twice and
+// must repeat its bytes. The CPU reads the same values the GPU does (rounded to bf16 where
 // the GPU's input is bf16); backward starts from the CPU's forward results,
 // so it is checked on its own.
 //
@@ -168,6 +171,22 @@ static void run_case(const attn_case *c) {
     compare_view("dq", c->name, dq, 0, s.q, B, H, Tq, Dh, gt, vanish);
     compare_view("dk", c->name, dk, koff, s.k, B, H, Tk, Dh, gt, vanish);
     compare_view("dv", c->name, dv, voff, s.v, B, H, Tk, Dv, gt, 0);
+    {  // run again: the same bytes (every path is deterministic)
+        float *first[3] = {get_gpu(dq), get_gpu(dk), get_gpu(dv)};
+        g_gpu->attention_bwd(g_gpu, dq.g, dc_buf_at(dk.g, koff), dc_buf_at(dv.g, voff), dout.g, gq, gk, gv, out.g,
+                             lse.g, &s);
+        float *again[3] = {get_gpu(dq), get_gpu(dk), get_gpu(dv)};
+        const int64_t n[3] = {dq.n, dk.n, dv.n};
+        int64_t differ = 0;
+        for (int t = 0; t < 3; t++) {
+            differ += memcmp(first[t], again[t], (size_t)n[t] * 4) != 0;
+            free(first[t]), free(again[t]);
+        }
+        const bool ok = !dc_backend_status(g_gpu) && differ == 0;
+        g_count++, g_fail += !ok;
+        printf("%-4s %-52s bwd run twice: %s\n", ok ? "ok" : "FAIL", c->name,
+               differ ? "results differ" : "the same bytes");
+    }
     release();
 }
 
@@ -208,10 +227,14 @@ int main(int argc, char **argv) {
     g_cpu = dc_backend_cpu_create();
     if (g_cpu->reserve(g_cpu, 16384, 512)) return printf("cpu reserve: %s\n", dc_error()), 1;
     // Modes: fp32; bf16 (on a Hopper GPU its wgmma forward where the call
-    // fits, the few-keys kernel where that fits); bf16 with both off
-    // (cuDNN's forward, then our flash kernels).
+    // fits, the few-keys kernel where that fits, else cuDNN's; cuDNN's
+    // backward where it covers the call); bf16 with our Hopper kernels and
+    // cuDNN's backward off (cuDNN's forward, then our flash kernels' backward).
     for (int mode = 0; mode < 3; mode++) {
-        if (mode == 2) setenv("DC_ATTENTION_SM90", "0", 1), setenv("DC_ATTENTION_SHORT", "0", 1);
+        if (mode == 2) {
+            setenv("DC_ATTENTION_SM90", "0", 1), setenv("DC_ATTENTION_SHORT", "0", 1);
+            setenv("DC_CUDNN_ATTENTION_BWD", "0", 1);
+        }
         g_gpu = dc_backend_cuda_create(mode == 0);
         if (!g_gpu) {
             printf("SKIP test_cuda_attention: %s\n", dc_error());
@@ -220,7 +243,7 @@ int main(int argc, char **argv) {
         }
         g_ct = g_gpu->compute;
         printf("== %s (compute %s%s) ==\n", g_gpu->name, dc_dtype_name(g_ct),
-               mode == 2 ? ", DC_ATTENTION_SM90=0 DC_ATTENTION_SHORT=0" : "");
+               mode == 2 ? ", DC_ATTENTION_SM90=0 DC_ATTENTION_SHORT=0 DC_CUDNN_ATTENTION_BWD=0" : "");
         if (g_gpu->reserve(g_gpu, 16384, 512)) {
             printf("FAIL reserve for 16384 tokens, head size 512: %s\n", dc_error());
             return 1;

@@ -11,7 +11,8 @@
 // token and head), with Tq != Tk, a causal mask and any scale. Ahead of them
 // the bf16 forward tries Hopper's wgmma kernel (cuda_attention_sm90.cu), the
 // few-keys kernel (cuda_attention_short.cu), then cuDNN's
-// (cuda_attention_cudnn.cu), where the call fits those.
+// (cuda_attention_cudnn.cu), and the bf16 backward tries cuDNN's, where the
+// call fits those.
 #pragma once
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -74,6 +75,7 @@ bool dc_attn_fwd_sm90(cudaStream_t s, const AttnParams &p, const dc_attn_shape *
 bool dc_attn_fwd_short(cudaStream_t s, const AttnParams &p, const dc_attn_shape *shape);
 
 // cuDNN's fused flash attention (cuda_attention_cudnn.cu): runs the bf16
-// forward and returns true where its graph covers the call and cuDNN has a
+// forward (or backward) and returns true where its graph covers the call and cuDNN has a
 // plan for the shape, else returns false and leaves the call to the kernels.
 bool dc_cuda_attention_cudnn_fwd(dc_backend *be, const AttnParams *p, const dc_attn_shape *s);
+bool dc_cuda_attention_cudnn_bwd(dc_backend *be, const AttnParams *p, const dc_attn_shape *s);

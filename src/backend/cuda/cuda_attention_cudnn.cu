@@ -1,21 +1,38 @@
-// cuDNN's fused flash attention (forward, bf16) for the attention op: on
-// Hopper its kernels use the wgmma instructions our own kernels do not; in
-// diffusers' profile on an H100 it ran SD 1.5's attention in half the time
-// our kernels take.
+// cuDNN's fused flash attention (bf16, forward and backward) for the
+// attention op: on Hopper its kernels use the wgmma instructions our own
+// kernels do not; in diffusers' profile on an H100 it ran SD 1.5's attention
+// in half the time our kernels take.
 //
 // cuDNN offers it as an operation graph (its graph API: cuda_dnn_graph.h)
-// that its runtime fusion engine recognises as one kernel:
+// that its runtime fusion engine recognises as one kernel. Forward:
 //
 //   S = Q K^T * scale            (matmul, pointwise multiply by a scalar)
 //   M = max_j S,  E = exp(S - M),  Z = sum_j E
 //   lse = M + log Z              (the op's lse output)
 //   O = (E / Z) V                (the probabilities in bf16, then matmul)
 //
+// Backward, from the forward's lse (the graph cuDNN's frontend builds):
+//
+//   D = sum_d dO * O             (a row's sum, kept in the workspace)
+//   P = exp(Q K^T * scale - lse)
+//   dV = P^T dO                  (P in bf16)
+//   dS = P * (dO V^T - D) * scale
+//   dK = dS^T Q,  dQ = dS K      (dS in bf16)
+//
+// dQ is written by its product directly, which makes cuDNN run its
+// deterministic kernel (the scores' gradients staged in its workspace; the
+// frontend's other form, dQ summed in fp32 with atomics, measured no faster
+// on DiT-XL/2). DC_CUDNN_ATTENTION_BWD=0 keeps the backward on our kernels.
+//
 // Q, K, V and O keep the op's layouts: the graph's tensors take their strides
 // (K as K^T by swapping its last two strides). A plan is built the first time
-// a shape runs (host work, with cuDNN compiling its kernel) and kept; a shape
-// cuDNN declines is remembered and runs on our own kernels, as does every
-// call the graph does not cover (fp32, causal, Dh != Dv, unaligned layouts).
+// a shape runs (host work, with cuDNN compiling its kernels): each engine
+// configuration its heuristics offer (up to SDPA_CANDIDATES) runs on the
+// call's own tensors, timed, and the fastest is kept. cuDNN's first choice
+// is not always its fastest: for DiT-XL/2's heads of 72 it ranks an sm80
+// forward kernel first. A shape cuDNN declines is remembered and runs on our
+// own kernels, as does every call the graph does not cover (fp32, causal,
+// Dh != Dv, unaligned layouts).
 //
 // On by default (docs/PERFORMANCE.md: SD 1.5's UNet step 41.7 -> 34.7 ms at
 // 16 rows on an H100). DC_CUDNN_ATTENTION=0 turns it off, for comparing with
@@ -36,50 +53,34 @@ typedef struct {
     int B, H, Tq, Tk, Dh;
     float scale;
     dc_attn_layout q, k, v, out;
+    int bwd;  // 0 forward, 1 backward
 } sdpa_key;
 
-enum { UID_Q = 1, UID_K, UID_V, UID_O, UID_LSE, UID_SCALE, UID_VIRTUAL = 100 };
+enum {
+    UID_Q = 1, UID_K, UID_V, UID_O, UID_LSE, UID_SCALE,
+    UID_DO, UID_DQ, UID_DK, UID_DV, UID_ONE, UID_DSUM,
+    UID_VIRTUAL = 100
+};
+
+// The largest cuDNN workspace a plan may ask for (the backward's
+// deterministic kernel keeps the scores' gradients there: 2 bytes a score).
+#define SDPA_WS_MAX ((int64_t)1 << 30)
+// Engine configurations tried for a new shape.
+#define SDPA_CANDIDATES 8
 
 struct dc_sdpa_plan {
     sdpa_key key;
     cudnnBackendDescriptor_t plan;  // NULL: cuDNN declined the shape
-    int64_t ws;                     // workspace bytes it needs
+    int64_t ws;                     // cuDNN's workspace bytes
     dc_dnn_graph *g;                // the graph's descriptors
+    // until the first call has timed them: the plans to choose from
+    cudnnBackendDescriptor_t cand[SDPA_CANDIDATES];
+    int64_t cand_ws[SDPA_CANDIDATES];
+    int ncand;
 };
 
-static cudnnBackendDescriptor_t matmul(dc_dnn_graph *g, cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b,
-                                       cudnnBackendDescriptor_t c) {
-    const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
-    cudnnBackendDescriptor_t m = DNN_G_MAKE(g, CUDNN_BACKEND_MATMUL_DESCRIPTOR);
-    DNN_G_SET(g, m, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f32);
-    DNN_G_FINISH(g, m);
-    cudnnBackendDescriptor_t op = DNN_G_MAKE(g, CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR);
-    DNN_G_SET(g, op, CUDNN_ATTR_OPERATION_MATMUL_ADESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &a);
-    DNN_G_SET(g, op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b);
-    DNN_G_SET(g, op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &c);
-    DNN_G_SET(g, op, CUDNN_ATTR_OPERATION_MATMUL_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &m);
-    DNN_G_FINISH(g, op);
-    return op;
-}
-
-// y = x (mode) b, or y = mode(x) where b is NULL.
-static cudnnBackendDescriptor_t reduction(dc_dnn_graph *g, cudnnReduceTensorOp_t how, cudnnBackendDescriptor_t x,
-                                          cudnnBackendDescriptor_t y) {
-    const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
-    cudnnBackendDescriptor_t r = DNN_G_MAKE(g, CUDNN_BACKEND_REDUCTION_DESCRIPTOR);
-    DNN_G_SET(g, r, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &how);
-    DNN_G_SET(g, r, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f32);
-    DNN_G_FINISH(g, r);
-    cudnnBackendDescriptor_t op = DNN_G_MAKE(g, CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
-    DNN_G_SET(g, op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x);
-    DNN_G_SET(g, op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y);
-    DNN_G_SET(g, op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &r);
-    DNN_G_FINISH(g, op);
-    return op;
-}
-
-// The operation graph of one attention shape (see the top of the file).
-static cudnnBackendDescriptor_t op_graph(dc_dnn_graph *g, cudnnHandle_t dnn, const sdpa_key *s) {
+// The forward graph of one attention shape (see the top of the file).
+static cudnnBackendDescriptor_t fwd_graph(dc_dnn_graph *g, cudnnHandle_t dnn, const sdpa_key *s) {
     const int64_t B = s->B, H = s->H, Tq = s->Tq, Tk = s->Tk, D = s->Dh;
     const cudnnDataType_t bf = CUDNN_DATA_BFLOAT16, f32 = CUDNN_DATA_FLOAT;
     const int64_t qd[4] = {B, H, Tq, D}, qs[4] = {s->q.batch, s->q.head, s->q.token, 1};
@@ -101,18 +102,83 @@ static cudnnBackendDescriptor_t op_graph(dc_dnn_graph *g, cudnnHandle_t dnn, con
     cudnnBackendDescriptor_t e = dc_dnn_tensor(g, 0, f32, sd, ss, false), z = dc_dnn_tensor(g, 0, f32, rd, rs, false);
     cudnnBackendDescriptor_t lz = dc_dnn_tensor(g, 0, f32, rd, rs, false), p = dc_dnn_tensor(g, 0, bf, sd, ss, false);
     cudnnBackendDescriptor_t ops[10] = {
-        matmul(g, q, kt, s0),
+        dc_dnn_matmul(g, q, kt, s0),
         dc_dnn_pointwise(g, CUDNN_POINTWISE_MUL, s0, scale, s1),
-        reduction(g, CUDNN_REDUCE_TENSOR_MAX, s1, mx),
+        dc_dnn_reduction(g, CUDNN_REDUCE_TENSOR_MAX, s1, mx),
         dc_dnn_pointwise(g, CUDNN_POINTWISE_SUB, s1, mx, s2),
         dc_dnn_pointwise(g, CUDNN_POINTWISE_EXP, s2, NULL, e),
-        reduction(g, CUDNN_REDUCE_TENSOR_ADD, e, z),
+        dc_dnn_reduction(g, CUDNN_REDUCE_TENSOR_ADD, e, z),
         dc_dnn_pointwise(g, CUDNN_POINTWISE_LOG, z, NULL, lz),
         dc_dnn_pointwise(g, CUDNN_POINTWISE_ADD, mx, lz, lse),
         dc_dnn_pointwise(g, CUDNN_POINTWISE_DIV, e, z, p),
-        matmul(g, p, v, o),
+        dc_dnn_matmul(g, p, v, o),
     };
     return dc_dnn_op_graph(g, dnn, ops, 10);
+}
+
+// The backward graph of one attention shape (see the top of the file), op
+// for op as cuDNN's frontend builds it, which is the form its fusion engine
+// recognises. dq, dk, dv share the layouts of q, k, v; dout that of out.
+static cudnnBackendDescriptor_t bwd_graph(dc_dnn_graph *g, cudnnHandle_t dnn, const sdpa_key *s) {
+    const int64_t B = s->B, H = s->H, Tq = s->Tq, Tk = s->Tk, D = s->Dh;
+    const cudnnDataType_t bf = CUDNN_DATA_BFLOAT16, f32 = CUDNN_DATA_FLOAT;
+    const int64_t qd[4] = {B, H, Tq, D}, qs[4] = {s->q.batch, s->q.head, s->q.token, 1};
+    const int64_t kd[4] = {B, H, Tk, D}, ks[4] = {s->k.batch, s->k.head, s->k.token, 1};
+    const int64_t ktd[4] = {B, H, D, Tk}, kts[4] = {s->k.batch, s->k.head, 1, s->k.token};
+    const int64_t vs[4] = {s->v.batch, s->v.head, s->v.token, 1}, vts[4] = {s->v.batch, s->v.head, 1, s->v.token};
+    const int64_t os[4] = {s->out.batch, s->out.head, s->out.token, 1};
+    const int64_t sd[4] = {B, H, Tq, Tk}, ss[4] = {H * Tq * Tk, Tq * Tk, Tk, 1};
+    const int64_t std_[4] = {B, H, Tk, Tq}, sts[4] = {H * Tq * Tk, Tq * Tk, 1, Tk};  // scores transposed
+    const int64_t pd[4] = {B, H, Tq, D}, ps[4] = {H * Tq * D, Tq * D, H * D, 1};     // dO * O
+    const int64_t rd[4] = {B, H, Tq, 1}, rs[4] = {H * Tq, Tq, 1, 1};
+    const int64_t one[4] = {1, 1, 1, 1};
+    cudnnBackendDescriptor_t q = dc_dnn_tensor(g, UID_Q, bf, qd, qs, false);
+    cudnnBackendDescriptor_t kt = dc_dnn_tensor(g, UID_K, bf, ktd, kts, false);
+    cudnnBackendDescriptor_t vt = dc_dnn_tensor(g, UID_V, bf, ktd, vts, false);
+    cudnnBackendDescriptor_t o = dc_dnn_tensor(g, UID_O, bf, qd, os, false);
+    cudnnBackendDescriptor_t dout = dc_dnn_tensor(g, UID_DO, bf, qd, os, false);
+    cudnnBackendDescriptor_t lse = dc_dnn_tensor(g, UID_LSE, f32, rd, rs, false);
+    cudnnBackendDescriptor_t scale = dc_dnn_tensor(g, UID_SCALE, f32, one, one, true);
+    cudnnBackendDescriptor_t unit = dc_dnn_tensor(g, UID_ONE, f32, one, one, true);
+    cudnnBackendDescriptor_t dq = dc_dnn_tensor(g, UID_DQ, bf, qd, qs, false);
+    cudnnBackendDescriptor_t dk = dc_dnn_tensor(g, UID_DK, bf, kd, ks, false);
+    cudnnBackendDescriptor_t dv = dc_dnn_tensor(g, UID_DV, bf, kd, vs, false);
+    cudnnBackendDescriptor_t dsum = dc_dnn_tensor(g, UID_DSUM, f32, rd, rs, false);
+    // the virtual intermediates
+    cudnnBackendDescriptor_t prod = dc_dnn_tensor(g, 0, f32, pd, ps, false), red = dc_dnn_tensor(g, 0, f32, rd, rs, false);
+    cudnnBackendDescriptor_t s0 = dc_dnn_tensor(g, 0, f32, sd, ss, false), s1 = dc_dnn_tensor(g, 0, f32, sd, ss, false);
+    cudnnBackendDescriptor_t s2 = dc_dnn_tensor(g, 0, f32, sd, ss, false), e = dc_dnn_tensor(g, 0, f32, sd, ss, false);
+    cudnnBackendDescriptor_t pt = dc_dnn_tensor(g, 0, bf, std_, sts, false);
+    cudnnBackendDescriptor_t dp = dc_dnn_tensor(g, 0, f32, sd, ss, false), dp1 = dc_dnn_tensor(g, 0, f32, sd, ss, false);
+    cudnnBackendDescriptor_t dp2 = dc_dnn_tensor(g, 0, f32, sd, ss, false), ds = dc_dnn_tensor(g, 0, f32, sd, ss, false);
+    cudnnBackendDescriptor_t dst = dc_dnn_tensor(g, 0, bf, std_, sts, false);
+    cudnnBackendDescriptor_t k = dc_dnn_tensor(g, 0, bf, kd, ks, false);
+    cudnnBackendDescriptor_t ops[17] = {
+        dc_dnn_pointwise(g, CUDNN_POINTWISE_MUL, dout, o, prod),
+        dc_dnn_reduction(g, CUDNN_REDUCE_TENSOR_ADD, prod, red),
+        dc_dnn_pointwise(g, CUDNN_POINTWISE_MUL, red, unit, dsum),
+        dc_dnn_matmul(g, q, kt, s0),
+        dc_dnn_pointwise(g, CUDNN_POINTWISE_MUL, s0, scale, s1),
+        dc_dnn_pointwise(g, CUDNN_POINTWISE_SUB, s1, lse, s2),
+        dc_dnn_pointwise(g, CUDNN_POINTWISE_EXP, s2, NULL, e),
+        dc_dnn_reshape(g, e, pt),
+        dc_dnn_matmul(g, pt, dout, dv),
+        dc_dnn_matmul(g, dout, vt, dp),
+        dc_dnn_pointwise(g, CUDNN_POINTWISE_SUB, dp, dsum, dp1),
+        dc_dnn_pointwise(g, CUDNN_POINTWISE_MUL, dp1, e, dp2),
+        dc_dnn_pointwise(g, CUDNN_POINTWISE_MUL, dp2, scale, ds),
+        dc_dnn_reshape(g, ds, dst),
+        dc_dnn_matmul(g, dst, q, dk),
+        dc_dnn_reshape(g, kt, k),
+        dc_dnn_matmul(g, ds, k, dq),
+    };
+    return dc_dnn_op_graph(g, dnn, ops, 17);
+}
+
+// The scratch (c->sdpa_ws): the backward's row sums D, then cuDNN's
+// workspace from a 256-byte boundary.
+static int64_t rows_bytes(const sdpa_key *k) {
+    return k->bwd ? ((int64_t)k->B * k->H * k->Tq * 4 + 255) / 256 * 256 : 0;
 }
 
 // DC_CUDNN_ATTENTION: 0 off; unset or anything else on, 1 also reporting.
@@ -153,19 +219,79 @@ static dc_sdpa_plan *plan_get(dc_backend *be, const sdpa_key *key, bool report) 
     dc_dnn_graph *g = (dc_dnn_graph *)calloc(1, sizeof *g);
     if (!g || dc_cuda_dnn_start(c) != 0) return free(g), p;  // no cuDNN: the plan stays empty
     g->next_uid = UID_VIRTUAL;
-    cudnnBackendDescriptor_t graph = op_graph(g, c->dnn, key);
+    cudnnBackendDescriptor_t graph = key->bwd ? bwd_graph(g, c->dnn, key) : fwd_graph(g, c->dnn, key);
     if (g->st == CUDNN_STATUS_SUCCESS)
-        p->plan = dc_dnn_plan(g, c->dnn, graph, (int64_t)c->conv_ws_bytes, false, &p->ws);
-    if (p->plan) p->g = g;
+        p->ncand = dc_dnn_plans(g, c->dnn, graph, SDPA_WS_MAX, key->bwd, p->cand, p->cand_ws, SDPA_CANDIDATES);
+    int64_t most = 0;
+    for (int i = 0; i < p->ncand; i++) most = p->cand_ws[i] > most ? p->cand_ws[i] : most;
+    if (p->ncand && dc_cuda_grow(c, &c->sdpa_ws, &c->sdpa_ws_bytes, (size_t)(rows_bytes(key) + most),
+                                 "cuDNN's attention workspace")) {
+        if (report) dc_log("%s", dc_error());
+        for (int i = 0; i < p->ncand; i++) cudnnBackendDestroyDescriptor(p->cand[i]);
+        p->ncand = 0;
+    }
+    if (p->ncand) p->g = g, p->plan = p->cand[0], p->ws = p->cand_ws[0];
+    const char *what = key->bwd ? "backward" : "forward";
     if (report && p->plan)
-        dc_log("cuDNN attention B %d H %d Tq %d Tk %d Dh %d: plan (workspace %lld bytes)", key->B, key->H, key->Tq,
-               key->Tk, key->Dh, (long long)p->ws);
+        dc_log("cuDNN attention %s B %d H %d Tq %d Tk %d Dh %d: %d plans", what, key->B, key->H, key->Tq, key->Tk,
+               key->Dh, p->ncand);
     if (report && !p->plan)
-        dc_log("cuDNN attention B %d H %d Tq %d Tk %d Dh %d: declined (%s at %s:%d)", key->B, key->H, key->Tq,
-               key->Tk, key->Dh, cudnnGetErrorString(g->st), __FILE__, g->line);
+        dc_log("cuDNN attention %s B %d H %d Tq %d Tk %d Dh %d: declined (%s at %s:%d)", what, key->B, key->H,
+               key->Tq, key->Tk, key->Dh, cudnnGetErrorString(g->st), __FILE__, g->line);
     if (!p->plan) dc_dnn_graph_free(g);
     cudaGetLastError();  // a declined build leaves no error behind for the ops after it
     return p;
+}
+
+static sdpa_key key_of(const AttnParams *ap, const dc_attn_shape *s, int bwd) {
+    sdpa_key key;
+    memset(&key, 0, sizeof key);  // the padding too: keys compare with memcmp
+    key.B = s->B, key.H = s->H, key.Tq = s->Tq, key.Tk = s->Tk, key.Dh = s->Dh, key.scale = ap->scale;
+    key.q = s->q, key.k = s->k, key.v = s->v, key.out = s->out;
+    key.bwd = bwd;
+    return key;
+}
+
+static void run(dc_backend *be, cudnnBackendDescriptor_t plan, int n, const int64_t *uids, void *const *data,
+                void *ws) {
+    cudnnStatus_t st = dc_dnn_execute(dc_cuda(be)->dnn, plan, n, uids, data, ws);
+    if (st) {
+        cudaGetLastError();
+        dc_cuda_record(be, __func__, __FILE__, __LINE__, "cuDNN error: %s, from cudnnBackendExecute (attention)",
+                       cudnnGetErrorString(st));
+    }
+}
+
+// The first call of a shape with several plans: each runs on the call's
+// tensors (once to load its kernel, then timed over three runs) and the
+// fastest is kept. The outputs are written again by the call afterwards.
+static void choose(dc_backend *be, dc_sdpa_plan *p, int n, const int64_t *uids, void *const *data, void *ws,
+                   bool report) {
+    dc_cuda_ctx *c = dc_cuda(be);
+    cudaEvent_t ev[2] = {NULL, NULL};
+    const bool timing = p->ncand > 1 && cudaEventCreate(&ev[0]) == cudaSuccess &&
+                        cudaEventCreate(&ev[1]) == cudaSuccess;
+    cudaGetLastError();
+    int best = 0;
+    float best_ms = 0;
+    for (int i = 0; timing && i < p->ncand && !c->failed; i++) {
+        float ms = -1;
+        if (dc_dnn_execute(c->dnn, p->cand[i], n, uids, data, ws) == CUDNN_STATUS_SUCCESS &&
+            cudaEventRecord(ev[0], c->stream) == cudaSuccess) {
+            bool ok = true;
+            for (int r = 0; r < 3 && ok; r++) ok = dc_dnn_execute(c->dnn, p->cand[i], n, uids, data, ws) == 0;
+            if (ok && cudaEventRecord(ev[1], c->stream) == cudaSuccess && cudaEventSynchronize(ev[1]) == cudaSuccess)
+                cudaEventElapsedTime(&ms, ev[0], ev[1]);
+        }
+        cudaGetLastError();  // a plan that fails to run is not chosen
+        if (report) dc_log("  plan %d: %.1f us a call%s", i, ms >= 0 ? ms * 1000 / 3 : 0.0, ms < 0 ? " (failed)" : "");
+        if (ms >= 0 && (best_ms == 0 || ms < best_ms)) best = i, best_ms = ms;
+    }
+    if (ev[0]) cudaEventDestroy(ev[0]);
+    if (ev[1]) cudaEventDestroy(ev[1]);
+    for (int i = 0; i < p->ncand; i++)
+        if (i != best) cudnnBackendDestroyDescriptor(p->cand[i]);
+    p->plan = p->cand[best], p->ws = p->cand_ws[best], p->ncand = 0;
 }
 
 bool dc_cuda_attention_cudnn_fwd(dc_backend *be, const AttnParams *ap, const dc_attn_shape *s) {
@@ -173,31 +299,50 @@ bool dc_cuda_attention_cudnn_fwd(dc_backend *be, const AttnParams *ap, const dc_
     if (mode < 0) mode = env_mode();
     const void *ptr[4] = {ap->q, ap->k, ap->v, ap->out};
     if (!mode || !graph_covers(s, ptr)) return false;
-    sdpa_key key;
-    memset(&key, 0, sizeof key);  // the padding too: keys compare with memcmp
-    key.B = s->B, key.H = s->H, key.Tq = s->Tq, key.Tk = s->Tk, key.Dh = s->Dh, key.scale = ap->scale;
-    key.q = s->q, key.k = s->k, key.v = s->v, key.out = s->out;
+    const sdpa_key key = key_of(ap, s, 0);
     dc_sdpa_plan *p = plan_get(be, &key, mode == 2);
     if (!p || !p->plan) return false;
-    dc_cuda_ctx *c = dc_cuda(be);
     float scale = ap->scale;
     const int64_t uids[6] = {UID_Q, UID_K, UID_V, UID_O, UID_LSE, UID_SCALE};
     void *data[6] = {(void *)ap->q, (void *)ap->k, (void *)ap->v, ap->out, ap->lse, &scale};
-    void *ws = p->ws ? c->conv_ws : NULL;
-    cudnnStatus_t st = dc_dnn_execute(c->dnn, p->plan, 6, uids, data, ws);
-    if (st) {
-        cudaGetLastError();
-        dc_cuda_record(be, __func__, __FILE__, __LINE__, "cuDNN error: %s, from cudnnBackendExecute (attention)",
-                       cudnnGetErrorString(st));
-    }
+    void *ws = dc_cuda(be)->sdpa_ws;
+    if (p->ncand) choose(be, p, 6, uids, data, ws, mode == 2);
+    run(be, p->plan, 6, uids, data, p->ws ? ws : NULL);
+    return true;
+}
+
+bool dc_cuda_attention_cudnn_bwd(dc_backend *be, const AttnParams *ap, const dc_attn_shape *s) {
+    static int mode = -1;
+    if (mode < 0) mode = env_mode();
+    const void *ptr[4] = {ap->q, ap->k, ap->v, ap->o}, *grads[4] = {ap->dq, ap->dk, ap->dv, ap->dout};
+    // DC_CUDNN_ATTENTION_BWD=0: our kernels (read at every call, so a test can switch it)
+    if (!mode || !dc_env_on("DC_CUDNN_ATTENTION_BWD") || !graph_covers(s, ptr) || !graph_covers(s, grads))
+        return false;
+    const sdpa_key key = key_of(ap, s, 1);
+    dc_sdpa_plan *p = plan_get(be, &key, mode == 2);
+    if (!p || !p->plan) return false;
+    char *rows = (char *)dc_cuda(be)->sdpa_ws, *ws = rows + rows_bytes(&key);
+    float scale = ap->scale, unit = 1.0f;
+    const int64_t uids[12] = {UID_Q,   UID_K,  UID_V,  UID_O,  UID_DO,  UID_LSE,
+                              UID_SCALE, UID_ONE, UID_DQ, UID_DK, UID_DV, UID_DSUM};
+    void *data[12] = {(void *)ap->q, (void *)ap->k, (void *)ap->v, (void *)ap->o, (void *)ap->dout, ap->lse,
+                      &scale,        &unit,         ap->dq,        ap->dk,        ap->dv,          rows};
+    if (p->ncand) choose(be, p, 12, uids, data, ws, mode == 2);
+    run(be, p->plan, 12, uids, data, p->ws ? ws : NULL);
     return true;
 }
 
 extern "C" void dc_cuda_attention_cudnn_free(dc_cuda_ctx *c) {
     for (int i = 0; i < c->nsdpa; i++) {
-        if (c->sdpa[i].plan) cudnnBackendDestroyDescriptor(c->sdpa[i].plan);
-        dc_dnn_graph_free(c->sdpa[i].g);
+        dc_sdpa_plan *p = &c->sdpa[i];
+        if (p->ncand)
+            for (int j = 0; j < p->ncand; j++) cudnnBackendDestroyDescriptor(p->cand[j]);
+        else if (p->plan)
+            cudnnBackendDestroyDescriptor(p->plan);
+        dc_dnn_graph_free(p->g);
     }
     free(c->sdpa);
     c->sdpa = NULL, c->nsdpa = c->cap_sdpa = 0;
+    if (c->sdpa_ws) cudaFree(c->sdpa_ws);
+    c->sdpa_ws = NULL, c->sdpa_ws_bytes = 0;
 }

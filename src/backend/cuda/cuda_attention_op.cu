@@ -1,6 +1,6 @@
 // The attention op of the CUDA backend (backend.h: attention_fwd and
 // attention_bwd): checks a call, then picks its path (cuda_attention.h):
-// cuDNN's flash attention for a bf16 forward it covers, the bf16
+// cuDNN's flash attention for a bf16 forward or backward it covers, the bf16
 // tensor-core kernels or the fp32 kernels where the head fits, else the
 // product path. A call none can run is recorded as the op's error, in the
 // caller's terms.
@@ -114,6 +114,7 @@ extern "C" void dc_cuda_attention_bwd(dc_backend *be, dc_buf dq, dc_buf dk, dc_b
     AttnParams p = params_for(s);
     p.q = q.p, p.k = k.p, p.v = v.p, p.o = out.p, p.dout = dout.p, p.lse = (float *)lse.p;
     p.dq = dq.p, p.dk = dk.p, p.dv = dv.p;
+    if (bf16 && dc_cuda_attention_cudnn_bwd(be, &p, s)) return;
     cudaStream_t st = dc_cuda(be)->stream;
     if (!fused(s, bf16)) {
         if (!dc_attn_big_fits(be, s->Tq, s->Tk, bf16))

@@ -42,6 +42,17 @@ int dc_cuda_fail_alloc(const char *what, size_t bytes, cudaError_t e) {
                    what, cudaGetErrorString(e), fr / 1048576.0, tot / 1048576.0);
 }
 
+int dc_cuda_grow(dc_cuda_ctx *c, void **p, size_t *have, size_t bytes, const char *what) {
+    if (bytes <= *have) return 0;
+    c->frees += *p != NULL;  // a graph that uses the old one is stale
+    if (*p) cudaFree(*p);  // waits for the work that uses it
+    *p = NULL, *have = 0;
+    cudaError_t e = cudaMalloc(p, bytes);
+    if (e != cudaSuccess) return *p = NULL, dc_cuda_fail_alloc(what, bytes, e);
+    *have = bytes;
+    return 0;
+}
+
 // ---- memory --------------------------------------------------------------------------
 // A host-side table of live allocations keeps the tally of device memory.
 static void *cu_alloc(dc_backend *be, size_t bytes) {
@@ -78,7 +89,8 @@ static void cu_free(dc_backend *be, void *p) {
 static void cu_memory(dc_backend *be, size_t *now, size_t *peak) {
     dc_cuda_ctx *c = dc_cuda(be);
     // the ops' own workspaces count too (the reduction scratch is too small to matter)
-    size_t ws = c->lt_ws_bytes + c->conv_ws_bytes + c->conv_scratch_bytes + DC_CUDA_NORM_WS * sizeof(double);
+    size_t ws = c->lt_ws_bytes + c->conv_ws_bytes + c->conv_scratch_bytes + c->sdpa_ws_bytes +
+                DC_CUDA_NORM_WS * sizeof(double);
     if (now) *now = c->bytes_now + ws;
     if (peak) *peak = c->bytes_peak + ws;
 }

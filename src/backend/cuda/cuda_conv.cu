@@ -392,19 +392,6 @@ extern "C" void dc_cuda_conv_free(dc_cuda_ctx *c) {
     c->frees++;
 }
 
-// Replaces *p by a buffer of `bytes` if it is smaller (grow-only); -1 with a
-// message if the GPU cannot give it (the old one is gone then too).
-static int grow(dc_cuda_ctx *c, void **p, size_t *have, size_t bytes, const char *what) {
-    if (bytes <= *have) return 0;
-    c->frees += *p != NULL;  // a graph that uses the old one is stale
-    if (*p) cudaFree(*p);  // waits for the work that uses it
-    *p = NULL, *have = 0;
-    cudaError_t e = cudaMalloc(p, bytes);
-    if (e != cudaSuccess) return *p = NULL, dc_cuda_fail_alloc(what, bytes, e);
-    *have = bytes;
-    return 0;
-}
-
 extern "C" int dc_cuda_dnn_start(dc_cuda_ctx *c) {
     if (c->dnn) return 0;
     cudnnStatus_t st = cudnnCreate(&c->dnn);
@@ -425,8 +412,8 @@ extern "C" int dc_cuda_reserve_conv(dc_backend *be, const dc_conv2d_shape *s, bo
     size_t limit = c->conv_ws_bytes > CONV_WS_MAX ? c->conv_ws_bytes : CONV_WS_MAX;
     dc_conv_plan *p = plan_get(c, s, be->compute, limit, err, sizeof err);
     if (!p) return cudaGetLastError(), dc_fail("%s", err);
-    DC_TRY(grow(c, &c->conv_ws, &c->conv_ws_bytes, op_ws(p, backward), "the convolution workspace"));
-    DC_TRY(grow(c, &c->conv_scratch, &c->conv_scratch_bytes, scratch_bytes(s, backward), "the convolution scratch"));
+    DC_TRY(dc_cuda_grow(c, &c->conv_ws, &c->conv_ws_bytes, op_ws(p, backward), "the convolution workspace"));
+    DC_TRY(dc_cuda_grow(c, &c->conv_scratch, &c->conv_scratch_bytes, scratch_bytes(s, backward), "the convolution scratch"));
     return 0;
 }
 

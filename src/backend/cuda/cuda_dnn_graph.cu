@@ -67,6 +67,44 @@ cudnnBackendDescriptor_t dc_dnn_pointwise(dc_dnn_graph *g, cudnnPointwiseMode_t 
     return op;
 }
 
+cudnnBackendDescriptor_t dc_dnn_matmul(dc_dnn_graph *g, cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b,
+                                       cudnnBackendDescriptor_t c) {
+    const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
+    cudnnBackendDescriptor_t m = DNN_G_MAKE(g, CUDNN_BACKEND_MATMUL_DESCRIPTOR);
+    DNN_G_SET(g, m, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f32);
+    DNN_G_FINISH(g, m);
+    cudnnBackendDescriptor_t op = DNN_G_MAKE(g, CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR);
+    DNN_G_SET(g, op, CUDNN_ATTR_OPERATION_MATMUL_ADESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &a);
+    DNN_G_SET(g, op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b);
+    DNN_G_SET(g, op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &c);
+    DNN_G_SET(g, op, CUDNN_ATTR_OPERATION_MATMUL_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &m);
+    DNN_G_FINISH(g, op);
+    return op;
+}
+
+cudnnBackendDescriptor_t dc_dnn_reduction(dc_dnn_graph *g, cudnnReduceTensorOp_t how, cudnnBackendDescriptor_t x,
+                                          cudnnBackendDescriptor_t y) {
+    const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
+    cudnnBackendDescriptor_t r = DNN_G_MAKE(g, CUDNN_BACKEND_REDUCTION_DESCRIPTOR);
+    DNN_G_SET(g, r, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &how);
+    DNN_G_SET(g, r, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f32);
+    DNN_G_FINISH(g, r);
+    cudnnBackendDescriptor_t op = DNN_G_MAKE(g, CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
+    DNN_G_SET(g, op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x);
+    DNN_G_SET(g, op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y);
+    DNN_G_SET(g, op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &r);
+    DNN_G_FINISH(g, op);
+    return op;
+}
+
+cudnnBackendDescriptor_t dc_dnn_reshape(dc_dnn_graph *g, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y) {
+    cudnnBackendDescriptor_t op = DNN_G_MAKE(g, CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR);
+    DNN_G_SET(g, op, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x);
+    DNN_G_SET(g, op, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y);
+    DNN_G_FINISH(g, op);
+    return op;
+}
+
 cudnnBackendDescriptor_t dc_dnn_op_graph(dc_dnn_graph *g, cudnnHandle_t dnn, const cudnnBackendDescriptor_t *ops,
                                          int64_t n) {
     cudnnBackendDescriptor_t graph = DNN_G_MAKE(g, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
@@ -91,14 +129,14 @@ static bool nondeterministic(cudnnBackendDescriptor_t cfg) {
     return !known || found;
 }
 
-cudnnBackendDescriptor_t dc_dnn_plan(dc_dnn_graph *g, cudnnHandle_t dnn, cudnnBackendDescriptor_t graph,
-                                     int64_t max_ws, bool deterministic, int64_t *ws) {
+int dc_dnn_plans(dc_dnn_graph *g, cudnnHandle_t dnn, cudnnBackendDescriptor_t graph, int64_t max_ws,
+                 bool deterministic, cudnnBackendDescriptor_t *plans, int64_t *ws, int max) {
     const cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
     cudnnBackendDescriptor_t heur = DNN_G_MAKE(g, CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
     DNN_G_SET(g, heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &graph);
     DNN_G_SET(g, heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
     DNN_G_FINISH(g, heur);
-    if (g->st != CUDNN_STATUS_SUCCESS) return NULL;
+    if (g->st != CUDNN_STATUS_SUCCESS) return 0;
     enum { MAX_CFG = 8 };
     cudnnBackendDescriptor_t cfg[MAX_CFG];
     for (int i = 0; i < MAX_CFG; i++) cfg[i] = DNN_G_MAKE(g, CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
@@ -107,7 +145,9 @@ cudnnBackendDescriptor_t dc_dnn_plan(dc_dnn_graph *g, cudnnHandle_t dnn, cudnnBa
         dc_dnn_ok_at(g, cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
                                                  MAX_CFG, &n, cfg), __LINE__);
     if (g->st == CUDNN_STATUS_SUCCESS && n == 0) dc_dnn_ok_at(g, CUDNN_STATUS_NOT_SUPPORTED, __LINE__);  // no engine
-    for (int64_t i = 0; g->st == CUDNN_STATUS_SUCCESS && i < n; i++) {
+    int got_plans = 0;
+    cudnnStatus_t last = CUDNN_STATUS_NOT_SUPPORTED;
+    for (int64_t i = 0; g->st == CUDNN_STATUS_SUCCESS && i < n && got_plans < max; i++) {
         cudnnBackendDescriptor_t plan = NULL;
         cudnnStatus_t st = deterministic && nondeterministic(cfg[i]) ? CUDNN_STATUS_NOT_SUPPORTED
                                                                        : CUDNN_STATUS_SUCCESS;
@@ -117,18 +157,25 @@ cudnnBackendDescriptor_t dc_dnn_plan(dc_dnn_graph *g, cudnnHandle_t dnn, cudnnBa
             st = cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG,
                                           CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfg[i]);
         if (!st) st = cudnnBackendFinalize(plan);
-        int64_t got = 0, need = 0;
+        int64_t cnt = 0, need = 0;
         if (!st)
-            st = cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &got,
+            st = cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &cnt,
                                           &need);
         if (!st && need <= max_ws) {
-            *ws = need;
-            return plan;
+            plans[got_plans] = plan, ws[got_plans++] = need;
+            continue;
         }
         if (plan) cudnnBackendDestroyDescriptor(plan);
-        if (i == n - 1) dc_dnn_ok_at(g, st ? st : CUDNN_STATUS_NOT_SUPPORTED, __LINE__);  // none qualifies
+        last = st ? st : CUDNN_STATUS_NOT_SUPPORTED;
     }
-    return NULL;
+    if (g->st == CUDNN_STATUS_SUCCESS && !got_plans) dc_dnn_ok_at(g, last, __LINE__);  // none qualifies
+    return got_plans;
+}
+
+cudnnBackendDescriptor_t dc_dnn_plan(dc_dnn_graph *g, cudnnHandle_t dnn, cudnnBackendDescriptor_t graph,
+                                     int64_t max_ws, bool deterministic, int64_t *ws) {
+    cudnnBackendDescriptor_t plan = NULL;
+    return dc_dnn_plans(g, dnn, graph, max_ws, deterministic, &plan, ws, 1) ? plan : NULL;
 }
 
 cudnnStatus_t dc_dnn_execute(cudnnHandle_t dnn, cudnnBackendDescriptor_t plan, int n, const int64_t *uids,

@@ -3,7 +3,7 @@
 // heuristics rank engine configurations for it, and the first that
 // finalises into an execution plan within a workspace limit is kept. Each
 // op runs a plan with a variant pack (its tensors' pointers by unique id).
-// Used by cuDNN's fused attention (cuda_attention_cudnn.cu) and the bf16
+// Used by cuDNN's fused attention, forward and backward (cuda_attention_cudnn.cu) and the bf16
 // channels-last convolutions (cuda_conv.cu): a plan executes with a fraction
 // of the host time of cuDNN's legacy convolution call.
 #pragma once
@@ -16,7 +16,7 @@
 typedef struct {
     cudnnStatus_t st;
     int line;  // where the first failure happened (the building file's line), for the report
-    cudnnBackendDescriptor_t own[48];
+    cudnnBackendDescriptor_t own[96];
     int n;
     int64_t next_uid;  // the next virtual tensor's unique id
 } dc_dnn_graph;
@@ -41,6 +41,14 @@ cudnnBackendDescriptor_t dc_dnn_tensor(dc_dnn_graph *g, int64_t uid, cudnnDataTy
 // y = mode(x, b) elementwise in fp32 (b NULL for a unary mode).
 cudnnBackendDescriptor_t dc_dnn_pointwise(dc_dnn_graph *g, cudnnPointwiseMode_t mode, cudnnBackendDescriptor_t x,
                                           cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t y);
+// c = a b (batched over the leading two dims), accumulated in fp32.
+cudnnBackendDescriptor_t dc_dnn_matmul(dc_dnn_graph *g, cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b,
+                                       cudnnBackendDescriptor_t c);
+// y = x reduced (how) over the dims where y has size 1, in fp32.
+cudnnBackendDescriptor_t dc_dnn_reduction(dc_dnn_graph *g, cudnnReduceTensorOp_t how, cudnnBackendDescriptor_t x,
+                                          cudnnBackendDescriptor_t y);
+// y = x seen through y's dims, strides and dtype (a transposed view).
+cudnnBackendDescriptor_t dc_dnn_reshape(dc_dnn_graph *g, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y);
 // The operation graph of n ops.
 cudnnBackendDescriptor_t dc_dnn_op_graph(dc_dnn_graph *g, cudnnHandle_t dnn, const cudnnBackendDescriptor_t *ops,
                                          int64_t n);
@@ -49,6 +57,10 @@ cudnnBackendDescriptor_t dc_dnn_op_graph(dc_dnn_graph *g, cudnnHandle_t dnn, con
 // carries no nondeterminism note), or NULL; *ws its workspace bytes.
 cudnnBackendDescriptor_t dc_dnn_plan(dc_dnn_graph *g, cudnnHandle_t dnn, cudnnBackendDescriptor_t graph,
                                      int64_t max_ws, bool deterministic, int64_t *ws);
+// Up to max such plans, in the heuristics' order, into plans[] (their
+// workspace bytes in ws[]); the count, 0 with the failure recorded in g.
+int dc_dnn_plans(dc_dnn_graph *g, cudnnHandle_t dnn, cudnnBackendDescriptor_t graph, int64_t max_ws,
+                 bool deterministic, cudnnBackendDescriptor_t *plans, int64_t *ws, int max);
 // Runs plan on the handle's stream with n tensors (uids[i] at data[i]) and
 // the workspace.
 cudnnStatus_t dc_dnn_execute(cudnnHandle_t dnn, cudnnBackendDescriptor_t plan, int n, const int64_t *uids,

@@ -40,6 +40,8 @@ typedef struct {
     size_t conv_ws_bytes;
     dc_sdpa_plan *sdpa;       // cuDNN's attention plans (cuda_attention_cudnn.cu)
     int nsdpa, cap_sdpa;
+    void *sdpa_ws;            // their workspace and the backward's row sums (grown as plans are made)
+    size_t sdpa_ws_bytes;
     void *conv_scratch;       // conv weight and bias gradients, padded inputs (grown by reserve_conv)
     size_t conv_scratch_bytes;
     char *ring;               // pinned upload staging ring
@@ -128,6 +130,10 @@ void dc_cuda_prof_graph_free(dc_cuda_ctx *c, void *exec);
 // Fails (-1, message set) for memory the GPU could not give: how much was
 // asked for, for what, and how much is free. Not recorded: the backend stays usable.
 int dc_cuda_fail_alloc(const char *what, size_t bytes, cudaError_t e);
+// Replaces *p by a buffer of `bytes` if it is smaller (grow-only; the old one
+// is freed once the work that uses it is done): 0, or -1 with a message if
+// the GPU cannot give it (the old one is gone then too).
+int dc_cuda_grow(dc_cuda_ctx *c, void **p, size_t *have, size_t bytes, const char *what);
 
 // ---- copies beside the ops (cuda_copy.cu) ----
 // The copy stream and its events (0, or -1 with a message); freed by dc_cuda_copy_free.
@@ -202,7 +208,7 @@ void dc_cuda_conv2d_bwd(dc_backend *be, dc_buf dx, dc_buf dw, dc_buf db, dc_buf 
 void dc_cuda_conv_free(dc_cuda_ctx *c);
 // Starts cuDNN on the backend's stream if it is not running: 0, or -1 with a message.
 int dc_cuda_dnn_start(dc_cuda_ctx *c);
-// Releases cuDNN's attention plans (before dc_cuda_conv_free ends cuDNN).
+// Releases cuDNN's attention plans and workspace (before dc_cuda_conv_free ends cuDNN).
 void dc_cuda_attention_cudnn_free(dc_cuda_ctx *c);
 
 // ---- group norm and affine layer norm (cuda_norm.cu) ----
