@@ -246,6 +246,19 @@ static void test_optim(void) {
     }
     compare("adamw p", p, 1e-6), compare("adamw m", m, 1e-6), compare("adamw v", v, 1e-6);
     compare("adamw ema", e, 1e-6), compare("adamw compute copy", pc, g_ct == DC_F32 ? 1e-6 : 4e-3);
+    {  // views one element in: not 16-byte aligned, so the scalar kernels run
+        pair g = rand_pair(n, DC_F32, -1, 1);
+        g_cpu->grad_norm(g_cpu, gs.c, dc_buf_at(g.c, 1), n - 1, 100.0f);
+        g_gpu->grad_norm(g_gpu, gs.g, dc_buf_at(g.g, 1), n - 1, 100.0f);
+        compare("grad_norm, unaligned", gs, 1e-6);
+        dc_adamw_step h = {1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 1 - powf(0.9f, 4), 1 - powf(0.999f, 4), 0.7f, 0.99f};
+        g_cpu->adamw(g_cpu, dc_buf_at(p.c, 1), dc_buf_at(g.c, 1), dc_buf_at(m.c, 1), dc_buf_at(v.c, 1),
+                     dc_buf_at(e.c, 1), dc_buf_at(pc.c, 1), dc_buf_at(gs.c, 1), n - 1, &h);
+        g_gpu->adamw(g_gpu, dc_buf_at(p.g, 1), dc_buf_at(g.g, 1), dc_buf_at(m.g, 1), dc_buf_at(v.g, 1),
+                     dc_buf_at(e.g, 1), dc_buf_at(pc.g, 1), dc_buf_at(gs.g, 1), n - 1, &h);
+        compare("adamw p, unaligned", p, 1e-6), compare("adamw ema, unaligned", e, 1e-6);
+        compare("adamw compute copy, unaligned", pc, g_ct == DC_F32 ? 1e-6 : 4e-3);
+    }
     release();
 }
 // ---- a whole model ---------------------------------------------------------------------------
@@ -331,7 +344,7 @@ static void run_groups(void) {
         test_mlp(100, 72, 288);
     }
     if (want("pointwise")) test_pointwise(), test_embeddings();
-    if (want("adaln")) test_adaln(3, 64, 96), test_adaln(2, 256, 1152);
+    if (want("adaln")) test_adaln(3, 64, 96), test_adaln(3, 37, 96), test_adaln(2, 256, 1152);
     if (want("attention")) {
         test_attention(2, 49, 64, 4);     // demo model: Dh 16, T 49
         test_attention(2, 256, 1152, 16); // DiT-XL/2: Dh 72

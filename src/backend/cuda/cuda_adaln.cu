@@ -2,9 +2,11 @@
 // gated residual add, and their backward passes.
 //
 // Row kernels give each token row to one warp (fp32 statistics, two passes
-// over a row that stays in L1). Sums over tokens (the dmod chunks) give each
-// block 32 columns of one sample, walked by 8 row lanes and combined in a
-// fixed order: deterministic, no atomics.
+// over a row that stays in L1). Sums over tokens (the dmod chunks): the fast
+// backward takes them from its own loads into per-block partials, summed in
+// a second small kernel; the general one gives each block 32 columns of one
+// sample, walked by 8 row lanes. Both combine in a fixed order:
+// deterministic, no atomics.
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/cuda_ops.h"
 
@@ -89,39 +91,85 @@ __global__ void k_ln_mod_fwd_v4(__nv_bfloat16 *out, float *mean, float *rstd, co
     if (lane == 0) mean[row] = mu, rstd[row] = r;
 }
 
+// The backward in one pass (fast path): dx += rstd (g - mean(g) - xhat
+// mean(g xhat)) row by row as above, and the modulation's sums over tokens
+// (dshift = sum_t dout, dscale = sum_t dout xhat) from the same loads. A block
+// (4 warps) takes `rb` token rows of one sample, a warp every fourth; each
+// lane keeps its columns' running sums in its own shared-memory slots, and
+// the block writes the sum of its warps (in warp order) to
+// part[b][chunk][2][D]. k_ln_mod_dmod_sum adds the chunks in order:
+// deterministic, no atomics.
+enum { BWD_WARPS = 4, BWD_ROWS = 16 };
+
 template <int VPL>
-__global__ void k_ln_mod_bwd_dx_v4(float *dx, const __nv_bfloat16 *dout, const float *x, const float *mean,
-                                   const float *rstd, const __nv_bfloat16 *mod, int rows, int T, int D, int nchunk,
-                                   int ch_scale) {
-    int row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.y, lane = threadIdx.x;
-    if (row >= rows) return;
-    int b = row / T, D4 = D / 4;
-    const float4 *xr = (const float4 *)(x + (int64_t)row * D);
-    const __nv_bfloat16 *gr = dout + (int64_t)row * D, *sc = mod + ((int64_t)b * nchunk + ch_scale) * D;
-    float mu = mean[row], r = rstd[row];
-    float4 g[VPL], xh[VPL];
-    float sg = 0.0f, sgx = 0.0f;
+__global__ void __launch_bounds__(32 * BWD_WARPS)
+    k_ln_mod_bwd_v4(float *dx, float *part, const __nv_bfloat16 *dout, const float *x, const float *mean,
+                    const float *rstd, const __nv_bfloat16 *mod, int T, int D, int nchunk, int ch_scale, int rb) {
+    extern __shared__ float4 acc[];  // [BWD_WARPS][2][D / 4]
+    const int b = blockIdx.y, lane = threadIdx.x, warp = threadIdx.y, D4 = D / 4;
+    float4 *a0 = acc + (int64_t)warp * 2 * D4, *a1 = a0 + D4;
 #pragma unroll
     for (int k = 0; k < VPL; k++) {
-        int j = lane + 32 * k;
-        if (j >= D4) { g[k] = xh[k] = make_float4(0, 0, 0, 0); continue; }
-        float4 go = ld_bf4(gr + 4 * j), c = ld_bf4(sc + 4 * j), xv = xr[j];
-        g[k] = make_float4(go.x * (1.0f + c.x), go.y * (1.0f + c.y), go.z * (1.0f + c.z), go.w * (1.0f + c.w));
-        xh[k] = make_float4((xv.x - mu) * r, (xv.y - mu) * r, (xv.z - mu) * r, (xv.w - mu) * r);
-        sg += g[k].x + g[k].y + g[k].z + g[k].w;
-        sgx += g[k].x * xh[k].x + g[k].y * xh[k].y + g[k].z * xh[k].z + g[k].w * xh[k].w;
+        const int j = lane + 32 * k;
+        if (j < D4) a0[j] = a1[j] = make_float4(0, 0, 0, 0);
     }
-    float mg = dc_warp_sum(sg) / D, mgx = dc_warp_sum(sgx) / D;
-    float4 *dr = (float4 *)(dx + (int64_t)row * D);
+    const __nv_bfloat16 *sc = mod + ((int64_t)b * nchunk + ch_scale) * D;
+    const int t1 = min(T, (int)(blockIdx.x + 1) * rb);
+    for (int t = blockIdx.x * rb + warp; t < t1; t += BWD_WARPS) {
+        const int64_t row = (int64_t)b * T + t;
+        const float4 *xr = (const float4 *)(x + row * D);
+        const __nv_bfloat16 *gr = dout + row * D;
+        const float mu = mean[row], r = rstd[row];
+        float4 g[VPL], xh[VPL];
+        float sg = 0.0f, sgx = 0.0f;
 #pragma unroll
-    for (int k = 0; k < VPL; k++) {
-        int j = lane + 32 * k;
-        if (j >= D4) continue;
-        float4 d = dr[j];
-        d.x += dc_ln_dx(g[k].x, xh[k].x, r, mg, mgx), d.y += dc_ln_dx(g[k].y, xh[k].y, r, mg, mgx);
-        d.z += dc_ln_dx(g[k].z, xh[k].z, r, mg, mgx), d.w += dc_ln_dx(g[k].w, xh[k].w, r, mg, mgx);
-        dr[j] = d;
+        for (int k = 0; k < VPL; k++) {
+            const int j = lane + 32 * k;
+            if (j >= D4) { g[k] = xh[k] = make_float4(0, 0, 0, 0); continue; }
+            const float4 go = ld_bf4(gr + 4 * j), c = ld_bf4(sc + 4 * j), xv = xr[j];
+            xh[k] = make_float4((xv.x - mu) * r, (xv.y - mu) * r, (xv.z - mu) * r, (xv.w - mu) * r);
+            float4 s0 = a0[j], s1 = a1[j];
+            s0.x += go.x, s0.y += go.y, s0.z += go.z, s0.w += go.w;
+            s1.x += go.x * xh[k].x, s1.y += go.y * xh[k].y, s1.z += go.z * xh[k].z, s1.w += go.w * xh[k].w;
+            a0[j] = s0, a1[j] = s1;
+            g[k] = make_float4(go.x * (1.0f + c.x), go.y * (1.0f + c.y), go.z * (1.0f + c.z), go.w * (1.0f + c.w));
+            sg += g[k].x + g[k].y + g[k].z + g[k].w;
+            sgx += g[k].x * xh[k].x + g[k].y * xh[k].y + g[k].z * xh[k].z + g[k].w * xh[k].w;
+        }
+        const float mg = dc_warp_sum(sg) / D, mgx = dc_warp_sum(sgx) / D;
+        float4 *dr = (float4 *)(dx + row * D);
+#pragma unroll
+        for (int k = 0; k < VPL; k++) {
+            const int j = lane + 32 * k;
+            if (j >= D4) continue;
+            float4 d = dr[j];
+            d.x += dc_ln_dx(g[k].x, xh[k].x, r, mg, mgx), d.y += dc_ln_dx(g[k].y, xh[k].y, r, mg, mgx);
+            d.z += dc_ln_dx(g[k].z, xh[k].z, r, mg, mgx), d.w += dc_ln_dx(g[k].w, xh[k].w, r, mg, mgx);
+            dr[j] = d;
+        }
     }
+    __syncthreads();
+    float4 *out = (float4 *)part + ((int64_t)b * gridDim.x + blockIdx.x) * 2 * D4;
+    for (int i = warp * 32 + lane; i < 2 * D4; i += 32 * BWD_WARPS) {
+        float4 v = acc[i];
+        for (int w = 1; w < BWD_WARPS; w++) {
+            const float4 u = acc[(int64_t)w * 2 * D4 + i];
+            v.x += u.x, v.y += u.y, v.z += u.z, v.w += u.w;
+        }
+        out[i] = v;
+    }
+}
+
+// dmod's shift and scale chunks of sample blockIdx.y: the sums of the
+// blocks' partials, in chunk order.
+__global__ void k_ln_mod_dmod_sum(void *dmod, int dmbf, const float *part, int nparts, int D, int nchunk,
+                                  int ch_shift, int ch_scale) {
+    const int b = blockIdx.y, i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= 2 * D) return;
+    float s = 0.0f;
+    for (int c = 0; c < nparts; c++) s += part[((int64_t)b * nparts + c) * 2 * D + i];
+    const int ch = i < D ? ch_shift : ch_scale;
+    dc_st(dmod, ((int64_t)b * nchunk + ch) * D + i % D, s, dmbf);
 }
 
 // Lanes' float4 count for the fast path, or 0 when the shapes or dtypes don't fit it.
@@ -215,20 +263,37 @@ extern "C" void dc_cuda_ln_mod_bwd(dc_backend *be, dc_buf dx, dc_buf dmod, dc_bu
     dim3 block(32, ROWS_PER_BLOCK), grid((rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK);
     int vpl = fast_vpl(D, x, dout, mod);
     if (dx.dt != DC_F32 || !dc_aligned(dx.p, 16)) vpl = 0;
-    switch (vpl) {
+    // the fast path's partial sums live in the norm workspace: chunks of
+    // BWD_ROWS rows, fewer (longer) where that would not fit
+    const int64_t room = DC_CUDA_NORM_WS * (int64_t)(sizeof(double) / sizeof(float)) / ((int64_t)B * 2 * D);
+    const int nparts = (int)(room < (T + BWD_ROWS - 1) / BWD_ROWS ? room : (T + BWD_ROWS - 1) / BWD_ROWS);
+    if (nparts < 1) vpl = 0;
+    if (vpl) {
+        const int rb = (T + nparts - 1) / nparts;
+        float *part = (float *)dc_cuda(be)->norm_ws;
+        const dim3 grid_f((T + rb - 1) / rb, B), block_f(32, BWD_WARPS);
+        const size_t smem = (size_t)BWD_WARPS * 2 * D * sizeof(float);
+        switch (vpl) {
 #define BWD_CASE(V)                                                                                          \
     case V:                                                                                                  \
-        k_ln_mod_bwd_dx_v4<V><<<grid, block, 0, s>>>((float *)dx.p, (const __nv_bfloat16 *)dout.p,             \
-                                                     (const float *)x.p, (const float *)mean.p,               \
-                                                     (const float *)rstd.p, (const __nv_bfloat16 *)mod.p, rows, \
-                                                     T, D, nchunk, ch_scale);                                 \
+        if (smem > 48 * 1024)                                                                                \
+            DC_CUDA(be, cudaFuncSetAttribute(k_ln_mod_bwd_v4<V>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
+                                             (int)smem));                                                    \
+        k_ln_mod_bwd_v4<V><<<grid_f, block_f, smem, s>>>((float *)dx.p, part, (const __nv_bfloat16 *)dout.p,   \
+                                                         (const float *)x.p, (const float *)mean.p,           \
+                                                         (const float *)rstd.p, (const __nv_bfloat16 *)mod.p, \
+                                                         T, D, nchunk, ch_scale, rb);                         \
         break;
-        VPL_CASES(BWD_CASE)
+            VPL_CASES(BWD_CASE)
 #undef BWD_CASE
-    default:
-        k_ln_mod_bwd_dx<<<grid, block, 0, s>>>(dx.p, BF(dx), dout.p, BF(dout), x.p, BF(x), (const float *)mean.p,
-                                               (const float *)rstd.p, mod.p, BF(mod), rows, T, D, nchunk, ch_scale);
+        }
+        k_ln_mod_dmod_sum<<<dim3((2 * D + 255) / 256, B), 256, 0, s>>>(dmod.p, BF(dmod), part, grid_f.x, D, nchunk,
+                                                                        ch_shift, ch_scale);
+        DC_CUDA_LAUNCHED(be);
+        return;
     }
+    k_ln_mod_bwd_dx<<<grid, block, 0, s>>>(dx.p, BF(dx), dout.p, BF(dout), x.p, BF(x), (const float *)mean.p,
+                                           (const float *)rstd.p, mod.p, BF(mod), rows, T, D, nchunk, ch_scale);
     dim3 g2((D + 31) / 32, B), b2(32, 8);
     k_ln_mod_bwd_dmod<<<g2, b2, 0, s>>>(dmod.p, BF(dmod), dout.p, BF(dout), x.p, BF(x), (const float *)mean.p,
                                         (const float *)rstd.p, T, D, nchunk, ch_shift, ch_scale);
