@@ -290,7 +290,7 @@ static void choose(dc_backend *be, dc_sdpa_plan *p, int n, const int64_t *uids, 
     for (int i = 0; timing && i < p->ncand && !c->failed; i++) {
         float ms = -1;
         bool warm = dc_dnn_execute(c->dnn, p->cand[i], n, uids, data, ws) == CUDNN_STATUS_SUCCESS;
-        if (warm) k_hold<<<1, 1, 0, c->stream>>>(2000000);  // about 1 ms
+        if (warm) k_hold<<<1, 1, 0, c->stream>>>(400000);  // about 0.2 ms: longer than 3 launches
         if (warm && cudaEventRecord(ev[0], c->stream) == cudaSuccess) {
             bool ok = true;
             for (int r = 0; r < 3 && ok; r++) ok = dc_dnn_execute(c->dnn, p->cand[i], n, uids, data, ws) == 0;
