@@ -69,14 +69,10 @@ extern "C" void dc_cuda_adamw(dc_backend *be, dc_buf p, dc_buf grad, dc_buf m, d
 // A fixed grid of NB blocks, each summing a fixed slice in double; one thread
 // adds the NB partials in order. The result does not depend on timing.
 enum { NB = 512, TPB = 256 };
-__global__ void k_sumsq(double *part, const void *x, int bf, int64_t n) {
+
+// part[blockIdx.x] = the sum of the block's threads' s, added in a fixed tree.
+__device__ void block_sum_to(double *part, double s) {
     __shared__ double sm[TPB];
-    int64_t per = (n + NB - 1) / NB, i0 = blockIdx.x * per, i1 = min(n, i0 + per);
-    double s = 0.0;
-    for (int64_t i = i0 + threadIdx.x; i < i1; i += TPB) {
-        double t = dc_ld(x, i, bf);
-        s += t * t;
-    }
     sm[threadIdx.x] = s;
     __syncthreads();
     for (int k = TPB / 2; k > 0; k >>= 1) {
@@ -86,10 +82,19 @@ __global__ void k_sumsq(double *part, const void *x, int bf, int64_t n) {
     if (threadIdx.x == 0) part[blockIdx.x] = sm[0];
 }
 
+__global__ void k_sumsq(double *part, const void *x, int bf, int64_t n) {
+    int64_t per = (n + NB - 1) / NB, i0 = blockIdx.x * per, i1 = min(n, i0 + per);
+    double s = 0.0;
+    for (int64_t i = i0 + threadIdx.x; i < i1; i += TPB) {
+        double t = dc_ld(x, i, bf);
+        s += t * t;
+    }
+    block_sum_to(part, s);
+}
+
 // The same slices for an fp32 x (16-byte aligned), read four at a time; each
 // slice starts on a multiple of 4.
 __global__ void k_sumsq_f4(double *part, const float *x, int64_t n) {
-    __shared__ double sm[TPB];
     const int64_t per = ((n + NB - 1) / NB + 3) / 4 * 4, i0 = blockIdx.x * per, i1 = min(n, i0 + per);
     double s = 0.0;
     if (i1 > i0) {
@@ -100,13 +105,7 @@ __global__ void k_sumsq_f4(double *part, const float *x, int64_t n) {
         }
         for (int64_t i = v1 + threadIdx.x; i < i1; i += TPB) s += (double)x[i] * x[i];
     }
-    sm[threadIdx.x] = s;
-    __syncthreads();
-    for (int k = TPB / 2; k > 0; k >>= 1) {
-        if (threadIdx.x < k) sm[threadIdx.x] += sm[threadIdx.x + k];
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) part[blockIdx.x] = sm[0];
+    block_sum_to(part, s);
 }
 
 // One thread adds the NB partials in order and writes [norm, clip factor].
