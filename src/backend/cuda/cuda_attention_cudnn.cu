@@ -31,9 +31,10 @@
 // call's own tensors, timed, and a clearly faster one replaces the first
 // (see choose). The plans get a workspace of their own, which cuDNN's
 // fastest kernels need: for DiT-XL/2's heads of 72 the forward ran an sm80
-// kernel at 163 us a call within no workspace, and runs an sm90 one at 89 us. A shape cuDNN declines is remembered and runs on our
-// own kernels, as does every call the graph does not cover (fp32, causal,
-// Dh != Dv, unaligned layouts).
+// kernel at 163 us a call within no workspace, and runs an sm90 one at
+// 89 us. A shape cuDNN declines is remembered and runs on our own kernels,
+// as does every call the graph does not cover (fp32, causal, Dh != Dv,
+// unaligned layouts).
 //
 // On by default (docs/PERFORMANCE.md: SD 1.5's UNet step 41.7 -> 34.7 ms at
 // 16 rows on an H100). DC_CUDNN_ATTENTION=0 turns it off, for comparing with
@@ -146,12 +147,15 @@ static cudnnBackendDescriptor_t bwd_graph(dc_dnn_graph *g, cudnnHandle_t dnn, co
     cudnnBackendDescriptor_t dv = dc_dnn_tensor(g, UID_DV, bf, kd, vs, false);
     cudnnBackendDescriptor_t dsum = dc_dnn_tensor(g, UID_DSUM, f32, rd, rs, false);
     // the virtual intermediates
-    cudnnBackendDescriptor_t prod = dc_dnn_tensor(g, 0, f32, pd, ps, false), red = dc_dnn_tensor(g, 0, f32, rd, rs, false);
+    cudnnBackendDescriptor_t prod = dc_dnn_tensor(g, 0, f32, pd, ps, false);
+    cudnnBackendDescriptor_t red = dc_dnn_tensor(g, 0, f32, rd, rs, false);
     cudnnBackendDescriptor_t s0 = dc_dnn_tensor(g, 0, f32, sd, ss, false), s1 = dc_dnn_tensor(g, 0, f32, sd, ss, false);
     cudnnBackendDescriptor_t s2 = dc_dnn_tensor(g, 0, f32, sd, ss, false), e = dc_dnn_tensor(g, 0, f32, sd, ss, false);
     cudnnBackendDescriptor_t pt = dc_dnn_tensor(g, 0, bf, std_, sts, false);
-    cudnnBackendDescriptor_t dp = dc_dnn_tensor(g, 0, f32, sd, ss, false), dp1 = dc_dnn_tensor(g, 0, f32, sd, ss, false);
-    cudnnBackendDescriptor_t dp2 = dc_dnn_tensor(g, 0, f32, sd, ss, false), ds = dc_dnn_tensor(g, 0, f32, sd, ss, false);
+    cudnnBackendDescriptor_t dp = dc_dnn_tensor(g, 0, f32, sd, ss, false);
+    cudnnBackendDescriptor_t dp1 = dc_dnn_tensor(g, 0, f32, sd, ss, false);
+    cudnnBackendDescriptor_t dp2 = dc_dnn_tensor(g, 0, f32, sd, ss, false);
+    cudnnBackendDescriptor_t ds = dc_dnn_tensor(g, 0, f32, sd, ss, false);
     cudnnBackendDescriptor_t dst = dc_dnn_tensor(g, 0, bf, std_, sts, false);
     cudnnBackendDescriptor_t k = dc_dnn_tensor(g, 0, bf, kd, ks, false);
     cudnnBackendDescriptor_t ops[17] = {

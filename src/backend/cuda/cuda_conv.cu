@@ -413,7 +413,8 @@ extern "C" int dc_cuda_reserve_conv(dc_backend *be, const dc_conv2d_shape *s, bo
     dc_conv_plan *p = plan_get(c, s, be->compute, limit, err, sizeof err);
     if (!p) return cudaGetLastError(), dc_fail("%s", err);
     DC_TRY(dc_cuda_grow(c, &c->conv_ws, &c->conv_ws_bytes, op_ws(p, backward), "the convolution workspace"));
-    DC_TRY(dc_cuda_grow(c, &c->conv_scratch, &c->conv_scratch_bytes, scratch_bytes(s, backward), "the convolution scratch"));
+    DC_TRY(dc_cuda_grow(c, &c->conv_scratch, &c->conv_scratch_bytes, scratch_bytes(s, backward),
+                        "the convolution scratch"));
     return 0;
 }
 
