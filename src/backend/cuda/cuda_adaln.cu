@@ -100,6 +100,9 @@ __global__ void k_ln_mod_fwd_v4(__nv_bfloat16 *out, float *mean, float *rstd, co
 // part[b][chunk][2][D]. k_ln_mod_dmod_sum adds the chunks in order:
 // deterministic, no atomics.
 enum { BWD_WARPS = 4, BWD_ROWS = 16 };
+// the widest row the fast path takes (VMAX float4 a lane) keeps the partial
+// sums within the 48 KB of shared memory a launch gets without opting in
+static_assert(BWD_WARPS * 2 * (4 * 32 * VMAX) * sizeof(float) <= 48 * 1024, "adaLN backward's shared memory");
 
 template <int VPL>
 __global__ void __launch_bounds__(32 * BWD_WARPS)
@@ -276,9 +279,6 @@ extern "C" void dc_cuda_ln_mod_bwd(dc_backend *be, dc_buf dx, dc_buf dmod, dc_bu
         switch (vpl) {
 #define BWD_CASE(V)                                                                                          \
     case V:                                                                                                  \
-        if (smem > 48 * 1024)                                                                                \
-            DC_CUDA(be, cudaFuncSetAttribute(k_ln_mod_bwd_v4<V>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
-                                             (int)smem));                                                    \
         k_ln_mod_bwd_v4<V><<<grid_f, block_f, smem, s>>>((float *)dx.p, part, (const __nv_bfloat16 *)dout.p,   \
                                                          (const float *)x.p, (const float *)mean.p,           \
                                                          (const float *)rstd.p, (const __nv_bfloat16 *)mod.p, \

@@ -81,23 +81,42 @@ struct dc_sdpa_plan {
     int ncand;
 };
 
+static const cudnnDataType_t bf = CUDNN_DATA_BFLOAT16, f32 = CUDNN_DATA_FLOAT;
+static const int64_t one[4] = {1, 1, 1, 1};
+
+// What both graphs share: the shapes and strides of Q (O takes Q's shape),
+// K^T, O, the scores and the rows' statistics, and the tensors Q, K^T, O,
+// lse and the scale.
+typedef struct {
+    int64_t qd[4], qs[4], ktd[4], kts[4], os[4], sd[4], ss[4], rd[4], rs[4];
+    cudnnBackendDescriptor_t q, kt, o, lse, scale;
+} sdpa_common;
+
+static sdpa_common common_of(dc_dnn_graph *g, const sdpa_key *s) {
+    const int64_t B = s->B, H = s->H, Tq = s->Tq, Tk = s->Tk, D = s->Dh;
+    sdpa_common c = {
+        {B, H, Tq, D},       {s->q.batch, s->q.head, s->q.token, 1},  // Q
+        {B, H, D, Tk},       {s->k.batch, s->k.head, 1, s->k.token},  // K^T
+        {s->out.batch, s->out.head, s->out.token, 1},                 // O
+        {B, H, Tq, Tk},      {H * Tq * Tk, Tq * Tk, Tk, 1},            // scores
+        {B, H, Tq, 1},       {H * Tq, Tq, 1, 1},                       // rows
+        NULL, NULL, NULL, NULL, NULL,                                 // the tensors, below
+    };
+    c.q = dc_dnn_tensor(g, UID_Q, bf, c.qd, c.qs, false);
+    c.kt = dc_dnn_tensor(g, UID_K, bf, c.ktd, c.kts, false);
+    c.o = dc_dnn_tensor(g, UID_O, bf, c.qd, c.os, false);
+    c.lse = dc_dnn_tensor(g, UID_LSE, f32, c.rd, c.rs, false);
+    c.scale = dc_dnn_tensor(g, UID_SCALE, f32, one, one, true);
+    return c;
+}
+
 // The forward graph of one attention shape (see the top of the file).
 static cudnnBackendDescriptor_t fwd_graph(dc_dnn_graph *g, cudnnHandle_t dnn, const sdpa_key *s) {
-    const int64_t B = s->B, H = s->H, Tq = s->Tq, Tk = s->Tk, D = s->Dh;
-    const cudnnDataType_t bf = CUDNN_DATA_BFLOAT16, f32 = CUDNN_DATA_FLOAT;
-    const int64_t qd[4] = {B, H, Tq, D}, qs[4] = {s->q.batch, s->q.head, s->q.token, 1};
-    const int64_t kd[4] = {B, H, D, Tk}, ks[4] = {s->k.batch, s->k.head, 1, s->k.token};
-    const int64_t vd[4] = {B, H, Tk, D}, vs[4] = {s->v.batch, s->v.head, s->v.token, 1};
-    const int64_t os[4] = {s->out.batch, s->out.head, s->out.token, 1};
-    const int64_t sd[4] = {B, H, Tq, Tk}, ss[4] = {H * Tq * Tk, Tq * Tk, Tk, 1};
-    const int64_t rd[4] = {B, H, Tq, 1}, rs[4] = {H * Tq, Tq, 1, 1};
-    const int64_t one[4] = {1, 1, 1, 1};
-    cudnnBackendDescriptor_t q = dc_dnn_tensor(g, UID_Q, bf, qd, qs, false);
-    cudnnBackendDescriptor_t kt = dc_dnn_tensor(g, UID_K, bf, kd, ks, false);
+    const sdpa_common c = common_of(g, s);
+    const int64_t *sd = c.sd, *ss = c.ss, *rd = c.rd, *rs = c.rs;
+    const int64_t vd[4] = {s->B, s->H, s->Tk, s->Dh}, vs[4] = {s->v.batch, s->v.head, s->v.token, 1};
+    cudnnBackendDescriptor_t q = c.q, kt = c.kt, o = c.o, lse = c.lse, scale = c.scale;
     cudnnBackendDescriptor_t v = dc_dnn_tensor(g, UID_V, bf, vd, vs, false);
-    cudnnBackendDescriptor_t o = dc_dnn_tensor(g, UID_O, bf, qd, os, false);
-    cudnnBackendDescriptor_t lse = dc_dnn_tensor(g, UID_LSE, f32, rd, rs, false);
-    cudnnBackendDescriptor_t scale = dc_dnn_tensor(g, UID_SCALE, f32, one, one, true);
     // the virtual intermediates: scores, their maximum, exponentials, sums, probabilities
     cudnnBackendDescriptor_t s0 = dc_dnn_tensor(g, 0, f32, sd, ss, false), s1 = dc_dnn_tensor(g, 0, f32, sd, ss, false);
     cudnnBackendDescriptor_t mx = dc_dnn_tensor(g, 0, f32, rd, rs, false), s2 = dc_dnn_tensor(g, 0, f32, sd, ss, false);
@@ -123,24 +142,15 @@ static cudnnBackendDescriptor_t fwd_graph(dc_dnn_graph *g, cudnnHandle_t dnn, co
 // recognises. dq, dk, dv share the layouts of q, k, v; dout that of out.
 static cudnnBackendDescriptor_t bwd_graph(dc_dnn_graph *g, cudnnHandle_t dnn, const sdpa_key *s) {
     const int64_t B = s->B, H = s->H, Tq = s->Tq, Tk = s->Tk, D = s->Dh;
-    const cudnnDataType_t bf = CUDNN_DATA_BFLOAT16, f32 = CUDNN_DATA_FLOAT;
-    const int64_t qd[4] = {B, H, Tq, D}, qs[4] = {s->q.batch, s->q.head, s->q.token, 1};
+    const sdpa_common c = common_of(g, s);
+    const int64_t *qd = c.qd, *qs = c.qs, *sd = c.sd, *ss = c.ss, *rd = c.rd, *rs = c.rs;
     const int64_t kd[4] = {B, H, Tk, D}, ks[4] = {s->k.batch, s->k.head, s->k.token, 1};
-    const int64_t ktd[4] = {B, H, D, Tk}, kts[4] = {s->k.batch, s->k.head, 1, s->k.token};
     const int64_t vs[4] = {s->v.batch, s->v.head, s->v.token, 1}, vts[4] = {s->v.batch, s->v.head, 1, s->v.token};
-    const int64_t os[4] = {s->out.batch, s->out.head, s->out.token, 1};
-    const int64_t sd[4] = {B, H, Tq, Tk}, ss[4] = {H * Tq * Tk, Tq * Tk, Tk, 1};
     const int64_t std_[4] = {B, H, Tk, Tq}, sts[4] = {H * Tq * Tk, Tq * Tk, 1, Tk};  // scores transposed
     const int64_t pd[4] = {B, H, Tq, D}, ps[4] = {H * Tq * D, Tq * D, H * D, 1};     // dO * O
-    const int64_t rd[4] = {B, H, Tq, 1}, rs[4] = {H * Tq, Tq, 1, 1};
-    const int64_t one[4] = {1, 1, 1, 1};
-    cudnnBackendDescriptor_t q = dc_dnn_tensor(g, UID_Q, bf, qd, qs, false);
-    cudnnBackendDescriptor_t kt = dc_dnn_tensor(g, UID_K, bf, ktd, kts, false);
-    cudnnBackendDescriptor_t vt = dc_dnn_tensor(g, UID_V, bf, ktd, vts, false);
-    cudnnBackendDescriptor_t o = dc_dnn_tensor(g, UID_O, bf, qd, os, false);
-    cudnnBackendDescriptor_t dout = dc_dnn_tensor(g, UID_DO, bf, qd, os, false);
-    cudnnBackendDescriptor_t lse = dc_dnn_tensor(g, UID_LSE, f32, rd, rs, false);
-    cudnnBackendDescriptor_t scale = dc_dnn_tensor(g, UID_SCALE, f32, one, one, true);
+    cudnnBackendDescriptor_t q = c.q, kt = c.kt, o = c.o, lse = c.lse, scale = c.scale;
+    cudnnBackendDescriptor_t vt = dc_dnn_tensor(g, UID_V, bf, c.ktd, vts, false);
+    cudnnBackendDescriptor_t dout = dc_dnn_tensor(g, UID_DO, bf, qd, c.os, false);
     cudnnBackendDescriptor_t unit = dc_dnn_tensor(g, UID_ONE, f32, one, one, true);
     cudnnBackendDescriptor_t dq = dc_dnn_tensor(g, UID_DQ, bf, qd, qs, false);
     cudnnBackendDescriptor_t dk = dc_dnn_tensor(g, UID_DK, bf, kd, ks, false);
@@ -186,20 +196,26 @@ static int64_t rows_bytes(const sdpa_key *k) {
     return k->bwd ? ((int64_t)k->B * k->H * k->Tq * 4 + 255) / 256 * 256 : 0;
 }
 
-// DC_CUDNN_ATTENTION: 0 off; unset or anything else on, 1 also reporting.
+// DC_CUDNN_ATTENTION (read once): 0 off; unset or anything else on, 1 also reporting.
 static int env_mode(void) {
-    const char *e = getenv("DC_CUDNN_ATTENTION");
-    return !e ? 1 : strcmp(e, "0") == 0 ? 0 : strcmp(e, "1") == 0 ? 2 : 1;
+    static int mode = -1;
+    if (mode < 0) {
+        const char *e = getenv("DC_CUDNN_ATTENTION");
+        mode = !e ? 1 : strcmp(e, "0") == 0 ? 0 : strcmp(e, "1") == 0 ? 2 : 1;
+    }
+    return mode;
 }
 
 // Whether the graph covers this call: bf16, no mask, one head size, every
-// layout in 16-byte steps (cuDNN's alignment) and head sizes cuDNN's flash
-// kernels take.
-static bool graph_covers(const dc_attn_shape *s, const void *const ptr[4]) {
+// layout in 16-byte steps and the n tensors on 16-byte boundaries (cuDNN's
+// alignment), and head sizes cuDNN's flash kernels take.
+static bool graph_covers(const dc_attn_shape *s, const void *const *ptr, int n) {
     if (s->causal || s->Dh != s->Dv || s->Dh % 8 || s->Dh > 256) return false;
     const dc_attn_layout l[4] = {s->q, s->k, s->v, s->out};
     for (int i = 0; i < 4; i++)
-        if (l[i].batch % 8 || l[i].token % 8 || l[i].head % 8 || !dc_aligned(ptr[i], 16)) return false;
+        if (l[i].batch % 8 || l[i].token % 8 || l[i].head % 8) return false;
+    for (int i = 0; i < n; i++)
+        if (!dc_aligned(ptr[i], 16)) return false;
     return true;
 }
 
@@ -315,10 +331,9 @@ static void choose(dc_backend *be, dc_sdpa_plan *p, int n, const int64_t *uids, 
 }
 
 bool dc_cuda_attention_cudnn_fwd(dc_backend *be, const AttnParams *ap, const dc_attn_shape *s) {
-    static int mode = -1;
-    if (mode < 0) mode = env_mode();
+    const int mode = env_mode();
     const void *ptr[4] = {ap->q, ap->k, ap->v, ap->out};
-    if (!mode || !graph_covers(s, ptr)) return false;
+    if (!mode || !graph_covers(s, ptr, 4)) return false;
     const sdpa_key key = key_of(ap, s, 0);
     dc_sdpa_plan *p = plan_get(be, &key, mode == 2);
     if (!p || !p->plan) return false;
@@ -332,12 +347,10 @@ bool dc_cuda_attention_cudnn_fwd(dc_backend *be, const AttnParams *ap, const dc_
 }
 
 bool dc_cuda_attention_cudnn_bwd(dc_backend *be, const AttnParams *ap, const dc_attn_shape *s) {
-    static int mode = -1;
-    if (mode < 0) mode = env_mode();
-    const void *ptr[4] = {ap->q, ap->k, ap->v, ap->o}, *grads[4] = {ap->dq, ap->dk, ap->dv, ap->dout};
+    const int mode = env_mode();
+    const void *ptr[8] = {ap->q, ap->k, ap->v, ap->o, ap->dq, ap->dk, ap->dv, ap->dout};
     // DC_CUDNN_ATTENTION_BWD=0: our kernels (read at every call, so a test can switch it)
-    if (!mode || !dc_env_on("DC_CUDNN_ATTENTION_BWD") || !graph_covers(s, ptr) || !graph_covers(s, grads))
-        return false;
+    if (!mode || !dc_env_on("DC_CUDNN_ATTENTION_BWD") || !graph_covers(s, ptr, 8)) return false;
     const sdpa_key key = key_of(ap, s, 1);
     dc_sdpa_plan *p = plan_get(be, &key, mode == 2);
     if (!p || !p->plan) return false;
