@@ -156,7 +156,9 @@ template <int DN> __device__ __forceinline__ void rescale(float (&o)[DN / 2], co
 // The online softmax of one tile of scores (keys k0 .. k0 + 127, those past
 // Tk masked), in place: the new row max m (raw scores; scale > 0), alpha =
 // the factor for what came before, l the running row sums (this lane's
-// columns), and sc = 2^(s sl2 - m sl2): one FFMA and one MUFU.EX2 a score.
+// columns; only where `sums`), and sc = 2^(s sl2 - m sl2): one FFMA and one
+// MUFU.EX2 a score.
+template <bool sums>
 __device__ __forceinline__ void softmax_exp(float (&sc)[64], float (&m)[2], float (&l)[2], float (&alpha)[2], int k0,
                                             int Tk, int t, float sl2) {
     if (k0 + kBN > Tk) {
@@ -196,11 +198,12 @@ __device__ __forceinline__ void softmax_exp(float (&sc)[64], float (&m)[2], floa
             const float x = fmaf(sc[4 * n + e], sl2, -ms[e >> 1]);
             const float pr = fast_exp2(x);
             sc[4 * n + e] = pr;
-            part[e >> 1][(n & 1) * 2 + (e & 1)] += pr;
+            if (sums) part[e >> 1][(n & 1) * 2 + (e & 1)] += pr;
         }
     }
+    if (sums)
 #pragma unroll
-    for (int r = 0; r < 2; r++) l[r] += (part[r][0] + part[r][1]) + (part[r][2] + part[r][3]);
+        for (int r = 0; r < 2; r++) l[r] += (part[r][0] + part[r][1]) + (part[r][2] + part[r][3]);
 }
 // P as the bf16 A fragments of the PV product: 8-column blocks 2k and 2k+1
 // of the scores are the 16 keys of step k.
@@ -214,8 +217,14 @@ __device__ __forceinline__ void pack_p(const float (&sc)[64], uint32_t (&pa)[8][
 #endif
 
 // KS: 16-column steps of the head in S = Q K^T; DN: the head's columns in
-// O (32 or 48, at least Dh).
-template <int KS, int DN>
+// O (32 or 48, at least Dh). ONES (Dh = DN - 8): the row sums of P come from
+// the P V product itself, through a column of ones written into V's first
+// spare column (the TMA fills columns Dh.. with zeros; O's column DN - 8 is
+// rescaled with the rest of O), instead of one FADD a score. The kernel is
+// bound by issuing its softmax beside the products, so the FADDs cost: SD
+// 1.x's 16-row step takes 0.25-0.45 ms less (docs/PERFORMANCE.md). Every
+// consumer warpgroup writes the ones (the same bytes) before its own P V.
+template <int KS, int DN, bool ONES>
 __global__ void __launch_bounds__(kThreadsSm90, 1)
     attn_fwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                   const __grid_constant__ CUtensorMap tv, const Sm90Params p) {
@@ -281,10 +290,19 @@ __global__ void __launch_bounds__(kThreadsSm90, 1)
         wgmma_wait<0>();
         reg_fence(sc);
         release(sm.k_empty, j);
-        softmax_exp(sc, m, l, alpha, j * kBN, p.Tk, t, p.sl2);
+        softmax_exp<!ONES>(sc, m, l, alpha, j * kBN, p.Tk, t, p.sl2);
         pack_p(sc, pa);
         rescale<DN>(o, alpha);
         full(sm.v_full, j);
+        if (ONES) {  // column DN - 8 of the tile's keys to 1: O's column DN - 8 sums P
+            const int row = threadIdx.x % 128;
+            uint8_t *vt = sm.v[j % kStages] + row * kRowBytes + (((DN / 8 - 1) ^ (row & 7)) << 4);
+            *reinterpret_cast<uint16_t *>(vt) = 0x3F80;  // bf16 1.0
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            if (wg == 0) asm volatile("bar.sync 1, 128;\n" ::: "memory");
+            else if (wg == 1) asm volatile("bar.sync 2, 128;\n" ::: "memory");
+            else asm volatile("bar.sync 3, 128;\n" ::: "memory");
+        }
         pv_issue<DN>(o, pa, v_desc(j));
         wgmma_wait<0>();
         reg_fence(o), reg_fence_u(pa);
@@ -294,8 +312,12 @@ __global__ void __launch_bounds__(kThreadsSm90, 1)
     const int64_t bh = (int64_t)b * p.H + h;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+        if (ONES) {  // the row's sum sits in column DN - 8: lane t = 0 of its quad, element 2r of the last block
+            l[r] = __shfl_sync(0xffffffffu, o[4 * (DN / 8 - 1) + 2 * r], lane & ~3);
+        } else {
+            l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+            l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+        }
         const int row = q0 + wg * 64 + wrow + g + 8 * r;
         if (row >= p.Tq) continue;
         const float inv = 1.0f / l[r];
@@ -368,7 +390,8 @@ bool dc_attn_fwd_sm90(cudaStream_t st, const AttnParams &ap, const dc_attn_shape
         allow_smem((const void *)kernel, kSmemBytes);
         kernel<<<grid, kThreadsSm90, kSmemBytes, st>>>(mq, mk, mv, p);
     };
-    if (s->Dh <= 32) launch(attn_fwd_sm90<2, 32>);
-    else launch(attn_fwd_sm90<3, 48>);
+    // a spare column (heads of 24 or 40) carries the row sums through P V
+    if (s->Dh <= 32) s->Dh == 24 ? launch(attn_fwd_sm90<2, 32, true>) : launch(attn_fwd_sm90<2, 32, false>);
+    else s->Dh == 40 ? launch(attn_fwd_sm90<3, 48, true>) : launch(attn_fwd_sm90<3, 48, false>);
     return true;
 }
