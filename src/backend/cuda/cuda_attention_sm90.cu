@@ -292,7 +292,9 @@ __global__ void __launch_bounds__(kThreadsSm90, 1)
         release(sm.k_empty, j);
         softmax_exp<!ONES>(sc, m, l, alpha, j * kBN, p.Tk, t, p.sl2);
         pack_p(sc, pa);
-        rescale<DN>(o, alpha);
+        // once the row maxima settle, most tiles leave them (alpha = 1): a warp
+        // whose rows all kept theirs skips multiplying O by 1
+        if (!__all_sync(0xffffffffu, alpha[0] == 1.0f && alpha[1] == 1.0f)) rescale<DN>(o, alpha);
         full(sm.v_full, j);
         if (ONES) {  // column DN - 8 of the tile's keys to 1: O's column DN - 8 sums P
             const int row = threadIdx.x % 128;
