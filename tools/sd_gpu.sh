@@ -53,7 +53,7 @@ if has tests; then
     # DC_CUDNN_ATTENTION=1: cuDNN's attention (the default) reporting its shapes
     if DC_CUDNN_ATTENTION=1 "$T/$1" "${@:2}" > "$OUT/$1_$2.log" 2>&1; then r=PASS; else r=FAIL; fi
     grep -E "^FAIL" "$OUT/$1_$2.log" | head -5
-    note "$1 $2: $r, $(tail -1 "$OUT/$1_$2.log"); $(grep -c ': plan' "$OUT/$1_$2.log") shapes on cuDNN's attention, $(grep -c declined "$OUT/$1_$2.log") declined"
+    note "$1 $2: $r, $(tail -1 "$OUT/$1_$2.log"); $(grep -cE ': [0-9]+ plans?$' "$OUT/$1_$2.log") shapes on cuDNN's attention, $(grep -c declined "$OUT/$1_$2.log") declined"
   done
   # our own attention kernels against the same references
   for t in "test_cuda_attention $seed" "test_unet cuda"; do
