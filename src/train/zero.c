@@ -46,31 +46,37 @@ static dc_buf compute_copy(const dc_params *ps) { return ps->wc.p ? ps->wc : ps-
 static dc_buf bucket(const dc_zero *z, int j) { return j ? z->buf2 : z->buf; }
 static dc_buf wire_bucket(const dc_zero *z, int j) { return j ? z->wbuf2 : z->wbuf; }
 
-// Reduce-scatters bucket j (size x per elements) in place: this rank's slice
-// is summed over ranks where it lies. With bf16 on the wire the caller has
-// cast the bucket into its wire bucket, which is what is summed.
-static int reduce_scatter_bucket(dc_zero *z, int j, int64_t per) {
+// Reduce-scatters bucket j (size x per elements): this rank's slice is
+// summed over ranks into `out` (NULL: where it lies in the bucket). With bf16
+// on the wire the caller has cast the bucket into its wire bucket, which is
+// what is summed, in place.
+static int reduce_scatter_bucket(dc_zero *z, int j, int64_t per, float *out) {
     const int64_t at = (int64_t)z->comm->rank * per;
     if (z->wire == DC_BF16) {
         dc_buf w = wire_bucket(z, j);
         return dc_comm_reduce_scatter_sum_typed(z->comm, dc_buf_at(w, at).p, w.p, per, DC_BF16);
     }
     dc_buf b = bucket(z, j);
-    return dc_comm_reduce_scatter_sum(z->comm, (float *)dc_buf_at(b, at).p, (const float *)b.p, per);
+    return dc_comm_reduce_scatter_sum(z->comm, out ? out : (float *)dc_buf_at(b, at).p, (const float *)b.p, per);
 }
 
-// Adds the slice waiting in bucket j (if any) to the gradient shard, once the
-// reduce-scatter that wrote it is done (a bf16 slice cast back into the fp32
-// bucket first).
+// Settles the slice waiting in bucket j (if any), once the reduce-scatter
+// that wrote it is done: added to the gradient shard (a bf16 slice cast back
+// into the fp32 bucket first), or, for the unit's first slice of the step,
+// already in the shard (fp32) or cast straight into it (bf16).
 static int settle(dc_zero *z, int j) {
     if (z->pending[j] < 0) return 0;
     const dc_zero_unit *u = &z->u[z->pending[j]];
     z->pending[j] = -1;
     DC_TRY(dc_comm_wait(z->comm, z->ticket[j]));
     const int64_t at = (int64_t)z->comm->rank * u->sh.per;
-    dc_buf mine = dc_buf_at(bucket(z, j), at);
+    dc_buf mine = dc_buf_at(bucket(z, j), at), shard = dc_buf_at(z->grad, u->slot);
+    if (z->direct[j]) {
+        if (z->wire == DC_BF16) z->be->cast(z->be, shard, dc_buf_at(wire_bucket(z, j), at), u->sh.per);
+        return 0;
+    }
     if (z->wire == DC_BF16) z->be->cast(z->be, mine, dc_buf_at(wire_bucket(z, j), at), u->sh.per);
-    z->be->axpy(z->be, dc_buf_at(z->grad, u->slot), mine, 1.0f, u->sh.per);
+    z->be->axpy(z->be, shard, mine, 1.0f, u->sh.per);
     return 0;
 }
 
@@ -80,7 +86,9 @@ static int settle(dc_zero *z, int j) {
 // where it lies), beside the next unit's backward where the communicator
 // overlaps, and the slice is added to the gradient shard before the bucket is
 // reused, so micro-batches accumulate there (each unit's slices in
-// micro-batch order, as with one bucket).
+// micro-batch order, as with one bucket). A unit's first slice of the step
+// goes straight into the shard instead (0 + x is x: the same bits), which
+// saves a pass over it and the shard's zeroing.
 static int unit_hook(void *ctx, int unit, bool done) {
     dc_zero *z = ctx;
     dc_params *ps = z->ps;
@@ -99,11 +107,13 @@ static int unit_hook(void *ctx, int unit, bool done) {
     ps->win_lo = ps->win_hi = 0;
     if (z->wire == DC_BF16) be->cast(be, wire_bucket(z, j), bucket(z, j), per * z->comm->size);
     DC_TRY(dc_backend_status(be));
+    const bool direct = z->fresh[unit];
+    z->fresh[unit] = false;
     dc_comm_set_async(z->comm, true);
-    int rc = reduce_scatter_bucket(z, j, per);
+    int rc = reduce_scatter_bucket(z, j, per, direct ? (float *)dc_buf_at(z->grad, u->slot).p : NULL);
     dc_comm_set_async(z->comm, false);
     DC_TRY(rc);
-    z->pending[j] = unit, z->ticket[j] = dc_comm_issued(z->comm);
+    z->pending[j] = unit, z->ticket[j] = dc_comm_issued(z->comm), z->direct[j] = direct;
     z->next = (j + 1) % z->nbuckets;
     return 0;
 }
@@ -130,7 +140,8 @@ int dc_zero_init(dc_zero *z, dc_params *ps, dc_comm *comm, int stage, dc_dtype w
     z->wire = comm->size > 1 ? wire : DC_F32;  // one rank sends nothing: nothing to round
     z->units = dc_params_unit_count(ps);
     z->u = calloc((size_t)z->units, sizeof *z->u);
-    if (!z->u) return dc_fail("out of memory");
+    z->fresh = calloc((size_t)z->units, sizeof *z->fresh);
+    if (!z->u || !z->fresh) return free(z->u), free(z->fresh), z->u = NULL, z->fresh = NULL, dc_fail("out of memory");
     z->shard = layout(ps, comm->size, comm->rank, z->u, &z->bucket);
     int ok = 1;
     z->master = alloc_f32(be, z->shard, &ok), z->m = alloc_f32(be, z->shard, &ok);
@@ -170,18 +181,25 @@ void dc_zero_free(dc_zero *z) {
                       &z->norms, &z->local};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         if (bufs[i]->p) z->be->free(z->be, bufs[i]->p);
-    free(z->u);
+    free(z->u), free(z->fresh);
     memset(z, 0, sizeof *z);
 }
 
 void dc_zero_begin_step(dc_zero *z) {
+    if (z->stage == 2) {  // each unit's first slice writes its part of the shard (unit_hook)
+        for (int i = 0; i < z->units; i++) z->fresh[i] = true;
+        return;
+    }
     z->be->zero(z->be, z->grad.p, (size_t)z->shard * sizeof(float));
-    if (z->stage == 1) z->be->zero(z->be, z->ps->grad.p, (size_t)z->ps->numel * sizeof(float));
+    z->be->zero(z->be, z->ps->grad.p, (size_t)z->ps->numel * sizeof(float));
 }
 
 int dc_zero_reduce(dc_zero *z) {
     if (z->stage == 2) {  // the slices still in the buckets, oldest first
         for (int k = 0; k < z->nbuckets; k++) DC_TRY(settle(z, (z->next + k) % z->nbuckets));
+        for (int i = 0; i < z->units; i++)  // a unit the backward never handed over has no gradient
+            if (z->fresh[i])
+                z->be->zero(z->be, dc_buf_at(z->grad, z->u[i].slot).p, (size_t)z->u[i].sh.per * sizeof(float));
         return 0;
     }
     dc_backend *be = z->be;
@@ -193,7 +211,7 @@ int dc_zero_reduce(dc_zero *z) {
             be->cast(be, z->wbuf, dc_buf_at(z->ps->grad, u->lo), u->len);
             be->zero(be, dc_buf_at(z->wbuf, u->len).p, (size_t)(per * size - u->len) * sizeof(uint16_t));
             DC_TRY(dc_backend_status(be));
-            DC_TRY(reduce_scatter_bucket(z, 0, per));
+            DC_TRY(reduce_scatter_bucket(z, 0, per, NULL));
             be->cast(be, dc_buf_at(z->grad, u->slot), dc_buf_at(z->wbuf, (int64_t)rank * per), per);
             continue;
         }

@@ -52,6 +52,8 @@ typedef struct {
     int next;                       // the bucket the next unit takes
     int pending[2];                 // the unit whose slice waits in each bucket (-1: none)
     int64_t ticket[2];              // the collectives to wait for before reading it
+    bool direct[2];                 // the slice went (or goes, as bf16) straight into the shard
+    bool *fresh;                    // [units] stage 2: no gradients of the unit reduced yet this step
     dc_buf norms;                   // [size] F32: every rank's gradient shard norm
     dc_buf local;                   // [2] F32: this rank's (grad_norm's output)
 } dc_zero;
