@@ -141,7 +141,10 @@ int dc_zero_init(dc_zero *z, dc_params *ps, dc_comm *comm, int stage, dc_dtype w
     z->units = dc_params_unit_count(ps);
     z->u = calloc((size_t)z->units, sizeof *z->u);
     z->fresh = calloc((size_t)z->units, sizeof *z->fresh);
-    if (!z->u || !z->fresh) return free(z->u), free(z->fresh), z->u = NULL, z->fresh = NULL, dc_fail("out of memory");
+    if (!z->u || !z->fresh) {
+        dc_zero_free(z);
+        return dc_fail("out of memory");
+    }
     z->shard = layout(ps, comm->size, comm->rank, z->u, &z->bucket);
     int ok = 1;
     z->master = alloc_f32(be, z->shard, &ok), z->m = alloc_f32(be, z->shard, &ok);
