@@ -188,13 +188,13 @@ void dc_zero_free(dc_zero *z) {
     memset(z, 0, sizeof *z);
 }
 
+// The gradient shard needs no zeroing: stage 1's reduce writes every unit's
+// part of it, stage 2's first slice of each unit does (unit_hook).
 void dc_zero_begin_step(dc_zero *z) {
-    if (z->stage == 2) {  // each unit's first slice writes its part of the shard (unit_hook)
+    if (z->stage == 2)
         for (int i = 0; i < z->units; i++) z->fresh[i] = true;
-        return;
-    }
-    z->be->zero(z->be, z->grad.p, (size_t)z->shard * sizeof(float));
-    z->be->zero(z->be, z->ps->grad.p, (size_t)z->ps->numel * sizeof(float));
+    else
+        z->be->zero(z->be, z->ps->grad.p, (size_t)z->ps->numel * sizeof(float));
 }
 
 int dc_zero_reduce(dc_zero *z) {
@@ -218,13 +218,12 @@ int dc_zero_reduce(dc_zero *z) {
             be->cast(be, dc_buf_at(z->grad, u->slot), dc_buf_at(z->wbuf, (int64_t)rank * per), per);
             continue;
         }
-        // the unit, padded with zeros to size x per: slice q goes to rank q
+        // the unit, padded with zeros to size x per: slice q goes to rank q, this
+        // rank's straight into its part of the shard
         be->copy(be, z->buf.p, dc_buf_at(z->ps->grad, u->lo).p, (size_t)u->len * sizeof(float));
         be->zero(be, dc_buf_at(z->buf, u->len).p, (size_t)(per * size - u->len) * sizeof(float));
-        dc_buf mine = dc_buf_at(z->buf, (int64_t)rank * per);
         DC_TRY(dc_backend_status(be));
-        DC_TRY(dc_comm_reduce_scatter_sum(z->comm, (float *)mine.p, (const float *)z->buf.p, per));
-        be->copy(be, dc_buf_at(z->grad, u->slot).p, mine.p, (size_t)per * sizeof(float));
+        DC_TRY(reduce_scatter_bucket(z, 0, per, (float *)dc_buf_at(z->grad, u->slot).p));
     }
     return 0;
 }
