@@ -301,6 +301,8 @@ __global__ void __launch_bounds__(kThreadsSm90, 1)
             uint8_t *vt = sm.v[j % kStages] + row * kRowBytes + (((DN / 8 - 1) ^ (row & 7)) << 4);
             *reinterpret_cast<uint16_t *>(vt) = 0x3F80;  // bf16 1.0
             asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            // the warpgroup's own named barrier, by immediate: a register id
+            // makes ptxas reserve all 16
             if (wg == 0) asm volatile("bar.sync 1, 128;\n" ::: "memory");
             else if (wg == 1) asm volatile("bar.sync 2, 128;\n" ::: "memory");
             else asm volatile("bar.sync 3, 128;\n" ::: "memory");
