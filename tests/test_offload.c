@@ -339,13 +339,14 @@ static int on_gpu(const char *name) {
     for (int i = 0; i < 3; i++)
         for (int defer = 1; defer >= 0; defer--) {
             setenv("DC_OFFLOAD_DEVICE_SHARE", shares[i], 1);
+            setenv("DC_OFFLOAD_HOLD", i == 0 && !defer ? "0" : "", 1);  // "": the default
             setenv("DC_OFFLOAD_DEFER", defer ? "1" : "0", 1);
             char what[4][200];
             const char *kind[4] = {"3 micro-batches, no clipping", "one micro-batch, no clipping",
                                    "3 micro-batches, clipping", "2 micro-batches, recompute"};
             for (int k = 0; k < 4; k++)
-                snprintf(what[k], sizeof what[k], "%s, device share %s%s: %s", name, shares[i],
-                         defer ? "" : ", no deferral", kind[k]);
+                snprintf(what[k], sizeof what[k], "%s, device share %s%s%s: %s", name, shares[i],
+                         defer ? "" : ", no deferral", i == 0 && !defer ? ", none held back" : "", kind[k]);
             compare(2, 0.0f, 0, false, what[0]);
             compare(BATCH, 0.0f, 0, false, what[1]);
             compare(2, k_clip, 0, false, what[2]);
@@ -374,6 +375,15 @@ int main(int argc, char **argv) {
     setenv("DC_OFFLOAD_DEVICE_SHARE", "0.25", 1);
     compare(2, 0.0f, 0, false, "3 micro-batches, no clipping, a quarter of the units on the device");
     unsetenv("DC_OFFLOAD_DEVICE_SHARE");
+    // no unit held back to the end of the update, and all but the last
+    setenv("DC_OFFLOAD_HOLD", "0", 1);
+    compare(2, 0.0f, 0, false, "3 micro-batches, no clipping, no unit held back");
+    setenv("DC_OFFLOAD_HOLD", "1000", 1);
+    compare(2, 0.0f, 0, true, "3 micro-batches, no clipping, a compute copy, all units but the last held back");
+    setenv("DC_OFFLOAD_DEVICE_SHARE", "0.25", 1);
+    compare(BATCH, 0.0f, 0, false, "one micro-batch, no clipping, all units but the last held back, a quarter on the device");
+    unsetenv("DC_OFFLOAD_DEVICE_SHARE");
+    unsetenv("DC_OFFLOAD_HOLD");
     checkpoints();
     refusals();
     free(g_data.images), free(g_data.labels);

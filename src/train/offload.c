@@ -40,6 +40,21 @@ int dc_offload_device_units(const dc_params *ps) {
     return k;
 }
 
+// The units [lo, hi) the worker takes only when no other is queued
+// (offload.h): the ones before the forward's last unit, back until they hold
+// DC_OFFLOAD_HOLD (default 8) widest units' worth of elements; 0: none.
+static void held_units(const dc_params *ps, int *lo, int *hi) {
+    const int n = dc_params_unit_count(ps);
+    const char *e = getenv("DC_OFFLOAD_HOLD");
+    char *end;
+    long k = e ? strtol(e, &end, 10) : -1;
+    if (!e || end == e || *end || k < 0) k = 8;
+    const double want = (double)k * (double)widest_unit(ps);
+    int u = n - 1;
+    for (int64_t held = 0, a, b; u > 0 && held < want; held += b - a) dc_params_unit_range(ps, --u, &a, &b);
+    *lo = u, *hi = n - 1;
+}
+
 // Sets of device state buffers: two where every unit is updated on the device.
 static int state_sets(const dc_params *ps, int dev_units) {
     return dev_units == dc_params_unit_count(ps) ? 2 : 1;
@@ -94,7 +109,19 @@ static void update_unit(dc_offload *o, int u) {
                      dc_buf_none(), dc_buf_none(), scale, hi - lo, &o->h);
 }
 
-// The worker: takes queued units in order, waits for each one's gradients
+// The next queued unit the worker updates (under the lock): the first one
+// not held back (offload.h), else the first one; the others keep their order.
+static int take_next(dc_offload *o) {
+    int k = o->taken;
+    while (k < o->ntodo && o->todo[k] >= o->hold_lo && o->todo[k] < o->hold_hi) k++;
+    if (k == o->ntodo) k = o->taken;
+    const int u = o->todo[k];
+    memmove(o->todo + o->taken + 1, o->todo + o->taken, (size_t)(k - o->taken) * sizeof *o->todo);
+    o->todo[o->taken++] = u;
+    return u;
+}
+
+// The worker: takes queued units in order (but see take_next), waits for each one's gradients
 // to reach the host, updates it and hands it back to the main thread, which
 // alone issues device work.
 static void *worker(void *arg) {
@@ -103,7 +130,7 @@ static void *worker(void *arg) {
     for (;;) {
         while (!o->stop && o->taken == o->ntodo) pthread_cond_wait(&o->cv, &o->mu);
         if (o->stop) break;
-        int u = o->todo[o->taken++];
+        int u = take_next(o);
         bool skip = o->failed;
         pthread_mutex_unlock(&o->mu);
         int rc = skip ? -1 : o->be->host_wait(o->be, o->ticket[u]);
@@ -384,6 +411,7 @@ int dc_offload_init(dc_offload *o, dc_params *ps, dc_backend *be) {
     o->defer = !e || strcmp(e, "0") != 0;
     e = getenv("DC_OFFLOAD_PACE");
     o->pace = !e || strcmp(e, "0") != 0;
+    held_units(ps, &o->hold_lo, &o->hold_hi);
     o->widest = widest_unit(ps);
     o->staged = -1;
     const size_t bytes = (size_t)ps->numel * sizeof(float), wbytes = (size_t)o->widest * sizeof(float);

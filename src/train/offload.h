@@ -48,7 +48,16 @@
 // dc_params_unit_use), waits for the worker to update it and lands it. The
 // CPU's update thus also runs beside the next forward, and a step takes
 // about the longer of the CPU's update and the device's work instead of
-// their sum less the backward. Whatever else reads the weights, the master
+// their sum less the backward. The worker would idle from its last unit
+// until the next backward's first gradients, while the device runs the
+// forward past the units it waited for: so a few units the forward reads
+// near its end (before its last unit, eight widest units' worth: DiT-XL/2's
+// blocks 21 to 28) are taken only when no other unit is queued. In
+// backward the others queue up ahead of them, so they are left for the end
+// of the update, which they fill while the device runs the forward up to
+// them; the worker then waits only for the forward's last unit, the loss
+// and the first units' backward. DC_OFFLOAD_HOLD=n holds n widest units'
+// worth instead (0: none, for comparison). Whatever else reads the weights, the master
 // or the EMA (a checkpoint, the end of training, a model whose forward does
 // not announce its units) calls dc_offload_drain first. DC_OFFLOAD_DEFER=0
 // finishes every update within its step instead, for comparison.
@@ -140,6 +149,7 @@ typedef struct {
     bool pending;           // units of the last update not landed yet (the next forward lands them)
     bool defer;             // leave them to the next forward (DC_OFFLOAD_DEFER=0: finish them in the step)
     bool pace;              // keep the host one unit ahead of the device in backward (DC_OFFLOAD_PACE=0: not)
+    int hold_lo, hold_hi;   // the units [lo, hi) the worker takes last (see above)
     bool *landed;           // [units]
     int nlanded;
     int64_t *ticket;        // [units] the copy of each unit's gradients to the host (the last micro-batch's)
