@@ -2,7 +2,8 @@
 # Data-parallel training speed and memory of DiT-XL/2 at 256 px (latents
 # 4x32x32), batch 64 per GPU, beside PyTorch DDP, in one run on a machine with
 # N GPUs. In this order: the engine on 1 GPU, the engine on N GPUs with ZeRO
-# stages 0, 1 and 2 (`diffusion bench --gpus N --zero S`), then PyTorch DDP
+# stages 0, 1 and 2 (`diffusion bench --gpus N --zero S`; stage 2 again with
+# NCCL_MAX_CTAS=8), then PyTorch DDP
 # (tools/bench_pytorch_ddp.py, the official model) eager and torch.compile on
 # 1 and N GPUs. Logs go into $OUT (a temporary folder when unset); a table of
 # img/s, scaling, per-GPU peak memory and ZeRO state bytes is printed last.
@@ -55,6 +56,9 @@ run() {  # run NAME CMD...: the command's output into $LOGS/NAME.txt, its time a
 E=(bench --model "$MODEL" --batch "$BATCH" --iters 20 --warmup 3 --sample-batch 0 --device cuda)
 run engine_1 "$BIN" "${E[@]}"
 for z in 0 1 2; do run "engine_${N}_zero$z" "$BIN" "${E[@]}" --gpus "$N" --zero "$z"; done
+# NCCL's kernels run beside backward on SMs of their own; a few suffice for
+# the bytes a unit's reduce-scatter moves, so a cap leaves the rest to compute
+run "engine_${N}_zero2_ctas8" env NCCL_MAX_CTAS=8 "$BIN" "${E[@]}" --gpus "$N" --zero 2
 if [ "$TORCH" = 1 ]; then
   for mode in eager compile; do
     for n in 1 "$N"; do
@@ -92,6 +96,10 @@ EZ=() QZ=() TC=''
     printf '%-22s %5s %10s %10s %9s %9s %9s %10s %8s\n' "engine ZeRO-$z" "$N" "${e:--}" "$per" "$(ratio "$e" "$e1")" \
       "${p:--}" "${h:--}" "${s:--}" "${q:+$q%}"
   done
+  read -r e p h s q <<< "$(engine "$LOGS/engine_${N}_zero2_ctas8.txt")"
+  per=$(awk -v a="$e" -v n="$N" 'BEGIN { if (a + 0 > 0) printf "%.1f", a / n; else printf "-" }')
+  printf '%-22s %5s %10s %10s %9s %9s %9s %10s %8s\n' "engine ZeRO-2, 8 CTAs" "$N" "${e:--}" "$per" \
+    "$(ratio "$e" "$e1")" "${p:--}" "${h:--}" "${s:--}" "${q:+$q%}"
   for mode in eager compile; do
     t1='' tn=''
     for n in 1 "$N"; do

@@ -253,13 +253,16 @@ int dc_zero_update(dc_zero *z, dc_buf gstats, float max_norm, const dc_adamw_ste
     DC_TRY(dc_comm_all_gather(z->comm, z->norms.p, z->local.p, sizeof(float)));
     be->grad_norm(be, gstats, z->norms, size, max_norm);
     // Unit by unit: AdamW and the EMA on this rank's slice, its new weights
-    // cast to the compute dtype, and every rank's slices all-gathered into a
-    // bucket beside the next unit's AdamW (where the communicator overlaps),
-    // then copied into the compute copy when the bucket comes round again.
+    // cast to the compute dtype, and every rank's slices all-gathered beside
+    // the next unit's AdamW (where the communicator overlaps). A unit the
+    // ranks' slices tile exactly (no padding: DiT's blocks) is gathered in
+    // place, straight into the compute copy (this rank's slice cast to its
+    // place there); another into a bucket, copied into the compute copy when
+    // the bucket comes round again.
     dc_buf cc = compute_copy(ps);
     const size_t es = dc_dtype_size(cc.dt);
     int held[2] = {-1, -1};  // the unit whose gathered weights wait in each bucket
-    int64_t ticket[2] = {0, 0};
+    int64_t ticket[2] = {0, 0}, in_place = 0;
     for (int i = 0; i < z->units + z->nbuckets; i++) {
         const int j = i % z->nbuckets;
         if (held[j] >= 0) {  // the bucket's last unit, gathered: into the compute copy
@@ -272,15 +275,20 @@ int dc_zero_update(dc_zero *z, dc_buf gstats, float max_norm, const dc_adamw_ste
         const dc_zero_unit *u = &z->u[i];
         int64_t a = u->lo + u->sh.begin;
         adamw_range(z, a, a + u->sh.count, u->slot, dc_buf_at(gstats, 1), h);
-        dc_buf gb = {bucket(z, j).p, cc.dt}, mine = dc_buf_at(gb, (int64_t)rank * u->sh.per);
+        const bool direct = (int64_t)size * u->sh.per == u->len;
+        dc_buf gb = direct ? dc_buf_at(cc, u->lo) : (dc_buf){bucket(z, j).p, cc.dt};
+        dc_buf mine = dc_buf_at(gb, (int64_t)rank * u->sh.per);
         be->cast(be, mine, dc_buf_at(z->master, u->slot), u->sh.per);
         DC_TRY(dc_backend_status(be));
         dc_comm_set_async(z->comm, true);
         int rc = dc_comm_all_gather(z->comm, gb.p, mine.p, (size_t)u->sh.per * es);
         dc_comm_set_async(z->comm, false);
         DC_TRY(rc);
-        held[j] = i, ticket[j] = dc_comm_issued(z->comm);
+        if (direct) in_place = dc_comm_issued(z->comm);
+        else held[j] = i, ticket[j] = dc_comm_issued(z->comm);
     }
+    // what reads the compute copy next waits for the gathers in place too
+    if (in_place) DC_TRY(dc_comm_wait(z->comm, in_place));
     return dc_backend_status(be);
 }
 
