@@ -121,9 +121,9 @@ static int take_next(dc_offload *o) {
     return u;
 }
 
-// The worker: takes queued units in order (but see take_next), waits for each one's gradients
-// to reach the host, updates it and hands it back to the main thread, which
-// alone issues device work.
+// The worker: takes queued units in order (but see take_next), waits for
+// each one's gradients to reach the host, updates it and hands it back to
+// the main thread, which alone issues device work.
 static void *worker(void *arg) {
     dc_offload *o = arg;
     pthread_mutex_lock(&o->mu);
