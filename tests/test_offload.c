@@ -381,7 +381,8 @@ int main(int argc, char **argv) {
     setenv("DC_OFFLOAD_HOLD", "1000", 1);
     compare(2, 0.0f, 0, true, "3 micro-batches, no clipping, a compute copy, all units but the last held back");
     setenv("DC_OFFLOAD_DEVICE_SHARE", "0.25", 1);
-    compare(BATCH, 0.0f, 0, false, "one micro-batch, no clipping, all units but the last held back, a quarter on the device");
+    compare(BATCH, 0.0f, 0, false,
+            "one micro-batch, no clipping, all units but the last held back, a quarter on the device");
     unsetenv("DC_OFFLOAD_DEVICE_SHARE");
     unsetenv("DC_OFFLOAD_HOLD");
     checkpoints();
