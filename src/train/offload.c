@@ -42,14 +42,14 @@ int dc_offload_device_units(const dc_params *ps) {
 
 // The units [lo, hi) the worker takes only when no other is queued
 // (offload.h): the ones before the forward's last unit, back until they hold
-// DC_OFFLOAD_HOLD (default 8) widest units' worth of elements; 0: none.
-static void held_units(const dc_params *ps, int *lo, int *hi) {
+// DC_OFFLOAD_HOLD (default 8) times `widest` elements; 0: none.
+static void held_units(const dc_params *ps, int64_t widest, int *lo, int *hi) {
     const int n = dc_params_unit_count(ps);
     const char *e = getenv("DC_OFFLOAD_HOLD");
     char *end;
     long k = e ? strtol(e, &end, 10) : -1;
     if (!e || end == e || *end || k < 0) k = 8;
-    const double want = (double)k * (double)widest_unit(ps);
+    const double want = (double)k * (double)widest;
     int u = n - 1;
     for (int64_t held = 0, a, b; u > 0 && held < want; held += b - a) dc_params_unit_range(ps, --u, &a, &b);
     *lo = u, *hi = n - 1;
@@ -411,8 +411,8 @@ int dc_offload_init(dc_offload *o, dc_params *ps, dc_backend *be) {
     o->defer = !e || strcmp(e, "0") != 0;
     e = getenv("DC_OFFLOAD_PACE");
     o->pace = !e || strcmp(e, "0") != 0;
-    held_units(ps, &o->hold_lo, &o->hold_hi);
     o->widest = widest_unit(ps);
+    held_units(ps, o->widest, &o->hold_lo, &o->hold_hi);
     o->staged = -1;
     const size_t bytes = (size_t)ps->numel * sizeof(float), wbytes = (size_t)o->widest * sizeof(float);
     float **host_bufs[] = {&o->master, &o->m, &o->v, &o->grad};

@@ -57,9 +57,9 @@
 // of the update, which they fill while the device runs the forward up to
 // them; the worker then waits only for the forward's last unit, the loss
 // and the first units' backward. DC_OFFLOAD_HOLD=n holds n widest units'
-// worth instead (0: none, for comparison). Whatever else reads the weights, the master
-// or the EMA (a checkpoint, the end of training, a model whose forward does
-// not announce its units) calls dc_offload_drain first. DC_OFFLOAD_DEFER=0
+// worth instead (0: none, for comparison). Whatever else reads the weights,
+// the master or the EMA (a checkpoint, the end of training, a model whose
+// forward does not announce its units) calls dc_offload_drain first. DC_OFFLOAD_DEFER=0
 // finishes every update within its step instead, for comparison.
 //
 // The CPU's update is bound by the host's memory (36 bytes a parameter a

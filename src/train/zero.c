@@ -275,8 +275,8 @@ int dc_zero_update(dc_zero *z, dc_buf gstats, float max_norm, const dc_adamw_ste
         const dc_zero_unit *u = &z->u[i];
         int64_t a = u->lo + u->sh.begin;
         adamw_range(z, a, a + u->sh.count, u->slot, dc_buf_at(gstats, 1), h);
-        const bool direct = (int64_t)size * u->sh.per == u->len;
-        dc_buf gb = direct ? dc_buf_at(cc, u->lo) : (dc_buf){bucket(z, j).p, cc.dt};
+        const bool tiled = (int64_t)size * u->sh.per == u->len;  // gathered in place
+        dc_buf gb = tiled ? dc_buf_at(cc, u->lo) : (dc_buf){bucket(z, j).p, cc.dt};
         dc_buf mine = dc_buf_at(gb, (int64_t)rank * u->sh.per);
         be->cast(be, mine, dc_buf_at(z->master, u->slot), u->sh.per);
         DC_TRY(dc_backend_status(be));
@@ -284,7 +284,7 @@ int dc_zero_update(dc_zero *z, dc_buf gstats, float max_norm, const dc_adamw_ste
         int rc = dc_comm_all_gather(z->comm, gb.p, mine.p, (size_t)u->sh.per * es);
         dc_comm_set_async(z->comm, false);
         DC_TRY(rc);
-        if (direct) in_place = dc_comm_issued(z->comm);
+        if (tiled) in_place = dc_comm_issued(z->comm);
         else held[j] = i, ticket[j] = dc_comm_issued(z->comm);
     }
     // what reads the compute copy next waits for the gathers in place too
