@@ -281,7 +281,9 @@ static void test_latent_pointwise(int off) {
 // Hopper GPU in bf16 the fused kernel where the call fits (K a multiple of 8,
 // F of 64, at least 8 blocks of 128 x 64 an SM: the large cases), with rows
 // past a block and K past a stage of 64; else the product and the GEGLU pass.
-// bias: 0 none, 1 in the compute dtype, 2 F32.
+// Without scratch (pre none) the op runs only where it fuses: then the same
+// bits as with it; the CPU never runs it so. bias: 0 none, 1 in the compute
+// dtype, 2 F32.
 static void test_linear_geglu(int M, int K, int F, int bias) {
     char name[128];
     const int64_t nx = (int64_t)M * K, no = (int64_t)M * F;
@@ -297,6 +299,14 @@ static void test_linear_geglu(int M, int K, int F, int bias) {
     snprintf(name, sizeof name, "linear_geglu_fwd M%d K%d F%d%s", M, K, F,
              bias == 2 ? " (F32 bias)" : bias ? "" : " (no bias)");
     compare(name, o, g_tol);
+    pair o2 = nan_pair(no, g_ct);
+    const bool cpu_ran = g_cpu->linear_geglu_fwd(g_cpu, o2.c, dc_buf_none(), x.c, w.c, bc, M, K, F);
+    g_count++, g_fail += cpu_ran;
+    printf("%-4s %s without scratch: not run on the CPU\n", cpu_ran ? "FAIL" : "ok", name);
+    if (g_gpu->linear_geglu_fwd(g_gpu, o2.g, dc_buf_none(), x.g, w.g, bg, M, K, F)) {
+        snprintf(name + strlen(name), sizeof name - strlen(name), " without scratch: the same bits");
+        expect_same(name, o, o2);
+    }
 }
 
 static void test_group_norm_nhwc(int B, int C, int64_t HW, int G, bool silu, float eps, dc_dtype xt) {

@@ -128,8 +128,9 @@ struct dc_backend {
     // where [h | g] = inp @ w^T + b, w [2F,K], b [2F] (may be NULL). pre
     // [M,2F] is scratch the backend may use for [h | g] (one product with the
     // gate in its epilogue on a Hopper GPU writes none); its contents after
-    // the op are unspecified.
-    void (*linear_geglu_fwd)(dc_backend *be, dc_buf out, dc_buf pre, dc_buf inp, dc_buf w, dc_buf b,
+    // the op are unspecified. With pre none, the op runs only where the
+    // backend gates in the product (no scratch); it returns whether it ran.
+    bool (*linear_geglu_fwd)(dc_backend *be, dc_buf out, dc_buf pre, dc_buf inp, dc_buf w, dc_buf b,
                              int M, int K, int F);
     // Backward of out = fc2(gelu(pre)) down to pre, for fc2 of shape [N,K]:
     // dpre[M,K] = (dout @ w) * gelu'(pre); dw += dout^T @ act; db += sum_m dout,

@@ -155,11 +155,14 @@ static void carve(const dc_unet *m, const unet_plan *p, carver *cv, dc_unet_acts
     cv->used = start;
     const int64_t slab = B * (p->S ? p->S : 1);
     for (int k = 0; k < 3; k++) s->tok[k] = take(cv, slab);
-    s->tok[3] = take(cv, 3 * slab);  // one region: a packed [B, HW, 3C] q | k | v
-    s->tok[4] = dc_buf_at(s->tok[3], slab), s->tok[5] = dc_buf_at(s->tok[3], 2 * slab);
-    // the feed-forward's hidden layer in chunks of rows: two slabs' worth
+    // one region: a packed [B, HW, 3C] q | k | v, then the feed-forward's
+    // hidden layer in chunks of rows (two slabs' worth); the whole region
+    // holds the gated [B HW, 4C] of a feed-forward run in one pass
     s->ff_cap = 2 * B * (p->S ? p->S : 8 * p->cmax);
-    s->ff1 = take(cv, s->ff_cap), s->ff2 = take(cv, s->ff_cap / 2);
+    s->tok[3] = take(cv, 3 * slab + s->ff_cap);
+    s->tok[4] = dc_buf_at(s->tok[3], slab), s->tok[5] = dc_buf_at(s->tok[3], 2 * slab);
+    s->ff1 = dc_buf_at(s->tok[3], 3 * slab), s->ff2 = take(cv, s->ff_cap / 2);
+    s->hid_cap = 3 * slab + s->ff_cap;
     if (cv->used < resnet_end) cv->used = resnet_end;
 }
 

@@ -194,12 +194,17 @@ void unet_transformer_fwd(dc_backend *be, const dc_params *ps, const unet_transf
     attend(be, tok[5], s->lse, tok[1], tok[3], dc_buf_at(tok[3], C), B, T, len, C, 2 * C, C, t->heads);
     dc_linear_fwd_acc(be, ps, &t->o2, x, tok[5], M);
 
-    // GEGLU feed-forward, in chunks of rows (each row is independent) so its
-    // 8C-wide hidden layer needs only ff_cap elements of scratch
+    // GEGLU feed-forward: in one pass where the backend gates in the
+    // product's epilogue (the 4C-wide gated layer in the free tok[3] region);
+    // else in chunks of rows (each row is independent) so its 8C-wide
+    // hidden layer needs only ff_cap elements of scratch
     dc_layer_norm_fwd(be, ps, &t->norm3, tok[0], s->ln_mean, s->ln_rstd, x, M);
+    const bool one = (int64_t)M * 4 * C <= s->hid_cap &&
+                     dc_linear_geglu_fwd(be, ps, &t->ff1, tok[3], dc_buf_none(), tok[0], M);
+    if (one) dc_linear_fwd_acc(be, ps, &t->ff2, x, tok[3], M);  // x += ff.net.2(gated)
     int rows = (int)(s->ff_cap / (8 * C));
     if (rows > M) rows = M;
-    for (int r0 = 0; r0 < M; r0 += rows) {
+    for (int r0 = 0; !one && r0 < M; r0 += rows) {
         const int m = M - r0 < rows ? M - r0 : rows;
         dc_linear_geglu_fwd(be, ps, &t->ff1, s->ff2, s->ff1, dc_buf_at(tok[0], (int64_t)r0 * C), m);  // [m, 4C]
         dc_linear_fwd_acc(be, ps, &t->ff2, dc_buf_at(x, (int64_t)r0 * C), s->ff2, m);  // rows r0.. of x +=

@@ -63,12 +63,14 @@ typedef struct {
     dc_buf gn_mean, gn_rstd; // [B, groups] F32
     dc_buf cat;              // [B, ci, HW] an up resnet's input [h | skip]
     dc_buf r0, r1;           // [B, max(ci, co), HW] (r0 also a 2x upsampled image)
-    dc_buf tok[6];           // [B, max(HW, len), C] token-sized slabs; tok[3..5] are one region,
-                             // where self-attention's packed [B, HW, 3C] q | k | v goes
+    dc_buf tok[6];           // [B, max(HW, len), C] token-sized slabs; tok[3..5] and ff1 are one
+                             // region (hid_cap elements), where self-attention's packed
+                             // [B, HW, 3C] q | k | v goes, or a one-pass feed-forward's [B HW, 4C]
     dc_buf ln_mean, ln_rstd; // [B HW] F32
     dc_buf lse;              // [B, heads, HW] F32
     dc_buf ff1, ff2;         // [ff_rows, 8C], [ff_rows, 4C]: the feed-forward in row chunks
     int64_t ff_cap;          // elements of ff1
+    int64_t hid_cap;         // elements of the region from tok[3]
 } unet_scratch;
 
 // out[B, H, W, co] = resnet(x[B, H, W, ci]) (channels-last maps).

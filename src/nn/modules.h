@@ -84,10 +84,11 @@ static inline void dc_linear_bwd(dc_backend *be, const dc_params *ps, const dc_l
                    dc_param_w(ps, l->w), M, l->in, l->out, accumulate);
 }
 // The GEGLU feed-forward's first product and its gate (linear_geglu_fwd): y[M, out/2]
-// = h * gelu_erf(g) where [h | g] = x W^T + b; pre [M, out] is the backend's scratch.
-static inline void dc_linear_geglu_fwd(dc_backend *be, const dc_params *ps, const dc_linear *l, dc_buf y,
+// = h * gelu_erf(g) where [h | g] = x W^T + b; pre [M, out] is the backend's
+// scratch. With pre none it runs only where the backend needs none: whether it ran.
+static inline bool dc_linear_geglu_fwd(dc_backend *be, const dc_params *ps, const dc_linear *l, dc_buf y,
                                        dc_buf pre, dc_buf x, int M) {
-    be->linear_geglu_fwd(be, y, pre, x, dc_param_w(ps, l->w), l->b >= 0 ? dc_param_w(ps, l->b) : dc_buf_none(), M,
+    return be->linear_geglu_fwd(be, y, pre, x, dc_param_w(ps, l->w), l->b >= 0 ? dc_param_w(ps, l->b) : dc_buf_none(), M,
                          l->in, l->out / 2);
 }
 // The MLP pair fc2(gelu(fc1(x))) through the backend's fused ops: forward

@@ -142,10 +142,12 @@ void dc_cpu_linear_gelu_fwd(dc_backend *be, dc_buf out, dc_buf pre, dc_buf inp, 
     dc_cpu_gelu_fwd(be, out, pre, (int64_t)M * N);
 }
 
-void dc_cpu_linear_geglu_fwd(dc_backend *be, dc_buf out, dc_buf pre, dc_buf inp, dc_buf w, dc_buf b,
+bool dc_cpu_linear_geglu_fwd(dc_backend *be, dc_buf out, dc_buf pre, dc_buf inp, dc_buf w, dc_buf b,
                              int M, int K, int F) {
+    if (!pre.p) return false;  // no product with the gate in its epilogue here
     dc_cpu_linear_fwd(be, pre, inp, w, b, M, K, 2 * F);
     dc_cpu_geglu_fwd(be, out, pre, M, F);
+    return true;
 }
 
 void dc_cpu_linear_bwd_gelu(dc_backend *be, dc_buf dpre, dc_buf dw, dc_buf db, dc_buf dout, dc_buf act,

@@ -229,15 +229,19 @@ extern "C" void dc_cuda_linear_gelu_fwd(dc_backend *be, dc_buf out, dc_buf pre, 
 // [h | g] = inp w^T + b, out = h gelu_erf(g): one product with the gate in its
 // epilogue where the Hopper kernel takes the call, else the product into pre
 // and the GEGLU pass. DC_GEGLU_SM90=0 turns the fused kernel off.
-extern "C" void dc_cuda_linear_geglu_fwd(dc_backend *be, dc_buf out, dc_buf pre, dc_buf inp, dc_buf w, dc_buf b,
+extern "C" bool dc_cuda_linear_geglu_fwd(dc_backend *be, dc_buf out, dc_buf pre, dc_buf inp, dc_buf w, dc_buf b,
                                          int M, int K, int F) {
-    DC_CUDA_OP(be);
+    dc_cuda_ctx *c = dc_cuda(be);
+    if (c->failed) return true;  // nothing runs on a failed backend (as DC_CUDA_OP)
+    if (c->prof) dc_cuda_prof_mark(c, __func__);
     if (dc_env_on("DC_GEGLU_SM90") && dc_cuda_geglu_linear_sm90(be, out, inp, w, b, M, K, F)) {
-        DC_CUDA_LAUNCHED(be);
-        return;
+        DC_CUDA_OR(be, true, cudaGetLastError());
+        return true;
     }
+    if (!pre.p) return false;
     linear_fwd(be, pre, inp, w, b, M, K, 2 * F, false);
     dc_cuda_geglu_fwd(be, out, pre, M, F);
+    return true;
 }
 
 // The backward of out = fc2(gelu(pre)) down to pre: dpre = (dout w) * gelu'(pre)
