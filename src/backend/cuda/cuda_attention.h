@@ -66,13 +66,13 @@ bool dc_attn_big_fits(dc_backend *be, int Tq, int Tk, bool bf16);
 // and returns true where the device is an sm_90 GPU and the call fits it (no
 // mask, Dh == Dv in 17..48 and a multiple of 8, at least 256 keys, 16-byte
 // layouts), else returns false having launched nothing.
-bool dc_attn_fwd_sm90(cudaStream_t s, const AttnParams &p, const dc_attn_shape *shape);
+bool dc_attn_fwd_sm90(dc_backend *be, const AttnParams &p, const dc_attn_shape *shape);
 
 // Attention over at most 128 keys (cuda_attention_short.cu): runs the bf16
 // forward and returns true where the call fits it (no mask, Dh == Dv at most
 // 48 and a multiple of 8, 16-byte layouts), else returns false having
 // launched nothing.
-bool dc_attn_fwd_short(cudaStream_t s, const AttnParams &p, const dc_attn_shape *shape);
+bool dc_attn_fwd_short(dc_backend *be, const AttnParams &p, const dc_attn_shape *shape);
 
 // cuDNN's fused flash attention (cuda_attention_cudnn.cu): runs the bf16
 // forward (or backward) and returns true where its graph covers the call and cuDNN has a

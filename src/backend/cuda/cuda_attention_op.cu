@@ -71,8 +71,8 @@ extern "C" void dc_cuda_attention_fwd(dc_backend *be, dc_buf out, dc_buf lse, dc
     // DC_ATTENTION_SM90=0 turns the Hopper kernel off, DC_ATTENTION_SHORT=0
     // the few-keys one (for comparing and for testing the paths behind them);
     // read at every call, so a test can switch them.
-    if (bf16 && ((dc_env_on("DC_ATTENTION_SM90") && dc_attn_fwd_sm90(st, p, s)) ||
-                 (dc_env_on("DC_ATTENTION_SHORT") && dc_attn_fwd_short(st, p, s)))) {
+    if (bf16 && ((dc_env_on("DC_ATTENTION_SM90") && dc_attn_fwd_sm90(be, p, s)) ||
+                 (dc_env_on("DC_ATTENTION_SHORT") && dc_attn_fwd_short(be, p, s)))) {
         DC_CUDA_LAUNCHED(be);
         return;
     }

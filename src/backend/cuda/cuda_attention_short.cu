@@ -20,6 +20,7 @@
 // of 80 cuDNN's is the faster (28 us against 30.7), so wider heads stay
 // with it.
 #include "backend/cuda/cuda_attention_tc.h"
+#include "backend/cuda/cuda_ops.h"
 
 // KB: blocks of 16 keys (KP = 16 KB >= Tk). The block's queries are
 // `rounds` groups of 64; warp w takes rows 16w..16w+15 of each group and
@@ -34,6 +35,7 @@ __global__ void __launch_bounds__(kThreads) attn_fwd_short(const AttnParams p, f
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = lane & 3, g = lane >> 2;
     bf16 *sK = (bf16 *)smem, *sV = sK + KP * SST, *sQ = sV + KP * SST + warp * NQ * 16 * SST;
 
+    dc_pdl_enter();
     const int Tq = p.Tq, Tk = p.Tk, Dh = p.Dh;
     const int groups = (Tq + BT * rounds - 1) / (BT * rounds);  // query groups of a (b, h)
     const int h = blockIdx.x % p.H, rest = blockIdx.x / p.H;
@@ -125,22 +127,22 @@ __global__ void __launch_bounds__(kThreads) attn_fwd_short(const AttnParams p, f
     }
 }
 
-template <int DP, int KB> static void launch(cudaStream_t st, const AttnParams &p, int rounds, unsigned grid) {
+template <int DP, int KB> static void launch(dc_backend *be, const AttnParams &p, int rounds, unsigned grid) {
     const size_t sm = (size_t)(2 * 16 * KB + NQ * BT) * (DP + 8) * sizeof(bf16);
     allow_smem((const void *)attn_fwd_short<DP, KB>, sm);
-    attn_fwd_short<DP, KB><<<grid, kThreads, sm, st>>>(p, p.scale * kLog2e, rounds);
+    dc_launch(be, attn_fwd_short<DP, KB>, grid, kThreads, sm, p, p.scale * kLog2e, rounds);
 }
 
-template <int KB> static void launch_dp(cudaStream_t st, const AttnParams &p, int rounds, unsigned grid) {
+template <int KB> static void launch_dp(dc_backend *be, const AttnParams &p, int rounds, unsigned grid) {
     switch (attn_pick_dp(p.Dh)) {
-    case 16: launch<16, KB>(st, p, rounds, grid); break;
-    case 32: launch<32, KB>(st, p, rounds, grid); break;
-    default: launch<48, KB>(st, p, rounds, grid); break;  // SD 1.x's 64x64 level
+    case 16: launch<16, KB>(be, p, rounds, grid); break;
+    case 32: launch<32, KB>(be, p, rounds, grid); break;
+    default: launch<48, KB>(be, p, rounds, grid); break;  // SD 1.x's 64x64 level
     }
 }
 
 
-bool dc_attn_fwd_short(cudaStream_t st, const AttnParams &p, const dc_attn_shape *s) {
+bool dc_attn_fwd_short(dc_backend *be, const AttnParams &p, const dc_attn_shape *s) {
     if (s->causal || s->Dh != s->Dv || s->Dh > 48 || s->Dh % 8 || s->Tk > 128) return false;
     const dc_attn_layout l[4] = {s->q, s->k, s->v, s->out};
     const void *ptr[4] = {p.q, p.k, p.v, p.out};
@@ -152,7 +154,7 @@ bool dc_attn_fwd_short(cudaStream_t st, const AttnParams &p, const dc_attn_shape
     while (rounds < 8 && bh * ((tiles + 2 * rounds - 1) / (2 * rounds)) >= 4LL * dc_cuda_sm_count()) rounds *= 2;
     const int64_t grid = bh * ((tiles + rounds - 1) / rounds);
     if (grid > INT32_MAX) return false;
-    if (s->Tk <= 80) launch_dp<5>(st, p, rounds, (unsigned)grid);
-    else launch_dp<8>(st, p, rounds, (unsigned)grid);
+    if (s->Tk <= 80) launch_dp<5>(be, p, rounds, (unsigned)grid);
+    else launch_dp<8>(be, p, rounds, (unsigned)grid);
     return true;
 }

@@ -37,6 +37,7 @@
 #include "backend/cuda/cuda_attention.h"
 #include "backend/cuda/cuda_attention_tc.h"
 #include "backend/cuda/cuda_common.h"
+#include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/cuda_sm90.h"
 
 namespace {
@@ -246,6 +247,7 @@ __global__ void __launch_bounds__(kThreadsSm90, 1)
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
+    dc_pdl_enter();
 
     if (wg == kWG) {  // the producer warp: one lane issues every copy
         if (lane == 0) {
@@ -370,7 +372,7 @@ static bool make_map(CUtensorMap *map, MapDims *d, const void *base, dc_attn_lay
 
 }  // namespace
 
-bool dc_attn_fwd_sm90(cudaStream_t st, const AttnParams &ap, const dc_attn_shape *s) {
+bool dc_attn_fwd_sm90(dc_backend *be, const AttnParams &ap, const dc_attn_shape *s) {
     if (s->causal || s->Dh != s->Dv || s->Dh <= 16 || s->Dh > 48 || s->Dh % 8) return false;
     if (s->Tk < kMinKeys || s->H > 65535 || s->B > 65535) return false;  // grid y and z
     const dc_attn_layout l[4] = {s->q, s->k, s->v, s->out};
@@ -392,7 +394,7 @@ bool dc_attn_fwd_sm90(cudaStream_t st, const AttnParams &ap, const dc_attn_shape
     const dim3 grid((unsigned)((s->Tq + kBM - 1) / kBM), (unsigned)s->H, (unsigned)s->B);
     auto launch = [&](auto kernel) {
         allow_smem((const void *)kernel, kSmemBytes);
-        kernel<<<grid, kThreadsSm90, kSmemBytes, st>>>(mq, mk, mv, p);
+        dc_launch(be, kernel, grid, kThreadsSm90, kSmemBytes, mq, mk, mv, p);
     };
     // a spare column (heads of 24 or 40) carries the row sums through P V
     if (s->Dh <= 32) s->Dh == 24 ? launch(attn_fwd_sm90<2, 32, true>) : launch(attn_fwd_sm90<2, 32, false>);

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cuda/cuda_common.h"
 #include "backend/cuda/cuda_ops.h"
 #include "core/error.h"
 
@@ -267,6 +268,7 @@ static int start(dc_cuda_ctx *c) {
         return dc_fail("GPU %d has compute capability %d.%d; the CUDA backend needs 8.0 (Ampere) or newer", dev,
                        major, minor);
     if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
+    c->pdl = major >= 9 && dc_env_on("DC_PDL");
     if (e != cudaSuccess)
         return cudaGetLastError(), dc_fail("the CUDA GPU could not be used (%s)", cudaGetErrorString(e));
     cublasStatus_t st = cublasLtCreate(&c->lt);

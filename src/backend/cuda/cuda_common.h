@@ -100,6 +100,20 @@ static inline unsigned dc_blocks(int64_t n, int threads) {
     return (unsigned)(b < 1 ? 1 : b > 1048576 ? 1048576 : b);
 }
 
+// ---- programmatic dependent launch -------------------------------------------------------
+// On Hopper a kernel started by dc_launch (cuda_ops.h) may be launched while
+// the kernel ahead of it in the stream, or in a recorded step graph, drains
+// its last blocks: the launch's latency hides behind that tail. Such a
+// kernel calls dc_pdl_enter() before it touches global memory: it lets the
+// kernel after it launch early in turn (that one still waits for this one to
+// finish), then waits until the kernel ahead has finished and its writes are
+// visible. For a kernel launched the plain way both return at once.
+__device__ __forceinline__ void dc_pdl_enter(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n\tgriddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // ---- channels-last maps ------------------------------------------------------------------
 // V consecutive values at i (a multiple of V) into v: V = 1, 4 (dc_ld4's
 // alignment) or 8 (16-byte aligned buffers: one 16-byte access in BF16, two in F32).

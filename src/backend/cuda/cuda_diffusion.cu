@@ -136,6 +136,7 @@ extern "C" void dc_cuda_diffusion_loss(dc_backend *be, dc_buf dout, dc_buf losse
 
 __global__ void k_cfg_combine(void *dst, int dbf, const void *mo, int mbf, int64_t half, int OC, int64_t HW,
                               int guided, float scale) {
+    dc_pdl_enter();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < half; i += (int64_t)gridDim.x * blockDim.x) {
         int ch = (int)((i / HW) % OC);
         float cond = dc_ld(mo, i, mbf);
@@ -147,13 +148,14 @@ extern "C" void dc_cuda_cfg_combine(dc_backend *be, dc_buf dst, dc_buf model_out
                                     int guided, float scale) {
     DC_CUDA_OP(be);
     int64_t half = (int64_t)B * OC * HW;
-    k_cfg_combine<<<dc_blocks(half, 256), 256, 0, S(be)>>>(dst.p, BF(dst), model_out.p, BF(model_out), half, OC, HW,
+    dc_launch(be, k_cfg_combine, dc_blocks(half, 256), 256, 0, dst.p, BF(dst), model_out.p, BF(model_out), half, OC, HW,
                                                            guided, scale);
     DC_CUDA_LAUNCHED(be);
 }
 
 __global__ void k_sampler_step(void *x, int xbf, const void *out, int obf, const void *z, int zbf, dc_step_coef c,
                                int C, int OC, int64_t HW, int64_t total) {
+    dc_pdl_enter();
     int64_t N = (int64_t)C * HW;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
         int64_t b = i / N, r = i % N, ob = b * OC * HW;
@@ -167,7 +169,7 @@ extern "C" void dc_cuda_sampler_step(dc_backend *be, dc_buf x, dc_buf out, dc_bu
                                      int B, int C, int OC, int64_t HW) {
     DC_CUDA_OP(be);
     int64_t total = (int64_t)B * C * HW;
-    k_sampler_step<<<dc_blocks(total, 256), 256, 0, S(be)>>>(x.p, BF(x), out.p, BF(out), z.p, BF(z), *coef, C, OC,
+    dc_launch(be, k_sampler_step, dc_blocks(total, 256), 256, 0, x.p, BF(x), out.p, BF(out), z.p, BF(z), *coef, C, OC,
                                                              HW, total);
     DC_CUDA_LAUNCHED(be);
 }

@@ -95,6 +95,7 @@ __global__ void __launch_bounds__(kThreadsGeglu, 1)
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
+    dc_pdl_enter();
 
     // Tiles (256 rows x 64 outputs, outputs fastest) go round the blocks;
     // the ring's stages are counted across tiles, so the producer loads the
@@ -216,7 +217,7 @@ extern "C" bool dc_cuda_geglu_linear_sm90(dc_backend *be, dc_buf out, dc_buf inp
         // More than 48 KB of shared memory: opted into at every launch
         // (cheap, per current device, legal during stream capture).
         cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmemBytes);
-        kernel<<<grid, kThreadsGeglu, kSmemBytes, dc_cuda(be)->stream>>>(tx, tw, p);
+        dc_launch(be, kernel, grid, kThreadsGeglu, kSmemBytes, tx, tw, p);
     };
     if (!b.p) launch(geglu_fwd_sm90<0>);
     else if (b.dt == DC_F32) launch(geglu_fwd_sm90<1>);

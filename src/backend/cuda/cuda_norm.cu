@@ -157,6 +157,7 @@ static int64_t gn_nhwc_chunks(int64_t HW, int C) {
 // lanes are then added in order.
 template <int V>
 __global__ void k_gn_nhwc_part(double2 *part, const void *x, int xbf, int64_t HW, int C, int cols, int64_t rows_per) {
+    dc_pdl_enter();
     __shared__ double2 red[GN_RT * 32];
     const int col = blockIdx.y * blockDim.x + threadIdx.x, b = blockIdx.z;
     const int64_t chunk = blockIdx.x, p0 = chunk * rows_per, p1 = p0 + rows_per < HW ? p0 + rows_per : HW;
@@ -194,6 +195,7 @@ __global__ void k_gn_nhwc_part(double2 *part, const void *x, int xbf, int64_t HW
 enum { GN_ST = 128 };
 __global__ void __launch_bounds__(GN_ST) k_gn_nhwc_stats(float *mean, float *rstd, const double2 *part, int64_t chunks,
                                                        int C, int G, int64_t HW, float eps) {
+    dc_pdl_enter();
     __shared__ double2 wsum[GN_ST / 32];
     const int64_t i = blockIdx.x;  // b G + g
     const int b = (int)(i / G), g = (int)(i % G), cg = C / G, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -221,6 +223,7 @@ template <int V>
 __global__ void k_gn_nhwc_apply(void *out, int obf, const void *x, int xbf, const float *mean, const float *rstd,
                                 const void *gamma, int gbf, const void *beta, int bbf, int64_t HW, int C, int G,
                                 int cols, int64_t cps, int64_t rows_per, bool silu) {
+    dc_pdl_enter();
     const int col = blockIdx.y * blockDim.x + threadIdx.x;
     if (col >= cols) return;
     const int64_t b = blockIdx.x / cps, p0 = blockIdx.x % cps * rows_per;
@@ -278,20 +281,20 @@ extern "C" void dc_cuda_group_norm_nhwc_fwd(dc_backend *be, dc_buf out, dc_buf m
         float *mu = (float *)mean.p + (int64_t)b0 * G, *r = (float *)rstd.p + (int64_t)b0 * G;
         const dim3 g1((unsigned)chunks, (unsigned)gs.tiles, (unsigned)nb), b1(gs.ct, GN_RT);
         const void *xp = dc_buf_at(x, off).p;
-        if (V == 8) k_gn_nhwc_part<8><<<g1, b1, 0, c->stream>>>(part, xp, BF(x), HW, C, gs.cols, rows_per);
-        else if (V == 4) k_gn_nhwc_part<4><<<g1, b1, 0, c->stream>>>(part, xp, BF(x), HW, C, gs.cols, rows_per);
-        else k_gn_nhwc_part<1><<<g1, b1, 0, c->stream>>>(part, xp, BF(x), HW, C, gs.cols, rows_per);
-        k_gn_nhwc_stats<<<(unsigned)((int64_t)nb * G), GN_ST, 0, c->stream>>>(mu, r, part, chunks, C, G, HW, eps);
+        if (V == 8) dc_launch(be, k_gn_nhwc_part<8>, g1, b1, 0, part, xp, BF(x), HW, C, gs.cols, rows_per);
+        else if (V == 4) dc_launch(be, k_gn_nhwc_part<4>, g1, b1, 0, part, xp, BF(x), HW, C, gs.cols, rows_per);
+        else dc_launch(be, k_gn_nhwc_part<1>, g1, b1, 0, part, xp, BF(x), HW, C, gs.cols, rows_per);
+        dc_launch(be, k_gn_nhwc_stats, (unsigned)((int64_t)nb * G), GN_ST, 0, mu, r, part, chunks, C, G, HW, eps);
         const dim3 g3((unsigned)(nb * cps), (unsigned)ga.tiles), b3(ga.ct, ga.rt);
         void *op = dc_buf_at(out, off).p;
         if (V == 8)
-            k_gn_nhwc_apply<8><<<g3, b3, 0, c->stream>>>(op, BF(out), xp, BF(x), mu, r, gamma.p, BF(gamma), beta.p,
+            dc_launch(be, k_gn_nhwc_apply<8>, g3, b3, 0, op, BF(out), xp, BF(x), mu, r, gamma.p, BF(gamma), beta.p,
                                                          BF(beta), HW, C, G, ga.cols, cps, rows_apply, silu);
         else if (V == 4)
-            k_gn_nhwc_apply<4><<<g3, b3, 0, c->stream>>>(op, BF(out), xp, BF(x), mu, r, gamma.p, BF(gamma), beta.p,
+            dc_launch(be, k_gn_nhwc_apply<4>, g3, b3, 0, op, BF(out), xp, BF(x), mu, r, gamma.p, BF(gamma), beta.p,
                                                          BF(beta), HW, C, G, ga.cols, cps, rows_apply, silu);
         else
-            k_gn_nhwc_apply<1><<<g3, b3, 0, c->stream>>>(op, BF(out), xp, BF(x), mu, r, gamma.p, BF(gamma), beta.p,
+            dc_launch(be, k_gn_nhwc_apply<1>, g3, b3, 0, op, BF(out), xp, BF(x), mu, r, gamma.p, BF(gamma), beta.p,
                                                          BF(beta), HW, C, G, ga.cols, cps, rows_apply, silu);
         DC_CUDA_LAUNCHED(be);
     }
@@ -410,6 +413,7 @@ enum { ROWS = 8 };
 
 __global__ void k_ln_fwd(void *out, int obf, float *mean, float *rstd, const void *x, int xbf, const void *gamma,
                          int gbf, const void *beta, int bbf, int64_t M, int D, float eps) {
+    dc_pdl_enter();
     const int64_t row = blockIdx.x * (int64_t)ROWS + threadIdx.y;
     const int lane = threadIdx.x;
     if (row >= M) return;
@@ -442,6 +446,7 @@ __global__ void k_ln_fwd(void *out, int obf, float *mean, float *rstd, const voi
 template <int NV, int LPR>
 __global__ void k_ln_fwd_v8(void *out, int obf, float *mean, float *rstd, const void *x, int xbf, const void *gamma,
                             int gbf, const void *beta, int bbf, int64_t M, int D, float eps) {
+    dc_pdl_enter();
     const int lane = threadIdx.x % LPR, nvec = D / 8;
     const int64_t row = (blockIdx.x * (int64_t)ROWS + threadIdx.y) * (32 / LPR) + threadIdx.x / LPR;
     const bool live = row < M;  // every lane takes part in the sums' shuffles
@@ -489,14 +494,14 @@ __global__ void k_ln_fwd_v8(void *out, int obf, float *mean, float *rstd, const 
 // Launches k_ln_fwd_v8 with the fewest lanes a row that leave a lane at most
 // 6 vectors (8 at 32 lanes): 320 wide 8 lanes of 5 vectors, 640 16 of 5,
 // 1280 32 of 5, 768 16 of 6, 1152 32 of 5.
-static void ln_fwd_v8(cudaStream_t st, dc_buf out, float *mu, float *r, dc_buf x, dc_buf gamma, dc_buf beta,
+static void ln_fwd_v8(dc_backend *be, dc_buf out, float *mu, float *r, dc_buf x, dc_buf gamma, dc_buf beta,
                       int64_t M, int D, float eps) {
     const int nvec = D / 8, lpr = nvec <= 48 ? 8 : nvec <= 96 ? 16 : 32, nv = (nvec + lpr - 1) / lpr;
     const dim3 block(32, ROWS);
     const int64_t rows = (int64_t)ROWS * (32 / lpr);
     const unsigned grid = (unsigned)((M + rows - 1) / rows);
 #define LN_V8(n, l)                                                                                                 \
-    k_ln_fwd_v8<n, l><<<grid, block, 0, st>>>(out.p, BF(out), mu, r, x.p, BF(x), gamma.p, BF(gamma), beta.p, \
+    dc_launch(be, k_ln_fwd_v8<n, l>, grid, block, 0, out.p, BF(out), mu, r, x.p, BF(x), gamma.p, BF(gamma), beta.p, \
                                               BF(beta), M, D, eps)
     if (lpr == 8) {
         switch (nv) {
@@ -531,17 +536,16 @@ extern "C" void dc_cuda_layer_norm_fwd(dc_backend *be, dc_buf out, dc_buf mean, 
         DC_CUDA_FAIL(be, "layer norm statistics must be F32 (mean %s, rstd %s)", dc_dtype_name(mean.dt),
                      dc_dtype_name(rstd.dt));
     if (M <= 0 || D <= 0) return;
-    cudaStream_t st = dc_cuda(be)->stream;
     float *mu = (float *)mean.p, *r = (float *)rstd.p;
     const bool v8 = D % 8 == 0 && dc_vec_width(8, x, out, gamma) == 8 && dc_aligned(beta.p, 16);
     if (v8 && D <= 2048) {
-        ln_fwd_v8(st, out, mu, r, x, gamma, beta, M, D, eps);
+        ln_fwd_v8(be, out, mu, r, x, gamma, beta, M, D, eps);
         DC_CUDA_LAUNCHED(be);
         return;
     }
     const dim3 block(32, ROWS);
     const unsigned grid = (unsigned)((M + ROWS - 1) / ROWS);
-    k_ln_fwd<<<grid, block, 0, st>>>(out.p, BF(out), mu, r, x.p, BF(x), gamma.p, BF(gamma), beta.p, BF(beta), M, D, eps);
+    dc_launch(be, k_ln_fwd, grid, block, 0, out.p, BF(out), mu, r, x.p, BF(x), gamma.p, BF(gamma), beta.p, BF(beta), M, D, eps);
     DC_CUDA_LAUNCHED(be);
 }
 

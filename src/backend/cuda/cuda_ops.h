@@ -64,6 +64,7 @@ typedef struct {
     bool failed;              // an op has failed: err says how, and nothing runs any more
     char err[512];
     dc_cuda_prof *prof;       // DC_CUDA_PROFILE=1: per-op GPU time (cuda_profile.cu), else NULL
+    bool pdl;                 // dc_launch may overlap a launch with the kernel ahead (Hopper on; DC_PDL=0 off)
 } dc_cuda_ctx;
 
 static inline dc_cuda_ctx *dc_cuda(dc_backend *be) { return (dc_cuda_ctx *)be->ctx; }
@@ -261,5 +262,23 @@ void dc_cuda_adamw(dc_backend *be, dc_buf p, dc_buf grad, dc_buf m, dc_buf v, dc
 void dc_cuda_grad_norm(dc_backend *be, dc_buf out, dc_buf g, int64_t n, float max_norm);
 
 #ifdef __cplusplus
+}
+#endif
+
+#ifdef __cplusplus
+// Launches kernel k on the backend's stream, where the device allows with
+// programmatic dependent launch: k must call dc_pdl_enter() (cuda_common.h)
+// before it touches global memory. A failed launch is recorded, as
+// DC_CUDA_LAUNCHED records one.
+template <typename... P, typename... A>
+static inline void dc_launch(dc_backend *be, void (*k)(P...), dim3 grid, dim3 block, size_t smem, A... args) {
+    dc_cuda_ctx *c = dc_cuda(be);
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = c->stream;
+    cfg.attrs = at, cfg.numAttrs = c->pdl ? 1 : 0;
+    dc_cuda_ok(be, cudaLaunchKernelEx(&cfg, k, args...), "cudaLaunchKernelEx", __func__, __FILE__, __LINE__);
 }
 #endif

@@ -14,6 +14,7 @@ enum { TPB = 256 };
 static cudaStream_t S(dc_backend *be) { return dc_cuda(be)->stream; }
 
 __global__ void k_cast(void *dst, int dbf, const void *src, int sbf, int64_t n) {
+    dc_pdl_enter();
     GRID_STRIDE(i, n) dc_st(dst, i, dc_ld(src, i, sbf), dbf);
 }
 
@@ -26,12 +27,13 @@ extern "C" void dc_cuda_cast(dc_backend *be, dc_buf dst, dc_buf src, int64_t n) 
                                         S(be)));
         return;
     }
-    k_cast<<<dc_blocks(n, TPB), TPB, 0, S(be)>>>(dst.p, BF(dst), src.p, BF(src), n);
+    dc_launch(be, k_cast, dc_blocks(n, TPB), TPB, 0, dst.p, BF(dst), src.p, BF(src), n);
     DC_CUDA_LAUNCHED(be);
 }
 
 // kind: 0 gelu, 1 silu
 __global__ void k_act_fwd(void *out, int obf, const void *inp, int ibf, int64_t n, int kind) {
+    dc_pdl_enter();
     GRID_STRIDE(i, n) {
         float x = dc_ld(inp, i, ibf);
         dc_st(out, i, kind == 0 ? dc_gelu(x) : dc_silu(x), obf);
@@ -50,7 +52,7 @@ __global__ void k_act_bwd(void *dinp, int dbf, const void *dout, int gbf, const 
 
 extern "C" void dc_cuda_gelu_fwd(dc_backend *be, dc_buf out, dc_buf inp, int64_t n) {
     DC_CUDA_OP(be);
-    k_act_fwd<<<dc_blocks(n, TPB), TPB, 0, S(be)>>>(out.p, BF(out), inp.p, BF(inp), n, 0);
+    dc_launch(be, k_act_fwd, dc_blocks(n, TPB), TPB, 0, out.p, BF(out), inp.p, BF(inp), n, 0);
     DC_CUDA_LAUNCHED(be);
 }
 extern "C" void dc_cuda_gelu_bwd(dc_backend *be, dc_buf dinp, dc_buf dout, dc_buf inp, int64_t n) {
@@ -60,7 +62,7 @@ extern "C" void dc_cuda_gelu_bwd(dc_backend *be, dc_buf dinp, dc_buf dout, dc_bu
 }
 extern "C" void dc_cuda_silu_fwd(dc_backend *be, dc_buf out, dc_buf inp, int64_t n) {
     DC_CUDA_OP(be);
-    k_act_fwd<<<dc_blocks(n, TPB), TPB, 0, S(be)>>>(out.p, BF(out), inp.p, BF(inp), n, 1);
+    dc_launch(be, k_act_fwd, dc_blocks(n, TPB), TPB, 0, out.p, BF(out), inp.p, BF(inp), n, 1);
     DC_CUDA_LAUNCHED(be);
 }
 extern "C" void dc_cuda_silu_bwd(dc_backend *be, dc_buf dinp, dc_buf dout, dc_buf inp, int64_t n,
@@ -221,6 +223,7 @@ extern "C" void dc_cuda_unpatchify_bwd(dc_backend *be, dc_buf dtok, dc_buf dimg,
 
 // out[B, 2*half] = [cos(t f_k) | sin(t f_k)], the angle in double as on the CPU.
 __global__ void k_timestep_embed(void *out, int obf, const float *t, int B, int half) {
+    dc_pdl_enter();
     GRID_STRIDE(i, (int64_t)B * half) {
         int b = (int)(i / half), k = (int)(i % half);
         double a = (double)t[b] * dc_timestep_freq(k, half);
@@ -230,7 +233,7 @@ __global__ void k_timestep_embed(void *out, int obf, const float *t, int B, int 
 }
 extern "C" void dc_cuda_timestep_embed(dc_backend *be, dc_buf out, dc_buf t, int B, int half) {
     DC_CUDA_OP(be);
-    k_timestep_embed<<<dc_blocks((int64_t)B * half, TPB), TPB, 0, S(be)>>>(out.p, BF(out), (const float *)t.p, B,
+    dc_launch(be, k_timestep_embed, dc_blocks((int64_t)B * half, TPB), TPB, 0, out.p, BF(out), (const float *)t.p, B,
                                                                           half);
     DC_CUDA_LAUNCHED(be);
 }
@@ -442,6 +445,7 @@ extern "C" void dc_cuda_upsample2x_bwd(dc_backend *be, dc_buf dx, dc_buf dout, i
 // 32 x 32 tiles through shared memory (one padding column against bank
 // conflicts), so both the reads of x and the writes of out are coalesced.
 __global__ void k_transpose(void *out, int obf, const void *x, int xbf, int64_t M, int64_t N, int64_t mb, int64_t nb) {
+    dc_pdl_enter();
     __shared__ float tile[32][33];
     const int64_t t = blockIdx.x, b = t / (mb * nb);
     const int64_t i0 = (t / nb % mb) * 32, j0 = t % nb * 32;
@@ -461,7 +465,7 @@ extern "C" void dc_cuda_transpose(dc_backend *be, dc_buf out, dc_buf x, int B, i
     DC_CUDA_OP(be);
     if (B <= 0 || M <= 0 || N <= 0) return;
     const int64_t mb = (M + 31) / 32, nb = (N + 31) / 32;
-    k_transpose<<<(unsigned)(B * mb * nb), dim3(32, 8), 0, S(be)>>>(out.p, BF(out), x.p, BF(x), M, N, mb, nb);
+    dc_launch(be, k_transpose, (unsigned)(B * mb * nb), dim3(32, 8), 0, out.p, BF(out), x.p, BF(x), M, N, mb, nb);
     DC_CUDA_LAUNCHED(be);
 }
 
@@ -511,6 +515,7 @@ static bool float_dt(dc_dtype t) { return t == DC_F32 || t == DC_BF16; }
 template <int V>
 __global__ void k_upsample2x_nhwc(void *out, int obf, const void *x, int xbf, int64_t pixels, int W, int C, int cols,
                                   int64_t chunk) {
+    dc_pdl_enter();
     const int col = blockIdx.y * blockDim.x + threadIdx.x;
     if (col >= cols) return;
     const int c = col * V;
@@ -538,11 +543,11 @@ extern "C" void dc_cuda_upsample2x_nhwc_fwd(dc_backend *be, dc_buf out, dc_buf x
     const int64_t chunk = dc_rows_chunk(&g, pixels, 4);  // up to four pixels a thread: sixteen stores
     const dim3 grid((unsigned)((pixels + chunk - 1) / chunk), (unsigned)g.tiles), block(g.ct, g.rt);
     if (g.V == 8)
-        k_upsample2x_nhwc<8><<<grid, block, 0, S(be)>>>(out.p, BF(out), x.p, BF(x), pixels, W, C, g.cols, chunk);
+        dc_launch(be, k_upsample2x_nhwc<8>, grid, block, 0, out.p, BF(out), x.p, BF(x), pixels, W, C, g.cols, chunk);
     else if (g.V == 4)
-        k_upsample2x_nhwc<4><<<grid, block, 0, S(be)>>>(out.p, BF(out), x.p, BF(x), pixels, W, C, g.cols, chunk);
+        dc_launch(be, k_upsample2x_nhwc<4>, grid, block, 0, out.p, BF(out), x.p, BF(x), pixels, W, C, g.cols, chunk);
     else
-        k_upsample2x_nhwc<1><<<grid, block, 0, S(be)>>>(out.p, BF(out), x.p, BF(x), pixels, W, C, g.cols, chunk);
+        dc_launch(be, k_upsample2x_nhwc<1>, grid, block, 0, out.p, BF(out), x.p, BF(x), pixels, W, C, g.cols, chunk);
     DC_CUDA_LAUNCHED(be);
 }
 
@@ -553,6 +558,7 @@ extern "C" void dc_cuda_upsample2x_nhwc_fwd(dc_backend *be, dc_buf out, dc_buf x
 template <int V>
 __global__ void k_add_nhwc(void *x, int xbf, const void *y, int ybf, const void *v, int vbf, const void *bias,
                            int bbf, int64_t HW, int C, int cols, int64_t cps, int64_t chunk) {
+    dc_pdl_enter();
     const int col = blockIdx.y * blockDim.x + threadIdx.x;
     if (col >= cols) return;
     const int64_t b = blockIdx.x / cps, p0 = blockIdx.x % cps * chunk;
@@ -591,7 +597,7 @@ extern "C" void dc_cuda_add_nhwc(dc_backend *be, dc_buf x, dc_buf y, dc_buf v, d
     const int64_t chunk = dc_rows_chunk(&g, (int64_t)B * HW, 8), cps = (HW + chunk - 1) / chunk;
     const dim3 grid((unsigned)(B * cps), (unsigned)g.tiles), block(g.ct, g.rt);
 #define ADD_NHWC(n)                                                                                             \
-    k_add_nhwc<n><<<grid, block, 0, S(be)>>>(x.p, BF(x), y.p, BF(y), v.p, BF(v), bias.p, BF(bias), HW, C, g.cols, \
+    dc_launch(be, k_add_nhwc<n>, grid, block, 0, x.p, BF(x), y.p, BF(y), v.p, BF(v), bias.p, BF(bias), HW, C, g.cols, \
                                              cps, chunk)
     if (g.V == 8) ADD_NHWC(8);
     else if (g.V == 4) ADD_NHWC(4);
@@ -609,6 +615,7 @@ static bool overlap(const void *p, size_t n, const void *q, size_t m) {
 // out[M, C1 + C2] = [a | b] in 16-byte units (rows of whole units, buffers
 // aligned): a thread a unit of out, from a's row or b's.
 __global__ void k_concat_rows16(uint4 *out, const uint4 *a, int u1, const uint4 *b, int u2, int64_t n) {
+    dc_pdl_enter();
     const int u = u1 + u2;
     GRID_STRIDE(i, n) {
         const int64_t m = i / u;
@@ -634,7 +641,7 @@ extern "C" void dc_cuda_concat_channels(dc_backend *be, dc_buf out, dc_buf a, in
         DC_CUDA_FAIL(be, "concat_channels: the output overlaps an input");
     if (n1 % 16 == 0 && n2 % 16 == 0 && dc_aligned(out.p, 16) && dc_aligned(a.p, 16) && dc_aligned(b.p, 16)) {
         const int64_t units = (int64_t)M * (int64_t)(row / 16);
-        k_concat_rows16<<<dc_blocks(units, TPB), TPB, 0, S(be)>>>((uint4 *)out.p, (const uint4 *)a.p, (int)(n1 / 16),
+        dc_launch(be, k_concat_rows16, dc_blocks(units, TPB), TPB, 0, (uint4 *)out.p, (const uint4 *)a.p, (int)(n1 / 16),
                                                                    (const uint4 *)b.p, (int)(n2 / 16), units);
         DC_CUDA_LAUNCHED(be);
         return;
