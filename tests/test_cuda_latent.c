@@ -308,6 +308,33 @@ static void test_linear_geglu(int M, int K, int F, int bias) {
     }
 }
 
+// Several products of one input (linear_many_fwd, a UNet's time projections):
+// n jobs of widths cycling through SD's 320, 640 and 1280 and a narrow 8, the
+// biases in the compute dtype, F32 or none; in bf16, one kernel up to 16
+// rows and 32 jobs a launch (more jobs: several launches), cuBLAS beyond.
+static void test_linear_many(int M, int K, int n) {
+    enum { MAXJ = 40 };
+    const int widths[4] = {320, 640, 1280, 8};
+    char name[128];
+    pair x = rand_pair((int64_t)M * K, g_ct, -1, 1), out[MAXJ];
+    dc_linear_job jc[MAXJ], jg[MAXJ];
+    for (int j = 0; j < n && j < MAXJ; j++) {
+        const int N = widths[j % 4];
+        pair w = rand_pair((int64_t)N * K, g_ct, -0.05, 0.05), b = rand_pair(N, j % 3 == 1 ? DC_F32 : g_ct, -1, 1);
+        out[j] = nan_pair((int64_t)M * N, g_ct);
+        const bool bias = j % 3 != 2;
+        jc[j] = (dc_linear_job){out[j].c, w.c, bias ? b.c : dc_buf_none(), N};
+        jg[j] = (dc_linear_job){out[j].g, w.g, bias ? b.g : dc_buf_none(), N};
+    }
+    g_cpu->linear_many_fwd(g_cpu, jc, n, x.c, M, K);
+    g_gpu->linear_many_fwd(g_gpu, jg, n, x.g, M, K);
+    for (int j = 0; j < n; j++) {
+        snprintf(name, sizeof name, "linear_many_fwd M%d K%d job %d of %d (N %d)", M, K, j, n, jc[j].N);
+        compare(name, out[j], g_tol);
+    }
+    release();
+}
+
 static void test_group_norm_nhwc(int B, int C, int64_t HW, int G, bool silu, float eps, dc_dtype xt) {
     char name[128];
     const int64_t n = (int64_t)B * C * HW, ns = (int64_t)B * G;
@@ -517,6 +544,10 @@ static void run_groups(void) {
         test_linear_geglu(2000, 640, 5120, 0);
         test_linear_geglu(300, 320, 128, 1);    // too few blocks: unfused
         test_linear_geglu(7, 24, 40, 1);        // F not a multiple of 64: unfused
+        test_linear_many(2, 1280, 22);          // SD's time projections at 2 and 16 rows
+        test_linear_many(16, 1280, 22);
+        test_linear_many(3, 72, 35);            // more jobs than one launch takes
+        test_linear_many(17, 64, 5);            // more rows than the kernel takes
     }
 }
 

@@ -613,6 +613,40 @@ static void test_linear_geglu(int M, int K, int F) {
     dev_free_all();
 }
 
+// Several products of one input (linear_many_fwd: a UNet's time
+// projections), each against float64; jobs with and without a bias.
+static void test_linear_many(int M, int K) {
+    if (!have("linear_many", g_be->linear_many_fwd != NULL)) return;
+    enum { J = 3 };
+    const int N[J] = {24, 40, 8};
+    char name[128];
+    float *x = host_rand((int64_t)M * K, -1, 1);
+    dc_buf xd = dev_from(x, (int64_t)M * K);
+    dc_linear_job jobs[J];
+    float *w[J], *b[J];
+    for (int j = 0; j < J; j++) {
+        w[j] = host_rand((int64_t)N[j] * K, -0.3, 0.3), b[j] = host_rand(N[j], -1, 1);
+        jobs[j] = (dc_linear_job){dev_nan((int64_t)M * N[j]), dev_from(w[j], (int64_t)N[j] * K),
+                                  j == 1 ? dc_buf_none() : dev_from(b[j], N[j]), N[j]};
+    }
+    g_be->linear_many_fwd(g_be, jobs, J, xd, M, K);
+    for (int j = 0; j < J; j++) {
+        double *ref = malloc((size_t)M * N[j] * sizeof(double));
+        for (int m = 0; m < M; m++)
+            for (int n = 0; n < N[j]; n++) {
+                double s = j == 1 ? 0.0 : b[j][n];
+                for (int k = 0; k < K; k++) s += (double)x[(int64_t)m * K + k] * w[j][(int64_t)n * K + k];
+                ref[(int64_t)m * N[j] + n] = s;
+            }
+        float *got = dev_get(jobs[j].out, (int64_t)M * N[j]);
+        snprintf(name, sizeof name, "linear_many_fwd M%d K%d job %d (N %d%s)", M, K, j, N[j], j == 1 ? ", no bias" : "");
+        check(name, got, ref, (int64_t)M * N[j], TOL_FWD);
+        free(ref), free(got), free(w[j]), free(b[j]);
+    }
+    free(x);
+    dev_free_all();
+}
+
 // ---- activations of a given kind ----------------------------------------------------------
 static void test_activation(dc_act act, const char *what, double (*f)(double)) {
     if (!have("activation", g_be->activation_fwd && g_be->activation_bwd)) return;
@@ -752,6 +786,8 @@ int main(int argc, char **argv) {
     test_geglu(37, 72);
     test_geglu(129, 640);
     test_linear_geglu(37, 40, 24);
+    test_linear_many(3, 56);
+    test_linear_many(1, 1280);
     test_activation(DC_ACT_SILU, "silu", ref_silu);
     test_activation(DC_ACT_GELU_TANH, "gelu_tanh", ref_gelu);
     test_activation(DC_ACT_GELU_ERF, "gelu_erf", ref_gelu_erf);

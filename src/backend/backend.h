@@ -54,6 +54,13 @@ typedef struct dc_attn_shape {
     dc_attn_layout q, k, v, out;
 } dc_attn_shape;
 
+// One of several products of the same input (linear_many_fwd):
+// out[M, N] = inp @ w[N, K]^T + b[N] (b may be NULL).
+typedef struct {
+    dc_buf out, w, b;
+    int N;
+} dc_linear_job;
+
 // The layout of H heads of Dh side by side in rows of `row` elements, T rows
 // per sample: [B, T, row] with head h at column offset h*Dh.
 static inline dc_attn_layout dc_attn_rows(int T, int64_t row, int Dh) {
@@ -115,6 +122,10 @@ struct dc_backend {
     // epilogue instead of in a pass of its own.
     void (*linear_fwd_acc)(dc_backend *be, dc_buf out, dc_buf inp, dc_buf w, dc_buf b,
                            int M, int K, int N);
+    // Several products of one inp[M,K], jobs[i].out = inp @ jobs[i].w^T +
+    // jobs[i].b (a UNet's time projections: few rows, many small weights).
+    // One kernel on a GPU where the rows are few, else one product a job.
+    void (*linear_many_fwd)(dc_backend *be, const dc_linear_job *jobs, int n, dc_buf inp, int M, int K);
     // dinp[M,K] = dout @ w (skipped if dinp.p is NULL; += if accumulate)
     // dw[N,K] += dout^T @ inp ; db[N] += sum_m dout (skipped if NULL)
     void (*linear_bwd)(dc_backend *be, dc_buf dinp, dc_buf dw, dc_buf db, dc_buf dout,

@@ -25,6 +25,7 @@
 #define MAX_SKIPS (1 + DC_UNET_MAX_BLOCKS * (DC_UNET_MAX_LAYERS + 1))
 #define MAX_CONVS 256
 #define MAX_ATTNS (2 * DC_UNET_MAX_BLOCKS * (DC_UNET_MAX_LAYERS + 1) + 1)
+#define MAX_RESNETS (2 * DC_UNET_MAX_BLOCKS * (DC_UNET_MAX_LAYERS + 1) + 2)
 
 // Every convolution and transformer of one forward at the model's latent
 // size, with the largest buffers each part of the arena must hold, in values
@@ -36,6 +37,7 @@ typedef struct {
     int64_t skip[MAX_SKIPS];
     int64_t R, cat, S, P;      // resnet temporaries, concat, token slab, stream
     int64_t HW, lse, cmax;     // tokens, heads x tokens, channels (largest of each)
+    int64_t tsum;              // the resnets' time projections: channels of all
 } unet_plan;
 
 struct dc_unet_acts {
@@ -57,8 +59,20 @@ static void plan_conv(unet_plan *p, const dc_conv2d *c, int H, int W) {
     if (p->nconv < MAX_CONVS) p->conv[p->nconv].c = c, p->conv[p->nconv].H = H, p->conv[p->nconv++].W = W;
 }
 
+// The resnets in the order the forward runs them (down, mid, up): n of them.
+static int resnet_list(const dc_unet_modules *md, int N, const unet_resnet **r) {
+    int n = 0;
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < md->down[i].nres; j++) r[n++] = &md->down[i].res[j];
+    r[n++] = &md->mid.res[0], r[n++] = &md->mid.res[1];
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < md->up[i].nres; j++) r[n++] = &md->up[i].res[j];
+    return n;
+}
+
 static void plan_resnet(unet_plan *p, const unet_resnet *r, int H, int W, bool cat) {
     const int64_t HW = (int64_t)H * W;
+    p->tsum += r->co;
     plan_conv(p, &r->conv1, H, W);
     plan_conv(p, &r->conv2, H, W);
     if (r->shortcut.w >= 0) plan_conv(p, &r->shortcut, H, W);
@@ -138,7 +152,7 @@ static void carve(const dc_unet *m, const unet_plan *p, carver *cv, dc_unet_acts
     a->tfreq = take(cv, (int64_t)B * c->ch[0]);
     a->th = take(cv, B * td), a->ta = take(cv, B * td), a->temb = take(cv, B * td);
     s->silu_temb = take(cv, B * td);
-    s->tproj = take(cv, B * p->cmax);
+    s->tproj = take(cv, B * p->tsum);
     s->gn_mean = take_dt(cv, (int64_t)B * c->groups, DC_F32);
     s->gn_rstd = take_dt(cv, (int64_t)B * c->groups, DC_F32);
     s->ln_mean = take_dt(cv, B * (p->HW ? p->HW : 1), DC_F32);
@@ -260,6 +274,17 @@ static int unet_forward(dc_model *mm, dc_buf out, dc_buf x, dc_buf t, const dc_c
     be->silu_fwd(be, a->ta, a->th, (int64_t)B * td);
     dc_linear_fwd(be, ps, &md->time2, a->temb, a->ta, B);
     be->silu_fwd(be, s->silu_temb, a->temb, (int64_t)B * td);
+    // every resnet's projection of it at once (few rows, many small weights):
+    // tp[i] [B, co] for the i-th resnet the forward runs
+    const unet_resnet *rl[MAX_RESNETS];
+    dc_linear_job jobs[MAX_RESNETS];
+    dc_buf tp[MAX_RESNETS];
+    const int nr = resnet_list(md, N, rl);
+    int64_t off = 0;
+    for (int i = 0; i < nr; off += (int64_t)B * rl[i]->co, i++)
+        tp[i] = dc_buf_at(s->tproj, off), jobs[i] = dc_linear_job_of(ps, &rl[i]->temb, tp[i]);
+    be->linear_many_fwd(be, jobs, nr, s->silu_temb, B, td);
+    int ri = 0;
 
     // down path: every output is kept as a skip
     // x and out may be F32 (a sampler's state) while the layers run in the
@@ -275,7 +300,7 @@ static int unet_forward(dc_model *mm, dc_buf out, dc_buf x, dc_buf t, const dc_c
         const unet_block *b = &md->down[i];
         const int H = m->lh >> i, W = m->lw >> i;
         for (int j = 0; j < b->nres; j++) {
-            unet_resnet_fwd(be, ps, &b->res[j], a->skip[k], h, B, H, W, s);
+            unet_resnet_fwd(be, ps, &b->res[j], a->skip[k], h, tp[ri++], B, H, W, s);
             if (b->has_attn) unet_transformer_fwd(be, ps, &b->attn[j], a->skip[k], B, H, W, cond->ctx, len, s);
             h = a->skip[k++];
         }
@@ -287,9 +312,9 @@ static int unet_forward(dc_model *mm, dc_buf out, dc_buf x, dc_buf t, const dc_c
 
     // mid block: resnet, attention, resnet
     const int Hm = m->lh >> (N - 1), Wm = m->lw >> (N - 1);
-    unet_resnet_fwd(be, ps, &md->mid.res[0], a->p0, h, B, Hm, Wm, s);
+    unet_resnet_fwd(be, ps, &md->mid.res[0], a->p0, h, tp[ri++], B, Hm, Wm, s);
     unet_transformer_fwd(be, ps, &md->mid.attn[0], a->p0, B, Hm, Wm, cond->ctx, len, s);
-    unet_resnet_fwd(be, ps, &md->mid.res[1], a->p1, a->p0, B, Hm, Wm, s);
+    unet_resnet_fwd(be, ps, &md->mid.res[1], a->p1, a->p0, tp[ri++], B, Hm, Wm, s);
     h = a->p1;
     int C = md->mid.res[1].co;
 
@@ -302,7 +327,7 @@ static int unet_forward(dc_model *mm, dc_buf out, dc_buf x, dc_buf t, const dc_c
             dc_buf dst = h.p == a->p0.p ? a->p1 : a->p0;
             k--;
             be->concat_channels(be, s->cat, h, C, a->skip[k], r->ci - C, (int64_t)B * H * W);
-            unet_resnet_fwd(be, ps, r, dst, s->cat, B, H, W, s);
+            unet_resnet_fwd(be, ps, r, dst, s->cat, tp[ri++], B, H, W, s);
             if (b->has_attn) unet_transformer_fwd(be, ps, &b->attn[j], dst, B, H, W, cond->ctx, len, s);
             h = dst, C = r->co;
         }

@@ -135,8 +135,8 @@ int unet_modules_add(dc_params *ps, dc_unet_modules *md, const dc_unet_config *c
     return 0;
 }
 
-void unet_resnet_fwd(dc_backend *be, const dc_params *ps, const unet_resnet *r, dc_buf out, dc_buf x, int B,
-                     int H, int W, const unet_scratch *s) {
+void unet_resnet_fwd(dc_backend *be, const dc_params *ps, const unet_resnet *r, dc_buf out, dc_buf x,
+                     dc_buf tproj, int B, int H, int W, const unet_scratch *s) {
     const int64_t HW = (int64_t)H * W;
     const dc_conv2d_shape s3 = dc_conv2d_shape_of(&r->conv1, B, H, W);
     const dc_conv2d_shape s3b = dc_conv2d_shape_of(&r->conv2, B, H, W);
@@ -145,8 +145,7 @@ void unet_resnet_fwd(dc_backend *be, const dc_params *ps, const unet_resnet *r, 
     const dc_buf none = dc_buf_none();
     dc_group_norm_nhwc_fwd(be, ps, &r->norm1, s->r0, s->gn_mean, s->gn_rstd, x, B, HW, true);
     dc_conv2d_fwd_nobias(be, ps, &r->conv1, s->r1, s->r0, &s3);           // r1 [B, HW, co]
-    dc_linear_fwd(be, ps, &r->temb, s->tproj, s->silu_temb, B);           // [B, co]
-    be->add_nhwc(be, s->r1, none, s->tproj, dc_conv2d_bias(ps, &r->conv1), B, r->co, HW);
+    be->add_nhwc(be, s->r1, none, tproj, dc_conv2d_bias(ps, &r->conv1), B, r->co, HW);
     dc_group_norm_nhwc_fwd(be, ps, &r->norm2, s->r0, s->gn_mean, s->gn_rstd, s->r1, B, HW, true);
     dc_conv2d_fwd_nobias(be, ps, &r->conv2, out, s->r0, &s3b);
     dc_buf skip = x;

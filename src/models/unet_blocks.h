@@ -58,8 +58,8 @@ int unet_modules_add(dc_params *ps, dc_unet_modules *md, const dc_unet_config *c
 // The resnet view (cat, r0, r1) and the transformer view (tok[], ff1, ff2)
 // overlap: a block uses one of them at a time.
 typedef struct {
-    dc_buf silu_temb;        // [B, 4 ch0] SiLU(time embedding), read by every resnet
-    dc_buf tproj;            // [B, max C] a resnet's time_emb_proj output
+    dc_buf silu_temb;        // [B, 4 ch0] SiLU(time embedding), every resnet's time projection's input
+    dc_buf tproj;            // [B, sum of co] every resnet's time_emb_proj output, in forward order
     dc_buf gn_mean, gn_rstd; // [B, groups] F32
     dc_buf cat;              // [B, ci, HW] an up resnet's input [h | skip]
     dc_buf r0, r1;           // [B, max(ci, co), HW] (r0 also a 2x upsampled image)
@@ -73,9 +73,10 @@ typedef struct {
     int64_t hid_cap;         // elements of the region from tok[3]
 } unet_scratch;
 
-// out[B, H, W, co] = resnet(x[B, H, W, ci]) (channels-last maps).
-void unet_resnet_fwd(dc_backend *be, const dc_params *ps, const unet_resnet *r, dc_buf out, dc_buf x, int B,
-                     int H, int W, const unet_scratch *s);
+// out[B, H, W, co] = resnet(x[B, H, W, ci]) (channels-last maps); tproj
+// [B, co] is its time_emb_proj of SiLU(the time embedding), computed ahead.
+void unet_resnet_fwd(dc_backend *be, const dc_params *ps, const unet_resnet *r, dc_buf out, dc_buf x,
+                     dc_buf tproj, int B, int H, int W, const unet_scratch *s);
 // h[B, H, W, C] += transformer(h, ctx[B, len, ctx_dim]), in place.
 void unet_transformer_fwd(dc_backend *be, const dc_params *ps, const unet_transformer *t, dc_buf h, int B,
                           int H, int W, dc_buf ctx, int len, const unet_scratch *s);

@@ -83,6 +83,11 @@ static inline void dc_linear_bwd(dc_backend *be, const dc_params *ps, const dc_l
     be->linear_bwd(be, dx, dc_param_grad(ps, l->w), l->b >= 0 ? dc_param_grad(ps, l->b) : dc_buf_none(), dy, x,
                    dc_param_w(ps, l->w), M, l->in, l->out, accumulate);
 }
+// A product of l as one of linear_many_fwd's jobs, into out.
+static inline dc_linear_job dc_linear_job_of(const dc_params *ps, const dc_linear *l, dc_buf out) {
+    dc_linear_job j = {out, dc_param_w(ps, l->w), l->b >= 0 ? dc_param_w(ps, l->b) : dc_buf_none(), l->out};
+    return j;
+}
 // The GEGLU feed-forward's first product and its gate (linear_geglu_fwd): y[M, out/2]
 // = h * gelu_erf(g) where [h | g] = x W^T + b; pre [M, out] is the backend's
 // scratch. With pre none it runs only where the backend needs none: whether it ran.

@@ -183,6 +183,7 @@ dc_backend *dc_backend_cpu_create(void) {
         .destroy = cpu_destroy,
         .linear_fwd = dc_cpu_linear_fwd,
         .linear_fwd_acc = dc_cpu_linear_fwd_acc,
+        .linear_many_fwd = dc_cpu_linear_many_fwd,
         .linear_bwd = dc_cpu_linear_bwd,
         .linear_gelu_fwd = dc_cpu_linear_gelu_fwd,
         .linear_geglu_fwd = dc_cpu_linear_geglu_fwd,

@@ -142,6 +142,10 @@ void dc_cpu_linear_gelu_fwd(dc_backend *be, dc_buf out, dc_buf pre, dc_buf inp, 
     dc_cpu_gelu_fwd(be, out, pre, (int64_t)M * N);
 }
 
+void dc_cpu_linear_many_fwd(dc_backend *be, const dc_linear_job *jobs, int n, dc_buf inp, int M, int K) {
+    for (int i = 0; i < n; i++) dc_cpu_linear_fwd(be, jobs[i].out, inp, jobs[i].w, jobs[i].b, M, K, jobs[i].N);
+}
+
 bool dc_cpu_linear_geglu_fwd(dc_backend *be, dc_buf out, dc_buf pre, dc_buf inp, dc_buf w, dc_buf b,
                              int M, int K, int F) {
     if (!pre.p) return false;  // no product with the gate in its epilogue here

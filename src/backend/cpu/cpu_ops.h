@@ -198,6 +198,7 @@ void dc_cpu_sampler_step(dc_backend *be, dc_buf x, dc_buf out, dc_buf z,
                          const dc_step_coef *coef, int B, int C, int OC, int64_t HW);
 
 // ---- optimisation (cpu_optim.c) -----------------------------------------------
+void dc_cpu_linear_many_fwd(dc_backend *be, const dc_linear_job *jobs, int n, dc_buf inp, int M, int K);
 bool dc_cpu_linear_geglu_fwd(dc_backend *be, dc_buf out, dc_buf pre, dc_buf inp, dc_buf w, dc_buf b,
                              int M, int K, int F);
 void dc_cpu_linear_gelu_fwd(dc_backend *be, dc_buf out, dc_buf pre, dc_buf inp, dc_buf w, dc_buf b,

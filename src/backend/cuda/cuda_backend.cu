@@ -340,6 +340,7 @@ extern "C" dc_backend *dc_backend_cuda_create(bool fp32) {
         .reserve = cu_reserve,
         .linear_fwd = dc_cuda_linear_fwd,
         .linear_fwd_acc = dc_cuda_linear_fwd_acc,
+        .linear_many_fwd = dc_cuda_linear_many_fwd,
         .linear_bwd = dc_cuda_linear_bwd,
         .linear_gelu_fwd = dc_cuda_linear_gelu_fwd,
         .linear_geglu_fwd = dc_cuda_linear_geglu_fwd,

@@ -100,6 +100,16 @@ static inline unsigned dc_blocks(int64_t n, int threads) {
     return (unsigned)(b < 1 ? 1 : b > 1048576 ? 1048576 : b);
 }
 
+// The 8 bf16 values of a 16-byte vector, as floats.
+__device__ __forceinline__ void dc_unpack8(float (&f)[8], uint4 u) {
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const float2 t = __bfloat1622float2(*(const __nv_bfloat162 *)&w[k]);
+        f[2 * k] = t.x, f[2 * k + 1] = t.y;
+    }
+}
+
 // ---- programmatic dependent launch -------------------------------------------------------
 // On Hopper a kernel started by dc_launch (cuda_ops.h) may be launched while
 // the kernel ahead of it in the stream, or in a recorded step graph, drains

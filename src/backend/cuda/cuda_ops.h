@@ -152,6 +152,7 @@ void dc_cuda_linear_fwd_acc(dc_backend *be, dc_buf out, dc_buf inp, dc_buf w, dc
                             int N);
 void dc_cuda_linear_bwd(dc_backend *be, dc_buf dinp, dc_buf dw, dc_buf db, dc_buf dout, dc_buf inp,
                         dc_buf w, int M, int K, int N, bool accumulate);
+void dc_cuda_linear_many_fwd(dc_backend *be, const dc_linear_job *jobs, int n, dc_buf inp, int M, int K);
 bool dc_cuda_linear_geglu_fwd(dc_backend *be, dc_buf out, dc_buf pre, dc_buf inp, dc_buf w, dc_buf b, int M,
                               int K, int F);
 // The fused kernel on Hopper (cuda_geglu_sm90.cu): true where it ran, false
