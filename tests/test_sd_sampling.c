@@ -327,7 +327,7 @@ static int run_ks(dc_backend *be, const ref_cfg *c, int max_batch, int B, const 
     int rc = dc_ksampler_init(&ks, be, &o, C, H, W, max_batch);
     if (!rc) {
         dc_cond cond = {.ctx = {.p = dc, .dt = DC_F32}, .len = LEN, .dim = DIM};
-        rc = dc_ksampler_run(&ks, (dc_buf){.p = dx, .dt = DC_F32}, &cond, idx, B, synth_eval, &m,
+        rc = dc_ksampler_run(&ks, (dc_buf){.p = dx, .dt = DC_F32}, &cond, idx, B, synth_eval, NULL, &m,
                              NULL, NULL);
         dc_ksampler_free(&ks);
     }

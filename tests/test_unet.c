@@ -144,6 +144,7 @@ static double run_golden(dc_model *m, const char *io_path, const char *what) {
 static int eval_unet(void *ctx, dc_buf out, dc_buf x, dc_buf t, const dc_cond *cond, int B) {
     return dc_model_forward(ctx, out, x, t, cond, B);
 }
+static int prepare_unet(void *ctx, const dc_cond *cond, int B) { return dc_unet_prepare_text(ctx, cond, B); }
 
 // A recorded sampler runs again (a second picture): its graph is replayed
 // from the first step and gives the same latents; once a device buffer has
@@ -160,7 +161,7 @@ static int test_graph_kept(dc_ksampler *ks, dc_buf x, const dc_cond *cond, const
             if (g) CHECK(!g_be->graph_valid(g_be, g), "%s: a graph stays valid after a buffer was freed", set);
         }
         for (int64_t i = 0; i < n; i++) got[i] = NAN;
-        rc = dc_ksampler_run(ks, x, cond, idx, 2, eval_unet, m, NULL, NULL);
+        rc = dc_ksampler_run(ks, x, cond, idx, 2, eval_unet, prepare_unet, m, NULL, NULL);
         if (rc) break;
         buf_down(x, got, n);
         const double e = nerr(got, want, n);  // as below: only a nondeterministic kernel choice may differ
@@ -171,6 +172,45 @@ static int test_graph_kept(dc_ksampler *ks, dc_buf x, const dc_cond *cond, const
     }
     free(got);
     return rc;
+}
+
+// The text's keys and values prepared ahead (dc_unet_prepare_text) give the
+// forward the transformers' own products give; new text written into the same
+// buffer and prepared again gives that text's forward, not the old one's.
+static void test_prepared_text(dc_model *m, const dc_unet_config *c, const char *set) {
+    enum { B = 2, L = 5 };
+    const dc_unet *u = dc_unet_of(m);
+    const int D = c->ctx_dim, C = c->in_channels;
+    const int64_t n = (int64_t)B * C * u->lh * u->lw, nc = (int64_t)B * L * D;
+    const size_t cbytes = (size_t)nc * dc_dtype_size(g_be->compute);
+    float *hx = malloc(sizeof(float) * n), *hc = malloc(sizeof(float) * nc), *want = malloc(sizeof(float) * n),
+          *got = malloc(sizeof(float) * n), ht[B] = {981.0f, 7.0f};
+    uint64_t st = 0xc0ffee;
+    for (int64_t i = 0; i < n; i++) hx[i] = (float)((st = st * 6364136223846793005ULL + 1) >> 40) / 8388608.0f - 1.0f;
+    dc_buf x = buf_up(hx, n, DC_F32), t = buf_up(ht, B, DC_F32), out = {g_be->alloc(g_be, sizeof(float) * n), DC_F32};
+    dc_buf ctx = {g_be->alloc(g_be, cbytes), g_be->compute};  // where the prepared text lives
+    int rc = dc_model_reserve(m, B);
+    for (int text = 1; text <= 2 && !rc; text++) {
+        for (int64_t i = 0; i < nc; i++) hc[i] = (float)((st = st * 6364136223846793005ULL + 1) >> 40) / 16777216.0f - 0.5f;
+        dc_buf other = buf_up(hc, nc, g_be->compute);  // the same text in a buffer never prepared
+        g_be->copy(g_be, ctx.p, other.p, cbytes);       // new text into the prepared buffer
+        dc_cond cp = {.ctx = ctx, .len = L, .dim = D}, co = {.ctx = other, .len = L, .dim = D};
+        rc = dc_model_forward(m, out, x, t, &co, B);
+        if (!rc) buf_down(out, want, n);
+        if (!rc) rc = dc_unet_prepare_text(m, &cp, B);
+        if (!rc) rc = dc_model_forward(m, out, x, t, &cp, B);
+        if (!rc) buf_down(out, got, n);
+        if (!rc) {
+            const double e = nerr(got, want, n);
+            CHECK(e <= 1e-6, "%s: text %d: prepared keys and values differ from the transformers' own by %.3e", set,
+                  text, e);
+            printf("  %s: text %d: prepared keys and values: error %.2e against the transformers' own\n", set, text, e);
+        }
+        g_be->free(g_be, other.p);
+    }
+    CHECK(rc == 0, "%s: prepared text: %s", set, rc ? dc_error() : "");
+    g_be->free(g_be, x.p), g_be->free(g_be, t.p), g_be->free(g_be, out.p), g_be->free(g_be, ctx.p);
+    free(hx), free(hc), free(want), free(got);
 }
 
 // Guided sampling whose model calls replay a recorded graph (as txt2img runs
@@ -198,7 +238,7 @@ static void test_recorded_steps(dc_model *m, const dc_unet_config *c, const char
         dc_ksampler ks;
         rc = dc_ksampler_init(&ks, g_be, &o, C, H, W, B);
         dc_cond cond = {.ctx = dctx, .len = L, .dim = D};
-        if (!rc) rc = dc_ksampler_run(&ks, x, &cond, idx, B, eval_unet, m, NULL, NULL);
+        if (!rc) rc = dc_ksampler_run(&ks, x, &cond, idx, B, eval_unet, k == 1 ? prepare_unet : NULL, m, NULL, NULL);
         if (!rc) buf_down(x, r[k], n);
         if (!rc && k == 1) rc = test_graph_kept(&ks, x, &cond, idx, m, r[1], n, set);
         if (!rc) dc_ksampler_free(&ks);
@@ -241,6 +281,7 @@ static void test_golden_diffusers(const char *set) {
     printf("  %s diffusers (BF16 weights): error %.2e\n", set, e);
     CHECK(e < g_tol, "%s diffusers: error %.3e", set, e);
     test_recorded_steps(m, &c, set);
+    test_prepared_text(m, &c, set);
     dc_model_free(m);
     dc_st_close(&f);
 }

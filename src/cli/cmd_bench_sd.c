@@ -51,8 +51,9 @@ static int unet_call_run(void *arg) {
 }
 
 // Seconds per call of one guided UNet step at `rows` rows (2 per picture),
-// replayed as a recorded graph where the backend has graphs, as the sampler
-// runs it (DC_CUDA_PROFILE=1: op by op, so each op is timed).
+// replayed as a recorded graph where the backend has graphs, with the text's
+// keys and values prepared once, as the sampler runs it (DC_CUDA_PROFILE=1:
+// op by op, so each op is timed).
 static int time_unet(dc_sd_pipe *p, int rows, int h, int w, int iters, double *sec) {
     dc_backend *be = p->be;
     const int D = p->text->cfg.width, T = DC_CLIP_CONTEXT;
@@ -75,6 +76,7 @@ static int time_unet(dc_sd_pipe *p, int rows, int h, int w, int iters, double *s
         unet_call u = {p->unet, out, x, t, {.ctx = ctx, .len = T, .dim = D}, rows};
         const bool graph = be->graph_capture != NULL;  // a profile times the graph's ops too
         void *g = NULL;
+        rc = dc_unet_prepare_text(p->unet, &u.cond, rows);
         for (int i = 0; i < 2 && !rc; i++) rc = unet_call_run(&u);  // warm-up
         if (!rc && graph && !(g = be->graph_capture(be, unet_call_run, &u))) rc = -1;
         if (be->profile_restart) be->profile_restart(be);  // a profile of the timed calls alone

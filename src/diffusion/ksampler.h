@@ -116,6 +116,8 @@ int dc_ksampler_init(dc_ksampler *s, dc_backend *be, const dc_ksampler_opts *opt
                      int W, int max_batch);
 void dc_ksampler_free(dc_ksampler *s);
 // Samples B latents into x[B, C, H, W] conditioned on cond (B embeddings on
-// the backend), sample indices idx[B] keying the noise. progress may be NULL.
+// the backend), sample indices idx[B] keying the noise. prepare (may be
+// NULL) runs once after the text is staged; progress may be NULL.
 int dc_ksampler_run(dc_ksampler *s, dc_buf x, const dc_cond *cond, const uint32_t *idx, int B,
-                    dc_eval_fn eval, void *ctx, dc_sample_progress_fn progress, void *pctx);
+                    dc_eval_fn eval, dc_prepare_fn prepare, void *ctx, dc_sample_progress_fn progress,
+                    void *pctx);

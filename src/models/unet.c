@@ -38,6 +38,7 @@ typedef struct {
     int64_t R, cat, S, P;      // resnet temporaries, concat, token slab, stream
     int64_t HW, lse, cmax;     // tokens, heads x tokens, channels (largest of each)
     int64_t tsum;              // the resnets' time projections: channels of all
+    int64_t kvsum;             // the transformers' text keys and values: 2C of all
 } unet_plan;
 
 struct dc_unet_acts {
@@ -49,6 +50,8 @@ struct dc_unet_acts {
     dc_buf skip[MAX_SKIPS];      // down-path outputs
     int nskip;
     dc_buf p0, p1;               // mid/up hidden state
+    dc_buf kv;                   // [B, len, 2C] a transformer, in forward order: the
+                                 // text's keys and values (dc_unet_prepare_text)
 };
 
 static void max_to(int64_t *m, int64_t v) {
@@ -70,6 +73,17 @@ static int resnet_list(const dc_unet_modules *md, int N, const unet_resnet **r) 
     return n;
 }
 
+// The transformers in the order the forward runs them: n of them.
+static int transformer_list(const dc_unet_modules *md, int N, const unet_transformer **t) {
+    int n = 0;
+    for (int i = 0; i < N; i++)
+        for (int j = 0; md->down[i].has_attn && j < md->down[i].nres; j++) t[n++] = &md->down[i].attn[j];
+    t[n++] = &md->mid.attn[0];
+    for (int i = 0; i < N; i++)
+        for (int j = 0; md->up[i].has_attn && j < md->up[i].nres; j++) t[n++] = &md->up[i].attn[j];
+    return n;
+}
+
 static void plan_resnet(unet_plan *p, const unet_resnet *r, int H, int W, bool cat) {
     const int64_t HW = (int64_t)H * W;
     p->tsum += r->co;
@@ -87,6 +101,7 @@ static void plan_attn(unet_plan *p, const unet_transformer *t, int H, int W) {
     max_to(&p->S, (HW > DC_UNET_CTX_LEN ? HW : DC_UNET_CTX_LEN) * t->C);
     max_to(&p->HW, HW);
     max_to(&p->lse, t->heads * HW);
+    p->kvsum += 2 * t->C;
 }
 
 static void make_plan(const dc_unet *m, unet_plan *p) {
@@ -178,6 +193,7 @@ static void carve(const dc_unet *m, const unet_plan *p, carver *cv, dc_unet_acts
     s->ff1 = dc_buf_at(s->tok[3], 3 * slab), s->ff2 = take(cv, s->ff_cap / 2);
     s->hid_cap = 3 * slab + s->ff_cap;
     if (cv->used < resnet_end) cv->used = resnet_end;
+    a->kv = take(cv, B * DC_UNET_CTX_LEN * p->kvsum);
 }
 
 static void free_acts(dc_unet *m) {
@@ -186,6 +202,7 @@ static void free_acts(dc_unet *m) {
     free(m->acts);
     m->acts = NULL;
     m->max_batch = 0;
+    m->kv_ctx = NULL;
 }
 
 size_t dc_unet_activation_bytes(const dc_model *mm, int max_batch) {
@@ -249,8 +266,7 @@ static void conv_fwd(dc_backend *be, const dc_params *ps, const dc_conv2d *c, dc
     dc_conv2d_fwd(be, ps, c, y, x, &s);
 }
 
-static int unet_forward(dc_model *mm, dc_buf out, dc_buf x, dc_buf t, const dc_cond *cond, int B) {
-    dc_unet *m = (dc_unet *)mm;
+static int check_call(const dc_unet *m, const dc_cond *cond, int B) {
     const dc_unet_config *c = &m->cfg;
     if (!m->acts || B < 1 || B > m->max_batch)
         return dc_fail("UNet: batch %d exceeds the reserved batch %d", B, m->max_batch);
@@ -260,6 +276,37 @@ static int unet_forward(dc_model *mm, dc_buf out, dc_buf x, dc_buf t, const dc_c
                        c->ctx_dim);
     if (cond->len < 1 || cond->len > DC_UNET_CTX_LEN)
         return dc_fail("UNet: text of %d tokens (1 to %d supported)", cond->len, DC_UNET_CTX_LEN);
+    return 0;
+}
+
+// Transformer i's slice of the text's keys and values, [B len, 2C] (in
+// forward order; *off advances past it).
+static dc_buf kv_slice(const dc_unet *m, const unet_transformer *t, int B, int len, int64_t *off) {
+    const dc_buf b = dc_buf_at(m->acts->kv, *off);
+    *off += (int64_t)B * len * 2 * t->C;
+    return b;
+}
+
+int dc_unet_prepare_text(dc_model *mm, const dc_cond *cond, int B) {
+    dc_unet *m = dc_unet_of(mm);
+    if (!m) return dc_fail("dc_unet_prepare_text: not a UNet");
+    m->kv_ctx = NULL;
+    DC_TRY(check_call(m, cond, B));
+    const unet_transformer *tl[MAX_ATTNS];
+    const int n = transformer_list(m->mods, m->cfg.nblocks, tl);
+    int64_t off = 0;
+    for (int i = 0; i < n; i++)
+        dc_linear_fwd(m->be, &m->params, &tl[i]->kv2, kv_slice(m, tl[i], B, cond->len, &off), cond->ctx,
+                      B * cond->len);
+    DC_TRY(dc_backend_status(m->be));
+    m->kv_ctx = cond->ctx.p, m->kv_B = B, m->kv_len = cond->len;
+    return 0;
+}
+
+static int unet_forward(dc_model *mm, dc_buf out, dc_buf x, dc_buf t, const dc_cond *cond, int B) {
+    dc_unet *m = (dc_unet *)mm;
+    const dc_unet_config *c = &m->cfg;
+    DC_TRY(check_call(m, cond, B));
     dc_backend *be = m->be;
     const dc_params *ps = &m->params;
     const dc_unet_modules *md = m->mods;
@@ -285,6 +332,10 @@ static int unet_forward(dc_model *mm, dc_buf out, dc_buf x, dc_buf t, const dc_c
         tp[i] = dc_buf_at(s->tproj, off), jobs[i] = dc_linear_job_of(ps, &rl[i]->temb, tp[i]);
     be->linear_many_fwd(be, jobs, nr, s->silu_temb, B, td);
     int ri = 0;
+    // the text's keys and values: prepared, or each transformer's own product
+    const bool kv_ready = m->kv_ctx == cond->ctx.p && m->kv_B == B && m->kv_len == len;
+    int64_t kvo = 0;
+#define KV(t) (kv_ready ? kv_slice(m, (t), B, len, &kvo) : dc_buf_none())
 
     // down path: every output is kept as a skip
     // x and out may be F32 (a sampler's state) while the layers run in the
@@ -301,7 +352,8 @@ static int unet_forward(dc_model *mm, dc_buf out, dc_buf x, dc_buf t, const dc_c
         const int H = m->lh >> i, W = m->lw >> i;
         for (int j = 0; j < b->nres; j++) {
             unet_resnet_fwd(be, ps, &b->res[j], a->skip[k], h, tp[ri++], B, H, W, s);
-            if (b->has_attn) unet_transformer_fwd(be, ps, &b->attn[j], a->skip[k], B, H, W, cond->ctx, len, s);
+            if (b->has_attn)
+                unet_transformer_fwd(be, ps, &b->attn[j], a->skip[k], B, H, W, cond->ctx, len, KV(&b->attn[j]), s);
             h = a->skip[k++];
         }
         if (b->sample.w >= 0) {
@@ -313,7 +365,7 @@ static int unet_forward(dc_model *mm, dc_buf out, dc_buf x, dc_buf t, const dc_c
     // mid block: resnet, attention, resnet
     const int Hm = m->lh >> (N - 1), Wm = m->lw >> (N - 1);
     unet_resnet_fwd(be, ps, &md->mid.res[0], a->p0, h, tp[ri++], B, Hm, Wm, s);
-    unet_transformer_fwd(be, ps, &md->mid.attn[0], a->p0, B, Hm, Wm, cond->ctx, len, s);
+    unet_transformer_fwd(be, ps, &md->mid.attn[0], a->p0, B, Hm, Wm, cond->ctx, len, KV(&md->mid.attn[0]), s);
     unet_resnet_fwd(be, ps, &md->mid.res[1], a->p1, a->p0, tp[ri++], B, Hm, Wm, s);
     h = a->p1;
     int C = md->mid.res[1].co;
@@ -328,7 +380,7 @@ static int unet_forward(dc_model *mm, dc_buf out, dc_buf x, dc_buf t, const dc_c
             k--;
             be->concat_channels(be, s->cat, h, C, a->skip[k], r->ci - C, (int64_t)B * H * W);
             unet_resnet_fwd(be, ps, r, dst, s->cat, tp[ri++], B, H, W, s);
-            if (b->has_attn) unet_transformer_fwd(be, ps, &b->attn[j], dst, B, H, W, cond->ctx, len, s);
+            if (b->has_attn) unet_transformer_fwd(be, ps, &b->attn[j], dst, B, H, W, cond->ctx, len, KV(&b->attn[j]), s);
             h = dst, C = r->co;
         }
         if (b->sample.w >= 0) {  // nearest 2x, then a 3x3 conv
@@ -339,6 +391,7 @@ static int unet_forward(dc_model *mm, dc_buf out, dc_buf x, dc_buf t, const dc_c
         }
     }
 
+#undef KV
     dc_group_norm_nhwc_fwd(be, ps, &md->norm_out, s->r0, s->gn_mean, s->gn_rstd, h, B, HW0, true);
     conv_fwd(be, ps, &md->conv_out, s->r1, s->r0, B, m->lh, m->lw);
     if (out.dt == be->compute) {

@@ -96,6 +96,8 @@ typedef struct {
     dc_unet_acts *acts;  // planned by reserve for up to max_batch
     int max_batch;
     int lh, lw;          // latent height and width
+    const void *kv_ctx;  // the text whose keys and values are ready (dc_unet_prepare_text), or NULL
+    int kv_B, kv_len;    // its rows and tokens
 } dc_unet;
 
 // Creates the model with frozen weights (zeros until loaded or initialised),
@@ -117,6 +119,11 @@ void dc_unet_release(dc_model *m);
 // Loads every weight from w under `names` (diffusers keys or the original
 // single-file keys), refusing a missing or mis-shaped tensor by name.
 int dc_unet_load(dc_model *m, const dc_weights *w, dc_names names);
+// Computes every transformer's keys and values of the text cond->ctx (B rows)
+// once, for the forwards that follow with the same cond buffer and B: a
+// sampler calls it after it writes the text, before its first step. Writing
+// other text into that buffer needs another call. 0 or -1 (message set).
+int dc_unet_prepare_text(dc_model *m, const dc_cond *cond, int B);
 // Bytes of the activations planned for max_batch at the current size (for
 // memory budgets); the backend's own workspaces come on top.
 size_t dc_unet_activation_bytes(const dc_model *m, int max_batch);

@@ -172,7 +172,7 @@ static void attend(dc_backend *be, dc_buf out, dc_buf lse, dc_buf q, dc_buf k, d
 }
 
 void unet_transformer_fwd(dc_backend *be, const dc_params *ps, const unet_transformer *t, dc_buf h, int B,
-                          int H, int W, dc_buf ctx, int len, const unet_scratch *s) {
+                          int H, int W, dc_buf ctx, int len, dc_buf kv, const unet_scratch *s) {
     const int C = t->C, T = H * W, M = B * T;
     const dc_buf *tok = s->tok;
     dc_buf x = tok[2];  // [B, T, C] the token stream
@@ -186,11 +186,12 @@ void unet_transformer_fwd(dc_backend *be, const dc_params *ps, const unet_transf
            t->heads);
     dc_linear_fwd_acc(be, ps, &t->o1, x, tok[1], M);  // x += to_out(attention)
 
-    // cross-attention: keys and values from the text, k | v from one product [B len, 2C]
+    // cross-attention: keys and values from the text, k | v from one product
+    // [B len, 2C] (or prepared in kv)
     dc_layer_norm_fwd(be, ps, &t->norm2, tok[0], s->ln_mean, s->ln_rstd, x, M);
     dc_linear_fwd(be, ps, &t->q2, tok[1], tok[0], M);
-    dc_linear_fwd(be, ps, &t->kv2, tok[3], ctx, B * len);
-    attend(be, tok[5], s->lse, tok[1], tok[3], dc_buf_at(tok[3], C), B, T, len, C, 2 * C, C, t->heads);
+    if (!kv.p) dc_linear_fwd(be, ps, &t->kv2, tok[3], ctx, B * len), kv = tok[3];
+    attend(be, tok[5], s->lse, tok[1], kv, dc_buf_at(kv, C), B, T, len, C, 2 * C, C, t->heads);
     dc_linear_fwd_acc(be, ps, &t->o2, x, tok[5], M);
 
     // GEGLU feed-forward: in one pass where the backend gates in the

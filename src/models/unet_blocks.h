@@ -77,6 +77,7 @@ typedef struct {
 // [B, co] is its time_emb_proj of SiLU(the time embedding), computed ahead.
 void unet_resnet_fwd(dc_backend *be, const dc_params *ps, const unet_resnet *r, dc_buf out, dc_buf x,
                      dc_buf tproj, int B, int H, int W, const unet_scratch *s);
-// h[B, H, W, C] += transformer(h, ctx[B, len, ctx_dim]), in place.
+// h[B, H, W, C] += transformer(h, ctx[B, len, ctx_dim]), in place; kv
+// [B len, 2C] its keys and values of ctx where prepared, else none.
 void unet_transformer_fwd(dc_backend *be, const dc_params *ps, const unet_transformer *t, dc_buf h, int B,
-                          int H, int W, dc_buf ctx, int len, const unet_scratch *s);
+                          int H, int W, dc_buf ctx, int len, dc_buf kv, const unet_scratch *s);

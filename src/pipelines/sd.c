@@ -189,6 +189,7 @@ int dc_sd_encode_prompts(dc_sd_pipe *p, const char *const *prompts, int n, dc_bu
 static int unet_eval(void *ctx, dc_buf out, dc_buf x, dc_buf t, const dc_cond *cond, int B) {
     return dc_model_forward(ctx, out, x, t, cond, B);
 }
+static int unet_prepare(void *ctx, const dc_cond *cond, int B) { return dc_unet_prepare_text(ctx, cond, B); }
 
 typedef struct {
     dc_sd_progress_fn fn;
@@ -394,7 +395,7 @@ int dc_sd_generate(dc_sd_pipe *p, const dc_sd_gen *g, dc_sd_picture_fn on_pictur
         }
         dc_cond cond = {.ctx = b.cctx, .len = T, .dim = D};
         rc = plan_for(p, true, rows, B, g->height, g->width);
-        if (!rc) rc = dc_ksampler_run(ks, b.x, &cond, idx, n, unet_eval, p->unet, on_step, &sp);
+        if (!rc) rc = dc_ksampler_run(ks, b.x, &cond, idx, n, unet_eval, unet_prepare, p->unet, on_step, &sp);
         sp.done0 += o.steps - o.skip;
         if (!rc) rc = plan_for(p, false, rows, B, g->height, g->width);
         if (rc) break;
