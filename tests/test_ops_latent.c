@@ -639,7 +639,8 @@ static void test_linear_many(int M, int K) {
                 ref[(int64_t)m * N[j] + n] = s;
             }
         float *got = dev_get(jobs[j].out, (int64_t)M * N[j]);
-        snprintf(name, sizeof name, "linear_many_fwd M%d K%d job %d (N %d%s)", M, K, j, N[j], j == 1 ? ", no bias" : "");
+        snprintf(name, sizeof name, "linear_many_fwd M%d K%d job %d (N %d%s)", M, K, j, N[j],
+                 j == 1 ? ", no bias" : "");
         check(name, got, ref, (int64_t)M * N[j], TOL_FWD);
         free(ref), free(got), free(w[j]), free(b[j]);
     }

@@ -186,12 +186,13 @@ static void test_prepared_text(dc_model *m, const dc_unet_config *c, const char 
     float *hx = malloc(sizeof(float) * n), *hc = malloc(sizeof(float) * nc), *want = malloc(sizeof(float) * n),
           *got = malloc(sizeof(float) * n), ht[B] = {981.0f, 7.0f};
     uint64_t st = 0xc0ffee;
-    for (int64_t i = 0; i < n; i++) hx[i] = (float)((st = st * 6364136223846793005ULL + 1) >> 40) / 8388608.0f - 1.0f;
+#define NEXT() ((float)((st = st * 6364136223846793005ULL + 1) >> 40) / 16777216.0f)  // [0, 1)
+    for (int64_t i = 0; i < n; i++) hx[i] = 2.0f * NEXT() - 1.0f;
     dc_buf x = buf_up(hx, n, DC_F32), t = buf_up(ht, B, DC_F32), out = {g_be->alloc(g_be, sizeof(float) * n), DC_F32};
     dc_buf ctx = {g_be->alloc(g_be, cbytes), g_be->compute};  // where the prepared text lives
     int rc = dc_model_reserve(m, B);
     for (int text = 1; text <= 2 && !rc; text++) {
-        for (int64_t i = 0; i < nc; i++) hc[i] = (float)((st = st * 6364136223846793005ULL + 1) >> 40) / 16777216.0f - 0.5f;
+        for (int64_t i = 0; i < nc; i++) hc[i] = NEXT() - 0.5f;
         dc_buf other = buf_up(hc, nc, g_be->compute);  // the same text in a buffer never prepared
         g_be->copy(g_be, ctx.p, other.p, cbytes);       // new text into the prepared buffer
         dc_cond cp = {.ctx = ctx, .len = L, .dim = D}, co = {.ctx = other, .len = L, .dim = D};
@@ -204,10 +205,12 @@ static void test_prepared_text(dc_model *m, const dc_unet_config *c, const char 
             const double e = nerr(got, want, n);
             CHECK(e <= 1e-6, "%s: text %d: prepared keys and values differ from the transformers' own by %.3e", set,
                   text, e);
-            printf("  %s: text %d: prepared keys and values: error %.2e against the transformers' own\n", set, text, e);
+            printf("  %s: text %d: prepared keys and values: error %.2e against the transformers' own\n", set, text,
+                   e);
         }
         g_be->free(g_be, other.p);
     }
+#undef NEXT
     CHECK(rc == 0, "%s: prepared text: %s", set, rc ? dc_error() : "");
     g_be->free(g_be, x.p), g_be->free(g_be, t.p), g_be->free(g_be, out.p), g_be->free(g_be, ctx.p);
     free(hx), free(hc), free(want), free(got);

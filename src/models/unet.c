@@ -380,7 +380,8 @@ static int unet_forward(dc_model *mm, dc_buf out, dc_buf x, dc_buf t, const dc_c
             k--;
             be->concat_channels(be, s->cat, h, C, a->skip[k], r->ci - C, (int64_t)B * H * W);
             unet_resnet_fwd(be, ps, r, dst, s->cat, tp[ri++], B, H, W, s);
-            if (b->has_attn) unet_transformer_fwd(be, ps, &b->attn[j], dst, B, H, W, cond->ctx, len, KV(&b->attn[j]), s);
+            if (b->has_attn)
+                unet_transformer_fwd(be, ps, &b->attn[j], dst, B, H, W, cond->ctx, len, KV(&b->attn[j]), s);
             h = dst, C = r->co;
         }
         if (b->sample.w >= 0) {  // nearest 2x, then a 3x3 conv

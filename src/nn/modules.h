@@ -93,8 +93,8 @@ static inline dc_linear_job dc_linear_job_of(const dc_params *ps, const dc_linea
 // scratch. With pre none it runs only where the backend needs none: whether it ran.
 static inline bool dc_linear_geglu_fwd(dc_backend *be, const dc_params *ps, const dc_linear *l, dc_buf y,
                                        dc_buf pre, dc_buf x, int M) {
-    return be->linear_geglu_fwd(be, y, pre, x, dc_param_w(ps, l->w), l->b >= 0 ? dc_param_w(ps, l->b) : dc_buf_none(), M,
-                         l->in, l->out / 2);
+    return be->linear_geglu_fwd(be, y, pre, x, dc_param_w(ps, l->w), l->b >= 0 ? dc_param_w(ps, l->b) : dc_buf_none(),
+                                M, l->in, l->out / 2);
 }
 // The MLP pair fc2(gelu(fc1(x))) through the backend's fused ops: forward
 // keeps fc1's output (pre) and its GELU (act); backward goes from dL/dy down

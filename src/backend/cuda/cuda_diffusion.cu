@@ -149,7 +149,7 @@ extern "C" void dc_cuda_cfg_combine(dc_backend *be, dc_buf dst, dc_buf model_out
     DC_CUDA_OP(be);
     int64_t half = (int64_t)B * OC * HW;
     dc_launch(be, k_cfg_combine, dc_blocks(half, 256), 256, 0, dst.p, BF(dst), model_out.p, BF(model_out), half, OC, HW,
-                                                           guided, scale);
+              guided, scale);
     DC_CUDA_LAUNCHED(be);
 }
 
@@ -170,6 +170,6 @@ extern "C" void dc_cuda_sampler_step(dc_backend *be, dc_buf x, dc_buf out, dc_bu
     DC_CUDA_OP(be);
     int64_t total = (int64_t)B * C * HW;
     dc_launch(be, k_sampler_step, dc_blocks(total, 256), 256, 0, x.p, BF(x), out.p, BF(out), z.p, BF(z), *coef, C, OC,
-                                                             HW, total);
+              HW, total);
     DC_CUDA_LAUNCHED(be);
 }

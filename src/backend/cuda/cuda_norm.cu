@@ -289,13 +289,13 @@ extern "C" void dc_cuda_group_norm_nhwc_fwd(dc_backend *be, dc_buf out, dc_buf m
         void *op = dc_buf_at(out, off).p;
         if (V == 8)
             dc_launch(be, k_gn_nhwc_apply<8>, g3, b3, 0, op, BF(out), xp, BF(x), mu, r, gamma.p, BF(gamma), beta.p,
-                                                         BF(beta), HW, C, G, ga.cols, cps, rows_apply, silu);
+                      BF(beta), HW, C, G, ga.cols, cps, rows_apply, silu);
         else if (V == 4)
             dc_launch(be, k_gn_nhwc_apply<4>, g3, b3, 0, op, BF(out), xp, BF(x), mu, r, gamma.p, BF(gamma), beta.p,
-                                                         BF(beta), HW, C, G, ga.cols, cps, rows_apply, silu);
+                      BF(beta), HW, C, G, ga.cols, cps, rows_apply, silu);
         else
             dc_launch(be, k_gn_nhwc_apply<1>, g3, b3, 0, op, BF(out), xp, BF(x), mu, r, gamma.p, BF(gamma), beta.p,
-                                                         BF(beta), HW, C, G, ga.cols, cps, rows_apply, silu);
+                      BF(beta), HW, C, G, ga.cols, cps, rows_apply, silu);
         DC_CUDA_LAUNCHED(be);
     }
 }
@@ -502,7 +502,7 @@ static void ln_fwd_v8(dc_backend *be, dc_buf out, float *mu, float *r, dc_buf x,
     const unsigned grid = (unsigned)((M + rows - 1) / rows);
 #define LN_V8(n, l)                                                                                                 \
     dc_launch(be, k_ln_fwd_v8<n, l>, grid, block, 0, out.p, BF(out), mu, r, x.p, BF(x), gamma.p, BF(gamma), beta.p, \
-                                              BF(beta), M, D, eps)
+              BF(beta), M, D, eps)
     if (lpr == 8) {
         switch (nv) {
         case 1: LN_V8(1, 8); break;
@@ -545,7 +545,8 @@ extern "C" void dc_cuda_layer_norm_fwd(dc_backend *be, dc_buf out, dc_buf mean, 
     }
     const dim3 block(32, ROWS);
     const unsigned grid = (unsigned)((M + ROWS - 1) / ROWS);
-    dc_launch(be, k_ln_fwd, grid, block, 0, out.p, BF(out), mu, r, x.p, BF(x), gamma.p, BF(gamma), beta.p, BF(beta), M, D, eps);
+    dc_launch(be, k_ln_fwd, grid, block, 0, out.p, BF(out), mu, r, x.p, BF(x), gamma.p, BF(gamma), beta.p, BF(beta), M,
+              D, eps);
     DC_CUDA_LAUNCHED(be);
 }
 

@@ -234,7 +234,7 @@ __global__ void k_timestep_embed(void *out, int obf, const float *t, int B, int 
 extern "C" void dc_cuda_timestep_embed(dc_backend *be, dc_buf out, dc_buf t, int B, int half) {
     DC_CUDA_OP(be);
     dc_launch(be, k_timestep_embed, dc_blocks((int64_t)B * half, TPB), TPB, 0, out.p, BF(out), (const float *)t.p, B,
-                                                                          half);
+              half);
     DC_CUDA_LAUNCHED(be);
 }
 
@@ -598,7 +598,7 @@ extern "C" void dc_cuda_add_nhwc(dc_backend *be, dc_buf x, dc_buf y, dc_buf v, d
     const dim3 grid((unsigned)(B * cps), (unsigned)g.tiles), block(g.ct, g.rt);
 #define ADD_NHWC(n)                                                                                             \
     dc_launch(be, k_add_nhwc<n>, grid, block, 0, x.p, BF(x), y.p, BF(y), v.p, BF(v), bias.p, BF(bias), HW, C, g.cols, \
-                                             cps, chunk)
+              cps, chunk)
     if (g.V == 8) ADD_NHWC(8);
     else if (g.V == 4) ADD_NHWC(4);
     else ADD_NHWC(1);
@@ -641,8 +641,8 @@ extern "C" void dc_cuda_concat_channels(dc_backend *be, dc_buf out, dc_buf a, in
         DC_CUDA_FAIL(be, "concat_channels: the output overlaps an input");
     if (n1 % 16 == 0 && n2 % 16 == 0 && dc_aligned(out.p, 16) && dc_aligned(a.p, 16) && dc_aligned(b.p, 16)) {
         const int64_t units = (int64_t)M * (int64_t)(row / 16);
-        dc_launch(be, k_concat_rows16, dc_blocks(units, TPB), TPB, 0, (uint4 *)out.p, (const uint4 *)a.p, (int)(n1 / 16),
-                                                                   (const uint4 *)b.p, (int)(n2 / 16), units);
+        dc_launch(be, k_concat_rows16, dc_blocks(units, TPB), TPB, 0, (uint4 *)out.p, (const uint4 *)a.p,
+                  (int)(n1 / 16), (const uint4 *)b.p, (int)(n2 / 16), units);
         DC_CUDA_LAUNCHED(be);
         return;
     }
