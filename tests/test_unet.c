@@ -176,7 +176,8 @@ static int test_graph_kept(dc_ksampler *ks, dc_buf x, const dc_cond *cond, const
 
 // The text's keys and values prepared ahead (dc_unet_prepare_text) give the
 // forward the transformers' own products give; new text written into the same
-// buffer and prepared again gives that text's forward, not the old one's.
+// buffer and prepared again gives that text's forward, not the old one's; once
+// forgotten (cond NULL), new text in that buffer is read afresh.
 static void test_prepared_text(dc_model *m, const dc_unet_config *c, const char *set) {
     enum { B = 2, L = 5 };
     const dc_unet *u = dc_unet_of(m);
@@ -191,22 +192,22 @@ static void test_prepared_text(dc_model *m, const dc_unet_config *c, const char 
     dc_buf x = buf_up(hx, n, DC_F32), t = buf_up(ht, B, DC_F32), out = {g_be->alloc(g_be, sizeof(float) * n), DC_F32};
     dc_buf ctx = {g_be->alloc(g_be, cbytes), g_be->compute};  // where the prepared text lives
     int rc = dc_model_reserve(m, B);
-    for (int text = 1; text <= 2 && !rc; text++) {
+    for (int text = 1; text <= 3 && !rc; text++) {
         for (int64_t i = 0; i < nc; i++) hc[i] = NEXT() - 0.5f;
         dc_buf other = buf_up(hc, nc, g_be->compute);  // the same text in a buffer never prepared
         g_be->copy(g_be, ctx.p, other.p, cbytes);       // new text into the prepared buffer
         dc_cond cp = {.ctx = ctx, .len = L, .dim = D}, co = {.ctx = other, .len = L, .dim = D};
         rc = dc_model_forward(m, out, x, t, &co, B);
         if (!rc) buf_down(out, want, n);
-        if (!rc) rc = dc_unet_prepare_text(m, &cp, B);
+        if (!rc) rc = dc_unet_prepare_text(m, text < 3 ? &cp : NULL, B);
         if (!rc) rc = dc_model_forward(m, out, x, t, &cp, B);
         if (!rc) buf_down(out, got, n);
         if (!rc) {
             const double e = nerr(got, want, n);
-            CHECK(e <= 1e-6, "%s: text %d: prepared keys and values differ from the transformers' own by %.3e", set,
-                  text, e);
-            printf("  %s: text %d: prepared keys and values: error %.2e against the transformers' own\n", set, text,
-                   e);
+            const char *how = text < 3 ? "prepared keys and values" : "after forgetting the prepared ones";
+            CHECK(e <= 1e-6, "%s: text %d, %s: differs from the transformers' own products by %.3e", set, text, how,
+                  e);
+            printf("  %s: text %d, %s: error %.2e against the transformers' own products\n", set, text, how, e);
         }
         g_be->free(g_be, other.p);
     }

@@ -89,6 +89,7 @@ static int time_unet(dc_sd_pipe *p, int rows, int h, int w, int iters, double *s
         be->sync(be);
         *sec = (dc_time_now() - *sec) / iters;
         if (g) be->graph_free(be, g);
+        dc_unet_prepare_text(p->unet, NULL, 0);  // ctx is freed below
         if (!rc) rc = dc_backend_status(be);
     }
     dc_buf all[] = {x, out, t, ctx};

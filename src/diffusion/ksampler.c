@@ -234,13 +234,23 @@ static int run_model(void *arg) {
     return 0;
 }
 
+static int run_steps(dc_ksampler *s, dc_buf x, const uint32_t *idx, int B, dc_eval_fn eval, void *ctx,
+                     dc_sample_progress_fn progress, void *pctx);
+
 int dc_ksampler_run(dc_ksampler *s, dc_buf x, const dc_cond *cond, const uint32_t *idx, int B,
                     dc_eval_fn eval, dc_prepare_fn prepare, void *ctx, dc_sample_progress_fn progress,
                     void *pctx) {
     if (B < 1 || B > s->max_batch)
         return dc_fail("sampler: batch %d outside [1, %d]", B, s->max_batch);
     DC_TRY(dc_stage_text_cond(s->be, s->ctx, cond, s->opt.null_ctx, s->opt.ctx_len, s->opt.ctx_dim, B, s->cfg));
-    if (prepare) DC_TRY(prepare(ctx, &s->cond, s->cfg ? 2 * B : B));
+    int rc = prepare ? prepare(ctx, &s->cond, s->cfg ? 2 * B : B) : 0;
+    if (!rc) rc = run_steps(s, x, idx, B, eval, ctx, progress, pctx);
+    if (prepare) prepare(ctx, NULL, 0);  // the run is over: what was prepared is forgotten
+    return rc;
+}
+
+static int run_steps(dc_ksampler *s, dc_buf x, const uint32_t *idx, int B, dc_eval_fn eval, void *ctx,
+                     dc_sample_progress_fn progress, void *pctx) {
     dc_backend *be = s->be;
     int64_t HW = (int64_t)s->H * s->W, n = (int64_t)s->C * HW, bn = (int64_t)B * n;
     int total = s->opt.steps;

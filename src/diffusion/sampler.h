@@ -23,7 +23,8 @@
 typedef int (*dc_eval_fn)(void *ctx, dc_buf out, dc_buf x, dc_buf t, const dc_cond *cond, int B);
 // The model's work that depends on the condition alone (a UNet's keys and
 // values of the text), done once a run before its first step, on cond as the
-// steps read it (B rows). 0 or -1 (message set).
+// steps read it (B rows); with cond NULL, after the last step: forget it. 0
+// or -1 (message set).
 typedef int (*dc_prepare_fn)(void *ctx, const dc_cond *cond, int B);
 // Called after each step with step = 1..total.
 typedef void (*dc_sample_progress_fn)(void *ctx, int step, int total);

@@ -291,6 +291,7 @@ int dc_unet_prepare_text(dc_model *mm, const dc_cond *cond, int B) {
     dc_unet *m = dc_unet_of(mm);
     if (!m) return dc_fail("dc_unet_prepare_text: not a UNet");
     m->kv_ctx = NULL;
+    if (!cond) return 0;
     DC_TRY(check_call(m, cond, B));
     const unet_transformer *tl[MAX_ATTNS];
     const int n = transformer_list(m->mods, m->cfg.nblocks, tl);

@@ -122,7 +122,8 @@ int dc_unet_load(dc_model *m, const dc_weights *w, dc_names names);
 // Computes every transformer's keys and values of the text cond->ctx (B rows)
 // once, for the forwards that follow with the same cond buffer and B: a
 // sampler calls it after it writes the text, before its first step. Writing
-// other text into that buffer needs another call. 0 or -1 (message set).
+// other text into that buffer needs another call; cond NULL forgets the text
+// (call it before the buffer is freed). 0 or -1 (message set).
 int dc_unet_prepare_text(dc_model *m, const dc_cond *cond, int B);
 // Bytes of the activations planned for max_batch at the current size (for
 // memory budgets); the backend's own workspaces come on top.
