@@ -3,7 +3,7 @@
 # with an NVIDIA GPU. Steps (any subset, in this order):
 #   check     test_cuda, test_cuda_latent, test_cuda_errors and test_cuda_attention
 #             (every op, CPU vs GPU, fp32 and bf16 modes, a whole DiT, errors
-#             returned as errors), test_ops and test_ops_latent on the GPU in fp32
+#             returned as errors), test_ops, test_ops_latent and test_ops_ff on the GPU in fp32
 #             against float64 references, `diffusion forward` GPU vs CPU on the
 #             golden model, the same seed's starting noise on both, and a short
 #             training run on each whose loss curves are compared
@@ -59,9 +59,11 @@ if has check; then
   if "$TESTS/test_ops" "$seed" cuda-fp32 > "$OUT/test_ops_gpu.log" 2>&1; then r=PASS; else r=FAIL; fi
   grep -E "FAIL" "$OUT/test_ops_gpu.log" | head
   note "test_ops on cuda-fp32 vs float64: $r, $(tail -1 "$OUT/test_ops_gpu.log")"
-  if "$TESTS/test_ops_latent" "$seed" cuda-fp32 > "$OUT/test_ops_latent_gpu.log" 2>&1; then r=PASS; else r=FAIL; fi
-  grep -E "FAIL" "$OUT/test_ops_latent_gpu.log" | head
-  note "test_ops_latent on cuda-fp32 vs float64: $r, $(tail -1 "$OUT/test_ops_latent_gpu.log")"
+  for t in test_ops_latent test_ops_ff; do
+    if "$TESTS/$t" "$seed" cuda-fp32 > "$OUT/${t}_gpu.log" 2>&1; then r=PASS; else r=FAIL; fi
+    grep -E "FAIL" "$OUT/${t}_gpu.log" | head
+    note "$t on cuda-fp32 vs float64: $r, $(tail -1 "$OUT/${t}_gpu.log")"
+  done
 
   # forward on the golden model: GPU fp32 within 1e-4, bf16 within 2e-2 of the CPU
   g=tests/golden/dit_b.safetensors in=$OUT/fwd_in.safetensors
