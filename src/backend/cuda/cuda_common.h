@@ -137,13 +137,7 @@ __device__ __forceinline__ void dc_ldv(float (&v)[V], const void *p, int64_t i, 
     } else {
         static_assert(V == 8, "1, 4 or 8 values");
         if (bf16) {
-            uint4 u = *(const uint4 *)((const __nv_bfloat16 *)p + i);
-            const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                float2 f = __bfloat1622float2(*(const __nv_bfloat162 *)&w[k]);
-                v[2 * k] = f.x, v[2 * k + 1] = f.y;
-            }
+            dc_unpack8(v, *(const uint4 *)((const __nv_bfloat16 *)p + i));
         } else {
             float4 a = *(const float4 *)((const float *)p + i), b = *(const float4 *)((const float *)p + i + 4);
             v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;

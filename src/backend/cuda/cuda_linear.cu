@@ -315,9 +315,7 @@ extern "C" void dc_cuda_linear_gelu_fwd(dc_backend *be, dc_buf out, dc_buf pre, 
 // and the GEGLU pass. DC_GEGLU_SM90=0 turns the fused kernel off.
 extern "C" bool dc_cuda_linear_geglu_fwd(dc_backend *be, dc_buf out, dc_buf pre, dc_buf inp, dc_buf w, dc_buf b,
                                          int M, int K, int F) {
-    dc_cuda_ctx *c = dc_cuda(be);
-    if (c->failed) return true;  // nothing runs on a failed backend (as DC_CUDA_OP)
-    if (c->prof) dc_cuda_prof_mark(c, __func__);
+    DC_CUDA_OP_OR(be, true);  // a failed backend runs nothing: as if done
     if (dc_env_on("DC_GEGLU_SM90") && dc_cuda_geglu_linear_sm90(be, out, inp, w, b, M, K, F)) {
         DC_CUDA_OR(be, true, cudaGetLastError());
         return true;

@@ -112,12 +112,14 @@ static inline bool dc_cuda_ok(dc_backend *be, cudaError_t e, const char *call, c
         return;                                                                     \
     } while (0)
 // First line of every op: nothing runs on a backend that has failed (and,
-// when profiling, the op's start is marked).
-#define DC_CUDA_OP(be)                                                              \
+// when profiling, the op's start is marked); DC_CUDA_OP_OR for an op that
+// returns ret then.
+#define DC_CUDA_OP_OR(be, ret)                                                      \
     do {                                                                            \
-        if (dc_cuda(be)->failed) return;                                            \
+        if (dc_cuda(be)->failed) return ret;                                        \
         if (dc_cuda(be)->prof) dc_cuda_prof_mark(dc_cuda(be), __func__);            \
     } while (0)
+#define DC_CUDA_OP(be) DC_CUDA_OP_OR(be, )
 void dc_cuda_prof_start(dc_cuda_ctx *c);
 void dc_cuda_prof_mark(dc_cuda_ctx *c, const char *op);
 void dc_cuda_prof_report(dc_cuda_ctx *c);
