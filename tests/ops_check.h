@@ -1,5 +1,5 @@
-// Shared by the op tests (test_ops.c: the DiT ops; test_ops_latent.c: the ops
-// of latent diffusion): fresh random inputs, backend buffers pre-filled with
+// Shared by the op tests (test_ops.c: the DiT ops; test_ops_latent.c and
+// test_ops_ff.c: the ops of latent diffusion): their start and end, fresh random inputs, backend buffers pre-filled with
 // NaN, normalised errors, finite differences, SKIP for ops a backend lacks,
 // and the thread-count check. Tolerances are justified in test_ops.c.
 #pragma once
@@ -163,3 +163,27 @@ static inline double ref_gelu(double x) {
     return 0.5 * x * (1 + tanh(sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
 }
 static inline double ref_silu(double x) { return x / (1 + exp(-x)); }
+
+// A program's start: argv [seed] [backend] (the clock and "cpu" by default)
+// into *seed and g_be; 0, or -1 with a message where the backend cannot be made.
+static inline int ops_start(const char *prog, int argc, char **argv, uint64_t *seed_out) {
+    const uint64_t seed = argc > 1 ? strtoull(argv[1], NULL, 10) : (uint64_t)time(NULL);
+    *seed_out = seed;
+    const char *name = argc > 2 ? argv[2] : "cpu";
+    g_rng = seed;
+    if (dc_backend_create(name, &g_be) != 0) {
+        printf("cannot create backend %s: %s\n", name, dc_error());
+        return -1;
+    }
+    printf("%s: backend %s, seed %llu\n", prog, g_be->name, (unsigned long long)seed);
+    return 0;
+}
+
+// A program's end: the count of checks (and of op groups skipped); its exit status.
+static inline int ops_finish(uint64_t seed) {
+    printf("%d of %d checks passed (seed %llu)", g_count - g_fail, g_count, (unsigned long long)seed);
+    if (g_skip) printf("; %d op group(s) SKIPPED: not on this backend", g_skip);
+    printf("\n");
+    dc_backend_destroy(g_be);
+    return g_fail ? 1 : 0;
+}

@@ -582,14 +582,8 @@ static void test_grad_norm(void) {
 
 
 int main(int argc, char **argv) {
-    uint64_t seed = argc > 1 ? strtoull(argv[1], NULL, 10) : (uint64_t)time(NULL);
-    const char *name = argc > 2 ? argv[2] : "cpu";
-    g_rng = seed;
-    if (dc_backend_create(name, &g_be) != 0) {
-        printf("cannot create backend %s: %s\n", name, dc_error());
-        return 1;
-    }
-    printf("test_ops: backend %s, seed %llu\n", g_be->name, (unsigned long long)seed);
+    uint64_t seed;
+    if (ops_start("test_ops", argc, argv, &seed)) return 1;
     test_memory();
     test_linear(37, 45, 29, 150);  // single-threaded GEMM
     test_linear(259, 80, 67, 24);  // split by rows
@@ -615,10 +609,5 @@ int main(int argc, char **argv) {
     test_adamw(200003, 1);
     test_grad_norm();
 
-    printf("%d of %d checks passed (seed %llu)", g_count - g_fail, g_count,
-           (unsigned long long)seed);
-    if (g_skip) printf("; %d op group(s) SKIPPED: not on this backend", g_skip);
-    printf("\n");
-    dc_backend_destroy(g_be);
-    return g_fail ? 1 : 0;
+    return ops_finish(seed);
 }

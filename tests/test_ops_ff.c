@@ -148,14 +148,8 @@ static void test_activation(dc_act act, const char *what, double (*f)(double)) {
 }
 
 int main(int argc, char **argv) {
-    uint64_t seed = argc > 1 ? strtoull(argv[1], NULL, 10) : (uint64_t)time(NULL);
-    const char *name = argc > 2 ? argv[2] : "cpu";
-    g_rng = seed;
-    if (dc_backend_create(name, &g_be) != 0) {
-        printf("cannot create backend %s: %s\n", name, dc_error());
-        return 1;
-    }
-    printf("test_ops_ff: backend %s, seed %llu\n", g_be->name, (unsigned long long)seed);
+    uint64_t seed;
+    if (ops_start("test_ops_ff", argc, argv, &seed)) return 1;
     test_geglu(37, 72);
     test_geglu(129, 640);
     test_linear_geglu(37, 40, 24);
@@ -166,9 +160,5 @@ int main(int argc, char **argv) {
     test_activation(DC_ACT_GELU_ERF, "gelu_erf", ref_gelu_erf);
     test_activation(DC_ACT_QUICK_GELU, "quick_gelu", ref_quick_gelu);
 
-    printf("%d of %d checks passed (seed %llu)", g_count - g_fail, g_count, (unsigned long long)seed);
-    if (g_skip) printf("; %d op group(s) SKIPPED: not on this backend", g_skip);
-    printf("\n");
-    dc_backend_destroy(g_be);
-    return g_fail ? 1 : 0;
+    return ops_finish(seed);
 }

@@ -583,14 +583,8 @@ static void test_layout(int B, int64_t M, int64_t N) {
 }
 
 int main(int argc, char **argv) {
-    uint64_t seed = argc > 1 ? strtoull(argv[1], NULL, 10) : (uint64_t)time(NULL);
-    const char *name = argc > 2 ? argv[2] : "cpu";
-    g_rng = seed;
-    if (dc_backend_create(name, &g_be) != 0) {
-        printf("cannot create backend %s: %s\n", name, dc_error());
-        return 1;
-    }
-    printf("test_ops_latent: backend %s, seed %llu\n", g_be->name, (unsigned long long)seed);
+    uint64_t seed;
+    if (ops_start("test_ops_latent", argc, argv, &seed)) return 1;
     // Latent diffusion. Convolutions: SD's 3x3 (pad 1), the VAE's downsampling
     // 3x3 stride 2 padded only bottom and right, the UNet's stride 2 pad 1, and
     // 1x1; odd sizes with H != W and Ci != Co. The larger shapes run threaded,
@@ -647,11 +641,6 @@ int main(int argc, char **argv) {
     test_layout_nhwc(2, 35, 5, 3);
     test_layout_nhwc(2, 1024, 320, 640);  // a UNet decoder's skip concat, threaded
 
-    printf("%d of %d checks passed (seed %llu)", g_count - g_fail, g_count,
-           (unsigned long long)seed);
-    if (g_skip) printf("; %d op group(s) SKIPPED: not on this backend", g_skip);
-    printf("\n");
-    dc_backend_destroy(g_be);
-    return g_fail ? 1 : 0;
+    return ops_finish(seed);
 }
 
