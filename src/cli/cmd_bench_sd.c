@@ -53,8 +53,11 @@ static int unet_call_run(void *arg) {
 // Seconds per call of one guided UNet step at `rows` rows (2 per picture),
 // replayed as a recorded graph where the backend has graphs, with the text's
 // keys and values prepared once, as the sampler runs it (DC_CUDA_PROFILE=1:
-// op by op, so each op is timed).
-static int time_unet(dc_sd_pipe *p, int rows, int h, int w, int iters, double *sec) {
+// op by op, so each op is timed). text: [2, T, D], the encoded prompt and
+// negative prompt, each given to half the rows, as in a guided picture (the
+// tensor cores draw more power on real values than on zeros: an H100's
+// 16-row step ran 1.3 ms slower inside pictures than on a zero text).
+static int time_unet(dc_sd_pipe *p, dc_buf text, int rows, int h, int w, int iters, double *sec) {
     dc_backend *be = p->be;
     const int D = p->text->cfg.width, T = DC_CLIP_CONTEXT;
     const int64_t n = (int64_t)rows * 4 * h * w;
@@ -68,12 +71,16 @@ static int time_unet(dc_sd_pipe *p, int rows, int h, int w, int iters, double *s
     if (!rc) {
         uint32_t *keys = malloc(sizeof(uint32_t) * (size_t)rows);
         float *tv = malloc(sizeof(float) * (size_t)rows);
-        for (int i = 0; i < rows; i++) keys[i] = (uint32_t)i, tv[i] = 500.0f;
+        // the two halves' x alike, as a guided step has them (dc_cond's pairs)
+        for (int i = 0; i < rows; i++) keys[i] = (uint32_t)(i % (rows / 2)), tv[i] = 500.0f;
         be->randn(be, x, keys, rows, 4 * (int64_t)h * w, 1, 0, 0);
         be->upload(be, t.p, tv, sizeof(float) * (size_t)rows);
-        be->zero(be, ctx.p, (size_t)rows * T * D * dc_dtype_size(be->compute));
+        const size_t row_bytes = (size_t)T * D * dc_dtype_size(be->compute);
+        for (int i = 0; i < rows; i++)
+            be->copy(be, (char *)ctx.p + i * row_bytes, (const char *)text.p + (i < rows / 2 ? 0 : row_bytes),
+                     row_bytes);
         free(keys), free(tv);
-        unet_call u = {p->unet, out, x, t, {.ctx = ctx, .len = T, .dim = D}, rows};
+        unet_call u = {p->unet, out, x, t, {.ctx = ctx, .len = T, .dim = D, .pairs = rows / 2}, rows};
         const bool graph = be->graph_capture != NULL;  // a profile times the graph's ops too
         void *g = NULL;
         rc = dc_unet_prepare_text(p->unet, &u.cond, rows);
@@ -98,19 +105,20 @@ static int time_unet(dc_sd_pipe *p, int rows, int h, int w, int iters, double *s
     return rc;
 }
 
-static int time_decode(dc_sd_pipe *p, int H, int W, int iters, double *sec) {
+// B pictures decoded in one call.
+static int time_decode(dc_sd_pipe *p, int B, int H, int W, int iters, double *sec) {
     dc_backend *be = p->be;
     const int f = p->factor, h = H / f, w = W / f;
     dc_buf z = {0}, img = {0};
-    int rc = dc_vae_reserve(p->vae, 1, H, W);
-    if (!rc) rc = dc_buf_alloc(be, &z, be->compute, (size_t)4 * h * w, "z");
-    if (!rc) rc = dc_buf_alloc(be, &img, be->compute, (size_t)3 * H * W, "image");
+    int rc = dc_vae_reserve(p->vae, B, H, W);
+    if (!rc) rc = dc_buf_alloc(be, &z, be->compute, (size_t)B * 4 * h * w, "z");
+    if (!rc) rc = dc_buf_alloc(be, &img, be->compute, (size_t)B * 3 * H * W, "image");
     if (!rc) {
-        be->zero(be, z.p, (size_t)4 * h * w * dc_dtype_size(be->compute));
+        be->zero(be, z.p, (size_t)B * 4 * h * w * dc_dtype_size(be->compute));
         for (int i = 0; i < iters + 1 && !rc; i++) {
             if (i == 1 && be->profile_restart) be->profile_restart(be);  // a profile of the timed calls alone
             if (i == 1) be->sync(be), *sec = dc_time_now();
-            rc = dc_vae_decode(p->vae, img, z, 1, h, w);
+            rc = dc_vae_decode(p->vae, img, z, B, h, w);
         }
         be->sync(be);
         *sec = (dc_time_now() - *sec) / iters;
@@ -173,6 +181,7 @@ int cmd_bench_sd(int argc, char **argv) {
     }
     dc_backend *be = NULL;
     dc_sd_pipe p = {0};
+    dc_buf ctx = {0};  // the two prompts' text embeddings
     const char *fallback = NULL;
     int status = 1;
     if (!vocab && cli_find_vocab(&fallback)) dc_error_clear();
@@ -188,35 +197,41 @@ int cmd_bench_sd(int argc, char **argv) {
            p.version == 2 ? "2.x" : p.version == 1 ? "1.x" : "(version unknown)", be->name,
            dc_dtype_name(be->compute), size, size, load);
     // the text encoder: two prompts (the prompt and the negative one)
-    dc_buf ctx = {0};
     if (dc_buf_alloc(be, &ctx, be->compute, (size_t)2 * DC_CLIP_CONTEXT * p.text->cfg.width, "ctx")) goto done;
     const char *prompts[2] = {"a photo of an astronaut riding a horse on mars", ""};
     double tt = 0;
+    if (!PART("text") && dc_sd_encode_prompts(&p, prompts, 2, ctx)) goto done;  // the UNet's text
     for (int i = 0; PART("text") && i < iters + 1; i++) {
         if (i == 1) be->sync(be), tt = dc_time_now();
         if (dc_sd_encode_prompts(&p, prompts, 2, ctx)) goto done;
     }
     be->sync(be);
     tt = (dc_time_now() - tt) / iters;
-    be->free(be, ctx.p);
     if (PART("text")) printf("  %-44s %9.2f ms\n", "text encoder, prompt + negative", tt * 1e3);
     double u1 = 0, u8 = 0, dec = 0, pic = 0, bat = 0;
     if (PART("unet") || PART("unet1")) {
-        if (time_unet(&p, 2, h, w, iters, &u1)) goto done;
+        if (time_unet(&p, ctx, 2, h, w, iters, &u1)) goto done;
         double macs = dc_model_macs_per_image(p.unet) * 2;
         printf("  %-44s %9.2f ms  %6.1f TFLOP/s\n", "UNet step, batch 1 with guidance (2 rows)", u1 * 1e3,
                2 * macs / u1 / 1e12);
     }
     if ((PART("unet") || PART("unetN")) && batch > 0) {
         double macs = dc_model_macs_per_image(p.unet) * 2;
-        if (time_unet(&p, 2 * batch, h, w, iters, &u8)) goto done;
+        if (time_unet(&p, ctx, 2 * batch, h, w, iters, &u8)) goto done;
         char what[64];
         snprintf(what, sizeof what, "UNet step, batch %d with guidance (%d rows)", batch, 2 * batch);
         printf("  %-44s %9.2f ms  %6.1f TFLOP/s\n", what, u8 * 1e3, 2 * macs * batch / u8 / 1e12);
     }
     if (PART("vae")) {
-        if (time_decode(&p, size, size, iters, &dec)) goto done;
+        if (time_decode(&p, 1, size, size, iters, &dec)) goto done;
         printf("  %-44s %9.2f ms\n", "VAE decode, one picture", dec * 1e3);
+        if (batch > 1) {
+            double decb;
+            if (time_decode(&p, batch, size, size, iters, &decb)) goto done;
+            char what[64];
+            snprintf(what, sizeof what, "VAE decode, %d pictures in one call", batch);
+            printf("  %-44s %9.2f ms\n", what, decb * 1e3);
+        }
     }
     if (!PART("picture")) goto memory;
     // Whole pictures. A call whose shape and sampler the last call had uses
@@ -243,6 +258,14 @@ int cmd_bench_sd(int argc, char **argv) {
             goto done;
         snprintf(what, sizeof what, "%d pictures in one batch, %d steps", batch, steps);
         printf("  %-44s %9.3f s   %.2f pictures/s\n", what, bat, batch / bat);
+        double bat2;
+        if (steps > 2) {
+            if (time_pictures(&p, batch, batch, 2, size, &bat2) || time_pictures(&p, batch, batch, 2, size, &bat2))
+                goto done;
+            double per = (bat - bat2) / (steps - 2);
+            printf("  %-44s %9.2f ms a step, %.1f ms besides\n", "  within it (from 2 and all steps)", per * 1e3,
+                   (bat - steps * per) * 1e3);
+        }
     }
 memory:
     if (be->memory) {
@@ -260,6 +283,7 @@ memory:
     status = 0;
 done:
     if (status) cli_fail();
+    if (ctx.p) be->free(be, ctx.p);
     dc_sd_pipe_close(&p);
     if (be) dc_backend_destroy(be);
     return status;

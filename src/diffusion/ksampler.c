@@ -229,7 +229,9 @@ static int run_model(void *arg) {
     int64_t HW = (int64_t)s->H * s->W, bn = (int64_t)mc->B * s->C * HW;
     if (!s->cfg) return mc->eval(mc->ctx, s->out, s->xin, s->t, &s->cond, mc->B);
     be->copy(be, dc_buf_at(s->xin, bn).p, s->xin.p, sizeof(float) * (size_t)bn);
-    DC_TRY(mc->eval(mc->ctx, s->out, s->xin, s->t, &s->cond, 2 * mc->B));
+    dc_cond cond = s->cond;
+    cond.pairs = mc->B;  // both halves read the same x and t (see dc_cond)
+    DC_TRY(mc->eval(mc->ctx, s->out, s->xin, s->t, &cond, 2 * mc->B));
     be->cfg_combine(be, s->comb, s->out, mc->B, s->C, HW, s->C, s->opt.cfg_scale);
     return 0;
 }

@@ -19,6 +19,11 @@ typedef struct {
     dc_buf y;       // [B] I32 class labels
     dc_buf ctx;     // [B, len, dim] text embeddings
     int len, dim;
+    // pairs > 0 (B = 2 pairs): rows i and i + pairs have the same x and t,
+    // and differ in their conditioning alone (a guided step's conditional and
+    // unconditional halves), so a model may compute what precedes the
+    // conditioning once for both. The caller vouches for it; 0 claims nothing.
+    int pairs;
 } dc_cond;
 
 typedef enum { DC_COND_LABELS, DC_COND_TEXT } dc_cond_kind;

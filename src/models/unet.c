@@ -341,20 +341,29 @@ static int unet_forward(dc_model *mm, dc_buf out, dc_buf x, dc_buf t, const dc_c
     // down path: every output is kept as a skip
     // x and out may be F32 (a sampler's state) while the layers run in the
     // compute dtype: cast and transpose through the scratch, which is free at both ends.
+    // A guided step's halves (rows i and i + pairs) share x and t, so
+    // everything before the first cross-attention is the same in both: it
+    // runs on the first half (Bs rows), and at the first transformer's
+    // cross-attention the finished skips and the state are copied to the
+    // second (SD: conv_in, the first resnet and the first self-attention).
+    const int Bs = cond->pairs > 0 && 2 * cond->pairs == B && md->down[0].has_attn ? cond->pairs : B;
     const int64_t HW0 = (int64_t)m->lh * m->lw;
     dc_buf xin = x;
-    if (x.dt != be->compute) be->cast(be, s->r1, x, B * c->in_channels * HW0), xin = s->r1;
-    be->transpose(be, s->r0, xin, B, c->in_channels, HW0);  // [B, C, HW] -> [B, HW, C]
+    if (x.dt != be->compute) be->cast(be, s->r1, x, Bs * c->in_channels * HW0), xin = s->r1;
+    be->transpose(be, s->r0, xin, Bs, c->in_channels, HW0);  // [B, C, HW] -> [B, HW, C]
     int k = 0;
-    conv_fwd(be, ps, &md->conv_in, a->skip[k], s->r0, B, m->lh, m->lw);
+    conv_fwd(be, ps, &md->conv_in, a->skip[k], s->r0, Bs, m->lh, m->lw);
     dc_buf h = a->skip[k++];
     for (int i = 0; i < N; i++) {
         const unet_block *b = &md->down[i];
         const int H = m->lh >> i, W = m->lw >> i;
         for (int j = 0; j < b->nres; j++) {
-            unet_resnet_fwd(be, ps, &b->res[j], a->skip[k], h, tp[ri++], B, H, W, s);
+            const int rows = i == 0 && j == 0 ? Bs : B;  // the first resnet may run on one half
+            unet_resnet_fwd(be, ps, &b->res[j], a->skip[k], h, tp[ri++], rows, H, W, s);
+            if (rows < B) unet_copy_half(be, a->skip[0], (int64_t)Bs * HW0 * md->conv_in.co);
             if (b->has_attn)
-                unet_transformer_fwd(be, ps, &b->attn[j], a->skip[k], B, H, W, cond->ctx, len, KV(&b->attn[j]), s);
+                unet_transformer_fwd(be, ps, &b->attn[j], a->skip[k], B, rows < B ? rows : 0, H, W, cond->ctx, len,
+                                     KV(&b->attn[j]), s);
             h = a->skip[k++];
         }
         if (b->sample.w >= 0) {
@@ -366,7 +375,7 @@ static int unet_forward(dc_model *mm, dc_buf out, dc_buf x, dc_buf t, const dc_c
     // mid block: resnet, attention, resnet
     const int Hm = m->lh >> (N - 1), Wm = m->lw >> (N - 1);
     unet_resnet_fwd(be, ps, &md->mid.res[0], a->p0, h, tp[ri++], B, Hm, Wm, s);
-    unet_transformer_fwd(be, ps, &md->mid.attn[0], a->p0, B, Hm, Wm, cond->ctx, len, KV(&md->mid.attn[0]), s);
+    unet_transformer_fwd(be, ps, &md->mid.attn[0], a->p0, B, 0, Hm, Wm, cond->ctx, len, KV(&md->mid.attn[0]), s);
     unet_resnet_fwd(be, ps, &md->mid.res[1], a->p1, a->p0, tp[ri++], B, Hm, Wm, s);
     h = a->p1;
     int C = md->mid.res[1].co;
@@ -382,7 +391,7 @@ static int unet_forward(dc_model *mm, dc_buf out, dc_buf x, dc_buf t, const dc_c
             be->concat_channels(be, s->cat, h, C, a->skip[k], r->ci - C, (int64_t)B * H * W);
             unet_resnet_fwd(be, ps, r, dst, s->cat, tp[ri++], B, H, W, s);
             if (b->has_attn)
-                unet_transformer_fwd(be, ps, &b->attn[j], dst, B, H, W, cond->ctx, len, KV(&b->attn[j]), s);
+                unet_transformer_fwd(be, ps, &b->attn[j], dst, B, 0, H, W, cond->ctx, len, KV(&b->attn[j]), s);
             h = dst, C = r->co;
         }
         if (b->sample.w >= 0) {  // nearest 2x, then a 3x3 conv

@@ -171,20 +171,30 @@ static void attend(dc_backend *be, dc_buf out, dc_buf lse, dc_buf q, dc_buf k, d
     be->attention_fwd(be, out, lse, q, k, v, &a);
 }
 
+void unet_copy_half(dc_backend *be, dc_buf b, int64_t n) {
+    const size_t bytes = (size_t)n * dc_dtype_size(b.dt);
+    be->copy(be, (char *)b.p + bytes, b.p, bytes);
+}
+
 void unet_transformer_fwd(dc_backend *be, const dc_params *ps, const unet_transformer *t, dc_buf h, int B,
-                          int H, int W, dc_buf ctx, int len, dc_buf kv, const unet_scratch *s) {
-    const int C = t->C, T = H * W, M = B * T;
+                          int half, int H, int W, dc_buf ctx, int len, dc_buf kv, const unet_scratch *s) {
+    const int C = t->C, T = H * W, M = B * T, Bs = half > 0 && 2 * half == B ? half : B, Ms = Bs * T;
     const dc_buf *tok = s->tok;
     dc_buf x = tok[2];  // [B, T, C] the token stream
-    dc_group_norm_nhwc_fwd(be, ps, &t->norm, tok[0], s->gn_mean, s->gn_rstd, h, B, T, false);
-    dc_linear_fwd(be, ps, &t->proj_in, x, tok[0], M);
+    // up to the cross-attention, on Bs rows (B, or the first of two like halves)
+    dc_group_norm_nhwc_fwd(be, ps, &t->norm, tok[0], s->gn_mean, s->gn_rstd, h, Bs, T, false);
+    dc_linear_fwd(be, ps, &t->proj_in, x, tok[0], Ms);
 
     // self-attention: q | k | v from one product into tok[3..5] as [M, 3C]
-    dc_layer_norm_fwd(be, ps, &t->norm1, tok[0], s->ln_mean, s->ln_rstd, x, M);
-    dc_linear_fwd(be, ps, &t->qkv1, tok[3], tok[0], M);
-    attend(be, tok[1], s->lse, tok[3], dc_buf_at(tok[3], C), dc_buf_at(tok[3], 2 * C), B, T, T, 3 * C, 3 * C, C,
+    dc_layer_norm_fwd(be, ps, &t->norm1, tok[0], s->ln_mean, s->ln_rstd, x, Ms);
+    dc_linear_fwd(be, ps, &t->qkv1, tok[3], tok[0], Ms);
+    attend(be, tok[1], s->lse, tok[3], dc_buf_at(tok[3], C), dc_buf_at(tok[3], 2 * C), Bs, T, T, 3 * C, 3 * C, C,
            t->heads);
-    dc_linear_fwd_acc(be, ps, &t->o1, x, tok[1], M);  // x += to_out(attention)
+    dc_linear_fwd_acc(be, ps, &t->o1, x, tok[1], Ms);  // x += to_out(attention)
+    if (Bs < B) {  // the halves part at the text: both get the tokens and the residual
+        unet_copy_half(be, x, (int64_t)Ms * C);
+        unet_copy_half(be, h, (int64_t)Ms * C);
+    }
 
     // cross-attention: keys and values from the text, k | v from one product
     // [B len, 2C] (or prepared in kv)
