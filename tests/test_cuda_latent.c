@@ -98,8 +98,9 @@ static int run_conv(void *arg) {
 // relative); cuDNN writes the weight gradient in bf16 before it is added in fp32.
 // nhwc: channels-last maps and weights, also checked against the CPU's
 // channels-first conv of the same values.
+// bias: 0 none, 1 in the compute dtype, 2 F32 (a bf16 model's F32 bias).
 static void test_conv(int B, int Ci, int H, int W, int Co, int k, int stride, int pt, int pb, int pl, int pr,
-                      bool bias, bool nhwc) {
+                      int bias, bool nhwc) {
     char name[128];
     dc_conv2d_shape s = {B, Ci, H, W, Co, k, stride, pt, pb, pl, pr, nhwc};
     const int Ho = dc_conv2d_ho(&s), Wo = dc_conv2d_wo(&s);
@@ -109,12 +110,13 @@ static void test_conv(int B, int Ci, int H, int W, int Co, int k, int stride, in
         g_fail++, g_count++;
         return;
     }
-    pair x = rand_pair(nx, g_ct, -1, 1), w = rand_pair(nw, g_ct, -0.3, 0.3), b = rand_pair(Co, g_ct, -1, 1);
+    pair x = rand_pair(nx, g_ct, -1, 1), w = rand_pair(nw, g_ct, -0.3, 0.3);
+    pair b = rand_pair(Co, bias == 2 ? DC_F32 : g_ct, -1, 1);
     pair out = nan_pair(ny, g_ct);
     dc_buf bc = bias ? b.c : dc_buf_none(), bg = bias ? b.g : dc_buf_none();
     g_cpu->conv2d_fwd(g_cpu, out.c, x.c, w.c, bc, &s), g_gpu->conv2d_fwd(g_gpu, out.g, x.g, w.g, bg, &s);
     snprintf(name, sizeof name, "conv2d_fwd B%d %d->%d %dx%d k%d s%d pad %d,%d,%d,%d%s%s", B, Ci, Co, H, W, k,
-             stride, pt, pb, pl, pr, nhwc ? " NHWC" : "", bias ? "" : " (no bias)");
+             stride, pt, pb, pl, pr, nhwc ? " NHWC" : "", bias == 2 ? " (F32 bias)" : bias ? "" : " (no bias)");
     compare(name, out, g_ct == DC_F32 ? 1e-5 : 1e-2);
     pair dout = rand_pair(ny, g_ct, -1, 1), dx = nan_pair(nx, g_ct);
     pair dw = rand_pair(nw, DC_F32, -1, 1), db = rand_pair(Co, DC_F32, -1, 1);
@@ -502,6 +504,14 @@ static void run_groups(void) {
         test_conv(2, 36, 7, 5, 20, 1, 1, 0, 0, 0, 0, true, true);
         test_conv(2, 5, 7, 9, 4, 3, 1, 0, 2, 2, 0, true, true);         // asymmetric, stride 1, 5 channels
         test_conv(1, 64, 16, 16, 3, 3, 1, 1, 1, 1, 1, false, true);     // to RGB, no bias
+        // few input or output channels (SD's conv_in and conv_out, the VAE's)
+        test_conv(2, 4, 17, 13, 320, 3, 1, 1, 1, 1, 1, true, true);     // SD's conv_in, a partial last tile
+        test_conv(1, 4, 9, 7, 40, 3, 1, 1, 1, 1, 1, 2, true);           // part of a 64-channel pass
+        test_conv(2, 8, 5, 6, 16, 3, 1, 1, 1, 1, 1, false, true);       // 8 in: K 72 in 5 steps
+        test_conv(3, 1, 6, 5, 8, 3, 1, 1, 1, 1, 1, true, true);         // 1 in
+        test_conv(2, 320, 11, 9, 4, 3, 1, 1, 1, 1, 1, true, true);      // SD's conv_out, partial warps
+        test_conv(1, 128, 12, 20, 3, 3, 1, 1, 1, 1, 1, 2, true);        // the VAE's, 3 out
+        test_conv(2, 32, 7, 5, 8, 3, 1, 1, 1, 1, 1, true, true);        // 8 out
         test_group_norm_nhwc(2, 320, 4096, 32, true, 1e-5f, g_ct);       // UNet at 64x64
         test_group_norm_nhwc(2, 320, 4096, 32, false, 1e-6f, DC_F32);
         test_group_norm_nhwc(2, 64, 4096, 32, true, 1e-6f, g_ct);
