@@ -520,6 +520,7 @@ static void run_groups(void) {
         test_group_norm_nhwc(17, 320, 1632, 32, true, 1e-5f, g_ct);      // more samples than one piece of partials
         test_group_norm_nhwc(2, 960, 1024, 32, true, 1e-5f, g_ct);       // 30-channel groups (UNet 1.x up blocks)
         test_group_norm_nhwc(1, 128, 65536, 32, true, 1e-6f, g_ct);      // VAE at 256x256
+        test_group_norm_nhwc(2, 256, 65536, 32, true, 1e-6f, g_ct);      // VAE at 256x256: finer chunks
         test_nhwc_pointwise(0), test_nhwc_pointwise(1), test_nhwc_pointwise(4);
         test_nhwc_errors();
     }

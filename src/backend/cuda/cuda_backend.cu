@@ -278,7 +278,7 @@ static int start(dc_cuda_ctx *c) {
         return dc_cuda_fail_alloc("the matrix-product workspace", c->lt_ws_bytes, e);
     if ((e = cudaMalloc((void **)&c->red, 1024 * sizeof(double))) != cudaSuccess)
         return dc_cuda_fail_alloc("the reduction scratch", 1024 * sizeof(double), e);
-    if ((e = cudaMalloc((void **)&c->norm_ws, DC_CUDA_NORM_WS * sizeof(double))) != cudaSuccess)
+    if ((e = cudaMalloc((void **)&c->norm_ws, DC_CUDA_NORM_WS_ALL * sizeof(double))) != cudaSuccess)
         return dc_cuda_fail_alloc("the normalisation workspace", DC_CUDA_NORM_WS * sizeof(double), e);
     if ((e = cudaMallocHost((void **)&c->ring, DC_CUDA_RING_BYTES)) != cudaSuccess) {
         cudaGetLastError();

@@ -146,9 +146,15 @@ extern "C" void dc_cuda_group_norm_fwd(dc_backend *be, dc_buf out, dc_buf mean, 
 // alignment of the buffers never changes a bit of the result.
 enum { GN_RT = 8 };
 
-// Pixels per chunk of kernel 1: at least 32, and up to 16384 partials per sample.
+// Chunks of kernel 1: of at least 32 pixels, up to 16384 partials a sample,
+// or (DC_GN_CHUNKS=0: not) up to 65536 where that leaves more than 512 pixels
+// a chunk: the VAE's 256x256 and 512x512 maps, whose long chunks made few
+// blocks with long loops (an H100's 512x512 decode: 6.6 -> 6.2 ms). The UNet's
+// maps keep their chunks, and their bits. The shape alone decides.
 static int64_t gn_nhwc_chunks(int64_t HW, int C) {
-    const int64_t by_rows = (HW + 31) / 32, by_ws = 16384 / C > 1 ? 16384 / C : 1;
+    int64_t by_ws = 16384 / C > 1 ? 16384 / C : 1;
+    if (HW / 512 > by_ws && dc_env_on("DC_GN_CHUNKS")) by_ws = HW / 512 < 65536 / C ? HW / 512 : 65536 / C;
+    const int64_t by_rows = (HW + 31) / 32;
     return by_rows < by_ws ? by_rows : by_ws;
 }
 
@@ -272,8 +278,10 @@ extern "C" void dc_cuda_group_norm_nhwc_fwd(dc_backend *be, dc_buf out, dc_buf m
     // kernel 3: chunks of up to eight rows a thread
     const dc_rows_geom ga = dc_rows_geom_make(C, V, NT);
     const int64_t rows_apply = dc_rows_chunk(&ga, (int64_t)B * HW, 8), cps = (HW + rows_apply - 1) / rows_apply;
-    // samples per piece: their partials fit the workspace, and grid.z (65535) holds them
-    int64_t piece = DC_CUDA_NORM_WS / 2 / (chunks * C);
+    // samples per piece: their partials fit the workspace (all of it for the
+    // finer chunks of large maps), and grid.z (65535) holds them
+    const int64_t ws = chunks * C > 16384 ? DC_CUDA_NORM_WS_ALL : DC_CUDA_NORM_WS;
+    int64_t piece = ws / 2 / (chunks * C);
     if (piece > 65535) piece = 65535;
     for (int b0 = 0; b0 < B; b0 += (int)piece) {
         const int nb = B - b0 < piece ? B - b0 : (int)piece;

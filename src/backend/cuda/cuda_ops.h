@@ -15,8 +15,11 @@
 // Events of the asynchronous copy ring (copy_async's tickets).
 #define DC_CUDA_COPY_EVENTS 256
 
-// Doubles in the normalisation workspace (group and layer norm partial sums).
+// Doubles in the normalisation workspace (group and layer norm partial sums):
+// all of it for the channels-last group norm's partials, the first
+// DC_CUDA_NORM_WS for every other op's.
 #define DC_CUDA_NORM_WS ((int64_t)1 << 19)
+#define DC_CUDA_NORM_WS_ALL ((int64_t)1 << 21)
 
 typedef struct dc_gemm_plan dc_gemm_plan;
 typedef struct dc_conv_plan dc_conv_plan;
@@ -32,7 +35,7 @@ typedef struct {
     dc_gemm_plan *plans;      // cached matmul descriptors and algorithms
     int nplans, cap_plans;
     double *red;              // reduction scratch (gradient-norm partials)
-    double *norm_ws;          // [DC_CUDA_NORM_WS] group / layer norm partial sums
+    double *norm_ws;          // [DC_CUDA_NORM_WS_ALL] group / layer norm partial sums
     cudnnHandle_t dnn;        // cuDNN, started by the first reserve_conv
     dc_conv_plan *conv_plans; // cached conv descriptors and algorithms
     int nconv_plans, cap_conv_plans;
