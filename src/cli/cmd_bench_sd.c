@@ -139,6 +139,12 @@ static int time_pictures(dc_sd_pipe *p, int count, int batch, int steps, int siz
     return rc;
 }
 
+// The second of two like calls (its buffers and its step graph kept from
+// the first): the steady cost of count pictures.
+static int time_repeat(dc_sd_pipe *p, int count, int batch, int steps, int size, double *sec) {
+    return time_pictures(p, count, batch, steps, size, sec) || time_pictures(p, count, batch, steps, size, sec);
+}
+
 int cmd_bench_sd(int argc, char **argv) {
     const char *model = NULL, *vocab = NULL, *device = "auto", *precision = "auto", *parts = "all";
     int size = 0, steps = 50, batch = 8, iters = 20, threads = 0;
@@ -241,7 +247,7 @@ int cmd_bench_sd(int argc, char **argv) {
     // (cuDNN's plans), 2 steps and `steps` steps: their difference is the
     // cost of a step within a picture, the rest what a picture costs besides.
     double pic2, first = 0;
-    if (time_pictures(&p, 1, 1, 2, size, &pic2) || time_pictures(&p, 1, 1, 2, size, &pic2)) goto done;
+    if (time_repeat(&p, 1, 1, 2, size, &pic2)) goto done;
     if (be->profile_restart) be->profile_restart(be);  // a profile of the timed pictures alone
     if (time_pictures(&p, 1, 1, steps, size, &first) || time_pictures(&p, 1, 1, steps, size, &pic)) goto done;
     char what[96];
@@ -254,14 +260,12 @@ int cmd_bench_sd(int argc, char **argv) {
     }
     if (be->graph_capture) printf("  %-44s %9.3f s\n", "  the first of its shape (records the graph)", first);
     if (batch > 0) {
-        if (time_pictures(&p, batch, batch, steps, size, &bat) || time_pictures(&p, batch, batch, steps, size, &bat))
-            goto done;
+        if (time_repeat(&p, batch, batch, steps, size, &bat)) goto done;
         snprintf(what, sizeof what, "%d pictures in one batch, %d steps", batch, steps);
         printf("  %-44s %9.3f s   %.2f pictures/s\n", what, bat, batch / bat);
         double bat2;
         if (steps > 2) {
-            if (time_pictures(&p, batch, batch, 2, size, &bat2) || time_pictures(&p, batch, batch, 2, size, &bat2))
-                goto done;
+            if (time_repeat(&p, batch, batch, 2, size, &bat2)) goto done;
             double per = (bat - bat2) / (steps - 2);
             printf("  %-44s %9.2f ms a step, %.1f ms besides\n", "  within it (from 2 and all steps)", per * 1e3,
                    (bat - steps * per) * 1e3);

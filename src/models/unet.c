@@ -362,8 +362,8 @@ static int unet_forward(dc_model *mm, dc_buf out, dc_buf x, dc_buf t, const dc_c
             unet_resnet_fwd(be, ps, &b->res[j], a->skip[k], h, tp[ri++], rows, H, W, s);
             if (rows < B) unet_copy_half(be, a->skip[0], (int64_t)Bs * HW0 * md->conv_in.co);
             if (b->has_attn)
-                unet_transformer_fwd(be, ps, &b->attn[j], a->skip[k], B, rows < B ? rows : 0, H, W, cond->ctx, len,
-                                     KV(&b->attn[j]), s);
+                unet_transformer_fwd(be, ps, &b->attn[j], a->skip[k], B, rows, H, W, cond->ctx, len, KV(&b->attn[j]),
+                                     s);
             h = a->skip[k++];
         }
         if (b->sample.w >= 0) {
@@ -375,7 +375,7 @@ static int unet_forward(dc_model *mm, dc_buf out, dc_buf x, dc_buf t, const dc_c
     // mid block: resnet, attention, resnet
     const int Hm = m->lh >> (N - 1), Wm = m->lw >> (N - 1);
     unet_resnet_fwd(be, ps, &md->mid.res[0], a->p0, h, tp[ri++], B, Hm, Wm, s);
-    unet_transformer_fwd(be, ps, &md->mid.attn[0], a->p0, B, 0, Hm, Wm, cond->ctx, len, KV(&md->mid.attn[0]), s);
+    unet_transformer_fwd(be, ps, &md->mid.attn[0], a->p0, B, B, Hm, Wm, cond->ctx, len, KV(&md->mid.attn[0]), s);
     unet_resnet_fwd(be, ps, &md->mid.res[1], a->p1, a->p0, tp[ri++], B, Hm, Wm, s);
     h = a->p1;
     int C = md->mid.res[1].co;
@@ -391,7 +391,7 @@ static int unet_forward(dc_model *mm, dc_buf out, dc_buf x, dc_buf t, const dc_c
             be->concat_channels(be, s->cat, h, C, a->skip[k], r->ci - C, (int64_t)B * H * W);
             unet_resnet_fwd(be, ps, r, dst, s->cat, tp[ri++], B, H, W, s);
             if (b->has_attn)
-                unet_transformer_fwd(be, ps, &b->attn[j], dst, B, 0, H, W, cond->ctx, len, KV(&b->attn[j]), s);
+                unet_transformer_fwd(be, ps, &b->attn[j], dst, B, B, H, W, cond->ctx, len, KV(&b->attn[j]), s);
             h = dst, C = r->co;
         }
         if (b->sample.w >= 0) {  // nearest 2x, then a 3x3 conv

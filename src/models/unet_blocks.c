@@ -177,8 +177,8 @@ void unet_copy_half(dc_backend *be, dc_buf b, int64_t n) {
 }
 
 void unet_transformer_fwd(dc_backend *be, const dc_params *ps, const unet_transformer *t, dc_buf h, int B,
-                          int half, int H, int W, dc_buf ctx, int len, dc_buf kv, const unet_scratch *s) {
-    const int C = t->C, T = H * W, M = B * T, Bs = half > 0 && 2 * half == B ? half : B, Ms = Bs * T;
+                          int Bs, int H, int W, dc_buf ctx, int len, dc_buf kv, const unet_scratch *s) {
+    const int C = t->C, T = H * W, M = B * T, Ms = Bs * T;
     const dc_buf *tok = s->tok;
     dc_buf x = tok[2];  // [B, T, C] the token stream
     // up to the cross-attention, on Bs rows (B, or the first of two like halves)

@@ -78,11 +78,11 @@ typedef struct {
 void unet_resnet_fwd(dc_backend *be, const dc_params *ps, const unet_resnet *r, dc_buf out, dc_buf x,
                      dc_buf tproj, int B, int H, int W, const unet_scratch *s);
 // h[B, H, W, C] += transformer(h, ctx[B, len, ctx_dim]), in place; kv
-// [B len, 2C] its keys and values of ctx where prepared, else none. With
-// half = B / 2 (else B), h's two halves are the same on entry and only its
-// first half is read: the layers before the cross-attention run on it alone
-// and their result is copied to the second half (see dc_cond's pairs).
+// [B len, 2C] its keys and values of ctx where prepared, else none. Bs, the
+// rows the layers before the cross-attention run on: B, or B / 2 where h's
+// two halves are the same on entry (only the first is read; that part's
+// result is copied to the second: see dc_cond's pairs).
 void unet_transformer_fwd(dc_backend *be, const dc_params *ps, const unet_transformer *t, dc_buf h, int B,
-                          int half, int H, int W, dc_buf ctx, int len, dc_buf kv, const unet_scratch *s);
+                          int Bs, int H, int W, dc_buf ctx, int len, dc_buf kv, const unet_scratch *s);
 // b's first n elements copied over its next n (a batch's first half to its second).
 void unet_copy_half(dc_backend *be, dc_buf b, int64_t n);
