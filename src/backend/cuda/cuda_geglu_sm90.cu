@@ -2,8 +2,7 @@
 // Hopper (bf16): out[M, F] = (x w_h^T + b_h) * gelu_erf(x w_g^T + b_g), where
 // w = [w_h; w_g] is the [2F, K] weight of the projection and b = [b_h; b_g].
 // Unfused, the product writes [M, 2F] and the GEGLU pass reads it back; here
-// those values live only in registers. On an H100 at SD 1.x's 16-row step its
-// 35 calls take 3.66 ms against 2.68 (cuBLAS) + 1.67 (the pass).
+// those values stay on the chip (registers, then shared memory).
 //
 // A persistent block an SM takes tiles of 256 rows x 64 output columns: two
 // consumer warpgroups of 128 rows, each two wgmma m64n128 a 16-wide step of K
@@ -12,18 +11,22 @@
 // and the matching gate in blocks 8-15). A producer warp brings stages of 64
 // K-columns (x: 256 rows, w: two boxes of 64 rows) through a ring of kStages
 // with the TMA, in the 128-byte swizzle (cuda_sm90.h), counting stages across
-// tiles so the next tile's first stages land during this one's epilogue; full
-// and empty mbarriers as in cuda_attention_sm90.cu. Rows past M and columns
-// past K are zeros from the TMA; the epilogue adds the biases, applies the
-// gate and stores bf16 pairs.
+// tiles; full and empty mbarriers as in cuda_attention_sm90.cu. Rows past M
+// and columns past K are zeros from the TMA.
 //
-// What bounds it is the epilogue: about 20 instructions an output, issued by
-// the consumer warps while the tensor cores wait (Nsight Compute: tensor pipe
-// 33%, issue slots 31%, L2 59% on the 64x64 level's call). Measured on the
-// 16-row step, per call: the first version (128 x 64 tiles, two blocks an SM,
-// erff) 116.5 us; persistent with a cheaper gelu 111.3; two warpgroups taking
-// turns at the tensor cores on tiles of their own (ping-pong) 110.3; one
-// wgmma m64n256 a step on 128 x 128 tiles 118.7; this one 104.6.
+// The epilogue runs on warpgroups of its own: the consumers hand each tile's
+// h and gate to them through shared memory (bf16 pairs, as the unfused
+// product would store them) and go on with the next tile's products while
+// the epilogue adds the biases, applies the gate and stores.
+//
+// Measured on SD 1.x's 16-row step (H100, per call at the 64x64 level, M
+// 65536, K 320, F 1280): the first version (128 x 64 tiles, two blocks an SM,
+// the epilogue in the consumers, erff) 4 x 116.5 us; persistent with a
+// cheaper gelu 4 x 111.3; two warpgroups taking turns at the tensor cores
+// (ping-pong) 4 x 110.3; one wgmma m64n256 a step on 128 x 128 tiles 4 x
+// 118.7; 256 x 64 tiles 297; with x resident in shared memory 320; this one
+// (the epilogue on two warpgroups of its own) 280, and at the 32x32 level
+// 192 against 218.
 #include <math.h>
 #include <string.h>
 
@@ -37,18 +40,9 @@ namespace {
 constexpr int kBM = 256;                        // rows a tile: 128 a consumer warpgroup
 constexpr int kBF = 64;                         // output columns a tile
 constexpr int kBK = 64;                         // K a stage: one 128-byte swizzle row
-constexpr int kStages = 4;                      // 192 KB: one block an SM
 constexpr int kRowBytes = 128;
 constexpr int kABytes = kBM * kRowBytes;        // 32 KB
 constexpr int kBBytes = 2 * kBF * kRowBytes;    // 16 KB: 64 rows of w_h, 64 of w_g
-constexpr int kThreadsGeglu = 2 * 128 + 32;     // two consumer warpgroups, a producer warp
-
-struct GegluSmem {
-    alignas(1024) uint8_t a[kStages][kABytes];
-    alignas(1024) uint8_t b[kStages][kBBytes];
-    uint64_t full[kStages], empty[kStages];
-};
-constexpr size_t kSmemBytes = sizeof(GegluSmem) + 1024;
 
 struct GegluParams {
     __nv_bfloat16 *out;
@@ -56,6 +50,18 @@ struct GegluParams {
     int M, F;
     int nk;  // stages of kBK columns of K
 };
+
+constexpr int kStages = 3;                      // 144 KB of stages + 64 KB handed over: one block an SM
+constexpr int kThreads = 5 * 128;               // two consumer, two epilogue and a producer warpgroup
+constexpr int kPairs = 64;                      // bf16 pairs a consumer thread hands over a tile
+
+struct GegluSmem {
+    alignas(1024) uint8_t a[kStages][kABytes];
+    alignas(1024) uint8_t b[kStages][kBBytes];
+    uint32_t hg[kPairs * 256];  // pair j of consumer thread c at j * 256 + c
+    uint64_t full[kStages], empty[kStages], hg_full, hg_empty;
+};
+constexpr size_t kSmemBytes = sizeof(GegluSmem) + 1024;
 
 #if SM90_BODY
 // gelu(x) = x Phi(x), Phi from Abramowitz and Stegun 7.1.25 (erf within
@@ -79,9 +85,13 @@ template <int BIAS> __device__ __forceinline__ float2 bias_pair(const void *b, i
     return make_float2(0.0f, 0.0f);
 }
 
+// Consumer thread c's accumulator pair (rows half mh, column block n, row
+// r) goes to hg as pair j = (16 mh + n) 2 + r; epilogue warpgroup 2 + w
+// applies the gate for consumer warpgroup w's pairs, thread for thread.
 template <int BIAS>
-__global__ void __launch_bounds__(kThreadsGeglu, 1)
-    geglu_fwd_sm90(const __grid_constant__ CUtensorMap tx, const __grid_constant__ CUtensorMap tw, const GegluParams p) {
+__global__ void __launch_bounds__(kThreads, 1)
+    geglu_fwd_sm90(const __grid_constant__ CUtensorMap tx, const __grid_constant__ CUtensorMap tw,
+                       const GegluParams p) {
 #if SM90_BODY
     extern __shared__ uint8_t smem_raw[];
     GegluSmem &sm = *reinterpret_cast<GegluSmem *>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~(uintptr_t)1023);
@@ -92,16 +102,18 @@ __global__ void __launch_bounds__(kThreadsGeglu, 1)
             mbar_init(smem_u32(&sm.full[s]), 1);
             mbar_init(smem_u32(&sm.empty[s]), 8);  // every consumer warp
         }
+        mbar_init(smem_u32(&sm.hg_full), 256);   // every consumer thread
+        mbar_init(smem_u32(&sm.hg_empty), 256);  // every epilogue thread
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
     dc_pdl_enter();
 
-    // Tiles (256 rows x 64 outputs, outputs fastest) go round the blocks;
-    // the ring's stages are counted across tiles, so the producer loads the
-    // next tile's first stages while the consumers run this one's epilogue.
-    if (wg == 2) {  // the producer warp
-        if (lane == 0) {
+    // Registers: 96 a thread at launch, moved to the consumers' accumulators
+    // (160) from the producer (24) and the epilogue (64): the moves balance.
+    if (wg == 4) {  // the producer warpgroup: one thread issues the loads
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+        if (warp == 16 && lane == 0) {
             int it = 0;
             for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
                 const int f0 = tile % nf * kBF, m0 = tile / nf * kBM;
@@ -118,18 +130,50 @@ __global__ void __launch_bounds__(kThreadsGeglu, 1)
         }
         return;
     }
+    const int g = lane / 4, t = lane % 4;
+    if (wg >= 2) {  // the epilogue warpgroups: wg 2 + cw takes consumer warpgroup cw's rows
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 64;\n");
+        const int cw = wg - 2, c = threadIdx.x - 256, w4 = (c % 128) / 32;
+        int tc = 0;
+        for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, tc++) {
+            const int f0 = tile % nf * kBF, m0 = tile / nf * kBM;
+            mbar_wait(smem_u32(&sm.hg_full), tc & 1);
+#pragma unroll
+            for (int q = 0; q < 4; q++) {  // rows half, row
+                const int mh = q >> 1, r = q & 1;
+                const int row = m0 + cw * 128 + mh * 64 + 16 * w4 + g + 8 * r;
+                uint32_t hw[8], gw[8];
+#pragma unroll
+                for (int n = 0; n < 8; n++) {
+                    hw[n] = sm.hg[((16 * mh + n) * 2 + r) * 256 + c];
+                    gw[n] = sm.hg[((16 * mh + n + 8) * 2 + r) * 256 + c];
+                }
+                if (row >= p.M) continue;
+#pragma unroll
+                for (int n = 0; n < 8; n++) {
+                    const int col = f0 + 8 * n + 2 * t;
+                    const float2 bh = bias_pair<BIAS>(p.bias, col), bg = bias_pair<BIAS>(p.bias, p.F + col);
+                    const float2 h = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&hw[n]));
+                    const float2 gt = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&gw[n]));
+                    const float v0 = (h.x + bh.x) * gelu_erf_fast(gt.x + bg.x);
+                    const float v1 = (h.y + bh.y) * gelu_erf_fast(gt.y + bg.y);
+                    *reinterpret_cast<__nv_bfloat162 *>(p.out + (int64_t)row * p.F + col) =
+                        __floats2bfloat162_rn(v0, v1);
+                }
+            }
+            mbar_arrive(smem_u32(&sm.hg_empty));
+        }
+        return;
+    }
 
-    // One stage's products stay in flight while the next stage's are issued;
-    // a stage goes back to the producer once its products are done.
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 160;\n");
     auto release = [&](int it) {
         __syncwarp();
         if (lane == 0) mbar_arrive(smem_u32(&sm.empty[it % kStages]));
     };
-    const int g = lane / 4, t = lane % 4;
-    int it = 0;
-    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-        const int f0 = tile % nf * kBF, m0 = tile / nf * kBM;
-        float acc[2][64];  // rows 0-63 and 64-127 of this warpgroup's 128
+    int it = 0, tc = 0;
+    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, tc++) {
+        float acc[2][64];
 #pragma unroll
         for (int i = 0; i < 64; i++) acc[0][i] = acc[1][i] = 0.0f;
         for (int kt = 0; kt < nk; kt++, it++) {
@@ -152,27 +196,19 @@ __global__ void __launch_bounds__(kThreadsGeglu, 1)
         wgmma_wait<0>();
         reg_fence(acc[0]), reg_fence(acc[1]);
         release(it - 1);
-
-        // Epilogue: lane 4g + t of warp w holds rows 16w + g (+8) of each
-        // half, columns 8n + 2t (+1): h for n < 8, the gate of the same
-        // column at n + 8.
+        // hand the tile over once the epilogue has taken the previous one
+        if (tc > 0) mbar_wait(smem_u32(&sm.hg_empty), (tc - 1) & 1);
+        const int c = threadIdx.x;
 #pragma unroll
-        for (int n = 0; n < 8; n++) {
-            const int col = f0 + 8 * n + 2 * t;
-            const float2 bh = bias_pair<BIAS>(p.bias, col), bg = bias_pair<BIAS>(p.bias, p.F + col);
+        for (int mh = 0; mh < 2; mh++)
 #pragma unroll
-            for (int mh = 0; mh < 2; mh++) {
-                const float *a = acc[mh];
+            for (int n = 0; n < 16; n++)
 #pragma unroll
                 for (int r = 0; r < 2; r++) {
-                    const int row = m0 + wg * 128 + mh * 64 + 16 * (warp % 4) + g + 8 * r;
-                    if (row >= p.M) continue;
-                    const float v0 = (a[4 * n + 2 * r] + bh.x) * gelu_erf_fast(a[4 * (n + 8) + 2 * r] + bg.x);
-                    const float v1 = (a[4 * n + 2 * r + 1] + bh.y) * gelu_erf_fast(a[4 * (n + 8) + 2 * r + 1] + bg.y);
-                    *reinterpret_cast<__nv_bfloat162 *>(p.out + (int64_t)row * p.F + col) = __floats2bfloat162_rn(v0, v1);
+                    const __nv_bfloat162 v = __floats2bfloat162_rn(acc[mh][4 * n + 2 * r], acc[mh][4 * n + 2 * r + 1]);
+                    sm.hg[((16 * mh + n) * 2 + r) * 256 + c] = *reinterpret_cast<const uint32_t *>(&v);
                 }
-            }
-        }
+        mbar_arrive(smem_u32(&sm.hg_full));
     }
 #endif
 }
@@ -188,7 +224,6 @@ static bool make_map_2d(CUtensorMap *map, const void *base, int64_t rows, int64_
                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
-
 
 }  // namespace
 
@@ -217,7 +252,7 @@ extern "C" bool dc_cuda_geglu_linear_sm90(dc_backend *be, dc_buf out, dc_buf inp
         // More than 48 KB of shared memory: opted into at every launch
         // (cheap, per current device, legal during stream capture).
         cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmemBytes);
-        dc_launch(be, kernel, grid, kThreadsGeglu, kSmemBytes, tx, tw, p);
+        dc_launch(be, kernel, grid, kThreads, kSmemBytes, tx, tw, p);
     };
     if (!b.p) launch(geglu_fwd_sm90<0>);
     else if (b.dt == DC_F32) launch(geglu_fwd_sm90<1>);
