@@ -100,12 +100,43 @@ if has check; then
   done
 fi
 
+# watched NAME CMD...: runs CMD while sampling the GPU's power and SM clock
+# every 50 ms, and notes their means over the busy samples (utilization over
+# 50%) and how often the power limit held the clock down.
+watched() {
+  local name=$1 pid; shift
+  nvidia-smi --query-gpu=utilization.gpu,power.draw,clocks.sm,clocks_event_reasons.active \
+    --format=csv,noheader,nounits -lms 50 > "$OUT/power_$name.csv" 2>/dev/null & pid=$!
+  "$@"
+  kill $pid 2>/dev/null; wait $pid 2>/dev/null
+  note "$name: $(python3 - "$OUT/power_$name.csv" <<'PY'
+import sys
+rows = []
+for line in open(sys.argv[1]):
+    f = [x.strip() for x in line.split(',')]
+    try:
+        rows.append((float(f[0]), float(f[1]), float(f[2]), int(f[3], 16)))
+    except (ValueError, IndexError):
+        pass
+busy = [r for r in rows if r[0] > 50]
+if not busy:
+    print('no busy samples')
+else:
+    n = len(busy)
+    print(f'power {sum(r[1] for r in busy) / n:.0f} W, SM clock {sum(r[2] for r in busy) / n:.0f} MHz on average '
+          f'over {n} busy samples, {100 * sum(1 for r in busy if r[3] & 4) // n}% at the power limit')
+PY
+)"
+}
+
 if has bench; then
-  $D bench --sd "$MODEL" --vocab "$VOCAB" --device cuda --batch 8 --steps 50 2>&1 | tee "$OUT/bench_engine.txt"
+  nvidia-smi --query-gpu=power.limit,clocks.max.sm --format=csv,noheader | tee "$OUT/power_limit.txt"
+  watched engine_bench sh -c "$D bench --sd '$MODEL' --vocab '$VOCAB' --device cuda --batch 8 --steps 50 2>&1 |
+    tee '$OUT/bench_engine.txt'"
   DC_CUDNN_ATTENTION=0 $D bench --sd "$MODEL" --vocab "$VOCAB" --device cuda --batch 8 --steps 50 2>&1 |
     tee "$OUT/bench_engine_kernels.txt"
-  python3 tools/sd_pytorch.py bench --model "$MODEL" --diffusers "$DIFF" --batch 8 --steps 50 2>&1 |
-    grep -v Warning | tee "$OUT/bench_pytorch.txt"
+  watched diffusers_bench sh -c "python3 tools/sd_pytorch.py bench --model '$MODEL' --diffusers '$DIFF' \
+    --batch 8 --steps 50 2>&1 | grep -v Warning | tee '$OUT/bench_pytorch.txt'"
   /usr/bin/time -v $D txt2img --model "$MODEL" --vocab "$VOCAB" --prompt "a photo of an astronaut riding a horse on mars" \
     --steps 50 --device cuda --out "$OUT/astronaut.png" > "$OUT/txt2img.log" 2>&1
   note "txt2img 50 steps end to end: $(grep -E 'made 1 picture' "$OUT/txt2img.log" | tail -1), max RSS $(grep 'Maximum resident' "$OUT/txt2img.log" | awk '{print $NF}') KB"

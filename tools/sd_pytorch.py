@@ -12,8 +12,9 @@ check  Loads a pipeline folder in diffusers' layout (tools/sd_random writes a
 bench  The same models in fp16 on the GPU, eager and torch.compile: one UNet
        step at batch 1 and at batch N with guidance (2 and 2N rows), the VAE
        decode of one picture, the text encoder on two prompts, and the
-       whole-picture time they add up to (text + steps x UNet + VAE), with the
-       peak memory of the eager batch-1 picture.
+       whole-picture time they add up to (text + steps x UNet + VAE), a batch
+       of N pictures run whole (text, the steps back to back, one decode of
+       the batch), and the peak memory of the eager batch-1 picture.
 profile  The eager fp16 UNet step at 2N rows under torch.profiler: GPU time by
        kind of kernel (convolution, matrix product, attention, normalisation,
        elementwise) and the 15 costliest kernels, to set beside the engine's
@@ -128,6 +129,27 @@ def bench(a):
         print(f'  {mode:8s} text {tt * 1e3:7.2f} ms | UNet step batch 1 + guidance {u1 * 1e3:7.2f} ms | '
               f'batch {a.batch} + guidance {ub * 1e3:7.2f} ms | VAE decode {dec * 1e3:7.2f} ms | '
               f'{a.steps}-step picture {pic:.3f} s | batch {a.batch}: {a.batch / (a.steps * ub + a.batch * dec + tt):.2f} pictures/s')
+        # A batch as a pipeline runs it, sustained as the engine's is: the
+        # text, the steps back to back, one decode of the whole batch (the
+        # scheduler's own small ops left out). The figure above extrapolates
+        # from 10 steps; a GPU held at its power limit runs longer work slower.
+        zb = torch.randn(a.batch, 4, lat, lat, device='cuda', dtype=torch.float16)
+
+        def batch_run():
+            text(ids)
+            for _ in range(a.steps):
+                u(*rows[2 * a.batch])
+            d(zb)
+        with torch.no_grad():
+            decb = timed(lambda: d(zb), 3)
+            batch_run()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            batch_run()
+            torch.cuda.synchronize()
+            bt = time.perf_counter() - t0
+        print(f'  {mode:8s} batch {a.batch} run whole: {bt:.3f} s, {a.batch / bt:.2f} pictures/s; within it '
+              f'{(bt - tt - decb) / a.steps * 1e3:.2f} ms a step (the batch decoded in {decb * 1e3:.1f} ms)')
         if mode == 'eager':
             torch.cuda.reset_peak_memory_stats()
             with torch.no_grad():
