@@ -12,7 +12,9 @@
 // Error: ||gpu - cpu|| / ||cpu|| per output; NaN fails. Tolerances per mode.
 // Skips (exit 0, with a message) where no GPU is present.
 //
-//   build/tests/test_cuda [seed] [all | groups: linear,pointwise,adaln,attention,diffusion,model]
+//   build/tests/test_cuda [seed] [all | groups: linear,pointwise,adaln,attention,diffusion,model,device]
+#include <unistd.h>
+
 #include "cuda_check.h"
 
 // ---- ops ---------------------------------------------------------------------------------
@@ -333,6 +335,23 @@ static void test_model(void) {
     dc_dit_free(&mc), dc_dit_free(&mg);
 }
 
+// The energy counter, where the device reports one: a power limit of a real
+// board's size, and a counter that grows over half a second with a large
+// product in it (it counts idle power too, so it never stands still that long).
+static void test_energy(void) {
+    double j0, j1, limit;
+    if (!g_gpu->energy || !g_gpu->energy(g_gpu, &j0, &limit)) {
+        printf("  SKIP energy: this device reports no energy counter\n");
+        return;
+    }
+    expect(limit > 10 && limit < 5000, "power limit between 10 W and 5 kW");
+    expect(g_gpu->gemm_peak(g_gpu) > 0, "a large product runs");
+    g_gpu->sync(g_gpu);
+    usleep(500000);
+    expect(g_gpu->energy(g_gpu, &j1, &limit) && j1 > j0 && j1 - j0 < 5000, "energy counter grows, by under 5 kJ");
+    printf("  energy: %.1f J over the product and half a second; power limit %.0f W\n", j1 - j0, limit);
+}
+
 static void run_groups(void) {
     if (want("linear")) {
         test_linear(300, 96, 200, false, 0);
@@ -355,6 +374,7 @@ static void run_groups(void) {
     }
     if (want("diffusion")) test_diffusion(), test_optim();
     if (want("model")) test_model();
+    if (want("device")) test_energy();
 }
 
 int main(int argc, char **argv) { return cuda_main("test_cuda", argc, argv, run_groups); }

@@ -339,6 +339,10 @@ struct dc_backend {
     // TFLOP/s of a large matrix product in the compute dtype, timed now (the
     // peak that MFU is quoted against); 0 with a message if it cannot run.
     double (*gemm_peak)(dc_backend *be);
+    // The device's energy counter in joules (from an arbitrary origin) and its
+    // power limit in watts, for energy a step and mean power over a timed
+    // stretch; false where the device cannot tell. First called from one thread.
+    bool (*energy)(dc_backend *be, double *joules, double *limit_w);
     // The queue the ops run on (a cudaStream_t), so a communicator's
     // collectives take their place among them.
     void *(*stream)(dc_backend *be);

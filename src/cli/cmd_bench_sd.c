@@ -4,6 +4,7 @@
 // call as a program that makes pictures one call after another sees them),
 // beside the figures tools/sd_pytorch.py measures for diffusers on the same
 // device.
+#include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,6 +39,25 @@ static bool has_part(const char *list, const char *part) {
     return false;
 }
 
+// The device's energy counter in joules, NAN where the backend cannot tell.
+static double energy_now(dc_backend *be) {
+    double j, limit;
+    return be->energy && be->energy(be, &j, &limit) ? j : NAN;
+}
+
+// Joules a unit over a timed stretch of `sec` seconds and n units from e0
+// (NAN under half a second: the counter moves in steps of milliseconds to
+// tens of them).
+static double energy_per(dc_backend *be, double e0, double sec, int n) {
+    return sec >= 0.5 ? (energy_now(be) - e0) / n : NAN;
+}
+
+// "   J, mean W" after a line's figures, where the energy is known.
+static void print_energy(double joules, double sec) {
+    if (isfinite(joules)) printf("   %6.2f J  %4.0f W", joules, joules / sec);
+    printf("\n");
+}
+
 typedef struct {
     dc_model *m;
     dc_buf out, x, t;
@@ -57,7 +77,8 @@ static int unet_call_run(void *arg) {
 // negative prompt, each given to half the rows, as in a guided picture (the
 // tensor cores draw more power on real values than on zeros: an H100's
 // 16-row step ran 1.3 ms slower inside pictures than on a zero text).
-static int time_unet(dc_sd_pipe *p, dc_buf text, int rows, int h, int w, int iters, double *sec) {
+static int time_unet(dc_sd_pipe *p, dc_buf text, int rows, int h, int w, int iters, double *sec,
+                     double *joules) {
     dc_backend *be = p->be;
     const int D = p->text->cfg.width, T = DC_CLIP_CONTEXT;
     const int64_t n = (int64_t)rows * 4 * h * w;
@@ -89,12 +110,15 @@ static int time_unet(dc_sd_pipe *p, dc_buf text, int rows, int h, int w, int ite
         if (be->profile_restart) be->profile_restart(be);  // a profile of the timed calls alone
         be->sync(be);
         *sec = dc_time_now();
+        const double e0 = energy_now(be);
         for (int i = 0; i < iters && !rc; i++) {
             if (g) be->graph_launch(be, g);
             else rc = unet_call_run(&u);
         }
         be->sync(be);
-        *sec = (dc_time_now() - *sec) / iters;
+        *sec = dc_time_now() - *sec;
+        *joules = energy_per(be, e0, *sec, iters);
+        *sec /= iters;
         if (g) be->graph_free(be, g);
         dc_unet_prepare_text(p->unet, NULL, 0);  // ctx is freed below
         if (!rc) rc = dc_backend_status(be);
@@ -128,21 +152,25 @@ static int time_decode(dc_sd_pipe *p, int B, int H, int W, int iters, double *se
     return rc;
 }
 
-static int time_pictures(dc_sd_pipe *p, int count, int batch, int steps, int size, double *sec) {
+// Seconds (and joules, where known) of count pictures.
+static int time_pictures(dc_sd_pipe *p, int count, int batch, int steps, int size, double *sec, double *joules) {
     dc_sd_gen g = {"a photo of an astronaut riding a horse on mars", "", count, batch, size, size,
                    dc_ksampler_opts_default(), NULL, 0};
     g.ks.steps = steps, g.ks.kind = DC_KS_EULER_A;
     p->be->sync(p->be);
     *sec = dc_time_now();
+    const double e0 = energy_now(p->be);
     int rc = dc_sd_generate(p, &g, NULL, NULL, NULL, NULL);  // the pictures are not kept
     *sec = dc_time_now() - *sec;
+    if (joules) *joules = energy_per(p->be, e0, *sec, 1);
     return rc;
 }
 
 // The second of two like calls (its buffers and its step graph kept from
 // the first): the steady cost of count pictures.
-static int time_repeat(dc_sd_pipe *p, int count, int batch, int steps, int size, double *sec) {
-    return time_pictures(p, count, batch, steps, size, sec) || time_pictures(p, count, batch, steps, size, sec);
+static int time_repeat(dc_sd_pipe *p, int count, int batch, int steps, int size, double *sec, double *joules) {
+    return time_pictures(p, count, batch, steps, size, sec, NULL) ||
+           time_pictures(p, count, batch, steps, size, sec, joules);
 }
 
 int cmd_bench_sd(int argc, char **argv) {
@@ -166,7 +194,9 @@ int cmd_bench_sd(int argc, char **argv) {
                      "decoder, a whole picture (guidance 7.5, Euler a) and a batch of pictures,\n"
                      "and the peak device memory. Pictures are timed as the second of two like\n"
                      "calls (the steady cost, when the GPU replays the step graph the first\n"
-                     "recorded); the first of its shape is printed too.",
+                     "recorded); the first of its shape is printed too. Where the GPU reports\n"
+                     "its energy, stretches of half a second or more also print joules and mean\n"
+                     "watts (a GPU held at its power limit runs as fast as its energy allows).",
                      specs, (int)(sizeof specs / sizeof specs[0]), 0, {0}, 0, {0}};
     int rc = args_parse(&ap, argc, argv);
     if (rc) return rc > 0 ? 0 : cli_usage_fail();
@@ -199,9 +229,12 @@ int cmd_bench_sd(int argc, char **argv) {
     if (!size) size = p.default_size;
 #define PART(x) has_part(parts, x)
     const int h = size / p.factor, w = size / p.factor;
-    printf("SD %s on %s (%s), %dx%d, loaded in %.1f s\n",
+    printf("SD %s on %s (%s), %dx%d, loaded in %.1f s",
            p.version == 2 ? "2.x" : p.version == 1 ? "1.x" : "(version unknown)", be->name,
            dc_dtype_name(be->compute), size, size, load);
+    double joules, limit_w;
+    if (be->energy && be->energy(be, &joules, &limit_w)) printf("; the device's power limit %.0f W", limit_w);
+    printf("\n");
     // the text encoder: two prompts (the prompt and the negative one)
     if (dc_buf_alloc(be, &ctx, be->compute, (size_t)2 * DC_CLIP_CONTEXT * p.text->cfg.width, "ctx")) goto done;
     const char *prompts[2] = {"a photo of an astronaut riding a horse on mars", ""};
@@ -216,17 +249,19 @@ int cmd_bench_sd(int argc, char **argv) {
     if (PART("text")) printf("  %-44s %9.2f ms\n", "text encoder, prompt + negative", tt * 1e3);
     double u1 = 0, u8 = 0, dec = 0, pic = 0, bat = 0;
     if (PART("unet") || PART("unet1")) {
-        if (time_unet(&p, ctx, 2, h, w, iters, &u1)) goto done;
+        if (time_unet(&p, ctx, 2, h, w, iters, &u1, &joules)) goto done;
         double macs = dc_model_macs_per_image(p.unet) * 2;
-        printf("  %-44s %9.2f ms  %6.1f TFLOP/s\n", "UNet step, batch 1 with guidance (2 rows)", u1 * 1e3,
+        printf("  %-44s %9.2f ms  %6.1f TFLOP/s", "UNet step, batch 1 with guidance (2 rows)", u1 * 1e3,
                2 * macs / u1 / 1e12);
+        print_energy(joules, u1);
     }
     if ((PART("unet") || PART("unetN")) && batch > 0) {
         double macs = dc_model_macs_per_image(p.unet) * 2;
-        if (time_unet(&p, ctx, 2 * batch, h, w, iters, &u8)) goto done;
+        if (time_unet(&p, ctx, 2 * batch, h, w, iters, &u8, &joules)) goto done;
         char what[64];
         snprintf(what, sizeof what, "UNet step, batch %d with guidance (%d rows)", batch, 2 * batch);
-        printf("  %-44s %9.2f ms  %6.1f TFLOP/s\n", what, u8 * 1e3, 2 * macs * batch / u8 / 1e12);
+        printf("  %-44s %9.2f ms  %6.1f TFLOP/s", what, u8 * 1e3, 2 * macs * batch / u8 / 1e12);
+        print_energy(joules, u8);
     }
     if (PART("vae")) {
         if (time_decode(&p, 1, size, size, iters, &dec)) goto done;
@@ -247,12 +282,14 @@ int cmd_bench_sd(int argc, char **argv) {
     // (cuDNN's plans), 2 steps and `steps` steps: their difference is the
     // cost of a step within a picture, the rest what a picture costs besides.
     double pic2, first = 0;
-    if (time_repeat(&p, 1, 1, 2, size, &pic2)) goto done;
+    if (time_repeat(&p, 1, 1, 2, size, &pic2, NULL)) goto done;
     if (be->profile_restart) be->profile_restart(be);  // a profile of the timed pictures alone
-    if (time_pictures(&p, 1, 1, steps, size, &first) || time_pictures(&p, 1, 1, steps, size, &pic)) goto done;
+    if (time_pictures(&p, 1, 1, steps, size, &first, NULL) || time_pictures(&p, 1, 1, steps, size, &pic, &joules))
+        goto done;
     char what[96];
     snprintf(what, sizeof what, "whole picture, %d steps (text, UNet, VAE)", steps);
-    printf("  %-44s %9.3f s\n", what, pic);
+    printf("  %-44s %9.3f s", what, pic);
+    print_energy(joules, pic);
     if (steps > 2) {
         double per = (pic - pic2) / (steps - 2);
         printf("  %-44s %9.2f ms a step, %.1f ms besides\n", "  within it (from 2 and all steps)", per * 1e3,
@@ -260,12 +297,13 @@ int cmd_bench_sd(int argc, char **argv) {
     }
     if (be->graph_capture) printf("  %-44s %9.3f s\n", "  the first of its shape (records the graph)", first);
     if (batch > 0) {
-        if (time_repeat(&p, batch, batch, steps, size, &bat)) goto done;
+        if (time_repeat(&p, batch, batch, steps, size, &bat, &joules)) goto done;
         snprintf(what, sizeof what, "%d pictures in one batch, %d steps", batch, steps);
-        printf("  %-44s %9.3f s   %.2f pictures/s\n", what, bat, batch / bat);
+        printf("  %-44s %9.3f s   %.2f pictures/s", what, bat, batch / bat);
+        print_energy(joules, bat);
         double bat2;
         if (steps > 2) {
-            if (time_repeat(&p, batch, batch, 2, size, &bat2)) goto done;
+            if (time_repeat(&p, batch, batch, 2, size, &bat2, NULL)) goto done;
             double per = (bat - bat2) / (steps - 2);
             printf("  %-44s %9.2f ms a step, %.1f ms besides\n", "  within it (from 2 and all steps)", per * 1e3,
                    (bat - steps * per) * 1e3);

@@ -396,6 +396,7 @@ extern "C" dc_backend *dc_backend_cuda_create(bool fp32) {
         .graph_free = cu_graph_free,
         .graph_valid = cu_graph_valid,
         .gemm_peak = dc_cuda_gemm_peak,
+        .energy = dc_cuda_energy,
         .stream = cu_stream,
         .alloc_pinned = dc_cuda_alloc_pinned,
         .free_pinned = dc_cuda_free_pinned,

@@ -170,6 +170,7 @@ void dc_cuda_linear_bwd_gelu(dc_backend *be, dc_buf dpre, dc_buf dw, dc_buf db, 
 void dc_cuda_gemm_free(dc_cuda_ctx *c);
 // Times a large bf16 (or fp32) product and returns its TFLOP/s: the peak MFU is measured against.
 double dc_cuda_gemm_peak(dc_backend *be);
+bool dc_cuda_energy(dc_backend *be, double *joules, double *limit_w);
 
 // ---- pointwise and embeddings (cuda_pointwise.cu) ----
 void dc_cuda_cast(dc_backend *be, dc_buf dst, dc_buf src, int64_t n);
