@@ -129,8 +129,8 @@ static int time_unet(dc_sd_pipe *p, dc_buf text, int rows, int h, int w, int ite
     return rc;
 }
 
-// B pictures decoded in one call.
-static int time_decode(dc_sd_pipe *p, int B, int H, int W, int iters, double *sec) {
+// B pictures decoded in one call: seconds and joules (where known) a call.
+static int time_decode(dc_sd_pipe *p, int B, int H, int W, int iters, double *sec, double *joules) {
     dc_backend *be = p->be;
     const int f = p->factor, h = H / f, w = W / f;
     dc_buf z = {0}, img = {0};
@@ -139,13 +139,16 @@ static int time_decode(dc_sd_pipe *p, int B, int H, int W, int iters, double *se
     if (!rc) rc = dc_buf_alloc(be, &img, be->compute, (size_t)B * 3 * H * W, "image");
     if (!rc) {
         be->zero(be, z.p, (size_t)B * 4 * h * w * dc_dtype_size(be->compute));
+        double e0 = NAN;
         for (int i = 0; i < iters + 1 && !rc; i++) {
             if (i == 1 && be->profile_restart) be->profile_restart(be);  // a profile of the timed calls alone
-            if (i == 1) be->sync(be), *sec = dc_time_now();
+            if (i == 1) be->sync(be), *sec = dc_time_now(), e0 = energy_now(be);
             rc = dc_vae_decode(p->vae, img, z, B, h, w);
         }
         be->sync(be);
-        *sec = (dc_time_now() - *sec) / iters;
+        *sec = dc_time_now() - *sec;
+        *joules = energy_per(be, e0, *sec, iters);
+        *sec /= iters;
     }
     if (z.p) be->free(be, z.p);
     if (img.p) be->free(be, img.p);
@@ -264,14 +267,16 @@ int cmd_bench_sd(int argc, char **argv) {
         print_energy(joules, u8);
     }
     if (PART("vae")) {
-        if (time_decode(&p, 1, size, size, iters, &dec)) goto done;
-        printf("  %-44s %9.2f ms\n", "VAE decode, one picture", dec * 1e3);
+        if (time_decode(&p, 1, size, size, iters, &dec, &joules)) goto done;
+        printf("  %-44s %9.2f ms", "VAE decode, one picture", dec * 1e3);
+        print_energy(joules, dec);
         if (batch > 1) {
             double decb;
-            if (time_decode(&p, batch, size, size, iters, &decb)) goto done;
+            if (time_decode(&p, batch, size, size, iters, &decb, &joules)) goto done;
             char what[64];
             snprintf(what, sizeof what, "VAE decode, %d pictures in one call", batch);
-            printf("  %-44s %9.2f ms\n", what, decb * 1e3);
+            printf("  %-44s %9.2f ms", what, decb * 1e3);
+            print_energy(joules, decb);
         }
     }
     if (!PART("picture")) goto memory;
