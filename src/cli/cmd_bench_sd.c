@@ -39,23 +39,36 @@ static bool has_part(const char *list, const char *part) {
     return false;
 }
 
-// The device's energy counter in joules, NAN where the backend cannot tell.
-static double energy_now(dc_backend *be) {
+// A timed stretch: its start on the clock and on the device's energy
+// counter (NAN where the backend cannot tell). Started after a sync.
+typedef struct { double t, e; } stopwatch;
+
+static stopwatch watch_start(dc_backend *be) {
     double j, limit;
-    return be->energy && be->energy(be, &j, &limit) ? j : NAN;
+    return (stopwatch){dc_time_now(), be->energy && be->energy(be, &j, &limit) ? j : NAN};
 }
 
-// Joules a unit over a timed stretch of `sec` seconds and n units from e0
-// (NAN under half a second: the counter moves in steps of milliseconds to
-// tens of them).
-static double energy_per(dc_backend *be, double e0, double sec, int n) {
-    return sec >= 0.5 ? (energy_now(be) - e0) / n : NAN;
+// Seconds a unit of the n since w (after a sync), and joules a unit where
+// known (NAN under half a second: the counter moves in steps of
+// milliseconds to tens of them).
+static double watch_stop(dc_backend *be, stopwatch w, int n, double *joules) {
+    const double sec = dc_time_now() - w.t, e = sec >= 0.5 ? watch_start(be).e : NAN;
+    if (joules) *joules = (e - w.e) / n;
+    return sec / n;
 }
 
 // "   J, mean W" after a line's figures, where the energy is known.
 static void print_energy(double joules, double sec) {
     if (isfinite(joules)) printf("   %6.2f J  %4.0f W", joules, joules / sec);
     printf("\n");
+}
+
+// A step within a run of `steps` steps (seconds all), from a like run of 2
+// (seconds two), and what the run costs besides its steps.
+static void print_within(double all, double two, int steps) {
+    const double per = (all - two) / (steps - 2);
+    printf("  %-44s %9.2f ms a step, %.1f ms besides\n", "  within it (from 2 and all steps)", per * 1e3,
+           (all - steps * per) * 1e3);
 }
 
 typedef struct {
@@ -109,16 +122,13 @@ static int time_unet(dc_sd_pipe *p, dc_buf text, int rows, int h, int w, int ite
         if (!rc && graph && !(g = be->graph_capture(be, unet_call_run, &u))) rc = -1;
         if (be->profile_restart) be->profile_restart(be);  // a profile of the timed calls alone
         be->sync(be);
-        *sec = dc_time_now();
-        const double e0 = energy_now(be);
+        const stopwatch sw = watch_start(be);
         for (int i = 0; i < iters && !rc; i++) {
             if (g) be->graph_launch(be, g);
             else rc = unet_call_run(&u);
         }
         be->sync(be);
-        *sec = dc_time_now() - *sec;
-        *joules = energy_per(be, e0, *sec, iters);
-        *sec /= iters;
+        *sec = watch_stop(be, sw, iters, joules);
         if (g) be->graph_free(be, g);
         dc_unet_prepare_text(p->unet, NULL, 0);  // ctx is freed below
         if (!rc) rc = dc_backend_status(be);
@@ -139,16 +149,14 @@ static int time_decode(dc_sd_pipe *p, int B, int H, int W, int iters, double *se
     if (!rc) rc = dc_buf_alloc(be, &img, be->compute, (size_t)B * 3 * H * W, "image");
     if (!rc) {
         be->zero(be, z.p, (size_t)B * 4 * h * w * dc_dtype_size(be->compute));
-        double e0 = NAN;
+        stopwatch sw = {0, NAN};
         for (int i = 0; i < iters + 1 && !rc; i++) {
             if (i == 1 && be->profile_restart) be->profile_restart(be);  // a profile of the timed calls alone
-            if (i == 1) be->sync(be), *sec = dc_time_now(), e0 = energy_now(be);
+            if (i == 1) be->sync(be), sw = watch_start(be);
             rc = dc_vae_decode(p->vae, img, z, B, h, w);
         }
         be->sync(be);
-        *sec = dc_time_now() - *sec;
-        *joules = energy_per(be, e0, *sec, iters);
-        *sec /= iters;
+        *sec = watch_stop(be, sw, iters, joules);
     }
     if (z.p) be->free(be, z.p);
     if (img.p) be->free(be, img.p);
@@ -161,11 +169,9 @@ static int time_pictures(dc_sd_pipe *p, int count, int batch, int steps, int siz
                    dc_ksampler_opts_default(), NULL, 0};
     g.ks.steps = steps, g.ks.kind = DC_KS_EULER_A;
     p->be->sync(p->be);
-    *sec = dc_time_now();
-    const double e0 = energy_now(p->be);
-    int rc = dc_sd_generate(p, &g, NULL, NULL, NULL, NULL);  // the pictures are not kept
-    *sec = dc_time_now() - *sec;
-    if (joules) *joules = energy_per(p->be, e0, *sec, 1);
+    const stopwatch sw = watch_start(p->be);
+    int rc = dc_sd_generate(p, &g, NULL, NULL, NULL, NULL);  // pictures downloaded, not kept: it ends synced
+    *sec = watch_stop(p->be, sw, 1, joules);
     return rc;
 }
 
@@ -295,11 +301,7 @@ int cmd_bench_sd(int argc, char **argv) {
     snprintf(what, sizeof what, "whole picture, %d steps (text, UNet, VAE)", steps);
     printf("  %-44s %9.3f s", what, pic);
     print_energy(joules, pic);
-    if (steps > 2) {
-        double per = (pic - pic2) / (steps - 2);
-        printf("  %-44s %9.2f ms a step, %.1f ms besides\n", "  within it (from 2 and all steps)", per * 1e3,
-               (pic - steps * per) * 1e3);
-    }
+    if (steps > 2) print_within(pic, pic2, steps);
     if (be->graph_capture) printf("  %-44s %9.3f s\n", "  the first of its shape (records the graph)", first);
     if (batch > 0) {
         if (time_repeat(&p, batch, batch, steps, size, &bat, &joules)) goto done;
@@ -309,9 +311,7 @@ int cmd_bench_sd(int argc, char **argv) {
         double bat2;
         if (steps > 2) {
             if (time_repeat(&p, batch, batch, 2, size, &bat2, NULL)) goto done;
-            double per = (bat - bat2) / (steps - 2);
-            printf("  %-44s %9.2f ms a step, %.1f ms besides\n", "  within it (from 2 and all steps)", per * 1e3,
-                   (bat - steps * per) * 1e3);
+            print_within(bat, bat2, steps);
         }
     }
 memory:

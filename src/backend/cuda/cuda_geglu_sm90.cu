@@ -43,6 +43,9 @@ constexpr int kBK = 64;                         // K a stage: one 128-byte swizz
 constexpr int kRowBytes = 128;
 constexpr int kABytes = kBM * kRowBytes;        // 32 KB
 constexpr int kBBytes = 2 * kBF * kRowBytes;    // 16 KB: 64 rows of w_h, 64 of w_g
+constexpr int kStages = 3;                      // 144 KB of stages + 64 KB handed over: one block an SM
+constexpr int kThreads = 5 * 128;               // two consumer, two epilogue and a producer warpgroup
+constexpr int kPairs = 64;                      // bf16 pairs a consumer thread hands over a tile
 
 struct GegluParams {
     __nv_bfloat16 *out;
@@ -50,10 +53,6 @@ struct GegluParams {
     int M, F;
     int nk;  // stages of kBK columns of K
 };
-
-constexpr int kStages = 3;                      // 144 KB of stages + 64 KB handed over: one block an SM
-constexpr int kThreads = 5 * 128;               // two consumer, two epilogue and a producer warpgroup
-constexpr int kPairs = 64;                      // bf16 pairs a consumer thread hands over a tile
 
 struct GegluSmem {
     alignas(1024) uint8_t a[kStages][kABytes];
@@ -91,7 +90,7 @@ template <int BIAS> __device__ __forceinline__ float2 bias_pair(const void *b, i
 template <int BIAS>
 __global__ void __launch_bounds__(kThreads, 1)
     geglu_fwd_sm90(const __grid_constant__ CUtensorMap tx, const __grid_constant__ CUtensorMap tw,
-                       const GegluParams p) {
+                   const GegluParams p) {
 #if SM90_BODY
     extern __shared__ uint8_t smem_raw[];
     GegluSmem &sm = *reinterpret_cast<GegluSmem *>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~(uintptr_t)1023);
