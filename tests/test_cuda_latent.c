@@ -166,6 +166,37 @@ static void test_conv(int B, int Ci, int H, int W, int Co, int k, int stride, in
     release();
 }
 
+// Winograd's F(2x2, 3x3) (cuda_conv_winograd.cu: bf16 channels-last 3x3
+// convs of stride 1 with at least 640 input channels, maps of at most 32x32
+// and at least 1024 tiles): the checks above on such a shape, then the
+// forward again on cuDNN (DC_WINOGRAD=0) must give other bits, so the path
+// checked was Winograd's.
+static void test_winograd(int B, int Ci, int H, int W, int Co, int bias) {
+    test_conv(B, Ci, H, W, Co, 3, 1, 1, 1, 1, 1, bias, true);
+    if (g_ct != DC_BF16) return;
+    dc_conv2d_shape s = {B, Ci, H, W, Co, 3, 1, 1, 1, 1, 1, true};
+    const int64_t nx = (int64_t)B * Ci * H * W, ny = (int64_t)B * Co * H * W, nw = (int64_t)Co * Ci * 9;
+    if (g_gpu->reserve_conv(g_gpu, &s, false)) {
+        printf("FAIL reserve_conv: %s\n", dc_error());
+        g_fail++, g_count++;
+        return;
+    }
+    pair x = rand_pair(nx, g_ct, -1, 1), w = rand_pair(nw, g_ct, -0.3, 0.3), b = rand_pair(Co, g_ct, -1, 1);
+    pair o1 = nan_pair(ny, g_ct), o2 = nan_pair(ny, g_ct);
+    g_gpu->conv2d_fwd(g_gpu, o1.g, x.g, w.g, b.g, &s);
+    setenv("DC_WINOGRAD", "0", 1);
+    g_gpu->conv2d_fwd(g_gpu, o2.g, x.g, w.g, b.g, &s);
+    unsetenv("DC_WINOGRAD");
+    const size_t bytes = (size_t)ny * dc_dtype_size(g_ct);
+    char *h1 = malloc(bytes), *h2 = malloc(bytes);
+    g_gpu->download(g_gpu, h1, o1.g.p, bytes), g_gpu->download(g_gpu, h2, o2.g.p, bytes);
+    char what[128];
+    snprintf(what, sizeof what, "conv2d_fwd B%d %d->%d %dx%d: Winograd's bits, not cuDNN's", B, Ci, Co, H, W);
+    expect(!dc_backend_status(g_gpu) && memcmp(h1, h2, bytes) != 0, what);
+    free(h1), free(h2);
+    release();
+}
+
 // GroupNorm(+SiLU) with x in dtype xt; statistics fp32; gamma, beta in the compute dtype.
 static void test_group_norm(int B, int C, int64_t HW, int G, bool silu, float eps, dc_dtype xt) {
     char name[128];
@@ -512,6 +543,8 @@ static void run_groups(void) {
         test_conv(2, 320, 11, 9, 4, 3, 1, 1, 1, 1, 1, true, true);      // SD's conv_out, partial warps
         test_conv(1, 128, 12, 20, 3, 3, 1, 1, 1, 1, 1, 2, true);        // the VAE's, 3 out
         test_conv(2, 32, 7, 5, 8, 3, 1, 1, 1, 1, 1, true, true);        // 8 out
+        test_winograd(4, 640, 32, 32, 64, true);                        // 1024 tiles of 2x2
+        test_winograd(8, 640, 23, 21, 24, 2);                           // odd sizes: partial tiles; F32 bias
         test_group_norm_nhwc(2, 320, 4096, 32, true, 1e-5f, g_ct);       // UNet at 64x64
         test_group_norm_nhwc(2, 320, 4096, 32, false, 1e-6f, DC_F32);
         test_group_norm_nhwc(2, 64, 4096, 32, true, 1e-6f, g_ct);

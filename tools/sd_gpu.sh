@@ -90,12 +90,13 @@ if has check; then
     tail -5 "$OUT/full_ref.log"
   for prec in fp32 bf16; do
     tol=2e-3; [ $prec = bf16 ] && tol=5e-2
-    for c in "unet unet_in unet.out=out" "vae-decode dec_in vae.image=image" "text-encoder txt_in text.hidden=hidden"; do
+    for c in "unet unet_in unet.out=out" "unet unet_in_batch unet.out_batch=out" "vae-decode dec_in vae.image=image" \
+      "text-encoder txt_in text.hidden=hidden"; do
       set -- $c
-      rm -f "$OUT/full/$1_$prec.st"
-      $D forward --component $1 --weights "$MODEL" --input "$OUT/full/$2.safetensors" --output "$OUT/full/$1_$prec.st" \
-        --device cuda --precision $prec > "$OUT/full_$1_$prec.log" 2>&1 || tail -2 "$OUT/full_$1_$prec.log"
-      note "$(cmp_t "$3" "$OUT/full/ref.safetensors" "$OUT/full/$1_$prec.st" $tol "$CONFIG-size $1 on cuda $prec vs diffusers fp32")"
+      rm -f "$OUT/full/$2_$prec.st"
+      $D forward --component $1 --weights "$MODEL" --input "$OUT/full/$2.safetensors" --output "$OUT/full/$2_$prec.st" \
+        --device cuda --precision $prec > "$OUT/full_$2_$prec.log" 2>&1 || tail -2 "$OUT/full_$2_$prec.log"
+      note "$(cmp_t "$3" "$OUT/full/ref.safetensors" "$OUT/full/$2_$prec.st" $tol "$CONFIG-size $1 ($2) on cuda $prec vs diffusers fp32")"
     done
   done
 fi

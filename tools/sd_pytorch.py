@@ -78,15 +78,21 @@ def check(a):
     z = torch.randn(1, 4, lat, lat, generator=g)
     ids = torch.randint(1, 49406, (1, 77), generator=g)
     ids[0, 0], ids[0, 20:] = 49406, 49407
+    # a batch with guidance's rows (2 x --batch), where the engine takes its batched paths
+    rb = 2 * a.batch
+    xb, tb, cb = torch.randn(rb, 4, lat, lat, generator=g), torch.full((rb,), 500.0), torch.randn(rb, 77, ctx_dim,
+                                                                                                  generator=g)
     os.makedirs(a.out, exist_ok=True)
     save(os.path.join(a.out, 'unet_in.safetensors'), {'x': x, 't': t, 'context': ctx})
+    save(os.path.join(a.out, 'unet_in_batch.safetensors'), {'x': xb, 't': tb, 'context': cb})
     save(os.path.join(a.out, 'dec_in.safetensors'), {'z': z})
     save(os.path.join(a.out, 'txt_in.safetensors'), {'ids': ids})
     with torch.no_grad():
         out = unet(x.cuda(), t.cuda(), ctx.cuda()).sample
+        out_batch = unet(xb.cuda(), tb.cuda(), cb.cuda()).sample
         image = vae.decode(z.cuda()).sample
         o = text(ids.cuda(), output_hidden_states=True)
-    save(os.path.join(a.out, 'ref.safetensors'), {'unet.out': out, 'vae.image': image,
+    save(os.path.join(a.out, 'ref.safetensors'), {'unet.out': out, 'unet.out_batch': out_batch, 'vae.image': image,
                                                   'text.hidden': o.last_hidden_state,
                                                   'text.penultimate': o.hidden_states[-2]})
     print('check: wrote inputs and fp32 references to', a.out)

@@ -27,6 +27,8 @@
 // 16-row step lost its 0.33 ms of bias passes (31.40 -> 31.09-31.23 ms on an
 // H100). DC_CONV_BIAS_FUSED=0, read when a shape's plan is made, keeps the
 // separate pass.
+// Large bf16 3x3 convolutions of stride 1 (SD's 32x32 and 16x16 levels at
+// batch 8) run Winograd's F(2x2, 3x3) instead (cuda_conv_winograd.cu).
 // fp32 convs run with FMA math only (no TF32), so the fp32 mode checks as
 // tightly as the CPU; bf16 convs
 // use tensor cores with fp32 accumulation. A layout cuDNN has no qualifying
@@ -412,7 +414,8 @@ extern "C" int dc_cuda_reserve_conv(dc_backend *be, const dc_conv2d_shape *s, bo
     size_t limit = c->conv_ws_bytes > CONV_WS_MAX ? c->conv_ws_bytes : CONV_WS_MAX;
     dc_conv_plan *p = plan_get(c, s, be->compute, limit, err, sizeof err);
     if (!p) return cudaGetLastError(), dc_fail("%s", err);
-    DC_TRY(dc_cuda_grow(c, &c->conv_ws, &c->conv_ws_bytes, op_ws(p, backward), "the convolution workspace"));
+    size_t ws = op_ws(p, backward), wino = dc_cuda_winograd_ws(s, be->compute);
+    DC_TRY(dc_cuda_grow(c, &c->conv_ws, &c->conv_ws_bytes, wino > ws ? wino : ws, "the convolution workspace"));
     DC_TRY(dc_cuda_grow(c, &c->conv_scratch, &c->conv_scratch_bytes, scratch_bytes(s, backward),
                         "the convolution scratch"));
     return 0;
@@ -691,6 +694,10 @@ extern "C" void dc_cuda_conv2d_fwd(dc_backend *be, dc_buf out, dc_buf x, dc_buf 
                      dc_dtype_name(x.dt), dc_dtype_name(w.dt), dc_dtype_name(out.dt), dc_dtype_name(b.dt));
     dc_conv_plan *p = op_plan(be, __func__, s, x.dt, false);
     if (!p) return;
+    if (dc_cuda_conv_winograd(be, out, x, w, b, s)) {  // where it spends less (cuda_conv_winograd.cu)
+        DC_CUDA_LAUNCHED(be);
+        return;
+    }
     const float one = 1.0f, zero = 0.0f;
     const void *xin = conv_input(be, p, x);
     const bool graph = p->gplan && dc_aligned(xin, 16) && dc_aligned(w.p, 16) && dc_aligned(out.p, 16);

@@ -18,6 +18,8 @@ struct dc_gemm_plan {
     // key
     int m, n, k, lda, ldb, ldd, ta, tb, epi, align;  // epi: a cublasLtEpilogue_t, 0 for none
     dc_dtype ab, d;
+    int batch;               // products a call (0 or 1: one), their operands sa, sb, sd elements apart
+    int64_t sa, sb, sd;
     // value (ok false: cuBLASLt has no algorithm for this fused product; remembered
     // so the heuristic is not asked again)
     bool ok;
@@ -54,7 +56,8 @@ static dc_gemm_plan *find_plan(dc_cuda_ctx *c, const dc_gemm_plan *key) {
         dc_gemm_plan *p = &c->plans[i];
         if (p->m == key->m && p->n == key->n && p->k == key->k && p->lda == key->lda &&
             p->ldb == key->ldb && p->ldd == key->ldd && p->ta == key->ta && p->tb == key->tb &&
-            p->epi == key->epi && p->align == key->align && p->ab == key->ab && p->d == key->d)
+            p->epi == key->epi && p->align == key->align && p->ab == key->ab && p->d == key->d &&
+            p->batch == key->batch && p->sa == key->sa && p->sb == key->sb && p->sd == key->sd)
             return p;
     }
     return NULL;
@@ -105,6 +108,16 @@ static dc_gemm_plan *make_plan(dc_backend *be, const dc_gemm_plan *key, const vo
     LT_OR(NULL, cublasLtMatrixLayoutCreate(&p->lb, cuda_type(key->ab), key->tb ? key->n : key->k,
                                            key->tb ? key->k : key->n, key->ldb));
     LT_OR(NULL, cublasLtMatrixLayoutCreate(&p->ld, cuda_type(key->d), key->m, key->n, key->ldd));
+    if (key->batch > 1) {
+        const cublasLtMatrixLayout_t lay[3] = {p->la, p->lb, p->ld};
+        const int64_t stride[3] = {key->sa, key->sb, key->sd};
+        for (int i = 0; i < 3; i++) {
+            LT_OR(NULL, cublasLtMatrixLayoutSetAttribute(lay[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &key->batch,
+                                                         sizeof key->batch));
+            LT_OR(NULL, cublasLtMatrixLayoutSetAttribute(lay[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                         &stride[i], sizeof stride[i]));
+        }
+    }
     cublasLtMatmulPreference_t pref;
     LT_OR(NULL, cublasLtMatmulPreferenceCreate(&pref));
     uint64_t ws = c->lt_ws_bytes;
@@ -140,9 +153,9 @@ static dc_gemm_plan *make_plan(dc_backend *be, const dc_gemm_plan *key, const vo
 // done nothing, when cuBLASLt offers no algorithm for a fused epilogue
 // (bias included), and after an error (recorded): the caller's fallback ops
 // then do nothing either, as every op on a failed backend.
-static bool gemm_epi(dc_backend *be, int m, int n, int k, const void *A, int lda, bool ta, const void *B,
-                     int ldb, bool tb, void *D, int ldd, dc_dtype ab, dc_dtype d, const void *bias,
-                     bool accumulate, int epi, const void *aux) {
+static bool gemm_batched(dc_backend *be, int m, int n, int k, const void *A, int lda, bool ta, const void *B,
+                         int ldb, bool tb, void *D, int ldd, dc_dtype ab, dc_dtype d, const void *bias,
+                         bool accumulate, int epi, const void *aux, int batch, int64_t sa, int64_t sb, int64_t sd) {
     dc_cuda_ctx *c = dc_cuda(be);
     if (c->failed) return false;  // a plan a failure left half made must not be used
     const void *ptrs[4] = {A, B, D, aux};  // the bias is checked by the callers (16 bytes)
@@ -152,6 +165,7 @@ static bool gemm_epi(dc_backend *be, int m, int n, int k, const void *A, int lda
     key.ta = ta, key.tb = tb, key.ab = ab, key.d = d;
     key.epi = epi ? epi : bias ? CUBLASLT_EPILOGUE_BIAS : 0;
     key.align = common_alignment(ptrs, 4);
+    if (batch > 1) key.batch = batch, key.sa = sa, key.sb = sb, key.sd = sd;
     dc_gemm_plan *p = find_plan(c, &key);
     if (!p) p = make_plan(be, &key, bias, aux);
     if (!p || !p->ok) return false;
@@ -164,6 +178,18 @@ static bool gemm_epi(dc_backend *be, int m, int n, int k, const void *A, int lda
     LT_OR(false, cublasLtMatmul(c->lt, p->desc, &one, A, p->la, B, p->lb, &beta, D, p->ld, D, p->ld, &p->algo,
                                 c->lt_ws, c->lt_ws_bytes, c->stream));
     return true;
+}
+
+static bool gemm_epi(dc_backend *be, int m, int n, int k, const void *A, int lda, bool ta, const void *B,
+                     int ldb, bool tb, void *D, int ldd, dc_dtype ab, dc_dtype d, const void *bias,
+                     bool accumulate, int epi, const void *aux) {
+    return gemm_batched(be, m, n, k, A, lda, ta, B, ldb, tb, D, ldd, ab, d, bias, accumulate, epi, aux, 1, 0, 0, 0);
+}
+
+extern "C" void dc_cuda_gemm_strided(dc_backend *be, int m, int n, int k, const void *A, int lda, int64_t sa,
+                                     bool ta, const void *B, int ldb, int64_t sb, bool tb, void *D, int ldd,
+                                     int64_t sd, dc_dtype ab, dc_dtype d, int batch) {
+    gemm_batched(be, m, n, k, A, lda, ta, B, ldb, tb, D, ldd, ab, d, NULL, false, 0, NULL, batch, sa, sb, sd);
 }
 
 // A plain product (no epilogue: cuBLASLt always has an algorithm for one).

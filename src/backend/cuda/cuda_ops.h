@@ -170,6 +170,11 @@ void dc_cuda_linear_bwd_gelu(dc_backend *be, dc_buf dpre, dc_buf dw, dc_buf db, 
 void dc_cuda_gemm_free(dc_cuda_ctx *c);
 // Times a large bf16 (or fp32) product and returns its TFLOP/s: the peak MFU is measured against.
 double dc_cuda_gemm_peak(dc_backend *be);
+// batch column-major products D_i[m,n] = op(A_i) op(B_i), the i-th operands
+// sa, sb, sd elements after the first (cuBLASLt, fp32 accumulation).
+void dc_cuda_gemm_strided(dc_backend *be, int m, int n, int k, const void *A, int lda, int64_t sa, bool ta,
+                          const void *B, int ldb, int64_t sb, bool tb, void *D, int ldd, int64_t sd, dc_dtype ab,
+                          dc_dtype d, int batch);
 bool dc_cuda_energy(dc_backend *be, double *joules, double *limit_w);
 
 // ---- pointwise and embeddings (cuda_pointwise.cu) ----
@@ -209,6 +214,12 @@ void dc_cuda_concat_channels(dc_backend *be, dc_buf out, dc_buf a, int C1, dc_bu
 
 // ---- convolutions through cuDNN (cuda_conv.cu) ----
 int dc_cuda_reserve_conv(dc_backend *be, const dc_conv2d_shape *s, bool backward);
+// Winograd's F(2x2, 3x3) forward (cuda_conv_winograd.cu): the workspace bytes
+// it needs for shape s in dtype dt (0: the shape runs on cuDNN), and the
+// convolution itself, false (nothing done) where it does not apply or the
+// workspace is short.
+size_t dc_cuda_winograd_ws(const dc_conv2d_shape *s, dc_dtype dt);
+bool dc_cuda_conv_winograd(dc_backend *be, dc_buf out, dc_buf x, dc_buf w, dc_buf b, const dc_conv2d_shape *s);
 void dc_cuda_conv2d_fwd(dc_backend *be, dc_buf out, dc_buf x, dc_buf w, dc_buf b, const dc_conv2d_shape *s);
 void dc_cuda_conv2d_bwd(dc_backend *be, dc_buf dx, dc_buf dw, dc_buf db, dc_buf dout, dc_buf x, dc_buf w,
                         const dc_conv2d_shape *s, bool accumulate);
