@@ -193,6 +193,26 @@ static void test_winograd(int B, int Ci, int H, int W, int Co, int bias) {
     char what[128];
     snprintf(what, sizeof what, "conv2d_fwd B%d %d->%d %dx%d: Winograd's bits, not cuDNN's", B, Ci, Co, H, W);
     expect(!dc_backend_status(g_gpu) && memcmp(h1, h2, bytes) != 0, what);
+    // weights frozen: the transformed weights made on the first call and kept
+    // for the second give the same bits; unfrozen, they are dropped, and new
+    // values at the same address are seen
+    g_gpu->freeze_weights(g_gpu, true);
+    g_gpu->conv2d_fwd(g_gpu, o2.g, x.g, w.g, b.g, &s);
+    g_gpu->download(g_gpu, h2, o2.g.p, bytes);
+    bool same = memcmp(h1, h2, bytes) == 0;
+    g_gpu->conv2d_fwd(g_gpu, o2.g, x.g, w.g, b.g, &s);
+    g_gpu->download(g_gpu, h2, o2.g.p, bytes);
+    same = same && memcmp(h1, h2, bytes) == 0;
+    g_gpu->freeze_weights(g_gpu, false);
+    expect(!dc_backend_status(g_gpu) && same, "  the same bits with the weights frozen (transforms kept)");
+    pair w2 = rand_pair(nw, g_ct, -0.3, 0.3);
+    g_gpu->conv2d_fwd(g_gpu, o1.g, x.g, w2.g, b.g, &s);  // the new weights at their own address
+    g_gpu->copy(g_gpu, w.g.p, w2.g.p, (size_t)nw * dc_dtype_size(g_ct));
+    g_gpu->freeze_weights(g_gpu, true);                  // frozen again: nothing old kept
+    g_gpu->conv2d_fwd(g_gpu, o2.g, x.g, w.g, b.g, &s);   // and at the old one
+    g_gpu->freeze_weights(g_gpu, false);
+    g_gpu->download(g_gpu, h1, o1.g.p, bytes), g_gpu->download(g_gpu, h2, o2.g.p, bytes);
+    expect(!dc_backend_status(g_gpu) && memcmp(h1, h2, bytes) == 0, "  unfrozen: new weights at the same address seen");
     free(h1), free(h2);
     release();
 }

@@ -343,6 +343,12 @@ struct dc_backend {
     // power limit in watts, for energy a step and mean power over a timed
     // stretch; false where the device cannot tell. First called from one thread.
     bool (*energy)(dc_backend *be, double *joules, double *limit_w);
+    // Promises that no weight changes until the next call with false (an
+    // inference pipeline's lifetime): meanwhile a backend may keep transforms
+    // of weights it has seen, by their address (the CUDA backend keeps each
+    // Winograd convolution's transformed weights); false drops them. NULL
+    // where a backend keeps nothing.
+    void (*freeze_weights)(dc_backend *be, bool frozen);
     // The queue the ops run on (a cudaStream_t), so a communicator's
     // collectives take their place among them.
     void *(*stream)(dc_backend *be);

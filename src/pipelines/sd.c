@@ -136,6 +136,7 @@ int dc_sd_pipe_open(dc_sd_pipe *p, dc_backend *be, const dc_sd_open_opts *o) {
     p->v_pred = v;
     p->factor = dc_vae_factor(&p->vae->cfg);
     p->default_size = uc->sample_size > 0 ? uc->sample_size * p->factor : v && p->version == 2 ? 768 : 512;
+    if (be->freeze_weights) be->freeze_weights(be, true);  // inference: the weights stay as loaded
     return 0;
 }
 
@@ -143,6 +144,7 @@ static void state_free(dc_sd_pipe *p);
 
 void dc_sd_pipe_close(dc_sd_pipe *p) {
     if (p->be) {
+        if (p->be->freeze_weights) p->be->freeze_weights(p->be, false);
         state_free(p);
         if (p->ids.p) p->be->free(p->be, p->ids.p);
     }

@@ -90,7 +90,7 @@ static void cu_free(dc_backend *be, void *p) {
 static void cu_memory(dc_backend *be, size_t *now, size_t *peak) {
     dc_cuda_ctx *c = dc_cuda(be);
     // the ops' own workspaces count too (the reduction scratch is too small to matter)
-    size_t ws = c->lt_ws_bytes + c->conv_ws_bytes + c->conv_scratch_bytes + c->sdpa_ws_bytes +
+    size_t ws = c->lt_ws_bytes + c->conv_ws_bytes + c->conv_scratch_bytes + c->sdpa_ws_bytes + c->wino_u_bytes +
                 DC_CUDA_NORM_WS * sizeof(double);
     if (now) *now = c->bytes_now + ws;
     if (peak) *peak = c->bytes_peak + ws;
@@ -397,6 +397,7 @@ extern "C" dc_backend *dc_backend_cuda_create(bool fp32) {
         .graph_valid = cu_graph_valid,
         .gemm_peak = dc_cuda_gemm_peak,
         .energy = dc_cuda_energy,
+        .freeze_weights = dc_cuda_freeze_weights,
         .stream = cu_stream,
         .alloc_pinned = dc_cuda_alloc_pinned,
         .free_pinned = dc_cuda_free_pinned,

@@ -383,6 +383,7 @@ static dc_conv_plan *plan_get(dc_cuda_ctx *c, const dc_conv2d_shape *s, dc_dtype
 }
 
 extern "C" void dc_cuda_conv_free(dc_cuda_ctx *c) {
+    dc_cuda_wino_free(c);
     for (int i = 0; i < c->nconv_plans; i++) plan_free(&c->conv_plans[i]);
     free(c->conv_plans);
     c->conv_plans = NULL, c->nconv_plans = c->cap_conv_plans = 0;

@@ -23,6 +23,12 @@
 // (SD 1.x's 16-row step: the 32x32 and 16x16 levels; a batch of one picture
 // never). DC_WINOGRAD=0 turns it off. The planes live in the convolution
 // workspace, grown at reserve (about 0.4 GB at SD 1.x's 16 rows).
+//
+// While the weights are frozen (freeze_weights: an inference pipeline), each
+// convolution's U is made once, on its first call outside a graph's capture,
+// and kept by the weights' address (about 0.85 GB for SD 1.x at 16 rows):
+// the per-call transform wrote and read about 1.4 GB a 16-row step.
+// DC_WINOGRAD_KEEP=0 makes U each call all the same.
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/cuda_ops.h"
 
@@ -153,6 +159,50 @@ __global__ void k_wino_output(__nv_bfloat16 *out, const __nv_bfloat16 *M, const 
 
 }  // namespace
 
+struct dc_wino_u {
+    const void *w;  // the weights' address, and their shape
+    int Co, Ci;
+    void *U;        // [16][Co][Ci] bf16
+};
+
+// The kept U of weights w (shape s), made now if it is not kept yet and the
+// stream is not being captured; NULL where none is kept (the caller makes U
+// in the workspace).
+static const void *kept_u(dc_cuda_ctx *c, const void *w, const dc_conv2d_shape *s) {
+    for (int i = 0; i < c->nwino_u; i++)
+        if (c->wino_u[i].w == w && c->wino_u[i].Co == s->Co && c->wino_u[i].Ci == s->Ci) return c->wino_u[i].U;
+    cudaStreamCaptureStatus cap;
+    if (cudaStreamIsCapturing(c->stream, &cap) != cudaSuccess || cap != cudaStreamCaptureStatusNone) return NULL;
+    if (c->nwino_u == c->cap_wino_u) {
+        const int n = c->cap_wino_u ? 2 * c->cap_wino_u : 32;
+        dc_wino_u *t = (dc_wino_u *)realloc(c->wino_u, n * sizeof *t);
+        if (!t) return NULL;
+        c->wino_u = t, c->cap_wino_u = n;
+    }
+    const size_t bytes = (size_t)u_bytes(s);
+    void *U = NULL;
+    if (cudaMalloc(&U, bytes) != cudaSuccess) return cudaGetLastError(), (const void *)NULL;  // made each call then
+    const int64_t nw = (int64_t)s->Co * s->Ci;
+    k_wino_weights<<<dc_blocks(nw, kTPB), kTPB, 0, c->stream>>>((__nv_bfloat16 *)U, (const __nv_bfloat16 *)w, s->Co,
+                                                                s->Ci);
+    c->wino_u[c->nwino_u++] = (dc_wino_u){w, s->Co, s->Ci, U};
+    c->wino_u_bytes += bytes;
+    return U;
+}
+
+extern "C" void dc_cuda_wino_free(dc_cuda_ctx *c) {
+    for (int i = 0; i < c->nwino_u; i++) cudaFree(c->wino_u[i].U);  // waits for the work that uses it
+    c->frees += c->nwino_u > 0;  // a graph that reads one is stale
+    free(c->wino_u);
+    c->wino_u = NULL, c->nwino_u = c->cap_wino_u = 0, c->wino_u_bytes = 0;
+}
+
+extern "C" void dc_cuda_freeze_weights(dc_backend *be, bool frozen) {
+    dc_cuda_ctx *c = dc_cuda(be);
+    if (!frozen) dc_cuda_wino_free(c);
+    c->frozen = frozen && dc_env_on("DC_WINOGRAD_KEEP");  // =0: U made each call all the same
+}
+
 extern "C" size_t dc_cuda_winograd_ws(const dc_conv2d_shape *s, dc_dtype dt) {
     const bool fits = dt == DC_BF16 && s->nhwc && s->k == 3 && s->stride == 1 && s->pad_t == 1 && s->pad_b == 1 &&
                       s->pad_l == 1 && s->pad_r == 1 && s->Ci % 8 == 0 && s->Co % 8 == 0;
@@ -171,10 +221,14 @@ extern "C" bool dc_cuda_conv_winograd(dc_backend *be, dc_buf out, dc_buf x, dc_b
         return false;
     if (c->prof) dc_cuda_prof_mark(c, "conv2d_fwd: Winograd F(2x2, 3x3)");
     const int64_t T = tiles(s), nw = (int64_t)s->Co * s->Ci;
-    __nv_bfloat16 *U = (__nv_bfloat16 *)c->conv_ws;
+    const void *U = c->frozen ? kept_u(c, w.p, s) : NULL;
     __nv_bfloat16 *V = (__nv_bfloat16 *)((char *)c->conv_ws + u_bytes(s));
     __nv_bfloat16 *M = (__nv_bfloat16 *)((char *)c->conv_ws + u_bytes(s) + v_bytes(s));
-    k_wino_weights<<<dc_blocks(nw, kTPB), kTPB, 0, c->stream>>>(U, (const __nv_bfloat16 *)w.p, s->Co, s->Ci);
+    if (!U) {
+        U = c->conv_ws;
+        k_wino_weights<<<dc_blocks(nw, kTPB), kTPB, 0, c->stream>>>((__nv_bfloat16 *)c->conv_ws,
+                                                                    (const __nv_bfloat16 *)w.p, s->Co, s->Ci);
+    }
     k_wino_input<<<dc_blocks(T * (s->Ci / kCh), kTPB), kTPB, 0, c->stream>>>(V, (const __nv_bfloat16 *)x.p, s->B,
                                                                               s->H, s->W, s->Ci);
     // column-major M_e[Co, T] = (U_e as Ci x Co)^T (V_e as Ci x T)

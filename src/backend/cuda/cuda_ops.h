@@ -45,6 +45,10 @@ typedef struct {
     int nsdpa, cap_sdpa;
     void *sdpa_ws;            // their workspace and the backward's row sums (grown as plans are made)
     size_t sdpa_ws_bytes;
+    bool frozen;              // freeze_weights: the weights do not change (an inference pipeline's life)
+    struct dc_wino_u *wino_u; // then, Winograd's transformed weights by their weights' address
+    int nwino_u, cap_wino_u;
+    size_t wino_u_bytes;
     void *conv_scratch;       // conv weight and bias gradients, padded inputs (grown by reserve_conv)
     size_t conv_scratch_bytes;
     char *ring;               // pinned upload staging ring
@@ -220,6 +224,8 @@ int dc_cuda_reserve_conv(dc_backend *be, const dc_conv2d_shape *s, bool backward
 // workspace is short.
 size_t dc_cuda_winograd_ws(const dc_conv2d_shape *s, dc_dtype dt);
 bool dc_cuda_conv_winograd(dc_backend *be, dc_buf out, dc_buf x, dc_buf w, dc_buf b, const dc_conv2d_shape *s);
+void dc_cuda_freeze_weights(dc_backend *be, bool frozen);
+void dc_cuda_wino_free(dc_cuda_ctx *c);  // the kept transforms, at unfreeze and teardown
 void dc_cuda_conv2d_fwd(dc_backend *be, dc_buf out, dc_buf x, dc_buf w, dc_buf b, const dc_conv2d_shape *s);
 void dc_cuda_conv2d_bwd(dc_backend *be, dc_buf dx, dc_buf dw, dc_buf db, dc_buf dout, dc_buf x, dc_buf w,
                         const dc_conv2d_shape *s, bool accumulate);
