@@ -152,7 +152,8 @@ static dc_gemm_plan *make_plan(dc_backend *be, const dc_gemm_plan *key, const vo
 // D = gelu(aux)) or DGELU (D = product * gelu'(aux)). Returns false, having
 // done nothing, when cuBLASLt offers no algorithm for a fused epilogue
 // (bias included), and after an error (recorded): the caller's fallback ops
-// then do nothing either, as every op on a failed backend.
+// then do nothing either, as every op on a failed backend. batch > 1: that
+// many products, the i-th one's A, B and D i sa, i sb and i sd elements on.
 static bool gemm_batched(dc_backend *be, int m, int n, int k, const void *A, int lda, bool ta, const void *B,
                          int ldb, bool tb, void *D, int ldd, dc_dtype ab, dc_dtype d, const void *bias,
                          bool accumulate, int epi, const void *aux, int batch, int64_t sa, int64_t sb, int64_t sd) {
