@@ -96,7 +96,8 @@ if has check; then
       rm -f "$OUT/full/$2_$prec.st"
       $D forward --component $1 --weights "$MODEL" --input "$OUT/full/$2.safetensors" --output "$OUT/full/$2_$prec.st" \
         --device cuda --precision $prec > "$OUT/full_$2_$prec.log" 2>&1 || tail -2 "$OUT/full_$2_$prec.log"
-      note "$(cmp_t "$3" "$OUT/full/ref.safetensors" "$OUT/full/$2_$prec.st" $tol "$CONFIG-size $1 ($2) on cuda $prec vs diffusers fp32")"
+      note "$(cmp_t "$3" "$OUT/full/ref.safetensors" "$OUT/full/$2_$prec.st" $tol \
+        "$CONFIG-size $1 ($2) on cuda $prec vs diffusers fp32")"
     done
   done
 fi
