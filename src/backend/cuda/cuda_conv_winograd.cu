@@ -3,7 +3,7 @@
 // channel pair where the direct convolution takes 36, so a convolution costs
 // 16 batched matrix products of 4/9 the multiply-adds, plus three passes:
 //
-//   U[e][co][ci] = (G g G^T)[e]        the weights, each call (training may change them)
+//   U[e][co][ci] = (G g G^T)[e]        the weights: each call, or kept while frozen (below)
 //   V[e][t][ci]  = (B^T d B)[e]        d: the 4x4 input patch of tile t (zeros outside)
 //   M[e]         = V[e] U[e]^T         cuBLASLt, 16 products [T, Ci] x [Ci, Co], fp32 accumulation
 //   out[tile t]  = A^T M[.][t] A + b   the 2x2 outputs
@@ -56,7 +56,6 @@ __device__ __forceinline__ void store4(__nv_bfloat16 *p, const float *f) {
     v.a = __floats2bfloat162_rn(f[0], f[1]), v.b = __floats2bfloat162_rn(f[2], f[3]);
     *(bf4 *)p = v;
 }
-
 
 // U[e][co][ci] from w[co][kh][kw][ci]: a thread a (co, ci).
 __global__ void k_wino_weights(__nv_bfloat16 *U, const __nv_bfloat16 *w, int Co, int Ci) {
@@ -157,6 +156,13 @@ __global__ void k_wino_output(__nv_bfloat16 *out, const __nv_bfloat16 *M, const 
         }
 }
 
+// U of weights w (shape s) into U, on the stream.
+void make_u(dc_cuda_ctx *c, void *U, const void *w, const dc_conv2d_shape *s) {
+    const int64_t nw = (int64_t)s->Co * s->Ci;
+    k_wino_weights<<<dc_blocks(nw, kTPB), kTPB, 0, c->stream>>>((__nv_bfloat16 *)U, (const __nv_bfloat16 *)w, s->Co,
+                                                                s->Ci);
+}
+
 }  // namespace
 
 struct dc_wino_u {
@@ -182,9 +188,7 @@ static const void *kept_u(dc_cuda_ctx *c, const void *w, const dc_conv2d_shape *
     const size_t bytes = (size_t)u_bytes(s);
     void *U = NULL;
     if (cudaMalloc(&U, bytes) != cudaSuccess) return cudaGetLastError(), (const void *)NULL;  // made each call then
-    const int64_t nw = (int64_t)s->Co * s->Ci;
-    k_wino_weights<<<dc_blocks(nw, kTPB), kTPB, 0, c->stream>>>((__nv_bfloat16 *)U, (const __nv_bfloat16 *)w, s->Co,
-                                                                s->Ci);
+    make_u(c, U, w, s);
     c->wino_u[c->nwino_u++] = (dc_wino_u){w, s->Co, s->Ci, U};
     c->wino_u_bytes += bytes;
     return U;
@@ -224,11 +228,7 @@ extern "C" bool dc_cuda_conv_winograd(dc_backend *be, dc_buf out, dc_buf x, dc_b
     const void *U = c->frozen ? kept_u(c, w.p, s) : NULL;
     __nv_bfloat16 *V = (__nv_bfloat16 *)((char *)c->conv_ws + u_bytes(s));
     __nv_bfloat16 *M = (__nv_bfloat16 *)((char *)c->conv_ws + u_bytes(s) + v_bytes(s));
-    if (!U) {
-        U = c->conv_ws;
-        k_wino_weights<<<dc_blocks(nw, kTPB), kTPB, 0, c->stream>>>((__nv_bfloat16 *)c->conv_ws,
-                                                                    (const __nv_bfloat16 *)w.p, s->Co, s->Ci);
-    }
+    if (!U) make_u(c, c->conv_ws, w.p, s), U = c->conv_ws;
     k_wino_input<<<dc_blocks(T * (s->Ci / kCh), kTPB), kTPB, 0, c->stream>>>(V, (const __nv_bfloat16 *)x.p, s->B,
                                                                               s->H, s->W, s->Ci);
     // column-major M_e[Co, T] = (U_e as Ci x Co)^T (V_e as Ci x T)
