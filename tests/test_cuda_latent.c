@@ -166,9 +166,9 @@ static void test_conv(int B, int Ci, int H, int W, int Co, int k, int stride, in
     release();
 }
 
-// Winograd's F(2x2, 3x3) (cuda_conv_winograd.cu: bf16 channels-last 3x3
+// Winograd's F(4x4, 3x3) (cuda_conv_winograd.cu: bf16 channels-last 3x3
 // convs of stride 1 with at least 640 input channels, maps of at most 32x32
-// and at least 1024 tiles): the checks above on such a shape, then the
+// and at least 1024 2x2 blocks of outputs): the checks above on such a shape, then the
 // forward again on cuDNN (DC_WINOGRAD=0) must give other bits, so the path
 // checked was Winograd's.
 static void test_winograd(int B, int Ci, int H, int W, int Co, int bias) {
@@ -214,6 +214,25 @@ static void test_winograd(int B, int Ci, int H, int W, int Co, int bias) {
     g_gpu->download(g_gpu, h1, o1.g.p, bytes), g_gpu->download(g_gpu, h2, o2.g.p, bytes);
     expect(!dc_backend_status(g_gpu) && memcmp(h1, h2, bytes) == 0, "  unfrozen: new weights at the same address seen");
     free(h1), free(h2);
+    // maps of values up to 2000 (ungroupnormed, as an upsampler's conv reads):
+    // the fp16 planes' range holds them, within 1e-2 of cuDNN's result
+    pair xb = rand_pair(nx, g_ct, -2000, 2000);
+    g_gpu->conv2d_fwd(g_gpu, o1.g, xb.g, w2.g, b.g, &s);
+    setenv("DC_WINOGRAD", "0", 1);
+    g_gpu->conv2d_fwd(g_gpu, o2.g, xb.g, w2.g, b.g, &s);
+    unsetenv("DC_WINOGRAD");
+    float *f1 = get_gpu(o1), *f2 = get_gpu(o2);
+    double num = 0, den = 0;
+    bool finite = true;
+    for (int64_t i = 0; i < ny; i++) {
+        finite = finite && isfinite(f1[i]);
+        num += ((double)f1[i] - f2[i]) * ((double)f1[i] - f2[i]), den += (double)f2[i] * f2[i];
+    }
+    const double err = sqrt(num / (den > 0 ? den : 1e-300));
+    snprintf(what, sizeof what, "  values up to 2000: err %.2e from cuDNN's (tol 1e-02)%s", err,
+             finite ? "" : ", not finite");
+    expect(!dc_backend_status(g_gpu) && finite && err <= 1e-2, what);
+    free(f1), free(f2);
     release();
 }
 
@@ -563,7 +582,7 @@ static void run_groups(void) {
         test_conv(2, 320, 11, 9, 4, 3, 1, 1, 1, 1, 1, true, true);      // SD's conv_out, partial warps
         test_conv(1, 128, 12, 20, 3, 3, 1, 1, 1, 1, 1, 2, true);        // the VAE's, 3 out
         test_conv(2, 32, 7, 5, 8, 3, 1, 1, 1, 1, 1, true, true);        // 8 out
-        test_winograd(4, 640, 32, 32, 64, true);                        // 1024 tiles of 2x2
+        test_winograd(4, 640, 32, 32, 64, true);                        // 1024 2x2 blocks, 256 tiles of 4x4
         test_winograd(8, 640, 23, 21, 24, 2);                           // odd sizes: partial tiles; F32 bias
         test_group_norm_nhwc(2, 320, 4096, 32, true, 1e-5f, g_ct);       // UNet at 64x64
         test_group_norm_nhwc(2, 320, 4096, 32, false, 1e-6f, DC_F32);

@@ -28,7 +28,9 @@ struct dc_gemm_plan {
     cublasLtMatmulAlgo_t algo;
 };
 
-static cudaDataType_t cuda_type(dc_dtype t) { return t == DC_BF16 ? CUDA_R_16BF : CUDA_R_32F; }
+static cudaDataType_t cuda_type(dc_dtype t) {
+    return t == DC_BF16 ? CUDA_R_16BF : t == DC_F16 ? CUDA_R_16F : CUDA_R_32F;
+}
 
 // A cuBLASLt call: a failure is recorded like a CUDA error (cuda_ops.h) and
 // the calling function returns `ret`.

@@ -218,7 +218,7 @@ void dc_cuda_concat_channels(dc_backend *be, dc_buf out, dc_buf a, int C1, dc_bu
 
 // ---- convolutions through cuDNN (cuda_conv.cu) ----
 int dc_cuda_reserve_conv(dc_backend *be, const dc_conv2d_shape *s, bool backward);
-// Winograd's F(2x2, 3x3) forward (cuda_conv_winograd.cu): the workspace bytes
+// Winograd's F(4x4, 3x3) forward (cuda_conv_winograd.cu): the workspace bytes
 // it needs for shape s in dtype dt (0: the shape runs on cuDNN), and the
 // convolution itself, false (nothing done) where it does not apply or the
 // workspace is short.
