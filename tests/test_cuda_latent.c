@@ -167,10 +167,10 @@ static void test_conv(int B, int Ci, int H, int W, int Co, int k, int stride, in
 }
 
 // Winograd's F(4x4, 3x3) (cuda_conv_winograd.cu: bf16 channels-last 3x3
-// convs of stride 1 with at least 640 input channels, maps of at most 32x32
-// and at least 1024 2x2 blocks of outputs): the checks above on such a shape, then the
-// forward again on cuDNN (DC_WINOGRAD=0) must give other bits, so the path
-// checked was Winograd's.
+// convs of stride 1 with at least 640 input channels, maps of at most 32x32,
+// or 64x64 in batches of 8, and at least 1024 2x2 blocks of outputs): the
+// checks above on such a shape, then the forward again on cuDNN
+// (DC_WINOGRAD=0) must give other bits, so the path checked was Winograd's.
 static void test_winograd(int B, int Ci, int H, int W, int Co, int bias) {
     test_conv(B, Ci, H, W, Co, 3, 1, 1, 1, 1, 1, bias, true);
     if (g_ct != DC_BF16) return;
@@ -584,6 +584,7 @@ static void run_groups(void) {
         test_conv(2, 32, 7, 5, 8, 3, 1, 1, 1, 1, 1, true, true);        // 8 out
         test_winograd(4, 640, 32, 32, 64, true);                        // 1024 2x2 blocks, 256 tiles of 4x4
         test_winograd(8, 640, 23, 21, 24, 2);                           // odd sizes: partial tiles; F32 bias
+        test_winograd(8, 640, 64, 64, 16, true);                        // a 64x64 map in a batch of 8
         test_group_norm_nhwc(2, 320, 4096, 32, true, 1e-5f, g_ct);       // UNet at 64x64
         test_group_norm_nhwc(2, 320, 4096, 32, false, 1e-6f, DC_F32);
         test_group_norm_nhwc(2, 64, 4096, 32, true, 1e-6f, g_ct);

@@ -27,8 +27,9 @@
 // 16-row step lost its 0.33 ms of bias passes (31.40 -> 31.09-31.23 ms on an
 // H100). DC_CONV_BIAS_FUSED=0, read when a shape's plan is made, keeps the
 // separate pass.
-// Large bf16 3x3 convolutions of stride 1 (SD's 32x32 and 16x16 levels at
-// batch 8) run Winograd's F(4x4, 3x3) instead (cuda_conv_winograd.cu).
+// Large bf16 3x3 convolutions of stride 1 (640 channels or more at SD's
+// 64x64 to 16x16 levels, at batch 8) run Winograd's F(4x4, 3x3) instead
+// (cuda_conv_winograd.cu).
 // fp32 convs run with FMA math only (no TF32), so the fp32 mode checks as
 // tightly as the CPU; bf16 convs
 // use tensor cores with fp32 accumulation. A layout cuDNN has no qualifying

@@ -6,32 +6,37 @@
 //
 //   U[e][co][ci] = (G g G^T)[e]        the weights (fp16), each call or kept (below)
 //   V[e][t][ci]  = (B^T d B)[e]        d: tile t's 6x6 input patch, zeros outside (fp16)
-//   M[e]         = V[e] U[e]^T         cuBLASLt, 36 products [T, Ci] x [Ci, Co] (fp32)
-//   out[tile t]  = A^T M[.][t] A + b   the 4x4 outputs (bf16)
+//   M[e]         = V[e] U[e]^T / 16    cuBLASLt, 36 products [T, Ci] x [Ci, Co] (fp16)
+//   out[tile t]  = A^T 16 M[.][t] A + b   the 4x4 outputs (bf16)
 //
 // with the points 0, 1, -1, 2, -2 (Lavin and Gray): G = [1/4 0 0; -1/6 -1/6
 // -1/6; -1/6 1/6 -1/6; 1/24 1/12 1/6; 1/24 -1/12 1/6; 0 0 1], B^T = [4 0 -5 0
 // 1 0; 0 -4 -4 1 1 0; 0 4 -4 -1 1 0; 0 -2 -1 2 1 0; 0 2 -1 -2 1 0; 0 4 0 -5 0
 // 1], A^T = [1 1 1 1 1 0; 0 1 -1 2 -2 0; 0 1 1 4 4 0; 0 1 -1 8 -8 1]. The
-// transforms compute in fp32. Their constants reach 5 and 8, so U and V are
-// fp16 (bf16 would lose ten times the precision) and M fp32: a convolution's
-// error is about twice the direct one's (3.4e-3 against 1.6e-3 relative in
-// test_cuda_latent; F(2x2, 3x3) with bf16 planes, tried first, gave 5e-3),
-// and SD 1.5's UNet at 16 rows stays at 1.50e-2 from diffusers' fp32 (1.49e-2
+// transforms compute in fp32. Their constants reach 5 and 8, so the planes are
+// fp16 (bf16 would lose ten times the precision), with fp32 accumulation in
+// the products: a convolution's error is 2.5 times the direct one's (4.1e-3
+// against 1.6e-3 relative in test_cuda_latent; 3.5e-3 with fp32 M, which
+// moved twice the bytes; F(2x2, 3x3) with bf16 planes, tried first, 5e-3),
+// and SD 1.5's UNet at 16 rows stays at 1.5e-2 from diffusers' fp32 (1.49e-2
 // without).
 //
 // On an H100 under its power limit a convolution's cost is its energy; the
-// planes' memory passes cost about what the saved multiplications do at the
-// 64x64 level of SD's UNet, so Winograd runs only where it measured cheaper:
-// at least 640 input channels, maps of at most 32x32, at least 1024 2x2 blocks
-// of outputs (SD 1.x's 16-row step: the 32x32 and 16x16 levels; a batch of one
-// picture never). DC_WINOGRAD=0 turns it off. The planes live in the
-// convolution workspace, grown at reserve (about 0.4 GB at SD 1.x's 16 rows).
+// planes' memory passes cost about what the saved multiplications do for 320
+// channels at the 64x64 level of SD's UNet, so Winograd runs only where it
+// measured cheaper: at least 640 input channels, maps of at most 64x64, at
+// least 1024 2x2 blocks of outputs, and maps larger than 32x32 only in batches
+// of at least 8 (SD 1.x's 16-row step: the 640- and 960-channel convolutions
+// of the 64x64 level and all of the 32x32 and 16x16 levels'; at 2 rows the
+// 64x64 level's measured no faster and would add 0.14 GB to one picture's
+// memory; the 8x8 level's products are too small to pay). DC_WINOGRAD=0 turns
+// it off. The planes live in the convolution workspace, grown at reserve
+// (about 0.4 GB at SD 1.x's 16 rows).
 //
 // While the weights are frozen (freeze_weights: an inference pipeline), each
 // convolution's U is made once, on its first call outside a graph's capture,
-// and kept by the weights' address (about 1.9 GB for SD 1.x at 16 rows): made
-// each call, U is about 3 GB written and read a 16-row step.
+// and kept by the weights' address (about 2.2 GB for SD 1.x at 16 rows): made
+// each call, U is about 3.5 GB written and read a 16-row step.
 // DC_WINOGRAD_KEEP=0 makes U each call all the same.
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/cuda_ops.h"
@@ -43,13 +48,17 @@ constexpr int kTPB = 256;
 // so V's fp16 holds maps up to about 2e4 in magnitude (its transform gains up
 // to 100 times) where unscaled it would overflow above about 650.
 constexpr float kScale = 32.0f;
+// M is stored kMScale times smaller (the products' alpha) and scaled back as
+// the output transform reads it: its fp16 then holds values up to about 1e6,
+// and loses precision only below about 1e-3 (an absolute error under 1e-6).
+constexpr float kMScale = 16.0f;
 
 int64_t blocks2(const dc_conv2d_shape *s) { return (int64_t)s->B * ((s->H + 1) / 2) * ((s->W + 1) / 2); }
 int64_t tiles(const dc_conv2d_shape *s) { return (int64_t)s->B * ((s->H + 3) / 4) * ((s->W + 3) / 4); }
 int64_t round256(int64_t n) { return (n + 255) & ~(int64_t)255; }
 int64_t u_bytes(const dc_conv2d_shape *s) { return round256((int64_t)36 * s->Co * s->Ci * 2); }
 int64_t v_bytes(const dc_conv2d_shape *s) { return round256(36 * tiles(s) * s->Ci * 2); }
-int64_t m_bytes(const dc_conv2d_shape *s) { return round256(36 * tiles(s) * s->Co * 4); }
+int64_t m_bytes(const dc_conv2d_shape *s) { return round256(36 * tiles(s) * s->Co * 2); }
 
 // One column (or row) of G g: out[0..5] from g[0..2].
 __device__ __forceinline__ void g6(float o[6], float g0, float g1, float g2) {
@@ -132,7 +141,7 @@ __device__ __forceinline__ void at6(float y[4], const float m[6]) {
 // out[b, 4ty + p, 4tx + q, co, co+1] = (A^T M A)[p][q] + bias: a thread a tile
 // and 2 channels. BIAS: 0 none, 1 F32, 2 BF16.
 template <int BIAS>
-__global__ void k_wino_output(__nv_bfloat16 *out, const float *M, const void *bias, int B, int H, int W, int Co) {
+__global__ void k_wino_output(__nv_bfloat16 *out, const __half *M, const void *bias, int B, int H, int W, int Co) {
     const int th = (H + 3) / 4, tw = (W + 3) / 4, cg = Co / 2;
     const int64_t T = (int64_t)B * th * tw, i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
     if (i >= T * cg) return;
@@ -143,8 +152,8 @@ __global__ void k_wino_output(__nv_bfloat16 *out, const float *M, const void *bi
     for (int c = 0; c < 6; c++) {
         float m[2][6];
         for (int a = 0; a < 6; a++) {
-            const float2 v = *(const float2 *)(M + (a * 6 + c) * plane + t * Co + co);
-            m[0][a] = v.x, m[1][a] = v.y;
+            const float2 v = __half22float2(*(const __half2 *)(M + (a * 6 + c) * plane + t * Co + co));
+            m[0][a] = v.x * kMScale, m[1][a] = v.y * kMScale;
         }
         for (int k = 0; k < 2; k++) {
             float y[4];
@@ -187,7 +196,7 @@ void make_u(dc_cuda_ctx *c, void *U, const void *w, const dc_conv2d_shape *s) {
 struct dc_wino_u {
     const void *w;  // the weights' address, and their shape
     int Co, Ci;
-    void *U;        // [16][Co][Ci] bf16
+    void *U;        // [36][Co][Ci] fp16, kScale times the transform
 };
 
 // The kept U of weights w (shape s), made now if it is not kept yet and the
@@ -230,7 +239,9 @@ extern "C" size_t dc_cuda_winograd_ws(const dc_conv2d_shape *s, dc_dtype dt) {
     const bool fits = dt == DC_BF16 && s->nhwc && s->k == 3 && s->stride == 1 && s->pad_t == 1 && s->pad_b == 1 &&
                       s->pad_l == 1 && s->pad_r == 1 && s->Ci % 8 == 0 && s->Co % 8 == 0;
     // where it measured cheaper than cuDNN (above)
-    const bool pays = s->Ci >= 640 && (int64_t)s->H * s->W <= 1024 && blocks2(s) >= 1024 && tiles(s) <= INT32_MAX;
+    const int64_t hw = (int64_t)s->H * s->W;
+    const bool pays = s->Ci >= 640 && hw <= 4096 && (hw <= 1024 || s->B >= 8) && blocks2(s) >= 1024 &&
+                      tiles(s) <= INT32_MAX;
     if (!fits || !pays || !dc_env_on("DC_WINOGRAD")) return 0;
     return (size_t)(u_bytes(s) + v_bytes(s) + m_bytes(s));
 }
@@ -246,13 +257,13 @@ extern "C" bool dc_cuda_conv_winograd(dc_backend *be, dc_buf out, dc_buf x, dc_b
     const int64_t T = tiles(s), nw = (int64_t)s->Co * s->Ci;
     const void *U = c->frozen ? kept_u(c, w.p, s) : NULL;
     __half *V = (__half *)((char *)c->conv_ws + u_bytes(s));
-    float *M = (float *)((char *)c->conv_ws + u_bytes(s) + v_bytes(s));
+    __half *M = (__half *)((char *)c->conv_ws + u_bytes(s) + v_bytes(s));
     if (!U) make_u(c, c->conv_ws, w.p, s), U = c->conv_ws;
     k_wino_input<<<dc_blocks(T * (s->Ci / 2), kTPB), kTPB, 0, c->stream>>>(V, (const __nv_bfloat16 *)x.p, s->B, s->H,
                                                                             s->W, s->Ci);
     // column-major M_e[Co, T] = (U_e as Ci x Co)^T (V_e as Ci x T)
     dc_cuda_gemm_strided(be, s->Co, (int)T, s->Ci, U, s->Ci, nw, true, V, s->Ci, T * s->Ci, false, M, s->Co,
-                         T * s->Co, DC_F16, DC_F32, 36);
+                         T * s->Co, DC_F16, DC_F16, 36, 1.0f / kMScale);
     const unsigned blocks = dc_blocks(T * (s->Co / 2), kTPB);
     __nv_bfloat16 *o = (__nv_bfloat16 *)out.p;
     if (!b.p) k_wino_output<0><<<blocks, kTPB, 0, c->stream>>>(o, M, NULL, s->B, s->H, s->W, s->Co);

@@ -158,7 +158,8 @@ static dc_gemm_plan *make_plan(dc_backend *be, const dc_gemm_plan *key, const vo
 // many products, the i-th one's A, B and D i sa, i sb and i sd elements on.
 static bool gemm_batched(dc_backend *be, int m, int n, int k, const void *A, int lda, bool ta, const void *B,
                          int ldb, bool tb, void *D, int ldd, dc_dtype ab, dc_dtype d, const void *bias,
-                         bool accumulate, int epi, const void *aux, int batch, int64_t sa, int64_t sb, int64_t sd) {
+                         bool accumulate, int epi, const void *aux, int batch, int64_t sa, int64_t sb, int64_t sd,
+                         float alpha) {
     dc_cuda_ctx *c = dc_cuda(be);
     if (c->failed) return false;  // a plan a failure left half made must not be used
     const void *ptrs[4] = {A, B, D, aux};  // the bias is checked by the callers (16 bytes)
@@ -177,8 +178,8 @@ static bool gemm_batched(dc_backend *be, int m, int n, int k, const void *A, int
     if (aux)
         LT_OR(false,
               cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
-    const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-    LT_OR(false, cublasLtMatmul(c->lt, p->desc, &one, A, p->la, B, p->lb, &beta, D, p->ld, D, p->ld, &p->algo,
+    const float beta = accumulate ? 1.0f : 0.0f;
+    LT_OR(false, cublasLtMatmul(c->lt, p->desc, &alpha, A, p->la, B, p->lb, &beta, D, p->ld, D, p->ld, &p->algo,
                                 c->lt_ws, c->lt_ws_bytes, c->stream));
     return true;
 }
@@ -186,13 +187,13 @@ static bool gemm_batched(dc_backend *be, int m, int n, int k, const void *A, int
 static bool gemm_epi(dc_backend *be, int m, int n, int k, const void *A, int lda, bool ta, const void *B,
                      int ldb, bool tb, void *D, int ldd, dc_dtype ab, dc_dtype d, const void *bias,
                      bool accumulate, int epi, const void *aux) {
-    return gemm_batched(be, m, n, k, A, lda, ta, B, ldb, tb, D, ldd, ab, d, bias, accumulate, epi, aux, 1, 0, 0, 0);
+    return gemm_batched(be, m, n, k, A, lda, ta, B, ldb, tb, D, ldd, ab, d, bias, accumulate, epi, aux, 1, 0, 0, 0, 1.0f);
 }
 
 extern "C" void dc_cuda_gemm_strided(dc_backend *be, int m, int n, int k, const void *A, int lda, int64_t sa,
                                      bool ta, const void *B, int ldb, int64_t sb, bool tb, void *D, int ldd,
-                                     int64_t sd, dc_dtype ab, dc_dtype d, int batch) {
-    gemm_batched(be, m, n, k, A, lda, ta, B, ldb, tb, D, ldd, ab, d, NULL, false, 0, NULL, batch, sa, sb, sd);
+                                     int64_t sd, dc_dtype ab, dc_dtype d, int batch, float alpha) {
+    gemm_batched(be, m, n, k, A, lda, ta, B, ldb, tb, D, ldd, ab, d, NULL, false, 0, NULL, batch, sa, sb, sd, alpha);
 }
 
 // A plain product (no epilogue: cuBLASLt always has an algorithm for one).

@@ -174,11 +174,11 @@ void dc_cuda_linear_bwd_gelu(dc_backend *be, dc_buf dpre, dc_buf dw, dc_buf db, 
 void dc_cuda_gemm_free(dc_cuda_ctx *c);
 // Times a large bf16 (or fp32) product and returns its TFLOP/s: the peak MFU is measured against.
 double dc_cuda_gemm_peak(dc_backend *be);
-// batch column-major products D_i[m,n] = op(A_i) op(B_i), the i-th operands
-// sa, sb, sd elements after the first (cuBLASLt, fp32 accumulation).
+// batch column-major products D_i[m,n] = alpha op(A_i) op(B_i), the i-th
+// operands sa, sb, sd elements after the first (cuBLASLt, fp32 accumulation).
 void dc_cuda_gemm_strided(dc_backend *be, int m, int n, int k, const void *A, int lda, int64_t sa, bool ta,
                           const void *B, int ldb, int64_t sb, bool tb, void *D, int ldd, int64_t sd, dc_dtype ab,
-                          dc_dtype d, int batch);
+                          dc_dtype d, int batch, float alpha);
 bool dc_cuda_energy(dc_backend *be, double *joules, double *limit_w);
 
 // ---- pointwise and embeddings (cuda_pointwise.cu) ----
