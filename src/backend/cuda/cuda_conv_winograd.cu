@@ -93,23 +93,40 @@ __device__ __forceinline__ void bt6(float o[6], const float d[6]) {
     o[4] = 2.0f * (d[1] - d[3]) - d[2] + d[4];
     o[5] = 4.0f * d[1] - 5.0f * d[3] + d[5];
 }
-// V[e][t][ci, ci+1] from tile t's 6x6 patch of x[B, H, W, Ci]: a thread a tile and
-// 2 channels, consecutive threads along the channels.
+// Thread i's tile t and first channel pair ch: consecutive threads along the
+// channels (32-bit: the rule keeps tiles x channels below 2^31).
+__device__ __forceinline__ void tile_of(unsigned i, int cg, int th, int tw, unsigned *t, int *ch, int *b, int *ty,
+                                        int *tx) {
+    *t = i / cg, *ch = (int)(i - *t * cg) * 2;
+    const unsigned r = *t / tw;
+    *tx = (int)(*t - r * tw), *ty = (int)(r % th), *b = (int)(r / th);
+}
+// V[e][t][ci, ci+1] from tile t's 6x6 patch of x[B, H, W, Ci]: a thread a tile
+// and 2 channels. The patch's 36 loads go out before any arithmetic (the pass
+// is bound by the loads in flight).
 __global__ void k_wino_input(__half *V, const __nv_bfloat16 *x, int B, int H, int W, int Ci) {
     const int th = (H + 3) / 4, tw = (W + 3) / 4, cg = Ci / 2;
-    const int64_t T = (int64_t)B * th * tw, i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    const unsigned T = (unsigned)B * th * tw, i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= T * cg) return;
-    const int64_t t = i / cg;
-    const int ci = (int)(i % cg) * 2, tx = (int)(t % tw), ty = (int)(t / tw % th), b = (int)(t / ((int64_t)tw * th));
+    unsigned t;
+    int ci, b, ty, tx;
+    tile_of(i, cg, th, tw, &t, &ci, &b, &ty, &tx);
+    const unsigned *xb = (const unsigned *)(x + (size_t)b * H * W * Ci + ci);
+    unsigned raw[6][6];  // bf16 pairs, rows of the patch
+#pragma unroll
+    for (int r = 0; r < 6; r++)
+#pragma unroll
+        for (int c = 0; c < 6; c++) {
+            const int yy = 4 * ty - 1 + r, xx = 4 * tx - 1 + c;
+            raw[r][c] = yy >= 0 && yy < H && xx >= 0 && xx < W ? __ldg(xb + ((size_t)yy * W + xx) * (Ci / 2)) : 0u;
+        }
     float e[6][6][2];
+#pragma unroll
     for (int c = 0; c < 6; c++) {
         float d[2][6];
-        const int xx = 4 * tx - 1 + c;
+#pragma unroll
         for (int r = 0; r < 6; r++) {
-            const int yy = 4 * ty - 1 + r;
-            float2 v = make_float2(0.0f, 0.0f);
-            if (yy >= 0 && yy < H && xx >= 0 && xx < W)
-                v = __bfloat1622float2(*(const __nv_bfloat162 *)(x + (((int64_t)b * H + yy) * W + xx) * Ci + ci));
+            const float2 v = __bfloat1622float2(*(const __nv_bfloat162 *)&raw[r][c]);
             d[0][r] = v.x, d[1][r] = v.y;
         }
         for (int k = 0; k < 2; k++) {
@@ -118,7 +135,8 @@ __global__ void k_wino_input(__half *V, const __nv_bfloat16 *x, int B, int H, in
             for (int a = 0; a < 6; a++) e[a][c][k] = o[a];
         }
     }
-    const int64_t plane = T * Ci;
+    const size_t plane = (size_t)T * Ci, at = (size_t)t * Ci + ci;
+#pragma unroll
     for (int a = 0; a < 6; a++) {
         float o[2][6];
         for (int k = 0; k < 2; k++) {
@@ -127,7 +145,7 @@ __global__ void k_wino_input(__half *V, const __nv_bfloat16 *x, int B, int H, in
             bt6(o[k], r);
         }
         for (int c = 0; c < 6; c++)
-            *(__half2 *)(V + (a * 6 + c) * plane + t * Ci + ci) =
+            *(__half2 *)(V + (a * 6 + c) * plane + at) =
                 __floats2half2_rn(o[0][c] / kScale, o[1][c] / kScale);
     }
 }
@@ -143,16 +161,22 @@ __device__ __forceinline__ void at6(float y[4], const float m[6]) {
 template <int BIAS>
 __global__ void k_wino_output(__nv_bfloat16 *out, const __half *M, const void *bias, int B, int H, int W, int Co) {
     const int th = (H + 3) / 4, tw = (W + 3) / 4, cg = Co / 2;
-    const int64_t T = (int64_t)B * th * tw, i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    const unsigned T = (unsigned)B * th * tw, i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= T * cg) return;
-    const int64_t t = i / cg;
-    const int co = (int)(i % cg) * 2, tx = (int)(t % tw), ty = (int)(t / tw % th), b = (int)(t / ((int64_t)tw * th));
-    const int64_t plane = T * Co;
+    unsigned t;
+    int co, b, ty, tx;
+    tile_of(i, cg, th, tw, &t, &co, &b, &ty, &tx);
+    const size_t plane = (size_t)T * Co, at = (size_t)t * Co + co;
+    unsigned raw[36];  // the tile's fp16 pairs of the 36 planes, loaded first
+#pragma unroll
+    for (int j = 0; j < 36; j++) raw[j] = __ldg((const unsigned *)(M + j * plane + at));
     float e[4][6][2];  // A^T M, row by row of the planes' columns
+#pragma unroll
     for (int c = 0; c < 6; c++) {
         float m[2][6];
+#pragma unroll
         for (int a = 0; a < 6; a++) {
-            const float2 v = __half22float2(*(const __half2 *)(M + (a * 6 + c) * plane + t * Co + co));
+            const float2 v = __half22float2(*(const __half2 *)&raw[a * 6 + c]);
             m[0][a] = v.x * kMScale, m[1][a] = v.y * kMScale;
         }
         for (int k = 0; k < 2; k++) {
@@ -179,7 +203,7 @@ __global__ void k_wino_output(__nv_bfloat16 *out, const __half *M, const void *b
         for (int q = 0; q < 4; q++) {
             const int xx = 4 * tx + q;
             if (xx >= W) continue;
-            *(__nv_bfloat162 *)(out + (((int64_t)b * H + yy) * W + xx) * Co + co) =
+            *(__nv_bfloat162 *)(out + (((size_t)b * H + yy) * W + xx) * Co + co) =
                 __floats2bfloat162_rn(y[0][q] + bv[0], y[1][q] + bv[1]);
         }
     }
@@ -241,7 +265,7 @@ extern "C" size_t dc_cuda_winograd_ws(const dc_conv2d_shape *s, dc_dtype dt) {
     // where it measured cheaper than cuDNN (above)
     const int64_t hw = (int64_t)s->H * s->W;
     const bool pays = s->Ci >= 640 && hw <= 4096 && (hw <= 1024 || s->B >= 8) && blocks2(s) >= 1024 &&
-                      tiles(s) <= INT32_MAX;
+                      tiles(s) * (s->Ci > s->Co ? s->Ci : s->Co) / 2 <= INT32_MAX;
     if (!fits || !pays || !dc_env_on("DC_WINOGRAD")) return 0;
     return (size_t)(u_bytes(s) + v_bytes(s) + m_bytes(s));
 }
