@@ -585,6 +585,7 @@ static void run_groups(void) {
         test_winograd(4, 640, 32, 32, 64, true);                        // 1024 2x2 blocks, 256 tiles of 4x4
         test_winograd(8, 640, 23, 21, 24, 2);                           // odd sizes: partial tiles; F32 bias
         test_winograd(8, 640, 64, 64, 16, true);                        // a 64x64 map in a batch of 8
+        test_winograd(8, 648, 24, 24, 16, true);                        // channels past a multiple of 64
         test_group_norm_nhwc(2, 320, 4096, 32, true, 1e-5f, g_ct);       // UNet at 64x64
         test_group_norm_nhwc(2, 320, 4096, 32, false, 1e-6f, DC_F32);
         test_group_norm_nhwc(2, 64, 4096, 32, true, 1e-6f, g_ct);
