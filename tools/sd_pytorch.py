@@ -15,6 +15,7 @@ bench  The same models in fp16 on the GPU, eager and torch.compile: one UNet
        whole-picture time they add up to (text + steps x UNet + VAE), a batch
        of N pictures run whole (text, the steps back to back, one decode of
        the batch), and the peak memory of the eager batch-1 picture.
+       --modes eager (or compile) runs only that one.
 profile  The eager fp16 UNet step at 2N rows under torch.profiler: GPU time by
        kind of kernel (convolution, matrix product, attention, normalisation,
        elementwise) and the 15 costliest kernels, to set beside the engine's
@@ -22,6 +23,7 @@ profile  The eager fp16 UNet step at 2N rows under torch.profiler: GPU time by
 
     python3 tools/sd_pytorch.py check --model DIR --out DIR --diffusers PATH/diffusers/src
     python3 tools/sd_pytorch.py bench --model DIR --diffusers PATH/diffusers/src [--batch 8] [--steps 50]
+                                      [--modes eager,compile]
     python3 tools/sd_pytorch.py profile --model DIR --diffusers PATH/diffusers/src [--batch 8]
 """
 import argparse
@@ -122,7 +124,7 @@ def bench(a):
     print(f'diffusers {sys.modules["diffusers"].__version__}, torch {torch.__version__}, '
           f'{torch.cuda.get_device_name()}, fp16, {lat * 8}x{lat * 8}')
     results = {}
-    for mode in ('eager', 'compile'):
+    for mode in a.modes.split(','):
         u = unet if mode == 'eager' else torch.compile(unet)
         d = vae.decode if mode == 'eager' else torch.compile(vae.decode)
         with torch.no_grad():
@@ -216,7 +218,10 @@ def main():
     ap.add_argument('--out', default='.')
     ap.add_argument('--batch', type=int, default=8)
     ap.add_argument('--steps', type=int, default=50)
+    ap.add_argument('--modes', default='eager,compile', help='bench: eager, compile or both, comma-separated')
     a = ap.parse_args()
+    if not a.modes or any(m not in ('eager', 'compile') for m in a.modes.split(',')):
+        ap.error(f'--modes {a.modes!r}: eager, compile, or both comma-separated')
     sys.path.insert(0, a.diffusers)
     import diffusers  # noqa: F401
     {'check': check, 'bench': bench, 'profile': profile}[a.mode](a)
