@@ -35,7 +35,7 @@
 //
 // While the weights are frozen (freeze_weights: an inference pipeline), each
 // convolution's U is made once, on its first call outside a graph's capture,
-// and kept by the weights' address (about 2.2 GB for SD 1.x at 16 rows): made
+// and kept by the weights' address (about 2 GB for SD 1.x at 16 rows): made
 // each call, U is about 3.5 GB written and read a 16-row step.
 // DC_WINOGRAD_KEEP=0 makes U each call all the same.
 #include "backend/cuda/cuda_common.h"
