@@ -106,13 +106,21 @@ __device__ __forceinline__ void tile_of(unsigned i, int cg, int th, int tw, unsi
 // in 16-byte pieces (each input value is read about 1.7 times instead of 2.25,
 // and in whole 128-byte lines); a thread then transforms one tile's 2 channels.
 constexpr int kTX = 4, kCG = 64, kPW = 4 * kTX + 2, kInTPB = kTX * kCG / 2;
+struct in_grid {
+    int th, tw, ntx, ncg;  // tile rows and columns, blocks along a tile row and along the channels
+};
+__host__ __device__ inline in_grid in_grid_of(int H, int W, int Ci) {
+    const int tw = (W + 3) / 4;
+    return {(H + 3) / 4, tw, (tw + kTX - 1) / kTX, (Ci + kCG - 1) / kCG};
+}
 
 // V[e][t][ci, ci+1] from tile t's 6x6 patch of x[B, H, W, Ci] (16-byte aligned,
 // Ci a multiple of 8).
 __global__ void __launch_bounds__(kInTPB) k_wino_input(__half *V, const __nv_bfloat16 *x, int B, int H, int W,
                                                         int Ci) {
     __shared__ uint4 patch[6][kPW][kCG / 8];
-    const int th = (H + 3) / 4, tw = (W + 3) / 4, ntx = (tw + kTX - 1) / kTX, ncg = (Ci + kCG - 1) / kCG;
+    const in_grid gr = in_grid_of(H, W, Ci);
+    const int th = gr.th, tw = gr.tw, ntx = gr.ntx, ncg = gr.ncg;
     unsigned blk = blockIdx.x;
     const int g = (int)(blk % ncg), txg = (int)(blk / ncg % ntx);
     blk /= (unsigned)ncg * ntx;
@@ -299,8 +307,8 @@ extern "C" bool dc_cuda_conv_winograd(dc_backend *be, dc_buf out, dc_buf x, dc_b
     __half *V = (__half *)((char *)c->conv_ws + u_bytes(s));
     __half *M = (__half *)((char *)c->conv_ws + u_bytes(s) + v_bytes(s));
     if (!U) make_u(c, c->conv_ws, w.p, s), U = c->conv_ws;
-    const unsigned in_blocks = (unsigned)(s->B * ((s->H + 3) / 4) * (((s->W + 3) / 4 + kTX - 1) / kTX) *
-                                          ((s->Ci + kCG - 1) / kCG));
+    const in_grid gr = in_grid_of(s->H, s->W, s->Ci);
+    const unsigned in_blocks = (unsigned)s->B * gr.th * gr.ntx * gr.ncg;
     k_wino_input<<<in_blocks, kInTPB, 0, c->stream>>>(V, (const __nv_bfloat16 *)x.p, s->B, s->H, s->W, s->Ci);
     // column-major M_e[Co, T] = (U_e as Ci x Co)^T (V_e as Ci x T)
     dc_cuda_gemm_strided(be, s->Co, (int)T, s->Ci, U, s->Ci, nw, true, V, s->Ci, T * s->Ci, false, M, s->Co,

@@ -187,7 +187,8 @@ static bool gemm_batched(dc_backend *be, int m, int n, int k, const void *A, int
 static bool gemm_epi(dc_backend *be, int m, int n, int k, const void *A, int lda, bool ta, const void *B,
                      int ldb, bool tb, void *D, int ldd, dc_dtype ab, dc_dtype d, const void *bias,
                      bool accumulate, int epi, const void *aux) {
-    return gemm_batched(be, m, n, k, A, lda, ta, B, ldb, tb, D, ldd, ab, d, bias, accumulate, epi, aux, 1, 0, 0, 0, 1.0f);
+    return gemm_batched(be, m, n, k, A, lda, ta, B, ldb, tb, D, ldd, ab, d, bias, accumulate, epi, aux, 1, 0, 0, 0,
+                        1.0f);
 }
 
 extern "C" void dc_cuda_gemm_strided(dc_backend *be, int m, int n, int k, const void *A, int lda, int64_t sa,
