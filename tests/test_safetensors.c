@@ -116,6 +116,33 @@ static void test_json(void) {
     dc_json_free(&doc);
     CHECK(dc_json_parse(&doc, "\"ab\"", 3, 0) != 0, "len bound on strings");
 
+    // Options: duplicate keys refused (naming the key, at any depth, keys
+    // compared as decoded bytes); Python's NaN / Infinity / -Infinity as numbers.
+    const char *dup = "{\"a\": 1, \"b\": {\"k\": 1, \"x\": 2, \"k\": 3}}";
+    CHECK(dc_json_parse(&doc, dup, strlen(dup), 0) == 0, "duplicates allowed by default (RFC 8259)");
+    dc_json_free(&doc);
+    CHECK(dc_json_parse_opts(&doc, dup, strlen(dup), 0, DC_JSON_UNIQUE_KEYS) != 0 && strstr(dc_error(), "'k'"),
+          "duplicate refused: %s", dc_error());
+    const char *esc = "{\"a\\u0062\": 1, \"ab\": 2}", *nul = "{\"a\\u0000\": 1, \"a\": 2}";
+    CHECK(dc_json_parse_opts(&doc, esc, strlen(esc), 0, DC_JSON_UNIQUE_KEYS) != 0 && strstr(dc_error(), "'ab'"),
+          "duplicate after decoding escapes: %s", dc_error());
+    CHECK(dc_json_parse_opts(&doc, nul, strlen(nul), 0, DC_JSON_UNIQUE_KEYS) == 0, "\"a\\u0000\" is not \"a\"");
+    dc_json_free(&doc);
+    char many[40000];
+    int m = snprintf(many, sizeof many, "{");
+    for (int i = 0; i < 2000; i++) m += snprintf(many + m, sizeof many - (size_t)m, "\"k%d\": %d,", i, i);
+    snprintf(many + m, sizeof many - (size_t)m, "\"k1999\": 0}");
+    CHECK(dc_json_parse_opts(&doc, many, strlen(many), 0, DC_JSON_UNIQUE_KEYS) != 0 && strstr(dc_error(), "'k1999'"),
+          "duplicate among 2001 keys: %s", dc_error());
+    const char *py = "[NaN, Infinity, -Infinity, -1.5]";
+    CHECK(dc_json_parse(&doc, py, strlen(py), 0) != 0, "NaN is not JSON by default");
+    CHECK(dc_json_parse_opts(&doc, py, strlen(py), 0, DC_JSON_NONFINITE) == 0 && isnan(doc.root->kids[0].num) &&
+              isinf(doc.root->kids[1].num) && doc.root->kids[1].num > 0 && isinf(doc.root->kids[2].num) &&
+              doc.root->kids[2].num < 0 && doc.root->kids[3].num == -1.5,
+          "NaN, Infinity, -Infinity with DC_JSON_NONFINITE");
+    dc_json_free(&doc);
+    CHECK(dc_json_parse_opts(&doc, "[-Inf]", 6, 0, DC_JSON_NONFINITE) != 0, "-Inf is not -Infinity");
+
     // Writer: escapes round-trip through the parser; invalid UTF-8 refused.
     char *buf = NULL;
     size_t blen = 0;

@@ -1,6 +1,7 @@
 #include "io/json.h"
 
 #include <limits.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -87,6 +88,7 @@ typedef struct {
     const unsigned char *s;
     size_t n, pos;
     int max_depth;
+    unsigned flags;  // DC_JSON_UNIQUE_KEYS, DC_JSON_NONFINITE
     dc_json_doc *doc;
     dc_json *stack;  // children of the open arrays/objects, innermost last
     size_t stack_len, stack_cap;
@@ -207,9 +209,33 @@ static int push_kid(parser *p, const dc_json *kid) {
     return 0;
 }
 
+static int cmp_keys(const void *a, const void *b) {
+    const dc_json *x = *(const dc_json *const *)a, *y = *(const dc_json *const *)b;
+    int c = memcmp(x->key, y->key, x->key_len < y->key_len ? x->key_len : y->key_len);
+    return c ? c : (x->key_len > y->key_len) - (x->key_len < y->key_len);
+}
+
+// DC_JSON_UNIQUE_KEYS: the members kids[0, n) of the object that ends at
+// p->pos name no key twice (sorted, so a large object costs n log n).
+static int check_unique(const parser *p, const dc_json *kids, size_t n) {
+    if (n < 2) return 0;
+    const dc_json **ix = malloc(n * sizeof *ix);
+    if (!ix) return dc_fail("out of memory parsing JSON");
+    for (size_t i = 0; i < n; i++) ix[i] = &kids[i];
+    qsort(ix, n, sizeof *ix, cmp_keys);
+    const dc_json *dup = NULL;
+    for (size_t i = 1; i < n && !dup; i++)
+        if (!cmp_keys(&ix[i - 1], &ix[i])) dup = ix[i];
+    free(ix);
+    if (!dup) return 0;
+    return dc_fail("duplicate key '%.200s' in the object that ends at byte %zu", dup->key, p->pos - 1);
+}
+
 // Moves the children pushed since `base` into the arena.
 static int pop_kids(parser *p, size_t base, dc_json *v) {
     size_t n = p->stack_len - base;
+    if (v->type == DC_JSON_OBJECT && (p->flags & DC_JSON_UNIQUE_KEYS))
+        DC_TRY(check_unique(p, p->stack + base, n));
     if (n > INT_MAX) return perr(p, "too many elements");
     v->nkids = (int)n;
     if (n) {
@@ -280,15 +306,31 @@ static int parse_value(parser *p, dc_json *v, int depth) {
     case 'f': v->type = DC_JSON_FALSE; return parse_literal(p, "false");
     case 'n': v->type = DC_JSON_NULL; return parse_literal(p, "null");
     default:
+        if ((p->flags & DC_JSON_NONFINITE) && (c == 'N' || c == 'I' || c == '-')) {
+            static const char *const words[] = {"NaN", "Infinity", "-Infinity"};
+            for (int k = 0; k < 3; k++) {
+                size_t n = strlen(words[k]);
+                if (p->n - p->pos >= n && !memcmp(p->s + p->pos, words[k], n)) {
+                    p->pos += n;
+                    v->type = DC_JSON_NUMBER, v->str = words[k], v->len = n;
+                    v->num = k == 0 ? NAN : k == 1 ? INFINITY : -INFINITY;
+                    return 0;
+                }
+            }
+        }
         if (c == '-' || (c >= '0' && c <= '9')) return parse_number(p, v);
         return perr(p, "unexpected character");
     }
 }
 
 int dc_json_parse(dc_json_doc *doc, const char *text, size_t len, int max_depth) {
+    return dc_json_parse_opts(doc, text, len, max_depth, 0);
+}
+
+int dc_json_parse_opts(dc_json_doc *doc, const char *text, size_t len, int max_depth, unsigned flags) {
     doc->root = NULL, doc->blocks = NULL;
     if (!text && len) return dc_fail("invalid JSON: no input");
-    parser p = {.s = (const unsigned char *)text, .n = len, .doc = doc,
+    parser p = {.s = (const unsigned char *)text, .n = len, .doc = doc, .flags = flags,
                 .max_depth = max_depth > 0 ? max_depth : DC_JSON_DEFAULT_DEPTH};
     dc_json *root = arena_alloc(doc, sizeof *root);
     int rc = root ? 0 : dc_fail("out of memory parsing JSON");
@@ -382,7 +424,9 @@ int dc_json_write_string(FILE *fp, const char *s) {
     return ferror(fp) ? dc_fail("writing JSON string failed") : 0;
 }
 
-int dc_json_read_file(dc_json_doc *doc, const char *path) {
+int dc_json_read_file(dc_json_doc *doc, const char *path) { return dc_json_read_file_opts(doc, path, 0); }
+
+int dc_json_read_file_opts(dc_json_doc *doc, const char *path, unsigned flags) {
     memset(doc, 0, sizeof *doc);
     int64_t size;
     int fd = dc_open_regular(path, &size);
@@ -392,7 +436,8 @@ int dc_json_read_file(dc_json_doc *doc, const char *path) {
     if (!text) return close(fd), dc_fail("%s: out of memory", path);
     int rc = dc_read_exact(fd, text, (size_t)size, path);
     close(fd);
-    if (rc == 0 && dc_json_parse(doc, text, (size_t)size, 0) != 0) rc = dc_fail_ctx("%s", path);
+    if (rc == 0 && dc_json_parse_opts(doc, text, (size_t)size, 0, flags | DC_JSON_UNIQUE_KEYS) != 0)
+        rc = dc_fail_ctx("%s", path);
     free(text);
     return rc;
 }

@@ -34,15 +34,28 @@ typedef struct {
 
 #define DC_JSON_DEFAULT_DEPTH 64
 
+// Options beyond the RFC's grammar (dc_json_parse_opts):
+//   DC_JSON_UNIQUE_KEYS  an object naming a member twice is an error (the RFC
+//                        allows it; Python keeps the last value, other readers
+//                        the first, so a config file saying two things is refused)
+//   DC_JSON_NONFINITE    NaN, Infinity and -Infinity are numbers, as Python's
+//                        json module writes them (diffusers' scheduler configs
+//                        hold "lambda_min_clipped": -Infinity)
+enum { DC_JSON_UNIQUE_KEYS = 1u, DC_JSON_NONFINITE = 2u };
+
 // Parses text[0, len) as one JSON value (surrounding whitespace allowed).
 // max_depth bounds the nesting of arrays and objects (<= 0: the default).
 // On failure returns -1 with a message giving the byte offset and the problem;
 // doc is then empty and dc_json_free is still safe.
 int dc_json_parse(dc_json_doc *doc, const char *text, size_t len, int max_depth);
+// dc_json_parse with options (DC_JSON_UNIQUE_KEYS ...).
+int dc_json_parse_opts(dc_json_doc *doc, const char *text, size_t len, int max_depth, unsigned flags);
 void dc_json_free(dc_json_doc *doc);
-// Reads and parses a JSON file of at most 16 MiB (config files); the message
-// names the file.
+// Reads and parses a JSON file of at most 16 MiB (config files), refusing
+// duplicate keys; the message names the file (and the key).
 int dc_json_read_file(dc_json_doc *doc, const char *path);
+// dc_json_read_file with options (DC_JSON_UNIQUE_KEYS is always on).
+int dc_json_read_file_opts(dc_json_doc *doc, const char *path, unsigned flags);
 
 // The first member named `key` of an object, or NULL.
 const dc_json *dc_json_get(const dc_json *obj, const char *key);
