@@ -3,7 +3,8 @@
 // recomputations and known values; DDIM, Euler, Euler a and DPM++ 2M run on
 // the CPU backend against float64 transcriptions of the reference loops
 // (diffusers DDIMScheduler.step, k-diffusion sample_euler /
-// sample_euler_ancestral / sample_dpmpp_2m) written here, with a synthetic
+// sample_euler_ancestral / sample_dpmpp_2m, on k-diffusion's ladders, which
+// the k-samplers are given as sigmas) written here, with a synthetic
 // model whose exact prediction is known in closed form; convergence to that
 // distribution, v-prediction, guidance and batch-size independence.
 // Prints one line per check; exits 1 on any failure (NaN fails).
@@ -208,6 +209,22 @@ static double ref_noise(const ref_cfg *c, uint32_t key, const double *given, int
                  : dc_randn_at(c->seed, key, i, DC_STREAM_NOISE, j);
 }
 
+// k-diffusion's ladders: get_sigmas_karras between the schedule's ends, or
+// DiscreteSchedule.get_sigmas (t_to_sigma of linspace(999, 0, N)); sig[N + 1].
+static void ref_ladder(const ref_cfg *c, double *sig) {
+    int N = c->steps;
+    for (int i = 0; i < N; i++) {
+        if (c->karras) {
+            ld mi = powl(expl(g_logsig[0]), 1 / 7.0L), ma = powl(expl(g_logsig[999]), 1 / 7.0L);
+            ld ramp = N == 1 ? 0 : (ld)i / (N - 1);
+            sig[i] = (double)powl(ma + ramp * (mi - ma), 7);
+        } else {
+            sig[i] = ref_t_to_sigma(N == 1 ? 999 : 999.0 - 999.0 * i / (N - 1));
+        }
+    }
+    sig[N] = 0;
+}
+
 // One sample (key) of n elements; returns x in out[n]. given: NULL or the noise.
 static void ref_run_noise(const ref_cfg *c, uint32_t key, double mu, int n, double *x,
                           const double *given) {
@@ -242,16 +259,7 @@ static void ref_run_noise(const ref_cfg *c, uint32_t key, double mu, int n, doub
         return;
     }
     double *sig = malloc(sizeof(double) * (N + 1));
-    for (int i = 0; i < N; i++) {
-        if (c->karras) {
-            ld mi = powl(expl(g_logsig[0]), 1 / 7.0L), ma = powl(expl(g_logsig[999]), 1 / 7.0L);
-            ld ramp = N == 1 ? 0 : (ld)i / (N - 1);
-            sig[i] = (double)powl(ma + ramp * (mi - ma), 7);
-        } else {
-            sig[i] = ref_t_to_sigma(N == 1 ? 999 : 999.0 - 999.0 * i / (N - 1));
-        }
-    }
-    sig[N] = 0;
+    ref_ladder(c, sig);
     for (int j = 0; j < n; j++)  // img2img (A1111): init + noise * sigmas[first]
         x[j] = ref_noise(c, key, given, -1, j, n) * sig[c->skip] + (c->skip ? g_init[j] : 0);
     bool have_old = false;
@@ -302,7 +310,11 @@ static const float *g_x_start;  // when set, the start noise run_ks hands the sa
 static int run_ks(dc_backend *be, const ref_cfg *c, int max_batch, int B, const uint32_t *idx,
                   const double *mu, float *x_out, bool with_null, int *evals) {
     dc_ksampler_opts o = dc_ksampler_opts_default();
-    o.kind = c->kind, o.steps = c->steps, o.karras = c->karras, o.eta = (float)c->eta;
+    o.kind = c->kind, o.steps = c->steps, o.eta = (float)c->eta;
+    // the k-samplers walk k-diffusion's ladder, as the transcription does
+    // (diffusers' ladders are tested against diffusers in test_sd_schedule)
+    double *sig = malloc(sizeof(double) * ((c->steps > 0 ? c->steps : 0) + 1));
+    if (c->kind != DC_KS_DDIM && c->steps > 0) ref_ladder(c, sig), o.sigmas = sig;
     o.prediction = c->pred, o.cfg_scale = (float)c->scale, o.seed = c->seed;
     o.ctx_len = LEN, o.ctx_dim = DIM;
     o.skip = c->skip;
@@ -335,7 +347,7 @@ static int run_ks(dc_backend *be, const ref_cfg *c, int max_batch, int B, const 
     if (!rc) rc = dc_backend_status(be);
     be->free(be, dx), be->free(be, dc), be->free(be, dn);
     if (evals) *evals = m.evals;
-    free(cv);
+    free(cv), free(sig);
     return rc;
 }
 

@@ -15,8 +15,6 @@ dc_ksampler_opts dc_ksampler_opts_default(void) {
     memset(&o, 0, sizeof o);
     o.kind = DC_KS_EULER_A;
     o.steps = 20;
-    o.spacing = DC_SPACING_LEADING;
-    o.steps_offset = 1;
     o.prediction = DC_PRED_EPS;
     o.cfg_scale = 7.5f;
     o.ctx_len = 77, o.ctx_dim = 768;
@@ -33,22 +31,38 @@ const char *dc_ks_kind_name(dc_ks_kind k) {
     return "unknown";
 }
 
+dc_sd_class dc_ks_class(dc_ks_kind k) {
+    return k == DC_KS_DDIM ? DC_SCHED_DDIM : k == DC_KS_EULER ? DC_SCHED_EULER
+           : k == DC_KS_EULER_A ? DC_SCHED_EULER_ANCESTRAL : DC_SCHED_DPM_MULTISTEP;
+}
+
+static const dc_sd_sched_cfg *sched_of(const dc_ksampler_opts *opt, dc_sd_sched_cfg *def) {
+    if (opt->sched) return opt->sched;
+    dc_sd_sched_cfg_default(def);
+    return def;
+}
+
 // diffusers DDIMScheduler.step as scalars. With eps = (x - sqrt(acp) x0) /
 // sqrt(1 - acp), its x' = sqrt(acp_prev) x0 + dir eps + std z becomes
 // x' = (dir / sqrt(1 - acp)) x + (sqrt(acp_prev) - dir sqrt(acp) / sqrt(1 - acp)) x0 + std z.
 static int plan_ddim(const dc_sd_schedule *s, const dc_ksampler_opts *opt, dc_kstep *st) {
     int n = opt->steps, T = s->T;
-    int *ts = malloc(sizeof(int) * n);
-    if (!ts) return dc_fail("sampler: out of host memory");
-    if (dc_sd_timesteps(T, n, opt->spacing, opt->steps_offset, ts)) {
-        free(ts);
-        return -1;
-    }
-    int rc = 0;
+    dc_sd_sched_cfg def;
+    const dc_sd_sched_cfg *c = sched_of(opt, &def);
+    double *ts = malloc(sizeof(double) * n), *sig = malloc(sizeof(double) * (n + 1)), init;
+    int rc = ts && sig ? 0 : dc_fail("sampler: out of host memory");
+    if (!rc) rc = dc_sd_ladder(s, c, DC_SCHED_DDIM, false, opt->prediction, n, ts, sig, &init);
+    const double final = c->set_alpha_to_one ? 1.0 : s->alphas_cumprod[0];
     for (int k = 0; k < n && !rc; k++) {
-        int t = ts[k], prev = t - T / n;
+        int t = (int)ts[k], prev = t - T / n;
         double acp = s->alphas_cumprod[t];
-        double acp_prev = prev >= 0 ? s->alphas_cumprod[prev] : s->alphas_cumprod[0];
+        double acp_prev = prev >= 0 ? s->alphas_cumprod[prev] : final;
+        if (acp == 0 && opt->prediction != DC_PRED_V) {
+            rc = dc_fail("sampler: at timestep %d alphas_cumprod is 0 (rescale_betas_zero_snr in %s): an epsilon "
+                         "prediction says nothing of the image there (DDIM needs a v_prediction model)",
+                         t, c->source[0] ? c->source : "the scheduler config");
+            break;
+        }
         double var = (1 - acp_prev) / (1 - acp) * (1 - acp / acp_prev);
         double std = opt->eta * sqrt(var), dir2 = 1 - acp_prev - std * std;
         if (dir2 < 0) {
@@ -58,7 +72,7 @@ static int plan_ddim(const dc_sd_schedule *s, const dc_ksampler_opts *opt, dc_ks
         double dir = sqrt(dir2), sa = sqrt(acp), s1 = sqrt(1 - acp);
         dc_kstep *p = &st[k];
         memset(p, 0, sizeof *p);
-        p->sigma = s1 / sa;
+        p->sigma = acp > 0 ? s1 / sa : INFINITY;
         p->sigma_next = sqrt((1 - acp_prev) / acp_prev);
         p->t = t;
         p->c_in = 1;
@@ -69,23 +83,41 @@ static int plan_ddim(const dc_sd_schedule *s, const dc_ksampler_opts *opt, dc_ks
         p->an = std;
         p->noise = opt->eta > 0;
     }
-    free(ts);
+    free(ts), free(sig);
     return rc;
 }
 
 static int plan_k(const dc_sd_schedule *s, const dc_ksampler_opts *opt, dc_kstep *st,
                   double *init_sigma) {
     int n = opt->steps;
-    double *sig = malloc(sizeof(double) * (n + 1));
-    if (!sig) return dc_fail("sampler: out of host memory");
-    int rc = opt->karras ? dc_sd_sigmas_karras(n, dc_sd_sigma_min(s), dc_sd_sigma_max(s), 7.0, sig)
-                         : dc_sd_sigmas_uniform(s, n, sig);
+    dc_sd_sched_cfg def;
+    const dc_sd_sched_cfg *c = sched_of(opt, &def);
+    const bool dpm = opt->kind == DC_KS_DPMPP_2M, custom = opt->sigmas != NULL;
+    double *sig = malloc(sizeof(double) * (n + 1)), *ts = malloc(sizeof(double) * n), init = 0;
+    if (!sig || !ts) return free(sig), free(ts), dc_fail("sampler: out of host memory");
+    int rc = 0;
+    // DPM++ 2M's last step is of first order into sigma 0 and, in diffusers'
+    // class, when lower_order_final with fewer than 15 steps or euler_at_final
+    bool first_order_last = false;
+    if (custom) {  // k-diffusion: the ladder given, t = sigma_to_t(sigma), x = sigmas[0] randn
+        memcpy(sig, opt->sigmas, sizeof(double) * (n + 1));
+        for (int i = 0; i < n; i++) ts[i] = dc_sd_sigma_to_t(s, sig[i]);
+        for (int i = 0; i <= n && !rc; i++)
+            if (!(sig[i] >= 0 && isfinite(sig[i])) || (i < n && !(sig[i] > 0 && sig[i] >= sig[i + 1])))
+                rc = dc_fail("sampler: sigma %d of the ladder given is %g (a descending ladder above 0, its "
+                             "last at least 0)", i, sig[i]);
+        init = sig[0];
+    } else {
+        rc = dc_sd_ladder(s, c, dc_ks_class(opt->kind), opt->karras, opt->prediction, n, ts, sig, &init);
+        if (dpm) init *= sqrt(sig[0] * sig[0] + 1);  // x_t = randn: x = x_t sqrt(sigma^2 + 1)
+        first_order_last = c->euler_at_final || (c->lower_order_final && n < 15);
+    }
     for (int i = 0; i < n && !rc; i++) {
         double sg = sig[i], sn = sig[i + 1];
         dc_kstep *p = &st[i];
         memset(p, 0, sizeof *p);
         p->sigma = sg, p->sigma_next = sn;
-        p->t = dc_sd_sigma_to_t(s, sg);
+        p->t = ts[i];
         p->c_in = 1 / sqrt(sg * sg + 1);
         if (opt->prediction == DC_PRED_V) p->dx = 1 / (sg * sg + 1), p->de = -sg * p->c_in;
         else p->dx = 1, p->de = -sg;
@@ -104,7 +136,7 @@ static int plan_k(const dc_sd_schedule *s, const dc_ksampler_opts *opt, dc_kstep
         }
         case DC_KS_DPMPP_2M: {
             // t = -log sigma; h = t_next - t; x = (sn / s) x - expm1(-h) D, where
-            // D = denoised on the first and the last step, else
+            // D = denoised on a first-order step, else
             // (1 + 1/(2r)) denoised - 1/(2r) old, r = h_last / h.
             if (sn == 0) {
                 p->ax = 0, p->ad = 1;
@@ -112,20 +144,24 @@ static int plan_k(const dc_sd_schedule *s, const dc_ksampler_opts *opt, dc_kstep
             }
             double h = log(sg) - log(sn), e = -expm1(-h);
             p->ax = sn / sg;
-            if (i == opt->skip) {  // the first step run
+            if (i == opt->skip || (i == n - 1 && first_order_last)) {  // the first step run, or the last
                 p->ad = e;
             } else {
                 double r = (log(sig[i - 1]) - log(sg)) / h;
                 p->ad = e * (1 + 1 / (2 * r));
                 p->ao = -e / (2 * r);
             }
+            if (i == n - 1 && !custom) {  // DPM-Solver's result is x_t = x / sqrt(sn^2 + 1)
+                double back = 1 / sqrt(sn * sn + 1);
+                p->ax *= back, p->ad *= back, p->ao *= back;
+            }
             break;
         }
         default: rc = dc_fail("sampler: unknown sampler %d", (int)opt->kind);
         }
     }
-    if (!rc) *init_sigma = sig[0];
-    free(sig);
+    if (!rc) *init_sigma = init;
+    free(sig), free(ts);
     return rc;
 }
 
@@ -138,6 +174,7 @@ int dc_ksampler_plan(const dc_sd_schedule *s, const dc_ksampler_opts *opt, dc_ks
     if (opt->prediction != DC_PRED_EPS && opt->prediction != DC_PRED_V)
         return dc_fail("sampler: unknown prediction type %d", (int)opt->prediction);
     if (opt->kind == DC_KS_DDIM) {
+        if (opt->sigmas) return dc_fail("sampler: DDIM walks timesteps, not a ladder of sigmas");
         if (!(opt->eta >= 0)) return dc_fail("sampler: DDIM eta %g must be >= 0", opt->eta);
         *init_sigma = 1;
         return plan_ddim(s, opt, steps);
@@ -174,8 +211,8 @@ int dc_ksampler_init(dc_ksampler *s, dc_backend *be, const dc_ksampler_opts *opt
     s->opt = *opt;
     s->C = C, s->H = H, s->W = W, s->max_batch = max_batch;
     s->cfg = cfg;
-    if (dc_sd_schedule_init(&s->sched, DC_SD_TRAIN_STEPS, DC_SD_BETA_START, DC_SD_BETA_END))
-        return -1;
+    dc_sd_sched_cfg def;
+    if (dc_sd_schedule_init_cfg(&s->sched, sched_of(opt, &def), opt->kind != DC_KS_DDIM)) return -1;
     int rc = 0;
     if (opt->steps < 1 || opt->steps > s->sched.T)
         rc = dc_fail("sampler: %d steps outside [1, %d]", opt->steps, s->sched.T);
@@ -270,7 +307,8 @@ static int run_steps(dc_ksampler *s, dc_buf x, const uint32_t *idx, int B, dc_ev
         const dc_kstep *p = &s->plan[first];
         be->randn(be, s->z, idx, B, n, s->opt.seed, DC_SAMPLE_START_STEP, DC_STREAM_SAMPLE_START);
         double a = 1, b = p->sigma;  // k-samplers: x + sigma z
-        if (s->opt.kind == DC_KS_DDIM) a = 1 / sqrt(1 + p->sigma * p->sigma), b = p->sigma * a;
+        if (s->opt.kind == DC_KS_DDIM)  // sqrt(acp) x + sqrt(1 - acp) z (acp may be 0: sigma inf)
+            a = 1 / sqrt(1 + p->sigma * p->sigma), b = sqrt(1 - a * a);
         lin(s, x, x, s->z, a, b, B, n);
     } else {
         if (!s->opt.x_given)

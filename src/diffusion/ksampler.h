@@ -1,26 +1,35 @@
 // Samplers of latent diffusion (Stable Diffusion), independent of the model:
 // DDIM, Euler, Euler ancestral and DPM++ 2M, with classifier-free guidance on
 // text embeddings and a negative prompt, for epsilon- or v-predicting
-// discrete-time models on the scaled-linear schedule (sd_schedule.h).
+// discrete-time models on the schedule a diffusers scheduler config gives
+// (sd_schedule.h).
 //
-// References followed, line by line:
-//   DDIM:     diffusers DDIMScheduler.step (SD configs: "leading" spacing,
-//             steps_offset 1, set_alpha_to_one False -> the step after the
-//             last uses alphas_cumprod[0]); eta as there. Starts from randn.
-//   Euler, Euler a, DPM++ 2M: k-diffusion sampling.py sample_euler (no churn),
-//             sample_euler_ancestral (eta 1, s_noise 1), sample_dpmpp_2m, over
-//             the model wrapped as DiscreteEpsDDPMDenoiser / DiscreteVDDPMDenoiser
-//             (external.py): the model sees c_in x = x / sqrt(sigma^2 + 1) at
-//             t = sigma_to_t(sigma) (log-sigma interpolation), and
-//             denoised = x - sigma eps, or for v: x / (sigma^2 + 1) - sigma v / sqrt(sigma^2 + 1).
-//             Start: x = randn * sigmas[0]. This is what AUTOMATIC1111 runs for
-//             "Euler", "Euler a" (uniform ladder, get_sigmas) and "DPM++ 2M Karras"
-//             (get_sigmas_karras with rho 7 between the schedule's sigma_min and
-//             sigma_max). diffusers' EulerDiscrete / EulerAncestralDiscrete /
-//             DPMSolverMultistep(use_karras_sigmas) take the same update formulas
-//             but their own ladders: timestep_spacing (default "linspace",
-//             steps_offset 0) and sigmas interpolated linearly in t (np.interp),
-//             not in log sigma, so their pictures differ slightly from these.
+// Each runs the ladder of the diffusers class of its name, made from the
+// config as that class's from_config and set_timesteps make it
+// (dc_sd_ladder): timesteps, sigmas and start noise equal diffusers' for the
+// same config and number of steps.
+//   ddim             DDIMScheduler (step as DDIMScheduler.step; eta as there)
+//   euler            EulerDiscreteScheduler
+//   euler_a          EulerAncestralDiscreteScheduler
+//   dpmpp_2m         DPMSolverMultistepScheduler (dpmsolver++, order 2, midpoint)
+//   dpmpp_2m_karras  the same with use_karras_sigmas
+// The updates of Euler, Euler a and DPM++ 2M are k-diffusion's sample_euler (no
+// churn), sample_euler_ancestral (eta 1, s_noise 1) and sample_dpmpp_2m, which
+// those classes compute too, over the model wrapped as k-diffusion's
+// DiscreteEpsDDPMDenoiser / DiscreteVDDPMDenoiser (external.py): the model
+// sees c_in x = x / sqrt(sigma^2 + 1) at the ladder's timestep, and
+// denoised = x - sigma eps, or for v: x / (sigma^2 + 1) - sigma v / sqrt(sigma^2 + 1).
+// x lives in sigma space (x = x_t sqrt(sigma^2 + 1)) for the k-samplers, so
+// DPM-Solver's start x_t = randn is x = sqrt(sigma_0^2 + 1) randn here, and its
+// result at a last sigma above 0 is scaled back to x_t. DPM++ 2M takes a first
+// order step first and, as DPMSolverMultistepScheduler does, last (when
+// lower_order_final with fewer than 15 steps, euler_at_final, or a last sigma
+// of 0).
+// Given a ladder of sigmas (opts.sigmas), the k-samplers run it as k-diffusion
+// does (AUTOMATIC1111's "Euler a", "Euler", "DPM++ 2M Karras" with
+// get_sigmas / get_sigmas_karras): t = sigma_to_t(sigma) (log-sigma
+// interpolation), x = sigmas[0] randn, DPM++ 2M first order only first and
+// into sigma 0.
 // Guidance u + scale (c - u) on the model output equals AUTOMATIC1111's on the
 // denoised values: denoised is affine in the output with the same coefficients.
 //
@@ -46,7 +55,7 @@ typedef enum { DC_KS_DDIM, DC_KS_EULER, DC_KS_EULER_A, DC_KS_DPMPP_2M } dc_ks_ki
 
 // One step's scalars, all float64 on the host.
 typedef struct {
-    double sigma, sigma_next;  // k-samplers: the ladder; DDIM: sigma of t and of the step after
+    double sigma, sigma_next;  // k-samplers: the ladder; DDIM: sigma of t (inf at zero SNR) and of the step after
     double t;                  // the timestep the model is fed
     double c_in;               // the model's input is c_in x
     double dx, de;             // denoised = dx x + de out
@@ -57,10 +66,11 @@ typedef struct {
 typedef struct {
     dc_ks_kind kind;
     int steps;
-    bool karras;            // k-samplers: Karras sigmas (rho 7) instead of the uniform ladder
+    bool karras;            // Euler, DPM++ 2M: Karras sigmas (use_karras_sigmas)
     float eta;              // DDIM only
-    dc_spacing spacing;     // DDIM only (SD: leading, offset 1)
-    int steps_offset;
+    const dc_sd_sched_cfg *sched;  // the scheduler config (NULL: Stable Diffusion's, dc_sd_sched_cfg_default)
+    const double *sigmas;   // NULL, or the k-samplers' ladder to run as k-diffusion does ([steps + 1],
+                            // descending; then neither sched's spacing nor karras is read)
     dc_prediction prediction;
     float cfg_scale;        // guidance when != 1: out = u + scale (c - u)
     uint64_t seed;
@@ -83,8 +93,12 @@ typedef struct {
 dc_ksampler_opts dc_ksampler_opts_default(void);
 const char *dc_ks_kind_name(dc_ks_kind k);
 
-// The plan of a whole run: steps[n] for n = opt->steps and the start noise's
-// scale (*init_sigma: sigmas[0] for the k-samplers, 1 for DDIM).
+// The dc_sd_class whose ladder sampler k runs.
+dc_sd_class dc_ks_class(dc_ks_kind k);
+
+// The plan of a whole run on schedule s (dc_sd_schedule_init_cfg of opt's
+// config, with floor but for DDIM): steps[n] for n = opt->steps and the start
+// noise's scale (*init_sigma: in sigma space for the k-samplers, 1 for DDIM).
 int dc_ksampler_plan(const dc_sd_schedule *s, const dc_ksampler_opts *opt, dc_kstep *steps,
                      double *init_sigma);
 

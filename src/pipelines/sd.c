@@ -246,7 +246,7 @@ static void state_free(dc_sd_pipe *p) {
 // seed, which a run reads as it goes.
 static bool same_sampler(const dc_ksampler_opts *a, const dc_ksampler_opts *b) {
     return a->kind == b->kind && a->steps == b->steps && a->karras == b->karras && a->eta == b->eta &&
-           a->spacing == b->spacing && a->steps_offset == b->steps_offset && a->prediction == b->prediction &&
+           a->sched == b->sched && a->sigmas == b->sigmas && a->prediction == b->prediction &&
            a->cfg_scale == b->cfg_scale && a->ctx_len == b->ctx_len && a->ctx_dim == b->ctx_dim &&
            a->null_ctx.p == b->null_ctx.p && a->null_ctx.dt == b->null_ctx.dt && a->x_given == b->x_given &&
            a->graph == b->graph && a->skip == b->skip;
