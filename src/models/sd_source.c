@@ -1,6 +1,5 @@
 #include "models/sd_source.h"
 
-#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,9 +17,14 @@ static const char *part_class(dc_sd_part p) {
     return p == DC_SD_UNET ? "UNet2DConditionModel" : p == DC_SD_VAE ? "AutoencoderKL" : "CLIPTextModel";
 }
 
-static bool is_dir(const char *path) {
-    struct stat st;
-    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+// A folder that exists: 1; 0 when there is nothing there (or a file); -1 when
+// the path cannot be reached (a loop of symbolic links, no permission).
+static int dir_at(const char *path) {
+    int e = dc_sd_path_exists(path);
+    if (e <= 0) return e;
+    bool dir;
+    DC_TRY(dc_sd_path_check(path, -1, &dir));
+    return dir;
 }
 
 static bool has_prefix(const dc_st_file *f, const char *prefix) {
@@ -48,15 +52,81 @@ static int version_of(const dc_st_file *f, const char *unet_prefix) {
     return 0;
 }
 
+// ---- model_index.json ---------------------------------------------------------------------
+
+// The pipelines whose components and use are those of SD 1.x / 2.x text to image.
+static const char *const k_pipelines[] = {"StableDiffusionPipeline", "StableDiffusionImg2ImgPipeline", NULL};
+
+// model_index.json's entry for component `name`: 1 a [library, class] pair
+// whose class is checked by want (a prefix; NULL: any ending in "Scheduler"),
+// 0 [null, null], -1 absent (when required, an error).
+static int index_entry(const dc_json *root, const char *path, const char *name, const char *want, bool required,
+                       int *out) {
+    const dc_json *v = dc_json_get(root, name);
+    *out = -1;
+    if (!v) return required ? dc_fail("%s names no %s (a Stable Diffusion pipeline has one)", path, name) : 0;
+    if (v->type != DC_JSON_ARRAY || v->nkids != 2)
+        return dc_fail("%s: '%s' must be [library, class]", path, name);
+    const dc_json *cls = &v->kids[1];
+    if (cls->type == DC_JSON_NULL) {
+        if (required) return dc_fail("%s: '%s' is null: a Stable Diffusion pipeline needs one", path, name);
+        return *out = 0, 0;
+    }
+    if (!dc_json_is_cstr(cls)) return dc_fail("%s: '%s' must be [library, class]", path, name);
+    bool ok = want ? !strncmp(cls->str, want, strlen(want))
+                   : strlen(cls->str) > 9 && !strcmp(cls->str + strlen(cls->str) - 9, "Scheduler");
+    if (!ok)
+        return dc_fail("%s: '%s' is a %.100s, not %s%s", path, name, cls->str, want ? "a " : "a scheduler",
+                       want ? want : "");
+    return *out = 1, 0;
+}
+
+static int read_model_index(dc_sd_model *m) {
+    char path[4200];
+    m->tokenizer = m->scheduler = -1;
+    DC_TRY(join(path, sizeof path, m->path, "model_index.json"));
+    int e = dc_sd_path_exists(path);
+    if (e <= 0) return e;
+    dc_json_doc doc;
+    DC_TRY(dc_json_read_file(&doc, path));
+    const dc_json *root = doc.root, *cls = dc_json_get(root, "_class_name");
+    int rc = root->type == DC_JSON_OBJECT ? 0 : dc_fail("%s: not a JSON object", path);
+    if (!rc && !dc_json_is_cstr(cls)) rc = dc_fail("%s: no _class_name (the pipeline's class)", path);
+    int k = 0;
+    while (!rc && k_pipelines[k] && strcmp(k_pipelines[k], cls->str)) k++;
+    if (!rc && !k_pipelines[k])
+        rc = dc_fail("%s: _class_name '%.100s' is not a pipeline the engine runs (StableDiffusionPipeline or "
+                     "StableDiffusionImg2ImgPipeline: SD 1.x and 2.x)", path, cls->str);
+    // A component is the folder of its name: no name that leads out of the model.
+    for (int i = 0; !rc && i < root->nkids; i++) {
+        const char *key = root->kids[i].key;
+        if (root->kids[i].type != DC_JSON_ARRAY || key[0] == '_') continue;
+        if (!key[0] || key[0] == '.' || strchr(key, '/') || strchr(key, '\\') || strlen(key) != root->kids[i].key_len)
+            rc = dc_fail("%s: component '%.100s' is not a folder name of the model (no '/', no leading '.')", path, key);
+    }
+    int u, v, t;
+    if (!rc) rc = index_entry(root, path, "unet", "UNet2DConditionModel", true, &u);
+    if (!rc) rc = index_entry(root, path, "vae", "AutoencoderKL", true, &v);
+    if (!rc) rc = index_entry(root, path, "text_encoder", "CLIPTextModel", true, &t);
+    if (!rc) rc = index_entry(root, path, "tokenizer", "CLIPTokenizer", false, &m->tokenizer);
+    if (!rc) rc = index_entry(root, path, "scheduler", NULL, false, &m->scheduler);
+    if (!rc) snprintf(m->pipeline, sizeof m->pipeline, "%s", cls->str);
+    dc_json_free(&doc);
+    return rc;
+}
+
 int dc_sd_model_open(dc_sd_model *m, const char *path, unsigned flags) {
     memset(m, 0, sizeof *m);
+    m->tokenizer = m->scheduler = -1;
     if (snprintf(m->path, sizeof m->path, "%s", path) >= (int)sizeof m->path) return dc_fail("path too long");
     m->st_flags = flags;
-    if (is_dir(path)) {
+    bool dir;
+    DC_TRY(dc_sd_path_check(path, -1, &dir));
+    if (dir) {
         m->folder = true;
-        return 0;
+        return read_model_index(m);
     }
-    if (!dc_file_exists(path)) return dc_fail("%s: no such file or folder", path);
+    DC_TRY(dc_sd_refuse_pickle(path));
     DC_TRY(dc_st_open_opts(&m->file, path, flags));
     m->single = has_prefix(&m->file, "model.diffusion_model.") || has_prefix(&m->file, "first_stage_model.") ||
                 has_prefix(&m->file, "cond_stage_model.");
@@ -72,6 +142,7 @@ void dc_sd_model_close(dc_sd_model *m) {
 void dc_sd_source_close(dc_sd_source *s) {
     for (int i = 0; i < s->nfiles_owned; i++) dc_st_close(&s->files[i]);
     dc_json_free(&s->config);
+    dc_json_free(&s->index);
     memset(s, 0, sizeof *s);
 }
 
@@ -100,52 +171,6 @@ static int source_single(dc_sd_source *s, dc_sd_model *m) {
 }
 
 // ---- a component's folder ---------------------------------------------------------------
-static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
-
-static bool ends_with(const char *s, const char *tail) {
-    size_t n = strlen(s), m = strlen(tail);
-    return n >= m && strcmp(s + n - m, tail) == 0;
-}
-
-// The weight files of a folder: the shards an index names, else the plain
-// file, else the fp16 variant, else the only *.safetensors there.
-static int pick_files(dc_sd_source *s, char names[][256], int *count) {
-    DIR *d = opendir(s->dir);
-    if (!d) return dc_fail("%s: cannot list the folder", s->dir);
-    char *all[64];
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) && n < 64)
-        if (ends_with(e->d_name, ".safetensors") && e->d_name[0] != '.') all[n++] = strdup(e->d_name);
-    closedir(d);
-    qsort(all, (size_t)n, sizeof *all, cmp_str);
-    *count = 0;
-    const char *plain[] = {"diffusion_pytorch_model.safetensors", "model.safetensors",
-                           "diffusion_pytorch_model.fp16.safetensors", "model.fp16.safetensors"};
-    for (int k = 0; k < 4 && !*count; k++)
-        for (int i = 0; i < n; i++)
-            if (!strcmp(all[i], plain[k])) snprintf(names[(*count)++], 256, "%s", all[i]);
-    // Shards (name-00001-of-00002.safetensors): all of one variant, in order.
-    for (int i = 0; i < n && !*count; i++)
-        if (strstr(all[i], "-of-") && !strstr(all[i], ".fp16."))
-            for (int j = i; j < n && *count < DC_SD_MAX_FILES; j++)
-                if (strstr(all[j], "-of-") && !strstr(all[j], ".fp16.")) snprintf(names[(*count)++], 256, "%s", all[j]);
-    for (int i = 0; i < n && !*count; i++)
-        if (strstr(all[i], "-of-"))
-            for (int j = i; j < n && *count < DC_SD_MAX_FILES; j++)
-                if (strstr(all[j], "-of-")) snprintf(names[(*count)++], 256, "%s", all[j]);
-    if (!*count && n == 1) snprintf(names[(*count)++], 256, "%s", all[0]);
-    int total = n;
-    for (int i = 0; i < n; i++) free(all[i]);
-    if (!*count)
-        return total ? dc_fail("%s: %d *.safetensors files and none of the names diffusers writes "
-                               "(diffusion_pytorch_model.safetensors, model.safetensors): name the file instead",
-                               s->dir, total)
-                     : dc_fail("%s: no *.safetensors weights (files in other formats, such as .bin or .ckpt, "
-                               "are not read: save them as safetensors)", s->dir);
-    return 0;
-}
-
 static int check_class(const dc_sd_source *s, const char *where) {
     const dc_json *c = dc_json_get(s->config.root, "_class_name");
     if (c && dc_json_is_cstr(c) && strcmp(c->str, part_class(s->part)) != 0 &&
@@ -158,33 +183,51 @@ static int check_class(const dc_sd_source *s, const char *where) {
 static int source_folder(dc_sd_source *s, const dc_sd_model *m) {
     char sub[4096], cfg[4200];
     DC_TRY(join(sub, sizeof sub, m->path, dc_sd_part_name(s->part)));
-    if (is_dir(sub)) {
+    int d = dir_at(sub);
+    if (d < 0) return -1;
+    if (d) {
         snprintf(s->dir, sizeof s->dir, "%s", sub);
     } else {
         // A component's own folder: its config.json names its class.
         DC_TRY(join(cfg, sizeof cfg, m->path, "config.json"));
-        if (!dc_file_exists(cfg))
+        int e = dc_sd_path_exists(cfg);
+        if (e < 0) return -1;
+        if (!e)
             return dc_fail("%s: neither a pipeline folder with %s/ nor a component folder with config.json",
                            m->path, dc_sd_part_name(s->part));
         snprintf(s->dir, sizeof s->dir, "%s", m->path);
     }
     DC_TRY(join(cfg, sizeof cfg, s->dir, "config.json"));
-    if (dc_file_exists(cfg)) {
+    int e = dc_sd_path_exists(cfg);
+    if (e < 0) return -1;
+    if (e) {
         DC_TRY(dc_json_read_file(&s->config, cfg));
         if (s->config.root->type != DC_JSON_OBJECT) return dc_fail("%s: not a JSON object", cfg);
         DC_TRY(check_class(s, s->dir));
     }
-    char names[DC_SD_MAX_FILES][256];
-    int n;
-    DC_TRY(pick_files(s, names, &n));
-    for (int i = 0; i < n; i++) {
+    DC_TRY(dc_sd_pick_weights(s->dir, s->fnames, &s->nfnames, &s->index, s->index_name, sizeof s->index_name));
+    s->names = DC_NAMES_DIFFUSERS;
+    return 0;
+}
+
+int dc_sd_source_open_files(dc_sd_source *s) {
+    for (int i = s->nfiles; i < s->nfnames; i++) {
         char file[4400];
-        DC_TRY(join(file, sizeof file, s->dir, names[i]));
-        DC_TRY(dc_st_open_opts(&s->files[i], file, m->st_flags));
+        DC_TRY(join(file, sizeof file, s->dir, s->fnames[i]));
+        DC_TRY(dc_sd_path_check(file, 0, NULL));
+        DC_TRY(dc_sd_refuse_pickle(file));
+        DC_TRY(dc_st_open_opts(&s->files[i], file, s->st_flags));
         s->nfiles_owned = s->nfiles = i + 1;
     }
-    s->w.files = s->files, s->w.nfiles = s->nfiles;
-    s->names = DC_NAMES_DIFFUSERS;
+    if (s->nfnames) {
+        char ipath[4400];
+        snprintf(ipath, sizeof ipath, "%s/%s", s->dir, s->index_name);
+        DC_TRY(dc_sd_check_shards(s->files, s->nfiles, dc_json_get(s->index.root, "weight_map"), ipath));
+        s->w.files = s->files, s->w.nfiles = s->nfiles;
+    }
+    if (s->part == DC_SD_TEXT && s->names == DC_NAMES_DIFFUSERS && !s->w.prefix[0] &&
+        dc_weights_has(&s->w, "text_model.embeddings.token_embedding.weight"))
+        snprintf(s->w.prefix, sizeof s->w.prefix, "text_model.");  // written by transformers 4
     return 0;
 }
 
@@ -223,38 +266,36 @@ static int source_file(dc_sd_source *s, dc_sd_model *m) {
     return 0;
 }
 
-int dc_sd_source_open(dc_sd_source *s, dc_sd_model *m, dc_sd_part part) {
+int dc_sd_source_find(dc_sd_source *s, dc_sd_model *m, dc_sd_part part) {
     memset(s, 0, sizeof *s);
     s->part = part;
+    s->st_flags = m->st_flags;
     int rc = m->folder ? source_folder(s, m) : m->single ? source_single(s, m) : source_file(s, m);
-    if (rc == 0 && part == DC_SD_TEXT && s->names == DC_NAMES_DIFFUSERS && !m->single &&
-        dc_weights_has(&s->w, "text_model.embeddings.token_embedding.weight"))
-        snprintf(s->w.prefix, sizeof s->w.prefix, "text_model.");  // written by transformers 4
+    // a single file's components carry their names as they are
+    if (rc == 0 && !m->folder && !m->single) rc = dc_sd_source_open_files(s);
     if (rc != 0) dc_sd_source_close(s);
     return rc;
 }
 
-int dc_sd_prediction(const dc_sd_model *m, bool *v) {
-    if (!m->folder) return 1;
-    char cfg[4200];
-    DC_TRY(join(cfg, sizeof cfg, m->path, "scheduler/scheduler_config.json"));
-    if (!dc_file_exists(cfg)) return 1;
-    dc_json_doc doc;
-    DC_TRY(dc_json_read_file(&doc, cfg));
-    const dc_json *p = dc_json_get(doc.root, "prediction_type");
-    int rc = 1;
-    if (p && dc_json_is_cstr(p)) {
-        if (!strcmp(p->str, "epsilon") || !strcmp(p->str, "v_prediction"))
-            *v = p->str[0] == 'v', rc = 0;
-        else
-            rc = dc_fail("%s: prediction_type '%s' is not supported (epsilon or v_prediction)", cfg, p->str);
-    }
-    dc_json_free(&doc);
+int dc_sd_source_open(dc_sd_source *s, dc_sd_model *m, dc_sd_part part) {
+    DC_TRY(dc_sd_source_find(s, m, part));
+    int rc = dc_sd_source_open_files(s);
+    if (rc != 0) dc_sd_source_close(s);
     return rc;
 }
 
+int dc_sd_scheduler_file(const dc_sd_model *m, char *buf, size_t cap) {
+    if (!m->folder || m->scheduler == 0) return 1;
+    DC_TRY(join(buf, cap, m->path, "scheduler/scheduler_config.json"));
+    int e = dc_sd_path_exists(buf);
+    if (e < 0) return -1;
+    if (!e && m->scheduler == 1)
+        return dc_fail("%s/model_index.json names a scheduler, but %s is missing", m->path, buf);
+    return e ? 0 : 1;
+}
+
 const char *dc_sd_tokenizer_dir(const dc_sd_model *m, char *buf, size_t cap) {
-    if (!m->folder) return NULL;
+    if (!m->folder || m->tokenizer == 0) return NULL;
     char vocab[4200];
     if (snprintf(buf, cap, "%s/tokenizer", m->path) >= (int)cap) return NULL;
     snprintf(vocab, sizeof vocab, "%s/vocab.json", buf);

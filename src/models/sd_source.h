@@ -1,7 +1,10 @@
 // Where the components of a Stable Diffusion model are, in the layouts
 // people have them, without a converter:
 //   - a diffusers pipeline folder (model_index.json, unet/, vae/,
-//     text_encoder/, tokenizer/, scheduler/; with or without model_index.json),
+//     text_encoder/, tokenizer/, scheduler/; with or without model_index.json;
+//     when there, its _class_name must be StableDiffusionPipeline or
+//     StableDiffusionImg2ImgPipeline, and it names each component's folder
+//     and class, which must be those of SD),
 //   - one component's folder (config.json and its *.safetensors, possibly
 //     sharded or an fp16 variant), or that component's weights file alone,
 //   - a single-file checkpoint in the original layout (model.diffusion_model.*,
@@ -10,16 +13,18 @@
 // A dc_sd_source says, for one component, which files hold it, under which
 // key prefix and naming, and its config.json when there is one. Large files
 // are mapped (io/safetensors.h), so nothing is read into memory twice.
+// Weight files are found (models/sd_files.h: one file, an index's shards,
+// shards without an index) before any is opened, so a request can be checked
+// against the configs before gigabytes are read.
 #pragma once
 #include <stdbool.h>
 #include "io/json.h"
 #include "io/safetensors.h"
+#include "models/sd_files.h"
 #include "nn/weights.h"
 
 typedef enum { DC_SD_UNET, DC_SD_VAE, DC_SD_TEXT } dc_sd_part;
 const char *dc_sd_part_name(dc_sd_part p);  // "unet", "vae", "text_encoder"
-
-#define DC_SD_MAX_FILES 16
 
 typedef struct {
     char path[4096];        // what the user named
@@ -29,6 +34,8 @@ typedef struct {
                             // width), else 0
     dc_st_file file;        // the single file (or a component's lone file)
     unsigned st_flags;      // DC_ST_NO_VERIFY ...
+    char pipeline[128];     // model_index.json's _class_name ("" without the file)
+    int tokenizer, scheduler;  // model_index.json names the component (1), null (0), or nothing (-1)
 } dc_sd_model;
 
 typedef struct {
@@ -39,21 +46,38 @@ typedef struct {
     dc_names names;          // the naming scheme of the keys
     dc_json_doc config;      // config.json (root NULL when there is none)
     char dir[4096];          // the component's folder ("" for a single file)
+    // a folder's weight files, found by dc_sd_source_find, opened by
+    // dc_sd_source_open_files: file names in dir, and the index naming them
+    char fnames[DC_SD_MAX_FILES][256];
+    int nfnames;
+    dc_json_doc index;
+    char index_name[256];
+    unsigned st_flags;
 } dc_sd_source;
 
-// Opens PATH (any layout above). flags: DC_ST_NO_VERIFY to skip checksums.
+// Opens PATH (any layout above; a single file's header is read, a folder's
+// model_index.json checked). A pickle (.ckpt, .bin) is refused, saying how to
+// convert it. flags: DC_ST_NO_VERIFY to skip checksums.
 int dc_sd_model_open(dc_sd_model *m, const char *path, unsigned flags);
 void dc_sd_model_close(dc_sd_model *m);
-// The source of one component. A component the files do not hold is refused
-// naming what was looked for. The source may point into m's single file:
-// close it before m.
+// The source of one component: dc_sd_source_find (its config, and which
+// files hold it: a folder's are not opened yet), then
+// dc_sd_source_open_files (their headers; shards checked against each other
+// and their index); dc_sd_source_open does both. A component the files do not
+// hold is refused naming what was looked for. The source may point into m's
+// single file: close it before m.
+int dc_sd_source_find(dc_sd_source *s, dc_sd_model *m, dc_sd_part part);
+int dc_sd_source_open_files(dc_sd_source *s);
 int dc_sd_source_open(dc_sd_source *s, dc_sd_model *m, dc_sd_part part);
 void dc_sd_source_close(dc_sd_source *s);
 // The config root, or NULL when the component came without config.json.
 static inline const dc_json *dc_sd_config(const dc_sd_source *s) { return s->config.root; }
 
-// The scheduler's prediction type from scheduler/scheduler_config.json
-// ("epsilon" or "v_prediction"): 0 and *v set; 1 when the files do not say.
-int dc_sd_prediction(const dc_sd_model *m, bool *v);
+// The scheduler config of a pipeline folder: 0 with its path in buf
+// (scheduler/scheduler_config.json); 1 when there is none (a single file, no
+// scheduler/ folder, or model_index.json naming no scheduler); -1 when
+// model_index.json names a scheduler whose config is missing, or the path
+// cannot be reached.
+int dc_sd_scheduler_file(const dc_sd_model *m, char *buf, size_t cap);
 // The tokenizer folder of a pipeline (tokenizer/ holding vocab.json), or NULL.
 const char *dc_sd_tokenizer_dir(const dc_sd_model *m, char *buf, size_t cap);

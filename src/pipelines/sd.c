@@ -58,21 +58,28 @@ int dc_heads_parse(const char *s, dc_heads *h) {
     return h->n ? 0 : dc_fail("heads '%s': empty", s);
 }
 
+// A UNet's config: config.json, else the shapes (and SD's head rules), the
+// heads given taking precedence.
+static int unet_config_of(const dc_sd_source *s, const dc_heads *heads, dc_unet_config *c) {
+    if (dc_sd_config(s))
+        DC_TRY(dc_unet_config_from_json(c, dc_sd_config(s), s->dir));
+    else
+        DC_TRY(dc_unet_config_infer(c, &s->w, s->names));
+    if (heads && heads->n) {
+        if (heads->n != 1 && heads->n != c->nblocks)
+            return dc_fail("%d head counts given for a UNet of %d blocks (give one, or one per block)", heads->n,
+                           c->nblocks);
+        for (int i = 0; i < c->nblocks; i++) c->heads[i] = heads->v[heads->n == 1 ? 0 : i];
+        DC_TRY(dc_unet_config_validate(c));
+    }
+    return 0;
+}
+
 int dc_sd_load_unet(dc_sd_source *s, dc_backend *be, int latent_h, int latent_w, const dc_heads *heads,
                     dc_model **out) {
     *out = NULL;
     dc_unet_config c;
-    if (dc_sd_config(s))
-        DC_TRY(dc_unet_config_from_json(&c, dc_sd_config(s), s->dir));
-    else
-        DC_TRY(dc_unet_config_infer(&c, &s->w, s->names));
-    if (heads && heads->n) {
-        if (heads->n != 1 && heads->n != c.nblocks)
-            return dc_fail("%d head counts given for a UNet of %d blocks (give one, or one per block)", heads->n,
-                           c.nblocks);
-        for (int i = 0; i < c.nblocks; i++) c.heads[i] = heads->v[heads->n == 1 ? 0 : i];
-        DC_TRY(dc_unet_config_validate(&c));
-    }
+    DC_TRY(unet_config_of(s, heads, &c));
     DC_TRY(dc_unet_new(&c, be, dc_weights_dtype(&s->w), latent_h, latent_w, out));
     if (dc_unet_load(*out, &s->w, s->names)) {
         dc_model_free(*out), *out = NULL;
@@ -93,50 +100,85 @@ static void model_name(dc_sd_pipe *p, const char *path) {
     if (dot && dot != p->name) *dot = 0;  // v1-5-pruned.safetensors -> v1-5-pruned
 }
 
-int dc_sd_pipe_open(dc_sd_pipe *p, dc_backend *be, const dc_sd_open_opts *o) {
+// The sizes and prediction a model's configs give, before any weight is read.
+static int describe(dc_sd_pipe *p, const dc_sd_open_opts *o) {
+    dc_sd_source *text = &p->src[0], *unet = &p->src[1], *vae = &p->src[2];
+    // A component without config.json is described by its tensors' shapes: their
+    // headers are read (the data stays where it is).
+    for (int i = 0; i < 3; i++)
+        if (!dc_sd_config(&p->src[i])) DC_TRY(dc_sd_source_open_files(&p->src[i]));
+    dc_clip_text_config tc;
+    dc_unet_config uc;
+    dc_vae_config vc;
+    if (dc_sd_config(text)) DC_TRY(dc_clip_text_config_from_json(&tc, dc_sd_config(text), text->dir));
+    else DC_TRY(dc_clip_text_config_infer(&tc, &text->w, text->names));
+    DC_TRY(unet_config_of(unet, o->unet_heads, &uc));
+    if (dc_unet_config_validate(&uc)) return dc_fail_ctx("%s", unet->dir[0] ? unet->dir : o->model);
+    if (dc_sd_config(vae)) DC_TRY(dc_vae_config_from_json(&vc, dc_sd_config(vae), vae->dir));
+    else DC_TRY(dc_vae_config_infer(&vc, &vae->w, vae->names));
+    if (uc.ctx_dim != tc.width)
+        return dc_fail("%s: the UNet reads text embeddings %d wide, the text encoder makes %d", o->model, uc.ctx_dim,
+                       tc.width);
+    p->version = p->files.version ? p->files.version : uc.ctx_dim == 1024 ? 2 : uc.ctx_dim == 768 ? 1 : 0;
+    // The scheduler config: every key checked; SD's own when the model has none.
+    char sched[4200];
+    int rc = dc_sd_scheduler_file(&p->files, sched, sizeof sched);
+    if (rc < 0) return -1;
+    if (rc == 0) DC_TRY(dc_sd_sched_cfg_read(&p->sched, sched));
+    bool v = o->prediction == 1;
+    if (o->prediction < 0)
+        v = p->sched.prediction >= 0 ? p->sched.prediction == DC_PRED_V
+                                     : p->files.single && p->version == 2;  // SD 2.x 768-v, as diffusers assumes
+    p->v_pred = v;
+    p->factor = dc_vae_factor(&vc);
+    p->align = p->factor * (1 << (uc.nblocks - 1));
+    p->default_size = uc.sample_size > 0 ? uc.sample_size * p->factor : v && p->version == 2 ? 768 : 512;
+    return 0;
+}
+
+int dc_sd_pipe_find(dc_sd_pipe *p, const dc_sd_open_opts *o) {
     memset(p, 0, sizeof *p);
-    p->be = be;
+    dc_sd_sched_cfg_default(&p->sched);
+    p->opts = *o;
     model_name(p, o->model);
     // Every component is found before anything loads, so a missing one is
     // reported before minutes of reading the others.
-    dc_sd_source src[3];
     const dc_sd_part parts[3] = {DC_SD_TEXT, DC_SD_UNET, DC_SD_VAE};
-    int nsrc = 0;
     int rc = dc_sd_model_open(&p->files, o->model, o->st_flags);
-    for (; !rc && nsrc < 3; nsrc++)
-        if ((rc = dc_sd_source_open(&src[nsrc], &p->files, parts[nsrc]))) break;
+    for (; !rc && p->nsrc < 3; p->nsrc++)
+        if ((rc = dc_sd_source_find(&p->src[p->nsrc], &p->files, parts[p->nsrc]))) break;
+    if (!rc) rc = describe(p, o);
     // The tokenizer: the vocabulary given, the pipeline's own, or the fallback.
     char tokdir[4200];
     const char *vocab = o->vocab ? o->vocab : rc ? NULL : dc_sd_tokenizer_dir(&p->files, tokdir, sizeof tokdir);
     if (!vocab) vocab = o->vocab_fallback;
     if (!rc && !vocab)
-        rc = dc_fail("%s has no tokenizer/ folder: give the CLIP vocabulary (--vocab "
-                     "bpe_simple_vocab_16e6.txt.gz, or a tokenizer folder)", o->model);
+        rc = dc_fail("%s has no tokenizer/ folder%s: give the CLIP vocabulary (--vocab "
+                     "bpe_simple_vocab_16e6.txt.gz, or a tokenizer folder)", o->model,
+                     p->files.tokenizer == 1 ? " (model_index.json names one)" : "");
     if (!rc) rc = dc_clip_tokenizer_load(&p->tok, vocab);
-    if (!rc) rc = dc_sd_load_text(&src[0], be, &p->text_skip, &p->text);
-    if (!rc) rc = dc_sd_load_unet(&src[1], be, 64, 64, o->unet_heads, &p->unet);
-    if (!rc) rc = dc_sd_load_vae(&src[2], be, o->encoder, true, &p->vae);
-    for (int i = 0; i < nsrc; i++) dc_sd_source_close(&src[i]);
-    if (rc) return dc_sd_pipe_close(p), -1;
-    const dc_unet_config *uc = &dc_unet_of(p->unet)->cfg;
-    if (uc->ctx_dim != p->text->cfg.width) {
-        dc_fail("%s: the UNet reads text embeddings %d wide, the text encoder makes %d", o->model, uc->ctx_dim,
-                p->text->cfg.width);
-        return dc_sd_pipe_close(p), -1;
-    }
-    p->version = p->files.version ? p->files.version : uc->ctx_dim == 1024 ? 2 : uc->ctx_dim == 768 ? 1 : 0;
-    bool v = false;
-    if (o->prediction >= 0) {
-        v = o->prediction == 1;
-    } else {
-        rc = dc_sd_prediction(&p->files, &v);
-        if (rc < 0) return dc_sd_pipe_close(p), -1;
-        if (rc == 1) v = p->files.single && p->version == 2;  // SD 2.x 768-v, as diffusers assumes
-    }
-    p->v_pred = v;
-    p->factor = dc_vae_factor(&p->vae->cfg);
-    p->default_size = uc->sample_size > 0 ? uc->sample_size * p->factor : v && p->version == 2 ? 768 : 512;
+    if (rc) dc_sd_pipe_close(p);
+    return rc;
+}
+
+int dc_sd_pipe_load(dc_sd_pipe *p, dc_backend *be) {
+    p->be = be;
+    int rc = 0;
+    for (int i = 0; i < p->nsrc && !rc; i++) rc = dc_sd_source_open_files(&p->src[i]);
+    if (!rc) rc = dc_sd_load_text(&p->src[0], be, &p->text_skip, &p->text);
+    if (!rc) rc = dc_sd_load_unet(&p->src[1], be, 64, 64, p->opts.unet_heads, &p->unet);
+    if (!rc) rc = dc_sd_load_vae(&p->src[2], be, p->opts.encoder, true, &p->vae);
+    // the weights are loaded: their files are no longer needed
+    for (int i = 0; i < p->nsrc; i++) dc_sd_source_close(&p->src[i]);
+    p->nsrc = 0;
+    if (rc) return -1;
     if (be->freeze_weights) be->freeze_weights(be, true);  // inference: the weights stay as loaded
+    return 0;
+}
+
+int dc_sd_pipe_open(dc_sd_pipe *p, dc_backend *be, const dc_sd_open_opts *o) {
+    DC_TRY(dc_sd_pipe_find(p, o));
+    if (dc_sd_pipe_load(p, be)) return dc_sd_pipe_close(p), -1;
     return 0;
 }
 
@@ -152,6 +194,8 @@ void dc_sd_pipe_close(dc_sd_pipe *p) {
     dc_model_free(p->unet);
     if (p->vae) dc_vae_free(p->vae);
     dc_clip_tokenizer_free(&p->tok);
+    for (int i = 0; i < p->nsrc; i++) dc_sd_source_close(&p->src[i]);
+    dc_sd_sched_cfg_free(&p->sched);
     dc_sd_model_close(&p->files);
     memset(p, 0, sizeof *p);
 }
@@ -310,15 +354,58 @@ static int plan_for(dc_sd_pipe *p, bool unet, int rows, int B, int height, int w
     return unet ? dc_model_reserve(p->unet, rows) : dc_vae_reserve(p->vae, B, height, width);
 }
 
-int dc_sd_generate(dc_sd_pipe *p, const dc_sd_gen *g, dc_sd_picture_fn on_picture, void *ctx,
-                   dc_sd_progress_fn progress, void *pctx) {
-    dc_backend *be = p->be;
-    const int f = p->factor, align = f * (1 << (dc_unet_of(p->unet)->cfg.nblocks - 1));
+// The steps img2img leaves out: the first steps - (int)(steps * strength), as
+// diffusers' img2img pipelines skip them.
+static int img2img_skip(const dc_sd_gen *g, int *skip) {
+    int runs = (int)(g->ks.steps * g->strength);
+    if (!(g->strength > 0 && g->strength <= 1) || runs < 1)
+        return dc_fail("strength %g of %d steps runs no step (at least 1 / steps)", g->strength, g->ks.steps);
+    *skip = g->ks.steps - runs;
+    return 0;
+}
+
+int dc_sd_gen_check(dc_sd_pipe *p, const dc_sd_gen *g) {
+    const int f = p->factor, align = p->align;
     if (g->width < align || g->height < align || g->width % align || g->height % align)
         return dc_fail("width and height must be multiples of %d (the VAE's factor %d times the UNet's %d "
                        "downsamplings): %dx%d", align, f, align / f, g->width, g->height);
     if (g->count < 1 || g->batch < 1) return dc_fail("%d pictures in batches of %d", g->count, g->batch);
-    if (g->init && !p->vae->has_encoder) return dc_fail("img2img needs the VAE's encoder (open with encoder)");
+    if (g->init && !p->opts.encoder) return dc_fail("img2img needs the VAE's encoder (open with encoder)");
+    dc_ksampler_opts o = g->ks;
+    o.prediction = p->v_pred ? DC_PRED_V : DC_PRED_EPS;
+    o.sched = &p->sched;
+    if (g->init) DC_TRY(img2img_skip(g, &o.skip));
+    if (o.steps < 1 || o.steps > p->sched.T)
+        return dc_fail("%d steps: between 1 and the schedule's %d", o.steps, p->sched.T);
+    // The plan of the whole run, as the sampler will make it.
+    dc_sd_schedule s;
+    dc_kstep *plan = malloc(sizeof(dc_kstep) * (size_t)o.steps);
+    double init;
+    int rc = plan ? 0 : dc_fail("out of host memory");
+    if (!rc) rc = dc_sd_schedule_init_cfg(&s, &p->sched, o.kind != DC_KS_DDIM);
+    if (!rc) rc = dc_ksampler_plan(&s, &o, plan, &init), dc_sd_schedule_free(&s);
+    free(plan);
+    if (rc) return -1;
+    // What the scheduler config asks that this sampler does not follow, once.
+    const unsigned bit = 1u << (2 * o.kind + (o.karras ? 1 : 0));
+    char warn[2048];
+    if (!(p->warned & bit) && dc_sd_sched_cfg_warnings(&p->sched, dc_ks_class(o.kind), o.karras, warn, sizeof warn)) {
+        for (char *line = warn, *nl; *line; line = nl + 1) {
+            if (!(nl = strchr(line, '\n'))) break;
+            *nl = 0;
+            dc_warn("%s", line);
+        }
+    }
+    p->warned |= bit;
+    return 0;
+}
+
+int dc_sd_generate(dc_sd_pipe *p, const dc_sd_gen *g, dc_sd_picture_fn on_picture, void *ctx,
+                   dc_sd_progress_fn progress, void *pctx) {
+    dc_backend *be = p->be;
+    if (!be || !p->unet) return dc_fail("the model's weights are not loaded (dc_sd_pipe_load)");
+    DC_TRY(dc_sd_gen_check(p, g));
+    const int f = p->factor;
     const int h = g->height / f, w = g->width / f, B = g->batch < g->count ? g->batch : g->count;
     const int D = p->text->cfg.width, T = DC_CLIP_CONTEXT, C = 4;
     const int64_t lat = (int64_t)C * h * w, pix = (int64_t)3 * g->height * g->width;
@@ -331,14 +418,10 @@ int dc_sd_generate(dc_sd_pipe *p, const dc_sd_gen *g, dc_sd_picture_fn on_pictur
     // shape and options are the same (see dc_sd_pipe).
     dc_ksampler_opts o = g->ks;
     o.prediction = p->v_pred ? DC_PRED_V : DC_PRED_EPS;
+    o.sched = &p->sched;
     o.ctx_len = T, o.ctx_dim = D;
     o.graph = true;  // the UNet forward issues backend ops only
-    if (g->init) {
-        int runs = (int)(o.steps * g->strength);
-        if (!(g->strength > 0 && g->strength <= 1) || runs < 1)
-            rc = rc ? rc : dc_fail("strength %g of %d steps runs no step (at least 1 / steps)", g->strength, o.steps);
-        o.skip = o.steps - runs;
-    }
+    if (g->init && !rc) rc = img2img_skip(g, &o.skip);
     if (!rc) rc = dc_unet_set_size(p->unet, h, w);
     if (!rc) rc = state_buffers(p, B, h, w, g->init != NULL, lat, pix, T, D);
     gen_bufs b = rc ? (gen_bufs){0} : p->gen->b;

@@ -1,12 +1,15 @@
 // Stable Diffusion as people run it: text (and an image) in, pictures out.
 // Loads the three components from any layout models/sd_source.h reads,
-// encodes the prompts, samples latents with diffusion/ksampler.h and decodes
-// them. The library returns pictures as floats; the CLI writes the PNGs.
+// encodes the prompts, samples latents with diffusion/ksampler.h on the
+// ladders the model's scheduler config gives (diffusion/sd_sched_config.h)
+// and decodes them. The library returns pictures as floats; the CLI writes
+// the PNGs.
 #pragma once
 #include <stdbool.h>
 #include <stdint.h>
 #include "backend/backend.h"
 #include "diffusion/ksampler.h"
+#include "diffusion/sd_sched_config.h"
 #include "models/clip_text.h"
 #include "models/sd_source.h"
 #include "models/vae.h"
@@ -31,8 +34,15 @@ typedef struct {
 } dc_sd_open_opts;
 
 typedef struct {
-    dc_backend *be;
+    dc_backend *be;          // set by dc_sd_pipe_load
     dc_sd_model files;
+    dc_sd_source src[3];     // text encoder, UNet, VAE: found by dc_sd_pipe_find
+    int nsrc;
+    dc_sd_open_opts opts;    // as given to dc_sd_pipe_find (its pointers must outlive the load)
+    dc_sd_sched_cfg sched;   // the scheduler config (Stable Diffusion's own when the model has none)
+    unsigned warned;         // the samplers whose scheduler-config warnings were given
+    int align;               // width and height are multiples of this (the VAE's factor times
+                             // 2^(UNet blocks - 1))
     dc_clip_tokenizer tok;
     dc_clip_text *text;
     int text_skip;       // layers of the text encoder not run (1 for SD 2 single files)
@@ -53,6 +63,14 @@ typedef struct {
     struct dc_sd_gen_state *gen;
 } dc_sd_pipe;
 
+// Opens a model in two steps, so that a request is checked before gigabytes
+// are read: dc_sd_pipe_find reads what describes the model (model_index.json,
+// the configs, a single file's header, the scheduler config, the tokenizer)
+// and fills version, v_pred, factor, align, default_size, name and sched;
+// dc_sd_pipe_load then reads the weights onto be. dc_sd_pipe_open does both.
+// dc_sd_pipe_close frees what either made.
+int dc_sd_pipe_find(dc_sd_pipe *p, const dc_sd_open_opts *o);
+int dc_sd_pipe_load(dc_sd_pipe *p, dc_backend *be);
 int dc_sd_pipe_open(dc_sd_pipe *p, dc_backend *be, const dc_sd_open_opts *o);
 void dc_sd_pipe_close(dc_sd_pipe *p);
 
@@ -60,11 +78,18 @@ typedef struct {
     const char *prompt, *negative_prompt;  // negative may be NULL (then "")
     int count;               // pictures
     int batch;               // pictures per sampling batch
-    int width, height;       // pixels, multiples of 8 (factor)
+    int width, height;       // pixels, multiples of align
     dc_ksampler_opts ks;     // sampler, steps, cfg, seed (prediction and ctx filled in)
     const float *init;       // img2img: [3, height, width] in [-1, 1] (NULL: txt2img)
     float strength;          // img2img: the share of the steps run (0..1]
 } dc_sd_gen;
+
+// Checks a request against the model (after dc_sd_pipe_find; no weights
+// needed): sizes (multiples of align), counts, steps, img2img's strength
+// against the steps, and the sampler against the scheduler config (its
+// ladder is planned; what the config asks that the sampler does not follow
+// is warned about once per sampler). dc_sd_generate checks the same.
+int dc_sd_gen_check(dc_sd_pipe *p, const dc_sd_gen *g);
 
 typedef void (*dc_sd_progress_fn)(void *ctx, const char *stage, int done, int total);
 // Receives picture `index` ([3, height, width] floats in [-1, 1], unclamped,
