@@ -176,8 +176,11 @@ static int run(int argc, char **argv, bool img2img) {
     if (!(strength > 0 && strength <= 1)) return dc_fail("--strength %g: in (0, 1]", strength), cli_usage_fail();
     if (count < 1 || count > MAX_PICTURES) return dc_fail("--count %d: 1 to %d", count, MAX_PICTURES), cli_usage_fail();
     if (batch < 1 || batch > 64) return dc_fail("--batch %d: 1 to 64", batch), cli_usage_fail();
-    if (width < 0 || height < 0 || width > 4096 || height > 4096)
-        return dc_fail("--width/--height %dx%d: up to 4096 (multiples of 64)", width, height), cli_usage_fail();
+    // 0 stands for the model's size only when the flag is left out
+    if ((args_given(&ap, "width") && (width < 1 || width > 4096)) ||
+        (args_given(&ap, "height") && (height < 1 || height > 4096)))
+        return dc_fail("--width/--height %dx%d: 1 to 4096, multiples of 64 (leave them out for the model's size)",
+                       width, height), cli_usage_fail();
     dc_heads heads = {0};
     if (heads_text && dc_heads_parse(heads_text, &heads)) return cli_usage_fail();
     if (cli_check_device_flags(threads, device, precision)) return cli_usage_fail();
@@ -194,11 +197,9 @@ static int run(int argc, char **argv, bool img2img) {
     const char *fallback = NULL;
     if (!vocab && cli_find_vocab(&fallback)) dc_error_clear();
     if (img2img && dc_png_read_image(init_path, &init, 1)) goto done;
-    if (cli_set_threads(threads) || cli_backend(device, precision, &be)) goto done;
-    dc_log("loading %s on %s", model, be->name);
     dc_sd_open_opts oo = {model, vocab, fallback, no_verify ? DC_ST_NO_VERIFY : 0, pred, img2img,
                           heads_text ? &heads : NULL};
-    if (dc_sd_pipe_open(&pipe, be, &oo)) goto done;
+    if (dc_sd_pipe_find(&pipe, &oo)) goto done;  // the configs: the request is checked before any weight is read
     if (img2img) {
         if ((width && width != init.width) || (height && height != init.height)) {
             dc_fail("%s is %dx%d; --width/--height ask for %dx%d (resize the picture first)", init_path, init.width,
@@ -209,14 +210,18 @@ static int run(int argc, char **argv, bool img2img) {
     }
     if (!width) width = pipe.default_size;
     if (!height) height = pipe.default_size;
-    dc_log("SD %s (%s), %dx%d, %s, %d steps, guidance %g, seed %llu",
-           pipe.version == 1 ? "1.x" : pipe.version == 2 ? "2.x" : "(version unknown)",
-           pipe.v_pred ? "v-prediction" : "epsilon", width, height, k_samplers[si].a1111, steps, cfg,
-           (unsigned long long)seed);
     dc_sd_gen g = {prompt, negative, count, batch, width, height, dc_ksampler_opts_default(),
                    img2img ? init.data : NULL, strength};
     g.ks.kind = k_samplers[si].kind, g.ks.karras = k_samplers[si].karras, g.ks.steps = steps;
     g.ks.cfg_scale = cfg, g.ks.eta = eta, g.ks.seed = seed;
+    if (dc_sd_gen_check(&pipe, &g)) goto done;
+    if (cli_set_threads(threads) || cli_backend(device, precision, &be)) goto done;
+    dc_log("loading %s on %s", model, be->name);
+    if (dc_sd_pipe_load(&pipe, be)) goto done;
+    dc_log("SD %s (%s), %dx%d, %s, %d steps, guidance %g, seed %llu",
+           pipe.version == 1 ? "1.x" : pipe.version == 2 ? "2.x" : "(version unknown)",
+           pipe.v_pred ? "v-prediction" : "epsilon", width, height, k_samplers[si].a1111, steps, cfg,
+           (unsigned long long)seed);
     writer wr = {out, count, width, height, &pipe, &g, k_samplers[si].a1111, img2img};
     progress_ctx pc = {dc_time_now()};
     if (dc_sd_generate(&pipe, &g, write_one, &wr, on_progress, &pc)) goto done;
