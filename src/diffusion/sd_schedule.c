@@ -100,6 +100,11 @@ int dc_sd_schedule_init_cfg(dc_sd_schedule *s, const dc_sd_sched_cfg *c, bool fl
         acp[T - 1] = 0.0;  // exactly, as q is
         if (floor) acp[T - 1] = 0x1p-24;  // "FP16 smallest positive subnormal"
     }
+    for (int i = 0; i < T - (c->rescale_zero_snr ? 1 : 0); i++)
+        if (!(acp[i] > 0)) {
+            dc_sd_schedule_free(s);
+            return dc_fail("schedule: alphas_cumprod underflows to 0 at timestep %d of %d (betas too large)", i, T);
+        }
     for (int i = 0; i < T; i++) {
         s->sigmas[i] = acp[i] > 0 ? sqrt((1.0 - acp[i]) / acp[i]) : INFINITY;
         s->log_sigmas[i] = log(s->sigmas[i]);

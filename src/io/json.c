@@ -234,7 +234,7 @@ static int check_unique(const parser *p, const dc_json *kids, size_t n) {
 // Moves the children pushed since `base` into the arena.
 static int pop_kids(parser *p, size_t base, dc_json *v) {
     size_t n = p->stack_len - base;
-    if (v->type == DC_JSON_OBJECT && (p->flags & DC_JSON_UNIQUE_KEYS))
+    if (v->type == DC_JSON_OBJECT && (p->flags & DC_JSON_UNIQUE_KEYS) && n > 1)
         DC_TRY(check_unique(p, p->stack + base, n));
     if (n > INT_MAX) return perr(p, "too many elements");
     v->nkids = (int)n;

@@ -6,15 +6,20 @@
 //     layouts, block and layer indices 0..3); the harness writes a valid
 //     file with them and parses it as a loader would, then infers the UNet's,
 //     the VAE's and the text encoder's configs under both namings;
-//   json (odd): the rest is a config.json, read as each component's.
+//   json (odd): the rest is a config.json, read as each component's, and as
+//     a scheduler_config.json, whose ladders are then made for every class.
 // Whatever is accepted must validate, and then registering the model's
-// parameters and mapping every name to the original layout must work.
+// parameters and mapping every name to the original layout must work; a
+// ladder made must hold finite timesteps in the schedule and finite sigmas.
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/error.h"
+#include "diffusion/sd_sched_config.h"
+#include "diffusion/sd_schedule.h"
 #include "io/json.h"
 #include "io/safetensors.h"
 #include "models/clip_text.h"
@@ -104,13 +109,45 @@ static void check_configs(const dc_weights *w, const dc_json *root) {
     dc_error_clear();
 }
 
+// A scheduler config: read; if accepted, every class's ladder of a few step
+// counts on its schedule.
+static void check_scheduler(const dc_json *root, unsigned steps) {
+    dc_sd_sched_cfg c;
+    if (dc_sd_sched_cfg_from_json(&c, root, "scheduler_config.json")) return;
+    for (int floor = 0; floor < 2; floor++) {
+        dc_sd_schedule s;
+        if (dc_sd_schedule_init_cfg(&s, &c, floor)) continue;
+        const int ns[3] = {1, 2, 1 + (int)(steps % 64)};
+        double t[64], sig[65], init;
+        for (int k = 0; k < 4; k++)
+            for (int karras = 0; karras < 2; karras++)
+                for (int j = 0; j < 3; j++) {
+                    int n = ns[j] < s.T ? ns[j] : s.T;
+                    if (dc_sd_ladder(&s, &c, (dc_sd_class)k, karras, DC_PRED_V, n, t, sig, &init)) continue;
+                    for (int i = 0; i < n; i++)
+                        if (!(t[i] == t[i] && t[i] <= s.T - 1 && (c.continuous_t || t[i] >= 0))) abort();
+                    for (int i = 0; i <= n && k != DC_SCHED_DDIM; i++)
+                        if (!(sig[i] >= 0 && sig[i] < INFINITY)) abort();
+                    if (!(init > 0 && init < INFINITY)) abort();
+                }
+        dc_sd_schedule_free(&s);
+    }
+    dc_sd_sched_cfg_free(&c);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!g_nnames) make_names();
     if (size < 1) return 0;
     if (data[0] & 1) {  // a config.json
-        dc_json_doc doc;
-        if (dc_json_parse(&doc, (const char *)data + 1, size - 1, 0) == 0 && doc.root->type == DC_JSON_OBJECT)
+        dc_json_doc doc;  // as the readers parse them: scheduler configs may hold Python's -Infinity
+        if (dc_json_parse_opts(&doc, (const char *)data + 1, size - 1, 0, DC_JSON_UNIQUE_KEYS) == 0 &&
+            doc.root->type == DC_JSON_OBJECT)
             check_configs(NULL, doc.root);
+        dc_json_free(&doc);
+        if (dc_json_parse_opts(&doc, (const char *)data + 1, size - 1, 0, DC_JSON_NONFINITE | DC_JSON_UNIQUE_KEYS) ==
+                0 &&
+            doc.root->type == DC_JSON_OBJECT)
+            check_scheduler(doc.root, data[0] >> 1);
         dc_json_free(&doc);
         dc_error_clear();
         return 0;

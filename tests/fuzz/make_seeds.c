@@ -207,6 +207,23 @@ static void sd_config_seeds(void) {
         snprintf(name, sizeof name, "json_%s", files[i]);
         put("fuzz_sd_config", name, buf, n + 1);
     }
+    // scheduler configs: SD 1.5's, and one with most keys a class reads
+    static const char *const scheds[] = {
+        ("\x01{\"_class_name\": \"PNDMScheduler\", \"beta_end\": 0.012, \"beta_schedule\": \"scaled_linear\","
+        " \"beta_start\": 0.00085, \"num_train_timesteps\": 1000, \"set_alpha_to_one\": false,"
+        " \"skip_prk_steps\": true, \"steps_offset\": 1, \"trained_betas\": null, \"clip_sample\": false}"),
+        ("\x15{\"beta_schedule\": \"squaredcos_cap_v2\", \"num_train_timesteps\": 300, \"prediction_type\":"
+        " \"v_prediction\", \"rescale_betas_zero_snr\": true, \"timestep_spacing\": \"trailing\","
+        " \"interpolation_type\": \"log_linear\", \"timestep_type\": \"continuous\", \"sigma_min\": 0.1,"
+        " \"final_sigmas_type\": \"sigma_min\", \"lambda_min_clipped\": -Infinity, \"euler_at_final\": true}"),
+        ("\x0b{\"num_train_timesteps\": 4, \"trained_betas\": [0.1, 0.2, 0.3, 0.4], \"steps_offset\": 3,"
+        " \"timestep_spacing\": \"leading\", \"lambda_min_clipped\": -1.5}"),
+    };
+    for (int i = 0; i < 3; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "json_scheduler_%d", i);
+        put("fuzz_sd_config", name, (const uint8_t *)scheds[i], strlen(scheds[i]));
+    }
 }
 
 // A PNG made with libpng directly (palette, alpha, 16 bits, interlace: what
