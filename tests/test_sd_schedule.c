@@ -439,6 +439,10 @@ static void test_warnings_and_plans(void) {
     CHECK(prc == 0 && plan[0].t == 999 && isinf(plan[0].sigma), "DDIM, zero SNR, v: %s", prc ? dc_error() : "");
     if (!rc) dc_sd_schedule_free(&s);
     dc_sd_sched_cfg_free(&c);
+    // betas that take alphas_cumprod to 0 long before the end
+    rc = parse_cfg("{\"num_train_timesteps\": 5000, \"beta_start\": 0.5, \"beta_end\": 0.9}", &c);
+    int src = rc ? 0 : dc_sd_schedule_init_cfg(&s, &c, true);
+    CHECK(rc == 0 && src != 0 && strstr(dc_error(), "underflows"), "alphas_cumprod underflowing: %s", dc_error());
     // "leading" with steps_offset 1 reaches t = 1000 at 1000 steps
     dc_sd_sched_cfg_default(&c);
     c.spacing = DC_SPACING_LEADING;
