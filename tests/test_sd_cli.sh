@@ -7,8 +7,9 @@ source "$(dirname "$0")/lib.sh"
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 SDR=$ROOT/${BUILD:-build}/tools/sd_random
 GOLD=$ROOT/tests/golden/sd
-VOCAB=$ROOT/../shared/data/bpe_simple_vocab_16e6.txt.gz
+VOCAB=$ROOT/data/bpe_simple_vocab_16e6.txt.gz
 [ -x "$SDR" ] || { echo "FAIL: $SDR not built (make)"; exit 1; }
+[ -f "$VOCAB" ] || { echo "FAIL: $VOCAB not found: it ships with the repository"; exit 1; }
 unset DIFFUSION_VOCAB
 PY=; for p in /usr/bin/python3 python3; do "$p" -c 'import numpy' 2> /dev/null && { PY=$p; break; }; done
 
@@ -37,9 +38,7 @@ done
 "$SDR" --config tiny1 --layout diffusers --dtype bf16 --seed 9 --out "$TMP/tiny1-bf16" && "$SDR" --config tiny2 --layout diffusers --dtype f32 --seed 9 --out "$TMP/tiny2-f32" \
   || fail "sd_random bf16/f32"
 
-if [ ! -f "$VOCAB" ]; then
-  echo "SKIP txt2img checks: $VOCAB not found (shared/ beside the repository)"
-else
+{
   P="a photo of an astronaut riding a horse on mars"
   G0=(--vocab "$VOCAB" --prompt "$P" --width 32 --height 32 --device cpu --threads 2)
   G=("${G0[@]}" --steps 3)
@@ -68,9 +67,17 @@ else
   expect_fail "img2img strength that runs no step" "runs no step" diffusion img2img --model "$TMP/tiny1" "${G0[@]}" --init "$TMP/b1-0.png" --strength 0.05 --steps 10 --out "$TMP/i2.png"
   expect_fail "img2img of another size" "resize the picture" diffusion img2img --model "$TMP/tiny1" --vocab "$VOCAB" --prompt x --init "$TMP/b1-0.png" --width 64 --out "$TMP/i2.png" --device cpu
   expect_fail "a size the UNet cannot halve" "multiples of" diffusion txt2img --model "$TMP/tiny1" --vocab "$VOCAB" --prompt x --width 36 --height 32 --out "$TMP/w.png" --device cpu
-  expect_fail "a single file without a vocabulary" "no tokenizer/ folder" diffusion txt2img --model "$TMP/tiny1.safetensors" --prompt x --out "$TMP/v.png" --device cpu
+  # a single file has no tokenizer: a binary finds the shipped vocabulary in data/ beside it
+  # (a checkout); a copy of it elsewhere finds none
+  mkdir -p "$TMP/checkout" "$TMP/elsewhere" && cp "$BIN" "$TMP/checkout/diffusion" && cp "$BIN" "$TMP/elsewhere/diffusion"
+  cp -r "$ROOT/data" "$TMP/checkout/"
+  (cd "$TMP" && checkout/diffusion txt2img --model tiny1.safetensors --prompt "$P" --width 32 --height 32 --steps 3 \
+    --device cpu --threads 2 --out v.png) > "$TMP/log" 2>&1 \
+    && pass "a single file without --vocab: the vocabulary in data/" || fail "single file without --vocab: $(tail -2 "$TMP/log")"
+  expect_fail "a single file without a vocabulary" "no tokenizer/ folder" \
+    bash -c "cd '$TMP' && elsewhere/diffusion txt2img --model tiny1.safetensors --prompt x --out v.png --device cpu"
   expect_code 2 "an unknown sampler" diffusion txt2img --model "$TMP/tiny1" --prompt x --sampler heun --out "$TMP/v.png"
-fi
+}
 
 # ---- refusals ---------------------------------------------------------------------------------
 mkdir -p "$TMP/half" && cp -r "$TMP/tiny1/vae" "$TMP/tiny1/text_encoder" "$TMP/half/"

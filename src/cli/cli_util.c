@@ -138,15 +138,27 @@ int cli_load_model(const char *path, bool raw, int heads, unsigned st_flags, dc_
     return 0;
 }
 
-// Where the vocabulary is looked for without --vocab, after $DIFFUSION_VOCAB.
-static const char *k_vocab_places[] = {CLI_VOCAB_NAME, "/usr/local/share/diffusion/" CLI_VOCAB_NAME,
-                                       "/usr/share/diffusion/" CLI_VOCAB_NAME};
-
 int cli_find_vocab(const char **path) {
     const char *env = getenv("DIFFUSION_VOCAB");
     if (env && *env) return *path = env, 0;
-    for (size_t i = 0; i < sizeof k_vocab_places / sizeof *k_vocab_places; i++)
-        if (access(k_vocab_places[i], F_OK) == 0) return *path = k_vocab_places[i], 0;
+    // Beside the running binary: data/ of a checkout (./diffusion at its
+    // root), ../share/diffusion/ of an installation (PREFIX/bin/diffusion).
+    static char places[5][4200];
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = 0;
+        *strrchr(exe, '/') = 0;  // the kernel's path is absolute: it has a '/'
+    } else {
+        snprintf(exe, sizeof exe, "(the binary's folder)");
+    }
+    snprintf(places[0], sizeof places[0], "%s", CLI_VOCAB_NAME);
+    snprintf(places[1], sizeof places[1], "%s/data/%s", exe, CLI_VOCAB_NAME);
+    snprintf(places[2], sizeof places[2], "%s/../share/diffusion/%s", exe, CLI_VOCAB_NAME);
+    snprintf(places[3], sizeof places[3], "/usr/local/share/diffusion/%s", CLI_VOCAB_NAME);
+    snprintf(places[4], sizeof places[4], "/usr/share/diffusion/%s", CLI_VOCAB_NAME);
+    for (int i = 0; i < 5; i++)
+        if (access(places[i], F_OK) == 0) return *path = places[i], 0;
     return dc_fail("no CLIP vocabulary found: give --vocab FILE|FOLDER or set DIFFUSION_VOCAB (looked for ./%s, %s, "
-                   "%s)", k_vocab_places[0], k_vocab_places[1], k_vocab_places[2]);
+                   "%s, %s and %s)", places[0], places[1], places[2], places[3], places[4]);
 }

@@ -61,7 +61,9 @@ int cli_load_model(const char *path, bool raw, int heads, unsigned st_flags, dc_
                    dc_model **m, const char **which);
 
 // The CLIP vocabulary when no --vocab is given: $DIFFUSION_VOCAB, else the
-// first of ./bpe_simple_vocab_16e6.txt.gz, /usr/local/share/diffusion/ and
-// /usr/share/diffusion/ that exists; -1 with a message naming them all.
+// first of ./bpe_simple_vocab_16e6.txt.gz, data/ beside the running binary
+// (a checkout), ../share/diffusion/ beside it (an installation),
+// /usr/local/share/diffusion/ and /usr/share/diffusion/ that exists; -1 with
+// a message naming them all.
 #define CLI_VOCAB_NAME "bpe_simple_vocab_16e6.txt.gz"
 int cli_find_vocab(const char **path);

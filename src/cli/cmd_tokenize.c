@@ -61,8 +61,9 @@ int cmd_tokenize(int argc, char **argv) {
                      "The vocabulary (--vocab) is OpenAI's " CLI_VOCAB_NAME " (or the .txt),\n"
                      "a vocab.json with merges.txt beside it, or a folder holding them (a diffusers\n"
                      "model folder, or its tokenizer/). Without --vocab: $DIFFUSION_VOCAB, else\n"
-                     "./" CLI_VOCAB_NAME ", /usr/local/share/diffusion/" CLI_VOCAB_NAME ",\n"
-                     "/usr/share/diffusion/" CLI_VOCAB_NAME ".",
+                     "./" CLI_VOCAB_NAME ", data/ beside this program (the repository's copy),\n"
+                     "../share/diffusion/ beside it (where make install puts it),\n"
+                     "/usr/local/share/diffusion/ and /usr/share/diffusion/.",
                      specs, (int)(sizeof specs / sizeof specs[0]), 0, {0}, 0, {0}};
     // Prompts are set aside before the flags are parsed: there may be any
     // number of them (args_parse keeps a few positionals).
