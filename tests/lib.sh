@@ -72,3 +72,13 @@ small_data() {
   head -c 65536 /dev/urandom >> "$1"
   local i; for ((i = 0; i < 64; i++)); do printf "\\x0$((i % 10))"; done >> "$1"
 }
+# png_parameters FILE: the text of FILE's tEXt chunk "parameters" (AUTOMATIC1111's
+# generation parameters), read from the bytes with standard tools: the chunk's
+# 4-byte big-endian length, "tEXt", "parameters", a NUL, then the text.
+png_parameters() {
+  local at len
+  at=$(LC_ALL=C grep -obUa 'tEXtparameters' "$1" | head -n 1 | cut -d: -f1)
+  [ -n "$at" ] || return 1
+  len=$(od -An -tu1 -j $((at - 4)) -N4 "$1" | awk '{ print (($1 * 256 + $2) * 256 + $3) * 256 + $4 }')
+  tail -c +$((at + 16)) "$1" | head -c $((len - 11))
+}

@@ -94,44 +94,25 @@ expect_fail "class outside the model" "class 10 is outside the model's classes 0
   diffusion sample --ckpt "$ck" --classes 10 --grid "$TMP/g.png"
 diffusion sample --ckpt "$ck" --classes all --per-class 1 --steps 2 --grid "$TMP/all.png" > /dev/null 2>&1 \
   && [ -s "$TMP/all.png" ] && pass "sample --classes all" || fail "sample --classes all"
-# Every PNG says how it was made: AUTOMATIC1111's `parameters` text chunk,
-# read here by a PNG chunk walker independent of libpng.
-png_parameters() {
-  python3 - "$1" <<'EOF'
-import struct, sys, zlib
-b = open(sys.argv[1], "rb").read()
-assert b[:8] == b"\x89PNG\r\n\x1a\n"
-i = 8
-while i < len(b):
-    n, kind = struct.unpack(">I4s", b[i:i + 8])
-    data = b[i + 8:i + 8 + n]
-    assert zlib.crc32(b[i + 4:i + 8 + n]) == struct.unpack(">I", b[i + 8 + n:i + 12 + n])[0]
-    if kind == b"tEXt" and data.startswith(b"parameters\0"):
-        sys.stdout.write(data[11:].decode("latin-1"))
-    i += 12 + n
-EOF
-}
-if command -v python3 > /dev/null; then
-  want="classes 0, 1, 2, 3, 4, 5, 6, 7, 8, 9
+# Every PNG says how it was made: AUTOMATIC1111's `parameters` text chunk
+# (png_parameters, lib.sh: read from the bytes, independent of libpng).
+want="classes 0, 1, 2, 3, 4, 5, 6, 7, 8, 9
 Steps: 2, Sampler: DDPM, CFG scale: 4, Seed: 0, Size: 32x32, Model: $(basename "$ck"), Weights: EMA, Guided channels: all"
-  got=$(png_parameters "$TMP/all.png")
-  [ "$got" = "$want" ] && pass "grid PNG carries its parameters" || fail "grid parameters: '$got'"
-  diffusion sample --ckpt "$ck" --classes 7 --per-class 2 --steps 3 --sampler ddim --cfg-scale 1.5 --seed 9 \
-    --out-dir "$TMP/params" > /dev/null 2>&1
-  want="class 7
+got=$(png_parameters "$TMP/all.png")
+[ "$got" = "$want" ] && pass "grid PNG carries its parameters" || fail "grid parameters: '$got'"
+diffusion sample --ckpt "$ck" --classes 7 --per-class 2 --steps 3 --sampler ddim --cfg-scale 1.5 --seed 9 \
+  --out-dir "$TMP/params" > /dev/null 2>&1
+want="class 7
 Steps: 3, Sampler: DDIM, CFG scale: 1.5, Seed: 9, Size: 32x32, Model: $(basename "$ck"), Weights: EMA, Guided channels: all, Eta: 0, Sample index: 1"
-  got=$(png_parameters "$TMP/params/class7_1.png")
-  [ "$got" = "$want" ] && pass "sample PNG carries its parameters" || fail "sample parameters: '$got'"
-  # a checkpoint whose file name is not text: the PNG says '?' for the byte, and the samples are written
-  odd="$TMP/ck"$'\xff'".safetensors"
-  cp "$ck" "$odd"
-  diffusion sample --ckpt "$odd" --classes 1 --per-class 1 --steps 2 --out-dir "$TMP/odd" > /dev/null 2>&1
-  got=$(png_parameters "$TMP/odd/class1_0.png")
-  [[ "$got" == *"Model: ck?.safetensors, Weights"* ]] && pass "a file name that is not UTF-8 in the parameters" \
-    || fail "non-UTF-8 checkpoint name: '$got'"
-else
-  echo "SKIP PNG parameters: python3 not found"
-fi
+got=$(png_parameters "$TMP/params/class7_1.png")
+[ "$got" = "$want" ] && pass "sample PNG carries its parameters" || fail "sample parameters: '$got'"
+# a checkpoint whose file name is not text: the PNG says '?' for the byte, and the samples are written
+odd="$TMP/ck"$'\xff'".safetensors"
+cp "$ck" "$odd"
+diffusion sample --ckpt "$odd" --classes 1 --per-class 1 --steps 2 --out-dir "$TMP/odd" > /dev/null 2>&1
+got=$(png_parameters "$TMP/odd/class1_0.png")
+[[ "$got" == *"Model: ck?.safetensors, Weights"* ]] && pass "a file name that is not UTF-8 in the parameters" \
+  || fail "non-UTF-8 checkpoint name: '$got'"
 expect_fail "duplicate classes" "class 3 is listed twice" diffusion sample --ckpt "$ck" --classes 3,3 --out-dir "$TMP/s"
 expect_fail "too many samples" "over 1000000 samples" diffusion sample --ckpt "$ck" --per-class 429496730 --grid "$TMP/g.png"
 expect_fail "absurd thread count" "--threads must be in 0..1024" diffusion sample --ckpt "$ck" --threads 100000 --grid "$TMP/g.png"

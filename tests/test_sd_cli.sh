@@ -92,7 +92,7 @@ expect_code 2 "malformed --unet-heads" diffusion forward --component unet --unet
 
 # ---- forward --component against diffusers and transformers --------------------------------------
 if [ -z "$PY" ]; then
-  echo "SKIP forward --component golden checks: no python3 with numpy"
+  echo "SKIP (no python3-numpy) forward --component golden checks"
 else
   # each component's inputs, as the golden file names them without the component's prefix
   for set in sd1 sd2; do

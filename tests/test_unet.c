@@ -735,7 +735,7 @@ static void test_meta_init(void) {
 int main(int argc, char **argv) {
     const char *name = argc > 1 ? argv[1] : "cpu";
     if (dc_backend_create(name, &g_be)) {
-        printf("SKIP: no %s backend (%s)\n", name, dc_error());
+        printf("SKIP (no GPU) no %s backend (%s)\n", name, dc_error());
         return strcmp(name, "cpu") == 0;
     }
     g_tol = g_be->compute == DC_F32 ? TOL_OUT : TOL_BF16;
