@@ -94,8 +94,10 @@ static int write_one(void *ctx, int i, const float *image) {
     if (g->ks.kind == DC_KS_DDIM && g->ks.eta > 0)
         k += snprintf(extra + k, sizeof extra - (size_t)k, "%sEta: %g", k ? ", " : "", g->ks.eta);
     if (w->count > 1) snprintf(extra + k, sizeof extra - (size_t)k, "%sBatch pos: %d", k ? ", " : "", i);
-    dc_gen_params gp = {g->prompt, g->negative_prompt, g->ks.steps, w->sampler, g->ks.cfg_scale, g->ks.seed,
-                        w->width, w->height, w->pipe->name, extra[0] ? extra : NULL};
+    dc_gen_params gp = {.prompt = g->prompt, .negative_prompt = g->negative_prompt, .steps = g->ks.steps,
+                        .sampler = w->sampler, .cfg_scale = g->ks.cfg_scale, .seed = g->ks.seed, .width = w->width,
+                        .height = w->height, .model = w->pipe->name,
+                        .extra = extra[0] ? extra : NULL};
     char *params = dc_gen_params_format(&gp);
     if (!params) return dc_fail("out of memory");
     picture_path(path, sizeof path, w->out, i, w->count);
