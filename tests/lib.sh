@@ -4,6 +4,8 @@ BIN=${BIN:-./diffusion}
 [[ "$BIN" == */* ]] && BIN=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")  # tests may cd
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
+# The engine's caches (the model hashes of txt2img) go here, not into the user's home.
+export XDG_CACHE_HOME=$TMP/cache
 FAILS=0
 pass() { echo "ok   $*"; }
 fail() { echo "FAIL $*"; FAILS=$((FAILS + 1)); }

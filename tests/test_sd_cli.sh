@@ -49,8 +49,54 @@ done
     [ $r -eq 0 ] && pass "txt2img $c: the same picture from the diffusers folder and the single file"
     [ $r -eq 1 ] && fail "txt2img $c: the two layouts give different pictures"
   done
-  grep -q "Steps: 3, Sampler: Euler a, CFG scale: 7.5, Seed: 0, Size: 32x32, Model: tiny2" "$TMP/tiny2-s.png" \
+  grep -q "Steps: 3, Sampler: Euler a, CFG scale: 7.5, Seed: 0, Size: 32x32, Model hash: [0-9a-f]*, Model: tiny2" "$TMP/tiny2-s.png" \
     && pass "the PNG says how it was made (A1111 parameters)" || fail "no parameters text in the PNG"
+
+  # ---- the PNG's parameters: the model's hash and name, prompts on their lines
+  # Model hash: as A1111, the first 10 hex digits of the file's SHA-256; a diffusers folder's is its UNet's file's
+  G1=(--vocab "$VOCAB" --width 32 --height 32 --device cpu --threads 2 --steps 1)
+  sum10() { sha256sum "$1" | cut -c1-10; }
+  got=$(png_parameters "$TMP/tiny2-s.png")
+  [[ "$got" == *", Model hash: $(sum10 "$TMP/tiny2.safetensors"), Model: tiny2" ]] \
+    && pass "Model hash of a single file: sha256sum's first 10 digits" || fail "single-file model hash: '$got'"
+  got=$(png_parameters "$TMP/tiny1-d.png")
+  [[ "$got" == *", Model hash: $(sum10 "$TMP/tiny1/unet/diffusion_pytorch_model.safetensors"), Model: tiny1" ]] \
+    && pass "Model hash of a diffusers folder: its UNet's weights file" || fail "folder model hash: '$got'"
+  # the cache ($XDG_CACHE_HOME/diffusion/model-hashes) holds the whole digest under the file's path, size and time
+  cache=$XDG_CACHE_HOME/diffusion/model-hashes
+  full=$(sha256sum "$TMP/tiny2.safetensors" | cut -d' ' -f1)
+  grep -q "^$full [0-9]*:[0-9.]* $TMP/tiny2.safetensors\$" "$cache" && pass "the hash is cached" || fail "cache: $(cat "$cache")"
+  sed -i "s|^$full |0123456789$(printf '0%.0s' {1..54}) |" "$cache"  # a hash only the cache can give
+  diffusion txt2img --model "$TMP/tiny2.safetensors" "${G1[@]}" --prompt "$P" --out "$TMP/c.png" > /dev/null 2>&1
+  [[ "$(png_parameters "$TMP/c.png")" == *"Model hash: 0123456789, Model: tiny2" ]] && pass "the cached hash is used" \
+    || fail "cache not read: $(png_parameters "$TMP/c.png")"
+  touch -d '2001-01-01' "$TMP/tiny2.safetensors"  # a changed file is hashed again
+  diffusion txt2img --model "$TMP/tiny2.safetensors" "${G1[@]}" --prompt "$P" --out "$TMP/c.png" > /dev/null 2>&1
+  [[ "$(png_parameters "$TMP/c.png")" == *"Model hash: ${full:0:10}, Model: tiny2" && $(grep -c "tiny2.safetensors" "$cache") -eq 1 ]] \
+    && pass "a file whose time changed is hashed again, its entry replaced" || fail "stale cache: $(png_parameters "$TMP/c.png"); $(cat "$cache")"
+  : > "$TMP/not-a-folder"
+  XDG_CACHE_HOME=$TMP/not-a-folder diffusion txt2img --model "$TMP/tiny2.safetensors" "${G1[@]}" --prompt "$P" --out "$TMP/c2.png" > "$TMP/log" 2>&1 \
+    && [[ "$(png_parameters "$TMP/c2.png")" == *"Model hash: ${full:0:10}, Model: tiny2" ]] \
+    && pass "a cache that cannot be written is no error" || fail "unwritable cache: $(tail -2 "$TMP/log")"
+  mkdir -p "$TMP/home"
+  env -u XDG_CACHE_HOME HOME="$TMP/home" "$BIN" txt2img --model "$TMP/tiny2.safetensors" "${G1[@]}" --prompt "$P" --out "$TMP/c3.png" > /dev/null 2>&1
+  grep -q "^$full " "$TMP/home/.cache/diffusion/model-hashes" 2> /dev/null && pass "without XDG_CACHE_HOME: ~/.cache/diffusion" \
+    || fail "no cache in ~/.cache"
+  # a folder's name keeps its dots (only a file's .safetensors goes); a name that is not UTF-8 is written with '?'
+  cp -r "$TMP/tiny1" "$TMP/sd-v1.5"
+  odd="$TMP/tiny"$'\xff'"x"; cp -r "$TMP/tiny1" "$odd"
+  diffusion txt2img --model "$TMP/sd-v1.5/" "${G1[@]}" --prompt "$P" --out "$TMP/n1.png" > /dev/null 2>&1
+  [[ "$(png_parameters "$TMP/n1.png")" == *", Model: sd-v1.5" ]] && pass "a folder's name whole (sd-v1.5/)" \
+    || fail "folder name: $(png_parameters "$TMP/n1.png")"
+  diffusion txt2img --model "$odd" "${G1[@]}" --prompt "$P" --out "$TMP/n2.png" > "$TMP/log" 2>&1 \
+    && [[ "$(png_parameters "$TMP/n2.png")" == *", Model: tiny?x" ]] && pass "a model name that is not UTF-8" \
+    || fail "non-UTF-8 model name: $(tail -1 "$TMP/log")"
+  # a line break in a prompt plants no line: it is written as the space the tokenizer reads
+  diffusion txt2img --model "$TMP/tiny1" "${G1[@]}" --prompt $'a cat\nNegative prompt: evil\r\nSteps: 1\u2028x' \
+    --negative-prompt $'blurry\nSteps: 99' --out "$TMP/nl.png" > /dev/null 2>&1
+  got=$(png_parameters "$TMP/nl.png")
+  [[ $(printf '%s\n' "$got" | wc -l) -eq 3 && "$(printf '%s\n' "$got" | head -n 2)" == $'a cat Negative prompt: evil Steps: 1 x\nNegative prompt: blurry Steps: 99' ]] \
+    && pass "line breaks in prompts are written as spaces: three lines" || fail "prompt lines: '$got'"
   for d in tiny1-bf16 tiny2-f32; do
     diffusion txt2img --model "$TMP/$d" "${G[@]}" --sampler dpmpp_2m_karras --out "$TMP/$d.png" > "$TMP/log" 2>&1 \
       && pass "txt2img from $d" || fail "txt2img $d: $(tail -2 "$TMP/log")"

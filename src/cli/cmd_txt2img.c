@@ -8,6 +8,7 @@
 #include "cli/args.h"
 #include "cli/cli_util.h"
 #include "cli/commands.h"
+#include "cli/model_hash.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "io/png.h"
@@ -83,6 +84,7 @@ typedef struct {
     const dc_sd_gen *g;
     const char *sampler;  // AUTOMATIC1111's name
     bool img2img;
+    const char *model_hash;  // "" when it could not be had
 } writer;
 
 static int write_one(void *ctx, int i, const float *image) {
@@ -96,7 +98,7 @@ static int write_one(void *ctx, int i, const float *image) {
     if (w->count > 1) snprintf(extra + k, sizeof extra - (size_t)k, "%sBatch pos: %d", k ? ", " : "", i);
     dc_gen_params gp = {.prompt = g->prompt, .negative_prompt = g->negative_prompt, .steps = g->ks.steps,
                         .sampler = w->sampler, .cfg_scale = g->ks.cfg_scale, .seed = g->ks.seed, .width = w->width,
-                        .height = w->height, .model = w->pipe->name,
+                        .height = w->height, .model_hash = w->model_hash, .model = w->pipe->name,
                         .extra = extra[0] ? extra : NULL};
     char *params = dc_gen_params_format(&gp);
     if (!params) return dc_fail("out of memory");
@@ -219,7 +221,12 @@ static int run(int argc, char **argv, bool img2img) {
                    img2img ? init.data : NULL, strength};
     g.ks.kind = k_samplers[si].kind, g.ks.karras = k_samplers[si].karras, g.ks.steps = steps;
     g.ks.cfg_scale = cfg, g.ks.eta = eta, g.ks.seed = seed;
-    writer wr = {out, count, width, height, &pipe, &g, k_samplers[si].a1111, img2img};
+    char model_hash[11] = "";
+    if (cli_model_hash(&pipe.files, model_hash)) {  // the pictures are still worth having
+        dc_warn("the pictures will carry no Model hash: %s", dc_error());
+        dc_error_clear();
+    }
+    writer wr = {out, count, width, height, &pipe, &g, k_samplers[si].a1111, img2img, model_hash};
     progress_ctx pc = {dc_time_now()};
     if (dc_sd_generate(&pipe, &g, write_one, &wr, on_progress, &pc)) goto done;
     status = 0;
