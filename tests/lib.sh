@@ -84,3 +84,17 @@ png_parameters() {
   len=$(od -An -tu1 -j $((at - 4)) -N4 "$1" | awk '{ print (($1 * 256 + $2) * 256 + $3) * 256 + $4 }')
   tail -c +$((at + 16)) "$1" | head -c $((len - 11))
 }
+# refuse_input WHAT FILE MSG cmd...: the command must fail with MSG on stderr,
+# before any work (no "loading", "sampling", "training" or "step" line), and
+# leave FILE (the input it was asked to overwrite) as it was.
+refuse_input() {
+  local what=$1 file=$2 msg=$3 sum err rc
+  shift 3
+  sum=$(md5sum < "$file")
+  err=$("$@" 2>&1 >/dev/null); rc=$?
+  if [ $rc -eq 0 ]; then fail "$what: exited 0"
+  elif [[ "$err" != *"$msg"* ]]; then fail "$what: message '$err' lacks '$msg'"
+  elif [[ "$err" =~ (loading|sampling|training|step\ ) ]]; then fail "$what: refused only after work began: '$err'"
+  elif [ "$(md5sum < "$file")" != "$sum" ]; then fail "$what: $file changed"
+  else pass "$what"; fi
+}

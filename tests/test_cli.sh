@@ -149,6 +149,41 @@ err=$(diffusion sample --ckpt "$ck" --classes 0 --per-class 2 --steps 2 --out-di
 [[ $? -ne 0 && "$err" == *"class0_1.png exists and is not a regular file"* && "$err" != *sampling* ]] \
   && pass "sample --out-dir with a folder in a file's place, refused first" || fail "out-dir file check: '$err'"
 expect_fail "sample into a missing folder" "does not exist" diffusion sample --ckpt "$ck" --grid "$TMP/no/dir/g.png"
+
+# ---- no output may be a file the command reads: by any name (a hard link, a symbolic link)
+ln "$ck" "$TMP/hard.png"; ln -s "$ck" "$TMP/soft.safetensors"
+data=$TMP/small.safetensors
+refuse_input "export --out: a hard link to --ckpt" "$ck" "which this command reads (--ckpt)" \
+  diffusion export --ckpt "$TMP/run" --out "$TMP/hard.png"
+refuse_input "export --out: a symbolic link to --ckpt" "$ck" "which this command reads (--ckpt)" \
+  diffusion export --ckpt "$ck" --out "$TMP/soft.safetensors"
+diffusion export --ckpt "$TMP/run" --out "$TMP/run/exported.safetensors" > /dev/null 2>&1 && \
+  diffusion export --ckpt "$TMP/run" --out "$TMP/run/exported.safetensors" > /dev/null 2>&1 \
+  && pass "export into the run folder, twice (only its checkpoints are read)" || fail "export into the run folder"
+refuse_input "sample --grid: a hard link to --ckpt" "$ck" "which this command reads (--ckpt)" \
+  diffusion sample --ckpt "$TMP/run" --classes 0 --per-class 1 --steps 2 --grid "$TMP/hard.png"
+refuse_input "sample --tensor-out: a symbolic link to --ckpt" "$ck" "which this command reads (--ckpt)" \
+  diffusion sample --ckpt "$ck" --classes 0 --per-class 1 --steps 2 --tensor-out "$TMP/soft.safetensors"
+mkdir -p "$TMP/od" && ln "$ck" "$TMP/od/class0_0.png"
+refuse_input "sample --out-dir holding a hard link to --ckpt" "$ck" "which this command reads (--ckpt)" \
+  diffusion sample --ckpt "$ck" --classes 0 --per-class 1 --steps 2 --out-dir "$TMP/od"
+st_file "$TMP/fin.safetensors" '{"x":{"dtype":"F32","shape":[1,1,32,32],"data_offsets":[0,4096]},"t":{"dtype":"F32","shape":[1],"data_offsets":[4096,4100]},"y":{"dtype":"I64","shape":[1],"data_offsets":[4100,4108]}}' 4108
+ln "$TMP/fin.safetensors" "$TMP/fin-link.safetensors"
+refuse_input "forward --output: a hard link to --input" "$TMP/fin.safetensors" "which this command reads (--input)" \
+  diffusion forward --weights "$ck" --input "$TMP/fin.safetensors" --output "$TMP/fin-link.safetensors"
+cp "$ck" "$TMP/w.safetensors"
+refuse_input "forward --output: --weights itself" "$TMP/w.safetensors" "is read by this command (--weights)" \
+  diffusion forward --weights "$TMP/w.safetensors" --input "$TMP/fin.safetensors" --output "$TMP/w.safetensors"
+cp "$ck" "$TMP/info.safetensors"
+refuse_input "info >> the checkpoint" "$TMP/info.safetensors" "standard output is" \
+  bash -c "'$BIN' info '$TMP/info.safetensors' >> '$TMP/info.safetensors'"
+# train writes .lock (its PID) and step_* checkpoints into --out: never over its data set
+mkdir -p "$TMP/lockrun" && ln -s "$data" "$TMP/lockrun/.lock"
+refuse_input "train: --out's .lock is a link to --data" "$data" "which this command reads (--data)" \
+  diffusion train "${TINY[@]}" --steps 1 --out "$TMP/lockrun"
+mkdir -p "$TMP/lockrun2" && ln "$ck" "$TMP/lockrun2/.lock"
+refuse_input "train --resume: --out's .lock is a hard link to the checkpoint" "$ck" "which this command reads (--resume)" \
+  diffusion train --resume "$ck" --out "$TMP/lockrun2" --steps 2
 expect_fail "sample into an unwritable folder" "cannot write" diffusion sample --ckpt "$ck" --classes 0 --per-class 1 --steps 2 --grid /proc/nope/g.png
 
 # ---- forward: wrong shapes and values fail and leave an existing output untouched

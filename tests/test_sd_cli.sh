@@ -35,6 +35,15 @@ for c in tiny1 tiny2; do
   "$SDR" --config $c --layout diffusers --dtype f16 --out "$TMP/$c" && "$SDR" --config $c --layout single --dtype f16 --out "$TMP/$c.safetensors" \
     && pass "sd_random $c: a diffusers folder and a single file" || fail "sd_random $c: $?"
 done
+# the folders' tokenizer/ is CLIP's, made from the shipped vocabulary: the same ids (SD 2 pads with "!", id 0)
+prompts=$'a photo of an astronaut riding a horse on mars\nrock &amp; roll, CAFÉ\u00a0déjà vu!!\n'"$(printf 'cat %.0s' {1..80})"
+want=$(printf '%s\n' "$prompts" | diffusion tokenize --vocab "$VOCAB" - 2> /dev/null)
+got1=$(printf '%s\n' "$prompts" | diffusion tokenize --vocab "$TMP/tiny1" - 2> /dev/null)
+got2=$(printf '%s\n' "$prompts" | diffusion tokenize --vocab "$TMP/tiny2" - 2> /dev/null)
+[ -n "$want" ] && [ "$got1" == "$want" ] && pass "sd_random's tokenizer/ (SD 1): the shipped vocabulary's ids" \
+  || fail "tokenizer/ of tiny1: '$got1' vs '$want'"
+[ "$got2" == "$(awk '{ n = 0; for (i = 1; i <= NF; i++) { if (n) $i = 0; if ($i == 49407) n = 1 } print }' <<< "$want")" ] \
+  && pass "sd_random's tokenizer/ (SD 2): the same ids, padded with \"!\"" || fail "tokenizer/ of tiny2: '$got2'"
 "$SDR" --config tiny1 --layout diffusers --dtype bf16 --seed 9 --out "$TMP/tiny1-bf16" && "$SDR" --config tiny2 --layout diffusers --dtype f32 --seed 9 --out "$TMP/tiny2-f32" \
   || fail "sd_random bf16/f32"
 
@@ -122,6 +131,9 @@ done
     && pass "a single file without --vocab: the vocabulary in data/" || fail "single file without --vocab: $(tail -2 "$TMP/log")"
   expect_fail "a single file without a vocabulary" "no tokenizer/ folder" \
     bash -c "cd '$TMP' && elsewhere/diffusion txt2img --model tiny1.safetensors --prompt x --out v.png --device cpu"
+  (cd "$TMP" && elsewhere/diffusion txt2img --model tiny2 --prompt "$P" --width 32 --height 32 --steps 1 --device cpu \
+    --threads 2 --out v2.png) > "$TMP/log" 2>&1 && pass "sd_random's folder needs no other vocabulary (its tokenizer/)" \
+    || fail "folder without a vocabulary around: $(tail -2 "$TMP/log")"
   expect_code 2 "an unknown sampler" diffusion txt2img --model "$TMP/tiny1" --prompt x --sampler heun --out "$TMP/v.png"
 }
 
@@ -135,6 +147,47 @@ expect_fail "a component the file does not hold" "holds a vae" diffusion forward
 expect_fail "an input without its tensors" "needs a tensor 'z'" diffusion forward --component vae-decode --weights "$TMP/tiny1" --input "$GOLD/sd1/io.safetensors" --output "$TMP/o.st" --device cpu
 expect_code 2 "an unknown component" diffusion forward --component clip --weights "$TMP/tiny1" --input x --output y
 expect_code 2 "malformed --unet-heads" diffusion forward --component unet --unet-heads 8,x --weights "$TMP/tiny1" --input x --output y
+
+# ---- no output may be a file the command reads: any file of a model folder, the vocabulary, --init,
+# by any name (hard and symbolic links), checked before the model loads
+cp -r "$TMP/tiny1" "$TMP/m" && cp "$TMP/tiny2.safetensors" "$TMP/m2.safetensors" && cp "$VOCAB" "$TMP/v.gz"
+U=$TMP/m/unet/diffusion_pytorch_model.safetensors
+T=(--prompt x --width 32 --height 32 --steps 1 --device cpu --threads 2)
+refuse_input "txt2img --out: the UNet of --model's folder" "$U" "is read by this command (--model)" \
+  diffusion txt2img --model "$TMP/m" "${T[@]}" --vocab "$VOCAB" --out "$U"
+refuse_input "txt2img --out: a single-file --model" "$TMP/m2.safetensors" "(--model)" \
+  diffusion txt2img --model "$TMP/m2.safetensors" "${T[@]}" --vocab "$VOCAB" --out "$TMP/m2.safetensors"
+refuse_input "txt2img --out: --vocab" "$TMP/v.gz" "is read by this command (--vocab)" \
+  diffusion txt2img --model "$TMP/m2.safetensors" "${T[@]}" --vocab "$TMP/v.gz" --out "$TMP/v.gz"
+refuse_input "txt2img --out: the folder's tokenizer" "$TMP/m/tokenizer/vocab.json" "(--model)" \
+  diffusion txt2img --model "$TMP/m" "${T[@]}" --out "$TMP/m/tokenizer/vocab.json"
+ln "$TMP/m/vae/diffusion_pytorch_model.safetensors" "$TMP/hard.png"
+refuse_input "txt2img --out: a hard link to the model's VAE" "$TMP/m/vae/diffusion_pytorch_model.safetensors" \
+  "vae/diffusion_pytorch_model.safetensors (the same file), which this command reads (--model)" \
+  diffusion txt2img --model "$TMP/m" "${T[@]}" --out "$TMP/hard.png"
+ln -s "$TMP/m/text_encoder/model.safetensors" "$TMP/soft.png"
+refuse_input "txt2img --out: a symbolic link to the text encoder" "$TMP/m/text_encoder/model.safetensors" "(--model)" \
+  diffusion txt2img --model "$TMP/m" "${T[@]}" --out "$TMP/soft.png"
+ln "$U" "$TMP/many-2.png"
+refuse_input "txt2img --count 3: picture 2's name is a hard link to the UNet" "$U" "(--model)" \
+  diffusion txt2img --model "$TMP/m" "${T[@]}" --count 3 --out "$TMP/many.png"
+diffusion txt2img --model "$TMP/m" "${T[@]}" --out "$TMP/init.png" > /dev/null 2>&1
+refuse_input "img2img --out: --init" "$TMP/init.png" "is read by this command (--init)" \
+  diffusion img2img --model "$TMP/m" "${T[@]}" --init "$TMP/init.png" --out "$TMP/init.png"
+mkdir -p "$TMP/co" && cp "$BIN" "$TMP/co/diffusion" && cp -r "$ROOT/data" "$TMP/co/"
+refuse_input "txt2img --out: the vocabulary found beside the binary" "$TMP/co/data/bpe_simple_vocab_16e6.txt.gz" \
+  "(the CLIP vocabulary)" "$TMP/co/diffusion" txt2img --model "$TMP/m2.safetensors" "${T[@]}" \
+  --out "$TMP/co/data/bpe_simple_vocab_16e6.txt.gz"
+refuse_input "txt2img >> the model" "$TMP/m2.safetensors" "standard output is" \
+  bash -c "'$BIN' txt2img --model '$TMP/m2.safetensors' ${T[*]} --vocab '$VOCAB' --out '$TMP/ok.png' >> '$TMP/m2.safetensors'"
+refuse_input "forward --component --output: a file of --weights' folder" "$U" "(--weights)" \
+  diffusion forward --component unet --weights "$TMP/m" --input "$GOLD/sd1/io.safetensors" --output "$U" --device cpu
+cp "$GOLD/sd1/io.safetensors" "$TMP/io.safetensors" && ln -s "$TMP/io.safetensors" "$TMP/io-link.st"
+refuse_input "forward --component --output: a symbolic link to --input" "$TMP/io.safetensors" "(--input)" \
+  diffusion forward --component vae-decode --weights "$TMP/m" --input "$TMP/io.safetensors" --output "$TMP/io-link.st" --device cpu
+refuse_input "bench --sd >> the model's UNet" "$U" "standard output is" \
+  bash -c "'$BIN' bench --sd '$TMP/m' --device cpu --steps 1 --iters 1 --batch 0 >> '$U'"
+refuse_input "tokenize >> --vocab" "$TMP/v.gz" "standard output is" bash -c "'$BIN' tokenize --vocab '$TMP/v.gz' x >> '$TMP/v.gz'"
 
 # ---- forward --component against diffusers and transformers --------------------------------------
 if [ -z "$PY" ]; then

@@ -94,7 +94,11 @@ int cmd_tokenize(int argc, char **argv) {
         return cli_usage_fail();
     }
     dc_clip_tokenizer t;
-    if ((!vocab && cli_find_vocab(&vocab)) || dc_clip_tokenizer_load(&t, vocab)) return free(prompts), cli_fail();
+    if (!vocab && cli_find_vocab(&vocab)) return free(prompts), cli_fail();
+    cli_inputs ins = {0};  // the ids go to standard output: never into the vocabulary (>> vocab.json)
+    int bad = cli_inputs_add(&ins, "--vocab", vocab) || cli_check_stdio(&ins);
+    cli_inputs_free(&ins);
+    if (bad || dc_clip_tokenizer_load(&t, vocab)) return free(prompts), cli_fail();
     int index = 1;
     for (int i = 0; i < nprompts && !status; i++) {
         if (!strcmp(prompts[i], "-")) status = tokenize_stdin(&t, &index, count_only);

@@ -185,18 +185,26 @@ static int run(int argc, char **argv, bool img2img) {
     dc_heads heads = {0};
     if (heads_text && dc_heads_parse(heads_text, &heads)) return cli_usage_fail();
     if (cli_check_device_flags(threads, device, precision)) return cli_usage_fail();
+    // No picture may replace a file the command reads: the model (every file
+    // of a folder), the vocabulary, the init picture.
+    const char *fallback = NULL;
+    if (!vocab && cli_find_vocab(&fallback)) dc_error_clear();
+    cli_inputs ins = {0};
+    int bad = cli_inputs_add(&ins, "--model", model) ||
+              cli_inputs_add(&ins, vocab ? "--vocab" : "the CLIP vocabulary", vocab ? vocab : fallback) ||
+              cli_inputs_add(&ins, "--init", init_path) || cli_check_stdio(&ins);
     char path[4200];
-    for (int i = 0; i < count; i++) {
+    for (int i = 0; i < count && !bad; i++) {
         picture_path(path, sizeof path, out, i, count);
-        if (cli_check_output(path, model) || (init_path && cli_check_output(path, init_path))) return cli_fail();
+        bad = cli_check_output(path, &ins);
     }
+    cli_inputs_free(&ins);
+    if (bad) return cli_fail();
 
     dc_backend *be = NULL;
     dc_sd_pipe pipe = {0};
     dc_png_image init = {0};
     int status = 1;
-    const char *fallback = NULL;
-    if (!vocab && cli_find_vocab(&fallback)) dc_error_clear();
     if (img2img && dc_png_read_image(init_path, &init, 1)) goto done;
     if (cli_set_threads(threads) || cli_backend(device, precision, &be)) goto done;
     dc_log("loading %s on %s", model, be->name);
