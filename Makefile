@@ -117,12 +117,16 @@ test: all
 	BUILD=$(BUILD) BIN=$(BIN) bash tests/run_all.sh
 
 # Random-weight SD 1.5 and 2.1 models at full size, in both layouts (F16,
-# about 2 GB each), for checking loaders, memory and speed without real weights.
+# about 2 GB each), for checking loaders, memory and speed without real weights;
+# the folders get a tokenizer/ made from the shipped vocabulary. SD_CONFIGS
+# picks others: `make sd-random SD_CONFIGS=tiny1` writes a tiny SD 1.x in a second.
 SD_RANDOM ?= $(BUILD)/sd-random
+SD_CONFIGS ?= sd1.5 sd2.1
 sd-random: $(BUILD)/tools/sd_random
-	@for c in sd1.5 sd2.1; do for l in diffusers single; do \
+	@for c in $(SD_CONFIGS); do for l in diffusers single; do \
 	  out=$(SD_RANDOM)/$$c-$$l; [ $$l = single ] && out=$$out.safetensors; \
-	  echo "writing $$out"; $(BUILD)/tools/sd_random --config $$c --layout $$l --dtype f16 --out $$out || exit 1; \
+	  echo "writing $$out"; $(BUILD)/tools/sd_random --config $$c --layout $$l --dtype f16 \
+	    --vocab data/bpe_simple_vocab_16e6.txt.gz --out $$out || exit 1; \
 	done; done
 
 # The program and the CLIP vocabulary it looks for in ../share/diffusion/

@@ -134,6 +134,18 @@ got2=$(printf '%s\n' "$prompts" | diffusion tokenize --vocab "$TMP/tiny2" - 2> /
   (cd "$TMP" && elsewhere/diffusion txt2img --model tiny2 --prompt "$P" --width 32 --height 32 --steps 1 --device cpu \
     --threads 2 --out v2.png) > "$TMP/log" 2>&1 && pass "sd_random's folder needs no other vocabulary (its tokenizer/)" \
     || fail "folder without a vocabulary around: $(tail -2 "$TMP/log")"
+  # the README's quick try, as written but into $TMP: make sd-random SD_CONFIGS=tiny1, then its txt2img line
+  # (-o: the tool under test is used as it is, never rebuilt in another configuration)
+  try=$(grep -A1 '^make sd-random SD_CONFIGS=tiny1$' "$ROOT/README.md" | sed -n 2p)
+  if [[ "$try" == "./diffusion txt2img --model build/sd-random/tiny1-diffusers "* ]] && (cd "$ROOT" &&
+      make -s --no-print-directory sd-random -o "${BUILD:-build}/tools/sd_random" SD_CONFIGS=tiny1 \
+      SD_RANDOM="$TMP/quick" BUILD="${BUILD:-build}") > "$TMP/log" 2>&1; then
+    try=${try//build\/sd-random/$TMP/quick}; try=${try//--out tiny.png/--out $TMP/tiny.png}
+    (eval "\"\$BIN\"${try#./diffusion} --threads 2") > "$TMP/log" 2>&1 && [ -s "$TMP/tiny.png" ] \
+      && pass "the README's quick try (make sd-random SD_CONFIGS=tiny1, txt2img)" || fail "README quick try: $(tail -2 "$TMP/log")"
+  else
+    fail "README quick try: '$try': $(tail -2 "$TMP/log")"
+  fi
   expect_code 2 "an unknown sampler" diffusion txt2img --model "$TMP/tiny1" --prompt x --sampler heun --out "$TMP/v.png"
 }
 

@@ -59,8 +59,9 @@ else  # this machine has one installed: it is found
   [ "$out" == "$want" ] && pass "the installed vocabulary" || fail "the installed vocabulary: '$out'"
 fi
 # make install (DESTDIR honoured) puts the binary and the vocabulary where it looks
+# (-o: the binary under test is installed as it is, never rebuilt in another configuration)
 stage=$TMP/stage; prefix=/opt/diffusion-test
-if (cd "$ROOT" && make -s --no-print-directory install DESTDIR="$stage" PREFIX="$prefix" BUILD="${BUILD:-build}" BIN="$BIN") > "$TMP/install.log" 2>&1; then
+if (cd "$ROOT" && make -s --no-print-directory install -o "$BIN" DESTDIR="$stage" PREFIX="$prefix" BIN="$BIN") > "$TMP/install.log" 2>&1; then
   out=$(cd "$TMP" && "$stage$prefix/bin/diffusion" tokenize "a photo of an astronaut riding a horse on mars")
   [ "$out" == "$want" ] && [ -f "$stage$prefix/share/diffusion/LICENSE.CLIP" ] \
     && pass "make install DESTDIR: the installed binary finds its vocabulary" || fail "installed binary: '$out'"
