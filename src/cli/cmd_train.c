@@ -45,11 +45,9 @@ static void install_signal_handlers(void) {
     for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) sigaction(sigs[i], &sa, NULL);
 }
 
-// Every rank calls it (the save is collective: under ZeRO the shards are
-// gathered onto rank 0); rank 0 writes the file. The ranks first agree that
-// all of them got here with sound statistics, so a rank that failed this
-// step leaves no checkpoint behind, then that rank 0 wrote it.
-// The run folder's files against what the run reads (see cmd_train).
+// The files a run writes or removes in its folder against those it reads: the
+// .lock against the data set and the checkpoint resumed, the step_* files
+// (checkpoints, their temporaries) against the data set.
 static int check_run_outputs(const char *out, const char *resume, const char *data_path) {
     cli_inputs data = {0}, all = {0};
     int bad = cli_inputs_add(&data, "--data", data_path) || cli_inputs_add(&all, "--data", data_path) ||
@@ -59,6 +57,10 @@ static int check_run_outputs(const char *out, const char *resume, const char *da
     return bad;
 }
 
+// Every rank calls it (the save is collective: under ZeRO the shards are
+// gathered onto rank 0); rank 0 writes the file. The ranks first agree that
+// all of them got here with sound statistics, so a rank that failed this
+// step leaves no checkpoint behind, then that rank 0 wrote it.
 static int save(train_ranks *job, const dc_trainer *tr, const char *dir, int keep, int every, const char *data_path) {
     DC_TRY(train_ranks_agree(job, true, "reach the checkpoint"));
     char path[4096];
