@@ -78,8 +78,9 @@ static void cache_store(const char *file, const char *key, const char *stamp, co
     if (f) {
         char *line = NULL, *h, *s, *k;
         size_t cap = 0;
-        while (getline(&line, &cap, f) > 0) {
-            char *copy = strdup(line);
+        ssize_t len;
+        while ((len = getline(&line, &cap, f)) > 0) {
+            char *copy = line[len - 1] == '\n' ? strdup(line) : NULL;  // a cut last line is dropped
             if (!copy || !parse_line(line, &h, &s, &k) || !strcmp(k, key)) {
                 free(copy);
                 continue;
