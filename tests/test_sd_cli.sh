@@ -186,6 +186,9 @@ refuse_input "txt2img --count 3: picture 2's name is a hard link to the UNet" "$
 diffusion txt2img --model "$TMP/m" "${T[@]}" --out "$TMP/init.png" > /dev/null 2>&1
 refuse_input "img2img --out: --init" "$TMP/init.png" "is read by this command (--init)" \
   diffusion img2img --model "$TMP/m" "${T[@]}" --init "$TMP/init.png" --out "$TMP/init.png"
+ln "$TMP/init.png" "$TMP/init-link.png"
+refuse_input "img2img --out: a hard link to --init" "$TMP/init.png" "(the same file), which this command reads (--init)" \
+  diffusion img2img --model "$TMP/m" "${T[@]}" --init "$TMP/init.png" --out "$TMP/init-link.png"
 mkdir -p "$TMP/co" && cp "$BIN" "$TMP/co/diffusion" && cp -r "$ROOT/data" "$TMP/co/"
 refuse_input "txt2img --out: the vocabulary found beside the binary" "$TMP/co/data/bpe_simple_vocab_16e6.txt.gz" \
   "(the CLIP vocabulary)" "$TMP/co/diffusion" txt2img --model "$TMP/m2.safetensors" "${T[@]}" \
