@@ -1,5 +1,6 @@
 # diffusion.c — build: `make` (CPU engine, plus the CUDA backend when nvcc is
-# found; CUDA=0 leaves it out), `make test`, `make demo`, `make fuzz`.
+# found; CUDA=0 leaves it out), `make test`, `make demo`, `make fuzz`,
+# `make install`.
 # On a machine with nothing installed yet, `bash tools/demo.sh` and
 # `bash tools/test.sh` install the Debian packages first (tools/deps.sh).
 #
@@ -71,7 +72,7 @@ CFLAGS  += -DDC_HAVE_CUDA
 LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudnn -lcublasLt -lcudart -lstdc++ -ldl -lpthread
 endif
 
-.PHONY: all test demo fuzz fuzz-build clean sd-random FORCE
+.PHONY: all test demo fuzz fuzz-build clean sd-random install uninstall FORCE
 all: $(BIN) $(TESTS) $(TOOLS)
 
 # Rewritten only when its content changes, so an unchanged configuration
@@ -116,13 +117,31 @@ test: all
 	BUILD=$(BUILD) BIN=$(BIN) bash tests/run_all.sh
 
 # Random-weight SD 1.5 and 2.1 models at full size, in both layouts (F16,
-# about 2 GB each), for checking loaders, memory and speed without real weights.
+# about 2 GB each), for checking loaders, memory and speed without real weights;
+# the folders get a tokenizer/ made from the shipped vocabulary. SD_CONFIGS
+# picks others: `make sd-random SD_CONFIGS=tiny1` writes a tiny SD 1.x in a second.
 SD_RANDOM ?= $(BUILD)/sd-random
+SD_CONFIGS ?= sd1.5 sd2.1
 sd-random: $(BUILD)/tools/sd_random
-	@for c in sd1.5 sd2.1; do for l in diffusers single; do \
+	@for c in $(SD_CONFIGS); do for l in diffusers single; do \
 	  out=$(SD_RANDOM)/$$c-$$l; [ $$l = single ] && out=$$out.safetensors; \
-	  echo "writing $$out"; $(BUILD)/tools/sd_random --config $$c --layout $$l --dtype f16 --out $$out || exit 1; \
+	  echo "writing $$out"; $(BUILD)/tools/sd_random --config $$c --layout $$l --dtype f16 \
+	    --vocab data/bpe_simple_vocab_16e6.txt.gz --out $$out || exit 1; \
 	done; done
+
+# The program and the CLIP vocabulary it looks for in ../share/diffusion/
+# beside itself (PREFIX/share/diffusion/). DESTDIR stages the files for a
+# package: they go under DESTDIR and are found once in place under PREFIX.
+PREFIX  ?= /usr/local
+install: $(BIN)
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/diffusion
+	install -m 755 $(BIN) $(DESTDIR)$(PREFIX)/bin/diffusion
+	install -m 644 data/bpe_simple_vocab_16e6.txt.gz data/LICENSE.CLIP $(DESTDIR)$(PREFIX)/share/diffusion/
+
+uninstall:
+	rm -f $(DESTDIR)$(PREFIX)/bin/diffusion $(DESTDIR)$(PREFIX)/share/diffusion/bpe_simple_vocab_16e6.txt.gz \
+	      $(DESTDIR)$(PREFIX)/share/diffusion/LICENSE.CLIP
+	-rmdir $(DESTDIR)$(PREFIX)/share/diffusion 2> /dev/null
 
 # The demo script installs what is missing before it builds anything.
 demo:

@@ -83,7 +83,7 @@ static inline int cuda_main(const char *prog, int argc, char **argv, void (*grou
     for (int mode = 0; mode < 2; mode++) {
         g_gpu = dc_backend_cuda_create(mode == 0);
         if (!g_gpu) {
-            printf("SKIP %s: %s\n", prog, dc_error());
+            printf("SKIP (no GPU) %s: %s\n", prog, dc_error());
             dc_backend_destroy(g_cpu);
             return g_fail ? 1 : 0;
         }

@@ -4,6 +4,8 @@ BIN=${BIN:-./diffusion}
 [[ "$BIN" == */* ]] && BIN=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")  # tests may cd
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
+# The engine's caches (the model hashes of txt2img) go here, not into the user's home.
+export XDG_CACHE_HOME=$TMP/cache
 FAILS=0
 pass() { echo "ok   $*"; }
 fail() { echo "FAIL $*"; FAILS=$((FAILS + 1)); }
@@ -71,4 +73,28 @@ small_data() {
   st_file "$1" "$hdr" 0
   head -c 65536 /dev/urandom >> "$1"
   local i; for ((i = 0; i < 64; i++)); do printf "\\x0$((i % 10))"; done >> "$1"
+}
+# png_parameters FILE: the text of FILE's tEXt chunk "parameters" (AUTOMATIC1111's
+# generation parameters), read from the bytes with standard tools: the chunk's
+# 4-byte big-endian length, "tEXt", "parameters", a NUL, then the text.
+png_parameters() {
+  local at len
+  at=$(LC_ALL=C grep -obUa 'tEXtparameters' "$1" | head -n 1 | cut -d: -f1)
+  [ -n "$at" ] || return 1
+  len=$(od -An -tu1 -j $((at - 4)) -N4 "$1" | awk '{ print (($1 * 256 + $2) * 256 + $3) * 256 + $4 }')
+  tail -c +$((at + 16)) "$1" | head -c $((len - 11))
+}
+# refuse_input WHAT FILE MSG cmd...: the command must fail with MSG on stderr,
+# before any work (no "loading", "sampling", "training" or "step" line), and
+# leave FILE (the input it was asked to overwrite) as it was.
+refuse_input() {
+  local what=$1 file=$2 msg=$3 sum err rc
+  shift 3
+  sum=$(md5sum < "$file")
+  err=$("$@" 2>&1 >/dev/null); rc=$?
+  if [ $rc -eq 0 ]; then fail "$what: exited 0"
+  elif [[ "$err" != *"$msg"* ]]; then fail "$what: message '$err' lacks '$msg'"
+  elif [[ "$err" =~ (loading|sampling|training|step\ ) ]]; then fail "$what: refused only after work began: '$err'"
+  elif [ "$(md5sum < "$file")" != "$sum" ]; then fail "$what: $file changed"
+  else pass "$what"; fi
 }

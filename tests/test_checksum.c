@@ -1,4 +1,5 @@
-// Integrity of files: xxHash64 against the published test vectors, the
+// Integrity of files: xxHash64 and SHA-256 against the published test
+// vectors (SHA-256: FIPS 180-4's examples, NIST's one-million-'a' message), the
 // checksums the safetensors writer adds (every single-bit flip of a file is
 // refused, naming the tensor or the metadata; the documented canonical form
 // of the header), files without checksums, --no-verify, and inputs that are
@@ -275,9 +276,47 @@ static void test_files(void) {
     alarm(0);
 }
 
+// ---- SHA-256 -------------------------------------------------------------------
+
+// The digest at once and fed in pieces of every size from 1 to 129 bytes.
+static void check_sha256(const void *data, size_t n, const char *want, const char *what) {
+    dc_sha256_state s;
+    uint8_t d[32];
+    char hex[65];
+    dc_sha256_init(&s);
+    dc_sha256_update(&s, data, n);
+    dc_sha256_final(&s, d);
+    dc_sha256_hex(d, hex);
+    CHECK(strcmp(hex, want) == 0, "SHA-256 %s: %s, want %s", what, hex, want);
+    int pieces_ok = 1;
+    for (size_t step = 1; step <= 129 && n < 100000; step++) {
+        dc_sha256_init(&s);
+        for (size_t i = 0; i < n; i += step) dc_sha256_update(&s, (const uint8_t *)data + i, n - i < step ? n - i : step);
+        dc_sha256_final(&s, d);
+        dc_sha256_hex(d, hex);
+        pieces_ok &= strcmp(hex, want) == 0;
+    }
+    CHECK(pieces_ok, "SHA-256 %s fed in pieces of 1..129 bytes", what);
+}
+
+static void test_sha256(void) {
+    check_sha256("", 0, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855", "empty");
+    check_sha256("abc", 3, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad", "abc");
+    const char *m448 = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";  // padding takes a second block
+    check_sha256(m448, strlen(m448), "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1", "448 bits");
+    const char *m896 = "abcdefghbcdefghicdefghijdefghijkefghijklfghijklmghijklmnhijklmnoijklmnopjklmnopqklmnopqrlmnopqrs"
+                       "mnopqrstnopqrstu";
+    check_sha256(m896, strlen(m896), "cf5b16a778af8380036ce59e7b0492370b249b11e8f07a51afac45037afee9d1", "896 bits");
+    char *a = malloc(1000000);
+    memset(a, 'a', 1000000);
+    check_sha256(a, 1000000, "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0", "a million a");
+    free(a);
+}
+
 int main(void) {
     if (tmpdir_make("sum")) return 1;
     test_xxh64();
+    test_sha256();
     test_layout();
     test_without_checksums();
     test_files();

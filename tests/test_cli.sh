@@ -94,44 +94,25 @@ expect_fail "class outside the model" "class 10 is outside the model's classes 0
   diffusion sample --ckpt "$ck" --classes 10 --grid "$TMP/g.png"
 diffusion sample --ckpt "$ck" --classes all --per-class 1 --steps 2 --grid "$TMP/all.png" > /dev/null 2>&1 \
   && [ -s "$TMP/all.png" ] && pass "sample --classes all" || fail "sample --classes all"
-# Every PNG says how it was made: AUTOMATIC1111's `parameters` text chunk,
-# read here by a PNG chunk walker independent of libpng.
-png_parameters() {
-  python3 - "$1" <<'EOF'
-import struct, sys, zlib
-b = open(sys.argv[1], "rb").read()
-assert b[:8] == b"\x89PNG\r\n\x1a\n"
-i = 8
-while i < len(b):
-    n, kind = struct.unpack(">I4s", b[i:i + 8])
-    data = b[i + 8:i + 8 + n]
-    assert zlib.crc32(b[i + 4:i + 8 + n]) == struct.unpack(">I", b[i + 8 + n:i + 12 + n])[0]
-    if kind == b"tEXt" and data.startswith(b"parameters\0"):
-        sys.stdout.write(data[11:].decode("latin-1"))
-    i += 12 + n
-EOF
-}
-if command -v python3 > /dev/null; then
-  want="classes 0, 1, 2, 3, 4, 5, 6, 7, 8, 9
+# Every PNG says how it was made: AUTOMATIC1111's `parameters` text chunk
+# (png_parameters, lib.sh: read from the bytes, independent of libpng).
+want="classes 0, 1, 2, 3, 4, 5, 6, 7, 8, 9
 Steps: 2, Sampler: DDPM, CFG scale: 4, Seed: 0, Size: 32x32, Model: $(basename "$ck"), Weights: EMA, Guided channels: all"
-  got=$(png_parameters "$TMP/all.png")
-  [ "$got" = "$want" ] && pass "grid PNG carries its parameters" || fail "grid parameters: '$got'"
-  diffusion sample --ckpt "$ck" --classes 7 --per-class 2 --steps 3 --sampler ddim --cfg-scale 1.5 --seed 9 \
-    --out-dir "$TMP/params" > /dev/null 2>&1
-  want="class 7
+got=$(png_parameters "$TMP/all.png")
+[ "$got" = "$want" ] && pass "grid PNG carries its parameters" || fail "grid parameters: '$got'"
+diffusion sample --ckpt "$ck" --classes 7 --per-class 2 --steps 3 --sampler ddim --cfg-scale 1.5 --seed 9 \
+  --out-dir "$TMP/params" > /dev/null 2>&1
+want="class 7
 Steps: 3, Sampler: DDIM, CFG scale: 1.5, Seed: 9, Size: 32x32, Model: $(basename "$ck"), Weights: EMA, Guided channels: all, Eta: 0, Sample index: 1"
-  got=$(png_parameters "$TMP/params/class7_1.png")
-  [ "$got" = "$want" ] && pass "sample PNG carries its parameters" || fail "sample parameters: '$got'"
-  # a checkpoint whose file name is not text: the PNG says '?' for the byte, and the samples are written
-  odd="$TMP/ck"$'\xff'".safetensors"
-  cp "$ck" "$odd"
-  diffusion sample --ckpt "$odd" --classes 1 --per-class 1 --steps 2 --out-dir "$TMP/odd" > /dev/null 2>&1
-  got=$(png_parameters "$TMP/odd/class1_0.png")
-  [[ "$got" == *"Model: ck?.safetensors, Weights"* ]] && pass "a file name that is not UTF-8 in the parameters" \
-    || fail "non-UTF-8 checkpoint name: '$got'"
-else
-  echo "SKIP PNG parameters: python3 not found"
-fi
+got=$(png_parameters "$TMP/params/class7_1.png")
+[ "$got" = "$want" ] && pass "sample PNG carries its parameters" || fail "sample parameters: '$got'"
+# a checkpoint whose file name is not text: the PNG says '?' for the byte, and the samples are written
+odd="$TMP/ck"$'\xff'".safetensors"
+cp "$ck" "$odd"
+diffusion sample --ckpt "$odd" --classes 1 --per-class 1 --steps 2 --out-dir "$TMP/odd" > /dev/null 2>&1
+got=$(png_parameters "$TMP/odd/class1_0.png")
+[[ "$got" == *"Model: ck?.safetensors, Weights"* ]] && pass "a file name that is not UTF-8 in the parameters" \
+  || fail "non-UTF-8 checkpoint name: '$got'"
 expect_fail "duplicate classes" "class 3 is listed twice" diffusion sample --ckpt "$ck" --classes 3,3 --out-dir "$TMP/s"
 expect_fail "too many samples" "over 1000000 samples" diffusion sample --ckpt "$ck" --per-class 429496730 --grid "$TMP/g.png"
 expect_fail "absurd thread count" "--threads must be in 0..1024" diffusion sample --ckpt "$ck" --threads 100000 --grid "$TMP/g.png"
@@ -168,6 +149,41 @@ err=$(diffusion sample --ckpt "$ck" --classes 0 --per-class 2 --steps 2 --out-di
 [[ $? -ne 0 && "$err" == *"class0_1.png exists and is not a regular file"* && "$err" != *sampling* ]] \
   && pass "sample --out-dir with a folder in a file's place, refused first" || fail "out-dir file check: '$err'"
 expect_fail "sample into a missing folder" "does not exist" diffusion sample --ckpt "$ck" --grid "$TMP/no/dir/g.png"
+
+# ---- no output may be a file the command reads: by any name (a hard link, a symbolic link)
+ln "$ck" "$TMP/hard.png"; ln -s "$ck" "$TMP/soft.safetensors"
+data=$TMP/small.safetensors
+refuse_input "export --out: a hard link to --ckpt" "$ck" "which this command reads (--ckpt)" \
+  diffusion export --ckpt "$TMP/run" --out "$TMP/hard.png"
+refuse_input "export --out: a symbolic link to --ckpt" "$ck" "which this command reads (--ckpt)" \
+  diffusion export --ckpt "$ck" --out "$TMP/soft.safetensors"
+diffusion export --ckpt "$TMP/run" --out "$TMP/run/exported.safetensors" > /dev/null 2>&1 && \
+  diffusion export --ckpt "$TMP/run" --out "$TMP/run/exported.safetensors" > /dev/null 2>&1 \
+  && pass "export into the run folder, twice (only its checkpoints are read)" || fail "export into the run folder"
+refuse_input "sample --grid: a hard link to --ckpt" "$ck" "which this command reads (--ckpt)" \
+  diffusion sample --ckpt "$TMP/run" --classes 0 --per-class 1 --steps 2 --grid "$TMP/hard.png"
+refuse_input "sample --tensor-out: a symbolic link to --ckpt" "$ck" "which this command reads (--ckpt)" \
+  diffusion sample --ckpt "$ck" --classes 0 --per-class 1 --steps 2 --tensor-out "$TMP/soft.safetensors"
+mkdir -p "$TMP/od" && ln "$ck" "$TMP/od/class0_0.png"
+refuse_input "sample --out-dir holding a hard link to --ckpt" "$ck" "which this command reads (--ckpt)" \
+  diffusion sample --ckpt "$ck" --classes 0 --per-class 1 --steps 2 --out-dir "$TMP/od"
+st_file "$TMP/fin.safetensors" '{"x":{"dtype":"F32","shape":[1,1,32,32],"data_offsets":[0,4096]},"t":{"dtype":"F32","shape":[1],"data_offsets":[4096,4100]},"y":{"dtype":"I64","shape":[1],"data_offsets":[4100,4108]}}' 4108
+ln "$TMP/fin.safetensors" "$TMP/fin-link.safetensors"
+refuse_input "forward --output: a hard link to --input" "$TMP/fin.safetensors" "which this command reads (--input)" \
+  diffusion forward --weights "$ck" --input "$TMP/fin.safetensors" --output "$TMP/fin-link.safetensors"
+cp "$ck" "$TMP/w.safetensors"
+refuse_input "forward --output: --weights itself" "$TMP/w.safetensors" "is read by this command (--weights)" \
+  diffusion forward --weights "$TMP/w.safetensors" --input "$TMP/fin.safetensors" --output "$TMP/w.safetensors"
+cp "$ck" "$TMP/info.safetensors"
+refuse_input "info >> the checkpoint" "$TMP/info.safetensors" "standard output is" \
+  bash -c "'$BIN' info '$TMP/info.safetensors' >> '$TMP/info.safetensors'"
+# train writes .lock (its PID) and step_* checkpoints into --out: never over its data set
+mkdir -p "$TMP/lockrun" && ln -s "$data" "$TMP/lockrun/.lock"
+refuse_input "train: --out's .lock is a link to --data" "$data" "which this command reads (--data)" \
+  diffusion train "${TINY[@]}" --steps 1 --out "$TMP/lockrun"
+mkdir -p "$TMP/lockrun2" && ln "$ck" "$TMP/lockrun2/.lock"
+refuse_input "train --resume: --out's .lock is a hard link to the checkpoint" "$ck" "which this command reads (--resume)" \
+  diffusion train --resume "$ck" --out "$TMP/lockrun2" --steps 2
 expect_fail "sample into an unwritable folder" "cannot write" diffusion sample --ckpt "$ck" --classes 0 --per-class 1 --steps 2 --grid /proc/nope/g.png
 
 # ---- forward: wrong shapes and values fail and leave an existing output untouched

@@ -341,7 +341,7 @@ static void test_model(void) {
 static void test_energy(void) {
     double j0, j1, limit;
     if (!g_gpu->energy || !g_gpu->energy(g_gpu, &j0, &limit)) {
-        printf("  SKIP energy: this device reports no energy counter\n");
+        printf("  SKIP (no GPU energy counter) energy: this device reports none\n");
         return;
     }
     expect(limit > 10 && limit < 5000, "power limit between 10 W and 5 kW");

@@ -237,7 +237,7 @@ int main(int argc, char **argv) {
         }
         g_gpu = dc_backend_cuda_create(mode == 0);
         if (!g_gpu) {
-            printf("SKIP test_cuda_attention: %s\n", dc_error());
+            printf("SKIP (no GPU) test_cuda_attention: %s\n", dc_error());
             dc_backend_destroy(g_cpu);
             return 0;
         }

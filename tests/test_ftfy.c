@@ -5,13 +5,12 @@
 // mojibake of mojibake, lost bytes, CESU-8, C1 controls, mojibake inside good
 // text, and text to leave alone) and of random garbled ones; the badness
 // heuristic on strings drawn from each alternative of ftfy's pattern and on
-// near misses; and the CLIP ids of mojibake prompts, which need
-// ../shared/data/bpe_simple_vocab_16e6.txt.gz (skipped without it).
+// near misses; and the CLIP ids of mojibake prompts, with the shipped
+// vocabulary (data/bpe_simple_vocab_16e6.txt.gz).
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "core/error.h"
 #include "io/json.h"
@@ -22,9 +21,8 @@
 #include "check.h"
 
 #define GOLDEN "tests/golden/ftfy/cases.txt"
-#define VOCAB "../shared/data/bpe_simple_vocab_16e6.txt.gz"
+#define VOCAB "data/bpe_simple_vocab_16e6.txt.gz"
 
-static bool g_have_vocab;
 static dc_clip_tokenizer g_tok;
 
 // Decodes one JSON string field into s; false when it is not one.
@@ -98,7 +96,7 @@ static void check_line(char *line, int lineno, counts *c) {
     if (!strcmp(f[0], "tokens")) {
         char *tab = strchr(f[2], '\t');
         if (!tab) c->malformed++;
-        else if (g_have_vocab) check_tokens(f[1], len1, f[2], lineno, c);
+        else check_tokens(f[1], len1, f[2], lineno, c);
         return;
     }
     dc_ustr in = {0}, want = {0};
@@ -138,21 +136,18 @@ static void test_golden(void) {
     // functions each; strings from all 37 alternatives of the heuristic.
     CHECK(c.fix_text >= 400 && c.fix_encoding >= 400, "%d fix_text and %d fix_encoding cases", c.fix_text, c.fix_encoding);
     CHECK(c.bad >= 37 * 12 && c.good >= 100, "%d bad and %d good strings for the heuristic", c.bad, c.good);
-    if (g_have_vocab) CHECK(c.tokens >= 5, "%d tokenized prompts", c.tokens);
+    CHECK(c.tokens >= 5, "%d tokenized prompts", c.tokens);
     printf("%s: %d fix_text, %d fix_encoding, %d is_bad, %d token cases\n", GOLDEN, c.fix_text, c.fix_encoding,
            c.bad + c.good, c.tokens);
 }
 
 int main(void) {
-    struct stat st;
-    g_have_vocab = stat(VOCAB, &st) == 0;
-    if (!g_have_vocab) printf("SKIP token ids of mojibake prompts: %s not found\n", VOCAB);
-    if (g_have_vocab && dc_clip_tokenizer_load(&g_tok, VOCAB)) {
-        printf("FAIL loading %s: %s\n", VOCAB, dc_error());
+    if (dc_clip_tokenizer_load(&g_tok, VOCAB)) {  // it ships with the repository
+        printf("FAIL loading %s (run from the repository's root): %s\n", VOCAB, dc_error());
         return 1;
     }
     test_golden();
-    if (g_have_vocab) dc_clip_tokenizer_free(&g_tok);
+    dc_clip_tokenizer_free(&g_tok);
     printf("test_ftfy: %d passed, %d failed\n", g_pass, g_fail);
     return g_fail ? 1 : 0;
 }

@@ -329,7 +329,7 @@ static void checkpoints(void) {
 static int on_gpu(const char *name) {
     dc_backend *be = NULL;
     if (dc_backend_create(name, &be)) {
-        printf("SKIP test_offload %s: %s\n", name, dc_error());
+        printf("SKIP (no GPU) test_offload %s: %s\n", name, dc_error());
         return 0;
     }
     g_rel = be->compute == DC_F32 ? 1e-5 : 1e-3;

@@ -324,6 +324,25 @@ static void test_params(void) {
     CHECK(s && strstr(s, "CFG scale: 0.1,") && !strstr(s, "Negative"), "0.1 printed shortest: %s", s ? s : "(null)");
     CHECK(s && strstr(s, "step 5\", Batch size: 2") == s + strlen(s) - 22, "extra pairs last: %s", s ? s : "(null)");
     free(s);
+
+    // A1111's model hash, before the model's name
+    g = (dc_gen_params){.prompt = "a cat", .steps = 20, .sampler = "Euler a", .cfg_scale = 7.0f, .seed = 42,
+                        .width = 512, .height = 512, .model_hash = "6ce0161689", .model = "v1-5"};
+    s = dc_gen_params_format(&g);
+    want = "a cat\nSteps: 20, Sampler: Euler a, CFG scale: 7, Seed: 42, Size: 512x512, Model hash: 6ce0161689, "
+           "Model: v1-5";
+    CHECK(s && !strcmp(s, want), "model hash:\n%s", s ? s : "(null)");
+    free(s);
+    // Line breaks in the prompts plant no line: each is written as the space the tokenizer reads
+    g.prompt = "a cat\nNegative prompt: evil\r\nSteps: 1\rx\vy\fz\x1c" "1\x1d" "2\x1e" "3\xc2\x85" "4\xe2\x80\xa8" "5\xe2\x80\xa9" "6\n";
+    g.negative_prompt = "blurry\nSteps: 99, Sampler: DDIM";
+    g.model = "v1\xe2\x80\xa8" "5";
+    s = dc_gen_params_format(&g);
+    want = "a cat Negative prompt: evil Steps: 1 x y z 1 2 3 4 5 6 \nNegative prompt: blurry Steps: 99, Sampler: DDIM\n"
+           "Steps: 20, Sampler: Euler a, CFG scale: 7, Seed: 42, Size: 512x512, Model hash: 6ce0161689, "
+           "Model: \"v1\\u20285\"";
+    CHECK(s && !strcmp(s, want), "line breaks in prompts and names:\n%s", s ? s : "(null)");
+    free(s);
 }
 
 // ---- refused files ----------------------------------------------------------------

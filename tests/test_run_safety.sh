@@ -90,7 +90,7 @@ if read_only "$TMP/ro" true; then
   [[ $? -eq 1 && "$err" != *"sampling"* ]] && pass "sample --out-dir in a read-only folder refused first" \
     || fail "read-only out-dir: '$err'"
 else
-  echo "SKIP read-only folder tests: no private mount namespace (unshare -m) and running as root"
+  echo "SKIP (privileges: root without unshare -m) read-only folder tests: no private mount namespace"
 fi
 
 # ---- an unreadable newest checkpoint: a run folder falls back to the one before

@@ -1,13 +1,12 @@
 #!/usr/bin/env bash
 # diffusion tokenize: the ids of OpenAI's reference prompt, the vocabulary's
-# lookup and its errors, truncation warnings, --count, standard input, bad text.
+# lookup (beside the binary, in a checkout and once installed) and its errors,
+# truncation warnings, --count, standard input, bad text.
 source "$(dirname "$0")/lib.sh"
 
-VOCAB=$(cd "$(dirname "$0")/.." && pwd)/../shared/data/bpe_simple_vocab_16e6.txt.gz
-if [ ! -f "$VOCAB" ]; then
-  echo "SKIP test_tokenize: $VOCAB not found (shared/ beside the repository)"
-  exit 0
-fi
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+VOCAB=$ROOT/data/bpe_simple_vocab_16e6.txt.gz
+[ -f "$VOCAB" ] || { echo "FAIL $VOCAB not found: it ships with the repository"; exit 1; }
 unset DIFFUSION_VOCAB
 
 out=$(diffusion tokenize --help)
@@ -44,8 +43,36 @@ expect_fail "no prompt" "tokenize needs a PROMPT" diffusion tokenize --vocab "$V
 expect_code 2 "unknown flag" diffusion tokenize --vocab "$VOCAB" --bogus x
 expect_code 1 "missing vocabulary file" diffusion tokenize --vocab "$TMP/none.txt.gz" x
 expect_fail "missing vocabulary file" "$TMP/none.txt.gz: cannot open" diffusion tokenize --vocab "$TMP/none.txt.gz" x
-expect_fail "no vocabulary anywhere" "give --vocab FILE|FOLDER or set DIFFUSION_VOCAB (looked for ./bpe_simple_vocab_16e6.txt.gz" \
-  bash -c "cd '$TMP' && '$BIN' tokenize x"
+
+# without --vocab: data/ beside the binary (a checkout), ../share/diffusion/
+# beside it (an installation); a copy of the binary elsewhere finds neither
+mkdir -p "$TMP/checkout/data" "$TMP/elsewhere"
+cp "$BIN" "$TMP/checkout/diffusion" && cp "$BIN" "$TMP/elsewhere/diffusion" && cp "$VOCAB" "$TMP/checkout/data/"
+out=$(cd "$TMP" && checkout/diffusion tokenize "a photo of an astronaut riding a horse on mars")
+[ "$out" == "$want" ] && pass "the vocabulary in data/ beside the binary" || fail "data/ beside the binary: '$out'"
+fixed=0; for d in /usr/local/share/diffusion /usr/share/diffusion; do [ -e "$d/bpe_simple_vocab_16e6.txt.gz" ] && fixed=1; done
+if [ $fixed = 0 ]; then
+  expect_fail "no vocabulary anywhere" "give --vocab FILE|FOLDER or set DIFFUSION_VOCAB (looked for ./bpe_simple_vocab_16e6.txt.gz, $TMP/elsewhere/data/bpe_simple_vocab_16e6.txt.gz, $TMP/elsewhere/../share/diffusion/bpe_simple_vocab_16e6.txt.gz" \
+    bash -c "cd '$TMP' && elsewhere/diffusion tokenize x"
+else  # this machine has one installed: it is found
+  out=$(cd "$TMP" && elsewhere/diffusion tokenize "a photo of an astronaut riding a horse on mars")
+  [ "$out" == "$want" ] && pass "the installed vocabulary" || fail "the installed vocabulary: '$out'"
+fi
+# make install (DESTDIR honoured) puts the binary and the vocabulary where it looks
+# (-o: the binary under test is installed as it is, never rebuilt in another configuration)
+stage=$TMP/stage; prefix=/opt/diffusion-test
+if (cd "$ROOT" && make -s --no-print-directory install -o "$BIN" DESTDIR="$stage" PREFIX="$prefix" BIN="$BIN") > "$TMP/install.log" 2>&1; then
+  out=$(cd "$TMP" && "$stage$prefix/bin/diffusion" tokenize "a photo of an astronaut riding a horse on mars")
+  [ "$out" == "$want" ] && [ -f "$stage$prefix/share/diffusion/LICENSE.CLIP" ] \
+    && pass "make install DESTDIR: the installed binary finds its vocabulary" || fail "installed binary: '$out'"
+  printf 'not a vocabulary' > "$stage$prefix/share/diffusion/bpe_simple_vocab_16e6.txt.gz"  # the one it reads, named
+  expect_fail "the installed binary reads PREFIX/share/diffusion/" "$stage$prefix/bin/../share/diffusion/bpe_simple_vocab_16e6.txt.gz" \
+    bash -c "cd '$TMP' && '$stage$prefix/bin/diffusion' tokenize x"
+  (cd "$ROOT" && make -s --no-print-directory uninstall DESTDIR="$stage" PREFIX="$prefix") > /dev/null 2>&1
+  [ -z "$(find "$stage" -type f)" ] && pass "make uninstall removes what install put" || fail "left after uninstall: $(find "$stage" -type f)"
+else
+  fail "make install DESTDIR=$stage: $(tail -3 "$TMP/install.log")"
+fi
 mkdir -p "$TMP/empty"
 expect_fail "a folder without vocab.json" "without vocab.json" diffusion tokenize --vocab "$TMP/empty" x
 printf '#version: 0.2\na b\n' > "$TMP/small.txt"

@@ -13,7 +13,7 @@ set of prompts that exercise each of its steps.
 
 Needs the `regex` module (Debian: python3-regex; use /usr/bin/python3 there, whose Unicode
 tables are the ones tools/gen_text_tables.py put in src/text/). The vocabulary defaults to
-../shared/data/bpe_simple_vocab_16e6.txt.gz (--vocab FILE for another copy).
+the repository's data/bpe_simple_vocab_16e6.txt.gz (--vocab FILE for another copy).
 
 ftfy: OpenAI runs ftfy.fix_text first. When ftfy is installed it is used. Otherwise (it is not
 packaged for Debian 12) this script applies ftfy's deterministic fixes itself, from Python's
@@ -50,7 +50,7 @@ import unicodedata
 import regex
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-DEFAULT_VOCAB = os.path.normpath(os.path.join(ROOT, "..", "shared", "data", "bpe_simple_vocab_16e6.txt.gz"))
+DEFAULT_VOCAB = os.path.join(ROOT, "data", "bpe_simple_vocab_16e6.txt.gz")
 GOLDEN = os.path.join(ROOT, "tests", "golden", "clip_tokens.txt")
 CONTEXT = 77
 

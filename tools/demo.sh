@@ -15,15 +15,19 @@ if ! [[ "$steps" =~ ^[1-9][0-9]*$ ]]; then
   echo "demo: DEMO_STEPS must be a positive number of steps, not '$steps'" >&2
   exit 2
 fi
+echo "demo: checking the Debian packages it needs (tools/deps.sh)"
 bash tools/deps.sh
-make -s -j"$(nproc)" diffusion
+bash tools/build.sh diffusion
 out=runs/demo
 if ls "$out"/step_*.safetensors > /dev/null 2>&1; then
+  echo "demo: continuing the training run in $out to step $steps"
   ./diffusion train --resume "$out" --steps "$steps"
 else
+  echo "demo: training the demo DiT on Fashion-MNIST for $steps steps into $out"
   ./diffusion train --out "$out" --steps "$steps"
 fi
 rm -rf "$out/samples"
+echo "demo: drawing 100 samples of each class"
 ./diffusion sample --ckpt "$out" --classes 0-9 --per-class 100 --steps 50 --cfg-scale 4 \
   --batch 100 --grid "$out/grid.png" --grid-cols 10 --out-dir "$out/samples"
 ck=$(ls "$out"/step_*.safetensors | tail -n 1)

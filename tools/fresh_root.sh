@@ -7,7 +7,9 @@
 # no terminal, what a new user runs:
 #   DEMO_STEPS=300 bash tools/demo.sh
 #   bash tools/test.sh
-# then prints how long each step took. A machine that already has everything
+# then checks that no test skipped for anything a fresh clone should bring
+# (a missing file or package: only a GPU and Python may be absent here, and a
+# privilege a chroot cannot give), and prints how long each step took. A machine that already has everything
 # (as CI does) cannot see a build that needs a package nobody installs, or a
 # script that needs a tool minbase lacks; this can.
 #
@@ -172,6 +174,28 @@ if [ $status = 0 ]; then
 fi
 timed "bash tools/test.sh" in_root "$logs/test.log" bash tools/test.sh || status=1
 grep -E "^(PASS|FAIL|     )|passed, " "$logs/test.log" || true
+
+# No test may skip for a file or a package that a fresh clone and tools/deps.sh
+# should bring: the files the tests read ship with the repository. Only a GPU
+# and Python (not in deps.sh's base set) are absent here, and privileges a
+# chroot lacks (unshare -m cannot make a private copy of a root that is no
+# mount point). Read from every test's own log, whatever the runner made of it.
+skip_problems() {  # skip_problems LOG_DIR: the skip lines of its logs that are not for those
+  local f
+  [ -n "$(ls "$1"/*.log 2> /dev/null)" ] || { echo "(no test logs in $1)"; return; }
+  for f in "$1"/*.log; do
+    grep -iE '^[[:space:]]*skip([[:space:]:(]|$)' "$f" | grep -vE '^[[:space:]]*SKIP \((no GPU|no python3|privileges)' |
+      sed "s|^|$(basename "$f" .log): |" || true  # no line: no problem (and no exit under set -e)
+  done
+  return 0
+}
+bad=$(skip_problems "$root/root/diffusion.c/build/tests")
+if [ -n "$bad" ]; then
+  echo "fresh_root: tests skipped for something a fresh clone should have:" >&2
+  echo "$bad" >&2
+  status=1
+fi
+grep -qE "^[0-9]+ passed, 0 failed, " "$logs/test.log" || { echo "fresh_root: the test suite's summary is missing or not clean" >&2; status=1; }
 
 echo
 echo "A fresh Debian 12 root (minbase), the README's two commands, $(nproc) cores:"

@@ -16,7 +16,7 @@ Every expected value is computed by the real ftfy (never by this script):
   * is_bad (ftfy.badness.is_bad) of strings sampled from each alternative of ftfy's own
     BADNESS_RE, and of near misses (one character changed, no longer bad);
   * CLIP token ids of a few mojibake prompts, from tools/clip_tokenizer_golden.py's tokenizer
-    with ftfy installed (needs `regex` and ../shared/data/bpe_simple_vocab_16e6.txt.gz).
+    with ftfy installed (needs `regex`; the vocabulary is the repository's data/).
 
 Run it with the Python that tools/gen_text_tables.py uses (Debian 12's /usr/bin/python3, Unicode
 14.0): Python's \\w and \\s and the tokenizer's classes depend on the Unicode version.

@@ -5,7 +5,7 @@
 # against diffusers and transformers in fp32), then speed and memory beside
 # diffusers in fp16 (eager and torch.compile). Prints a summary table last.
 #
-#   tools/sd_gpu.sh --bin DIR --diffusers SRC --vocab FILE [--out DIR] [--config sd1.5|sd2.1]
+#   tools/sd_gpu.sh --bin DIR --diffusers SRC [--vocab FILE] [--out DIR] [--config sd1.5|sd2.1]
 #                   [tests] [check] [bench]
 # tests: the GPU test programs; check: components against golden files and
 # diffusers; bench: speed and memory beside diffusers.
@@ -13,7 +13,7 @@
 # --diffusers is diffusers' src folder (pure Python, loaded from source).
 set -u
 cd "$(dirname "$0")/.."
-BIN=. OUT=runs/sd-gpu DIFF= VOCAB= CONFIG=sd1.5 STEPS=()
+BIN=. OUT=runs/sd-gpu DIFF= VOCAB=data/bpe_simple_vocab_16e6.txt.gz CONFIG=sd1.5 STEPS=()
 while [ $# -gt 0 ]; do
   case $1 in
     --bin) BIN=$2; shift 2;;
@@ -83,7 +83,7 @@ if has check; then
     $D txt2img --model $o --vocab "$VOCAB" --prompt "a red cube" --steps 5 --width 32 --height 32 --device cuda \
       --out "$OUT/tiny1-$l.png" > /dev/null 2>&1 || echo "txt2img tiny1 $l failed"
   done
-  python3 tools/png_pixels.py "$OUT/tiny1-diffusers.png" "$OUT/tiny1-single.png" > "$OUT/layouts.txt" 2>&1
+  "$BIN/tools/png_pixels" "$OUT/tiny1-diffusers.png" "$OUT/tiny1-single.png" > "$OUT/layouts.txt" 2>&1
   note "txt2img on cuda, diffusers folder vs single file: $(cat "$OUT/layouts.txt")"
   # full size against diffusers / transformers, fp32 without TF32 on their side
   python3 tools/sd_pytorch.py check --model "$MODEL" --diffusers "$DIFF" --out "$OUT/full" > "$OUT/full_ref.log" 2>&1 ||

@@ -5,14 +5,18 @@
 // checkpoint in the original layout (OpenAI CLIP names for SD 1.x, OpenCLIP
 // with packed q/k/v for SD 2.x). Both layouts of one config and seed hold the
 // same values; the SD 2 single file's text encoder has one layer more than
-// the folder's (as real files do), which SD 2 skips.
+// the folder's (as real files do), which SD 2 skips. A folder gets tokenizer/
+// as CLIP's tokenizer files are (vocab.json, merges.txt, the special tokens;
+// SD 2 pads with "!"), made from OpenAI's vocabulary (--vocab, default the
+// repository's data/bpe_simple_vocab_16e6.txt.gz), so it runs as a real one.
 //
 //   sd_random --config sd1.5|sd2.1|tiny1|tiny2 --layout diffusers|single
-//             [--dtype f16|bf16|f32] [--seed N] --out PATH
+//             [--dtype f16|bf16|f32] [--seed N] [--vocab BPE] --out PATH
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <zlib.h>
 
 #include "core/error.h"
 #include "core/fsutil.h"
@@ -255,6 +259,7 @@ static int write_configs(const char *out, const sd_config *c, int text_layers) {
     snprintf(t, sizeof t,
              "{\n  \"_class_name\": \"PNDMScheduler\",\n  \"beta_start\": 0.00085,\n  \"beta_end\": 0.012,\n"
              "  \"beta_schedule\": \"scaled_linear\",\n  \"num_train_timesteps\": 1000,\n  \"steps_offset\": 1,\n"
+             "  \"set_alpha_to_one\": false,\n  \"clip_sample\": false,\n  \"skip_prk_steps\": true,\n"
              "  \"prediction_type\": \"%s\"\n}\n", u->prediction == DC_PRED_V ? "v_prediction" : "epsilon");
     snprintf(p, sizeof p, "%s/scheduler/scheduler_config.json", out);
     DC_TRY(write_text(p, t));
@@ -267,7 +272,118 @@ static int write_configs(const char *out, const sd_config *c, int text_layers) {
                          "  \"vae\": [\"diffusers\", \"AutoencoderKL\"]\n}\n");
 }
 
-static int run(const char *config, const char *layout, const char *dtype, uint64_t seed, const char *out) {
+// ---- tokenizer/: OpenAI's BPE file in transformers' form -----------------------------------
+
+#define CLIP_MERGES (49152 - 256 - 2)  // the merges simple_tokenizer.py uses
+
+// bytes_to_unicode(): each byte's printable stand-in, in OpenAI's order
+// (printable bytes as themselves, then the rest from U+0100 on), as UTF-8.
+static void byte_symbols(char sym[256][4]) {
+    int order[256], n = 0, extra = 0;
+    bool printable[256] = {false};
+    for (int b = 0; b < 256; b++)
+        if ((b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || b >= 0xae) printable[b] = true, order[n++] = b;
+    for (int b = 0; b < 256; b++)
+        if (!printable[b]) order[n++] = b;
+    for (int i = 0; i < 256; i++) {
+        int b = order[i];
+        unsigned cp = printable[b] ? (unsigned)b : 256u + (unsigned)extra++;
+        char *s = sym[i];
+        if (cp < 0x80) s[0] = (char)cp, s[1] = 0;
+        else s[0] = (char)(0xc0 | cp >> 6), s[1] = (char)(0x80 | (cp & 0x3f)), s[2] = 0;
+    }
+}
+
+static void json_string(FILE *f, const char *s) {
+    fputc('"', f);
+    for (; *s; s++) {
+        if (*s == '"' || *s == '\\') fputc('\\', f);
+        fputc(*s, f);
+    }
+    fputc('"', f);
+}
+
+// vocab.json (token -> id: the byte symbols, the same with </w>, each merge
+// joined, <|startoftext|>, <|endoftext|>), merges.txt and the special tokens
+// into dir/tokenizer/, from the BPE file at bpe.
+static int write_tokenizer(const char *dir, const char *bpe, int version) {
+    gzFile gz = gzopen(bpe, "rb");
+    if (!gz) return dc_fail("%s: cannot open the CLIP vocabulary (give --vocab)", bpe);
+    size_t cap = 1 << 22, len = 0;
+    char *text = malloc(cap);
+    int got;
+    while (text && (got = gzread(gz, text + len, (unsigned)(cap - len - 1))) > 0)
+        if ((len += (size_t)got) == cap - 1) text = realloc(text, cap *= 2);
+    gzclose(gz);
+    if (!text) return dc_fail("out of memory");
+    text[len] = 0;
+    static char *merges[CLIP_MERGES];
+    char *line = strchr(text, '\n');  // the first line is a header
+    int n = 0;
+    while (line && n < CLIP_MERGES) {
+        char *next = strchr(++line, '\n');
+        if (next) *next = 0;
+        if (!strchr(line, ' ')) break;
+        merges[n++] = line;
+        line = next;
+    }
+    if (n < CLIP_MERGES) return free(text), dc_fail("%s: %d merges, not OpenAI's vocabulary", bpe, n);
+    char path[4200], sym[256][4];
+    byte_symbols(sym);
+    snprintf(path, sizeof path, "%s/tokenizer", dir);
+    int rc = dc_mkdir_p(path);
+    snprintf(path, sizeof path, "%s/tokenizer/vocab.json", dir);
+    dc_atomic_file *af = rc ? NULL : dc_atomic_begin(path);
+    if (af) {
+        FILE *f = dc_atomic_stream(af);
+        int id = 0;
+        fputc('{', f);
+        for (int i = 0; i < 256; i++) json_string(f, sym[i]), fprintf(f, ": %d, ", id++);
+        for (int i = 0; i < 256; i++) {
+            char end[16];
+            snprintf(end, sizeof end, "%s</w>", sym[i]);
+            json_string(f, end), fprintf(f, ": %d, ", id++);
+        }
+        for (int i = 0; i < n; i++) {
+            char joined[256];
+            size_t a = strcspn(merges[i], " ");
+            snprintf(joined, sizeof joined, "%.*s%s", (int)a, merges[i], merges[i] + a + 1);
+            json_string(f, joined), fprintf(f, ": %d, ", id++);
+        }
+        fprintf(f, "\"<|startoftext|>\": %d, \"<|endoftext|>\": %d}\n", id, id + 1);
+        rc = dc_atomic_end(af, 1);
+    } else {
+        rc = -1;
+    }
+    snprintf(path, sizeof path, "%s/tokenizer/merges.txt", dir);
+    af = rc ? NULL : dc_atomic_begin(path);
+    if (af) {
+        FILE *f = dc_atomic_stream(af);
+        fputs("#version: 0.2\n", f);
+        for (int i = 0; i < n; i++) fprintf(f, "%s\n", merges[i]);
+        rc = dc_atomic_end(af, 1);
+    } else {
+        rc = -1;
+    }
+    free(text);
+    // SD 2's tokenizer pads with "!" (id 0), SD 1's with <|endoftext|>.
+    const char *pad = version == 2 ? "!" : "<|endoftext|>";
+    char t[512];
+    snprintf(t, sizeof t,
+             "{\n  \"bos_token\": \"<|startoftext|>\",\n  \"eos_token\": \"<|endoftext|>\",\n"
+             "  \"pad_token\": \"%s\",\n  \"unk_token\": \"<|endoftext|>\"\n}\n", pad);
+    snprintf(path, sizeof path, "%s/tokenizer/special_tokens_map.json", dir);
+    if (!rc) rc = write_text(path, t);
+    snprintf(t, sizeof t,
+             "{\n  \"tokenizer_class\": \"CLIPTokenizer\",\n  \"model_max_length\": 77,\n"
+             "  \"do_lower_case\": true,\n  \"errors\": \"replace\",\n  \"pad_token\": \"%s\"\n}\n", pad);
+    snprintf(path, sizeof path, "%s/tokenizer/tokenizer_config.json", dir);
+    if (!rc) rc = write_text(path, t);
+    return rc;
+}
+
+static int run(const char *config, const char *layout, const char *dtype, uint64_t seed, const char *vocab,
+               const char *out) {
     sd_config c;
     DC_TRY(config_of(config, &c));
     bool single = !strcmp(layout, "single");
@@ -306,6 +422,7 @@ static int run(const char *config, const char *layout, const char *dtype, uint64
             rc = dc_mkdir_p(path);
         }
         if (!rc) rc = write_configs(out, &c, text_layers);
+        if (!rc) rc = write_tokenizer(out, vocab, c.version);
         snprintf(path, sizeof path, "%s/unet/diffusion_pytorch_model.safetensors", out);
         if (!rc) rc = add_params(&w, &dc_unet_of(unet)->params, "", NULL, NULL, 1 << 30);
         if (!rc) rc = flush(&w, path);
@@ -326,6 +443,7 @@ static int run(const char *config, const char *layout, const char *dtype, uint64
 
 int main(int argc, char **argv) {
     const char *config = NULL, *layout = "diffusers", *dtype = "f16", *out = NULL;
+    const char *vocab = "data/bpe_simple_vocab_16e6.txt.gz";
     uint64_t seed = 1;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--config")) config = argv[i + 1];
@@ -333,14 +451,15 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--dtype")) dtype = argv[i + 1];
         else if (!strcmp(argv[i], "--seed")) seed = strtoull(argv[i + 1], NULL, 10);
         else if (!strcmp(argv[i], "--out")) out = argv[i + 1];
+        else if (!strcmp(argv[i], "--vocab")) vocab = argv[i + 1];
         else return fprintf(stderr, "sd_random: unknown flag %s\n", argv[i]), 2;
     }
     if (!config || !out || argc % 2 == 0) {
         fprintf(stderr, "usage: sd_random --config sd1.5|sd2.1|tiny1|tiny2 --layout diffusers|single "
-                        "[--dtype f16|bf16|f32] [--seed N] --out PATH\n");
+                        "[--dtype f16|bf16|f32] [--seed N] [--vocab BPE] --out PATH\n");
         return 2;
     }
-    if (run(config, layout, dtype, seed, out)) {
+    if (run(config, layout, dtype, seed, vocab, out)) {
         fprintf(stderr, "sd_random: %s\n", dc_error());
         return 1;
     }

@@ -1,5 +1,6 @@
 #include "cli/cli_util.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -106,15 +107,113 @@ int cli_probe_write(const char *path) {
     return 0;
 }
 
-int cli_check_output(const char *path, const char *input) {
+static int inputs_push(cli_inputs *in, const struct stat *st, const char *flag, const char *path) {
+    if (in->n == in->cap) {
+        int cap = in->cap ? 2 * in->cap : 16;
+        struct cli_input *v = realloc(in->v, sizeof *v * (size_t)cap);
+        if (!v) return dc_fail("out of memory");
+        in->v = v, in->cap = cap;
+    }
+    char *p = strdup(path);
+    if (!p) return dc_fail("out of memory");
+    in->v[in->n++] = (struct cli_input){st->st_dev, st->st_ino, flag, p};
+    return 0;
+}
+
+// Every regular file under dir whose name starts with prefix, depth levels
+// down (symbolic links followed: the depth ends any loop of them).
+static int inputs_walk(cli_inputs *in, const char *flag, const char *dir, int depth, const char *prefix) {
+    DIR *d = opendir(dir);
+    if (!d) return 0;  // unreadable: the command's own read reports it
+    struct dirent *e;
+    int rc = 0;
+    while (!rc && in->n < CLI_INPUT_FILES && (e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        char path[4200];
+        struct stat st;
+        const char *sep = dir[strlen(dir) - 1] == '/' ? "" : "/";
+        if (snprintf(path, sizeof path, "%s%s%s", dir, sep, e->d_name) >= (int)sizeof path || stat(path, &st) != 0)
+            continue;
+        if (S_ISREG(st.st_mode) && !strncmp(e->d_name, prefix, strlen(prefix))) rc = inputs_push(in, &st, flag, path);
+        else if (S_ISDIR(st.st_mode) && depth > 1) rc = inputs_walk(in, flag, path, depth - 1, prefix);
+    }
+    closedir(d);
+    return rc;
+}
+
+int cli_inputs_add(cli_inputs *in, const char *flag, const char *path) {
+    struct stat st;
+    if (!path || stat(path, &st) != 0) return 0;
+    if (S_ISDIR(st.st_mode)) return inputs_walk(in, flag, path, CLI_INPUT_DEPTH, "");
+    return inputs_push(in, &st, flag, path);
+}
+
+int cli_inputs_add_checkpoint(cli_inputs *in, const char *flag, const char *path) {
+    struct stat st;
+    if (!path || stat(path, &st) != 0) return 0;
+    if (S_ISDIR(st.st_mode)) return inputs_walk(in, flag, path, 1, "step_");
+    return inputs_push(in, &st, flag, path);
+}
+
+void cli_inputs_free(cli_inputs *in) {
+    for (int i = 0; i < in->n; i++) free(in->v[i].path);
+    free(in->v);
+    memset(in, 0, sizeof *in);
+}
+
+static const struct cli_input *input_of(const cli_inputs *in, const struct stat *st) {
+    for (int i = 0; in && i < in->n; i++)
+        if (in->v[i].dev == (unsigned long long)st->st_dev && in->v[i].ino == (unsigned long long)st->st_ino)
+            return &in->v[i];
+    return NULL;
+}
+
+int cli_check_not_input(const cli_inputs *in, const char *path) {
+    struct stat st;
+    const struct cli_input *hit = stat(path, &st) == 0 ? input_of(in, &st) : NULL;
+    if (!hit) return 0;
+    if (!strcmp(hit->path, path))
+        return dc_fail("%s is read by this command (%s); writing it would destroy it: choose another output", path,
+                       hit->flag);
+    return dc_fail("%s is %s (the same file), which this command reads (%s); writing it would destroy it: choose "
+                   "another output", path, hit->path, hit->flag);
+}
+
+int cli_check_stdio(const cli_inputs *in) {
+    static const char *names[] = {"standard output", "standard error"};
+    for (int fd = 1; fd <= 2; fd++) {
+        struct stat st;
+        const struct cli_input *hit = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) ? input_of(in, &st) : NULL;
+        if (hit)
+            return dc_fail("%s is %s, which this command reads (%s); send it elsewhere", names[fd - 1], hit->path,
+                           hit->flag);
+    }
+    return 0;
+}
+
+int cli_check_folder_outputs(const cli_inputs *in, const char *dir, const char *prefix) {
+    DIR *d = opendir(dir);
+    if (!d) return 0;  // a folder yet to be made holds nothing
+    struct dirent *e;
+    int rc = 0;
+    while (!rc && (e = readdir(d))) {
+        char path[4200];
+        if (strncmp(e->d_name, prefix, strlen(prefix)) != 0) continue;
+        if (snprintf(path, sizeof path, "%s/%s", dir, e->d_name) < (int)sizeof path) rc = cli_check_not_input(in, path);
+    }
+    closedir(d);
+    return rc;
+}
+
+int cli_check_output(const char *path, const cli_inputs *in) {
     struct stat st;
     if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
         return dc_fail("%s is %s, not a file this command may replace; choose a file name", path,
                        file_kind(st.st_mode));
-    if (input && cli_same_file(path, input)) return dc_fail("%s is the input file; choose another output", path);
     const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
     if (strncmp(base, "step_", 5) == 0 && stat(path, &st) == 0)
         return dc_fail("refusing to overwrite the training checkpoint %s", path);
+    DC_TRY(cli_check_not_input(in, path));
     return cli_probe_write(path);
 }
 
@@ -138,15 +237,27 @@ int cli_load_model(const char *path, bool raw, int heads, unsigned st_flags, dc_
     return 0;
 }
 
-// Where the vocabulary is looked for without --vocab, after $DIFFUSION_VOCAB.
-static const char *k_vocab_places[] = {CLI_VOCAB_NAME, "/usr/local/share/diffusion/" CLI_VOCAB_NAME,
-                                       "/usr/share/diffusion/" CLI_VOCAB_NAME};
-
 int cli_find_vocab(const char **path) {
     const char *env = getenv("DIFFUSION_VOCAB");
     if (env && *env) return *path = env, 0;
-    for (size_t i = 0; i < sizeof k_vocab_places / sizeof *k_vocab_places; i++)
-        if (access(k_vocab_places[i], F_OK) == 0) return *path = k_vocab_places[i], 0;
+    // Beside the running binary: data/ of a checkout (./diffusion at its
+    // root), ../share/diffusion/ of an installation (PREFIX/bin/diffusion).
+    static char places[5][4200];
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = 0;
+        *strrchr(exe, '/') = 0;  // the kernel's path is absolute: it has a '/'
+    } else {
+        snprintf(exe, sizeof exe, "(the binary's folder)");
+    }
+    snprintf(places[0], sizeof places[0], "%s", CLI_VOCAB_NAME);
+    snprintf(places[1], sizeof places[1], "%s/data/%s", exe, CLI_VOCAB_NAME);
+    snprintf(places[2], sizeof places[2], "%s/../share/diffusion/%s", exe, CLI_VOCAB_NAME);
+    snprintf(places[3], sizeof places[3], "/usr/local/share/diffusion/%s", CLI_VOCAB_NAME);
+    snprintf(places[4], sizeof places[4], "/usr/share/diffusion/%s", CLI_VOCAB_NAME);
+    for (int i = 0; i < 5; i++)
+        if (access(places[i], F_OK) == 0) return *path = places[i], 0;
     return dc_fail("no CLIP vocabulary found: give --vocab FILE|FOLDER or set DIFFUSION_VOCAB (looked for ./%s, %s, "
-                   "%s)", k_vocab_places[0], k_vocab_places[1], k_vocab_places[2]);
+                   "%s, %s and %s)", places[0], places[1], places[2], places[3], places[4]);
 }

@@ -50,10 +50,44 @@ bool cli_same_file(const char *a, const char *b);
 // an atomic write of path would use: that catches a missing or read-only
 // folder (for root too) and a name too long for the file system.
 int cli_probe_write(const char *path);
+
+// The files a command reads, so that no output of it replaces one: each known
+// by device and inode, so that another name for it (a hard link, a symbolic
+// link, a path through other folders) is caught as well. A folder counts as
+// every regular file under it, CLI_INPUT_DEPTH levels deep (a diffusers
+// model's unet/diffusion_pytorch_model.safetensors, a run folder's
+// checkpoints), symbolic links followed, at most CLI_INPUT_FILES files.
+#define CLI_INPUT_DEPTH 4
+#define CLI_INPUT_FILES 100000
+typedef struct {
+    struct cli_input {
+        unsigned long long dev, ino;
+        const char *flag;  // the flag that named it ("--model")
+        char *path;        // as reached: the flag's path, or a file under its folder
+    } *v;
+    int n, cap;
+} cli_inputs;
+// Adds what flag names at path (a file or a folder); a path that does not
+// exist adds nothing (reading it will fail with its own message). -1 only
+// out of memory.
+int cli_inputs_add(cli_inputs *in, const char *flag, const char *path);
+// The same for a checkpoint or a training run's folder, of which only the
+// checkpoints (step_*) are read: other files there (an exported model, a
+// grid) may be replaced.
+int cli_inputs_add_checkpoint(cli_inputs *in, const char *flag, const char *path);
+void cli_inputs_free(cli_inputs *in);
+// Refuses (naming both) an output path that is one of the inputs, and a
+// standard output or error that is one (`>> weights.safetensors`).
+int cli_check_not_input(const cli_inputs *in, const char *path);
+int cli_check_stdio(const cli_inputs *in);
+// The entries of folder dir whose names start with prefix, which a command
+// writes or removes there: none may be an input.
+int cli_check_folder_outputs(const cli_inputs *in, const char *dir, const char *prefix);
 // An output file the command may write, checked before any work: it is not
-// the input, not a training checkpoint, not an existing folder, device or pipe
-// (writing would replace it with a regular file), and it can be written.
-int cli_check_output(const char *path, const char *input);
+// one of the inputs (in, may be NULL), not a training checkpoint, not an
+// existing folder, device or pipe (writing would replace it with a regular
+// file), and it can be written.
+int cli_check_output(const char *path, const cli_inputs *in);
 // Opens weights for inference: a checkpoint (EMA weights unless raw), a run
 // folder (its newest readable checkpoint) or a plain official-key file.
 // st_flags as for dc_st_open_opts.
@@ -61,7 +95,9 @@ int cli_load_model(const char *path, bool raw, int heads, unsigned st_flags, dc_
                    dc_model **m, const char **which);
 
 // The CLIP vocabulary when no --vocab is given: $DIFFUSION_VOCAB, else the
-// first of ./bpe_simple_vocab_16e6.txt.gz, /usr/local/share/diffusion/ and
-// /usr/share/diffusion/ that exists; -1 with a message naming them all.
+// first of ./bpe_simple_vocab_16e6.txt.gz, data/ beside the running binary
+// (a checkout), ../share/diffusion/ beside it (an installation),
+// /usr/local/share/diffusion/ and /usr/share/diffusion/ that exists; -1 with
+// a message naming them all.
 #define CLI_VOCAB_NAME "bpe_simple_vocab_16e6.txt.gz"
 int cli_find_vocab(const char **path);

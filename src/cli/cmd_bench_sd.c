@@ -230,6 +230,11 @@ int cmd_bench_sd(int argc, char **argv) {
     const char *fallback = NULL;
     int status = 1;
     if (!vocab && cli_find_vocab(&fallback)) dc_error_clear();
+    cli_inputs ins = {0};  // it writes only its report: never into the weights (>> model.safetensors)
+    int bad = cli_inputs_add(&ins, "--sd", model) || cli_inputs_add(&ins, "--vocab", vocab ? vocab : fallback) ||
+              cli_check_stdio(&ins);
+    cli_inputs_free(&ins);
+    if (bad) goto done;
     if (cli_set_threads(threads) || cli_backend(device, precision, &be)) goto done;
     double t0 = dc_time_now();
     dc_sd_open_opts oo = {model, vocab, fallback, DC_ST_NO_VERIFY, -1, false, NULL};

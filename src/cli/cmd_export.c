@@ -31,6 +31,10 @@ int cmd_export(int argc, char **argv) {
     if (rc) return rc > 0 ? 0 : cli_usage_fail();
     if (!ckpt || !out) return dc_fail("--ckpt and --out are required (see --help)"), cli_usage_fail();
     if (cli_check_heads(heads)) return cli_usage_fail();
+    cli_inputs in = {0};
+    int bad = cli_inputs_add_checkpoint(&in, "--ckpt", ckpt) || cli_check_stdio(&in) || cli_check_output(out, &in);
+    cli_inputs_free(&in);
+    if (bad) return cli_fail();
     dc_backend *be = NULL;
     dc_model *m = NULL;
     const char *which;
@@ -39,7 +43,7 @@ int cmd_export(int argc, char **argv) {
     char (*names)[128] = NULL;
     dc_kv kv = {0};
     int status = 1;
-    if (cli_check_output(out, ckpt) || dc_backend_create("cpu", &be) || cli_load_model(ckpt, raw, heads, no_verify ? DC_ST_NO_VERIFY : 0, be, &m, &which)) goto done;
+    if (dc_backend_create("cpu", &be) || cli_load_model(ckpt, raw, heads, no_verify ? DC_ST_NO_VERIFY : 0, be, &m, &which)) goto done;
     const dc_params *ps = m->params;
     host = malloc((size_t)ps->numel * sizeof *host);
     e = calloc(ps->count, sizeof *e);

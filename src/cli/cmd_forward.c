@@ -78,6 +78,11 @@ int cmd_forward(int argc, char **argv) {
         return dc_fail("--weights, --input and --output are required (see --help)"), cli_usage_fail();
     if (cli_check_heads(heads) || cli_check_device_flags(threads, device, precision)) return cli_usage_fail();
     unsigned st_flags = no_verify ? DC_ST_NO_VERIFY : 0;
+    cli_inputs ins = {0};
+    int bad = cli_inputs_add_checkpoint(&ins, "--weights", weights) || cli_inputs_add(&ins, "--input", input) ||
+              cli_check_stdio(&ins) || cli_check_output(output, &ins);
+    cli_inputs_free(&ins);
+    if (bad) return cli_fail();
 
     dc_backend *be = NULL;
     dc_model *m = NULL;
@@ -88,9 +93,7 @@ int cmd_forward(int argc, char **argv) {
     dc_buf x = {0}, t = {0}, y = {0}, out = {0};
     int status = 1;
     const char *which;
-    if (cli_check_output(output, weights) || cli_check_output(output, input) ||
-        cli_set_threads(threads) || cli_backend(device, precision, &be))
-        goto done;
+    if (cli_set_threads(threads) || cli_backend(device, precision, &be)) goto done;
     if (cli_load_model(weights, raw, heads, st_flags, be, &m, &which)) goto done;
     if (m->info.cond != DC_COND_LABELS) {
         dc_fail("%s is a text-conditioned %s; forward reads class labels y only", weights, m->ops->name);

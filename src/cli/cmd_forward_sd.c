@@ -254,7 +254,11 @@ int cmd_forward_sd(int argc, char **argv) {
     dc_heads heads = {0};
     if (heads_text && dc_heads_parse(heads_text, &heads)) return cli_usage_fail();
     if (cli_check_device_flags(threads, device, precision)) return cli_usage_fail();
-    if (cli_check_output(output, weights) || cli_check_output(output, input_path)) return cli_fail();
+    cli_inputs ins = {0};
+    int bad = cli_inputs_add(&ins, "--weights", weights) || cli_inputs_add(&ins, "--input", input_path) ||
+              cli_check_stdio(&ins) || cli_check_output(output, &ins);
+    cli_inputs_free(&ins);
+    if (bad) return cli_fail();
 
     fwd_ctx c = {0};
     dc_sd_model model = {0};

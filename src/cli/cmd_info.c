@@ -27,6 +27,10 @@ int cmd_info(int argc, char **argv) {
     if (rc) return rc > 0 ? 0 : cli_usage_fail();
     if (ap.npositional != 1) return dc_fail("info needs one FILE or RUN_FOLDER (see --help)"), cli_usage_fail();
     if (cli_check_heads(heads)) return cli_usage_fail();
+    cli_inputs ins = {0};
+    int bad = cli_inputs_add_checkpoint(&ins, "FILE", ap.positional[0]) || cli_check_stdio(&ins);
+    cli_inputs_free(&ins);
+    if (bad) return cli_fail();
     dc_st_file f;
     if (cli_open_checkpoint(ap.positional[0], no_verify ? DC_ST_NO_VERIFY : 0, &f)) return cli_fail();
     // Our checkpoints hold raw weights under the plain keys and EMA under "ema.".

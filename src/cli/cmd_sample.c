@@ -195,9 +195,12 @@ int cmd_sample(int argc, char **argv) {
     if ((classes_s && parse_classes(classes_s, INT_MAX, classes, &ncls)) || cli_check_heads(heads) ||
         cli_check_device_flags(threads, device, precision))
         return cli_usage_fail();
-    if ((grid && cli_check_output(grid, ckpt)) || (tensor_out && cli_check_output(tensor_out, ckpt)) ||
-        (out_dir && check_out_dir(out_dir)))
-        return cli_fail();
+    cli_inputs ins = {0};
+    int bad = cli_inputs_add_checkpoint(&ins, "--ckpt", ckpt) || cli_check_stdio(&ins) ||
+              (grid && cli_check_output(grid, &ins)) || (tensor_out && cli_check_output(tensor_out, &ins)) ||
+              (out_dir && (check_out_dir(out_dir) || cli_check_folder_outputs(&ins, out_dir, "class")));
+    cli_inputs_free(&ins);
+    if (bad) return cli_fail();
     unsigned st_flags = no_verify ? DC_ST_NO_VERIFY : 0;
 
     dc_backend *be = NULL;

@@ -61,8 +61,9 @@ int cmd_tokenize(int argc, char **argv) {
                      "The vocabulary (--vocab) is OpenAI's " CLI_VOCAB_NAME " (or the .txt),\n"
                      "a vocab.json with merges.txt beside it, or a folder holding them (a diffusers\n"
                      "model folder, or its tokenizer/). Without --vocab: $DIFFUSION_VOCAB, else\n"
-                     "./" CLI_VOCAB_NAME ", /usr/local/share/diffusion/" CLI_VOCAB_NAME ",\n"
-                     "/usr/share/diffusion/" CLI_VOCAB_NAME ".",
+                     "./" CLI_VOCAB_NAME ", data/ beside this program (the repository's copy),\n"
+                     "../share/diffusion/ beside it (where make install puts it),\n"
+                     "/usr/local/share/diffusion/ and /usr/share/diffusion/.",
                      specs, (int)(sizeof specs / sizeof specs[0]), 0, {0}, 0, {0}};
     // Prompts are set aside before the flags are parsed: there may be any
     // number of them (args_parse keeps a few positionals).
@@ -93,7 +94,11 @@ int cmd_tokenize(int argc, char **argv) {
         return cli_usage_fail();
     }
     dc_clip_tokenizer t;
-    if ((!vocab && cli_find_vocab(&vocab)) || dc_clip_tokenizer_load(&t, vocab)) return free(prompts), cli_fail();
+    if (!vocab && cli_find_vocab(&vocab)) return free(prompts), cli_fail();
+    cli_inputs ins = {0};  // the ids go to standard output: never into the vocabulary (>> vocab.json)
+    int bad = cli_inputs_add(&ins, "--vocab", vocab) || cli_check_stdio(&ins);
+    cli_inputs_free(&ins);
+    if (bad || dc_clip_tokenizer_load(&t, vocab)) return free(prompts), cli_fail();
     int index = 1;
     for (int i = 0; i < nprompts && !status; i++) {
         if (!strcmp(prompts[i], "-")) status = tokenize_stdin(&t, &index, count_only);

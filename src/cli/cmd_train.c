@@ -45,6 +45,18 @@ static void install_signal_handlers(void) {
     for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) sigaction(sigs[i], &sa, NULL);
 }
 
+// The files a run writes or removes in its folder against those it reads: the
+// .lock against the data set and the checkpoint resumed, the step_* files
+// (checkpoints, their temporaries) against the data set.
+static int check_run_outputs(const char *out, const char *resume, const char *data_path) {
+    cli_inputs data = {0}, all = {0};
+    int bad = cli_inputs_add(&data, "--data", data_path) || cli_inputs_add(&all, "--data", data_path) ||
+              cli_inputs_add_checkpoint(&all, "--resume", resume) || cli_check_stdio(&all) ||
+              cli_check_folder_outputs(&all, out, ".lock") || cli_check_folder_outputs(&data, out, "step_");
+    cli_inputs_free(&data), cli_inputs_free(&all);
+    return bad;
+}
+
 // Every rank calls it (the save is collective: under ZeRO the shards are
 // gathered onto rank 0); rank 0 writes the file. The ranks first agree that
 // all of them got here with sound statistics, so a rank that failed this
@@ -314,6 +326,10 @@ int cmd_train(int argc, char **argv) {
         else cli_parent_dir(resume, src_dir, sizeof src_dir);
         if (!args_given(&ap, "out")) out = src_dir;
     }
+    // What the run writes or removes in --out (its .lock, step_* checkpoints and
+    // their temporaries) must not be a file it reads: the data set, or (.lock)
+    // the checkpoint it resumes, which may well be one of the step_* files.
+    if (lead && check_run_outputs(out, resume, args_given(&ap, "data") || !resume ? data_path : NULL)) goto fail;
     // Rank 0 owns the run folder; the others only read the checkpoint and data.
     if (lead && cli_open_run_folder(out, &lock_fd, &created_out)) goto fail;
     if (lead && !resume && cli_list_checkpoints(out, NULL) > 0) {
@@ -361,6 +377,7 @@ int cmd_train(int argc, char **argv) {
         if (ds_meta && !args_given(&ap, "data")) {
             snprintf(data_buf, sizeof data_buf, "%s", ds_meta);
             data_path = data_buf;
+            if (lead && check_run_outputs(out, NULL, data_path)) goto fail;  // the data set the checkpoint names
         }
         if (!args_given(&ap, "keep") && (v = dc_st_meta(&ck, "keep"))) keep = atoi(v) > 0 ? atoi(v) : keep;
         if (!args_given(&ap, "ckpt-every") && (v = dc_st_meta(&ck, "ckpt_every")))

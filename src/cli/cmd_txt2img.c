@@ -8,6 +8,7 @@
 #include "cli/args.h"
 #include "cli/cli_util.h"
 #include "cli/commands.h"
+#include "cli/model_hash.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "io/png.h"
@@ -83,6 +84,7 @@ typedef struct {
     const dc_sd_gen *g;
     const char *sampler;  // AUTOMATIC1111's name
     bool img2img;
+    const char *model_hash;  // "" when it could not be had
 } writer;
 
 static int write_one(void *ctx, int i, const float *image) {
@@ -94,8 +96,10 @@ static int write_one(void *ctx, int i, const float *image) {
     if (g->ks.kind == DC_KS_DDIM && g->ks.eta > 0)
         k += snprintf(extra + k, sizeof extra - (size_t)k, "%sEta: %g", k ? ", " : "", g->ks.eta);
     if (w->count > 1) snprintf(extra + k, sizeof extra - (size_t)k, "%sBatch pos: %d", k ? ", " : "", i);
-    dc_gen_params gp = {g->prompt, g->negative_prompt, g->ks.steps, w->sampler, g->ks.cfg_scale, g->ks.seed,
-                        w->width, w->height, w->pipe->name, extra[0] ? extra : NULL};
+    dc_gen_params gp = {.prompt = g->prompt, .negative_prompt = g->negative_prompt, .steps = g->ks.steps,
+                        .sampler = w->sampler, .cfg_scale = g->ks.cfg_scale, .seed = g->ks.seed, .width = w->width,
+                        .height = w->height, .model_hash = w->model_hash, .model = w->pipe->name,
+                        .extra = extra[0] ? extra : NULL};
     char *params = dc_gen_params_format(&gp);
     if (!params) return dc_fail("out of memory");
     picture_path(path, sizeof path, w->out, i, w->count);
@@ -184,18 +188,26 @@ static int run(int argc, char **argv, bool img2img) {
     dc_heads heads = {0};
     if (heads_text && dc_heads_parse(heads_text, &heads)) return cli_usage_fail();
     if (cli_check_device_flags(threads, device, precision)) return cli_usage_fail();
+    // No picture may replace a file the command reads: the model (every file
+    // of a folder), the vocabulary, the init picture.
+    const char *fallback = NULL;
+    if (!vocab && cli_find_vocab(&fallback)) dc_error_clear();
+    cli_inputs ins = {0};
+    int bad = cli_inputs_add(&ins, "--model", model) ||
+              cli_inputs_add(&ins, vocab ? "--vocab" : "the CLIP vocabulary", vocab ? vocab : fallback) ||
+              cli_inputs_add(&ins, "--init", init_path) || cli_check_stdio(&ins);
     char path[4200];
-    for (int i = 0; i < count; i++) {
+    for (int i = 0; i < count && !bad; i++) {
         picture_path(path, sizeof path, out, i, count);
-        if (cli_check_output(path, model) || (init_path && cli_check_output(path, init_path))) return cli_fail();
+        bad = cli_check_output(path, &ins);
     }
+    cli_inputs_free(&ins);
+    if (bad) return cli_fail();
 
     dc_backend *be = NULL;
     dc_sd_pipe pipe = {0};
     dc_png_image init = {0};
     int status = 1;
-    const char *fallback = NULL;
-    if (!vocab && cli_find_vocab(&fallback)) dc_error_clear();
     if (img2img && dc_png_read_image(init_path, &init, 1)) goto done;
     dc_sd_open_opts oo = {model, vocab, fallback, no_verify ? DC_ST_NO_VERIFY : 0, pred, img2img,
                           heads_text ? &heads : NULL};
@@ -222,7 +234,12 @@ static int run(int argc, char **argv, bool img2img) {
            pipe.version == 1 ? "1.x" : pipe.version == 2 ? "2.x" : "(version unknown)",
            pipe.v_pred ? "v-prediction" : "epsilon", width, height, k_samplers[si].a1111, steps, cfg,
            (unsigned long long)seed);
-    writer wr = {out, count, width, height, &pipe, &g, k_samplers[si].a1111, img2img};
+    char model_hash[11] = "";
+    if (cli_model_hash(&pipe.files, model_hash)) {  // the pictures are still worth having
+        dc_warn("the pictures will carry no Model hash: %s", dc_error());
+        dc_error_clear();
+    }
+    writer wr = {out, count, width, height, &pipe, &g, k_samplers[si].a1111, img2img, model_hash};
     progress_ctx pc = {dc_time_now()};
     if (dc_sd_generate(&pipe, &g, write_one, &wr, on_progress, &pc)) goto done;
     status = 0;

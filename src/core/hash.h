@@ -26,3 +26,19 @@ uint64_t dc_xxh64(const void *data, size_t n, uint64_t seed);
 
 // Feeds v as 8 little-endian bytes (lengths and counts in canonical encodings).
 void dc_xxh64_update_u64(dc_xxh64_state *s, uint64_t v);
+
+// SHA-256 (FIPS 180-4): the cryptographic digest that names a file where
+// people compare files across tools (sha256sum, AUTOMATIC1111's model hash,
+// Hugging Face's LFS pointers). Streaming, like the state above.
+typedef struct {
+    uint32_t h[8];      // the chaining value
+    uint64_t total;     // bytes fed so far
+    uint8_t buf[64];    // a partial 64-byte block
+    uint32_t nbuf;
+} dc_sha256_state;
+
+void dc_sha256_init(dc_sha256_state *s);
+void dc_sha256_update(dc_sha256_state *s, const void *data, size_t n);
+void dc_sha256_final(const dc_sha256_state *s, uint8_t out[32]);  // the state may be fed further
+// The digest as 64 lowercase hex digits and a NUL.
+void dc_sha256_hex(const uint8_t digest[32], char hex[65]);

@@ -4,11 +4,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
 
 #include "core/error.h"
 #include "core/log.h"
 #include "core/rng.h"
 #include "models/unet.h"
+#include "text/unicode.h"
 
 // ---- components ---------------------------------------------------------------------------
 int dc_sd_load_text(dc_sd_source *s, dc_backend *be, int *skip, dc_clip_text **out) {
@@ -89,15 +92,32 @@ int dc_sd_load_unet(dc_sd_source *s, dc_backend *be, int latent_h, int latent_w,
 }
 
 // ---- the pipeline -------------------------------------------------------------------------
+// The model's name as A1111 gives a checkpoint's: a file's name without its
+// weights extension (v1-5-pruned.safetensors -> v1-5-pruned), a folder's name
+// whole (stable-diffusion-v1.5/ stays stable-diffusion-v1.5). It goes into a
+// PNG text chunk, which holds text: a byte that is not UTF-8 and a control
+// character become '?', and a long name is cut where a character ends.
 static void model_name(dc_sd_pipe *p, const char *path) {
     char buf[4096];
     snprintf(buf, sizeof buf, "%s", path);
     size_t n = strlen(buf);
     while (n > 1 && buf[n - 1] == '/') buf[--n] = 0;
-    const char *base = strrchr(buf, '/') ? strrchr(buf, '/') + 1 : buf;
-    snprintf(p->name, sizeof p->name, "%s", base);
-    char *dot = strrchr(p->name, '.');
-    if (dot && dot != p->name) *dot = 0;  // v1-5-pruned.safetensors -> v1-5-pruned
+    struct stat st;
+    const size_t ext = strlen(".safetensors");
+    if (n > ext && strcasecmp(buf + n - ext, ".safetensors") == 0 && stat(buf, &st) == 0 && !S_ISDIR(st.st_mode))
+        buf[n -= ext] = 0;
+    const unsigned char *s = (const unsigned char *)(strrchr(buf, '/') ? strrchr(buf, '/') + 1 : buf);
+    size_t k = 0, left = strlen((const char *)s);
+    while (*s) {
+        uint32_t c;
+        size_t len = dc_utf8_get(s, left, &c);
+        if (!len || c < 0x20 || c == 0x7f || (c >= 0x80 && c < 0xa0)) c = '?', len = len ? len : 1;
+        if (k + (c == '?' ? 1 : len) >= sizeof p->name) break;
+        if (c == '?') p->name[k++] = '?';
+        else memcpy(p->name + k, s, len), k += len;
+        s += len, left -= len;
+    }
+    p->name[k] = 0;
 }
 
 // The sizes and prediction a model's configs give, before any weight is read.

@@ -3,7 +3,7 @@
 // merges) and its vocabulary readers. The first input byte says what the
 // rest is:
 //   0..191    a prompt, tokenized with a loaded vocabulary (OpenAI's file
-//             when ../shared/data holds it, else a small vocab.json made here)
+//             when run from the repository, else a small vocab.json made here)
 //   192..223  a BPE text file (OpenAI's format)
 //   224..239  a vocab.json, with a small merges.txt beside it
 //   240..255  a merges.txt, beside the small vocab.json
@@ -22,7 +22,7 @@
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-#define OPENAI_VOCAB "../shared/data/bpe_simple_vocab_16e6.txt.gz"
+#define OPENAI_VOCAB "data/bpe_simple_vocab_16e6.txt.gz"
 
 static dc_clip_tokenizer g_tok;
 static int32_t g_max_id;
