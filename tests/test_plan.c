@@ -80,7 +80,7 @@ static void test_exact_on_cpu(void) {
     dc_dataset ds;
     tiny_data(&ds, 12);
     dc_plan_request r = {.cfg = k_tiny, .compute = k.be.compute, .fixed = 0, .batch = BATCH, .ranks = 1,
-                         .zero = 0, .micro_batch = 0, .keep = -1, .offload = -1};
+                         .zero = 0, .micro_batch = 0, .keep = -1, .offload = -1, .folds = true};
     const dc_train_plan plans[] = {{6, 3, false}, {6, 0, false}, {3, 1, false}, {2, 3, true},
                                    {6, 0, true},  {1, 2, true},  {4, 0, false}};
     for (size_t i = 0; i < sizeof plans / sizeof plans[0]; i++) {
@@ -145,7 +145,7 @@ static void test_ranks_on_cpu(void) {
             for (size_t i = 0; i < sizeof plans / sizeof *plans; i++) {
                 ranks_job j = {.r = {.cfg = k_tiny, .compute = DC_F32, .fixed = 0, .batch = BATCH, .ranks = 2,
                                      .zero = zero, .micro_batch = 0, .keep = -1, .offload = 0,
-                                     .grad_comm = bf16 ? DC_BF16 : DC_F32},
+                                     .grad_comm = bf16 ? DC_BF16 : DC_F32, .folds = true},
                                .p = plans[i], .ds = &ds, .peak = {-1, -1}};
                 dc_plan_mem pm, p32;
                 dc_plan_request r32 = j.r;
