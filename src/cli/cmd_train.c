@@ -157,7 +157,7 @@ int cmd_train(int argc, char **argv) {
     for (int i = 1; i < argc; i++) official |= !strcmp(argv[i], "--model") || !strncmp(argv[i], "--model=", 8);
     dc_train_config tc = official ? dc_train_config_default() : cli_demo_train();
     const char *model = NULL, *data_path = DC_FMNIST_DIR, *out = "runs/train", *resume = NULL;
-    const char *device = "auto", *precision = "auto", *max_mem = NULL, *grad_comm = "fp32";
+    const char *device = "auto", *precision = "auto", *max_mem = NULL, *grad_comm = "fp32", *ema_warmup = NULL;
     int64_t budget = 0;
     int ckpt_every = 500, keep = 3, log_every = 50, threads = 0, heads = 0, recompute = -1;
     int ranks = 0, gpus = 0, zero = 0;
@@ -201,6 +201,10 @@ int cmd_train(int argc, char **argv) {
         {"warmup", ARG_INT, &tc.warmup, "N", "linear learning-rate warmup steps"},
         {"grad-clip", ARG_FLOAT, &tc.grad_clip, "X", "clip the global gradient norm (0: off)"},
         {"ema-decay", ARG_FLOAT, &tc.ema_decay, "X", "EMA decay"},
+        {"ema-warmup", ARG_STR, &ema_warmup, "on|off", "EMA warm-up: decay min(--ema-decay, (1 + n) / (10 + n)) "
+                                                     "at update n + 1 (the first copies the weights), as "
+                                                     "diffusers' EMAModel; off: --ema-decay from the start, as the "
+                                                     "official DiT code (default: on)"},
         {"class-dropout", ARG_FLOAT, &tc.class_dropout, "X", "label dropout for guidance"},
         {"hflip", ARG_FLAG, &flip, NULL, "random horizontal flips"},
         {"seed", ARG_U64, &tc.seed, "N", "seed of every random choice"},
@@ -248,6 +252,9 @@ int cmd_train(int argc, char **argv) {
     dc_dtype wire;
     if (train_ranks_grad_comm(grad_comm, &wire)) return cli_usage_fail();
     if (flip) tc.hflip = true;
+    if (ema_warmup && strcmp(ema_warmup, "on") && strcmp(ema_warmup, "off"))
+        return dc_fail("--ema-warmup must be on or off (got '%s')", ema_warmup), cli_usage_fail();
+    if (ema_warmup) tc.ema_warmup = strcmp(ema_warmup, "on") == 0;
     if (!args_given(&ap, "micro-batch")) tc.micro_batch = tc.batch;
     if (resume) {
         // The checkpoint fixes the model and the recipe; these may change.

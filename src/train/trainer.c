@@ -13,9 +13,20 @@ dc_train_config dc_train_config_default(void) {
     return (dc_train_config){
         .steps = 1000, .batch = 256, .micro_batch = 256, .lr = 1e-4f, .beta1 = 0.9f,
         .beta2 = 0.999f, .adam_eps = 1e-8f, .weight_decay = 0.0f, .warmup = 0,
-        .grad_clip = 0.0f, .ema_decay = 0.9999f, .class_dropout = 0.1f, .hflip = false,
+        .grad_clip = 0.0f, .ema_decay = 0.9999f, .ema_warmup = true, .class_dropout = 0.1f, .hflip = false,
         .seed = 0, .offload = false, .grad_comm = DC_F32,
     };
+}
+
+// diffusers' EMAModel.get_decay with use_ema_warmup False, update_after_step
+// 0 and min_decay 0: at its optimization_step k, n = k - 1; 0 for n <= 0,
+// else min(decay, (1 + n) / (10 + n)), in double, then used in fp32.
+float dc_train_ema_decay(const dc_train_config *c, int64_t step) {
+    if (!c->ema_warmup) return c->ema_decay;
+    const double n = (double)(step - 1);
+    if (n <= 0) return 0.0f;
+    const double d = (1 + n) / (10 + n);
+    return (float)(d < c->ema_decay ? d : c->ema_decay);
 }
 
 int dc_train_config_validate(const dc_train_config *c) {
@@ -66,6 +77,7 @@ int dc_train_config_to_kv(const dc_train_config *c, dc_kv *kv) {
     DC_TRY(dc_kv_set(kv, "warmup", "%d", c->warmup));
     DC_TRY(dc_kv_set(kv, "grad_clip", "%s", exact(c->grad_clip, b)));
     DC_TRY(dc_kv_set(kv, "ema_decay", "%s", exact(c->ema_decay, b)));
+    DC_TRY(dc_kv_set(kv, "ema_warmup", "%s", c->ema_warmup ? "true" : "false"));
     DC_TRY(dc_kv_set(kv, "class_dropout", "%s", exact(c->class_dropout, b)));
     DC_TRY(dc_kv_set(kv, "hflip", "%s", c->hflip ? "true" : "false"));
     return dc_kv_set(kv, "seed", "%llu", (unsigned long long)c->seed);
@@ -85,10 +97,13 @@ int dc_train_config_from_kv(dc_train_config *c, const char *const *k, const char
         {"adam_eps", 'f', &c->adam_eps}, {"weight_decay", 'f', &c->weight_decay},
         {"warmup", 'i', &c->warmup}, {"grad_clip", 'f', &c->grad_clip},
         {"ema_decay", 'f', &c->ema_decay}, {"class_dropout", 'f', &c->class_dropout},
-        {"hflip", 'b', &c->hflip}, {"seed", 'u', &c->seed},
+        {"hflip", 'b', &c->hflip}, {"seed", 'u', &c->seed}, {"ema_warmup", 'b', &c->ema_warmup},
     };
+    // Checkpoints written before the EMA warm-up existed trained without it.
+    c->ema_warmup = false;
     for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
         const char *s = find_kv(k, v, n, fields[i].key);
+        if (!s && !strcmp(fields[i].key, "ema_warmup")) continue;
         if (!s) return dc_fail("%s: no training setting '%s' in metadata (not a training checkpoint?)", file, fields[i].key);
         char *end = NULL;
         switch (fields[i].kind) {
@@ -364,7 +379,7 @@ int dc_trainer_step(dc_trainer *tr, dc_step_stats *st) {
     tr->last_lr = lr;
     dc_adamw_step h = {lr, c->beta1, c->beta2, c->adam_eps, c->weight_decay,
                        1.0f - powf(c->beta1, (float)s), 1.0f - powf(c->beta2, (float)s), 1.0f,
-                       c->ema_decay};
+                       dc_train_ema_decay(c, s)};
     if (tr->comm) be->zero(be, tr->losses.p, (size_t)c->batch * 2 * sizeof(float));  // summed over ranks below
     // Folding over CPU ranks in fp32, stage 0 sums each round over the ranks
     // as it ends: rank 0 adds the step's sum so far to its micro-batch's

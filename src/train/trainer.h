@@ -27,6 +27,13 @@ typedef struct {
     int warmup;           // steps of linear lr warmup (0: none)
     float grad_clip;      // max global gradient norm (0: no clipping)
     float ema_decay;
+    // EMA warm-up (diffusers' EMAModel without use_ema_warmup): the update
+    // after optimizer step k (1-based) decays by min(ema_decay, k / (9 + k)),
+    // diffusers' (1 + n) / (10 + n) with n = k - 1, so the first update copies
+    // the weights and the EMA follows a short run's weights instead of holding
+    // on to the initial ones. false: ema_decay from the first step, as the
+    // official DiT code does.
+    bool ema_warmup;
     float class_dropout;  // probability of replacing a label by the null class
     bool hflip;           // random horizontal flips
     uint64_t seed;
@@ -50,8 +57,12 @@ typedef struct {
 bool dc_trainer_folds(const dc_backend *be);
 
 // The official DiT recipe (lr 1e-4, betas 0.9/0.999, no decay, EMA 0.9999,
-// batch 256, dropout 0.1).
+// batch 256, dropout 0.1), with the EMA warm-up: its decay reaches 0.9999 at
+// step 89991, after which a run's EMA approaches the official code's by a
+// factor 0.9999 a step (e^-31 by step 400K, the paper's length).
 dc_train_config dc_train_config_default(void);
+// The EMA decay of the update after optimizer step `step` (1-based).
+float dc_train_ema_decay(const dc_train_config *c, int64_t step);
 // Checks every setting is finite and in range; also that lr * weight_decay
 // < 1, since decoupled decay scales each weight by 1 - lr * wd per step and
 // at 1 or more wipes out or flips the sign of every weight.
