@@ -48,14 +48,17 @@ static void install_signal_handlers(void) {
 // Every rank calls it (the save is collective: under ZeRO the shards are
 // gathered onto rank 0); rank 0 writes the file. The ranks first agree that
 // all of them got here with sound statistics, so a rank that failed this
-// step leaves no checkpoint behind, then that rank 0 wrote it.
-static int save(train_ranks *job, const dc_trainer *tr, const char *dir, int keep, int every, const char *data_path) {
+// step leaves no checkpoint behind, then that rank 0 wrote it. The file
+// also records the step's loss (every digit, for comparing runs).
+static int save(train_ranks *job, const dc_trainer *tr, const char *dir, int keep, int every, const char *data_path,
+                double loss) {
     DC_TRY(train_ranks_agree(job, true, "reach the checkpoint"));
     char path[4096];
     cli_checkpoint_path(dir, tr->step, path, sizeof path);
     dc_kv extra = {0};
     int rc = dc_kv_set(&extra, "dataset", "%s", data_path) || dc_kv_set(&extra, "keep", "%d", keep) ||
-             dc_kv_set(&extra, "ckpt_every", "%d", every) || dc_trainer_save(tr, path, &extra);
+             dc_kv_set(&extra, "ckpt_every", "%d", every) || dc_kv_set(&extra, "loss", "%.17g", loss) ||
+             dc_trainer_save(tr, path, &extra);
     dc_kv_free(&extra);
     DC_TRY(train_ranks_agree(job, rc == 0, "write the checkpoint"));
     if (train_ranks_lead(job)) cli_prune_checkpoints(dir, keep, tr->step);
@@ -114,8 +117,8 @@ static int run_steps(train_ranks *job, dc_trainer *tr, const dc_train_config *tc
         if (train_ranks_step(job, stop, tty_due, &stop, &stop_rank, &tty_due)) return -1;
         bool last = tr->step == tc->steps, save_now = tr->step % ckpt_every == 0 || last || stop;
         bool log_now = tty_due || tr->step % log_every == 0 || last || tr->step == first + 1;
+        dc_step_stats st = {0};
         if (log_now || save_now) {
-            dc_step_stats st;
             if (dc_trainer_stats(tr, &st)) return -1;
             // running mean with weight 0.98 per step, over the steps since the last reading
             double w = pow(0.98, (double)(tr->step - seen));
@@ -131,7 +134,7 @@ static int run_steps(train_ranks *job, dc_trainer *tr, const dc_train_config *tc
             }
         }
         if (save_now) {
-            if (save(job, tr, out, keep, ckpt_every, data_path)) return -1;
+            if (save(job, tr, out, keep, ckpt_every, data_path, st.loss)) return -1;
             *wrote = true;
         }
         if (stop && !last) {
