@@ -3,7 +3,8 @@
 # started as torchrun starts them (RANK, WORLD_SIZE, MASTER_ADDR/PORT in the
 # environment) give the checkpoint of one rank; a rank killed with SIGKILL
 # stops the others within seconds with a message; SIGTERM to one rank
-# checkpoints and stops them all, and the run resumes exactly.
+# checkpoints and stops them all, and the run resumes exactly; a signal
+# before the first step says that nothing was saved.
 source "$(dirname "$0")/lib.sh"
 small_data "$TMP/d.safetensors"
 # Each rank's 4 images are one of the single rank's micro-batches and every
@@ -116,6 +117,23 @@ wait $a; ra=$?; wait $b; rb=$?
   && [ ! -e "$TMP/lr/step_0000003.safetensors" ] \
   && pass "ranks with different settings stop before training, saying so" \
   || fail "ranks with different --lr: exit $ra $rb; $(tail -2 "$TMP/lr0.log" "$TMP/lr1.log")"
+
+# ---- a signal before the first step ends the run at once, saying that
+# nothing was saved: rank 0 of two waits in the rendezvous (listening, so long
+# after the handlers are in place) for a rank 1 that never comes
+listening() { awk -v p=":$(printf '%04X' "$1")" '$2 ~ p"$" && $4 == "0A" { f = 1 } END { exit !f }' \
+  /proc/net/tcp /proc/net/tcp6 2> /dev/null; }
+for sig in TERM:143:Terminated INT:130:Interrupt; do
+  IFS=: read -r name code what <<< "$sig"
+  p=$(free_port)
+  rank 0 2 "$p" "${T[@]}" --steps 3 --out "$TMP/early$name" 2> "$TMP/early$name.log"; a=$!
+  for ((i = 0; i < 300; i++)); do listening "$p" && break; sleep 0.1; done
+  kill -$name "$(pid_of $a)"; wait $a; rc=$?
+  [ $rc -eq $code ] && grep -q "interrupted ($what) before the first step: nothing was saved" "$TMP/early$name.log" \
+    && [ ! -e "$TMP/early$name" ] \
+    && pass "SIG$name before the first step: exit $code, saying nothing was saved" \
+    || fail "SIG$name before the first step: exit $rc, log '$(tail -n 2 "$TMP/early$name.log")'"
+done
 
 # ---- gradients summed in bf16 over the sockets (--grad-comm bf16): each step's summed gradient
 # rounded once to bf16 (relative 2^-9), which the moments carry (tests/test_zero.c: 4e-3 of

@@ -25,11 +25,25 @@
 // went away, as in `diffusion train 2>&1 | head`) end the step in progress,
 // write a checkpoint and exit, so an interrupted run loses nothing and
 // continues with --resume. Before training starts there is nothing to save
-// and the signal ends the process at once. The handlers are installed before
-// any slow work, so that no signal is ever missed.
-static volatile sig_atomic_t g_stop, g_training;
+// and the signal ends the process at once, saying so; after it ends (while
+// the process tidies up) it ends the process. The handlers are installed
+// before any slow work, so that no signal is ever missed.
+enum { BEFORE, TRAINING, AFTER };
+static volatile sig_atomic_t g_stop, g_phase = BEFORE;
+// Only write() is safe in a handler: whole messages, no formatting.
+#define SAY(s) ((void)!write(STDERR_FILENO, s, sizeof s - 1))
+#define STOPPED(name) "interrupted (" name ") before the first step: nothing was saved\n"
 static void on_signal(int sig) {
-    if (!g_training) _exit(128 + sig);
+    if (g_phase == BEFORE) {
+        switch (sig) {
+        case SIGINT: SAY(STOPPED("Interrupt")); break;
+        case SIGTERM: SAY(STOPPED("Terminated")); break;
+        case SIGHUP: SAY(STOPPED("Hangup")); break;
+        case SIGPIPE: SAY(STOPPED("Broken pipe")); break;
+        }
+        _exit(128 + sig);
+    }
+    if (g_phase == AFTER) _exit(128 + sig);
     g_stop = sig;
 }
 
@@ -103,7 +117,7 @@ static int run_steps(train_ranks *job, dc_trainer *tr, const dc_train_config *tc
     const bool lead = train_ranks_lead(job);
     double t0 = dc_time_now(), smooth = 0, shown = 0;
     int64_t first = tr->step, seen = first;
-    g_training = 1;
+    g_phase = TRAINING;
     while (tr->step < tc->steps) {
         // Steps only queue work; the statistics (which wait for the device)
         // are read for a log line, a checkpoint or the end.
@@ -439,7 +453,7 @@ int cmd_train(int argc, char **argv) {
     if (r < 0) goto fail;
     status = r;
 fail:
-    g_training = 0;
+    if (g_phase == TRAINING) g_phase = AFTER;
     if (status == 1) {
         train_ranks_abort(&job);  // the others stop too, with this message
         cli_fail();
