@@ -3,7 +3,8 @@
 // - on the CPU backend, whose every allocation is counted here by wrapping its
 //   alloc and free, the predicted peak equals the bytes the trainer and model
 //   really hold at their peak (setting up and over two steps), for plans with
-//   and without offload, recompute and accumulation; the activation prediction
+//   and without offload, recompute and accumulation (whose micro-batches the
+//   CPU sums apart, in a second gradient buffer at stage 0); the activation prediction
 //   equals the arena dc_dit_reserve allocates; and on 2 ranks (threads, each
 //   rank's backend counted on its own) for ZeRO stages 0, 1 and 2 with the
 //   gradients summed in fp32 and in bf16 (whose bf16 copies the plan adds);
