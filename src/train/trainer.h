@@ -161,8 +161,9 @@ int dc_trainer_init(dc_trainer *tr, dc_model *model, const dc_dataset *data,
 // several ranks the gradients are summed in bf16 (stage 0 holds a bf16 copy
 // of the full gradient buffer for it, ZeRO bf16 copies of its buckets); the
 // weights then differ from fp32 sums by the gradients' bf16 rounding, and
-// stages 0 and 1 sum once a step (each rank's micro-batches folded first),
-// stage 2 once a micro-batch.
+// stages 0 and 1 sum once a step (stage 0 after folding each rank's
+// micro-batches, stage 1 after accumulating them in place), stage 2 once a
+// micro-batch.
 int dc_trainer_set_comm(dc_trainer *tr, dc_comm *comm, int zero_stage);
 void dc_trainer_free(dc_trainer *tr);
 // One optimizer step over cfg.batch images. With stats NULL it only queues
