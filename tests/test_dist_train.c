@@ -1,11 +1,12 @@
 // Data-parallel training on N ranks (threads, CPU backend) against one rank:
 // the same global batches, randomness keyed by each image's place in the
-// global batch, gradients summed over ranks; every run agrees with one rank
-// to 1e-6. With each rank's part equal to one of the single rank's
-// micro-batches the sums are the same additions where the BLAS sums a
-// product from zero before adding it to the gradient (OpenBLAS's Sapphire
-// Rapids kernels here: bit-identical, printed); a BLAS that accumulates into
-// the gradient inside the product regroups them (2e-10 seen).
+// global batch, gradients summed over ranks. Each micro-batch's gradients
+// start from zero and join the step's sum in the global batch's order
+// (trainer.h), so wherever N ranks cut the batch into the micro-batches one
+// rank cuts (1 to 6 ranks, one or several micro-batches each, ranks left
+// without images in the last round) the weights, EMA and losses are bit for
+// bit one rank's; where they cut it otherwise, within 1e-6. One rank with
+// another micro-batch must differ, or the comparison could not tell.
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
@@ -84,39 +85,61 @@ static double rel(const float *a, const float *b, int64_t n) {
     return num / (den > 0 ? den : 1);
 }
 
+static int run(result *r, int ranks, int micro) {
+    *r = (result){.micro_batch = micro};
+    int rc = dc_comm_threads_run(ranks, train, r);
+    CHECK(rc == 0, "%d ranks, micro-batch %d: %s", ranks, micro, rc ? dc_error() : "");
+    return rc || !r->weights ? -1 : 0;
+}
+
+static void result_free(result *r, int ranks) {
+    for (int q = 0; q < ranks; q++) free(r->rank_w[q]);
+    free(r->ema);
+}
+
 int main(void) {
     // Matrix products split their work by the thread count, and so their
     // rounding: one thread each, whatever ranks run beside them.
     openblas_set_num_threads(1);
     tiny_data(&g_data, 12);
-    result one = {.micro_batch = 2};
-    CHECK(dc_comm_threads_run(1, train, &one) == 0, "1 rank: %s", dc_error());
+    result one[4];  // one rank with micro-batches of 1, 2 and 3
+    for (int mb = 1; mb <= 3; mb++) run(&one[mb], 1, mb);
     const struct { int ranks, micro; bool exact; } runs[] = {
-        {3, 2, true},   // each rank's 2 images are one of the single rank's micro-batches
-        {2, 3, false},  // 3 + 3: the single rank's sums regrouped
-        {4, 2, false},  // 2 + 2 + 1 + 1
+        {2, 1, true},   // rounds of 2 images: 3 micro-batches per rank
+        {3, 1, true},   // rounds of 3: 2 per rank
+        {4, 1, true},   // rounds of 4 and 2: ranks 2 and 3 have none in the second
+        {6, 1, true},   // one image each
+        {3, 2, true},   // each rank's 2 images one of one rank's micro-batches of 2
+        {2, 3, true},
+        {4, 2, false},  // 2 + 2 + 1 + 1: one rank's micro-batches of 2 regrouped
     };
+    if (one[1].weights && one[2].weights) {  // another grouping of the sums shows
+        double e = rel(one[2].weights, one[1].weights, one[1].numel);
+        printf("  1 rank, micro-batch 2 against 1: weights %.2e\n", e);
+        CHECK(e > 0, "micro-batches of 1 and 2 end bit-identical: the comparison cannot tell sums apart");
+    }
     for (size_t k = 0; k < sizeof runs / sizeof *runs; k++) {
-        result r = {.micro_batch = runs[k].micro};
-        int rc = dc_comm_threads_run(runs[k].ranks, train, &r);
-        CHECK(rc == 0, "%d ranks: %s", runs[k].ranks, dc_error());
-        if (rc || !one.weights || !r.weights) continue;
-        double ew = rel(r.weights, one.weights, one.numel), ee = rel(r.ema, one.ema, one.numel);
+        const result *ref = &one[runs[k].micro];
+        result r;
+        if (run(&r, runs[k].ranks, runs[k].micro) || !ref->weights) continue;
+        double ew = rel(r.weights, ref->weights, ref->numel), ee = rel(r.ema, ref->ema, ref->numel);
         double el = 0;
-        for (int s = 0; s < STEPS; s++) el = fmax(el, fabs(r.loss[s] - one.loss[s]) / fabs(one.loss[s]));
+        for (int s = 0; s < STEPS; s++) el = fmax(el, fabs(r.loss[s] - ref->loss[s]) / fabs(ref->loss[s]));
         int differ = 0;
         for (int q = 1; q < runs[k].ranks; q++)
-            differ += r.rank_w[q] && memcmp(r.rank_w[q], r.weights, sizeof(float) * (size_t)one.numel) != 0;
-        printf("  %d ranks, micro-batch %d: weights %.2e, EMA %.2e, losses %.2e from 1 rank\n", runs[k].ranks,
-               runs[k].micro, ew, ee, el);
+            differ += r.rank_w[q] && memcmp(r.rank_w[q], r.weights, sizeof(float) * (size_t)ref->numel) != 0;
+        const bool same = memcmp(r.weights, ref->weights, sizeof(float) * (size_t)ref->numel) == 0 &&
+                          memcmp(r.ema, ref->ema, sizeof(float) * (size_t)ref->numel) == 0 && el == 0;
+        printf("  %d ranks, micro-batch %d: weights %.2e, EMA %.2e, losses %.2e from 1 rank%s\n", runs[k].ranks,
+               runs[k].micro, ew, ee, el, same ? " (bit-identical)" : "");
         CHECK(differ == 0, "%d ranks: %d ranks end with other weights than rank 0", runs[k].ranks, differ);
-        if (runs[k].exact) printf("  %s\n", ew == 0 && ee == 0 && el == 0 ? "bit-identical" : "not bit-identical");
         CHECK(ew < 1e-6 && ee < 1e-6 && el < 1e-6, "%d ranks: %.2e from 1 rank", runs[k].ranks, ew);
-        for (int q = 0; q < runs[k].ranks; q++) free(r.rank_w[q]);
-        free(r.ema);
+        if (runs[k].exact)
+            CHECK(same, "%d ranks of micro-batch %d: weights %.2e, EMA %.2e, losses %.2e from one rank's, not "
+                  "bit-identical", runs[k].ranks, runs[k].micro, ew, ee, el);
+        result_free(&r, runs[k].ranks);
     }
-    for (int q = 0; q < 1; q++) free(one.rank_w[q]);
-    free(one.ema);
+    for (int mb = 1; mb <= 3; mb++) result_free(&one[mb], 1);
     free(g_data.images), free(g_data.labels);
     printf("test_dist_train: %d passed, %d failed\n", g_pass, g_fail);
     return g_fail != 0;

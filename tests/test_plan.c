@@ -3,7 +3,8 @@
 // - on the CPU backend, whose every allocation is counted here by wrapping its
 //   alloc and free, the predicted peak equals the bytes the trainer and model
 //   really hold at their peak (setting up and over two steps), for plans with
-//   and without offload, recompute and accumulation; the activation prediction
+//   and without offload, recompute and accumulation (whose micro-batches the
+//   CPU sums apart, in a second gradient buffer at stage 0); the activation prediction
 //   equals the arena dc_dit_reserve allocates; and on 2 ranks (threads, each
 //   rank's backend counted on its own) for ZeRO stages 0, 1 and 2 with the
 //   gradients summed in fp32 and in bf16 (whose bf16 copies the plan adds);
@@ -80,7 +81,7 @@ static void test_exact_on_cpu(void) {
     dc_dataset ds;
     tiny_data(&ds, 12);
     dc_plan_request r = {.cfg = k_tiny, .compute = k.be.compute, .fixed = 0, .batch = BATCH, .ranks = 1,
-                         .zero = 0, .micro_batch = 0, .keep = -1, .offload = -1};
+                         .zero = 0, .micro_batch = 0, .keep = -1, .offload = -1, .folds = true};
     const dc_train_plan plans[] = {{6, 3, false}, {6, 0, false}, {3, 1, false}, {2, 3, true},
                                    {6, 0, true},  {1, 2, true},  {4, 0, false}};
     for (size_t i = 0; i < sizeof plans / sizeof plans[0]; i++) {
@@ -145,7 +146,7 @@ static void test_ranks_on_cpu(void) {
             for (size_t i = 0; i < sizeof plans / sizeof *plans; i++) {
                 ranks_job j = {.r = {.cfg = k_tiny, .compute = DC_F32, .fixed = 0, .batch = BATCH, .ranks = 2,
                                      .zero = zero, .micro_batch = 0, .keep = -1, .offload = 0,
-                                     .grad_comm = bf16 ? DC_BF16 : DC_F32},
+                                     .grad_comm = bf16 ? DC_BF16 : DC_F32, .folds = true},
                                .p = plans[i], .ds = &ds, .peak = {-1, -1}};
                 dc_plan_mem pm, p32;
                 dc_plan_request r32 = j.r;

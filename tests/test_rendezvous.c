@@ -1,6 +1,7 @@
 // Several processes: the launcher variables of torchrun, mpirun and srun;
 // the TCP rendezvous among real processes (forked here); the socket
-// communicator's collectives against the thread communicator's, bit for bit;
+// communicator's collectives (a reduce-scatter continuing running totals
+// included) against the thread communicator's, bit for bit;
 // and the faults: a rank killed with SIGKILL, a rank that aborts, a rank that
 // hangs, and rendezvous mistakes (a wrong size, a rank that never comes, no
 // rank 0), each ending every other rank with a message within seconds.
@@ -158,7 +159,7 @@ static float value(int rank, int64_t j) {
 }
 
 enum { N_SMALL = 1000, N_BIG = 70001 };  // the big one spans several 64 KiB pieces
-static float *g_ref_sum, *g_ref_rs[3];   // thread communicator's results (3 ranks)
+static float *g_ref_sum, *g_ref_rs[3], *g_ref_add[3];  // thread communicator's results (3 ranks)
 static const int64_t k_sizes[2] = {N_SMALL, N_BIG};
 
 static int reference(dc_comm *c, void *arg) {
@@ -168,6 +169,9 @@ static int reference(dc_comm *c, void *arg) {
     for (int64_t j = 0; j < n; j++) buf[j] = value(c->rank, j);
     for (int64_t j = 0; j < 3 * n; j++) in[j] = value(c->rank + 5, j);
     int rc = dc_comm_all_reduce_sum(c, buf, n) || dc_comm_reduce_scatter_sum(c, g_ref_rs[c->rank], in, n);
+    // a running total (this rank's buf of before) continued by slice `rank` of every rank's in
+    for (int64_t j = 0; j < n; j++) g_ref_add[c->rank][j] = 64.0f * value(c->rank + 7, j);
+    rc = rc || dc_comm_reduce_scatter_add(c, g_ref_add[c->rank], in, n);
     if (c->rank == 0) memcpy(g_ref_sum, buf, sizeof(float) * (size_t)n);
     free(buf), free(in);
     return rc;
@@ -192,6 +196,9 @@ static int collectives_body(int rank, int size, int port) {
             bad += memcmp(buf, g_ref_sum, sizeof(float) * (size_t)n) != 0;
             bad += memcmp(out, g_ref_rs[rank], sizeof(float) * (size_t)n) != 0;
         }
+        for (int64_t j = 0; j < n; j++) out[j] = 64.0f * value(rank + 7, j);
+        rc = rc || dc_comm_reduce_scatter_add(c, out, in, n);
+        if (!rc) bad += memcmp(out, g_ref_add[rank], sizeof(float) * (size_t)n) != 0;
         free(buf), free(in), free(out);
     }
     // the NCCL id's way: 128 bytes from rank 0
@@ -287,7 +294,7 @@ static int missing_body(int rank, int size, int port) {
 static void test_processes(void) {
     int code[3];
     g_ref_sum = malloc(sizeof(float) * N_BIG);
-    for (int q = 0; q < 3; q++) g_ref_rs[q] = malloc(sizeof(float) * N_BIG);
+    for (int q = 0; q < 3; q++) g_ref_rs[q] = malloc(sizeof(float) * N_BIG), g_ref_add[q] = malloc(sizeof(float) * N_BIG);
     CHECK(dc_comm_threads_run(3, reference, NULL) == 0, "thread reference: %s", dc_error());
     // The check can fail: another order of the same additions rounds differently.
     int differs = 0;
@@ -324,7 +331,7 @@ static void test_processes(void) {
     CHECK(rc != 0 && strstr(dc_error(), "could not reach rank 0 at localhost:") && dc_time_now() - t < 5,
           "no rank 0: '%s'", dc_error());
     free(g_ref_sum);
-    for (int q = 0; q < 3; q++) free(g_ref_rs[q]);
+    for (int q = 0; q < 3; q++) free(g_ref_rs[q]), free(g_ref_add[q]);
 }
 
 int main(void) {

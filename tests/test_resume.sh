@@ -20,6 +20,21 @@ else
   pass "weights move between steps"
 fi
 
+# The EMA warm-up is recorded in the checkpoint: a run without it resumes
+# without it (falling back to the default, on, would write another EMA); the
+# option changes the EMA; a resume cannot change it; a bad value is a usage error.
+diffusion train "${flags[@]}" --ema-warmup off --out "$TMP/eo" --steps 4 > "$TMP/eo.log" 2>&1 || fail "--ema-warmup off"
+diffusion train "${flags[@]}" --ema-warmup off --out "$TMP/eh" --steps 2 > "$TMP/eh.log" 2>&1 \
+  && diffusion train --resume "$TMP/eh" --steps 4 --threads 2 >> "$TMP/eh.log" 2>&1 || fail "--ema-warmup off, resumed"
+f4=step_0000004.safetensors
+[ -s "$TMP/eo/$f4" ] && cmp -s "$TMP/eo/$f4" "$TMP/eh/$f4" \
+  && pass "--ema-warmup off: 2 steps resumed for 2 more are byte-identical to 4 straight" \
+  || fail "--ema-warmup off: the resumed run differs from the straight one"
+[ -s "$TMP/eo/$f4" ] && ! cmp -s <(st_data "$TMP/a/$f4") <(st_data "$TMP/eo/$f4") \
+  && pass "the EMA warm-up changes the run (on by default)" || fail "--ema-warmup off trains what on trains"
+expect_code 2 "--ema-warmup with --resume" diffusion train --resume "$TMP/eh" --ema-warmup on --steps 5
+expect_code 2 "--ema-warmup maybe" diffusion train "${flags[@]}" --ema-warmup maybe --out "$TMP/ebad"
+
 # A signal: the step in progress ends, a checkpoint is written, the exit
 # status is 128 + the signal, and resuming from it is exact. The signal is
 # sent once the run logs its first step (never after a fixed sleep, which a

@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "train/plan.h"
+#include "train/trainer.h"
 
 int cli_plan_budget(const char *size, int64_t *budget) {
     if (size && dc_parse_size(size, budget)) return dc_fail_ctx("--max-gpu-memory");
@@ -25,7 +26,7 @@ int cli_plan_choose(const dc_dit_config *mc, dc_backend *be, int64_t budget, int
     dc_plan_request rq = {.cfg = *mc, .compute = be->compute, .fixed = (int64_t)held, .batch = batch,
                           .ranks = ranks, .zero = zero, .grad_comm = grad_comm, .micro_batch = *micro_batch,
                           .keep = *recompute >= 0 ? (*recompute < mc->depth ? *recompute : mc->depth) : -1,
-                          .offload = *offload ? 1 : -1};
+                          .offload = *offload ? 1 : -1, .folds = dc_trainer_folds(be)};
     dc_train_plan plan;
     dc_plan_mem pm;
     DC_TRY(dc_plan_choose(&rq, budget, &plan, &pm, NULL));

@@ -25,11 +25,25 @@
 // went away, as in `diffusion train 2>&1 | head`) end the step in progress,
 // write a checkpoint and exit, so an interrupted run loses nothing and
 // continues with --resume. Before training starts there is nothing to save
-// and the signal ends the process at once. The handlers are installed before
-// any slow work, so that no signal is ever missed.
-static volatile sig_atomic_t g_stop, g_training;
+// and the signal ends the process at once, saying so; after it ends (while
+// the process tidies up) it ends the process. The handlers are installed
+// before any slow work, so that no signal is ever missed.
+enum { BEFORE, TRAINING, AFTER };
+static volatile sig_atomic_t g_stop, g_phase = BEFORE;
+// Only write() is safe in a handler: whole messages, no formatting.
+#define SAY(s) ((void)!write(STDERR_FILENO, s, sizeof s - 1))
+#define STOPPED(name) "interrupted (" name ") before the first step: nothing was saved\n"
 static void on_signal(int sig) {
-    if (!g_training) _exit(128 + sig);
+    if (g_phase == BEFORE) {
+        switch (sig) {
+        case SIGINT: SAY(STOPPED("Interrupt")); break;
+        case SIGTERM: SAY(STOPPED("Terminated")); break;
+        case SIGHUP: SAY(STOPPED("Hangup")); break;
+        case SIGPIPE: SAY(STOPPED("Broken pipe")); break;
+        }
+        _exit(128 + sig);
+    }
+    if (g_phase == AFTER) _exit(128 + sig);
     g_stop = sig;
 }
 
@@ -60,14 +74,17 @@ static int check_run_outputs(const char *out, const char *resume, const char *da
 // Every rank calls it (the save is collective: under ZeRO the shards are
 // gathered onto rank 0); rank 0 writes the file. The ranks first agree that
 // all of them got here with sound statistics, so a rank that failed this
-// step leaves no checkpoint behind, then that rank 0 wrote it.
-static int save(train_ranks *job, const dc_trainer *tr, const char *dir, int keep, int every, const char *data_path) {
+// step leaves no checkpoint behind, then that rank 0 wrote it. The file
+// also records the step's loss (every digit, for comparing runs).
+static int save(train_ranks *job, const dc_trainer *tr, const char *dir, int keep, int every, const char *data_path,
+                double loss) {
     DC_TRY(train_ranks_agree(job, true, "reach the checkpoint"));
     char path[4096];
     cli_checkpoint_path(dir, tr->step, path, sizeof path);
     dc_kv extra = {0};
     int rc = dc_kv_set(&extra, "dataset", "%s", data_path) || dc_kv_set(&extra, "keep", "%d", keep) ||
-             dc_kv_set(&extra, "ckpt_every", "%d", every) || dc_trainer_save(tr, path, &extra);
+             dc_kv_set(&extra, "ckpt_every", "%d", every) || dc_kv_set(&extra, "loss", "%.17g", loss) ||
+             dc_trainer_save(tr, path, &extra);
     dc_kv_free(&extra);
     DC_TRY(train_ranks_agree(job, rc == 0, "write the checkpoint"));
     if (train_ranks_lead(job)) cli_prune_checkpoints(dir, keep, tr->step);
@@ -112,7 +129,7 @@ static int run_steps(train_ranks *job, dc_trainer *tr, const dc_train_config *tc
     const bool lead = train_ranks_lead(job);
     double t0 = dc_time_now(), smooth = 0, shown = 0;
     int64_t first = tr->step, seen = first;
-    g_training = 1;
+    g_phase = TRAINING;
     while (tr->step < tc->steps) {
         // Steps only queue work; the statistics (which wait for the device)
         // are read for a log line, a checkpoint or the end.
@@ -126,8 +143,8 @@ static int run_steps(train_ranks *job, dc_trainer *tr, const dc_train_config *tc
         if (train_ranks_step(job, stop, tty_due, &stop, &stop_rank, &tty_due)) return -1;
         bool last = tr->step == tc->steps, save_now = tr->step % ckpt_every == 0 || last || stop;
         bool log_now = tty_due || tr->step % log_every == 0 || last || tr->step == first + 1;
+        dc_step_stats st = {0};
         if (log_now || save_now) {
-            dc_step_stats st;
             if (dc_trainer_stats(tr, &st)) return -1;
             // running mean with weight 0.98 per step, over the steps since the last reading
             double w = pow(0.98, (double)(tr->step - seen));
@@ -143,7 +160,7 @@ static int run_steps(train_ranks *job, dc_trainer *tr, const dc_train_config *tc
             }
         }
         if (save_now) {
-            if (save(job, tr, out, keep, ckpt_every, data_path)) return -1;
+            if (save(job, tr, out, keep, ckpt_every, data_path, st.loss)) return -1;
             *wrote = true;
         }
         if (stop && !last) {
@@ -169,7 +186,7 @@ int cmd_train(int argc, char **argv) {
     for (int i = 1; i < argc; i++) official |= !strcmp(argv[i], "--model") || !strncmp(argv[i], "--model=", 8);
     dc_train_config tc = official ? dc_train_config_default() : cli_demo_train();
     const char *model = NULL, *data_path = DC_FMNIST_DIR, *out = "runs/train", *resume = NULL;
-    const char *device = "auto", *precision = "auto", *max_mem = NULL, *grad_comm = "fp32";
+    const char *device = "auto", *precision = "auto", *max_mem = NULL, *grad_comm = "fp32", *ema_warmup = NULL;
     int64_t budget = 0;
     int ckpt_every = 500, keep = 3, log_every = 50, threads = 0, heads = 0, recompute = -1;
     int ranks = 0, gpus = 0, zero = 0;
@@ -213,6 +230,10 @@ int cmd_train(int argc, char **argv) {
         {"warmup", ARG_INT, &tc.warmup, "N", "linear learning-rate warmup steps"},
         {"grad-clip", ARG_FLOAT, &tc.grad_clip, "X", "clip the global gradient norm (0: off)"},
         {"ema-decay", ARG_FLOAT, &tc.ema_decay, "X", "EMA decay"},
+        {"ema-warmup", ARG_STR, &ema_warmup, "on|off", "EMA warm-up: decay min(--ema-decay, (1 + n) / (10 + n)) "
+                                                     "at update n + 1 (the first copies the weights), as "
+                                                     "diffusers' EMAModel; off: --ema-decay from the start, as the "
+                                                     "official DiT code (default: on)"},
         {"class-dropout", ARG_FLOAT, &tc.class_dropout, "X", "label dropout for guidance"},
         {"hflip", ARG_FLAG, &flip, NULL, "random horizontal flips"},
         {"seed", ARG_U64, &tc.seed, "N", "seed of every random choice"},
@@ -260,6 +281,9 @@ int cmd_train(int argc, char **argv) {
     dc_dtype wire;
     if (train_ranks_grad_comm(grad_comm, &wire)) return cli_usage_fail();
     if (flip) tc.hflip = true;
+    if (ema_warmup && strcmp(ema_warmup, "on") && strcmp(ema_warmup, "off"))
+        return dc_fail("--ema-warmup must be on or off (got '%s')", ema_warmup), cli_usage_fail();
+    if (ema_warmup) tc.ema_warmup = strcmp(ema_warmup, "on") == 0;
     if (!args_given(&ap, "micro-batch")) tc.micro_batch = tc.batch;
     if (resume) {
         // The checkpoint fixes the model and the recipe; these may change.
@@ -446,7 +470,7 @@ int cmd_train(int argc, char **argv) {
     if (r < 0) goto fail;
     status = r;
 fail:
-    g_training = 0;
+    if (g_phase == TRAINING) g_phase = AFTER;
     if (status == 1) {
         train_ranks_abort(&job);  // the others stop too, with this message
         cli_fail();

@@ -46,6 +46,14 @@ typedef struct {
     int64_t (*issued)(dc_comm *c);
     // The backend's work queued from now on waits for the first n collectives.
     int (*wait)(dc_comm *c, int64_t n);
+
+    // ---- a sum that continues one this rank holds: NULL where the sums do not
+    // follow rank order (NCCL) ----
+    // out[n] = ((out + in_0) + in_1) + ... over ranks in rank order, in_q being
+    // slice `rank` of rank q's in[size * n]: out's own value comes first, so
+    // a running total grows by each rank's part in turn, exactly as one rank
+    // adding the parts one by one (F32; out does not overlap in).
+    int (*reduce_scatter_add)(dc_comm *c, float *out, const float *in, int64_t n);
 } dc_comm_ops;
 
 struct dc_comm {
@@ -75,6 +83,11 @@ static inline int dc_comm_broadcast(dc_comm *c, void *buf, size_t bytes, int roo
     return c->ops->broadcast(c, buf, bytes, root);
 }
 static inline int dc_comm_barrier(dc_comm *c) { return c->ops->barrier(c); }
+// Whether the communicator continues sums in rank order (dc_comm_ops.reduce_scatter_add).
+static inline bool dc_comm_continues_sums(const dc_comm *c) { return c->ops->reduce_scatter_add != NULL; }
+static inline int dc_comm_reduce_scatter_add(dc_comm *c, float *out, const float *in, int64_t n) {
+    return c->ops->reduce_scatter_add(c, out, in, n);
+}
 // Overlap where the communicator has it (see dc_comm_ops); elsewhere a
 // collective is complete when it returns, so these do nothing.
 static inline bool dc_comm_overlaps(const dc_comm *c) { return c->ops->wait != NULL; }
@@ -109,3 +122,13 @@ dc_shard dc_shard_of(int64_t n, int size, int rank, int64_t align);
 // `begin` of the global batch (the first batch % size ranks one more), so the
 // union in rank order is the global batch in its order, whatever the size.
 void dc_batch_split(int batch, int size, int rank, int *begin, int *count);
+// The global batch in rounds of micro-batches (gradient accumulation over
+// ranks): each round covers the next size x micro images, and rank r's
+// micro-batch in it is its dc_batch_split share of them (every rank `micro`
+// images, except in a last, shorter round, split evenly, where a rank may
+// get none). The micro-batches in (round, rank) order are the global batch
+// in its order: where the batch is a multiple of size x micro they are the
+// micro-batches one rank cuts with the same micro, round j's rank r holding
+// the (j x size + r)-th. Returns the number of rounds.
+int dc_batch_rounds(int batch, int size, int micro);
+void dc_batch_round(int batch, int size, int micro, int rank, int round, int *begin, int *count);

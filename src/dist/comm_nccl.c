@@ -267,8 +267,9 @@ static int wait_for(dc_comm *c, int64_t n) {
     return check_open(c);
 }
 
+// No reduce_scatter_add: NCCL's sums follow its ring, not rank order.
 static const dc_comm_ops k_ops = {all_reduce_sum, reduce_scatter_sum, all_gather, broadcast, barrier, comm_abort,
-                                  set_async, issued, wait_for};
+                                  set_async, issued, wait_for, NULL};
 
 // The stream and events (those created: the rest are NULL).
 static void release_cuda(nccl_ctx *x) {

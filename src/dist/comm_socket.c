@@ -2,7 +2,8 @@
 // Rank 0 receives each rank's buffer in rank order and adds it into its
 // own, element by element, which is the thread communicator's
 // ((x_0 + x_1) + x_2) + ... ; then it sends the result to every rank. Sums
-// in bf16 add into an fp32 copy and round once, at the end.
+// in bf16 add into an fp32 copy and round once, at the end. A sum that
+// continues a running total starts from the total's slice, sent first.
 #include <stdlib.h>
 #include <string.h>
 
@@ -88,6 +89,27 @@ static int reduce_scatter_sum(dc_comm *c, void *out, const void *in, int64_t n, 
     return rc;
 }
 
+// Every rank sends rank 0 its running total's slice, then its buffer; rank 0
+// starts each slice's sum from that total and adds the buffers in rank order.
+static int reduce_scatter_add(dc_comm *c, float *out, const float *in, int64_t n) {
+    dc_rendezvous *rv = rv_of(c);
+    const size_t slice = sizeof(float) * (size_t)n, all = slice * (size_t)c->size;
+    if (c->rank != 0)
+        return dc_rv_send(rv, 0, out, slice) || dc_rv_send(rv, 0, in, all) || dc_rv_recv(rv, 0, out, slice) ? -1 : 0;
+    const int64_t total = n * c->size;
+    sum_sink s = {malloc(all ? all : 1), DC_F32};
+    if (!s.acc) return out_of_memory(c, total);
+    memcpy(s.acc, out, slice);
+    int rc = 0;
+    for (int q = 1; q < c->size && !rc; q++) rc = dc_rv_recv(rv, q, s.acc + (int64_t)q * n, slice);
+    for (int64_t j = 0; j < total && !rc; j++) s.acc[j] += in[j];
+    for (int q = 1; q < c->size && !rc; q++) rc = dc_rv_recv_stream(rv, q, all, add_sink, &s);
+    for (int q = 1; q < c->size && !rc; q++) rc = dc_rv_send(rv, q, s.acc + (int64_t)q * n, slice);
+    if (!rc) memcpy(out, s.acc, slice);
+    free(s.acc);
+    return rc;
+}
+
 static int all_gather(dc_comm *c, void *out, const void *in, size_t bytes) {
     return dc_rendezvous_all_gather(rv_of(c), in, out, bytes);
 }
@@ -113,7 +135,7 @@ static int barrier(dc_comm *c) {
 static void comm_abort(dc_comm *c, const char *why) { dc_rendezvous_abort(rv_of(c), why); }
 
 static const dc_comm_ops k_ops = {all_reduce_sum, reduce_scatter_sum, all_gather, broadcast, barrier, comm_abort,
-                                  NULL, NULL, NULL};
+                                  NULL, NULL, NULL, reduce_scatter_add};
 
 int dc_comm_socket_create(dc_rendezvous *rv, dc_comm **out) {
     dc_comm *c = calloc(1, sizeof *c);

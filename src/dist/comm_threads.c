@@ -108,6 +108,19 @@ static int reduce_scatter_sum(dc_comm *c, void *out, const void *in, int64_t n, 
     return wait_all(c);
 }
 
+// Each rank continues its own slice's running total: out's value first,
+// then every rank's part in rank order.
+static int reduce_scatter_add(dc_comm *c, float *out, const float *in, int64_t n) {
+    DC_TRY(publish(c, in));
+    const int64_t at = (int64_t)c->rank * n;
+    for (int64_t j = 0; j < n; j++) {
+        float v = out[j];
+        for (int q = 0; q < c->size; q++) v += ((const float *)peer(c, q))[at + j];
+        out[j] = v;
+    }
+    return wait_all(c);
+}
+
 // In place as NCCL allows: in may be out + rank * bytes (this rank's slot,
 // which nobody writes; the others write only their own buffers).
 static int all_gather(dc_comm *c, void *out, const void *in, size_t bytes) {
@@ -129,7 +142,7 @@ static int broadcast(dc_comm *c, void *buf, size_t bytes, int root) {
 static int barrier(dc_comm *c) { return wait_all(c); }
 
 static const dc_comm_ops k_ops = {all_reduce_sum, reduce_scatter_sum, all_gather, broadcast, barrier, comm_abort,
-                                  NULL, NULL, NULL};
+                                  NULL, NULL, NULL, reduce_scatter_add};
 
 typedef struct {
     dc_comm comm;
@@ -195,4 +208,18 @@ void dc_batch_split(int batch, int size, int rank, int *begin, int *count) {
     const int q = batch / size, r = batch % size;
     *count = q + (rank < r);
     *begin = rank * q + (rank < r ? rank : r);
+}
+
+int dc_batch_rounds(int batch, int size, int micro) {
+    if (batch < 1 || size < 1 || micro < 1) return 0;
+    const int64_t per = (int64_t)size * micro;
+    return (int)((batch + per - 1) / per);
+}
+
+void dc_batch_round(int batch, int size, int micro, int rank, int round, int *begin, int *count) {
+    *begin = *count = 0;
+    if (round < 0 || round >= dc_batch_rounds(batch, size, micro)) return;
+    const int64_t per = (int64_t)size * micro, lo = round * per;
+    dc_batch_split((int)(batch - lo < per ? batch - lo : per), size, rank, begin, count);
+    *begin += (int)lo;
 }

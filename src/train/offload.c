@@ -335,7 +335,7 @@ static int unit_hook(void *ctx, int unit, bool done) {
         // the host's gradients and the units' settings are the last update's until it is over
         if (o->pending) DC_TRY(dc_offload_drain(o));
         be->wait_ticket(be, o->down[j]);  // the bucket's last unit has reached the host
-        if (o->micro == 0) {
+        if (o->micro == 0 || o->fold) {
             be->zero(be, o->bucket[j].p, bytes);
         } else {  // the running sum back up, once the last micro-batch's copy down has written it
             be->wait_ticket(be, o->ticket[unit]);
@@ -347,6 +347,9 @@ static int unit_hook(void *ctx, int unit, bool done) {
         return dc_backend_status(be);
     }
     ps->win_lo = ps->win_hi = 0;
+    // folding: the step's running sum plus this micro-batch's gradients (T + g,
+    // the plain trainer's addition), read where the host keeps it
+    if (o->fold && o->micro > 0) be->axpy(be, o->bucket[j], host(o->grad + lo), 1.0f, hi - lo);
     // the norm that overlapped steps report, per unit on the device: a pass
     // over the host's gradients would come after the last update
     if (o->last && o->overlap) be->grad_norm(be, dc_buf_at(o->unorm, 2 * unit), o->bucket[j], hi - lo, 0.0f);
@@ -398,15 +401,17 @@ static void restore_data(dc_offload *o) {
     dc_params_touch(ps);
 }
 
-int dc_offload_init(dc_offload *o, dc_params *ps, dc_backend *be) {
+int dc_offload_init(dc_offload *o, dc_params *ps, dc_backend *be, bool fold) {
     memset(o, 0, sizeof *o);
+    if (fold && strcmp(be->name, "cpu") != 0)
+        return dc_fail("--offload: the %s backend cannot add the host's gradient sums on the device", be->name);
     if (!be->alloc_pinned || !be->copy_async || !be->host_wait || !be->wait_ticket)
         return dc_fail("--offload: the %s backend cannot copy beside its ops", be->name);
     if (dc_params_unit_count(ps) < 2)
         return dc_fail("--offload needs a model whose backward hands over its gradients block by block; "
                        "this one does not");
     if (!ps->grad.p || ps->unit_hook) return dc_fail("--offload: the parameters' gradients are already taken");
-    o->be = be, o->ps = ps, o->units = dc_params_unit_count(ps);
+    o->be = be, o->ps = ps, o->units = dc_params_unit_count(ps), o->fold = fold;
     const char *e = getenv("DC_OFFLOAD_DEFER");
     o->defer = !e || strcmp(e, "0") != 0;
     e = getenv("DC_OFFLOAD_PACE");

@@ -14,8 +14,13 @@
 // backward. With gradient accumulation each micro-batch after the first
 // first copies the unit's running sum back into its bucket, so backward adds
 // to it exactly as it adds to a full gradient buffer: the sums are the
-// non-offloaded run's, bit for bit, at the price of one more copy of the
-// gradients per accumulated micro-batch (up and down: 8 bytes a parameter).
+// non-offloaded run's on a GPU, where micro-batches accumulate in place, at
+// the price of one more copy of the gradients per accumulated micro-batch
+// (up and down: 8 bytes a parameter). Folding (the CPU backend, whose
+// trainer computes each micro-batch's gradients from zero and adds them to
+// the step's sum, train/trainer.h) zeroes the bucket instead and adds the
+// host's running sum to it after the unit's backward: T + g, the plain
+// step's addition, with no copy up.
 // The full gradient buffer the buckets replace becomes the device EMA.
 //
 // Without clipping, in the step's last micro-batch a worker thread runs
@@ -120,6 +125,7 @@ typedef struct {
     dc_buf ema;             // [numel] F32 on the device (the parameters' former gradient buffer)
     dc_buf bucket[2];       // [widest unit] F32 on the device: a unit's gradients in backward
     int64_t widest;         // elements of the largest unit
+    bool fold;              // each micro-batch's gradients from zero, added to the host's sum (the CPU)
     int next;               // the bucket the next unit takes
     int64_t down[2];        // the copy of each bucket to the host (a ticket; 0: none)
     // a unit's new weights on the device, on their way into the EMA and the compute copy
@@ -176,8 +182,9 @@ typedef struct {
 // an exact copy of the weights; where a compute copy exists, the fp32 data
 // shrinks to the fixed tensors. Takes the unit hook. Needs a backend with the
 // pinned-copy ops and a model whose backward hands over its gradients unit
-// by unit.
-int dc_offload_init(dc_offload *o, dc_params *ps, dc_backend *be);
+// by unit. fold: accumulate micro-batches as the CPU's trainer does (above;
+// the CPU backend only, whose ops read host memory).
+int dc_offload_init(dc_offload *o, dc_params *ps, dc_backend *be, bool fold);
 // Also gives the parameters their full fp32 data back, from the master.
 void dc_offload_free(dc_offload *o);
 // Before each micro-batch's forward: its index in the step, and whether it

@@ -85,6 +85,8 @@ int dc_plan_predict(const dc_plan_request *r, const dc_train_plan *p, dc_plan_me
         const bool bf16 = r->grad_comm == DC_BF16 && r->ranks > 1;
         m.grads = full_grad + (bf16 ? 2 * P : 0), m.optimizer = 12 * P;
         m.setup = m.weights + m.grads + m.optimizer + m.trainer + m.fixed;
+        // folding: the micro-batches after a rank's first take a second gradient buffer (at the first step)
+        if (r->folds && dc_batch_rounds(r->batch, r->ranks, p->micro_batch) > 1) m.grads += full_grad;
     } else if (!rc) {
         // train/zero.c: five shard buffers (master, m, v, EMA, gradients), one
         // bucket (stage 2: two) and with bf16 gradients between ranks a bf16

@@ -13,9 +13,20 @@ dc_train_config dc_train_config_default(void) {
     return (dc_train_config){
         .steps = 1000, .batch = 256, .micro_batch = 256, .lr = 1e-4f, .beta1 = 0.9f,
         .beta2 = 0.999f, .adam_eps = 1e-8f, .weight_decay = 0.0f, .warmup = 0,
-        .grad_clip = 0.0f, .ema_decay = 0.9999f, .class_dropout = 0.1f, .hflip = false,
+        .grad_clip = 0.0f, .ema_decay = 0.9999f, .ema_warmup = true, .class_dropout = 0.1f, .hflip = false,
         .seed = 0, .offload = false, .grad_comm = DC_F32,
     };
+}
+
+// diffusers' EMAModel.get_decay with use_ema_warmup False, update_after_step
+// 0 and min_decay 0: at its optimization_step k, n = k - 1; 0 for n <= 0,
+// else min(decay, (1 + n) / (10 + n)), in double, then used in fp32.
+float dc_train_ema_decay(const dc_train_config *c, int64_t step) {
+    if (!c->ema_warmup) return c->ema_decay;
+    const double n = (double)(step - 1);
+    if (n <= 0) return 0.0f;
+    const double d = (1 + n) / (10 + n);
+    return (float)(d < c->ema_decay ? d : c->ema_decay);
 }
 
 int dc_train_config_validate(const dc_train_config *c) {
@@ -66,6 +77,7 @@ int dc_train_config_to_kv(const dc_train_config *c, dc_kv *kv) {
     DC_TRY(dc_kv_set(kv, "warmup", "%d", c->warmup));
     DC_TRY(dc_kv_set(kv, "grad_clip", "%s", exact(c->grad_clip, b)));
     DC_TRY(dc_kv_set(kv, "ema_decay", "%s", exact(c->ema_decay, b)));
+    DC_TRY(dc_kv_set(kv, "ema_warmup", "%s", c->ema_warmup ? "true" : "false"));
     DC_TRY(dc_kv_set(kv, "class_dropout", "%s", exact(c->class_dropout, b)));
     DC_TRY(dc_kv_set(kv, "hflip", "%s", c->hflip ? "true" : "false"));
     return dc_kv_set(kv, "seed", "%llu", (unsigned long long)c->seed);
@@ -85,10 +97,13 @@ int dc_train_config_from_kv(dc_train_config *c, const char *const *k, const char
         {"adam_eps", 'f', &c->adam_eps}, {"weight_decay", 'f', &c->weight_decay},
         {"warmup", 'i', &c->warmup}, {"grad_clip", 'f', &c->grad_clip},
         {"ema_decay", 'f', &c->ema_decay}, {"class_dropout", 'f', &c->class_dropout},
-        {"hflip", 'b', &c->hflip}, {"seed", 'u', &c->seed},
+        {"hflip", 'b', &c->hflip}, {"seed", 'u', &c->seed}, {"ema_warmup", 'b', &c->ema_warmup},
     };
+    // Checkpoints written before the EMA warm-up existed trained without it.
+    c->ema_warmup = false;
     for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
         const char *s = find_kv(k, v, n, fields[i].key);
+        if (!s && !strcmp(fields[i].key, "ema_warmup")) continue;
         if (!s) return dc_fail("%s: no training setting '%s' in metadata (not a training checkpoint?)", file, fields[i].key);
         char *end = NULL;
         switch (fields[i].kind) {
@@ -104,6 +119,8 @@ int dc_train_config_from_kv(dc_train_config *c, const char *const *k, const char
     }
     return dc_train_config_validate(c) ? dc_fail_ctx("%s", file) : 0;
 }
+
+bool dc_trainer_folds(const dc_backend *be) { return strcmp(be->name, "cpu") == 0; }
 
 static dc_buf alloc_buf(dc_backend *be, int64_t n, dc_dtype dt, int *ok) {
     dc_buf b = {be->alloc(be, (size_t)n * dc_dtype_size(dt)), dt};
@@ -127,6 +144,7 @@ int dc_trainer_init(dc_trainer *tr, dc_model *model, const dc_dataset *data,
         return dc_fail("data has %d classes but the model only %d", data->num_classes, mi->num_classes);
     tr->cfg = *cfg, tr->model = model, tr->be = model->be, tr->data = data;
     dc_backend *be = tr->be;
+    tr->fold = dc_trainer_folds(be);
     DC_TRY(dc_schedule_init_dit(&tr->sched, DC_DIFFUSION_STEPS, DC_DIFFUSION_STEPS));
     DC_TRY(dc_order_init(&tr->order, data->n, cfg->seed));
     // The activations are planned at the first step, after offload or ZeRO
@@ -137,7 +155,7 @@ int dc_trainer_init(dc_trainer *tr, dc_model *model, const dc_dataset *data,
             dc_trainer_free(tr);
             return dc_fail("out of host memory for --offload");
         }
-        if (dc_offload_init(tr->offload, model->params, be)) {
+        if (dc_offload_init(tr->offload, model->params, be, tr->fold)) {
             free(tr->offload), tr->offload = NULL;
             dc_trainer_free(tr);
             return -1;
@@ -186,7 +204,8 @@ void dc_trainer_free(dc_trainer *tr) {
     if (tr->offload) dc_offload_free(tr->offload), free(tr->offload);
     if (be) {
         dc_buf *bufs[] = {&tr->ema, &tr->adam_m, &tr->adam_v, &tr->x0, &tr->xt, &tr->eps,
-                          &tr->out, &tr->dout, &tr->losses, &tr->gstats, &tr->t, &tr->y, &tr->grad16};
+                          &tr->out, &tr->dout, &tr->losses, &tr->gstats, &tr->t, &tr->y, &tr->grad16,
+                          &tr->gmicro};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             if (bufs[i]->p) be->free(be, bufs[i]->p);
         dc_schedule_free(&tr->sched);
@@ -287,75 +306,128 @@ static int all_reduce_unit(void *ctx, int unit, bool done) {
     return rc;
 }
 
+// The gradient units of a backward with no images (a rank the last round of
+// micro-batches leaves without any): what its unit hook does around each
+// (ZeRO-2's reduce-scatters, which the other ranks take part in), in the
+// order a backward hands the units over, last to first.
+static int idle_units(dc_params *ps) {
+    for (int u = dc_params_unit_count(ps) - 1; u >= 0; u--) {
+        DC_TRY(dc_params_unit_begin(ps, u));
+        DC_TRY(dc_params_unit_done(ps, u));
+    }
+    return 0;
+}
+
+// Forward, loss and backward of images done .. done+n-1 of the step's global batch.
+static int micro_batch(dc_trainer *tr, int done, int n, bool hook) {
+    dc_backend *be = tr->be;
+    dc_model *m = tr->model;
+    const dc_train_config *c = &tr->cfg;
+    const dc_model_info *mi = &m->info;
+    const int C = mi->channels;
+    const int64_t HW = (int64_t)mi->height * mi->width;
+    stage_micro_batch(tr, done, n);
+    be->upload(be, tr->x0.p, tr->h_x0, (size_t)n * C * HW * sizeof(float));
+    be->upload(be, tr->y.p, tr->h_y, (size_t)n * sizeof(int32_t));
+    dc_diffusion_draw_timesteps(tr->h_t, tr->h_keys, n, tr->sched.n, c->seed, (uint32_t)tr->step);
+    DC_TRY(dc_diffusion_prepare_batch(be, &tr->sched, tr->xt, tr->eps, tr->t, tr->h_coef, tr->x0, tr->h_t,
+                                      tr->h_keys, n, C * HW, c->seed, (uint32_t)tr->step));
+    DC_TRY(dc_model_forward(m, tr->out, tr->xt, tr->t, &tr->cond, n));
+    // d(mean over the global batch)/d out: each image weighs 1 / batch
+    DC_TRY(dc_diffusion_loss(be, tr->dout, dc_buf_at(tr->losses, 2 * (int64_t)done), tr->out, tr->x0, tr->xt,
+                             tr->eps, tr->h_coef, n, C, mi->out_channels, HW, 1.0f / c->batch, NULL, NULL));
+    dc_params *ps = m->params;
+    if (hook) ps->unit_hook = all_reduce_unit, ps->hook_ctx = tr;
+    int rc = dc_model_backward(m, tr->dout, n);
+    if (hook) ps->unit_hook = NULL, ps->hook_ctx = NULL;
+    return rc;
+}
+
 int dc_trainer_step(dc_trainer *tr, dc_step_stats *st) {
     dc_backend *be = tr->be;
     dc_model *m = tr->model;
     dc_params *ps = m->params;
     const dc_train_config *c = &tr->cfg;
-    const dc_model_info *mi = &m->info;
-    int C = mi->channels;
-    int64_t HW = (int64_t)mi->height * mi->width, np = ps->numel;
+    const int64_t np = ps->numel;
+    const size_t gbytes = (size_t)np * sizeof(float);
 
     // offload's master on the host is the weights: nothing else may write them
     if (tr->offload && ps->stale)
         return dc_fail("--offload: the model's weights were written after the trainer took them (load them before "
                        "dc_trainer_init)");
+    // The step's micro-batches: rounds of one per rank (dc_batch_round), each
+    // image keyed by its place in the global batch.
+    const int size = tr->comm ? tr->comm->size : 1, rank = tr->comm ? tr->comm->rank : 0;
+    const int rounds = dc_batch_rounds(c->batch, size, c->micro_batch);
+    // Stage 0 folding apart: a second gradient buffer for the micro-batches after the first.
+    const bool apart = tr->fold && !tr->zero && !tr->offload && rounds > 1;
+    if (!tr->started) {
+        if (apart) {
+            int ok = 1;
+            tr->gmicro = alloc_buf(be, np, DC_F32, &ok);
+            if (!ok) return dc_fail_ctx("a second gradient buffer for the step's micro-batches");
+        }
+        DC_TRY(dc_model_reserve(m, c->micro_batch));
+    }
+    tr->started = true;
     // Nothing here waits for the backend: losses and the gradient norm stay
     // there until dc_trainer_stats reads them.
-    if (!tr->started) DC_TRY(dc_model_reserve(m, c->micro_batch));
-    tr->started = true;
     if (tr->zero) dc_zero_begin_step(tr->zero);
-    else if (!tr->offload) be->zero(be, ps->grad.p, (size_t)np * sizeof(float));
+    else if (!tr->offload) be->zero(be, ps->grad.p, gbytes);
     int64_t s = tr->step + 1;
     float lr = c->warmup > 0 && s < c->warmup ? c->lr * (float)s / c->warmup : c->lr;
     tr->last_lr = lr;
     dc_adamw_step h = {lr, c->beta1, c->beta2, c->adam_eps, c->weight_decay,
                        1.0f - powf(c->beta1, (float)s), 1.0f - powf(c->beta2, (float)s), 1.0f,
-                       c->ema_decay};
-    // This rank's part of the global batch (all of it with one rank); `done`
-    // counts images in the global batch, which keys their randomness.
-    int first = 0, count = c->batch;
-    bool reduced = false;  // stage 0's gradients were all-reduced unit by unit in backward
-    if (tr->comm) {
-        dc_batch_split(c->batch, tr->comm->size, tr->comm->rank, &first, &count);
-        be->zero(be, tr->losses.p, (size_t)c->batch * 2 * sizeof(float));  // summed over ranks below
-    }
-    for (int done = first, micro = 0; done < first + count; done += c->micro_batch, micro++) {
-        int n = first + count - done < c->micro_batch ? first + count - done : c->micro_batch;
+                       dc_train_ema_decay(c, s)};
+    if (tr->comm) be->zero(be, tr->losses.p, (size_t)c->batch * 2 * sizeof(float));  // summed over ranks below
+    // Folding over CPU ranks in fp32, stage 0 sums each round over the ranks
+    // as it ends: rank 0 adds the step's sum so far to its micro-batch's
+    // gradients and the others' follow in rank order, so the sum grows by one
+    // micro-batch at a time in the global order, as on one rank.
+    const bool each_round = tr->fold && tr->comm && !tr->zero && !tr->grad16.p;
+    // Stage 0 where the communicator overlaps (NCCL): the last round's
+    // backward all-reduces each unit as it finishes, if every rank has
+    // images in that round (a rank without calls no hook).
+    int last_first, last_n;
+    dc_batch_round(c->batch, size, c->micro_batch, size - 1, rounds - 1, &last_first, &last_n);
+    const bool overlap = tr->comm && !tr->zero && !each_round && dc_comm_overlaps(tr->comm) && !ps->unit_hook &&
+                         dc_params_unit_count(ps) > 1 && last_n > 0;
+    for (int j = 0; j < rounds; j++) {
+        int done, n;
+        dc_batch_round(c->batch, size, c->micro_batch, rank, j, &done, &n);
+        const bool last = j == rounds - 1;
         // offload updates each unit as its gradients arrive, unless clipping needs them all first
-        if (tr->offload)
-            DC_TRY(dc_offload_micro(tr->offload, micro, done + n == first + count, c->grad_clip == 0, &h));
-        stage_micro_batch(tr, done, n);
-        be->upload(be, tr->x0.p, tr->h_x0, (size_t)n * C * HW * sizeof(float));
-        be->upload(be, tr->y.p, tr->h_y, (size_t)n * sizeof(int32_t));
-        dc_diffusion_draw_timesteps(tr->h_t, tr->h_keys, n, tr->sched.n, c->seed, (uint32_t)tr->step);
-        DC_TRY(dc_diffusion_prepare_batch(be, &tr->sched, tr->xt, tr->eps, tr->t, tr->h_coef, tr->x0,
-                                          tr->h_t, tr->h_keys, n, C * HW, c->seed, (uint32_t)tr->step));
-        DC_TRY(dc_model_forward(m, tr->out, tr->xt, tr->t, &tr->cond, n));
-        // d(mean over the global batch)/d out: each image weighs 1 / batch
-        DC_TRY(dc_diffusion_loss(be, tr->dout, dc_buf_at(tr->losses, 2 * (int64_t)done), tr->out, tr->x0,
-                                 tr->xt, tr->eps, tr->h_coef, n, C, mi->out_channels, HW,
-                                 1.0f / c->batch, NULL, NULL));
-        const bool overlap = tr->comm && !tr->zero && dc_comm_overlaps(tr->comm) && !ps->unit_hook &&
-                             dc_params_unit_count(ps) > 1 && done + n == first + count;
-        if (overlap) ps->unit_hook = all_reduce_unit, ps->hook_ctx = tr;
-        int rc = dc_model_backward(m, tr->dout, n);
-        if (overlap) ps->unit_hook = NULL, ps->hook_ctx = NULL, reduced = true;
+        if (tr->offload) DC_TRY(dc_offload_micro(tr->offload, j, last, c->grad_clip == 0, &h));
+        dc_buf sum = ps->grad;  // the step's sum so far (stage 0)
+        if (apart && j > 0) ps->grad = tr->gmicro, be->zero(be, ps->grad.p, gbytes);
+        int rc = n > 0 ? micro_batch(tr, done, n, overlap && last) : ps->unit_hook ? idle_units(ps) : 0;
+        if (!rc && tr->zero) rc = dc_zero_reduce(tr->zero, last);
+        if (!rc && each_round) {
+            rc = dc_backend_status(be);
+            if (!rc && j > 0 && rank == 0) be->axpy(be, ps->grad, sum, 1.0f, np);
+            if (!rc) rc = dc_comm_all_reduce_sum(tr->comm, (float *)ps->grad.p, np);
+            if (!rc && j > 0) tr->gmicro = sum, sum = ps->grad;  // the sum now lies in the other buffer
+        } else if (!rc && apart && j > 0) {
+            be->axpy(be, sum, ps->grad, 1.0f, np);
+        }
+        ps->grad = sum;  // (also on failure: each buffer keeps one owner)
         DC_TRY(rc);
     }
     if (tr->comm) {  // every rank's gradient (stage 0) and losses, summed in rank order
         DC_TRY(dc_backend_status(be));
-        if (!reduced && tr->grad16.p) DC_TRY(all_reduce_bf16(tr, 0, np));
-        else if (!reduced && !tr->zero) DC_TRY(dc_comm_all_reduce_sum(tr->comm, (float *)ps->grad.p, np));
-        // the overlapped sums, and the bf16 ones, done before AdamW reads the gradients
-        if (reduced || tr->grad16.p) DC_TRY(dc_comm_wait(tr->comm, dc_comm_issued(tr->comm)));
-        if (tr->grad16.p) be->cast(be, ps->grad, tr->grad16, np);  // the bf16 sums back in fp32
+        if (!tr->zero && !each_round) {
+            if (!overlap && tr->grad16.p) DC_TRY(all_reduce_bf16(tr, 0, np));
+            else if (!overlap) DC_TRY(dc_comm_all_reduce_sum(tr->comm, (float *)ps->grad.p, np));
+            // the overlapped sums, and the bf16 ones, done before AdamW reads the gradients
+            if (overlap || tr->grad16.p) DC_TRY(dc_comm_wait(tr->comm, dc_comm_issued(tr->comm)));
+            if (tr->grad16.p) be->cast(be, ps->grad, tr->grad16, np);  // the bf16 sums back in fp32
+        }
         DC_TRY(dc_comm_all_reduce_sum(tr->comm, (float *)tr->losses.p, 2 * (int64_t)c->batch));
     }
 
     if (tr->offload) DC_TRY(dc_offload_finish(tr->offload, tr->gstats, c->grad_clip));
     if (tr->zero || tr->offload) {
-        if (tr->zero) DC_TRY(dc_zero_reduce(tr->zero));
         if (tr->zero) DC_TRY(dc_zero_update(tr->zero, tr->gstats, c->grad_clip, &h));
         tr->step = s;
         tr->samples_seen += c->batch;

@@ -27,6 +27,13 @@ typedef struct {
     int warmup;           // steps of linear lr warmup (0: none)
     float grad_clip;      // max global gradient norm (0: no clipping)
     float ema_decay;
+    // EMA warm-up (diffusers' EMAModel without use_ema_warmup): the update
+    // after optimizer step k (1-based) decays by min(ema_decay, k / (9 + k)),
+    // diffusers' (1 + n) / (10 + n) with n = k - 1, so the first update copies
+    // the weights and the EMA follows a short run's weights instead of holding
+    // on to the initial ones. false: ema_decay from the first step, as the
+    // official DiT code does.
+    bool ema_warmup;
     float class_dropout;  // probability of replacing a label by the null class
     bool hflip;           // random horizontal flips
     uint64_t seed;
@@ -45,9 +52,17 @@ typedef struct {
     dc_dtype grad_comm;
 } dc_train_config;
 
+// Whether training on `be` folds its micro-batches' gradients in one fixed
+// order (dc_trainer.fold): the CPU backend.
+bool dc_trainer_folds(const dc_backend *be);
+
 // The official DiT recipe (lr 1e-4, betas 0.9/0.999, no decay, EMA 0.9999,
-// batch 256, dropout 0.1).
+// batch 256, dropout 0.1), with the EMA warm-up: its decay reaches 0.9999 at
+// step 89991, after which a run's EMA approaches the official code's by a
+// factor 0.9999 a step (e^-31 by step 400K, the paper's length).
 dc_train_config dc_train_config_default(void);
+// The EMA decay of the update after optimizer step `step` (1-based).
+float dc_train_ema_decay(const dc_train_config *c, int64_t step);
 // Checks every setting is finite and in range; also that lr * weight_decay
 // < 1, since decoupled decay scales each weight by 1 - lr * wd per step and
 // at 1 or more wipes out or flips the sign of every weight.
@@ -86,6 +101,13 @@ typedef struct {
     dc_buf grad16;                  // [numel] BF16: stage 0's gradients as sent with grad_comm BF16 on
                                     // several ranks (else none; ZeRO keeps its own wire buckets)
     bool started;                   // a step ran: the ranks are fixed
+    // The CPU backend sums the step's gradients in one fixed order whatever
+    // the ranks: each micro-batch's gradients computed from zero and added to
+    // the step's sum in the global batch's order, (((g0 + g1) + g2) + ...).
+    // A GPU accumulates micro-batches in place (no extra pass).
+    bool fold;
+    dc_buf gmicro;                  // [numel] F32: with fold at stage 0 and several micro-batches a step, the
+                                    // one whose gradients are not the step's sum (they trade places)
     dc_buf t, y;                    // [mb] float timesteps, int32 labels
     dc_cond cond;                   // the micro-batch's conditioning (labels y)
     // host staging
@@ -105,14 +127,26 @@ int dc_trainer_init(dc_trainer *tr, dc_model *model, const dc_dataset *data,
 // Data parallel over comm's ranks with ZeRO stage zero_stage (0, 1 or 2),
 // before the first step of this process (before or after dc_trainer_restore;
 // each rank has its own trainer, model replica and backend, the same config
-// and seed, and the same weights loaded). Rank r
-// runs its part of every global batch (dc_batch_split), micro_batch images
-// at a time, with the randomness of each image's place in the global batch,
-// so the run does not depend on the rank count (to float rounding; bit for
-// bit where the shares group the sums as one rank's micro-batches do, the
-// thread counts are fixed and the BLAS sums each product from zero); the
-// gradients and losses are
+// and seed, and the same weights loaded). The global batch is run in rounds
+// of one micro-batch per rank (dc_batch_round: round j's rank r takes the
+// next micro_batch images after ranks 0..r-1), each image with the
+// randomness of its place in the global batch; the gradients and losses are
 // summed over ranks and every rank takes the same AdamW and EMA step.
+//
+// On the CPU (fold) the sum does not depend on the rank count at all: each
+// micro-batch's gradients start from zero, and the step's sum grows by one
+// micro-batch at a time in the global batch's order. One rank adds them as
+// they come; several ranks sum each round as it ends, rank 0 adding the sum
+// so far to its micro-batch and the others following in rank order (stage 0:
+// an all-reduce; ZeRO: reduce_scatter_add). So N ranks write one rank's
+// checkpoint bit for bit wherever they cut the batch into the same
+// micro-batches (a batch that is a multiple of N x micro_batch; one rank
+// with micro_batch = batch / N when the ranks take one each) and every rank
+// runs the same thread count. The cost: stage 0 keeps a second gradient
+// buffer where a rank runs several micro-batches, and several ranks then
+// sum once a round instead of once a step. On a GPU micro-batches
+// accumulate in place and NCCL sums in its own order: equal to float
+// rounding.
 //
 // Stage 0 replicates AdamW and the EMA. Stages 1 and 2 (train/zero.h) keep
 // only this rank's shard of the fp32 master weights, moments and EMA, sum
@@ -126,7 +160,10 @@ int dc_trainer_init(dc_trainer *tr, dc_model *model, const dc_dataset *data,
 // CPU backend, a device one (NCCL) a GPU backend. With cfg.grad_comm BF16 on
 // several ranks the gradients are summed in bf16 (stage 0 holds a bf16 copy
 // of the full gradient buffer for it, ZeRO bf16 copies of its buckets); the
-// weights then differ from fp32 sums by the gradients' bf16 rounding.
+// weights then differ from fp32 sums by the gradients' bf16 rounding, and
+// stages 0 and 1 sum once a step (stage 0 after folding each rank's
+// micro-batches, stage 1 after accumulating them in place), stage 2 once a
+// micro-batch.
 int dc_trainer_set_comm(dc_trainer *tr, dc_comm *comm, int zero_stage);
 void dc_trainer_free(dc_trainer *tr);
 // One optimizer step over cfg.batch images. With stats NULL it only queues

@@ -109,6 +109,10 @@ static int unit_hook(void *ctx, int unit, bool done) {
     DC_TRY(dc_backend_status(be));
     const bool direct = z->fresh[unit];
     z->fresh[unit] = false;
+    // folding: a later micro-batch's slices continue the shard's sum in rank order
+    if (!direct && z->folds)
+        return dc_comm_reduce_scatter_add(z->comm, (float *)dc_buf_at(z->grad, u->slot).p, (const float *)bucket(z, j).p,
+                                          per);
     dc_comm_set_async(z->comm, true);
     int rc = reduce_scatter_bucket(z, j, per, direct ? (float *)dc_buf_at(z->grad, u->slot).p : NULL);
     dc_comm_set_async(z->comm, false);
@@ -138,6 +142,7 @@ int dc_zero_init(dc_zero *z, dc_params *ps, dc_comm *comm, int stage, dc_dtype w
     dc_backend *be = ps->be;
     z->stage = stage, z->comm = comm, z->be = be, z->ps = ps;
     z->wire = comm->size > 1 ? wire : DC_F32;  // one rank sends nothing: nothing to round
+    z->folds = z->wire == DC_F32 && dc_comm_continues_sums(comm);
     z->units = dc_params_unit_count(ps);
     z->u = calloc((size_t)z->units, sizeof *z->u);
     z->fresh = calloc((size_t)z->units, sizeof *z->fresh);
@@ -188,25 +193,32 @@ void dc_zero_free(dc_zero *z) {
     memset(z, 0, sizeof *z);
 }
 
-// The gradient shard needs no zeroing: stage 1's reduce writes every unit's
-// part of it, stage 2's first slice of each unit does (unit_hook).
+// The gradient shard needs no zeroing: stage 1's first reduce writes every
+// unit's part of it, stage 2's first slice of each unit does (unit_hook).
 void dc_zero_begin_step(dc_zero *z) {
+    z->reduced = 0;
     if (z->stage == 2)
         for (int i = 0; i < z->units; i++) z->fresh[i] = true;
     else
         z->be->zero(z->be, z->ps->grad.p, (size_t)z->ps->numel * sizeof(float));
 }
 
-int dc_zero_reduce(dc_zero *z) {
+int dc_zero_reduce(dc_zero *z, bool last) {
     if (z->stage == 2) {  // the slices still in the buckets, oldest first
+        if (!last) return 0;
         for (int k = 0; k < z->nbuckets; k++) DC_TRY(settle(z, (z->next + k) % z->nbuckets));
         for (int i = 0; i < z->units; i++)  // a unit the backward never handed over has no gradient
             if (z->fresh[i])
                 z->be->zero(z->be, dc_buf_at(z->grad, z->u[i].slot).p, (size_t)z->u[i].sh.per * sizeof(float));
         return 0;
     }
+    // stage 1: the full gradient reduce-scattered unit by unit, after every
+    // micro-batch where the sums fold (into the shard's running sum after the
+    // first), else once, after the last
+    if (!last && !z->folds) return 0;
     dc_backend *be = z->be;
     const int size = z->comm->size, rank = z->comm->rank;
+    const bool add = z->reduced++ > 0;
     for (int i = 0; i < z->units; i++) {
         const dc_zero_unit *u = &z->u[i];
         const int64_t per = u->sh.per;
@@ -223,8 +235,12 @@ int dc_zero_reduce(dc_zero *z) {
         be->copy(be, z->buf.p, dc_buf_at(z->ps->grad, u->lo).p, (size_t)u->len * sizeof(float));
         be->zero(be, dc_buf_at(z->buf, u->len).p, (size_t)(per * size - u->len) * sizeof(float));
         DC_TRY(dc_backend_status(be));
-        DC_TRY(reduce_scatter_bucket(z, 0, per, (float *)dc_buf_at(z->grad, u->slot).p));
+        float *shard = (float *)dc_buf_at(z->grad, u->slot).p;
+        DC_TRY(add ? dc_comm_reduce_scatter_add(z->comm, shard, (const float *)z->buf.p, per)
+                   : reduce_scatter_bucket(z, 0, per, shard));
     }
+    // the next micro-batch's gradients start from zero
+    if (!last) be->zero(be, z->ps->grad.p, (size_t)z->ps->numel * sizeof(float));
     return 0;
 }
 

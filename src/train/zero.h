@@ -54,6 +54,15 @@ typedef struct {
     int64_t ticket[2];              // the collectives to wait for before reading it
     bool direct[2];                 // the slice went (or goes, as bf16) straight into the shard
     bool *fresh;                    // [units] stage 2: no gradients of the unit reduced yet this step
+    // Folding (the thread and socket communicators, fp32 gradients): every
+    // micro-batch's gradients are reduce-scattered as it ends, a later one's
+    // slices continuing the shard's sum in rank order (reduce_scatter_add),
+    // so the shard grows by one micro-batch at a time in the global batch's
+    // order, as the CPU trainer's stage 0 sums (train/trainer.h). Else stage 1
+    // accumulates in place and reduces once, stage 2 adds each micro-batch's
+    // reduced slices to the shard.
+    bool folds;
+    int reduced;                    // stage 1: reductions this step
     dc_buf norms;                   // [size] F32: every rank's gradient shard norm
     dc_buf local;                   // [2] F32: this rank's (grad_norm's output)
 } dc_zero;
@@ -86,9 +95,12 @@ int dc_zero_init(dc_zero *z, dc_params *ps, dc_comm *comm, int stage, dc_dtype w
 void dc_zero_free(dc_zero *z);
 // A step's start: the gradient shard (and stage 1's full gradient) at zero.
 void dc_zero_begin_step(dc_zero *z);
-// After the step's backward: stage 1 reduce-scatters the full gradient unit
-// by unit; stage 2 (which did it in backward) adds the last slices in flight.
-int dc_zero_reduce(dc_zero *z);
+// After each micro-batch's backward (last: the step's last): stage 1
+// reduce-scatters the full gradient unit by unit (folding: every
+// micro-batch, into the shard's sum after the first, and zeroes the full
+// gradient for the next; else after the last only); stage 2 (which did it
+// in backward) adds the last slices in flight after the last.
+int dc_zero_reduce(dc_zero *z, bool last);
 // The global gradient norm and clipping factor into gstats ([2] F32, as
 // grad_norm), AdamW and EMA on the shard, then the weights all-gathered into
 // the compute copy.
