@@ -28,7 +28,7 @@ typedef struct {
     jmp_buf jump;
 } pic_jpeg_err;
 
-static void pic_jpeg_fail(j_common_ptr c) {
+static inline void pic_jpeg_fail(j_common_ptr c) {
     char msg[JMSG_LENGTH_MAX];
     c->err->format_message(c, msg);
     fprintf(stderr, "pictures: libjpeg: %s\n", msg);
@@ -38,7 +38,7 @@ static void pic_jpeg_fail(j_common_ptr c) {
 // A gray component's scan script of about n scans: the DC, then each of the
 // 63 AC coefficients on its own, first at a point transform of al, then
 // refined a bit at a time (a valid, if absurd, progression).
-static jpeg_scan_info *pic_many_scans(int n, int *count) {
+static inline jpeg_scan_info *pic_many_scans(int n, int *count) {
     int al = (n - 1) / 63 + 1;
     if (al > 10) al = 10;
     jpeg_scan_info *s = calloc((size_t)(1 + 63 * (al + 1)), sizeof *s);
@@ -52,7 +52,7 @@ static jpeg_scan_info *pic_many_scans(int n, int *count) {
 }
 
 // The encoding, apart so that nothing it uses changes between setjmp and a longjmp.
-static int pic_jpeg_encode(FILE *f, const uint8_t *px, int w, int h, int comps, pic_jpeg_opts o,
+static inline int pic_jpeg_encode(FILE *f, const uint8_t *px, int w, int h, int comps, pic_jpeg_opts o,
                            jpeg_scan_info *scans, int nscans, uint8_t *row) {
     struct jpeg_compress_struct c;
     pic_jpeg_err e;
@@ -90,7 +90,7 @@ static int pic_jpeg_encode(FILE *f, const uint8_t *px, int w, int h, int comps, 
 }
 
 // px: [h, w, comps] (comps 1 gray, 3 RGB, 4 CMYK as ink amounts, 255 = full).
-static int pic_write_jpeg(const char *path, const uint8_t *px, int w, int h, int comps, pic_jpeg_opts o) {
+static inline int pic_write_jpeg(const char *path, const uint8_t *px, int w, int h, int comps, pic_jpeg_opts o) {
     FILE *f = fopen(path, "wb");
     if (!f) return fprintf(stderr, "pictures: cannot write %s\n", path), -1;
     int nscans = 0;
@@ -103,7 +103,7 @@ static int pic_write_jpeg(const char *path, const uint8_t *px, int w, int h, int
 
 // px: [h, w, ch], ch 3 (RGB) or 4 (RGBA). quality < 0: lossless (the RGB
 // under alpha 0 kept exactly).
-static int pic_write_webp(const char *path, const uint8_t *px, int w, int h, int ch, float quality) {
+static inline int pic_write_webp(const char *path, const uint8_t *px, int w, int h, int ch, float quality) {
     WebPConfig cfg;
     WebPPicture pic;
     if (!WebPConfigInit(&cfg) || !WebPPictureInit(&pic)) return fprintf(stderr, "pictures: libwebp init\n"), -1;
@@ -127,7 +127,7 @@ static int pic_write_webp(const char *path, const uint8_t *px, int w, int h, int
 }
 
 // px: [h, w, ch]: 1 gray, 2 gray + alpha, 3 RGB, 4 RGBA; 8 bits.
-static int pic_write_png(const char *path, const uint8_t *px, int w, int h, int ch) {
+static inline int pic_write_png(const char *path, const uint8_t *px, int w, int h, int ch) {
     FILE *f = fopen(path, "wb");
     if (!f) return fprintf(stderr, "pictures: cannot write %s\n", path), -1;
     png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, NULL, NULL, NULL);
