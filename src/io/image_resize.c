@@ -78,8 +78,17 @@ static uint8_t to_byte(int32_t v) {
     return v < 0 ? 0 : v > 255 ? 255 : (uint8_t)v;
 }
 
-// Output rows a band: the rows above them are filtered once per band.
+// Output rows a band: the source rows they take are filtered along x once per band.
 #define BAND 64
+
+// The source rows [*lo, *hi) that outputs j0 .. j1 - 1 take.
+static void band_rows(const coeffs *cy, int j0, int j1, int *lo, int *hi) {
+    *lo = cy->lo[j0], *hi = 0;
+    for (int j = j0; j < j1; j++) {
+        if (cy->lo[j] < *lo) *lo = cy->lo[j];
+        if (cy->lo[j] + cy->taps[j] > *hi) *hi = cy->lo[j] + cy->taps[j];
+    }
+}
 
 int dc_image_resample(const dc_image *src, dc_filter filter, dc_box box, int out_w, int out_h, int ox, int oy,
                       int w, int h, uint8_t *dst, int64_t dst_stride) {
@@ -94,24 +103,16 @@ int dc_image_resample(const dc_image *src, dc_filter filter, dc_box box, int out
     // Rows as they are when the box spans them whole at the same size, as PIL skips that pass.
     const bool same_x = box.x0 == 0 && box.x1 == sw && out_w == sw;
     int most = 0;  // source rows one band needs at most
-    for (int j0 = 0; j0 < h; j0 += BAND) {
-        const int j1 = j0 + BAND < h ? j0 + BAND : h;
-        int lo = cy.lo[j0], hi = 0;
-        for (int j = j0; j < j1; j++) {
-            if (cy.lo[j] < lo) lo = cy.lo[j];
-            if (cy.lo[j] + cy.taps[j] > hi) hi = cy.lo[j] + cy.taps[j];
-        }
+    for (int j0 = 0, lo, hi; j0 < h; j0 += BAND) {
+        band_rows(&cy, j0, j0 + BAND < h ? j0 + BAND : h, &lo, &hi);
         if (hi - lo > most) most = hi - lo;
     }
     uint8_t *tmp = malloc((size_t)most * w * 3 + 1);  // [rows, w, 3]
     if (!tmp) return coeffs_free(&cx), coeffs_free(&cy), dc_fail("resize: out of memory");
     for (int j0 = 0; j0 < h; j0 += BAND) {
         const int j1 = j0 + BAND < h ? j0 + BAND : h;
-        int lo = cy.lo[j0], hi = 0;
-        for (int j = j0; j < j1; j++) {
-            if (cy.lo[j] < lo) lo = cy.lo[j];
-            if (cy.lo[j] + cy.taps[j] > hi) hi = cy.lo[j] + cy.taps[j];
-        }
+        int lo, hi;
+        band_rows(&cy, j0, j1, &lo, &hi);
         // rows lo .. hi - 1, filtered along x, to bytes
 #pragma omp parallel for if ((int64_t)(hi - lo) * w * cx.k > (1 << 16))
         for (int y = lo; y < hi; y++) {
