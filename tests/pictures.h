@@ -2,8 +2,8 @@
 // own encoders, for tests, fuzz seeds and tools/make_picture: JPEG (gray,
 // RGB, CMYK with or without Adobe's inverted form, baseline or progressive,
 // any chroma subsampling, restart markers, a scan script of many scans), WebP
-// (lossy or lossless, with alpha or not) and PNG with alpha. Each returns 0,
-// or -1 (with a line on stderr).
+// (lossy or lossless, with alpha or not) and PNG with alpha; each may carry an
+// Exif orientation. Each returns 0, or -1 (with a line on stderr).
 #pragma once
 #include <png.h>
 #include <setjmp.h>
@@ -14,6 +14,16 @@
 #include <jpeglib.h>
 #include <webp/encode.h>
 
+// An Exif block (TIFF structure: header, IFD0 with the one entry) giving
+// orientation 1..8, in either byte order, into b[26]; its length.
+static inline int pic_exif(uint8_t *b, int orientation, int big_endian) {
+    static const uint8_t be[26] = {'M', 'M', 0, 42, 0, 0, 0, 8, 0, 1, 0x01, 0x12, 0, 3, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0};
+    static const uint8_t le[26] = {'I', 'I', 42, 0, 8, 0, 0, 0, 1, 0, 0x12, 0x01, 3, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    memcpy(b, big_endian ? be : le, 26);
+    b[big_endian ? 19 : 18] = (uint8_t)orientation;
+    return 26;
+}
+
 typedef struct {
     int quality;      // 1..100
     int progressive;  // libjpeg's standard progressive script
@@ -21,6 +31,8 @@ typedef struct {
     int adobe;        // CMYK: stored inverted with an Adobe marker (as Photoshop writes)
     int restart;      // restart marker every this many MCU rows (0: none)
     int many_scans;   // a progressive script of this many scans at least (one gray component)
+    int exif;         // an Exif APP1 marker with this orientation (0: none)
+    int exif_be;      // in big-endian (Motorola) byte order, else little-endian
 } pic_jpeg_opts;
 
 typedef struct {
@@ -78,6 +90,10 @@ static inline int pic_jpeg_encode(FILE *f, const uint8_t *px, int w, int h, int 
     if (scans) c.scan_info = scans, c.num_scans = nscans;
     c.restart_in_rows = o.restart;
     jpeg_start_compress(&c, TRUE);
+    if (o.exif) {
+        uint8_t m[6 + 26] = {'E', 'x', 'i', 'f', 0, 0};
+        jpeg_write_marker(&c, JPEG_APP0 + 1, m, (unsigned)(6 + pic_exif(m + 6, o.exif, o.exif_be)));
+    }
     while (c.next_scanline < c.image_height) {
         const uint8_t *src = px + (size_t)c.next_scanline * w * comps;
         for (int i = 0; i < w * comps; i++) row[i] = comps == 4 && o.adobe ? (uint8_t)(255 - src[i]) : src[i];
@@ -126,8 +142,42 @@ static inline int pic_write_webp(const char *path, const uint8_t *px, int w, int
     return ok ? 0 : -1;
 }
 
-// px: [h, w, ch]: 1 gray, 2 gray + alpha, 3 RGB, 4 RGBA; 8 bits.
-static inline int pic_write_png(const char *path, const uint8_t *px, int w, int h, int ch) {
+static inline void pic_le32(uint8_t *p, uint32_t v) {
+    p[0] = (uint8_t)v, p[1] = (uint8_t)(v >> 8), p[2] = (uint8_t)(v >> 16), p[3] = (uint8_t)(v >> 24);
+}
+
+// Rewrites a simple WebP (RIFF, one VP8 or VP8L chunk) of w x h without
+// alpha as an extended one (VP8X) whose EXIF chunk, after the picture, gives
+// the orientation.
+static inline int pic_webp_add_exif(const char *path, int w, int h, int orientation, int big_endian) {
+    FILE *f = fopen(path, "rb");
+    uint8_t *in = malloc(1 << 22), *out = malloc((1 << 22) + 64);
+    size_t n = f && in && out ? fread(in, 1, 1 << 22, f) : 0;
+    if (f) fclose(f);
+    int ok = n > 20 && n < (1 << 22) && !memcmp(in + 12, "VP8", 3);
+    if (ok) {
+        uint8_t vp8x[18] = {'V', 'P', '8', 'X', 10, 0, 0, 0, 0x08};
+        vp8x[12] = (uint8_t)(w - 1), vp8x[13] = (uint8_t)((w - 1) >> 8), vp8x[14] = (uint8_t)((w - 1) >> 16);
+        vp8x[15] = (uint8_t)(h - 1), vp8x[16] = (uint8_t)((h - 1) >> 8), vp8x[17] = (uint8_t)((h - 1) >> 16);
+        size_t o = 12;
+        memcpy(out + o, vp8x, 18), o += 18;
+        memcpy(out + o, in + 12, n - 12), o += n - 12;  // the picture's chunk
+        memcpy(out + o, "EXIF", 4), pic_le32(out + o + 4, 26), o += 8;
+        o += (size_t)pic_exif(out + o, orientation, big_endian);
+        memcpy(out, "RIFF", 4), pic_le32(out + 4, (uint32_t)(o - 8)), memcpy(out + 8, "WEBP", 4);
+        f = fopen(path, "wb");
+        ok = f && fwrite(out, 1, o, f) == o;
+        if (f) ok = fclose(f) == 0 && ok;
+    }
+    free(in), free(out);
+    if (!ok) fprintf(stderr, "pictures: cannot add Exif to %s\n", path);
+    return ok ? 0 : -1;
+}
+
+// px: [h, w, ch]: 1 gray, 2 gray + alpha, 3 RGB, 4 RGBA; 8 bits. exif (may be
+// NULL): an eXIf chunk's bytes, before the pixels.
+static inline int pic_write_png(const char *path, const uint8_t *px, int w, int h, int ch, const uint8_t *exif,
+                                int nexif) {
     FILE *f = fopen(path, "wb");
     if (!f) return fprintf(stderr, "pictures: cannot write %s\n", path), -1;
     png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, NULL, NULL, NULL);
@@ -142,9 +192,10 @@ static inline int pic_write_png(const char *path, const uint8_t *px, int w, int 
     png_init_io(png, f);
     png_set_IHDR(png, info, (png_uint_32)w, (png_uint_32)h, 8, color[ch], PNG_INTERLACE_NONE,
                  PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
+    if (exif) png_set_eXIf_1(png, info, (png_uint_32)nexif, (png_bytep)exif);
     png_write_info(png, info);
     for (int y = 0; y < h; y++) png_write_row(png, px + (size_t)y * w * ch);
-    png_write_end(png, info);
+    png_write_end(png, NULL);  // with info, libpng 1.6.39 writes eXIf a second time, after the pixels
     png_destroy_write_struct(&png, &info);
     return fclose(f) == 0 ? 0 : -1;
 }

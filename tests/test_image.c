@@ -5,7 +5,8 @@
 // same coefficients for progressive files and restart markers); CMYK and
 // alpha against PIL's and AUTOMATIC1111's formulas worked in double; files
 // that must be refused with a message naming them (cut short at every length,
-// not a picture, animated, too many scans); and the budget: a header that
+// not a picture, animated, too many scans); Exif orientations turned as
+// PIL's exif_transpose turns them; and the budget: a header that
 // declares more pixels than allowed is refused from the header, in a child
 // process whose address space could not hold the declared picture, at once.
 #include <fcntl.h>
@@ -130,7 +131,7 @@ static void test_png(void) {
     for (int ch = 1; ch <= 4; ch++) {
         uint8_t *px = pixels(W, H, ch, 0);
         const char *p = tmp_path("p.png");
-        CHECK(pic_write_png(p, px, W, H, ch) == 0, "write PNG");
+        CHECK(pic_write_png(p, px, W, H, ch, NULL, 0) == 0, "write PNG");
         dc_image img;
         if (read_ok(p, &img, W, H, DC_IMAGE_PNG, "PNG")) {
             int bad = 0;
@@ -445,7 +446,7 @@ static void test_budget(void) {
     // A caller's budget: 4096 pixels take a 64x64 picture, 4095 do not.
     uint8_t *px = pixels(64, 64, 4, 1);
     const char *files[] = {tmp_path("b.png"), tmp_path("b.jpg"), tmp_path("b.webp")};
-    pic_write_png(files[0], px, 64, 64, 3);
+    pic_write_png(files[0], px, 64, 64, 3, NULL, 0);
     pic_write_jpeg(files[1], px, 64, 64, 3, (pic_jpeg_opts){.quality = 80});
     pic_write_webp(files[2], px, 64, 64, 4, 80);
     for (int i = 0; i < 3; i++) {
@@ -457,6 +458,80 @@ static void test_budget(void) {
         CHECK(dc_image_probe(files[i], &img) == 0 && img.width == 64 && img.height == 64 && !img.rgb,
               "probe %s: %s", files[i], dc_error());
     }
+    free(px);
+}
+
+// ---- Exif orientation ----------------------------------------------------------
+
+// Where pixel (x, y) of a w x h picture lands once turned upright for
+// orientation o, by PIL's ImageOps.exif_transpose (Geometry.c's loops: 2
+// mirror, 3 half turn, 4 flip, 5 transpose, 6 quarter turn clockwise, 7
+// transverse, 8 counter-clockwise).
+static void lands(int o, int w, int h, int x, int y, int *dx, int *dy) {
+    switch (o) {
+    case 2: *dx = w - 1 - x, *dy = y; break;
+    case 3: *dx = w - 1 - x, *dy = h - 1 - y; break;
+    case 4: *dx = x, *dy = h - 1 - y; break;
+    case 5: *dx = y, *dy = x; break;
+    case 6: *dx = h - 1 - y, *dy = x; break;
+    case 7: *dx = h - 1 - y, *dy = w - 1 - x; break;
+    case 8: *dx = y, *dy = w - 1 - x; break;
+    default: *dx = x, *dy = y;
+    }
+}
+
+// up: the picture as stored, read; got: read with orientation o. 1 if got is up turned.
+static int turned(const dc_image *up, const dc_image *got, int o) {
+    const int swap = o >= 5, w = up->width, h = up->height;
+    if (got->width != (swap ? h : w) || got->height != (swap ? w : h)) return 0;
+    for (int y = 0; y < h; y++)
+        for (int x = 0; x < w; x++) {
+            int dx, dy;
+            lands(o, w, h, x, y, &dx, &dy);
+            if (memcmp(up->rgb + ((size_t)y * w + x) * 3, got->rgb + ((size_t)dy * got->width + dx) * 3, 3)) return 0;
+        }
+    return 1;
+}
+
+static void test_orientation(void) {
+    enum { W = 13, H = 7 };
+    uint8_t *px = pixels(W, H, 3, 0), exif[32];
+    const char *p = tmp_path("o.png"), *j = tmp_path("o.jpg"), *w = tmp_path("o.webp");
+    dc_image up[3] = {{0}}, img;
+    CHECK(pic_write_png(p, px, W, H, 3, NULL, 0) == 0 && dc_image_read(p, &up[0], 0) == 0, "PNG: %s", dc_error());
+    CHECK(pic_write_jpeg(j, px, W, H, 3, (pic_jpeg_opts){.quality = 90}) == 0 && dc_image_read(j, &up[1], 0) == 0,
+          "JPEG: %s", dc_error());
+    CHECK(pic_write_webp(w, px, W, H, 3, -1) == 0 && dc_image_read(w, &up[2], 0) == 0, "WebP: %s", dc_error());
+    for (int o = 1; o <= 8; o++)
+        for (int be = 0; be <= 1; be++) {
+            int n = pic_exif(exif, o, be);
+            int ok[3] = {pic_write_png(p, px, W, H, 3, exif, n) == 0,
+                         pic_write_jpeg(j, px, W, H, 3, (pic_jpeg_opts){.quality = 90, .exif = o, .exif_be = be}) == 0,
+                         pic_write_webp(w, px, W, H, 3, -1) == 0 && pic_webp_add_exif(w, W, H, o, be) == 0};
+            const char *files[3] = {p, j, w};
+            for (int f = 0; f < 3; f++) {
+                dc_image probe;
+                ok[f] = ok[f] && dc_image_read(files[f], &img, 0) == 0 && dc_image_probe(files[f], &probe) == 0 &&
+                        probe.width == img.width && probe.height == img.height && up[f].rgb && turned(&up[f], &img, o);
+                if (ok[f]) dc_image_free(&img);
+            }
+            CHECK(ok[0] && ok[1] && ok[2], "orientation %d (%s-endian Exif): PNG %d, JPEG %d, WebP %d turned as PIL does",
+                  o, be ? "big" : "little", ok[0], ok[1], ok[2]);
+        }
+    // Malformed blocks leave the picture as stored: an IFD past the end, an
+    // entry cut short, an orientation out of range, a value of another type.
+    uint8_t bad[4][26];
+    for (int i = 0; i < 4; i++) pic_exif(bad[i], 6, 1);
+    bad[0][7] = 200, bad[2][19] = 9, bad[3][13] = 5;  // IFD at 200; orientation 9; type RATIONAL
+    const int len[4] = {26, 20, 26, 26};
+    int as_stored = 0;
+    for (int i = 0; i < 4; i++) {
+        as_stored += pic_write_png(p, px, W, H, 3, bad[i], len[i]) == 0 && dc_image_read(p, &img, 0) == 0 &&
+                     img.width == W && !memcmp(img.rgb, up[0].rgb, W * H * 3);
+        dc_image_free(&img);
+    }
+    CHECK(as_stored == 4, "malformed Exif blocks: %d of 4 pictures as stored", as_stored);
+    for (int f = 0; f < 3; f++) dc_image_free(&up[f]);
     free(px);
 }
 
@@ -490,6 +565,7 @@ int main(void) {
     test_png();
     test_jpeg();
     test_webp();
+    test_orientation();
     test_not_pictures();
     tmpdir_remove();
     printf("test_image: %d passed, %d failed\n", g_pass, g_fail);

@@ -36,7 +36,7 @@ int main(int argc, char **argv) {
         }
     int rc = -1;
     pic_jpeg_opts jo = {.quality = 90, .subsample = 1};
-    if (!strcmp(kind, "png") || !strcmp(kind, "png-rgba")) rc = pic_write_png(out, px, w, h, ch);
+    if (!strcmp(kind, "png") || !strcmp(kind, "png-rgba")) rc = pic_write_png(out, px, w, h, ch, NULL, 0);
     else if (!strcmp(kind, "jpeg") || gray) rc = pic_write_jpeg(out, px, w, h, ch, jo);
     else if (cmyk) jo.adobe = 1, rc = pic_write_jpeg(out, px, w, h, 4, jo);
     else if (!strcmp(kind, "jpeg-progressive")) jo.progressive = 1, rc = pic_write_jpeg(out, px, w, h, 3, jo);

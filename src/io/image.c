@@ -40,12 +40,15 @@ static int read_any(const char *path, dc_image *img, int64_t max_pixels, int hea
         close(fd);
         return dc_fail("%s: cannot read: %s", path, strerror(e));
     }
+    int orientation = 1, rc = -2;
     if (n >= 8 && !memcmp(b, "\x89PNG\r\n\x1a\n", 8))
-        return dc_png_read_rgb(path, fd, size, max_pixels, header_only, img);
-    if (n >= 3 && b[0] == 0xff && b[1] == 0xd8 && b[2] == 0xff)
-        return dc_jpeg_read_rgb(path, fd, size, max_pixels, header_only, img);
-    if (n >= 12 && !memcmp(b, "RIFF", 4) && !memcmp(b + 8, "WEBP", 4))
-        return dc_webp_read_rgb(path, fd, size, max_pixels, header_only, img);
+        rc = dc_png_read_rgb(path, fd, size, max_pixels, header_only, img, &orientation);
+    else if (n >= 3 && b[0] == 0xff && b[1] == 0xd8 && b[2] == 0xff)
+        rc = dc_jpeg_read_rgb(path, fd, size, max_pixels, header_only, img, &orientation);
+    else if (n >= 12 && !memcmp(b, "RIFF", 4) && !memcmp(b + 8, "WEBP", 4))
+        rc = dc_webp_read_rgb(path, fd, size, max_pixels, header_only, img, &orientation);
+    if (rc == 0) return dc_image_orient(img, orientation, path);
+    if (rc == -1) return -1;
     close(fd);
     const char *kind = other_kind(b, (size_t)n);
     if (n == 0) return dc_fail("%s: the file is empty, not a picture", path);

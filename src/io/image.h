@@ -13,6 +13,10 @@
 // C (255 - K) / 255 rounded, and alpha is composited over white, out = a c + (1 - a) 255, as
 // AUTOMATIC1111 flattens an img2img input (images.flatten with its default
 // white background) rather than dropping it as PIL's convert("RGB") would.
+// A picture whose Exif says it is stored turned (a phone's portrait photo)
+// is turned upright, as AUTOMATIC1111 does with PIL's exif_transpose; the
+// Exif block is read from a JPEG's APP1 marker, a WebP's EXIF chunk, or a
+// PNG's eXIf chunk before its pixels.
 // A corrupt, truncated or unsupported file (an animated WebP, a JPEG of more
 // than DC_JPEG_MAX_SCANS scans) is refused with a message naming it.
 #pragma once
@@ -36,7 +40,8 @@ typedef struct {
     uint8_t *rgb;  // [height, width, 3]
 } dc_image;
 
-// Reads the header only: format, width and height (rgb stays NULL).
+// Reads the header only: format, width and height, those of the picture
+// turned upright (rgb stays NULL).
 int dc_image_probe(const char *path, dc_image *img);
 // Reads a picture whose header declares at most max_pixels pixels (0: the
 // default budget, DC_IMAGE_MAX_PIXELS; never more than that). On failure *img

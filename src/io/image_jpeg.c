@@ -25,6 +25,8 @@ typedef struct {
     bool too_large;  // err says the picture is over the budget (the file may well be valid)
     uint8_t *rgb;   // [height, width, 3]
     uint8_t *row;   // [width, 4]: a CMYK row
+    uint8_t exif[1 << 16];  // the first Exif block (an APP1 marker holds at most 65533 bytes)
+    size_t exif_len;
     char err[JMSG_LENGTH_MAX + 64];
 } reader;
 
@@ -50,6 +52,34 @@ static void on_message(j_common_ptr c, int level) {
     }
 }
 
+static int next_byte(j_decompress_ptr d) {
+    struct jpeg_source_mgr *src = d->src;
+    if (src->bytes_in_buffer == 0 && !src->fill_input_buffer(d)) {
+        reader *r = (reader *)d->err;
+        snprintf(r->err, sizeof r->err, "the data stopped inside a marker");
+        longjmp(r->jump, 1);
+    }
+    src->bytes_in_buffer--;
+    return *src->next_input_byte++;
+}
+
+// APP1 markers: the first that holds Exif is kept (for its orientation), the
+// rest skipped. libjpeg's own saving would keep every one, and a file can
+// hold thousands.
+static boolean on_app1(j_decompress_ptr d) {
+    reader *r = (reader *)d->err;
+    long len = (long)next_byte(d) << 8;
+    len += next_byte(d);
+    len -= 2;  // the length counts itself
+    long i = 0;
+    if (!r->exif_len) {
+        for (; i < len; i++) r->exif[i] = (uint8_t)next_byte(d);
+        if (len >= 6 && !memcmp(r->exif, "Exif\0\0", 6)) r->exif_len = (size_t)len;
+    }
+    if (len > i) d->src->skip_input_data(d, len - i);
+    return TRUE;
+}
+
 static void on_progress(j_common_ptr c) {
     reader *r = (reader *)c->err;
     if (r->d.input_scan_number > DC_JPEG_MAX_SCANS) {
@@ -71,6 +101,7 @@ static int decode(reader *r, FILE *fp, int64_t max_pixels, int header_only, dc_i
     r->progress.progress_monitor = on_progress;
     d->progress = &r->progress;
     jpeg_stdio_src(d, fp);
+    jpeg_set_marker_processor(d, JPEG_APP0 + 1, on_app1);
     jpeg_read_header(d, TRUE);
     const unsigned w = d->image_width, h = d->image_height;
     if (w > DC_IMAGE_MAX_SIDE || h > DC_IMAGE_MAX_SIDE || (int64_t)w * h > max_pixels) {
@@ -117,7 +148,8 @@ static int decode(reader *r, FILE *fp, int64_t max_pixels, int header_only, dc_i
     return 1;
 }
 
-int dc_jpeg_read_rgb(const char *path, int fd, int64_t size, int64_t max_pixels, int header_only, dc_image *img) {
+int dc_jpeg_read_rgb(const char *path, int fd, int64_t size, int64_t max_pixels, int header_only, dc_image *img,
+                     int *orientation) {
     (void)size;
     memset(img, 0, sizeof *img);
     FILE *fp = fdopen(fd, "rb");
@@ -130,6 +162,7 @@ int dc_jpeg_read_rgb(const char *path, int fd, int64_t size, int64_t max_pixels,
     if (r && r->created) jpeg_destroy_decompress(&r->d);
     fclose(fp);
     if (ok) {
+        *orientation = dc_exif_orientation(r->exif, r->exif_len);
         img->rgb = r->rgb;
         free(r->row), free(r);
         return 0;

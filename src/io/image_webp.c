@@ -45,13 +45,40 @@ static int read_header(const char *path, const uint8_t *b, size_t n, WebPBitstre
     return 0;
 }
 
-int dc_webp_read_rgb(const char *path, int fd, int64_t size, int64_t max_pixels, int header_only, dc_image *img) {
+// The Exif orientation of an extended file that says it holds Exif (VP8X
+// flag 0x08): its EXIF chunk found by walking the chunk headers (it follows
+// the picture, so it is not among the first bytes), its first 64 KiB read.
+// 1 when there is none, or no EXIF chunk among the first 1000.
+static int exif_orientation(int fd, int64_t size, const uint8_t *head, size_t n) {
+    if (n < 30 || memcmp(head + 12, "VP8X", 4) || !(head[20] & 0x08)) return 1;
+    uint8_t h[8];
+    int64_t at = 12;
+    for (int k = 0; k < 1000 && at + 8 <= size; k++) {
+        if (pread(fd, h, 8, (off_t)at) != 8) return 1;
+        const int64_t len = (int64_t)h[4] | (int64_t)h[5] << 8 | (int64_t)h[6] << 16 | (int64_t)h[7] << 24;
+        if (!memcmp(h, "EXIF", 4)) {
+            uint8_t *b = malloc(1 << 16);
+            const size_t m = len < (1 << 16) ? (size_t)len : (1 << 16);
+            int o = b && at + 8 + (int64_t)m <= size && pread(fd, b, m, (off_t)(at + 8)) == (ssize_t)m
+                        ? dc_exif_orientation(b, m)
+                        : 1;
+            free(b);
+            return o;
+        }
+        at += 8 + len + (len & 1);  // chunks are padded to an even size
+    }
+    return 1;
+}
+
+int dc_webp_read_rgb(const char *path, int fd, int64_t size, int64_t max_pixels, int header_only, dc_image *img,
+                     int *orientation) {
     memset(img, 0, sizeof *img);
     uint8_t *b = malloc(HEAD_BYTES);
     const size_t n = size < HEAD_BYTES ? (size_t)size : HEAD_BYTES;
     int rc = b ? dc_pread_exact(fd, b, n, 0, path) : dc_fail("%s: out of memory", path);
     WebPBitstreamFeatures ft;
     if (rc == 0) rc = read_header(path, b, n, &ft);
+    if (rc == 0) *orientation = exif_orientation(fd, size, b, n);
     free(b);
     b = NULL;
     const int64_t w = rc ? 0 : ft.width, h = rc ? 0 : ft.height;

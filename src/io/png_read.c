@@ -25,6 +25,7 @@ typedef struct {
                        // composited in place, [height, width, channels]
     png_bytep *rows;   // [height] into px
     int width, height, channels;  // channels 1 (gray) or 3 (RGB), alpha gone
+    int orientation;   // Exif's, from an eXIf chunk before the pixels (0: none)
     bool too_large;    // err says the picture is over the budget (the file may well be valid)
     char err[256];
     char warning[128];  // the last one: libpng gives the reason for some errors only as a warning
@@ -80,6 +81,9 @@ static int decode(reader *r, FILE *fp, int64_t file_size, int64_t max_pixels, in
         return 0;
     }
     r->width = (int)w, r->height = (int)h;
+    png_uint_32 nexif;
+    png_bytep exif;
+    if (png_get_eXIf_1(png, info, &nexif, &exif)) r->orientation = dc_exif_orientation(exif, nexif);
     if (header_only) return 1;
     if (color == PNG_COLOR_TYPE_PALETTE) png_set_palette_to_rgb(png);
     if (color == PNG_COLOR_TYPE_GRAY && depth < 8) png_set_expand_gray_1_2_4_to_8(png);
@@ -163,10 +167,12 @@ int dc_png_read_image(const char *path, dc_png_image *img, int force_rgb) {
     return 0;
 }
 
-int dc_png_read_rgb(const char *path, int fd, int64_t size, int64_t max_pixels, int header_only, dc_image *img) {
+int dc_png_read_rgb(const char *path, int fd, int64_t size, int64_t max_pixels, int header_only, dc_image *img,
+                    int *orientation) {
     memset(img, 0, sizeof *img);
     reader r = {0};
     DC_TRY(read_png(path, fd, size, max_pixels, 1, header_only, NULL, &r));
+    *orientation = r.orientation ? r.orientation : 1;
     img->width = r.width, img->height = r.height, img->format = DC_IMAGE_PNG;
     if (header_only) return 0;
     // RGBA composited to RGB leaves a quarter unused

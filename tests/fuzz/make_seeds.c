@@ -311,7 +311,8 @@ static void picture_seeds(const char *tmp) {
              {"cmyk_plain", 4, {.quality = 80}},
              {"progressive", 3, {.quality = 80, .subsample = 1, .progressive = 1}},
              {"restart", 3, {.quality = 80, .subsample = 1, .restart = 1}},
-             {"gray_64_scans", 1, {.quality = 80, .many_scans = 64}}};
+             {"gray_64_scans", 1, {.quality = 80, .many_scans = 64}},
+             {"exif_orientation_6", 3, {.quality = 80, .subsample = 1, .exif = 6}}};
     for (size_t i = 0; i < sizeof j / sizeof j[0]; i++) {
         if (pic_write_jpeg(path, px, W, H, j[i].comps, j[i].o)) die("JPEG");
         put_picture("fuzz_jpeg", path, (uint8_t)(i * 9), j[i].name);
@@ -325,6 +326,8 @@ static void picture_seeds(const char *tmp) {
         if (pic_write_webp(path, px, W, H, w[i].ch, w[i].quality)) die("WebP");
         put_picture("fuzz_webp", path, (uint8_t)(i * 9), w[i].name);
     }
+    if (pic_write_webp(path, px, W, H, 3, -1) || pic_webp_add_exif(path, W, H, 8, 0)) die("WebP");
+    put_picture("fuzz_webp", path, 5, "extended_exif_orientation_8");
 }
 
 int main(int argc, char **argv) {
