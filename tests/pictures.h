@@ -17,8 +17,11 @@
 // An Exif block (TIFF structure: header, IFD0 with the one entry) giving
 // orientation 1..8, in either byte order, into b[26]; its length.
 static inline int pic_exif(uint8_t *b, int orientation, int big_endian) {
-    static const uint8_t be[26] = {'M', 'M', 0, 42, 0, 0, 0, 8, 0, 1, 0x01, 0x12, 0, 3, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0};
-    static const uint8_t le[26] = {'I', 'I', 42, 0, 8, 0, 0, 0, 1, 0, 0x12, 0x01, 3, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    // "MM", 42, IFD0 at 8; 1 entry: tag 0x0112, type SHORT (3), 1 value, the value; no next IFD
+    static const uint8_t be[26] = {'M', 'M', 0, 42, 0, 0, 0, 8, 0, 1, 0x01, 0x12, 0,
+                                   3,   0,   0, 0,  1, 0, 0, 0, 0, 0, 0,    0,    0};
+    static const uint8_t le[26] = {'I', 'I', 42, 0, 8, 0, 0, 0, 1, 0, 0x12, 0x01, 3,
+                                   0,   1,   0,  0, 0, 0, 0, 0, 0, 0, 0,    0,    0};
     memcpy(b, big_endian ? be : le, 26);
     b[big_endian ? 19 : 18] = (uint8_t)orientation;
     return 26;

@@ -307,10 +307,11 @@ static void test_webp(void) {
     // Lossy (with alpha stored losslessly beside it): near the source.
     for (int ch = 3; ch <= 4; ch++) {
         uint8_t *px = pixels(W, H, ch, 1), *want = malloc((size_t)W * H * 3);
-        for (int i = 0; i < W * H; i++)
-            for (int k = 0; k < 3; k++) want[i * 3 + k] = ch == 4 ? (uint8_t)over_white(px[i * 4 + k], 255) : px[i * 3 + k];
         if (ch == 4)
-            for (int i = 0; i < W * H; i++) px[i * 4 + 3] = 255;  // opaque: the lossy part alone is measured
+            for (int i = 0; i < W * H; i++) px[i * 4 + 3] = (uint8_t)rnd();
+        for (int i = 0; i < W * H; i++)
+            for (int k = 0; k < 3; k++)
+                want[i * 3 + k] = (uint8_t)(ch == 4 ? over_white(px[i * 4 + k], px[i * 4 + 3]) : px[i * 3 + k]);
         CHECK(pic_write_webp(p, px, W, H, ch, 100) == 0, "write lossy WebP");
         dc_image img;
         if (read_ok(p, &img, W, H, DC_IMAGE_WEBP, "lossy WebP")) {
@@ -430,11 +431,10 @@ static void test_budget(void) {
     lying_jpeg(j, 16384, 16384);
     lying_webp(w, 16384, 8192);
     char how[128];
-    CHECK(refused_small(p, "over the limit of 67108864 pixels", how, sizeof how) == 0, "a PNG declaring 16384x8192: %s", how);
-    CHECK(refused_small(j, "over the limit of 67108864 pixels", how, sizeof how) == 0, "a JPEG declaring 16384x16384: %s",
-          how);
-    CHECK(refused_small(w, "over the limit of 67108864 pixels", how, sizeof how) == 0, "a WebP declaring 16384x8192: %s",
-          how);
+    const char *over = "over the limit of 67108864 pixels";
+    CHECK(refused_small(p, over, how, sizeof how) == 0, "a PNG declaring 16384x8192: %s", how);
+    CHECK(refused_small(j, over, how, sizeof how) == 0, "a JPEG declaring 16384x16384: %s", how);
+    CHECK(refused_small(w, over, how, sizeof how) == 0, "a WebP declaring 16384x8192: %s", how);
     lying_jpeg(j, 60000, 100);
     lying_webp(w, 20000, 1);
     CHECK(refused_small(j, "16384 a side", how, sizeof how) == 0, "a JPEG 60000 wide: %s", how);
@@ -515,8 +515,8 @@ static void test_orientation(void) {
                         probe.width == img.width && probe.height == img.height && up[f].rgb && turned(&up[f], &img, o);
                 if (ok[f]) dc_image_free(&img);
             }
-            CHECK(ok[0] && ok[1] && ok[2], "orientation %d (%s-endian Exif): PNG %d, JPEG %d, WebP %d turned as PIL does",
-                  o, be ? "big" : "little", ok[0], ok[1], ok[2]);
+            CHECK(ok[0] && ok[1] && ok[2], "orientation %d (%s-endian Exif): PNG %d, JPEG %d, WebP %d turned as PIL "
+                  "does", o, be ? "big" : "little", ok[0], ok[1], ok[2]);
         }
     // Malformed blocks leave the picture as stored: an IFD past the end, an
     // entry cut short, an orientation out of range, a value of another type.

@@ -243,7 +243,8 @@ static void check_fit(int sw, int sh, int W, int H, dc_resize_mode mode) {
             memcpy(r.mid.rgb + y * r.rw * 3, out.rgb + ((r.py + y) * W + r.px) * 3, (size_t)r.rw * 3);
     }
     // weights over the source's pixels (the picture's, or the scaled one's for the bands)
-    double *wx = malloc(sizeof(double) * (size_t)(sw > W ? sw : W)), *wy = malloc(sizeof(double) * (size_t)(sh > H ? sh : H));
+    double *wx = malloc(sizeof(double) * (size_t)(sw > W ? sw : W));
+    double *wy = malloc(sizeof(double) * (size_t)(sh > H ? sh : H));
     double worst = 0;
     int black_bad = 0;
     for (int y = 0; y < H; y++)
@@ -275,7 +276,8 @@ static void test_fit(void) {
     for (int m = 0; m < 3; m++) {
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
             check_fit(cases[i][0], cases[i][1], cases[i][2], cases[i][3], (dc_resize_mode)m);
-        for (int t = 0; t < 4; t++) check_fit(rnd_in(1, 30), rnd_in(1, 30), rnd_in(1, 30), rnd_in(1, 30), (dc_resize_mode)m);
+        for (int t = 0; t < 4; t++)
+            check_fit(rnd_in(1, 30), rnd_in(1, 30), rnd_in(1, 30), rnd_in(1, 30), (dc_resize_mode)m);
     }
     // A picture 400 times wider than tall, filled: its scaled height rounds to 0 and is taken as 1.
     check_fit(400, 1, 16, 16, DC_RESIZE_FILL);

@@ -602,7 +602,8 @@ static int load_after_cut(const char *path, unsigned flags, int64_t n, unsigned 
     fill_values(seed, head, want, n, tail);
     dc_st_file f;
     struct stat st;
-    if (dc_st_open_opts(&f, path, flags) != 0 || stat(path, &st) != 0) return printf("open %s: %s\n", path, dc_error()), 1;
+    if (dc_st_open_opts(&f, path, flags) != 0 || stat(path, &st) != 0)
+        return printf("open %s: %s\n", path, dc_error()), 1;
     const dc_st_tensor *th = dc_st_find(&f, "head"), *tb = dc_st_find(&f, "big"), *tt = dc_st_find(&f, "tail");
     for (int cut = 0; cut < 2; cut++) {
         CHECK(truncate(path, cut ? 0 : st.st_size / 2) == 0, "truncate");
@@ -651,7 +652,8 @@ static int cut_in_child(const char *path, unsigned flags, int64_t n, unsigned se
     }
     int st = 0;
     if (pid < 0 || waitpid(pid, &st, 0) != pid) return snprintf(how, cap, "fork/wait failed"), -1;
-    if (WIFSIGNALED(st)) return snprintf(how, cap, "killed by signal %d (%s)", WTERMSIG(st), strsignal(WTERMSIG(st))), -1;
+    if (WIFSIGNALED(st))
+        return snprintf(how, cap, "killed by signal %d (%s)", WTERMSIG(st), strsignal(WTERMSIG(st))), -1;
     if (WEXITSTATUS(st)) return snprintf(how, cap, "exit status %d", WEXITSTATUS(st)), -1;
     return 0;
 }

@@ -31,7 +31,7 @@ int dc_exif_orientation(const uint8_t *b, size_t n) {
         if (rd16(b + e, be) != 0x0112) continue;
         const uint32_t type = rd16(b + e + 2, be), values = rd32(b + e + 4, be);
         // a SHORT (as the standard has it) or a LONG, held in the entry itself
-        uint32_t v = type == 3 && values == 1 ? rd16(b + e + 8, be) : type == 4 && values == 1 ? rd32(b + e + 8, be) : 1;
+        uint32_t v = values != 1 ? 1 : type == 3 ? rd16(b + e + 8, be) : type == 4 ? rd32(b + e + 8, be) : 1;
         return v >= 1 && v <= 8 ? (int)v : 1;
     }
     return 1;

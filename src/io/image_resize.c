@@ -201,7 +201,8 @@ int dc_image_fit(const dc_image *src, int width, int height, dc_resize_mode mode
         int64_t rh = ratio >= src_ratio ? height : sh * width / sw;
         rw = rw < 1 ? 1 : rw, rh = rh < 1 ? 1 : rh;
         dc_image mid = {(int)rw, (int)rh, src->format, malloc((size_t)(rw * rh * 3))};
-        rc = mid.rgb ? dc_image_resample(src, DC_FILTER_LANCZOS, all, (int)rw, (int)rh, 0, 0, (int)rw, (int)rh, mid.rgb, rw * 3)
+        rc = mid.rgb ? dc_image_resample(src, DC_FILTER_LANCZOS, all, (int)rw, (int)rh, 0, 0, (int)rw, (int)rh,
+                                         mid.rgb, rw * 3)
                      : dc_fail("resize: out of memory");
         const int64_t px = width / 2 - rw / 2, py = height / 2 - rh / 2;
         if (!rc) rc = paste(out, &mid, DC_FILTER_LANCZOS, (dc_box){0, 0, (double)rw, (double)rh}, rw, rh, px, py);
