@@ -705,11 +705,26 @@ static void test_on_demand(void) {
     // Cut while open: large files, verified or not, and small ones in memory and read on demand.
     char how[160];
     const char *small = tmp_path("small.safetensors");
+    dc_st_entry es_cut[] = {{"big", DC_F32, 1, {1000}, big}};
     struct { const char *path; unsigned flags; int64_t n; } cases[] = {
         {path, 0, n}, {path, DC_ST_NO_VERIFY, n}, {small, 0, 1000}, {small, DC_ST_ON_DEMAND, 1000}};
     for (int i = 0; i < 4; i++)
         CHECK(cut_in_child(cases[i].path, cases[i].flags, cases[i].n, seed + i, how, sizeof how) == 0,
               "a file of %lld values cut while open (flags %u): %s", (long long)cases[i].n, cases[i].flags, how);
+
+    // Files too short for a header, or cut inside the data, read either way: refused by name.
+    const char *tiny = tmp_path("tiny.safetensors");
+    const char bytes[] = "\x10\x00\x00\x00\x00\x00\x00\x00{\"a\":{}}";
+    for (int od = 0; od < 2; od++)
+        for (size_t n = 0; n <= 12; n += n < 9 ? 1 : 3) {
+            FILE *fp = fopen(tiny, "wb");
+            fwrite(bytes, 1, n, fp), fclose(fp);
+            CHECK(dc_st_open_opts(&f, tiny, od ? DC_ST_ON_DEMAND : 0) != 0 && strstr(dc_error(), tiny),
+                  "a file of %zu bytes (on demand: %d) is refused by name: %s", n, od, dc_error());
+        }
+    CHECK(dc_st_write(small, es_cut, 1, NULL, NULL, 0) == 0 && truncate(small, 200) == 0 &&
+          dc_st_open_opts(&f, small, DC_ST_ON_DEMAND | DC_ST_NO_VERIFY) != 0 && strstr(dc_error(), "data buffer is"),
+          "a file cut inside its data, read on demand, is refused when opened: %s", dc_error());
 
     // A flipped byte in a file read on demand is found when it is opened.
     CHECK(dc_st_write(path, e, 3, NULL, NULL, 0) == 0, "rewrite: %s", dc_error());

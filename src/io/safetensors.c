@@ -343,7 +343,7 @@ int dc_st_open_opts(dc_st_file *f, const char *path, unsigned flags) {
     size_t keep = nhead;  // the bytes read and kept
     if (nhead >= 8 && n <= DC_ST_MAX_HEADER && n <= len - 8) keep = (size_t)(8 + n);
     size_t cap = on_demand ? keep : (size_t)len;
-    uint8_t *mem = malloc(cap > nhead ? cap : nhead);
+    uint8_t *mem = malloc((cap > nhead ? cap : nhead) + 1);
     if (!mem) return close(fd), dc_fail("%s: out of memory reading %zu bytes", path, cap);
     memcpy(mem, head, nhead);
     int rc = 0;
