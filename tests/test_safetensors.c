@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "core/error.h"
@@ -212,70 +214,79 @@ static void test_round_trip(void) {
     const char *mv[] = {"pt", "quote \" backslash \\ newline \n \xc3\xa9 \xf0\x9f\x98\x80"};
     const char *path = tmp_path("all.safetensors");
     CHECK(dc_st_write(path, e, n, mk, mv, 2) == 0, "write: %s", dc_error());
-    dc_st_file f;
-    CHECK(dc_st_open(&f, path) == 0, "open: %s", dc_error());
-    // the two pairs given, and the checksums the writer adds: one per tensor and one of the header
-    CHECK(f.count == n && f.nmeta == 2 + n + 1 && f.verified, "counts %d %d", f.count, f.nmeta);
-    CHECK(dc_st_meta(&f, "note") && strcmp(dc_st_meta(&f, "note"), mv[1]) == 0, "metadata value");
-    CHECK(dc_st_meta(&f, "format") && !dc_st_meta(&f, "absent"), "metadata lookup");
-    uint64_t hlen = 0;
-    memcpy(&hlen, f.mem, 8);
-    char last = f.mem ? ((char *)f.mem)[8 + hlen - 1] : 0;
-    CHECK(hlen % 8 == 0 && (last == ' ' || last == '}'),
-          "header padded to a multiple of 8 (%llu)", (unsigned long long)hlen);
-    for (int i = 0; i < n && f.count == n; i++) {
-        const dc_st_tensor *t = dc_st_find(&f, e[i].name);
-        CHECK(t && t == &f.tensors[i], "find %s in order", e[i].name);
-        if (!t) continue;
-        CHECK(t->dtype == e[i].dtype && t->ndim == e[i].ndim, "dtype/rank of %s", e[i].name);
-        int64_t numel = 1;
-        for (int d = 0; d < t->ndim; d++) numel *= e[i].shape[d];
-        CHECK(memcmp(t->shape, e[i].shape, sizeof(int64_t) * (size_t)t->ndim) == 0 && t->numel == numel,
-              "shape of %s", e[i].name);
-        size_t b = (size_t)numel * dc_dtype_size(t->dtype);
-        CHECK(t->end - t->begin == b && (b == 0 || memcmp(f.data + t->begin, e[i].data, b) == 0),
-              "bytes of %s", e[i].name);
-    }
-    CHECK(dc_st_find(&f, "nope") == NULL, "find absent");
+    // In memory, and read on demand: the same tensors, values and refusals.
+    for (int od = 0; od < 2; od++) {
+        dc_st_file f;
+        CHECK(dc_st_open_opts(&f, path, od ? DC_ST_ON_DEMAND : 0) == 0 && f.on_demand == od &&
+              (od ? f.data == NULL : f.data != NULL), "open (on demand: %d): %s", od, dc_error());
+        // the two pairs given, and the checksums the writer adds: one per tensor and one of the header
+        CHECK(f.count == n && f.nmeta == 2 + n + 1 && f.verified, "counts %d %d", f.count, f.nmeta);
+        CHECK(dc_st_meta(&f, "note") && strcmp(dc_st_meta(&f, "note"), mv[1]) == 0, "metadata value");
+        CHECK(dc_st_meta(&f, "format") && !dc_st_meta(&f, "absent"), "metadata lookup");
+        uint64_t hlen = 0;
+        memcpy(&hlen, f.mem, 8);
+        char last = f.mem ? ((char *)f.mem)[8 + hlen - 1] : 0;
+        CHECK(hlen % 8 == 0 && (last == ' ' || last == '}'),
+              "header padded to a multiple of 8 (%llu)", (unsigned long long)hlen);
+        for (int i = 0; i < n && f.count == n; i++) {
+            const dc_st_tensor *t = dc_st_find(&f, e[i].name);
+            CHECK(t && t == &f.tensors[i], "find %s in order", e[i].name);
+            if (!t) continue;
+            CHECK(t->dtype == e[i].dtype && t->ndim == e[i].ndim, "dtype/rank of %s", e[i].name);
+            int64_t numel = 1;
+            for (int d = 0; d < t->ndim; d++) numel *= e[i].shape[d];
+            CHECK(memcmp(t->shape, e[i].shape, sizeof(int64_t) * (size_t)t->ndim) == 0 && t->numel == numel,
+                  "shape of %s", e[i].name);
+            size_t b = (size_t)numel * dc_dtype_size(t->dtype);
+            uint8_t raw[64];
+            CHECK(t->end - t->begin == b && b <= sizeof raw && dc_st_read_raw(&f, t, raw) == 0 &&
+                  (b == 0 || memcmp(raw, e[i].data, b) == 0), "bytes of %s", e[i].name);
+        }
+        CHECK(dc_st_find(&f, "nope") == NULL, "find absent");
 
-    float out[8];
-    int64_t iout[8];
-    struct { const char *name; const float *want; int n; } fl[] = {
-        {"blocks.0.attn.qkv.weight", f32, 6}, {"f16", f16_want, 6}, {"bf16", bf16_want, 6},
-        {"f64", f64_want, 3}, {"e4m3", e4m3_want, 5}, {"e5m2", e5m2_want, 4}, {"scalar", &scalar, 1},
-    };
-    for (size_t j = 0; j < sizeof fl / sizeof fl[0]; j++) {
-        const dc_st_tensor *t = dc_st_find(&f, fl[j].name);
-        CHECK(t && dc_st_read_f32(&f, t, out) == 0, "read_f32 %s", fl[j].name);
-        for (int i = 0; t && i < fl[j].n; i++)
-            CHECK(same_float(out[i], fl[j].want[i]), "%s[%d] = %.9g, want %.9g", fl[j].name, i, out[i],
-                  fl[j].want[i]);
-    }
-    struct { const char *name; int64_t want[3]; int n; } in[] = {
-        {"u8", {0, 255, 7}, 3}, {"i64", {INT64_MIN, INT64_MAX, -1}, 3}, {"i32", {INT32_MIN, INT32_MAX}, 2},
-        {"i16", {-32768, 32767}, 2}, {"i8", {-128, 127}, 2}, {"bool", {0, 1}, 2},
-        {"u16", {0, 65535}, 2}, {"u32", {7, 4294967295}, 2}, {"u64", {123, INT64_MAX}, 2},
-    };
-    for (size_t j = 0; j < sizeof in / sizeof in[0]; j++) {
-        const dc_st_tensor *t = dc_st_find(&f, in[j].name);
-        CHECK(t && dc_st_read_i64(&f, t, iout) == 0 && memcmp(iout, in[j].want, 8 * (size_t)in[j].n) == 0,
-              "read_i64 %s", in[j].name);
-    }
-    CHECK(dc_st_read_i64(&f, dc_st_find(&f, "f16"), iout) != 0 && strstr(dc_error(), "'f16'") &&
-          strstr(dc_error(), path), "float read as int names the tensor: %s", dc_error());
-    CHECK(dc_st_read_f32(&f, dc_st_find(&f, "i32"), out) != 0 && strstr(dc_error(), "'i32'"),
-          "int read as float names the tensor: %s", dc_error());
-    CHECK(dc_st_read_f32(&f, dc_st_find(&f, "empty"), out) == 0, "empty read");
+        float out[8];
+        int64_t iout[8];
+        struct { const char *name; const float *want; int n; } fl[] = {
+            {"blocks.0.attn.qkv.weight", f32, 6}, {"f16", f16_want, 6}, {"bf16", bf16_want, 6},
+            {"f64", f64_want, 3}, {"e4m3", e4m3_want, 5}, {"e5m2", e5m2_want, 4}, {"scalar", &scalar, 1},
+        };
+        for (size_t j = 0; j < sizeof fl / sizeof fl[0]; j++) {
+            const dc_st_tensor *t = dc_st_find(&f, fl[j].name);
+            CHECK(t && dc_st_read_f32(&f, t, out) == 0, "read_f32 %s", fl[j].name);
+            for (int i = 0; t && i < fl[j].n; i++)
+                CHECK(same_float(out[i], fl[j].want[i]), "%s[%d] = %.9g, want %.9g", fl[j].name, i, out[i],
+                      fl[j].want[i]);
+        }
+        struct { const char *name; int64_t want[3]; int n; } in[] = {
+            {"u8", {0, 255, 7}, 3}, {"i64", {INT64_MIN, INT64_MAX, -1}, 3}, {"i32", {INT32_MIN, INT32_MAX}, 2},
+            {"i16", {-32768, 32767}, 2}, {"i8", {-128, 127}, 2}, {"bool", {0, 1}, 2},
+            {"u16", {0, 65535}, 2}, {"u32", {7, 4294967295}, 2}, {"u64", {123, INT64_MAX}, 2},
+        };
+        for (size_t j = 0; j < sizeof in / sizeof in[0]; j++) {
+            const dc_st_tensor *t = dc_st_find(&f, in[j].name);
+            CHECK(t && dc_st_read_i64(&f, t, iout) == 0 && memcmp(iout, in[j].want, 8 * (size_t)in[j].n) == 0,
+                  "read_i64 %s", in[j].name);
+        }
+        CHECK(dc_st_read_i64(&f, dc_st_find(&f, "f16"), iout) != 0 && strstr(dc_error(), "'f16'") &&
+              strstr(dc_error(), path), "float read as int names the tensor: %s", dc_error());
+        CHECK(dc_st_read_f32(&f, dc_st_find(&f, "i32"), out) != 0 && strstr(dc_error(), "'i32'"),
+              "int read as float names the tensor: %s", dc_error());
+        CHECK(dc_st_read_f32(&f, dc_st_find(&f, "empty"), out) == 0, "empty read");
 
-    // dc_st_serialize gives the very bytes of the file.
+        // dc_st_serialize gives the very bytes of the file.
+        uint8_t *mem;
+        size_t len;
+        CHECK(dc_st_serialize(e, n, mk, mv, 2, &mem, &len) == 0 &&
+              (od ? f.mem_len == len - f.data_len && memcmp(mem, f.mem, f.mem_len) == 0
+                  : len == f.mem_len && memcmp(mem, f.mem, len) == 0), "serialize == file");
+        free(mem);
+        dc_st_close(&f);
+        dc_st_close(&f);  // idempotent
+    }
+
     uint8_t *mem;
     size_t len;
-    CHECK(dc_st_serialize(e, n, mk, mv, 2, &mem, &len) == 0 && len == f.mem_len &&
-          memcmp(mem, f.mem, len) == 0, "serialize == file");
-    free(mem);
-    dc_st_close(&f);
-    dc_st_close(&f);  // idempotent
-
+    dc_st_file f;
     // An empty file set: only the header's checksum, padded to 8 bytes, no data.
     const char empty_hdr[] = "{\"__metadata__\":{\"checksum.__metadata__\":\"";
     CHECK(dc_st_serialize(NULL, 0, NULL, NULL, 0, &mem, &len) == 0 && len == 8 + 64 &&
@@ -599,43 +610,165 @@ static double resident_bytes(void) {
     return ok ? (double)res * (double)sysconf(_SC_PAGESIZE) : -1;
 }
 
-// Files of 64 MiB and more are mapped, not read: the same values, the same
-// checksum verification (a flipped byte is found and named); a tensor the
-// loader has read leaves the process's memory (dc_st_release) and reads the
-// same again.
-static void test_mapped(void) {
-    const int64_t n = (65 << 20) / 4;
-    float *big = malloc((size_t)n * sizeof *big);
-    for (int64_t i = 0; i < n; i++) big[i] = (float)(i % 1000) * 0.5f;
-    float small[3] = {1, 2, 3};
-    dc_st_entry e[] = {{"big", DC_F32, 1, {n}, big}, {"small", DC_F32, 1, {3}, small}};
-    const char *path = tmp_path("mapped.safetensors");
-    CHECK(dc_st_write(path, e, 2, NULL, NULL, 0) == 0, "write a 65 MiB file: %s", dc_error());
+// The values of the files below, from a seed (the child process below
+// makes them again).
+static void fill_values(unsigned seed, float *head, float *big, int64_t n, float *tail) {
+    srand(seed);
+    for (int64_t i = 0; i < n; i++) big[i] = (float)rand() / RAND_MAX - 0.5f;
+    for (int i = 0; i < 3; i++) head[i] = (float)rand(), tail[i] = -(float)rand();
+}
+
+// In a child process (this program run again with --cut PATH FLAGS N SEED):
+// opens the file, truncates it to half its size, then loads it. With the data
+// read on demand, every tensor past the cut is an error naming the file and
+// one before it still reads; with the data in memory (read at open),
+// everything reads as written. Then the same after truncating to nothing.
+static int load_after_cut(const char *path, unsigned flags, int64_t n, unsigned seed) {
+    float *want = malloc((size_t)n * sizeof *want), *back = malloc((size_t)n * sizeof *back);
+    float head[3], tail[3], h[3], t[3];
+    fill_values(seed, head, want, n, tail);
     dc_st_file f;
-    CHECK(dc_st_open(&f, path) == 0 && f.mapped && f.verified, "a 65 MiB file opens mapped and verified: %s",
-          dc_error());
+    struct stat st;
+    if (dc_st_open_opts(&f, path, flags) != 0 || stat(path, &st) != 0)
+        return printf("open %s: %s\n", path, dc_error()), 1;
+    const dc_st_tensor *th = dc_st_find(&f, "head"), *tb = dc_st_find(&f, "big"), *tt = dc_st_find(&f, "tail");
+    for (int cut = 0; cut < 2; cut++) {
+        CHECK(truncate(path, cut ? 0 : st.st_size / 2) == 0, "truncate");
+        char eb[1024], et[1024];
+        int rb = dc_st_read_f32(&f, tb, back);
+        snprintf(eb, sizeof eb, "%s", dc_error());
+        int rt = dc_st_read_f32(&f, tt, t);
+        snprintf(et, sizeof et, "%s", dc_error());
+        int rh = dc_st_read_f32(&f, th, h);
+        if (f.on_demand) {
+            CHECK(rb != 0 && strstr(eb, path) && strstr(eb, "truncated"),
+                  "a file cut to %s after opening: reading past the cut fails naming the file: %s",
+                  cut ? "nothing" : "half", rb ? eb : "it read");
+            CHECK(rt != 0 && strstr(et, path), "the last tensor after a cut: %s", rt ? et : "it read");
+            CHECK(cut ? rh != 0 : rh == 0 && memcmp(h, head, sizeof h) == 0,
+                  "the tensor before the cut %s", cut ? "fails once the file is empty" : "still reads");
+        } else {
+            CHECK(rb == 0 && rt == 0 && rh == 0 && memcmp(back, want, (size_t)n * 4) == 0 &&
+                  memcmp(h, head, sizeof h) == 0 && memcmp(t, tail, sizeof t) == 0,
+                  "a file read into memory loads as it was: %s", dc_error());
+        }
+    }
+    free(want), free(back);
+    dc_st_close(&f);
+    return g_fail ? 1 : 0;
+}
+
+// Writes the file of n big values from seed, and has a child process load it
+// after cutting it (load_after_cut): 0, or how the child ended. A signal, such
+// as the SIGBUS a mapped file raised once truncated, fails the check instead
+// of killing the test.
+static int cut_in_child(const char *path, unsigned flags, int64_t n, unsigned seed, char *how, size_t cap) {
+    float *big = malloc((size_t)n * sizeof *big), head[3], tail[3];
+    fill_values(seed, head, big, n, tail);
+    dc_st_entry e[] = {{"head", DC_F32, 1, {3}, head}, {"big", DC_F32, 1, {n}, big}, {"tail", DC_F32, 1, {3}, tail}};
+    int rc = dc_st_write(path, e, 3, NULL, NULL, 0);
+    free(big);
+    if (rc) return snprintf(how, cap, "write: %s", dc_error()), -1;
+    char a[3][32];
+    snprintf(a[0], 32, "%u", flags), snprintf(a[1], 32, "%lld", (long long)n), snprintf(a[2], 32, "%u", seed);
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        execl("/proc/self/exe", "test_safetensors", "--cut", path, a[0], a[1], a[2], (char *)NULL);
+        _exit(127);
+    }
+    int st = 0;
+    if (pid < 0 || waitpid(pid, &st, 0) != pid) return snprintf(how, cap, "fork/wait failed"), -1;
+    if (WIFSIGNALED(st))
+        return snprintf(how, cap, "killed by signal %d (%s)", WTERMSIG(st), strsignal(WTERMSIG(st))), -1;
+    if (WEXITSTATUS(st)) return snprintf(how, cap, "exit status %d", WEXITSTATUS(st)), -1;
+    return 0;
+}
+
+// Files of DC_ST_MEMORY_MAX bytes and more are read on demand: neither held
+// in memory nor mapped. The same values and the same checksum verification
+// (a flipped byte is found and named); opening costs the header's memory, not
+// the file's; and a file truncated by someone else after it was opened is an
+// error naming it, never a crash (a mapping raised SIGBUS at the first page
+// past the new end). Small files, read whole when opened, load as they were.
+static void test_on_demand(void) {
+    const int64_t n = (DC_ST_MEMORY_MAX + (1 << 20)) / 4;
+    const unsigned seed = (unsigned)time(NULL) ^ (unsigned)getpid();
+    float *big = malloc((size_t)n * sizeof *big), head[3], tail[3];
+    fill_values(seed, head, big, n, tail);
+    dc_st_entry e[] = {{"head", DC_F32, 1, {3}, head}, {"big", DC_F32, 1, {n}, big}, {"tail", DC_F32, 1, {3}, tail}};
+    const char *path = tmp_path("big.safetensors");
+    CHECK(dc_st_write(path, e, 3, NULL, NULL, 0) == 0, "write a 65 MiB file: %s", dc_error());
+    dc_st_file f;
+    double before = resident_bytes();
+    CHECK(dc_st_open(&f, path) == 0 && f.on_demand && f.verified && !f.data,
+          "a 65 MiB file opens to be read on demand, verified: %s", dc_error());
+    double after = resident_bytes();
+    CHECK(before > 0 && after - before < 8.0 * (1 << 20), "opening a 65 MiB file took %.1f MiB of memory",
+          (after - before) / 1048576.0);
     float *back = malloc((size_t)n * sizeof *back);
     const dc_st_tensor *t = dc_st_find(&f, "big");
-    CHECK(t && dc_st_read_f32(&f, t, back) == 0 && memcmp(back, big, (size_t)n * 4) == 0, "mapped values");
-    double before = resident_bytes();
-    dc_st_release(&f, t);
-    double after = resident_bytes();
-    CHECK(before > 0 && before - after > 60.0 * (1 << 20), "releasing a 65 MiB mapped tensor left %.1f of %.1f "
-          "MiB resident", after / 1048576.0, before / 1048576.0);
-    memset(back, 0, (size_t)n * 4);
-    CHECK(dc_st_read_f32(&f, t, back) == 0 && memcmp(back, big, (size_t)n * 4) == 0, "values read after release");
-    const uint64_t at = 8 + (f.data - (uint8_t *)f.mem) - 8 + t->begin + 12345;
+    CHECK(t && dc_st_read_f32(&f, t, back) == 0 && memcmp(back, big, (size_t)n * 4) == 0,
+          "values read on demand (seed %u)", seed);
+    const uint64_t at = f.data_at + t->begin + 12345;
     dc_st_close(&f);
+
+    // F16 through the pieces of the converting reader, against dc_f16_to_f32 of each value.
+    uint16_t *half = malloc((size_t)n * sizeof *half);
+    for (int64_t i = 0; i < n; i++) half[i] = (uint16_t)rand();
+    dc_st_entry eh[] = {{"h", DC_F16, 1, {n}, half}};
+    const char *hpath = tmp_path("half.safetensors");
+    CHECK(dc_st_write(hpath, eh, 1, NULL, NULL, 0) == 0 && dc_st_open_opts(&f, hpath, DC_ST_ON_DEMAND) == 0,
+          "write and open an F16 file: %s", dc_error());
+    int bad = dc_st_read_f32(&f, dc_st_find(&f, "h"), back) != 0;
+    for (int64_t i = 0; i < n && !bad; i++) {
+        float want = dc_f16_to_f32(half[i]);
+        bad = !(back[i] == want || (isnan(back[i]) && isnan(want)));
+    }
+    CHECK(!bad, "F16 values converted piece by piece (seed %u)", seed);
+    dc_st_close(&f);
+    free(half);
+
+    // Cut while open: large files, verified or not, and small ones in memory and read on demand.
+    char how[160];
+    const char *small = tmp_path("small.safetensors");
+    dc_st_entry es_cut[] = {{"big", DC_F32, 1, {1000}, big}};
+    struct { const char *path; unsigned flags; int64_t n; } cases[] = {
+        {path, 0, n}, {path, DC_ST_NO_VERIFY, n}, {small, 0, 1000}, {small, DC_ST_ON_DEMAND, 1000}};
+    for (int i = 0; i < 4; i++)
+        CHECK(cut_in_child(cases[i].path, cases[i].flags, cases[i].n, seed + i, how, sizeof how) == 0,
+              "a file of %lld values cut while open (flags %u): %s", (long long)cases[i].n, cases[i].flags, how);
+
+    // Files too short for a header, or cut inside the data, read either way: refused by name.
+    const char *tiny = tmp_path("tiny.safetensors");
+    const char bytes[] = "\x10\x00\x00\x00\x00\x00\x00\x00{\"a\":{}}";
+    for (int od = 0; od < 2; od++)
+        for (size_t n = 0; n <= 12; n += n < 9 ? 1 : 3) {
+            FILE *fp = fopen(tiny, "wb");
+            fwrite(bytes, 1, n, fp), fclose(fp);
+            CHECK(dc_st_open_opts(&f, tiny, od ? DC_ST_ON_DEMAND : 0) != 0 && strstr(dc_error(), tiny),
+                  "a file of %zu bytes (on demand: %d) is refused by name: %s", n, od, dc_error());
+        }
+    CHECK(dc_st_write(small, es_cut, 1, NULL, NULL, 0) == 0 && truncate(small, 200) == 0 &&
+          dc_st_open_opts(&f, small, DC_ST_ON_DEMAND | DC_ST_NO_VERIFY) != 0 && strstr(dc_error(), "data buffer is"),
+          "a file cut inside its data, read on demand, is refused when opened: %s", dc_error());
+
+    // A flipped byte in a file read on demand is found when it is opened.
+    CHECK(dc_st_write(path, e, 3, NULL, NULL, 0) == 0, "rewrite: %s", dc_error());
     FILE *fp = fopen(path, "r+b");
     fseek(fp, (long)at, SEEK_SET);
-    fputc(0x7f, fp);
+    int c = fgetc(fp);
+    fseek(fp, (long)at, SEEK_SET);
+    fputc(c ^ 0x20, fp);
     fclose(fp);
-    CHECK(dc_st_open(&f, path) != 0 && strstr(dc_error(), "'big'"), "a flipped byte in a mapped file is named: %s",
+    CHECK(dc_st_open(&f, path) != 0 && strstr(dc_error(), "'big'"), "a flipped byte in a large file is named: %s",
           dc_error());
     free(big), free(back);
 }
 
 int main(int argc, char **argv) {
+    if (argc == 6 && strcmp(argv[1], "--cut") == 0)
+        return load_after_cut(argv[2], (unsigned)atoi(argv[3]), atoll(argv[4]), (unsigned)strtoul(argv[5], NULL, 10));
     int iters = argc > 1 ? atoi(argv[1]) : 200000;
     snprintf(g_dir, sizeof g_dir, "/tmp/dc_test_st_XXXXXX");
     if (!mkdtemp(g_dir)) return perror("mkdtemp"), 1;
@@ -643,7 +776,7 @@ int main(int argc, char **argv) {
     test_round_trip();
     test_atomic();
     test_rejections();
-    test_mapped();
+    test_on_demand();
     test_fuzz(iters);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);

@@ -6,9 +6,10 @@
 source "$(dirname "$0")/lib.sh"
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 SDR=$ROOT/${BUILD:-build}/tools/sd_random
+MP=$ROOT/${BUILD:-build}/tools/make_picture
 GOLD=$ROOT/tests/golden/sd
 VOCAB=$ROOT/data/bpe_simple_vocab_16e6.txt.gz
-[ -x "$SDR" ] || { echo "FAIL: $SDR not built (make)"; exit 1; }
+[ -x "$SDR" ] && [ -x "$MP" ] || { echo "FAIL: $SDR or $MP not built (make)"; exit 1; }
 [ -f "$VOCAB" ] || { echo "FAIL: $VOCAB not found: it ships with the repository"; exit 1; }
 unset DIFFUSION_VOCAB
 PY=; for p in /usr/bin/python3 python3; do "$p" -c 'import numpy' 2> /dev/null && { PY=$p; break; }; done
@@ -117,7 +118,20 @@ got2=$(printf '%s\n' "$prompts" | diffusion tokenize --vocab "$TMP/tiny2" - 2> /
   diffusion img2img --model "$TMP/tiny1" "${G0[@]}" --init "$TMP/b1-0.png" --strength 0.3 --steps 10 --out "$TMP/i2i.png" > "$TMP/log" 2>&1 \
     && grep -q "Denoising strength: 0.3" "$TMP/i2i.png" && pass "img2img" || fail "img2img: $(tail -2 "$TMP/log")"
   expect_fail "img2img strength that runs no step" "runs no step" diffusion img2img --model "$TMP/tiny1" "${G0[@]}" --init "$TMP/b1-0.png" --strength 0.05 --steps 10 --out "$TMP/i2.png"
-  expect_fail "img2img of another size" "resize the picture" diffusion img2img --model "$TMP/tiny1" --vocab "$VOCAB" --prompt x --init "$TMP/b1-0.png" --width 64 --out "$TMP/i2.png" --device cpu
+  # img2img from pictures of other sizes, formats and colour models, resized to
+  # --width x --height in each of AUTOMATIC1111's modes (tests/test_resize checks the pixels)
+  I=(--model "$TMP/tiny1" --vocab "$VOCAB" --prompt x --steps 2 --strength 0.5 --device cpu --threads 2)
+  diffusion img2img "${I[@]}" --init "$TMP/b1-0.png" --width 64 --height 64 --out "$TMP/i64.png" > "$TMP/log" 2>&1 \
+    && grep -q "Size: 64x64" "$TMP/i64.png" && pass "img2img resizes a 32x32 PNG to 64x64" || fail "img2img 64x64: $(tail -2 "$TMP/log")"
+  for km in "jpeg resize" "jpeg-gray crop" "jpeg-cmyk fill" "jpeg-progressive resize" "webp crop" "webp-rgba fill" "png-rgba crop"; do
+    set -- $km
+    "$MP" "$1" 48 40 "$TMP/init-$1" || fail "make_picture $1"
+    diffusion img2img "${I[@]}" --init "$TMP/init-$1" --resize-mode "$2" --width 32 --height 32 --out "$TMP/i-$1.png" > "$TMP/log" 2>&1 \
+      && grep -q "Size: 32x32" "$TMP/i-$1.png" && pass "img2img from a 48x40 $1 (--resize-mode $2)" || fail "img2img from $1: $(tail -2 "$TMP/log")"
+  done
+  # without --width and --height the picture's own size, refused as before when the UNet cannot halve it
+  "$MP" jpeg 36 32 "$TMP/init-36.jpg" || fail "make_picture"
+  expect_fail "img2img from a 36x32 picture, at its size" "multiples of" diffusion img2img "${I[@]}" --init "$TMP/init-36.jpg" --out "$TMP/i2.png"
   expect_fail "a size the UNet cannot halve" "multiples of" diffusion txt2img --model "$TMP/tiny1" --vocab "$VOCAB" --prompt x --width 36 --height 32 --out "$TMP/w.png" --device cpu
   # a single file has no tokenizer: a binary finds the shipped vocabulary in data/ beside it
   # (a checkout); a copy of it elsewhere finds none
@@ -145,6 +159,22 @@ got2=$(printf '%s\n' "$prompts" | diffusion tokenize --vocab "$TMP/tiny2" - 2> /
   fi
   expect_code 2 "an unknown sampler" diffusion txt2img --model "$TMP/tiny1" --prompt x --sampler heun --out "$TMP/v.png"
 }
+
+# ---- img2img's pictures, refused before the model is loaded (the model named does not exist) ----
+I=(--model "$TMP/nothing" --prompt x --out "$TMP/i2.png" --device cpu)
+"$MP" png 5000 8 "$TMP/wide.png" && "$MP" jpeg 64 64 "$TMP/huge.jpg" && "$MP" jpeg 64 64 "$TMP/cut.jpg" || fail "make_picture"
+expect_fail "img2img of a picture wider than 4096 without --width" "img2img makes pictures of up to 4096 a side" diffusion img2img "${I[@]}" --init "$TMP/wide.png"
+# a JPEG whose header declares 16384x16384 (its SOF0 rewritten): over the budget, from the header
+sof=$(LC_ALL=C grep -obUaP '\xff\xc0' "$TMP/huge.jpg" | head -n 1 | cut -d: -f1)
+printf '\x40\x00\x40\x00' | dd of="$TMP/huge.jpg" bs=1 seek=$((sof + 5)) conv=notrunc 2> /dev/null
+expect_fail "img2img of a JPEG declaring 16384x16384" "huge.jpg: a 16384x16384 JPEG picture is over the limit of 67108864 pixels" diffusion img2img "${I[@]}" --width 64 --height 64 --init "$TMP/huge.jpg"
+truncate -s 300 "$TMP/cut.jpg"
+expect_fail "img2img of a JPEG cut short" "cut.jpg: not a valid JPEG" diffusion img2img "${I[@]}" --width 64 --height 64 --init "$TMP/cut.jpg"
+printf 'GIF89a\x01\x00\x01\x00' > "$TMP/x.gif"
+expect_fail "img2img of a GIF" "x.gif: not a PNG, JPEG or WebP picture: it looks like a GIF" diffusion img2img "${I[@]}" --init "$TMP/x.gif"
+expect_fail "img2img of a missing picture" "absent.png: cannot open" diffusion img2img "${I[@]}" --init "$TMP/absent.png"
+expect_code 2 "an unknown --resize-mode" diffusion img2img "${I[@]}" --init "$TMP/x.gif" --resize-mode stretch
+expect_code 2 "txt2img has no --resize-mode" diffusion txt2img "${I[@]}" --resize-mode crop
 
 # ---- refusals ---------------------------------------------------------------------------------
 mkdir -p "$TMP/half" && cp -r "$TMP/tiny1/vae" "$TMP/tiny1/text_encoder" "$TMP/half/"

@@ -11,11 +11,13 @@
 #include "cli/model_hash.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "io/image.h"
 #include "io/png.h"
 #include "io/png_params.h"
 #include "pipelines/sd.h"
 
 #define MAX_PICTURES 10000
+#define MAX_SIDE 4096  // --width, --height
 
 #define NO_MODEL_HELP                                                                                     \
     "--model is required: the engine ships no weights and downloads none. Give it your Stable\n"         \
@@ -109,10 +111,41 @@ static int write_one(void *ctx, int i, const float *image) {
     return rc;
 }
 
+// The --init picture as [3, height, width] floats in [-1, 1] (*out; free it),
+// resized to *width x *height as `mode` says; a side given as 0 takes the
+// picture's own. What can be refused from the header (a picture over the
+// budget, or a side of it over what the command makes) is refused before
+// anything is decoded.
+static int load_init(const char *path, int *width, int *height, dc_resize_mode mode, float **out) {
+    *out = NULL;
+    dc_image pic;
+    DC_TRY(dc_image_probe(path, &pic));
+    const int w = *width ? *width : pic.width, h = *height ? *height : pic.height;
+    if (w > MAX_SIDE || h > MAX_SIDE)
+        return dc_fail("%s is %dx%d, and img2img makes pictures of up to %d a side: give --width and --height (each "
+                       "a multiple of 64) to resize it", path, pic.width, pic.height, MAX_SIDE);
+    DC_TRY(dc_image_read(path, &pic, DC_IMAGE_MAX_PIXELS));
+    const bool same = w == pic.width && h == pic.height;  // used as it is
+    dc_image fit = {0};
+    int rc = same ? 0 : dc_image_fit(&pic, w, h, mode, &fit);
+    if (rc == 0) {
+        if (same) dc_log("%s: %s, %dx%d", path, dc_image_format_name(pic.format), w, h);
+        else
+            dc_log("%s: %s, %dx%d, resized to %dx%d (%s)", path, dc_image_format_name(pic.format), pic.width,
+                   pic.height, w, h, dc_resize_mode_name(mode));
+        *out = malloc(sizeof **out * 3 * (size_t)w * h);
+        if (*out) dc_image_to_chw(same ? &pic : &fit, *out);
+        else rc = dc_fail("out of memory for the picture");
+    }
+    dc_image_free(&fit), dc_image_free(&pic);
+    if (rc == 0) *width = w, *height = h;
+    return rc;
+}
+
 static int run(int argc, char **argv, bool img2img) {
     const char *model = NULL, *prompt = NULL, *negative = "", *sampler = "euler_a", *out = NULL;
     const char *vocab = NULL, *prediction = "auto", *device = "auto", *precision = "auto", *init_path = NULL;
-    const char *heads_text = NULL;
+    const char *heads_text = NULL, *resize_text = "resize";
     int steps = 20, width = 0, height = 0, count = 1, batch = 1, threads = 0;
     float cfg = 7.5f, eta = 0.0f, strength = 0.75f;
     uint64_t seed = 0;
@@ -121,15 +154,19 @@ static int run(int argc, char **argv, bool img2img) {
         {"model", ARG_STR, &model, "PATH", "diffusers folder or single-file checkpoint (SD 1.x, 2.x)"},
         {"prompt", ARG_STR, &prompt, "TEXT", "what to draw"},
         {"negative-prompt", ARG_STR, &negative, "TEXT", "what to steer away from (default empty)"},
-        {"init", ARG_STR, &init_path, "PNG", "the picture to start from"},
+        {"init", ARG_STR, &init_path, "PICTURE", "the picture to start from: PNG, JPEG or WebP, any size"},
+        {"resize-mode", ARG_STR, &resize_text, "MODE", "--init to --width x --height as AUTOMATIC1111: resize "
+                                                       "(stretch), crop (cover) or fill (fit, edges stretched)"},
         {"strength", ARG_FLOAT, &strength, "X", "how much of the picture is redrawn, in (0, 1]"},
         {"steps", ARG_INT, &steps, "N", "sampling steps"},
         {"cfg-scale", ARG_FLOAT, &cfg, "X", "classifier-free guidance scale (1: none)"},
         {"sampler", ARG_STR, &sampler, "NAME", "euler_a, euler, ddim, dpmpp_2m or dpmpp_2m_karras"},
         {"eta", ARG_FLOAT, &eta, "X", "DDIM eta (0: deterministic)"},
         {"seed", ARG_U64, &seed, "N", "noise seed: the same seed gives the same pictures"},
-        {"width", ARG_INT, &width, "PX", "width, a multiple of 64 (default: the model's size)"},
-        {"height", ARG_INT, &height, "PX", "height, a multiple of 64 (default: the model's size)"},
+        {"width", ARG_INT, &width, "PX", img2img ? "width, a multiple of 64 (default: the picture's)"
+                                                 : "width, a multiple of 64 (default: the model's size)"},
+        {"height", ARG_INT, &height, "PX", img2img ? "height, a multiple of 64 (default: the picture's)"
+                                                   : "height, a multiple of 64 (default: the model's size)"},
         {"count", ARG_INT, &count, "N", "pictures to make"},
         {"batch", ARG_INT, &batch, "N", "pictures per pass (faster, more memory)"},
         {"out", ARG_STR, &out, "PATH", "PNG to write (several: PATH-0.png, PATH-1.png, ...)"},
@@ -146,17 +183,20 @@ static int run(int argc, char **argv, bool img2img) {
     int nspecs = (int)(sizeof specs / sizeof specs[0]);
     arg_spec *sp = specs;
     arg_spec t2i[sizeof specs / sizeof specs[0]];
-    if (!img2img) {  // txt2img has no --init or --strength
+    if (!img2img) {  // txt2img has no --init, --resize-mode or --strength
         int k = 0;
         for (int i = 0; i < nspecs; i++)
-            if (strcmp(specs[i].name, "init") && strcmp(specs[i].name, "strength")) t2i[k++] = specs[i];
+            if (strcmp(specs[i].name, "init") && strcmp(specs[i].name, "resize-mode") &&
+                strcmp(specs[i].name, "strength"))
+                t2i[k++] = specs[i];
         sp = t2i, nspecs = k;
     }
-    arg_parser ap = {img2img ? "diffusion img2img --model PATH --init IN.png --prompt TEXT --out OUT.png"
+    arg_parser ap = {img2img ? "diffusion img2img --model PATH --init PICTURE --prompt TEXT --out OUT.png"
                              : "diffusion txt2img --model PATH --prompt TEXT --out OUT.png",
-                     img2img ? "Redraws a picture with Stable Diffusion: the picture is encoded, noised to\n"
-                               "--strength and denoised toward the prompt. The PNG says how it was made\n"
-                               "(AUTOMATIC1111's 'parameters' text)."
+                     img2img ? "Redraws a picture with Stable Diffusion: the picture (PNG, JPEG or WebP;\n"
+                               "transparency composited over white) is resized to --width x --height,\n"
+                               "encoded, noised to --strength and denoised toward the prompt. The PNG says\n"
+                               "how it was made (AUTOMATIC1111's 'parameters' text)."
                              : "Draws pictures with Stable Diffusion 1.x or 2.x from a prompt. Each PNG says\n"
                                "how it was made (AUTOMATIC1111's 'parameters' text); picture i of a seed is\n"
                                "the same whatever --batch.",
@@ -181,10 +221,12 @@ static int run(int argc, char **argv, bool img2img) {
     if (count < 1 || count > MAX_PICTURES) return dc_fail("--count %d: 1 to %d", count, MAX_PICTURES), cli_usage_fail();
     if (batch < 1 || batch > 64) return dc_fail("--batch %d: 1 to 64", batch), cli_usage_fail();
     // 0 stands for the model's size only when the flag is left out
-    if ((args_given(&ap, "width") && (width < 1 || width > 4096)) ||
-        (args_given(&ap, "height") && (height < 1 || height > 4096)))
-        return dc_fail("--width/--height %dx%d: 1 to 4096, multiples of 64 (leave them out for the model's size)",
-                       width, height), cli_usage_fail();
+    if ((args_given(&ap, "width") && (width < 1 || width > MAX_SIDE)) ||
+        (args_given(&ap, "height") && (height < 1 || height > MAX_SIDE)))
+        return dc_fail("--width/--height %dx%d: 1 to %d, multiples of 64 (leave them out for the model's size)",
+                       width, height, MAX_SIDE), cli_usage_fail();
+    dc_resize_mode resize_mode;
+    if (dc_resize_mode_parse(resize_text, &resize_mode)) return cli_usage_fail();
     dc_heads heads = {0};
     if (heads_text && dc_heads_parse(heads_text, &heads)) return cli_usage_fail();
     if (cli_check_device_flags(threads, device, precision)) return cli_usage_fail();
@@ -206,24 +248,16 @@ static int run(int argc, char **argv, bool img2img) {
 
     dc_backend *be = NULL;
     dc_sd_pipe pipe = {0};
-    dc_png_image init = {0};
+    float *init = NULL;  // [3, height, width]
     int status = 1;
-    if (img2img && dc_png_read_image(init_path, &init, 1)) goto done;
+    if (img2img && load_init(init_path, &width, &height, resize_mode, &init)) goto done;
     dc_sd_open_opts oo = {model, vocab, fallback, no_verify ? DC_ST_NO_VERIFY : 0, pred, img2img,
                           heads_text ? &heads : NULL};
     if (dc_sd_pipe_find(&pipe, &oo)) goto done;  // the configs: the request is checked before any weight is read
-    if (img2img) {
-        if ((width && width != init.width) || (height && height != init.height)) {
-            dc_fail("%s is %dx%d; --width/--height ask for %dx%d (resize the picture first)", init_path, init.width,
-                    init.height, width ? width : init.width, height ? height : init.height);
-            goto done;
-        }
-        width = init.width, height = init.height;
-    }
     if (!width) width = pipe.default_size;
     if (!height) height = pipe.default_size;
     dc_sd_gen g = {prompt, negative, count, batch, width, height, dc_ksampler_opts_default(),
-                   img2img ? init.data : NULL, strength};
+                   init, strength};
     g.ks.kind = k_samplers[si].kind, g.ks.karras = k_samplers[si].karras, g.ks.steps = steps;
     g.ks.cfg_scale = cfg, g.ks.eta = eta, g.ks.seed = seed;
     if (dc_sd_gen_check(&pipe, &g)) goto done;
@@ -245,7 +279,7 @@ static int run(int argc, char **argv, bool img2img) {
     status = 0;
 done:
     if (status) cli_fail();
-    dc_png_image_free(&init);
+    free(init);
     dc_sd_pipe_close(&pipe);
     if (be) dc_backend_destroy(be);
     return status;

@@ -140,6 +140,24 @@ int dc_read_exact(int fd, void *dst, size_t n, const char *path) {
     return 0;
 }
 
+int dc_pread_exact(int fd, void *dst, size_t n, uint64_t at, const char *path) {
+    uint8_t *p = dst;
+    size_t got = 0;
+    while (got < n) {
+        size_t chunk = n - got < (1u << 30) ? n - got : (1u << 30);
+        if (at + got > (uint64_t)INT64_MAX) return dc_fail("%s: read past the largest file offset", path);
+        ssize_t r = pread(fd, p + got, chunk, (off_t)(at + got));
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0)
+            return dc_fail("%s: read failed at byte %llu: %s", path, (unsigned long long)(at + got), strerror(errno));
+        if (r == 0)
+            return dc_fail("%s: the file ends before byte %llu, which it held when it was opened (was it "
+                           "truncated while being read?)", path, (unsigned long long)(at + n));
+        got += (size_t)r;
+    }
+    return 0;
+}
+
 int dc_file_exists(const char *path) {
     struct stat st;
     return path && stat(path, &st) == 0;

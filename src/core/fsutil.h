@@ -25,4 +25,10 @@ const char *dc_file_kind(unsigned mode);
 // Reads exactly n bytes from fd into dst; a short read (the file shrank) or an
 // I/O error fails with a message naming path.
 int dc_read_exact(int fd, void *dst, size_t n, const char *path);
+// Reads exactly n bytes at offset `at` of fd into dst without moving the
+// file's position, so threads may read one descriptor at once. A file that
+// has shrunk below at + n since it was opened (truncated by another process
+// while a model loads) fails with a message naming path, as a read error does:
+// reading this way, unlike through a mapping, never raises SIGBUS.
+int dc_pread_exact(int fd, void *dst, size_t n, uint64_t at, const char *path);
 int dc_mkdir_p(const char *path);  // like mkdir -p; 0 or -1 (message set)

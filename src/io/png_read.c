@@ -1,7 +1,9 @@
-// Reading a PNG into floats. libpng reports errors by longjmp, so all that
+// Reading a PNG: into floats with its text (dc_png_read_image), or into RGB
+// bytes for dc_image_read. libpng reports errors by longjmp, so all that
 // decode() allocates lives in a struct owned by its caller (not in locals
 // that setjmp would leave indeterminate), which frees it on every path.
 #include <png.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/fsutil.h"
+#include "io/image_internal.h"
 #include "io/png.h"
 #include "io/png_text.h"
 
@@ -18,8 +21,12 @@
 typedef struct {
     png_structp png;
     png_infop info;
-    uint8_t *raw;      // [height, rowbytes] after libpng's transforms
-    png_bytep *rows;   // [height] into raw
+    uint8_t *px;       // [height, width, ch] after libpng's transforms; then, alpha
+                       // composited in place, [height, width, channels]
+    png_bytep *rows;   // [height] into px
+    int width, height, channels;  // channels 1 (gray) or 3 (RGB), alpha gone
+    int orientation;   // Exif's, from an eXIf chunk before the pixels (0: none)
+    bool too_large;    // err says the picture is over the budget (the file may well be valid)
     char err[256];
     char warning[128];  // the last one: libpng gives the reason for some errors only as a warning
 } reader;
@@ -35,8 +42,12 @@ static void on_warning(png_structp png, png_const_charp msg) {
     snprintf(r->warning, sizeof r->warning, "%s", msg);
 }
 
-// 1 on success; 0 with r->err set. Reads to IEND, so a file cut anywhere fails.
-static int decode(reader *r, FILE *fp, int64_t file_size, int force_rgb, dc_png_image *img) {
+// 1 on success; 0 with r->err set. The header is checked against max_pixels
+// before anything is allocated; unless header_only, the pixels are then
+// decoded into r->px and the file read to IEND, so a file cut anywhere fails.
+// text (may be NULL) receives the text chunks.
+static int decode(reader *r, FILE *fp, int64_t file_size, int64_t max_pixels, int force_rgb, int header_only,
+                  dc_png_image *text) {
     if (setjmp(png_jmpbuf(r->png))) return 0;
     png_structp png = r->png;
     png_infop info = r->info;
@@ -55,8 +66,10 @@ static int decode(reader *r, FILE *fp, int64_t file_size, int force_rgb, dc_png_
     png_uint_32 w, h;
     int depth, color, interlace;
     png_get_IHDR(png, info, &w, &h, &depth, &color, &interlace, NULL, NULL);
-    if ((uint64_t)w * h > DC_PNG_MAX_PIXELS) {
-        snprintf(r->err, 256, "%ux%u pixels is over the limit of %d", (unsigned)w, (unsigned)h, DC_PNG_MAX_PIXELS);
+    if ((int64_t)w * h > max_pixels) {
+        snprintf(r->err, 256, "a %ux%u PNG picture is over the limit of %lld pixels", (unsigned)w, (unsigned)h,
+                 (long long)max_pixels);
+        r->too_large = true;
         return 0;
     }
     // The stored (filtered) bytes the header declares, against what the file could inflate to.
@@ -67,6 +80,11 @@ static int decode(reader *r, FILE *fp, int64_t file_size, int force_rgb, dc_png_
                  (unsigned)w, (unsigned)h, (long long)file_size);
         return 0;
     }
+    r->width = (int)w, r->height = (int)h;
+    png_uint_32 nexif;
+    png_bytep exif;
+    if (png_get_eXIf_1(png, info, &nexif, &exif)) r->orientation = dc_exif_orientation(exif, nexif);
+    if (header_only) return 1;
     if (color == PNG_COLOR_TYPE_PALETTE) png_set_palette_to_rgb(png);
     if (color == PNG_COLOR_TYPE_GRAY && depth < 8) png_set_expand_gray_1_2_4_to_8(png);
     if (png_get_valid(png, info, PNG_INFO_tRNS)) png_set_tRNS_to_alpha(png);
@@ -80,41 +98,51 @@ static int decode(reader *r, FILE *fp, int64_t file_size, int force_rgb, dc_png_
         snprintf(r->err, 256, "unexpected row layout after conversion");
         return 0;
     }
-    r->raw = malloc((size_t)h * rowbytes);
+    r->px = malloc((size_t)h * rowbytes);
     r->rows = malloc((size_t)h * sizeof *r->rows);
-    if (!r->raw || !r->rows) {
+    if (!r->px || !r->rows) {
         snprintf(r->err, 256, "out of memory for %ux%u pixels", (unsigned)w, (unsigned)h);
         return 0;
     }
-    for (png_uint_32 y = 0; y < h; y++) r->rows[y] = r->raw + (size_t)y * rowbytes;
+    for (png_uint_32 y = 0; y < h; y++) r->rows[y] = r->px + (size_t)y * rowbytes;
     png_read_image(png, r->rows);
     png_read_end(png, info);  // text after the pixels joins the text before them in info
 
-    int alpha = !(ch & 1), c = alpha ? ch - 1 : ch;
-    img->channels = c, img->height = (int)h, img->width = (int)w;
-    img->data = malloc((size_t)c * h * w * sizeof *img->data);
-    if (!img->data) {
-        snprintf(r->err, 256, "out of memory for %ux%u pixels", (unsigned)w, (unsigned)h);
-        return 0;
-    }
-    size_t plane = (size_t)h * w;
-    for (size_t y = 0; y < h; y++)
-        for (size_t x = 0; x < w; x++) {
-            const uint8_t *p = r->rows[y] + x * (size_t)ch;
-            for (int k = 0; k < c; k++) {
-                unsigned v = p[k];
-                // over white: (a c + (255 - a) 255) / 255, rounded
-                if (alpha) v = (p[c] * v + (255u - p[c]) * 255u + 127u) / 255u;
-                img->data[(size_t)k * plane + y * w + x] = dc_pixel_float((uint8_t)v);
-            }
+    int alpha = !(ch & 1);
+    r->channels = alpha ? ch - 1 : ch;
+    if (alpha) dc_over_white(r->px, (int64_t)w * h, r->channels);
+    if (text) {
+        png_textp t;
+        int ntext = png_get_text(png, info, &t, NULL);
+        if (dc_png_text_collect(t, ntext, text)) {
+            snprintf(r->err, 256, "out of memory for its text");
+            return 0;
         }
-    png_textp text;
-    int ntext = png_get_text(png, info, &text, NULL);
-    if (dc_png_text_collect(text, ntext, img)) {
-        snprintf(r->err, 256, "out of memory for its text");
-        return 0;
     }
     return 1;
+}
+
+// Decodes the PNG open as fd (closing it) into r; 0, or -1 with a message.
+static int read_png(const char *path, int fd, int64_t size, int64_t max_pixels, int force_rgb, int header_only,
+                    dc_png_image *text, reader *r) {
+    FILE *fp = fdopen(fd, "rb");
+    if (!fp) {
+        close(fd);
+        return dc_fail("%s: cannot read: out of memory", path);
+    }
+    r->png = png_create_read_struct(PNG_LIBPNG_VER_STRING, r, on_error, on_warning);
+    r->info = r->png ? png_create_info_struct(r->png) : NULL;
+    int ok = 0;
+    if (r->info) ok = decode(r, fp, size, max_pixels, force_rgb, header_only, text);
+    else snprintf(r->err, sizeof r->err, "out of memory");
+    png_destroy_read_struct(&r->png, &r->info, NULL);
+    free(r->rows);
+    r->rows = NULL;
+    fclose(fp);
+    if (ok) return 0;
+    free(r->px);
+    r->px = NULL;
+    return dc_fail("%s: %s%s", path, r->too_large ? "" : "not a valid PNG: ", r->err[0] ? r->err : "unknown error");
 }
 
 int dc_png_read_image(const char *path, dc_png_image *img, int force_rgb) {
@@ -122,25 +150,36 @@ int dc_png_read_image(const char *path, dc_png_image *img, int force_rgb) {
     int64_t size;
     int fd = dc_open_regular(path, &size);
     if (fd < 0) return -1;
-    FILE *fp = fdopen(fd, "rb");
-    if (!fp) {
-        close(fd);
-        return dc_fail("%s: cannot read: out of memory", path);
-    }
     reader r = {0};
-    r.png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &r, on_error, on_warning);
-    r.info = r.png ? png_create_info_struct(r.png) : NULL;
-    int ok = 0;
-    if (r.info) ok = decode(&r, fp, size, force_rgb, img);
-    else snprintf(r.err, sizeof r.err, "out of memory");
-    png_destroy_read_struct(&r.png, &r.info, NULL);
-    free(r.raw), free(r.rows);
-    fclose(fp);
-    if (ok) return 0;
-    dc_png_image_free(img);
-    return dc_fail("%s: not a valid PNG: %s", path, r.err[0] ? r.err : "unknown error");
+    if (read_png(path, fd, size, DC_PNG_MAX_PIXELS, force_rgb, 0, img, &r) != 0) return dc_png_image_free(img), -1;
+    const int c = r.channels;
+    const size_t plane = (size_t)r.height * r.width;
+    img->channels = c, img->height = r.height, img->width = r.width;
+    img->data = malloc((size_t)c * plane * sizeof *img->data);
+    if (!img->data) {
+        free(r.px);
+        dc_png_image_free(img);
+        return dc_fail("%s: out of memory for %dx%d pixels", path, r.width, r.height);
+    }
+    for (size_t i = 0; i < plane; i++)
+        for (int k = 0; k < c; k++) img->data[(size_t)k * plane + i] = dc_pixel_float(r.px[i * c + k]);
+    free(r.px);
+    return 0;
 }
 
+int dc_png_read_rgb(const char *path, int fd, int64_t size, int64_t max_pixels, int header_only, dc_image *img,
+                    int *orientation) {
+    memset(img, 0, sizeof *img);
+    reader r = {0};
+    DC_TRY(read_png(path, fd, size, max_pixels, 1, header_only, NULL, &r));
+    *orientation = r.orientation ? r.orientation : 1;
+    img->width = r.width, img->height = r.height, img->format = DC_IMAGE_PNG;
+    if (header_only) return 0;
+    // RGBA composited to RGB leaves a quarter unused
+    uint8_t *px = realloc(r.px, (size_t)r.height * r.width * 3);
+    img->rgb = px ? px : r.px;
+    return 0;
+}
 void dc_png_image_free(dc_png_image *img) {
     for (int i = 0; i < img->ntext; i++) free(img->keys[i]), free(img->values[i]);
     free(img->keys), free(img->values), free(img->data);

@@ -1,11 +1,9 @@
 #include "io/safetensors.h"
 
 #include <errno.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include "core/error.h"
@@ -13,22 +11,6 @@
 #include "core/hash.h"
 #include "io/json.h"
 #include "io/safetensors_internal.h"
-
-// Little-endian loads from unaligned bytes; compilers turn these into one mov.
-static uint16_t ld16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
-static uint32_t ld32(const uint8_t *p) { return (uint32_t)ld16(p) | (uint32_t)ld16(p + 2) << 16; }
-static uint64_t ld64(const uint8_t *p) { return (uint64_t)ld32(p) | (uint64_t)ld32(p + 4) << 32; }
-
-// float8_e4m3fn (OCP FP8, PyTorch's torch.float8_e4m3fn): bias 7, no infinities,
-// S.1111.111 is NaN.
-static float f8e4m3_to_f32(uint8_t b) {
-    int e = b >> 3 & 0xf, m = b & 7;
-    float v;
-    if (e == 0xf && m == 7) v = NAN;
-    else if (e == 0) v = ldexpf((float)m, -9);
-    else v = ldexpf((float)(8 + m), e - 10);
-    return b & 0x80 ? -v : v;
-}
 
 // "[3, 2]" for messages.
 static const char *shape_str(const int64_t *shape, int ndim, char *buf, size_t n) {
@@ -44,10 +26,8 @@ void dc_st_close(dc_st_file *f) {
     for (int i = 0; i < f->count; i++) free(f->tensors[i].name);
     for (int i = 0; i < f->nmeta; i++) free(f->meta_keys[i]), free(f->meta_values[i]);
     free(f->tensors), free(f->meta_keys), free(f->meta_values), free(f->path);
-    if (f->mapped)
-        munmap(f->mem, f->mem_len);
-    else
-        free(f->mem);
+    if (f->on_demand) close(f->fd);
+    free(f->mem);
     memset(f, 0, sizeof *f);
 }
 
@@ -184,19 +164,20 @@ static int parse_header(dc_st_file *f, const dc_json *root) {
     return check_layout(f);
 }
 
-// Parses the header of a file of len bytes held in mem (taking ownership of
-// it); only the first 8 + header-length bytes need be there yet: the data
-// buffer is read (or was copied) by the caller.
-static int parse_owned(dc_st_file *f, uint8_t *mem, size_t len, const char *name, bool mapped) {
+// Parses the header of a file of len bytes whose first mem_len bytes are in
+// mem (taking ownership of mem): the whole file, or (on_demand) at least its
+// first 8 + header-length bytes, the data staying in the file.
+static int parse_owned(dc_st_file *f, uint8_t *mem, size_t mem_len, uint64_t len, const char *name, bool on_demand) {
     memset(f, 0, sizeof *f);
-    f->mem = mem, f->mem_len = len, f->mapped = mapped;
+    f->mem = mem, f->mem_len = mem_len;
     f->path = strdup(name ? name : "<memory>");
     if (!f->path) return dc_st_close(f), dc_fail("out of memory");
     int rc = 0;
     if (len < 8) {
-        rc = dc_fail("%s: file is %zu bytes, too short to hold the 8-byte header length", f->path, len);
+        rc = dc_fail("%s: file is %llu bytes, too short to hold the 8-byte header length", f->path,
+                     (unsigned long long)len);
     } else {
-        uint64_t n = ld64(mem);
+        uint64_t n = dc_ld64(mem);
         // A PNG, a text file or a pickle: the length is absurd and no JSON follows.
         if ((n > DC_ST_MAX_HEADER || n > len - 8) && (len == 8 || mem[8] != '{')) {
             rc = dc_fail("%s: not a safetensors file (its first 8 bytes are not a plausible header "
@@ -205,8 +186,10 @@ static int parse_owned(dc_st_file *f, uint8_t *mem, size_t len, const char *name
             rc = dc_fail("%s: header length %llu exceeds the limit of %llu bytes", f->path,
                          (unsigned long long)n, DC_ST_MAX_HEADER);
         } else if (n > len - 8) {
-            rc = dc_fail("%s: file is %zu bytes, shorter than 8 + header length %llu", f->path, len,
-                         (unsigned long long)n);
+            rc = dc_fail("%s: file is %llu bytes, shorter than 8 + header length %llu", f->path,
+                         (unsigned long long)len, (unsigned long long)n);
+        } else if (8 + n > mem_len) {
+            rc = dc_fail("%s: internal error: the header was not read", f->path);
         } else {
             const char *hdr = (const char *)mem + 8;
             int64_t bad = dc_utf8_invalid_at(hdr, (size_t)n);
@@ -216,7 +199,8 @@ static int parse_owned(dc_st_file *f, uint8_t *mem, size_t len, const char *name
             } else if (dc_json_parse(&doc, hdr, (size_t)n, 8) != 0) {
                 rc = dc_fail_ctx("%s: header", f->path);
             } else {
-                f->data = mem + 8 + n;
+                f->data = on_demand ? NULL : mem + 8 + n;
+                f->data_at = 8 + n;
                 f->data_len = len - 8 - n;
                 rc = parse_header(f, doc.root);
             }
@@ -249,32 +233,9 @@ static int verify_in_memory(dc_st_file *f, const uint64_t *want) {
     for (int i = 0; i < f->count; i++) {
         const dc_st_tensor *t = &f->tensors[i];
         got[i] = dc_xxh64(f->data + t->begin, (size_t)(t->end - t->begin), 0);
-        dc_st_release(f, t);  // hashed: out of the process's memory until it is loaded
     }
     int rc = dc_st_verify_data(f, want, got);
     free(got);
-    return rc;
-}
-
-// Files from this size on are mapped rather than read: a 4 GB checkpoint
-// then costs no second copy in memory, and pages the loader has converted
-// and uploaded can be dropped by the kernel.
-#define DC_ST_MAP_MIN (64u << 20)
-
-static int open_mapped(dc_st_file *f, int fd, size_t len, const char *path, unsigned flags) {
-    void *mem = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
-    close(fd);
-    if (mem == MAP_FAILED) return dc_fail("%s: cannot map %zu bytes: %s", path, len, strerror(errno));
-    DC_TRY(parse_owned(f, mem, len, path, true));
-    uint64_t *want;
-    int rc = dc_st_verify_header(f, flags, &want);
-    if (rc == 0 && want) {
-        madvise(mem, len, MADV_SEQUENTIAL);
-        rc = verify_in_memory(f, want);
-    }
-    f->verified = rc == 0 && want;
-    free(want);
-    if (rc != 0) dc_st_close(f);
     return rc;
 }
 
@@ -282,7 +243,7 @@ int dc_st_parse_opts(dc_st_file *f, const void *bytes, size_t len, const char *n
     uint8_t *mem = malloc(len ? len : 1);
     if (!mem) return memset(f, 0, sizeof *f), dc_fail("%s: out of memory (%zu bytes)", name, len);
     if (len) memcpy(mem, bytes, len);
-    DC_TRY(parse_owned(f, mem, len, name, false));
+    DC_TRY(parse_owned(f, mem, len, len, name, false));
     uint64_t *want;
     int rc = dc_st_verify_header(f, flags, &want);
     if (rc == 0 && want) {
@@ -323,6 +284,47 @@ static int read_data(dc_st_file *f, int fd, const uint64_t *want) {
     return rc;
 }
 
+// The same for a file read on demand: threads take the tensors in the order of
+// their data and read each in pieces into a buffer of their own, hashing
+// each piece as it arrives.
+static int verify_on_demand(dc_st_file *f, const uint64_t *want) {
+    enum { CHUNK = 1 << 22 };
+    int *order = data_order(f);
+    uint64_t *got = malloc(((size_t)f->count + 1) * sizeof *got);
+    if (!order || !got) return free(order), free(got), dc_fail("%s: out of memory", f->path);
+    char err[1024] = "";
+    int failed = 0;
+    #pragma omp parallel if (f->data_len > (1u << 24))
+    {
+        uint8_t *buf = malloc(CHUNK);
+        #pragma omp for schedule(dynamic, 1)
+        for (int k = 0; k < f->count; k++) {
+            const dc_st_tensor *t = &f->tensors[order[k]];
+            dc_xxh64_state h;
+            dc_xxh64_init(&h, 0);
+            int rc = buf ? 0 : dc_fail("%s: out of memory", f->path);
+            for (uint64_t at = t->begin; at < t->end && rc == 0; at += CHUNK) {
+                size_t n = t->end - at < CHUNK ? (size_t)(t->end - at) : CHUNK;
+                rc = dc_pread_exact(f->fd, buf, n, f->data_at + at, f->path);
+                if (rc == 0) dc_xxh64_update(&h, buf, n);
+            }
+            got[order[k]] = dc_xxh64_digest(&h);
+            if (rc != 0) {
+                // messages are per thread: the first failure's is carried out
+                #pragma omp critical(dc_st_verify)
+                if (!failed) {
+                    failed = 1;
+                    snprintf(err, sizeof err, "%s", dc_error());
+                }
+            }
+        }
+        free(buf);
+    }
+    int rc = failed ? dc_fail("%s", err) : dc_st_verify_data(f, want, got);
+    free(order), free(got);
+    return rc;
+}
+
 int dc_st_open(dc_st_file *f, const char *path) { return dc_st_open_opts(f, path, 0); }
 
 int dc_st_open_opts(dc_st_file *f, const char *path, unsigned flags) {
@@ -330,23 +332,36 @@ int dc_st_open_opts(dc_st_file *f, const char *path, unsigned flags) {
     int64_t size;
     int fd = dc_open_regular(path, &size);
     if (fd < 0) return -1;
-    size_t len = (size_t)size;
-    if (len >= DC_ST_MAP_MIN) return open_mapped(f, fd, len, path, flags);
-    uint8_t *mem = malloc(len ? len : 1);
-    if (!mem) return close(fd), dc_fail("%s: out of memory reading %zu bytes", path, len);
-    // The length and the header first: a bad header fails before the data is read.
-    size_t head = len < 8 ? len : 8;
-    int rc = dc_read_exact(fd, mem, head, path);
-    if (rc == 0 && len >= 8 && ld64(mem) <= DC_ST_MAX_HEADER && ld64(mem) <= len - 8)
-        rc = dc_read_exact(fd, mem + 8, (size_t)ld64(mem), path);
+    const uint64_t len = (uint64_t)size;
+    const bool on_demand = (flags & DC_ST_ON_DEMAND) || len >= DC_ST_MEMORY_MAX;
+    // The length and the header first (and the byte after the length, which
+    // tells a file of another kind): a bad header fails before the data is read.
+    uint8_t head[9];
+    size_t nhead = len < 9 ? (size_t)len : 9;
+    if (dc_read_exact(fd, head, nhead, path) != 0) return close(fd), -1;
+    uint64_t n = nhead >= 8 ? dc_ld64(head) : 0;
+    size_t keep = nhead;  // the bytes read and kept
+    if (nhead >= 8 && n <= DC_ST_MAX_HEADER && n <= len - 8) keep = (size_t)(8 + n);
+    size_t cap = on_demand ? keep : (size_t)len;
+    uint8_t *mem = malloc((cap > nhead ? cap : nhead) + 1);
+    if (!mem) return close(fd), dc_fail("%s: out of memory reading %zu bytes", path, cap);
+    memcpy(mem, head, nhead);
+    int rc = 0;
+    if (keep > nhead) rc = dc_read_exact(fd, mem + nhead, keep - nhead, path);
     if (rc != 0) return close(fd), free(mem), -1;
-    if (parse_owned(f, mem, len, path, false) != 0) return close(fd), -1;
+    if (parse_owned(f, mem, keep, len, path, on_demand) != 0) return close(fd), -1;
     uint64_t *want;
     rc = dc_st_verify_header(f, flags, &want);
-    if (rc == 0) rc = read_data(f, fd, want);
+    if (on_demand) {
+        f->on_demand = true, f->fd = fd;  // dc_st_close closes it from here on
+        if (rc == 0 && want) rc = verify_on_demand(f, want);
+    } else {
+        f->mem_len = (size_t)len;
+        if (rc == 0) rc = read_data(f, fd, want);
+        close(fd);
+    }
     f->verified = rc == 0 && want;
     free(want);
-    close(fd);
     if (rc != 0) dc_st_close(f);
     return rc;
 }
@@ -361,97 +376,5 @@ const char *dc_st_meta(const dc_st_file *f, const char *key) {
     for (int i = 0; i < f->nmeta; i++)
         if (strcmp(f->meta_keys[i], key) == 0) return f->meta_values[i];
     return NULL;
-}
-
-// ---- reading tensors -------------------------------------------------------
-
-// Guards against a tensor from another file or edited after parsing.
-static const uint8_t *tensor_bytes(const dc_st_file *f, const dc_st_tensor *t) {
-    uint64_t bytes = (uint64_t)t->numel * dc_dtype_size(t->dtype);
-    if (t->numel < 0 || t->begin > t->end || t->end > f->data_len || t->end - t->begin != bytes) {
-        dc_fail("%s: tensor '%.200s' does not lie inside this file's data", f->path, t->name);
-        return NULL;
-    }
-    return f->data + t->begin;
-}
-
-#define PARALLEL_MIN ((int64_t)1 << 18)  // values: below this, threads cost more than they save
-
-void dc_st_release(const dc_st_file *f, const dc_st_tensor *t) {
-    if (!f->mapped || t->begin >= t->end || t->end > f->data_len) return;
-    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-    uintptr_t lo = (uintptr_t)(f->data + t->begin) / page * page;
-    uintptr_t hi = ((uintptr_t)(f->data + t->end) + page - 1) / page * page;
-    const uintptr_t m0 = (uintptr_t)f->mem, m1 = m0 + f->mem_len;
-    lo = lo < m0 ? m0 : lo, hi = hi > m1 ? m1 : hi;
-    // A private read-only mapping never written: the pages go back to the
-    // page cache and a later read faults them in from there.
-    if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
-}
-
-int dc_st_read_f32(const dc_st_file *f, const dc_st_tensor *t, float *out) {
-    const uint8_t *p = tensor_bytes(f, t);
-    if (!p) return -1;
-    int64_t n = t->numel;
-    switch (t->dtype) {
-    // The common float types convert on every core: loading a model converts
-    // billions of values (a single conversion loop was a third of SD's load).
-    case DC_F32:
-#pragma omp parallel for if (n >= PARALLEL_MIN)
-        for (int64_t i = 0; i < n; i++) {
-            uint32_t u = ld32(p + 4 * i);
-            memcpy(&out[i], &u, 4);
-        }
-        break;
-    case DC_F64:
-        for (int64_t i = 0; i < n; i++) {
-            uint64_t u = ld64(p + 8 * i);
-            double d;
-            memcpy(&d, &u, 8);
-            out[i] = (float)d;
-        }
-        break;
-    case DC_F16:
-#pragma omp parallel for if (n >= PARALLEL_MIN)
-        for (int64_t i = 0; i < n; i++) out[i] = dc_f16_to_f32(ld16(p + 2 * i));
-        break;
-    case DC_BF16:
-#pragma omp parallel for if (n >= PARALLEL_MIN)
-        for (int64_t i = 0; i < n; i++) out[i] = dc_bf16_to_f32(ld16(p + 2 * i));
-        break;
-    // E5M2 is the top byte of an IEEE half.
-    case DC_F8_E5M2: for (int64_t i = 0; i < n; i++) out[i] = dc_f16_to_f32((uint16_t)(p[i] << 8)); break;
-    case DC_F8_E4M3: for (int64_t i = 0; i < n; i++) out[i] = f8e4m3_to_f32(p[i]); break;
-    default:
-        return dc_fail("%s: tensor '%.200s' is %s, not a float type (read it as integers)", f->path,
-                       t->name, dc_dtype_name(t->dtype));
-    }
-    return 0;
-}
-
-int dc_st_read_i64(const dc_st_file *f, const dc_st_tensor *t, int64_t *out) {
-    const uint8_t *p = tensor_bytes(f, t);
-    if (!p) return -1;
-    int64_t n = t->numel;
-    switch (t->dtype) {
-    case DC_I64: for (int64_t i = 0; i < n; i++) out[i] = (int64_t)ld64(p + 8 * i); break;
-    case DC_I32: for (int64_t i = 0; i < n; i++) out[i] = (int32_t)ld32(p + 4 * i); break;
-    case DC_I16: for (int64_t i = 0; i < n; i++) out[i] = (int16_t)ld16(p + 2 * i); break;
-    case DC_I8: for (int64_t i = 0; i < n; i++) out[i] = (int8_t)p[i]; break;
-    case DC_U8: for (int64_t i = 0; i < n; i++) out[i] = p[i]; break;
-    case DC_U16: for (int64_t i = 0; i < n; i++) out[i] = ld16(p + 2 * i); break;
-    case DC_U32: for (int64_t i = 0; i < n; i++) out[i] = ld32(p + 4 * i); break;
-    case DC_U64:  // values past INT64_MAX saturate; callers range-check what they read
-        for (int64_t i = 0; i < n; i++) {
-            uint64_t v = ld64(p + 8 * i);
-            out[i] = v > INT64_MAX ? INT64_MAX : (int64_t)v;
-        }
-        break;
-    case DC_BOOL: for (int64_t i = 0; i < n; i++) out[i] = p[i] != 0; break;
-    default:
-        return dc_fail("%s: tensor '%.200s' is %s, not an integer type (read it as floats)", f->path,
-                       t->name, dc_dtype_name(t->dtype));
-    }
-    return 0;
 }
 

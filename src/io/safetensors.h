@@ -45,12 +45,15 @@ typedef struct {
     dc_st_tensor *tensors;   // in file (header) order
     int nmeta;
     char **meta_keys, **meta_values;  // __metadata__ (string -> string)
-    uint8_t *data;           // the data buffer (the file read into memory, or mapped
-                             // read-only from 64 MiB on: never written through)
+    uint8_t *data;           // the data buffer when the file is in memory; NULL when it is
+                             // read on demand (read tensors with dc_st_read_*, never here)
     uint64_t data_len;
-    void *mem;               // owning allocation
+    void *mem;               // owning allocation: the whole file in memory, or (read on
+                             // demand) its first 8 + header-length bytes
     size_t mem_len;
-    bool mapped;             // mem is a mapping of the file
+    bool on_demand;          // the data stays in the file: each read of a tensor reads it
+    int fd;                  // on_demand: the open file (closed by dc_st_close)
+    uint64_t data_at;        // on_demand: where the data buffer starts in the file
     bool verified;           // the file carries checksums and every one matched
 } dc_st_file;
 
@@ -58,10 +61,20 @@ typedef struct {
 // Refuses anything but a regular file (a FIFO, a device) without blocking.
 // On error the message names the file and the problem (the tensor, or
 // "metadata", whose checksum does not match).
+//
+// A file under DC_ST_MEMORY_MAX bytes is read into memory whole. A larger one
+// (a model's weights) is read on demand: its header is kept and each tensor is
+// read from the file (pread) when the loader asks for it, straight into the
+// loader's buffer, so a multi-GB file never sits in memory beside the weights
+// made from it. It is not mapped: a mapped file that another process
+// truncates kills the reader with SIGBUS on the next page it touches, while a
+// read of a file cut short after it was opened fails with a message naming it.
+#define DC_ST_MEMORY_MAX (64u << 20)
 int dc_st_open(dc_st_file *f, const char *path);
 // dc_st_open with flags: DC_ST_NO_VERIFY skips checking stored checksums
-// (for multi-GB files one trusts, or to rescue a damaged one).
-enum { DC_ST_NO_VERIFY = 1u };
+// (for multi-GB files one trusts, or to rescue a damaged one); DC_ST_ON_DEMAND
+// reads the data on demand whatever the file's size.
+enum { DC_ST_NO_VERIFY = 1u, DC_ST_ON_DEMAND = 2u };
 int dc_st_open_opts(dc_st_file *f, const char *path, unsigned flags);
 // Same, over bytes in memory (copied), for tests and fuzzing; name is for messages.
 int dc_st_parse(dc_st_file *f, const void *bytes, size_t len, const char *name);
@@ -69,16 +82,16 @@ int dc_st_parse_opts(dc_st_file *f, const void *bytes, size_t len, const char *n
 void dc_st_close(dc_st_file *f);
 const dc_st_tensor *dc_st_find(const dc_st_file *f, const char *name);
 const char *dc_st_meta(const dc_st_file *f, const char *key);  // NULL if absent
-// Converts a float tensor (F32, F16, BF16, F64) to f32 into out[numel].
+
+// Reading a tensor (from memory, or from the file for one read on demand;
+// several threads may read one file at once). A file cut short since it was
+// opened fails with a message naming it.
+// Converts a float tensor (F32, F16, BF16, F64, F8) to f32 into out[numel].
 int dc_st_read_f32(const dc_st_file *f, const dc_st_tensor *t, float *out);
-// For a mapped file (from 64 MiB on): drops the pages holding t's bytes from
-// the process's memory once it has read them (a loader that has converted a
-// tensor, the checksum pass), so a multi-GB file never sits in memory beside
-// the weights made from it. Reading t again faults them back in. Nothing to do
-// for a file read into memory.
-void dc_st_release(const dc_st_file *f, const dc_st_tensor *t);
 // Converts an integer tensor (I64, I32, I16, I8, U8) to int64 into out[numel].
 int dc_st_read_i64(const dc_st_file *f, const dc_st_tensor *t, int64_t *out);
+// Copies the tensor's bytes as stored (little-endian) into out[end - begin].
+int dc_st_read_raw(const dc_st_file *f, const dc_st_tensor *t, void *out);
 
 // ---- writing ---------------------------------------------------------------
 typedef struct {

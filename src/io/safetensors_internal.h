@@ -8,6 +8,11 @@
 // The reference reader's limit; it keeps a hostile header from costing memory.
 #define DC_ST_MAX_HEADER 100000000ull
 
+// Little-endian loads from unaligned bytes; compilers turn these into one mov.
+static inline uint16_t dc_ld16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+static inline uint32_t dc_ld32(const uint8_t *p) { return (uint32_t)dc_ld16(p) | (uint32_t)dc_ld16(p + 2) << 16; }
+static inline uint64_t dc_ld64(const uint8_t *p) { return (uint64_t)dc_ld32(p) | (uint64_t)dc_ld32(p + 4) << 32; }
+
 // numel and byte size of a shape, or -1 on 64-bit overflow.
 static inline int dc_st_shape_bytes(const int64_t *shape, int ndim, dc_dtype dt, int64_t *numel,
                                     uint64_t *bytes) {

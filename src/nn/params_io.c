@@ -35,7 +35,6 @@ int dc_params_load(const dc_params *ps, dc_buf dst, const dc_st_file *f, const c
         float *h = malloc((size_t)p->numel * sizeof *h + 1);
         if (!h) return dc_fail("out of memory loading %s", name);
         if (dc_st_read_f32(f, t, h)) return free(h), -1;
-        dc_st_release(f, t);
         for (int64_t j = 0; j < p->numel; j++)
             if (!isfinite(h[j])) {
                 float v = h[j];

@@ -132,7 +132,6 @@ static int load_one(dc_params *ps, int i, const dc_weights *w, const dc_weight_s
     float *h = scratch_get(sc, (size_t)(src->rows ? t->numel : p->numel) + 1);
     if (!h) return dc_fail("out of memory loading %s", src->name);
     if (dc_st_read_f32(f, t, h)) return -1;
-    dc_st_release(f, t);  // converted: the file's pages need not stay in memory
     float *v = src->rows ? h + src->row0 * row_elems : h;
     for (int64_t j = 0; j < p->numel; j++)
         if (!isfinite(v[j])) {

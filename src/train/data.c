@@ -278,6 +278,16 @@ static int check_labels(dc_dataset *ds, const dc_st_file *f, const int64_t *l64)
     return 0;
 }
 
+// U8 images in 0..255 as floats in [-1, 1].
+static int read_u8_images(const dc_st_file *f, const dc_st_tensor *im, float *out) {
+    uint8_t *px = malloc((size_t)im->numel + 1);
+    if (!px) return dc_fail("%s: out of memory for tensor 'images'", f->path);
+    int rc = dc_st_read_raw(f, im, px);
+    if (rc == 0) u8_to_unit(out, px, (size_t)im->numel);
+    free(px);
+    return rc;
+}
+
 static int load_st(dc_dataset *ds, const dc_st_file *f) {
     const char *p = f->path;
     const dc_st_tensor *im = dc_st_find(f, "images"), *lb = dc_st_find(f, "labels");
@@ -299,7 +309,7 @@ static int load_st(dc_dataset *ds, const dc_st_file *f) {
     ds->labels = malloc((size_t)ds->n * sizeof *ds->labels);
     int rc = 0;
     if (!ds->images || !l64 || !ds->labels) rc = dc_fail("%s: out of memory for %d images", p, ds->n);
-    else if (im->dtype == DC_U8) u8_to_unit(ds->images, f->data + im->begin, numel);
+    else if (im->dtype == DC_U8) rc = read_u8_images(f, im, ds->images);
     else if (dc_st_read_f32(f, im, ds->images) != 0) rc = -1;
     else
         for (size_t i = 0; i < numel && rc == 0; i++)

@@ -3,7 +3,8 @@
 // (hand-made as other tools write them, and written by the engine with
 // checksums), the tensor shapes of a tiny DiT, its training checkpoints
 // (fresh and after two steps) and its plain state dict under official keys,
-// and PNGs of each colour type, depth and text chunk kind.
+// PNGs of each colour type, depth and text chunk kind, and JPEGs and WebPs of
+// each kind the picture reader takes.
 //   make_seeds DIR
 #include <png.h>
 #include <stdint.h>
@@ -17,6 +18,7 @@
 #include "io/png.h"
 #include "io/png_params.h"
 #include "io/safetensors.h"
+#include "pictures.h"
 #include "models/dit_io.h"
 #include "train/trainer.h"
 
@@ -297,6 +299,54 @@ static void png_seeds(const char *tmp) {
     remove(path);
 }
 
+// fuzz_jpeg and fuzz_webp inputs: a resize byte (see fuzz_picture.h), then the file.
+static void put_picture(const char *harness, const char *src, uint8_t resize, const char *name) {
+    FILE *f = fopen(src, "rb");
+    if (!f) die(src);
+    uint8_t b[1 << 16];
+    b[0] = resize;
+    size_t n = fread(b + 1, 1, sizeof b - 1, f);
+    fclose(f);
+    put(harness, name, b, n + 1);
+    remove(src);
+}
+
+static void picture_seeds(const char *tmp) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/seed.pic", tmp);
+    enum { W = 19, H = 13 };  // not whole blocks
+    uint8_t px[W * H * 4];
+    for (int i = 0; i < W * H * 4; i++) px[i] = (uint8_t)(i * 37 % 251 + (i / (W * 4)) * 3);
+    const struct {
+        const char *name;
+        int comps;
+        pic_jpeg_opts o;
+    } j[] = {{"rgb_420", 3, {.quality = 75, .subsample = 1}},
+             {"rgb_444_q95", 3, {.quality = 95}},
+             {"gray", 1, {.quality = 80}},
+             {"cmyk_adobe", 4, {.quality = 80, .adobe = 1}},
+             {"cmyk_plain", 4, {.quality = 80}},
+             {"progressive", 3, {.quality = 80, .subsample = 1, .progressive = 1}},
+             {"restart", 3, {.quality = 80, .subsample = 1, .restart = 1}},
+             {"gray_64_scans", 1, {.quality = 80, .many_scans = 64}},
+             {"exif_orientation_6", 3, {.quality = 80, .subsample = 1, .exif = 6}}};
+    for (size_t i = 0; i < sizeof j / sizeof j[0]; i++) {
+        if (pic_write_jpeg(path, px, W, H, j[i].comps, j[i].o)) die("JPEG");
+        put_picture("fuzz_jpeg", path, (uint8_t)(i * 9), j[i].name);
+    }
+    const struct {
+        const char *name;
+        int ch;
+        float quality;
+    } w[] = {{"lossy", 3, 75}, {"lossless", 3, -1}, {"lossy_alpha", 4, 75}, {"lossless_alpha", 4, -1}};
+    for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) {
+        if (pic_write_webp(path, px, W, H, w[i].ch, w[i].quality)) die("WebP");
+        put_picture("fuzz_webp", path, (uint8_t)(i * 9), w[i].name);
+    }
+    if (pic_write_webp(path, px, W, H, 3, -1) || pic_webp_add_exif(path, W, H, 8, 0)) die("WebP");
+    put_picture("fuzz_webp", path, 5, "extended_exif_orientation_8");
+}
+
 int main(int argc, char **argv) {
     if (argc != 2) {
         fprintf(stderr, "usage: make_seeds DIR\n");
@@ -313,6 +363,7 @@ int main(int argc, char **argv) {
     dataset_seeds(tmp);
     model_seeds(tmp);
     png_seeds(tmp);
+    picture_seeds(tmp);
     char p[4200];
     const char *files[] = {"set.safetensors", "ck.safetensors", "plain.safetensors"};
     for (int i = 0; i < 3; i++) snprintf(p, sizeof p, "%s/%s", tmp, files[i]), remove(p);
