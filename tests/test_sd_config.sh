@@ -11,7 +11,6 @@ SDR=$ROOT/${BUILD:-build}/tools/sd_random
 VOCAB=$ROOT/data/bpe_simple_vocab_16e6.txt.gz
 [ -x "$SDR" ] || { echo "FAIL: $SDR not built (make)"; exit 1; }
 unset DIFFUSION_VOCAB
-PY=$(command -v python3)
 
 # pixels A B N: 0 when the pictures differ by at most N levels of 255, 1 when
 # they differ more, 2 when one cannot be read (tools/png_pixels)
@@ -39,7 +38,7 @@ if [ -f "$VOCAB" ]; then
   expect_fail "the weights are read only after the checks" "not a safetensors file" \
     diffusion txt2img --model "$TMP/garbage" "${G[@]}" --width 32 --height 32 --out "$TMP/w.png"
 else
-  echo "SKIP the size checks: $VOCAB not found (shared/ beside the repository)"
+  fail "$VOCAB not found: it ships with the repository"
 fi
 expect_code 2 "--width 0" diffusion txt2img --model "$TMP/garbage" --prompt x --width 0 --out "$TMP/w.png"
 expect_code 2 "--height -8" diffusion txt2img --model "$TMP/garbage" --prompt x --height -8 --out "$TMP/w.png"
@@ -60,7 +59,7 @@ refuse '{"beta_schedule": "scaled_linear", "beta_schedule": "linear"}' "duplicat
 stock
 
 # ---- followed: another schedule or spacing, other pictures ----------------------------------------
-if [ -f "$VOCAB" ] && [ -n "$PY" ]; then
+if [ -f "$VOCAB" ]; then
   P=(--vocab "$VOCAB" --prompt "a red cube" --width 32 --height 32 --steps 4 --device cpu --threads 2 --seed 3)
   run() { diffusion txt2img --model "$TMP/m" "${P[@]}" "${@:2}" --out "$TMP/$1.png" > "$TMP/$1.log" 2>&1 || fail "txt2img $1: $(tail -2 "$TMP/$1.log")"; }
   run stock
@@ -94,35 +93,16 @@ if [ -f "$VOCAB" ] && [ -n "$PY" ]; then
 
   # ---- sharded weights: an index and two shards give the one file's picture ----------------------
   cp -r "$TMP/m" "$TMP/sharded"
-  "$PY" - "$TMP/sharded/unet" <<'EOF' || fail "splitting the UNet"
-import json, os, struct, sys
-d = sys.argv[1]
-src = os.path.join(d, 'diffusion_pytorch_model.safetensors')
-blob = open(src, 'rb').read()
-n = struct.unpack('<Q', blob[:8])[0]
-head = json.loads(blob[8:8 + n]); head.pop('__metadata__', None)
-names = sorted(head)
-parts = [names[:len(names) // 2], names[len(names) // 2:]]
-wm = {}
-for i, part in enumerate(parts):
-    fn = 'diffusion_pytorch_model-%05d-of-00002.safetensors' % (i + 1)
-    h, data, off = {}, b'', 0
-    for k in part:
-        a, b = head[k]['data_offsets']
-        h[k] = dict(head[k], data_offsets=[off, off + b - a]); data += blob[8 + n + a:8 + n + b]; off += b - a
-        wm[k] = fn
-    hb = json.dumps(h).encode(); hb += b' ' * (-len(hb) % 8)
-    open(os.path.join(d, fn), 'wb').write(struct.pack('<Q', len(hb)) + hb + data)
-json.dump({'metadata': {}, 'weight_map': wm}, open(os.path.join(d, 'diffusion_pytorch_model.safetensors.index.json'), 'w'))
-os.remove(src)
-EOF
+  "$ROOT/${BUILD:-build}/tools/st_shard" "$TMP/sharded/unet/diffusion_pytorch_model.safetensors" 2 \
+    "$TMP/sharded/unet" diffusion_pytorch_model && rm "$TMP/sharded/unet/diffusion_pytorch_model.safetensors" \
+    || fail "splitting the UNet"
   diffusion txt2img --model "$TMP/sharded" "${P[@]}" --out "$TMP/sharded.png" > "$TMP/sharded.log" 2>&1 || fail "txt2img from shards: $(tail -2 "$TMP/sharded.log")"
   pixels "$TMP/stock.png" "$TMP/sharded.png" 0 && pass "a sharded UNet with its index: the same picture" || fail "shards give another picture"
   rm "$TMP"/sharded/unet/diffusion_pytorch_model-00002-of-00002.safetensors
   expect_fail "a missing shard is named" "diffusion_pytorch_model-00002-of-00002.safetensors" \
     diffusion txt2img --model "$TMP/sharded" "${P[@]}" --out "$TMP/x.png"
 else
-  echo "SKIP the picture checks: no $VOCAB or no python3"
+  fail "$VOCAB not found: it ships with the repository"
 fi
 
 # ---- pickles and link loops ------------------------------------------------------------------
