@@ -29,6 +29,12 @@ expect_code 1 "missing file (a failure, not a usage error)" diffusion info "$TMP
 expect_fail "no command" "usage" diffusion
 expect_fail "unknown command" "unknown command" diffusion fly
 expect_fail "unknown flag" "unknown flag '--bogus'" diffusion train --bogus 1
+# the backend's kernel paths, named by the environment for measuring
+B=(bench --device cpu --iters 1 --warmup 0 --sample-batch 0 --latency 0 --batch 2)
+expect_fail "unknown kernel path" "DC_KERNELS_OFF: unknown kernel path 'bogus' (valid: attention_sm90," \
+  env DC_KERNELS_OFF=winograd,bogus "$BIN" "${B[@]}"
+DC_KERNELS_OFF=winograd,geglu_sm90 diffusion "${B[@]}" > /dev/null 2>&1 && pass "known kernel paths accepted" \
+  || fail "DC_KERNELS_OFF=winograd,geglu_sm90 refused"
 
 # ---- flag values, in the user's terms
 expect_fail "not an integer" "--steps: 'abc' is not an integer" diffusion train --steps abc

@@ -3,13 +3,14 @@
 // projections and packed k|v cross-attention (Tq != Tk), CLIP's causal mask,
 // head sizes from 16 to 512 (the VAE's one head), Dv != Dh, any scale, and
 // layouts whose strides are not the dense ones (padded samples, head-major).
-// Each case runs forward (out, lse) and backward (dq, dk, dv) in three GPU
+// Each case runs forward (out, lse) and backward (dq, dk, dv) in four GPU
 // modes: cuda-fp32 (checking kernels and fp32 products); cuda (bf16 tensor
 // cores; on a Hopper GPU the forward's wgmma kernel where a call fits it, the
 // few-keys kernel where one has at most 128 keys, cuDNN's forward elsewhere
 // and its backward where it covers the call); and cuda with those off
-// (DC_ATTENTION_SM90=0 DC_ATTENTION_SHORT=0 DC_CUDNN_ATTENTION_BWD=0:
-// cuDNN's forward, else ours; our backward). Every backward runs twice and
+// (opts attention_sm90, attention_short and cudnn_attention_bwd off:
+// cuDNN's forward, else ours; our backward); and cuda with cuDNN's attention
+// off (the engine's kernels alone). Every backward runs twice and
 // must repeat its bytes. The CPU reads the same values the GPU does (rounded to bf16 where
 // the GPU's input is bf16); backward starts from the CPU's forward results,
 // so it is checked on its own.
@@ -230,20 +231,20 @@ int main(int argc, char **argv) {
     // fits, the few-keys kernel where that fits, else cuDNN's; cuDNN's
     // backward where it covers the call); bf16 with our Hopper kernels and
     // cuDNN's backward off (cuDNN's forward, then our flash kernels' backward).
-    for (int mode = 0; mode < 3; mode++) {
-        if (mode == 2) {
-            setenv("DC_ATTENTION_SM90", "0", 1), setenv("DC_ATTENTION_SHORT", "0", 1);
-            setenv("DC_CUDNN_ATTENTION_BWD", "0", 1);
-        }
-        g_gpu = dc_backend_cuda_create(mode == 0);
+    // Then bf16 with cuDNN's attention off (the engine's kernels alone).
+    static const char *off[4] = {"", "", "attention_sm90,attention_short,cudnn_attention_bwd", "cudnn_attention"};
+    for (int mode = 0; mode < 4; mode++) {
+        dc_backend_opts o = dc_backend_opts_default();
+        dc_backend_opts_disable(&o, off[mode]);
+        g_gpu = dc_backend_cuda_create_opts(mode == 0, &o);
         if (!g_gpu) {
             printf("SKIP (no GPU) test_cuda_attention: %s\n", dc_error());
             dc_backend_destroy(g_cpu);
             return 0;
         }
         g_ct = g_gpu->compute;
-        printf("== %s (compute %s%s) ==\n", g_gpu->name, dc_dtype_name(g_ct),
-               mode == 2 ? ", DC_ATTENTION_SM90=0 DC_ATTENTION_SHORT=0 DC_CUDNN_ATTENTION_BWD=0" : "");
+        printf("== %s (compute %s%s%s) ==\n", g_gpu->name, dc_dtype_name(g_ct),
+               *off[mode] ? "; off: " : "", off[mode]);
         if (g_gpu->reserve(g_gpu, 16384, 512)) {
             printf("FAIL reserve for 16384 tokens, head size 512: %s\n", dc_error());
             return 1;

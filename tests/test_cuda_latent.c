@@ -170,7 +170,7 @@ static void test_conv(int B, int Ci, int H, int W, int Co, int k, int stride, in
 // convs of stride 1 with at least 640 input channels, maps of at most 32x32,
 // or 64x64 in batches of 8, and at least 1024 2x2 blocks of outputs): the
 // checks above on such a shape, then the forward again on cuDNN
-// (DC_WINOGRAD=0) must give other bits, so the path checked was Winograd's.
+// (opts.winograd off) must give other bits, so the path checked was Winograd's.
 static void test_winograd(int B, int Ci, int H, int W, int Co, int bias) {
     test_conv(B, Ci, H, W, Co, 3, 1, 1, 1, 1, 1, bias, true);
     if (g_ct != DC_BF16) return;
@@ -184,9 +184,9 @@ static void test_winograd(int B, int Ci, int H, int W, int Co, int bias) {
     pair x = rand_pair(nx, g_ct, -1, 1), w = rand_pair(nw, g_ct, -0.3, 0.3), b = rand_pair(Co, g_ct, -1, 1);
     pair o1 = nan_pair(ny, g_ct), o2 = nan_pair(ny, g_ct);
     g_gpu->conv2d_fwd(g_gpu, o1.g, x.g, w.g, b.g, &s);
-    setenv("DC_WINOGRAD", "0", 1);
+    g_gpu->opts.winograd = false;
     g_gpu->conv2d_fwd(g_gpu, o2.g, x.g, w.g, b.g, &s);
-    unsetenv("DC_WINOGRAD");
+    g_gpu->opts.winograd = true;
     const size_t bytes = (size_t)ny * dc_dtype_size(g_ct);
     char *h1 = malloc(bytes), *h2 = malloc(bytes);
     g_gpu->download(g_gpu, h1, o1.g.p, bytes), g_gpu->download(g_gpu, h2, o2.g.p, bytes);
@@ -218,9 +218,9 @@ static void test_winograd(int B, int Ci, int H, int W, int Co, int bias) {
     // the fp16 planes' range holds them, within 1e-2 of cuDNN's result
     pair xb = rand_pair(nx, g_ct, -2000, 2000);
     g_gpu->conv2d_fwd(g_gpu, o1.g, xb.g, w2.g, b.g, &s);
-    setenv("DC_WINOGRAD", "0", 1);
+    g_gpu->opts.winograd = false;
     g_gpu->conv2d_fwd(g_gpu, o2.g, xb.g, w2.g, b.g, &s);
-    unsetenv("DC_WINOGRAD");
+    g_gpu->opts.winograd = true;
     float *f1 = get_gpu(o1), *f2 = get_gpu(o2);
     double num = 0, den = 0;
     bool finite = true;

@@ -732,14 +732,18 @@ static void test_meta_init(void) {
     dc_model_free(a), dc_model_free(b);
 }
 
+// test_unet [BACKEND [PATHS]]: PATHS, kernel paths to turn off (backend.h).
 int main(int argc, char **argv) {
     const char *name = argc > 1 ? argv[1] : "cpu";
-    if (dc_backend_create(name, &g_be)) {
+    dc_backend_opts o = dc_backend_opts_default();
+    if (argc > 2 && dc_backend_opts_disable(&o, argv[2])) return printf("FAIL %s\n", dc_error()), 1;
+    if (dc_backend_create_opts(name, &o, &g_be)) {
         printf("SKIP (no GPU) no %s backend (%s)\n", name, dc_error());
         return strcmp(name, "cpu") == 0;
     }
     g_tol = g_be->compute == DC_F32 ? TOL_OUT : TOL_BF16;
-    printf("backend %s (%s activations), tolerance %.0e\n", name, dc_dtype_name(g_be->compute), g_tol);
+    printf("backend %s (%s activations%s%s), tolerance %.0e\n", name, dc_dtype_name(g_be->compute),
+           argc > 2 ? "; off: " : "", argc > 2 ? argv[2] : "", g_tol);
     printf("golden (diffusers layout)\n");
     test_golden_diffusers("sd1");
     test_golden_diffusers("sd2");

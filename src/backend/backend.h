@@ -84,9 +84,39 @@ static inline float dc_attn_scale(const dc_attn_shape *s) {
     return s->scale != 0.0f ? s->scale : 1.0f / sqrtf((float)s->Dh);
 }
 
+// How a backend is to run, given when it is created. The kernel paths below
+// each won their measurement and are on by default; each has a path beneath it
+// (cuDNN's, or the engine's portable kernels) that turning it off runs, so a
+// test can hold the two against each other and a benchmark can compare them.
+// The ops read these at every call: a test may switch a path between calls.
+// The CPU backend has no choices and ignores them.
+typedef struct {
+    bool profile;              // time every op on the device; the table is printed at destroy
+    bool attention_sm90;       // Hopper attention kernel (heads of 17-48), before cuDNN's
+    bool attention_short;      // the kernel for at most 128 keys with heads of at most 48
+    bool cudnn_attention;      // cuDNN's fused flash attention (off: the engine's kernels)
+    bool cudnn_attention_bwd;  // its backward too (off: the engine's flash backward)
+    bool geglu_sm90;           // Hopper GEGLU: the product and the gate in one kernel
+    bool winograd;             // Winograd F(4x4, 3x3) for large bf16 3x3 convolutions
+} dc_backend_opts;
+
+// Turns off the paths named in a comma-separated list ("winograd,geglu_sm90":
+// the field names above); 0, or -1 naming an unknown one.
+int dc_backend_opts_disable(dc_backend_opts *o, const char *list);
+
+// Every path on, no profile.
+static inline dc_backend_opts dc_backend_opts_default(void) {
+    dc_backend_opts o;
+    memset(&o, 0, sizeof o);
+    o.attention_sm90 = o.attention_short = o.cudnn_attention = o.cudnn_attention_bwd = true;
+    o.geglu_sm90 = o.winograd = true;
+    return o;
+}
+
 struct dc_backend {
     const char *name;   // "cpu", "cuda"
     void *ctx;          // backend-private state
+    dc_backend_opts opts;  // as given when created
     dc_dtype compute;   // dtype of activations it prefers (DC_F32 on the CPU)
     // Its ops also take F16 and BF16 weights and biases (widened exactly as they
     // read them) beside activations in `compute`, so inference weights may stay
@@ -374,7 +404,7 @@ struct dc_backend {
     // the copy of `ticket` and every earlier one of its direction (the host
     // does not wait).
     void (*wait_ticket)(dc_backend *be, int64_t ticket);
-    // With an op profile running (DC_CUDA_PROFILE=1), forgets what it has
+    // With an op profile running (opts.profile), forgets what it has
     // counted so far, so a benchmark's warm-up stays out of it.
     void (*profile_restart)(dc_backend *be);
 };
@@ -383,13 +413,17 @@ struct dc_backend {
 // weights), "cuda-fp32" (fp32 throughout, for checking), or "auto" (the
 // fastest present: CUDA when a GPU is there).
 int dc_backend_create(const char *name, dc_backend **out);
+// The same with options (NULL: dc_backend_opts_default()).
+int dc_backend_create_opts(const char *name, const dc_backend_opts *opts, dc_backend **out);
 void dc_backend_destroy(dc_backend *be);
 dc_backend *dc_backend_cpu_create(void);
 // The kernels OpenBLAS chose as the program loaded ("Cooperlake", "Haswell",
 // ...; OPENBLAS_CORETYPE overrides its choice).
 const char *dc_cpu_blas_core(void);
 // NULL with a message when the build has no CUDA or no GPU is present.
-dc_backend *dc_backend_cuda_create(bool fp32);
+// opts NULL: the defaults.
+dc_backend *dc_backend_cuda_create_opts(bool fp32, const dc_backend_opts *opts);
+static inline dc_backend *dc_backend_cuda_create(bool fp32) { return dc_backend_cuda_create_opts(fp32, NULL); }
 
 static inline void dc_backend_sync(dc_backend *be) { be->sync(be); }
 

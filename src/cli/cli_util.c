@@ -54,25 +54,36 @@ int cli_check_heads(int heads) {
     return 0;
 }
 
+// The backend's options from the environment, for measuring: DC_CUDA_PROFILE=1
+// profiles every op, DC_KERNELS_OFF=a,b turns those kernel paths off.
+static int env_backend_opts(dc_backend_opts *o) {
+    *o = dc_backend_opts_default();
+    const char *prof = getenv("DC_CUDA_PROFILE"), *off = getenv("DC_KERNELS_OFF");
+    o->profile = prof && *prof && strcmp(prof, "0") != 0;
+    return off && dc_backend_opts_disable(o, off) ? dc_fail_ctx("DC_KERNELS_OFF") : 0;
+}
+
 int cli_backend(const char *device, const char *precision, dc_backend **be) {
     *be = NULL;
+    dc_backend_opts o;
     DC_TRY(cli_check_device_flags(0, device, precision));
+    DC_TRY(env_backend_opts(&o));
     bool p_auto = strcmp(precision, "auto") == 0, p32 = strcmp(precision, "fp32") == 0;
-    if (strcmp(device, "cpu") == 0) return dc_backend_create("cpu", be);
+    if (strcmp(device, "cpu") == 0) return dc_backend_create_opts("cpu", &o, be);
     if (strcmp(device, "cuda") == 0) {
         // Straight to the CUDA backend: its message says whether this build has
         // none or the machine has no usable GPU.
-        *be = dc_backend_cuda_create(p32);
+        *be = dc_backend_cuda_create_opts(p32, &o);
         return *be ? 0 : dc_fail_ctx("--device cuda");
     }
-    dc_backend *gpu = dc_backend_cuda_create(p32);
+    dc_backend *gpu = dc_backend_cuda_create_opts(p32, &o);
     if (gpu) {
         *be = gpu;
         return 0;
     }
     if (!p_auto && !p32) return dc_fail_ctx("--precision bf16");
     dc_error_clear();
-    return dc_backend_create("cpu", be);
+    return dc_backend_create_opts("cpu", &o, be);
 }
 
 bool cli_same_file(const char *a, const char *b) {

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "models/clip_text.h"
+#include "nn/arena.h"
 #include "nn/modules.h"
 
 // One encoder layer, registered in state-dict order.
@@ -125,25 +126,16 @@ void dc_clip_text_free(dc_clip_text *m) {
     free(m);
 }
 
-// Carves named buffers out of one allocation; the first pass (base NULL)
-// only counts bytes.
-typedef struct { char *base; size_t used; dc_dtype dt; } carver;
-static dc_buf take_dt(carver *cv, int64_t n, dc_dtype dt) {
-    size_t bytes = ((size_t)n * dc_dtype_size(dt) + 255) & ~(size_t)255;
-    dc_buf b = {cv->base ? cv->base + cv->used : NULL, dt};
-    cv->used += bytes;
-    return b;
-}
-
-static void carve(const dc_clip_text_config *c, carver *cv, dc_clip_text_acts *a, int B) {
+// The activations, carved out of one allocation (nn/arena.h).
+static void carve(const dc_clip_text_config *c, dc_arena *ar, dc_clip_text_acts *a, int B) {
     int64_t BT = (int64_t)B * c->positions, BTW = BT * c->width, BTF = BT * c->ffn;
-    a->x = take_dt(cv, BTW, DC_F32);
-    a->h = take_dt(cv, BTW, cv->dt);
-    a->q = take_dt(cv, BTW, cv->dt), a->k = take_dt(cv, BTW, cv->dt), a->v = take_dt(cv, BTW, cv->dt);
-    a->att = take_dt(cv, BTW, cv->dt), a->o = take_dt(cv, BTW, cv->dt);
-    a->f = take_dt(cv, BTF, cv->dt), a->g = take_dt(cv, BTF, cv->dt);
-    a->mean = take_dt(cv, BT, DC_F32), a->rstd = take_dt(cv, BT, DC_F32);
-    a->lse = take_dt(cv, BT * c->heads, DC_F32);
+    a->x = dc_arena_take32(ar, BTW);
+    a->h = dc_arena_take(ar, BTW);
+    a->q = dc_arena_take(ar, BTW), a->k = dc_arena_take(ar, BTW), a->v = dc_arena_take(ar, BTW);
+    a->att = dc_arena_take(ar, BTW), a->o = dc_arena_take(ar, BTW);
+    a->f = dc_arena_take(ar, BTF), a->g = dc_arena_take(ar, BTF);
+    a->mean = dc_arena_take32(ar, BT), a->rstd = dc_arena_take32(ar, BT);
+    a->lse = dc_arena_take32(ar, BT * c->heads);
 }
 
 int dc_clip_text_reserve(dc_clip_text *m, int max_batch) {
@@ -158,14 +150,14 @@ int dc_clip_text_reserve(dc_clip_text *m, int max_batch) {
     free_acts(m);
     dc_clip_text_acts *a = calloc(1, sizeof *a);
     if (!a) return dc_fail("out of memory");
-    carver cv = {NULL, 0, m->be->compute};
-    carve(c, &cv, a, max_batch);
-    if (!(a->base = m->be->alloc(m->be, cv.used))) {
+    dc_arena ar = dc_arena_counting(m->be->compute);
+    carve(c, &ar, a, max_batch);
+    if (!(a->base = m->be->alloc(m->be, ar.used))) {
         free(a);
-        return dc_fail_ctx("text encoder activations for batch %d (%.1f MiB)", max_batch, cv.used / 1048576.0);
+        return dc_fail_ctx("text encoder activations for batch %d (%.1f MiB)", max_batch, ar.used / 1048576.0);
     }
-    cv = (carver){a->base, 0, m->be->compute};
-    carve(c, &cv, a, max_batch);
+    ar = dc_arena_over(a->base, m->be->compute);
+    carve(c, &ar, a, max_batch);
     m->acts = a;
     m->max_batch = max_batch;
     return 0;

@@ -13,6 +13,7 @@
 #include "core/rng.h"
 #include "models/dit.h"
 #include "models/dit_io.h"
+#include "nn/arena.h"
 #include "nn/modules.h"
 
 #define DC_TFREQ 256  // timestep frequency embedding size (official)
@@ -216,80 +217,69 @@ int dc_dit_init_weights(dc_dit *m, uint64_t seed) {
     return dc_backend_status(m->be);
 }
 
-// Carves named activation buffers out of one allocation. The first pass
-// (base == NULL) only counts bytes. Activations take the backend's compute
-// dtype; the residual stream, its gradient and the saved statistics stay
-// fp32 (take32), as under PyTorch autocast.
-typedef struct { char *base; size_t used; dc_dtype dt; } carver;
-static dc_buf take_dt(carver *cv, int64_t n, dc_dtype dt) {
-    size_t bytes = ((size_t)n * dc_dtype_size(dt) + 255) & ~(size_t)255;
-    dc_buf b = {cv->base ? cv->base + cv->used : NULL, dt};
-    cv->used += bytes;
-    return b;
-}
-static dc_buf take(carver *cv, int64_t n) { return take_dt(cv, n, cv->dt); }
-static dc_buf take32(carver *cv, int64_t n) { return take_dt(cv, n, DC_F32); }
-
-static void carve(dc_dit *m, carver *cv, dc_dit_acts *a, int B) {
+// The activations, carved out of one allocation (nn/arena.h). They take the
+// backend's compute dtype; the residual stream, its gradient and the saved
+// statistics stay fp32 (dc_arena_take32), as under PyTorch autocast.
+static void carve(dc_dit *m, dc_arena *ar, dc_dit_acts *a, int B) {
     const dc_dit_config *c = &m->cfg;
     int64_t T = dc_dit_tokens(c), D = c->hidden, F = c->mlp_hidden, H = c->heads;
     int64_t P = (int64_t)c->patch * c->patch * c->in_channels;
     int64_t OP = (int64_t)c->patch * c->patch * dc_dit_out_channels(c);
     int64_t BTD = B * T * D;
-    a->patches = take(cv, B * T * P);
-    a->tfreq = take(cv, B * DC_TFREQ);
-    a->th = take(cv, B * D), a->ta = take(cv, B * D), a->temb = take(cv, B * D);
-    a->yemb = take(cv, B * D), a->c = take(cv, B * D), a->silu_c = take(cv, B * D);
+    a->patches = dc_arena_take(ar, B * T * P);
+    a->tfreq = dc_arena_take(ar, B * DC_TFREQ);
+    a->th = dc_arena_take(ar, B * D), a->ta = dc_arena_take(ar, B * D), a->temb = dc_arena_take(ar, B * D);
+    a->yemb = dc_arena_take(ar, B * D), a->c = dc_arena_take(ar, B * D), a->silu_c = dc_arena_take(ar, B * D);
     int nblk = a->training ? c->depth : 1;
-    dc_buf stream = a->training ? dc_buf_none() : take32(cv, BTD);  // inference: one stream, in place
+    dc_buf stream = a->training ? dc_buf_none() : dc_arena_take32(ar, BTD);  // inference: one stream, in place
     for (int l = 0; l < nblk; l++) {
         block_acts *k = &a->blocks[l];
         if (a->training && l >= a->keep) {  // recomputed: only the stream entering it
-            k->x_in = take32(cv, BTD);
+            k->x_in = dc_arena_take32(ar, BTD);
             continue;
         }
-        k->mod = take(cv, B * 6 * D);
-        k->x_in = a->training ? take32(cv, BTD) : stream;
-        k->ln1 = take(cv, BTD), k->ln2 = a->training ? take(cv, BTD) : k->ln1;
-        k->mean1 = take32(cv, B * T), k->rstd1 = take32(cv, B * T);
-        k->mean2 = take32(cv, B * T), k->rstd2 = take32(cv, B * T);
-        k->qkv = take(cv, B * T * 3 * D);
-        k->att = take(cv, BTD);
-        k->lse = take32(cv, B * H * T);
-        k->proj = take(cv, BTD);
-        k->x_mid = a->training ? take32(cv, BTD) : stream;
-        k->fc1 = take(cv, B * T * F);
-        k->act = take(cv, B * T * F);
-        k->fc2 = take(cv, BTD);
+        k->mod = dc_arena_take(ar, B * 6 * D);
+        k->x_in = a->training ? dc_arena_take32(ar, BTD) : stream;
+        k->ln1 = dc_arena_take(ar, BTD), k->ln2 = a->training ? dc_arena_take(ar, BTD) : k->ln1;
+        k->mean1 = dc_arena_take32(ar, B * T), k->rstd1 = dc_arena_take32(ar, B * T);
+        k->mean2 = dc_arena_take32(ar, B * T), k->rstd2 = dc_arena_take32(ar, B * T);
+        k->qkv = dc_arena_take(ar, B * T * 3 * D);
+        k->att = dc_arena_take(ar, BTD);
+        k->lse = dc_arena_take32(ar, B * H * T);
+        k->proj = dc_arena_take(ar, BTD);
+        k->x_mid = a->training ? dc_arena_take32(ar, BTD) : stream;
+        k->fc1 = dc_arena_take(ar, B * T * F);
+        k->act = dc_arena_take(ar, B * T * F);
+        k->fc2 = dc_arena_take(ar, BTD);
     }
     if (a->training && a->keep < c->depth) {  // one set for whichever block is recomputed
         block_acts *k = &a->redo;
-        k->mod = take(cv, B * 6 * D);
-        k->ln1 = take(cv, BTD), k->ln2 = take(cv, BTD);
-        k->mean1 = take32(cv, B * T), k->rstd1 = take32(cv, B * T);
-        k->mean2 = take32(cv, B * T), k->rstd2 = take32(cv, B * T);
-        k->qkv = take(cv, B * T * 3 * D);
-        k->att = take(cv, BTD);
-        k->lse = take32(cv, B * H * T);
-        k->proj = take(cv, BTD);
-        k->x_mid = take32(cv, BTD);
-        k->fc1 = take(cv, B * T * F);
-        k->act = take(cv, B * T * F);
-        k->fc2 = take(cv, BTD);
-        a->redo_next = take32(cv, BTD);
+        k->mod = dc_arena_take(ar, B * 6 * D);
+        k->ln1 = dc_arena_take(ar, BTD), k->ln2 = dc_arena_take(ar, BTD);
+        k->mean1 = dc_arena_take32(ar, B * T), k->rstd1 = dc_arena_take32(ar, B * T);
+        k->mean2 = dc_arena_take32(ar, B * T), k->rstd2 = dc_arena_take32(ar, B * T);
+        k->qkv = dc_arena_take(ar, B * T * 3 * D);
+        k->att = dc_arena_take(ar, BTD);
+        k->lse = dc_arena_take32(ar, B * H * T);
+        k->proj = dc_arena_take(ar, BTD);
+        k->x_mid = dc_arena_take32(ar, BTD);
+        k->fc1 = dc_arena_take(ar, B * T * F);
+        k->act = dc_arena_take(ar, B * T * F);
+        k->fc2 = dc_arena_take(ar, BTD);
+        a->redo_next = dc_arena_take32(ar, BTD);
     }
-    a->x_out = a->training ? take32(cv, BTD) : stream;
-    a->modf = take(cv, B * 2 * D);
-    a->lnf = take(cv, BTD), a->meanf = take32(cv, B * T), a->rstdf = take32(cv, B * T);
-    a->lin = take(cv, B * T * OP);
+    a->x_out = a->training ? dc_arena_take32(ar, BTD) : stream;
+    a->modf = dc_arena_take(ar, B * 2 * D);
+    a->lnf = dc_arena_take(ar, BTD), a->meanf = dc_arena_take32(ar, B * T), a->rstdf = dc_arena_take32(ar, B * T);
+    a->lin = dc_arena_take(ar, B * T * OP);
     if (!a->training) return;
-    a->dx = take32(cv, BTD), a->dt1 = take(cv, BTD), a->dt2 = take(cv, BTD);
-    a->dqkv = take(cv, B * T * 3 * D);
-    a->df1 = take(cv, B * T * F), a->df2 = take(cv, B * T * F);
-    a->dmod = take(cv, B * 6 * D);
-    a->dsilu_c = take32(cv, B * D), a->dc = take(cv, B * D), a->dtmp = take(cv, B * D);
-    a->dth = take(cv, B * D);
-    a->dlin = take(cv, B * T * OP);
+    a->dx = dc_arena_take32(ar, BTD), a->dt1 = dc_arena_take(ar, BTD), a->dt2 = dc_arena_take(ar, BTD);
+    a->dqkv = dc_arena_take(ar, B * T * 3 * D);
+    a->df1 = dc_arena_take(ar, B * T * F), a->df2 = dc_arena_take(ar, B * T * F);
+    a->dmod = dc_arena_take(ar, B * 6 * D);
+    a->dsilu_c = dc_arena_take32(ar, B * D), a->dc = dc_arena_take(ar, B * D), a->dtmp = dc_arena_take(ar, B * D);
+    a->dth = dc_arena_take(ar, B * D);
+    a->dlin = dc_arena_take(ar, B * T * OP);
 }
 
 int dc_dit_set_recompute(dc_dit *m, int keep) {
@@ -306,10 +296,10 @@ int64_t dc_dit_activation_bytes(dc_dit *m, int max_batch, int keep) {
     a.training = true;
     a.keep = keep < 0 || keep > m->cfg.depth ? m->cfg.depth : keep;
     if (max_batch < 1 || !(a.blocks = calloc((size_t)m->cfg.depth, sizeof *a.blocks))) return -1;
-    carver cv = {NULL, 0, m->be->compute};  // no base: the plan's size only
-    carve(m, &cv, &a, max_batch);
+    dc_arena ar = dc_arena_counting(m->be->compute);  // no base: the plan's size only
+    carve(m, &ar, &a, max_batch);
     free(a.blocks);
-    return (int64_t)cv.used;
+    return (int64_t)ar.used;
 }
 
 int dc_dit_reserve(dc_dit *m, int max_batch) {
@@ -333,15 +323,15 @@ int dc_dit_reserve(dc_dit *m, int max_batch) {
     a->keep = m->keep < 0 || m->keep > m->cfg.depth ? m->cfg.depth : m->keep;
     a->blocks = calloc(a->training ? m->cfg.depth : 1, sizeof *a->blocks);
     if (!a->blocks) return free(a), dc_fail("out of memory");
-    carver cv = {NULL, 0, m->be->compute};
-    carve(m, &cv, a, max_batch);
-    a->base = m->be->alloc(m->be, cv.used);
+    dc_arena ar = dc_arena_counting(m->be->compute);
+    carve(m, &ar, a, max_batch);
+    a->base = m->be->alloc(m->be, ar.used);
     if (!a->base) {
         free(a->blocks), free(a);
-        return dc_fail_ctx("activations for batch %d (%.1f MiB)", max_batch, cv.used / 1048576.0);
+        return dc_fail_ctx("activations for batch %d (%.1f MiB)", max_batch, ar.used / 1048576.0);
     }
-    cv = (carver){a->base, 0, m->be->compute};
-    carve(m, &cv, a, max_batch);
+    ar = dc_arena_over(a->base, m->be->compute);
+    carve(m, &ar, a, max_batch);
     m->acts = a;
     m->max_batch = max_batch;
     return 0;
@@ -560,8 +550,8 @@ int64_t dc_dit_config_activation_bytes(const dc_dit_config *cfg, dc_dtype comput
     a.training = true;
     a.keep = keep < 0 || keep > cfg->depth ? cfg->depth : keep;
     if (max_batch < 1 || !(a.blocks = calloc((size_t)cfg->depth, sizeof *a.blocks))) return -1;
-    carver cv = {NULL, 0, compute};
-    carve(&m, &cv, &a, max_batch);
+    dc_arena ar = dc_arena_counting(compute);
+    carve(&m, &ar, &a, max_batch);
     free(a.blocks);
-    return (int64_t)cv.used;
+    return (int64_t)ar.used;
 }

@@ -21,6 +21,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "models/unet_blocks.h"
+#include "nn/arena.h"
 
 #define MAX_SKIPS (1 + DC_UNET_MAX_BLOCKS * (DC_UNET_MAX_LAYERS + 1))
 #define MAX_CONVS 256
@@ -147,53 +148,42 @@ static void make_plan(const dc_unet *m, unet_plan *p) {
     plan_conv(p, &md->conv_out, m->lh, m->lw);
 }
 
-// ---- the arena ------------------------------------------------------------------------
+// ---- the arena (nn/arena.h) ------------------------------------------------------------
 
-// Carves named buffers out of one allocation; the first pass (base NULL)
-// only counts bytes.
-typedef struct { char *base; size_t used; dc_dtype dt; } carver;
-static dc_buf take_dt(carver *cv, int64_t n, dc_dtype dt) {
-    size_t bytes = ((size_t)n * dc_dtype_size(dt) + 255) & ~(size_t)255;
-    dc_buf b = {cv->base ? cv->base + cv->used : NULL, dt};
-    cv->used += bytes;
-    return b;
-}
-static dc_buf take(carver *cv, int64_t n) { return take_dt(cv, n, cv->dt); }
-
-static void carve(const dc_unet *m, const unet_plan *p, carver *cv, dc_unet_acts *a, int B) {
+static void carve(const dc_unet *m, const unet_plan *p, dc_arena *ar, dc_unet_acts *a, int B) {
     const dc_unet_config *c = &m->cfg;
     const int64_t td = dc_unet_time_dim(c);
     unet_scratch *s = &a->s;
-    a->tfreq = take(cv, (int64_t)B * c->ch[0]);
-    a->th = take(cv, B * td), a->ta = take(cv, B * td), a->temb = take(cv, B * td);
-    s->silu_temb = take(cv, B * td);
-    s->tproj = take(cv, B * p->tsum);
-    s->gn_mean = take_dt(cv, (int64_t)B * c->groups, DC_F32);
-    s->gn_rstd = take_dt(cv, (int64_t)B * c->groups, DC_F32);
-    s->ln_mean = take_dt(cv, B * (p->HW ? p->HW : 1), DC_F32);
-    s->ln_rstd = take_dt(cv, B * (p->HW ? p->HW : 1), DC_F32);
-    s->lse = take_dt(cv, B * (p->lse ? p->lse : 1), DC_F32);
+    a->tfreq = dc_arena_take(ar, (int64_t)B * c->ch[0]);
+    a->th = dc_arena_take(ar, B * td), a->ta = dc_arena_take(ar, B * td), a->temb = dc_arena_take(ar, B * td);
+    s->silu_temb = dc_arena_take(ar, B * td);
+    s->tproj = dc_arena_take(ar, B * p->tsum);
+    s->gn_mean = dc_arena_take_dt(ar, (int64_t)B * c->groups, DC_F32);
+    s->gn_rstd = dc_arena_take_dt(ar, (int64_t)B * c->groups, DC_F32);
+    s->ln_mean = dc_arena_take_dt(ar, B * (p->HW ? p->HW : 1), DC_F32);
+    s->ln_rstd = dc_arena_take_dt(ar, B * (p->HW ? p->HW : 1), DC_F32);
+    s->lse = dc_arena_take_dt(ar, B * (p->lse ? p->lse : 1), DC_F32);
     a->nskip = p->nskip;
-    for (int k = 0; k < p->nskip; k++) a->skip[k] = take(cv, B * p->skip[k]);
-    a->p0 = take(cv, B * p->P), a->p1 = take(cv, B * p->P);
+    for (int k = 0; k < p->nskip; k++) a->skip[k] = dc_arena_take(ar, B * p->skip[k]);
+    a->p0 = dc_arena_take(ar, B * p->P), a->p1 = dc_arena_take(ar, B * p->P);
     // the scratch union: the resnet view, then the transformer view over the same bytes
-    const size_t start = cv->used;
-    s->cat = take(cv, B * (p->cat ? p->cat : 1));
-    s->r0 = take(cv, B * p->R), s->r1 = take(cv, B * p->R);
-    const size_t resnet_end = cv->used;
-    cv->used = start;
+    const size_t start = ar->used;
+    s->cat = dc_arena_take(ar, B * (p->cat ? p->cat : 1));
+    s->r0 = dc_arena_take(ar, B * p->R), s->r1 = dc_arena_take(ar, B * p->R);
+    const size_t resnet_end = ar->used;
+    ar->used = start;
     const int64_t slab = B * (p->S ? p->S : 1);
-    for (int k = 0; k < 3; k++) s->tok[k] = take(cv, slab);
+    for (int k = 0; k < 3; k++) s->tok[k] = dc_arena_take(ar, slab);
     // one region: a packed [B, HW, 3C] q | k | v, then the feed-forward's
     // hidden layer in chunks of rows (two slabs' worth); the whole region
     // holds the gated [B HW, 4C] of a feed-forward run in one pass
     s->ff_cap = 2 * B * (p->S ? p->S : 8 * p->cmax);
-    s->tok[3] = take(cv, 3 * slab + s->ff_cap);
+    s->tok[3] = dc_arena_take(ar, 3 * slab + s->ff_cap);
     s->tok[4] = dc_buf_at(s->tok[3], slab), s->tok[5] = dc_buf_at(s->tok[3], 2 * slab);
-    s->ff1 = dc_buf_at(s->tok[3], 3 * slab), s->ff2 = take(cv, s->ff_cap / 2);
+    s->ff1 = dc_buf_at(s->tok[3], 3 * slab), s->ff2 = dc_arena_take(ar, s->ff_cap / 2);
     s->hid_cap = 3 * slab + s->ff_cap;
-    if (cv->used < resnet_end) cv->used = resnet_end;
-    a->kv = take(cv, B * DC_UNET_CTX_LEN * p->kvsum);
+    if (ar->used < resnet_end) ar->used = resnet_end;
+    a->kv = dc_arena_take(ar, B * DC_UNET_CTX_LEN * p->kvsum);
 }
 
 static void free_acts(dc_unet *m) {
@@ -211,9 +201,9 @@ size_t dc_unet_activation_bytes(const dc_model *mm, int max_batch) {
     dc_unet_acts a;
     make_plan(m, &p);
     memset(&a, 0, sizeof a);
-    carver cv = {NULL, 0, m->be->compute};
-    carve(m, &p, &cv, &a, max_batch);
-    return cv.used;
+    dc_arena ar = dc_arena_counting(m->be->compute);
+    carve(m, &p, &ar, &a, max_batch);
+    return ar.used;
 }
 
 static int unet_reserve(dc_model *mm, int max_batch) {
@@ -243,16 +233,16 @@ static int unet_reserve(dc_model *mm, int max_batch) {
     free_acts(m);
     dc_unet_acts *a = calloc(1, sizeof *a);
     if (!a) return dc_fail("out of memory");
-    carver cv = {NULL, 0, be->compute};
-    carve(m, &p, &cv, a, max_batch);
-    a->bytes = cv.used;
-    a->base = be->alloc(be, cv.used);
+    dc_arena ar = dc_arena_counting(be->compute);
+    carve(m, &p, &ar, a, max_batch);
+    a->bytes = ar.used;
+    a->base = be->alloc(be, ar.used);
     if (!a->base) {
         free(a);
-        return dc_fail_ctx("UNet activations for batch %d (%.1f MiB)", max_batch, cv.used / 1048576.0);
+        return dc_fail_ctx("UNet activations for batch %d (%.1f MiB)", max_batch, ar.used / 1048576.0);
     }
-    cv = (carver){a->base, 0, be->compute};
-    carve(m, &p, &cv, a, max_batch);
+    ar = dc_arena_over(a->base, be->compute);
+    carve(m, &p, &ar, a, max_batch);
     m->acts = a;
     m->max_batch = max_batch;
     return 0;

@@ -22,6 +22,7 @@
 
 #include "core/error.h"
 #include "models/vae_modules.h"
+#include "nn/arena.h"
 
 enum { SLOTS = 3, BUF_K = 3, BUF_V = 4, BUF_IN = 5, BUF_OUT = 6, NBUF = 7 };
 
@@ -210,7 +211,13 @@ void dc_vae_release(dc_vae *m) {
     m->max_batch = m->height = m->width = 0;
 }
 
-static size_t round_up(size_t n) { return (n + 255) & ~(size_t)255; }
+// The activations, carved out of one allocation (nn/arena.h): the maps, then
+// the group norm's statistics and attention's lse in fp32.
+static void carve(const dc_vae_config *c, const vae_pass *p, dc_arena *ar, dc_vae_acts *a) {
+    for (int i = 0; i < BUF_IN; i++) a->buf[i] = dc_arena_take(ar, p->need[i]);
+    a->mean = dc_arena_take32(ar, c->groups), a->rstd = dc_arena_take32(ar, c->groups);
+    a->lse = dc_arena_take32(ar, p->need_lse);
+}
 
 int dc_vae_reserve(dc_vae *m, int max_batch, int height, int width) {
     const dc_vae_config *c = &m->cfg;
@@ -237,10 +244,10 @@ int dc_vae_reserve(dc_vae *m, int max_batch, int height, int width) {
     dc_vae_acts *a = calloc(1, sizeof *a);
     if (!a) return dc_fail("out of memory");
     dc_dtype dt = m->be->compute;
-    size_t off[NBUF], total = 0, es = dc_dtype_size(dt);
-    for (int i = 0; i < BUF_IN; i++) off[i] = total, total += round_up((size_t)p.need[i] * es);
-    size_t off_stats = total;
-    total += 2 * round_up((size_t)c->groups * sizeof(float)) + round_up((size_t)p.need_lse * sizeof(float));
+    size_t es = dc_dtype_size(dt);
+    dc_arena ar = dc_arena_counting(dt);
+    carve(c, &p, &ar, a);
+    const size_t total = ar.used;
     size_t hw = (size_t)(height / f) * (width / f);
     a->base = m->be->alloc(m->be, total);
     a->host = m->has_encoder ? malloc(c->latent_channels * hw * es) : NULL;
@@ -249,11 +256,8 @@ int dc_vae_reserve(dc_vae *m, int max_batch, int height, int width) {
         free(a->host), free(a);
         return dc_fail_ctx("VAE activations for %dx%d images (%.1f MiB)", width, height, total / 1048576.0);
     }
-    char *base = a->base;
-    for (int i = 0; i < BUF_IN; i++) a->buf[i] = (dc_buf){base + off[i], dt};
-    a->mean = (dc_buf){base + off_stats, DC_F32};
-    a->rstd = (dc_buf){base + off_stats + round_up((size_t)c->groups * sizeof(float)), DC_F32};
-    a->lse = (dc_buf){base + off_stats + 2 * round_up((size_t)c->groups * sizeof(float)), DC_F32};
+    ar = dc_arena_over(a->base, dt);
+    carve(c, &p, &ar, a);
     a->bytes = total;
     m->acts = a;
     m->max_batch = max_batch, m->height = height, m->width = width;

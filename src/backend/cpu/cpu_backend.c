@@ -168,6 +168,7 @@ dc_backend *dc_backend_cpu_create(void) {
     *be = (dc_backend){
         .name = "cpu",
         .ctx = ctx,
+        .opts = dc_backend_opts_default(),
         .compute = DC_F32,
         .half_weights = true,
         .alloc = cpu_alloc,

@@ -22,7 +22,7 @@
 // dQ is written by its product directly, which makes cuDNN run its
 // deterministic kernel (the scores' gradients staged in its workspace; the
 // frontend's other form, dQ summed in fp32 with atomics, measured no faster
-// on DiT-XL/2). DC_CUDNN_ATTENTION_BWD=0 keeps the backward on our kernels.
+// on DiT-XL/2). opts.cudnn_attention_bwd off keeps the backward on our kernels.
 //
 // Q, K, V and O keep the op's layouts: the graph's tensors take their strides
 // (K as K^T by swapping its last two strides). A plan is built the first time
@@ -37,9 +37,9 @@
 // unaligned layouts).
 //
 // On by default (docs/PERFORMANCE.md: SD 1.5's UNet step 41.7 -> 34.7 ms at
-// 16 rows on an H100). DC_CUDNN_ATTENTION=0 turns it off, for comparing with
-// our kernels; DC_CUDNN_ATTENTION=1 reports on stderr which shapes got a
-// plan and which cuDNN declined.
+// 16 rows on an H100). opts.cudnn_attention off turns it off, for comparing
+// with our kernels; with opts.profile, stderr tells which shapes got a plan,
+// the time of each plan offered, and which shapes cuDNN declined.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -196,16 +196,6 @@ static int64_t rows_bytes(const sdpa_key *k) {
     return k->bwd ? ((int64_t)k->B * k->H * k->Tq * 4 + 255) / 256 * 256 : 0;
 }
 
-// DC_CUDNN_ATTENTION (read once): 0 off; unset or anything else on, 1 also reporting.
-static int env_mode(void) {
-    static int mode = -1;
-    if (mode < 0) {
-        const char *e = getenv("DC_CUDNN_ATTENTION");
-        mode = !e ? 1 : strcmp(e, "0") == 0 ? 0 : strcmp(e, "1") == 0 ? 2 : 1;
-    }
-    return mode;
-}
-
 // Whether the graph covers this call: bf16, no mask, one head size, every
 // layout in 16-byte steps and the n tensors on 16-byte boundaries (cuDNN's
 // alignment), and head sizes cuDNN's flash kernels take.
@@ -331,28 +321,27 @@ static void choose(dc_backend *be, dc_sdpa_plan *p, int n, const int64_t *uids, 
 }
 
 bool dc_cuda_attention_cudnn_fwd(dc_backend *be, const AttnParams *ap, const dc_attn_shape *s) {
-    const int mode = env_mode();
+    const bool report = be->opts.profile;
     const void *ptr[4] = {ap->q, ap->k, ap->v, ap->out};
-    if (!mode || !graph_covers(s, ptr, 4)) return false;
+    if (!be->opts.cudnn_attention || !graph_covers(s, ptr, 4)) return false;
     const sdpa_key key = key_of(ap, s, 0);
-    dc_sdpa_plan *p = plan_get(be, &key, mode == 2);
+    dc_sdpa_plan *p = plan_get(be, &key, report);
     if (!p || !p->plan) return false;
     float scale = ap->scale;
     const int64_t uids[6] = {UID_Q, UID_K, UID_V, UID_O, UID_LSE, UID_SCALE};
     void *data[6] = {(void *)ap->q, (void *)ap->k, (void *)ap->v, ap->out, ap->lse, &scale};
     void *ws = dc_cuda(be)->sdpa_ws;
-    if (p->ncand) choose(be, p, 6, uids, data, ws, mode == 2);
+    if (p->ncand) choose(be, p, 6, uids, data, ws, report);
     run(be, p->plan, 6, uids, data, p->ws ? ws : NULL);
     return true;
 }
 
 bool dc_cuda_attention_cudnn_bwd(dc_backend *be, const AttnParams *ap, const dc_attn_shape *s) {
-    const int mode = env_mode();
+    const bool report = be->opts.profile;
     const void *ptr[8] = {ap->q, ap->k, ap->v, ap->o, ap->dq, ap->dk, ap->dv, ap->dout};
-    // DC_CUDNN_ATTENTION_BWD=0: our kernels (read at every call, so a test can switch it)
-    if (!mode || !dc_env_on("DC_CUDNN_ATTENTION_BWD") || !graph_covers(s, ptr, 8)) return false;
+    if (!be->opts.cudnn_attention || !be->opts.cudnn_attention_bwd || !graph_covers(s, ptr, 8)) return false;
     const sdpa_key key = key_of(ap, s, 1);
-    dc_sdpa_plan *p = plan_get(be, &key, mode == 2);
+    dc_sdpa_plan *p = plan_get(be, &key, report);
     if (!p || !p->plan) return false;
     char *rows = (char *)dc_cuda(be)->sdpa_ws, *ws = rows + rows_bytes(&key);
     float scale = ap->scale, unit = 1.0f;
@@ -360,7 +349,7 @@ bool dc_cuda_attention_cudnn_bwd(dc_backend *be, const AttnParams *ap, const dc_
                               UID_SCALE, UID_ONE, UID_DQ, UID_DK, UID_DV, UID_DSUM};
     void *data[12] = {(void *)ap->q, (void *)ap->k, (void *)ap->v, (void *)ap->o, (void *)ap->dout, ap->lse,
                       &scale,        &unit,         ap->dq,        ap->dk,        ap->dv,          rows};
-    if (p->ncand) choose(be, p, 12, uids, data, ws, mode == 2);
+    if (p->ncand) choose(be, p, 12, uids, data, ws, report);
     run(be, p->plan, 12, uids, data, p->ws ? ws : NULL);
     return true;
 }

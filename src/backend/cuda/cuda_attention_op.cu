@@ -68,11 +68,8 @@ extern "C" void dc_cuda_attention_fwd(dc_backend *be, dc_buf out, dc_buf lse, dc
     AttnParams p = params_for(s);
     p.q = q.p, p.k = k.p, p.v = v.p, p.out = out.p, p.lse = (float *)lse.p;
     cudaStream_t st = dc_cuda(be)->stream;
-    // DC_ATTENTION_SM90=0 turns the Hopper kernel off, DC_ATTENTION_SHORT=0
-    // the few-keys one (for comparing and for testing the paths behind them);
-    // read at every call, so a test can switch them.
-    if (bf16 && ((dc_env_on("DC_ATTENTION_SM90") && dc_attn_fwd_sm90(be, p, s)) ||
-                 (dc_env_on("DC_ATTENTION_SHORT") && dc_attn_fwd_short(be, p, s)))) {
+    if (bf16 && ((be->opts.attention_sm90 && dc_attn_fwd_sm90(be, p, s)) ||
+                 (be->opts.attention_short && dc_attn_fwd_short(be, p, s)))) {
         DC_CUDA_LAUNCHED(be);
         return;
     }

@@ -258,7 +258,7 @@ static void cu_destroy(dc_backend *be) {
 // Everything a backend holds before its first op; 0, or -1 with a message.
 // A GPU that is present but unusable (too old, busy in exclusive mode, full)
 // is a clean failure, so "auto" can fall back to the CPU.
-static int start(dc_cuda_ctx *c) {
+static int start(dc_cuda_ctx *c, const dc_backend_opts *o) {
     int dev = 0, major = 0, minor = 0;
     cudaError_t e = cudaGetDevice(&dev);
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
@@ -268,7 +268,7 @@ static int start(dc_cuda_ctx *c) {
         return dc_fail("GPU %d has compute capability %d.%d; the CUDA backend needs 8.0 (Ampere) or newer", dev,
                        major, minor);
     if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
-    c->pdl = major >= 9 && dc_env_on("DC_PDL");
+    c->pdl = major >= 9;
     if (e != cudaSuccess)
         return cudaGetLastError(), dc_fail("the CUDA GPU could not be used (%s)", cudaGetErrorString(e));
     cublasStatus_t st = cublasLtCreate(&c->lt);
@@ -292,13 +292,14 @@ static int start(dc_cuda_ctx *c) {
     if (e != cudaSuccess)
         return cudaGetLastError(), dc_fail("the CUDA GPU could not be used (events: %s)", cudaGetErrorString(e));
     DC_TRY(dc_cuda_copy_start(c));
-    dc_cuda_prof_start(c);
+    if (o->profile) dc_cuda_prof_start(c);
     return 0;
 }
 
 static void *cu_stream(dc_backend *be) { return (void *)((dc_cuda_ctx *)be->ctx)->stream; }
 
-extern "C" dc_backend *dc_backend_cuda_create(bool fp32) {
+extern "C" dc_backend *dc_backend_cuda_create_opts(bool fp32, const dc_backend_opts *opts) {
+    const dc_backend_opts o = opts ? *opts : dc_backend_opts_default();
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess || n == 0) {
@@ -318,13 +319,14 @@ extern "C" dc_backend *dc_backend_cuda_create(bool fp32) {
         return NULL;
     }
     be->ctx = c;
-    if (start(c) != 0) {
+    if (start(c, &o) != 0) {
         cu_destroy(be);
         return NULL;
     }
     *be = (dc_backend){
         .name = fp32 ? "cuda-fp32" : "cuda",
         .ctx = c,
+        .opts = o,
         .compute = fp32 ? DC_F32 : DC_BF16,
         .half_weights = false,  // the ops read weights in the compute dtype
         .alloc = cu_alloc,

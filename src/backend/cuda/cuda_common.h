@@ -77,11 +77,6 @@ __device__ __forceinline__ float dc_warp_max(float v) {
 
 // Whether a buffer holds bf16 (the kernels' dtype flag), and pointer alignment.
 #define BF(b) ((b).dt == DC_BF16)
-// A switch for comparing paths: on unless the variable is set to "0".
-static inline bool dc_env_on(const char *name) {
-    const char *e = getenv(name);
-    return !e || strcmp(e, "0") != 0;
-}
 static inline bool dc_aligned(const void *p, uintptr_t n) { return ((uintptr_t)p & (n - 1)) == 0; }
 // The current device's SM count (0 if it cannot be asked), asked once a device.
 static inline int dc_cuda_sm_count(void) {

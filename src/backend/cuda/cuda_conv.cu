@@ -25,8 +25,7 @@
 // A bf16 bias joins that graph as a pointwise add in the convolution's
 // epilogue (cuDNN runs the same precompiled kernels with it): SD 1.x's
 // 16-row step lost its 0.33 ms of bias passes (31.40 -> 31.09-31.23 ms on an
-// H100). DC_CONV_BIAS_FUSED=0, read when a shape's plan is made, keeps the
-// separate pass.
+// H100). A shape whose graph cuDNN declines keeps the separate pass.
 // Large bf16 3x3 convolutions of stride 1 (640 channels or more at SD's
 // 64x64 to 16x16 levels, at batch 8) run Winograd's F(4x4, 3x3) instead
 // (cuda_conv_winograd.cu).
@@ -304,7 +303,7 @@ static bool plan_make(cudnnHandle_t h, const dc_conv2d_shape *s, dc_dtype dt, si
     }
     if (found && !fp32 && s->nhwc) {
         graph_plan(h, s, hi, wi, ph, pw, limit, false, p);
-        if (p->gplan && dc_env_on("DC_CONV_BIAS_FUSED")) graph_plan(h, s, hi, wi, ph, pw, limit, true, p);
+        if (p->gplan) graph_plan(h, s, hi, wi, ph, pw, limit, true, p);
     }
     const char *pass = "forward";
     if (found) {
@@ -416,7 +415,7 @@ extern "C" int dc_cuda_reserve_conv(dc_backend *be, const dc_conv2d_shape *s, bo
     size_t limit = c->conv_ws_bytes > CONV_WS_MAX ? c->conv_ws_bytes : CONV_WS_MAX;
     dc_conv_plan *p = plan_get(c, s, be->compute, limit, err, sizeof err);
     if (!p) return cudaGetLastError(), dc_fail("%s", err);
-    size_t ws = op_ws(p, backward), wino = dc_cuda_winograd_ws(s, be->compute);
+    size_t ws = op_ws(p, backward), wino = dc_cuda_winograd_ws(be, s, be->compute);
     DC_TRY(dc_cuda_grow(c, &c->conv_ws, &c->conv_ws_bytes, wino > ws ? wino : ws, "the convolution workspace"));
     DC_TRY(dc_cuda_grow(c, &c->conv_scratch, &c->conv_scratch_bytes, scratch_bytes(s, backward),
                         "the convolution scratch"));

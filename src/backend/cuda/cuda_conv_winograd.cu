@@ -29,15 +29,14 @@
 // of at least 8 (SD 1.x's 16-row step: the 640- and 960-channel convolutions
 // of the 64x64 level and all of the 32x32 and 16x16 levels'; at 2 rows the
 // 64x64 level's measured no faster and would add 0.14 GB to one picture's
-// memory; the 8x8 level's products are too small to pay). DC_WINOGRAD=0 turns
-// it off. The planes live in the convolution workspace, grown at reserve
+// memory; the 8x8 level's products are too small to pay). opts.winograd off
+// turns it off. The planes live in the convolution workspace, grown at reserve
 // (about 0.4 GB at SD 1.x's 16 rows).
 //
 // While the weights are frozen (freeze_weights: an inference pipeline), each
 // convolution's U is made once, on its first call outside a graph's capture,
 // and kept by the weights' address (about 2 GB for SD 1.x at 16 rows): made
 // each call, U is about 3.5 GB written and read a 16-row step.
-// DC_WINOGRAD_KEEP=0 makes U each call all the same.
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/cuda_ops.h"
 
@@ -280,24 +279,24 @@ extern "C" void dc_cuda_wino_free(dc_cuda_ctx *c) {
 extern "C" void dc_cuda_freeze_weights(dc_backend *be, bool frozen) {
     dc_cuda_ctx *c = dc_cuda(be);
     if (!frozen) dc_cuda_wino_free(c);
-    c->frozen = frozen && dc_env_on("DC_WINOGRAD_KEEP");  // =0: U made each call all the same
+    c->frozen = frozen;
 }
 
-extern "C" size_t dc_cuda_winograd_ws(const dc_conv2d_shape *s, dc_dtype dt) {
+extern "C" size_t dc_cuda_winograd_ws(const dc_backend *be, const dc_conv2d_shape *s, dc_dtype dt) {
     const bool fits = dt == DC_BF16 && s->nhwc && s->k == 3 && s->stride == 1 && s->pad_t == 1 && s->pad_b == 1 &&
                       s->pad_l == 1 && s->pad_r == 1 && s->Ci % 8 == 0 && s->Co % 8 == 0;
     // where it measured cheaper than cuDNN (above)
     const int64_t hw = (int64_t)s->H * s->W;
     const bool pays = s->Ci >= 640 && hw <= 4096 && (hw <= 1024 || s->B >= 8) && blocks2(s) >= 1024 &&
                       tiles(s) * (s->Ci > s->Co ? s->Ci : s->Co) / 2 <= INT32_MAX;
-    if (!fits || !pays || !dc_env_on("DC_WINOGRAD")) return 0;
+    if (!fits || !pays || !be->opts.winograd) return 0;
     return (size_t)(u_bytes(s) + v_bytes(s) + m_bytes(s));
 }
 
 extern "C" bool dc_cuda_conv_winograd(dc_backend *be, dc_buf out, dc_buf x, dc_buf w, dc_buf b,
                                       const dc_conv2d_shape *s) {
     dc_cuda_ctx *c = dc_cuda(be);
-    const size_t need = dc_cuda_winograd_ws(s, x.dt);
+    const size_t need = dc_cuda_winograd_ws(be, s, x.dt);
     if (!need || need > c->conv_ws_bytes || (b.p && b.dt != DC_BF16 && b.dt != DC_F32) || !dc_aligned(x.p, 16) ||
         !dc_aligned(out.p, 4) || (b.dt == DC_BF16 && b.p && !dc_aligned(b.p, 4)))
         return false;

@@ -11,8 +11,7 @@
 // run in the order they were issued, so a ticket also covers every earlier
 // copy of its direction; the two directions are ordered only through the
 // main stream. A ticket is 2 seq + direction (1: to the host), seq counting
-// that direction's copies from 1. DC_CUDA_COPY_STREAMS=1 puts both
-// directions on one stream, as before, for comparison.
+// that direction's copies from 1.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,11 +20,8 @@
 #include "core/error.h"
 
 int dc_cuda_copy_start(dc_cuda_ctx *c) {
-    const char *one = getenv("DC_CUDA_COPY_STREAMS");
-    const bool shared = one && strcmp(one, "1") == 0;
     cudaError_t e = cudaStreamCreateWithFlags(&c->copy_stream[0], cudaStreamNonBlocking);
-    if (e == cudaSuccess && !shared) e = cudaStreamCreateWithFlags(&c->copy_stream[1], cudaStreamNonBlocking);
-    if (e == cudaSuccess && shared) c->copy_stream[1] = c->copy_stream[0];
+    if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&c->copy_stream[1], cudaStreamNonBlocking);
     if (e == cudaSuccess) e = cudaEventCreateWithFlags(&c->copy_after, cudaEventDisableTiming);
     // Every slot starts recorded (complete), so a wait on any ticket returns.
     // A host waiting on one sleeps rather than spins (BlockingSync): the

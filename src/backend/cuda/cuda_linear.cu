@@ -307,7 +307,7 @@ extern "C" void dc_cuda_linear_many_fwd(dc_backend *be, const dc_linear_job *job
                                         int K) {
     DC_CUDA_OP(be);
     bool fast = inp.dt == DC_BF16 && M >= 1 && M <= kManyRows && K % 8 == 0 && (size_t)M * K * 2 <= 48 * 1024 &&
-                dc_aligned(inp.p, 16) && dc_env_on("DC_LINEAR_MANY");
+                dc_aligned(inp.p, 16);
     for (int i = 0; i < n && fast; i++)
         fast = jobs[i].out.dt == DC_BF16 && jobs[i].w.dt == DC_BF16 && dc_aligned(jobs[i].w.p, 16) &&
                (!jobs[i].b.p || jobs[i].b.dt == DC_BF16 || jobs[i].b.dt == DC_F32) && jobs[i].N >= 1;
@@ -343,11 +343,11 @@ extern "C" void dc_cuda_linear_gelu_fwd(dc_backend *be, dc_buf out, dc_buf pre, 
 
 // [h | g] = inp w^T + b, out = h gelu_erf(g): one product with the gate in its
 // epilogue where the Hopper kernel takes the call, else the product into pre
-// and the GEGLU pass. DC_GEGLU_SM90=0 turns the fused kernel off.
+// and the GEGLU pass (opts.geglu_sm90 off: always so).
 extern "C" bool dc_cuda_linear_geglu_fwd(dc_backend *be, dc_buf out, dc_buf pre, dc_buf inp, dc_buf w, dc_buf b,
                                          int M, int K, int F) {
     DC_CUDA_OP_OR(be, true);  // a failed backend runs nothing: as if done
-    if (dc_env_on("DC_GEGLU_SM90") && dc_cuda_geglu_linear_sm90(be, out, inp, w, b, M, K, F)) {
+    if (be->opts.geglu_sm90 && dc_cuda_geglu_linear_sm90(be, out, inp, w, b, M, K, F)) {
         DC_CUDA_OR(be, true, cudaGetLastError());
         return true;
     }

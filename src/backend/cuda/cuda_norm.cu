@@ -147,13 +147,13 @@ extern "C" void dc_cuda_group_norm_fwd(dc_backend *be, dc_buf out, dc_buf mean, 
 enum { GN_RT = 8 };
 
 // Chunks of kernel 1: of at least 32 pixels, up to 16384 partials a sample,
-// or (DC_GN_CHUNKS=0: not) up to 65536 where that leaves more than 512 pixels
+// or up to 65536 where that leaves more than 512 pixels
 // a chunk: the VAE's 256x256 and 512x512 maps, whose long chunks made few
 // blocks with long loops (an H100's 512x512 decode: 6.6 -> 6.2 ms). The UNet's
 // maps keep their chunks, and their bits. The shape alone decides.
 static int64_t gn_nhwc_chunks(int64_t HW, int C) {
     int64_t by_ws = 16384 / C > 1 ? 16384 / C : 1;
-    if (HW / 512 > by_ws && dc_env_on("DC_GN_CHUNKS")) by_ws = HW / 512 < 65536 / C ? HW / 512 : 65536 / C;
+    if (HW / 512 > by_ws) by_ws = HW / 512 < 65536 / C ? HW / 512 : 65536 / C;
     const int64_t by_rows = (HW + 31) / 32;
     return by_rows < by_ws ? by_rows : by_ws;
 }

@@ -70,8 +70,8 @@ typedef struct {
     uint64_t frees;           // device buffers freed or replaced so far (a graph's validity)
     bool failed;              // an op has failed: err says how, and nothing runs any more
     char err[512];
-    dc_cuda_prof *prof;       // DC_CUDA_PROFILE=1: per-op GPU time (cuda_profile.cu), else NULL
-    bool pdl;                 // dc_launch may overlap a launch with the kernel ahead (Hopper on; DC_PDL=0 off)
+    dc_cuda_prof *prof;       // opts.profile: per-op GPU time (cuda_profile.cu), else NULL
+    bool pdl;                 // dc_launch may overlap a launch with the kernel ahead (Hopper)
 } dc_cuda_ctx;
 
 static inline dc_cuda_ctx *dc_cuda(dc_backend *be) { return (dc_cuda_ctx *)be->ctx; }
@@ -222,7 +222,7 @@ int dc_cuda_reserve_conv(dc_backend *be, const dc_conv2d_shape *s, bool backward
 // it needs for shape s in dtype dt (0: the shape runs on cuDNN), and the
 // convolution itself, false (nothing done) where it does not apply or the
 // workspace is short.
-size_t dc_cuda_winograd_ws(const dc_conv2d_shape *s, dc_dtype dt);
+size_t dc_cuda_winograd_ws(const dc_backend *be, const dc_conv2d_shape *s, dc_dtype dt);
 bool dc_cuda_conv_winograd(dc_backend *be, dc_buf out, dc_buf x, dc_buf w, dc_buf b, const dc_conv2d_shape *s);
 void dc_cuda_freeze_weights(dc_backend *be, bool frozen);
 void dc_cuda_wino_free(dc_cuda_ctx *c);  // the kept transforms, at unfreeze and teardown

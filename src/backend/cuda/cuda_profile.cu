@@ -1,4 +1,4 @@
-// DC_CUDA_PROFILE=1: where a run's GPU time goes, op by op. Every op records
+// opts.profile: where a run's GPU time goes, op by op. Every op records
 // an event at its entry (DC_CUDA_OP); the time from one op's event to the
 // next is charged to the first, so each op's kernels, copies and library
 // calls are counted, and the host's gaps between ops too (launch overhead
@@ -44,8 +44,6 @@ struct dc_cuda_prof {
 };
 
 extern "C" void dc_cuda_prof_start(dc_cuda_ctx *c) {
-    const char *e = getenv("DC_CUDA_PROFILE");
-    if (!e || !*e || !strcmp(e, "0")) return;
     c->prof = (dc_cuda_prof *)calloc(1, sizeof *c->prof);
     for (int i = 0; c->prof && i < PROF_EVENTS; i++) cudaEventCreate(&c->prof->ev[i]);
     for (int i = 0; c->prof && i < PROF_GEVENTS; i++) cudaEventCreate(&c->prof->gev[i]);
