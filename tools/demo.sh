@@ -7,9 +7,9 @@
 #   DEMO_STEPS=N  train N steps instead of the recipe's 7000 (DEMO_STEPS=300
 #                 runs in about a minute on two cores, a check that all
 #                 works: the model is not trained yet, and tools/fmnist_judge.py
-#                 recognises 11% of its samples, chance being 10%, against
-#                 93% after 7000). A later run with a larger N, or without
-#                 it, continues the same run.
+#                 recognises 11% of its samples, chance being 10%; 43% after
+#                 1000 steps, 93% after 7000). A later run with a larger N, or
+#                 without it, continues the same run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${DEMO_STEPS:-7000}  # the demo recipe's length, diffusion train's default
