@@ -27,6 +27,7 @@ typedef struct {
     uint8_t *row;   // [width, 4]: a CMYK row
     uint8_t exif[1 << 16];  // the first Exif block (an APP1 marker holds at most 65533 bytes)
     size_t exif_len;
+    bool header_read;       // markers from here on come between scans
     char err[JMSG_LENGTH_MAX + 64];
 } reader;
 
@@ -63,16 +64,17 @@ static int next_byte(j_decompress_ptr d) {
     return *src->next_input_byte++;
 }
 
-// APP1 markers: the first that holds Exif is kept (for its orientation), the
-// rest skipped. libjpeg's own saving would keep every one, and a file can
-// hold thousands.
+// APP1 markers: the first that holds Exif, before the first scan, is kept
+// (for its orientation; reading the header alone sees no further), the rest
+// skipped. libjpeg's own saving would keep every one, and a file can hold
+// thousands.
 static boolean on_app1(j_decompress_ptr d) {
     reader *r = (reader *)d->err;
     long len = (long)next_byte(d) << 8;
     len += next_byte(d);
     len -= 2;  // the length counts itself
     long i = 0;
-    if (!r->exif_len) {
+    if (!r->exif_len && !r->header_read) {
         for (; i < len; i++) r->exif[i] = (uint8_t)next_byte(d);
         if (len >= 6 && !memcmp(r->exif, "Exif\0\0", 6)) r->exif_len = (size_t)len;
     }
@@ -103,6 +105,7 @@ static int decode(reader *r, FILE *fp, int64_t max_pixels, int header_only, dc_i
     jpeg_stdio_src(d, fp);
     jpeg_set_marker_processor(d, JPEG_APP0 + 1, on_app1);
     jpeg_read_header(d, TRUE);
+    r->header_read = true;
     const unsigned w = d->image_width, h = d->image_height;
     if (w > DC_IMAGE_MAX_SIDE || h > DC_IMAGE_MAX_SIDE || (int64_t)w * h > max_pixels) {
         snprintf(r->err, sizeof r->err, "a %ux%u JPEG picture is over the limit of %lld pixels (%d a side)", w, h,
