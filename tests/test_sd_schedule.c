@@ -142,7 +142,7 @@ static int run_loop(const dc_ksampler_opts *o, const double *start, float *x_out
 
 // ---- one run of the golden file against the engine's plan --------------------------------
 typedef struct {
-    int runs, loops;
+    int runs, loops, end_flips;  // end_flips: runs whose first timestep is the table end's (above)
     double acp, sigma, init, t_frac, loop;  // worst errors over their allowance (loop: relative)
 } tally;
 
@@ -186,12 +186,21 @@ static void check_run(const char *cname, const dc_sd_sched_cfg *cfg, const dc_js
                     sig_tol(&tl, dc_sd_sigma_to_t(&s, gs[o.karras ? n - 1 : n])));
     // timesteps
     bool integer = o.kind == DC_KS_DDIM || o.kind == DC_KS_DPMPP_2M;
+    bool at_end = false;  // diffusers' float32 put the table's last sigma one step below it
     for (int i = 0; i < n; i++) {
         double d = fabs(plan[i].t - gt[i]);
         double rel = o.kind == DC_KS_DDIM ? 0 : fmax(ends, sig_tol(&tl, dc_sd_sigma_to_t(&s, plan[i].sigma)));
         if (integer) {
             bool flip = nu == n && d == 1 && fabs(fabs(tu[i] - floor(tu[i])) - 0.5) < t_tol(&tl, tu[i], rel);
-            CHECK(plan[i].t == gt[i] || flip, "%s: timestep %d is %g, diffusers %g", name, i, plan[i].t, gt[i]);
+            // Karras' first sigma is the table's last: the engine takes its
+            // timestep, T - 1, exactly; diffusers under numpy 2 works it out
+            // in float32, which (where the last sigmas are far apart, as the
+            // cosine schedule's 20291 and 700) can land below T - 1.5
+            bool end = o.karras && nu == n && i == 0 && plan[i].t == s.T - 1 && gt[i] == s.T - 2 &&
+                       fabs(tu[i] - (s.T - 1)) < 1e-6;
+            at_end = at_end || end;
+            CHECK(plan[i].t == gt[i] || flip || end, "%s: timestep %d is %g, diffusers %g", name, i, plan[i].t,
+                  gt[i]);
         } else if (cfg->continuous_t && o.prediction == DC_PRED_V) {  // 0.25 log sigma
             CHECK(d <= 0.25 * rel + 1e-6, "%s: timestep %d is %.6f, diffusers %.6f", name, i, plan[i].t, gt[i]);
         } else {
@@ -233,7 +242,8 @@ static void check_run(const char *cname, const dc_sd_sched_cfg *cfg, const dc_js
     }
     free(tl.acp);
     double want[NEL];
-    if (arr(r, "out", want, NEL) == NEL) {
+    if (at_end) ty->end_flips++;  // a loop from another first timestep: not comparable
+    if (!at_end && arr(r, "out", want, NEL) == NEL) {
         float x[NEL];
         rc = run_loop(&o, start, x);
         double e = rc ? INFINITY : 0;
@@ -293,8 +303,10 @@ static void test_golden(void) {
         dc_sd_sched_cfg_free(&cfg);
     }
     printf("golden: %d runs, %d loops; worst error over its allowance: alphas_cumprod %.2f, sigma %.2f, start "
-           "noise %.2f, fractional t %.2f; loops %.2e\n", ty.runs, ty.loops, ty.acp, ty.sigma, ty.init, ty.t_frac,
-           ty.loop);
+           "noise %.2f, fractional t %.2f; loops %.2e; %d Karras ladders whose first timestep diffusers' float32 "
+           "put one below the table's end\n", ty.runs, ty.loops, ty.acp, ty.sigma, ty.init, ty.t_frac, ty.loop,
+           ty.end_flips);
+    CHECK(ty.end_flips <= 6, "%d ladders excused at the table's end", ty.end_flips);
     CHECK(ty.runs >= 250 && ty.loops >= 30, "%d runs and %d loops compared", ty.runs, ty.loops);
     dc_json_free(&doc);
 }
