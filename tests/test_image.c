@@ -26,6 +26,7 @@
 #include "io/png.h"
 
 #include "check.h"
+#include "file_bytes.h"
 #include "pictures.h"
 #include "tmpdir.h"
 
@@ -53,24 +54,6 @@ static uint8_t *pixels(int w, int h, int ch, int smooth) {
 static int over_white(int c, int a) { return (int)floor((a * c + (255.0 - a) * 255.0) / 255.0 + 0.5); }
 
 static int refused(const char *path, int64_t budget, const char *want);
-
-static uint8_t *slurp(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    rewind(f);
-    uint8_t *b = malloc((size_t)len + 1);
-    if (b && fread(b, 1, (size_t)len, f) != (size_t)len) free(b), b = NULL;
-    fclose(f);
-    *n = (size_t)len;
-    return b;
-}
-
-static void spit(const char *path, const void *b, size_t n) {
-    FILE *f = fopen(path, "wb");
-    if (!f || fwrite(b, 1, n, f) != n || fclose(f)) printf("cannot write %s\n", path), exit(1);
-}
 
 // The file's byte at `at` set to v, in place (rewriting small files over and
 // over costs a block discard each on some file systems).

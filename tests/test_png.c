@@ -19,6 +19,7 @@
 #include "io/png_params.h"
 
 #include "check.h"
+#include "file_bytes.h"
 #include "tmpdir.h"
 
 // ---- making test files with libpng directly ------------------------------------
@@ -55,27 +56,6 @@ static int write_raw(const char *path, const spec *s, int w, int h, uint8_t *con
     png_write_end(png, info);
     png_destroy_write_struct(&png, &info);
     return fclose(f);
-}
-
-static uint8_t *slurp(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    rewind(f);
-    uint8_t *b = malloc((size_t)len + 1);
-    if (b && fread(b, 1, (size_t)len, f) != (size_t)len) free(b), b = NULL;
-    fclose(f);
-    *n = (size_t)len;
-    return b;
-}
-
-static void spit(const char *path, const void *b, size_t n) {
-    FILE *f = fopen(path, "wb");
-    if (!f || fwrite(b, 1, n, f) != n || fclose(f)) {
-        printf("cannot write %s\n", path);
-        exit(1);
-    }
 }
 
 static int to_byte(float v) { return (int)lrint(((double)v + 1.0) * 127.5); }
