@@ -323,8 +323,8 @@ static void test_model(void) {
     const dc_cond cc = {.y = yl.c}, cg = {.y = yl.g};
     uint32_t is[NS] = {4, 5};
     if (dc_sampler_init(&sc, g_cpu, &so, C, S, S, NS) || dc_sampler_init(&sg, g_gpu, &so, C, S, S, NS) ||
-        dc_sampler_run(&sc, xs.c, &cc, is, NS, eval_dit, &mc, NULL, NULL) ||
-        dc_sampler_run(&sg, xs.g, &cg, is, NS, eval_dit, &mg, NULL, NULL)) {
+        dc_sampler_run(&sc, xs.c, &cc, is, NS, eval_dit, NULL, &mc, NULL, NULL) ||
+        dc_sampler_run(&sg, xs.g, &cg, is, NS, eval_dit, NULL, &mg, NULL, NULL)) {
         printf("FAIL sampler: %s\n", dc_error());
         g_fail++;
     } else {

@@ -135,7 +135,7 @@ static void test_errors(void) {
     const dc_cond label = {.y = yb};  // label 0
     uint32_t idx = 0;
     dc_error_clear();
-    int src = dc_sampler_run(&smp, img, &label, &idx, 1, eval_dit, &m, NULL, NULL);
+    int src = dc_sampler_run(&smp, img, &label, &idx, 1, eval_dit, NULL, &m, NULL, NULL);
     expect(src == -1 && has(dc_error(), "dtypes differ"), "dc_sampler_run on the failed backend returns its error");
     dc_sampler_free(&smp);
     dc_buf bufs[] = {x, w, o, img, tb, yb, mo};

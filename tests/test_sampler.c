@@ -108,7 +108,7 @@ static void test_sampler(dc_backend *be) {
         fake_model m = {.C = C, .HW = HW, .null_class = 10, .learn_sigma = runs[q].ls};
         float x[B * N], x1[N];
         g_prog_calls = g_prog_last = 0;
-        int rc = dc_sampler_run(&smp, dc_buf_f32(x), &cond, idx, B, fake_eval, &m, count_progress, NULL);
+        int rc = dc_sampler_run(&smp, dc_buf_f32(x), &cond, idx, B, fake_eval, NULL, &m, count_progress, NULL);
         static ld ref[B * N];
         ref_sample(&o, C, HW, y, idx, B, ref);
         double err = rc ? INFINITY : 0;
@@ -121,14 +121,14 @@ static void test_sampler(dc_backend *be) {
         // sample 6 alone (batch of one) equals its row in the batch of three
         fake_model m1 = m;
         m1.calls = m1.nt = 0;
-        rc |= dc_sampler_run(&smp, dc_buf_f32(x1), &cond1, idx + 1, 1, fake_eval, &m1, NULL, NULL);
+        rc |= dc_sampler_run(&smp, dc_buf_f32(x1), &cond1, idx + 1, 1, fake_eval, NULL, &m1, NULL, NULL);
         bool indep = memcmp(x1, x + N, sizeof x1) == 0;
         // x_given: starting from the same noise, supplied by the caller, changes nothing
-        smp.opt.x_given = true;
+        smp.set.x_given = true;
         m1.calls = m1.nt = 0;
         for (int j = 0; j < N; j++)
             x1[j] = dc_randn_at(o.seed, idx[2], DC_SAMPLE_START_STEP, DC_STREAM_SAMPLE_START, (uint32_t)j);
-        rc |= dc_sampler_run(&smp, dc_buf_f32(x1), &cond2, idx + 2, 1, fake_eval, &m1, NULL, NULL);
+        rc |= dc_sampler_run(&smp, dc_buf_f32(x1), &cond2, idx + 2, 1, fake_eval, NULL, &m1, NULL, NULL);
         indep = indep && memcmp(x1, x + 2 * N, sizeof x1) == 0;
         // float state over 10-25 steps vs long double: x0 = sra x - srm1 eps (sra up to
         // 157 at t = 999) magnifies float rounding; ~4e-6 observed, 3e-5 allowed
@@ -191,20 +191,20 @@ static void test_sampler_text(dc_backend *be) {
     const dc_cond labels = {.y = {(void *)y, DC_I32}};
     const dc_cond text = {.ctx = dc_buf_f32(emb), .len = TL, .dim = TD};
     int rc = dc_sampler_init(&sl, be, &o, C, H, W, B);
-    rc |= dc_sampler_run(&sl, dc_buf_f32(xl), &labels, idx, B, fake_eval, &ml, NULL, NULL);
+    rc |= dc_sampler_run(&sl, dc_buf_f32(xl), &labels, idx, B, fake_eval, NULL, &ml, NULL, NULL);
     dc_sampler_opts ot = o;
     ot.ctx_len = TL, ot.ctx_dim = TD, ot.null_ctx = dc_buf_f32(null_emb);
     rc |= dc_sampler_init(&st, be, &ot, C, H, W, B);
-    rc |= dc_sampler_run(&st, dc_buf_f32(xt), &text, idx, B, fake_text_eval, &mt, NULL, NULL);
+    rc |= dc_sampler_run(&st, dc_buf_f32(xt), &text, idx, B, fake_text_eval, NULL, &mt, NULL, NULL);
     check("sampler, text conditioning with guidance == labels", rc == 0 && mt.bad_t == 0 &&
                                                                     mt.calls == o.steps && !memcmp(xl, xt, sizeof xl),
           "rc %d, bad rows %d, calls %d", rc, mt.bad_t, mt.calls);
     // the wrong conditioning for the model is refused, naming what it takes
     const dc_cond short_text = {.ctx = dc_buf_f32(emb), .len = 1, .dim = TD};
-    bool rej = dc_sampler_run(&st, dc_buf_f32(xt), &short_text, idx, B, fake_text_eval, &mt, NULL, NULL) != 0 &&
+    bool rej = dc_sampler_run(&st, dc_buf_f32(xt), &short_text, idx, B, fake_text_eval, NULL, &mt, NULL, NULL) != 0 &&
                strstr(dc_error(), "text embeddings of 2 x 3");
     check("sampler rejects embeddings of the wrong length", rej, "%s", dc_error());
-    rej = dc_sampler_run(&sl, dc_buf_f32(xl), &text, idx, B, fake_eval, &ml, NULL, NULL) != 0 &&
+    rej = dc_sampler_run(&sl, dc_buf_f32(xl), &text, idx, B, fake_eval, NULL, &ml, NULL, NULL) != 0 &&
           strstr(dc_error(), "takes class labels");
     check("sampler rejects embeddings for a label model", rej, "%s", dc_error());
     dc_sampler_free(&sl), dc_sampler_free(&st);
@@ -236,10 +236,10 @@ static void test_cpu_backend(dc_backend *host) {
     fake_model m = {.C = C, .HW = S * S, .null_class = 10, .learn_sigma = true};
     fake_model m2 = m;
     int rc = dc_sampler_init(&a, host, &o, C, S, S, B);
-    rc |= dc_sampler_run(&a, dc_buf_f32(xh), &cond, idx, B, fake_eval, &m, NULL, NULL);
+    rc |= dc_sampler_run(&a, dc_buf_f32(xh), &cond, idx, B, fake_eval, NULL, &m, NULL, NULL);
     rc |= dc_sampler_init(&b, cpu, &o, C, S, S, B);
     dc_buf xd = {cpu->alloc(cpu, sizeof xc), DC_F32};
-    rc |= !xd.p || dc_sampler_run(&b, xd, &cond, idx, B, fake_eval, &m2, NULL, NULL);
+    rc |= !xd.p || dc_sampler_run(&b, xd, &cond, idx, B, fake_eval, NULL, &m2, NULL, NULL);
     if (xd.p) cpu->download(cpu, xc, xd.p, sizeof xc), cpu->free(cpu, xd.p);
     check("cpu backend: ops wired, same samples", wired && rc == 0 && !memcmp(xh, xc, sizeof xc),
           "wired %s, rc %d", wired ? "yes" : "no", rc);

@@ -333,15 +333,15 @@ static int run_ks(dc_backend *be, const ref_cfg *c, int max_batch, int B, const 
         be->upload(be, dx, g_x_start, xbytes);
     }
     for (int b = 0; c->skip && b < B; b++) be->upload(be, dx + b * NPER, g_init, sizeof(float) * NPER);
-    dc_ksampler ks;
+    dc_sampler ks;
     synth m = {c->pred, 0, be};
     g_nel = NPER;
     int rc = dc_ksampler_init(&ks, be, &o, C, H, W, max_batch);
     if (!rc) {
         dc_cond cond = {.ctx = {.p = dc, .dt = DC_F32}, .len = LEN, .dim = DIM};
-        rc = dc_ksampler_run(&ks, (dc_buf){.p = dx, .dt = DC_F32}, &cond, idx, B, synth_eval, NULL, &m,
+        rc = dc_sampler_run(&ks, (dc_buf){.p = dx, .dt = DC_F32}, &cond, idx, B, synth_eval, NULL, &m,
                              NULL, NULL);
-        dc_ksampler_free(&ks);
+        dc_sampler_free(&ks);
     }
     be->download(be, x_out, dx, xbytes);
     if (!rc) rc = dc_backend_status(be);

@@ -127,13 +127,13 @@ static int run_loop(const dc_ksampler_opts *o, const double *start, float *x_out
     g_be->upload(g_be, dc, ctx, sizeof ctx);
     dc_ksampler_opts oo = *o;
     oo.x_given = true;  // x holds the golden start noise
-    dc_ksampler ks;
+    dc_sampler ks;
     int rc = dc_ksampler_init(&ks, g_be, &oo, 2, 2, 2, 1);
     if (!rc) {
         uint32_t idx[1] = {0};
         dc_cond cond = {.ctx = {.p = dc, .dt = DC_F32}, .len = 1, .dim = 2};
-        rc = dc_ksampler_run(&ks, (dc_buf){.p = dx, .dt = DC_F32}, &cond, idx, 1, synth_eval, NULL, NULL, NULL, NULL);
-        dc_ksampler_free(&ks);
+        rc = dc_sampler_run(&ks, (dc_buf){.p = dx, .dt = DC_F32}, &cond, idx, 1, synth_eval, NULL, NULL, NULL, NULL);
+        dc_sampler_free(&ks);
     }
     g_be->download(g_be, x_out, dx, sizeof xs);
     g_be->free(g_be, dx), g_be->free(g_be, dc);
@@ -168,7 +168,7 @@ static void check_run(const char *cname, const dc_sd_sched_cfg *cfg, const dc_js
     if (!(n >= 1 && n <= 100 && (nt == n || extra))) return;
 
     dc_sd_schedule s;
-    dc_kstep plan[100];
+    dc_sample_step plan[100];
     double init = 0;
     int rc = dc_sd_schedule_init_cfg(&s, cfg, o.kind != DC_KS_DDIM);
     if (!rc) rc = dc_ksampler_plan(&s, &o, plan, &init);
@@ -440,7 +440,7 @@ static void test_warnings_and_plans(void) {
     dc_ksampler_opts o = dc_ksampler_opts_default();
     o.kind = DC_KS_DDIM, o.steps = 10, o.sched = &c;
     dc_sd_schedule s;
-    dc_kstep plan[1000];
+    dc_sample_step plan[1000];
     double init;
     rc = rc ? rc : dc_sd_schedule_init_cfg(&s, &c, false);
     int prc = rc ? 0 : dc_ksampler_plan(&s, &o, plan, &init);

@@ -197,10 +197,10 @@ static int bench_sample(const dc_dit_config *mc, dc_backend *be, int batch, int 
     dc_cond cond = {.y = yd};
     if (dc_sampler_init(&s, be, &o, mi->channels, mi->height, mi->width, batch)) goto done;
     // warm-up: the first run builds matrix-product plans and (on a GPU) the step's graph
-    if (dc_sampler_run(&s, x, &cond, idx, batch, eval_model, m, NULL, NULL)) goto done;
+    if (dc_sampler_run(&s, x, &cond, idx, batch, eval_model, NULL, m, NULL, NULL)) goto done;
     be->sync(be);
     double t0 = dc_time_now();
-    if (dc_sampler_run(&s, x, &cond, idx, batch, eval_model, m, NULL, NULL)) goto done;
+    if (dc_sampler_run(&s, x, &cond, idx, batch, eval_model, NULL, m, NULL, NULL)) goto done;
     be->sync(be);
     if (dc_backend_status(be)) goto done;
     double dt = (dc_time_now() - t0) / steps;

@@ -255,7 +255,7 @@ int cmd_sample(int argc, char **argv) {
         pc.done_images = i0, pc.batch_images = n;
         be->upload(be, yd.p, y + i0, (size_t)n * sizeof(int32_t));
         dc_cond cond = {.y = yd};
-        if (dc_sampler_run(&s, x, &cond, idx + i0, n, eval_model, m, on_step, &pc)) goto done;
+        if (dc_sampler_run(&s, x, &cond, idx + i0, n, eval_model, NULL, m, on_step, &pc)) goto done;
         be->download(be, all + i0 * img, x.p, (size_t)n * img * 4);
         if (dc_backend_status(be)) goto done;
     }

@@ -212,3 +212,24 @@ int dc_schedule_step_coef(const dc_schedule *s, int k, dc_step_kind kind, double
     c->add_noise = k != 0 && sigma > 0.0;
     return 0;
 }
+
+int dc_schedule_plan(const dc_schedule *s, dc_step_kind kind, double eta, bool learn_sigma,
+                     dc_sample_plan *plan) {
+    DC_TRY(dc_sample_plan_init(plan, s->n));
+    for (int i = 0; i < s->n; i++) {
+        int k = s->n - 1 - i;
+        dc_sample_step *p = &plan->step[i];
+        if (dc_schedule_step_coef(s, k, kind, eta, learn_sigma, &p->dit) != 0) {
+            dc_sample_plan_free(plan);
+            return -1;
+        }
+        p->update = DC_UPDATE_DIT;
+        p->t = s->timestep[k];
+        p->c_in = 1;
+        p->sigma = s->sqrt_recipm1_alphas_cumprod[k];  // sqrt((1 - abar) / abar)
+        p->sigma_next = k > 0 ? s->sqrt_recipm1_alphas_cumprod[k - 1] : 0;
+        p->noise = p->dit.add_noise;
+        p->noise_key = (uint32_t)k;
+    }
+    return 0;
+}
