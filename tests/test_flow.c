@@ -46,25 +46,31 @@ static void test_ladder(void) {
          {1.0, 0.9549472355010372, 0.8765142150803461, 0.705772629098763, 0.0467557251908397, 0.0}},
     };
     for (size_t c = 0; c < sizeof want / sizeof want[0]; c++) {
-        dc_flow_sched f = {1000, want[c].shift};
+        dc_schedule f;
         double t[5], sig[6], e = 0;
-        int n = want[c].n, rc = dc_flow_ladder(&f, n, t, sig);
+        int n = want[c].n, rc = dc_schedule_init_flow(&f, 1000, want[c].shift);
+        if (!rc) rc = dc_flow_ladder(&f, n, t, sig);
         for (int i = 0; i <= n && !rc; i++) {
             if (i < n) e = fmax(e, fabs(t[i] - want[c].t[i]) / want[c].t[i]);
             e = fmax(e, fabs(sig[i] - want[c].sigma[i]) / fmax(want[c].sigma[i], 1e-300));
         }
-        CHECK(rc == 0 && e <= 1e-13, "flow ladder shift %g, %d steps: relative error %.3e (%s)", f.shift, n, e,
-              rc ? dc_error() : "ran");
+        CHECK(rc == 0 && e <= 1e-13, "flow ladder shift %g, %d steps: relative error %.3e (%s)", want[c].shift,
+              n, e, rc ? dc_error() : "ran");
+        dc_schedule_free(&f);
     }
     // One step: sigma_max alone, which the shift keeps at 1.
-    dc_flow_sched f = {1000, 3.0};
+    dc_schedule f;
     double t[2], sig[2];
-    CHECK(dc_flow_ladder(&f, 1, t, sig) == 0 && t[0] == 1000 && sig[0] == 1 && sig[1] == 0,
+    int rc = dc_schedule_init_flow(&f, 1000, 3.0);
+    CHECK(rc == 0 && dc_flow_ladder(&f, 1, t, sig) == 0 && t[0] == 1000 && sig[0] == 1 && sig[1] == 0,
           "flow ladder of one step: t %g, sigmas %g %g", t[0], sig[0], sig[1]);
-    f.shift = 0;
-    CHECK(dc_flow_ladder(&f, 4, t, sig) != 0, "a shift of 0 is refused");
-    f.shift = 3;
-    CHECK(dc_flow_ladder(&f, 0, t, sig) != 0, "0 steps are refused");
+    CHECK(rc == 0 && dc_flow_ladder(&f, 0, t, sig) != 0, "0 steps are refused");
+    dc_schedule_free(&f);
+    CHECK(dc_schedule_init_flow(&f, 1000, 0) != 0, "a shift of 0 is refused");
+    // A discrete schedule is not a flow's.
+    CHECK(dc_schedule_init_dit(&f, 1000, 10) == 0 && dc_flow_ladder(&f, 4, t, sig) != 0,
+          "a flow ladder on a discrete schedule is refused");
+    dc_schedule_free(&f);
 }
 
 // The oracle model: the exact velocity of N(mu, s^2) data, per element.
@@ -97,7 +103,7 @@ static int oracle_eval(void *ctx, dc_buf out, dc_buf x, dc_buf t, const dc_cond 
 // the largest error against the exact endpoint mu + s z and (in *vs_ref)
 // against the same Euler method in double precision.
 static double run_flow(dc_backend *be, oracle *o, double shift, int steps, const float *z, double *vs_ref) {
-    dc_flow_sched f = {o->T, shift};
+    dc_schedule f;
     dc_sample_plan plan;
     dc_sampler smp;
     dc_sample_setup set = {.seed = 1, .x_given = true};
@@ -105,10 +111,12 @@ static double run_flow(dc_backend *be, oracle *o, double shift, int steps, const
     int32_t y[B] = {0, 1, 2};
     uint32_t idx[B] = {0, 1, 2};
     dc_buf xd, yd;
-    int rc = dc_flow_plan(&f, steps, &plan);
+    int rc = dc_schedule_init_flow(&f, o->T, shift);
+    if (!rc) rc = dc_flow_plan(&f, steps, &plan);
     if (!rc) rc = dc_sampler_init_plan(&smp, be, &set, &plan, 2, 4, 5, 2, B);
     if (rc) {
         CHECK(false, "flow sampler of %d steps: %s", steps, dc_error());
+        dc_schedule_free(&f);
         return INFINITY;
     }
     dc_buf_alloc(be, &xd, DC_F32, B * N, "x");
@@ -134,6 +142,7 @@ static double run_flow(dc_backend *be, oracle *o, double shift, int steps, const
         dref = fmax(dref, isfinite(x[i]) ? fabs(x[i] - xr) / (1 + fabs(xr)) : INFINITY);
     }
     free(t), free(sig);
+    dc_schedule_free(&f);
     be->free(be, xd.p), be->free(be, yd.p);
     dc_sampler_free(&smp);
     *vs_ref = dref;

@@ -4,31 +4,49 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 #include "core/error.h"
 
 double dc_flow_shift(double shift, double sigma) { return shift * sigma / (1 + (shift - 1) * sigma); }
 
-int dc_flow_ladder(const dc_flow_sched *f, int n, double *t, double *sigma) {
-    if (f->T < 1) return dc_fail("flow schedule: %d training steps", f->T);
-    if (!(f->shift > 0 && isfinite(f->shift))) return dc_fail("flow schedule: shift %g must be above 0", f->shift);
+int dc_schedule_init_flow(dc_schedule *s, int T, double shift) {
+    memset(s, 0, sizeof *s);
+    if (T < 1) return dc_fail("flow schedule: %d training steps", T);
+    if (!(shift > 0 && isfinite(shift))) return dc_fail("flow schedule: shift %g must be above 0", shift);
+    s->tables_ = malloc(sizeof(double) * 2 * (size_t)T);
+    if (!s->tables_) return dc_fail("flow schedule: out of memory for %d steps", T);
+    s->family = DC_SCHEDULE_FLOW;
+    s->n = s->T = T;
+    s->shift = shift;
+    s->sigmas = s->tables_, s->log_sigmas = s->tables_ + T;
+    for (int k = 0; k < T; k++) {  // timesteps linspace(1, T, T) / T, shifted
+        s->sigmas[k] = dc_flow_shift(shift, (double)(k + 1) / T);
+        s->log_sigmas[k] = log(s->sigmas[k]);
+    }
+    return 0;
+}
+
+int dc_flow_ladder(const dc_schedule *s, int n, double *t, double *sigma) {
+    if (s->family != DC_SCHEDULE_FLOW) return dc_fail("flow sampler: the schedule is not a flow's");
     if (n < 1) return dc_fail("flow schedule: %d sampling steps", n);
-    const double T = f->T;
-    const double hi = dc_flow_shift(f->shift, 1.0) * T, lo = dc_flow_shift(f->shift, 1.0 / T) * T;
+    const double T = s->T, shift = s->shift;
+    // np.linspace(sigma_max T, sigma_min T, n), then the shift once more
+    const double hi = dc_schedule_sigma_max(s) * T, lo = dc_schedule_sigma_min(s) * T;
     // np.linspace(hi, lo, n): hi + i step, the last exactly lo
     const double step = n > 1 ? (lo - hi) / (n - 1) : 0;
     for (int i = 0; i < n; i++) {
-        double s = (i == n - 1 && n > 1 ? lo : i * step + hi) / T;
-        sigma[i] = dc_flow_shift(f->shift, s);
+        double u = (i == n - 1 && n > 1 ? lo : i * step + hi) / T;
+        sigma[i] = dc_flow_shift(shift, u);
         t[i] = sigma[i] * T;
     }
     sigma[n] = 0;
     return 0;
 }
 
-int dc_flow_plan(const dc_flow_sched *f, int n, dc_sample_plan *plan) {
+int dc_flow_plan(const dc_schedule *s, int n, dc_sample_plan *plan) {
     DC_TRY(dc_sample_plan_init(plan, n));
     double *t = malloc(sizeof(double) * n), *sig = malloc(sizeof(double) * (n + 1));
-    int rc = t && sig ? dc_flow_ladder(f, n, t, sig) : dc_fail("flow schedule: out of host memory");
+    int rc = t && sig ? dc_flow_ladder(s, n, t, sig) : dc_fail("flow schedule: out of host memory");
     for (int i = 0; i < n && !rc; i++) {
         dc_sample_step *p = &plan->step[i];
         p->update = DC_UPDATE_AFFINE;

@@ -15,27 +15,28 @@
 //   there); timesteps = sigma T; sigmas = [sigma, 0].
 // diffusers keeps these in float32, the engine in float64.
 // Its step is the Euler step x' = x + (sigma_next - sigma) v.
+// The schedule (dc_schedule_init_flow, schedule.h) holds __init__'s sigmas,
+// ascending (sigmas[k] that of training timestep k + 1); T is
+// num_train_timesteps, and the model is fed t = T sigma.
 #pragma once
 #include "backend/backend.h"
 #include "diffusion/sampler.h"
-
-typedef struct {
-    int T;         // num_train_timesteps: the model is fed t = T sigma (1000)
-    double shift;  // > 0; 1 leaves the sigmas as they are, larger spends more steps at high noise
-} dc_flow_sched;
+#include "diffusion/schedule.h"
 
 // shift sigma / (1 + (shift - 1) sigma): the time shift of SD3 (and of
-// diffusers' class), which maps [0, 1] onto itself.
+// diffusers' class), which maps [0, 1] onto itself. A shift above 1 spends
+// more of the steps at high noise.
 double dc_flow_shift(double shift, double sigma);
 
-// The ladder of n steps: t[n] (fed to the model) and sigma[n + 1] (the last 0).
-int dc_flow_ladder(const dc_flow_sched *f, int n, double *t, double *sigma);
+// The ladder of n steps on flow schedule s: t[n] (fed to the model) and
+// sigma[n + 1] (the last 0).
+int dc_flow_ladder(const dc_schedule *s, int n, double *t, double *sigma);
 
 // The flow Euler sampler's plan of n steps (sampler.h): start x = randn (at
 // sigma 1), the model fed c_in x = x at t, and per step the affine update with
 // d = out (the velocity) and x' = x + (sigma_next - sigma) d. Its noise is
 // the start noise alone.
-int dc_flow_plan(const dc_flow_sched *f, int n, dc_sample_plan *plan);
+int dc_flow_plan(const dc_schedule *s, int n, dc_sample_plan *plan);
 
 // What a flow model trains on, for B samples of n elements with noise levels
 // sigma[B] (host): the model input xt = (1 - sigma) x0 + sigma noise and the

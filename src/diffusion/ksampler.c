@@ -43,7 +43,7 @@ static const dc_sd_sched_cfg *sched_of(const dc_ksampler_opts *opt, dc_sd_sched_
 // diffusers DDIMScheduler.step as scalars. With eps = (x - sqrt(acp) x0) /
 // sqrt(1 - acp), its x' = sqrt(acp_prev) x0 + dir eps + std z becomes
 // x' = (dir / sqrt(1 - acp)) x + (sqrt(acp_prev) - dir sqrt(acp) / sqrt(1 - acp)) x0 + std z.
-static int plan_ddim(const dc_sd_schedule *s, const dc_ksampler_opts *opt, dc_sample_step *st) {
+static int plan_ddim(const dc_schedule *s, const dc_ksampler_opts *opt, dc_sample_step *st) {
     int n = opt->steps, T = s->T;
     dc_sd_sched_cfg def;
     const dc_sd_sched_cfg *c = sched_of(opt, &def);
@@ -86,7 +86,7 @@ static int plan_ddim(const dc_sd_schedule *s, const dc_ksampler_opts *opt, dc_sa
     return rc;
 }
 
-static int plan_k(const dc_sd_schedule *s, const dc_ksampler_opts *opt, dc_sample_step *st,
+static int plan_k(const dc_schedule *s, const dc_ksampler_opts *opt, dc_sample_step *st,
                   double *init_sigma) {
     int n = opt->steps;
     dc_sd_sched_cfg def;
@@ -165,7 +165,7 @@ static int plan_k(const dc_sd_schedule *s, const dc_ksampler_opts *opt, dc_sampl
     return rc;
 }
 
-int dc_ksampler_plan(const dc_sd_schedule *s, const dc_ksampler_opts *opt, dc_sample_step *steps,
+int dc_ksampler_plan(const dc_schedule *s, const dc_ksampler_opts *opt, dc_sample_step *steps,
                      double *init_sigma) {
     if (opt->steps < 1 || opt->steps > s->T)
         return dc_fail("sampler: %d steps outside [1, %d]", opt->steps, s->T);
@@ -188,8 +188,8 @@ int dc_ksampler_init(dc_sampler *s, dc_backend *be, const dc_ksampler_opts *opt,
     if (opt->ctx_len < 1 || opt->ctx_dim < 1)
         return dc_fail("sampler: text embeddings of %d x %d", opt->ctx_len, opt->ctx_dim);
     dc_sd_sched_cfg def;
-    dc_sd_schedule sched;
-    DC_TRY(dc_sd_schedule_init_cfg(&sched, sched_of(opt, &def), opt->kind != DC_KS_DDIM));
+    dc_schedule sched;
+    DC_TRY(dc_schedule_init_cfg(&sched, sched_of(opt, &def), opt->kind != DC_KS_DDIM));
     dc_sample_plan plan = {0};
     int rc = opt->steps < 1 || opt->steps > sched.T
                  ? dc_fail("sampler: %d steps outside [1, %d]", opt->steps, sched.T)
@@ -203,7 +203,7 @@ int dc_ksampler_init(dc_sampler *s, dc_backend *be, const dc_ksampler_opts *opt,
             plan.start_a = 1 / sqrt(1 + p->sigma * p->sigma), plan.start_b = sqrt(1 - plan.start_a * plan.start_a);
     }
     plan.keeps_d = opt->kind == DC_KS_DPMPP_2M;
-    dc_sd_schedule_free(&sched);
+    dc_schedule_free(&sched);
     if (rc) {
         dc_sample_plan_free(&plan);
         return rc;

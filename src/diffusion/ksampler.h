@@ -82,10 +82,10 @@ const char *dc_ks_kind_name(dc_ks_kind k);
 // The dc_sd_class whose ladder sampler k runs.
 dc_sd_class dc_ks_class(dc_ks_kind k);
 
-// The plan of a whole run on schedule s (dc_sd_schedule_init_cfg of opt's
+// The plan of a whole run on schedule s (dc_schedule_init_cfg of opt's
 // config, with floor but for DDIM): steps[n] for n = opt->steps and the start
 // noise's scale (*init_sigma: in sigma space for the k-samplers, 1 for DDIM).
-int dc_ksampler_plan(const dc_sd_schedule *s, const dc_ksampler_opts *opt, dc_sample_step *steps,
+int dc_ksampler_plan(const dc_schedule *s, const dc_ksampler_opts *opt, dc_sample_step *steps,
                      double *init_sigma);
 
 // The sampler of opt on the loop: the SD schedule of opt's config, its plan,

@@ -400,12 +400,12 @@ int dc_sd_gen_check(dc_sd_pipe *p, const dc_sd_gen *g) {
     if (o.steps < 1 || o.steps > p->sched.T)
         return dc_fail("%d steps: between 1 and the schedule's %d", o.steps, p->sched.T);
     // The plan of the whole run, as the sampler will make it.
-    dc_sd_schedule s;
+    dc_schedule s;
     dc_sample_step *plan = malloc(sizeof(dc_sample_step) * (size_t)o.steps);
     double init;
     int rc = plan ? 0 : dc_fail("out of host memory");
-    if (!rc) rc = dc_sd_schedule_init_cfg(&s, &p->sched, o.kind != DC_KS_DDIM);
-    if (!rc) rc = dc_ksampler_plan(&s, &o, plan, &init), dc_sd_schedule_free(&s);
+    if (!rc) rc = dc_schedule_init_cfg(&s, &p->sched, o.kind != DC_KS_DDIM);
+    if (!rc) rc = dc_ksampler_plan(&s, &o, plan, &init), dc_schedule_free(&s);
     free(plan);
     if (rc) return -1;
     // What the scheduler config asks that this sampler does not follow, once.
