@@ -127,7 +127,13 @@ static int run_model(void *arg) {
     return 0;
 }
 
-int dc_sample_step_recorded(dc_backend *be, void **graph, bool record, bool first, int (*fn)(void *), void *arg) {
+// Runs fn(arg), the model's part of a sampling step: directly where `record`
+// is off, where the backend has no graphs, or on a run's first step when
+// there is no graph yet (that call also warms the model's and the backend's
+// caches); otherwise through *graph, recorded on the first call after that
+// and replayed. The call's buffers, batch and model stay the same for the
+// whole run, and for every later run that is given the same *graph.
+static int step_recorded(dc_backend *be, void **graph, bool record, bool first, int (*fn)(void *), void *arg) {
     if (!record || !be->graph_capture || (first && !*graph)) return fn(arg);
     if (!*graph && !(*graph = be->graph_capture(be, fn, arg))) return -1;
     be->graph_launch(be, *graph);
@@ -190,7 +196,7 @@ static int run_steps(dc_sampler *s, dc_buf x, const uint32_t *idx, int B, dc_eva
         for (int r = 0; r < rows; r++) s->t_host[r] = (float)p->t;
         be->upload(be, s->t.p, s->t_host, sizeof(float) * (size_t)rows);
         lin(s, s->xin, x, x, p->c_in, 0, B, n);
-        if (dc_sample_step_recorded(be, &s->graph, s->set.graph, i == first, run_model, &mc) != 0)
+        if (step_recorded(be, &s->graph, s->set.graph, i == first, run_model, &mc) != 0)
             return dc_fail_ctx("sampling step %d of %d", i + 1, total);
         dc_buf mo = s->set.guide ? s->comb : s->out;
         if (p->update == DC_UPDATE_DIT) {

@@ -142,13 +142,6 @@ int dc_sampler_run(dc_sampler *s, dc_buf x, const dc_cond *cond, const uint32_t 
                    dc_eval_fn eval, dc_prepare_fn prepare, void *ctx, dc_sample_progress_fn progress,
                    void *pctx);
 
-// Runs fn(arg), the model's part of a sampling step: directly where `record`
-// is off, where the backend has no graphs, or on a run's first step when
-// there is no graph yet (that call also warms the model's and the backend's
-// caches); otherwise through *graph, recorded on the first call after that
-// and replayed. The call's buffers, batch and model stay the same for the
-// whole run, and for every later run that is given the same *graph.
-int dc_sample_step_recorded(dc_backend *be, void **graph, bool record, bool first, int (*fn)(void *), void *arg);
 // The text half of guidance: copies cond's B embeddings [B, len, dim] into dst,
 // then, if guide, B copies of the unconditional embedding null_ctx after them
 // ([cond; null]). Fails, naming both, if cond's shape or dtype is not dst's.
