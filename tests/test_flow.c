@@ -205,6 +205,22 @@ static void test_training_pair(dc_backend *be) {
     be->free(be, a.p), be->free(be, b.p), be->free(be, c.p), be->free(be, d.p);
 }
 
+// The loop refuses a plan it cannot run: an affine update over a model
+// whose output has more channels than x (a learned variance), or an img2img
+// skip that leaves no step.
+static void test_refusals(dc_backend *be) {
+    dc_schedule f;
+    dc_sample_plan plan;
+    dc_sampler smp;
+    dc_sample_setup set = {.seed = 1};
+    CHECK(dc_schedule_init_flow(&f, 1000, 3.0) == 0, "flow schedule: %s", dc_error());
+    bool rej = dc_flow_plan(&f, 4, &plan) == 0 && dc_sampler_init_plan(&smp, be, &set, &plan, 2, 4, 5, 4, 1) != 0;
+    CHECK(rej && plan.step == NULL, "an affine plan on a model of 2C output channels is refused (and taken over)");
+    rej = dc_flow_plan(&f, 4, &plan) == 0 && (plan.skip = 4, dc_sampler_init_plan(&smp, be, &set, &plan, 2, 4, 5, 2, 1) != 0);
+    CHECK(rej, "skipping every step is refused");
+    dc_schedule_free(&f);
+}
+
 int main(void) {
     dc_backend *be;
     if (dc_backend_create("cpu", &be)) {
@@ -214,6 +230,7 @@ int main(void) {
     test_ladder();
     test_sampler(be);
     test_training_pair(be);
+    test_refusals(be);
     dc_backend_destroy(be);
     printf("test_flow: %d passed, %d failed\n", g_pass, g_fail);
     return g_fail ? 1 : 0;

@@ -235,8 +235,8 @@ int dc_sampler_run(dc_sampler *s, dc_buf x, const dc_cond *cond, const uint32_t 
 
 // ---- DiT ----------------------------------------------------------------------------------
 
-dc_sampler_opts dc_sampler_opts_default(void) {
-    dc_sampler_opts o;
+dc_dit_sampler_opts dc_dit_sampler_opts_default(void) {
+    dc_dit_sampler_opts o;
     memset(&o, 0, sizeof o);
     o.steps = 250;
     o.kind = DC_STEP_DDPM;
@@ -246,8 +246,8 @@ dc_sampler_opts dc_sampler_opts_default(void) {
     return o;
 }
 
-int dc_sampler_init(dc_sampler *s, dc_backend *be, const dc_sampler_opts *opt, int C, int H,
-                    int W, int max_batch) {
+int dc_dit_sampler_init(dc_sampler *s, dc_backend *be, const dc_dit_sampler_opts *opt, int C, int H,
+                        int W, int max_batch) {
     memset(s, 0, sizeof *s);
     if (opt->kind != DC_STEP_DDPM && opt->kind != DC_STEP_DDIM)
         return dc_fail("sampler: unknown sampler kind %d", (int)opt->kind);

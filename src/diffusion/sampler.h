@@ -165,12 +165,12 @@ typedef struct {
     int ctx_len, ctx_dim; // text (ctx_len > 0): embeddings of [ctx_len, ctx_dim] per image,
     dc_buf null_ctx;      // and the unconditional one [ctx_len, ctx_dim] (e.g. of ""), on the backend
     bool x_given;         // x already holds the start noise: skip drawing it
-} dc_sampler_opts;
+} dc_dit_sampler_opts;
 
 // 250 DDPM steps, no guidance, learned sigma, seed 0, null class 1000.
-dc_sampler_opts dc_sampler_opts_default(void);
+dc_dit_sampler_opts dc_dit_sampler_opts_default(void);
 
 // The DiT sampler: the respaced schedule's plan (dc_schedule_plan) on the
 // loop, for batches up to max_batch of C x H x W images.
-int dc_sampler_init(dc_sampler *s, dc_backend *be, const dc_sampler_opts *opt, int C, int H,
-                    int W, int max_batch);
+int dc_dit_sampler_init(dc_sampler *s, dc_backend *be, const dc_dit_sampler_opts *opt, int C, int H,
+                        int W, int max_batch);
