@@ -6,7 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include "core/error.h"
-#include "core/rng.h"
 
 dc_ksampler_opts dc_ksampler_opts_default(void) {
     dc_ksampler_opts o;

@@ -1,7 +1,7 @@
-// Schedule tables, mirroring guided_diffusion's GaussianDiffusion.__init__
-// operation by operation (numpy evaluates left to right, elementwise in
-// float64), so the tables match the official ones to the last bit wherever
-// libm and numpy agree on sqrt/log.
+// Discrete schedules' tables, and DiT's: GaussianDiffusion.__init__
+// mirrored operation by operation (numpy evaluates left to right, elementwise
+// in float64), so the tables match the official ones to the last bit wherever
+// libm and numpy agree on sqrt/log; respacing; DiT's sampling plan.
 #include "diffusion/schedule.h"
 
 #include <math.h>
