@@ -96,10 +96,10 @@ static void test_errors(void) {
                          .mlp_hidden = 256, .num_classes = 10, .learn_sigma = true};
     dc_dit m;
     dc_sampler smp;
-    dc_sampler_opts so = dc_sampler_opts_default();
+    dc_dit_sampler_opts so = dc_dit_sampler_opts_default();
     so.steps = 2, so.null_class = cfg.num_classes;
     if (dc_dit_create(&m, &cfg, be, true) || dc_dit_init_weights(&m, 1) || dc_dit_reserve(&m, 1) ||
-        dc_sampler_init(&smp, be, &so, cfg.in_channels, cfg.input_size, cfg.input_size, 1)) {
+        dc_dit_sampler_init(&smp, be, &so, cfg.in_channels, cfg.input_size, cfg.input_size, 1)) {
         printf("FAIL error-case setup: %s\n", dc_error());
         g_fail++;
         dc_backend_destroy(be);
@@ -135,7 +135,7 @@ static void test_errors(void) {
     const dc_cond label = {.y = yb};  // label 0
     uint32_t idx = 0;
     dc_error_clear();
-    int src = dc_sampler_run(&smp, img, &label, &idx, 1, eval_dit, &m, NULL, NULL);
+    int src = dc_sampler_run(&smp, img, &label, &idx, 1, eval_dit, NULL, &m, NULL, NULL);
     expect(src == -1 && has(dc_error(), "dtypes differ"), "dc_sampler_run on the failed backend returns its error");
     dc_sampler_free(&smp);
     dc_buf bufs[] = {x, w, o, img, tb, yb, mo};

@@ -64,8 +64,8 @@ static double ref_t_to_sigma(double t) {
 }
 
 static void test_schedule(void) {
-    dc_sd_schedule s;
-    int rc = dc_sd_schedule_init(&s, 1000, DC_SD_BETA_START, DC_SD_BETA_END);
+    dc_schedule s;
+    int rc = dc_schedule_init_scaled_linear(&s, 1000, DC_SD_BETA_START, DC_SD_BETA_END);
     check("scaled-linear schedule builds", rc == 0, "rc %d", rc);
     if (rc) return;
     double worst = 0, worst_sig = 0;
@@ -81,10 +81,10 @@ static void test_schedule(void) {
           s.alphas_cumprod[0]);
     check("acp[999] ~ 0.0047", fabs(s.alphas_cumprod[999] - 0.0047) < 1e-4, "%.6g",
           s.alphas_cumprod[999]);
-    check("sigma_max ~ 14.6146", fabs(dc_sd_sigma_max(&s) - 14.6146) < 1e-4, "%.6f",
-          dc_sd_sigma_max(&s));
-    check("sigma_min ~ 0.0292", fabs(dc_sd_sigma_min(&s) - 0.0292) < 1e-4, "%.6f",
-          dc_sd_sigma_min(&s));
+    check("sigma_max ~ 14.6146", fabs(dc_schedule_sigma_max(&s) - 14.6146) < 1e-4, "%.6f",
+          dc_schedule_sigma_max(&s));
+    check("sigma_min ~ 0.0292", fabs(dc_schedule_sigma_min(&s) - 0.0292) < 1e-4, "%.6f",
+          dc_schedule_sigma_min(&s));
 
     double te = 0;
     for (int i = 0; i < 1000; i++) {
@@ -102,16 +102,16 @@ static void test_schedule(void) {
     check("sigma_to_t / t_to_sigma == transcription", re < 1e-9, "max err %.2e", re);
 
     double k[11];
-    rc = dc_sd_sigmas_karras(10, dc_sd_sigma_min(&s), dc_sd_sigma_max(&s), 7, k);
+    rc = dc_sd_sigmas_karras(10, dc_schedule_sigma_min(&s), dc_schedule_sigma_max(&s), 7, k);
     double ke = 0;
-    ld mi = powl(dc_sd_sigma_min(&s), 1 / 7.0L), ma = powl(dc_sd_sigma_max(&s), 1 / 7.0L);
+    ld mi = powl(dc_schedule_sigma_min(&s), 1 / 7.0L), ma = powl(dc_schedule_sigma_max(&s), 1 / 7.0L);
     for (int i = 0; i < 10; i++) {
         ld r = powl(ma + (ld)i / 9 * (mi - ma), 7);
         double e = fabs((double)((k[i] - r) / r));
         ke = e > ke || e != e ? e : ke;
     }
     check("Karras sigmas n=10 == formula", rc == 0 && ke < 1e-13 && k[10] == 0 &&
-          fabs(k[0] - dc_sd_sigma_max(&s)) < 1e-12 && fabs(k[9] - dc_sd_sigma_min(&s)) < 1e-14,
+          fabs(k[0] - dc_schedule_sigma_max(&s)) < 1e-12 && fabs(k[9] - dc_schedule_sigma_min(&s)) < 1e-14,
           "max rel err %.2e, %.6f .. %.6f, %g", ke, k[0], k[9], k[10]);
 
     int ts[50];
@@ -127,7 +127,7 @@ static void test_schedule(void) {
           ts[2] == 333 && ts[3] == 0, "%d %d %d %d", ts[0], ts[1], ts[2], ts[3]);
     rc = dc_sd_timesteps(1000, 1001, DC_SPACING_LEADING, 1, ts);
     check("1001 steps of 1000 refused", rc != 0, "%s", dc_error());
-    dc_sd_schedule_free(&s);
+    dc_schedule_free(&s);
 }
 
 // ---- a synthetic model ----------------------------------------------------------------
@@ -333,15 +333,15 @@ static int run_ks(dc_backend *be, const ref_cfg *c, int max_batch, int B, const 
         be->upload(be, dx, g_x_start, xbytes);
     }
     for (int b = 0; c->skip && b < B; b++) be->upload(be, dx + b * NPER, g_init, sizeof(float) * NPER);
-    dc_ksampler ks;
+    dc_sampler ks;
     synth m = {c->pred, 0, be};
     g_nel = NPER;
     int rc = dc_ksampler_init(&ks, be, &o, C, H, W, max_batch);
     if (!rc) {
         dc_cond cond = {.ctx = {.p = dc, .dt = DC_F32}, .len = LEN, .dim = DIM};
-        rc = dc_ksampler_run(&ks, (dc_buf){.p = dx, .dt = DC_F32}, &cond, idx, B, synth_eval, NULL, &m,
+        rc = dc_sampler_run(&ks, (dc_buf){.p = dx, .dt = DC_F32}, &cond, idx, B, synth_eval, NULL, &m,
                              NULL, NULL);
-        dc_ksampler_free(&ks);
+        dc_sampler_free(&ks);
     }
     be->download(be, x_out, dx, xbytes);
     if (!rc) rc = dc_backend_status(be);

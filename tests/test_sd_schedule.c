@@ -68,11 +68,11 @@ static double relerr(double got, double want) {
 
 // The float32 allowances of a schedule (see the top of the file).
 typedef struct {
-    const dc_sd_schedule *s;
+    const dc_schedule *s;
     double *acp;  // [T] relative, of alphas_cumprod[t]
 } tols;
 
-static void tols_init(tols *tl, const dc_sd_schedule *s, bool rescaled) {
+static void tols_init(tols *tl, const dc_schedule *s, bool rescaled) {
     tl->s = s;
     tl->acp = malloc(sizeof(double) * s->T);
     double sum = 0, prev = 1;
@@ -89,7 +89,7 @@ static void tols_init(tols *tl, const dc_sd_schedule *s, bool rescaled) {
 
 // Relative allowance of sigma(t), t fractional (the larger of its neighbours').
 static double sig_tol(const tols *tl, double t) {
-    const dc_sd_schedule *s = tl->s;
+    const dc_schedule *s = tl->s;
     double worst = 0;
     for (int i = (int)floor(fmax(t, 0)); i <= (int)ceil(fmin(t, s->T - 1)) && i < s->T; i++) {
         double a = s->alphas_cumprod[i];
@@ -100,7 +100,7 @@ static double sig_tol(const tols *tl, double t) {
 
 // Allowance of the timestep sigma_to_t(sigma) for sigma off by rel.
 static double t_tol(const tols *tl, double t, double rel) {
-    const dc_sd_schedule *s = tl->s;
+    const dc_schedule *s = tl->s;
     int lo = (int)floor(fmax(fmin(t, s->T - 2), 0));
     return 2 * rel / (s->log_sigmas[lo + 1] - s->log_sigmas[lo]) + 1e-4;
 }
@@ -127,13 +127,13 @@ static int run_loop(const dc_ksampler_opts *o, const double *start, float *x_out
     g_be->upload(g_be, dc, ctx, sizeof ctx);
     dc_ksampler_opts oo = *o;
     oo.x_given = true;  // x holds the golden start noise
-    dc_ksampler ks;
+    dc_sampler ks;
     int rc = dc_ksampler_init(&ks, g_be, &oo, 2, 2, 2, 1);
     if (!rc) {
         uint32_t idx[1] = {0};
         dc_cond cond = {.ctx = {.p = dc, .dt = DC_F32}, .len = 1, .dim = 2};
-        rc = dc_ksampler_run(&ks, (dc_buf){.p = dx, .dt = DC_F32}, &cond, idx, 1, synth_eval, NULL, NULL, NULL, NULL);
-        dc_ksampler_free(&ks);
+        rc = dc_sampler_run(&ks, (dc_buf){.p = dx, .dt = DC_F32}, &cond, idx, 1, synth_eval, NULL, NULL, NULL, NULL);
+        dc_sampler_free(&ks);
     }
     g_be->download(g_be, x_out, dx, sizeof xs);
     g_be->free(g_be, dx), g_be->free(g_be, dc);
@@ -167,13 +167,13 @@ static void check_run(const char *cname, const dc_sd_sched_cfg *cfg, const dc_js
     CHECK(n >= 1 && n <= 100 && (nt == n || extra), "%s: %d timesteps in the golden file", name, nt);
     if (!(n >= 1 && n <= 100 && (nt == n || extra))) return;
 
-    dc_sd_schedule s;
-    dc_kstep plan[100];
+    dc_schedule s;
+    dc_sample_step plan[100];
     double init = 0;
-    int rc = dc_sd_schedule_init_cfg(&s, cfg, o.kind != DC_KS_DDIM);
+    int rc = dc_schedule_init_cfg(&s, cfg, o.kind != DC_KS_DDIM);
     if (!rc) rc = dc_ksampler_plan(&s, &o, plan, &init);
     CHECK(rc == 0, "%s: plan: %s", name, dc_error());
-    if (rc) return dc_sd_schedule_free(&s);
+    if (rc) return dc_schedule_free(&s);
     ty->runs++;
 
     tols tl;
@@ -256,7 +256,7 @@ static void check_run(const char *cname, const dc_sd_sched_cfg *cfg, const dc_js
         CHECK(e < 3e-4, "%s: sampling loop differs from diffusers' by %.2e%s%s", name, e, rc ? ": " : "",
               rc ? dc_error() : "");
     }
-    dc_sd_schedule_free(&s);
+    dc_schedule_free(&s);
 }
 
 static void test_golden(void) {
@@ -280,9 +280,9 @@ static void test_golden(void) {
         // alphas_cumprod as DDIMScheduler keeps them (no floor at zero SNR)
         double acp[64];
         int na = arr(cs, "alphas_cumprod", acp, 64);
-        dc_sd_schedule s;
+        dc_schedule s;
         tols tl = {0};
-        rc = dc_sd_schedule_init_cfg(&s, &cfg, false);
+        rc = dc_schedule_init_cfg(&s, &cfg, false);
         CHECK(rc == 0, "%s: schedule: %s", cname, dc_error());
         if (!rc) tols_init(&tl, &s, cfg.rescale_zero_snr);
         int checked = 0;
@@ -297,7 +297,7 @@ static void test_golden(void) {
         }
         CHECK(checked >= 5, "%s: %d alphas_cumprod compared", cname, checked);
         free(tl.acp);
-        dc_sd_schedule_free(&s);
+        dc_schedule_free(&s);
         for (int k = 0; runs && runs->type == DC_JSON_ARRAY && k < runs->nkids; k++)
             check_run(cname, &cfg, &runs->kids[k], start, &ty);
         dc_sd_sched_cfg_free(&cfg);
@@ -380,10 +380,10 @@ static void test_refusals(void) {
     if (!rc) dc_sd_sched_cfg_free(&c);
     rc = parse_cfg("{\"num_train_timesteps\": 3, \"trained_betas\": [0.1, 0.2, 0.3], \"beta_schedule\": \"linear\"}",
                    &c);
-    dc_sd_schedule s;
-    CHECK(rc == 0 && dc_sd_schedule_init_cfg(&s, &c, true) == 0 && fabs(s.alphas_cumprod[2] - 0.9 * 0.8 * 0.7) < 1e-15,
+    dc_schedule s;
+    CHECK(rc == 0 && dc_schedule_init_cfg(&s, &c, true) == 0 && fabs(s.alphas_cumprod[2] - 0.9 * 0.8 * 0.7) < 1e-15,
           "trained_betas win over beta_schedule: %s", dc_error());
-    if (!rc) dc_sd_schedule_free(&s), dc_sd_sched_cfg_free(&c);
+    if (!rc) dc_schedule_free(&s), dc_sd_sched_cfg_free(&c);
 
     // files: a duplicate key names the key and the file; Python's -Infinity is read
     if (tmpdir_make("sd_schedule")) return;
@@ -439,32 +439,32 @@ static void test_warnings_and_plans(void) {
                    " \"rescale_betas_zero_snr\": true, \"timestep_spacing\": \"trailing\"}", &c);
     dc_ksampler_opts o = dc_ksampler_opts_default();
     o.kind = DC_KS_DDIM, o.steps = 10, o.sched = &c;
-    dc_sd_schedule s;
-    dc_kstep plan[1000];
+    dc_schedule s;
+    dc_sample_step plan[1000];
     double init;
-    rc = rc ? rc : dc_sd_schedule_init_cfg(&s, &c, false);
+    rc = rc ? rc : dc_schedule_init_cfg(&s, &c, false);
     int prc = rc ? 0 : dc_ksampler_plan(&s, &o, plan, &init);
     CHECK(rc == 0 && prc != 0 && strstr(dc_error(), "rescale_betas_zero_snr"), "DDIM, zero SNR, epsilon: %s",
           dc_error());
     o.prediction = DC_PRED_V;
     prc = rc ? -1 : dc_ksampler_plan(&s, &o, plan, &init);
     CHECK(prc == 0 && plan[0].t == 999 && isinf(plan[0].sigma), "DDIM, zero SNR, v: %s", prc ? dc_error() : "");
-    if (!rc) dc_sd_schedule_free(&s);
+    if (!rc) dc_schedule_free(&s);
     dc_sd_sched_cfg_free(&c);
     // betas that take alphas_cumprod to 0 long before the end
     rc = parse_cfg("{\"num_train_timesteps\": 5000, \"beta_start\": 0.5, \"beta_end\": 0.9}", &c);
-    int src = rc ? 0 : dc_sd_schedule_init_cfg(&s, &c, true);
+    int src = rc ? 0 : dc_schedule_init_cfg(&s, &c, true);
     CHECK(rc == 0 && src != 0 && strstr(dc_error(), "underflows"), "alphas_cumprod underflowing: %s", dc_error());
     // "leading" with steps_offset 1 reaches t = 1000 at 1000 steps
     dc_sd_sched_cfg_default(&c);
     c.spacing = DC_SPACING_LEADING;
     o = dc_ksampler_opts_default();
     o.steps = 1000, o.sched = &c;
-    rc = dc_sd_schedule_init_cfg(&s, &c, true);
+    rc = dc_schedule_init_cfg(&s, &c, true);
     prc = rc ? 0 : dc_ksampler_plan(&s, &o, plan, &init);
     CHECK(rc == 0 && prc != 0 && strstr(dc_error(), "1000") && strstr(dc_error(), "steps_offset"),
           "leading + offset past the schedule: %s", dc_error());
-    if (!rc) dc_sd_schedule_free(&s);
+    if (!rc) dc_schedule_free(&s);
 }
 
 int main(void) {

@@ -150,7 +150,7 @@ static int prepare_unet(void *ctx, const dc_cond *cond, int B) { return dc_unet_
 // from the first step and gives the same latents; once a device buffer has
 // been freed the graph is no longer valid, is recorded afresh, and still
 // gives them.
-static int test_graph_kept(dc_ksampler *ks, dc_buf x, const dc_cond *cond, const uint32_t *idx, dc_model *m,
+static int test_graph_kept(dc_sampler *ks, dc_buf x, const dc_cond *cond, const uint32_t *idx, dc_model *m,
                            const float *want, int64_t n, const char *set) {
     float *got = malloc(sizeof(float) * n);
     void *g = ks->graph;
@@ -161,7 +161,7 @@ static int test_graph_kept(dc_ksampler *ks, dc_buf x, const dc_cond *cond, const
             if (g) CHECK(!g_be->graph_valid(g_be, g), "%s: a graph stays valid after a buffer was freed", set);
         }
         for (int64_t i = 0; i < n; i++) got[i] = NAN;
-        rc = dc_ksampler_run(ks, x, cond, idx, 2, eval_unet, prepare_unet, m, NULL, NULL);
+        rc = dc_sampler_run(ks, x, cond, idx, 2, eval_unet, prepare_unet, m, NULL, NULL);
         if (rc) break;
         buf_down(x, got, n);
         const double e = nerr(got, want, n);  // as below: only a nondeterministic kernel choice may differ
@@ -285,13 +285,13 @@ static void test_recorded_steps(dc_model *m, const dc_unet_config *c, const char
         dc_ksampler_opts o = dc_ksampler_opts_default();
         o.kind = DC_KS_DPMPP_2M, o.karras = true, o.steps = STEPS, o.cfg_scale = 5.0f, o.seed = 42;
         o.ctx_len = L, o.ctx_dim = D, o.null_ctx = dnul, o.graph = k == 1;
-        dc_ksampler ks;
+        dc_sampler ks;
         rc = dc_ksampler_init(&ks, g_be, &o, C, H, W, B);
         dc_cond cond = {.ctx = dctx, .len = L, .dim = D};
-        if (!rc) rc = dc_ksampler_run(&ks, x, &cond, idx, B, eval_unet, k == 1 ? prepare_unet : NULL, m, NULL, NULL);
+        if (!rc) rc = dc_sampler_run(&ks, x, &cond, idx, B, eval_unet, k == 1 ? prepare_unet : NULL, m, NULL, NULL);
         if (!rc) buf_down(x, r[k], n);
         if (!rc && k == 1) rc = test_graph_kept(&ks, x, &cond, idx, m, r[1], n, set);
-        if (!rc) dc_ksampler_free(&ks);
+        if (!rc) dc_sampler_free(&ks);
     }
     CHECK(rc == 0, "%s: sampling: %s", set, rc ? dc_error() : "");
     if (!rc) {

@@ -190,17 +190,17 @@ static int bench_sample(const dc_dit_config *mc, dc_backend *be, int batch, int 
     if (!y || !idx || !x.p || !yd.p) { dc_fail("out of memory"); goto done; }
     if (dc_dit_new(mc, be, false, &m) || dc_model_init_weights(m, 0) || dc_model_reserve(m, rows)) goto done;
     const dc_model_info *mi = &m->info;
-    dc_sampler_opts o = dc_sampler_opts_default();
+    dc_dit_sampler_opts o = dc_dit_sampler_opts_default();
     o.steps = steps, o.cfg_scale = cfg, o.learn_sigma = mi->learn_sigma, o.null_class = mi->num_classes;
     for (int i = 0; i < batch; i++) y[i] = i % mi->num_classes, idx[i] = i;
     be->upload(be, yd.p, y, batch * sizeof *y);
     dc_cond cond = {.y = yd};
-    if (dc_sampler_init(&s, be, &o, mi->channels, mi->height, mi->width, batch)) goto done;
+    if (dc_dit_sampler_init(&s, be, &o, mi->channels, mi->height, mi->width, batch)) goto done;
     // warm-up: the first run builds matrix-product plans and (on a GPU) the step's graph
-    if (dc_sampler_run(&s, x, &cond, idx, batch, eval_model, m, NULL, NULL)) goto done;
+    if (dc_sampler_run(&s, x, &cond, idx, batch, eval_model, NULL, m, NULL, NULL)) goto done;
     be->sync(be);
     double t0 = dc_time_now();
-    if (dc_sampler_run(&s, x, &cond, idx, batch, eval_model, m, NULL, NULL)) goto done;
+    if (dc_sampler_run(&s, x, &cond, idx, batch, eval_model, NULL, m, NULL, NULL)) goto done;
     be->sync(be);
     if (dc_backend_status(be)) goto done;
     double dt = (dc_time_now() - t0) / steps;

@@ -33,16 +33,12 @@
 // Guidance u + scale (c - u) on the model output equals AUTOMATIC1111's on the
 // denoised values: denoised is affine in the output with the same coefficients.
 //
-// Every step is one affine update of per-step host scalars (dc_kstep):
+// Every step is one affine update of the sampling loop (sampler.h):
 //   denoised = dx x + de out           (out: the guided model output, eps or v)
 //   x'       = ax x + ad denoised + ao old_denoised + an z
-// composed from the backend's q_sample (a p + s q) and axpy ops.
-//
-// Noise is keyed per sample, never per batch position, so a seed gives the
-// same image at any batch size:
-//   start x of sample i: randn(seed, key = i, DC_SAMPLE_START_STEP, DC_STREAM_SAMPLE_START)
-//     (img2img: the noise added to the clean latents)
-//   z of step s (0-based, in sampling order): randn(seed, key = i, step = s, DC_STREAM_NOISE)
+// composed from the backend's q_sample (a p + s q) and axpy ops; its noise
+// is keyed by the step's index in sampling order (0-based, skipped steps
+// counted).
 #pragma once
 #include <stdbool.h>
 #include <stdint.h>
@@ -52,16 +48,6 @@
 #include "models/model.h"
 
 typedef enum { DC_KS_DDIM, DC_KS_EULER, DC_KS_EULER_A, DC_KS_DPMPP_2M } dc_ks_kind;
-
-// One step's scalars, all float64 on the host.
-typedef struct {
-    double sigma, sigma_next;  // k-samplers: the ladder; DDIM: sigma of t (inf at zero SNR) and of the step after
-    double t;                  // the timestep the model is fed
-    double c_in;               // the model's input is c_in x
-    double dx, de;             // denoised = dx x + de out
-    double ax, ad, ao, an;     // x' = ax x + ad denoised + ao old + an z
-    bool noise;                // draw z (an != 0)
-} dc_kstep;
 
 typedef struct {
     dc_ks_kind kind;
@@ -96,42 +82,15 @@ const char *dc_ks_kind_name(dc_ks_kind k);
 // The dc_sd_class whose ladder sampler k runs.
 dc_sd_class dc_ks_class(dc_ks_kind k);
 
-// The plan of a whole run on schedule s (dc_sd_schedule_init_cfg of opt's
+// The plan of a whole run on schedule s (dc_schedule_init_cfg of opt's
 // config, with floor but for DDIM): steps[n] for n = opt->steps and the start
 // noise's scale (*init_sigma: in sigma space for the k-samplers, 1 for DDIM).
-int dc_ksampler_plan(const dc_sd_schedule *s, const dc_ksampler_opts *opt, dc_kstep *steps,
+int dc_ksampler_plan(const dc_schedule *s, const dc_ksampler_opts *opt, dc_sample_step *steps,
                      double *init_sigma);
 
-typedef struct {
-    dc_backend *be;
-    dc_ksampler_opts opt;
-    dc_sd_schedule sched;
-    dc_kstep *plan;        // [opt.steps]
-    double init_sigma;
-    int C, H, W, max_batch;
-    bool cfg;
-    dc_buf xin;            // [rows, C, H, W] the model's input (c_in x, twice with guidance)
-    dc_buf out;            // [rows, C, H, W] model output
-    dc_buf comb;           // [max_batch, C, H, W] guided output
-    dc_buf den, old;       // [max_batch, C, H, W] denoised of this step and of the last
-    dc_buf z;              // [max_batch, C, H, W] step noise
-    dc_buf t;              // [rows] F32 timesteps
-    dc_buf ctx;            // [rows, L, D] embeddings
-    dc_cond cond;
-    float *t_host;         // [rows]
-    float *ca, *cb;        // [max_batch] per-sample coefficients for q_sample
-    void *graph;           // the recorded model call (opt.graph), kept across runs while valid
-    int graph_B;           // the batch it was recorded at
-} dc_ksampler;
-
-// Builds the SD schedule and the plan and allocates the scratch for batches
-// up to max_batch of C x H x W latents.
-int dc_ksampler_init(dc_ksampler *s, dc_backend *be, const dc_ksampler_opts *opt, int C, int H,
+// The sampler of opt on the loop: the SD schedule of opt's config, its plan,
+// and the scratch for batches up to max_batch of C x H x W latents. Run it
+// with dc_sampler_run (opt.ctx_len x opt.ctx_dim embeddings), free it with
+// dc_sampler_free.
+int dc_ksampler_init(dc_sampler *s, dc_backend *be, const dc_ksampler_opts *opt, int C, int H,
                      int W, int max_batch);
-void dc_ksampler_free(dc_ksampler *s);
-// Samples B latents into x[B, C, H, W] conditioned on cond (B embeddings on
-// the backend), sample indices idx[B] keying the noise. prepare (may be
-// NULL) runs once after the text is staged; progress may be NULL.
-int dc_ksampler_run(dc_ksampler *s, dc_buf x, const dc_cond *cond, const uint32_t *idx, int B,
-                    dc_eval_fn eval, dc_prepare_fn prepare, void *ctx, dc_sample_progress_fn progress,
-                    void *pctx);

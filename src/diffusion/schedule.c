@@ -1,7 +1,7 @@
-// Schedule tables, mirroring guided_diffusion's GaussianDiffusion.__init__
-// operation by operation (numpy evaluates left to right, elementwise in
-// float64), so the tables match the official ones to the last bit wherever
-// libm and numpy agree on sqrt/log.
+// Discrete schedules' tables, and DiT's: GaussianDiffusion.__init__
+// mirrored operation by operation (numpy evaluates left to right, elementwise
+// in float64), so the tables match the official ones to the last bit wherever
+// libm and numpy agree on sqrt/log; respacing; DiT's sampling plan.
 #include "diffusion/schedule.h"
 
 #include <math.h>
@@ -9,42 +9,55 @@
 #include <string.h>
 #include "core/error.h"
 
-enum { N_TABLES = 13 };  // double arrays in dc_schedule
-
 void dc_schedule_free(dc_schedule *s) {
     if (!s) return;
-    free(s->betas);  // one block holds every table
+    free(s->tables_);
     free(s->timestep);
     memset(s, 0, sizeof *s);
+}
+
+int dc_schedule_alloc(dc_schedule *s, int n, int T, bool gaussian) {
+    memset(s, 0, sizeof *s);
+    if (n < 1) return dc_fail("diffusion schedule: %d steps (need at least 1)", n);
+    double **tabs[] = {
+        &s->alphas_cumprod, &s->sigmas, &s->log_sigmas,  // every discrete schedule
+        &s->betas, &s->log_betas, &s->alphas_cumprod_prev, &s->sqrt_alphas_cumprod,
+        &s->sqrt_one_minus_alphas_cumprod, &s->sqrt_recip_alphas_cumprod,
+        &s->sqrt_recipm1_alphas_cumprod, &s->posterior_variance, &s->posterior_log_variance_clipped,
+        &s->posterior_mean_coef1, &s->posterior_mean_coef2, &s->fixed_large_log_variance};
+    const int ntab = gaussian ? (int)(sizeof tabs / sizeof tabs[0]) : 3;
+    s->tables_ = calloc((size_t)ntab * n, sizeof(double));
+    s->timestep = malloc(sizeof(int) * (size_t)n);
+    if (!s->tables_ || !s->timestep) {
+        dc_schedule_free(s);
+        return dc_fail("diffusion schedule: out of memory for %d steps", n);
+    }
+    for (int k = 0; k < ntab; k++) *tabs[k] = s->tables_ + (size_t)k * n;
+    for (int i = 0; i < n; i++) s->timestep[i] = i;
+    s->family = DC_SCHEDULE_DISCRETE;
+    s->n = n;
+    s->T = T;
+    return 0;
+}
+
+void dc_schedule_fill_sigmas(dc_schedule *s) {
+    for (int i = 0; i < s->n; i++) {
+        double acp = s->alphas_cumprod[i];
+        s->sigmas[i] = acp > 0 ? sqrt((1.0 - acp) / acp) : INFINITY;
+        s->log_sigmas[i] = log(s->sigmas[i]);
+    }
 }
 
 int dc_schedule_init_betas(dc_schedule *s, const double *betas, const int *timestep, int n,
                            int T) {
     memset(s, 0, sizeof *s);
-    if (n < 1) return dc_fail("diffusion schedule: %d steps (need at least 1)", n);
     for (int i = 0; i < n; i++)
         if (!(betas[i] > 0.0 && betas[i] <= 1.0))
             return dc_fail("diffusion schedule: beta[%d] = %g is outside (0, 1]", i, betas[i]);
-    double *blk = malloc(sizeof(double) * N_TABLES * (size_t)n);
-    s->timestep = malloc(sizeof(int) * (size_t)n);
-    if (!blk || !s->timestep) {
-        free(blk);
-        free(s->timestep);
-        s->timestep = NULL;
-        return dc_fail("diffusion schedule: out of memory for %d steps", n);
-    }
-    double **tabs[N_TABLES] = {
-        &s->betas, &s->log_betas, &s->alphas_cumprod, &s->alphas_cumprod_prev,
-        &s->sqrt_alphas_cumprod, &s->sqrt_one_minus_alphas_cumprod,
-        &s->sqrt_recip_alphas_cumprod, &s->sqrt_recipm1_alphas_cumprod,
-        &s->posterior_variance, &s->posterior_log_variance_clipped,
-        &s->posterior_mean_coef1, &s->posterior_mean_coef2, &s->fixed_large_log_variance};
-    for (int k = 0; k < N_TABLES; k++) *tabs[k] = blk + (size_t)k * n;
-    s->n = n;
-    s->T = T;
+    DC_TRY(dc_schedule_alloc(s, n, T, true));
 
     for (int i = 0; i < n; i++) {
-        s->timestep[i] = timestep ? timestep[i] : i;
+        if (timestep) s->timestep[i] = timestep[i];
         s->betas[i] = betas[i];
         s->log_betas[i] = log(betas[i]);
     }
@@ -79,6 +92,7 @@ int dc_schedule_init_betas(dc_schedule *s, const double *betas, const int *times
         s->posterior_log_variance_clipped[i] = log(s->posterior_variance[i == 0 ? 1 : i]);
         s->fixed_large_log_variance[i] = log(i == 0 ? s->posterior_variance[1] : s->betas[i]);
     }
+    dc_schedule_fill_sigmas(s);
     return 0;
 }
 
@@ -210,5 +224,27 @@ int dc_schedule_step_coef(const dc_schedule *s, int k, dc_step_kind kind, double
     c->ddim_dir = (float)sqrt(dir2);
     c->ddim_sigma = (float)sigma;
     c->add_noise = k != 0 && sigma > 0.0;
+    return 0;
+}
+
+int dc_schedule_plan(const dc_schedule *s, dc_step_kind kind, double eta, bool learn_sigma,
+                     dc_sample_plan *plan) {
+    if (!s->betas) return dc_fail("sampler: DiT's DDPM and DDIM run on a schedule made from betas");
+    DC_TRY(dc_sample_plan_init(plan, s->n));
+    for (int i = 0; i < s->n; i++) {
+        int k = s->n - 1 - i;
+        dc_sample_step *p = &plan->step[i];
+        if (dc_schedule_step_coef(s, k, kind, eta, learn_sigma, &p->dit) != 0) {
+            dc_sample_plan_free(plan);
+            return -1;
+        }
+        p->update = DC_UPDATE_DIT;
+        p->t = s->timestep[k];
+        p->c_in = 1;
+        p->sigma = s->sigmas[k];
+        p->sigma_next = k > 0 ? s->sigmas[k - 1] : 0;
+        p->noise = p->dit.add_noise;
+        p->noise_key = (uint32_t)k;
+    }
     return 0;
 }

@@ -1,31 +1,63 @@
-// Noise schedules of the Gaussian diffusion process, as the official DiT
-// code builds them (guided_diffusion/gaussian_diffusion.py and respace.py):
-// every table in float64, computed in the same order as numpy, and cast to
-// float only when a per-sample record for an op is filled.
+// The noise schedule: one type for every diffusion family the engine runs.
 //
-// One dc_schedule is one process of n steps: the 1000-step base process, or
-// a respaced one (SpacedDiffusion) whose step k stands for original timestep
-// timestep[k] -- the value the model is fed.
+//   DC_SCHEDULE_DISCRETE  T timesteps of a variance-preserving process,
+//       x_t = sqrt(acp[t]) x0 + sqrt(1 - acp[t]) eps, or in the
+//       variance-exploding view x_sigma = x_t / sqrt(acp) = x0 + sigma eps with
+//       sigma = sqrt((1 - acp) / acp). Made from betas as the official DiT
+//       code (GaussianDiffusion, respacing: this file) or from a diffusers
+//       scheduler config (dc_schedule_init_cfg, sd_schedule.h).
+//   DC_SCHEDULE_FLOW  rectified flow, continuous sigma in [0, 1]:
+//       x_sigma = (1 - sigma) x0 + sigma noise, with a time shift
+//       (dc_schedule_init_flow, flow.h).
+//
+// What the model predicts (eps, v, the velocity of a flow) is the model's
+// (models/model.h dc_prediction, the sampler's options); the samplers' plans
+// turn it into the denoised estimate (sampler.h says where a new one goes).
+//
+// The DiT tables mirror guided_diffusion/gaussian_diffusion.py and respace.py:
+// every table in float64, computed in the same order as numpy, and cast to
+// float only when a per-sample record for an op is filled. Such a schedule is
+// one process of n steps: the 1000-step base process, or a respaced one
+// (SpacedDiffusion) whose step k stands for original timestep timestep[k] --
+// the value the model is fed.
 #pragma once
 #include <stdbool.h>
 #include "backend/op_math.h"
+#include "diffusion/sampler.h"
 
 #define DC_DIFFUSION_STEPS 1000  // the official diffusion_steps
 
+typedef enum { DC_SCHEDULE_DISCRETE, DC_SCHEDULE_FLOW } dc_schedule_family;
+
 typedef struct {
-    int n;          // steps of this process
-    int T;          // steps of the base process it was spaced from
-    int *timestep;  // [n] original timestep of step k (identity for a base process)
-    // Official names (GaussianDiffusion attributes), all [n]:
+    dc_schedule_family family;
+    int n;          // steps of this schedule: every table is [n]
+    int T;          // training timesteps (of the base process a respaced one was spaced from)
+    int *timestep;  // discrete: original timestep of step k (identity but for a respaced process)
+    // Every family: the noise level of step k, ascending in k (sigmas[0] the
+    // smallest). Discrete: sqrt((1 - acp) / acp), inf where acp is 0 (zero
+    // terminal SNR); flow: the shifted sigma of training timestep k + 1.
+    double *sigmas, *log_sigmas;
+    double shift;   // flow: sigma' = shift sigma / (1 + (shift - 1) sigma)
+    double *alphas_cumprod;  // discrete
+    // GaussianDiffusion's own tables (official names), in schedules made from
+    // betas (dc_schedule_init_betas and those built on it; NULL in others):
     double *betas, *log_betas;
-    double *alphas_cumprod, *alphas_cumprod_prev;
+    double *alphas_cumprod_prev;
     double *sqrt_alphas_cumprod, *sqrt_one_minus_alphas_cumprod;
     double *sqrt_recip_alphas_cumprod, *sqrt_recipm1_alphas_cumprod;
     double *posterior_variance, *posterior_log_variance_clipped;
     double *posterior_mean_coef1, *posterior_mean_coef2;
     double *fixed_large_log_variance;  // log([pv[1], betas[1:]]), the fixed variance DiT uses
                                        // when sigma is not learned (ModelVarType.FIXED_LARGE)
+    double *tables_;  // the one block that holds every table
 } dc_schedule;
+
+// The rectified-flow schedule of T training timesteps and a shift > 0 (the
+// sigmas of diffusers' FlowMatchEulerDiscreteScheduler.__init__).
+int dc_schedule_init_flow(dc_schedule *s, int T, double shift);
+static inline double dc_schedule_sigma_min(const dc_schedule *s) { return s->sigmas[0]; }
+static inline double dc_schedule_sigma_max(const dc_schedule *s) { return s->sigmas[s->n - 1]; }
 
 // A process from its betas (GaussianDiffusion.__init__); timestep may be NULL
 // (identity). Betas must lie in (0, 1].
@@ -50,6 +82,13 @@ void dc_schedule_free(dc_schedule *s);
 // out[N] is ascending. Fails unless 1 <= N <= T.
 int dc_space_timesteps(int T, int N, int *out);
 
+// A discrete schedule of n steps whose tables are allocated (zero), the
+// timesteps the identity, for a constructor to fill: the GaussianDiffusion
+// tables too when `gaussian`. On failure s has nothing to free.
+int dc_schedule_alloc(dc_schedule *s, int n, int T, bool gaussian);
+// sigmas and log_sigmas from alphas_cumprod.
+void dc_schedule_fill_sigmas(dc_schedule *s);
+
 // The DiT training-loss record of step t of s (for the training schedule,
 // t is the original timestep).
 int dc_schedule_loss_coef(const dc_schedule *s, int t, dc_loss_coef *c);
@@ -57,3 +96,11 @@ int dc_schedule_loss_coef(const dc_schedule *s, int t, dc_loss_coef *c);
 // ancestral DDPM (p_sample) or DDIM with eta (ddim_sample), no clipping.
 int dc_schedule_step_coef(const dc_schedule *s, int k, dc_step_kind kind, double eta,
                           bool learn_sigma, dc_step_coef *c);
+// The sampling plan on s (sampler.h): step i runs spaced step k = n-1-i with
+// the backend's sampler_step (DC_UPDATE_DIT) and the record of
+// dc_schedule_step_coef, the model fed the original timestep timestep[k]
+// (_WrappedModel), its noise keyed k. DiT's DDIM stays this op rather than
+// the affine DDIM of the other plans: its float operations differ, and so
+// would the samples.
+int dc_schedule_plan(const dc_schedule *s, dc_step_kind kind, double eta, bool learn_sigma,
+                     dc_sample_plan *plan);

@@ -35,35 +35,20 @@ const char *dc_sd_class_name(dc_sd_class k) {
     return "unknown";
 }
 
-void dc_sd_schedule_free(dc_sd_schedule *s) {
-    if (!s) return;
-    free(s->alphas_cumprod);
-    free(s->sigmas);
-    free(s->log_sigmas);
-    memset(s, 0, sizeof *s);
-}
-
 // The GLIDE cosine schedule's abar (betas_for_alpha_bar, "cosine").
 static double abar_cos(double t) {
     double c = cos((t + 0.008) / 1.008 * M_PI / 2);
     return c * c;
 }
 
-int dc_sd_schedule_init_cfg(dc_sd_schedule *s, const dc_sd_sched_cfg *c, bool floor) {
+int dc_schedule_init_cfg(dc_schedule *s, const dc_sd_sched_cfg *c, bool floor) {
     memset(s, 0, sizeof *s);
     const int T = c->T;
     if (T < 2) return dc_fail("schedule: %d training steps (need at least 2)", T);
     if (!c->trained_betas && c->beta_schedule != DC_BETAS_SQUAREDCOS &&
         !(c->beta_start > 0 && c->beta_end < 1 && c->beta_start <= c->beta_end))
         return dc_fail("schedule: betas %g..%g outside (0, 1)", c->beta_start, c->beta_end);
-    s->T = T;
-    s->alphas_cumprod = malloc(sizeof(double) * T);
-    s->sigmas = malloc(sizeof(double) * T);
-    s->log_sigmas = malloc(sizeof(double) * T);
-    if (!s->alphas_cumprod || !s->sigmas || !s->log_sigmas) {
-        dc_sd_schedule_free(s);
-        return dc_fail("schedule: out of host memory");
-    }
+    DC_TRY(dc_schedule_alloc(s, T, T, false));
     double *acp = s->alphas_cumprod, a = sqrt(c->beta_start), b = sqrt(c->beta_end), prod = 1.0;
     for (int i = 0; i < T; i++) {
         // torch.linspace: start + i * step, the last element exactly `end`
@@ -79,7 +64,7 @@ int dc_sd_schedule_init_cfg(dc_sd_schedule *s, const dc_sd_sched_cfg *c, bool fl
             beta = fmin(1 - abar_cos((double)(i + 1) / T) / abar_cos((double)i / T), 0.999);
         }
         if (!(beta > 0 && beta < 1)) {
-            dc_sd_schedule_free(s);
+            dc_schedule_free(s);
             return dc_fail("schedule: beta %d is %g, outside (0, 1)", i, beta);
         }
         prod *= 1.0 - beta;
@@ -102,21 +87,18 @@ int dc_sd_schedule_init_cfg(dc_sd_schedule *s, const dc_sd_sched_cfg *c, bool fl
     }
     for (int i = 0; i < T - (c->rescale_zero_snr ? 1 : 0); i++)
         if (!(acp[i] > 0)) {
-            dc_sd_schedule_free(s);
+            dc_schedule_free(s);
             return dc_fail("schedule: alphas_cumprod underflows to 0 at timestep %d of %d (betas too large)", i, T);
         }
-    for (int i = 0; i < T; i++) {
-        s->sigmas[i] = acp[i] > 0 ? sqrt((1.0 - acp[i]) / acp[i]) : INFINITY;
-        s->log_sigmas[i] = log(s->sigmas[i]);
-    }
+    dc_schedule_fill_sigmas(s);
     return 0;
 }
 
-int dc_sd_schedule_init(dc_sd_schedule *s, int T, double beta_start, double beta_end) {
+int dc_schedule_init_scaled_linear(dc_schedule *s, int T, double beta_start, double beta_end) {
     dc_sd_sched_cfg c;
     dc_sd_sched_cfg_default(&c);
     c.T = T, c.beta_start = beta_start, c.beta_end = beta_end;
-    return dc_sd_schedule_init_cfg(s, &c, true);
+    return dc_schedule_init_cfg(s, &c, true);
 }
 
 // numpy's linspace(0, stop, num)[i]: i * (stop / (num - 1)), the last exactly stop.
@@ -145,7 +127,7 @@ int dc_sd_timesteps(int T, int n, dc_spacing spacing, int offset, int *out) {
     return 0;
 }
 
-double dc_sd_sigma_to_t(const dc_sd_schedule *s, double sigma) {
+double dc_sd_sigma_to_t(const dc_schedule *s, double sigma) {
     // dists = log_sigma - log_sigmas; low_idx = last index with dists >= 0,
     // clamped to T - 2; w = (low - log_sigma) / (low - high) clamped to [0, 1].
     double ls = log(fmax(sigma, 1e-10));
@@ -159,7 +141,7 @@ double dc_sd_sigma_to_t(const dc_sd_schedule *s, double sigma) {
     return (1.0 - w) * low + w * (low + 1);
 }
 
-double dc_sd_t_to_sigma(const dc_sd_schedule *s, double t) {
+double dc_sd_t_to_sigma(const dc_schedule *s, double t) {
     int low = (int)floor(t), high = (int)ceil(t);
     double w = t - low;
     return exp((1.0 - w) * s->log_sigmas[low] + w * s->log_sigmas[high]);
@@ -178,7 +160,7 @@ int dc_sd_sigmas_karras(int n, double sigma_min, double sigma_max, double rho, d
     return 0;
 }
 
-int dc_sd_sigmas_uniform(const dc_sd_schedule *s, int n, double *out) {
+int dc_sd_sigmas_uniform(const dc_schedule *s, int n, double *out) {
     if (n < 1) return dc_fail("schedule: %d sampling steps", n);
     for (int i = 0; i < n; i++) {
         double t = n == 1 ? s->T - 1 : (double)(s->T - 1) * (n - 1 - i) / (n - 1);
@@ -191,7 +173,7 @@ int dc_sd_sigmas_uniform(const dc_sd_schedule *s, int n, double *out) {
 // ---- the ladders of diffusers' classes ---------------------------------------------------
 
 // np.interp(t, arange(T), sigmas): linear in t, clamped at the ends.
-static double interp_sigma(const dc_sd_schedule *s, double t) {
+static double interp_sigma(const dc_schedule *s, double t) {
     if (t <= 0) return s->sigmas[0];
     if (t >= s->T - 1) return s->sigmas[s->T - 1];
     int lo = (int)floor(t);
@@ -224,7 +206,7 @@ static int class_timesteps(const dc_sd_sched_cfg *c, dc_sd_class k, dc_spacing s
     return 0;
 }
 
-int dc_sd_ladder(const dc_sd_schedule *s, const dc_sd_sched_cfg *c, dc_sd_class k, bool karras,
+int dc_sd_ladder(const dc_schedule *s, const dc_sd_sched_cfg *c, dc_sd_class k, bool karras,
                  dc_prediction prediction, int n, double *t, double *sigma, double *init) {
     const int T = s->T;
     const char *src = c->source[0] ? c->source : "scheduler";

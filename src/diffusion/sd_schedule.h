@@ -20,6 +20,7 @@
 // classes copy.
 #pragma once
 #include <stdbool.h>
+#include "diffusion/schedule.h"
 #include "models/model.h"
 
 #define DC_SD_TRAIN_STEPS 1000
@@ -72,22 +73,13 @@ typedef struct {
 void dc_sd_sched_cfg_default(dc_sd_sched_cfg *c);
 void dc_sd_sched_cfg_free(dc_sd_sched_cfg *c);
 
-typedef struct {
-    int T;                   // training steps
-    double *alphas_cumprod;  // [T]
-    double *sigmas;          // [T] ascending: sigma(0) = sigma_min ... sigma(T-1) = sigma_max
-    double *log_sigmas;      // [T]
-} dc_sd_schedule;
-
+// The discrete schedule of a config (schedule.h; n = T, no GaussianDiffusion
+// tables). floor: a last alphas_cumprod of 0 (zero terminal SNR) becomes
+// 2^-24, as diffusers' Euler, Euler ancestral and DPM-Solver set it so that
+// sigma_max is finite (DDIM keeps the 0).
+int dc_schedule_init_cfg(dc_schedule *s, const dc_sd_sched_cfg *c, bool floor);
 // The scaled-linear schedule of T steps from beta_start to beta_end.
-int dc_sd_schedule_init(dc_sd_schedule *s, int T, double beta_start, double beta_end);
-// The schedule of a config. floor: a last alphas_cumprod of 0 (zero terminal
-// SNR) becomes 2^-24, as diffusers' Euler, Euler ancestral and DPM-Solver set
-// it so that sigma_max is finite (DDIM keeps the 0).
-int dc_sd_schedule_init_cfg(dc_sd_schedule *s, const dc_sd_sched_cfg *c, bool floor);
-void dc_sd_schedule_free(dc_sd_schedule *s);
-static inline double dc_sd_sigma_min(const dc_sd_schedule *s) { return s->sigmas[0]; }
-static inline double dc_sd_sigma_max(const dc_sd_schedule *s) { return s->sigmas[s->T - 1]; }
+int dc_schedule_init_scaled_linear(dc_schedule *s, int T, double beta_start, double beta_end);
 
 // diffusers' timestep_spacing, for n inference steps of T (descending, out[n]):
 //   LEADING  (SD 1.x/2.x DDIM/PNDM configs): t_k = k * (T / n) + offset, k = n-1..0,
@@ -102,9 +94,9 @@ int dc_sd_timesteps(int T, int n, dc_spacing spacing, int offset, int *out);
 // k-diffusion DiscreteSchedule.sigma_to_t: the fractional timestep of sigma by
 // linear interpolation in log sigma between the two neighbouring training
 // sigmas (clamped to [0, T-1]).
-double dc_sd_sigma_to_t(const dc_sd_schedule *s, double sigma);
+double dc_sd_sigma_to_t(const dc_schedule *s, double sigma);
 // DiscreteSchedule.t_to_sigma: exp of the log-sigma interpolated at fractional t.
-double dc_sd_t_to_sigma(const dc_sd_schedule *s, double t);
+double dc_sd_t_to_sigma(const dc_schedule *s, double t);
 
 // Sigma ladders of n steps, out[n + 1] with out[n] = 0 (descending):
 // k-diffusion get_sigmas_karras(n, sigma_min, sigma_max, rho = 7):
@@ -113,7 +105,7 @@ double dc_sd_t_to_sigma(const dc_sd_schedule *s, double t);
 int dc_sd_sigmas_karras(int n, double sigma_min, double sigma_max, double rho, double *out);
 // DiscreteSchedule.get_sigmas(n): t_to_sigma(linspace(T - 1, 0, n)), then 0 --
 // the "Euler a" / "Euler" ladder of k-diffusion and AUTOMATIC1111.
-int dc_sd_sigmas_uniform(const dc_sd_schedule *s, int n, double *out);
+int dc_sd_sigmas_uniform(const dc_schedule *s, int n, double *out);
 
 // The diffusers scheduler classes whose ladders the samplers walk.
 typedef enum { DC_SCHED_EULER, DC_SCHED_EULER_ANCESTRAL, DC_SCHED_DDIM, DC_SCHED_DPM_MULTISTEP } dc_sd_class;
@@ -121,7 +113,7 @@ const char *dc_sd_class_name(dc_sd_class k);  // "EulerDiscreteScheduler" ...
 
 // The ladder of n steps that class k's set_timesteps(n) makes from config c
 // (karras: use_karras_sigmas, Euler and DPM-Solver only; prediction: the one
-// the model is run with) on schedule s (made by dc_sd_schedule_init_cfg, with
+// the model is run with) on schedule s (made by dc_schedule_init_cfg, with
 // floor for every class but DDIM):
 //   t[n]         the timesteps the model is fed (DDIM and DPM-Solver: integers)
 //   sigma[n + 1] sigma[i] the noise level of step i, sigma[i + 1] the one it
@@ -136,5 +128,5 @@ const char *dc_sd_class_name(dc_sd_class k);  // "EulerDiscreteScheduler" ...
 //                x_t = x_sigma / sqrt(sigma^2 + 1))
 // A timestep outside [0, T) is refused (diffusers' DDIM fails on it, Euler
 // clamps: "leading" with steps_offset 1 and n = T).
-int dc_sd_ladder(const dc_sd_schedule *s, const dc_sd_sched_cfg *c, dc_sd_class k, bool karras,
+int dc_sd_ladder(const dc_schedule *s, const dc_sd_sched_cfg *c, dc_sd_class k, bool karras,
                  dc_prediction prediction, int n, double *t, double *sigma, double *init);

@@ -295,12 +295,13 @@ typedef struct dc_sd_gen_state {
     gen_bufs b;
     int B, h, w;
     bool init;
-    dc_ksampler ks;  // ks.be is NULL until made
+    dc_sampler ks;         // ks.be is NULL until made
+    dc_ksampler_opts opt;  // what ks was made for
 } dc_sd_gen_state;
 
 static void state_free(dc_sd_pipe *p) {
     if (!p->gen) return;
-    dc_ksampler_free(&p->gen->ks);
+    dc_sampler_free(&p->gen->ks);
     gen_free(p->be, &p->gen->b);
     free(p->gen);
     p->gen = NULL;
@@ -343,13 +344,14 @@ static int state_buffers(dc_sd_pipe *p, int B, int h, int w, bool init, int64_t 
 // The sampler for options o: the last call's (with o's seed) where it was
 // made for the same options, else a new one.
 static int state_sampler(dc_sd_pipe *p, const dc_ksampler_opts *o, int C, int h, int w, int B) {
-    dc_ksampler *ks = &p->gen->ks;
-    if (ks->be && same_sampler(&ks->opt, o)) {
-        ks->opt.seed = o->seed;
+    dc_sd_gen_state *st = p->gen;
+    if (st->ks.be && same_sampler(&st->opt, o)) {
+        st->opt.seed = st->ks.set.seed = o->seed;
         return 0;
     }
-    dc_ksampler_free(ks);
-    return dc_ksampler_init(ks, p->be, o, C, h, w, B);
+    dc_sampler_free(&st->ks);
+    st->opt = *o;
+    return dc_ksampler_init(&st->ks, p->be, o, C, h, w, B);
 }
 
 // img2img: the clean latents of picture i, z = (mean + exp(logvar / 2) n) * scaling
@@ -398,12 +400,12 @@ int dc_sd_gen_check(dc_sd_pipe *p, const dc_sd_gen *g) {
     if (o.steps < 1 || o.steps > p->sched.T)
         return dc_fail("%d steps: between 1 and the schedule's %d", o.steps, p->sched.T);
     // The plan of the whole run, as the sampler will make it.
-    dc_sd_schedule s;
-    dc_kstep *plan = malloc(sizeof(dc_kstep) * (size_t)o.steps);
+    dc_schedule s;
+    dc_sample_step *plan = malloc(sizeof(dc_sample_step) * (size_t)o.steps);
     double init;
     int rc = plan ? 0 : dc_fail("out of host memory");
-    if (!rc) rc = dc_sd_schedule_init_cfg(&s, &p->sched, o.kind != DC_KS_DDIM);
-    if (!rc) rc = dc_ksampler_plan(&s, &o, plan, &init), dc_sd_schedule_free(&s);
+    if (!rc) rc = dc_schedule_init_cfg(&s, &p->sched, o.kind != DC_KS_DDIM);
+    if (!rc) rc = dc_ksampler_plan(&s, &o, plan, &init), dc_schedule_free(&s);
     free(plan);
     if (rc) return -1;
     // What the scheduler config asks that this sampler does not follow, once.
@@ -447,7 +449,7 @@ int dc_sd_generate(dc_sd_pipe *p, const dc_sd_gen *g, dc_sd_picture_fn on_pictur
     gen_bufs b = rc ? (gen_bufs){0} : p->gen->b;
     if (!rc) o.null_ctx = dc_buf_at(b.text, (int64_t)T * D);
     if (!rc) rc = state_sampler(p, &o, C, h, w, B);
-    dc_ksampler *ks = rc ? NULL : &p->gen->ks;
+    dc_sampler *ks = rc ? NULL : &p->gen->ks;
 
     // Text: the prompt and the negative prompt in one pass.
     const char *texts[2] = {g->prompt ? g->prompt : "", g->negative_prompt ? g->negative_prompt : ""};
@@ -500,7 +502,7 @@ int dc_sd_generate(dc_sd_pipe *p, const dc_sd_gen *g, dc_sd_picture_fn on_pictur
         }
         dc_cond cond = {.ctx = b.cctx, .len = T, .dim = D};
         rc = plan_for(p, true, rows, B, g->height, g->width);
-        if (!rc) rc = dc_ksampler_run(ks, b.x, &cond, idx, n, unet_eval, unet_prepare, p->unet, on_step, &sp);
+        if (!rc) rc = dc_sampler_run(ks, b.x, &cond, idx, n, unet_eval, unet_prepare, p->unet, on_step, &sp);
         sp.done0 += o.steps - o.skip;
         if (!rc) rc = plan_for(p, false, rows, B, g->height, g->width);
         if (rc) break;

@@ -115,8 +115,8 @@ static void check_scheduler(const dc_json *root, unsigned steps) {
     dc_sd_sched_cfg c;
     if (dc_sd_sched_cfg_from_json(&c, root, "scheduler_config.json")) return;
     for (int floor = 0; floor < 2; floor++) {
-        dc_sd_schedule s;
-        if (dc_sd_schedule_init_cfg(&s, &c, floor)) continue;
+        dc_schedule s;
+        if (dc_schedule_init_cfg(&s, &c, floor)) continue;
         const int ns[3] = {1, 2, 1 + (int)(steps % 64)};
         double t[64], sig[65], init;
         for (int k = 0; k < 4; k++)
@@ -130,7 +130,7 @@ static void check_scheduler(const dc_json *root, unsigned steps) {
                         if (!(sig[i] >= 0 && sig[i] < INFINITY)) abort();
                     if (!(init > 0 && init < INFINITY)) abort();
                 }
-        dc_sd_schedule_free(&s);
+        dc_schedule_free(&s);
     }
     dc_sd_sched_cfg_free(&c);
 }
