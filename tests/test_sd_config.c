@@ -308,7 +308,7 @@ static void test_request(void) {
     const char *m = model_copy("garbage", true);
     dc_sd_pipe p;
     int rc = find(&p, m);
-    CHECK(rc == 0 && p.factor == 8 && p.align == 64 && p.default_size == 128 && !p.v_pred && !p.unet,
+    CHECK(rc == 0 && p.factor == 8 && p.align == 64 && p.default_size == 128 && p.prediction == DC_PRED_EPS && !p.unet,
           "configs read, no weights: factor %d align %d size %d: %s", p.factor, p.align, p.default_size,
           rc ? dc_error() : "");
     dc_sd_gen g = {"x", NULL, 1, 1, 100, 64, dc_ksampler_opts_default(), NULL, 0};
@@ -354,7 +354,7 @@ static void test_request(void) {
               " \"prediction_type\": \"v_prediction\", \"num_train_timesteps\": 500, \"timestep_spacing\": \"trailing\","
               " \"rescale_betas_zero_snr\": true}");
     rc = find(&p, m);
-    CHECK(rc == 0 && p.v_pred && p.sched.T == 500 && p.sched.spacing == DC_SPACING_TRAILING && p.sched.rescale_zero_snr,
+    CHECK(rc == 0 && p.prediction == DC_PRED_V && p.sched.T == 500 && p.sched.spacing == DC_SPACING_TRAILING && p.sched.rescale_zero_snr,
           "a v-prediction, zero-SNR, 500-step config followed: %s", rc ? dc_error() : "");
     if (!rc) {
         g = (dc_sd_gen){"x", NULL, 1, 1, 64, 64, dc_ksampler_opts_default(), NULL, 0};
@@ -368,7 +368,7 @@ static void test_request(void) {
     rc = dc_sd_pipe_find(&p, &o);
     g = (dc_sd_gen){"x", NULL, 1, 1, 64, 64, dc_ksampler_opts_default(), NULL, 0};
     g.ks.steps = 20, g.ks.kind = DC_KS_DDIM;
-    CHECK(rc == 0 && !p.v_pred && dc_sd_gen_check(&p, &g) != 0 && strstr(dc_error(), "rescale_betas_zero_snr"),
+    CHECK(rc == 0 && p.prediction == DC_PRED_EPS && dc_sd_gen_check(&p, &g) != 0 && strstr(dc_error(), "rescale_betas_zero_snr"),
           "DDIM on epsilon at zero SNR refused before the weights: %s", dc_error());
     dc_sd_pipe_close(&p);
 }

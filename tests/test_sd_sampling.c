@@ -146,6 +146,7 @@ static double synth_out(dc_prediction pred, double xt, double t, double mu) {
     double sg = ref_t_to_sigma(t), acp = 1 / (1 + sg * sg);
     double x = xt / sqrt(acp), eps = sg * (x - mu) / (S0 * S0 + sg * sg);
     // eps = sqrt(acp) v + sqrt(1 - acp) x_t
+    if (pred == DC_PRED_SAMPLE) return x - sg * eps;  // x0 (x = x0 + sigma eps)
     return pred == DC_PRED_V ? (eps - sqrt(1 - acp) * xt) / sqrt(acp) : eps;
 }
 
@@ -194,6 +195,7 @@ static double ref_model(const ref_cfg *c, double xin, double t, double mu) {
 static double ref_denoise(const ref_cfg *c, double x, double sigma, double mu) {
     double c_in = 1 / sqrt(sigma * sigma + 1);
     double out = ref_model(c, x * c_in, ref_sigma_to_t(sigma), mu);
+    if (c->pred == DC_PRED_SAMPLE) return out;
     if (c->pred == DC_PRED_V) {
         double c_skip = 1 / (sigma * sigma + 1), c_out = -sigma * c_in;
         return x * c_skip + out * c_out;
@@ -246,6 +248,9 @@ static void ref_run_noise(const ref_cfg *c, uint32_t key, double mu, int n, doub
                 if (c->pred == DC_PRED_V) {
                     x0 = sqrt(acp) * x[j] - sqrt(1 - acp) * o;
                     eps = sqrt(acp) * o + sqrt(1 - acp) * x[j];
+                } else if (c->pred == DC_PRED_SAMPLE) {
+                    x0 = o;
+                    eps = (x[j] - sqrt(acp) * o) / sqrt(1 - acp);
                 } else {
                     x0 = (x[j] - sqrt(1 - acp) * o) / sqrt(acp);
                     eps = o;
@@ -376,6 +381,9 @@ static void test_vs_reference(dc_backend *be) {
         {"Euler a Karras, v, no cfg", {DC_KS_EULER_A, 12, true, 0, DC_PRED_V, 1.0, 0, 17, 0}},
         {"DPM++ 2M Karras, eps, cfg 7.5", {DC_KS_DPMPP_2M, 20, true, 0, DC_PRED_EPS, 7.5, -0.4, 18, 0}},
         {"DPM++ 2M, v, cfg 3", {DC_KS_DPMPP_2M, 10, false, 0, DC_PRED_V, 3.0, -0.4, 19, 0}},
+        {"DDIM eta 0.5, x0, cfg 3", {DC_KS_DDIM, 20, false, 0.5, DC_PRED_SAMPLE, 3.0, -0.4, 23, 0}},
+        {"Euler, x0, cfg 2", {DC_KS_EULER, 15, false, 0, DC_PRED_SAMPLE, 2.0, 0.2, 24, 0}},
+        {"DPM++ 2M Karras, x0, no cfg", {DC_KS_DPMPP_2M, 12, true, 0, DC_PRED_SAMPLE, 1.0, 0, 25, 0}},
         {"DPM++ 2M Karras, 1 step", {DC_KS_DPMPP_2M, 1, true, 0, DC_PRED_EPS, 1.0, 0, 20, 0}},
         // img2img: the tail of the ladder from noised clean latents
         {"img2img DDIM, eps, 12 of 20", {DC_KS_DDIM, 20, false, 0.0, DC_PRED_EPS, 3.0, -0.4, 21, 8}},
@@ -428,17 +436,19 @@ static void test_distribution(dc_backend *be) {
     free(x);
 }
 
-// A v-predicting model of the same data gives the eps model's samples: the
-// sampler's v -> denoised conversion inverts the model's eps -> v.
+// A v- or x0-predicting model of the same data gives the eps model's
+// samples: the sampler's v -> denoised (x0 -> denoised) conversion inverts
+// the model's eps -> v (eps -> x0).
 static void test_v_roundtrip(dc_backend *be) {
     dc_ks_kind kinds[] = {DC_KS_DDIM, DC_KS_EULER, DC_KS_EULER_A, DC_KS_DPMPP_2M};
     uint32_t idx[2] = {3, 4};
     double mu[2] = {0.3, -0.7};
     float *xe = calloc(2 * NPER, sizeof(float)), *xv = calloc(2 * NPER, sizeof(float));
-    for (int k = 0; k < 4; k++) {
-        ref_cfg c = {kinds[k], 12, k == 3, 0.5, DC_PRED_EPS, 2.0, 0.1, 41, 0};
+    for (int k = 0; k < 8; k++) {
+        const dc_prediction pred = k < 4 ? DC_PRED_V : DC_PRED_SAMPLE;
+        ref_cfg c = {kinds[k % 4], 12, k % 4 == 3, 0.5, DC_PRED_EPS, 2.0, 0.1, 41, 0};
         int rc = run_ks(be, &c, 2, 2, idx, mu, xe, true, NULL);
-        c.pred = DC_PRED_V;
+        c.pred = pred;
         rc |= run_ks(be, &c, 2, 2, idx, mu, xv, true, NULL);
         double e = 0;
         for (int i = 0; i < 2 * NPER; i++) {
@@ -446,7 +456,8 @@ static void test_v_roundtrip(dc_backend *be) {
             e = d > e || d != d ? d : e;
         }
         char name[96];
-        snprintf(name, sizeof name, "%s: v model == eps model", dc_ks_kind_name(kinds[k]));
+        snprintf(name, sizeof name, "%s: %s model == eps model", dc_ks_kind_name(kinds[k % 4]),
+                 pred == DC_PRED_V ? "v" : "x0");
         check(name, rc == 0 && e < 2e-5, "max rel diff %.2e", e);
     }
     free(xe), free(xv);
@@ -514,6 +525,9 @@ static void test_errors(dc_backend *be) {
     c.eta = 0;
     rc = run_ks(be, &c, 1, 2, idx, mu, x, false, NULL);
     check("batch over max_batch refused", rc != 0, "%s", dc_error());
+    c.pred = DC_PRED_FLOW;
+    rc = run_ks(be, &c, 1, 1, idx, mu, x, false, NULL);
+    check("a flow model on DDIM refused", rc != 0 && strstr(dc_error(), "flow"), "%s", dc_error());
 }
 
 // ---- golden trajectories of k-diffusion itself (tools/sd_sampling_reference.py) ----------

@@ -333,7 +333,7 @@ static void test_refusals(void) {
         {"{\"beta_schedule\": \"cosine\"}", "beta_schedule"},
         {"{\"beta_schedule\": 3}", "beta_schedule"},
         {"{\"prediction_type\": 42}", "prediction_type"},
-        {"{\"prediction_type\": \"sample\"}", "prediction_type"},
+        {"{\"prediction_type\": \"flow_prediction\"}", "prediction_type"},
         {"{\"prediction_type\": \"v\"}", "prediction_type"},
         {"{\"timestep_spacing\": \"even\"}", "timestep_spacing"},
         {"{\"timestep_spacing\": null}", "timestep_spacing"},

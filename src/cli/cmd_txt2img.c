@@ -171,8 +171,8 @@ static int run(int argc, char **argv, bool img2img) {
         {"batch", ARG_INT, &batch, "N", "pictures per pass (faster, more memory)"},
         {"out", ARG_STR, &out, "PATH", "PNG to write (several: PATH-0.png, PATH-1.png, ...)"},
         {"vocab", ARG_STR, &vocab, "PATH", "CLIP vocabulary (default: the model's tokenizer/, else searched)"},
-        {"prediction", ARG_STR, &prediction, "P", "auto, eps or v (default auto: the scheduler config; SD 2 "
-                                                  "single files: v)"},
+        {"prediction", ARG_STR, &prediction, "P", "auto, eps, v or sample (x0) (default auto: the scheduler "
+                                                  "config; SD 2 single files: v)"},
         {"unet-heads", ARG_STR, &heads_text, "LIST", "UNet attention heads, 8 or 5,10,20,20 (default: config.json, "
                                                      "else SD's rules)"},
         {"no-verify", ARG_FLAG, &no_verify, NULL, CLI_NO_VERIFY_HELP},
@@ -212,8 +212,12 @@ static int run(int argc, char **argv, bool img2img) {
     if (si < 0)
         return dc_fail("--sampler %s: choose euler_a, euler, ddim, dpmpp_2m or dpmpp_2m_karras", sampler),
                cli_usage_fail();
-    int pred = !strcmp(prediction, "auto") ? -1 : !strcmp(prediction, "eps") ? 0 : !strcmp(prediction, "v") ? 1 : -2;
-    if (pred == -2) return dc_fail("--prediction %s: choose auto, eps or v", prediction), cli_usage_fail();
+    int pred = !strcmp(prediction, "auto")     ? -1
+               : !strcmp(prediction, "eps")    ? DC_PRED_EPS
+               : !strcmp(prediction, "v")      ? DC_PRED_V
+               : !strcmp(prediction, "sample") ? DC_PRED_SAMPLE
+                                               : -2;
+    if (pred == -2) return dc_fail("--prediction %s: choose auto, eps, v or sample", prediction), cli_usage_fail();
     if (steps < 1 || steps > 1000) return dc_fail("--steps %d: between 1 and 1000", steps), cli_usage_fail();
     if (!(cfg >= 1 && cfg <= 100)) return dc_fail("--cfg-scale %g: between 1 and 100", cfg), cli_usage_fail();
     if (!(eta >= 0 && eta <= 1)) return dc_fail("--eta %g: between 0 and 1", eta), cli_usage_fail();
@@ -266,7 +270,7 @@ static int run(int argc, char **argv, bool img2img) {
     if (dc_sd_pipe_load(&pipe, be)) goto done;
     dc_log("SD %s (%s), %dx%d, %s, %d steps, guidance %g, seed %llu",
            pipe.version == 1 ? "1.x" : pipe.version == 2 ? "2.x" : "(version unknown)",
-           pipe.v_pred ? "v-prediction" : "epsilon", width, height, k_samplers[si].a1111, steps, cfg,
+           pipe.prediction == DC_PRED_V ? "v-prediction" : pipe.prediction == DC_PRED_SAMPLE ? "x0-prediction" : "epsilon", width, height, k_samplers[si].a1111, steps, cfg,
            (unsigned long long)seed);
     char model_hash[11] = "";
     if (cli_model_hash(&pipe.files, model_hash)) {  // the pictures are still worth having

@@ -54,9 +54,9 @@ static int plan_ddim(const dc_schedule *s, const dc_ksampler_opts *opt, dc_sampl
         int t = (int)ts[k], prev = t - T / n;
         double acp = s->alphas_cumprod[t];
         double acp_prev = prev >= 0 ? s->alphas_cumprod[prev] : final;
-        if (acp == 0 && opt->prediction != DC_PRED_V) {
+        if (acp == 0 && opt->prediction == DC_PRED_EPS) {
             rc = dc_fail("sampler: at timestep %d alphas_cumprod is 0 (rescale_betas_zero_snr in %s): an epsilon "
-                         "prediction says nothing of the image there (DDIM needs a v_prediction model)",
+                         "prediction says nothing of the image there (DDIM needs a v_prediction or sample model)",
                          t, c->source[0] ? c->source : "the scheduler config");
             break;
         }
@@ -75,6 +75,7 @@ static int plan_ddim(const dc_schedule *s, const dc_ksampler_opts *opt, dc_sampl
         p->t = t;
         p->c_in = 1;
         if (opt->prediction == DC_PRED_V) p->dx = sa, p->de = -s1;  // x0 = sqrt(acp) x - sqrt(1-acp) v
+        else if (opt->prediction == DC_PRED_SAMPLE) p->dx = 0, p->de = 1;  // x0 given
         else p->dx = 1 / sa, p->de = -s1 / sa;                        // x0 = (x - sqrt(1-acp) eps) / sqrt(acp)
         p->ax = dir / s1;
         p->ad = sqrt(acp_prev) - dir * sa / s1;
@@ -119,6 +120,7 @@ static int plan_k(const dc_schedule *s, const dc_ksampler_opts *opt, dc_sample_s
         p->t = ts[i];
         p->c_in = 1 / sqrt(sg * sg + 1);
         if (opt->prediction == DC_PRED_V) p->dx = 1 / (sg * sg + 1), p->de = -sg * p->c_in;
+        else if (opt->prediction == DC_PRED_SAMPLE) p->dx = 0, p->de = 1;  // denoised given
         else p->dx = 1, p->de = -sg;
         switch (opt->kind) {
         case DC_KS_EULER:  // x + (x - den) / s * (sn - s)
@@ -170,7 +172,10 @@ int dc_ksampler_plan(const dc_schedule *s, const dc_ksampler_opts *opt, dc_sampl
         return dc_fail("sampler: %d steps outside [1, %d]", opt->steps, s->T);
     if (opt->skip < 0 || opt->skip >= opt->steps)
         return dc_fail("sampler: skipping %d of %d steps leaves none to run", opt->skip, opt->steps);
-    if (opt->prediction != DC_PRED_EPS && opt->prediction != DC_PRED_V)
+    if (opt->prediction == DC_PRED_FLOW)
+        return dc_fail("sampler: a flow model's velocity needs a flow schedule and its Euler sampler (diffusion/flow.h), "
+                       "not %s", dc_ks_kind_name(opt->kind));
+    if (opt->prediction != DC_PRED_EPS && opt->prediction != DC_PRED_V && opt->prediction != DC_PRED_SAMPLE)
         return dc_fail("sampler: unknown prediction type %d", (int)opt->prediction);
     if (opt->kind == DC_KS_DDIM) {
         if (opt->sigmas) return dc_fail("sampler: DDIM walks timesteps, not a ladder of sigmas");

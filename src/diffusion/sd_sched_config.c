@@ -114,8 +114,10 @@ static int from_json(dc_sd_sched_cfg *c, const dc_json *root, const char *path) 
 
     static const char *const preds[] = {"epsilon", "v_prediction", "sample", "flow_prediction", NULL};
     DC_TRY(get_name(root, path, "prediction_type", preds, false, &k));
-    if (k >= 2) return dc_fail("%s: 'prediction_type' \"%s\" is not supported (epsilon or v_prediction)", path, preds[k]);
-    c->prediction = k < 0 ? -1 : k == 0 ? DC_PRED_EPS : DC_PRED_V;
+    if (k == 3)
+        return dc_fail("%s: 'prediction_type' \"%s\" belongs to a flow-matching scheduler (epsilon, v_prediction or "
+                       "sample)", path, preds[k]);
+    c->prediction = k < 0 ? -1 : k == 0 ? DC_PRED_EPS : k == 1 ? DC_PRED_V : DC_PRED_SAMPLE;
     static const char *const spacings[] = {"leading", "trailing", "linspace", NULL};
     DC_TRY(get_name(root, path, "timestep_spacing", spacings, false, &k));
     if (k >= 0) c->spacing = (dc_spacing)k;

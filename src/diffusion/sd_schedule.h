@@ -42,7 +42,7 @@ typedef struct {
     dc_beta_schedule beta_schedule;
     double *trained_betas;          // [T], or NULL (owned: dc_sd_sched_cfg_free)
     bool rescale_zero_snr;          // rescale_betas_zero_snr
-    int prediction;                 // prediction_type: DC_PRED_EPS, DC_PRED_V, or -1 (not said)
+    int prediction;                 // prediction_type: DC_PRED_EPS, DC_PRED_V, DC_PRED_SAMPLE, or -1 (not said)
     dc_spacing spacing;             // timestep_spacing
     int steps_offset;               // added to "leading" timesteps
     // EulerDiscreteScheduler

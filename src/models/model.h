@@ -28,9 +28,11 @@ typedef struct {
 
 typedef enum { DC_COND_LABELS, DC_COND_TEXT } dc_cond_kind;
 
-// What a denoiser's output means: the noise (epsilon) or v = sqrt(acp) eps -
-// sqrt(1 - acp) x0. The weights cannot tell: a scheduler config or the user says.
-typedef enum { DC_PRED_EPS, DC_PRED_V } dc_prediction;
+// What a denoiser's output means: the noise (epsilon), v = sqrt(acp) eps -
+// sqrt(1 - acp) x0, the clean sample x0 itself (diffusers' "sample"), or a
+// flow model's velocity noise - x0 (rectified flow, diffusion/flow.h). The
+// weights cannot tell: a scheduler config or the user says.
+typedef enum { DC_PRED_EPS, DC_PRED_V, DC_PRED_SAMPLE, DC_PRED_FLOW } dc_prediction;
 
 // The shapes and conventions the trainer and the sampler build around.
 typedef struct {

@@ -376,7 +376,8 @@ int dc_unet_config_to_kv(const dc_unet_config *c, dc_kv *kv) {
     DC_TRY(dc_kv_set(kv, "use_linear_projection", "%s", c->linear_proj ? "true" : "false"));
     DC_TRY(dc_kv_set(kv, "upcast_attention", "%s", c->upcast_attention ? "true" : "false"));
     DC_TRY(dc_kv_set(kv, "sample_size", "%d", c->sample_size));
-    return dc_kv_set(kv, "prediction_type", "%s", c->prediction == DC_PRED_V ? "v_prediction" : "epsilon");
+    return dc_kv_set(kv, "prediction_type", "%s",
+                     c->prediction == DC_PRED_V ? "v_prediction" : c->prediction == DC_PRED_SAMPLE ? "sample" : "epsilon");
 }
 
 // The metadata entries are config.json keys with JSON values: put them back
@@ -412,7 +413,8 @@ int dc_unet_config_from_meta(dc_unet_config *c, const dc_st_file *f) {
     if (rc) return -1;
     const char *pred = dc_st_meta(f, "prediction_type");
     if (pred && strcmp(pred, "v_prediction") == 0) c->prediction = DC_PRED_V;
+    else if (pred && strcmp(pred, "sample") == 0) c->prediction = DC_PRED_SAMPLE;
     else if (pred && strcmp(pred, "epsilon") != 0)
-        return dc_fail("%s: metadata 'prediction_type' = '%s' (epsilon or v_prediction)", f->path, pred);
+        return dc_fail("%s: metadata 'prediction_type' = '%s' (epsilon, v_prediction or sample)", f->path, pred);
     return 0;
 }

@@ -145,11 +145,10 @@ static int describe(dc_sd_pipe *p, const dc_sd_open_opts *o) {
     int rc = dc_sd_scheduler_file(&p->files, sched, sizeof sched);
     if (rc < 0) return -1;
     if (rc == 0) DC_TRY(dc_sd_sched_cfg_read(&p->sched, sched));
-    bool v = o->prediction == 1;
-    if (o->prediction < 0)
-        v = p->sched.prediction >= 0 ? p->sched.prediction == DC_PRED_V
-                                     : p->files.single && p->version == 2;  // SD 2.x 768-v, as diffusers assumes
-    p->v_pred = v;
+    if (o->prediction >= 0) p->prediction = (dc_prediction)o->prediction;
+    else if (p->sched.prediction >= 0) p->prediction = (dc_prediction)p->sched.prediction;
+    else p->prediction = p->files.single && p->version == 2 ? DC_PRED_V : DC_PRED_EPS;  // SD 2.x 768-v, as diffusers assumes
+    const bool v = p->prediction == DC_PRED_V;
     p->factor = dc_vae_factor(&vc);
     p->align = p->factor * (1 << (uc.nblocks - 1));
     p->default_size = uc.sample_size > 0 ? uc.sample_size * p->factor : v && p->version == 2 ? 768 : 512;
@@ -394,7 +393,7 @@ int dc_sd_gen_check(dc_sd_pipe *p, const dc_sd_gen *g) {
     if (g->count < 1 || g->batch < 1) return dc_fail("%d pictures in batches of %d", g->count, g->batch);
     if (g->init && !p->opts.encoder) return dc_fail("img2img needs the VAE's encoder (open with encoder)");
     dc_ksampler_opts o = g->ks;
-    o.prediction = p->v_pred ? DC_PRED_V : DC_PRED_EPS;
+    o.prediction = p->prediction;
     o.sched = &p->sched;
     if (g->init) DC_TRY(img2img_skip(g, &o.skip));
     if (o.steps < 1 || o.steps > p->sched.T)
@@ -439,7 +438,7 @@ int dc_sd_generate(dc_sd_pipe *p, const dc_sd_gen *g, dc_sd_picture_fn on_pictur
     // The device buffers and the sampler: the last call's where this call's
     // shape and options are the same (see dc_sd_pipe).
     dc_ksampler_opts o = g->ks;
-    o.prediction = p->v_pred ? DC_PRED_V : DC_PRED_EPS;
+    o.prediction = p->prediction;
     o.sched = &p->sched;
     o.ctx_len = T, o.ctx_dim = D;
     o.graph = true;  // the UNet forward issues backend ops only

@@ -28,7 +28,7 @@ typedef struct {
     const char *vocab;   // the tokenizer's vocabulary (NULL: the model's tokenizer/ folder)
     const char *vocab_fallback;  // used when neither is there (NULL: none)
     unsigned st_flags;   // DC_ST_NO_VERIFY ...
-    int prediction;      // -1: from the files (scheduler config; SD 2 single files: v), 0 eps, 1 v
+    int prediction;      // -1: from the files (scheduler config; SD 2 single files: v), else a dc_prediction
     bool encoder;        // load the VAE's encoder too (img2img)
     const dc_heads *unet_heads;  // NULL: from config.json or SD's rules
 } dc_sd_open_opts;
@@ -49,7 +49,7 @@ typedef struct {
     dc_model *unet;
     dc_vae *vae;
     int version;         // 1 or 2 (0: unknown)
-    bool v_pred;
+    dc_prediction prediction;  // what the UNet predicts (eps, v or sample)
     int factor;          // the VAE's downsampling factor (8)
     int default_size;    // pixels a side the model was trained at (512, or 768 for SD 2 v)
     char name[128];      // the model's name for the picture's parameters
@@ -66,7 +66,7 @@ typedef struct {
 // Opens a model in two steps, so that a request is checked before gigabytes
 // are read: dc_sd_pipe_find reads what describes the model (model_index.json,
 // the configs, a single file's header, the scheduler config, the tokenizer)
-// and fills version, v_pred, factor, align, default_size, name and sched;
+// and fills version, prediction, factor, align, default_size, name and sched;
 // dc_sd_pipe_load then reads the weights onto be. dc_sd_pipe_open does both.
 // dc_sd_pipe_close frees what either made.
 int dc_sd_pipe_find(dc_sd_pipe *p, const dc_sd_open_opts *o);
