@@ -14,6 +14,9 @@
 // - checkpoints: an offloaded run writes the same file as a plain one, and
 //   resumes cross both ways (plain -> offload, offload -> plain) end where the
 //   uninterrupted run does;
+// - the schedule's settings (dc_offload_settings) change no bit: units
+//   updated on the device, units held back, the update finished within its
+//   step and the host not paced; out-of-range settings are refused;
 // - refusals: offload with several ranks or with ZeRO, and on a backend
 //   without the copy ops, fail with a message naming --offload.
 //
@@ -291,6 +294,23 @@ static void refusals(void) {
     dc_backend_destroy(be);
 }
 
+// Settings out of range are refused by the training config's check, naming
+// what is wrong; the defaults pass.
+static void settings_checked(void) {
+    dc_train_config tc = dc_train_config_default();
+    CHECK(dc_train_config_validate(&tc) == 0, "the default offload settings refused: %s", dc_error());
+    const struct { int hold; double share; const char *msg; } bad[] = {
+        {-1, 0.0, "held back"}, {8, 1.5, "share"}, {8, -0.25, "share"}, {8, NAN, "share"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        tc.offload_settings = dc_offload_settings_default();
+        tc.offload_settings.hold = bad[i].hold, tc.offload_settings.device_share = bad[i].share;
+        int rc = dc_train_config_validate(&tc);
+        CHECK(rc != 0 && strstr(dc_error(), bad[i].msg), "offload settings hold %d, share %g: %s", bad[i].hold,
+              bad[i].share, rc ? dc_error() : "accepted");
+    }
+}
+
 // Checkpoints: the same file either way, and resumes across.
 static void checkpoints(void) {
     if (tmpdir_make("offload")) {
@@ -382,6 +402,12 @@ int main(int argc, char **argv) {
     compare(BATCH, 0.0f, 0, false,
             "one micro-batch, no clipping, all units but the last held back, a quarter on the device");
     g_set = dc_offload_settings_default();
+    // the update finished within each step, the host not paced
+    g_set.defer = false, g_set.pace = false;
+    compare(2, 0.0f, 0, false, "3 micro-batches, no clipping, no deferral, host not paced");
+    compare(2, k_clip, 0, true, "3 micro-batches, clipping, a compute copy, no deferral, host not paced");
+    g_set = dc_offload_settings_default();
+    settings_checked();
     checkpoints();
     refusals();
     free(g_data.images), free(g_data.labels);
