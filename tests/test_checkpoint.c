@@ -136,11 +136,12 @@ static void test_checkpoints(void) {
 
     // ... and never written: weights, EMA and moments are checked on saving.
     float nan = NAN, neg = -2.0f, keep;
+    const dc_optim_plain *plain = (const dc_optim_plain *)r.tr.opt;
     struct { dc_buf buf; float v; const char *msg; } spoil[] = {
         {r.m.params.data, nan, "tensor 'blocks.0.attn.qkv.weight' element 5 is nan"},
-        {r.tr.ema, nan, "tensor 'ema.blocks.0.attn.qkv.weight' element 5 is nan"},
-        {r.tr.adam_m, nan, "tensor 'train.adam_m' element"},
-        {r.tr.adam_v, neg, "tensor 'train.adam_v' element"},
+        {plain->ema, nan, "tensor 'ema.blocks.0.attn.qkv.weight' element 5 is nan"},
+        {plain->m, nan, "tensor 'train.adam_m' element"},
+        {plain->v, neg, "tensor 'train.adam_v' element"},
     };
     const char *no = tmp_path("step_3.safetensors");
     for (size_t i = 0; i < sizeof spoil / sizeof spoil[0]; i++) {

@@ -66,7 +66,7 @@ static int train(dc_comm *c, void *arg) {
             res->numel = ps->numel;
             res->weights = w;
             res->ema = malloc(sizeof(float) * (size_t)ps->numel);
-            be->download(be, res->ema, tr.ema.p, sizeof(float) * (size_t)ps->numel);
+            be->download(be, res->ema, ((const dc_optim_plain *)tr.opt)->ema.p, sizeof(float) * (size_t)ps->numel);
         }
     }
     dc_trainer_free(&tr);

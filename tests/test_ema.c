@@ -109,7 +109,7 @@ static double trajectory(bool warmup, const dc_dataset *ds, bool *first_exact, b
             break;
         }
         be->download(be, w, ps->data.p, sizeof(float) * (size_t)n);
-        be->download(be, ema, tr.ema.p, sizeof(float) * (size_t)n);
+        be->download(be, ema, ((const dc_optim_plain *)tr.opt)->ema.p, sizeof(float) * (size_t)n);
         const double d = warmup ? diffusers_decay(s, 0.9f) : 0.9f;
         double num = 0, den = 0;
         int64_t pos = 0, lo, hi, at = 0;

@@ -14,6 +14,9 @@
 // - checkpoints: an offloaded run writes the same file as a plain one, and
 //   resumes cross both ways (plain -> offload, offload -> plain) end where the
 //   uninterrupted run does;
+// - the schedule's settings (dc_offload_settings) change no bit: units
+//   updated on the device, units held back, the update finished within its
+//   step and the host not paced; out-of-range settings are refused;
 // - refusals: offload with several ranks or with ZeRO, and on a backend
 //   without the copy ops, fail with a message naming --offload.
 //
@@ -49,6 +52,7 @@ static const float k_clip = 0.02f;  // below every step's norm here: clipping ac
 static dc_dataset g_data;
 static const char *g_backend = "cpu";
 static double g_rel = 0;  // 0: bit for bit (the CPU); else the relative tolerance
+static dc_offload_settings g_set;  // how the offloaded runs schedule their work
 
 typedef struct {
     bool offload, wc;             // wc: a compute copy beside the fp32 data (as on a GPU)
@@ -65,16 +69,11 @@ static void read_state(const dc_trainer *tr, job *j) {
     const dc_params *ps = tr->model->params;
     size_t bytes = sizeof(float) * (size_t)ps->numel;
     for (int b = 0; b < 5; b++) j->state[b] = malloc(bytes);
-    if (tr->offload) {  // the host's master and moments, the device's EMA
-        const dc_offload *o = tr->offload;
-        const float *st[4] = {o->master, NULL, o->m, o->v};
-        for (int b = 0; b < 4; b++)
-            if (st[b]) memcpy(j->state[b], st[b], bytes);
-        tr->be->download(tr->be, j->state[1], o->ema.p, bytes);
-    } else {
-        const dc_buf st[4] = {ps->data, tr->ema, tr->adam_m, tr->adam_v};
-        for (int b = 0; b < 4; b++) tr->be->download(tr->be, j->state[b], st[b].p, bytes);
-    }
+    // offload: the host's master and moments, the device's EMA
+    float *all = malloc(DC_STATE_COUNT * bytes);
+    CHECK(dc_optimizer_save(tr->opt, all) == 0, "the state: %s", dc_error());
+    for (int b = 0; b < DC_STATE_COUNT; b++) memcpy(j->state[b], (char *)all + b * bytes, bytes);
+    free(all);
     // what the next forward reads: the compute copy (bf16 on a GPU), or the parameters' data
     if (ps->wc.p && ps->wc.dt == DC_BF16) {
         uint16_t *h = malloc(sizeof(uint16_t) * (size_t)ps->numel);
@@ -92,7 +91,7 @@ static void read_state(const dc_trainer *tr, job *j) {
 static void check_shrunk(const dc_trainer *tr) {
     const dc_params *ps = tr->model->params;
     const dc_param *pos = &ps->items[dc_params_find(ps, "pos_embed")];
-    CHECK(tr->offload->shrunk && dc_offload_kept_data(ps) == pos->offset + pos->numel,
+    CHECK(((const dc_offload *)tr->opt)->shrunk && dc_offload_kept_data(ps) == pos->offset + pos->numel,
           "offload beside a compute copy kept %lld fp32 values, pos_embed ends at %lld",
           (long long)dc_offload_kept_data(ps), (long long)(pos->offset + pos->numel));
 }
@@ -117,7 +116,7 @@ static int train(job *j) {
     bool open = false;
     dc_train_config tc = dc_train_config_default();
     tc.batch = BATCH, tc.micro_batch = j->micro, tc.steps = STEPS, tc.lr = 1e-3f, tc.ema_decay = 0.9f;
-    tc.hflip = true, tc.grad_clip = j->clip, tc.offload = j->offload;
+    tc.hflip = true, tc.grad_clip = j->clip, tc.offload = j->offload, tc.offload_settings = g_set;
     int rc = dc_backend_create(g_backend, &be);
     if (!rc) rc = dc_dit_create(&m, &k_model, be, true);
     if (!rc && j->wc) {  // dc_params_free frees it
@@ -289,10 +288,27 @@ static void refusals(void) {
     if (!rc) rc = dc_dit_init_weights(&m, 5);
     CHECK(rc == 0, "model: %s", rc ? dc_error() : "");
     if (!rc) check_refused(dc_trainer_init(&tr, &m.base, &g_data, &tc), "offload on a backend without copy_async");
-    CHECK(m.params.grad.p != NULL && m.params.unit_hook == NULL, "a refused offload changed the parameters");
+    CHECK(m.params.grad.p != NULL && m.params.hooks == NULL, "a refused offload changed the parameters");
     dc_trainer_free(&tr);
     dc_dit_free(&m);
     dc_backend_destroy(be);
+}
+
+// Settings out of range are refused by the training config's check, naming
+// what is wrong; the defaults pass.
+static void settings_checked(void) {
+    dc_train_config tc = dc_train_config_default();
+    CHECK(dc_train_config_validate(&tc) == 0, "the default offload settings refused: %s", dc_error());
+    const struct { int hold; double share; const char *msg; } bad[] = {
+        {-1, 0.0, "held back"}, {8, 1.5, "share"}, {8, -0.25, "share"}, {8, NAN, "share"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        tc.offload_settings = dc_offload_settings_default();
+        tc.offload_settings.hold = bad[i].hold, tc.offload_settings.device_share = bad[i].share;
+        int rc = dc_train_config_validate(&tc);
+        CHECK(rc != 0 && strstr(dc_error(), bad[i].msg), "offload settings hold %d, share %g: %s", bad[i].hold,
+              bad[i].share, rc ? dc_error() : "accepted");
+    }
 }
 
 // Checkpoints: the same file either way, and resumes across.
@@ -338,9 +354,10 @@ static int on_gpu(const char *name) {
     static const char *shares[] = {"0", "0.25", "1"};
     for (int i = 0; i < 3; i++)
         for (int defer = 1; defer >= 0; defer--) {
-            setenv("DC_OFFLOAD_DEVICE_SHARE", shares[i], 1);
-            setenv("DC_OFFLOAD_HOLD", i == 0 && !defer ? "0" : "", 1);  // "": the default
-            setenv("DC_OFFLOAD_DEFER", defer ? "1" : "0", 1);
+            g_set = dc_offload_settings_default();
+            g_set.device_share = atof(shares[i]);
+            if (i == 0 && !defer) g_set.hold = 0;
+            g_set.defer = defer;
             char what[4][200];
             const char *kind[4] = {"3 micro-batches, no clipping", "one micro-batch, no clipping",
                                    "3 micro-batches, clipping", "2 micro-batches, recompute"};
@@ -360,6 +377,7 @@ static int on_gpu(const char *name) {
 int main(int argc, char **argv) {
     openblas_set_num_threads(1);
     tiny_data(&g_data, 12);
+    g_set = dc_offload_settings_default();
     if (argc > 1) return on_gpu(argv[1]);
     compare(2, 0.0f, 0, false, "3 micro-batches, no clipping");
     compare(2, k_clip, 0, false, "3 micro-batches, clipping");
@@ -369,22 +387,27 @@ int main(int argc, char **argv) {
     compare(2, 0.0f, 0, true, "3 micro-batches, no clipping, a compute copy");
     compare(2, k_clip, 1, true, "3 micro-batches, clipping, recompute, a compute copy");
     // every unit updated on the device (two sets of state buffers), and some (one set)
-    setenv("DC_OFFLOAD_DEVICE_SHARE", "1", 1);
+    g_set.device_share = 1;
     compare(2, 0.0f, 0, false, "3 micro-batches, no clipping, every unit on the device");
     compare(BATCH, 0.0f, 1, true, "one micro-batch, recompute, a compute copy, every unit on the device");
-    setenv("DC_OFFLOAD_DEVICE_SHARE", "0.25", 1);
+    g_set.device_share = 0.25;
     compare(2, 0.0f, 0, false, "3 micro-batches, no clipping, a quarter of the units on the device");
-    unsetenv("DC_OFFLOAD_DEVICE_SHARE");
+    g_set.device_share = 0;
     // no unit held back to the end of the update, and all but the last
-    setenv("DC_OFFLOAD_HOLD", "0", 1);
+    g_set.hold = 0;
     compare(2, 0.0f, 0, false, "3 micro-batches, no clipping, no unit held back");
-    setenv("DC_OFFLOAD_HOLD", "1000", 1);
+    g_set.hold = 1000;
     compare(2, 0.0f, 0, true, "3 micro-batches, no clipping, a compute copy, all units but the last held back");
-    setenv("DC_OFFLOAD_DEVICE_SHARE", "0.25", 1);
+    g_set.device_share = 0.25;
     compare(BATCH, 0.0f, 0, false,
             "one micro-batch, no clipping, all units but the last held back, a quarter on the device");
-    unsetenv("DC_OFFLOAD_DEVICE_SHARE");
-    unsetenv("DC_OFFLOAD_HOLD");
+    g_set = dc_offload_settings_default();
+    // the update finished within each step, the host not paced
+    g_set.defer = false, g_set.pace = false;
+    compare(2, 0.0f, 0, false, "3 micro-batches, no clipping, no deferral, host not paced");
+    compare(2, k_clip, 0, true, "3 micro-batches, clipping, a compute copy, no deferral, host not paced");
+    g_set = dc_offload_settings_default();
+    settings_checked();
     checkpoints();
     refusals();
     free(g_data.images), free(g_data.labels);

@@ -34,6 +34,7 @@
 #include "tmpdir.h"
 #include "tiny_data.h"
 #include "train/trainer.h"
+#include "train/zero.h"
 
 // mlp_hidden 80: each block then holds 5376 parameters, which 1, 2 and 3
 // ranks' 64-aligned slices tile exactly, so the blocks' weights are gathered
@@ -100,8 +101,9 @@ static int train(dc_comm *c, void *arg) {
     if (!rc) rc = dc_trainer_set_comm(&tr, c, j->stage);
     if (!rc && j->resume && !j->restore_first) rc = dc_trainer_restore(&tr, &f);
     if (open) dc_st_close(&f);
-    failing_hook fh = {m.params.unit_hook, m.params.hook_ctx, j->fail_unit};
-    if (!rc && j->fail_rank == c->rank && c->rank) m.params.unit_hook = fail_in_bucket, m.params.hook_ctx = &fh;
+    dc_param_hooks *hk = m.params.hooks;  // the strategy's (ZeRO-2's), if any
+    failing_hook fh = {hk ? hk->unit : NULL, hk ? hk->ctx : NULL, j->fail_unit};
+    if (!rc && hk && j->fail_rank == c->rank && c->rank) hk->unit = fail_in_bucket, hk->ctx = &fh;
     double min_norm = INFINITY;
     while (!rc && tr.step < j->steps) {
         dc_step_stats st;
@@ -113,17 +115,13 @@ static int train(dc_comm *c, void *arg) {
     const dc_params *ps = m.base.params;
     int64_t np = ps->numel;
     // the state, gathered (collective), onto rank 0
-    for (int b = 0; b < 4 && !rc; b++) {
-        float *h = c->rank == 0 ? malloc(sizeof(float) * (size_t)np) : NULL;
-        if (tr.zero) {
-            const dc_buf st[4] = {tr.zero->master, tr.zero->ema, tr.zero->m, tr.zero->v};
-            rc = dc_zero_gather(tr.zero, st[b], h);
-        } else if (h) {
-            const dc_buf st[4] = {ps->data, tr.ema, tr.adam_m, tr.adam_v};
-            be->download(be, h, st[b].p, sizeof(float) * (size_t)np);
-        }
-        if (h) j->state[b] = h;
+    float *all = c->rank == 0 && !rc ? malloc(sizeof(float) * DC_STATE_COUNT * (size_t)np) : NULL;
+    if (!rc) rc = dc_optimizer_save(tr.opt, all);
+    for (int b = 0; b < DC_STATE_COUNT && all && !rc; b++) {
+        j->state[b] = malloc(sizeof(float) * (size_t)np);
+        memcpy(j->state[b], all + b * np, sizeof(float) * (size_t)np);
     }
+    free(all);
     if (!rc) {
         j->rank_w[c->rank] = malloc(sizeof(float) * (size_t)np);
         be->download(be, j->rank_w[c->rank], ps->data.p, sizeof(float) * (size_t)np);
@@ -131,17 +129,19 @@ static int train(dc_comm *c, void *arg) {
     if (!rc && c->rank == 0) {
         j->numel = np, j->min_norm = min_norm;
         dc_zero_mem mem;
+        const dc_zero *z = j->stage ? (const dc_zero *)tr.opt : NULL;
+        const dc_optim_plain *plain = j->stage ? NULL : (const dc_optim_plain *)tr.opt;
         // bf16 on the wire: stage 0's copy of the gradients, or a copy of each bucket
-        const int64_t wire0 = tr.grad16.p ? 2 * np : 0;
-        const int64_t wirez = tr.zero && tr.zero->wbuf.p ? 2 * tr.zero->bucket * tr.zero->nbuckets : 0;
+        const int64_t wire0 = plain && plain->grad16.p ? 2 * np : 0;
+        const int64_t wirez = z && z->wbuf.p ? 2 * z->bucket * z->nbuckets : 0;
         j->mem_ok = dc_zero_mem_of(ps, c->size, j->stage, be->compute, tc.grad_comm, &mem) == 0 &&
-                    (tr.zero ? mem.master == 4 * tr.zero->shard && mem.moments == 8 * tr.zero->shard &&
-                                   mem.grads == (j->stage == 1 ? 4 * np : 0) + 4 * tr.zero->shard +
-                                                    4 * tr.zero->bucket * tr.zero->nbuckets + wirez
-                             : mem.grads == 4 * np + wire0) &&
+                    (z ? mem.master == 4 * z->shard && mem.moments == 8 * z->shard &&
+                             mem.grads == (j->stage == 1 ? 4 * np : 0) + 4 * z->shard + 4 * z->bucket * z->nbuckets +
+                                              wirez
+                       : mem.grads == 4 * np + wire0) &&
                     (tc.grad_comm == DC_F32 || c->size == 1 || wire0 + wirez > 0);
     }
-    if (m.params.hook_ctx == &fh) m.params.unit_hook = fh.inner, m.params.hook_ctx = fh.ctx;
+    if (hk && hk->ctx == &fh) hk->unit = fh.inner, hk->ctx = fh.ctx;
     dc_trainer_free(&tr);
     dc_dit_free(&m);
     if (be) dc_backend_destroy(be);

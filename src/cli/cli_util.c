@@ -86,6 +86,39 @@ int cli_backend(const char *device, const char *precision, dc_backend **be) {
     return dc_backend_create_opts("cpu", &o, be);
 }
 
+// A DC_OFFLOAD_* variable: NULL when unset or empty (the default holds).
+static const char *offload_env(const char *name) {
+    const char *e = getenv(name);
+    return e && *e ? e : NULL;
+}
+
+static int offload_switch(const char *name, bool *on) {
+    const char *e = offload_env(name);
+    if (!e) return 0;
+    if (strcmp(e, "0") && strcmp(e, "1")) return dc_fail("%s=%s: 0 (off) or 1 (on)", name, e);
+    *on = e[0] == '1';
+    return 0;
+}
+
+int cli_offload_settings(dc_offload_settings *s) {
+    *s = dc_offload_settings_default();
+    DC_TRY(offload_switch("DC_OFFLOAD_DEFER", &s->defer));
+    DC_TRY(offload_switch("DC_OFFLOAD_PACE", &s->pace));
+    const char *hold = offload_env("DC_OFFLOAD_HOLD"), *share = offload_env("DC_OFFLOAD_DEVICE_SHARE");
+    char *end;
+    if (hold) {
+        long k = strtol(hold, &end, 10);
+        if (*end || k < 0 || k > 1000000) return dc_fail("DC_OFFLOAD_HOLD=%s: a count of units, 0 or more", hold);
+        s->hold = (int)k;
+    }
+    if (share) {
+        s->device_share = strtod(share, &end);
+        if (*end || !(s->device_share >= 0 && s->device_share <= 1))
+            return dc_fail("DC_OFFLOAD_DEVICE_SHARE=%s: a share of the parameters, 0 to 1", share);
+    }
+    return 0;
+}
+
 bool cli_same_file(const char *a, const char *b) {
     struct stat sa, sb;
     return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;

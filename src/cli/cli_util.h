@@ -23,6 +23,13 @@ int cli_check_device_flags(int threads, const char *device, const char *precisio
 // The backend for --device (auto, cuda, cpu) and --precision (auto, bf16,
 // fp32): auto picks the GPU when one is present, bf16 on it, fp32 on the CPU.
 int cli_backend(const char *device, const char *precision, dc_backend **be);
+// --offload's tuning (train/offload.h) from the environment, for measuring,
+// over the defaults: DC_OFFLOAD_DEFER=0 finishes each update within its
+// step, DC_OFFLOAD_PACE=0 lets the host run ahead of the device in backward,
+// DC_OFFLOAD_HOLD=N holds N widest units' worth back, DC_OFFLOAD_DEVICE_SHARE=X
+// updates that share of the parameters on the device. Unset or empty: the
+// default; a malformed value fails, naming the variable.
+int cli_offload_settings(dc_offload_settings *s);
 #define CLI_DEVICE_HELP "auto (GPU if present), cuda or cpu"
 #define CLI_PRECISION_HELP "GPU compute: auto (bf16), bf16 or fp32 (for checking)"
 #define CLI_NO_VERIFY_HELP "skip checksum verification (faster on multi-GB files)"

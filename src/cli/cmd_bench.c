@@ -17,6 +17,7 @@
 #include "core/rng.h"
 #include "diffusion/sampler.h"
 #include "train/trainer.h"
+#include "train/zero.h"
 
 static int eval_model(void *ctx, dc_buf out, dc_buf x, dc_buf t, const dc_cond *cond, int B) {
     return dc_model_forward(ctx, out, x, t, cond, B);
@@ -108,7 +109,7 @@ static int bench_train(train_ranks *job, const dc_dit_config *mc, dc_backend *be
     tc.steps = iters + warm;
     tc.offload = offload, tc.grad_comm = wire;
     int rc = -1;
-    if (dc_dit_new(mc, be, true, &m) || (recompute >= 0 && dc_dit_set_recompute(dc_dit_of(m), recompute)) ||
+    if (cli_offload_settings(&tc.offload_settings) || dc_dit_new(mc, be, true, &m) || (recompute >= 0 && dc_dit_set_recompute(dc_dit_of(m), recompute)) ||
         synthetic_data(&ds, &m->info, tc.batch * 4) ||
         dc_model_init_weights(m, 0) || dc_trainer_init(&tr, m, &ds, &tc) || train_ranks_comm(job, be) ||
         ((job->comm || zero) && dc_trainer_set_comm(&tr, job->comm, zero)))
@@ -121,7 +122,10 @@ static int bench_train(train_ranks *job, const dc_dit_config *mc, dc_backend *be
             be->sync(be);
             if (dc_backend_status(be) || train_ranks_agree(job, true, "finish the warm-up")) goto done;
             t0 = dc_time_now();
-            if (tr.offload) tr.offload->busy_s = tr.offload->wait_s = 0, tr.offload->steps = 0;
+            if (offload) {
+                dc_offload *o = (dc_offload *)tr.opt;
+                o->busy_s = o->wait_s = 0, o->steps = 0;
+            }
         }
         if (dc_trainer_step(&tr, NULL)) goto done;
     }
@@ -157,8 +161,8 @@ static int bench_train(train_ranks *job, const dc_dit_config *mc, dc_backend *be
                    "unit buffers %.2f MiB; host: master, moments and gradients %.2f MiB\n",
                    4 * (double)(m->params->wc.p ? dc_offload_kept_data(m->params) : m->params->numel) / mib,
                    m->params->wc.p ? P * dc_dtype_size(be->compute) / mib : 0.0, 4 * P / mib,
-                   dc_offload_device_bytes(m->params) / mib, 4 * 4 * P / mib);
-            const dc_offload *o = tr.offload;
+                   dc_offload_device_bytes_at(m->params, tc.offload_settings.device_share) / mib, 4 * 4 * P / mib);
+            const dc_offload *o = (const dc_offload *)tr.opt;
             int64_t lo, dev = 0;
             if (o->dev_units > 0) dc_params_unit_range(m->params, o->dev_units - 1, &lo, &dev);
             printf("offload units: %d of %d (%.0f%% of the parameters) updated on the device, the rest on the CPU\n",

@@ -433,6 +433,7 @@ int cmd_train(int argc, char **argv) {
     if (recompute >= 0 && dc_dit_set_recompute(dc_dit_of(m), recompute)) goto fail;
     if (have_ck ? dc_model_load_weights(m, &ck, "") : dc_model_init_weights(m, tc.seed)) goto fail;
     tc.offload = offload;  // where the state lives: never recorded, so a checkpoint resumes either way
+    if (cli_offload_settings(&tc.offload_settings)) goto fail;  // how it runs: not recorded either
     tc.grad_comm = wire;   // how gradients travel: not recorded either
     if (dc_trainer_init(&tr, m, &ds, &tc)) goto fail;
     if (have_ck) {

@@ -43,6 +43,28 @@ typedef struct {
     bool channels_last;
 } dc_param;
 
+// The door through which an optimizer strategy (train/optimizer.h) follows
+// a model's backward and forward unit by unit, without the parameters
+// knowing which strategy it is.
+typedef struct {
+    // Called by the model's backward before (done false) and after (done
+    // true) the backward of each unit it marked; NULL: nothing to do.
+    int (*unit)(void *ctx, int unit, bool done);
+    // Called by the model's forward before it first reads unit u's weights
+    // (dc_params_unit_use), when the model marks forward_uses_units: an
+    // optimizer that finishes the last step's update while the next forward
+    // runs (train/offload.c) makes that forward wait per unit. NULL: none.
+    int (*use)(void *ctx, int unit);
+    void *ctx;
+    // The gradient window: parameters in [win_lo, win_hi) take their
+    // gradients from win (element win_lo at win.p) instead of grad. Sharded
+    // training points one unit at a time into a bucket, so no full-size
+    // gradient buffer is held (grad.p is then NULL); plain training on the
+    // CPU points a micro-batch's gradients apart from the step's sum.
+    dc_buf win;
+    int64_t win_lo, win_hi;
+} dc_param_hooks;
+
 typedef struct {
     dc_param *items;
     int count, cap;
@@ -59,22 +81,9 @@ typedef struct {
     // marks none has one unit, all of it.
     int64_t *unit_end;
     int units;
-    // The gradient window: parameters in [win_lo, win_hi) take their
-    // gradients from win (element win_lo at win.p) instead of grad. Sharded
-    // training points one unit at a time into a bucket, so no full-size
-    // gradient buffer is held; grad.p is then NULL and sharded_grad true.
-    dc_buf win;
-    int64_t win_lo, win_hi;
-    bool sharded_grad;
-    // Called by the model's backward before (done false) and after (done
-    // true) the backward of each unit it marked; NULL: nothing to do.
-    int (*unit_hook)(void *ctx, int unit, bool done);
-    void *hook_ctx;
-    // Called by the model's forward before it first reads unit u's weights
-    // (dc_params_unit_use), when the model marks forward_uses_units: an
-    // optimizer that finishes the last step's update while the next forward
-    // runs (train/offload.c) makes that forward wait per unit. NULL: none.
-    int (*use_hook)(void *ctx, int unit);
+    // What the optimizer strategy (train/optimizer.h) installs to follow the
+    // gradients unit by unit; NULL: none, and every gradient is in grad.
+    dc_param_hooks *hooks;
     bool forward_uses_units;  // the model's forward calls dc_params_unit_use for every unit, in order
 } dc_params;
 
@@ -107,11 +116,13 @@ void dc_params_refresh(dc_params *ps);
 static inline void dc_params_touch(dc_params *ps) { ps->stale = true; }
 static inline dc_buf dc_param_grad(const dc_params *ps, int i) {
     int64_t o = ps->items[i].offset;
-    if (o >= ps->win_lo && o < ps->win_hi) return dc_buf_at(ps->win, o - ps->win_lo);
+    const dc_param_hooks *h = ps->hooks;
+    if (h && o >= h->win_lo && o < h->win_hi) return dc_buf_at(h->win, o - h->win_lo);
     return dc_buf_at(ps->grad, o);
 }
-// Whether the set takes gradients (allocated with them, or sharded).
-static inline bool dc_params_trains(const dc_params *ps) { return ps->grad.p || ps->sharded_grad; }
+// Whether the set takes gradients (allocated with them, or through an
+// optimizer's window).
+static inline bool dc_params_trains(const dc_params *ps) { return ps->grad.p || ps->hooks; }
 
 // Closes the current unit at the parameters registered so far (a model calls
 // it after each block; an empty unit is not recorded).
@@ -125,14 +136,14 @@ int dc_params_unit_count(const dc_params *ps);
 // values. Walk [a, b) with *pos = a and end = b.
 bool dc_params_next_run(const dc_params *ps, int64_t *pos, int64_t end, int64_t *lo, int64_t *hi);
 void dc_params_unit_range(const dc_params *ps, int u, int64_t *lo, int64_t *hi);
-// What a model's backward calls around unit u's gradients (see unit_hook).
+// What a model's backward calls around unit u's gradients (dc_param_hooks.unit).
 static inline int dc_params_unit_begin(dc_params *ps, int u) {
-    return ps->unit_hook ? ps->unit_hook(ps->hook_ctx, u, false) : 0;
+    return ps->hooks && ps->hooks->unit ? ps->hooks->unit(ps->hooks->ctx, u, false) : 0;
 }
 static inline int dc_params_unit_done(dc_params *ps, int u) {
-    return ps->unit_hook ? ps->unit_hook(ps->hook_ctx, u, true) : 0;
+    return ps->hooks && ps->hooks->unit ? ps->hooks->unit(ps->hooks->ctx, u, true) : 0;
 }
-// What a model's forward calls before reading unit u's weights (see use_hook).
+// What a model's forward calls before reading unit u's weights (dc_param_hooks.use).
 static inline int dc_params_unit_use(const dc_params *ps, int u) {
-    return ps->use_hook ? ps->use_hook(ps->hook_ctx, u) : 0;
+    return ps->hooks && ps->hooks->use ? ps->hooks->use(ps->hooks->ctx, u) : 0;
 }

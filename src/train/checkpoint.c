@@ -37,7 +37,7 @@ static const dc_param *param_at(const dc_params *ps, int64_t i, int64_t *elem) {
 }
 
 // The four flat buffers of a checkpoint, as host copies laid out back to back.
-static const struct { const char *name, *prefix; bool nonneg; } k_state[4] = {
+static const struct { const char *name, *prefix; bool nonneg; } k_state[DC_STATE_COUNT] = {
     {"weights", "", false}, {"EMA weights", "ema.", false},
     {"train.adam_m", NULL, false}, {"train.adam_v", NULL, true},
 };
@@ -69,39 +69,13 @@ static void entries_of(const dc_params *ps, const char *prefix, float *host, dc_
     }
 }
 
-// The four flat buffers (weights, EMA, m, v) into host[4 * numel] on rank 0
-// (host NULL on the others): downloaded, or under ZeRO gathered from every
-// rank's shards, unit by unit (collective).
-static int state_to_host(const dc_trainer *tr, float *host) {
-    const dc_params *ps = tr->model->params;
-    int64_t np = ps->numel;
-    if (tr->zero) {
-        dc_zero *z = tr->zero;
-        const dc_buf st[4] = {z->master, z->ema, z->m, z->v};
-        for (int b = 0; b < 4; b++) DC_TRY(dc_zero_gather(z, st[b], host ? host + b * np : NULL));
-        return 0;
-    }
-    if (tr->offload) {  // the host copy and the device's EMA, once the last update is over
-        DC_TRY(dc_offload_drain(tr->offload));
-        const dc_offload *o = tr->offload;
-        const float *st[4] = {o->master, NULL, o->m, o->v};
-        for (int b = 0; b < 4 && host; b++)
-            if (st[b]) memcpy(host + b * np, st[b], (size_t)np * sizeof(float));
-        if (host) tr->be->download(tr->be, host + np, o->ema.p, (size_t)np * sizeof(float));
-        return dc_backend_status(tr->be);
-    }
-    const dc_buf st[4] = {ps->data, tr->ema, tr->adam_m, tr->adam_v};
-    for (int b = 0; b < 4 && host; b++) tr->be->download(tr->be, host + b * np, st[b].p, (size_t)np * sizeof(float));
-    return dc_backend_status(tr->be);  // a device error, not a diverged run
-}
-
 int dc_trainer_save(const dc_trainer *tr, const char *path, const dc_kv *extra) {
     const dc_model *m = tr->model;
     const dc_params *ps = m->params;
     int n = ps->count, total = 2 * n + 2;
     int64_t np = ps->numel;
     // Rank 0 writes the file; the others only hand over their shards.
-    if (tr->comm && tr->comm->rank != 0) return state_to_host(tr, NULL);
+    if (tr->comm && tr->comm->rank != 0) return dc_optimizer_save(tr->opt, NULL);
     float *host = malloc((size_t)np * 4 * sizeof(float));
     dc_st_entry *e = calloc(total, sizeof *e);
     char (*names)[128] = calloc(2 * n, sizeof *names);
@@ -113,11 +87,11 @@ int dc_trainer_save(const dc_trainer *tr, const char *path, const dc_kv *extra) 
         dc_fail("out of memory writing %s", path);
         goto done;
     }
-    if (state_to_host(tr, host)) goto done;
+    if (dc_optimizer_save(tr->opt, host)) goto done;
     entries_of(ps, "", host, e, names);
     entries_of(ps, "ema.", host + np, e + n, names + n);
     // A checkpoint of a diverged run would only carry the damage forward.
-    for (int b = 0; b < 4; b++)
+    for (int b = 0; b < DC_STATE_COUNT; b++)
         if (check_values(ps, b, host + b * np, path,
                          "refusing to write the checkpoint: the run diverged (lower --lr or enable --grad-clip)"))
             goto done;
@@ -138,39 +112,24 @@ done:
     return rc;
 }
 
-// A flat tensor (the moments) of the file into host h[numel], checked.
-static int read_flat_host(const dc_trainer *tr, const dc_st_file *f, int b, float *h) {
-    const char *name = k_state[b].name;
+int dc_ckpt_read_moment(const dc_params *ps, const dc_st_file *f, dc_optim_state which, float *host) {
+    const char *name = k_state[which].name;
     const dc_st_tensor *t = dc_st_find(f, name);
-    int64_t np = tr->model->params->numel;
     if (!t) return dc_fail("%s: no tensor '%s' (not a training checkpoint?)", f->path, name);
-    if (t->ndim != 1 || t->shape[0] != np)
+    if (t->ndim != 1 || t->shape[0] != ps->numel)
         return dc_fail("%s: tensor '%s' has %lld values, the model has %lld parameters", f->path,
-                       name, (long long)t->numel, (long long)np);
-    if (dc_st_read_f32(f, t, h)) return -1;
-    return check_values(tr->model->params, b, h, f->path, "the file is damaged or was edited");
+                       name, (long long)t->numel, (long long)ps->numel);
+    if (dc_st_read_f32(f, t, host)) return -1;
+    return check_values(ps, which, host, f->path, "the file is damaged or was edited");
 }
 
-static int read_flat(const dc_trainer *tr, const dc_st_file *f, int b, dc_buf dst) {
-    int64_t np = tr->model->params->numel;
-    float *h = malloc((size_t)np * sizeof *h + 1);
+int dc_ckpt_read_moment_buf(const dc_params *ps, const dc_st_file *f, dc_optim_state which, dc_buf dst) {
+    float *h = malloc((size_t)ps->numel * sizeof *h + 1);
     if (!h) return dc_fail("out of memory");
-    int rc = read_flat_host(tr, f, b, h);
-    if (!rc) tr->be->upload(tr->be, dst.p, h, (size_t)np * sizeof *h);
+    int rc = dc_ckpt_read_moment(ps, f, which, h);
+    if (!rc) ps->be->upload(ps->be, dst.p, h, (size_t)ps->numel * sizeof *h);
     free(h);
     return rc;
-}
-
-// With offload: the EMA into its device buffer, as without; the moments
-// straight into the host copy. The master is already the weights the model
-// loaded (taken by dc_trainer_init).
-static int restore_offload(dc_trainer *tr, const dc_st_file *f) {
-    dc_offload *o = tr->offload;
-    DC_TRY(dc_offload_drain(o));  // no update may still write what is read in here
-    DC_TRY(dc_params_load(tr->model->params, o->ema, f, "ema."));
-    DC_TRY(read_flat_host(tr, f, 2, o->m));
-    DC_TRY(read_flat_host(tr, f, 3, o->v));
-    return dc_backend_status(tr->be);
 }
 
 static int meta_i64(const dc_st_file *f, const char *key, int64_t *out) {
@@ -209,39 +168,9 @@ static int check_data(const dc_trainer *tr, const dc_st_file *f) {
                    (unsigned long long)d->fingerprint, v);
 }
 
-// Under ZeRO: the file's full EMA and moments pass through one full-size
-// buffer, and each rank keeps its shard; the master shard comes from the
-// weights loaded into the model.
-static int restore_shards(dc_trainer *tr, const dc_st_file *f) {
-    dc_zero *z = tr->zero;
-    dc_params *ps = tr->model->params;
-    dc_buf full = {tr->be->alloc(tr->be, (size_t)ps->numel * sizeof(float)), DC_F32};
-    if (!full.p) return dc_fail_ctx("restoring %s", f->path);
-    // a fixed tensor the file may lack keeps the model's value, as without ZeRO
-    tr->be->copy(tr->be, full.p, ps->data.p, (size_t)ps->numel * sizeof(float));
-    int rc = dc_params_load(ps, full, f, "ema.");
-    if (!rc) dc_zero_take(z, z->ema, full);
-    if (!rc) rc = read_flat(tr, f, 2, full);
-    if (!rc) dc_zero_take(z, z->m, full);
-    if (!rc) rc = read_flat(tr, f, 3, full);
-    if (!rc) dc_zero_take(z, z->v, full);
-    if (!rc) dc_zero_take(z, z->master, ps->data);
-    if (!rc) rc = dc_backend_status(tr->be);
-    tr->be->free(tr->be, full.p);
-    return rc;
-}
-
 int dc_trainer_restore(dc_trainer *tr, const dc_st_file *f) {
     DC_TRY(check_data(tr, f));
-    if (tr->zero) {
-        DC_TRY(restore_shards(tr, f));
-    } else if (tr->offload) {
-        DC_TRY(restore_offload(tr, f));
-    } else {
-        DC_TRY(dc_params_load(tr->model->params, tr->ema, f, "ema."));
-        DC_TRY(read_flat(tr, f, 2, tr->adam_m));
-        DC_TRY(read_flat(tr, f, 3, tr->adam_v));
-    }
+    DC_TRY(dc_optimizer_restore(tr->opt, f));
     DC_TRY(meta_i64(f, "step", &tr->step));
     DC_TRY(meta_i64(f, "samples_seen", &tr->samples_seen));
     return 0;

@@ -8,6 +8,7 @@
 #include "backend/cpu/cpu_ops.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "nn/params_io.h"
 
 static int64_t widest_unit(const dc_params *ps) {
     int64_t w = 0;
@@ -19,18 +20,19 @@ static int64_t widest_unit(const dc_params *ps) {
     return w;
 }
 
-// The share of the parameters updated on the device (see offload.h):
-// DC_OFFLOAD_DEVICE_SHARE, else the default.
-static double device_share(void) {
-    const char *e = getenv("DC_OFFLOAD_DEVICE_SHARE");
-    char *end;
-    double f = e ? strtod(e, &end) : DC_OFFLOAD_DEVICE_SHARE;
-    if (e && (end == e || *end)) f = DC_OFFLOAD_DEVICE_SHARE;
-    return f < 0 ? 0 : f > 1 ? 1 : f;
+dc_offload_settings dc_offload_settings_default(void) {
+    return (dc_offload_settings){.defer = true, .pace = true, .hold = 8, .device_share = 0.0};
 }
 
-int dc_offload_device_units(const dc_params *ps) {
-    const double want = device_share() * (double)ps->numel;
+int dc_offload_settings_validate(const dc_offload_settings *s) {
+    if (s->hold < 0) return dc_fail("offload: the units held back must be 0 or more (got %d)", s->hold);
+    if (!(s->device_share >= 0 && s->device_share <= 1))
+        return dc_fail("offload: the device's share must be in [0, 1] (got %g)", s->device_share);
+    return 0;
+}
+
+int dc_offload_device_units(const dc_params *ps, double device_share) {
+    const double want = device_share * (double)ps->numel;
     const int n = dc_params_unit_count(ps);
     int k = 0;
     for (int64_t lo, hi; k < n; k++) {
@@ -42,14 +44,10 @@ int dc_offload_device_units(const dc_params *ps) {
 
 // The units [lo, hi) the worker takes only when no other is queued
 // (offload.h): the ones before the forward's last unit, back until they hold
-// DC_OFFLOAD_HOLD (default 8) times `widest` elements; 0: none.
-static void held_units(const dc_params *ps, int64_t widest, int *lo, int *hi) {
+// `hold` times `widest` elements; 0: none.
+static void held_units(const dc_params *ps, int64_t widest, int hold, int *lo, int *hi) {
     const int n = dc_params_unit_count(ps);
-    const char *e = getenv("DC_OFFLOAD_HOLD");
-    char *end;
-    long k = e ? strtol(e, &end, 10) : -1;
-    if (!e || end == e || *end || k < 0) k = 8;
-    const double want = (double)k * (double)widest;
+    const double want = (double)hold * (double)widest;
     int u = n - 1;
     for (int64_t held = 0, a, b; u > 0 && held < want; held += b - a) dc_params_unit_range(ps, --u, &a, &b);
     *lo = u, *hi = n - 1;
@@ -78,9 +76,9 @@ static int unit_buffers(dc_offload *o, dc_buf *b[10]) {
     return n;
 }
 
-int64_t dc_offload_device_bytes(const dc_params *ps) {
+int64_t dc_offload_device_bytes_at(const dc_params *ps, double device_share) {
     // the unit-sized buffers, and two norms a unit
-    const int64_t units = unit_buffer_count(ps, dc_offload_device_units(ps));
+    const int64_t units = unit_buffer_count(ps, dc_offload_device_units(ps, device_share));
     return (units * widest_unit(ps) + 2 * (int64_t)dc_params_unit_count(ps)) * (int64_t)sizeof(float);
 }
 
@@ -270,7 +268,7 @@ static int settle(dc_offload *o, int u) {
     return dc_backend_status(o->be);
 }
 
-int dc_offload_drain(dc_offload *o) { return o->pending ? settle(o, -1) : 0; }
+static int drain(dc_offload *o) { return o->pending ? settle(o, -1) : 0; }
 
 // The forward's call before it reads unit u: the last update's unit landed.
 static int use_hook(void *ctx, int unit) {
@@ -333,7 +331,7 @@ static int unit_hook(void *ctx, int unit, bool done) {
     const int j = o->next;
     if (!done) {
         // the host's gradients and the units' settings are the last update's until it is over
-        if (o->pending) DC_TRY(dc_offload_drain(o));
+        if (o->pending) DC_TRY(drain(o));
         be->wait_ticket(be, o->down[j]);  // the bucket's last unit has reached the host
         if (o->micro == 0 || o->fold) {
             be->zero(be, o->bucket[j].p, bytes);
@@ -341,12 +339,12 @@ static int unit_hook(void *ctx, int unit, bool done) {
             be->wait_ticket(be, o->ticket[unit]);
             be->wait_ticket(be, be->copy_async(be, o->bucket[j].p, o->grad + lo, bytes, false));
         }
-        ps->win = o->bucket[j], ps->win_lo = lo, ps->win_hi = hi;
+        o->base.hooks.win = o->bucket[j], o->base.hooks.win_lo = lo, o->base.hooks.win_hi = hi;
         // a unit updated on the device: its state goes up beside its backward
         if (o->last && o->overlap && unit < o->dev_units) state_up(o, unit);
         return dc_backend_status(be);
     }
-    ps->win_lo = ps->win_hi = 0;
+    o->base.hooks.win_lo = o->base.hooks.win_hi = 0;
     // folding: the step's running sum plus this micro-batch's gradients (T + g,
     // the plain trainer's addition), read where the host keeps it
     if (o->fold && o->micro > 0) be->axpy(be, o->bucket[j], host(o->grad + lo), 1.0f, hi - lo);
@@ -368,7 +366,7 @@ static int unit_hook(void *ctx, int unit, bool done) {
             // paced: the host waits until the device has the last unit's gradients
             // out, so the units the worker has updated since go up and land
             // between this backward's units rather than after all of it
-            if (o->pace && be->host_wait(be, o->down[1 - j])) return dc_fail_ctx("--offload");
+            if (o->set.pace && be->host_wait(be, o->down[1 - j])) return dc_fail_ctx("--offload");
         }
         send_updated(o, -1, false);
     }
@@ -401,8 +399,9 @@ static void restore_data(dc_offload *o) {
     dc_params_touch(ps);
 }
 
-int dc_offload_init(dc_offload *o, dc_params *ps, dc_backend *be, bool fold) {
-    memset(o, 0, sizeof *o);
+// Sets up o (zeroed; on failure the caller frees it).
+static int init(dc_offload *o, dc_params *ps, dc_backend *be, bool fold, const dc_offload_settings *set) {
+    DC_TRY(dc_offload_settings_validate(set));
     if (fold && strcmp(be->name, "cpu") != 0)
         return dc_fail("--offload: the %s backend cannot add the host's gradient sums on the device", be->name);
     if (!be->alloc_pinned || !be->copy_async || !be->host_wait || !be->wait_ticket)
@@ -410,45 +409,39 @@ int dc_offload_init(dc_offload *o, dc_params *ps, dc_backend *be, bool fold) {
     if (dc_params_unit_count(ps) < 2)
         return dc_fail("--offload needs a model whose backward hands over its gradients block by block; "
                        "this one does not");
-    if (!ps->grad.p || ps->unit_hook) return dc_fail("--offload: the parameters' gradients are already taken");
-    o->be = be, o->ps = ps, o->units = dc_params_unit_count(ps), o->fold = fold;
-    const char *e = getenv("DC_OFFLOAD_DEFER");
-    o->defer = !e || strcmp(e, "0") != 0;
-    e = getenv("DC_OFFLOAD_PACE");
-    o->pace = !e || strcmp(e, "0") != 0;
+    if (!ps->grad.p || ps->hooks) return dc_fail("--offload: the parameters' gradients are already taken");
+    o->be = be, o->ps = ps, o->units = dc_params_unit_count(ps), o->fold = fold, o->set = *set;
     o->widest = widest_unit(ps);
-    held_units(ps, o->widest, &o->hold_lo, &o->hold_hi);
+    held_units(ps, o->widest, set->hold, &o->hold_lo, &o->hold_hi);
     o->staged = -1;
     const size_t bytes = (size_t)ps->numel * sizeof(float), wbytes = (size_t)o->widest * sizeof(float);
     float **host_bufs[] = {&o->master, &o->m, &o->v, &o->grad};
     for (size_t i = 0; i < sizeof host_bufs / sizeof *host_bufs; i++)
-        if (!(*host_bufs[i] = be->alloc_pinned(be, bytes))) {
-            dc_offload_free(o);
+        if (!(*host_bufs[i] = be->alloc_pinned(be, bytes)))
             return dc_fail_ctx("--offload: the host copy of the optimizer state (4 x %.1f MiB)", bytes / 1048576.0);
-        }
     o->ticket = calloc((size_t)o->units, sizeof *o->ticket);
     o->unorm_host = calloc((size_t)o->units * 2, sizeof *o->unorm_host);
     o->todo = calloc((size_t)o->units, sizeof *o->todo), o->done = calloc((size_t)o->units, sizeof *o->done);
     o->landed = calloc((size_t)o->units, sizeof *o->landed);
     if (!o->ticket || !o->todo || !o->done || !o->unorm_host || !o->landed)
-        return dc_offload_free(o), dc_fail("out of memory");
-    o->dev_units = dc_offload_device_units(ps);
+        return dc_fail("out of memory");
+    o->dev_units = dc_offload_device_units(ps, set->device_share);
     o->nsets = state_sets(ps, o->dev_units);
     dc_buf *unit_bufs[10];
     for (int i = 0, n = unit_buffers(o, unit_bufs); i < n; i++) {
         *unit_bufs[i] = (dc_buf){be->alloc(be, wbytes), DC_F32};
-        if (!unit_bufs[i]->p) return dc_offload_free(o), dc_fail_ctx("--offload: a unit-sized device buffer");
+        if (!unit_bufs[i]->p) return dc_fail_ctx("--offload: a unit-sized device buffer");
     }
     o->unorm = (dc_buf){be->alloc(be, (size_t)o->units * 2 * sizeof(float)), DC_F32};
-    if (!o->unorm.p) return dc_offload_free(o), dc_fail_ctx("--offload: the units' gradient norms");
+    if (!o->unorm.p) return dc_fail_ctx("--offload: the units' gradient norms");
     const int64_t nkept = ps->wc.p ? dc_offload_kept_data(ps) : 0;
     dc_buf kept = {nkept ? be->alloc(be, (size_t)nkept * sizeof(float)) : NULL, DC_F32};
-    if (nkept && !kept.p) return dc_offload_free(o), dc_fail_ctx("--offload: the fixed tensors' fp32 values");
+    if (nkept && !kept.p) return dc_fail_ctx("--offload: the fixed tensors' fp32 values");
     be->zero(be, o->zeros.p, wbytes);
     be->download(be, o->master, ps->data.p, bytes);
     if (dc_backend_status(be)) {
         if (kept.p) be->free(be, kept.p);
-        return dc_offload_free(o), -1;
+        return -1;
     }
     memset(o->m, 0, bytes), memset(o->v, 0, bytes), memset(o->grad, 0, bytes);
     pthread_mutex_init(&o->mu, NULL);
@@ -456,7 +449,6 @@ int dc_offload_init(dc_offload *o, dc_params *ps, dc_backend *be, bool fold) {
     if (pthread_create(&o->thread, NULL, worker, o) != 0) {
         pthread_mutex_destroy(&o->mu), pthread_cond_destroy(&o->cv);
         if (kept.p) be->free(be, kept.p);
-        dc_offload_free(o);
         return dc_fail("--offload: could not start the optimizer thread");
     }
     o->running = true;
@@ -465,18 +457,19 @@ int dc_offload_init(dc_offload *o, dc_params *ps, dc_backend *be, bool fold) {
     o->ema = ps->grad;
     be->copy(be, o->ema.p, ps->data.p, bytes);
     ps->grad = dc_buf_none();
-    ps->sharded_grad = true;
-    ps->unit_hook = unit_hook, ps->hook_ctx = o;
-    if (ps->forward_uses_units) ps->use_hook = use_hook;
+    o->base.hooks.unit = unit_hook;
+    if (ps->forward_uses_units) o->base.hooks.use = use_hook;
+    dc_optimizer_install(&o->base);
     // the compute copy holds the weights now; from here only the updates write it
     dc_params_refresh(ps);
     if (ps->wc.p) keep_fixed_only(o, kept);
-    if (dc_backend_status(be)) return dc_offload_free(o), -1;
+    if (dc_backend_status(be)) return -1;
     return 0;
 }
 
-void dc_offload_free(dc_offload *o) {
-    if (o->pending && dc_offload_drain(o))
+static void offload_free(dc_optimizer *base) {
+    dc_offload *o = (dc_offload *)base;
+    if (o->pending && drain(o))
         dc_warn("--offload: the last update did not complete (%s)", dc_error());
     if (o->running) {
         pthread_mutex_lock(&o->mu);
@@ -485,10 +478,6 @@ void dc_offload_free(dc_offload *o) {
         pthread_mutex_unlock(&o->mu);
         pthread_join(o->thread, NULL);
         pthread_mutex_destroy(&o->mu), pthread_cond_destroy(&o->cv);
-    }
-    if (o->ps && o->ps->hook_ctx == o) {
-        o->ps->unit_hook = NULL, o->ps->use_hook = NULL, o->ps->hook_ctx = NULL;
-        o->ps->win_lo = o->ps->win_hi = 0;
     }
     dc_backend *be = o->be;
     if (be) {
@@ -503,15 +492,24 @@ void dc_offload_free(dc_offload *o) {
             if (host_bufs[i]) be->free_pinned(be, host_bufs[i]);
     }
     free(o->ticket), free(o->todo), free(o->done), free(o->unorm_host), free(o->landed);
-    memset(o, 0, sizeof *o);
 }
 
-int dc_offload_micro(dc_offload *o, int micro, bool last, bool overlap, const dc_adamw_step *h) {
+// offload's master on the host is the weights: nothing else may write them
+static int offload_begin_step(dc_optimizer *base) {
+    if (base->ps->stale)
+        return dc_fail("--offload: the model's weights were written after the trainer took them (load them before "
+                       "dc_trainer_init)");
+    return 0;
+}
+
+static int offload_micro_begin(dc_optimizer *base, int round) {
+    dc_offload *o = (dc_offload *)base;
     // a forward that does not announce its units reads the weights whole
-    if (!o->ps->forward_uses_units) DC_TRY(dc_offload_drain(o));
-    o->micro = micro, o->last = last;
-    if (!last) return 0;
-    o->next_h = *h, o->next_overlap = overlap, o->armed = true;
+    if (!o->ps->forward_uses_units) DC_TRY(drain(o));
+    o->micro = round, o->last = round == base->step.rounds - 1;
+    if (!o->last) return 0;
+    // each unit updated as its gradients arrive, unless clipping needs them all first
+    o->next_h = base->step.h, o->next_overlap = base->step.clip == 0, o->armed = true;
     if (!o->pending) begin_update(o);
     return 0;
 }
@@ -528,7 +526,9 @@ static void in_forward_order(dc_offload *o) {
     pthread_mutex_unlock(&o->mu);
 }
 
-int dc_offload_finish(dc_offload *o, dc_buf gstats, float max_norm) {
+static int offload_finish(dc_optimizer *base, dc_buf gstats) {
+    dc_offload *o = (dc_offload *)base;
+    const float max_norm = base->step.clip;
     dc_backend *be = o->be;
     DC_TRY(dc_backend_status(be));
     float stats[2];
@@ -559,7 +559,53 @@ int dc_offload_finish(dc_offload *o, dc_buf gstats, float max_norm) {
     o->wait_s += dc_time_now() - t0;
     o->steps++;
     if (worker_failed(o)) return dc_fail("--offload: %s", o->err);
-    if (!o->defer) DC_TRY(settle(o, -1));
+    if (!o->set.defer) DC_TRY(settle(o, -1));
     be->upload(be, gstats.p, stats, sizeof stats);
     return dc_backend_status(be);
+}
+
+static int offload_drain(dc_optimizer *base) { return drain((dc_offload *)base); }
+
+// The host copy and the device's EMA, once the last update is over.
+static int offload_save(dc_optimizer *base, float *host) {
+    dc_offload *o = (dc_offload *)base;
+    DC_TRY(drain(o));
+    if (!host) return 0;
+    const int64_t np = o->ps->numel;
+    const float *st[DC_STATE_COUNT] = {o->master, NULL, o->m, o->v};
+    for (int b = 0; b < DC_STATE_COUNT; b++)
+        if (st[b]) memcpy(host + b * np, st[b], (size_t)np * sizeof(float));
+    o->be->download(o->be, host + DC_STATE_EMA * np, o->ema.p, (size_t)np * sizeof(float));
+    return dc_backend_status(o->be);
+}
+
+// The EMA into its device buffer, as without offload; the moments straight
+// into the host copy. The master is already the weights the model loaded
+// (taken at init).
+static int offload_restore(dc_optimizer *base, const dc_st_file *f) {
+    dc_offload *o = (dc_offload *)base;
+    DC_TRY(drain(o));  // no update may still write what is read in here
+    DC_TRY(dc_params_load(o->ps, o->ema, f, "ema."));
+    DC_TRY(dc_ckpt_read_moment(o->ps, f, DC_STATE_M, o->m));
+    DC_TRY(dc_ckpt_read_moment(o->ps, f, DC_STATE_V, o->v));
+    return dc_backend_status(o->be);
+}
+
+static const dc_optimizer_ops k_offload = {
+    .begin_step = offload_begin_step, .micro_begin = offload_micro_begin, .finish = offload_finish,
+    .drain = offload_drain, .save = offload_save, .restore = offload_restore, .free = offload_free,
+};
+
+int dc_offload_create(dc_params *ps, dc_backend *be, bool fold, const dc_offload_settings *set,
+                      dc_optimizer **out) {
+    *out = NULL;
+    dc_offload *o = calloc(1, sizeof *o);
+    if (!o) return dc_fail("out of host memory for --offload");
+    o->base = (dc_optimizer){.ops = &k_offload, .ps = ps, .be = be, .hooks = {.ctx = o}};
+    if (init(o, ps, be, fold, set)) {
+        dc_optimizer_free(&o->base);
+        return -1;
+    }
+    *out = &o->base;
+    return 0;
 }

@@ -43,11 +43,10 @@
 // forward. So in a step's last micro-batch the host waits, as a unit's
 // backward is queued, until the unit before it has its gradients out, and
 // stages what the worker has done meanwhile: each update goes up beside
-// the next unit's backward and lands between two units. DC_OFFLOAD_PACE=0
-// lets the host run ahead, for comparison.
+// the next unit's backward and lands between two units. Pace off (the
+// settings below) lets the host run ahead, for comparison.
 //
-// The step does not wait for the last units either: dc_offload_finish
-// returns with the units still queued re-ordered into forward order (the
+// The step does not wait for the last units either: its finish returns with the units still queued re-ordered into forward order (the
 // backward hands them over last to first, the forward reads them first to
 // last), and the next forward, before it reads each unit (the model's
 // dc_params_unit_use), waits for the worker to update it and lands it. The
@@ -61,18 +60,17 @@
 // backward the others queue up ahead of them, so they are left for the end
 // of the update, which they fill while the device runs the forward up to
 // them; the worker then waits only for the forward's last unit, the loss
-// and the first units' backward. DC_OFFLOAD_HOLD=n holds n widest units'
-// worth instead (0: none, for comparison). Whatever else reads the weights,
+// and the first units' backward. Hold n holds n widest units' worth
+// instead (0: none, for comparison). Whatever else reads the weights,
 // the master or the EMA (a checkpoint, the end of training, a model whose
-// forward does not announce its units) calls dc_offload_drain first. DC_OFFLOAD_DEFER=0
+// forward does not announce its units) drains the update first. Defer off
 // finishes every update within its step instead, for comparison.
 //
 // The CPU's update is bound by the host's memory (36 bytes a parameter a
 // step), while the PCIe link and the device have room. So, without
-// clipping, the first units (DC_OFFLOAD_DEVICE_SHARE=x in the environment:
-// about that share of the parameters; none by default) can be updated on
-// the device instead: as such a unit's
-// backward starts, its master and moments go up into three unit-sized
+// clipping, the first units (device_share x: about that share of the
+// parameters; none by default) can be updated on the device instead: as
+// such a unit's backward starts, its master and moments go up into three unit-sized
 // device buffers (two sets of them when every unit is updated there, so one
 // unit's state goes up while the last one's goes down), and when it ends the
 // plain step's AdamW, EMA and cast run
@@ -80,7 +78,7 @@
 // down. That moves 24 bytes a parameter over PCIe instead of 8 through the
 // CPU's 36, and they are the units the next forward reads first, updated
 // before the CPU's last ones. The host reads them only after their copies
-// down (dc_offload_drain waits for them). The streamed state still passes
+// down (draining waits for them). The streamed state still passes
 // through the host's memory (24 bytes a parameter against the CPU's 36),
 // and on the H100 machines measured no share beat none once the host was
 // paced (docs/PERFORMANCE.md); it stays for hosts whose CPU is the slower
@@ -93,7 +91,7 @@
 // fp32 (DiT's reads pos_embed from the parameters' data), stay in that
 // data: it shrinks to the prefix of the flat layout that holds them, and
 // dc_offload_free gives the model its full fp32 weights back (the master's).
-// The weights must therefore be loaded before dc_offload_init and not be
+// The weights must therefore be loaded before dc_offload_create and not be
 // written while it lasts (the trainer refuses a step after they were). On
 // the CPU backend, and wherever the compute dtype is fp32, the parameters'
 // data is the compute copy and keeps its size.
@@ -112,10 +110,25 @@
 
 #include "backend/backend.h"
 #include "nn/params.h"
+#include "train/optimizer.h"
 
-#define DC_OFFLOAD_DEVICE_SHARE 0.0
+// How offload schedules its work: tuning, not part of the recipe (results
+// are the same whatever they are; checkpoints do not record them).
+typedef struct {
+    bool defer;           // leave the last units' update to the next forward (false: finish it in its step)
+    bool pace;            // keep the host one unit ahead of the device in backward (false: let it run ahead)
+    int hold;             // widest units' worth the worker takes last (0: none)
+    double device_share;  // about this share of the parameters, the first units, updated on the device (0 to 1)
+} dc_offload_settings;
+
+// Those measured best on the machines of docs/PERFORMANCE.md: defer and
+// pace on, 8 units held, none on the device.
+dc_offload_settings dc_offload_settings_default(void);
+int dc_offload_settings_validate(const dc_offload_settings *s);
 
 typedef struct {
+    dc_optimizer base;      // the strategy (train/optimizer.h); installs its unit and use hooks and window
+    dc_offload_settings set;
     dc_backend *be;
     dc_params *ps;
     int units;
@@ -153,8 +166,6 @@ typedef struct {
     dc_adamw_step h;        // the update the worker runs (fixed until it is drained)
     float factor;           // the clipping factor the update applies (1: none)
     bool pending;           // units of the last update not landed yet (the next forward lands them)
-    bool defer;             // leave them to the next forward (DC_OFFLOAD_DEFER=0: finish them in the step)
-    bool pace;              // keep the host one unit ahead of the device in backward (DC_OFFLOAD_PACE=0: not)
     int hold_lo, hold_hi;   // the units [lo, hi) the worker takes last (see above)
     bool *landed;           // [units]
     int nlanded;
@@ -177,38 +188,40 @@ typedef struct {
     int steps;
 } dc_offload;
 
-// Takes the parameters' state: the master copied from the weights onto the
-// host, moments zero there; the full gradient buffer becomes the device EMA,
-// an exact copy of the weights; where a compute copy exists, the fp32 data
-// shrinks to the fixed tensors. Takes the unit hook. Needs a backend with the
-// pinned-copy ops and a model whose backward hands over its gradients unit
-// by unit. fold: accumulate micro-batches as the CPU's trainer does (above;
-// the CPU backend only, whose ops read host memory).
-int dc_offload_init(dc_offload *o, dc_params *ps, dc_backend *be, bool fold);
-// Also gives the parameters their full fp32 data back, from the master.
-void dc_offload_free(dc_offload *o);
-// Before each micro-batch's forward: its index in the step, and whether it
-// is the last. With last, h is the step's AdamW (and EMA) and overlap says
-// whether each unit may be updated as its gradients arrive (no clipping);
-// they take effect once the last update is over. -1 if finishing that
-// update failed (a model whose forward does not announce its units has it
-// drained here).
-int dc_offload_micro(dc_offload *o, int micro, bool last, bool overlap, const dc_adamw_step *h);
-// After the step's backward: the global norm and clipping factor into
-// gstats ([2] F32 on the backend, as grad_norm writes it); the units not yet
-// updated are left to the worker, in forward order (see above).
-int dc_offload_finish(dc_offload *o, dc_buf gstats, float max_norm);
-// Waits for every unit of the last update and lands it (queued): the master,
-// the EMA and the compute copy then hold the step's result.
-int dc_offload_drain(dc_offload *o);
-// Units [0, n) are updated on the device (see above); n is returned.
-int dc_offload_device_units(const dc_params *ps);
-// Device bytes offload allocates: the two gradient buckets, the staging
-// buffer, the zeros, the units' norms and, with units updated on the
-// device, their master and moments. Beside them it keeps the full
-// gradient buffer (as the EMA) and, where a compute copy exists, only
+// The strategy: takes the parameters' state, the master copied from the
+// weights onto the host, moments zero there; the full gradient buffer
+// becomes the device EMA, an exact copy of the weights; where a compute copy
+// exists, the fp32 data shrinks to the fixed tensors. Takes the parameters'
+// hooks. Needs a backend with the pinned-copy ops and a model whose backward
+// hands over its gradients unit by unit. fold: accumulate micro-batches as
+// the CPU's trainer does (above; the CPU backend only, whose ops read host
+// memory). Freeing it gives the parameters their full fp32 data back, from
+// the master.
+//
+// Its steps: begin_step refuses weights written since it took them;
+// micro_begin, before each round's forward, hands the last round the step's
+// AdamW (and EMA), each unit updated as its gradients arrive unless clipping
+// needs them all first; these take effect once the last update is over (a
+// model whose forward does not announce its units has it drained there).
+// finish: the global norm and clipping factor, the units not yet updated
+// left to the worker in forward order (above). drain: waits for every unit
+// of the last update and lands it: the master, the EMA and the compute copy
+// then hold the step's result.
+int dc_offload_create(dc_params *ps, dc_backend *be, bool fold, const dc_offload_settings *set,
+                      dc_optimizer **out);
+// Units [0, n) are updated on the device with device_share (see above); n
+// is returned.
+int dc_offload_device_units(const dc_params *ps, double device_share);
+// Device bytes offload allocates with device_share: the two gradient
+// buckets, the staging buffer, the zeros, the units' norms and, with units
+// updated on the device, their master and moments. Beside them it keeps the
+// full gradient buffer (as the EMA) and, where a compute copy exists, only
 // dc_offload_kept_data(ps) elements of the fp32 data.
-int64_t dc_offload_device_bytes(const dc_params *ps);
+int64_t dc_offload_device_bytes_at(const dc_params *ps, double device_share);
+// The same with the default settings: what the memory planner counts.
+static inline int64_t dc_offload_device_bytes(const dc_params *ps) {
+    return dc_offload_device_bytes_at(ps, dc_offload_settings_default().device_share);
+}
 // The fp32 data's elements kept on the device beside a compute copy: the
 // prefix of the flat layout up to the end of the last fixed tensor (0: none).
 int64_t dc_offload_kept_data(const dc_params *ps);

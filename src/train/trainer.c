@@ -8,13 +8,14 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "diffusion/training_loss.h"
+#include "train/zero.h"
 
 dc_train_config dc_train_config_default(void) {
     return (dc_train_config){
         .steps = 1000, .batch = 256, .micro_batch = 256, .lr = 1e-4f, .beta1 = 0.9f,
         .beta2 = 0.999f, .adam_eps = 1e-8f, .weight_decay = 0.0f, .warmup = 0,
         .grad_clip = 0.0f, .ema_decay = 0.9999f, .ema_warmup = true, .class_dropout = 0.1f, .hflip = false,
-        .seed = 0, .offload = false, .grad_comm = DC_F32,
+        .seed = 0, .offload = false, .offload_settings = dc_offload_settings_default(), .grad_comm = DC_F32,
     };
 }
 
@@ -51,7 +52,7 @@ int dc_train_config_validate(const dc_train_config *c) {
         return dc_fail("--class-dropout must be in [0, 1)");
     if (c->grad_comm != DC_F32 && c->grad_comm != DC_BF16)
         return dc_fail("--grad-comm %s: gradients travel as fp32 or bf16", dc_dtype_name(c->grad_comm));
-    return 0;
+    return dc_offload_settings_validate(&c->offload_settings);
 }
 
 // The shortest decimal that reads back as exactly f (at most 9 digits), so
@@ -144,33 +145,23 @@ int dc_trainer_init(dc_trainer *tr, dc_model *model, const dc_dataset *data,
         return dc_fail("data has %d classes but the model only %d", data->num_classes, mi->num_classes);
     tr->cfg = *cfg, tr->model = model, tr->be = model->be, tr->data = data;
     dc_backend *be = tr->be;
-    tr->fold = dc_trainer_folds(be);
+    const bool fold = dc_trainer_folds(be);
     DC_TRY(dc_schedule_init_dit(&tr->sched, DC_DIFFUSION_STEPS, DC_DIFFUSION_STEPS));
     DC_TRY(dc_order_init(&tr->order, data->n, cfg->seed));
     // The activations are planned at the first step, after offload or ZeRO
     // (dc_trainer_set_comm) have taken over the full gradient buffer and the
     // moments they shard or move: those never sit beside the activations.
-    if (cfg->offload) {  // the master and moments on the host, the EMA in the gradient buffer (train/offload.c)
-        if (!(tr->offload = calloc(1, sizeof *tr->offload))) {
-            dc_trainer_free(tr);
-            return dc_fail("out of host memory for --offload");
-        }
-        if (dc_offload_init(tr->offload, model->params, be, tr->fold)) {
-            free(tr->offload), tr->offload = NULL;
-            dc_trainer_free(tr);
-            return -1;
-        }
+    // offload: the master and moments on the host, the EMA in the gradient buffer.
+    if (cfg->offload ? dc_offload_create(model->params, be, fold, &cfg->offload_settings, &tr->opt)
+                     : dc_optim_plain_create(model->params, fold, &tr->opt)) {
+        dc_trainer_free(tr);
+        return -1;
     }
 
-    int64_t np = model->params->numel, mb = cfg->micro_batch;
+    int64_t mb = cfg->micro_batch;
     int64_t img = (int64_t)mi->channels * mi->height * mi->width;
     int64_t oimg = (int64_t)mi->out_channels * mi->height * mi->width;
     int ok = 1;
-    if (!cfg->offload) {
-        tr->ema = alloc_buf(be, np, DC_F32, &ok);
-        tr->adam_m = alloc_buf(be, np, DC_F32, &ok);
-        tr->adam_v = alloc_buf(be, np, DC_F32, &ok);
-    }
     tr->x0 = alloc_buf(be, mb * img, DC_F32, &ok);
     tr->xt = alloc_buf(be, mb * img, DC_F32, &ok);
     tr->eps = alloc_buf(be, mb * img, DC_F32, &ok);
@@ -191,21 +182,15 @@ int dc_trainer_init(dc_trainer *tr, dc_model *model, const dc_dataset *data,
         dc_trainer_free(tr);
         return dc_fail("out of memory for the training state");
     }
-    if (cfg->offload) return 0;
-    be->copy(be, tr->ema.p, model->params->data.p, (size_t)np * sizeof(float));
-    be->zero(be, tr->adam_m.p, (size_t)np * sizeof(float));
-    be->zero(be, tr->adam_v.p, (size_t)np * sizeof(float));
     return 0;
 }
 
 void dc_trainer_free(dc_trainer *tr) {
     dc_backend *be = tr->be;
-    if (tr->zero) dc_zero_free(tr->zero), free(tr->zero);
-    if (tr->offload) dc_offload_free(tr->offload), free(tr->offload);
+    dc_optimizer_free(tr->opt);
     if (be) {
-        dc_buf *bufs[] = {&tr->ema, &tr->adam_m, &tr->adam_v, &tr->x0, &tr->xt, &tr->eps,
-                          &tr->out, &tr->dout, &tr->losses, &tr->gstats, &tr->t, &tr->y, &tr->grad16,
-                          &tr->gmicro};
+        dc_buf *bufs[] = {&tr->x0, &tr->xt, &tr->eps, &tr->out, &tr->dout, &tr->losses, &tr->gstats, &tr->t,
+                          &tr->y};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             if (bufs[i]->p) be->free(be, bufs[i]->p);
         dc_schedule_free(&tr->sched);
@@ -238,7 +223,7 @@ static void stage_micro_batch(dc_trainer *tr, int done, int n) {
 
 int dc_trainer_set_comm(dc_trainer *tr, dc_comm *comm, int zero_stage) {
     if (zero_stage < 0 || zero_stage > 2) return dc_fail("--zero %d: the stages are 0, 1 and 2", zero_stage);
-    if (tr->started || tr->zero) return dc_fail("the ranks and the ZeRO stage are set once, before the first step");
+    if (tr->started || tr->comm) return dc_fail("the ranks and the ZeRO stage are set once, before the first step");
     if (!comm) {
         if (zero_stage) return dc_fail("ZeRO stage %d needs a communicator", zero_stage);
         return 0;
@@ -250,66 +235,28 @@ int dc_trainer_set_comm(dc_trainer *tr, dc_comm *comm, int zero_stage) {
     if ((comm->size > 1 || zero_stage) && comm->device && cpu)
         return dc_fail("a GPU communicator cannot run the CPU backend's ranks (use the thread communicator)");
     if (comm->size == 1 && zero_stage == 0) return 0;  // one rank, nothing shared
-    if (tr->offload)
+    if (tr->cfg.offload)
         return dc_fail("--offload runs on one rank for now: it cannot be combined with %s",
                        comm->size > 1 ? "several ranks" : "--zero");
-    if (zero_stage == 0 && comm->size > 1 && tr->cfg.grad_comm == DC_BF16) {
-        int ok = 1;
-        tr->grad16 = alloc_buf(tr->be, tr->model->params->numel, DC_BF16, &ok);
-        if (!ok) return dc_fail_ctx("the bf16 copy of the gradients for --grad-comm bf16");
-    }
-    tr->comm = comm;
-    if (zero_stage == 0) return 0;
-    dc_zero *z = calloc(1, sizeof *z);
-    if (!z) return dc_fail("out of memory");
-    if (dc_zero_init(z, tr->model->params, comm, zero_stage, tr->cfg.grad_comm, tr->ema, tr->adam_m, tr->adam_v)) {
-        free(z);
-        tr->comm = NULL;
-        return -1;
+    dc_params *ps = tr->model->params;
+    if (zero_stage == 0) {
+        DC_TRY(dc_optim_plain_set_comm(tr->opt, comm, tr->cfg.grad_comm));
+        tr->comm = comm;
+        return 0;
     }
     // the shards replace the full buffers
-    dc_buf *full[] = {&tr->ema, &tr->adam_m, &tr->adam_v};
-    for (int i = 0; i < 3; i++) tr->be->free(tr->be, full[i]->p), *full[i] = dc_buf_none();
-    tr->zero = z;
+    dc_optimizer *z;
+    DC_TRY(dc_zero_create(ps, comm, zero_stage, tr->cfg.grad_comm, (const dc_optim_plain *)tr->opt, &z));
+    dc_optimizer_free(tr->opt);
+    tr->opt = z;
+    tr->comm = comm;
     return 0;
 }
 
-// --grad-comm bf16, stage 0: the gradients [lo, hi) cast into grad16 and
-// summed there over ranks (beside the backend's later work where the
-// communicator overlaps); the step casts grad16 back once every sum is done.
-static int all_reduce_bf16(dc_trainer *tr, int64_t lo, int64_t hi) {
-    dc_buf wire = dc_buf_at(tr->grad16, lo);
-    tr->be->cast(tr->be, wire, dc_buf_at(tr->model->params->grad, lo), hi - lo);
-    DC_TRY(dc_backend_status(tr->be));
-    dc_comm_set_async(tr->comm, true);
-    int rc = dc_comm_all_reduce_sum_typed(tr->comm, wire.p, hi - lo, DC_BF16);
-    dc_comm_set_async(tr->comm, false);
-    return rc;
-}
-
-// Stage 0 where the communicator overlaps (NCCL): in the step's last
-// micro-batch each unit's gradients are all-reduced as soon as its backward
-// has finished, beside the backward of the units before it. The units tile
-// the parameters, so this sums all of them, as one all-reduce after backward
-// would.
-static int all_reduce_unit(void *ctx, int unit, bool done) {
-    dc_trainer *tr = ctx;
-    if (!done) return 0;
-    dc_params *ps = tr->model->params;
-    int64_t lo, hi;
-    dc_params_unit_range(ps, unit, &lo, &hi);
-    if (tr->grad16.p) return all_reduce_bf16(tr, lo, hi);
-    DC_TRY(dc_backend_status(tr->be));
-    dc_comm_set_async(tr->comm, true);
-    int rc = dc_comm_all_reduce_sum(tr->comm, (float *)dc_buf_at(ps->grad, lo).p, hi - lo);
-    dc_comm_set_async(tr->comm, false);
-    return rc;
-}
-
 // The gradient units of a backward with no images (a rank the last round of
-// micro-batches leaves without any): what its unit hook does around each
-// (ZeRO-2's reduce-scatters, which the other ranks take part in), in the
-// order a backward hands the units over, last to first.
+// micro-batches leaves without any): what the strategy's unit hook does
+// around each (ZeRO-2's reduce-scatters, which the other ranks take part
+// in), in the order a backward hands the units over, last to first.
 static int idle_units(dc_params *ps) {
     for (int u = dc_params_unit_count(ps) - 1; u >= 0; u--) {
         DC_TRY(dc_params_unit_begin(ps, u));
@@ -319,7 +266,7 @@ static int idle_units(dc_params *ps) {
 }
 
 // Forward, loss and backward of images done .. done+n-1 of the step's global batch.
-static int micro_batch(dc_trainer *tr, int done, int n, bool hook) {
+static int micro_batch(dc_trainer *tr, int done, int n) {
     dc_backend *be = tr->be;
     dc_model *m = tr->model;
     const dc_train_config *c = &tr->cfg;
@@ -336,120 +283,51 @@ static int micro_batch(dc_trainer *tr, int done, int n, bool hook) {
     // d(mean over the global batch)/d out: each image weighs 1 / batch
     DC_TRY(dc_diffusion_loss(be, tr->dout, dc_buf_at(tr->losses, 2 * (int64_t)done), tr->out, tr->x0, tr->xt,
                              tr->eps, tr->h_coef, n, C, mi->out_channels, HW, 1.0f / c->batch, NULL, NULL));
-    dc_params *ps = m->params;
-    if (hook) ps->unit_hook = all_reduce_unit, ps->hook_ctx = tr;
-    int rc = dc_model_backward(m, tr->dout, n);
-    if (hook) ps->unit_hook = NULL, ps->hook_ctx = NULL;
-    return rc;
+    return dc_model_backward(m, tr->dout, n);
 }
 
 int dc_trainer_step(dc_trainer *tr, dc_step_stats *st) {
     dc_backend *be = tr->be;
     dc_model *m = tr->model;
-    dc_params *ps = m->params;
     const dc_train_config *c = &tr->cfg;
-    const int64_t np = ps->numel;
-    const size_t gbytes = (size_t)np * sizeof(float);
-
-    // offload's master on the host is the weights: nothing else may write them
-    if (tr->offload && ps->stale)
-        return dc_fail("--offload: the model's weights were written after the trainer took them (load them before "
-                       "dc_trainer_init)");
     // The step's micro-batches: rounds of one per rank (dc_batch_round), each
     // image keyed by its place in the global batch.
     const int size = tr->comm ? tr->comm->size : 1, rank = tr->comm ? tr->comm->rank : 0;
     const int rounds = dc_batch_rounds(c->batch, size, c->micro_batch);
-    // Stage 0 folding apart: a second gradient buffer for the micro-batches after the first.
-    const bool apart = tr->fold && !tr->zero && !tr->offload && rounds > 1;
-    if (!tr->started) {
-        if (apart) {
-            int ok = 1;
-            tr->gmicro = alloc_buf(be, np, DC_F32, &ok);
-            if (!ok) return dc_fail_ctx("a second gradient buffer for the step's micro-batches");
-        }
-        DC_TRY(dc_model_reserve(m, c->micro_batch));
-    }
-    tr->started = true;
-    // Nothing here waits for the backend: losses and the gradient norm stay
-    // there until dc_trainer_stats reads them.
-    if (tr->zero) dc_zero_begin_step(tr->zero);
-    else if (!tr->offload) be->zero(be, ps->grad.p, gbytes);
+    int last_first, last_n;  // the last rank's part of the last round
+    dc_batch_round(c->batch, size, c->micro_batch, size - 1, rounds - 1, &last_first, &last_n);
     int64_t s = tr->step + 1;
     float lr = c->warmup > 0 && s < c->warmup ? c->lr * (float)s / c->warmup : c->lr;
+    const dc_optim_step os = {
+        .h = {lr, c->beta1, c->beta2, c->adam_eps, c->weight_decay, 1.0f - powf(c->beta1, (float)s),
+              1.0f - powf(c->beta2, (float)s), 1.0f, dc_train_ema_decay(c, s)},
+        .clip = c->grad_clip, .rounds = rounds, .last_round_full = last_n > 0};
+    // Nothing here waits for the backend: losses and the gradient norm stay
+    // there until dc_trainer_stats reads them.
+    DC_TRY(dc_optimizer_begin_step(tr->opt, &os));
+    if (!tr->started) DC_TRY(dc_model_reserve(m, c->micro_batch));
+    tr->started = true;
     tr->last_lr = lr;
-    dc_adamw_step h = {lr, c->beta1, c->beta2, c->adam_eps, c->weight_decay,
-                       1.0f - powf(c->beta1, (float)s), 1.0f - powf(c->beta2, (float)s), 1.0f,
-                       dc_train_ema_decay(c, s)};
     if (tr->comm) be->zero(be, tr->losses.p, (size_t)c->batch * 2 * sizeof(float));  // summed over ranks below
-    // Folding over CPU ranks in fp32, stage 0 sums each round over the ranks
-    // as it ends: rank 0 adds the step's sum so far to its micro-batch's
-    // gradients and the others' follow in rank order, so the sum grows by one
-    // micro-batch at a time in the global order, as on one rank.
-    const bool each_round = tr->fold && tr->comm && !tr->zero && !tr->grad16.p;
-    // Stage 0 where the communicator overlaps (NCCL): the last round's
-    // backward all-reduces each unit as it finishes, if every rank has
-    // images in that round (a rank without calls no hook).
-    int last_first, last_n;
-    dc_batch_round(c->batch, size, c->micro_batch, size - 1, rounds - 1, &last_first, &last_n);
-    const bool overlap = tr->comm && !tr->zero && !each_round && dc_comm_overlaps(tr->comm) && !ps->unit_hook &&
-                         dc_params_unit_count(ps) > 1 && last_n > 0;
     for (int j = 0; j < rounds; j++) {
         int done, n;
         dc_batch_round(c->batch, size, c->micro_batch, rank, j, &done, &n);
-        const bool last = j == rounds - 1;
-        // offload updates each unit as its gradients arrive, unless clipping needs them all first
-        if (tr->offload) DC_TRY(dc_offload_micro(tr->offload, j, last, c->grad_clip == 0, &h));
-        dc_buf sum = ps->grad;  // the step's sum so far (stage 0)
-        if (apart && j > 0) ps->grad = tr->gmicro, be->zero(be, ps->grad.p, gbytes);
-        int rc = n > 0 ? micro_batch(tr, done, n, overlap && last) : ps->unit_hook ? idle_units(ps) : 0;
-        if (!rc && tr->zero) rc = dc_zero_reduce(tr->zero, last);
-        if (!rc && each_round) {
-            rc = dc_backend_status(be);
-            if (!rc && j > 0 && rank == 0) be->axpy(be, ps->grad, sum, 1.0f, np);
-            if (!rc) rc = dc_comm_all_reduce_sum(tr->comm, (float *)ps->grad.p, np);
-            if (!rc && j > 0) tr->gmicro = sum, sum = ps->grad;  // the sum now lies in the other buffer
-        } else if (!rc && apart && j > 0) {
-            be->axpy(be, sum, ps->grad, 1.0f, np);
-        }
-        ps->grad = sum;  // (also on failure: each buffer keeps one owner)
-        DC_TRY(rc);
+        DC_TRY(dc_optimizer_micro_begin(tr->opt, j));
+        DC_TRY(n > 0 ? micro_batch(tr, done, n) : idle_units(m->params));
+        DC_TRY(dc_optimizer_micro_end(tr->opt, j));
     }
-    if (tr->comm) {  // every rank's gradient (stage 0) and losses, summed in rank order
+    if (tr->comm) {  // every rank's losses, summed in rank order
         DC_TRY(dc_backend_status(be));
-        if (!tr->zero && !each_round) {
-            if (!overlap && tr->grad16.p) DC_TRY(all_reduce_bf16(tr, 0, np));
-            else if (!overlap) DC_TRY(dc_comm_all_reduce_sum(tr->comm, (float *)ps->grad.p, np));
-            // the overlapped sums, and the bf16 ones, done before AdamW reads the gradients
-            if (overlap || tr->grad16.p) DC_TRY(dc_comm_wait(tr->comm, dc_comm_issued(tr->comm)));
-            if (tr->grad16.p) be->cast(be, ps->grad, tr->grad16, np);  // the bf16 sums back in fp32
-        }
         DC_TRY(dc_comm_all_reduce_sum(tr->comm, (float *)tr->losses.p, 2 * (int64_t)c->batch));
     }
-
-    if (tr->offload) DC_TRY(dc_offload_finish(tr->offload, tr->gstats, c->grad_clip));
-    if (tr->zero || tr->offload) {
-        if (tr->zero) DC_TRY(dc_zero_update(tr->zero, tr->gstats, c->grad_clip, &h));
-        tr->step = s;
-        tr->samples_seen += c->batch;
-        return st ? dc_trainer_stats(tr, st) : 0;
-    }
-    // the norm and the clipping factor stay on the backend; AdamW reads the factor
-    be->grad_norm(be, tr->gstats, ps->grad, np, c->grad_clip);
-    // AdamW, EMA and the compute copy in one pass over each run of trainable
-    // parameters (fixed ones such as pos_embed keep their EMA and compute copy).
-    int64_t pos = 0, off, end;
-    while (dc_params_next_run(ps, &pos, np, &off, &end))
-        be->adamw(be, dc_buf_at(ps->data, off), dc_buf_at(ps->grad, off), dc_buf_at(tr->adam_m, off),
-                  dc_buf_at(tr->adam_v, off), dc_buf_at(tr->ema, off), dc_buf_at(ps->wc, off),
-                  dc_buf_at(tr->gstats, 1), end - off, &h);
-    DC_TRY(dc_backend_status(be));  // a host flag: no wait
+    DC_TRY(dc_optimizer_finish(tr->opt, tr->gstats));
     tr->step = s;
     tr->samples_seen += c->batch;
     return st ? dc_trainer_stats(tr, st) : 0;
 }
 
 int dc_trainer_sync(dc_trainer *tr) {
-    if (tr->offload) DC_TRY(dc_offload_drain(tr->offload));
+    DC_TRY(dc_optimizer_drain(tr->opt));
     tr->be->sync(tr->be);
     return dc_backend_status(tr->be);
 }

@@ -17,7 +17,7 @@
 #include "dist/comm.h"
 #include "train/data.h"
 #include "train/offload.h"
-#include "train/zero.h"
+#include "train/optimizer.h"
 
 typedef struct {
     int steps;            // optimizer steps of the whole run
@@ -43,6 +43,7 @@ typedef struct {
     // backward; the EMA stays on the device (train/offload.h). The model's
     // weights are loaded before dc_trainer_init. One rank only, for now.
     bool offload;
+    dc_offload_settings offload_settings;  // how it schedules its work (not recorded either)
     // How the gradients travel between ranks, also not part of the recipe:
     // DC_F32, or DC_BF16 (half the bytes): each gradient bucket is cast to
     // bf16, summed over ranks in bf16, and cast back to fp32 where the
@@ -53,7 +54,7 @@ typedef struct {
 } dc_train_config;
 
 // Whether training on `be` folds its micro-batches' gradients in one fixed
-// order (dc_trainer.fold): the CPU backend.
+// order (dc_optim_plain.fold): the CPU backend.
 bool dc_trainer_folds(const dc_backend *be);
 
 // The official DiT recipe (lr 1e-4, betas 0.9/0.999, no decay, EMA 0.9999,
@@ -84,9 +85,10 @@ typedef struct {
     const dc_dataset *data;
     dc_order order;
     dc_schedule sched;
-    dc_buf ema, adam_m, adam_v;  // [numel] F32, same layout as the parameters (NULL under ZeRO:
-                                 // zero holds this rank's shards; and with offload, which keeps
-                                 // the moments on the host and the EMA in offload->ema)
+    // The optimizer strategy holding the master weights, moments and EMA:
+    // plain (ZeRO stage 0), ZeRO 1 or 2 (dc_trainer_set_comm), or offload
+    // (cfg.offload); train/optimizer.h.
+    dc_optimizer *opt;
     int64_t step;                // optimizer steps done
     int64_t samples_seen;        // images consumed (the data position)
     // one micro-batch on the backend
@@ -96,18 +98,7 @@ typedef struct {
     float last_lr;
     bool allow_data_change;         // restore: accept a data set whose fingerprint differs
     dc_comm *comm;                  // several ranks (data parallel), or NULL: one
-    dc_zero *zero;                  // ZeRO stage 1 or 2: the sharded state, or NULL (stage 0)
-    dc_offload *offload;            // cfg.offload: the state in host memory, or NULL
-    dc_buf grad16;                  // [numel] BF16: stage 0's gradients as sent with grad_comm BF16 on
-                                    // several ranks (else none; ZeRO keeps its own wire buckets)
     bool started;                   // a step ran: the ranks are fixed
-    // The CPU backend sums the step's gradients in one fixed order whatever
-    // the ranks: each micro-batch's gradients computed from zero and added to
-    // the step's sum in the global batch's order, (((g0 + g1) + g2) + ...).
-    // A GPU accumulates micro-batches in place (no extra pass).
-    bool fold;
-    dc_buf gmicro;                  // [numel] F32: with fold at stage 0 and several micro-batches a step, the
-                                    // one whose gradients are not the step's sum (they trade places)
     dc_buf t, y;                    // [mb] float timesteps, int32 labels
     dc_cond cond;                   // the micro-batch's conditioning (labels y)
     // host staging

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "nn/params_io.h"
 
 // Shard slices start on 64-element boundaries (256 bytes of fp32), which
 // keeps every slice that a collective or a vector kernel touches aligned.
@@ -91,7 +92,7 @@ static int settle(dc_zero *z, int j) {
 // saves a pass over it and the shard's zeroing.
 static int unit_hook(void *ctx, int unit, bool done) {
     dc_zero *z = ctx;
-    dc_params *ps = z->ps;
+    dc_param_hooks *hk = &z->base.hooks;
     dc_backend *be = z->be;
     if (unit < 0 || unit >= z->units)
         return dc_fail("the model reported gradients of unit %d, but its parameters have %d", unit, z->units);
@@ -101,10 +102,10 @@ static int unit_hook(void *ctx, int unit, bool done) {
     if (!done) {
         DC_TRY(settle(z, j));
         be->zero(be, bucket(z, j).p, (size_t)(per * z->comm->size) * sizeof(float));
-        ps->win = bucket(z, j), ps->win_lo = u->lo, ps->win_hi = u->lo + u->len;
+        hk->win = bucket(z, j), hk->win_lo = u->lo, hk->win_hi = u->lo + u->len;
         return 0;
     }
-    ps->win_lo = ps->win_hi = 0;
+    hk->win_lo = hk->win_hi = 0;
     if (z->wire == DC_BF16) be->cast(be, wire_bucket(z, j), bucket(z, j), per * z->comm->size);
     DC_TRY(dc_backend_status(be));
     const bool direct = z->fresh[unit];
@@ -122,6 +123,16 @@ static int unit_hook(void *ctx, int unit, bool done) {
     return 0;
 }
 
+// This rank's shard of a full [numel] F32 buffer on the backend into state.
+static void take(dc_zero *z, dc_buf state, dc_buf full) {
+    for (int i = 0; i < z->units; i++) {
+        const dc_zero_unit *u = &z->u[i];
+        if (u->sh.count)
+            z->be->copy(z->be, dc_buf_at(state, u->slot).p, dc_buf_at(full, u->lo + u->sh.begin).p,
+                        (size_t)u->sh.count * sizeof(float));
+    }
+}
+
 static dc_buf alloc_zeroed(dc_backend *be, int64_t n, dc_dtype dt, int *ok) {
     size_t bytes = (size_t)(n > 0 ? n : 1) * dc_dtype_size(dt);
     dc_buf b = {be->alloc(be, bytes), dt};
@@ -131,9 +142,8 @@ static dc_buf alloc_zeroed(dc_backend *be, int64_t n, dc_dtype dt, int *ok) {
 }
 static dc_buf alloc_f32(dc_backend *be, int64_t n, int *ok) { return alloc_zeroed(be, n, DC_F32, ok); }
 
-int dc_zero_init(dc_zero *z, dc_params *ps, dc_comm *comm, int stage, dc_dtype wire, dc_buf ema, dc_buf m,
-                 dc_buf v) {
-    memset(z, 0, sizeof *z);
+static int init(dc_zero *z, dc_params *ps, dc_comm *comm, int stage, dc_dtype wire, dc_buf ema, dc_buf m,
+                dc_buf v) {
     if (stage < 1 || stage > 2) return dc_fail("ZeRO stage %d: the sharded stages are 1 and 2", stage);
     DC_TRY(dc_comm_sum_dtype_check(wire));
     if (stage == 2 && dc_params_unit_count(ps) < 2)
@@ -146,10 +156,7 @@ int dc_zero_init(dc_zero *z, dc_params *ps, dc_comm *comm, int stage, dc_dtype w
     z->units = dc_params_unit_count(ps);
     z->u = calloc((size_t)z->units, sizeof *z->u);
     z->fresh = calloc((size_t)z->units, sizeof *z->fresh);
-    if (!z->u || !z->fresh) {
-        dc_zero_free(z);
-        return dc_fail("out of memory");
-    }
+    if (!z->u || !z->fresh) return dc_fail("out of memory");
     z->shard = layout(ps, comm->size, comm->rank, z->u, &z->bucket);
     int ok = 1;
     z->master = alloc_f32(be, z->shard, &ok), z->m = alloc_f32(be, z->shard, &ok);
@@ -163,47 +170,44 @@ int dc_zero_init(dc_zero *z, dc_params *ps, dc_comm *comm, int stage, dc_dtype w
     }
     z->pending[0] = z->pending[1] = -1;
     z->norms = alloc_f32(be, comm->size, &ok), z->local = alloc_f32(be, 2, &ok);
-    if (!ok) {
-        dc_zero_free(z);
-        return dc_fail_ctx("the ZeRO-%d shards (%.1f MiB)", stage, (double)z->shard * 5 * 4 / 1048576.0);
-    }
-    dc_zero_take(z, z->master, ps->data);
-    dc_zero_take(z, z->ema, ema);
-    dc_zero_take(z, z->m, m);
-    dc_zero_take(z, z->v, v);
+    if (!ok) return dc_fail_ctx("the ZeRO-%d shards (%.1f MiB)", stage, (double)z->shard * 5 * 4 / 1048576.0);
+    take(z, z->master, ps->data);
+    take(z, z->ema, ema);
+    take(z, z->m, m);
+    take(z, z->v, v);
     if (stage == 2) {  // the full gradient buffer gives way to the bucket and the shard
         be->free(be, ps->grad.p);
         ps->grad = dc_buf_none();
-        ps->sharded_grad = true;
-        ps->unit_hook = unit_hook, ps->hook_ctx = z;
+        z->base.hooks.unit = unit_hook;
+        dc_optimizer_install(&z->base);
     }
     return dc_backend_status(be);
 }
 
-void dc_zero_free(dc_zero *z) {
-    if (z->ps && z->ps->hook_ctx == z) {
-        z->ps->unit_hook = NULL, z->ps->hook_ctx = NULL;
-        z->ps->win_lo = z->ps->win_hi = 0;
-    }
+static void zero_free(dc_optimizer *o) {
+    dc_zero *z = (dc_zero *)o;
     dc_buf *bufs[] = {&z->master, &z->m, &z->v, &z->ema, &z->grad, &z->buf, &z->buf2, &z->wbuf, &z->wbuf2,
                       &z->norms, &z->local};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         if (bufs[i]->p) z->be->free(z->be, bufs[i]->p);
     free(z->u), free(z->fresh);
-    memset(z, 0, sizeof *z);
 }
 
 // The gradient shard needs no zeroing: stage 1's first reduce writes every
 // unit's part of it, stage 2's first slice of each unit does (unit_hook).
-void dc_zero_begin_step(dc_zero *z) {
+static int zero_begin_step(dc_optimizer *o) {
+    dc_zero *z = (dc_zero *)o;
     z->reduced = 0;
     if (z->stage == 2)
         for (int i = 0; i < z->units; i++) z->fresh[i] = true;
     else
         z->be->zero(z->be, z->ps->grad.p, (size_t)z->ps->numel * sizeof(float));
+    return 0;
 }
 
-int dc_zero_reduce(dc_zero *z, bool last) {
+static int zero_micro_end(dc_optimizer *o, int round) {
+    dc_zero *z = (dc_zero *)o;
+    const bool last = round == o->step.rounds - 1;
     if (z->stage == 2) {  // the slices still in the buckets, oldest first
         if (!last) return 0;
         for (int k = 0; k < z->nbuckets; k++) DC_TRY(settle(z, (z->next + k) % z->nbuckets));
@@ -258,7 +262,10 @@ static void adamw_range(dc_zero *z, int64_t a, int64_t b, int64_t at, dc_buf sca
     }
 }
 
-int dc_zero_update(dc_zero *z, dc_buf gstats, float max_norm, const dc_adamw_step *h) {
+static int zero_finish(dc_optimizer *o, dc_buf gstats) {
+    dc_zero *z = (dc_zero *)o;
+    const float max_norm = o->step.clip;
+    const dc_adamw_step *h = &o->step.h;
     dc_backend *be = z->be;
     dc_params *ps = z->ps;
     const int size = z->comm->size, rank = z->comm->rank;
@@ -321,11 +328,53 @@ int dc_zero_gather(dc_zero *z, dc_buf state, float *host) {
     return dc_backend_status(be);
 }
 
-void dc_zero_take(dc_zero *z, dc_buf state, dc_buf full) {
-    for (int i = 0; i < z->units; i++) {
-        const dc_zero_unit *u = &z->u[i];
-        if (u->sh.count)
-            z->be->copy(z->be, dc_buf_at(state, u->slot).p, dc_buf_at(full, u->lo + u->sh.begin).p,
-                        (size_t)u->sh.count * sizeof(float));
+
+
+static int zero_save(dc_optimizer *o, float *host) {
+    dc_zero *z = (dc_zero *)o;
+    const int64_t np = o->ps->numel;
+    const dc_buf st[DC_STATE_COUNT] = {z->master, z->ema, z->m, z->v};
+    for (int b = 0; b < DC_STATE_COUNT; b++) DC_TRY(dc_zero_gather(z, st[b], host ? host + b * np : NULL));
+    return 0;
+}
+
+// The file's full EMA and moments pass through one full-size buffer, and
+// each rank keeps its shard; the master shard comes from the weights loaded
+// into the model.
+static int zero_restore(dc_optimizer *o, const dc_st_file *f) {
+    dc_zero *z = (dc_zero *)o;
+    dc_params *ps = o->ps;
+    dc_buf full = {z->be->alloc(z->be, (size_t)ps->numel * sizeof(float)), DC_F32};
+    if (!full.p) return dc_fail_ctx("restoring %s", f->path);
+    // a fixed tensor the file may lack keeps the model's value, as without ZeRO
+    z->be->copy(z->be, full.p, ps->data.p, (size_t)ps->numel * sizeof(float));
+    int rc = dc_params_load(ps, full, f, "ema.");
+    if (!rc) take(z, z->ema, full);
+    if (!rc) rc = dc_ckpt_read_moment_buf(ps, f, DC_STATE_M, full);
+    if (!rc) take(z, z->m, full);
+    if (!rc) rc = dc_ckpt_read_moment_buf(ps, f, DC_STATE_V, full);
+    if (!rc) take(z, z->v, full);
+    if (!rc) take(z, z->master, ps->data);
+    if (!rc) rc = dc_backend_status(z->be);
+    z->be->free(z->be, full.p);
+    return rc;
+}
+
+static const dc_optimizer_ops k_zero = {
+    .begin_step = zero_begin_step, .micro_end = zero_micro_end, .finish = zero_finish,
+    .save = zero_save, .restore = zero_restore, .free = zero_free,
+};
+
+int dc_zero_create(dc_params *ps, dc_comm *comm, int stage, dc_dtype wire, const dc_optim_plain *plain,
+                   dc_optimizer **out) {
+    *out = NULL;
+    dc_zero *z = calloc(1, sizeof *z);
+    if (!z) return dc_fail("out of memory");
+    z->base = (dc_optimizer){.ops = &k_zero, .ps = ps, .be = ps->be, .hooks = {.ctx = z}};
+    if (init(z, ps, comm, stage, wire, plain->ema, plain->m, plain->v)) {
+        dc_optimizer_free(&z->base);
+        return -1;
     }
+    *out = &z->base;
+    return 0;
 }

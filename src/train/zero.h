@@ -24,6 +24,7 @@
 #include "backend/backend.h"
 #include "dist/comm.h"
 #include "nn/params.h"
+#include "train/optimizer.h"
 
 typedef struct {
     int64_t lo, len;  // the unit's flat range [lo, lo + len)
@@ -32,6 +33,7 @@ typedef struct {
 } dc_zero_unit;
 
 typedef struct {
+    dc_optimizer base;  // the strategy (train/optimizer.h); stage 2 installs its unit hook and window
     int stage;  // 1 or 2
     dc_comm *comm;
     dc_backend *be;
@@ -86,27 +88,22 @@ static inline int64_t dc_zero_mem_state(const dc_zero_mem *m) {
     return m->grads + m->master + m->moments + m->ema;
 }
 
-// Sets up the shards from full buffers (ema, m, v [numel] F32 and the
-// parameters' data); stage 2 frees the full gradient buffer and takes the
-// parameters' unit hook. The caller frees the full buffers after. wire: the
-// gradients' type on the communicator, F32 or BF16.
-int dc_zero_init(dc_zero *z, dc_params *ps, dc_comm *comm, int stage, dc_dtype wire, dc_buf ema, dc_buf m,
-                 dc_buf v);
-void dc_zero_free(dc_zero *z);
-// A step's start: the gradient shard (and stage 1's full gradient) at zero.
-void dc_zero_begin_step(dc_zero *z);
-// After each micro-batch's backward (last: the step's last): stage 1
-// reduce-scatters the full gradient unit by unit (folding: every
-// micro-batch, into the shard's sum after the first, and zeroes the full
-// gradient for the next; else after the last only); stage 2 (which did it
-// in backward) adds the last slices in flight after the last.
-int dc_zero_reduce(dc_zero *z, bool last);
-// The global gradient norm and clipping factor into gstats ([2] F32, as
-// grad_norm), AdamW and EMA on the shard, then the weights all-gathered into
-// the compute copy.
-int dc_zero_update(dc_zero *z, dc_buf gstats, float max_norm, const dc_adamw_step *h);
+// The strategy for stage 1 or 2, its shards taken from plain's full EMA and
+// moments and the parameters' weights (plain stays as it was: the caller
+// frees it). Stage 2 frees the full gradient buffer and takes the
+// parameters' hooks. wire: the gradients' type on the communicator, F32 or
+// BF16.
+//
+// Its steps: begin_step puts the gradient shard (and stage 1's full
+// gradient) at zero; micro_end after each round's backward: stage 1
+// reduce-scatters the full gradient unit by unit (folding: every round, into
+// the shard's sum after the first, and zeroes the full gradient for the
+// next; else after the last only), stage 2 (which did it in backward) adds
+// the last slices in flight after the last; finish: the global gradient norm
+// and clipping factor, AdamW and EMA on the shard, then the weights
+// all-gathered into the compute copy.
+int dc_zero_create(dc_params *ps, dc_comm *comm, int stage, dc_dtype wire, const dc_optim_plain *plain,
+                   dc_optimizer **out);
 // Collective: the full [numel] F32 state (a shard buffer of z) into host on
 // rank 0 (host may be NULL elsewhere), one unit at a time.
 int dc_zero_gather(dc_zero *z, dc_buf state, float *host);
-// This rank's shard of a full [numel] F32 buffer on the backend into state.
-void dc_zero_take(dc_zero *z, dc_buf state, dc_buf full);
