@@ -101,7 +101,8 @@ static void test_mixed(void) {
     dc_backend_create("cpu", &be);
     for (int k = 0; k < 2; k++) {
         dc_params ps = {0};
-        int fw_i = dc_params_add(&ps, "frozen.weight", true, 2, 8, 8), fb_i = dc_params_add(&ps, "frozen.bias", true, 1, 8);
+        int fw_i = dc_params_add(&ps, "frozen.weight", true, 2, 8, 8);
+        int fb_i = dc_params_add(&ps, "frozen.bias", true, 1, 8);
         int tw_i = dc_params_add(&ps, "train.weight", true, 2, 8, 8);
         dc_st_file f;
         int rc = dc_params_freeze(&ps, fw_i) || dc_params_alloc_loaded(&ps, be, true, DC_F16) ||
