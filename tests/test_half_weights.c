@@ -365,9 +365,9 @@ static void test_weights_dtype(void) {
         be->compute = cases[i].compute;
         dc_params ps = {0};
         int rc = dc_params_add(&ps, "w", true, 2, 3, 5) < 0 || dc_params_alloc_frozen(&ps, be, cases[i].loaded);
-        CHECK(!rc && ps.data.dt == cases[i].want && ps.frozen,
+        CHECK(!rc && ps.frozen.dt == cases[i].want && ps.frozen.p && ps.items[0].frozen && !ps.data.p && !ps.wc.p,
               "frozen set loaded %s, %s computing in %s: kept as %s, want %s", dt_name(cases[i].loaded),
-              be->half_weights ? "half weights" : "no half weights", dt_name(be->compute), dt_name(ps.data.dt),
+              be->half_weights ? "half weights" : "no half weights", dt_name(be->compute), dt_name(ps.frozen.dt),
               dt_name(cases[i].want));
         dc_params_free(&ps);
     }
@@ -411,13 +411,15 @@ static bool same_host(dc_backend *be, dc_buf a, dc_buf b, int64_t n) {
 
 static void check_kept(const model_case *mc, const char *part, const dc_params *a, const dc_params *b, int64_t ba,
                        int64_t bb) {
-    printf("  %s %s: %lld weights kept as %s in %lld bytes (widened: %lld)\n", mc->what, part, (long long)a->numel,
-           dt_name(a->data.dt), (long long)ba, (long long)bb);
-    CHECK(a->data.dt == mc->want && ba == a->numel * (int64_t)dc_dtype_size(mc->want),
-          "%s: %s weights kept as %s, %lld bytes for %lld weights", mc->what, dt_name(mc->want), dt_name(a->data.dt),
-          (long long)ba, (long long)a->numel);
-    CHECK(b->data.dt == DC_F32 && bb == b->numel * 4, "%s: the widened copy is F32, %lld bytes", mc->what,
-          (long long)bb);
+    printf("  %s %s: %lld weights kept as %s in %lld bytes (widened: %lld)\n", mc->what, part,
+           (long long)a->frozen_numel, dt_name(a->frozen.dt), (long long)ba, (long long)bb);
+    // every parameter frozen: nothing in the flat (trainable) buffers
+    CHECK(a->frozen.dt == mc->want && a->numel == 0 && ba == a->frozen_numel * (int64_t)dc_dtype_size(mc->want) &&
+              (size_t)ba == dc_params_bytes(a),
+          "%s: %s weights kept as %s, %lld bytes for %lld weights", mc->what, dt_name(mc->want),
+          dt_name(a->frozen.dt), (long long)ba, (long long)a->frozen_numel);
+    CHECK(b->frozen.dt == DC_F32 && b->numel == 0 && bb == b->frozen_numel * 4,
+          "%s: the widened copy is F32, %lld bytes", mc->what, (long long)bb);
 }
 
 static void model_text(const model_case *mc, dc_sd_source *s) {

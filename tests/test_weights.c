@@ -1,7 +1,8 @@
 // Loading parameters under another layout's names (nn/weights.h): a 1x1
 // convolution into a linear layer, rows of a packed tensor, F16 and BF16
-// sources, a prefix, several files; and the refusals (missing, mis-shaped,
-// rows out of range, non-finite), each naming the tensor.
+// sources, a prefix, several files; a set mixing frozen F16 and trainable
+// parameters; and the refusals (missing, mis-shaped, rows out of range,
+// non-finite, a frozen F16 weight given F32 values), each naming the tensor.
 #include <math.h>
 #include <string.h>
 
@@ -65,12 +66,73 @@ static int load(const char *file, const char *prefix, int lin_out, int shift, fl
         dc_weights w = {&f, 1, ""};
         snprintf(w.prefix, sizeof w.prefix, "%s", prefix);
         rc = dc_params_load_weights(&ps, &w, map, &shift);
-        if (rc == 0 && out) be->download(be, out, ps.data.p, (size_t)ps.numel * sizeof(float));
+        if (rc == 0 && out) be->download(be, out, ps.frozen.p, (size_t)ps.frozen_numel * sizeof(float));
         dc_params_free(&ps);
         dc_st_close(&f);
     }
     dc_backend_destroy(be);
     return rc;
+}
+
+// A set with a frozen F16 weight beside trainable parameters, loaded on the
+// CPU (which keeps F16 weights as loaded): the frozen weight holds the file's
+// bits, every F16 value there is (random bit patterns, subnormals included,
+// no NaN or infinity), and the trainable ones their exact widening in the
+// fp32 master. A frozen F16 weight given F32 values is refused.
+static void test_mixed(void) {
+    enum { N = 64 };
+    uint16_t fw[N], tw[N];
+    uint64_t s = 0x9e3779b97f4a7c15ull;
+    for (int i = 0; i < N; i++) {
+        uint16_t a, b;
+        do s ^= s << 13, s ^= s >> 7, s ^= s << 17, a = (uint16_t)s, b = (uint16_t)(s >> 16);
+        while ((a & 0x7c00) == 0x7c00 || (b & 0x7c00) == 0x7c00);  // finite
+        fw[i] = a, tw[i] = b;
+    }
+    float bias[8], f32w[N];
+    for (int i = 0; i < 8; i++) bias[i] = val(4, i);
+    for (int i = 0; i < N; i++) f32w[i] = dc_f16_to_f32(fw[i]);
+    dc_st_entry ok[3] = {{"frozen.weight", DC_F16, 2, {8, 8}, fw}, {"frozen.bias", DC_F32, 1, {8}, bias},
+                         {"train.weight", DC_F16, 2, {8, 8}, tw}};
+    dc_st_entry wide[1] = {{"frozen.weight", DC_F32, 2, {8, 8}, f32w}};
+    CHECK(dc_st_write(tmp_path("mixed.safetensors"), ok, 3, NULL, NULL, 0) == 0, "write: %s", dc_error());
+    CHECK(dc_st_write(tmp_path("mixed32.safetensors"), wide, 1, NULL, NULL, 0) == 0, "write: %s", dc_error());
+    dc_backend *be;
+    dc_backend_create("cpu", &be);
+    for (int k = 0; k < 2; k++) {
+        dc_params ps = {0};
+        int fw_i = dc_params_add(&ps, "frozen.weight", true, 2, 8, 8);
+        int fb_i = dc_params_add(&ps, "frozen.bias", true, 1, 8);
+        int tw_i = dc_params_add(&ps, "train.weight", true, 2, 8, 8);
+        dc_st_file f;
+        int rc = dc_params_freeze(&ps, fw_i) || dc_params_alloc_loaded(&ps, be, true, DC_F16) ||
+                 dc_st_open(&f, tmp_path(k ? "mixed32.safetensors" : "mixed.safetensors"));
+        if (rc) {
+            CHECK(0, "mixed set: %s", dc_error());
+        } else {
+            dc_weights w = {&f, 1, ""};
+            rc = dc_params_load_weights(&ps, &w, NULL, NULL);
+            if (k == 1) {
+                CHECK(rc != 0 && strstr(dc_error(), "'frozen.weight' is F32") && strstr(dc_error(), "as F16"),
+                      "a frozen F16 weight refuses F32 values, naming the tensor: %s", dc_error());
+            } else {
+                uint16_t got16[N];
+                float gotb[8], gott[N];
+                be->download(be, got16, dc_param_data(&ps, fw_i).p, sizeof got16);
+                be->download(be, gotb, dc_param_data(&ps, fb_i).p, sizeof gotb);
+                be->download(be, gott, dc_param_data(&ps, tw_i).p, sizeof gott);
+                int bad = 0;
+                for (int i = 0; i < N; i++) bad += gott[i] != dc_f16_to_f32(tw[i]);
+                CHECK(rc == 0 && ps.frozen.dt == DC_F16 && memcmp(got16, fw, sizeof fw) == 0 &&
+                          memcmp(gotb, bias, sizeof bias) == 0 && bad == 0,
+                      "mixed set: the frozen F16 weight keeps the file's bits, the trainable ones widen exactly (%s)",
+                      rc ? dc_error() : "loaded");
+            }
+            dc_st_close(&f);
+        }
+        dc_params_free(&ps);
+    }
+    dc_backend_destroy(be);
 }
 
 int main(void) {
@@ -122,6 +184,7 @@ int main(void) {
     CHECK(dc_weights_count_prefix(&w, "p") == 1 && dc_weights_count_prefix(&w, "") == 3, "count by prefix");
     dc_st_close(&f);
 
+    test_mixed();
     tmpdir_remove();
     printf("test_weights: %d passed, %d failed\n", g_pass, g_fail);
     return g_fail != 0;

@@ -18,7 +18,6 @@
 #include "models/unet.h"
 #include "pipelines/sd.h"
 
-static size_t params_bytes(const dc_params *ps) { return (size_t)ps->numel * dc_dtype_size(ps->data.dt); }
 
 static size_t peak_bytes(dc_backend *be) {
     size_t peak = 0;
@@ -325,7 +324,7 @@ memory:
         // (the backend's workspaces, the generation's buffers)
         const double G = 1073741824.0;
         const dc_unet *un = dc_unet_of(p.unet);
-        size_t wu = params_bytes(&un->params), wv = params_bytes(&p.vae->params), wt = params_bytes(&p.text->params);
+        size_t wu = dc_params_bytes(&un->params), wv = dc_params_bytes(&p.vae->params), wt = dc_params_bytes(&p.text->params);
         size_t au = un->max_batch ? dc_unet_activation_bytes(p.unet, un->max_batch) : 0;
         size_t av = dc_vae_activation_bytes(p.vae), peak = peak_bytes(be);
         printf("  %-44s %9.2f GiB\n", "peak device memory", peak / G);

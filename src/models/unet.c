@@ -417,9 +417,9 @@ static int unet_backward(dc_model *mm, dc_buf dout, int B) {
 static int unet_init(dc_model *mm, uint64_t seed) {
     dc_unet *m = (dc_unet *)mm;
     dc_params *ps = &m->params;
-    const dc_dtype dt = ps->data.dt;
     for (int i = 0; i < ps->count; i++) {
         const dc_param *p = &ps->items[i];
+        const dc_dtype dt = dc_param_data(ps, i).dt;
         const size_t n = (size_t)p->numel;
         float *h = malloc(n * sizeof *h);
         if (!h) return dc_fail("out of memory initialising %s", p->name);

@@ -3,9 +3,18 @@
 // functions that run the backend's ops on them. A model is built by adding
 // modules in its state dict's order; a new block type is one more module,
 // not new index arithmetic.
+//
+// Linear and convolution layers read their weight through its descriptor
+// (dc_param_weight) and ask the set's adapter for a delta (nn/adapter.h):
+// an adapted layer adds the adapter's output in forward and its share of dx
+// in backward. Fused ops that cannot take a delta between the product and
+// what follows run unfused for an adapted layer; the two that cannot run
+// unfused (linear_many_fwd's jobs, the GEGLU gate) take merged deltas only.
 #pragma once
+#include <assert.h>
 #include <stdbool.h>
 #include "backend/backend.h"
+#include "nn/adapter.h"
 #include "nn/params.h"
 
 // y[M, out] = x[M, in] W^T + b: "<name>.weight" [out, in] (or the 4-D kernel
@@ -65,68 +74,95 @@ static inline dc_conv2d_shape dc_conv2d_shape_of(const dc_conv2d *c, int B, int 
 int dc_linear_add_patch_conv(dc_params *ps, dc_linear *l, const char *name, int C, int p, int out);
 int dc_embedding_add(dc_params *ps, dc_embedding *e, const char *name, int rows, int dim);
 
+// The weight a product reads. No op has a path for quantised weights with
+// scales yet, and nothing makes such a weight: one that reached an op would be
+// a programmer's error, never silently read without its scales.
+static inline dc_buf dc_weight_plain(const dc_params *ps, int i) {
+    dc_weight w = dc_param_weight(ps, i);
+    assert(!w.scales.p && "a weight with scales reached an op that has no path for them");
+    return w.data;
+}
+static inline dc_buf dc_bias_of(const dc_params *ps, int b) { return b >= 0 ? dc_param_w(ps, b) : dc_buf_none(); }
+
 // Matrix products read the compute copy of the weights; gradients are fp32.
 static inline void dc_linear_fwd(dc_backend *be, const dc_params *ps, const dc_linear *l, dc_buf y,
                                  dc_buf x, int M) {
-    be->linear_fwd(be, y, x, dc_param_w(ps, l->w), l->b >= 0 ? dc_param_w(ps, l->b) : dc_buf_none(), M, l->in,
-                   l->out);
+    be->linear_fwd(be, y, x, dc_weight_plain(ps, l->w), dc_bias_of(ps, l->b), M, l->in, l->out);
+    if (dc_adapted(ps, l->w)) ps->adapter->ops->linear_fwd(ps->adapter, be, l->w, y, x, M, l->in, l->out);
 }
 // y += x W^T + b: a residual branch's last product, added in its epilogue.
 static inline void dc_linear_fwd_acc(dc_backend *be, const dc_params *ps, const dc_linear *l, dc_buf y,
                                      dc_buf x, int M) {
-    be->linear_fwd_acc(be, y, x, dc_param_w(ps, l->w), l->b >= 0 ? dc_param_w(ps, l->b) : dc_buf_none(), M,
-                       l->in, l->out);
+    be->linear_fwd_acc(be, y, x, dc_weight_plain(ps, l->w), dc_bias_of(ps, l->b), M, l->in, l->out);
+    if (dc_adapted(ps, l->w)) ps->adapter->ops->linear_fwd(ps->adapter, be, l->w, y, x, M, l->in, l->out);
 }
-// dx = dy W (skipped if dx.p is NULL; += if accumulate); dW, db +=.
+// dx = dy W (skipped if dx.p is NULL; += if accumulate); dW, db += (skipped
+// for frozen parameters).
 static inline void dc_linear_bwd(dc_backend *be, const dc_params *ps, const dc_linear *l, dc_buf dx,
                                  dc_buf dy, dc_buf x, int M, bool accumulate) {
-    be->linear_bwd(be, dx, dc_param_grad(ps, l->w), l->b >= 0 ? dc_param_grad(ps, l->b) : dc_buf_none(), dy, x,
-                   dc_param_w(ps, l->w), M, l->in, l->out, accumulate);
+    be->linear_bwd(be, dx, dc_param_train_grad(ps, l->w), l->b >= 0 ? dc_param_train_grad(ps, l->b) : dc_buf_none(),
+                   dy, x, dc_weight_plain(ps, l->w), M, l->in, l->out, accumulate);
+    if (dc_adapted(ps, l->w)) ps->adapter->ops->linear_bwd(ps->adapter, be, l->w, dx, dy, x, M, l->in, l->out);
 }
-// A product of l as one of linear_many_fwd's jobs, into out.
+// A product of l as one of linear_many_fwd's jobs, into out (merged deltas only).
 static inline dc_linear_job dc_linear_job_of(const dc_params *ps, const dc_linear *l, dc_buf out) {
-    dc_linear_job j = {out, dc_param_w(ps, l->w), l->b >= 0 ? dc_param_w(ps, l->b) : dc_buf_none(), l->out};
+    assert(!dc_adapted(ps, l->w) && "linear_many_fwd takes merged deltas only");
+    dc_linear_job j = {out, dc_weight_plain(ps, l->w), dc_bias_of(ps, l->b), l->out};
     return j;
 }
 // The GEGLU feed-forward's first product and its gate (linear_geglu_fwd): y[M, out/2]
 // = h * gelu_erf(g) where [h | g] = x W^T + b; pre [M, out] is the backend's
-// scratch. With pre none it runs only where the backend needs none: whether it ran.
+// scratch. With pre none it runs only where the backend needs none: whether
+// it ran (never for an adapted layer: the delta takes merging).
 static inline bool dc_linear_geglu_fwd(dc_backend *be, const dc_params *ps, const dc_linear *l, dc_buf y,
                                        dc_buf pre, dc_buf x, int M) {
-    return be->linear_geglu_fwd(be, y, pre, x, dc_param_w(ps, l->w), l->b >= 0 ? dc_param_w(ps, l->b) : dc_buf_none(),
-                                M, l->in, l->out / 2);
+    if (dc_adapted(ps, l->w) && !pre.p) return false;
+    assert(!dc_adapted(ps, l->w) && "the GEGLU gate takes merged deltas only");
+    return be->linear_geglu_fwd(be, y, pre, x, dc_weight_plain(ps, l->w), dc_bias_of(ps, l->b), M, l->in, l->out / 2);
 }
 // The MLP pair fc2(gelu(fc1(x))) through the backend's fused ops: forward
 // keeps fc1's output (pre) and its GELU (act); backward goes from dL/dy down
 // to dL/dpre, accumulating fc2's gradients (scratch as linear_bwd_gelu's).
+// An adapted layer runs the product, its delta and the GELU apart.
 static inline void dc_linear_gelu_fwd(dc_backend *be, const dc_params *ps, const dc_linear *fc1, dc_buf act,
                                       dc_buf pre, dc_buf x, int M) {
-    be->linear_gelu_fwd(be, act, pre, x, dc_param_w(ps, fc1->w), dc_param_w(ps, fc1->b), M, fc1->in, fc1->out);
+    if (dc_adapted(ps, fc1->w)) {
+        dc_linear_fwd(be, ps, fc1, pre, x, M);
+        be->gelu_fwd(be, act, pre, (int64_t)M * fc1->out);
+        return;
+    }
+    be->linear_gelu_fwd(be, act, pre, x, dc_weight_plain(ps, fc1->w), dc_param_w(ps, fc1->b), M, fc1->in, fc1->out);
 }
 static inline void dc_linear_bwd_gelu(dc_backend *be, const dc_params *ps, const dc_linear *fc2, dc_buf dpre,
                                       dc_buf dy, dc_buf act, dc_buf pre, dc_buf scratch, int M) {
-    be->linear_bwd_gelu(be, dpre, dc_param_grad(ps, fc2->w), dc_param_grad(ps, fc2->b), dy, act,
-                        dc_param_w(ps, fc2->w), pre, scratch, M, fc2->in, fc2->out);
+    if (dc_adapted(ps, fc2->w)) {  // dact = dy (W + delta) in scratch, then through the GELU
+        dc_linear_bwd(be, ps, fc2, scratch, dy, act, M, false);
+        be->gelu_bwd(be, dpre, scratch, pre, (int64_t)M * fc2->in);
+        return;
+    }
+    be->linear_bwd_gelu(be, dpre, dc_param_train_grad(ps, fc2->w), dc_param_train_grad(ps, fc2->b), dy, act,
+                        dc_weight_plain(ps, fc2->w), pre, scratch, M, fc2->in, fc2->out);
 }
 // y = conv(x) + b over the shape s (dc_conv2d_shape_of, or asymmetric padding
 // for the VAE's downsampling); reserve_conv(s) must have run.
 static inline void dc_conv2d_fwd(dc_backend *be, const dc_params *ps, const dc_conv2d *c, dc_buf y, dc_buf x,
                                  const dc_conv2d_shape *s) {
-    be->conv2d_fwd(be, y, x, dc_param_w(ps, c->w), dc_param_w(ps, c->b), s);
+    be->conv2d_fwd(be, y, x, dc_weight_plain(ps, c->w), dc_param_w(ps, c->b), s);
+    if (dc_adapted(ps, c->w)) ps->adapter->ops->conv_fwd(ps->adapter, be, c->w, y, x, s);
 }
 // y = conv(x) without the bias, which the caller adds in the op that follows
 // (add_nhwc with dc_conv2d_bias).
 static inline void dc_conv2d_fwd_nobias(dc_backend *be, const dc_params *ps, const dc_conv2d *c, dc_buf y, dc_buf x,
                                         const dc_conv2d_shape *s) {
-    be->conv2d_fwd(be, y, x, dc_param_w(ps, c->w), dc_buf_none(), s);
+    be->conv2d_fwd(be, y, x, dc_weight_plain(ps, c->w), dc_buf_none(), s);
+    if (dc_adapted(ps, c->w)) ps->adapter->ops->conv_fwd(ps->adapter, be, c->w, y, x, s);
 }
-static inline dc_buf dc_conv2d_bias(const dc_params *ps, const dc_conv2d *c) {
-    return c->b >= 0 ? dc_param_w(ps, c->b) : dc_buf_none();
-}
+static inline dc_buf dc_conv2d_bias(const dc_params *ps, const dc_conv2d *c) { return dc_bias_of(ps, c->b); }
 static inline void dc_conv2d_bwd(dc_backend *be, const dc_params *ps, const dc_conv2d *c, dc_buf dx, dc_buf dy,
                                  dc_buf x, const dc_conv2d_shape *s, bool accumulate) {
-    be->conv2d_bwd(be, dx, dc_param_grad(ps, c->w), dc_param_grad(ps, c->b), dy, x, dc_param_w(ps, c->w), s,
-                   accumulate);
+    be->conv2d_bwd(be, dx, dc_param_train_grad(ps, c->w), dc_param_train_grad(ps, c->b), dy, x,
+                   dc_weight_plain(ps, c->w), s, accumulate);
+    if (dc_adapted(ps, c->w)) ps->adapter->ops->conv_bwd(ps->adapter, be, c->w, dx, dy, x, s);
 }
 // y[B,C,HW] = GroupNorm(x) (then SiLU if silu); mean, rstd [B, groups] F32.
 static inline void dc_group_norm_fwd(dc_backend *be, const dc_params *ps, const dc_group_norm *n, dc_buf y,
@@ -151,5 +187,5 @@ static inline void dc_embedding_fwd(dc_backend *be, const dc_params *ps, const d
 }
 static inline void dc_embedding_bwd(dc_backend *be, const dc_params *ps, const dc_embedding *e, dc_buf dy,
                                     dc_buf idx, int B) {
-    be->embed_bwd(be, dc_param_grad(ps, e->table), dy, idx, B, e->dim);
+    if (!ps->items[e->table].frozen) be->embed_bwd(be, dc_param_grad(ps, e->table), dy, idx, B, e->dim);
 }

@@ -53,36 +53,71 @@ static int permute_kernel(const dc_param *p, float *h, bool to_stored) {
 int dc_param_to_stored(const dc_param *p, float *h) { return permute_kernel(p, h, true); }
 int dc_param_from_stored(const dc_param *p, float *h) { return permute_kernel(p, h, false); }
 
-int dc_params_alloc(dc_params *ps, dc_backend *be, bool with_grad) {
-    size_t bytes = (size_t)ps->numel * sizeof(float);
-    ps->be = be;
-    ps->data = (dc_buf){be->alloc(be, bytes), DC_F32};
-    if (!ps->data.p) return -1;
-    be->zero(be, ps->data.p, bytes);
-    if (with_grad) {
-        ps->grad = (dc_buf){be->alloc(be, bytes), DC_F32};
-        if (!ps->grad.p) return -1;
-        be->zero(be, ps->grad.p, bytes);
-    }
-    if (be->compute != DC_F32) {
-        ps->wc = (dc_buf){be->alloc(be, (size_t)ps->numel * dc_dtype_size(be->compute)), be->compute};
-        if (!ps->wc.p) return -1;
-    }
-    ps->stale = true;
+int dc_params_freeze(dc_params *ps, int i) {
+    if (ps->be) return dc_fail("parameter %s: a set is frozen in part before it is allocated", ps->items[i].name);
+    ps->items[i].frozen = true;
+    ps->items[i].trainable = false;
     return 0;
 }
 
-int dc_params_alloc_frozen(dc_params *ps, dc_backend *be, dc_dtype loaded) {
-    const bool half = loaded == DC_F16 || loaded == DC_BF16;
-    const dc_dtype dt = half && be->half_weights ? loaded : be->compute;
-    size_t bytes = (size_t)ps->numel * dc_dtype_size(dt);
-    ps->be = be;
-    ps->frozen = true;
-    ps->data = (dc_buf){be->alloc(be, bytes), dt};
-    if (!ps->data.p) return -1;
-    be->zero(be, ps->data.p, bytes);
-    ps->stale = false;
+// Offsets in registration order: the flat layout for trainable and fixed
+// parameters, the frozen arena for frozen ones. Unit ends were recorded as
+// offsets into the registration-time layout (every parameter flat); each
+// moves to the flat offset of the first parameter at or after it.
+static void layout(dc_params *ps) {
+    int64_t reg = 0, flat = 0, fz = 0;
+    int u = 0;
+    for (int i = 0; i < ps->count; i++) {
+        dc_param *p = &ps->items[i];
+        while (u < ps->units && ps->unit_end[u] <= reg) ps->unit_end[u++] = flat;
+        reg += p->numel;
+        if (p->frozen) p->offset = fz, fz += p->numel;
+        else p->offset = flat, flat += p->numel;
+    }
+    while (u < ps->units) ps->unit_end[u++] = flat;
+    ps->numel = flat;
+    ps->frozen_numel = fz;
+}
+
+// A zeroed device buffer of n elements of dt; none for n = 0.
+static int alloc_zero(dc_backend *be, dc_buf *b, int64_t n, dc_dtype dt) {
+    size_t bytes = (size_t)n * dc_dtype_size(dt);
+    *b = (dc_buf){NULL, dt};
+    if (n == 0) return 0;
+    b->p = be->alloc(be, bytes);
+    if (!b->p) return -1;
+    be->zero(be, b->p, bytes);
     return 0;
+}
+
+int dc_params_alloc_loaded(dc_params *ps, dc_backend *be, bool with_grad, dc_dtype loaded) {
+    if (ps->be) return dc_fail("the parameters are already allocated");
+    layout(ps);
+    ps->be = be;
+    DC_TRY(alloc_zero(be, &ps->data, ps->numel, DC_F32));
+    if (with_grad) DC_TRY(alloc_zero(be, &ps->grad, ps->numel, DC_F32));
+    if (be->compute != DC_F32 && ps->numel) {
+        ps->wc = (dc_buf){be->alloc(be, (size_t)ps->numel * dc_dtype_size(be->compute)), be->compute};
+        if (!ps->wc.p) return -1;
+    }
+    const bool half = loaded == DC_F16 || loaded == DC_BF16;
+    DC_TRY(alloc_zero(be, &ps->frozen, ps->frozen_numel, half && be->half_weights ? loaded : be->compute));
+    ps->stale = ps->numel > 0;  // the compute copy is made from the master before it is read
+    return 0;
+}
+
+int dc_params_alloc(dc_params *ps, dc_backend *be, bool with_grad) {
+    return dc_params_alloc_loaded(ps, be, with_grad, be->compute);
+}
+
+int dc_params_alloc_frozen(dc_params *ps, dc_backend *be, dc_dtype loaded) {
+    for (int i = 0; i < ps->count; i++) DC_TRY(dc_params_freeze(ps, i));
+    return dc_params_alloc_loaded(ps, be, false, loaded);
+}
+
+size_t dc_params_bytes(const dc_params *ps) {
+    size_t flat = (ps->data.p ? 4 : 0) + (ps->grad.p ? 4 : 0) + (ps->wc.p ? dc_dtype_size(ps->wc.dt) : 0);
+    return (size_t)ps->numel * flat + (size_t)ps->frozen_numel * dc_dtype_size(ps->frozen.dt);
 }
 
 void dc_params_refresh(dc_params *ps) {
@@ -95,10 +130,34 @@ void dc_params_free(dc_params *ps) {
         if (ps->data.p) ps->be->free(ps->be, ps->data.p);
         if (ps->grad.p) ps->be->free(ps->be, ps->grad.p);
         if (ps->wc.p) ps->be->free(ps->be, ps->wc.p);
+        if (ps->frozen.p) ps->be->free(ps->be, ps->frozen.p);
     }
     free(ps->items);
     free(ps->unit_end);
     memset(ps, 0, sizeof *ps);
+}
+
+void dc_upload_f32_as(dc_backend *be, dc_buf b, float *h, int64_t n) {
+    if (b.dt == DC_F32) {
+        be->upload(be, b.p, h, (size_t)n * sizeof *h);
+        return;
+    }
+    uint16_t *u = (uint16_t *)h;  // narrowing in place: element j is read before it is written
+    for (int64_t j = 0; j < n; j++) u[j] = b.dt == DC_BF16 ? dc_f32_to_bf16(h[j]) : dc_f32_to_f16(h[j]);
+    be->upload(be, b.p, u, (size_t)n * sizeof *u);
+}
+
+int dc_download_as_f32(dc_backend *be, dc_buf b, float *h, int64_t n) {
+    if (b.dt == DC_F32) {
+        be->download(be, h, b.p, (size_t)n * sizeof *h);
+    } else {
+        // into the upper half of h, widened from the bottom up: h[j] overwrites
+        // only halves already read
+        uint16_t *u = (uint16_t *)h + n;
+        be->download(be, u, b.p, (size_t)n * sizeof *u);
+        for (int64_t j = 0; j < n; j++) h[j] = b.dt == DC_BF16 ? dc_bf16_to_f32(u[j]) : dc_f16_to_f32(u[j]);
+    }
+    return dc_backend_status(be);
 }
 
 int dc_params_find(const dc_params *ps, const char *name) {
@@ -120,6 +179,7 @@ bool dc_params_next_run(const dc_params *ps, int64_t *pos, int64_t end, int64_t 
     bool open = false;
     for (int i = 0; i < ps->count; i++) {
         const dc_param *p = &ps->items[i];
+        if (p->frozen) continue;
         int64_t s = p->offset > *pos ? p->offset : *pos, e = p->offset + p->numel < end ? p->offset + p->numel : end;
         if (s >= e) continue;
         if (!p->trainable) {

@@ -1,27 +1,34 @@
 // A model's parameters: named tensors (PyTorch state-dict keys, in the
-// model's registration order) laid out back to back in one flat fp32 buffer,
-// with a gradient buffer of the same layout. One flat buffer lets the
-// optimizer, EMA, clipping and checkpoints treat all weights in one pass.
+// model's registration order), each of one of three kinds:
+//   trainable: laid out back to back in one flat fp32 buffer (the master
+//     copy), with a gradient buffer of the same layout. One flat buffer lets
+//     the optimizer, EMA, clipping and checkpoints treat all weights in one pass.
+//   fixed (trainable false, such as DiT's pos_embed): in the same flat
+//     layout, kept in checkpoints and the EMA, never updated.
+//   frozen (dc_params_freeze): outside the flat layout, stored once in a
+//     second arena in the dtype the weights are loaded in, with no master
+//     copy, gradient or compute copy, and never in an optimizer pass or the
+//     EMA. The backward ops skip its (empty) gradient while dx still flows.
+// So a fine-tuning set (a trainable UNet beside a frozen VAE, or LoRA
+// factors beside frozen base weights) keeps today's optimizer passes and
+// checkpoint bytes for what trains, and 2 bytes a weight for what does not.
 //
 // Mixed precision: the fp32 buffer is the master copy. When the backend
 // computes in another dtype (bf16 on a GPU), a compute copy `wc` of the same
 // layout feeds the matrix products; the optimizer rewrites it in its pass,
 // and anything else that writes the master copy marks it stale.
 //
-// Frozen sets (dc_params_alloc_frozen): every tensor of an inference-only
-// model (the SD UNet, VAE and text encoder today) lives once, with no fp32
-// master, gradient or compute copy: dc_param_w and dc_param_data both return
-// it, dc_param_grad returns an empty buffer. It is kept in the dtype it was
-// loaded in where the backend's ops read such weights (F16 or BF16 files stay
-// 2 bytes a weight on the CPU, whose ops widen them as they read them), else
-// in the backend's compute dtype (on a BF16 device F16 is rounded to BF16
-// once, at load: the ops take one activation dtype).
+// The frozen arena's dtype is the one the weights come in where the
+// backend's ops read such weights (F16 or BF16 files stay 2 bytes a weight on
+// the CPU, whose ops widen them as they read them), else the backend's
+// compute dtype (on a BF16 device F16 is rounded to BF16 once, at load: the
+// ops take one activation dtype). An inference model (the SD UNet, VAE and
+// text encoder) is a set whose every parameter is frozen
+// (dc_params_alloc_frozen): its flat buffers are empty.
 //
-// Next, for fine-tuning (LoRA, a frozen VAE beside a training UNet): one set
-// holding both kinds, trainable tensors in today's flat fp32 layout and
-// frozen ones in a second arena in their own dtype, so optimizer passes and
-// checkpoint bytes do not change; the backward ops already skip NULL weight
-// gradients while dx still flows.
+// Layers read a parameter through a weight descriptor (dc_weight: data,
+// dtype, shape, optional scales), and may carry an adapter (nn/adapter.h)
+// that linear and convolution layers ask for a delta to their weight.
 #pragma once
 #include <stdbool.h>
 #include <stdint.h>
@@ -34,8 +41,9 @@ typedef struct {
     char name[DC_PARAM_NAME_MAX];
     int ndim;
     int64_t shape[DC_MAX_DIMS];
-    int64_t offset, numel;  // in elements, into the flat buffers
-    bool trainable;         // false for fixed tensors such as pos_embed
+    int64_t offset, numel;  // in elements, into the flat buffers (frozen: into the frozen arena)
+    bool trainable;         // false for fixed tensors such as pos_embed, and for frozen ones
+    bool frozen;            // in the frozen arena (dc_params_freeze)
     // A 4-d kernel [Co, Ci, kh, kw] (its shape as PyTorch's) stored
     // channels-last, [Co, kh, kw, Ci], for convolutions over channels-last
     // maps. Whatever moves values between files and storage permutes them
@@ -65,16 +73,20 @@ typedef struct {
     int64_t win_lo, win_hi;
 } dc_param_hooks;
 
+typedef struct dc_adapter dc_adapter;  // nn/adapter.h
+
 typedef struct {
     dc_param *items;
     int count, cap;
-    int64_t numel;
+    int64_t numel;  // of the flat layout (trainable and fixed parameters)
     dc_backend *be;
-    dc_buf data;  // [numel] F32 (frozen: see dc_params_alloc_frozen)
+    dc_buf data;  // [numel] F32; NULL when numel is 0
     dc_buf grad;  // [numel] F32, NULL until dc_params_alloc(.., true)
     dc_buf wc;    // [numel] in the backend's compute dtype; NULL when that is F32
     bool stale;   // wc lags behind data
-    bool frozen;  // dc_params_alloc_frozen: data is the only copy
+    dc_buf frozen;         // [frozen_numel] the frozen parameters, in one dtype (see above)
+    int64_t frozen_numel;
+    dc_adapter *adapter;   // asked by linear and conv layers for deltas; NULL: none (not owned)
     // Units: runs of parameters whose gradients are complete together (a
     // transformer block's, once its backward is done), in registration order.
     // unit u is [unit_end[u-1], unit_end[u]) (unit_end[-1] = 0); a model that
@@ -89,14 +101,24 @@ typedef struct {
 
 // Registers a tensor with ndim int dimensions; returns its index, or -1.
 int dc_params_add(dc_params *ps, const char *name, bool trainable, int ndim, ...);
+// Makes parameter i frozen (see above); before the set is allocated.
+int dc_params_freeze(dc_params *ps, int i);
+// Lays out and allocates the set: trainable and fixed parameters in the
+// flat buffers (zeroed; the gradient too if with_grad), frozen ones in the
+// frozen arena (zeroed). loaded: the dtype the frozen ones come in
+// (dc_weights_dtype); they are kept in it when it is F16 or BF16 and the
+// backend's ops read such weights (be->half_weights: the CPU), else in the
+// compute dtype (F32 on the CPU, BF16 on a GPU). Unit ends move with the
+// layout. Once only.
+int dc_params_alloc_loaded(dc_params *ps, dc_backend *be, bool with_grad, dc_dtype loaded);
+// The same with frozen parameters in the compute dtype.
 int dc_params_alloc(dc_params *ps, dc_backend *be, bool with_grad);
-// Inference: one copy of the weights, with no fp32 master, no gradient and no
-// compute copy; dc_param_w and dc_param_data return the same storage. Such a
-// set never trains. loaded: the dtype the weights come in (dc_weights_dtype).
-// They are stored in it when it is F16 or BF16 and the backend's ops read such
-// weights (be->half_weights: the CPU), else in the compute dtype (F32 on the
-// CPU, BF16 on a GPU).
+// Inference: every parameter frozen, so one copy of the weights, with no fp32
+// master, no gradient and no compute copy. Such a set never trains.
 int dc_params_alloc_frozen(dc_params *ps, dc_backend *be, dc_dtype loaded);
+// Device bytes the set's parameters take (master, gradient, compute copy and
+// frozen arena).
+size_t dc_params_bytes(const dc_params *ps);
 void dc_params_free(dc_params *ps);
 // p's values h (numel floats) from PyTorch's order to the storage order, and
 // back; nothing to do unless p->channels_last. -1 with a message if the
@@ -104,13 +126,35 @@ void dc_params_free(dc_params *ps);
 int dc_param_to_stored(const dc_param *p, float *h);
 int dc_param_from_stored(const dc_param *p, float *h);
 int dc_params_find(const dc_params *ps, const char *name);  // index or -1
+// n host values h (overwritten) to b in b's dtype (F32, or F16 or BF16
+// rounded once), uploaded; and n values of b (any of those) as floats in h.
+void dc_upload_f32_as(dc_backend *be, dc_buf b, float *h, int64_t n);
+int dc_download_as_f32(dc_backend *be, dc_buf b, float *h, int64_t n);
+// Where parameter i's values live: its fp32 master, or its frozen copy.
 static inline dc_buf dc_param_data(const dc_params *ps, int i) {
-    return dc_buf_at(ps->data, ps->items[i].offset);
+    return dc_buf_at(ps->items[i].frozen ? ps->frozen : ps->data, ps->items[i].offset);
 }
-// The weights as matrix products read them: the compute copy if there is one.
-static inline dc_buf dc_param_w(const dc_params *ps, int i) {
-    return dc_buf_at(ps->wc.p ? ps->wc : ps->data, ps->items[i].offset);
+// A weight as layers read it: its values in their dtype, PyTorch's shape (the
+// values in storage order: channels-last kernels as dc_param says), and the
+// scales of a quantised dtype (none yet: int8 weights will carry them, and an
+// op without a path for them refuses them).
+typedef struct {
+    dc_buf data;
+    int ndim;
+    int64_t shape[DC_MAX_DIMS];
+    bool channels_last;
+    dc_buf scales;  // NULL: none
+} dc_weight;
+// Parameter i as matrix products read it: the compute copy if there is one,
+// else the master or the frozen copy.
+static inline dc_weight dc_param_weight(const dc_params *ps, int i) {
+    const dc_param *p = &ps->items[i];
+    dc_weight w = {dc_buf_at(p->frozen ? ps->frozen : ps->wc.p ? ps->wc : ps->data, p->offset), p->ndim, {0},
+                   p->channels_last, {NULL, DC_F32}};
+    for (int d = 0; d < p->ndim; d++) w.shape[d] = p->shape[d];
+    return w;
 }
+static inline dc_buf dc_param_w(const dc_params *ps, int i) { return dc_param_weight(ps, i).data; }
 // Brings the compute copy up to date after the master copy was written.
 void dc_params_refresh(dc_params *ps);
 static inline void dc_params_touch(dc_params *ps) { ps->stale = true; }
@@ -119,6 +163,11 @@ static inline dc_buf dc_param_grad(const dc_params *ps, int i) {
     const dc_param_hooks *h = ps->hooks;
     if (h && o >= h->win_lo && o < h->win_hi) return dc_buf_at(h->win, o - h->win_lo);
     return dc_buf_at(ps->grad, o);
+}
+// The gradient a layer's backward adds parameter i's into: an empty buffer
+// for a frozen parameter (the ops skip it).
+static inline dc_buf dc_param_train_grad(const dc_params *ps, int i) {
+    return ps->items[i].frozen ? dc_buf_none() : dc_param_grad(ps, i);
 }
 // Whether the set takes gradients (allocated with them, or through an
 // optimizer's window).
@@ -133,7 +182,8 @@ int dc_params_unit_count(const dc_params *ps);
 // The optimizer's runs: the next run of adjacent trainable tensors in flat
 // [*pos, end), as [*lo, *hi) (clipped to it), with *pos moved past it; false
 // when none is left. Fixed tensors (pos_embed) end a run, so they keep their
-// values. Walk [a, b) with *pos = a and end = b.
+// values; frozen ones are not in the flat layout. Walk [a, b) with *pos = a
+// and end = b.
 bool dc_params_next_run(const dc_params *ps, int64_t *pos, int64_t end, int64_t *lo, int64_t *hi);
 void dc_params_unit_range(const dc_params *ps, int u, int64_t *lo, int64_t *hi);
 // What a model's backward calls around unit u's gradients (dc_param_hooks.unit).

@@ -17,6 +17,7 @@ int dc_params_load(const dc_params *ps, dc_buf dst, const dc_st_file *f, const c
     dc_backend *be = ps->be;
     for (int i = 0; i < ps->count; i++) {
         const dc_param *p = &ps->items[i];
+        if (p->frozen) continue;  // not in the flat layout: loaded by dc_params_load_weights
         char name[160];
         snprintf(name, sizeof name, "%s%s", prefix, p->name);
         const dc_st_tensor *t = dc_st_find(f, name);
@@ -55,6 +56,7 @@ int dc_params_entries(const dc_params *ps, dc_buf src, const char *prefix, float
     DC_TRY(dc_backend_status(ps->be));
     for (int i = 0; i < ps->count; i++) {
         const dc_param *p = &ps->items[i];
+        if (p->frozen) return dc_fail("%s is frozen: it has no place in the flat buffer written", p->name);
         snprintf(names[i], 128, "%s%s", prefix, p->name);
         dc_st_entry *e = &entries[i];
         memset(e, 0, sizeof *e);

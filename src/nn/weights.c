@@ -67,17 +67,6 @@ static void shape_str(char *s, size_t cap, int ndim, const int64_t *shape) {
         snprintf(s + strlen(s), cap - strlen(s), "%s%lld", d ? ", " : "", (long long)shape[d]);
 }
 
-// Host values of one parameter (f32) to its storage dtype, uploaded.
-static void upload_as(dc_backend *be, dc_buf dst, float *h, int64_t n) {
-    if (dst.dt == DC_F32) {
-        be->upload(be, dst.p, h, (size_t)n * sizeof *h);
-        return;
-    }
-    uint16_t *u = (uint16_t *)h;  // narrowing in place: element j is read before it is written
-    for (int64_t j = 0; j < n; j++) u[j] = dst.dt == DC_BF16 ? dc_f32_to_bf16(h[j]) : dc_f32_to_f16(h[j]);
-    be->upload(be, dst.p, u, (size_t)n * sizeof *u);
-}
-
 // Host scratch for one tensor's values, grown as needed and kept across the
 // tensors of a load (fresh pages for each tensor cost more than the copying).
 typedef struct {
@@ -99,7 +88,7 @@ static int load_one(dc_params *ps, int i, const dc_weights *w, const dc_weight_s
     const dc_st_tensor *t = dc_weights_find(w, src->name, &f);
     const char *file = w->nfiles ? w->files[0].path : "weights";
     if (!t) {
-        if (!p->trainable) return 0;  // fixed: computed at creation
+        if (!p->trainable && !p->frozen) return 0;  // fixed: computed at creation
         return dc_fail("%s: missing tensor '%s%s' (for %s)", file, w->prefix, src->name, p->name);
     }
     int64_t shape[DC_ST_MAX_DIMS];
@@ -120,11 +109,11 @@ static int load_one(dc_params *ps, int i, const dc_weights *w, const dc_weight_s
         return dc_fail("%s: tensor '%s%s' has shape [%s]%s, the model needs [%s] for %s", f->path, w->prefix,
                        src->name, got, src->rows ? " in the rows it takes" : "", want, p->name);
     }
-    // A frozen set kept as loaded (narrower than the backend computes in) holds
-    // the file's values as they are: a tensor of another dtype would be
+    // Frozen weights kept as loaded (narrower than the backend computes in)
+    // hold the file's values as they are: a tensor of another dtype would be
     // rounded (or overflow).
-    const dc_dtype dt = ps->data.dt;
-    if (ps->frozen && dt != ps->be->compute && t->dtype != dt)
+    const dc_dtype dt = dc_param_data(ps, i).dt;
+    if (p->frozen && dt != ps->be->compute && t->dtype != dt)
         return dc_fail("%s: tensor '%s%s' is %s, but the model was created to keep its weights as %s, as "
                        "loaded (a model whose files mix dtypes is created F32)", f->path, w->prefix, src->name,
                        dc_dtype_name(t->dtype), dc_dtype_name(dt));
@@ -142,7 +131,7 @@ static int load_one(dc_params *ps, int i, const dc_weights *w, const dc_weight_s
         }
     if (v != h) memmove(h, v, (size_t)p->numel * sizeof *h);
     if (dc_param_to_stored(p, h)) return -1;
-    upload_as(ps->be, dc_param_data(ps, i), h, p->numel);
+    dc_upload_f32_as(ps->be, dc_param_data(ps, i), h, p->numel);
     return 0;
 }
 

@@ -53,13 +53,13 @@ typedef struct {
 // Fills src for the parameter named `param`: 0, or -1 with a message.
 typedef int (*dc_weight_map)(void *ctx, const char *param, dc_weight_src *src);
 
-// Loads every parameter of ps (allocated) into its storage (ps->data, in its
-// dtype) from w, through map (NULL: the parameter's own name). Shapes must
+// Loads every parameter of ps (allocated) into its storage (dc_param_data, in
+// its dtype) from w, through map (NULL: the parameter's own name). Shapes must
 // match, except that dimensions of size 1 are ignored on both sides (a 1x1
 // convolution [Co, Ci, 1, 1] loads into a linear layer's [Co, Ci]); any float
-// dtype converts into F32 or the backend's compute dtype, but a set kept as
-// loaded (F16 or BF16 storage on a backend computing in F32) takes only
-// tensors of its own dtype, so that no value is rounded. A missing or
+// dtype converts into F32 or the backend's compute dtype, but frozen weights
+// kept as loaded (F16 or BF16 storage on a backend computing in F32) take only
+// tensors of their own dtype, so that no value is rounded. A missing or
 // mis-shaped tensor, a tensor of another dtype, or a NaN or infinity, is
 // refused naming the file and the tensor. A fixed (non-trainable) parameter
 // may be absent: the model computes it at creation. Marks the compute copy

@@ -1,0 +1,248 @@
+#include "nn/adapter.h"
+
+#include <assert.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+
+static const dc_lora_item *find(const dc_lora *l, int param) {
+    for (int i = 0; i < l->count; i++)
+        if (l->items[i].param == param) return &l->items[i];
+    return NULL;
+}
+
+static float scale_of(const dc_lora *l, const dc_lora_item *it) { return it->alpha / (float)it->rank * l->multiplier; }
+
+// ---- run time ---------------------------------------------------------------------------
+
+// The scratch's three regions for rows x (r, out) products: h [rows, r] in
+// x's dtype, t [rows, out] (up's product, or s dy) and dh [rows, r] in dy's;
+// each starts on a 256-byte boundary, as the backend's own buffers do.
+typedef struct {
+    dc_buf h, t, dh;
+} regions;
+
+static int64_t aligned(int64_t bytes) { return (bytes + 255) / 256 * 256; }
+static int64_t scratch_need(int64_t rows, int r, int64_t out) {
+    return 2 * aligned(rows * r * 4) + aligned(rows * out * 4);
+}
+
+static regions carve(dc_lora *l, int64_t rows, int r, int out, dc_dtype xdt, dc_dtype ydt) {
+    assert(scratch_need(rows, r, out) <= l->scratch_bytes && "dc_lora_reserve was not called for this many rows");
+    char *p = l->scratch.p;
+    const int64_t hb = aligned(rows * r * 4), tb = aligned(rows * out * 4);
+    regions g = {{p, xdt}, {p + hb, ydt}, {p + hb + tb, ydt}};
+    return g;
+}
+
+// The factors as the products read them: their compute copy, brought up to
+// date if their master was written since (a no-op otherwise).
+static const dc_params *factors(dc_lora *l) {
+    dc_params_refresh(&l->params);
+    return &l->params;
+}
+
+static bool lora_has(const dc_adapter *a, int param) {
+    const dc_lora *l = (const dc_lora *)a;
+    return !l->merged && find(l, param);
+}
+
+static void lora_linear_fwd(dc_adapter *a, dc_backend *be, int param, dc_buf y, dc_buf x, int M, int in, int out) {
+    dc_lora *l = (dc_lora *)a;
+    const dc_lora_item *it = find(l, param);
+    const dc_params *lp = factors(l);
+    regions g = carve(l, M, it->rank, out, x.dt, y.dt);
+    be->linear_fwd(be, g.h, x, dc_param_w(lp, it->down), dc_buf_none(), M, in, it->rank);  // h = x down^T
+    be->linear_fwd(be, g.t, g.h, dc_param_w(lp, it->up), dc_buf_none(), M, it->rank, out);  // t = h up^T
+    be->axpy(be, y, g.t, scale_of(l, it), (int64_t)M * out);
+}
+
+// ds = s dy, the gradient at up's output (t's region).
+static void scaled(dc_backend *be, dc_buf ds, dc_buf dy, float s, int64_t n) {
+    be->zero(be, ds.p, (size_t)n * dc_dtype_size(ds.dt));
+    be->axpy(be, ds, dy, s, n);
+}
+
+static void lora_linear_bwd(dc_adapter *a, dc_backend *be, int param, dc_buf dx, dc_buf dy, dc_buf x, int M, int in,
+                            int out) {
+    dc_lora *l = (dc_lora *)a;
+    const dc_lora_item *it = find(l, param);
+    const dc_params *lp = factors(l);
+    regions g = carve(l, M, it->rank, out, x.dt, dy.dt);
+    // h is recomputed rather than kept from forward: r columns, cheap.
+    be->linear_fwd(be, g.h, x, dc_param_w(lp, it->down), dc_buf_none(), M, in, it->rank);
+    scaled(be, g.t, dy, scale_of(l, it), (int64_t)M * out);
+    // dh = s dy up; dup += s dy^T h; then dx += dh down; ddown += dh^T x
+    be->linear_bwd(be, g.dh, dc_param_train_grad(lp, it->up), dc_buf_none(), g.t, g.h, dc_param_w(lp, it->up), M,
+                   it->rank, out, false);
+    be->linear_bwd(be, dx, dc_param_train_grad(lp, it->down), dc_buf_none(), g.dh, x, dc_param_w(lp, it->down), M,
+                   in, it->rank, true);
+}
+
+// The down and up convolutions of item it for the layer's shape s.
+static void conv_shapes(const dc_lora_item *it, const dc_conv2d_shape *s, dc_conv2d_shape *down,
+                        dc_conv2d_shape *up) {
+    *down = *s;
+    down->Co = it->rank;
+    *up = (dc_conv2d_shape){s->B, it->rank, dc_conv2d_ho(s), dc_conv2d_wo(s), s->Co, 1, 1, 0, 0, 0, 0, s->nhwc};
+}
+
+static void lora_conv_fwd(dc_adapter *a, dc_backend *be, int param, dc_buf y, dc_buf x, const dc_conv2d_shape *s) {
+    dc_lora *l = (dc_lora *)a;
+    const dc_lora_item *it = find(l, param);
+    dc_conv2d_shape sd, su;
+    conv_shapes(it, s, &sd, &su);
+    const int64_t rows = (int64_t)s->B * su.H * su.W;
+    const dc_params *lp = factors(l);
+    regions g = carve(l, rows, it->rank, s->Co, x.dt, y.dt);
+    be->conv2d_fwd(be, g.h, x, dc_param_w(lp, it->down), dc_buf_none(), &sd);
+    be->conv2d_fwd(be, g.t, g.h, dc_param_w(lp, it->up), dc_buf_none(), &su);
+    be->axpy(be, y, g.t, scale_of(l, it), rows * s->Co);
+}
+
+static void lora_conv_bwd(dc_adapter *a, dc_backend *be, int param, dc_buf dx, dc_buf dy, dc_buf x,
+                          const dc_conv2d_shape *s) {
+    dc_lora *l = (dc_lora *)a;
+    const dc_lora_item *it = find(l, param);
+    const dc_params *lp = factors(l);
+    dc_conv2d_shape sd, su;
+    conv_shapes(it, s, &sd, &su);
+    const int64_t rows = (int64_t)s->B * su.H * su.W;
+    regions g = carve(l, rows, it->rank, s->Co, x.dt, dy.dt);
+    be->conv2d_fwd(be, g.h, x, dc_param_w(lp, it->down), dc_buf_none(), &sd);
+    scaled(be, g.t, dy, scale_of(l, it), rows * s->Co);
+    be->conv2d_bwd(be, g.dh, dc_param_train_grad(lp, it->up), dc_buf_none(), g.t, g.h, dc_param_w(lp, it->up), &su,
+                   false);
+    be->conv2d_bwd(be, dx, dc_param_train_grad(lp, it->down), dc_buf_none(), g.dh, x, dc_param_w(lp, it->down), &sd,
+                   true);
+}
+
+static const dc_adapter_ops lora_ops = {lora_has, lora_linear_fwd, lora_linear_bwd, lora_conv_fwd, lora_conv_bwd};
+
+// ---- building --------------------------------------------------------------------------
+
+void dc_lora_init(dc_lora *l, dc_params *target) {
+    memset(l, 0, sizeof *l);
+    l->base.ops = &lora_ops;
+    l->target = target;
+    l->multiplier = 1.0f;
+}
+
+int dc_lora_add(dc_lora *l, int param, const char *name, int rank, float alpha) {
+    if (param < 0 || param >= l->target->count) return dc_fail("LoRA %s: no parameter %d to adapt", name, param);
+    const dc_param *w = &l->target->items[param];
+    if (w->ndim != 2 && w->ndim != 4)
+        return dc_fail("LoRA %s: %s is neither a matrix nor a convolution kernel", name, w->name);
+    if (rank < 1) return dc_fail("LoRA %s: rank %d", name, rank);
+    if (find(l, param)) return dc_fail("LoRA %s: %s has a delta already", name, w->name);
+    if (l->count == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 16;
+        dc_lora_item *items = realloc(l->items, (size_t)cap * sizeof *items);
+        if (!items) return dc_fail("out of memory adding LoRA %s", name);
+        l->items = items, l->cap = cap;
+    }
+    dc_lora_item it = {param, -1, -1, rank, alpha, w->ndim == 4};
+    char down[DC_PARAM_NAME_MAX], up[DC_PARAM_NAME_MAX];
+    if (snprintf(down, sizeof down, "%s.lora_down.weight", name) >= (int)sizeof down ||
+        snprintf(up, sizeof up, "%s.lora_up.weight", name) >= (int)sizeof up)
+        return dc_fail("LoRA name '%s' is too long", name);
+    const int out = (int)w->shape[0], in = (int)w->shape[1];
+    if (it.conv) {
+        const int kh = (int)w->shape[2], kw = (int)w->shape[3];
+        if ((it.down = dc_params_add(&l->params, down, true, 4, rank, in, kh, kw)) < 0) return -1;
+        if ((it.up = dc_params_add(&l->params, up, true, 4, out, rank, 1, 1)) < 0) return -1;
+        l->params.items[it.down].channels_last = w->channels_last;
+    } else {
+        if ((it.down = dc_params_add(&l->params, down, true, 2, rank, in)) < 0) return -1;
+        if ((it.up = dc_params_add(&l->params, up, true, 2, out, rank)) < 0) return -1;
+    }
+    l->items[l->count++] = it;
+    return 0;
+}
+
+int dc_lora_alloc(dc_lora *l, dc_backend *be, bool with_grad) {
+    return dc_params_alloc(&l->params, be, with_grad);
+}
+
+int dc_lora_reserve(dc_lora *l, int64_t rows) {
+    int64_t widest = 0;
+    for (int i = 0; i < l->count; i++) {
+        const dc_lora_item *it = &l->items[i];
+        int64_t need = scratch_need(rows, it->rank, l->target->items[it->param].shape[0]);
+        if (need > widest) widest = need;
+    }
+    if (widest <= l->scratch_bytes) return 0;
+    dc_backend *be = l->params.be;
+    if (!be) return dc_fail("LoRA: reserved before it was allocated");
+    if (l->scratch.p) be->free(be, l->scratch.p);
+    l->scratch = (dc_buf){be->alloc(be, (size_t)widest), DC_F32};
+    l->scratch_bytes = l->scratch.p ? widest : 0;
+    return l->scratch.p ? 0 : -1;
+}
+
+int dc_lora_reserve_conv(dc_lora *l, int param, const dc_conv2d_shape *s, bool backward) {
+    const dc_lora_item *it = find(l, param);
+    if (!it || !it->conv) return dc_fail("LoRA: parameter %d has no convolution delta", param);
+    dc_backend *be = l->params.be;
+    dc_conv2d_shape sd, su;
+    conv_shapes(it, s, &sd, &su);
+    DC_TRY(be->reserve_conv(be, &sd, backward));
+    DC_TRY(be->reserve_conv(be, &su, backward));
+    return dc_lora_reserve(l, (int64_t)s->B * su.H * su.W);
+}
+
+void dc_lora_attach(dc_lora *l) { l->target->adapter = &l->base; }
+
+void dc_lora_detach(dc_lora *l) {
+    if (l->target->adapter == &l->base) l->target->adapter = NULL;
+}
+
+// ---- merging ---------------------------------------------------------------------------
+
+// W[out, K] += sign s up[out, r] @ down[r, K], K = in (or ci k k in the
+// kernel's storage order, which down shares), on the host in fp32.
+static int merge_one(dc_lora *l, const dc_lora_item *it, float sign) {
+    dc_params *t = l->target;
+    dc_backend *be = t->be;
+    const dc_param *p = &t->items[it->param];
+    const int64_t out = p->shape[0], K = p->numel / out, r = it->rank;
+    float *w = malloc((size_t)(p->numel + r * K + out * r) * sizeof *w);
+    if (!w) return dc_fail("out of memory merging the LoRA of %s", p->name);
+    float *down = w + p->numel, *up = down + r * K;
+    dc_buf wb = dc_param_data(t, it->param);
+    int rc = dc_download_as_f32(be, wb, w, p->numel) ||
+             dc_download_as_f32(be, dc_param_data(&l->params, it->down), down, r * K) ||
+             dc_download_as_f32(be, dc_param_data(&l->params, it->up), up, out * r);
+    const float s = sign * scale_of(l, it);
+    for (int64_t o = 0; !rc && o < out; o++)
+        for (int64_t k = 0; k < K; k++) {
+            float d = 0.0f;
+            for (int64_t j = 0; j < r; j++) d += up[o * r + j] * down[j * K + k];
+            w[o * K + k] += s * d;
+        }
+    if (!rc) dc_upload_f32_as(be, wb, w, p->numel);
+    free(w);
+    return rc ? -1 : dc_backend_status(be);
+}
+
+static int merge_all(dc_lora *l, bool merged, float sign) {
+    if (l->merged == merged) return dc_fail("LoRA: already %s", merged ? "merged" : "unmerged");
+    for (int i = 0; i < l->count; i++) DC_TRY(merge_one(l, &l->items[i], sign));
+    dc_params_touch(l->target);
+    dc_params_refresh(l->target);
+    l->merged = merged;
+    return dc_backend_status(l->target->be);
+}
+
+int dc_lora_merge(dc_lora *l) { return merge_all(l, true, 1.0f); }
+int dc_lora_unmerge(dc_lora *l) { return merge_all(l, false, -1.0f); }
+
+void dc_lora_free(dc_lora *l) {
+    dc_lora_detach(l);
+    if (l->scratch.p) l->params.be->free(l->params.be, l->scratch.p);
+    dc_params_free(&l->params);
+    free(l->items);
+    memset(l, 0, sizeof *l);
+}
