@@ -21,6 +21,7 @@
 #include "core/error.h"
 #include "dist/comm.h"
 #include "models/dit.h"
+#include "models/registry.h"
 #include "tiny_data.h"
 #include "train/plan.h"
 #include "train/trainer.h"
@@ -53,6 +54,7 @@ static void test_sizes(void) {
 static const dc_dit_config k_tiny = {.input_size = 8, .patch = 4, .in_channels = 1, .hidden = 16, .depth = 3,
                                      .heads = 2, .mlp_hidden = 32, .num_classes = 2, .learn_sigma = true};
 enum { BATCH = 6 };
+static dc_model *g_tiny;  // k_tiny as a layout: sized, nothing allocated (what the planner is given)
 
 // Trains two steps of plan p on the counted backend; the peak it held.
 static int64_t measured_peak(counter *k, const dc_dataset *ds, const dc_train_plan *p) {
@@ -63,7 +65,7 @@ static int64_t measured_peak(counter *k, const dc_dataset *ds, const dc_train_pl
     dc_train_config tc = dc_train_config_default();
     tc.batch = BATCH, tc.micro_batch = p->micro_batch, tc.steps = 2, tc.offload = p->offload;
     int64_t peak = -1;
-    if (!dc_dit_new(&k_tiny, be, true, &m) && !dc_dit_set_recompute(dc_dit_of(m), p->keep) &&
+    if (!dc_dit_new(&k_tiny, be, true, &m) && !dc_model_set_recompute(m, p->keep) &&
         !dc_model_init_weights(m, 1) && !dc_trainer_init(&tr, m, ds, &tc) && !dc_trainer_step(&tr, NULL) &&
         !dc_trainer_step(&tr, NULL))
         peak = k->peak;
@@ -80,7 +82,7 @@ static void test_exact_on_cpu(void) {
     if (counter_init(&k)) return;
     dc_dataset ds;
     tiny_data(&ds, 12);
-    dc_plan_request r = {.cfg = k_tiny, .compute = k.be.compute, .fixed = 0, .batch = BATCH, .ranks = 1,
+    dc_plan_request r = {.model = g_tiny, .compute = k.be.compute, .fixed = 0, .batch = BATCH, .ranks = 1,
                          .zero = 0, .micro_batch = 0, .keep = -1, .offload = -1, .folds = true};
     const dc_train_plan plans[] = {{6, 3, false}, {6, 0, false}, {3, 1, false}, {2, 3, true},
                                    {6, 0, true},  {1, 2, true},  {4, 0, false}};
@@ -96,7 +98,7 @@ static void test_exact_on_cpu(void) {
         counter_reset(&k, 0);
         if (dc_dit_new(&k_tiny, &k.be, true, &m) == 0) {
             int64_t before = k.now;
-            CHECK(dc_dit_set_recompute(dc_dit_of(m), p->keep) == 0 && dc_dit_reserve(dc_dit_of(m), p->micro_batch) == 0,
+            CHECK(dc_model_set_recompute(m, p->keep) == 0 && dc_model_reserve(m, p->micro_batch) == 0,
                   "reserve: %s", dc_error());
             CHECK(k.now - before == pm.activations, "keep %d micro %d: arena %lld bytes, predicted %lld", p->keep,
                   p->micro_batch, (long long)(k.now - before), (long long)pm.activations);
@@ -124,7 +126,7 @@ static int rank_train(dc_comm *c, void *arg) {
     dc_trainer tr = {0};
     dc_train_config tc = dc_train_config_default();
     tc.batch = j->r.batch, tc.micro_batch = j->p.micro_batch, tc.steps = 2, tc.grad_comm = j->r.grad_comm;
-    int rc = dc_dit_new(&k_tiny, &k->be, true, &m) || dc_dit_set_recompute(dc_dit_of(m), j->p.keep) ||
+    int rc = dc_dit_new(&k_tiny, &k->be, true, &m) || dc_model_set_recompute(m, j->p.keep) ||
              dc_model_init_weights(m, 1) || dc_trainer_init(&tr, m, j->ds, &tc) ||
              dc_trainer_set_comm(&tr, c, j->r.zero) || dc_trainer_step(&tr, NULL) || dc_trainer_step(&tr, NULL);
     j->peak[c->rank] = rc ? -1 : k->peak;
@@ -144,7 +146,7 @@ static void test_ranks_on_cpu(void) {
     for (int zero = 0; zero <= 2; zero++)
         for (int bf16 = 0; bf16 <= 1; bf16++)
             for (size_t i = 0; i < sizeof plans / sizeof *plans; i++) {
-                ranks_job j = {.r = {.cfg = k_tiny, .compute = DC_F32, .fixed = 0, .batch = BATCH, .ranks = 2,
+                ranks_job j = {.r = {.model = g_tiny, .compute = DC_F32, .fixed = 0, .batch = BATCH, .ranks = 2,
                                      .zero = zero, .micro_batch = 0, .keep = -1, .offload = 0,
                                      .grad_comm = bf16 ? DC_BF16 : DC_F32, .folds = true},
                                .p = plans[i], .ds = &ds, .peak = {-1, -1}};
@@ -165,17 +167,26 @@ static void test_ranks_on_cpu(void) {
     dc_dataset_free(&ds);
 }
 
-// DiT-XL/2 at batch 64 in bf16 on one GPU.
-static dc_plan_request xl_request(void) {
-    dc_plan_request r = {.compute = DC_BF16, .fixed = k_cuda_fixed, .batch = 64, .ranks = 1, .zero = 0,
-                         .micro_batch = 0, .keep = -1, .offload = -1};
-    dc_dit_config_from_name("DiT-XL/2", &r.cfg);
-    return r;
+// DiT-XL/2 at batch 64 in bf16 on one GPU (xl: its layout, from the registry's preset).
+static dc_plan_request xl_request(const dc_model *xl) {
+    return (dc_plan_request){.model = xl, .compute = DC_BF16, .fixed = k_cuda_fixed, .batch = 64, .ranks = 1,
+                             .zero = 0, .micro_batch = 0, .keep = -1, .offload = -1};
 }
 
 static void test_xl(void) {
-    dc_plan_request r = xl_request();
-    const int D = r.cfg.depth;
+    dc_kv cfg = {0};
+    dc_model *xl = NULL;
+    if (dc_model_preset("DiT-XL/2", &cfg) || dc_model_create(&cfg, NULL, false, &xl)) {
+        CHECK(0, "DiT-XL/2's layout: %s", dc_error());
+        dc_kv_free(&cfg);
+        return;
+    }
+    dc_kv_free(&cfg);
+    CHECK(xl->params->numel == 675129632 && xl->info.blocks == 28 && !xl->params->data.p,
+          "DiT-XL/2's layout: %lld parameters, %d blocks, data %p", (long long)xl->params->numel, xl->info.blocks,
+          xl->params->data.p);
+    dc_plan_request r = xl_request(xl);
+    const int D = xl->info.blocks;
     // the settings measured on an H200 and an H100 (peak device memory as the backend counts it;
     // offload's 7.52 GiB with the EMA on the device and no unit updated there, 2026-11-23)
     struct { dc_train_plan p; double measured; } h200[] = {{{64, D, false}, 34.29}, {{64, 0, true}, 7.52}};
@@ -227,17 +238,20 @@ static void test_xl(void) {
     r.offload = 0, r.micro_batch = 16;
     CHECK(dc_plan_choose(&r, 16LL << 30, &best, &bm, NULL) == 0 && !best.offload && best.micro_batch == 16,
           "fixed: micro %d offload %d (%s)", best.micro_batch, best.offload, dc_error());
-    r = xl_request();
+    r = xl_request(xl);
     r.ranks = 2;  // several ranks: never offload
     CHECK(dc_plan_choose(&r, 80LL << 30, &best, &bm, NULL) == 0 && !best.offload && best.micro_batch == 32,
           "2 ranks: micro %d offload %d", best.micro_batch, best.offload);
+    dc_model_free(xl);
 }
 
 int main(void) {
+    if (dc_dit_new(&k_tiny, NULL, false, &g_tiny)) return printf("layout: %s\n", dc_error()), 1;
     test_sizes();
     test_exact_on_cpu();
     test_ranks_on_cpu();
     test_xl();
+    dc_model_free(g_tiny);
     printf("%d passed, %d failed\n", g_pass, g_fail);
     return g_fail ? 1 : 0;
 }

@@ -19,19 +19,20 @@ int cli_plan_check_ranks(bool offload, int zero, int ranks) {
     return 0;
 }
 
-int cli_plan_choose(const dc_dit_config *mc, dc_backend *be, int64_t budget, int batch, int ranks, int zero,
+int cli_plan_choose(const dc_model *m, dc_backend *be, int64_t budget, int batch, int ranks, int zero,
                     dc_dtype grad_comm, int *micro_batch, int *recompute, bool *offload, char *line, size_t n) {
     size_t held = 0;
     if (be->memory) be->memory(be, &held, NULL);  // the backend's own workspaces: no model exists yet
-    dc_plan_request rq = {.cfg = *mc, .compute = be->compute, .fixed = (int64_t)held, .batch = batch,
+    const int blocks = m->info.blocks;
+    dc_plan_request rq = {.model = m, .compute = be->compute, .fixed = (int64_t)held, .batch = batch,
                           .ranks = ranks, .zero = zero, .grad_comm = grad_comm, .micro_batch = *micro_batch,
-                          .keep = *recompute >= 0 ? (*recompute < mc->depth ? *recompute : mc->depth) : -1,
+                          .keep = *recompute >= 0 ? (*recompute < blocks ? *recompute : blocks) : -1,
                           .offload = *offload ? 1 : -1, .folds = dc_trainer_folds(be)};
     dc_train_plan plan;
     dc_plan_mem pm;
     DC_TRY(dc_plan_choose(&rq, budget, &plan, &pm, NULL));
     dc_plan_describe(&rq, &plan, &pm, budget, line, n);
     *micro_batch = plan.micro_batch, *offload = plan.offload;
-    *recompute = plan.keep < mc->depth ? plan.keep : -1;
+    *recompute = plan.keep < blocks ? plan.keep : -1;
     return 0;
 }

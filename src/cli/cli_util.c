@@ -13,14 +13,7 @@
 
 #include "cli/run_folder.h"
 #include "core/error.h"
-#include "models/dit_io.h"
 #include "models/model_io.h"
-
-dc_dit_config cli_demo_model(void) {
-    return (dc_dit_config){.input_size = 28, .patch = 4, .in_channels = 1, .hidden = 64,
-                           .depth = 6, .heads = 4, .mlp_hidden = 256, .num_classes = 10,
-                           .learn_sigma = true};
-}
 
 dc_train_config cli_demo_train(void) {
     dc_train_config c = dc_train_config_default();

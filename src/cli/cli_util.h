@@ -6,13 +6,12 @@
 
 #include "backend/backend.h"
 #include "io/safetensors.h"
-#include "models/dit.h"
 #include "models/model.h"
 #include "train/trainer.h"
 
-// The built-in default: a small DiT for 28x28 Fashion-MNIST and its recipe,
-// sized to train in about ten minutes on two CPU cores.
-dc_dit_config cli_demo_model(void);
+// The recipe of the built-in default model (the registry's demo model, a
+// small one for 28x28 Fashion-MNIST), sized to train in about ten minutes on
+// two CPU cores.
 dc_train_config cli_demo_train(void);
 
 // Sets OpenMP and OpenBLAS threads (0: all cores).

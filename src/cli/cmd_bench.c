@@ -16,6 +16,7 @@
 #include "core/log.h"
 #include "core/rng.h"
 #include "diffusion/sampler.h"
+#include "models/registry.h"
 #include "train/trainer.h"
 #include "train/zero.h"
 
@@ -97,7 +98,7 @@ static int print_zero_state(const dc_params *ps, int size, int stage, dc_dtype c
 // per rank (as PyTorch DDP counts its batch), so one step is batch x ranks
 // images; the gradients are reduced by the trainer's communicator exactly as
 // in `diffusion train --zero`. Rank 0 prints.
-static int bench_train(train_ranks *job, const dc_dit_config *mc, dc_backend *be, int batch, int micro, int iters,
+static int bench_train(train_ranks *job, const dc_kv *mc, dc_backend *be, int batch, int micro, int iters,
                        int warm, int recompute, int zero, bool offload, dc_dtype wire) {
     const int size = job->launch.size;
     const bool lead = train_ranks_lead(job);
@@ -109,7 +110,8 @@ static int bench_train(train_ranks *job, const dc_dit_config *mc, dc_backend *be
     tc.steps = iters + warm;
     tc.offload = offload, tc.grad_comm = wire;
     int rc = -1;
-    if (cli_offload_settings(&tc.offload_settings) || dc_dit_new(mc, be, true, &m) || (recompute >= 0 && dc_dit_set_recompute(dc_dit_of(m), recompute)) ||
+    if (cli_offload_settings(&tc.offload_settings) || dc_model_create(mc, be, true, &m) ||
+        (recompute >= 0 && dc_model_set_recompute(m, recompute)) ||
         synthetic_data(&ds, &m->info, tc.batch * 4) ||
         dc_model_init_weights(m, 0) || dc_trainer_init(&tr, m, &ds, &tc) || train_ranks_comm(job, be) ||
         ((job->comm || zero) && dc_trainer_set_comm(&tr, job->comm, zero)))
@@ -182,17 +184,17 @@ done:
     return rc;
 }
 
-static int bench_sample(const dc_dit_config *mc, dc_backend *be, int batch, int steps, float cfg) {
+static int bench_sample(const dc_kv *mc, const dc_model *layout, dc_backend *be, int batch, int steps, float cfg) {
     dc_model *m = NULL;
     dc_sampler s = {0};
     int32_t *y = malloc(batch * sizeof *y);
     uint32_t *idx = malloc(batch * sizeof *idx);
-    int64_t img = (int64_t)mc->in_channels * mc->input_size * mc->input_size;
+    int64_t img = dc_model_info_numel(&layout->info);
     dc_buf x = {be->alloc(be, batch * img * sizeof(float)), DC_F32};
     dc_buf yd = {be->alloc(be, batch * sizeof(int32_t)), DC_I32};
     int rc = -1, rows = cfg > 1 ? 2 * batch : batch;
     if (!y || !idx || !x.p || !yd.p) { dc_fail("out of memory"); goto done; }
-    if (dc_dit_new(mc, be, false, &m) || dc_model_init_weights(m, 0) || dc_model_reserve(m, rows)) goto done;
+    if (dc_model_create(mc, be, false, &m) || dc_model_init_weights(m, 0) || dc_model_reserve(m, rows)) goto done;
     const dc_model_info *mi = &m->info;
     dc_dit_sampler_opts o = dc_dit_sampler_opts_default();
     o.steps = steps, o.cfg_scale = cfg, o.learn_sigma = mi->learn_sigma, o.null_class = mi->num_classes;
@@ -239,8 +241,10 @@ int cmd_bench(int argc, char **argv) {
     int recompute = -1, ranks = 0, gpus = 0, zero = 0;
     float cfg = 4.0f, comm_timeout = 300;
     bool offload = false;
+    char h_model[160];
+    snprintf(h_model, sizeof h_model, "official config %s (default: the demo model)", dc_model_presets_help());
     arg_spec specs[] = {
-        {"model", ARG_STR, &model, "NAME", "official config DiT-{S,B,L,XL}/{2,4,8} (default: the demo DiT)"},
+        {"model", ARG_STR, &model, "NAME", h_model},
         {"batch", ARG_INT, &batch, "N", "training batch (per rank with several ranks)"},
         {"recompute", ARG_INT, &recompute, "K", "training with activation checkpointing: K blocks keep their "
                                                "activations (default off)"},
@@ -294,8 +298,10 @@ int cmd_bench(int argc, char **argv) {
     if (cli_plan_budget(max_mem, &budget)) return cli_usage_fail();
     dc_dtype wire;
     if (train_ranks_grad_comm(grad_comm, &wire)) return cli_usage_fail();
-    dc_dit_config mc = cli_demo_model();
-    if (model && dc_dit_config_from_name(model, &mc)) return cli_usage_fail();
+    dc_kv mc = {0};  // the model's config
+    rc = dc_model_preset(model, &mc);  // a name it does not know is a usage error; made again below
+    dc_kv_free(&mc);
+    if (rc) return cli_usage_fail();
 
     // ---- several ranks: this process starts them, or is one of them
     train_ranks job;
@@ -313,12 +319,16 @@ int cmd_bench(int argc, char **argv) {
         return cli_fail();
     }
     dc_backend *be = NULL;
+    dc_model *layout = NULL;  // the model sized, nothing allocated
     rc = -1;
+    if (dc_model_preset(model, &mc) || dc_model_create(&mc, NULL, false, &layout)) goto done;
     if (cli_set_threads(threads) || cli_backend(device, precision, &be)) goto done;
     if (lead) {
-        printf("model   %s: depth %d, hidden %d, heads %d, patch %d, %dx%dx%d, %.2f GFLOP/image forward; backend %s\n",
-               model ? model : "demo DiT", mc.depth, mc.hidden, mc.heads, mc.patch, mc.input_size,
-               mc.input_size, mc.in_channels, 2 * dc_dit_macs_per_image(&mc) / 1e9, be->name);
+        char what[512];
+        dc_model_describe(layout, what, sizeof what);
+        what[strcspn(what, "\n")] = 0;  // its first line: the architecture and its sizes
+        printf("model   %s: %s, %.2f GFLOP/image forward; backend %s\n", model ? model : "demo", what,
+               2 * dc_model_macs_per_image(layout) / 1e9, be->name);
         if (size > 1)
             printf("ranks   %d, %s, ZeRO stage %d, batch %d per rank (%d per step), gradients summed in %s\n", size,
                    strcmp(be->name, "cpu") ? "NCCL" : "sockets", zero, batch, batch * size,
@@ -335,21 +345,23 @@ int cmd_bench(int argc, char **argv) {
     if (max_mem) {  // the fastest plan that fits; --recompute and --offload given fix their part of it
         char line[256];
         micro = 0;  // bench has no --micro-batch: the plan picks it
-        if (cli_plan_choose(&mc, be, budget, batch * size, size, zero, wire, &micro, &recompute, &offload, line,
+        if (cli_plan_choose(layout, be, budget, batch * size, size, zero, wire, &micro, &recompute, &offload, line,
                             sizeof line))
             goto done;
         if (lead) printf("%s\n", line), fflush(stdout);
     }
     rc = bench_train(&job, &mc, be, batch, micro, iters, warm, recompute, zero, offload, wire);
     // Sampling involves no communication: with several ranks it is not timed.
-    if (!rc && size == 1 && sample_batch > 0) rc = bench_sample(&mc, be, sample_batch, sample_steps, cfg);
-    if (!rc && size == 1 && sample_batch > 1 && latency) rc = bench_sample(&mc, be, 1, sample_steps, cfg);
+    if (!rc && size == 1 && sample_batch > 0) rc = bench_sample(&mc, layout, be, sample_batch, sample_steps, cfg);
+    if (!rc && size == 1 && sample_batch > 1 && latency) rc = bench_sample(&mc, layout, be, 1, sample_steps, cfg);
 done:
     if (rc) {
         train_ranks_abort(&job);  // the others stop too, with this message
         cli_fail();
     }
     train_ranks_end(&job);  // before the backend: NCCL's communicator uses its stream
+    dc_model_free(layout);
+    dc_kv_free(&mc);
     if (be) dc_backend_destroy(be);
     return rc ? CLI_EXIT_FAILURE : 0;
 }

@@ -1,5 +1,5 @@
-// diffusion export: weights under the plain official DiT keys, which the
-// official PyTorch model loads with load_state_dict(safetensors load_file(..)).
+// diffusion export: weights under the plain official keys (the PyTorch
+// state dict's), which the official PyTorch model loads with load_state_dict(safetensors load_file(..)).
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -8,7 +8,7 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "core/log.h"
-#include "models/dit_io.h"
+#include "models/model.h"
 #include "nn/params_io.h"
 
 int cmd_export(int argc, char **argv) {
@@ -24,7 +24,7 @@ int cmd_export(int argc, char **argv) {
     };
     arg_parser ap = {"diffusion export --ckpt PATH --out FILE [--raw] [--no-verify]",
                      "Writes the EMA weights (or --raw ones) of a checkpoint as a plain state dict\n"
-                     "with the official DiT key names (pos_embed included), float32, with the\n"
+                     "with the official key names (fixed tensors included), float32, with the\n"
                      "model config in __metadata__.",
                      specs, (int)(sizeof specs / sizeof specs[0]), 0, {0}, 0, {0}};
     int rc = args_parse(&ap, argc, argv);

@@ -1,4 +1,4 @@
-// diffusion train: train a DiT from scratch or resume a run.
+// diffusion train: train a model from scratch or resume a run.
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -17,8 +17,8 @@
 #include "core/fsutil.h"
 #include "core/log.h"
 #include "io/json.h"
-#include "models/dit_io.h"
 #include "models/model_io.h"
+#include "models/registry.h"
 #include "train/trainer.h"
 
 // Ctrl-C, SIGTERM, SIGHUP (the terminal closed) and SIGPIPE (the log's reader
@@ -91,34 +91,28 @@ static int save(train_ranks *job, const dc_trainer *tr, const char *dir, int kee
     return 0;
 }
 
-// The model of a new run: the demo DiT or --model's config, then the shape
-// flags given, with what the data set gives (image size, channels, classes)
-// left 0; checked as far as the flags fix it.
-static int model_from_flags(dc_dit_config *mc, const arg_parser *ap, const char *model, int heads) {
-    dc_dit_config flags = *mc;
-    if (model && dc_dit_config_from_name(model, mc)) return -1;
-    if (args_given(ap, "patch")) mc->patch = flags.patch;
-    if (args_given(ap, "depth")) mc->depth = flags.depth;
-    if (args_given(ap, "hidden")) {
-        mc->hidden = flags.hidden, mc->mlp_hidden = 4 * flags.hidden;
-        mc->heads = dc_dit_heads_for_width(mc->hidden);
-    }
-    if (args_given(ap, "mlp-hidden")) mc->mlp_hidden = flags.mlp_hidden;
-    if (heads) mc->heads = heads;
-    mc->input_size = args_given(ap, "input-size") ? flags.input_size : 0;
-    mc->in_channels = args_given(ap, "in-channels") ? flags.in_channels : 0;
-    mc->num_classes = args_given(ap, "num-classes") ? flags.num_classes : 0;
-    // What the flags fix is checked now, before the data set (which may be
-    // large, and is padded to --input-size) is read; stand-ins that pass
-    // fill what the data will give.
-    dc_dit_config now = *mc;
-    if (!now.input_size) now.input_size = now.patch;
-    if (!now.in_channels) now.in_channels = 1;
-    if (!now.num_classes) now.num_classes = 1;
-    if (!now.heads) now.heads = 1;
-    if (dc_dit_config_validate(&now)) return -1;
-    if (!mc->heads) return dc_fail("--hidden %d is not in the official table; pass --heads", mc->hidden);
-    return 0;
+// The shape flags: entries of the model's config (models/registry.h) that
+// override the --model's (or the demo model's). Those the data set gives
+// (image side, channels, classes) otherwise come from the data.
+static const struct { const char *flag, *key; } k_shape[] = {
+    {"input-size", "input_size"}, {"in-channels", "in_channels"}, {"patch", "patch_size"},
+    {"hidden", "hidden_size"},    {"depth", "depth"},             {"heads", "num_heads"},
+    {"mlp-hidden", "mlp_hidden"}, {"num-classes", "num_classes"},
+};
+enum { N_SHAPE = sizeof k_shape / sizeof k_shape[0] };
+
+// The config of a new run: the demo model or --model's preset with the shape
+// flags given; with data NULL (the data set not read yet) checked as far as
+// the flags fix it, else completed with what the data gives.
+static int model_config(const char *model, const arg_parser *ap, const int *shape, const dc_data_shape *data,
+                        dc_kv *cfg) {
+    dc_kv base = {0}, ov = {0};
+    int rc = dc_model_preset(model, &base);
+    for (int i = 0; i < N_SHAPE && !rc; i++)
+        if (args_given(ap, k_shape[i].flag)) rc = dc_kv_set(&ov, k_shape[i].key, "%d", shape[i]);
+    if (!rc) rc = dc_model_configure(&base, &ov, data, cfg);
+    dc_kv_free(&base), dc_kv_free(&ov);
+    return rc;
 }
 
 // The run's steps, with progress lines, checkpoints and signals: 0 when it
@@ -180,36 +174,39 @@ static int run_steps(train_ranks *job, dc_trainer *tr, const dc_train_config *tc
 
 int cmd_train(int argc, char **argv) {
     install_signal_handlers();
-    dc_dit_config mc = cli_demo_model();
-    // An official model trains with the official recipe; the demo DiT with its own.
+    // An official model trains with the official recipe; the demo model with its own.
     bool official = false;
     for (int i = 1; i < argc; i++) official |= !strcmp(argv[i], "--model") || !strncmp(argv[i], "--model=", 8);
     dc_train_config tc = official ? dc_train_config_default() : cli_demo_train();
     const char *model = NULL, *data_path = DC_FMNIST_DIR, *out = "runs/train", *resume = NULL;
     const char *device = "auto", *precision = "auto", *max_mem = NULL, *grad_comm = "fp32", *ema_warmup = NULL;
     int64_t budget = 0;
-    int ckpt_every = 500, keep = 3, log_every = 50, threads = 0, heads = 0, recompute = -1;
+    int ckpt_every = 500, keep = 3, log_every = 50, threads = 0, recompute = -1;
+    int shape[N_SHAPE] = {0};  // the shape flags' values, as k_shape lists them
     int ranks = 0, gpus = 0, zero = 0;
     float comm_timeout = 300;
     bool flip = false, force = false, allow_data_change = false, no_verify = false, offload = false;
-    // Shape flags default to the --model's values or the demo DiT's: say both.
-    const dc_dit_config demo = cli_demo_model();
-    char h_patch[96], h_hidden[96], h_depth[96], h_heads[128];
-    snprintf(h_patch, sizeof h_patch, "patch size (default: the --model's, else %d)", demo.patch);
-    snprintf(h_hidden, sizeof h_hidden, "width (default: the --model's, else %d)", demo.hidden);
-    snprintf(h_depth, sizeof h_depth, "number of DiT blocks (default: the --model's, else %d)", demo.depth);
+    // Shape flags default to the --model's values or the demo model's: say both.
+    dc_kv demo = {0};
+    if (dc_model_preset(NULL, &demo)) return cli_fail();
+    char h_model[160], h_patch[96], h_hidden[96], h_depth[96], h_heads[128];
+    snprintf(h_model, sizeof h_model, "official config %s (default: the small demo model)", dc_model_presets_help());
+    snprintf(h_patch, sizeof h_patch, "patch size (default: the --model's, else %s)", dc_kv_get(&demo, "patch_size"));
+    snprintf(h_hidden, sizeof h_hidden, "width (default: the --model's, else %s)", dc_kv_get(&demo, "hidden_size"));
+    snprintf(h_depth, sizeof h_depth, "number of blocks (default: the --model's, else %s)", dc_kv_get(&demo, "depth"));
     snprintf(h_heads, sizeof h_heads, "attention heads (default: the --model's, or the official "
-             "table's for --hidden, else %d)", demo.heads);
+             "table's for --hidden, else %s)", dc_kv_get(&demo, "num_heads"));
+    dc_kv_free(&demo);
     arg_spec specs[] = {
-        {"model", ARG_STR, &model, "NAME", "official config DiT-{S,B,L,XL}/{2,4,8} (default: the small demo DiT)"},
-        {"input-size", ARG_INT, &mc.input_size, "N", "image side; larger than the data's pads it (default: the data's)"},
-        {"in-channels", ARG_INT, &mc.in_channels, "N", "image channels (default: the data's)"},
-        {"patch", ARG_INT, &mc.patch, "N", h_patch},
-        {"hidden", ARG_INT, &mc.hidden, "N", h_hidden},
-        {"depth", ARG_INT, &mc.depth, "N", h_depth},
-        {"heads", ARG_INT, &heads, "N", h_heads},
-        {"mlp-hidden", ARG_INT, &mc.mlp_hidden, "N", "MLP width (default: 4 x hidden)"},
-        {"num-classes", ARG_INT, &mc.num_classes, "N", "number of classes (default: the data's)"},
+        {"model", ARG_STR, &model, "NAME", h_model},
+        {"input-size", ARG_INT, &shape[0], "N", "image side; larger than the data's pads it (default: the data's)"},
+        {"in-channels", ARG_INT, &shape[1], "N", "image channels (default: the data's)"},
+        {"patch", ARG_INT, &shape[2], "N", h_patch},
+        {"hidden", ARG_INT, &shape[3], "N", h_hidden},
+        {"depth", ARG_INT, &shape[4], "N", h_depth},
+        {"heads", ARG_INT, &shape[5], "N", h_heads},
+        {"mlp-hidden", ARG_INT, &shape[6], "N", "MLP width (default: 4 x hidden)"},
+        {"num-classes", ARG_INT, &shape[7], "N", "number of classes (default: the data's)"},
         {"data", ARG_STR, &data_path, "PATH", "Fashion-MNIST IDX folder or a .safetensors data set"},
         {"out", ARG_STR, &out, "DIR", "run folder for checkpoints"},
         {"resume", ARG_STR, &resume, "PATH", "continue from a checkpoint file or run folder"},
@@ -233,7 +230,7 @@ int cmd_train(int argc, char **argv) {
         {"ema-warmup", ARG_STR, &ema_warmup, "on|off", "EMA warm-up: decay min(--ema-decay, (1 + n) / (10 + n)) "
                                                      "at update n + 1 (the first copies the weights), as "
                                                      "diffusers' EMAModel; off: --ema-decay from the start, as the "
-                                                     "official DiT code (default: on)"},
+                                                     "official code of Peebles & Xie (default: on)"},
         {"class-dropout", ARG_FLOAT, &tc.class_dropout, "X", "label dropout for guidance"},
         {"hflip", ARG_FLAG, &flip, NULL, "random horizontal flips"},
         {"seed", ARG_U64, &tc.seed, "N", "seed of every random choice"},
@@ -256,9 +253,9 @@ int cmd_train(int argc, char **argv) {
                                                       "command line stay as given (default: off)"},
     };
     arg_parser ap = {"diffusion train [flags]",
-                     "Trains a class-conditional DiT with the official objective (eps MSE plus the\n"
+                     "Trains a class-conditional model with the official objective (eps MSE plus the\n"
                      "variational bound for the learned variance, 1000 linear steps, label dropout\n"
-                     "for guidance), AdamW and EMA. Without flags it trains the small demo DiT on\n"
+                     "for guidance), AdamW and EMA. Without flags it trains the small demo model on\n"
                      "Fashion-MNIST. Checkpoints are written atomically into --out and hold all\n"
                      "state: --resume continues bit-exactly. One training run at a time may write\n"
                      "into a folder (it holds the folder's .lock file). Ctrl-C, SIGTERM, SIGHUP and\n"
@@ -304,15 +301,14 @@ int cmd_train(int argc, char **argv) {
     } else {
         if (force || allow_data_change)
             return dc_fail("--%s only applies with --resume", force ? "force" : "allow-data-change"), cli_usage_fail();
-        const char *shape_flags[] = {"input-size", "in-channels", "patch", "hidden", "depth", "heads",
-                                     "mlp-hidden", "num-classes"};
-        const int shape_values[] = {mc.input_size, mc.in_channels, mc.patch, mc.hidden, mc.depth,
-                                    heads, mc.mlp_hidden, mc.num_classes};
-        for (int i = 0; i < 8; i++)
-            if (args_given(&ap, shape_flags[i]) && shape_values[i] < 1)
-                return dc_fail("--%s must be positive", shape_flags[i]), cli_usage_fail();
+        for (int i = 0; i < N_SHAPE; i++)
+            if (args_given(&ap, k_shape[i].flag) && shape[i] < 1)
+                return dc_fail("--%s must be positive", k_shape[i].flag), cli_usage_fail();
         if (dc_train_config_validate(&tc)) return cli_usage_fail();
-        if (model_from_flags(&mc, &ap, model, heads)) return cli_usage_fail();
+        dc_kv checked = {0};
+        int bad = model_config(model, &ap, shape, NULL, &checked);
+        dc_kv_free(&checked);
+        if (bad) return cli_usage_fail();
     }
     if (train_ranks_check_flags(ranks, gpus, zero, comm_timeout, device)) return cli_usage_fail();
     unsigned st_flags = no_verify ? DC_ST_NO_VERIFY : 0;
@@ -334,7 +330,8 @@ int cmd_train(int argc, char **argv) {
 
     dc_backend *be = NULL;
     dc_dataset ds = {0};
-    dc_model *m = NULL;
+    dc_model *m = NULL, *layout = NULL;  // layout: the model sized, nothing allocated
+    dc_kv mc = {0};                      // the model's config
     dc_trainer tr = {0};
     dc_st_file ck = {0};
     bool have_ck = false, created_out = false, wrote = false;
@@ -391,7 +388,7 @@ int cmd_train(int argc, char **argv) {
             force = false;  // nothing for --force to remove
         }
         int total = tc.steps;
-        if (dc_dit_config_from_file(&ck, "", 0, &mc) ||
+        if (dc_model_config_of_file(&ck, "", 0, &mc) || dc_model_create(&mc, NULL, false, &layout) ||
             dc_train_config_from_kv(&tc, (const char *const *)ck.meta_keys,
                                     (const char *const *)ck.meta_values, ck.nmeta, ck.path))
             goto fail;
@@ -406,15 +403,15 @@ int cmd_train(int argc, char **argv) {
         if (!args_given(&ap, "keep") && (v = dc_st_meta(&ck, "keep"))) keep = atoi(v) > 0 ? atoi(v) : keep;
         if (!args_given(&ap, "ckpt-every") && (v = dc_st_meta(&ck, "ckpt_every")))
             ckpt_every = atoi(v) > 0 ? atoi(v) : ckpt_every;
-        if (dc_dataset_load(&ds, data_path, mc.input_size)) goto fail;
+        if (dc_dataset_load(&ds, data_path, layout->info.height)) goto fail;
     } else {
-        if (dc_dataset_load(&ds, data_path, mc.input_size)) goto fail;
-        if (ds.height != ds.width) { dc_fail("%s: images are %dx%d; DiT needs square images", data_path, ds.height, ds.width); goto fail; }
-        if (!mc.input_size) mc.input_size = ds.height;
-        if (!mc.in_channels) mc.in_channels = ds.channels;
-        if (!mc.num_classes) mc.num_classes = ds.num_classes;
+        // the data padded to --input-size, when given
+        if (dc_dataset_load(&ds, data_path, args_given(&ap, "input-size") ? shape[0] : 0)) goto fail;
+        const dc_data_shape given = {ds.channels, 1, ds.height, ds.width, ds.num_classes};
+        if (model_config(model, &ap, shape, &given, &mc)) { dc_fail_ctx("%s", data_path); goto fail; }
+        if (dc_model_create(&mc, NULL, false, &layout)) goto fail;
     }
-    if (dc_train_config_validate(&tc) || dc_dit_config_validate(&mc)) goto fail;
+    if (dc_train_config_validate(&tc)) goto fail;
     static char data_abs[4096];
     if (realpath(data_path, data_abs)) data_path = data_abs;
     if (dc_utf8_invalid_at(data_path, strlen(data_path)) >= 0) {
@@ -424,13 +421,13 @@ int cmd_train(int argc, char **argv) {
     if (max_mem) {  // the fastest plan that fits; the flags given (a checkpoint fixes the micro-batch) stay
         char line[256];
         if (!resume && !args_given(&ap, "micro-batch")) tc.micro_batch = 0;  // the plan picks it
-        if (cli_plan_choose(&mc, be, budget, tc.batch, job.launch.size, zero, wire, &tc.micro_batch,
+        if (cli_plan_choose(layout, be, budget, tc.batch, job.launch.size, zero, wire, &tc.micro_batch,
                             &recompute, &offload, line, sizeof line))
             goto fail;
         if (lead) dc_log("%s", line);
     }
-    if (dc_dit_new(&mc, be, true, &m)) goto fail;
-    if (recompute >= 0 && dc_dit_set_recompute(dc_dit_of(m), recompute)) goto fail;
+    if (dc_model_create(&mc, be, true, &m)) goto fail;
+    if (recompute >= 0 && dc_model_set_recompute(m, recompute)) goto fail;
     if (have_ck ? dc_model_load_weights(m, &ck, "") : dc_model_init_weights(m, tc.seed)) goto fail;
     tc.offload = offload;  // where the state lives: never recorded, so a checkpoint resumes either way
     if (cli_offload_settings(&tc.offload_settings)) goto fail;  // how it runs: not recorded either
@@ -457,9 +454,13 @@ int cmd_train(int argc, char **argv) {
         goto fail;
     }
     if (lead && force) cli_remove_newer_checkpoints(out, tr.step);
-    if (lead) dc_log("training DiT depth %d hidden %d heads %d patch %d on %s (%d images, %d classes), %.2fM params",
-           mc.depth, mc.hidden, mc.heads, mc.patch, data_path, ds.n, ds.num_classes,
-           m->params->numel / 1e6);
+    if (lead) {
+        char what[512];
+        dc_model_describe(m, what, sizeof what);
+        what[strcspn(what, "\n")] = 0;  // its first line: the architecture and its sizes
+        dc_log("training %s on %s (%d images, %d classes), %.2fM params", what, data_path, ds.n, ds.num_classes,
+               m->params->numel / 1e6);
+    }
     if (lead) dc_log("batch %d (micro %d), lr %g, %d steps, checkpoints every %d into %s, backend %s",
                      tc.batch, tc.micro_batch, tc.lr, tc.steps, ckpt_every, out, be->name);
     if (lead && offload) dc_log("offload: master weights and AdamW moments in host memory, AdamW on the CPU");
@@ -479,7 +480,8 @@ fail:
     if (have_ck) dc_st_close(&ck);
     dc_trainer_free(&tr);
     train_ranks_end(&job);
-    dc_model_free(m);
+    dc_model_free(m), dc_model_free(layout);
+    dc_kv_free(&mc);
     dc_dataset_free(&ds);
     if (be) dc_backend_destroy(be);
     cli_unlock_run(out, lock_fd, status == 1 && created_out && !wrote);

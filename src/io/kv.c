@@ -22,6 +22,12 @@ int dc_kv_set(dc_kv *kv, const char *key, const char *fmt, ...) {
     return 0;
 }
 
+const char *dc_kv_get(const dc_kv *kv, const char *key) {
+    for (int i = 0; i < kv->n; i++)
+        if (strcmp(kv->keys[i], key) == 0) return kv->values[i];
+    return NULL;
+}
+
 void dc_kv_free(dc_kv *kv) {
     for (int i = 0; i < kv->n; i++) free(kv->keys[i]), free(kv->values[i]);
     kv->n = 0;

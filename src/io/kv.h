@@ -13,4 +13,6 @@ typedef struct {
 
 // Sets (or replaces) key to the formatted value. 0 or -1 (message set).
 int dc_kv_set(dc_kv *kv, const char *key, const char *fmt, ...) DC_PRINTF(3, 4);
+// The value of key, or NULL when it is not set.
+const char *dc_kv_get(const dc_kv *kv, const char *key);
 void dc_kv_free(dc_kv *kv);

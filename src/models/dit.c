@@ -145,7 +145,8 @@ static void pos_embed(float *out, int grid, int D) {
 
 static const dc_model_ops dit_ops;
 
-int dc_dit_create(dc_dit *m, const dc_dit_config *cfg, dc_backend *be, bool with_grad) {
+// The struct and its registered parameters, nothing allocated.
+static int setup(dc_dit *m, const dc_dit_config *cfg, dc_backend *be) {
     memset(m, 0, sizeof *m);
     DC_TRY(dc_dit_config_validate(cfg));
     m->cfg = *cfg;
@@ -153,11 +154,17 @@ int dc_dit_create(dc_dit *m, const dc_dit_config *cfg, dc_backend *be, bool with
     m->keep = -1;  // no recompute
     m->base = (dc_model){
         .ops = &dit_ops, .be = be, .params = &m->params,
-        .info = {.channels = cfg->in_channels, .height = cfg->input_size, .width = cfg->input_size,
+        .info = {.channels = cfg->in_channels, .frames = 1, .height = cfg->input_size, .width = cfg->input_size,
                  .out_channels = dc_dit_out_channels(cfg), .learn_sigma = cfg->learn_sigma,
-                 .cond = DC_COND_LABELS, .num_classes = cfg->num_classes},
+                 .cond = DC_COND_LABELS, .num_classes = cfg->num_classes, .blocks = cfg->depth},
     };
-    if (build_modules(m) || dc_params_alloc(&m->params, be, with_grad)) {
+    if (build_modules(m)) return dc_dit_free(m), -1;
+    return 0;
+}
+
+int dc_dit_create(dc_dit *m, const dc_dit_config *cfg, dc_backend *be, bool with_grad) {
+    DC_TRY(setup(m, cfg, be));
+    if (dc_params_alloc(&m->params, be, with_grad)) {
         dc_dit_free(m);
         return -1;
     }
@@ -220,8 +227,7 @@ int dc_dit_init_weights(dc_dit *m, uint64_t seed) {
 // The activations, carved out of one allocation (nn/arena.h). They take the
 // backend's compute dtype; the residual stream, its gradient and the saved
 // statistics stay fp32 (dc_arena_take32), as under PyTorch autocast.
-static void carve(dc_dit *m, dc_arena *ar, dc_dit_acts *a, int B) {
-    const dc_dit_config *c = &m->cfg;
+static void carve(const dc_dit_config *c, dc_arena *ar, dc_dit_acts *a, int B) {
     int64_t T = dc_dit_tokens(c), D = c->hidden, F = c->mlp_hidden, H = c->heads;
     int64_t P = (int64_t)c->patch * c->patch * c->in_channels;
     int64_t OP = (int64_t)c->patch * c->patch * dc_dit_out_channels(c);
@@ -291,17 +297,6 @@ int dc_dit_set_recompute(dc_dit *m, int keep) {
     return 0;
 }
 
-int64_t dc_dit_activation_bytes(dc_dit *m, int max_batch, int keep) {
-    dc_dit_acts a = {0};
-    a.training = true;
-    a.keep = keep < 0 || keep > m->cfg.depth ? m->cfg.depth : keep;
-    if (max_batch < 1 || !(a.blocks = calloc((size_t)m->cfg.depth, sizeof *a.blocks))) return -1;
-    dc_arena ar = dc_arena_counting(m->be->compute);  // no base: the plan's size only
-    carve(m, &ar, &a, max_batch);
-    free(a.blocks);
-    return (int64_t)ar.used;
-}
-
 int dc_dit_reserve(dc_dit *m, int max_batch) {
     if (max_batch < 1) return dc_fail("batch size must be at least 1");
     // Ops index with int: every activation must hold fewer than 2^31 elements.
@@ -324,14 +319,14 @@ int dc_dit_reserve(dc_dit *m, int max_batch) {
     a->blocks = calloc(a->training ? m->cfg.depth : 1, sizeof *a->blocks);
     if (!a->blocks) return free(a), dc_fail("out of memory");
     dc_arena ar = dc_arena_counting(m->be->compute);
-    carve(m, &ar, a, max_batch);
+    carve(&m->cfg, &ar, a, max_batch);
     a->base = m->be->alloc(m->be, ar.used);
     if (!a->base) {
         free(a->blocks), free(a);
         return dc_fail_ctx("activations for batch %d (%.1f MiB)", max_batch, ar.used / 1048576.0);
     }
     ar = dc_arena_over(a->base, m->be->compute);
-    carve(m, &ar, a, max_batch);
+    carve(&m->cfg, &ar, a, max_batch);
     m->acts = a;
     m->max_batch = max_batch;
     return 0;
@@ -512,9 +507,35 @@ static int dit_config_kv(const dc_model *m, dc_kv *kv) {
 
 static void dit_release(dc_model *m) { dc_dit_free(dit(m)); }
 
+static int dit_set_recompute(dc_model *m, int keep) { return dc_dit_set_recompute(dit(m), keep); }
+
+// The arena a training reserve plans (carve), counted without allocating.
+static int64_t dit_activation_bytes(const dc_model *mm, dc_dtype compute, int max_batch, int keep) {
+    const dc_dit *m = (const dc_dit *)mm;
+    const int depth = m->cfg.depth;
+    dc_dit_acts a = {0};
+    a.training = true;
+    a.keep = keep < 0 || keep > depth ? depth : keep;
+    if (max_batch < 1 || !(a.blocks = calloc((size_t)depth, sizeof *a.blocks))) return -1;
+    dc_arena ar = dc_arena_counting(compute);
+    carve(&m->cfg, &ar, &a, max_batch);
+    free(a.blocks);
+    return (int64_t)ar.used;
+}
+
+static void dit_describe(const dc_model *mm, char *buf, size_t n) {
+    const dc_dit_config *c = &((const dc_dit *)mm)->cfg;
+    snprintf(buf, n,
+             "DiT depth %d, hidden %d, heads %d, patch %d, input %dx%dx%d\n"
+             "%d classes (+1 null), mlp %d, learn_sigma %s, %d tokens",
+             c->depth, c->hidden, c->heads, c->patch, c->input_size, c->input_size, c->in_channels, c->num_classes,
+             c->mlp_hidden, c->learn_sigma ? "yes" : "no", dc_dit_tokens(c));
+}
+
 static const dc_model_ops dit_ops = {
     .name = "DiT", .reserve = dit_reserve, .forward = dit_forward, .backward = dit_backward,
     .config_to_kv = dit_config_kv, .init_weights = dit_init, .macs_per_image = dit_macs,
+    .describe = dit_describe, .set_recompute = dit_set_recompute, .activation_bytes = dit_activation_bytes,
     .release = dit_release,
 };
 
@@ -524,34 +545,9 @@ int dc_dit_new(const dc_dit_config *cfg, dc_backend *be, bool with_grad, dc_mode
     *out = NULL;
     dc_dit *m = malloc(sizeof *m);
     if (!m) return dc_fail("out of memory");
-    if (dc_dit_create(m, cfg, be, with_grad)) return free(m), -1;
+    if (be ? dc_dit_create(m, cfg, be, with_grad) : setup(m, cfg, NULL)) return free(m), -1;
     m->base.owned = true;
     *out = &m->base;
     return 0;
 }
 
-// For memory planners that run before any model exists: the parameters of a
-// DiT of `cfg` registered (names, shapes, units) but not allocated, and the
-// activation arena a training reserve would plan on a backend computing in
-// `compute`. dc_params_free releases ps.
-int dc_dit_params_layout(const dc_dit_config *cfg, dc_params *ps) {
-    DC_TRY(dc_dit_config_validate(cfg));
-    dc_dit m = {.cfg = *cfg};
-    int rc = build_modules(&m);
-    if (m.mods) free(m.mods->blocks), free(m.mods);
-    if (rc) return dc_params_free(&m.params), -1;
-    *ps = m.params;
-    return 0;
-}
-
-int64_t dc_dit_config_activation_bytes(const dc_dit_config *cfg, dc_dtype compute, int max_batch, int keep) {
-    dc_dit m = {.cfg = *cfg};
-    dc_dit_acts a = {0};
-    a.training = true;
-    a.keep = keep < 0 || keep > cfg->depth ? cfg->depth : keep;
-    if (max_batch < 1 || !(a.blocks = calloc((size_t)cfg->depth, sizeof *a.blocks))) return -1;
-    dc_arena ar = dc_arena_counting(compute);
-    carve(&m, &ar, &a, max_batch);
-    free(a.blocks);
-    return (int64_t)ar.used;
-}

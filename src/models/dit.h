@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include "backend/backend.h"
 #include "models/model.h"
+#include "models/registry.h"
 #include "nn/params.h"
 
 typedef struct {
@@ -71,17 +72,6 @@ int dc_dit_reserve(dc_dit *m, int max_batch);
 // those blocks and saves all but one fp32 [B, T, D] stream of each. Replans
 // the activations (reserve again).
 int dc_dit_set_recompute(dc_dit *m, int keep);
-// The bytes a training reserve for batches of max_batch with `keep` blocks
-// keeping their activations (-1: all) would allocate for activations, planned
-// exactly as the reserve plans them but without allocating; -1 on a bad batch
-// or no memory. (For memory planners: the backend's own workspaces come on top.)
-int64_t dc_dit_activation_bytes(dc_dit *m, int max_batch, int keep);
-// The same plan before any model exists, for a backend computing in `compute`.
-int64_t dc_dit_config_activation_bytes(const dc_dit_config *cfg, dc_dtype compute, int max_batch, int keep);
-// The parameters of a DiT of `cfg` registered (names, shapes, units) but not
-// allocated, for memory planners; dc_params_free releases them.
-int dc_dit_params_layout(const dc_dit_config *cfg, dc_params *ps);
-
 // out[B, OC, H, W] = model(x[B, C, H, W], t[B] float timesteps, y[B] int32 labels).
 // All buffers live on the model's backend. B <= max_batch. Like every
 // function here that runs ops, returns the backend's status at its end
@@ -93,7 +83,11 @@ int dc_dit_forward(dc_dit *m, dc_buf out, dc_buf x, dc_buf t, dc_buf y, int B);
 // the parameters' unit hook before and after their gradients are computed,
 // final layer first, so sharded training can take each as it completes.
 int dc_dit_backward(dc_dit *m, dc_buf dout, int B);
-// Creates a DiT on the heap as a dc_model that dc_model_free releases whole.
+// Creates a DiT on the heap as a dc_model that dc_model_free releases whole;
+// be NULL creates a layout (parameters registered, nothing allocated: for
+// sizing, models/registry.h).
 int dc_dit_new(const dc_dit_config *cfg, dc_backend *be, bool with_grad, dc_model **out);
 // The DiT behind a model, or NULL when it is another architecture.
 dc_dit *dc_dit_of(dc_model *m);
+// The DiT's entry in the model registry (models/dit_arch.c).
+extern const dc_model_arch dc_dit_arch;

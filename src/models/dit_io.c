@@ -21,15 +21,43 @@ int dc_dit_config_to_kv(const dc_dit_config *c, dc_kv *kv) {
     return dc_kv_set(kv, "learn_sigma", "%s", c->learn_sigma ? "true" : "false");
 }
 
-static int meta_int(const dc_st_file *f, const char *key, int *out) {
-    const char *s = dc_st_meta(f, key);
-    if (!s) return dc_fail("%s: metadata has no '%s'", f->path, key);
+// Config entries looked up by key: a file's metadata or a dc_kv.
+typedef const char *(*entry_fn)(const void *src, const char *key);
+static const char *file_entry(const void *f, const char *key) { return dc_st_meta(f, key); }
+static const char *kv_entry(const void *kv, const char *key) { return dc_kv_get(kv, key); }
+
+static int entry_int(entry_fn get, const void *src, const char *where, const char *key, int *out) {
+    const char *s = get(src, key);
+    if (!s) return dc_fail("%s: metadata has no '%s'", where, key);
     char *end;
     long v = strtol(s, &end, 10);
     if (end == s || *end || v < 0 || v > 1 << 30)
-        return dc_fail("%s: metadata '%s' = '%s' is not a valid integer", f->path, key, s);
+        return dc_fail("%s: metadata '%s' = '%s' is not a valid integer", where, key, s);
     *out = (int)v;
     return 0;
+}
+
+// The config's entries, unchecked (0 where an entry is 0: "the data's").
+static int config_of_entries(entry_fn get, const void *src, const char *where, dc_dit_config *c) {
+    memset(c, 0, sizeof *c);
+    DC_TRY(entry_int(get, src, where, "input_size", &c->input_size));
+    DC_TRY(entry_int(get, src, where, "patch_size", &c->patch));
+    DC_TRY(entry_int(get, src, where, "in_channels", &c->in_channels));
+    DC_TRY(entry_int(get, src, where, "hidden_size", &c->hidden));
+    DC_TRY(entry_int(get, src, where, "depth", &c->depth));
+    DC_TRY(entry_int(get, src, where, "num_heads", &c->heads));
+    DC_TRY(entry_int(get, src, where, "mlp_hidden", &c->mlp_hidden));
+    DC_TRY(entry_int(get, src, where, "num_classes", &c->num_classes));
+    const char *s = get(src, "learn_sigma");
+    if (!s || (strcmp(s, "true") && strcmp(s, "false")))
+        return dc_fail("%s: metadata 'learn_sigma' must be true or false", where);
+    c->learn_sigma = strcmp(s, "true") == 0;
+    return 0;
+}
+
+int dc_dit_config_from_kv(const dc_kv *kv, dc_dit_config *c) {
+    DC_TRY(config_of_entries(kv_entry, kv, "model config", c));
+    return dc_dit_config_validate(c);
 }
 
 static const dc_st_tensor *need(const dc_st_file *f, const char *prefix, const char *key,
@@ -138,21 +166,7 @@ static int check_against_shapes(const dc_st_file *f, const char *pre, const dc_d
 
 int dc_dit_config_from_file(const dc_st_file *f, const char *prefix, int heads, dc_dit_config *c) {
     if (!dc_st_meta(f, "hidden_size")) return infer_from_shapes(f, prefix, heads, c);
-    int ls = 0;
-    memset(c, 0, sizeof *c);
-    DC_TRY(meta_int(f, "input_size", &c->input_size));
-    DC_TRY(meta_int(f, "patch_size", &c->patch));
-    DC_TRY(meta_int(f, "in_channels", &c->in_channels));
-    DC_TRY(meta_int(f, "hidden_size", &c->hidden));
-    DC_TRY(meta_int(f, "depth", &c->depth));
-    DC_TRY(meta_int(f, "num_heads", &c->heads));
-    DC_TRY(meta_int(f, "mlp_hidden", &c->mlp_hidden));
-    DC_TRY(meta_int(f, "num_classes", &c->num_classes));
-    const char *s = dc_st_meta(f, "learn_sigma");
-    if (!s || (strcmp(s, "true") && strcmp(s, "false")))
-        return dc_fail("%s: metadata 'learn_sigma' must be true or false", f->path);
-    ls = strcmp(s, "true") == 0;
-    c->learn_sigma = ls;
+    DC_TRY(config_of_entries(file_entry, f, f->path, c));
     if (heads > 0) c->heads = heads;
     if (dc_dit_config_validate(c)) return dc_fail_ctx("%s: bad config in metadata", f->path);
     return check_against_shapes(f, prefix, c);

@@ -8,6 +8,8 @@
 
 // Writes the config as metadata entries ("input_size", "patch_size", ...).
 int dc_dit_config_to_kv(const dc_dit_config *cfg, dc_kv *kv);
+// The config of metadata entries as dc_dit_config_to_kv writes them, checked.
+int dc_dit_config_from_kv(const dc_kv *kv, dc_dit_config *cfg);
 // The config of a file: from its metadata when present (and then checked
 // against the tensor shapes, so a damaged config cannot size the model),
 // otherwise inferred from the shapes of the tensors named prefix + official

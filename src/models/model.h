@@ -1,9 +1,19 @@
-// One interface above the models: the trainer, the sampler, checkpoints and
-// the CLI see a dc_model (its parameters, reserve, forward with a
-// conditioning struct, backward) and nothing that names an architecture.
-// A model embeds dc_model as its first member and fills `ops` and `info` at
-// creation; the factory that picks the architecture from a file is
-// models/model_io.h.
+// One interface above the models: the trainer, the sampler, the memory
+// planner, checkpoints and the CLI see a dc_model (its parameters, reserve,
+// forward with a conditioning struct, backward, sizing) and nothing that
+// names an architecture.
+//
+// How a new model plugs in:
+//   1. Embed dc_model as the first member of the model's struct, register
+//      its parameters in m->params under their PyTorch state-dict keys, and
+//      fill `ops` and `info` at creation.
+//   2. Describe its config as metadata entries (config_to_kv, "model" first,
+//      the architecture's name) and read them back in a constructor.
+//   3. Add one entry to the table in models/registry.c: the name, the
+//      constructor from config entries, the config of a file, named presets
+//      and their help text. Files (their "model" entry), --model's presets
+//      and the shape flags of `train` then reach it by name, and the trainer
+//      and planner train and size it through these ops alone.
 #pragma once
 #include <stdbool.h>
 #include <stdint.h>
@@ -19,6 +29,8 @@ typedef struct {
     dc_buf y;       // [B] I32 class labels
     dc_buf ctx;     // [B, len, dim] text embeddings
     int len, dim;
+    dc_buf lens;    // [B] I32 tokens of each row's ctx that count (the rest is padding), or
+                    // none (p NULL): every row counts all len
     // pairs > 0 (B = 2 pairs): rows i and i + pairs have the same x and t,
     // and differ in their conditioning alone (a guided step's conditional and
     // unconditional halves), so a model may compute what precedes the
@@ -34,16 +46,25 @@ typedef enum { DC_COND_LABELS, DC_COND_TEXT } dc_cond_kind;
 // weights cannot tell: a scheduler config or the user says.
 typedef enum { DC_PRED_EPS, DC_PRED_V, DC_PRED_SAMPLE, DC_PRED_FLOW } dc_prediction;
 
-// The shapes and conventions the trainer and the sampler build around.
+// The shapes and conventions the trainer and the sampler build around. The
+// latent is general: x[B, channels, frames, height, width], frames 1 for
+// images (then x[B, channels, height, width], the same bytes).
 typedef struct {
-    int channels, height, width;  // the input x[B, channels, height, width]
-    int out_channels;             // out[B, out_channels, height, width]
+    int channels, frames, height, width;  // the input x
+    int out_channels;             // out[B, out_channels, frames, height, width]
     bool learn_sigma;             // out is (eps, variance interpolation v): 2 x channels
     dc_cond_kind cond;
     int num_classes;              // DC_COND_LABELS: labels 0..num_classes-1; num_classes is the
                                   // null label (the unconditional input of guidance and dropout)
     int ctx_len, ctx_dim;         // DC_COND_TEXT: the embeddings the model reads
+    int blocks;                   // the blocks activation checkpointing counts (set_recompute's
+                                  // keep runs 0..blocks); 0: the model has none
 } dc_model_info;
+
+// The elements of one input image (or clip): channels x frames x height x width.
+static inline int64_t dc_model_info_numel(const dc_model_info *i) {
+    return (int64_t)i->channels * i->frames * i->height * i->width;
+}
 
 typedef struct dc_model dc_model;
 
@@ -61,6 +82,19 @@ typedef struct {
     int (*init_weights)(dc_model *m, uint64_t seed);
     // Multiply-adds of one image's forward pass.
     double (*macs_per_image)(const dc_model *m);
+    // The config for people: lines separated by '\n', the first naming the
+    // architecture and its main sizes ("DiT depth 28, hidden 1152, ..."). May be NULL.
+    void (*describe)(const dc_model *m, char *buf, size_t n);
+    // Training with activation checkpointing: the first `keep` blocks keep
+    // their activations, the others recompute theirs in backward (-1: all
+    // keep). NULL for a model without it.
+    int (*set_recompute)(dc_model *m, int keep);
+    // The bytes of the activation arena a training reserve for batches of
+    // max_batch with `keep` blocks keeping their activations (-1: all) plans
+    // on a backend computing in `compute`, without allocating; -1 on a bad
+    // batch. Works on a layout (a model sized but not allocated), for memory
+    // planners. NULL for a model that does not train.
+    int64_t (*activation_bytes)(const dc_model *m, dc_dtype compute, int max_batch, int keep);
     // Releases what the model holds (not the struct itself).
     void (*release)(dc_model *m);
 } dc_model_ops;
@@ -68,7 +102,7 @@ typedef struct {
 struct dc_model {
     const dc_model_ops *ops;
     dc_model_info info;
-    dc_backend *be;
+    dc_backend *be;     // NULL for a layout: parameters registered, nothing allocated
     dc_params *params;  // weights under their state-dict keys (and gradients when training)
     bool owned;         // allocated by a factory: dc_model_free frees the struct too
 };
@@ -82,5 +116,10 @@ static inline int dc_model_backward(dc_model *m, dc_buf dout, int B) { return m-
 static inline int dc_model_config_to_kv(const dc_model *m, dc_kv *kv) { return m->ops->config_to_kv(m, kv); }
 static inline int dc_model_init_weights(dc_model *m, uint64_t seed) { return m->ops->init_weights(m, seed); }
 static inline double dc_model_macs_per_image(const dc_model *m) { return m->ops->macs_per_image(m); }
+// The architecture's name alone when it has no describe.
+void dc_model_describe(const dc_model *m, char *buf, size_t n);
+// -1 with a message naming the architecture when it has no such op.
+int dc_model_set_recompute(dc_model *m, int keep);
+int64_t dc_model_activation_bytes(const dc_model *m, dc_dtype compute, int max_batch, int keep);
 // Releases the model (NULL or never created: nothing to do).
 void dc_model_free(dc_model *m);

@@ -1,11 +1,11 @@
 #include "models/model_io.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/error.h"
-#include "models/dit.h"
-#include "models/dit_io.h"
+#include "models/registry.h"
 #include "nn/params_io.h"
 
 void dc_model_free(dc_model *m) {
@@ -15,23 +15,29 @@ void dc_model_free(dc_model *m) {
     if (owned) free(m);
 }
 
-const char *dc_model_kind_of_file(const dc_st_file *f) {
-    const char *kind = dc_st_meta(f, "model");
-    if (!kind) return "DiT";  // official state dicts carry no metadata; the DiT reader checks the keys
-    if (strcmp(kind, "DiT") == 0) return kind;
-    dc_fail("%s: metadata names the model '%s', which this engine does not build (it builds: DiT)", f->path,
-            kind);
-    return NULL;
+void dc_model_describe(const dc_model *m, char *buf, size_t n) {
+    if (m->ops->describe) m->ops->describe(m, buf, n);
+    else snprintf(buf, n, "%s", m->ops->name);
+}
+
+int dc_model_set_recompute(dc_model *m, int keep) {
+    if (!m->ops->set_recompute) return dc_fail("a %s has no activation checkpointing (--recompute)", m->ops->name);
+    return m->ops->set_recompute(m, keep);
+}
+
+int64_t dc_model_activation_bytes(const dc_model *m, dc_dtype compute, int max_batch, int keep) {
+    if (!m->ops->activation_bytes) return dc_fail("a %s does not train: no activations to plan", m->ops->name);
+    return m->ops->activation_bytes(m, compute, max_batch, keep);
 }
 
 int dc_model_load(const dc_st_file *f, const char *prefix, int heads, dc_backend *be, bool with_grad,
                   dc_model **out) {
     *out = NULL;
-    if (!dc_model_kind_of_file(f)) return -1;
-    dc_dit_config c;
+    dc_kv cfg = {0};
     dc_model *m;
-    DC_TRY(dc_dit_config_from_file(f, "", heads, &c));
-    DC_TRY(dc_dit_new(&c, be, with_grad, &m));
+    int rc = dc_model_config_of_file(f, "", heads, &cfg) || dc_model_create(&cfg, be, with_grad, &m);
+    dc_kv_free(&cfg);
+    DC_TRY(rc);
     if (dc_model_load_weights(m, f, prefix)) return dc_model_free(m), -1;
     *out = m;
     return 0;

@@ -1,6 +1,6 @@
-// The one place that maps a file to an architecture: it reads the "model"
-// metadata entry (or, for a plain official state dict, the tensor names) and
-// creates the model that file holds.
+// Models from files: the "model" metadata entry (or, for a plain official
+// state dict, the tensor names) picks the architecture in the registry
+// (models/registry.h), which creates the model that file holds.
 #pragma once
 #include <stdbool.h>
 #include "io/safetensors.h"

@@ -539,7 +539,7 @@ int dc_unet_new(const dc_unet_config *c, dc_backend *be, dc_dtype loaded, int la
     m->lh = latent_h, m->lw = latent_w;
     m->base = (dc_model){
         .ops = &unet_ops, .be = be, .params = &m->params, .owned = true,
-        .info = {.channels = c->in_channels, .height = latent_h, .width = latent_w,
+        .info = {.channels = c->in_channels, .frames = 1, .height = latent_h, .width = latent_w,
                  .out_channels = c->out_channels, .cond = DC_COND_TEXT, .ctx_len = DC_UNET_CTX_LEN,
                  .ctx_dim = c->ctx_dim},
     };

@@ -24,6 +24,7 @@ static const char *const k_fmnist_classes[10] = {
 void dc_dataset_free(dc_dataset *ds) {
     if (!ds) return;
     free(ds->images), free(ds->labels), free(ds->source);
+    free(ds->text), free(ds->text_lens), free(ds->text_null);
     memset(ds, 0, sizeof *ds);
 }
 
@@ -35,6 +36,14 @@ uint64_t dc_dataset_fingerprint(const dc_dataset *ds) {
     size_t px = (size_t)ds->n * (size_t)ds->channels * (size_t)ds->height * (size_t)ds->width;
     if (ds->images) dc_xxh64_update(&h, ds->images, px * sizeof *ds->images);
     if (ds->labels) dc_xxh64_update(&h, ds->labels, (size_t)ds->n * sizeof *ds->labels);
+    if (ds->cond == DC_COND_TEXT) {  // (label data hash as they always have)
+        size_t per = (size_t)ds->text_len * (size_t)ds->text_dim;
+        dc_xxh64_update_u64(&h, (uint64_t)per);
+        dc_xxh64_update(&h, ds->text, (size_t)ds->n * per * sizeof *ds->text);
+        dc_xxh64_update(&h, ds->text_lens, (size_t)ds->n * sizeof *ds->text_lens);
+        dc_xxh64_update(&h, ds->text_null, per * sizeof *ds->text_null);
+        dc_xxh64_update_u64(&h, (uint64_t)ds->text_null_len);
+    }
     return dc_xxh64_digest(&h);
 }
 

@@ -21,11 +21,20 @@
 // The order is a Fisher-Yates shuffle drawn from Philox keyed by (seed,
 // epoch), so it depends on nothing else: not on batch size, thread or GPU
 // count, which is what lets a run resume exactly on other hardware.
+//
+// Conditioning. A data set says what its samples are conditioned on (`cond`):
+// class labels (every loader here), or text embeddings, one [text_len,
+// text_dim] sequence a sample as a text encoder gave it, with the count of
+// tokens that count (the rest is padding), and the empty prompt's embeddings
+// for the samples whose caption is dropped for guidance. The trainer stages
+// either into the micro-batch's dc_cond (train/batch_cond.h).
 #pragma once
 #include <stdbool.h>
 #include <stdint.h>
 
-#define DC_DATA_MAX_CLASSES 1000000  // as dc_dit_config_validate allows
+#include "models/model.h"
+
+#define DC_DATA_MAX_CLASSES 1000000  // the most classes a model config allows
 #define DC_DATA_SPARSE_CLASSES 1000  // above this, most classes must have samples
 
 typedef struct {
@@ -33,8 +42,14 @@ typedef struct {
     float *images;    // [n, channels, height, width] in [-1, 1]
     int32_t *labels;  // [n], each in [0, num_classes)
     const char *const *class_names;  // [num_classes], or NULL when the source has none
+    dc_cond_kind cond;    // DC_COND_LABELS (labels) or DC_COND_TEXT (the text_* members)
+    int text_len, text_dim;
+    float *text;          // [n, text_len, text_dim] each sample's caption embedded
+    int32_t *text_lens;   // [n] its tokens that count, 1..text_len
+    float *text_null;     // [text_len, text_dim] the empty prompt embedded: a dropped caption
+    int text_null_len;    // its tokens that count
     // xxHash64 of the shape, class count, images (as the floats used, after
-    // padding) and labels: a resumed run compares it with the checkpoint's to
+    // padding), labels and text: a resumed run compares it with the checkpoint's to
     // notice a data set that changed on disk. 0 for data not made by a loader.
     uint64_t fingerprint;
     char *source;     // the file or folder loaded (malloc'd; NULL when built in memory)

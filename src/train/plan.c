@@ -46,26 +46,24 @@ static int share_of(const dc_plan_request *r) {
 }
 
 int dc_plan_predict(const dc_plan_request *r, const dc_train_plan *p, dc_plan_mem *out) {
-    const dc_dit_config *c = &r->cfg;
-    if (p->micro_batch < 1 || p->micro_batch > r->batch || p->keep < 0 || p->keep > c->depth)
+    const dc_model_info *mi = &r->model->info;
+    if (p->micro_batch < 1 || p->micro_batch > r->batch || p->keep < 0 || p->keep > mi->blocks)
         return dc_fail("plan: micro-batch %d of %d, %d of %d blocks keeping activations", p->micro_batch,
-                       r->batch, p->keep, c->depth);
+                       r->batch, p->keep, mi->blocks);
     if (p->offload && (r->ranks > 1 || r->zero))
         return dc_fail("--offload runs on one rank for now: it cannot be combined with %s",
                        r->zero ? "--zero" : "several ranks");
-    dc_params ps = {0};
-    DC_TRY(dc_dit_params_layout(c, &ps));
-    const int64_t P = ps.numel, mb = p->micro_batch;
+    const dc_params *ps = r->model->params;
+    const int64_t P = ps->numel, mb = p->micro_batch;
     dc_plan_mem m = {0};
     // nn/params.c: the fp32 parameters, their gradients, the compute copy
     m.weights = 4 * P + (r->compute != DC_F32 ? P * (int64_t)dc_dtype_size(r->compute) : 0);
     const int64_t full_grad = 4 * P;
-    // train/trainer.c: x0, xt, eps [mb, C, H, W], out, dout [mb, OC, H, W] F32,
+    // train/trainer.c: x0, xt, eps [mb, C, F, H, W], out, dout [mb, OC, F, H, W] F32,
     // t and y [mb], the step's losses [batch, 2] and gstats [2]
-    int64_t img = (int64_t)c->in_channels * c->input_size * c->input_size;
-    int64_t oimg = (int64_t)dc_dit_out_channels(c) * c->input_size * c->input_size;
+    int64_t img = dc_model_info_numel(mi), oimg = img / mi->channels * mi->out_channels;
     m.trainer = 4 * (3 * mb * img + 2 * mb * oimg + 2 * mb + 2 * (int64_t)r->batch + 2);
-    m.activations = dc_dit_config_activation_bytes(c, r->compute, p->micro_batch, p->keep);
+    m.activations = dc_model_activation_bytes(r->model, r->compute, p->micro_batch, p->keep);
     m.fixed = r->fixed;
     int rc = 0;
     if (m.activations < 0) rc = dc_fail("plan: the activations of micro-batch %d", p->micro_batch);
@@ -74,8 +72,8 @@ int dc_plan_predict(const dc_plan_request *r, const dc_train_plan *p, dc_plan_me
         // zeros) and, beside a compute copy, the fixed tensors' fp32 prefix,
         // all allocated before the fp32 data shrinks to that prefix; the
         // full gradient buffer stays as the EMA
-        const int64_t kept = r->compute != DC_F32 ? 4 * dc_offload_kept_data(&ps) : 0;
-        m.grads = dc_offload_device_bytes(&ps);
+        const int64_t kept = r->compute != DC_F32 ? 4 * dc_offload_kept_data(ps) : 0;
+        m.grads = dc_offload_device_bytes(ps);
         m.optimizer = full_grad;
         m.setup = m.weights + full_grad + m.grads + kept + m.fixed;
         if (r->compute != DC_F32) m.weights += kept - 4 * P;
@@ -93,7 +91,7 @@ int dc_plan_predict(const dc_plan_request *r, const dc_train_plan *p, dc_plan_me
         // copy of each, the norms; they join the full state, which is then
         // freed (and stage 2's full gradient buffer)
         dc_zero_mem z;  // stage 2's figures give the shard S (master: 4 S) and the bucket (grads: 4 S + 8 bucket)
-        rc = dc_zero_mem_of(&ps, r->ranks, 2, r->compute, DC_F32, &z);
+        rc = dc_zero_mem_of(ps, r->ranks, 2, r->compute, DC_F32, &z);
         const int nb = r->zero == 2 ? 2 : 1;
         int64_t S4 = z.master, bucket4 = (z.grads - z.master) / 2;
         int64_t buckets = nb * bucket4 + (r->grad_comm == DC_BF16 && r->ranks > 1 ? nb * bucket4 / 2 : 0);
@@ -102,7 +100,6 @@ int dc_plan_predict(const dc_plan_request *r, const dc_train_plan *p, dc_plan_me
         m.optimizer = zallocs - S4 - buckets;
         m.setup = m.weights + full_grad + 12 * P + m.trainer + zallocs + m.fixed;
     }
-    dc_params_free(&ps);
     DC_TRY(rc);
     int64_t step = m.weights + m.grads + m.optimizer + m.trainer + m.activations + m.fixed;
     m.peak = step > m.setup ? step : m.setup;
@@ -112,14 +109,15 @@ int dc_plan_predict(const dc_plan_request *r, const dc_train_plan *p, dc_plan_me
 
 double dc_plan_cost(const dc_plan_request *r, const dc_train_plan *p) {
     const int share = share_of(r), micro = (share + p->micro_batch - 1) / p->micro_batch;
-    const double recomputed = (double)(r->cfg.depth - p->keep) / r->cfg.depth;
+    const int blocks = r->model->info.blocks;
+    const double recomputed = blocks ? (double)(blocks - p->keep) / blocks : 0;
     double t = (1 + recomputed / 3) * (1 + 2.0 / p->micro_batch) / (1 + 2.0 / share);
     return p->offload ? t + 1.30 + 0.65 * (micro - 1) : t;
 }
 
 int dc_plan_choose(const dc_plan_request *r, int64_t budget, dc_train_plan *best, dc_plan_mem *best_mem,
                    dc_train_plan *runner_up) {
-    const int D = r->cfg.depth, share = share_of(r);
+    const int D = r->model->info.blocks, share = share_of(r);
     if (r->batch < 1 || r->ranks < 1 || share < 1)
         return dc_fail("plan: batch %d on %d ranks", r->batch, r->ranks);
     bool may_offload = r->ranks == 1 && r->zero == 0;
@@ -159,7 +157,7 @@ int dc_plan_choose(const dc_plan_request *r, int64_t budget, dc_train_plan *best
 
 void dc_plan_describe(const dc_plan_request *r, const dc_train_plan *p, const dc_plan_mem *m, int64_t budget,
                       char *buf, size_t n) {
-    const int D = r->cfg.depth;
+    const int D = r->model->info.blocks;
     char rec[96];
     if (p->keep >= D) snprintf(rec, sizeof rec, "recompute off (all %d blocks keep activations)", D);
     else snprintf(rec, sizeof rec, "recompute %d (%d of %d blocks keep activations)", p->keep, p->keep, D);

@@ -1,11 +1,11 @@
 // Training within a device memory budget: predicts the peak device bytes of
 // a training plan (micro-batch, activation checkpointing, optimizer offload)
-// for a DiT and picks the fastest plan that fits, as Colossal-AI searches for
+// for any dc_model and picks the fastest plan that fits, as Colossal-AI searches for
 // the fastest plan within a memory budget.
 //
 // The prediction adds what the trainer and the model allocate on the backend,
 // in the order they allocate it (train/trainer.c, train/offload.c,
-// train/zero.c, nn/params.c, models/dit.c), and takes the larger of two
+// train/zero.c, nn/params.c, the model's activation_bytes), and takes the larger of two
 // moments: setting up (the model made with a full gradient buffer, before
 // offload or ZeRO take it over) and a step (the activation arena reserved at
 // the first step). `fixed` is what the backend holds of its own (the CUDA
@@ -17,7 +17,7 @@
 // r: the fraction of blocks that recompute (their forward runs again: a third
 // of a block's forward + backward); 2 / mb: each micro-batch costs about two
 // images' worth of fixed work (kernel launches, reading every weight once);
-// offload: DiT-XL/2 at batch 64 on an H200 trained at 38% of the plain speed
+// offload: the XL/2 transformer at batch 64 on an H200 trained at 38% of the plain speed
 // with --offload --recompute 0, 1 / 0.38 = 4/3 + 1.30; each of the n
 // micro-batches after the first copies the running gradient sums down and up
 // again (8 bytes a parameter, train/offload.h), about half that traffic and
@@ -29,7 +29,7 @@
 #include <stdint.h>
 
 #include "core/dtype.h"
-#include "models/dit.h"
+#include "models/model.h"
 
 // Parses a memory size: a positive number with a binary unit, K, M, G or T,
 // optionally followed by "iB" ("8G", "8GiB", "7.5G", "8000MiB"). Bytes out.
@@ -37,7 +37,7 @@ int dc_parse_size(const char *s, int64_t *bytes);
 
 typedef struct {
     int micro_batch;  // images per forward/backward
-    int keep;         // blocks keeping their activations (depth: all, no recompute)
+    int keep;         // blocks keeping their activations (info.blocks: all, no recompute)
     bool offload;     // optimizer state on the host
 } dc_train_plan;
 
@@ -56,14 +56,14 @@ typedef struct {
 // What the planner is given: the model, where it runs, the batch and ranks,
 // and which dimensions the command line fixed.
 typedef struct {
-    dc_dit_config cfg;
+    const dc_model *model;  // sized only: a layout (models/registry.h) serves, no weights allocated
     dc_dtype compute;  // the backend's compute dtype (bf16 on a GPU, f32 on the CPU)
     int64_t fixed;     // the backend's own workspaces, in bytes
     int batch;         // global batch
     int ranks;         // data-parallel ranks (1: one)
     int zero;          // ZeRO stage over the ranks (0, 1, 2)
     int micro_batch;   // fixed by the user, or 0: the planner chooses
-    int keep;          // fixed blocks keeping activations (depth: all), or -1: the planner chooses
+    int keep;          // fixed blocks keeping activations (model->info.blocks: all), or -1: the planner chooses
     int offload;       // fixed 0 or 1, or -1: the planner chooses (never with several ranks or ZeRO)
     dc_dtype grad_comm;  // gradients between ranks: DC_F32 (0), or DC_BF16 (bf16 copies on the device)
     bool folds;          // the backend sums micro-batches apart (dc_trainer_folds: the CPU), which at stage 0

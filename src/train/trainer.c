@@ -138,11 +138,17 @@ int dc_trainer_init(dc_trainer *tr, dc_model *model, const dc_dataset *data,
     if (data->channels != mi->channels || data->height != mi->height || data->width != mi->width)
         return dc_fail("data images are %dx%dx%d but the model takes %dx%dx%d", data->channels,
                        data->height, data->width, mi->channels, mi->height, mi->width);
-    // The data sets hold class labels: text-conditioned training needs captions.
-    if (mi->cond != DC_COND_LABELS)
-        return dc_fail("this %s is conditioned on text; training reads class labels only", model->ops->name);
-    if (data->num_classes > mi->num_classes)
+    if (mi->frames != 1) return dc_fail("the model takes %d frames a sample; the data holds images", mi->frames);
+    // The data must carry what the model is conditioned on.
+    static const char *const what[] = {[DC_COND_LABELS] = "class labels", [DC_COND_TEXT] = "text"};
+    if (mi->cond != data->cond)
+        return dc_fail("this %s is conditioned on %s, but the data set carries %s", model->ops->name, what[mi->cond],
+                       what[data->cond]);
+    if (mi->cond == DC_COND_LABELS && data->num_classes > mi->num_classes)
         return dc_fail("data has %d classes but the model only %d", data->num_classes, mi->num_classes);
+    if (mi->cond == DC_COND_TEXT && (data->text_len != mi->ctx_len || data->text_dim != mi->ctx_dim))
+        return dc_fail("the data's text embeddings are %d x %d but the %s reads %d x %d", data->text_len,
+                       data->text_dim, model->ops->name, mi->ctx_len, mi->ctx_dim);
     tr->cfg = *cfg, tr->model = model, tr->be = model->be, tr->data = data;
     dc_backend *be = tr->be;
     const bool fold = dc_trainer_folds(be);
@@ -159,8 +165,7 @@ int dc_trainer_init(dc_trainer *tr, dc_model *model, const dc_dataset *data,
     }
 
     int64_t mb = cfg->micro_batch;
-    int64_t img = (int64_t)mi->channels * mi->height * mi->width;
-    int64_t oimg = (int64_t)mi->out_channels * mi->height * mi->width;
+    int64_t img = dc_model_info_numel(mi), oimg = img / mi->channels * mi->out_channels;
     int ok = 1;
     tr->x0 = alloc_buf(be, mb * img, DC_F32, &ok);
     tr->xt = alloc_buf(be, mb * img, DC_F32, &ok);
@@ -171,13 +176,12 @@ int dc_trainer_init(dc_trainer *tr, dc_model *model, const dc_dataset *data,
     tr->gstats = alloc_buf(be, 2, DC_F32, &ok);
     tr->h_losses = malloc((size_t)cfg->batch * 2 * sizeof(float));
     tr->t = alloc_buf(be, mb, DC_F32, &ok);
-    tr->y = alloc_buf(be, mb, DC_I32, &ok);
-    tr->cond = (dc_cond){.y = tr->y};
+    if (dc_batch_cond_init(&tr->cond, data, be, (int)mb)) return dc_trainer_free(tr), -1;
     tr->h_x0 = malloc(mb * img * sizeof(float));
     tr->h_t = malloc(mb * sizeof(int));
-    tr->h_y = malloc(mb * sizeof(int32_t)), tr->h_keys = malloc(mb * sizeof(uint32_t));
+    tr->h_keys = malloc(mb * sizeof(uint32_t));
     tr->h_coef = malloc(mb * sizeof(dc_loss_coef));
-    if (!ok || !tr->h_x0 || !tr->h_t || !tr->h_y || !tr->h_losses ||
+    if (!ok || !tr->h_x0 || !tr->h_t || !tr->h_losses ||
         !tr->h_keys || !tr->h_coef) {
         dc_trainer_free(tr);
         return dc_fail("out of memory for the training state");
@@ -189,20 +193,20 @@ void dc_trainer_free(dc_trainer *tr) {
     dc_backend *be = tr->be;
     dc_optimizer_free(tr->opt);
     if (be) {
-        dc_buf *bufs[] = {&tr->x0, &tr->xt, &tr->eps, &tr->out, &tr->dout, &tr->losses, &tr->gstats, &tr->t,
-                          &tr->y};
+        dc_buf *bufs[] = {&tr->x0, &tr->xt, &tr->eps, &tr->out, &tr->dout, &tr->losses, &tr->gstats, &tr->t};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             if (bufs[i]->p) be->free(be, bufs[i]->p);
+        dc_batch_cond_free(&tr->cond, be);
         dc_schedule_free(&tr->sched);
         dc_order_free(&tr->order);
     }
     free(tr->h_x0), free(tr->h_t);
-    free(tr->h_y), free(tr->h_keys), free(tr->h_coef), free(tr->h_losses);
+    free(tr->h_keys), free(tr->h_coef), free(tr->h_losses);
     memset(tr, 0, sizeof *tr);
 }
 
 // Stages images done .. done+n-1 of the current step: data position,
-// flips and label dropout, each drawn from (seed, index in the global batch,
+// flips and conditioning with dropout, each drawn from (seed, index in the global batch,
 // step), the keying the diffusion draws use too.
 static void stage_micro_batch(dc_trainer *tr, int done, int n) {
     const dc_dataset *ds = tr->data;
@@ -216,7 +220,7 @@ static void stage_micro_batch(dc_trainer *tr, int done, int n) {
         bool flip = c->hflip && (dc_rand_u32_at(c->seed, key, step, DC_STREAM_FLIP, 0) & 1);
         dc_dataset_get(ds, idx, tr->h_x0 + i * img, flip);
         float u = dc_u32_to_unit(dc_rand_u32_at(c->seed, key, step, DC_STREAM_DROPOUT, 0));
-        tr->h_y[i] = u < c->class_dropout ? tr->model->info.num_classes : ds->labels[idx];
+        dc_batch_cond_set(&tr->cond, ds, i, idx, u < c->class_dropout, tr->model->info.num_classes);
         tr->h_keys[i] = key;
     }
 }
@@ -272,14 +276,14 @@ static int micro_batch(dc_trainer *tr, int done, int n) {
     const dc_train_config *c = &tr->cfg;
     const dc_model_info *mi = &m->info;
     const int C = mi->channels;
-    const int64_t HW = (int64_t)mi->height * mi->width;
+    const int64_t HW = (int64_t)mi->frames * mi->height * mi->width;  // a channel's elements
     stage_micro_batch(tr, done, n);
     be->upload(be, tr->x0.p, tr->h_x0, (size_t)n * C * HW * sizeof(float));
-    be->upload(be, tr->y.p, tr->h_y, (size_t)n * sizeof(int32_t));
+    dc_batch_cond_upload(&tr->cond, be, n);
     dc_diffusion_draw_timesteps(tr->h_t, tr->h_keys, n, tr->sched.n, c->seed, (uint32_t)tr->step);
     DC_TRY(dc_diffusion_prepare_batch(be, &tr->sched, tr->xt, tr->eps, tr->t, tr->h_coef, tr->x0, tr->h_t,
                                       tr->h_keys, n, C * HW, c->seed, (uint32_t)tr->step));
-    DC_TRY(dc_model_forward(m, tr->out, tr->xt, tr->t, &tr->cond, n));
+    DC_TRY(dc_model_forward(m, tr->out, tr->xt, tr->t, &tr->cond.dev, n));
     // d(mean over the global batch)/d out: each image weighs 1 / batch
     DC_TRY(dc_diffusion_loss(be, tr->dout, dc_buf_at(tr->losses, 2 * (int64_t)done), tr->out, tr->x0, tr->xt,
                              tr->eps, tr->h_coef, n, C, mi->out_channels, HW, 1.0f / c->batch, NULL, NULL));

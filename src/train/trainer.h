@@ -1,4 +1,5 @@
-// Training a diffusion model (any dc_model) with the official DiT objective:
+// Training a diffusion model (any dc_model) with the objective of Peebles &
+// Xie's official code (eps MSE plus the variational bound of a learned variance):
 // AdamW, optional warmup and gradient clipping, gradient accumulation up to a
 // global batch, EMA.
 //
@@ -15,6 +16,7 @@
 #include "io/safetensors.h"
 #include "models/model.h"
 #include "dist/comm.h"
+#include "train/batch_cond.h"
 #include "train/data.h"
 #include "train/offload.h"
 #include "train/optimizer.h"
@@ -32,7 +34,7 @@ typedef struct {
     // diffusers' (1 + n) / (10 + n) with n = k - 1, so the first update copies
     // the weights and the EMA follows a short run's weights instead of holding
     // on to the initial ones. false: ema_decay from the first step, as the
-    // official DiT code does.
+    // official code of Peebles & Xie does.
     bool ema_warmup;
     float class_dropout;  // probability of replacing a label by the null class
     bool hflip;           // random horizontal flips
@@ -57,7 +59,7 @@ typedef struct {
 // order (dc_optim_plain.fold): the CPU backend.
 bool dc_trainer_folds(const dc_backend *be);
 
-// The official DiT recipe (lr 1e-4, betas 0.9/0.999, no decay, EMA 0.9999,
+// The official recipe of Peebles & Xie (lr 1e-4, betas 0.9/0.999, no decay, EMA 0.9999,
 // batch 256, dropout 0.1), with the EMA warm-up: its decay reaches 0.9999 at
 // step 89991, after which a run's EMA approaches the official code's by a
 // factor 0.9999 a step (e^-31 by step 400K, the paper's length).
@@ -99,20 +101,21 @@ typedef struct {
     bool allow_data_change;         // restore: accept a data set whose fingerprint differs
     dc_comm *comm;                  // several ranks (data parallel), or NULL: one
     bool started;                   // a step ran: the ranks are fixed
-    dc_buf t, y;                    // [mb] float timesteps, int32 labels
-    dc_cond cond;                   // the micro-batch's conditioning (labels y)
+    dc_buf t;                       // [mb] float timesteps
+    dc_batch_cond cond;             // the micro-batch's conditioning, staged from the data (cond.dev)
     // host staging
     float *h_x0;
     int *h_t;
-    int32_t *h_y;
     uint32_t *h_keys;
     dc_loss_coef *h_coef;
     float *h_losses;
 } dc_trainer;
 
-// Sets up training of `model` (created with gradients) on `data`; the EMA
-// starts as an exact copy of the weights, the moments at zero. Models
-// conditioned on class labels train with label dropout to the null label.
+// Sets up training of `model` (created with gradients) on `data`, which must
+// carry the conditioning the model reads (class labels, or text embeddings
+// of the model's length and width); the EMA starts as an exact copy of the
+// weights, the moments at zero. Dropout (class_dropout) replaces a label by
+// the null label, a caption by the empty prompt.
 int dc_trainer_init(dc_trainer *tr, dc_model *model, const dc_dataset *data,
                     const dc_train_config *cfg);
 // Data parallel over comm's ranks with ZeRO stage zero_stage (0, 1 or 2),

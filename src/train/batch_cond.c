@@ -1,0 +1,59 @@
+#include "train/batch_cond.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+
+int dc_batch_cond_init(dc_batch_cond *c, const dc_dataset *ds, dc_backend *be, int rows) {
+    memset(c, 0, sizeof *c);
+    c->kind = ds->cond, c->rows = rows;
+    const size_t seq = (size_t)ds->text_len * (size_t)ds->text_dim;  // one row's embeddings
+    bool ok;
+    if (c->kind == DC_COND_LABELS) {
+        c->dev.y = (dc_buf){be->alloc(be, (size_t)rows * sizeof(int32_t)), DC_I32};
+        c->labels = malloc((size_t)rows * sizeof *c->labels);
+        ok = c->dev.y.p && c->labels;
+    } else {
+        if (ds->text_len < 1 || ds->text_dim < 1 || !ds->text || !ds->text_lens || !ds->text_null)
+            return dc_fail("a text data set without its embeddings, lengths and empty prompt");
+        c->dev.ctx = (dc_buf){be->alloc(be, (size_t)rows * seq * sizeof(float)), DC_F32};
+        c->dev.lens = (dc_buf){be->alloc(be, (size_t)rows * sizeof(int32_t)), DC_I32};
+        c->dev.len = ds->text_len, c->dev.dim = ds->text_dim;
+        c->ctx = malloc((size_t)rows * seq * sizeof *c->ctx);
+        c->lens = malloc((size_t)rows * sizeof *c->lens);
+        ok = c->dev.ctx.p && c->dev.lens.p && c->ctx && c->lens;
+    }
+    if (!ok) {
+        dc_batch_cond_free(c, be);
+        return dc_fail("out of memory for the conditioning of %d images", rows);
+    }
+    return 0;
+}
+
+void dc_batch_cond_set(dc_batch_cond *c, const dc_dataset *ds, int i, int64_t idx, bool drop, int null_label) {
+    if (c->kind == DC_COND_LABELS) {
+        c->labels[i] = drop ? null_label : ds->labels[idx];
+        return;
+    }
+    const size_t seq = (size_t)c->dev.len * (size_t)c->dev.dim;
+    memcpy(c->ctx + (size_t)i * seq, drop ? ds->text_null : ds->text + (size_t)idx * seq, seq * sizeof *c->ctx);
+    c->lens[i] = drop ? ds->text_null_len : ds->text_lens[idx];
+}
+
+void dc_batch_cond_upload(dc_batch_cond *c, dc_backend *be, int n) {
+    if (c->kind == DC_COND_LABELS) {
+        be->upload(be, c->dev.y.p, c->labels, (size_t)n * sizeof *c->labels);
+        return;
+    }
+    be->upload(be, c->dev.ctx.p, c->ctx, (size_t)n * c->dev.len * c->dev.dim * sizeof *c->ctx);
+    be->upload(be, c->dev.lens.p, c->lens, (size_t)n * sizeof *c->lens);
+}
+
+void dc_batch_cond_free(dc_batch_cond *c, dc_backend *be) {
+    dc_buf *bufs[] = {&c->dev.y, &c->dev.ctx, &c->dev.lens};
+    for (int i = 0; i < 3; i++)
+        if (bufs[i]->p) be->free(be, bufs[i]->p);
+    free(c->labels), free(c->ctx), free(c->lens);
+    memset(c, 0, sizeof *c);
+}
