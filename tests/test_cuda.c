@@ -311,7 +311,7 @@ static void test_model(void) {
     pair grad = {mc.params.grad, mg.params.grad, np};
     compare("DiT backward (all gradients)", grad, g_ct == DC_F32 ? 1e-4 : 3e-2);
     // sampling: 6 guided DDPM steps, the GPU replaying its recorded step from the second on
-    dc_dit_sampler_opts so = dc_dit_sampler_opts_default();
+    dc_gaussian_sampler_opts so = dc_gaussian_sampler_opts_default();
     so.steps = 6, so.cfg_scale = 4.0f, so.seed = 11, so.null_class = cfg.num_classes;
     dc_sampler sc, sg;
     enum { NS = 2 };
@@ -322,7 +322,7 @@ static void test_model(void) {
     g_cpu->upload(g_cpu, yl.c.p, ys, sizeof ys), g_gpu->upload(g_gpu, yl.g.p, ys, sizeof ys);
     const dc_cond cc = {.y = yl.c}, cg = {.y = yl.g};
     uint32_t is[NS] = {4, 5};
-    if (dc_dit_sampler_init(&sc, g_cpu, &so, C, S, S, NS) || dc_dit_sampler_init(&sg, g_gpu, &so, C, S, S, NS) ||
+    if (dc_gaussian_sampler_init(&sc, g_cpu, &so, C, S, S, NS) || dc_gaussian_sampler_init(&sg, g_gpu, &so, C, S, S, NS) ||
         dc_sampler_run(&sc, xs.c, &cc, is, NS, eval_dit, NULL, &mc, NULL, NULL) ||
         dc_sampler_run(&sg, xs.g, &cg, is, NS, eval_dit, NULL, &mg, NULL, NULL)) {
         printf("FAIL sampler: %s\n", dc_error());

@@ -96,10 +96,10 @@ static void test_errors(void) {
                          .mlp_hidden = 256, .num_classes = 10, .learn_sigma = true};
     dc_dit m;
     dc_sampler smp;
-    dc_dit_sampler_opts so = dc_dit_sampler_opts_default();
+    dc_gaussian_sampler_opts so = dc_gaussian_sampler_opts_default();
     so.steps = 2, so.null_class = cfg.num_classes;
     if (dc_dit_create(&m, &cfg, be, true) || dc_dit_init_weights(&m, 1) || dc_dit_reserve(&m, 1) ||
-        dc_dit_sampler_init(&smp, be, &so, cfg.in_channels, cfg.input_size, cfg.input_size, 1)) {
+        dc_gaussian_sampler_init(&smp, be, &so, cfg.in_channels, cfg.input_size, cfg.input_size, 1)) {
         printf("FAIL error-case setup: %s\n", dc_error());
         g_fail++;
         dc_backend_destroy(be);

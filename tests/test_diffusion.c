@@ -124,7 +124,7 @@ static void test_schedule(void) {
 
     // The training process create_diffusion("") is the base respaced to 1000 steps.
     dc_schedule tr;
-    if (dc_schedule_init_dit(&tr, 1000, 1000)) {
+    if (dc_schedule_init_gaussian(&tr, 1000, 1000)) {
         check("training schedule", false, "%s", dc_error());
         return;
     }
@@ -194,7 +194,7 @@ static void test_respace(void) {
     for (size_t q = 0; q < 3; q++) {
         int N = Ms[q];
         dc_schedule s;
-        if (dc_schedule_init_dit(&s, 1000, N)) { check("respace", false, "%s", dc_error()); continue; }
+        if (dc_schedule_init_gaussian(&s, 1000, N)) { check("respace", false, "%s", dc_error()); continue; }
         ref_space(N, want);
         static ld_proc p;
         ld_proc_init(&p, want, N);
@@ -254,7 +254,7 @@ static void test_loss(dc_backend *be) {
     const int ts[B] = {0, 0, 0, 1, 2, 10, 500, 998, 999};
     const float grad_scale = 1.0f / B;
     dc_schedule tr;
-    if (dc_schedule_init_dit(&tr, 1000, 1000)) { check("loss schedule", false, "%s", dc_error()); return; }
+    if (dc_schedule_init_gaussian(&tr, 1000, 1000)) { check("loss schedule", false, "%s", dc_error()); return; }
     dc_loss_coef coef[B];
     float *out = fbuf(B * 2 * N), *x0 = fbuf(B * N), *xt = fbuf(B * N), *eps = fbuf(B * N);
     float *dout = fbuf(B * 2 * N), *losses = fbuf(2 * B);
@@ -429,7 +429,7 @@ static void test_steps(dc_backend *be) {
     static ld_proc p;
     ld_proc_init(&p, ts, 250);
     dc_schedule s;
-    if (dc_schedule_init_dit(&s, 1000, 250)) { check("step schedule", false, "%s", dc_error()); return; }
+    if (dc_schedule_init_gaussian(&s, 1000, 250)) { check("step schedule", false, "%s", dc_error()); return; }
     float x[B * N], out[B * 2 * N], z[B * N], x1[B * N];
     for (int i = 0; i < B * N; i++) {
         x[i] = dc_randn_at(3, (uint32_t)i, 0, DC_STREAM_INIT, 0);

@@ -68,7 +68,7 @@ static void test_ladder(void) {
     dc_schedule_free(&f);
     CHECK(dc_schedule_init_flow(&f, 1000, 0) != 0, "a shift of 0 is refused");
     // A discrete schedule is not a flow's.
-    CHECK(dc_schedule_init_dit(&f, 1000, 10) == 0 && dc_flow_ladder(&f, 4, t, sig) != 0,
+    CHECK(dc_schedule_init_gaussian(&f, 1000, 10) == 0 && dc_flow_ladder(&f, 4, t, sig) != 0,
           "a flow ladder on a discrete schedule is refused");
     dc_schedule_free(&f);
 }

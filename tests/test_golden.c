@@ -335,7 +335,7 @@ static int check_loss(const dc_st_file *f, dc_backend *be, int C, int S) {
     float *host = malloc((size_t)(2 * n) * sizeof *host);
     void *dx0 = NULL, *deps = NULL, *dxt = NULL, *dout_m = NULL, *dq = NULL, *dg = NULL, *dl = NULL;
     if (!x0 || !eps || !xt || !out || !want_mse || !want_vb || !want_dout || !host ||
-        dc_st_read_f32(f, tt, tf) || dc_schedule_init_dit(&sch, DC_DIFFUSION_STEPS, DC_DIFFUSION_STEPS)) {
+        dc_st_read_f32(f, tt, tf) || dc_schedule_init_gaussian(&sch, DC_DIFFUSION_STEPS, DC_DIFFUSION_STEPS)) {
         printf("  FAIL loss: %s\n", dc_error());
         fails++;
         goto done;

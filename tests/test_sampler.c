@@ -48,7 +48,7 @@ static void count_progress(void *ctx, int step, int total) {
 }
 
 // The same run, in long double, written from the official loops.
-static void ref_sample(const dc_dit_sampler_opts *o, int C, int HW, const int32_t *y, const uint32_t *idx,
+static void ref_sample(const dc_gaussian_sampler_opts *o, int C, int HW, const int32_t *y, const uint32_t *idx,
                        int B, ld *x) {
     static int ts[1000];
     static ld_proc p;
@@ -99,12 +99,12 @@ static void test_sampler(dc_backend *be) {
     const dc_cond cond = {.y = {(void *)y, DC_I32}}, cond1 = {.y = {(void *)(y + 1), DC_I32}},
                   cond2 = {.y = {(void *)(y + 2), DC_I32}};
     for (size_t q = 0; q < sizeof runs / sizeof runs[0]; q++) {
-        dc_dit_sampler_opts o = dc_dit_sampler_opts_default();
+        dc_gaussian_sampler_opts o = dc_gaussian_sampler_opts_default();
         o.steps = runs[q].steps, o.kind = runs[q].kind, o.eta = runs[q].eta;
         o.cfg_scale = runs[q].cfg, o.guided_channels = runs[q].guided, o.learn_sigma = runs[q].ls;
         o.seed = 31337, o.null_class = 10;
         dc_sampler smp;
-        if (dc_dit_sampler_init(&smp, be, &o, C, H, W, B)) { check(runs[q].name, false, "%s", dc_error()); continue; }
+        if (dc_gaussian_sampler_init(&smp, be, &o, C, H, W, B)) { check(runs[q].name, false, "%s", dc_error()); continue; }
         fake_model m = {.C = C, .HW = HW, .null_class = 10, .learn_sigma = runs[q].ls};
         float x[B * N], x1[N];
         g_prog_calls = g_prog_last = 0;
@@ -138,14 +138,14 @@ static void test_sampler(dc_backend *be) {
               tok ? "ok" : "BAD", indep ? "yes" : "NO", g_prog_calls, o.steps);
         dc_sampler_free(&smp);
     }
-    dc_dit_sampler_opts bad = dc_dit_sampler_opts_default();
+    dc_gaussian_sampler_opts bad = dc_gaussian_sampler_opts_default();
     bad.guided_channels = 5;
     dc_sampler smp;
-    bool rej = dc_dit_sampler_init(&smp, be, &bad, C, H, W, 2) != 0;
+    bool rej = dc_gaussian_sampler_init(&smp, be, &bad, C, H, W, 2) != 0;
     check("sampler rejects guided channels > C", rej, "%s", dc_error());
-    bad = dc_dit_sampler_opts_default();
+    bad = dc_gaussian_sampler_opts_default();
     bad.kind = DC_STEP_DDIM, bad.eta = 3.0f;
-    rej = dc_dit_sampler_init(&smp, be, &bad, C, H, W, 2) != 0;
+    rej = dc_gaussian_sampler_init(&smp, be, &bad, C, H, W, 2) != 0;
     check("sampler rejects DDIM eta = 3", rej, "%s", dc_error());
 }
 
@@ -183,18 +183,18 @@ static void test_sampler_text(dc_backend *be) {
     for (int j = 0; j < TL * TD; j++) null_emb[j] = 5.0f;
     for (int b = 0; b < B; b++)
         for (int j = 0; j < TL * TD; j++) emb[b * TL * TD + j] = 5.0f + (float)(1 + y[b] % 3);
-    dc_dit_sampler_opts o = dc_dit_sampler_opts_default();
+    dc_gaussian_sampler_opts o = dc_gaussian_sampler_opts_default();
     o.steps = 10, o.cfg_scale = 4.0f, o.guided_channels = 3, o.seed = 31337, o.null_class = 10;
     float xl[B * N], xt[B * N];
     dc_sampler sl, st;
     fake_model ml = {.C = C, .HW = HW, .null_class = 10, .learn_sigma = true}, mt = ml;
     const dc_cond labels = {.y = {(void *)y, DC_I32}};
     const dc_cond text = {.ctx = dc_buf_f32(emb), .len = TL, .dim = TD};
-    int rc = dc_dit_sampler_init(&sl, be, &o, C, H, W, B);
+    int rc = dc_gaussian_sampler_init(&sl, be, &o, C, H, W, B);
     rc |= dc_sampler_run(&sl, dc_buf_f32(xl), &labels, idx, B, fake_eval, NULL, &ml, NULL, NULL);
-    dc_dit_sampler_opts ot = o;
+    dc_gaussian_sampler_opts ot = o;
     ot.ctx_len = TL, ot.ctx_dim = TD, ot.null_ctx = dc_buf_f32(null_emb);
-    rc |= dc_dit_sampler_init(&st, be, &ot, C, H, W, B);
+    rc |= dc_gaussian_sampler_init(&st, be, &ot, C, H, W, B);
     rc |= dc_sampler_run(&st, dc_buf_f32(xt), &text, idx, B, fake_text_eval, NULL, &mt, NULL, NULL);
     check("sampler, text conditioning with guidance == labels", rc == 0 && mt.bad_t == 0 &&
                                                                     mt.calls == o.steps && !memcmp(xl, xt, sizeof xl),
@@ -209,7 +209,7 @@ static void test_sampler_text(dc_backend *be) {
     check("sampler rejects embeddings for a label model", rej, "%s", dc_error());
     dc_sampler_free(&sl), dc_sampler_free(&st);
     ot.null_ctx = dc_buf_none();
-    rej = dc_dit_sampler_init(&st, be, &ot, C, H, W, B) != 0 && strstr(dc_error(), "unconditional embedding");
+    rej = dc_gaussian_sampler_init(&st, be, &ot, C, H, W, B) != 0 && strstr(dc_error(), "unconditional embedding");
     check("sampler: text guidance needs the unconditional embedding", rej, "%s", dc_error());
 }
 
@@ -226,7 +226,7 @@ static void test_cpu_backend(dc_backend *host) {
                  cpu->diffusion_loss == dc_cpu_diffusion_loss &&
                  cpu->cfg_combine == dc_cpu_cfg_combine && cpu->sampler_step == dc_cpu_sampler_step;
     enum { B = 2, C = 4, S = 8, N = C * S * S };
-    dc_dit_sampler_opts o = dc_dit_sampler_opts_default();
+    dc_gaussian_sampler_opts o = dc_gaussian_sampler_opts_default();
     o.steps = 20, o.cfg_scale = 3.0f, o.seed = 11, o.null_class = 10;
     const int32_t y[B] = {3, 4};
     const uint32_t idx[B] = {0, 1};
@@ -235,9 +235,9 @@ static void test_cpu_backend(dc_backend *host) {
     dc_sampler a, b;
     fake_model m = {.C = C, .HW = S * S, .null_class = 10, .learn_sigma = true};
     fake_model m2 = m;
-    int rc = dc_dit_sampler_init(&a, host, &o, C, S, S, B);
+    int rc = dc_gaussian_sampler_init(&a, host, &o, C, S, S, B);
     rc |= dc_sampler_run(&a, dc_buf_f32(xh), &cond, idx, B, fake_eval, NULL, &m, NULL, NULL);
-    rc |= dc_dit_sampler_init(&b, cpu, &o, C, S, S, B);
+    rc |= dc_gaussian_sampler_init(&b, cpu, &o, C, S, S, B);
     dc_buf xd = {cpu->alloc(cpu, sizeof xc), DC_F32};
     rc |= !xd.p || dc_sampler_run(&b, xd, &cond, idx, B, fake_eval, NULL, &m2, NULL, NULL);
     if (xd.p) cpu->download(cpu, xc, xd.p, sizeof xc), cpu->free(cpu, xd.p);
@@ -252,7 +252,7 @@ static void test_cpu_backend(dc_backend *host) {
     uint32_t keys[LB];
     dc_loss_coef coef[LB];
     dc_schedule tr;
-    rc = dc_schedule_init_dit(&tr, 1000, 1000);
+    rc = dc_schedule_init_gaussian(&tr, 1000, 1000);
     for (int i = 0; i < LB; i++) keys[i] = (uint32_t)i, dc_schedule_loss_coef(&tr, i * 66, &coef[i]);
     cpu->randn(cpu, dc_buf_f32(out), keys, LB, 2 * LN, 1, 0, DC_STREAM_INIT);
     cpu->randn(cpu, dc_buf_f32(x0), keys, LB, LN, 1, 1, DC_STREAM_INIT);

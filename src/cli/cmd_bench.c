@@ -196,12 +196,12 @@ static int bench_sample(const dc_kv *mc, const dc_model *layout, dc_backend *be,
     if (!y || !idx || !x.p || !yd.p) { dc_fail("out of memory"); goto done; }
     if (dc_model_create(mc, be, false, &m) || dc_model_init_weights(m, 0) || dc_model_reserve(m, rows)) goto done;
     const dc_model_info *mi = &m->info;
-    dc_dit_sampler_opts o = dc_dit_sampler_opts_default();
+    dc_gaussian_sampler_opts o = dc_gaussian_sampler_opts_default();
     o.steps = steps, o.cfg_scale = cfg, o.learn_sigma = mi->learn_sigma, o.null_class = mi->num_classes;
     for (int i = 0; i < batch; i++) y[i] = i % mi->num_classes, idx[i] = i;
     be->upload(be, yd.p, y, batch * sizeof *y);
     dc_cond cond = {.y = yd};
-    if (dc_dit_sampler_init(&s, be, &o, mi->channels, mi->height, mi->width, batch)) goto done;
+    if (dc_gaussian_sampler_init(&s, be, &o, mi->channels, mi->height, mi->width, batch)) goto done;
     // warm-up: the first run builds matrix-product plans and (on a GPU) the step's graph
     if (dc_sampler_run(&s, x, &cond, idx, batch, eval_model, NULL, m, NULL, NULL)) goto done;
     be->sync(be);
@@ -233,8 +233,6 @@ done:
 }
 
 int cmd_bench(int argc, char **argv) {
-    for (int k = 1; k < argc; k++)  // Stable Diffusion: its own flags
-        if (!strcmp(argv[k], "--sd") || !strncmp(argv[k], "--sd=", 5)) return cmd_bench_sd(argc, argv);
     const char *model = NULL, *device = "auto", *precision = "auto", *max_mem = NULL, *grad_comm = "fp32";
     int64_t budget = 0;
     int batch = 64, iters = 5, warm = 1, sample_batch = 32, sample_steps = 10, threads = 0, latency = 1;
@@ -281,7 +279,7 @@ int cmd_bench(int argc, char **argv) {
                      "as `diffusion train` reduces them (--zero S); rank 0 prints the images/s of\n"
                      "all ranks and of one, MFU per rank, the largest rank's memory and the\n"
                      "per-rank bytes of the state ZeRO shards.\n"
-                     "For Stable Diffusion: diffusion bench --sd PATH --help.",
+                     "A text-to-image pipeline has its own: see `diffusion --help`.",
                      specs, (int)(sizeof specs / sizeof specs[0]), 0, {0}, 0, {0}};
     int rc = args_parse(&ap, argc, argv);
     if (rc) return rc > 0 ? 0 : cli_usage_fail();

@@ -111,7 +111,7 @@ static int check_out_files(const char *dir, const int *classes, int ncls, int pe
 // The AUTOMATIC1111-style `parameters` text of a PNG, adapted to class
 // labels: the prompt names the class(es); the image's index joins the seed,
 // since a sample depends on both. NULL out of memory (message set).
-static char *png_parameters(const char *prompt, const dc_dit_sampler_opts *so, const char *sampler, int W,
+static char *png_parameters(const char *prompt, const dc_gaussian_sampler_opts *so, const char *sampler, int W,
                             int H, const char *ckpt, const char *which, int index) {
     // the checkpoint's file (or run folder's) name, as A1111 names the model
     char model[256];
@@ -140,7 +140,7 @@ static char *png_parameters(const char *prompt, const dc_dit_sampler_opts *so, c
 int cmd_sample(int argc, char **argv) {
     const char *ckpt = "runs/train", *classes_s = NULL, *grid = NULL, *out_dir = NULL;
     const char *sampler = "ddpm", *cfg_channels = "all", *device = "auto", *precision = "auto", *tensor_out = NULL;
-    dc_dit_sampler_opts so = dc_dit_sampler_opts_default();
+    dc_gaussian_sampler_opts so = dc_gaussian_sampler_opts_default();
     int per_class = 8, batch = 16, heads = 0, threads = 0, grid_cols = 0;
     bool raw = false, no_verify = false;
     so.cfg_scale = 4.0f;
@@ -240,7 +240,7 @@ int cmd_sample(int argc, char **argv) {
     int64_t img = (int64_t)C * H * W;
     if (batch > N) batch = N;
     if (dc_model_reserve(m, so.cfg_scale > 1 ? 2 * batch : batch)) goto done;
-    if (dc_dit_sampler_init(&s, be, &so, C, H, W, batch)) goto done;
+    if (dc_gaussian_sampler_init(&s, be, &so, C, H, W, batch)) goto done;
     x = (dc_buf){be->alloc(be, (size_t)batch * img * 4), DC_F32};
     yd = (dc_buf){be->alloc(be, (size_t)batch * sizeof(int32_t)), DC_I32};
     all = malloc((size_t)N * img * sizeof *all);

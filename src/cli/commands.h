@@ -12,7 +12,7 @@ int cmd_forward_sd(int argc, char **argv);  // forward --component
 int cmd_info(int argc, char **argv);
 int cmd_export(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
-int cmd_bench_sd(int argc, char **argv);  // bench --sd
+int cmd_bench_sd(int argc, char **argv);  // bench --sd (main.c picks it)
 int cmd_tokenize(int argc, char **argv);
 int cmd_txt2img(int argc, char **argv);
 int cmd_img2img(int argc, char **argv);

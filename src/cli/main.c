@@ -1,4 +1,4 @@
-// diffusion: train, sample and inspect Diffusion Transformers.
+// diffusion: train, sample and inspect diffusion models.
 #include <stdio.h>
 #include <string.h>
 
@@ -17,19 +17,27 @@ int cli_usage_fail(void) {
     return CLI_EXIT_USAGE;
 }
 
+// bench times a class-conditional model's training and sampling, or with
+// --sd PATH a Stable Diffusion model's components and pictures (its own flags).
+static int bench(int argc, char **argv) {
+    for (int k = 1; k < argc; k++)
+        if (!strcmp(argv[k], "--sd") || !strncmp(argv[k], "--sd=", 5)) return cmd_bench_sd(argc, argv);
+    return cmd_bench(argc, argv);
+}
+
 static const struct {
     const char *name;
     int (*run)(int, char **);
     const char *help;
 } k_commands[] = {
-    {"train", cmd_train, "train a DiT (Fashion-MNIST by default), with checkpoints and --resume"},
+    {"train", cmd_train, "train a model (a small DiT on Fashion-MNIST by default), with checkpoints and --resume"},
     {"sample", cmd_sample, "draw class-conditional samples into a PNG grid, PNG files or a tensor file"},
     {"txt2img", cmd_txt2img, "draw pictures from a prompt with a Stable Diffusion 1.x/2.x model"},
     {"img2img", cmd_img2img, "redraw a picture toward a prompt with a Stable Diffusion model"},
     {"forward", cmd_forward, "evaluate a model (DiT, or an SD component) on tensors from a file"},
     {"info", cmd_info, "print a checkpoint's config, size, step and training settings"},
     {"export", cmd_export, "write EMA (or raw) weights under the official DiT key names"},
-    {"bench", cmd_bench, "measure training and sampling throughput on synthetic data"},
+    {"bench", bench, "measure training and sampling throughput on synthetic data (--sd PATH: SD's)"},
     {"tokenize", cmd_tokenize, "print the CLIP token ids of prompts, 77 a line, and their token counts"},
 };
 

@@ -235,8 +235,8 @@ int dc_sampler_run(dc_sampler *s, dc_buf x, const dc_cond *cond, const uint32_t 
 
 // ---- DiT ----------------------------------------------------------------------------------
 
-dc_dit_sampler_opts dc_dit_sampler_opts_default(void) {
-    dc_dit_sampler_opts o;
+dc_gaussian_sampler_opts dc_gaussian_sampler_opts_default(void) {
+    dc_gaussian_sampler_opts o;
     memset(&o, 0, sizeof o);
     o.steps = 250;
     o.kind = DC_STEP_DDPM;
@@ -246,13 +246,13 @@ dc_dit_sampler_opts dc_dit_sampler_opts_default(void) {
     return o;
 }
 
-int dc_dit_sampler_init(dc_sampler *s, dc_backend *be, const dc_dit_sampler_opts *opt, int C, int H,
+int dc_gaussian_sampler_init(dc_sampler *s, dc_backend *be, const dc_gaussian_sampler_opts *opt, int C, int H,
                         int W, int max_batch) {
     memset(s, 0, sizeof *s);
     if (opt->kind != DC_STEP_DDPM && opt->kind != DC_STEP_DDIM)
         return dc_fail("sampler: unknown sampler kind %d", (int)opt->kind);
     dc_schedule sched;
-    if (dc_schedule_init_dit(&sched, DC_DIFFUSION_STEPS, opt->steps) != 0)
+    if (dc_schedule_init_gaussian(&sched, DC_DIFFUSION_STEPS, opt->steps) != 0)
         return dc_fail_ctx("sampler: %d steps", opt->steps);
     dc_sample_plan plan;
     int rc = dc_schedule_plan(&sched, opt->kind, opt->eta, opt->learn_sigma, &plan);

@@ -148,10 +148,11 @@ int dc_sampler_run(dc_sampler *s, dc_buf x, const dc_cond *cond, const uint32_t 
 int dc_stage_text_cond(dc_backend *be, dc_buf dst, const dc_cond *cond, dc_buf null_ctx, int len,
                        int dim, int B, bool guide);
 
-// ---- DiT (the official sample.py) ----------------------------------------------------------
+// ---- GaussianDiffusion (guided-diffusion's, which ADM and DiT's sample.py run) ---------------
 
 // create_diffusion(str(steps)), p_sample_loop (or ddim_sample_loop) with
-// clip_denoised=False and forward_with_cfg when guidance is on.
+// clip_denoised=False and forward_with_cfg when guidance is on: the sampler
+// of models trained with the learned-sigma objective (diffusion/training_loss.h).
 typedef struct {
     int steps;            // respaced sampling steps (official default 250)
     dc_step_kind kind;    // DC_STEP_DDPM (ancestral, p_sample) or DC_STEP_DDIM
@@ -165,12 +166,12 @@ typedef struct {
     int ctx_len, ctx_dim; // text (ctx_len > 0): embeddings of [ctx_len, ctx_dim] per image,
     dc_buf null_ctx;      // and the unconditional one [ctx_len, ctx_dim] (e.g. of ""), on the backend
     bool x_given;         // x already holds the start noise: skip drawing it
-} dc_dit_sampler_opts;
+} dc_gaussian_sampler_opts;
 
 // 250 DDPM steps, no guidance, learned sigma, seed 0, null class 1000.
-dc_dit_sampler_opts dc_dit_sampler_opts_default(void);
+dc_gaussian_sampler_opts dc_gaussian_sampler_opts_default(void);
 
-// The DiT sampler: the respaced schedule's plan (dc_schedule_plan) on the
+// The GaussianDiffusion sampler: the respaced schedule's plan (dc_schedule_plan) on the
 // loop, for batches up to max_batch of C x H x W images.
-int dc_dit_sampler_init(dc_sampler *s, dc_backend *be, const dc_dit_sampler_opts *opt, int C, int H,
+int dc_gaussian_sampler_init(dc_sampler *s, dc_backend *be, const dc_gaussian_sampler_opts *opt, int C, int H,
                         int W, int max_batch);

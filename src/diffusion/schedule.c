@@ -169,7 +169,7 @@ done:
     return rc;
 }
 
-int dc_schedule_init_dit(dc_schedule *s, int T, int steps) {
+int dc_schedule_init_gaussian(dc_schedule *s, int T, int steps) {
     dc_schedule base;
     DC_TRY(dc_schedule_init_linear(&base, T));
     int rc = dc_schedule_respace(s, &base, steps);

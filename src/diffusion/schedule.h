@@ -69,10 +69,11 @@ int dc_schedule_init_linear(dc_schedule *s, int T);
 // steps of base with betas 1 - abar_i / abar_(previous kept), so the kept
 // alphas_cumprod are exactly the base ones. `out` must not alias `base`.
 int dc_schedule_respace(dc_schedule *out, const dc_schedule *base, int steps);
-// What create_diffusion(str(steps)) builds: the linear T-step process respaced
+// What guided-diffusion's create_diffusion(str(steps)) builds (DiT's and
+// ADM's schedule): the linear T-step process respaced
 // to `steps`. Training uses steps = T, as create_diffusion("") does (the
 // respaced betas differ from the linspace ones in the last bits).
-int dc_schedule_init_dit(dc_schedule *s, int T, int steps);
+int dc_schedule_init_gaussian(dc_schedule *s, int T, int steps);
 void dc_schedule_free(dc_schedule *s);
 
 // space_timesteps(T, "N") of respace.py, one section: frac_stride =

@@ -21,7 +21,7 @@ void dc_diffusion_draw_timesteps(int *t, const uint32_t *keys, int B, int n_step
                                  uint32_t step);
 
 // For x0[B, n] and host timesteps t[B] (step indices of s; s is the training
-// schedule, dc_schedule_init_dit(s, 1000, 1000)):
+// schedule, dc_schedule_init_gaussian(s, 1000, 1000)):
 //   eps[B, n]    = randn keyed (seed, keys[b], step, DC_STREAM_TRAIN_NOISE)
 //   xt[B, n]     = sqrt(abar_t) x0 + sqrt(1 - abar_t) eps
 //   t_model[B]   = float(s->timestep[t[b]]), the model's timestep input (skipped if NULL)

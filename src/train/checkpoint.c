@@ -16,7 +16,7 @@
 #define CKPT_FORMAT "diffusion.c checkpoint v2"
 
 // The first element of x[0, n) that is NaN or infinite (or negative, with
-// nonneg), or -1. In parallel: a DiT-XL checkpoint holds 2.7 G values.
+// nonneg), or -1. In parallel: a 675M-parameter model's checkpoint holds 2.7 G values.
 static int64_t first_bad(const float *x, int64_t n, bool nonneg) {
     int64_t bad = INT64_MAX;
     #pragma omp parallel for reduction(min : bad)

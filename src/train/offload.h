@@ -32,7 +32,7 @@
 // updates the EMA from the staged weights and writes them into the compute
 // copy: the backend's adamw with lr 0 on zero moments, which leaves the
 // weights as they are and runs exactly the plain step's EMA and cast. Fixed
-// tensors (DiT's pos_embed) are in no run: their compute copy and EMA keep
+// tensors (a fixed positional embedding) are in no run: their compute copy and EMA keep
 // their values. With clipping the global norm is needed first: the update
 // waits for the whole backward (no overlap).
 //
@@ -55,8 +55,8 @@
 // their sum less the backward. The worker would idle from its last unit
 // until the next backward's first gradients, while the device runs the
 // forward past the units it waited for: so a few units the forward reads
-// near its end (before its last unit, eight widest units' worth: DiT-XL/2's
-// blocks 21 to 28) are taken only when no other unit is queued. In
+// near its end (before its last unit, eight widest units' worth: the last
+// eight blocks of a 28-block transformer) are taken only when no other unit is queued. In
 // backward the others queue up ahead of them, so they are left for the end
 // of the update, which they fill while the device runs the forward up to
 // them; the worker then waits only for the forward's last unit, the loss
@@ -88,7 +88,7 @@
 // exists (bf16 on a GPU): the master is on the host and every reader has
 // its own source (checkpoints: the master and the device EMA; the forward:
 // the compute copy). Only the fixed tensors, which a forward may read in
-// fp32 (DiT's reads pos_embed from the parameters' data), stay in that
+// fp32 (a fixed positional embedding read from the parameters' data), stay in that
 // data: it shrinks to the prefix of the flat layout that holds them, and
 // dc_offload_free gives the model its full fp32 weights back (the master's).
 // The weights must therefore be loaded before dc_offload_create and not be

@@ -152,7 +152,7 @@ int dc_trainer_init(dc_trainer *tr, dc_model *model, const dc_dataset *data,
     tr->cfg = *cfg, tr->model = model, tr->be = model->be, tr->data = data;
     dc_backend *be = tr->be;
     const bool fold = dc_trainer_folds(be);
-    DC_TRY(dc_schedule_init_dit(&tr->sched, DC_DIFFUSION_STEPS, DC_DIFFUSION_STEPS));
+    DC_TRY(dc_schedule_init_gaussian(&tr->sched, DC_DIFFUSION_STEPS, DC_DIFFUSION_STEPS));
     DC_TRY(dc_order_init(&tr->order, data->n, cfg->seed));
     // The activations are planned at the first step, after offload or ZeRO
     // (dc_trainer_set_comm) have taken over the full gradient buffer and the

@@ -278,7 +278,7 @@ static int zero_finish(dc_optimizer *o, dc_buf gstats) {
     // Unit by unit: AdamW and the EMA on this rank's slice, its new weights
     // cast to the compute dtype, and every rank's slices all-gathered beside
     // the next unit's AdamW (where the communicator overlaps). A unit the
-    // ranks' slices tile exactly (no padding: DiT's blocks) is gathered in
+    // ranks' slices tile exactly (no padding: a transformer's equal blocks) is gathered in
     // place, straight into the compute copy (this rank's slice cast to its
     // place there); another into a bucket, copied into the compute copy when
     // the bucket comes round again.
