@@ -57,6 +57,11 @@ got2=$(printf '%s\n' "$prompts" | diffusion tokenize --vocab "$TMP/tiny2" - 2> /
   done
   grep -q "Steps: 3, Sampler: Euler a, CFG scale: 7.5, Seed: 0, Size: 32x32, Model hash: [0-9a-f]*, Model: tiny2" "$TMP/tiny2-s.png" \
     && pass "the PNG says how it was made (A1111 parameters)" || fail "no parameters text in the PNG"
+  # --prediction sample: the output read as x0 gives another picture than as epsilon; a misspelt one is refused
+  diffusion txt2img --model "$TMP/tiny1" "${G[@]}" --prediction sample --out "$TMP/tiny1-x0.png" > "$TMP/log" 2>&1 \
+    && grep -q "x0-prediction" "$TMP/log" && ! pixels "$TMP/tiny1-d.png" "$TMP/tiny1-x0.png" 0 \
+    && pass "txt2img --prediction sample reads the UNet's output as x0" || fail "--prediction sample: $(tail -2 "$TMP/log")"
+  expect_code 2 "txt2img --prediction x0 refused" diffusion txt2img --model "$TMP/tiny1" "${G[@]}" --prediction x0 --out "$TMP/x.png"
 
   # ---- the PNG's parameters: the model's hash and name, prompts on their lines
   # Model hash: as A1111, the first 10 hex digits of the file's SHA-256; a diffusers folder's is its UNet's file's

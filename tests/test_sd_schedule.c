@@ -433,6 +433,15 @@ static void test_warnings_and_plans(void) {
     dc_sd_sched_cfg_default(&c);
     n = dc_sd_sched_cfg_warnings(&c, DC_SCHED_DDIM, false, buf, sizeof buf);
     CHECK(n == 0, "SD's own config: %d: %s", n, buf);
+    static const struct { const char *name; int pred; } preds[] = {
+        {"epsilon", DC_PRED_EPS}, {"v_prediction", DC_PRED_V}, {"sample", DC_PRED_SAMPLE}};
+    for (int i = 0; i < 3; i++) {
+        char json[96];
+        snprintf(json, sizeof json, "{\"beta_schedule\": \"scaled_linear\", \"prediction_type\": \"%s\"}", preds[i].name);
+        rc = parse_cfg(json, &c);
+        CHECK(rc == 0 && c.prediction == preds[i].pred, "prediction_type %s read: %d", preds[i].name, c.prediction);
+        dc_sd_sched_cfg_free(&c);
+    }
 
     // zero terminal SNR with an epsilon model: DDIM cannot start at t = 999
     rc = parse_cfg("{\"beta_schedule\": \"scaled_linear\", \"beta_start\": 0.00085, \"beta_end\": 0.012,"

@@ -11,7 +11,8 @@
 #
 # The tiny SD models are written by the NEW build's sd_random (beside it in
 # build/tools/, or SD_RANDOM=path) and png_pixels compares pictures (PNG_PIXELS=
-# path). Prints one line a case and a summary; exit 0 when all are equal.
+# path). DATA=path trains on that data set instead of the installed
+# Fashion-MNIST. Prints one line a case and a summary; exit 0 when all are equal.
 set -uo pipefail
 old=${1:?usage: same_outputs.sh OLD_BIN NEW_BIN [cpu|cuda] [WORKDIR]}
 new=${2:?usage: same_outputs.sh OLD_BIN NEW_BIN [cpu|cuda] [WORKDIR]}
@@ -59,7 +60,7 @@ run() {
 }
 
 train=(train --depth 2 --hidden 64 --heads 4 --patch 4 --lr 1e-3 --warmup 3 --grad-clip 1
-       --log-every 5 --device "$dev" --seed 7 "${threads[@]}")
+       --log-every 5 --device "$dev" --seed 7 "${threads[@]}" ${DATA:+--data "$DATA"})
 run dit-train "${train[@]}" --batch 16 --steps 12 --out @OUT@/run
 run dit-accum "${train[@]}" --batch 16 --micro-batch 4 --steps 8 --recompute 1 --out @OUT@/run
 if [ "$dev" = cpu ]; then
