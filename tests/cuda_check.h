@@ -16,7 +16,7 @@
 #include "backend/backend.h"
 #include "core/error.h"
 #include "cuda_pair.h"
-#include "diffusion/sampler.h"
+#include "diffusion/gaussian.h"
 #include "models/dit.h"
 
 static double g_tol;   // for results computed in the compute dtype

@@ -9,7 +9,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
-#include "diffusion/sampler.h"
+#include "diffusion/gaussian.h"
 #include "diffusion/schedule.h"
 #include "diffusion_ref.h"
 

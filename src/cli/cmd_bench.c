@@ -15,7 +15,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/rng.h"
-#include "diffusion/sampler.h"
+#include "diffusion/gaussian.h"
 #include "models/registry.h"
 #include "train/trainer.h"
 #include "train/zero.h"

@@ -12,7 +12,7 @@
 #include "core/error.h"
 #include "core/fsutil.h"
 #include "core/log.h"
-#include "diffusion/sampler.h"
+#include "diffusion/gaussian.h"
 #include "io/png.h"
 #include "io/png_params.h"
 #include "text/unicode.h"

@@ -7,7 +7,6 @@
 #include <string.h>
 #include "core/error.h"
 #include "core/rng.h"
-#include "diffusion/schedule.h"
 
 int dc_sample_plan_init(dc_sample_plan *p, int n) {
     memset(p, 0, sizeof *p);
@@ -231,40 +230,4 @@ int dc_sampler_run(dc_sampler *s, dc_buf x, const dc_cond *cond, const uint32_t 
     if (!rc) rc = run_steps(s, x, idx, B, eval, ctx, progress, pctx);
     if (prepare) prepare(ctx, NULL, 0);  // the run is over: what was prepared is forgotten
     return rc;
-}
-
-// ---- DiT ----------------------------------------------------------------------------------
-
-dc_gaussian_sampler_opts dc_gaussian_sampler_opts_default(void) {
-    dc_gaussian_sampler_opts o;
-    memset(&o, 0, sizeof o);
-    o.steps = 250;
-    o.kind = DC_STEP_DDPM;
-    o.cfg_scale = 1.0f;
-    o.learn_sigma = true;
-    o.null_class = 1000;
-    return o;
-}
-
-int dc_gaussian_sampler_init(dc_sampler *s, dc_backend *be, const dc_gaussian_sampler_opts *opt, int C, int H,
-                        int W, int max_batch) {
-    memset(s, 0, sizeof *s);
-    if (opt->kind != DC_STEP_DDPM && opt->kind != DC_STEP_DDIM)
-        return dc_fail("sampler: unknown sampler kind %d", (int)opt->kind);
-    dc_schedule sched;
-    if (dc_schedule_init_gaussian(&sched, DC_DIFFUSION_STEPS, opt->steps) != 0)
-        return dc_fail_ctx("sampler: %d steps", opt->steps);
-    dc_sample_plan plan;
-    int rc = dc_schedule_plan(&sched, opt->kind, opt->eta, opt->learn_sigma, &plan);
-    dc_schedule_free(&sched);
-    if (rc) return rc;
-    dc_sample_setup set = {
-        .guide = opt->cfg_scale > 1.0f, .cfg_scale = opt->cfg_scale, .guided_channels = opt->guided_channels,
-        .null_class = opt->null_class, .ctx_len = opt->ctx_len, .ctx_dim = opt->ctx_dim,
-        .null_ctx = opt->null_ctx, .graph = true, .seed = opt->seed, .x_given = opt->x_given};
-    if (opt->guided_channels > C) {  // the guided channels are eps channels
-        dc_sample_plan_free(&plan);
-        return dc_fail("sampler: guided channels %d outside [0, %d]", opt->guided_channels, C);
-    }
-    return dc_sampler_init_plan(s, be, &set, &plan, C, H, W, opt->learn_sigma ? 2 * C : C, max_batch);
 }

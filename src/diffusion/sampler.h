@@ -6,7 +6,7 @@
 //   a schedule (noise levels)   schedule.h  DiT's GaussianDiffusion (betas, respacing)
 //                               sd_schedule.h  diffusers' discrete 1000-step schedules
 //                               flow.h      rectified flow (continuous sigma in [0, 1], shift)
-//   a sampler                   a plan maker: dc_schedule_plan (schedule.c: DiT's DDPM and
+//   a sampler                   a plan maker: dc_schedule_plan (gaussian.c: DiT's DDPM and
 //                               DDIM), dc_ksampler_plan (ksampler.c: SD's DDIM, Euler,
 //                               Euler a, DPM++ 2M), dc_flow_plan (flow.c: flow Euler).
 //                               Its steps are affine updates; a new update kind is needed
@@ -147,31 +147,3 @@ int dc_sampler_run(dc_sampler *s, dc_buf x, const dc_cond *cond, const uint32_t 
 // ([cond; null]). Fails, naming both, if cond's shape or dtype is not dst's.
 int dc_stage_text_cond(dc_backend *be, dc_buf dst, const dc_cond *cond, dc_buf null_ctx, int len,
                        int dim, int B, bool guide);
-
-// ---- GaussianDiffusion (guided-diffusion's, which ADM and DiT's sample.py run) ---------------
-
-// create_diffusion(str(steps)), p_sample_loop (or ddim_sample_loop) with
-// clip_denoised=False and forward_with_cfg when guidance is on: the sampler
-// of models trained with the learned-sigma objective (diffusion/training_loss.h).
-typedef struct {
-    int steps;            // respaced sampling steps (official default 250)
-    dc_step_kind kind;    // DC_STEP_DDPM (ancestral, p_sample) or DC_STEP_DDIM
-    float eta;            // DDIM only: 0 deterministic, 1 DDPM-like noise
-    float cfg_scale;      // classifier-free guidance; <= 1 means none (batch not doubled)
-    int guided_channels;  // eps channels that get guidance: 0 = all C; 3 = the official
-                          // forward_with_cfg quirk (guides channels 0..2 of 4)
-    uint64_t seed;
-    bool learn_sigma;     // model outputs 2C channels (eps, v); else C with FIXED_LARGE variance
-    int null_class;       // class labels: the null label (num_classes in DiT)
-    int ctx_len, ctx_dim; // text (ctx_len > 0): embeddings of [ctx_len, ctx_dim] per image,
-    dc_buf null_ctx;      // and the unconditional one [ctx_len, ctx_dim] (e.g. of ""), on the backend
-    bool x_given;         // x already holds the start noise: skip drawing it
-} dc_gaussian_sampler_opts;
-
-// 250 DDPM steps, no guidance, learned sigma, seed 0, null class 1000.
-dc_gaussian_sampler_opts dc_gaussian_sampler_opts_default(void);
-
-// The GaussianDiffusion sampler: the respaced schedule's plan (dc_schedule_plan) on the
-// loop, for batches up to max_batch of C x H x W images.
-int dc_gaussian_sampler_init(dc_sampler *s, dc_backend *be, const dc_gaussian_sampler_opts *opt, int C, int H,
-                        int W, int max_batch);

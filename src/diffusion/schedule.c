@@ -1,7 +1,7 @@
 // Discrete schedules' tables, and DiT's: GaussianDiffusion.__init__
 // mirrored operation by operation (numpy evaluates left to right, elementwise
 // in float64), so the tables match the official ones to the last bit wherever
-// libm and numpy agree on sqrt/log; respacing; DiT's sampling plan.
+// libm and numpy agree on sqrt/log; respacing.
 #include "diffusion/schedule.h"
 
 #include <math.h>
@@ -224,27 +224,5 @@ int dc_schedule_step_coef(const dc_schedule *s, int k, dc_step_kind kind, double
     c->ddim_dir = (float)sqrt(dir2);
     c->ddim_sigma = (float)sigma;
     c->add_noise = k != 0 && sigma > 0.0;
-    return 0;
-}
-
-int dc_schedule_plan(const dc_schedule *s, dc_step_kind kind, double eta, bool learn_sigma,
-                     dc_sample_plan *plan) {
-    if (!s->betas) return dc_fail("sampler: DiT's DDPM and DDIM run on a schedule made from betas");
-    DC_TRY(dc_sample_plan_init(plan, s->n));
-    for (int i = 0; i < s->n; i++) {
-        int k = s->n - 1 - i;
-        dc_sample_step *p = &plan->step[i];
-        if (dc_schedule_step_coef(s, k, kind, eta, learn_sigma, &p->dit) != 0) {
-            dc_sample_plan_free(plan);
-            return -1;
-        }
-        p->update = DC_UPDATE_DIT;
-        p->t = s->timestep[k];
-        p->c_in = 1;
-        p->sigma = s->sigmas[k];
-        p->sigma_next = k > 0 ? s->sigmas[k - 1] : 0;
-        p->noise = p->dit.add_noise;
-        p->noise_key = (uint32_t)k;
-    }
     return 0;
 }

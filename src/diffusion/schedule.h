@@ -23,7 +23,6 @@
 #pragma once
 #include <stdbool.h>
 #include "backend/op_math.h"
-#include "diffusion/sampler.h"
 
 #define DC_DIFFUSION_STEPS 1000  // the official diffusion_steps
 
@@ -97,11 +96,3 @@ int dc_schedule_loss_coef(const dc_schedule *s, int t, dc_loss_coef *c);
 // ancestral DDPM (p_sample) or DDIM with eta (ddim_sample), no clipping.
 int dc_schedule_step_coef(const dc_schedule *s, int k, dc_step_kind kind, double eta,
                           bool learn_sigma, dc_step_coef *c);
-// The sampling plan on s (sampler.h): step i runs spaced step k = n-1-i with
-// the backend's sampler_step (DC_UPDATE_DIT) and the record of
-// dc_schedule_step_coef, the model fed the original timestep timestep[k]
-// (_WrappedModel), its noise keyed k. DiT's DDIM stays this op rather than
-// the affine DDIM of the other plans: its float operations differ, and so
-// would the samples.
-int dc_schedule_plan(const dc_schedule *s, dc_step_kind kind, double eta, bool learn_sigma,
-                     dc_sample_plan *plan);
