@@ -20,43 +20,26 @@ static int dit_preset(const char *name, dc_kv *cfg) {
     return dc_dit_config_to_kv(&c, cfg);
 }
 
-// An override's value: 1 when entry `key` is set (into *v), 0 when not.
-static int override(const dc_kv *ov, const char *key, int *v, int *given) {
-    const char *s = ov ? dc_kv_get(ov, key) : NULL;
-    *given = s != NULL;
-    if (!s) return 0;
-    char *end;
-    long x = strtol(s, &end, 10);
-    if (end == s || *end || x < 1 || x > 1 << 30) return dc_fail("%s = '%s' is not a positive integer", key, s);
-    *v = (int)x;
-    return 0;
-}
-
 static int dit_configure(const dc_kv *base, const dc_kv *ov, const dc_data_shape *data, dc_kv *out) {
     dc_dit_config c;
     DC_TRY(dc_dit_config_from_kv(base, &c));
-    static const char *const known[] = {"model", "input_size", "patch_size", "in_channels", "hidden_size",
-                                        "depth", "num_heads", "mlp_hidden", "num_classes"};
-    for (int i = 0; ov && i < ov->n; i++) {
-        bool ok = false;
-        for (size_t k = 0; k < sizeof known / sizeof known[0]; k++) ok |= !strcmp(ov->keys[i], known[k]);
-        if (!ok || (!strcmp(ov->keys[i], "model") && strcmp(ov->values[i], "DiT")))
-            return dc_fail("a DiT config has no entry '%s' to set", ov->keys[i]);
-    }
+    static const char *const known[] = {"input_size", "patch_size", "in_channels", "hidden_size", "depth",
+                                        "num_heads",  "mlp_hidden", "num_classes", NULL};
+    DC_TRY(dc_model_overrides_known(ov, "DiT", known));
     int v = 0, given;
-    DC_TRY(override(ov, "patch_size", &c.patch, &given));
-    DC_TRY(override(ov, "depth", &c.depth, &given));
-    DC_TRY(override(ov, "hidden_size", &v, &given));
+    DC_TRY(dc_model_override_int(ov, "patch_size", &c.patch, &given));
+    DC_TRY(dc_model_override_int(ov, "depth", &c.depth, &given));
+    DC_TRY(dc_model_override_int(ov, "hidden_size", &v, &given));
     if (given) c.hidden = v, c.mlp_hidden = 4 * v, c.heads = dc_dit_heads_for_width(v);  // the official ratios
-    DC_TRY(override(ov, "mlp_hidden", &c.mlp_hidden, &given));
-    DC_TRY(override(ov, "num_heads", &c.heads, &given));
+    DC_TRY(dc_model_override_int(ov, "mlp_hidden", &c.mlp_hidden, &given));
+    DC_TRY(dc_model_override_int(ov, "num_heads", &c.heads, &given));
     // What the data gives: never the base's (a preset's 32x32x4 and 1000
     // classes are ImageNet's latents), the override's, else the data's.
     int *from_data[] = {&c.input_size, &c.in_channels, &c.num_classes};
     const char *data_keys[] = {"input_size", "in_channels", "num_classes"};
     for (int i = 0; i < 3; i++) {
         *from_data[i] = 0;
-        DC_TRY(override(ov, data_keys[i], from_data[i], &given));
+        DC_TRY(dc_model_override_int(ov, data_keys[i], from_data[i], &given));
     }
     if (data) {
         if (data->height != data->width || data->frames != 1)

@@ -1,10 +1,12 @@
 // The model registry: the one table that maps an architecture's name (a
-// file's "model" metadata entry, a config.json's, --model's preset) to its
-// constructor. A config is a list of metadata entries (dc_kv), "model" first,
-// exactly as checkpoints store it, so a model made from flags, from a preset
-// or from a file goes through the same constructor.
+// file's "model" metadata entry, a config.json's "_class_name", --model's
+// preset) to its constructor. A config is a list of metadata entries
+// (dc_kv), "model" first, exactly as checkpoints store it, so a model made
+// from flags, from a preset, from a file or from a config.json goes through
+// the same constructor.
 #pragma once
 #include <stdbool.h>
+#include "io/json.h"
 #include "io/kv.h"
 #include "io/safetensors.h"
 #include "models/model.h"
@@ -31,6 +33,9 @@ typedef struct {
     // the tensors named prefix + key. heads > 0 overrides the head count of
     // attention models (which no weight shape reveals).
     int (*config_of_file)(const dc_st_file *f, const char *prefix, int heads, dc_kv *cfg);
+    // The config of a diffusers/transformers config.json already parsed
+    // (root; path for messages). NULL: the architecture has none.
+    int (*config_of_json)(const dc_json *root, const char *path, dc_kv *cfg);
     // Creates the model of a complete config on be, with gradients if
     // with_grad; be NULL creates a layout: parameters registered (names,
     // shapes, units) but nothing allocated, for sizing (info, params,
@@ -50,6 +55,15 @@ const char *dc_model_presets_help(void);
 int dc_model_configure(const dc_kv *base, const dc_kv *overrides, const dc_data_shape *data, dc_kv *out);
 // The architecture's create (above), picked by cfg's "model" entry.
 int dc_model_create(const dc_kv *cfg, dc_backend *be, bool with_grad, dc_model **out);
+// For configure: refuses an override that is not one of `known` (NULL-ended)
+// or a "model" other than arch, naming the entry.
+int dc_model_overrides_known(const dc_kv *overrides, const char *arch, const char *const *known);
+// For configure: the integer override `key` (1 to 2^30) into *v, *given 1;
+// absent: *v kept, *given 0.
+int dc_model_override_int(const dc_kv *overrides, const char *key, int *v, int *given);
 // The config a file holds, by its architecture (models/model_io.h's
 // dc_model_kind_of_file).
 int dc_model_config_of_file(const dc_st_file *f, const char *prefix, int heads, dc_kv *cfg);
+// The config a diffusers/transformers config.json at path holds, into *cfg
+// (cleared first), by the architecture its "_class_name" (else "model") names.
+int dc_model_config_of_json(const char *path, dc_kv *cfg);

@@ -195,20 +195,35 @@ static void free_acts(dc_unet *m) {
     m->kv_ctx = NULL;
 }
 
-size_t dc_unet_activation_bytes(const dc_model *mm, int max_batch) {
-    const dc_unet *m = (const dc_unet *)mm;
+// The arena's bytes for max_batch in `compute`: the plan alone, nothing
+// allocated (a layout has no backend).
+static size_t acts_bytes(const dc_unet *m, dc_dtype compute, int max_batch) {
     unet_plan p;
     dc_unet_acts a;
     make_plan(m, &p);
     memset(&a, 0, sizeof a);
-    dc_arena ar = dc_arena_counting(m->be->compute);
+    dc_arena ar = dc_arena_counting(compute);
     carve(m, &p, &ar, &a, max_batch);
     return ar.used;
+}
+
+size_t dc_unet_activation_bytes(const dc_model *mm, int max_batch) {
+    const dc_unet *m = (const dc_unet *)mm;
+    return acts_bytes(m, m->be->compute, max_batch);
+}
+
+// The model interface's planner: the inference arena (every block keeps
+// nothing for a backward, so keep changes nothing).
+static int64_t unet_activation_bytes(const dc_model *mm, dc_dtype compute, int max_batch, int keep) {
+    (void)keep;
+    if (max_batch < 1 || max_batch > 65535) return dc_fail("batch %d: 1 to 65535 images per forward", max_batch);
+    return (int64_t)acts_bytes((const dc_unet *)mm, compute, max_batch);
 }
 
 static int unet_reserve(dc_model *mm, int max_batch) {
     dc_unet *m = (dc_unet *)mm;
     dc_backend *be = m->be;
+    if (!be) return dc_fail("a UNet layout (sized, not allocated) cannot run");
     if (max_batch < 1) return dc_fail("batch size must be at least 1");
     if (max_batch > 65535) return dc_fail("batch %d is too large: at most 65535 images per forward", max_batch);
     if (m->acts && m->max_batch >= max_batch) return 0;
@@ -417,6 +432,7 @@ static int unet_backward(dc_model *mm, dc_buf dout, int B) {
 static int unet_init(dc_model *mm, uint64_t seed) {
     dc_unet *m = (dc_unet *)mm;
     dc_params *ps = &m->params;
+    if (!m->be) return dc_fail("a UNet layout (sized, not allocated) has no weights to initialise");
     for (int i = 0; i < ps->count; i++) {
         const dc_param *p = &ps->items[i];
         const dc_dtype dt = dc_param_data(ps, i).dt;
@@ -478,6 +494,21 @@ static double unet_macs(const dc_model *mm) {
 
 static int unet_config_kv(const dc_model *mm, dc_kv *kv) { return dc_unet_config_to_kv(&((const dc_unet *)mm)->cfg, kv); }
 
+static void unet_describe(const dc_model *mm, char *buf, size_t n) {
+    const dc_unet *m = (const dc_unet *)mm;
+    const dc_unet_config *c = &m->cfg;
+    char ch[64] = "", heads[64] = "";
+    for (int i = 0, a = 0, b = 0; i < c->nblocks; i++) {
+        a += snprintf(ch + a, sizeof ch - (size_t)a, "%s%d", i ? " " : "", c->ch[i]);
+        b += snprintf(heads + b, sizeof heads - (size_t)b, "%s%d", i ? " " : "", c->heads[i]);
+    }
+    snprintf(buf, n,
+             "UNet2DConditionModel channels %s, %d layers per block, heads %s, latent %dx%dx%d\n"
+             "cross-attention %d wide, %s projections, %d groups",
+             ch, c->layers, heads, m->lh, m->lw, c->in_channels, c->ctx_dim, c->linear_proj ? "linear" : "1x1 conv",
+             c->groups);
+}
+
 static void unet_release(dc_model *mm) {
     dc_unet *m = (dc_unet *)mm;
     free_acts(m);
@@ -489,7 +520,8 @@ static void unet_release(dc_model *mm) {
 static const dc_model_ops unet_ops = {
     .name = "UNet2DConditionModel", .reserve = unet_reserve, .forward = unet_forward,
     .backward = unet_backward, .config_to_kv = unet_config_kv, .init_weights = unet_init,
-    .macs_per_image = unet_macs, .release = unet_release,
+    .macs_per_image = unet_macs, .describe = unet_describe, .activation_bytes = unet_activation_bytes,
+    .release = unet_release,
 };
 
 dc_unet *dc_unet_of(dc_model *m) { return m && m->ops == &unet_ops ? (dc_unet *)m : NULL; }
@@ -545,7 +577,8 @@ int dc_unet_new(const dc_unet_config *c, dc_backend *be, dc_dtype loaded, int la
     };
     m->mods = calloc(1, sizeof *m->mods);
     if (!m->mods) return free(m), dc_fail("out of memory");
-    if (unet_modules_add(&m->params, m->mods, c) || dc_params_alloc_frozen(&m->params, be, loaded)) {
+    // a layout (be NULL) stops at the registered parameters
+    if (unet_modules_add(&m->params, m->mods, c) || (be && dc_params_alloc_frozen(&m->params, be, loaded))) {
         unet_release(&m->base);
         free(m);
         return -1;

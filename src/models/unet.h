@@ -19,6 +19,7 @@
 #include "io/kv.h"
 #include "io/safetensors.h"
 #include "models/model.h"
+#include "models/registry.h"
 #include "nn/params.h"
 #include "nn/weights.h"
 
@@ -76,6 +77,8 @@ int dc_unet_config_infer(dc_unet_config *c, const dc_weights *w, dc_names names)
 int dc_unet_config_to_kv(const dc_unet_config *c, dc_kv *kv);
 // The config back from such metadata (a file this engine wrote).
 int dc_unet_config_from_meta(dc_unet_config *c, const dc_st_file *f);
+// The config back from such entries (a model registry config).
+int dc_unet_config_from_kv(dc_unet_config *c, const dc_kv *kv);
 
 // The original single-file (CompVis/Stability) name of the diffusers
 // parameter `param` ("down_blocks.1.resnets.0.conv1.weight" ->
@@ -104,7 +107,8 @@ typedef struct {
 // kept in `loaded` where the backend can (dc_params_alloc_frozen; the files'
 // dtype from dc_weights_dtype, or DC_F32), for latents of lh x lw (multiples
 // of 2^(nblocks-1)). info: 4 channels in and out, DC_COND_TEXT with ctx_len
-// 77 and ctx_dim. Free with dc_model_free.
+// 77 and ctx_dim. be NULL creates a layout: parameters registered, nothing
+// allocated (sizing: activation bytes, macs, config). Free with dc_model_free.
 int dc_unet_new(const dc_unet_config *c, dc_backend *be, dc_dtype loaded, int latent_h, int latent_w,
                 dc_model **out);
 // Registers the parameters of config c into ps (names and shapes, in
@@ -128,3 +132,6 @@ int dc_unet_prepare_text(dc_model *m, const dc_cond *cond, int B);
 // Bytes of the activations planned for max_batch at the current size (for
 // memory budgets); the backend's own workspaces come on top.
 size_t dc_unet_activation_bytes(const dc_model *m, int max_batch);
+
+// The UNet in the model registry (models/registry.h).
+extern const dc_model_arch dc_unet_arch;

@@ -381,20 +381,22 @@ int dc_unet_config_to_kv(const dc_unet_config *c, dc_kv *kv) {
 }
 
 // The metadata entries are config.json keys with JSON values: put them back
-// together as one JSON object and read it as a config.json.
-int dc_unet_config_from_meta(dc_unet_config *c, const dc_st_file *f) {
+// together as one JSON object and read it as a config.json. get(src, key)
+// gives an entry's value or NULL; what names the source in messages.
+static int config_of_entries(dc_unet_config *c, const char *(*get)(const void *src, const char *key),
+                             const void *src, const char *what) {
     static const char *const k_keys[] = {
         "in_channels", "out_channels", "block_out_channels", "layers_per_block", "down_block_types",
         "up_block_types", "num_attention_heads", "cross_attention_dim", "norm_num_groups", "norm_eps",
         "use_linear_projection", "upcast_attention", "sample_size",
     };
-    const char *model = dc_st_meta(f, "model");
+    const char *model = get(src, "model");
     if (!model || strcmp(model, "UNet2DConditionModel") != 0)
-        return dc_fail("%s: metadata does not describe a UNet2DConditionModel", f->path);
+        return dc_fail("%s does not describe a UNet2DConditionModel", what);
     size_t cap = 64, used = 0;
     for (size_t k = 0; k < sizeof k_keys / sizeof k_keys[0]; k++) {
-        const char *v = dc_st_meta(f, k_keys[k]);
-        if (!v) return dc_fail("%s: metadata has no '%s'", f->path, k_keys[k]);
+        const char *v = get(src, k_keys[k]);
+        if (!v) return dc_fail("%s has no '%s'", what, k_keys[k]);
         cap += strlen(k_keys[k]) + strlen(v) + 8;
     }
     char *text = malloc(cap);
@@ -402,19 +404,32 @@ int dc_unet_config_from_meta(dc_unet_config *c, const dc_st_file *f) {
     used += (size_t)snprintf(text, cap, "{");
     for (size_t k = 0; k < sizeof k_keys / sizeof k_keys[0]; k++)
         used += (size_t)snprintf(text + used, cap - used, "%s\"%s\": %s", k ? ", " : "", k_keys[k],
-                                 dc_st_meta(f, k_keys[k]));
+                                 get(src, k_keys[k]));
     used += (size_t)snprintf(text + used, cap - used, "}");
     dc_json_doc doc;
     int rc = dc_json_parse(&doc, text, used, 0);
     free(text);
-    if (rc) return dc_fail_ctx("%s: UNet metadata", f->path);
-    rc = dc_unet_config_from_json(c, doc.root, f->path);
+    if (rc) return dc_fail_ctx("%s", what);
+    rc = dc_unet_config_from_json(c, doc.root, what);
     dc_json_free(&doc);
     if (rc) return -1;
-    const char *pred = dc_st_meta(f, "prediction_type");
+    const char *pred = get(src, "prediction_type");
     if (pred && strcmp(pred, "v_prediction") == 0) c->prediction = DC_PRED_V;
     else if (pred && strcmp(pred, "sample") == 0) c->prediction = DC_PRED_SAMPLE;
     else if (pred && strcmp(pred, "epsilon") != 0)
-        return dc_fail("%s: metadata 'prediction_type' = '%s' (epsilon, v_prediction or sample)", f->path, pred);
+        return dc_fail("%s: 'prediction_type' = '%s' (epsilon, v_prediction or sample)", what, pred);
     return 0;
+}
+
+static const char *file_entry(const void *f, const char *key) { return dc_st_meta(f, key); }
+static const char *kv_entry(const void *kv, const char *key) { return dc_kv_get(kv, key); }
+
+int dc_unet_config_from_meta(dc_unet_config *c, const dc_st_file *f) {
+    char what[512];
+    snprintf(what, sizeof what, "%s: metadata", f->path);
+    return config_of_entries(c, file_entry, f, what);
+}
+
+int dc_unet_config_from_kv(dc_unet_config *c, const dc_kv *kv) {
+    return config_of_entries(c, kv_entry, kv, "a UNet config");
 }
