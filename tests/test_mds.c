@@ -240,11 +240,13 @@ static int open_fails(const char *dir, const char *want) {
     return 1;
 }
 
-static void copy_golden(const char *to) {
+static void copy_set(const char *sub, const char *to) {
     char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s' && cp -r " GOLDEN "/plain '%s'", to, to);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' && cp -r " GOLDEN "/%s '%s'", to, sub, to);
     if (system(cmd) != 0) exit(1);
 }
+
+static void copy_golden(const char *to) { copy_set("plain", to); }
 
 static void replace_in_index(const char *dir, const char *from, const char *to) {
     char path[400];
@@ -316,6 +318,21 @@ static void check_refusals(void) {
     replace_in_index(d, "\"version\": 2}", "\"version\": 3}");
     CHECK(open_fails(d, "\"version\" must be 2"), "index version");
     CHECK(open_fails(tmp_path("nothing"), "nothing/index.json"), "no folder");
+    // zstd shards: sizes that lie either way, a cut frame, bytes that are not zstd
+    copy_set("zstd", d);
+    replace_in_index(d, "\"bytes\": 3312", "\"bytes\": 3311");
+    CHECK(open_fails(d, "shard.00001.mds.zstd: decompresses past raw_data.bytes (3311)"), "raw_data.bytes too small");
+    copy_set("zstd", d);
+    replace_in_index(d, "\"bytes\": 3312", "\"bytes\": 3313");
+    CHECK(open_fails(d, "shard.00001.mds.zstd: decompressed to 3312 bytes"), "raw_data.bytes too large");
+    copy_set("zstd", d);
+    snprintf(shard, sizeof shard, "%s/shard.00001.mds.zstd", d);
+    truncate(shard, 2000);
+    replace_in_index(d, "\"bytes\": 2915", "\"bytes\": 2000");
+    CHECK(open_fails(d, "shard.00001.mds.zstd: the zstd data ends inside a frame"), "a cut zstd frame");
+    copy_set("zstd", d);
+    patch_u32(shard, 0, 0x12345678u);
+    CHECK(open_fails(d, "shard.00001.mds.zstd: zstd:"), "not zstd");
 
     // a writer that never finishes leaves no index: the folder is not a data set
     const char *half = tmp_path("half");

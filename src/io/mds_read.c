@@ -224,27 +224,46 @@ static int slot_read(const dc_mds_reader *r, const slot *s, void *dst, size_t n,
     return dc_pread_exact(s->fd, dst, n, at, sh->file);
 }
 
-// The whole compressed file is read (its size checked by the index) and
-// decompressed into raw_bytes, never more: a frame that says otherwise is refused.
-static int decompress_shard(const shard *sh, int fd, uint8_t **out) {
-    uint8_t *zip = malloc((size_t)sh->zip_bytes), *raw = NULL;
-    int rc = zip ? dc_read_exact(fd, zip, (size_t)sh->zip_bytes, sh->file) : dc_fail("out of memory");
-    if (rc == 0) {
-        unsigned long long n = ZSTD_getFrameContentSize(zip, (size_t)sh->zip_bytes);
-        if (n != ZSTD_CONTENTSIZE_UNKNOWN && n != (unsigned long long)sh->raw_bytes)
-            rc = dc_fail("%s: the zstd frame holds %llu bytes, raw_data.bytes says %lld", sh->file, n, (long long)sh->raw_bytes);
-        else if (!(raw = malloc((size_t)sh->raw_bytes)))
-            rc = dc_fail("out of memory");
+// Decompresses the zstd file's bytes into exactly raw_bytes. The buffer
+// grows with the output there really is, never past raw_bytes (+1, to notice
+// more): a frame header's size is not trusted.
+static int unzstd(const shard *sh, const uint8_t *zip, uint8_t **out) {
+    size_t want = (size_t)sh->raw_bytes, max = want + 1, cap = (size_t)sh->zip_bytes * 4 + 65536, got = 0;
+    if (cap > max) cap = max;
+    uint8_t *raw = malloc(cap);
+    ZSTD_DCtx *z = ZSTD_createDCtx();
+    ZSTD_inBuffer in = {zip, (size_t)sh->zip_bytes, 0};
+    int rc = raw && z ? 0 : dc_fail("out of memory");
+    while (rc == 0) {
+        ZSTD_outBuffer o = {raw, cap, got};
+        size_t left = ZSTD_decompressStream(z, &o, &in);
+        got = o.pos;
+        if (ZSTD_isError(left)) rc = dc_fail("%s: zstd: %s", sh->file, ZSTD_getErrorName(left));
+        else if (got > want) rc = dc_fail("%s: decompresses past raw_data.bytes (%lld)", sh->file, (long long)sh->raw_bytes);
+        else if (left == 0 && in.pos == in.size) break;  // the last frame ended with the file
+        else if (in.pos == in.size && got < cap) rc = dc_fail("%s: the zstd data ends inside a frame", sh->file);
+        else if (got == cap) {
+            cap = cap > max / 2 ? max : 2 * cap;
+            uint8_t *bigger = realloc(raw, cap);
+            if (!bigger) rc = dc_fail("out of memory");
+            else raw = bigger;
+        }
     }
-    if (rc == 0) {
-        size_t got = ZSTD_decompress(raw, (size_t)sh->raw_bytes, zip, (size_t)sh->zip_bytes);
-        if (ZSTD_isError(got)) rc = dc_fail("%s: zstd: %s", sh->file, ZSTD_getErrorName(got));
-        else if (got != (size_t)sh->raw_bytes)
-            rc = dc_fail("%s: decompressed to %zu bytes, raw_data.bytes says %lld", sh->file, got, (long long)sh->raw_bytes);
-    }
-    free(zip);
+    if (rc == 0 && got != want)
+        rc = dc_fail("%s: decompressed to %zu bytes, raw_data.bytes says %lld", sh->file, got, (long long)sh->raw_bytes);
+    ZSTD_freeDCtx(z);
     if (rc) free(raw);
     else *out = raw;
+    return rc;
+}
+
+// The compressed file is read whole (its size was checked against the index)
+// and decompressed into memory once.
+static int decompress_shard(const shard *sh, int fd, uint8_t **out) {
+    uint8_t *zip = malloc((size_t)sh->zip_bytes);
+    int rc = zip ? dc_read_exact(fd, zip, (size_t)sh->zip_bytes, sh->file) : dc_fail("out of memory");
+    if (rc == 0) rc = unzstd(sh, zip, out);
+    free(zip);
     return rc;
 }
 
