@@ -66,8 +66,8 @@ typedef struct {
 // Decodes the bytes of one value of column c, checking the dynamic header
 // (dtype code, shape) against the bytes there are.
 int dc_mds_decode(const dc_mds_column *c, const uint8_t *data, size_t len, dc_mds_array *out);
-// Converts a decoded value to float (any dtype; 64-bit integers and doubles
-// round to the nearest float). dst holds a->count floats.
+// Converts a decoded value to float (any dtype, through double: 64-bit
+// integers past 2^53 may round twice). dst holds a->count floats.
 void dc_mds_to_f32(const dc_mds_array *a, float *dst);
 
 // ---- reading
