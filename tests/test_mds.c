@@ -296,35 +296,26 @@ static void check_refusals(void) {
     copy_golden(d);
     patch_u32(shard, 4, 0);
     CHECK(open_fails(d, "offsets run from 0"), "an offset inside the offset table");
-    copy_golden(d);
-    replace_in_index(d, "\"shard.00000.mds\"", "\"../shard.00000.mds\"");
-    CHECK(open_fails(d, "shard 0: raw_data.basename is not a file name"), "a path out of the folder");
-    copy_golden(d);
-    replace_in_index(d, "\"samples\": ", "\"samples\": 1");
-    CHECK(open_fails(d, "shard.00000.mds: the shard holds"), "a sample count that lies");
-    copy_golden(d);
-    replace_in_index(d, "\"ndarray:int32\"", "\"pkl\"");
-    CHECK(open_fails(d, "column \"tokens\" is pickled"), "pkl refused, naming the column");
-    copy_golden(d);
-    replace_in_index(d, "\"str\"", "\"jpeg\"");
-    CHECK(open_fails(d, "column \"caption\" holds pictures (\"jpeg\")"), "jpeg refused, naming the column");
-    copy_golden(d);
-    replace_in_index(d, "null, null, 8, 48", "null, null, 8, 47");
-    CHECK(open_fails(d, "column \"latent\" (ndarray:float16:2,3,4) has size 47"), "a column size that lies");
-    copy_golden(d);
-    replace_in_index(d, "\"compression\": null", "\"compression\": \"br:11\"");
-    CHECK(open_fails(d, "compression \"br:11\" is not supported"), "brotli refused");
-    copy_golden(d);
-    replace_in_index(d, "\"version\": 2}", "\"version\": 3}");
-    CHECK(open_fails(d, "\"version\" must be 2"), "index version");
+    // index.json edited: (set, text, replacement, the message's words)
+    static const char *const edits[][4] = {
+        {"plain", "\"shard.00000.mds\"", "\"../shard.00000.mds\"", "shard 0: raw_data.basename is not a file name"},
+        {"plain", "\"samples\": ", "\"samples\": 1", "shard.00000.mds: the shard holds"},
+        {"plain", "\"ndarray:int32\"", "\"pkl\"", "column \"tokens\" is pickled"},
+        {"plain", "\"str\"", "\"jpeg\"", "column \"caption\" holds pictures (\"jpeg\")"},
+        {"plain", "null, null, 8, 48", "null, null, 8, 47", "column \"latent\" (ndarray:float16:2,3,4) has size 47"},
+        {"plain", "\"compression\": null", "\"compression\": \"br:11\"", "compression \"br:11\" is not supported"},
+        {"plain", "\"version\": 2}", "\"version\": 3}", "\"version\" must be 2"},
+        // zstd shards whose raw size lies either way
+        {"zstd", "\"bytes\": 3312", "\"bytes\": 3311", "shard.00001.mds.zstd: decompresses past raw_data.bytes (3311)"},
+        {"zstd", "\"bytes\": 3312", "\"bytes\": 3313", "shard.00001.mds.zstd: decompressed to 3312 bytes"},
+    };
+    for (size_t i = 0; i < sizeof edits / sizeof edits[0]; i++) {
+        copy_set(edits[i][0], d);
+        replace_in_index(d, edits[i][1], edits[i][2]);
+        CHECK(open_fails(d, edits[i][3]), "%s in the index as %s", edits[i][1], edits[i][2]);
+    }
     CHECK(open_fails(tmp_path("nothing"), "nothing/index.json"), "no folder");
-    // zstd shards: sizes that lie either way, a cut frame, bytes that are not zstd
-    copy_set("zstd", d);
-    replace_in_index(d, "\"bytes\": 3312", "\"bytes\": 3311");
-    CHECK(open_fails(d, "shard.00001.mds.zstd: decompresses past raw_data.bytes (3311)"), "raw_data.bytes too small");
-    copy_set("zstd", d);
-    replace_in_index(d, "\"bytes\": 3312", "\"bytes\": 3313");
-    CHECK(open_fails(d, "shard.00001.mds.zstd: decompressed to 3312 bytes"), "raw_data.bytes too large");
+    // zstd shards: a cut frame, bytes that are not zstd
     copy_set("zstd", d);
     snprintf(shard, sizeof shard, "%s/shard.00001.mds.zstd", d);
     truncate(shard, 2000);
