@@ -11,16 +11,16 @@
 # libraries found. Every object depends on it, so changing any of these, or a
 # dependency appearing, rebuilds everything rather than linking stale objects.
 CC      ?= gcc
-# STATIC=1 links OpenBLAS, libpng, zlib, libjpeg-turbo and libwebp statically
+# STATIC=1 links OpenBLAS, libpng, zlib, libjpeg-turbo, libwebp and libzstd statically
 # and targets any x86-64-v3 CPU, so the binaries run on a machine without
 # those packages.
 ifeq ($(STATIC),1)
 OPT     ?= -O3 -march=x86-64-v3
-LDLIBS  += -Wl,-Bstatic -lopenblas -lpng16 -lz -ljpeg -lwebp -lgfortran -lquadmath -Wl,-Bdynamic -lm -lpthread \
+LDLIBS  += -Wl,-Bstatic -lopenblas -lpng16 -lz -ljpeg -lwebp -lzstd -lgfortran -lquadmath -Wl,-Bdynamic -lm -lpthread \
            -fopenmp
 else
 OPT     ?= -O3 -march=native
-LDLIBS  += -lopenblas -lpng -lz -ljpeg -lwebp -lm -fopenmp
+LDLIBS  += -lopenblas -lpng -lz -ljpeg -lwebp -lzstd -lm -fopenmp
 endif
 CFLAGS  ?= $(OPT)
 # -MD (not -MMD) so that system headers such as cblas.h are tracked too. An
@@ -166,7 +166,7 @@ FUZZ_FLAGS := -std=c11 -D_GNU_SOURCE -g -O1 -fopenmp -Isrc -Itests -MD -MP -Wall
               -Werror=int-conversion -Werror=incompatible-pointer-types \
               -fsanitize=address,undefined -fno-sanitize-recover=undefined -Wno-pass-failed \
               $(BLAS_CFLAGS)
-FUZZ_LIBS := -lopenblas -lpng -lz -ljpeg -lwebp -lm -fopenmp
+FUZZ_LIBS := -lopenblas -lpng -lz -ljpeg -lwebp -lzstd -lm -fopenmp
 FUZZ_LIB_OBJ := $(LIB_SRC:%.c=$(FUZZ_DIR)/%.o)
 FUZZ_LIB  := $(FUZZ_DIR)/libdiffusion.a
 FUZZERS   := $(patsubst tests/fuzz/%.c,$(FUZZ_DIR)/%,$(wildcard tests/fuzz/fuzz_*.c))

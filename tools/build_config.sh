@@ -2,7 +2,7 @@
 # Checks what the build needs and prints the build's configuration, which the
 # Makefile keeps in $(BUILD)/config: every object depends on that file, so
 # when anything printed here changes (compiler, flags, CUDA on or off, which
-# OpenBLAS, libpng, zlib, libjpeg and libwebp headers and libraries are found) everything is
+# OpenBLAS, libpng, zlib, libjpeg, libwebp and libzstd headers and libraries are found) everything is
 # rebuilt. Run by make with the settings in the environment:
 #   DC_CC DC_CFLAGS DC_CPPFLAGS DC_LDFLAGS DC_LDLIBS  the C compiler and its flags
 #   DC_CUDA DC_NVCC DC_NVFLAGS                       the CUDA backend (DC_CUDA=1)
@@ -74,6 +74,9 @@ int main(void) { struct jpeg_error_mgr e; return jpeg_std_error(&e) == 0; }' ||
 compile webp '#include <webp/decode.h>
 int main(void) { return WebPGetDecoderVersion() == 0; }' ||
   die "libwebp's webp/decode.h is not found: install libwebp-dev ($hint)"
+compile zstd '#include <zstd.h>
+int main(void) { return ZSTD_versionNumber() == 0; }' ||
+  die "libzstd's zstd.h is not found: install libzstd-dev ($hint)"
 compile omp '#include <omp.h>
 int main(void) { return omp_get_max_threads() < 1; }' ||
   die "OpenMP (omp.h, -fopenmp) does not work with '$CC': $(head -n 3 "$tmp/omp.log")"
@@ -104,11 +107,12 @@ main='#include <stdio.h>
 #include <png.h>
 #include <webp/decode.h>
 #include <zlib.h>
+#include <zstd.h>
 int main(void) {
     struct jpeg_error_mgr e;
     openblas_set_num_threads(1);
     return !openblas_get_corename() + !png_access_version_number() + !zlibVersion() + !omp_get_max_threads() +
-           !jpeg_std_error(&e) + !WebPGetDecoderVersion();
+           !jpeg_std_error(&e) + !WebPGetDecoderVersion() + !ZSTD_versionNumber();
 }'
 fuzz_flags=()
 if [ "${DC_FUZZ:-0}" = 1 ]; then
@@ -123,7 +127,7 @@ fi
 compile all "$main" || die "the probe program does not compile: $(head -n 5 "$tmp/all.log")"
 if ! "${cc_cmd[@]}" "${cflags[@]}" "${fuzz_flags[@]}" "$tmp/all.o" -o "$tmp/all" "${ldflags[@]}" \
     "${ldlibs[@]}" -Wl,--trace > "$tmp/link.log" 2>&1; then
-  need="libopenblas-dev libpng-dev zlib1g-dev libjpeg62-turbo-dev libwebp-dev"
+  need="libopenblas-dev libpng-dev zlib1g-dev libjpeg62-turbo-dev libwebp-dev libzstd-dev"
   [ "${DC_FUZZ:-0}" = 1 ] && need="clang-14 libclang-rt-14-dev libomp-14-dev (libFuzzer, the sanitizers, OpenMP)"
   die "linking with ${ldlibs[*]} fails: install $need ($hint).
 $(grep -i "error\|cannot\|undefined" "$tmp/link.log" | head -n 5)"

@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the engine needs, those not installed yet:
 # the compiler and make (build-essential), OpenBLAS, libpng, zlib,
-# libjpeg-turbo and libwebp (img2img's JPEG and WebP pictures) and the
+# libjpeg-turbo and libwebp (img2img's JPEG and WebP pictures), libzstd
+# (compressed MDS shards) and the
 # Fashion-MNIST data set. Works on a machine with nothing installed: as root
 # it calls apt-get directly, otherwise through sudo.
 #   --tests  adds what the full test suite and `make fuzz` use: PyTorch and
 #            numpy (the interoperability checks, which skip without them) and
 #            clang with libFuzzer and the sanitizer runtimes.
 set -euo pipefail
-pkgs=(build-essential libopenblas-dev libpng-dev zlib1g-dev libjpeg62-turbo-dev libwebp-dev dataset-fashion-mnist)
+pkgs=(build-essential libopenblas-dev libpng-dev zlib1g-dev libjpeg62-turbo-dev libwebp-dev libzstd-dev dataset-fashion-mnist)
 case "${1:-}" in
   "") ;;
-  --tests) pkgs+=(python3-torch python3-numpy python3-regex clang-14 libclang-rt-14-dev libomp-14-dev) ;;
+  --tests) pkgs+=(python3-torch python3-numpy python3-regex python3-zstd clang-14 libclang-rt-14-dev libomp-14-dev) ;;
   *) echo "usage: tools/deps.sh [--tests]" >&2; exit 2 ;;
 esac
 

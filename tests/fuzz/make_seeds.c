@@ -3,8 +3,8 @@
 // (hand-made as other tools write them, and written by the engine with
 // checksums), the tensor shapes of a tiny DiT, its training checkpoints
 // (fresh and after two steps) and its plain state dict under official keys,
-// PNGs of each colour type, depth and text chunk kind, and JPEGs and WebPs of
-// each kind the picture reader takes.
+// PNGs of each colour type, depth and text chunk kind, JPEGs and WebPs of
+// each kind the picture reader takes, and MDS data sets (plain and zstd).
 //   make_seeds DIR
 #include <png.h>
 #include <stdint.h>
@@ -15,9 +15,11 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "io/mds.h"
 #include "io/png.h"
 #include "io/png_params.h"
 #include "io/safetensors.h"
+#include "file_bytes.h"
 #include "pictures.h"
 #include "models/dit_io.h"
 #include "train/trainer.h"
@@ -53,6 +55,50 @@ static void put_file(const char *src, const char *const *harnesses, int nh, cons
     fclose(f);
     for (int i = 0; i < nh; i++) put(harnesses[i], name, buf, (size_t)n);
     free(buf);
+}
+
+// MDS data sets of one shard, written by the engine (uncompressed and zstd),
+// in fuzz_mds's layout: u16 index length | index.json | the shard.
+static void mds_seeds(const char *tmp) {
+    const dc_mds_spec cols[] = {{"bytes", "bytes"}, {"caption", "str"}, {"id", "int"}, {"lat", "ndarray:float16:2,3"},
+                                {"any", "ndarray"}, {"sizes", "ndarray:uint16"}, {"f", "float32"}};
+    for (int zip = 0; zip < 2; zip++) {
+        char dir[4200], path[4300];
+        snprintf(dir, sizeof dir, "%s/mds%d", tmp, zip);
+        dc_mds_writer *w;
+        dc_mds_write_opts o = {zip ? 3 : 0, 0};
+        if (dc_mds_writer_open(&w, dir, cols, 7, &o) != 0) die("mds writer");
+        for (int i = 0; i < 5; i++) {
+            uint16_t lat[6] = {0x3c00, 0xbc00, (uint16_t)i, 0x7bff, 0x0001, 0x4000};
+            int64_t id = i * 1000 - 7, shape[2] = {2, i + 1}, dims[1] = {3};
+            double any[10] = {1.5, -2, 3};
+            uint16_t sizes[3] = {512, 768, (uint16_t)i};
+            float f = 0.5f * (float)i;
+            dc_mds_value v[7] = {{"\x01\x02\x03", (size_t)i % 4, 0, 0, NULL}, {"a photo of a bag", 4 + (size_t)i, 0, 0, NULL},
+                                 {&id, 8, 0, 0, NULL}, {lat, sizeof lat, 0, 0, NULL},
+                                 {any, 16 * ((size_t)i + 1), DC_MDS_F64, 2, shape}, {sizes, 6, 0, 1, dims},
+                                 {&f, 4, 0, 0, NULL}};
+            if (dc_mds_write(w, v) != 0) die("mds write");
+        }
+        if (dc_mds_writer_finish(w) != 0) die("mds finish");
+        size_t ni, ns;
+        snprintf(path, sizeof path, "%s/index.json", dir);
+        uint8_t *index = slurp(path, &ni);
+        snprintf(path, sizeof path, "%s/shard.00000.mds%s", dir, zip ? ".zstd" : "");
+        uint8_t *shard = slurp(path, &ns);
+        if (!index || !shard) die("mds read back");
+        uint8_t *seed = malloc(2 + ni + ns);
+        if (!seed) die("mds seed");
+        seed[0] = (uint8_t)ni, seed[1] = (uint8_t)(ni >> 8);
+        memcpy(seed + 2, index, ni);
+        memcpy(seed + 2 + ni, shard, ns);
+        put("fuzz_mds", zip ? "zstd" : "plain", seed, 2 + ni + ns);
+        free(seed);
+        free(index);
+        free(shard);
+        snprintf(path, sizeof path, "rm -r '%s'", dir);
+        if (system(path) != 0) die("mds cleanup");
+    }
 }
 
 static void be32(uint8_t *p, uint32_t v) {
@@ -364,6 +410,7 @@ int main(int argc, char **argv) {
     model_seeds(tmp);
     png_seeds(tmp);
     picture_seeds(tmp);
+    mds_seeds(tmp);
     char p[4200];
     const char *files[] = {"set.safetensors", "ck.safetensors", "plain.safetensors"};
     for (int i = 0; i < 3; i++) snprintf(p, sizeof p, "%s/%s", tmp, files[i]), remove(p);
