@@ -240,6 +240,76 @@ void dc_cpu_group_norm_nhwc_fwd(dc_backend *be, dc_buf out_, dc_buf mean_, dc_bu
     }
 }
 
+// The backward over channels-last maps: the same formulas as
+// dc_cpu_group_norm_bwd, with the group's values a run of C/G channels in
+// each of HW pixels. Per image, a group's two sums (sum g, sum g xhat) are
+// taken over its pixels in order; dgamma and dbeta per channel over the batch
+// and pixels in order, so results do not depend on the thread count.
+void dc_cpu_group_norm_nhwc_bwd(dc_backend *be, dc_buf dx_, dc_buf dgamma_, dc_buf dbeta_,
+                                dc_buf dout_, dc_buf x_, dc_buf mean_, dc_buf rstd_, dc_buf gamma_,
+                                dc_buf beta_, int B, int C, int64_t HW, int G, bool silu,
+                                bool accumulate) {
+    float *dx = dx_.p ? dc_cpu_f32(dx_) : NULL;                       // [B, HW, C]
+    float *dgamma = dgamma_.p ? dc_cpu_f32(dgamma_) : NULL;           // [C]
+    float *dbeta = dbeta_.p ? dc_cpu_f32(dbeta_) : NULL;              // [C]
+    const float *dout = dc_cpu_f32(dout_), *x = dc_cpu_f32(x_);       // [B, HW, C]
+    const float *mean = dc_cpu_f32(mean_), *rstd = dc_cpu_f32(rstd_);  // [B, G]
+    const float *gamma = dc_cpu_weight(be, gamma_, C, DC_CPU_WIDE_B);  // [C]
+    const float *beta = silu ? dc_cpu_weight(be, beta_, C, DC_CPU_WIDE_B2) : NULL;  // [C], read with SiLU only
+    if (!gamma || (silu && !beta)) return;  // recorded for status
+    assert(C % G == 0);
+    const int Cg = C / G;
+    const double n = (double)Cg * HW;
+#pragma omp parallel if ((int64_t)B * C * HW > DC_CPU_PAR_MIN)
+    {
+#pragma omp for schedule(static)
+        for (int bg = 0; bg < (dx ? B * G : 0); bg++) {
+            const int64_t b = bg / G;
+            const int c0 = bg % G * Cg;
+            const float m = mean[bg], r = rstd[bg];
+            double sg = 0.0, sgx = 0.0;
+            for (int64_t p = 0; p < HW; p++) {
+                const int64_t o = (b * HW + p) * C + c0;
+                for (int j = 0; j < Cg; j++) {
+                    const float ga = gamma[c0 + j], bt = silu ? beta[c0 + j] : 0.0f;
+                    const float xh = dc_norm_xhat(x[o + j], m, r);
+                    const float dy = group_dy(dout[o + j], xh, ga, bt, silu);
+                    sg += ga * dy;
+                    sgx += ga * dy * xh;
+                }
+            }
+            const float mg = (float)(sg / n), mgx = (float)(sgx / n);
+            for (int64_t p = 0; p < HW; p++) {
+                const int64_t o = (b * HW + p) * C + c0;
+                for (int j = 0; j < Cg; j++) {
+                    const float ga = gamma[c0 + j], bt = silu ? beta[c0 + j] : 0.0f;
+                    const float xh = dc_norm_xhat(x[o + j], m, r);
+                    const float dy = group_dy(dout[o + j], xh, ga, bt, silu);
+                    const float v = dc_ln_dx(dy * ga, xh, r, mg, mgx);
+                    dx[o + j] = accumulate ? dx[o + j] + v : v;
+                }
+            }
+        }
+#pragma omp for schedule(static)
+        for (int c = 0; c < (dgamma || dbeta ? C : 0); c++) {
+            const float ga = gamma[c], bt = silu ? beta[c] : 0.0f;
+            double a = 0.0, e = 0.0;
+            for (int64_t b = 0; b < B; b++) {
+                const float m = mean[b * G + c / Cg], r = rstd[b * G + c / Cg];
+                for (int64_t p = 0; p < HW; p++) {
+                    const int64_t o = (b * HW + p) * C + c;
+                    const float xh = dc_norm_xhat(x[o], m, r);
+                    const float dy = group_dy(dout[o], xh, ga, bt, silu);
+                    a += dy;
+                    e += dy * xh;
+                }
+            }
+            if (dbeta) dbeta[c] += (float)a;
+            if (dgamma) dgamma[c] += (float)e;
+        }
+    }
+}
+
 // ---- layer norm -------------------------------------------------------------------
 
 void dc_cpu_layer_norm_fwd(dc_backend *be, dc_buf out_, dc_buf mean_, dc_buf rstd_, dc_buf x_,
