@@ -7,7 +7,8 @@
 // bf16, so the error measured is the GPU's own arithmetic.
 // The channels-last (NHWC) forms of the convolution and GroupNorm are also
 // held against the CPU's channels-first ops on the same values transposed, a
-// reference that shares no code with either channels-last form.
+// reference that shares no code with either channels-last form; the
+// backward ops of channels-last maps against the CPU's.
 //
 // Error: ||gpu - cpu|| / ||cpu|| per output; NaN fails. Tolerances per mode.
 // Skips (exit 0, with a message) where no GPU is present.
@@ -438,6 +439,46 @@ static void test_group_norm_nhwc(int B, int C, int64_t HW, int G, bool silu, flo
     release();
 }
 
+// The backward ops of channels-last maps (training the UNet): GroupNorm(+SiLU)
+// backward, upsampling's adjoint, the per-channel sum over pixels and
+// concat's split, against the CPU's on the same values.
+static void test_nhwc_backward(int B, int C, int H, int W, int G, bool silu) {
+    char name[160], tag[64];
+    const int64_t HW = (int64_t)H * W, n = B * C * HW, ns = (int64_t)B * G;
+    snprintf(tag, sizeof tag, "B%d C%d %dx%d G%d%s", B, C, H, W, G, silu ? " +silu" : "");
+    pair x = rand_pair(n, g_ct, -3, 5), ga = rand_pair(C, g_ct, 0.5, 1.5), be = rand_pair(C, g_ct, -0.5, 0.5);
+    pair out = nan_pair(n, g_ct), mean = nan_pair(ns, DC_F32), rstd = nan_pair(ns, DC_F32);
+    g_cpu->group_norm_nhwc_fwd(g_cpu, out.c, mean.c, rstd.c, x.c, ga.c, be.c, B, C, HW, G, 1e-5f, silu);
+    sync_to_gpu(mean), sync_to_gpu(rstd);  // backward starts from the same statistics
+    pair dy = rand_pair(n, g_ct, -1, 1), dx = rand_pair(n, g_ct, -1, 1);
+    pair dg = rand_pair(C, DC_F32, -1, 1), db = rand_pair(C, DC_F32, -1, 1);
+    for (int acc = 0; acc < 2; acc++) {
+        g_cpu->group_norm_nhwc_bwd(g_cpu, dx.c, dg.c, db.c, dy.c, x.c, mean.c, rstd.c, ga.c, be.c, B, C, HW, G, silu,
+                                   acc);
+        g_gpu->group_norm_nhwc_bwd(g_gpu, dx.g, dg.g, db.g, dy.g, x.g, mean.g, rstd.g, ga.g, be.g, B, C, HW, G, silu,
+                                   acc);
+        snprintf(name, sizeof name, "group_norm_nhwc_bwd dx%s %s", acc ? " +=" : "", tag);
+        compare(name, dx, g_tol);
+        compare("group_norm_nhwc_bwd dgamma +=", dg, g_tol);
+        compare("group_norm_nhwc_bwd dbeta +=", db, g_tol);
+    }
+    pair up = rand_pair(4 * n, g_ct, -1, 1), dxu = nan_pair(n, g_ct);
+    g_cpu->upsample2x_nhwc_bwd(g_cpu, dxu.c, up.c, B, C, H, W), g_gpu->upsample2x_nhwc_bwd(g_gpu, dxu.g, up.g, B, C, H, W);
+    snprintf(name, sizeof name, "upsample2x_nhwc_bwd %s", tag);
+    compare(name, dxu, g_ct == DC_F32 ? 1e-6 : g_tol);
+    pair dv = nan_pair((int64_t)B * C, g_ct);
+    g_cpu->channel_sum_nhwc(g_cpu, dv.c, dy.c, B, C, HW), g_gpu->channel_sum_nhwc(g_gpu, dv.g, dy.g, B, C, HW);
+    snprintf(name, sizeof name, "channel_sum_nhwc %s", tag);
+    compare(name, dv, g_ct == DC_F32 ? 1e-5 : g_tol);
+    const int C1 = C / 3, C2 = C - C1;
+    pair sa = nan_pair(HW * B * C1, g_ct), sb = nan_pair(HW * B * C2, g_ct);
+    g_cpu->split_channels(g_cpu, sa.c, C1, sb.c, C2, dy.c, B * HW);
+    g_gpu->split_channels(g_gpu, sa.g, C1, sb.g, C2, dy.g, B * HW);
+    snprintf(name, sizeof name, "split_channels %d+%d %s", C1, C2, tag);
+    compare(name, sa, 0), compare(name, sb, 0);
+    release();
+}
+
 // The two copies of concat_channels, recorded into a graph (as a sampler step is).
 typedef struct {
     dc_buf out, a, b;
@@ -597,6 +638,9 @@ static void run_groups(void) {
         test_group_norm_nhwc(2, 256, 65536, 32, true, 1e-6f, g_ct);      // VAE at 256x256: finer chunks
         test_nhwc_pointwise(0), test_nhwc_pointwise(1), test_nhwc_pointwise(4);
         test_nhwc_errors();
+        test_nhwc_backward(2, 320, 64, 64, 32, true);   // a UNet resnet's at 64x64
+        test_nhwc_backward(2, 64, 16, 16, 8, false);    // 8-channel groups, no SiLU
+        test_nhwc_backward(3, 36, 5, 7, 4, true);       // odd sizes, 9-channel groups
     }
     if (want("norm")) {
         test_group_norm(2, 64, 64, 32, true, 1e-6f, g_ct);

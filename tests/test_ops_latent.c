@@ -1,6 +1,7 @@
 // The ops of latent diffusion's maps (convolutions, GroupNorm with SiLU, affine
 // LayerNorm, nearest upsampling; the convolution, GroupNorm, upsampling,
-// channel add and concat of channels-last maps; test_ops_ff.c has its
+// channel add and concat of channels-last maps and the backward passes of
+// the UNet's (GroupNorm, upsampling, channel sum, split); test_ops_ff.c has its
 // feed-forward's ops and activations) of a backend
 // against straight double loops and their finite differences, as test_ops.c
 // does for the DiT ops (its header comment explains the tolerances).
@@ -313,10 +314,11 @@ static void test_group_norm(int B, int C, int64_t HW, int G, float eps, bool sil
     dev_free_all();
 }
 
-// GroupNorm over channels-last maps (forward only) against the same float64
-// reference, which keeps x as [B, C, HW]: the backend gets x as [B, HW, C].
+// GroupNorm over channels-last maps against the same float64 reference,
+// which keeps x as [B, C, HW]: the backend gets x (and dout, and gives dx)
+// as [B, HW, C]; its backward against finite differences of the reference.
 static void test_group_norm_nhwc(int B, int C, int64_t HW, int G, float eps, bool silu, double lo,
-                                 double hi) {
+                                 double hi, int nfd) {
     if (!have("group_norm_nhwc", g_be->group_norm_nhwc_fwd)) return;
     const int64_t n = (int64_t)B * C * HW, ns = (int64_t)B * G;
     const conv_dims dims = {B, C, HW};
@@ -324,7 +326,7 @@ static void test_group_norm_nhwc(int B, int C, int64_t HW, int G, float eps, boo
     snprintf(tag, sizeof tag, "B%d C%d HW%lld G%d eps%.0e%s", B, C, (long long)HW, G, eps,
              silu ? " silu" : "");
     float *x = host_rand(n, lo, hi), *gamma = host_rand(C, -1.5, 1.5), *beta = host_rand(C, -1, 1);
-    float *R = host_rand(n, -1, 1);  // only for gn_ref's loss, unused here
+    float *R = host_rand(n, -0.5, 1.5);  // the loss's weights: mean(R) != 0
     gn_ctx c = {to_d(x, n), to_d(gamma, C), to_d(beta, C), to_d(R, n), malloc(n * sizeof(double)),
                 B, C, G, HW, eps, silu};
     double *mean = malloc(ns * sizeof(double)), *rstd = malloc(ns * sizeof(double));
@@ -347,6 +349,38 @@ static void test_group_norm_nhwc(int B, int C, int64_t HW, int G, float eps, boo
         report(name, same ? 0 : INFINITY, 0);
         free(a1), free(a2), free(a3);
     }
+
+    if (!have("group_norm_nhwc_bwd", g_be->group_norm_nhwc_bwd)) goto done;
+    float *Rl = permute(R, dims, true), *pg = host_rand(C, -1, 1), *pb = host_rand(C, -1, 1);
+    float *start = host_rand(n, -1, 1);
+    dc_buf Rd = dev_from(Rl, n), gx = dev_nan(n), gg = dev_from(pg, C), gb = dev_from(pb, C);
+    g_be->group_norm_nhwc_bwd(g_be, gx, gg, gb, Rd, xd, md, rd, gd, bd, B, C, HW, G, silu, false);
+    float *g1l = dev_get(gx, n), *g1 = permute(g1l, dims, false), *g2 = dev_get(gg, C), *g3 = dev_get(gb, C);
+    float *dg = malloc(C * sizeof(float)), *db = malloc(C * sizeof(float));
+    for (int i = 0; i < C; i++) dg[i] = g2[i] - pg[i], db[i] = g3[i] - pb[i];  // "+="
+    snprintf(name, sizeof name, "group_norm_nhwc_bwd dx vs FD %s", tag);
+    report(name, fd_err(gn_loss, &c, c.x, n, g1, nfd), TOL_FD);
+    report("group_norm_nhwc_bwd dgamma += vs FD", fd_err(gn_loss, &c, c.gamma, C, dg, nfd), TOL_FD);
+    report("group_norm_nhwc_bwd dbeta += vs FD", fd_err(gn_loss, &c, c.beta, C, db, nfd), TOL_FD);
+    for (int k = 0; other_threads(k); k++) {
+        g_be->upload(g_be, gg.p, pg, C * sizeof(float));
+        g_be->upload(g_be, gb.p, pb, C * sizeof(float));
+        g_be->group_norm_nhwc_bwd(g_be, gx, gg, gb, Rd, xd, md, rd, gd, bd, B, C, HW, G, silu, false);
+        float *a1 = dev_get(gx, n), *a2 = dev_get(gg, C), *a3 = dev_get(gb, C);
+        bool same = !memcmp(a1, g1l, n * 4) && !memcmp(a2, g2, C * 4) && !memcmp(a3, g3, C * 4);
+        snprintf(name, sizeof name, "group_norm_nhwc_bwd %s", threads_tag(k));
+        report(name, same ? 0 : INFINITY, 0);
+        free(a1), free(a2), free(a3);
+    }
+    // frozen (dgamma, dbeta NULL) and accumulating into dx
+    g_be->upload(g_be, gx.p, start, n * sizeof(float));
+    g_be->group_norm_nhwc_bwd(g_be, gx, dc_buf_none(), dc_buf_none(), Rd, xd, md, rd, gd, bd, B, C, HW, G, silu,
+                              true);
+    float *g4 = dev_get(gx, n);
+    for (int64_t i = 0; i < n; i++) c.out[i] = (double)start[i] + g1l[i];
+    check("group_norm_nhwc_bwd dx += , frozen", g4, c.out, n, TOL_FWD);
+    free(Rl), free(pg), free(pb), free(start), free(g1l), free(g1), free(g2), free(g3), free(dg), free(db), free(g4);
+done:
     free(x), free(gamma), free(beta), free(R), free(c.x), free(c.gamma), free(c.beta), free(c.R);
     free(c.out), free(mean), free(rstd), free(xl), free(raw), free(got), free(gm), free(gr);
     dev_free_all();
@@ -488,6 +522,23 @@ static void test_upsample_nhwc(int B, int C, int H, int W) {
     float *got = dev_get(out, no);
     snprintf(name, sizeof name, "upsample2x_nhwc_fwd %dx%d C%d (exact)", H, W, C);
     report(name, nerr(got, ref, no) == 0 ? 0 : INFINITY, 0);
+    // backward: each pixel's gradient is the sum of its 2x2 block of dout
+    if (have("upsample2x_nhwc_bwd", g_be->upsample2x_nhwc_bwd)) {
+        float *dy = host_rand(no, -1, 1);
+        double *dref = calloc(ni, sizeof(double));
+        for (int b = 0; b < B; b++)
+            for (int y = 0; y < 2 * H; y++)
+                for (int x2 = 0; x2 < 2 * W; x2++)
+                    for (int c = 0; c < C; c++)
+                        dref[(((int64_t)b * H + y / 2) * W + x2 / 2) * C + c] +=
+                            dy[(((int64_t)b * 2 * H + y) * 2 * W + x2) * C + c];
+        dc_buf dyd = dev_from(dy, no), dx = dev_nan(ni);
+        g_be->upsample2x_nhwc_bwd(g_be, dx, dyd, B, C, H, W);
+        float *dg = dev_get(dx, ni);
+        snprintf(name, sizeof name, "upsample2x_nhwc_bwd %dx%d C%d", H, W, C);
+        check(name, dg, dref, ni, TOL_FWD);
+        free(dy), free(dref), free(dg);
+    }
     free(x), free(ref), free(got);
     dev_free_all();
 }
@@ -544,6 +595,32 @@ static void test_layout_nhwc(int B, int64_t HW, int C1, int C2) {
     snprintf(name, sizeof name, "concat_channels M%lld %d+%d (exact)", (long long)M, C1, C2);
     report(name, nerr(got, ref, no) == 0 ? 0 : INFINITY, 0);
     free(a), free(b), free(ref), free(added), free(got);
+    dev_free_all();
+    if (!have("split_channels/channel_sum_nhwc", g_be->split_channels && g_be->channel_sum_nhwc)) return;
+    // split_channels, concat's backward: the two column ranges of x, exactly
+    float *x = host_rand(no, -1, 1);
+    double *ra = malloc(n1 * sizeof(double)), *rb = malloc(n2 * sizeof(double));
+    for (int64_t m = 0; m < M; m++) {
+        for (int c = 0; c < C1; c++) ra[m * C1 + c] = x[m * (C1 + C2) + c];
+        for (int c = 0; c < C2; c++) rb[m * C2 + c] = x[m * (C1 + C2) + C1 + c];
+    }
+    dc_buf xd = dev_from(x, no), sa = dev_nan(n1), sb = dev_nan(n2);
+    g_be->split_channels(g_be, sa, C1, sb, C2, xd, M);
+    float *ga = dev_get(sa, n1), *gb = dev_get(sb, n2);
+    snprintf(name, sizeof name, "split_channels M%lld %d+%d (exact)", (long long)M, C1, C2);
+    report(name, nerr(ga, ra, n1) == 0 && nerr(gb, rb, n2) == 0 ? 0 : INFINITY, 0);
+    // channel_sum_nhwc: dv[b, c] = sum over pixels, against the sum in double
+    const int C = C1 + C2;
+    double *rs = calloc((size_t)B * C, sizeof(double));
+    for (int bb = 0; bb < B; bb++)
+        for (int64_t p = 0; p < HW; p++)
+            for (int c = 0; c < C; c++) rs[bb * C + c] += x[((int64_t)bb * HW + p) * C + c];
+    dc_buf dv = dev_nan((int64_t)B * C);
+    g_be->channel_sum_nhwc(g_be, dv, xd, B, C, HW);
+    float *gs = dev_get(dv, (int64_t)B * C);
+    snprintf(name, sizeof name, "channel_sum_nhwc B%d HW%lld C%d", B, (long long)HW, C);
+    check(name, gs, rs, (int64_t)B * C, TOL_FWD);
+    free(x), free(ra), free(rb), free(ga), free(gb), free(rs), free(gs);
     dev_free_all();
 }
 
@@ -624,11 +701,11 @@ int main(int argc, char **argv) {
     test_group_norm(3, 8, 63, 4, 1e-5f, false, 3, 3.2, 300);  // narrow: eps matters
     test_group_norm(2, 8, 63, 4, 1e-5f, true, 3, 3.2, 300);
     test_group_norm(2, 128, 256, 32, 1e-5f, true, -1, 2, 120);  // threaded
-    test_group_norm_nhwc(2, 64, 35, 32, 1e-6f, true, -1, 2);
-    test_group_norm_nhwc(2, 12, 63, 4, 1e-5f, false, 3, 3.2);  // narrow: eps matters
-    test_group_norm_nhwc(2, 12, 63, 4, 1e-5f, true, 3, 3.2);
-    test_group_norm_nhwc(2, 320, 256, 32, 1e-5f, false, -1, 2);  // threaded
-    test_group_norm_nhwc(2, 140, 45, 2, 1e-6f, true, -1, 2);  // 70 channels a group
+    test_group_norm_nhwc(2, 64, 35, 32, 1e-6f, true, -1, 2, 300);
+    test_group_norm_nhwc(2, 12, 63, 4, 1e-5f, false, 3, 3.2, 300);  // narrow: eps matters
+    test_group_norm_nhwc(2, 12, 63, 4, 1e-5f, true, 3, 3.2, 300);
+    test_group_norm_nhwc(2, 320, 256, 32, 1e-5f, false, -1, 2, 60);  // threaded
+    test_group_norm_nhwc(2, 140, 45, 2, 1e-6f, true, -1, 2, 100);  // 70 channels a group
     test_layer_norm(37, 72, -1, 2, 300);
     test_layer_norm(300, 320, 2, 2.4, 200);  // threaded; narrow: eps matters
     test_upsample(2, 3, 5, 7);

@@ -335,8 +335,7 @@ struct dc_backend {
     // ---- channels-last (NHWC) maps: x[B, HW, C] ---------------------------------------
     // The UNet and the VAE keep their maps channels-last: cuDNN's fast convolutions
     // read them as they are, and a pixel's channels are already a token for the
-    // attention layers. Forward only for now (inference); the same contracts as
-    // their NCHW forms above.
+    // attention layers. The same contracts as their NCHW forms above.
     // GroupNorm over x[B, HW, C]: group g is channels [g C/G, (g+1) C/G) of every pixel.
     void (*group_norm_nhwc_fwd)(dc_backend *be, dc_buf out, dc_buf mean, dc_buf rstd, dc_buf x,
                                 dc_buf gamma, dc_buf beta, int B, int C, int64_t HW, int G, float eps,
@@ -352,6 +351,18 @@ struct dc_backend {
     // out[M, C1 + C2] = [a[M, C1] | b[M, C2]] row by row: torch.cat along channels
     // of channels-last maps (M = B HW). Same dtype throughout; out overlaps neither.
     void (*concat_channels)(dc_backend *be, dc_buf out, dc_buf a, int C1, dc_buf b, int C2, int64_t M);
+    // Their backward passes (training the UNet):
+    // group_norm_bwd's contract over channels-last dx, dout, x [B, HW, C].
+    void (*group_norm_nhwc_bwd)(dc_backend *be, dc_buf dx, dc_buf dgamma, dc_buf dbeta, dc_buf dout,
+                                dc_buf x, dc_buf mean, dc_buf rstd, dc_buf gamma, dc_buf beta, int B,
+                                int C, int64_t HW, int G, bool silu, bool accumulate);
+    // dx[B, H, W, C] = the sum of dout[B, 2H, 2W, C] over each pixel's 2x2 block (overwritten).
+    void (*upsample2x_nhwc_bwd)(dc_backend *be, dc_buf dx, dc_buf dout, int B, int C, int H, int W);
+    // dv[B, C] = the sum over HW of dx[B, HW, C] (overwritten): add_nhwc's v's gradient.
+    void (*channel_sum_nhwc)(dc_backend *be, dc_buf dv, dc_buf dx, int B, int C, int64_t HW);
+    // concat_channels' backward: a[M, C1] and b[M, C2] (overwritten) = the two
+    // parts of each row of x[M, C1 + C2]. Same dtype throughout; no overlaps.
+    void (*split_channels)(dc_backend *be, dc_buf a, int C1, dc_buf b, int C2, dc_buf x, int64_t M);
 
     // ---- optional: NULL where a backend has no such thing -------------------------
     // Device memory this backend holds now and its peak since creation, in bytes.

@@ -1,5 +1,6 @@
-// The UNet as a dc_model: creation, the activation plan, forward, and the
-// model interface. The blocks themselves are in unet_blocks.c.
+// The UNet as a dc_model: creation, the inference activation plan and
+// forward, and the model interface. The blocks themselves are in
+// unet_blocks.c; training's forward and backward in unet_train.c.
 //
 // Memory. Forward allocates nothing: reserve plans one arena of
 //   time embedding and statistics (small),
@@ -20,13 +21,12 @@
 
 #include "core/error.h"
 #include "core/rng.h"
-#include "models/unet_blocks.h"
+#include "models/unet_train.h"
 #include "nn/arena.h"
 
 #define MAX_SKIPS (1 + DC_UNET_MAX_BLOCKS * (DC_UNET_MAX_LAYERS + 1))
 #define MAX_CONVS 256
 #define MAX_ATTNS (2 * DC_UNET_MAX_BLOCKS * (DC_UNET_MAX_LAYERS + 1) + 1)
-#define MAX_RESNETS (2 * DC_UNET_MAX_BLOCKS * (DC_UNET_MAX_LAYERS + 1) + 2)
 
 // Every convolution and transformer of one forward at the model's latent
 // size, with the largest buffers each part of the arena must hold, in values
@@ -61,17 +61,6 @@ static void max_to(int64_t *m, int64_t v) {
 
 static void plan_conv(unet_plan *p, const dc_conv2d *c, int H, int W) {
     if (p->nconv < MAX_CONVS) p->conv[p->nconv].c = c, p->conv[p->nconv].H = H, p->conv[p->nconv++].W = W;
-}
-
-// The resnets in the order the forward runs them (down, mid, up): n of them.
-static int resnet_list(const dc_unet_modules *md, int N, const unet_resnet **r) {
-    int n = 0;
-    for (int i = 0; i < N; i++)
-        for (int j = 0; j < md->down[i].nres; j++) r[n++] = &md->down[i].res[j];
-    r[n++] = &md->mid.res[0], r[n++] = &md->mid.res[1];
-    for (int i = 0; i < N; i++)
-        for (int j = 0; j < md->up[i].nres; j++) r[n++] = &md->up[i].res[j];
-    return n;
 }
 
 // The transformers in the order the forward runs them: n of them.
@@ -187,12 +176,13 @@ static void carve(const dc_unet *m, const unet_plan *p, dc_arena *ar, dc_unet_ac
 }
 
 static void free_acts(dc_unet *m) {
+    unet_train_free(m);
+    m->max_batch = 0;
+    m->kv_ctx = NULL;
     if (!m->acts) return;
     if (m->acts->base) m->be->free(m->be, m->acts->base);
     free(m->acts);
     m->acts = NULL;
-    m->max_batch = 0;
-    m->kv_ctx = NULL;
 }
 
 // The arena's bytes for max_batch in `compute`: the plan alone, nothing
@@ -209,15 +199,28 @@ static size_t acts_bytes(const dc_unet *m, dc_dtype compute, int max_batch) {
 
 size_t dc_unet_activation_bytes(const dc_model *mm, int max_batch) {
     const dc_unet *m = (const dc_unet *)mm;
+    if (m->trains) return (size_t)unet_train_bytes(m, m->be->compute, max_batch, m->keep);
     return acts_bytes(m, m->be->compute, max_batch);
 }
 
-// The model interface's planner: the inference arena (every block keeps
-// nothing for a backward, so keep changes nothing).
+// The model interface's planner: the arena reserve allocates, the training
+// one (keep layers keeping their activations) for a model made to train,
+// else the inference one.
 static int64_t unet_activation_bytes(const dc_model *mm, dc_dtype compute, int max_batch, int keep) {
-    (void)keep;
+    const dc_unet *m = (const dc_unet *)mm;
     if (max_batch < 1 || max_batch > 65535) return dc_fail("batch %d: 1 to 65535 images per forward", max_batch);
-    return (int64_t)acts_bytes((const dc_unet *)mm, compute, max_batch);
+    if (m->trains) return unet_train_bytes(m, compute, max_batch, keep);
+    return (int64_t)acts_bytes(m, compute, max_batch);
+}
+
+static int unet_set_recompute(dc_model *mm, int keep) {
+    dc_unet *m = (dc_unet *)mm;
+    if (keep < -1) return dc_fail("recompute: %d layers keeping their activations", keep);
+    if (keep != m->keep) {
+        free_acts(m);  // replanned by the next reserve
+        m->keep = keep;
+    }
+    return 0;
 }
 
 static int unet_reserve(dc_model *mm, int max_batch) {
@@ -226,7 +229,8 @@ static int unet_reserve(dc_model *mm, int max_batch) {
     if (!be) return dc_fail("a UNet layout (sized, not allocated) cannot run");
     if (max_batch < 1) return dc_fail("batch size must be at least 1");
     if (max_batch > 65535) return dc_fail("batch %d is too large: at most 65535 images per forward", max_batch);
-    if (m->acts && m->max_batch >= max_batch) return 0;
+    if ((m->acts || m->train) && m->max_batch >= max_batch) return 0;
+    const bool training = dc_params_trains(&m->params);
     unet_plan p;
     make_plan(m, &p);
     // ops index with int: every buffer must hold fewer than 2^31 values
@@ -238,7 +242,7 @@ static int unet_reserve(dc_model *mm, int max_batch) {
                        max_batch, m->lh, m->lw);
     for (int i = 0; i < p.nconv; i++) {
         dc_conv2d_shape s = dc_conv2d_shape_of(p.conv[i].c, max_batch, p.conv[i].H, p.conv[i].W);
-        DC_TRY(be->reserve_conv(be, &s, false));  // inference: forward only
+        DC_TRY(be->reserve_conv(be, &s, training));
     }
     for (int i = 0; i < p.nattn; i++) {
         const unet_transformer *t = p.attn[i].t;
@@ -246,6 +250,11 @@ static int unet_reserve(dc_model *mm, int max_batch) {
         DC_TRY(be->reserve(be, T > DC_UNET_CTX_LEN ? T : DC_UNET_CTX_LEN, t->C / t->heads));
     }
     free_acts(m);
+    if (training) {
+        DC_TRY(unet_train_reserve(m, max_batch));
+        m->max_batch = max_batch;
+        return 0;
+    }
     dc_unet_acts *a = calloc(1, sizeof *a);
     if (!a) return dc_fail("out of memory");
     dc_arena ar = dc_arena_counting(be->compute);
@@ -265,15 +274,9 @@ static int unet_reserve(dc_model *mm, int max_batch) {
 
 // ---- forward --------------------------------------------------------------------------
 
-static void conv_fwd(dc_backend *be, const dc_params *ps, const dc_conv2d *c, dc_buf y, dc_buf x, int B, int H,
-                     int W) {
-    const dc_conv2d_shape s = dc_conv2d_shape_of(c, B, H, W);
-    dc_conv2d_fwd(be, ps, c, y, x, &s);
-}
-
 static int check_call(const dc_unet *m, const dc_cond *cond, int B) {
     const dc_unet_config *c = &m->cfg;
-    if (!m->acts || B < 1 || B > m->max_batch)
+    if ((!m->acts && !m->train) || B < 1 || B > m->max_batch)
         return dc_fail("UNet: batch %d exceeds the reserved batch %d", B, m->max_batch);
     if (!cond || !cond->ctx.p) return dc_fail("the UNet is conditioned on text embeddings, and none were given");
     if (cond->dim != c->ctx_dim)
@@ -296,7 +299,7 @@ int dc_unet_prepare_text(dc_model *mm, const dc_cond *cond, int B) {
     dc_unet *m = dc_unet_of(mm);
     if (!m) return dc_fail("dc_unet_prepare_text: not a UNet");
     m->kv_ctx = NULL;
-    if (!cond) return 0;
+    if (!cond || m->train) return 0;  // training computes each transformer's own
     DC_TRY(check_call(m, cond, B));
     const unet_transformer *tl[MAX_ATTNS];
     const int n = transformer_list(m->mods, m->cfg.nblocks, tl);
@@ -313,30 +316,23 @@ static int unet_forward(dc_model *mm, dc_buf out, dc_buf x, dc_buf t, const dc_c
     dc_unet *m = (dc_unet *)mm;
     const dc_unet_config *c = &m->cfg;
     DC_TRY(check_call(m, cond, B));
+    if (m->train) {
+        dc_params_refresh(&m->params);
+        return unet_train_forward(m, out, x, t, cond, B);
+    }
     dc_backend *be = m->be;
     const dc_params *ps = &m->params;
     const dc_unet_modules *md = m->mods;
     dc_unet_acts *a = m->acts;
     const unet_scratch *s = &a->s;
-    const int N = c->nblocks, td = dc_unet_time_dim(c), len = cond->len;
+    const int N = c->nblocks, len = cond->len;
 
-    // time embedding: [cos | sin] of t (flip_sin_to_cos, freq_shift 0), Linear-SiLU-Linear;
-    // every resnet reads SiLU of it
-    be->timestep_embed(be, a->tfreq, t, B, c->ch[0] / 2);
-    dc_linear_fwd(be, ps, &md->time1, a->th, a->tfreq, B);
-    be->silu_fwd(be, a->ta, a->th, (int64_t)B * td);
-    dc_linear_fwd(be, ps, &md->time2, a->temb, a->ta, B);
-    be->silu_fwd(be, s->silu_temb, a->temb, (int64_t)B * td);
-    // every resnet's projection of it at once (few rows, many small weights):
-    // tp[i] [B, co] for the i-th resnet the forward runs
-    const unet_resnet *rl[MAX_RESNETS];
-    dc_linear_job jobs[MAX_RESNETS];
-    dc_buf tp[MAX_RESNETS];
-    const int nr = resnet_list(md, N, rl);
-    int64_t off = 0;
-    for (int i = 0; i < nr; off += (int64_t)B * rl[i]->co, i++)
-        tp[i] = dc_buf_at(s->tproj, off), jobs[i] = dc_linear_job_of(ps, &rl[i]->temb, tp[i]);
-    be->linear_many_fwd(be, jobs, nr, s->silu_temb, B, td);
+    // time embedding, and every resnet's projection of it: tp[i] for the i-th
+    const unet_time_acts ta = {a->tfreq, a->th, a->ta, a->temb, s->silu_temb, s->tproj};
+    dc_buf tp[UNET_MAX_RESNETS];
+    unet_time_fwd(be, ps, md, c, &ta, t, B, tp);
+    const unet_resnet_acts ra = unet_resnet_scratch(s);
+    const unet_transformer_acts tk = unet_transformer_scratch(s);
     int ri = 0;
     // the text's keys and values: prepared, or each transformer's own product
     const bool kv_ready = m->kv_ctx == cond->ctx.p && m->kv_B == B && m->kv_len == len;
@@ -353,35 +349,34 @@ static int unet_forward(dc_model *mm, dc_buf out, dc_buf x, dc_buf t, const dc_c
     // second (SD: conv_in, the first resnet and the first self-attention).
     const int Bs = cond->pairs > 0 && 2 * cond->pairs == B && md->down[0].has_attn ? cond->pairs : B;
     const int64_t HW0 = (int64_t)m->lh * m->lw;
-    dc_buf xin = x;
-    if (x.dt != be->compute) be->cast(be, s->r1, x, Bs * c->in_channels * HW0), xin = s->r1;
-    be->transpose(be, s->r0, xin, Bs, c->in_channels, HW0);  // [B, C, HW] -> [B, HW, C]
+    unet_to_nhwc(be, s->r0, x, s->r1, Bs, c->in_channels, HW0);
     int k = 0;
-    conv_fwd(be, ps, &md->conv_in, a->skip[k], s->r0, Bs, m->lh, m->lw);
+    unet_conv_fwd(be, ps, &md->conv_in, a->skip[k], s->r0, Bs, m->lh, m->lw);
     dc_buf h = a->skip[k++];
     for (int i = 0; i < N; i++) {
         const unet_block *b = &md->down[i];
         const int H = m->lh >> i, W = m->lw >> i;
         for (int j = 0; j < b->nres; j++) {
             const int rows = i == 0 && j == 0 ? Bs : B;  // the first resnet may run on one half
-            unet_resnet_fwd(be, ps, &b->res[j], a->skip[k], h, tp[ri++], rows, H, W, s);
+            unet_resnet_fwd(be, ps, &b->res[j], a->skip[k], h, tp[ri++], rows, H, W, &ra);
             if (rows < B) unet_copy_half(be, a->skip[0], (int64_t)Bs * HW0 * md->conv_in.co);
             if (b->has_attn)
-                unet_transformer_fwd(be, ps, &b->attn[j], a->skip[k], B, rows, H, W, cond->ctx, len, KV(&b->attn[j]),
-                                     s);
+                unet_transformer_fwd(be, ps, &b->attn[j], a->skip[k], a->skip[k], B, rows, H, W, cond->ctx, len,
+                                     KV(&b->attn[j]), &tk, s);
             h = a->skip[k++];
         }
         if (b->sample.w >= 0) {
-            conv_fwd(be, ps, &b->sample, a->skip[k], h, B, H, W);
+            unet_conv_fwd(be, ps, &b->sample, a->skip[k], h, B, H, W);
             h = a->skip[k++];
         }
     }
 
     // mid block: resnet, attention, resnet
     const int Hm = m->lh >> (N - 1), Wm = m->lw >> (N - 1);
-    unet_resnet_fwd(be, ps, &md->mid.res[0], a->p0, h, tp[ri++], B, Hm, Wm, s);
-    unet_transformer_fwd(be, ps, &md->mid.attn[0], a->p0, B, B, Hm, Wm, cond->ctx, len, KV(&md->mid.attn[0]), s);
-    unet_resnet_fwd(be, ps, &md->mid.res[1], a->p1, a->p0, tp[ri++], B, Hm, Wm, s);
+    unet_resnet_fwd(be, ps, &md->mid.res[0], a->p0, h, tp[ri++], B, Hm, Wm, &ra);
+    unet_transformer_fwd(be, ps, &md->mid.attn[0], a->p0, a->p0, B, B, Hm, Wm, cond->ctx, len, KV(&md->mid.attn[0]),
+                         &tk, s);
+    unet_resnet_fwd(be, ps, &md->mid.res[1], a->p1, a->p0, tp[ri++], B, Hm, Wm, &ra);
     h = a->p1;
     int C = md->mid.res[1].co;
 
@@ -394,35 +389,27 @@ static int unet_forward(dc_model *mm, dc_buf out, dc_buf x, dc_buf t, const dc_c
             dc_buf dst = h.p == a->p0.p ? a->p1 : a->p0;
             k--;
             be->concat_channels(be, s->cat, h, C, a->skip[k], r->ci - C, (int64_t)B * H * W);
-            unet_resnet_fwd(be, ps, r, dst, s->cat, tp[ri++], B, H, W, s);
+            unet_resnet_fwd(be, ps, r, dst, s->cat, tp[ri++], B, H, W, &ra);
             if (b->has_attn)
-                unet_transformer_fwd(be, ps, &b->attn[j], dst, B, B, H, W, cond->ctx, len, KV(&b->attn[j]), s);
+                unet_transformer_fwd(be, ps, &b->attn[j], dst, dst, B, B, H, W, cond->ctx, len, KV(&b->attn[j]), &tk, s);
             h = dst, C = r->co;
         }
         if (b->sample.w >= 0) {  // nearest 2x, then a 3x3 conv
             dc_buf dst = h.p == a->p0.p ? a->p1 : a->p0;
             be->upsample2x_nhwc_fwd(be, s->r0, h, B, C, H, W);
-            conv_fwd(be, ps, &b->sample, dst, s->r0, B, 2 * H, 2 * W);
+            unet_conv_fwd(be, ps, &b->sample, dst, s->r0, B, 2 * H, 2 * W);
             h = dst;
         }
     }
 
 #undef KV
     dc_group_norm_nhwc_fwd(be, ps, &md->norm_out, s->r0, s->gn_mean, s->gn_rstd, h, B, HW0, true);
-    conv_fwd(be, ps, &md->conv_out, s->r1, s->r0, B, m->lh, m->lw);
-    if (out.dt == be->compute) {
-        be->transpose(be, out, s->r1, B, HW0, c->out_channels);  // [B, HW, C] -> [B, C, HW]
-    } else {
-        be->transpose(be, s->r0, s->r1, B, HW0, c->out_channels);
-        be->cast(be, out, s->r0, B * c->out_channels * HW0);
-    }
+    unet_conv_fwd(be, ps, &md->conv_out, s->r1, s->r0, B, m->lh, m->lw);
+    unet_from_nhwc(be, out, s->r1, s->r0, B, c->out_channels, HW0);
     return dc_backend_status(be);
 }
 
-static int unet_backward(dc_model *mm, dc_buf dout, int B) {
-    (void)mm, (void)dout, (void)B;
-    return dc_fail("UNet training is not built yet: the UNet runs inference only");
-}
+static int unet_backward(dc_model *mm, dc_buf dout, int B) { return unet_train_backward((dc_unet *)mm, dout, B); }
 
 // ---- weights --------------------------------------------------------------------------
 
@@ -521,7 +508,7 @@ static const dc_model_ops unet_ops = {
     .name = "UNet2DConditionModel", .reserve = unet_reserve, .forward = unet_forward,
     .backward = unet_backward, .config_to_kv = unet_config_kv, .init_weights = unet_init,
     .macs_per_image = unet_macs, .describe = unet_describe, .activation_bytes = unet_activation_bytes,
-    .release = unet_release,
+    .set_recompute = unet_set_recompute, .release = unet_release,
 };
 
 dc_unet *dc_unet_of(dc_model *m) { return m && m->ops == &unet_ops ? (dc_unet *)m : NULL; }
@@ -559,8 +546,8 @@ int dc_unet_register(const dc_unet_config *c, dc_params *ps) {
     return rc;
 }
 
-int dc_unet_new(const dc_unet_config *c, dc_backend *be, dc_dtype loaded, int latent_h, int latent_w,
-                dc_model **out) {
+static int unet_new(const dc_unet_config *c, dc_backend *be, dc_dtype loaded, bool trains, int latent_h,
+                    int latent_w, dc_model **out) {
     *out = NULL;
     DC_TRY(dc_unet_config_validate(c));
     DC_TRY(check_size(c, latent_h, latent_w));
@@ -569,6 +556,7 @@ int dc_unet_new(const dc_unet_config *c, dc_backend *be, dc_dtype loaded, int la
     m->cfg = *c;
     m->be = be;
     m->lh = latent_h, m->lw = latent_w;
+    m->trains = trains, m->keep = -1;
     m->base = (dc_model){
         .ops = &unet_ops, .be = be, .params = &m->params, .owned = true,
         .info = {.channels = c->in_channels, .frames = 1, .height = latent_h, .width = latent_w,
@@ -578,11 +566,22 @@ int dc_unet_new(const dc_unet_config *c, dc_backend *be, dc_dtype loaded, int la
     m->mods = calloc(1, sizeof *m->mods);
     if (!m->mods) return free(m), dc_fail("out of memory");
     // a layout (be NULL) stops at the registered parameters
-    if (unet_modules_add(&m->params, m->mods, c) || (be && dc_params_alloc_frozen(&m->params, be, loaded))) {
+    if (unet_modules_add(&m->params, m->mods, c) ||
+        (be && (trains ? dc_params_alloc(&m->params, be, true) : dc_params_alloc_frozen(&m->params, be, loaded)))) {
         unet_release(&m->base);
         free(m);
         return -1;
     }
+    m->base.info.blocks = unet_layer_count(m);
     *out = &m->base;
     return 0;
+}
+
+int dc_unet_new(const dc_unet_config *c, dc_backend *be, dc_dtype loaded, int latent_h, int latent_w,
+                dc_model **out) {
+    return unet_new(c, be, loaded, false, latent_h, latent_w, out);
+}
+
+int dc_unet_new_train(const dc_unet_config *c, dc_backend *be, int latent_h, int latent_w, dc_model **out) {
+    return unet_new(c, be, DC_F32, true, latent_h, latent_w, out);
 }

@@ -1,7 +1,7 @@
 // The Stable Diffusion UNet (diffusers' UNet2DConditionModel, SD 1.x and
 // 2.x) as a dc_model: eps (or v) = unet(latents x[B,4,h,w], timesteps t[B],
-// text embeddings ctx[B,len,ctx_dim]). Inference only for now: the weights
-// are frozen (nn/params.h) and backward says it is not built.
+// text embeddings ctx[B,len,ctx_dim]). Created for inference (frozen
+// weights, nn/params.h) or for training (dc_unet_new_train).
 //
 // Layout (diffusers names; L = layers per block, N blocks of channels ch[i]):
 //   conv_in 3x3 -> time_embedding (sinusoidal ch[0] -> Linear-SiLU-Linear to 4 ch[0])
@@ -89,6 +89,7 @@ int dc_unet_weight_map(void *ctx, const char *param, dc_weight_src *src);
 
 typedef struct dc_unet_modules dc_unet_modules;
 typedef struct dc_unet_acts dc_unet_acts;
+typedef struct dc_unet_train dc_unet_train;
 
 typedef struct {
     dc_model base;       // first: the trainer, sampler and CLI see &m->base
@@ -96,7 +97,10 @@ typedef struct {
     dc_backend *be;
     dc_params params;    // diffusers state-dict keys, in state-dict order
     dc_unet_modules *mods;
-    dc_unet_acts *acts;  // planned by reserve for up to max_batch
+    dc_unet_acts *acts;  // inference: planned by reserve for up to max_batch
+    dc_unet_train *train;  // training: what the forward keeps for backward (unet_train.c)
+    bool trains;         // created with trainable parameters (dc_unet_new_train)
+    int keep;            // training: the layers keeping their activations (-1: all; set_recompute)
     int max_batch;
     int lh, lw;          // latent height and width
     const void *kv_ctx;  // the text whose keys and values are ready (dc_unet_prepare_text), or NULL
@@ -111,6 +115,14 @@ typedef struct {
 // allocated (sizing: activation bytes, macs, config). Free with dc_model_free.
 int dc_unet_new(const dc_unet_config *c, dc_backend *be, dc_dtype loaded, int latent_h, int latent_w,
                 dc_model **out);
+// The same with trainable parameters (fp32 masters and gradients,
+// dc_params_alloc) for training: the forward keeps what backward reads, and
+// backward accumulates every parameter's gradient (the latents and the text
+// take none). Parameter units: conv_in with the time embedding, each down
+// block, each up block, the mid block, the output layers. info.blocks
+// counts the layers set_recompute's keep runs over (resnets with their
+// transformers, resamplers); recomputed layers give the same gradients.
+int dc_unet_new_train(const dc_unet_config *c, dc_backend *be, int latent_h, int latent_w, dc_model **out);
 // Registers the parameters of config c into ps (names and shapes, in
 // diffusers' state-dict order) without allocating them: listings, checks.
 int dc_unet_register(const dc_unet_config *c, dc_params *ps);
@@ -130,7 +142,8 @@ int dc_unet_load(dc_model *m, const dc_weights *w, dc_names names);
 // (call it before the buffer is freed). 0 or -1 (message set).
 int dc_unet_prepare_text(dc_model *m, const dc_cond *cond, int B);
 // Bytes of the activations planned for max_batch at the current size (for
-// memory budgets); the backend's own workspaces come on top.
+// memory budgets: the inference arena, or a training model's); the
+// backend's own workspaces come on top.
 size_t dc_unet_activation_bytes(const dc_model *m, int max_batch);
 
 // The UNet in the model registry (models/registry.h).

@@ -51,11 +51,11 @@ static int unet_config_of_json(const dc_json *root, const char *path, dc_kv *cfg
 
 static int unet_create(const dc_kv *cfg, dc_backend *be, bool with_grad, dc_model **out) {
     *out = NULL;
-    if (with_grad) return dc_fail("cannot train a UNet2DConditionModel: the UNet's backward is not built yet");
     dc_unet_config c;
     DC_TRY(dc_unet_config_from_kv(&c, cfg));
     if (c.sample_size < 1)
         return dc_fail("a UNet config without its latent size (sample_size): give it, or data to take it from");
+    if (with_grad) return dc_unet_new_train(&c, be, c.sample_size, c.sample_size, out);
     return dc_unet_new(&c, be, DC_F32, c.sample_size, c.sample_size, out);
 }
 

@@ -111,12 +111,14 @@ int unet_modules_add(dc_params *ps, dc_unet_modules *md, const dc_unet_config *c
     int rin[DC_UNET_MAX_LAYERS + 1];
     if (dc_conv2d_add_nhwc(ps, &md->conv_in, "conv_in", c->in_channels, c->ch[0], 3, 1, 1) ||
         dc_linear_add(ps, &md->time1, "time_embedding.linear_1", c->ch[0], dc_unet_time_dim(c)) ||
-        dc_linear_add(ps, &md->time2, "time_embedding.linear_2", dc_unet_time_dim(c), dc_unet_time_dim(c)))
+        dc_linear_add(ps, &md->time2, "time_embedding.linear_2", dc_unet_time_dim(c), dc_unet_time_dim(c)) ||
+        dc_params_end_unit(ps))
         return -1;
     for (int i = 0; i < N; i++) {
         for (int j = 0; j < L; j++) rin[j] = j ? c->ch[i] : c->ch[i ? i - 1 : 0];
         DC_TRY(block_add(ps, &md->down[i], KEY(k, "down_blocks.%d", i), rin, c->ch[i], L, c->attn[i] ? L : 0, c->heads[i],
                          i < N - 1 ? 2 : 0, c));
+        DC_TRY(dc_params_end_unit(ps));
     }
     for (int i = 0; i < N; i++) {
         const int d = N - 1 - i;  // the down block this one mirrors
@@ -124,51 +126,120 @@ int unet_modules_add(dc_params *ps, dc_unet_modules *md, const dc_unet_config *c
         for (int j = 0; j <= L; j++) rin[j] = (j ? out : prev) + (j == L ? below : out);
         DC_TRY(block_add(ps, &md->up[i], KEY(k, "up_blocks.%d", i), rin, out, L + 1, c->attn[d] ? L + 1 : 0, c->heads[d],
                          i < N - 1 ? 1 : 0, c));
+        DC_TRY(dc_params_end_unit(ps));
     }
     const int top = c->ch[N - 1];
     rin[0] = rin[1] = top;
     // UNetMidBlock2DCrossAttn: resnet, attention, resnet (heads of the last down block)
     DC_TRY(block_add(ps, &md->mid, "mid_block", rin, top, 2, 1, c->heads[N - 1], 0, c));
-    if (dc_group_norm_add(ps, &md->norm_out, "conv_norm_out", c->ch[0], c->groups, c->eps) ||
-        dc_conv2d_add_nhwc(ps, &md->conv_out, "conv_out", c->ch[0], c->out_channels, 3, 1, 1))
+    // units (nn/params.h): conv_in and the time embedding, each down block,
+    // each up block, the mid block, and these output layers
+    if (dc_params_end_unit(ps) || dc_group_norm_add(ps, &md->norm_out, "conv_norm_out", c->ch[0], c->groups, c->eps) ||
+        dc_conv2d_add_nhwc(ps, &md->conv_out, "conv_out", c->ch[0], c->out_channels, 3, 1, 1) ||
+        dc_params_end_unit(ps))
         return -1;
     return 0;
 }
 
+void unet_conv_fwd(dc_backend *be, const dc_params *ps, const dc_conv2d *c, dc_buf y, dc_buf x, int B, int H, int W) {
+    const dc_conv2d_shape s = dc_conv2d_shape_of(c, B, H, W);
+    dc_conv2d_fwd(be, ps, c, y, x, &s);
+}
+
+void unet_to_nhwc(dc_backend *be, dc_buf dst, dc_buf x, dc_buf tmp, int B, int C, int64_t HW) {
+    if (x.dt != be->compute) be->cast(be, tmp, x, B * C * HW), x = tmp;
+    be->transpose(be, dst, x, B, C, HW);  // [B, C, HW] -> [B, HW, C]
+}
+
+void unet_from_nhwc(dc_backend *be, dc_buf out, dc_buf y, dc_buf tmp, int B, int C, int64_t HW) {
+    if (out.dt == be->compute) {
+        be->transpose(be, out, y, B, HW, C);  // [B, HW, C] -> [B, C, HW]
+        return;
+    }
+    be->transpose(be, tmp, y, B, HW, C);
+    be->cast(be, out, tmp, B * C * HW);
+}
+
+int unet_resnet_list(const dc_unet_modules *md, int N, const unet_resnet **r) {
+    int n = 0;
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < md->down[i].nres; j++) r[n++] = &md->down[i].res[j];
+    r[n++] = &md->mid.res[0], r[n++] = &md->mid.res[1];
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < md->up[i].nres; j++) r[n++] = &md->up[i].res[j];
+    return n;
+}
+
+// [cos | sin] of t (flip_sin_to_cos, freq_shift 0), Linear-SiLU-Linear, then
+// every resnet's projection of its SiLU at once (few rows, many small weights).
+void unet_time_fwd(dc_backend *be, const dc_params *ps, const dc_unet_modules *md, const dc_unet_config *c,
+                   const unet_time_acts *a, dc_buf t, int B, dc_buf *tp) {
+    const int td = dc_unet_time_dim(c);
+    be->timestep_embed(be, a->tfreq, t, B, c->ch[0] / 2);
+    dc_linear_fwd(be, ps, &md->time1, a->th, a->tfreq, B);
+    be->silu_fwd(be, a->ta, a->th, (int64_t)B * td);
+    dc_linear_fwd(be, ps, &md->time2, a->temb, a->ta, B);
+    be->silu_fwd(be, a->silu_temb, a->temb, (int64_t)B * td);
+    const unet_resnet *rl[UNET_MAX_RESNETS];
+    dc_linear_job jobs[UNET_MAX_RESNETS];
+    const int nr = unet_resnet_list(md, c->nblocks, rl);
+    int64_t off = 0;
+    for (int i = 0; i < nr; off += (int64_t)B * rl[i]->co, i++)
+        tp[i] = dc_buf_at(a->tproj, off), jobs[i] = dc_linear_job_of(ps, &rl[i]->temb, tp[i]);
+    be->linear_many_fwd(be, jobs, nr, a->silu_temb, B, td);
+}
+
+unet_resnet_acts unet_resnet_scratch(const unet_scratch *s) {
+    unet_resnet_acts k = {s->r0, s->r1, s->r0, s->r1, s->gn_mean, s->gn_rstd, s->gn_mean, s->gn_rstd};
+    return k;
+}
+
+unet_transformer_acts unet_transformer_scratch(const unet_scratch *s) {
+    const dc_buf *tok = s->tok;
+    unet_transformer_acts k;
+    memset(&k, 0, sizeof k);
+    k.t0 = k.n1 = k.n2 = k.n3 = tok[0];
+    k.x0 = k.x1 = k.x2 = k.x3 = tok[2];
+    k.qkv = tok[3], k.att1 = k.q2 = tok[1], k.att2 = tok[5], k.kv = tok[3];
+    k.gn_mean = s->gn_mean, k.gn_rstd = s->gn_rstd;
+    for (int i = 0; i < 3; i++) k.ln_mean[i] = s->ln_mean, k.ln_rstd[i] = s->ln_rstd;
+    k.lse1 = k.lse2 = s->lse;
+    return k;
+}
+
 void unet_resnet_fwd(dc_backend *be, const dc_params *ps, const unet_resnet *r, dc_buf out, dc_buf x,
-                     dc_buf tproj, int B, int H, int W, const unet_scratch *s) {
+                     dc_buf tproj, int B, int H, int W, const unet_resnet_acts *k) {
     const int64_t HW = (int64_t)H * W;
     const dc_conv2d_shape s3 = dc_conv2d_shape_of(&r->conv1, B, H, W);
     const dc_conv2d_shape s3b = dc_conv2d_shape_of(&r->conv2, B, H, W);
     // The convolutions' biases join the adds that follow them (the time
     // embedding, the residual): one pass over the map fewer each.
     const dc_buf none = dc_buf_none();
-    dc_group_norm_nhwc_fwd(be, ps, &r->norm1, s->r0, s->gn_mean, s->gn_rstd, x, B, HW, true);
-    dc_conv2d_fwd_nobias(be, ps, &r->conv1, s->r1, s->r0, &s3);           // r1 [B, HW, co]
-    be->add_nhwc(be, s->r1, none, tproj, dc_conv2d_bias(ps, &r->conv1), B, r->co, HW);
-    dc_group_norm_nhwc_fwd(be, ps, &r->norm2, s->r0, s->gn_mean, s->gn_rstd, s->r1, B, HW, true);
-    dc_conv2d_fwd_nobias(be, ps, &r->conv2, out, s->r0, &s3b);
+    dc_group_norm_nhwc_fwd(be, ps, &r->norm1, k->a1, k->mean1, k->rstd1, x, B, HW, true);
+    dc_conv2d_fwd_nobias(be, ps, &r->conv1, k->h1, k->a1, &s3);           // h1 [B, HW, co]
+    be->add_nhwc(be, k->h1, none, tproj, dc_conv2d_bias(ps, &r->conv1), B, r->co, HW);
+    dc_group_norm_nhwc_fwd(be, ps, &r->norm2, k->a2, k->mean2, k->rstd2, k->h1, B, HW, true);
+    dc_conv2d_fwd_nobias(be, ps, &r->conv2, out, k->a2, &s3b);
     dc_buf skip = x;
     if (r->shortcut.w >= 0) {
         const dc_conv2d_shape s1 = dc_conv2d_shape_of(&r->shortcut, B, H, W);
-        dc_conv2d_fwd(be, ps, &r->shortcut, s->r1, x, &s1);
-        skip = s->r1;
+        dc_conv2d_fwd(be, ps, &r->shortcut, k->sc, x, &s1);
+        skip = k->sc;
     }
     be->add_nhwc(be, out, skip, none, dc_conv2d_bias(ps, &r->conv2), B, r->co, HW);
 }
 
 // Multi-head attention of q [B, Tq, C] over k, v [B, Tk, C] (heads side by
 // side in each row; rows of qrow and kvrow elements, so packed projections
-// are read in place) into out [B, Tq, C].
-static void attend(dc_backend *be, dc_buf out, dc_buf lse, dc_buf q, dc_buf k, dc_buf v, int B, int Tq, int Tk,
-                   int qrow, int kvrow, int C, int heads) {
+// are read in place), its output [B, Tq, C].
+static dc_attn_shape attn_shape(int B, int Tq, int Tk, int qrow, int kvrow, int C, int heads) {
     dc_attn_shape a;
     memset(&a, 0, sizeof a);
     a.B = B, a.H = heads, a.Tq = Tq, a.Tk = Tk, a.Dh = a.Dv = C / heads;
     a.q = dc_attn_rows(Tq, qrow, a.Dh);
     a.k = a.v = dc_attn_rows(Tk, kvrow, a.Dh);
     a.out = dc_attn_rows(Tq, C, a.Dh);
-    be->attention_fwd(be, out, lse, q, k, v, &a);
+    return a;
 }
 
 void unet_copy_half(dc_backend *be, dc_buf b, int64_t n) {
@@ -176,49 +247,135 @@ void unet_copy_half(dc_backend *be, dc_buf b, int64_t n) {
     be->copy(be, (char *)b.p + bytes, b.p, bytes);
 }
 
-void unet_transformer_fwd(dc_backend *be, const dc_params *ps, const unet_transformer *t, dc_buf h, int B,
-                          int Bs, int H, int W, dc_buf ctx, int len, dc_buf kv, const unet_scratch *s) {
-    const int C = t->C, T = H * W, M = B * T, Ms = Bs * T;
-    const dc_buf *tok = s->tok;
-    dc_buf x = tok[2];  // [B, T, C] the token stream
-    // up to the cross-attention, on Bs rows (B, or the first of two like halves)
-    dc_group_norm_nhwc_fwd(be, ps, &t->norm, tok[0], s->gn_mean, s->gn_rstd, h, Bs, T, false);
-    dc_linear_fwd(be, ps, &t->proj_in, x, tok[0], Ms);
+// dst = src where they differ (training keeps each step of the stream).
+static void copy_map(dc_backend *be, dc_buf dst, dc_buf src, int64_t n) {
+    if (dst.p != src.p) be->copy(be, dst.p, src.p, (size_t)n * dc_dtype_size(dst.dt));
+}
 
-    // self-attention: q | k | v from one product into tok[3..5] as [M, 3C]
-    dc_layer_norm_fwd(be, ps, &t->norm1, tok[0], s->ln_mean, s->ln_rstd, x, Ms);
-    dc_linear_fwd(be, ps, &t->qkv1, tok[3], tok[0], Ms);
-    attend(be, tok[1], s->lse, tok[3], dc_buf_at(tok[3], C), dc_buf_at(tok[3], 2 * C), Bs, T, T, 3 * C, 3 * C, C,
-           t->heads);
-    dc_linear_fwd_acc(be, ps, &t->o1, x, tok[1], Ms);  // x += to_out(attention)
+void unet_transformer_fwd(dc_backend *be, const dc_params *ps, const unet_transformer *t, dc_buf out, dc_buf h,
+                          int B, int Bs, int H, int W, dc_buf ctx, int len, dc_buf kv,
+                          const unet_transformer_acts *k, const unet_scratch *s) {
+    const int C = t->C, T = H * W, M = B * T, Ms = Bs * T;
+    // up to the cross-attention, on Bs rows (B, or the first of two like halves)
+    dc_group_norm_nhwc_fwd(be, ps, &t->norm, k->t0, k->gn_mean, k->gn_rstd, h, Bs, T, false);
+    dc_linear_fwd(be, ps, &t->proj_in, k->x0, k->t0, Ms);
+
+    // self-attention: q | k | v from one product as [M, 3C]
+    dc_layer_norm_fwd(be, ps, &t->norm1, k->n1, k->ln_mean[0], k->ln_rstd[0], k->x0, Ms);
+    dc_linear_fwd(be, ps, &t->qkv1, k->qkv, k->n1, Ms);
+    dc_attn_shape a = attn_shape(Bs, T, T, 3 * C, 3 * C, C, t->heads);
+    be->attention_fwd(be, k->att1, k->lse1, k->qkv, dc_buf_at(k->qkv, C), dc_buf_at(k->qkv, 2 * C), &a);
+    copy_map(be, k->x1, k->x0, (int64_t)M * C);
+    dc_linear_fwd_acc(be, ps, &t->o1, k->x1, k->att1, Ms);  // x += to_out(attention)
     if (Bs < B) {  // the halves part at the text: both get the tokens and the residual
-        unet_copy_half(be, x, (int64_t)Ms * C);
+        unet_copy_half(be, k->x1, (int64_t)Ms * C);
         unet_copy_half(be, h, (int64_t)Ms * C);
     }
 
     // cross-attention: keys and values from the text, k | v from one product
     // [B len, 2C] (or prepared in kv)
-    dc_layer_norm_fwd(be, ps, &t->norm2, tok[0], s->ln_mean, s->ln_rstd, x, M);
-    dc_linear_fwd(be, ps, &t->q2, tok[1], tok[0], M);
-    if (!kv.p) dc_linear_fwd(be, ps, &t->kv2, tok[3], ctx, B * len), kv = tok[3];
-    attend(be, tok[5], s->lse, tok[1], kv, dc_buf_at(kv, C), B, T, len, C, 2 * C, C, t->heads);
-    dc_linear_fwd_acc(be, ps, &t->o2, x, tok[5], M);
+    dc_layer_norm_fwd(be, ps, &t->norm2, k->n2, k->ln_mean[1], k->ln_rstd[1], k->x1, M);
+    dc_linear_fwd(be, ps, &t->q2, k->q2, k->n2, M);
+    if (!kv.p) dc_linear_fwd(be, ps, &t->kv2, k->kv, ctx, B * len), kv = k->kv;
+    a = attn_shape(B, T, len, C, 2 * C, C, t->heads);
+    be->attention_fwd(be, k->att2, k->lse2, k->q2, kv, dc_buf_at(kv, C), &a);
+    copy_map(be, k->x2, k->x1, (int64_t)M * C);
+    dc_linear_fwd_acc(be, ps, &t->o2, k->x2, k->att2, M);
 
-    // GEGLU feed-forward: in one pass where the backend gates in the
-    // product's epilogue (the 4C-wide gated layer in the free tok[3] region);
-    // else in chunks of rows (each row is independent) so its 8C-wide
-    // hidden layer needs only ff_cap elements of scratch
-    dc_layer_norm_fwd(be, ps, &t->norm3, tok[0], s->ln_mean, s->ln_rstd, x, M);
-    const bool one = (int64_t)M * 4 * C <= s->hid_cap &&
-                     dc_linear_geglu_fwd(be, ps, &t->ff1, tok[3], dc_buf_none(), tok[0], M);
-    if (one) dc_linear_fwd_acc(be, ps, &t->ff2, x, tok[3], M);  // x += ff.net.2(gated)
-    int rows = (int)(s->ff_cap / (8 * C));
-    if (rows > M) rows = M;
-    for (int r0 = 0; !one && r0 < M; r0 += rows) {
-        const int m = M - r0 < rows ? M - r0 : rows;
-        dc_linear_geglu_fwd(be, ps, &t->ff1, s->ff2, s->ff1, dc_buf_at(tok[0], (int64_t)r0 * C), m);  // [m, 4C]
-        dc_linear_fwd_acc(be, ps, &t->ff2, dc_buf_at(x, (int64_t)r0 * C), s->ff2, m);  // rows r0.. of x +=
+    // GEGLU feed-forward. Training keeps the product and its gate; inference
+    // runs in one pass where the backend gates in the product's epilogue (the
+    // 4C-wide gated layer in the free tok[3] region), else in chunks of rows
+    // (each row is independent) so its 8C-wide hidden layer needs only
+    // ff_cap elements of scratch
+    dc_layer_norm_fwd(be, ps, &t->norm3, k->n3, k->ln_mean[2], k->ln_rstd[2], k->x2, M);
+    copy_map(be, k->x3, k->x2, (int64_t)M * C);
+    if (k->pre.p) {
+        dc_linear_fwd(be, ps, &t->ff1, k->pre, k->n3, M);
+        be->geglu_fwd(be, k->act, k->pre, M, 4 * C);
+        dc_linear_fwd_acc(be, ps, &t->ff2, k->x3, k->act, M);
+    } else {
+        const dc_buf *tok = s->tok;
+        const bool one = (int64_t)M * 4 * C <= s->hid_cap &&
+                         dc_linear_geglu_fwd(be, ps, &t->ff1, tok[3], dc_buf_none(), k->n3, M);
+        if (one) dc_linear_fwd_acc(be, ps, &t->ff2, k->x3, tok[3], M);  // x += ff.net.2(gated)
+        int rows = (int)(s->ff_cap / (8 * C));
+        if (rows > M) rows = M;
+        for (int r0 = 0; !one && r0 < M; r0 += rows) {
+            const int m = M - r0 < rows ? M - r0 : rows;
+            dc_linear_geglu_fwd(be, ps, &t->ff1, s->ff2, s->ff1, dc_buf_at(k->n3, (int64_t)r0 * C), m);  // [m, 4C]
+            dc_linear_fwd_acc(be, ps, &t->ff2, dc_buf_at(k->x3, (int64_t)r0 * C), s->ff2, m);  // rows r0.. of x +=
+        }
     }
 
-    dc_linear_fwd_acc(be, ps, &t->proj_out, h, x, M);  // h += proj_out(x)
+    copy_map(be, out, h, (int64_t)M * C);
+    dc_linear_fwd_acc(be, ps, &t->proj_out, out, k->x3, M);  // out = h + proj_out(x)
+}
+
+// ---- backward ------------------------------------------------------------------------
+
+void unet_resnet_bwd(dc_backend *be, const dc_params *ps, const unet_resnet *r, dc_buf dx, dc_buf dout, dc_buf x,
+                     const unet_resnet_acts *k, dc_buf silu_temb, dc_buf dsilu_temb, int B, int H, int W,
+                     bool accumulate, const unet_grad_scratch *g) {
+    const int64_t HW = (int64_t)H * W;
+    const dc_conv2d_shape s3 = dc_conv2d_shape_of(&r->conv1, B, H, W);
+    const dc_conv2d_shape s3b = dc_conv2d_shape_of(&r->conv2, B, H, W);
+    // the residual: out = shortcut(x) + conv2(a2) + its bias
+    if (r->shortcut.w >= 0) {
+        const dc_conv2d_shape s1 = dc_conv2d_shape_of(&r->shortcut, B, H, W);
+        dc_conv2d_bwd(be, ps, &r->shortcut, dx, dout, x, &s1, accumulate);
+    } else if (accumulate) {
+        be->axpy(be, dx, dout, 1.0f, (int64_t)B * HW * r->co);
+    } else {
+        copy_map(be, dx, dout, (int64_t)B * HW * r->co);
+    }
+    dc_conv2d_bwd(be, ps, &r->conv2, g->d1, dout, k->a2, &s3b, false);  // d1 = dL/da2
+    be->group_norm_nhwc_bwd(be, g->d2, dc_param_train_grad(ps, r->norm2.w), dc_param_train_grad(ps, r->norm2.b),
+                            g->d1, k->h1, k->mean2, k->rstd2, dc_param_w(ps, r->norm2.w), dc_param_w(ps, r->norm2.b),
+                            B, r->co, HW, r->norm2.groups, true, false);  // d2 = dL/dh1
+    // h1 = conv1(a1) + its bias + the time projection (broadcast over pixels)
+    be->channel_sum_nhwc(be, g->dtproj, g->d2, B, r->co, HW);
+    dc_linear_bwd(be, ps, &r->temb, dsilu_temb, g->dtproj, silu_temb, B, true);
+    dc_conv2d_bwd(be, ps, &r->conv1, g->d1, g->d2, k->a1, &s3, false);  // d1 = dL/da1
+    be->group_norm_nhwc_bwd(be, dx, dc_param_train_grad(ps, r->norm1.w), dc_param_train_grad(ps, r->norm1.b), g->d1,
+                            x, k->mean1, k->rstd1, dc_param_w(ps, r->norm1.w), dc_param_w(ps, r->norm1.b), B, r->ci,
+                            HW, r->norm1.groups, true, true);
+}
+
+static void layer_norm_bwd(dc_backend *be, const dc_params *ps, const dc_layer_norm *n, dc_buf dx, dc_buf dy,
+                           dc_buf x, dc_buf mean, dc_buf rstd, int64_t M) {
+    be->layer_norm_bwd(be, dx, dc_param_train_grad(ps, n->w), dc_param_train_grad(ps, n->b), dy, x, mean, rstd,
+                       dc_param_w(ps, n->w), M, n->D, true);
+}
+
+void unet_transformer_bwd(dc_backend *be, const dc_params *ps, const unet_transformer *t, dc_buf dh, dc_buf h,
+                          int B, int H, int W, dc_buf ctx, int len, const unet_transformer_acts *k,
+                          const unet_grad_scratch *g) {
+    const int C = t->C, T = H * W, M = B * T;
+    // out = h + proj_out(x3): dS = dL/dx3, then the stream's gradient going back
+    dc_linear_bwd(be, ps, &t->proj_out, g->dS, dh, k->x3, M, false);
+    // x3 = x2 + ff2(GEGLU(ff1(norm3(x2))))
+    dc_linear_bwd(be, ps, &t->ff2, g->dact, g->dS, k->act, M, false);
+    be->geglu_bwd(be, g->dpre, g->dact, k->pre, M, 4 * C);
+    dc_linear_bwd(be, ps, &t->ff1, g->dT, g->dpre, k->n3, M, false);
+    layer_norm_bwd(be, ps, &t->norm3, g->dS, g->dT, k->x2, k->ln_mean[2], k->ln_rstd[2], M);
+    // x2 = x1 + o2(attention(q2(norm2(x1)), kv2(ctx)))
+    dc_linear_bwd(be, ps, &t->o2, g->dT, g->dS, k->att2, M, false);
+    dc_attn_shape a = attn_shape(B, T, len, C, 2 * C, C, t->heads);
+    be->attention_bwd(be, g->dT2, g->dkv, dc_buf_at(g->dkv, C), g->dT, k->q2, k->kv, dc_buf_at(k->kv, C), k->att2,
+                      k->lse2, &a);
+    dc_linear_bwd(be, ps, &t->kv2, dc_buf_none(), g->dkv, ctx, B * len, false);  // the text takes no gradient
+    dc_linear_bwd(be, ps, &t->q2, g->dT, g->dT2, k->n2, M, false);
+    layer_norm_bwd(be, ps, &t->norm2, g->dS, g->dT, k->x1, k->ln_mean[1], k->ln_rstd[1], M);
+    // x1 = x0 + o1(attention of qkv1(norm1(x0)))
+    dc_linear_bwd(be, ps, &t->o1, g->dT, g->dS, k->att1, M, false);
+    a = attn_shape(B, T, T, 3 * C, 3 * C, C, t->heads);
+    be->attention_bwd(be, g->dqkv, dc_buf_at(g->dqkv, C), dc_buf_at(g->dqkv, 2 * C), g->dT, k->qkv,
+                      dc_buf_at(k->qkv, C), dc_buf_at(k->qkv, 2 * C), k->att1, k->lse1, &a);
+    dc_linear_bwd(be, ps, &t->qkv1, g->dT, g->dqkv, k->n1, M, false);
+    layer_norm_bwd(be, ps, &t->norm1, g->dS, g->dT, k->x0, k->ln_mean[0], k->ln_rstd[0], M);
+    // x0 = proj_in(GroupNorm(h)); dh += its share
+    dc_linear_bwd(be, ps, &t->proj_in, g->dT, g->dS, k->t0, M, false);
+    be->group_norm_nhwc_bwd(be, dh, dc_param_train_grad(ps, t->norm.w), dc_param_train_grad(ps, t->norm.b), g->dT, h,
+                            k->gn_mean, k->gn_rstd, dc_param_w(ps, t->norm.w), dc_param_w(ps, t->norm.b), B, C, T,
+                            t->norm.groups, false, true);
 }

@@ -6,6 +6,8 @@
 #include "models/unet.h"
 #include "nn/modules.h"
 
+#define UNET_MAX_RESNETS (2 * DC_UNET_MAX_BLOCKS * (DC_UNET_MAX_LAYERS + 1) + 2)
+
 // ResnetBlock2D: out = conv_shortcut(x) + conv2(SiLU(norm2(conv1(SiLU(norm1(x)))
 // + time_emb_proj(SiLU(temb))))), the shortcut a 1x1 conv when ci != co, else x.
 typedef struct {
@@ -54,6 +56,31 @@ struct dc_unet_modules {
 // Registers every module of config c in diffusers' state-dict order.
 int unet_modules_add(dc_params *ps, dc_unet_modules *md, const dc_unet_config *c);
 
+// y = conv c of x[B, H, W, ci] (with its bias).
+void unet_conv_fwd(dc_backend *be, const dc_params *ps, const dc_conv2d *c, dc_buf y, dc_buf x, int B, int H, int W);
+// dst[B, HW, C] (compute dtype) = x[B, C, HW] (F32 or the compute dtype:
+// a sampler's state), cast through tmp [B C HW] where it must be.
+void unet_to_nhwc(dc_backend *be, dc_buf dst, dc_buf x, dc_buf tmp, int B, int C, int64_t HW);
+// out[B, C, HW] (F32 or the compute dtype) = y[B, HW, C], through tmp the same way.
+void unet_from_nhwc(dc_backend *be, dc_buf out, dc_buf y, dc_buf tmp, int B, int C, int64_t HW);
+
+// The resnets in the order the forward runs them (down, mid, up): n of them.
+int unet_resnet_list(const dc_unet_modules *md, int N, const unet_resnet **r);
+
+// The time embedding's buffers ([B, 4 ch0] unless said).
+typedef struct {
+    dc_buf tfreq;      // [B, ch0] sinusoidal features
+    dc_buf th, ta;     // linear_1's output, its SiLU
+    dc_buf temb;       // linear_2's output
+    dc_buf silu_temb;  // SiLU(temb): every resnet's time_emb_proj reads it
+    dc_buf tproj;      // [B, sum of co] every resnet's time_emb_proj output, in forward order
+} unet_time_acts;
+
+// The time embedding of t[B] and every resnet's projection of it: tp[i]
+// [B, co] (views into a->tproj) for the i-th resnet the forward runs.
+void unet_time_fwd(dc_backend *be, const dc_params *ps, const dc_unet_modules *md, const dc_unet_config *c,
+                   const unet_time_acts *a, dc_buf t, int B, dc_buf *tp);
+
 // Scratch the blocks run in, planned by the model (sizes per batch of B).
 // The resnet view (cat, r0, r1) and the transformer view (tok[], ff1, ff2)
 // overlap: a block uses one of them at a time.
@@ -73,16 +100,72 @@ typedef struct {
     int64_t hid_cap;         // elements of the region from tok[3]
 } unet_scratch;
 
+// Where a resnet's intermediate maps go: scratch in inference (a1 and a2
+// one buffer, h1 and sc another, the statistics shared), or buffers that a
+// training forward keeps for backward. Maps [B, HW, ci or co], statistics
+// [B, groups] F32.
+typedef struct {
+    dc_buf a1;              // SiLU(norm1(x)): conv1's input
+    dc_buf h1;              // conv1(a1) + bias + time projection: norm2's input
+    dc_buf a2;              // SiLU(norm2(h1)): conv2's input
+    dc_buf sc;              // conv_shortcut(x) (not read by backward)
+    dc_buf mean1, rstd1, mean2, rstd2;
+} unet_resnet_acts;
+
+// A transformer's intermediates, the same way: in inference the stream
+// x0..x3 is one buffer added to in place, the norms' outputs one buffer, the
+// statistics shared, and the feed-forward runs as unet_scratch allows (pre
+// none); a training forward keeps each ([M, C] unless said, M = B HW).
+typedef struct {
+    dc_buf t0;                           // GroupNorm(h): proj_in's input
+    dc_buf x0, x1, x2, x3;               // the token stream after proj_in, attn1, attn2, ff
+    dc_buf n1, n2, n3;                   // norm1..3 of the stream
+    dc_buf qkv;                          // [M, 3C] attn1's q | k | v
+    dc_buf att1, q2, att2;               // attention outputs, attn2's queries
+    dc_buf kv;                           // [B len, 2C] attn2's k | v of the text (none: prepared)
+    dc_buf pre, act;                     // [M, 8C] ff.net.0.proj's output, [M, 4C] its GEGLU
+    dc_buf gn_mean, gn_rstd;             // [B, groups] F32
+    dc_buf ln_mean[3], ln_rstd[3];       // [M] F32
+    dc_buf lse1, lse2;                   // [B, heads, HW] F32
+} unet_transformer_acts;
+
+// The acts of a resnet and a transformer in inference: views of the scratch.
+unet_resnet_acts unet_resnet_scratch(const unet_scratch *s);
+unet_transformer_acts unet_transformer_scratch(const unet_scratch *s);
+
 // out[B, H, W, co] = resnet(x[B, H, W, ci]) (channels-last maps); tproj
 // [B, co] is its time_emb_proj of SiLU(the time embedding), computed ahead.
 void unet_resnet_fwd(dc_backend *be, const dc_params *ps, const unet_resnet *r, dc_buf out, dc_buf x,
-                     dc_buf tproj, int B, int H, int W, const unet_scratch *s);
-// h[B, H, W, C] += transformer(h, ctx[B, len, ctx_dim]), in place; kv
-// [B len, 2C] its keys and values of ctx where prepared, else none. Bs, the
+                     dc_buf tproj, int B, int H, int W, const unet_resnet_acts *k);
+// out[B, H, W, C] = h + transformer(h, ctx[B, len, ctx_dim]); out may be h
+// (in place). k->kv none: its keys and values of ctx are in kv [B len, 2C]
+// (prepared), else none and it computes them into s's scratch. Bs, the
 // rows the layers before the cross-attention run on: B, or B / 2 where h's
 // two halves are the same on entry (only the first is read; that part's
 // result is copied to the second: see dc_cond's pairs).
-void unet_transformer_fwd(dc_backend *be, const dc_params *ps, const unet_transformer *t, dc_buf h, int B,
-                          int Bs, int H, int W, dc_buf ctx, int len, dc_buf kv, const unet_scratch *s);
+void unet_transformer_fwd(dc_backend *be, const dc_params *ps, const unet_transformer *t, dc_buf out, dc_buf h,
+                          int B, int Bs, int H, int W, dc_buf ctx, int len, dc_buf kv,
+                          const unet_transformer_acts *k, const unet_scratch *s);
 // b's first n elements copied over its next n (a batch's first half to its second).
 void unet_copy_half(dc_backend *be, dc_buf b, int64_t n);
+
+// Scratch of the backward passes, in the compute dtype: d1, d2 [B, HW,
+// max(ci, co)] for a resnet, dt [B, ci, HW] (an up resnet's concat);
+// dS, dT, dT2 [M, C], dqkv [M, 3C], dpre [M, 8C], dact [M, 4C], dkv [B len,
+// 2C] for a transformer; dtproj [B, co].
+typedef struct {
+    dc_buf d1, d2, dtproj;
+    dc_buf dS, dT, dT2, dqkv, dpre, dact, dkv;
+} unet_grad_scratch;
+
+// Backward of unet_resnet_fwd from dout = dL/dout (read only): dx = dL/dx
+// (+= if accumulate), the parameters' gradients +=, and dsilu_temb [B, 4
+// ch0] += the time projection's share (its input silu_temb).
+void unet_resnet_bwd(dc_backend *be, const dc_params *ps, const unet_resnet *r, dc_buf dx, dc_buf dout, dc_buf x,
+                     const unet_resnet_acts *k, dc_buf silu_temb, dc_buf dsilu_temb, int B, int H, int W,
+                     bool accumulate, const unet_grad_scratch *g);
+// Backward of unet_transformer_fwd (training: out not h, Bs = B, kv
+// computed): dh holds dL/dout on entry and dL/dh on return.
+void unet_transformer_bwd(dc_backend *be, const dc_params *ps, const unet_transformer *t, dc_buf dh, dc_buf h,
+                          int B, int H, int W, dc_buf ctx, int len, const unet_transformer_acts *k,
+                          const unet_grad_scratch *g);

@@ -63,19 +63,38 @@ static inline float group_dy(float dout, float xhat, float ga, float be, bool si
     return silu ? dout * dc_silu_grad(dc_norm_affine(xhat, ga, be)) : dout;
 }
 
+// A group norm backward's buffers as floats: dx, dgamma, dbeta NULL where
+// skipped; gamma widened, and beta where SiLU reads it. False where a
+// weight could not be widened (recorded for status).
+typedef struct {
+    float *dx, *dgamma, *dbeta;
+    const float *dout, *x, *mean, *rstd, *gamma, *beta;
+} gn_bwd_bufs;
+
+static bool gn_bwd_bufs_of(dc_backend *be, gn_bwd_bufs *u, dc_buf dx, dc_buf dgamma, dc_buf dbeta, dc_buf dout,
+                           dc_buf x, dc_buf mean, dc_buf rstd, dc_buf gamma, dc_buf beta, int C, int G, bool silu) {
+    assert(C % G == 0);
+    (void)G;
+    u->dx = dx.p ? dc_cpu_f32(dx) : NULL;
+    u->dgamma = dgamma.p ? dc_cpu_f32(dgamma) : NULL;
+    u->dbeta = dbeta.p ? dc_cpu_f32(dbeta) : NULL;
+    u->dout = dc_cpu_f32(dout), u->x = dc_cpu_f32(x);
+    u->mean = dc_cpu_f32(mean), u->rstd = dc_cpu_f32(rstd);
+    u->gamma = dc_cpu_weight(be, gamma, C, DC_CPU_WIDE_B);
+    u->beta = silu ? dc_cpu_weight(be, beta, C, DC_CPU_WIDE_B2) : NULL;
+    return u->gamma && (!silu || u->beta);
+}
+
 void dc_cpu_group_norm_bwd(dc_backend *be, dc_buf dx_, dc_buf dgamma_, dc_buf dbeta_,
                            dc_buf dout_, dc_buf x_, dc_buf mean_, dc_buf rstd_, dc_buf gamma_,
                            dc_buf beta_, int B, int C, int64_t HW, int G, bool silu,
                            bool accumulate) {
-    float *dx = dx_.p ? dc_cpu_f32(dx_) : NULL;                       // [B, C, HW]
-    float *dgamma = dgamma_.p ? dc_cpu_f32(dgamma_) : NULL;           // [C]
-    float *dbeta = dbeta_.p ? dc_cpu_f32(dbeta_) : NULL;              // [C]
-    const float *dout = dc_cpu_f32(dout_), *x = dc_cpu_f32(x_);       // [B, C, HW]
-    const float *mean = dc_cpu_f32(mean_), *rstd = dc_cpu_f32(rstd_);  // [B, G]
-    const float *gamma = dc_cpu_weight(be, gamma_, C, DC_CPU_WIDE_B);  // [C]
-    const float *beta = silu ? dc_cpu_weight(be, beta_, C, DC_CPU_WIDE_B2) : NULL;  // [C], read with SiLU only
-    if (!gamma || (silu && !beta)) return;  // recorded for status
-    assert(C % G == 0);
+    gn_bwd_bufs u;
+    if (!gn_bwd_bufs_of(be, &u, dx_, dgamma_, dbeta_, dout_, x_, mean_, rstd_, gamma_, beta_, C, G, silu)) return;
+    float *dx = u.dx, *dgamma = u.dgamma, *dbeta = u.dbeta;     // [B, C, HW], [C], [C]
+    const float *dout = u.dout, *x = u.x;                       // [B, C, HW]
+    const float *mean = u.mean, *rstd = u.rstd;                 // [B, G]
+    const float *gamma = u.gamma, *beta = u.beta;               // [C]
     const int Cg = C / G;
     const int64_t n = Cg * HW;
 #pragma omp parallel if ((int64_t)B * C * HW > DC_CPU_PAR_MIN)
@@ -236,6 +255,70 @@ void dc_cpu_group_norm_nhwc_fwd(dc_backend *be, dc_buf out_, dc_buf mean_, dc_bu
                     }
                 }
             }
+        }
+    }
+}
+
+// The backward over channels-last maps: the same formulas as
+// dc_cpu_group_norm_bwd, with the group's values a run of C/G channels in
+// each of HW pixels. Per image, a group's two sums (sum g, sum g xhat) are
+// taken over its pixels in order; dgamma and dbeta per channel over the batch
+// and pixels in order, so results do not depend on the thread count.
+void dc_cpu_group_norm_nhwc_bwd(dc_backend *be, dc_buf dx_, dc_buf dgamma_, dc_buf dbeta_,
+                                dc_buf dout_, dc_buf x_, dc_buf mean_, dc_buf rstd_, dc_buf gamma_,
+                                dc_buf beta_, int B, int C, int64_t HW, int G, bool silu,
+                                bool accumulate) {
+    gn_bwd_bufs u;
+    if (!gn_bwd_bufs_of(be, &u, dx_, dgamma_, dbeta_, dout_, x_, mean_, rstd_, gamma_, beta_, C, G, silu)) return;
+    // dx, dout, x [B, HW, C]; mean, rstd [B, G]; dgamma, dbeta, gamma, beta [C]
+    const int Cg = C / G;
+    const double n = (double)Cg * HW;
+#pragma omp parallel if ((int64_t)B * C * HW > DC_CPU_PAR_MIN)
+    {
+#pragma omp for schedule(static)
+        for (int bg = 0; bg < (u.dx ? B * G : 0); bg++) {
+            const int64_t b = bg / G;
+            const int c0 = bg % G * Cg;
+            const float m = u.mean[bg], r = u.rstd[bg];
+            double sg = 0.0, sgx = 0.0;
+            for (int64_t p = 0; p < HW; p++) {
+                const int64_t o = (b * HW + p) * C + c0;
+                for (int j = 0; j < Cg; j++) {
+                    const float ga = u.gamma[c0 + j], bt = silu ? u.beta[c0 + j] : 0.0f;
+                    const float xh = dc_norm_xhat(u.x[o + j], m, r);
+                    const float dy = group_dy(u.dout[o + j], xh, ga, bt, silu);
+                    sg += ga * dy;
+                    sgx += ga * dy * xh;
+                }
+            }
+            const float mg = (float)(sg / n), mgx = (float)(sgx / n);
+            for (int64_t p = 0; p < HW; p++) {
+                const int64_t o = (b * HW + p) * C + c0;
+                for (int j = 0; j < Cg; j++) {
+                    const float ga = u.gamma[c0 + j], bt = silu ? u.beta[c0 + j] : 0.0f;
+                    const float xh = dc_norm_xhat(u.x[o + j], m, r);
+                    const float dy = group_dy(u.dout[o + j], xh, ga, bt, silu);
+                    const float v = dc_ln_dx(dy * ga, xh, r, mg, mgx);
+                    u.dx[o + j] = accumulate ? u.dx[o + j] + v : v;
+                }
+            }
+        }
+#pragma omp for schedule(static)
+        for (int c = 0; c < (u.dgamma || u.dbeta ? C : 0); c++) {
+            const float ga = u.gamma[c], bt = silu ? u.beta[c] : 0.0f;
+            double a = 0.0, e = 0.0;
+            for (int64_t b = 0; b < B; b++) {
+                const float m = u.mean[b * G + c / Cg], r = u.rstd[b * G + c / Cg];
+                for (int64_t p = 0; p < HW; p++) {
+                    const int64_t o = (b * HW + p) * C + c;
+                    const float xh = dc_norm_xhat(u.x[o], m, r);
+                    const float dy = group_dy(u.dout[o], xh, ga, bt, silu);
+                    a += dy;
+                    e += dy * xh;
+                }
+            }
+            if (u.dbeta) u.dbeta[c] += (float)a;
+            if (u.dgamma) u.dgamma[c] += (float)e;
         }
     }
 }

@@ -162,6 +162,10 @@ void dc_cpu_group_norm_nhwc_fwd(dc_backend *be, dc_buf out, dc_buf mean, dc_buf 
 void dc_cpu_group_norm_bwd(dc_backend *be, dc_buf dx, dc_buf dgamma, dc_buf dbeta, dc_buf dout,
                            dc_buf x, dc_buf mean, dc_buf rstd, dc_buf gamma, dc_buf beta, int B,
                            int C, int64_t HW, int G, bool silu, bool accumulate);
+void dc_cpu_group_norm_nhwc_bwd(dc_backend *be, dc_buf dx, dc_buf dgamma, dc_buf dbeta,
+                                dc_buf dout, dc_buf x, dc_buf mean, dc_buf rstd, dc_buf gamma,
+                                dc_buf beta, int B, int C, int64_t HW, int G, bool silu,
+                                bool accumulate);
 void dc_cpu_layer_norm_fwd(dc_backend *be, dc_buf out, dc_buf mean, dc_buf rstd, dc_buf x,
                            dc_buf gamma, dc_buf beta, int64_t M, int D, float eps);
 void dc_cpu_layer_norm_bwd(dc_backend *be, dc_buf dx, dc_buf dgamma, dc_buf dbeta, dc_buf dout,
@@ -183,6 +187,9 @@ void dc_cpu_upsample2x_nhwc_fwd(dc_backend *be, dc_buf out, dc_buf x, int B, int
 void dc_cpu_add_nhwc(dc_backend *be, dc_buf x, dc_buf y, dc_buf v, dc_buf bias, int B, int C, int64_t HW);
 void dc_cpu_concat_channels(dc_backend *be, dc_buf out, dc_buf a, int C1, dc_buf b, int C2,
                             int64_t M);
+void dc_cpu_upsample2x_nhwc_bwd(dc_backend *be, dc_buf dx, dc_buf dout, int B, int C, int H, int W);
+void dc_cpu_channel_sum_nhwc(dc_backend *be, dc_buf dv, dc_buf dx, int B, int C, int64_t HW);
+void dc_cpu_split_channels(dc_backend *be, dc_buf a, int C1, dc_buf b, int C2, dc_buf x, int64_t M);
 
 // ---- diffusion (cpu_diffusion.c) ----------------------------------------------
 void dc_cpu_randn(dc_backend *be, dc_buf out, const uint32_t *keys, int B, int64_t n,

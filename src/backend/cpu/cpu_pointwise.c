@@ -412,3 +412,52 @@ void dc_cpu_concat_channels(dc_backend *be, dc_buf out_, dc_buf a_, int C1, dc_b
         memcpy(out + m * C + C1, b + m * C2, (size_t)C2 * sizeof(float));
     }
 }
+
+// Backward passes of the channels-last ops above (training the UNet).
+
+// Each input pixel's gradient: its 2x2 block of dout, summed in a fixed order.
+void dc_cpu_upsample2x_nhwc_bwd(dc_backend *be, dc_buf dx_, dc_buf dout_, int B, int C, int H,
+                                int W) {
+    (void)be;
+    float *dx = dc_cpu_f32(dx_);            // [B, H, W, C]
+    const float *dout = dc_cpu_f32(dout_);  // [B, 2H, 2W, C]
+    const int64_t rows = (int64_t)B * H, orow = (int64_t)2 * W * C;  // orow: floats of one output row
+#pragma omp parallel for schedule(static) if (rows * W * C * 4 > DC_CPU_PAR_MIN)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *o0 = dout + 2 * r * orow, *o1 = o0 + orow;
+        for (int w = 0; w < W; w++) {
+            float *d = dx + (r * W + w) * C;
+            const int64_t a = (int64_t)2 * w * C;
+#pragma omp simd
+            for (int c = 0; c < C; c++) d[c] = o0[a + c] + o0[a + C + c] + o1[a + c] + o1[a + C + c];
+        }
+    }
+}
+
+// Summed in double over pixels in order, a channel per lane.
+void dc_cpu_channel_sum_nhwc(dc_backend *be, dc_buf dv_, dc_buf dx_, int B, int C, int64_t HW) {
+    (void)be;
+    float *dv = dc_cpu_f32(dv_);        // [B, C]
+    const float *dx = dc_cpu_f32(dx_);  // [B, HW, C]
+#pragma omp parallel for schedule(static) if ((int64_t)B * C * HW > DC_CPU_PAR_MIN)
+    for (int64_t bc = 0; bc < (int64_t)B * C; bc++) {
+        const int64_t b = bc / C, c = bc % C;
+        double s = 0;
+        for (int64_t p = 0; p < HW; p++) s += dx[(b * HW + p) * C + c];
+        dv[bc] = (float)s;
+    }
+}
+
+void dc_cpu_split_channels(dc_backend *be, dc_buf a_, int C1, dc_buf b_, int C2, dc_buf x_,
+                           int64_t M) {
+    (void)be;
+    float *a = a_.p ? dc_cpu_f32(a_) : NULL;  // [M, C1]
+    float *b = dc_cpu_f32(b_);                // [M, C2]
+    const float *x = dc_cpu_f32(x_);          // [M, C1 + C2]
+    const int64_t C = (int64_t)C1 + C2;
+#pragma omp parallel for schedule(static) if (M * C > DC_CPU_PAR_MIN)
+    for (int64_t m = 0; m < M; m++) {
+        if (a) memcpy(a + m * C1, x + m * C, (size_t)C1 * sizeof(float));
+        memcpy(b + m * C2, x + m * C + C1, (size_t)C2 * sizeof(float));
+    }
+}

@@ -354,12 +354,10 @@ __global__ void k_gn_bwd_params(void *dgamma, int dgbf, void *dbeta, int dbbf, c
     if (dbeta) dc_st(dbeta, c, dc_ld(dbeta, c, dbbf) + (float)s1, dbbf);
 }
 
-// dx = rstd (g - mean(g) - xhat mean(g xhat)) over the group, g = dy gamma.
-__global__ void k_gn_bwd_dx(void *dx, int dxbf, const void *dout, int obf, const void *x, int xbf, const float *mean,
-                            const float *rstd, const void *gamma, int gbf, const void *beta, int bbf,
-                            const double2 *part, int C, int64_t HW, int G, bool silu, bool accumulate, bool vec) {
-    __shared__ float mg[2];
-    const int row = blockIdx.x, b = row / C, c = row % C, cg = C / G, g = c / cg;
+// mg = (mean(g), mean(g xhat)) over group g of sample b, g = dy gamma, from
+// the rows' partials; thread 0 adds them, in channel order, for the block.
+__device__ void gn_group_means(float *mg, const double2 *part, const void *gamma, int gbf, int b, int C, int g, int cg,
+                               int64_t HW) {
     if (threadIdx.x == 0) {
         double s1 = 0.0, s2 = 0.0;
         for (int k = g * cg; k < (g + 1) * cg; k++) {
@@ -371,6 +369,15 @@ __global__ void k_gn_bwd_dx(void *dx, int dxbf, const void *dout, int obf, const
         mg[0] = (float)(s1 / n), mg[1] = (float)(s2 / n);
     }
     __syncthreads();
+}
+
+// dx = rstd (g - mean(g) - xhat mean(g xhat)) over the group, g = dy gamma.
+__global__ void k_gn_bwd_dx(void *dx, int dxbf, const void *dout, int obf, const void *x, int xbf, const float *mean,
+                            const float *rstd, const void *gamma, int gbf, const void *beta, int bbf,
+                            const double2 *part, int C, int64_t HW, int G, bool silu, bool accumulate, bool vec) {
+    __shared__ float mg[2];
+    const int row = blockIdx.x, b = row / C, c = row % C, cg = C / G, g = c / cg;
+    gn_group_means(mg, part, gamma, gbf, b, C, g, cg, HW);
     const float mu = mean[(int64_t)b * G + g], r = rstd[(int64_t)b * G + g];
     const float ga = dc_ld(gamma, c, gbf), be = silu ? dc_ld(beta, c, bbf) : 0.0f;
     const int64_t base = (int64_t)row * HW;
@@ -410,6 +417,69 @@ extern "C" void dc_cuda_group_norm_bwd(dc_backend *be, dc_buf dx, dc_buf dgamma,
             k_gn_bwd_dx<<<nb * C, NT, 0, c->stream>>>(dc_buf_at(dx, off).p, BF(dx), dc_buf_at(dout, off).p, BF(dout),
                                                       dc_buf_at(x, off).p, BF(x), mu, r, gamma.p, BF(gamma), beta.p,
                                                       BF(beta), part, C, HW, G, silu, accumulate, vec);
+        DC_CUDA_LAUNCHED(be);
+    }
+}
+
+// The backward over channels-last maps x[B, HW, C]: the same rows, one
+// block per (sample, channel), whose HW values lie C apart. The partials and
+// the parameter sums are the NCHW form's; only the addressing differs.
+__global__ void k_gn_nhwc_bwd_row_sums(double2 *part, const void *dout, int obf, const void *x, int xbf,
+                                       const float *mean, const float *rstd, const void *gamma, int gbf,
+                                       const void *beta, int bbf, int C, int64_t HW, int G, bool silu) {
+    const int row = blockIdx.x, b = row / C, c = row % C, g = c / (C / G);
+    const float mu = mean[(int64_t)b * G + g], r = rstd[(int64_t)b * G + g];
+    const float ga = dc_ld(gamma, c, gbf), be = silu ? dc_ld(beta, c, bbf) : 0.0f;
+    const int64_t base = (int64_t)b * HW * C + c;
+    double s1 = 0.0, s2 = 0.0;
+    for (int64_t i = threadIdx.x; i < HW; i += NT) {
+        gn_elem e = gn_bwd_elem(dc_ld(x, base + i * C, xbf), dc_ld(dout, base + i * C, obf), mu, r, ga, be, silu);
+        s1 += e.dy, s2 += (double)e.dy * e.xh;
+    }
+    block_sum2(s1, s2);
+    if (threadIdx.x == 0) part[row] = make_double2(s1, s2);
+}
+
+__global__ void k_gn_nhwc_bwd_dx(void *dx, int dxbf, const void *dout, int obf, const void *x, int xbf,
+                                 const float *mean, const float *rstd, const void *gamma, int gbf, const void *beta,
+                                 int bbf, const double2 *part, int C, int64_t HW, int G, bool silu, bool accumulate) {
+    __shared__ float mg[2];
+    const int row = blockIdx.x, b = row / C, c = row % C, cg = C / G, g = c / cg;
+    gn_group_means(mg, part, gamma, gbf, b, C, g, cg, HW);
+    const float mu = mean[(int64_t)b * G + g], r = rstd[(int64_t)b * G + g];
+    const float ga = dc_ld(gamma, c, gbf), be = silu ? dc_ld(beta, c, bbf) : 0.0f;
+    const int64_t base = (int64_t)b * HW * C + c;
+    for (int64_t i = threadIdx.x; i < HW; i += NT) {
+        const int64_t o = base + i * C;
+        gn_elem e = gn_bwd_elem(dc_ld(x, o, xbf), dc_ld(dout, o, obf), mu, r, ga, be, silu);
+        const float v = dc_ln_dx(e.dy * ga, e.xh, r, mg[0], mg[1]);
+        dc_st(dx, o, accumulate ? dc_ld(dx, o, dxbf) + v : v, dxbf);
+    }
+}
+
+extern "C" void dc_cuda_group_norm_nhwc_bwd(dc_backend *be, dc_buf dx, dc_buf dgamma, dc_buf dbeta, dc_buf dout,
+                                            dc_buf x, dc_buf mean, dc_buf rstd, dc_buf gamma, dc_buf beta, int B,
+                                            int C, int64_t HW, int G, bool silu, bool accumulate) {
+    DC_CUDA_OP(be);
+    if (!gn_shape_ok(be, __func__, B, C, HW, G, mean, rstd)) return;
+    dc_cuda_ctx *c = dc_cuda(be);
+    double2 *part = (double2 *)c->norm_ws;
+    const int piece = gn_piece(B, C);
+    for (int b0 = 0; b0 < B; b0 += piece) {
+        const int nb = B - b0 < piece ? B - b0 : piece;
+        const int64_t off = (int64_t)b0 * C * HW;
+        const float *mu = (const float *)mean.p + (int64_t)b0 * G, *r = (const float *)rstd.p + (int64_t)b0 * G;
+        k_gn_nhwc_bwd_row_sums<<<nb * C, NT, 0, c->stream>>>(part, dc_buf_at(dout, off).p, BF(dout),
+                                                             dc_buf_at(x, off).p, BF(x), mu, r, gamma.p, BF(gamma),
+                                                             beta.p, BF(beta), C, HW, G, silu);
+        if (dgamma.p || dbeta.p)
+            k_gn_bwd_params<<<(C + 255) / 256, 256, 0, c->stream>>>(dgamma.p, BF(dgamma), dbeta.p, BF(dbeta), part,
+                                                                    nb, C);
+        if (dx.p)
+            k_gn_nhwc_bwd_dx<<<nb * C, NT, 0, c->stream>>>(dc_buf_at(dx, off).p, BF(dx), dc_buf_at(dout, off).p,
+                                                           BF(dout), dc_buf_at(x, off).p, BF(x), mu, r, gamma.p,
+                                                           BF(gamma), beta.p, BF(beta), part, C, HW, G, silu,
+                                                           accumulate);
         DC_CUDA_LAUNCHED(be);
     }
 }

@@ -215,6 +215,12 @@ void dc_cuda_channel_sum(dc_backend *be, dc_buf dv, dc_buf dx, int B, int C, int
 void dc_cuda_upsample2x_nhwc_fwd(dc_backend *be, dc_buf out, dc_buf x, int B, int C, int H, int W);
 void dc_cuda_add_nhwc(dc_backend *be, dc_buf x, dc_buf y, dc_buf v, dc_buf bias, int B, int C, int64_t HW);
 void dc_cuda_concat_channels(dc_backend *be, dc_buf out, dc_buf a, int C1, dc_buf b, int C2, int64_t M);
+void dc_cuda_upsample2x_nhwc_bwd(dc_backend *be, dc_buf dx, dc_buf dout, int B, int C, int H, int W);
+void dc_cuda_channel_sum_nhwc(dc_backend *be, dc_buf dv, dc_buf dx, int B, int C, int64_t HW);
+void dc_cuda_split_channels(dc_backend *be, dc_buf a, int C1, dc_buf b, int C2, dc_buf x, int64_t M);
+void dc_cuda_group_norm_nhwc_bwd(dc_backend *be, dc_buf dx, dc_buf dgamma, dc_buf dbeta, dc_buf dout, dc_buf x,
+                                 dc_buf mean, dc_buf rstd, dc_buf gamma, dc_buf beta, int B, int C, int64_t HW,
+                                 int G, bool silu, bool accumulate);
 
 // ---- convolutions through cuDNN (cuda_conv.cu) ----
 int dc_cuda_reserve_conv(dc_backend *be, const dc_conv2d_shape *s, bool backward);

@@ -650,3 +650,63 @@ extern "C" void dc_cuda_concat_channels(dc_backend *be, dc_buf out, dc_buf a, in
     if (C2)
         DC_CUDA(be, cudaMemcpy2DAsync((char *)out.p + n1, row, b.p, n2, n2, (size_t)M, cudaMemcpyDeviceToDevice, S(be)));
 }
+
+// ---- backward passes of the channels-last ops (training the UNet) ------------------------
+
+// A thread per input value: its 2x2 block of dout, added in a fixed order.
+__global__ void k_upsample2x_nhwc_bwd(void *dx, int xbf, const void *dout, int obf, int64_t n, int W, int C) {
+    GRID_STRIDE(i, n) {
+        const int64_t p = i / C, c = i - p * C, bh = p / W, w = p - bh * W;
+        const int64_t orow = 2 * (int64_t)W * C, o = 2 * bh * orow + 2 * w * C + c;
+        dc_st(dx, i, dc_ld(dout, o, obf) + dc_ld(dout, o + C, obf) + dc_ld(dout, o + orow, obf) +
+                         dc_ld(dout, o + orow + C, obf), xbf);
+    }
+}
+
+extern "C" void dc_cuda_upsample2x_nhwc_bwd(dc_backend *be, dc_buf dx, dc_buf dout, int B, int C, int H, int W) {
+    DC_CUDA_OP(be);
+    if (!float_dt(dx.dt) || !float_dt(dout.dt))
+        DC_CUDA_FAIL(be, "upsample backward dtypes: dx %s, dout %s (each F32 or BF16)", dc_dtype_name(dx.dt),
+                     dc_dtype_name(dout.dt));
+    if (B < 0 || C < 0 || H < 0 || W < 0) DC_CUDA_FAIL(be, "upsample backward of %d maps of %d channels %dx%d", B, C, H, W);
+    const int64_t n = (int64_t)B * H * W * C;
+    if (n == 0) return;
+    k_upsample2x_nhwc_bwd<<<dc_blocks(n, TPB), TPB, 0, S(be)>>>(dx.p, BF(dx), dout.p, BF(dout), n, W, C);
+    DC_CUDA_LAUNCHED(be);
+}
+
+// A thread per (sample, channel), walking the pixels in order: neighbouring
+// threads read neighbouring channels.
+__global__ void k_channel_sum_nhwc(void *dv, int vbf, const void *dx, int xbf, int B, int C, int64_t HW) {
+    GRID_STRIDE(i, (int64_t)B * C) {
+        const int64_t b = i / C, c = i - b * C;
+        float s = 0.0f;
+        for (int64_t p = 0; p < HW; p++) s += dc_ld(dx, (b * HW + p) * C + c, xbf);
+        dc_st(dv, i, s, vbf);
+    }
+}
+
+extern "C" void dc_cuda_channel_sum_nhwc(dc_backend *be, dc_buf dv, dc_buf dx, int B, int C, int64_t HW) {
+    DC_CUDA_OP(be);
+    if (!float_dt(dv.dt) || !float_dt(dx.dt))
+        DC_CUDA_FAIL(be, "channel_sum_nhwc dtypes: dv %s, dx %s (each F32 or BF16)", dc_dtype_name(dv.dt),
+                     dc_dtype_name(dx.dt));
+    if (B <= 0 || C <= 0) return;
+    const int64_t n = (int64_t)B * C;
+    k_channel_sum_nhwc<<<dc_blocks(n, TPB), TPB, 0, S(be)>>>(dv.p, BF(dv), dx.p, BF(dx), B, C, HW);
+    DC_CUDA_LAUNCHED(be);
+}
+
+// Two strided copies: x's left columns into a, its right ones into b.
+extern "C" void dc_cuda_split_channels(dc_backend *be, dc_buf a, int C1, dc_buf b, int C2, dc_buf x, int64_t M) {
+    DC_CUDA_OP(be);
+    if (!float_dt(x.dt) || (a.p && a.dt != x.dt) || b.dt != x.dt)
+        DC_CUDA_FAIL(be, "split_channels dtypes: x %s, a %s, b %s (all F32 or all BF16)", dc_dtype_name(x.dt),
+                     a.p ? dc_dtype_name(a.dt) : "-", dc_dtype_name(b.dt));
+    if (M < 0 || C1 < 0 || C2 < 0)
+        DC_CUDA_FAIL(be, "split_channels of %lld rows of %d and %d channels", (long long)M, C1, C2);
+    if (M == 0) return;
+    const size_t es = dc_dtype_size(x.dt), row = (size_t)(C1 + C2) * es, n1 = (size_t)C1 * es, n2 = (size_t)C2 * es;
+    if (a.p && C1) DC_CUDA(be, cudaMemcpy2DAsync(a.p, n1, x.p, row, n1, (size_t)M, cudaMemcpyDeviceToDevice, S(be)));
+    if (C2) DC_CUDA(be, cudaMemcpy2DAsync(b.p, n2, (char *)x.p + n1, row, n2, (size_t)M, cudaMemcpyDeviceToDevice, S(be)));
+}

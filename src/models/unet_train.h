@@ -1,0 +1,19 @@
+// The UNet's training path (unet_train.c): the activations a training
+// forward keeps, that forward, and the backward. Internal to the UNet: the
+// model interface in unet.c calls these for a model whose parameters train.
+#pragma once
+#include "models/unet_blocks.h"
+
+// The layers the forward runs (resnets with their transformers, resamplers):
+// the blocks that set_recompute's keep counts.
+int unet_layer_count(const dc_unet *m);
+// Bytes of the training arena for max_batch images with keep layers keeping
+// their intermediates (-1: all), without allocating; -1 on failure.
+int64_t unet_train_bytes(const dc_unet *m, dc_dtype compute, int max_batch, int keep);
+// Plans and allocates m->train for max_batch images (m->keep layers keep theirs).
+int unet_train_reserve(dc_unet *m, int max_batch);
+void unet_train_free(dc_unet *m);
+// The model's forward, keeping what backward reads.
+int unet_train_forward(dc_unet *m, dc_buf out, dc_buf x, dc_buf t, const dc_cond *cond, int B);
+// dL/dparams += from dout = dL/dout of the last forward (B images).
+int unet_train_backward(dc_unet *m, dc_buf dout, int B);

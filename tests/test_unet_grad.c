@@ -1,0 +1,414 @@
+// The SD UNet's backward: gradients of L = sum(dout * unet(x, t, ctx)) for a
+// random dout, with respect to every parameter, on the tiny sd1 and sd2
+// UNets of tests/golden/sd (SD 1.x's and 2.x's topology: resnets with the
+// time embedding, transformers with cross-attention and GEGLU, down- and
+// upsampling, skip concatenation), their weights and inputs.
+//
+// - Finite differences: for every parameter tensor, the directional
+//   derivative of L along a random direction, by central differences of the
+//   fp32 forward with L summed in double, against the backward's gradient
+//   dotted with the direction. Every module's parameters are a tensor here,
+//   so each module's backward is checked (resnet, transformer, resamplers,
+//   time embedding, input and output layers).
+// - Golden gradients from diffusers' own autograd in float64
+//   (tests/golden/sd/<set>/grad.safetensors, made by tools/sd_grad_golden.py):
+//   sampled values and the norm of every parameter's gradient.
+// - Recompute: gradients with K layers keeping their activations (several
+//   K) are bit-identical to keeping all.
+// - Units: backward announces every parameter unit once, begin then done.
+//
+// Usage: test_unet_grad            the CPU checks above
+//        test_unet_grad cuda       the GPU's gradients against the CPU's
+//        test_unet_grad cuda-fp32  (bf16 and fp32 tolerances)
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "check.h"
+#include "core/error.h"
+#include "core/rng.h"
+#include "io/safetensors.h"
+#include "models/unet.h"
+#include "nn/weights.h"
+
+#define GOLD "tests/golden/sd"
+
+// A trainable UNet of a golden set, loaded, with its inputs.
+typedef struct {
+    dc_backend *be;
+    dc_model *m;
+    dc_st_file wf;
+    dc_buf x, t, ctx, out, dout;  // x, out, dout F32 [B, 4, 16, 16]
+    dc_cond cond;
+    int B;
+    int64_t nout;
+    float *hdout;                 // dout on the host
+} rig;
+
+static dc_buf up_f32(dc_backend *be, const float *h, int64_t n, dc_dtype dt) {
+    dc_buf f = {be->alloc(be, (size_t)n * 4), DC_F32};
+    be->upload(be, f.p, h, (size_t)n * 4);
+    if (dt == DC_F32) return f;
+    dc_buf b = {be->alloc(be, (size_t)n * dc_dtype_size(dt)), dt};
+    be->cast(be, b, f, n);
+    be->sync(be);
+    be->free(be, f.p);
+    return b;
+}
+
+static dc_buf up_tensor(dc_backend *be, const dc_st_file *f, const char *name, dc_dtype dt, int64_t *n) {
+    const dc_st_tensor *t = dc_st_find(f, name);
+    if (!t) return dc_buf_none();
+    float *h = malloc((size_t)t->numel * sizeof *h);
+    if (!h || dc_st_read_f32(f, t, h)) return free(h), dc_buf_none();
+    dc_buf d = up_f32(be, h, t->numel, dt);
+    if (n) *n = t->numel;
+    free(h);
+    return d;
+}
+
+// n normal draws of seed.
+static float *randn_host(int64_t n, uint64_t seed) {
+    float *h = malloc((size_t)n * sizeof *h);
+    for (int64_t i = 0; h && i < n; i++) h[i] = dc_randn_at(seed, 0, 0, 0, (uint32_t)i);
+    return h;
+}
+
+// The set's UNet with GroupNorms of 8 groups: the sets' 32 groups of 32
+// channels normalise each channel alone, which makes every per-channel
+// constant (the time embedding's projection, conv1's bias) vanish from the
+// output, and their gradients 0. The weights are the same shapes either way.
+// io: the set's inputs (2 images of 16x16); else one random image of 16x16
+// with 16 tokens of text (finite differences run many forwards). dout: the
+// given values, else normal draws of seed.
+static int rig_open(rig *r, dc_backend *be, const char *set, bool io_inputs, const float *dout, uint64_t seed) {
+    memset(r, 0, sizeof *r);
+    r->be = be;
+    char path[256];
+    dc_unet_config c;
+    snprintf(path, sizeof path, GOLD "/%s/diffusers/unet/config.json", set);
+    DC_TRY(dc_unet_config_from_json_file(&c, path));
+    c.groups = 8;
+    snprintf(path, sizeof path, GOLD "/%s/single.safetensors", set);
+    DC_TRY(dc_st_open(&r->wf, path));
+    dc_weights w = {.files = &r->wf, .nfiles = 1, .prefix = "model.diffusion_model."};
+    const int side = 16;
+    DC_TRY(dc_unet_new_train(&c, be, side, side, &r->m));
+    DC_TRY(dc_unet_load(r->m, &w, DC_NAMES_ORIGINAL));
+    if (io_inputs) {
+        dc_st_file io;
+        snprintf(path, sizeof path, GOLD "/%s/io.safetensors", set);
+        DC_TRY(dc_st_open(&io, path));
+        r->x = up_tensor(be, &io, "unet.x", DC_F32, &r->nout);
+        r->t = up_tensor(be, &io, "unet.t", DC_F32, NULL);
+        r->ctx = up_tensor(be, &io, "unet.context", be->compute, NULL);
+        const dc_st_tensor *ct = dc_st_find(&io, "unet.context");
+        r->B = (int)dc_st_find(&io, "unet.x")->shape[0];
+        r->cond = (dc_cond){.ctx = r->ctx, .len = (int)ct->shape[1], .dim = (int)ct->shape[2]};
+        dc_st_close(&io);
+    } else {
+        const int len = 16;
+        r->B = 1, r->nout = 4 * side * side;
+        float *hx = randn_host(r->nout, seed + 1), *hc = randn_host(len * c.ctx_dim, seed + 2), ht = 321.0f;
+        r->x = up_f32(be, hx, r->nout, DC_F32), r->t = up_f32(be, &ht, 1, DC_F32);
+        r->ctx = up_f32(be, hc, len * c.ctx_dim, be->compute);
+        r->cond = (dc_cond){.ctx = r->ctx, .len = len, .dim = c.ctx_dim};
+        free(hx), free(hc);
+    }
+    r->hdout = dout ? malloc((size_t)r->nout * sizeof *r->hdout) : randn_host(r->nout, seed);
+    if (dout) memcpy(r->hdout, dout, (size_t)r->nout * sizeof *r->hdout);
+    r->dout = up_f32(be, r->hdout, r->nout, DC_F32);
+    r->out = (dc_buf){be->alloc(be, (size_t)r->nout * 4), DC_F32};
+    return dc_model_reserve(r->m, r->B);
+}
+
+static void rig_close(rig *r) {
+    dc_backend *be = r->be;
+    dc_buf *b[] = {&r->x, &r->t, &r->ctx, &r->out, &r->dout};
+    for (size_t i = 0; i < sizeof b / sizeof *b; i++)
+        if (b[i]->p) be->free(be, b[i]->p);
+    dc_model_free(r->m);
+    dc_st_close(&r->wf);
+    free(r->hdout);
+}
+
+// L = sum(dout * out) of a forward, in double.
+static double loss(rig *r) {
+    if (dc_model_forward(r->m, r->out, r->x, r->t, &r->cond, r->B)) return NAN;
+    float *h = malloc((size_t)r->nout * sizeof *h);
+    r->be->download(r->be, h, r->out.p, (size_t)r->nout * 4);
+    double s = 0;
+    for (int64_t i = 0; i < r->nout; i++) s += (double)r->hdout[i] * h[i];
+    free(h);
+    return s;
+}
+
+// Every parameter's gradient (storage order, F32) after one forward and backward.
+static float *grads(rig *r) {
+    const dc_params *ps = r->m->params;
+    r->be->zero(r->be, ps->grad.p, (size_t)ps->numel * 4);
+    if (!isfinite(loss(r)) || dc_model_backward(r->m, r->dout, r->B)) {
+        printf("  backward: %s\n", dc_error());
+        return NULL;
+    }
+    float *g = malloc((size_t)ps->numel * sizeof *g);
+    r->be->download(r->be, g, ps->grad.p, (size_t)ps->numel * 4);
+    return g;
+}
+
+static double dot(const float *a, const float *b, int64_t n) {
+    double s = 0;
+    for (int64_t i = 0; i < n; i++) s += (double)a[i] * b[i];
+    return s;
+}
+
+// ---- finite differences ----------------------------------------------------------------
+
+// The master weights of parameter i set to h (n values) on the backend.
+static void set_param(rig *r, int i, const float *h, int64_t n) {
+    dc_params *ps = r->m->params;
+    r->be->upload(r->be, dc_param_data(ps, i).p, h, (size_t)n * 4);
+    dc_params_touch(ps);
+}
+
+static void test_fd(const char *set) {
+    rig r;
+    if (rig_open(&r, dc_backend_cpu_create(), set, false, NULL, 11)) {
+        CHECK(0, "%s: %s", set, dc_error());
+        return;
+    }
+    const dc_params *ps = r.m->params;
+    float *g = grads(&r);
+    CHECK(g != NULL, "%s: gradients", set);
+    if (!g) return rig_close(&r);
+    int bad = 0, checked = 0;
+    double worst = 0;
+    const char *worst_name = "";
+    for (int i = 0; i < ps->count; i++) {
+        const dc_param *p = &ps->items[i];
+        const int64_t n = p->numel;
+        float *w0 = malloc((size_t)n * 4), *w = malloc((size_t)n * 4), *v = malloc((size_t)n * 4);
+        r.be->download(r.be, w0, dc_param_data(ps, i).p, (size_t)n * 4);
+        double rms = sqrt(dot(w0, w0, n) / (double)n);
+        // steps of 3% of the tensor's scale: the loss's fp32 rounding,
+        // divided by the step, stays below 1e-2 of the derivative (at 0.4%
+        // it reached 1e-1 at the 2x2 bottom, where GroupNorm normalises 16
+        // values), and truncation too (worst 9e-3 on sd1, 4e-3 on sd2)
+        const double eps = 3e-2 * (rms > 0.05 ? rms : 0.05);
+        for (int64_t j = 0; j < n; j++) v[j] = dc_randn_at(77, (uint32_t)i, 0, 1, (uint32_t)j);
+        for (int64_t j = 0; j < n; j++) w[j] = (float)(w0[j] + eps * v[j]);
+        set_param(&r, i, w, n);
+        const double lp = loss(&r);
+        for (int64_t j = 0; j < n; j++) w[j] = (float)(w0[j] - eps * v[j]);
+        set_param(&r, i, w, n);
+        const double lm = loss(&r);
+        set_param(&r, i, w0, n);
+        const double fd = (lp - lm) / (2 * eps), an = dot(g + p->offset, v, n);
+        // <g, v> for normal v is of the size of |g|: errors are taken
+        // relative to |an| + |g|, so a direction nearly orthogonal to g does
+        // not demand more than the differences can give
+        const double gn = sqrt(dot(g + p->offset, g + p->offset, n));
+        const double e = fabs(fd - an) / (fabs(an) + gn + 1e-6);
+        checked++;
+        if (!(e < 2e-2)) {
+            if (bad++ < 8) printf("  %s %s: differences %.6e, backward %.6e (|g| %.3e)\n", set, p->name, fd, an, gn);
+        }
+        if (!(e <= worst)) worst = e, worst_name = p->name;
+        free(w0), free(w), free(v);
+    }
+    printf("  %s: %d parameter tensors, worst relative error %.2e (%s)\n", set, checked, worst, worst_name);
+    CHECK(bad == 0 && checked == ps->count && checked > 100, "%s: %d of %d tensors' gradients off", set, bad,
+          checked);
+    free(g);
+    dc_backend *be = r.be;
+    rig_close(&r);
+    dc_backend_destroy(be);
+}
+
+// ---- golden gradients (diffusers' autograd) -------------------------------------------------
+
+static void test_golden(const char *set) {
+    char path[256];
+    snprintf(path, sizeof path, GOLD "/%s/grad.safetensors", set);
+    dc_st_file gf;
+    if (dc_st_open(&gf, path)) {
+        printf("  %s: no golden gradients (%s): make them with tools/sd_grad_golden.py\n", set, path);
+        return;
+    }
+    const dc_st_tensor *dt = dc_st_find(&gf, "dout");
+    float *dout = dt ? malloc((size_t)dt->numel * 4) : NULL;
+    rig r;
+    if (!dout || dc_st_read_f32(&gf, dt, dout) || rig_open(&r, dc_backend_cpu_create(), set, true, dout, 0)) {
+        CHECK(0, "%s: %s", set, dc_error());
+        free(dout), dc_st_close(&gf);
+        return;
+    }
+    const dc_params *ps = r.m->params;
+    float *g = grads(&r);
+    int bad = 0, found = 0;
+    double worst = 0;
+    for (int i = 0; g && i < ps->count; i++) {
+        const dc_param *p = &ps->items[i];
+        char nn[200];
+        snprintf(nn, sizeof nn, "norm.%s", p->name);
+        const dc_st_tensor *st = dc_st_find(&gf, p->name), *sn = dc_st_find(&gf, nn);
+        if (!st || !sn) continue;
+        found++;
+        float *want = malloc((size_t)st->numel * 4), *h = malloc((size_t)p->numel * 4), norm;
+        memcpy(h, g + p->offset, (size_t)p->numel * 4);
+        dc_param_from_stored(p, h);  // PyTorch's order, as the samples are indexed
+        dc_st_read_f32(&gf, st, want);
+        dc_st_read_f32(&gf, sn, &norm);
+        const int64_t k = st->numel;
+        double e = 0;
+        for (int64_t j = 0; j < k; j++) {
+            const double d = fabs((double)h[j * p->numel / k] - want[j]);
+            if (!(d <= e)) e = d;
+        }
+        // relative to the tensor's gradient scale (its rms): fp32's backward
+        // through ~300 ops lands far below; a wrong term gives order 1
+        const double scale = norm / sqrt((double)p->numel) + 1e-12;
+        const double en = fabs(sqrt(dot(h, h, p->numel)) - norm) / (norm + 1e-12);
+        e /= scale;
+        if (!(e < 1e-3 && en < 1e-4)) {
+            if (bad++ < 8) printf("  %s %s: sample error %.2e of the rms, norm error %.2e\n", set, p->name, e, en);
+        }
+        if (!(e <= worst)) worst = e;
+        free(want), free(h);
+    }
+    printf("  %s: golden gradients of %d tensors, worst %.2e of the rms\n", set, found, worst);
+    CHECK(g && bad == 0 && found == ps->count, "%s: %d bad, %d of %d tensors in the golden file", set, bad, found,
+          ps->count);
+    free(g), free(dout);
+    dc_st_close(&gf);
+    dc_backend *be = r.be;
+    rig_close(&r);
+    dc_backend_destroy(be);
+}
+
+// ---- recompute and units -----------------------------------------------------------------
+
+typedef struct {
+    int calls[64][2];
+    int n;
+    int open;  // the unit begun and not done, or -1
+    bool order_ok;
+} unit_log;
+
+static int log_unit(void *ctx, int unit, bool done) {
+    unit_log *l = ctx;
+    if (l->n < 64) l->calls[l->n][0] = unit, l->calls[l->n][1] = done;
+    l->n++;
+    if (done ? l->open != unit : l->open != -1) l->order_ok = false;
+    l->open = done ? -1 : unit;
+    return 0;
+}
+
+static void test_recompute_units(const char *set) {
+    rig r;
+    if (rig_open(&r, dc_backend_cpu_create(), set, true, NULL, 5)) {
+        CHECK(0, "%s: %s", set, dc_error());
+        return;
+    }
+    dc_params *ps = r.m->params;
+    const int n = r.m->info.blocks;
+    float *all = grads(&r);
+    CHECK(all != NULL && n > 10, "%s: gradients, %d layers", set, n);
+    // the planner's bytes are reserve's: fewer with fewer layers keeping theirs
+    const int64_t b_all = dc_model_activation_bytes(r.m, r.be->compute, r.B, -1);
+    const int64_t b_none = dc_model_activation_bytes(r.m, r.be->compute, r.B, 0);
+    CHECK(b_all > 0 && b_none > 0 && b_none < b_all && (size_t)b_all == dc_unet_activation_bytes(r.m, r.B),
+          "%s: training activation bytes %lld (all keeping), %lld (none)", set, (long long)b_all, (long long)b_none);
+    const int keeps[] = {0, 1, n / 2, n - 1};
+    for (int i = 0; all && i < 4; i++) {
+        CHECK(dc_model_set_recompute(r.m, keeps[i]) == 0 && dc_model_reserve(r.m, r.B) == 0, "recompute: %s",
+              dc_error());
+        float *g = grads(&r);
+        CHECK(g && memcmp(g, all, (size_t)ps->numel * 4) == 0,
+              "%s: gradients with %d of %d layers keeping their activations differ from keeping all", set, keeps[i],
+              n);
+        free(g);
+    }
+    printf("  %s: recompute with 0, 1, %d, %d of %d layers keeping: the same bits\n", set, n / 2, n - 1, n);
+
+    unit_log l = {.open = -1, .order_ok = true};
+    dc_param_hooks hk = {.ctx = &l, .unit = log_unit};
+    ps->hooks = &hk;
+    float *g = grads(&r);
+    ps->hooks = NULL;
+    const int units = dc_params_unit_count(ps);
+    bool each_once = l.n == 2 * units;
+    for (int u = 0; each_once && u < units; u++) {
+        int seen = 0;
+        for (int k = 0; k < l.n; k++) seen += l.calls[k][0] == u;
+        each_once = seen == 2;
+    }
+    CHECK(g && units == 2 * dc_unet_of(r.m)->cfg.nblocks + 3, "%s: %d units", set, units);
+    CHECK(each_once && l.order_ok && l.open == -1, "%s: %d unit calls for %d units, in order %d", set, l.n, units,
+          l.order_ok);
+    CHECK(g && all && memcmp(g, all, (size_t)ps->numel * 4) == 0, "%s: hooks change the gradients", set);
+    free(g), free(all);
+    dc_backend *be = r.be;
+    rig_close(&r);
+    dc_backend_destroy(be);
+}
+
+// ---- the GPU against the CPU ------------------------------------------------------------------
+
+static void test_gpu(const char *name, const char *set) {
+    dc_backend *gpu = NULL;
+    if (dc_backend_create(name, &gpu)) {
+        printf("SKIP (no GPU) no %s backend (%s)\n", name, dc_error());
+        return;
+    }
+    rig rc, rg;
+    if (rig_open(&rc, dc_backend_cpu_create(), set, true, NULL, 9) || rig_open(&rg, gpu, set, true, NULL, 9)) {
+        CHECK(0, "%s: %s", set, dc_error());
+        return;
+    }
+    float *gc = grads(&rc), *gg = grads(&rg);
+    // relative to each tensor's gradient norm: fp32 ("cuda-fp32") differs in
+    // summation order only; bf16 ("cuda") rounds every activation to 8 bits
+    const double tol = gpu->compute == DC_F32 ? 1e-3 : 8e-2;
+    const dc_params *ps = rc.m->params;
+    int bad = 0;
+    double worst = 0;
+    for (int i = 0; gc && gg && i < ps->count; i++) {
+        const dc_param *p = &ps->items[i];
+        double d = 0, nb = 0;
+        for (int64_t j = 0; j < p->numel; j++) {
+            const double a = gg[p->offset + j], b = gc[p->offset + j];
+            d += (a - b) * (a - b), nb += b * b;
+        }
+        const double e = sqrt(d) / (sqrt(nb) + 1e-12);
+        if (!(e < tol) && bad++ < 8) printf("  %s %s: GPU against CPU %.2e\n", set, p->name, e);
+        if (!(e <= worst)) worst = e;
+    }
+    printf("  %s on %s: worst gradient error %.2e of the norm (tolerance %.0e)\n", set, name, worst, tol);
+    CHECK(gc && gg && bad == 0, "%s on %s: %d tensors off", set, name, bad);
+    free(gc), free(gg);
+    dc_backend *cpu = rc.be;
+    rig_close(&rc), rig_close(&rg);
+    dc_backend_destroy(cpu), dc_backend_destroy(gpu);
+}
+
+int main(int argc, char **argv) {
+    const char *sets[] = {"sd1", "sd2"};
+    if (argc > 1) {
+        printf("GPU against CPU (%s)\n", argv[1]);
+        for (int s = 0; s < 2; s++) test_gpu(argv[1], sets[s]);
+    } else {
+        for (int s = 0; s < 2; s++) {
+            printf("%s: finite differences\n", sets[s]);
+            test_fd(sets[s]);
+            printf("%s: golden gradients\n", sets[s]);
+            test_golden(sets[s]);
+            printf("%s: recompute and units\n", sets[s]);
+            test_recompute_units(sets[s]);
+        }
+    }
+    printf("%d passed, %d failed\n", g_pass, g_fail);
+    return g_fail != 0;
+}
