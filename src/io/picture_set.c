@@ -374,6 +374,7 @@ int dc_picture_set_read(const dc_picture_set *s, int64_t i, dc_image *img, int64
         else done += w;
     }
     free(b);
+    if (!rc && lseek(fd, 0, SEEK_SET) != 0) rc = dc_fail("%s: cannot read back the in-memory copy", name);
     if (rc) {
         if (fd >= 0) close(fd);
         return rc;

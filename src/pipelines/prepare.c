@@ -536,9 +536,14 @@ static int run_job(dc_prepare_models *m, const dc_picture_set *set, const job *j
         ws->w = NULL;
         return rc;
     }
+    ws->base_corrupt += ws->ncorrupt;
+    if (ws->st.samples + ws->nrec == 0) {  // no picture of the job could be read: no data set
+        dc_mds_writer_free(ws->w);
+        ws->w = NULL;
+        return 0;
+    }
     rc = dc_mds_writer_finish(ws->w);
     ws->w = NULL;
-    ws->base_corrupt += ws->ncorrupt;
     return rc;
 }
 
@@ -555,9 +560,10 @@ static int write_summary(const char *out, const dc_prepare_models *m, const dc_p
     fprintf(f, "  \"size\": %d,\n  \"pictures\": %lld,\n  \"samples\": %lld,\n  \"corrupt\": %lld,\n", o->size,
             (long long)st->pictures, (long long)st->samples, (long long)st->corrupt);
     fprintf(f, "  \"buckets\": %s", o->buckets ? "[" : "null\n}\n");
-    for (int i = 0; o->buckets && i < njobs; i++)
-        fprintf(f, "%s\n    {\"folder\": \"%dx%d\", \"width\": %d, \"height\": %d, \"samples\": %lld}", i ? "," : "",
-                j[i].width, j[i].height, j[i].width, j[i].height, (long long)samples[i]);
+    for (int i = 0, k = 0; o->buckets && i < njobs; i++)
+        if (samples[i])
+            fprintf(f, "%s\n    {\"folder\": \"%dx%d\", \"width\": %d, \"height\": %d, \"samples\": %lld}",
+                    k++ ? "," : "", j[i].width, j[i].height, j[i].width, j[i].height, (long long)samples[i]);
     if (o->buckets) fputs("\n  ]\n}\n", f);
     return dc_atomic_end(af, 1);
 }
@@ -618,7 +624,10 @@ int dc_prepare_run(dc_prepare_models *m, const dc_picture_set *set, const char *
     if (!rc && !samples) rc = dc_fail("out of memory");
     for (int i = 0; i < njobs && !rc; i++) {
         dc_mds_reader *r;
+        snprintf(path, sizeof path, "%s/index.json", jobs[i].dir);
+        if (!dc_file_exists(path)) continue;  // every picture of it unreadable
         if ((rc = dc_mds_open(&r, jobs[i].dir))) break;
+        st->nbuckets++;
         samples[i] = dc_mds_samples(r);
         st->samples += samples[i];
         if (resume && i < rs.job) st->resumed += samples[i];
@@ -626,8 +635,9 @@ int dc_prepare_run(dc_prepare_models *m, const dc_picture_set *set, const char *
     }
     st->resumed += resume ? rs.samples : 0;
     st->corrupt = probe_corrupt + ws.base_corrupt;
-    st->nbuckets = njobs;
+    if (!rc && st->samples == 0) rc = dc_fail("%s: none of its %lld pictures could be read", out, (long long)set->n);
     if (!rc) rc = write_summary(out, m, o, jobs, samples, njobs, st);
+    snprintf(path, sizeof path, "%s/" PROGRESS_FILE, out);
     if (!rc && unlink(path)) rc = dc_fail("%s: cannot remove it", path);
     free(samples), free(ws.rec), free(ws.corrupt);
     jobs_free(jobs, njobs);
