@@ -4,7 +4,6 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "cli/args.h"
 #include "cli/cli_util.h"
@@ -19,15 +18,6 @@
 static volatile sig_atomic_t g_stop;
 static void on_signal(int sig) { g_stop = sig; }
 
-static void install_signal_handlers(void) {
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_RESTART;
-    const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
-    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) sigaction(sigs[i], &sa, NULL);
-}
 
 typedef struct {
     double t0;
@@ -98,7 +88,8 @@ int cmd_prepare(int argc, char **argv) {
     if (cli_check_device_flags(threads, device, precision)) return cli_usage_fail();
     const char *fallback = NULL;
     if (!vocab && cli_find_vocab(&fallback)) dc_error_clear();
-    install_signal_handlers();
+    const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
+    cli_handle_signals(on_signal, sigs, 3);
 
     dc_picture_set set;
     dc_picture_set_opts so = {caption_ext, caption_column};
