@@ -19,21 +19,23 @@ static volatile sig_atomic_t g_stop;
 static void on_signal(int sig) { g_stop = sig; }
 
 
+// The rate is measured from the end of the first batch (the models' first
+// run includes their set-up, and a continued run starts part-way).
 typedef struct {
     double t0;
-    int64_t start;  // pictures done before this run
+    int64_t start;  // pictures done at t0; -1 before the first batch
 } progress_ctx;
 
 static int on_progress(void *ctx, int64_t done, int64_t total, int64_t written) {
     progress_ctx *p = ctx;
     if (g_stop) return dc_fail("stopped by signal %d: the same command continues from the last shard written", (int)g_stop);
-    if (p->start < 0) p->start = done - 1;  // the first batch's pictures are this run's
+    if (p->start < 0) p->start = done, p->t0 = dc_time_now();
     if (!dc_log_is_tty() && done != total) return 0;
-    const double el = dc_time_now() - p->t0, rate = (double)(done - p->start) / (el > 0 ? el : 1);
-    char eta[32];
+    const double el = dc_time_now() - p->t0, rate = el > 0 ? (double)(done - p->start) / el : 0;
+    char eta[32] = "-";
+    if (rate > 0) dc_format_duration((double)(total - done) / rate, eta, sizeof eta);
     dc_progress(done == total, "encoding: %lld/%lld pictures, %lld samples written, %.1f pictures/s, ETA %s",
-                (long long)done, (long long)total, (long long)written, rate,
-                dc_format_duration(rate > 0 ? (double)(total - done) / rate : 0, eta, sizeof eta));
+                (long long)done, (long long)total, (long long)written, rate, eta);
     return 0;
 }
 
@@ -104,7 +106,7 @@ int cmd_prepare(int argc, char **argv) {
     if (cli_set_threads(threads) || cli_backend(device, precision, &be)) goto done;
     dc_log("loading the text encoder%s of %s on %s", o.no_vae ? "" : " and the VAE", model, be->name);
     if (dc_prepare_models_load(&m, &o, be)) goto done;
-    progress_ctx pc = {dc_time_now(), -1};
+    progress_ctx pc = {0, -1};
     if (dc_prepare_run(&m, &set, out, &o, on_progress, &pc, &st)) {
         if (g_stop) status = 128 + (int)g_stop;
         goto done;

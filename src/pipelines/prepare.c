@@ -242,11 +242,14 @@ static int plan_jobs(const dc_picture_set *set, const char *out, const dc_prepar
         }
         which[i] = dc_bucket_select(b, nb, img.width, img.height);
     }
+    for (int64_t i = 0; i < set->n && !rc; i++)
+        if (which[i] >= 0) j[which[i]].n++;
     for (int k = 0; k < nb && !rc; k++) {
         j[k].width = b ? b[k].width : o->size, j[k].height = b ? b[k].height : o->size;
         if (o->buckets) snprintf(j[k].dir, sizeof j[k].dir, "%s/%dx%d", out, j[k].width, j[k].height);
         else snprintf(j[k].dir, sizeof j[k].dir, "%s", out);
-        if (!(j[k].idx = malloc(sizeof *j[k].idx * (size_t)(set->n ? set->n : 1)))) rc = dc_fail("out of memory");
+        if (!(j[k].idx = malloc(sizeof *j[k].idx * (size_t)(j[k].n ? j[k].n : 1)))) rc = dc_fail("out of memory");
+        j[k].n = 0;
     }
     for (int64_t i = 0; i < set->n && !rc; i++)
         if (which[i] >= 0) j[which[i]].idx[j[which[i]].n++] = i;
@@ -479,13 +482,12 @@ static int run_job(dc_prepare_models *m, const dc_picture_set *set, const job *j
     columns cols;
     columns_make(&cols, &b, latents);
     const bool resuming = ws->st.shards > 0 || ws->st.next > 0 || ws->st.copy > 0;
-    int found = 0, rc = 0;
-    if (resuming) {  // a killed run's temporary files, and an index written just before it stopped
-        char index[4300];
-        snprintf(index, sizeof index, "%s/index.json", j->dir);
-        rc = clean_dir(j->dir, true, true, &found);
-        if (!rc && dc_file_exists(index) && unlink(index)) rc = dc_fail("%s: cannot remove it", index);
-    }
+    // A killed run's temporary files, and an index it wrote just before it
+    // stopped (the progress file still names this data set as unfinished).
+    char index[4300];
+    snprintf(index, sizeof index, "%s/index.json", j->dir);
+    int found = 0, rc = clean_dir(j->dir, true, true, &found);
+    if (!rc && dc_file_exists(index) && unlink(index)) rc = dc_fail("%s: cannot remove it", index);
     dc_mds_write_opts wo = {o->zstd_level, o->shard_bytes};
     if (!rc) rc = dc_mds_writer_open(&ws->w, j->dir, cols.spec, cols.n, &wo);
     int64_t held = 0;
