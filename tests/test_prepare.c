@@ -9,7 +9,9 @@
 //   - captions, original sizes, token counts, kohya's repeats, an unreadable
 //     picture skipped and counted;
 //   - a run stopped between batches (by its progress callback) and continued
-//     writes the same bytes as one never stopped, with and without buckets.
+//     writes the same bytes as one never stopped, with and without buckets;
+//   - on a GPU, the CUDA backend's shards against the CPU's: the same samples,
+//     captions and sizes, and latents and embeddings within bf16's error.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -214,6 +216,47 @@ static void test_resume(dc_prepare_models *m, const dc_picture_set *set, dc_prep
     }
 }
 
+// Every fp16 array column of the two data sets: the normalised error
+// |a - b| / |b| of each sample's array.
+static void compare_sets(const char *a, const char *b, double tol) {
+    dc_mds_reader *ra, *rb;
+    if (dc_mds_open(&ra, a) || dc_mds_open(&rb, b)) {
+        CHECK(0, "%s", dc_error());
+        return;
+    }
+    CHECK(dc_mds_samples(ra) == dc_mds_samples(rb), "%lld and %lld samples", (long long)dc_mds_samples(ra),
+          (long long)dc_mds_samples(rb));
+    dc_mds_sample sa = {0}, sb = {0};
+    double worst = 0;
+    for (int64_t i = 0; i < dc_mds_samples(ra) && i < dc_mds_samples(rb); i++) {
+        if (dc_mds_read(ra, i, &sa) || dc_mds_read(rb, i, &sb)) {
+            CHECK(0, "%s", dc_error());
+            break;
+        }
+        for (int c = 0; c < dc_mds_columns(ra); c++) {
+            const dc_mds_column *col = dc_mds_column_at(ra, c);
+            if (col->kind != DC_MDS_NDARRAY || col->dtype != DC_MDS_F16) {
+                CHECK(sa.len[c] == sb.len[c] && !memcmp(sa.data[c], sb.data[c], sa.len[c]), "sample %lld: %s differs",
+                      (long long)i, col->name);
+                continue;
+            }
+            double num = 0, den = 0;
+            for (size_t k = 0; k < sa.len[c] / 2; k++) {
+                uint16_t x, y;
+                memcpy(&x, sa.data[c] + 2 * k, 2), memcpy(&y, sb.data[c] + 2 * k, 2);
+                double d = (double)dc_f16_to_f32(x) - dc_f16_to_f32(y);
+                num += d * d, den += (double)dc_f16_to_f32(y) * dc_f16_to_f32(y);
+            }
+            double e = sqrt(num / (den > 0 ? den : 1));
+            if (!(e <= worst)) worst = e;  // NaN sticks
+        }
+    }
+    CHECK(worst <= tol, "CUDA against CPU: normalised error %.3g (tolerance %.3g)", worst, tol);
+    printf("CUDA against CPU: worst normalised error %.3g\n", worst);
+    dc_mds_sample_free(&sa), dc_mds_sample_free(&sb);
+    dc_mds_close(ra), dc_mds_close(rb);
+}
+
 int main(int argc, char **argv) {
     (void)argc;
     struct stat sst;
@@ -273,6 +316,19 @@ int main(int argc, char **argv) {
         if (!rc) dc_mds_close(r);
     }
     test_resume(&m, &set, ob, tmp_path("buckets"));
+    dc_backend *gpu = dc_backend_cuda_create(false);
+    if (!gpu) {
+        dc_error_clear();
+        printf("SKIP (no GPU) prepare on the CUDA backend against the CPU's\n");
+    } else {
+        dc_prepare_models mg;
+        CHECK(dc_prepare_models_load(&mg, &o, gpu) == 0, "load on CUDA: %s", dc_error());
+        CHECK(dc_prepare_run(&mg, &set, tmp_path("cuda"), &o, NULL, NULL, &st) == 0, "run on CUDA: %s", dc_error());
+        // bf16 compute: 8 bits of mantissa through a few layers
+        compare_sets(tmp_path("cuda"), tmp_path("whole"), 3e-2);
+        dc_prepare_models_close(&mg);
+        dc_backend_destroy(gpu);
+    }
     dc_prepare_models_close(&m);
     dc_picture_set_free(&set);
     dc_backend_destroy(be);
