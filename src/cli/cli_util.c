@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -297,4 +298,13 @@ int cli_find_vocab(const char **path) {
         if (access(places[i], F_OK) == 0) return *path = places[i], 0;
     return dc_fail("no CLIP vocabulary found: give --vocab FILE|FOLDER or set DIFFUSION_VOCAB (looked for ./%s, %s, "
                    "%s, %s and %s)", places[0], places[1], places[2], places[3], places[4]);
+}
+
+void cli_handle_signals(void (*handler)(int), const int *sigs, int n) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = handler;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    for (int i = 0; i < n; i++) sigaction(sigs[i], &sa, NULL);
 }

@@ -107,3 +107,7 @@ int cli_load_model(const char *path, bool raw, int heads, unsigned st_flags, dc_
 // a message naming them all.
 #define CLI_VOCAB_NAME "bpe_simple_vocab_16e6.txt.gz"
 int cli_find_vocab(const char **path);
+
+// Installs handler for each of the n signals (SA_RESTART: reads and writes
+// go on after it returns), for commands that stop cleanly between steps.
+void cli_handle_signals(void (*handler)(int), const int *sigs, int n);

@@ -48,15 +48,10 @@ static void on_signal(int sig) {
 }
 
 static void install_signal_handlers(void) {
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_RESTART;
     // With SIGPIPE handled, a write to the closed pipe fails with EPIPE, which
     // the logging ignores: the run goes on to its checkpoint.
     const int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGPIPE};
-    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) sigaction(sigs[i], &sa, NULL);
+    cli_handle_signals(on_signal, sigs, (int)(sizeof sigs / sizeof sigs[0]));
 }
 
 // The files a run writes or removes in its folder against those it reads: the

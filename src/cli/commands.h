@@ -16,6 +16,7 @@ int cmd_bench_sd(int argc, char **argv);  // bench --sd (main.c picks it)
 int cmd_tokenize(int argc, char **argv);
 int cmd_txt2img(int argc, char **argv);
 int cmd_img2img(int argc, char **argv);
+int cmd_prepare(int argc, char **argv);
 
 #define CLI_EXIT_FAILURE 1
 #define CLI_EXIT_USAGE 2

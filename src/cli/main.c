@@ -38,6 +38,7 @@ static const struct {
     {"info", cmd_info, "print a checkpoint's config, size, step and training settings"},
     {"export", cmd_export, "write EMA (or raw) weights under the official DiT key names"},
     {"bench", bench, "measure training and sampling throughput on synthetic data (--sd PATH: SD's)"},
+    {"prepare", cmd_prepare, "encode captioned pictures into MDS shards of latents and text embeddings"},
     {"tokenize", cmd_tokenize, "print the CLIP token ids of prompts, 77 a line, and their token counts"},
 };
 

@@ -27,12 +27,9 @@ static const char *other_kind(const uint8_t *b, size_t n) {
     return NULL;
 }
 
-static int read_any(const char *path, dc_image *img, int64_t max_pixels, int header_only) {
+int dc_image_read_fd(const char *path, int fd, int64_t size, dc_image *img, int64_t max_pixels, bool header_only) {
     memset(img, 0, sizeof *img);
     if (max_pixels <= 0 || max_pixels > DC_IMAGE_MAX_PIXELS) max_pixels = DC_IMAGE_MAX_PIXELS;
-    int64_t size;
-    int fd = dc_open_regular(path, &size);
-    if (fd < 0) return -1;
     uint8_t b[16] = {0};
     ssize_t n = pread(fd, b, sizeof b, 0);
     if (n < 0) {
@@ -56,10 +53,18 @@ static int read_any(const char *path, dc_image *img, int64_t max_pixels, int hea
                    kind ? ": it looks like " : "", kind ? kind : "");
 }
 
-int dc_image_probe(const char *path, dc_image *img) { return read_any(path, img, DC_IMAGE_MAX_PIXELS, 1); }
+static int read_any(const char *path, dc_image *img, int64_t max_pixels, bool header_only) {
+    memset(img, 0, sizeof *img);
+    int64_t size;
+    int fd = dc_open_regular(path, &size);
+    if (fd < 0) return -1;
+    return dc_image_read_fd(path, fd, size, img, max_pixels, header_only);
+}
+
+int dc_image_probe(const char *path, dc_image *img) { return read_any(path, img, DC_IMAGE_MAX_PIXELS, true); }
 
 int dc_image_read(const char *path, dc_image *img, int64_t max_pixels) {
-    return read_any(path, img, max_pixels, 0);
+    return read_any(path, img, max_pixels, false);
 }
 
 void dc_image_free(dc_image *img) {

@@ -20,6 +20,7 @@
 // A corrupt, truncated or unsupported file (an animated WebP, a JPEG of more
 // than DC_JPEG_MAX_SCANS scans) is refused with a message naming it.
 #pragma once
+#include <stdbool.h>
 #include <stdint.h>
 
 // The hard limits, whatever the budget: 16384 pixels a side, and a default
@@ -47,6 +48,11 @@ int dc_image_probe(const char *path, dc_image *img);
 // default budget, DC_IMAGE_MAX_PIXELS; never more than that). On failure *img
 // is empty and the message names path and what is wrong.
 int dc_image_read(const char *path, dc_image *img, int64_t max_pixels);
+// The same from an open file of `size` bytes whose picture starts at byte 0
+// (a tar member copied into memory: io/picture_set.c); the call closes fd.
+// `path` names the picture in messages; header_only reads what
+// dc_image_probe reads.
+int dc_image_read_fd(const char *path, int fd, int64_t size, dc_image *img, int64_t max_pixels, bool header_only);
 void dc_image_free(dc_image *img);
 const char *dc_image_format_name(dc_image_format f);  // "PNG", "JPEG", "WebP"
 // The pixels as [3, height, width] floats in [-1, 1], byte b as b / 127.5 - 1

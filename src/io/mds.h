@@ -144,3 +144,12 @@ int dc_mds_write(dc_mds_writer *w, const dc_mds_value *values);
 int dc_mds_writer_finish(dc_mds_writer *w);
 // Frees w without writing an index (the shards written so far stay).
 void dc_mds_writer_free(dc_mds_writer *w);
+// The shards written so far and the samples they hold (the samples gathering
+// for the next shard are not among them): what a killed writer leaves.
+void dc_mds_writer_progress(const dc_mds_writer *w, int *shards, int64_t *samples);
+// Continues a data set a writer left unfinished: its first `shards` shard
+// files, written by a writer of the same columns and options, are read back
+// and checked (sample count, offsets, the config every shard starts with, the
+// zstd frame), and the next sample starts shard number `shards`. On a newly
+// opened writer only; `*samples` receives the samples the shards hold.
+int dc_mds_writer_resume(dc_mds_writer *w, int shards, int64_t *samples);

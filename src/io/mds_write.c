@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <zstd.h>
 
 #include "core/error.h"
@@ -341,4 +342,66 @@ int dc_mds_writer_finish(dc_mds_writer *w) {
     if (rc == 0) rc = write_index(w);
     dc_mds_writer_free(w);
     return rc;
+}
+
+void dc_mds_writer_progress(const dc_mds_writer *w, int *shards, int64_t *samples) {
+    *shards = w->nshards;
+    *samples = 0;
+    for (int k = 0; k < w->nshards; k++) *samples += w->shards[k].samples;
+}
+
+// Reads shard k back and checks it is one this writer would have written.
+static int check_shard(dc_mds_writer *w, int k, written *out) {
+    char *path = shard_path(w, k, w->zstd_level != 0);
+    if (!path) return dc_fail("out of memory");
+    int64_t size;
+    int fd = dc_open_regular(path, &size);
+    uint8_t *file = NULL, *raw = NULL;
+    int rc = fd < 0 ? -1 : 0;
+    if (!rc && (size < 8 || size >= (1ll << 32))) rc = dc_fail("%s: %lld bytes is no shard of this writer", path, (long long)size);
+    if (!rc && !(file = malloc((size_t)size))) rc = dc_fail("out of memory");
+    if (!rc) rc = dc_pread_exact(fd, file, (size_t)size, 0, path);
+    if (fd >= 0) close(fd);
+    int64_t n = size;
+    if (!rc && w->zstd_level) {
+        unsigned long long want = ZSTD_getFrameContentSize(file, (size_t)size);
+        if (want == ZSTD_CONTENTSIZE_ERROR || want == ZSTD_CONTENTSIZE_UNKNOWN || want < 8 || want >= (1ull << 32))
+            rc = dc_fail("%s: not a zstd frame of a shard", path);
+        else if (!(raw = malloc((size_t)want))) rc = dc_fail("out of memory");
+        else {
+            size_t got = ZSTD_decompress(raw, (size_t)want, file, (size_t)size);
+            if (ZSTD_isError(got) || got != want) rc = dc_fail("%s: the zstd frame is damaged", path);
+            n = (int64_t)want;
+        }
+    }
+    const uint8_t *b = w->zstd_level ? raw : file;
+    uint32_t count = 0, at, prev = 0;
+    if (!rc) memcpy(&count, b, 4);
+    const uint64_t table = 4 + 4 * ((uint64_t)count + 1);
+    if (!rc && (count == 0 || table + w->config_len > (uint64_t)n || memcmp(b + table, w->config, w->config_len)))
+        rc = dc_fail("%s was not written with these columns and options", path);
+    for (uint32_t i = 0; i <= count && !rc; i++) {
+        memcpy(&at, b + 4 + 4 * (uint64_t)i, 4);
+        if ((i == 0 && at != table + w->config_len) || at < prev || at > (uint64_t)n || (i == count && at != (uint64_t)n))
+            rc = dc_fail("%s: the sample offsets are damaged", path);
+        prev = at;
+    }
+    if (!rc) *out = (written){count, n, w->zstd_level ? size : -1};
+    free(file), free(raw), free(path);
+    return rc;
+}
+
+int dc_mds_writer_resume(dc_mds_writer *w, int shards, int64_t *samples) {
+    *samples = 0;
+    if (w->nshards || w->nsamples) return dc_fail("%s: a writer resumes before it writes", w->dir);
+    for (int k = 0; k < shards; k++) {
+        written s;
+        DC_TRY(check_shard(w, k, &s));
+        int64_t cap = w->shards_cap;
+        DC_TRY(grow((void **)&w->shards, &cap, w->nshards + 1, sizeof *w->shards));
+        w->shards_cap = (int)cap;
+        w->shards[w->nshards++] = s;
+        *samples += s.samples;
+    }
+    return 0;
 }

@@ -21,7 +21,8 @@ static inline void fuzz_cleanup(void) {
     static const char *const names[] = {
         "train-images-idx3-ubyte", "train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte",
         "train-labels-idx1-ubyte.gz", "data.safetensors", "ckpt.safetensors", "in.png", "out.png",
-        "index.json", "shard.00000.mds", "shard.00000.mds.zstd", "shard.00001.mds", "shard.00001.mds.zstd"};
+        "index.json", "shard.00000.mds", "shard.00000.mds.zstd", "shard.00001.mds", "shard.00001.mds.zstd",
+        "in.tar"};
     char p[320];
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         snprintf(p, sizeof p, "%s/%s", g_fuzz_dir, names[i]);

@@ -4,7 +4,8 @@
 // checksums), the tensor shapes of a tiny DiT, its training checkpoints
 // (fresh and after two steps) and its plain state dict under official keys,
 // PNGs of each colour type, depth and text chunk kind, JPEGs and WebPs of
-// each kind the picture reader takes, and MDS data sets (plain and zstd).
+// each kind the picture reader takes, MDS data sets (plain and zstd), and
+// webdataset tars (ustar, and pax with a long name).
 //   make_seeds DIR
 #include <png.h>
 #include <stdint.h>
@@ -393,6 +394,46 @@ static void picture_seeds(const char *tmp) {
     put_picture("fuzz_webp", path, 5, "extended_exif_orientation_8");
 }
 
+// One tar member: a ustar header (typeflag `type`) and its bytes, padded to 512.
+static size_t tar_member(uint8_t *out, const char *name, char type, const void *data, size_t n) {
+    uint8_t *h = out;
+    memset(h, 0, 512);
+    snprintf((char *)h, 100, "%s", name);
+    snprintf((char *)h + 100, 8, "%07o", 0644);
+    snprintf((char *)h + 124, 12, "%011o", (unsigned)n);
+    snprintf((char *)h + 136, 12, "%011o", 0u);
+    h[156] = (uint8_t)type;
+    memcpy(h + 257, "ustar\0" "00", 8);
+    memset(h + 148, ' ', 8);
+    unsigned sum = 0;
+    for (int i = 0; i < 512; i++) sum += h[i];
+    snprintf((char *)h + 148, 8, "%06o", sum);
+    memcpy(out + 512, data, n);
+    size_t padded = (n + 511) / 512 * 512;
+    memset(out + 512 + n, 0, padded - n);
+    return 512 + padded;
+}
+
+// fuzz_tar inputs: img2dataset's layout (key.png, key.txt, key.json), plain
+// ustar and with a pax header naming a long path.
+static void tar_seeds(void) {
+    static const uint8_t png[] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n', 0, 0, 0, 13, 'I', 'H', 'D', 'R',
+                                  0, 0, 0, 1, 0, 0, 0, 1, 8, 2, 0, 0, 0, 0x90, 0x77, 0x53, 0xde};
+    static uint8_t tar[8192];
+    size_t n = 0;
+    n += tar_member(tar + n, "00000/0001.png", '0', png, sizeof png);
+    n += tar_member(tar + n, "00000/0001.txt", '0', "a caption", 9);
+    n += tar_member(tar + n, "00000/0002.png", '0', png, sizeof png);
+    n += tar_member(tar + n, "00000/0002.json", '0', "{\"caption\": \"a json caption\"}", 28);
+    memset(tar + n, 0, 1024);
+    put("fuzz_tar", "ustar", tar, n + 1024);
+    const char *pax = "52 path=00000/a-name-longer-than-a-header-holds.png\n";
+    n = tar_member(tar, "PaxHeaders/x", 'x', pax, strlen(pax));
+    n += tar_member(tar + n, "short.png", '0', png, sizeof png);
+    memset(tar + n, 0, 1024);
+    put("fuzz_tar", "pax_long_name", tar, n + 1024);
+}
+
 int main(int argc, char **argv) {
     if (argc != 2) {
         fprintf(stderr, "usage: make_seeds DIR\n");
@@ -411,6 +452,7 @@ int main(int argc, char **argv) {
     png_seeds(tmp);
     picture_seeds(tmp);
     mds_seeds(tmp);
+    tar_seeds();
     char p[4200];
     const char *files[] = {"set.safetensors", "ck.safetensors", "plain.safetensors"};
     for (int i = 0; i < 3; i++) snprintf(p, sizeof p, "%s/%s", tmp, files[i]), remove(p);
