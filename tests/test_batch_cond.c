@@ -35,8 +35,10 @@ static void test_labels(dc_backend *be) {
     tiny_data(&ds, N);
     for (int i = 0; i < N; i++) ds.labels[i] = (int32_t)(dc_rand_u32_at(5, (uint32_t)i, 0, 0, 0) % 2);
     dc_batch_cond c;
-    CHECK(dc_batch_cond_init(&c, &ds, be, ROWS) == 0 && c.dev.y.p && !c.dev.ctx.p, "init: %s", dc_error());
-    for (int i = 0; i < ROWS; i++) dc_batch_cond_set(&c, &ds, i, k_idx[i], k_drop[i], 2);
+    dc_source src;
+    CHECK(dc_source_dataset(&src, &ds, 1) == 0, "source: %s", dc_error());
+    CHECK(dc_batch_cond_init(&c, &src, be, ROWS) == 0 && c.dev.y.p && !c.dev.ctx.p, "init: %s", dc_error());
+    for (int i = 0; i < ROWS; i++) CHECK(dc_batch_cond_set(&c, &src, i, k_idx[i], k_drop[i], 2) == 0, "row %d", i);
     dc_batch_cond_upload(&c, be, ROWS);
     int32_t got[ROWS];
     be->download(be, got, c.dev.y.p, sizeof got);
@@ -45,6 +47,7 @@ static void test_labels(dc_backend *be) {
         CHECK(got[i] == want, "row %d: label %d, want %d", i, got[i], want);
     }
     dc_batch_cond_free(&c, be);
+    dc_source_close(&src);
     dc_dataset_free(&ds);
 }
 
@@ -66,9 +69,11 @@ static void test_text(dc_backend *be) {
     dc_dataset ds;
     text_data(&ds);
     dc_batch_cond c;
-    CHECK(dc_batch_cond_init(&c, &ds, be, ROWS) == 0 && !c.dev.y.p && c.dev.len == LEN && c.dev.dim == DIM,
+    dc_source src;
+    CHECK(dc_source_dataset(&src, &ds, 1) == 0, "source: %s", dc_error());
+    CHECK(dc_batch_cond_init(&c, &src, be, ROWS) == 0 && !c.dev.y.p && c.dev.len == LEN && c.dev.dim == DIM,
           "init: %s", dc_error());
-    for (int i = 0; i < ROWS; i++) dc_batch_cond_set(&c, &ds, i, k_idx[i], k_drop[i], 0);
+    for (int i = 0; i < ROWS; i++) CHECK(dc_batch_cond_set(&c, &src, i, k_idx[i], k_drop[i], 0) == 0, "row %d", i);
     dc_batch_cond_upload(&c, be, ROWS);
     float *ctx = malloc(sizeof(float) * ROWS * LEN * DIM);
     int32_t lens[ROWS];
@@ -86,6 +91,7 @@ static void test_text(dc_backend *be) {
     }
     free(ctx);
     dc_batch_cond_free(&c, be);
+    dc_source_close(&src);
     // the fingerprint sees each part of the text
     uint64_t f0 = ds.fingerprint;
     float *parts[] = {&ds.text[N * LEN * DIM - 1], &ds.text_null[3]};
@@ -117,6 +123,9 @@ static void test_kinds(dc_backend *be) {
     tiny_data(&ds, N);
     CHECK(m && dc_trainer_init(&tr, m, &ds, &tc) == 0 && tr.cond.dev.y.p, "label data: %s", dc_error());
     dc_trainer_free(&tr);
+    tc.objective.prediction = DC_PRED_V;
+    CHECK(m && dc_trainer_init(&tr, m, &ds, &tc) != 0 && strstr(dc_error(), "learns its variance"),
+          "v prediction for a learned-sigma model: %s", dc_error());
     dc_dataset_free(&ds);
     dc_model_free(m);
 }

@@ -105,6 +105,9 @@ static void test_checkpoints(void) {
     CHECK(dc_st_open(&f, ck) == 0 && f.verified && strcmp(dc_st_meta(&f, "format"), "diffusion.c checkpoint v2") == 0 &&
               dc_st_meta(&f, "data_fingerprint") && strcmp(dc_st_meta(&f, "data_fingerprint"), fp) == 0,
           "v2 checkpoint with checksums and the data fingerprint: %s", dc_error());
+    // a DiT's objective is the hybrid: no settings of the MSE objective written
+    CHECK(!dc_st_meta(&f, "prediction") && !dc_st_meta(&f, "min_snr_gamma") && !dc_st_meta(&f, "noise_offset"),
+          "a DiT checkpoint records the MSE objective's settings");
     dc_st_close(&f);
     CHECK(resume(ck, &ds, false) == 0, "resume on the same data: %s", dc_error());
     CHECK(resume(ck, &other, false) != 0 && strstr(dc_error(), "the data set in use changed since the checkpoint") &&

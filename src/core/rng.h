@@ -26,7 +26,7 @@ DC_HD float dc_u32_to_unit(uint32_t x) { return ((x >> 8) + 0.5f) * (1.0f / 1677
 // Streams keep unrelated draws of one (sample, step) apart.
 enum { DC_STREAM_NOISE = 0, DC_STREAM_TIMESTEP = 1, DC_STREAM_DROPOUT = 2, DC_STREAM_INIT = 3,
        DC_STREAM_SHUFFLE = 4, DC_STREAM_FLIP = 5, DC_STREAM_SAMPLE_START = 6,
-       DC_STREAM_TRAIN_NOISE = 7, DC_STREAM_NOISE_OFFSET = 8 };
+       DC_STREAM_TRAIN_NOISE = 7, DC_STREAM_NOISE_OFFSET = 8, DC_STREAM_LATENT = 9 };
 
 // Standard normal number j of the sequence keyed by (seed, key, step, stream):
 // Box-Muller over one Philox block yields four normals (j / 4 is the counter).

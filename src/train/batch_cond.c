@@ -5,7 +5,7 @@
 
 #include "core/error.h"
 
-int dc_batch_cond_init(dc_batch_cond *c, const dc_dataset *ds, dc_backend *be, int rows) {
+int dc_batch_cond_init(dc_batch_cond *c, const dc_source *ds, dc_backend *be, int rows) {
     memset(c, 0, sizeof *c);
     c->kind = ds->cond, c->rows = rows;
     const size_t seq = (size_t)ds->text_len * (size_t)ds->text_dim;  // one row's embeddings
@@ -15,8 +15,7 @@ int dc_batch_cond_init(dc_batch_cond *c, const dc_dataset *ds, dc_backend *be, i
         c->labels = malloc((size_t)rows * sizeof *c->labels);
         ok = c->dev.y.p && c->labels;
     } else {
-        if (ds->text_len < 1 || ds->text_dim < 1 || !ds->text || !ds->text_lens || !ds->text_null)
-            return dc_fail("a text data set without its embeddings, lengths and empty prompt");
+        if (ds->text_len < 1 || ds->text_dim < 1) return dc_fail("a text data source without embeddings");
         c->dev.ctx = (dc_buf){be->alloc(be, (size_t)rows * seq * sizeof(float)), DC_F32};
         c->dev.lens = (dc_buf){be->alloc(be, (size_t)rows * sizeof(int32_t)), DC_I32};
         c->dev.len = ds->text_len, c->dev.dim = ds->text_dim;
@@ -31,14 +30,13 @@ int dc_batch_cond_init(dc_batch_cond *c, const dc_dataset *ds, dc_backend *be, i
     return 0;
 }
 
-void dc_batch_cond_set(dc_batch_cond *c, const dc_dataset *ds, int i, int64_t idx, bool drop, int null_label) {
+int dc_batch_cond_set(dc_batch_cond *c, dc_source *src, int i, int64_t idx, bool drop, int null_label) {
     if (c->kind == DC_COND_LABELS) {
-        c->labels[i] = drop ? null_label : ds->labels[idx];
-        return;
+        if (drop) return c->labels[i] = null_label, 0;
+        return src->ops->cond(src, idx, false, c->labels + i, NULL, NULL);
     }
     const size_t seq = (size_t)c->dev.len * (size_t)c->dev.dim;
-    memcpy(c->ctx + (size_t)i * seq, drop ? ds->text_null : ds->text + (size_t)idx * seq, seq * sizeof *c->ctx);
-    c->lens[i] = drop ? ds->text_null_len : ds->text_lens[idx];
+    return src->ops->cond(src, idx, drop, NULL, c->ctx + (size_t)i * seq, c->lens + i);
 }
 
 void dc_batch_cond_upload(dc_batch_cond *c, dc_backend *be, int n) {

@@ -55,9 +55,11 @@ static int check_values(const dc_params *ps, int b, const float *host, const cha
                    k_state[b].name, (long long)i, p->name, (long long)e, host[i], kind, why);
 }
 
-// One entry per parameter, named prefix + key, pointing into host[numel].
-static void entries_of(const dc_params *ps, const char *prefix, float *host, dc_st_entry *entries,
-                       char (*names)[128]) {
+// One entry per parameter, named prefix + key, pointing into host[numel],
+// whose values go from the storage order to PyTorch's (a channels-last
+// kernel's), the order loading expects.
+static int entries_of(const dc_params *ps, const char *prefix, float *host, dc_st_entry *entries,
+                      char (*names)[128]) {
     for (int i = 0; i < ps->count; i++) {
         const dc_param *p = &ps->items[i];
         snprintf(names[i], 128, "%s%s", prefix, p->name);
@@ -66,7 +68,9 @@ static void entries_of(const dc_params *ps, const char *prefix, float *host, dc_
         e->name = names[i], e->dtype = DC_F32, e->ndim = p->ndim;
         for (int d = 0; d < p->ndim; d++) e->shape[d] = p->shape[d];
         e->data = host + p->offset;
+        DC_TRY(dc_param_from_stored(p, host + p->offset));
     }
+    return 0;
 }
 
 int dc_trainer_save(const dc_trainer *tr, const char *path, const dc_kv *extra) {
@@ -87,9 +91,9 @@ int dc_trainer_save(const dc_trainer *tr, const char *path, const dc_kv *extra) 
         dc_fail("out of memory writing %s", path);
         goto done;
     }
-    if (dc_optimizer_save(tr->opt, host)) goto done;
-    entries_of(ps, "", host, e, names);
-    entries_of(ps, "ema.", host + np, e + n, names + n);
+    if (dc_optimizer_save(tr->opt, host) || entries_of(ps, "", host, e, names) ||
+        entries_of(ps, "ema.", host + np, e + n, names + n))
+        goto done;
     // A checkpoint of a diverged run would only carry the damage forward.
     for (int b = 0; b < DC_STATE_COUNT; b++)
         if (check_values(ps, b, host + b * np, path,
@@ -101,7 +105,7 @@ int dc_trainer_save(const dc_trainer *tr, const char *path, const dc_kv *extra) 
         dc_train_config_to_kv(&tr->cfg, &kv) ||
         dc_kv_set(&kv, "step", "%" PRId64, tr->step) ||
         dc_kv_set(&kv, "samples_seen", "%" PRId64, tr->samples_seen) ||
-        dc_kv_set(&kv, "data_fingerprint", "%016" PRIx64, tr->data->fingerprint))
+        dc_kv_set(&kv, "data_fingerprint", "%016" PRIx64, tr->data.fingerprint))
         goto done;
     for (int i = 0; extra && i < extra->n; i++)
         if (dc_kv_set(&kv, extra->keys[i], "%s", extra->values[i])) goto done;
@@ -145,8 +149,8 @@ static int meta_i64(const dc_st_file *f, const char *key, int64_t *out) {
 // Resuming on other data silently breaks exactness: the checkpoint's
 // fingerprint of its data set must match the one loaded now.
 static int check_data(const dc_trainer *tr, const dc_st_file *f) {
-    const dc_dataset *d = tr->data;
-    const char *name = d->source ? d->source : "in use";
+    const dc_source *d = &tr->data;
+    const char *name = d->name;
     const char *s = dc_st_meta(f, "data_fingerprint");
     if (!s) {
         dc_warn("%s records no data fingerprint (an older checkpoint): cannot check that the data set %s is "

@@ -364,8 +364,12 @@ void dc_dataset_get(const dc_dataset *ds, int64_t idx, float *img_out, bool hfli
         memcpy(img_out, src, per * sizeof *img_out);
         return;
     }
-    for (int r = 0; r < ds->channels * h; r++)
-        for (int x = 0; x < w; x++) img_out[(size_t)r * w + x] = src[(size_t)r * w + (w - 1 - x)];
+    dc_mirror_rows(img_out, src, (int64_t)ds->channels * h, w);
+}
+
+void dc_mirror_rows(float *dst, const float *src, int64_t rows, int w) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int x = 0; x < w; x++) dst[r * w + x] = src[r * w + (w - 1 - x)];
 }
 
 // ---- order -------------------------------------------------------------------

@@ -72,6 +72,8 @@ uint64_t dc_dataset_fingerprint(const dc_dataset *ds);
 
 // Copies image idx into img_out[C * H * W], mirrored left-right if hflip.
 void dc_dataset_get(const dc_dataset *ds, int64_t idx, float *img_out, bool hflip);
+// dst = src [rows, w] with each row mirrored left-right (not in place).
+void dc_mirror_rows(float *dst, const float *src, int64_t rows, int w);
 
 // The permutation of one epoch, rebuilt when another epoch is asked for.
 typedef struct {

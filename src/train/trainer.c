@@ -15,7 +15,8 @@ dc_train_config dc_train_config_default(void) {
         .steps = 1000, .batch = 256, .micro_batch = 256, .lr = 1e-4f, .beta1 = 0.9f,
         .beta2 = 0.999f, .adam_eps = 1e-8f, .weight_decay = 0.0f, .warmup = 0,
         .grad_clip = 0.0f, .ema_decay = 0.9999f, .ema_warmup = true, .class_dropout = 0.1f, .hflip = false,
-        .seed = 0, .offload = false, .offload_settings = dc_offload_settings_default(), .grad_comm = DC_F32,
+        .seed = 0, .objective = {DC_PRED_EPS, 0, 0}, .offload = false,
+        .offload_settings = dc_offload_settings_default(), .grad_comm = DC_F32,
     };
 }
 
@@ -50,10 +51,15 @@ int dc_train_config_validate(const dc_train_config *c) {
     if (!(c->ema_decay >= 0 && c->ema_decay <= 1)) return dc_fail("--ema-decay must be in [0, 1]");
     if (!(c->class_dropout >= 0 && c->class_dropout < 1))
         return dc_fail("--class-dropout must be in [0, 1)");
+    if (dc_mse_objective_validate(&c->objective)) return -1;
     if (c->grad_comm != DC_F32 && c->grad_comm != DC_BF16)
         return dc_fail("--grad-comm %s: gradients travel as fp32 or bf16", dc_dtype_name(c->grad_comm));
     return dc_offload_settings_validate(&c->offload_settings);
 }
+
+// The objective's predictions as checkpoints name them.
+static const char *const k_predictions[] = {[DC_PRED_EPS] = "epsilon", [DC_PRED_V] = "v_prediction",
+                                            [DC_PRED_SAMPLE] = "sample"};
 
 // The shortest decimal that reads back as exactly f (at most 9 digits), so
 // a resumed run uses bit-identical settings and people read "0.0005".
@@ -81,7 +87,13 @@ int dc_train_config_to_kv(const dc_train_config *c, dc_kv *kv) {
     DC_TRY(dc_kv_set(kv, "ema_warmup", "%s", c->ema_warmup ? "true" : "false"));
     DC_TRY(dc_kv_set(kv, "class_dropout", "%s", exact(c->class_dropout, b)));
     DC_TRY(dc_kv_set(kv, "hflip", "%s", c->hflip ? "true" : "false"));
-    return dc_kv_set(kv, "seed", "%llu", (unsigned long long)c->seed);
+    DC_TRY(dc_kv_set(kv, "seed", "%llu", (unsigned long long)c->seed));
+    // the objective's settings only where not the default: DiT checkpoints stay as they were
+    const dc_mse_objective *o = &c->objective;
+    if (o->prediction != DC_PRED_EPS) DC_TRY(dc_kv_set(kv, "prediction", "%s", k_predictions[o->prediction]));
+    if (o->min_snr_gamma != 0) DC_TRY(dc_kv_set(kv, "min_snr_gamma", "%s", exact(o->min_snr_gamma, b)));
+    if (o->noise_offset != 0) DC_TRY(dc_kv_set(kv, "noise_offset", "%s", exact(o->noise_offset, b)));
+    return 0;
 }
 
 static const char *find_kv(const char *const *k, const char *const *v, int n, const char *key) {
@@ -99,12 +111,22 @@ int dc_train_config_from_kv(dc_train_config *c, const char *const *k, const char
         {"warmup", 'i', &c->warmup}, {"grad_clip", 'f', &c->grad_clip},
         {"ema_decay", 'f', &c->ema_decay}, {"class_dropout", 'f', &c->class_dropout},
         {"hflip", 'b', &c->hflip}, {"seed", 'u', &c->seed}, {"ema_warmup", 'b', &c->ema_warmup},
+        {"min_snr_gamma", 'f', &c->objective.min_snr_gamma}, {"noise_offset", 'f', &c->objective.noise_offset},
     };
-    // Checkpoints written before the EMA warm-up existed trained without it.
+    static const char *const optional = " ema_warmup min_snr_gamma noise_offset ";
+    // Checkpoints written before the EMA warm-up existed trained without it;
+    // the objective's settings are there only where not the default.
     c->ema_warmup = false;
+    c->objective = (dc_mse_objective){DC_PRED_EPS, 0, 0};
+    const char *pred = find_kv(k, v, n, "prediction");
+    for (int p = 0; pred && p <= DC_PRED_SAMPLE; p++)
+        if (!strcmp(pred, k_predictions[p])) c->objective.prediction = (dc_prediction)p, pred = NULL;
+    if (pred) return dc_fail("%s: metadata 'prediction' = '%s' is not epsilon, v_prediction or sample", file, pred);
     for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
         const char *s = find_kv(k, v, n, fields[i].key);
-        if (!s && !strcmp(fields[i].key, "ema_warmup")) continue;
+        char word[32];
+        snprintf(word, sizeof word, " %s ", fields[i].key);
+        if (!s && strstr(optional, word)) continue;
         if (!s) return dc_fail("%s: no training setting '%s' in metadata (not a training checkpoint?)", file, fields[i].key);
         char *end = NULL;
         switch (fields[i].kind) {
@@ -132,13 +154,29 @@ static dc_buf alloc_buf(dc_backend *be, int64_t n, dc_dtype dt, int *ok) {
 int dc_trainer_init(dc_trainer *tr, dc_model *model, const dc_dataset *data,
                     const dc_train_config *cfg) {
     memset(tr, 0, sizeof *tr);
-    DC_TRY(dc_train_config_validate(cfg));
+    dc_source src;
+    DC_TRY(dc_source_dataset(&src, data, cfg->seed));
+    return dc_trainer_init_source(tr, model, &src, NULL, cfg);
+}
+
+// Whether the source's samples are what the model reads.
+static int check_source(const dc_model *model, const dc_source *data, const dc_train_config *cfg) {
     const dc_model_info *mi = &model->info;
     if (!dc_params_trains(model->params)) return dc_fail("the model was not created for training");
     if (data->channels != mi->channels || data->height != mi->height || data->width != mi->width)
         return dc_fail("data images are %dx%dx%d but the model takes %dx%dx%d", data->channels,
                        data->height, data->width, mi->channels, mi->height, mi->width);
     if (mi->frames != 1) return dc_fail("the model takes %d frames a sample; the data holds images", mi->frames);
+    const dc_mse_objective *o = &cfg->objective;
+    if (mi->learn_sigma && (o->prediction != DC_PRED_EPS || o->min_snr_gamma != 0 || o->noise_offset != 0))
+        return dc_fail("this %s learns its variance and trains on the hybrid objective, which predicts eps with "
+                       "neither Min-SNR weighting nor a noise offset", model->ops->name);
+    if (!mi->learn_sigma && mi->out_channels != mi->channels)
+        return dc_fail("this %s predicts %d channels of %d: the MSE objective needs one for each", model->ops->name,
+                       mi->out_channels, mi->channels);
+    if (cfg->hflip && !data->flips)
+        return dc_fail("%s holds latents, which cannot be mirrored as pictures are: train without flips",
+                       data->name);
     // The data must carry what the model is conditioned on.
     static const char *const what[] = {[DC_COND_LABELS] = "class labels", [DC_COND_TEXT] = "text"};
     if (mi->cond != data->cond)
@@ -149,11 +187,30 @@ int dc_trainer_init(dc_trainer *tr, dc_model *model, const dc_dataset *data,
     if (mi->cond == DC_COND_TEXT && (data->text_len != mi->ctx_len || data->text_dim != mi->ctx_dim))
         return dc_fail("the data's text embeddings are %d x %d but the %s reads %d x %d", data->text_len,
                        data->text_dim, model->ops->name, mi->ctx_len, mi->ctx_dim);
-    tr->cfg = *cfg, tr->model = model, tr->be = model->be, tr->data = data;
+    return 0;
+}
+
+int dc_trainer_init_source(dc_trainer *tr, dc_model *model, dc_source *src, dc_schedule *sched,
+                           const dc_train_config *cfg) {
+    memset(tr, 0, sizeof *tr);
+    tr->data = *src;
+    memset(src, 0, sizeof *src);
+    int rc = sched ? 0 : dc_schedule_init_gaussian(&tr->sched, DC_DIFFUSION_STEPS, DC_DIFFUSION_STEPS);
+    if (sched) tr->sched = *sched, memset(sched, 0, sizeof *sched);
+    if (!rc && tr->sched.family != DC_SCHEDULE_DISCRETE)
+        rc = dc_fail("training needs a discrete schedule (timesteps over alphas_cumprod)");
+    if (!rc && model->info.learn_sigma && !tr->sched.posterior_mean_coef1)
+        rc = dc_fail("a model that learns its variance trains on a schedule made from betas (with the posterior's "
+                     "tables)");
+    if (rc || dc_train_config_validate(cfg) || check_source(model, &tr->data, cfg)) {
+        dc_schedule_free(&tr->sched);
+        dc_source_close(&tr->data);
+        return -1;
+    }
+    const dc_model_info *mi = &model->info;
+    tr->cfg = *cfg, tr->model = model, tr->be = model->be;
     dc_backend *be = tr->be;
     const bool fold = dc_trainer_folds(be);
-    DC_TRY(dc_schedule_init_gaussian(&tr->sched, DC_DIFFUSION_STEPS, DC_DIFFUSION_STEPS));
-    DC_TRY(dc_order_init(&tr->order, data->n, cfg->seed));
     // The activations are planned at the first step, after offload or ZeRO
     // (dc_trainer_set_comm) have taken over the full gradient buffer and the
     // moments they shard or move: those never sit beside the activations.
@@ -176,13 +233,14 @@ int dc_trainer_init(dc_trainer *tr, dc_model *model, const dc_dataset *data,
     tr->gstats = alloc_buf(be, 2, DC_F32, &ok);
     tr->h_losses = malloc((size_t)cfg->batch * 2 * sizeof(float));
     tr->t = alloc_buf(be, mb, DC_F32, &ok);
-    if (dc_batch_cond_init(&tr->cond, data, be, (int)mb)) return dc_trainer_free(tr), -1;
+    if (!mi->learn_sigma) tr->target = alloc_buf(be, mb * img, DC_F32, &ok);
+    tr->h_weight = malloc(mb * sizeof(float));
+    if (dc_batch_cond_init(&tr->cond, &tr->data, be, (int)mb)) return dc_trainer_free(tr), -1;
     tr->h_x0 = malloc(mb * img * sizeof(float));
     tr->h_t = malloc(mb * sizeof(int));
     tr->h_keys = malloc(mb * sizeof(uint32_t));
     tr->h_coef = malloc(mb * sizeof(dc_loss_coef));
-    if (!ok || !tr->h_x0 || !tr->h_t || !tr->h_losses ||
-        !tr->h_keys || !tr->h_coef) {
+    if (!ok || !tr->h_x0 || !tr->h_t || !tr->h_losses || !tr->h_keys || !tr->h_coef || !tr->h_weight) {
         dc_trainer_free(tr);
         return dc_fail("out of memory for the training state");
     }
@@ -193,36 +251,38 @@ void dc_trainer_free(dc_trainer *tr) {
     dc_backend *be = tr->be;
     dc_optimizer_free(tr->opt);
     if (be) {
-        dc_buf *bufs[] = {&tr->x0, &tr->xt, &tr->eps, &tr->out, &tr->dout, &tr->losses, &tr->gstats, &tr->t};
+        dc_buf *bufs[] = {&tr->x0,     &tr->xt,     &tr->eps, &tr->out,   &tr->dout,
+                          &tr->losses, &tr->gstats, &tr->t,   &tr->target};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             if (bufs[i]->p) be->free(be, bufs[i]->p);
         dc_batch_cond_free(&tr->cond, be);
         dc_schedule_free(&tr->sched);
-        dc_order_free(&tr->order);
     }
+    dc_source_close(&tr->data);
     free(tr->h_x0), free(tr->h_t);
-    free(tr->h_keys), free(tr->h_coef), free(tr->h_losses);
+    free(tr->h_keys), free(tr->h_coef), free(tr->h_losses), free(tr->h_weight);
     memset(tr, 0, sizeof *tr);
 }
 
 // Stages images done .. done+n-1 of the current step: data position,
 // flips and conditioning with dropout, each drawn from (seed, index in the global batch,
 // step), the keying the diffusion draws use too.
-static void stage_micro_batch(dc_trainer *tr, int done, int n) {
-    const dc_dataset *ds = tr->data;
+static int stage_micro_batch(dc_trainer *tr, int done, int n) {
+    dc_source *src = &tr->data;
     const dc_train_config *c = &tr->cfg;
-    int64_t img = (int64_t)ds->channels * ds->height * ds->width;
+    int64_t img = (int64_t)src->channels * src->height * src->width;
     uint32_t step = (uint32_t)tr->step;
     for (int i = 0; i < n; i++) {
         uint32_t key = (uint32_t)(done + i);
-        int64_t g = tr->samples_seen + done + i;
-        int64_t idx = dc_order_get(&tr->order, (uint64_t)(g / ds->n), g % ds->n);
+        int64_t idx;
+        DC_TRY(src->ops->index(src, tr->samples_seen + done + i, c->batch, &idx));
         bool flip = c->hflip && (dc_rand_u32_at(c->seed, key, step, DC_STREAM_FLIP, 0) & 1);
-        dc_dataset_get(ds, idx, tr->h_x0 + i * img, flip);
+        DC_TRY(src->ops->x0(src, idx, flip, c->seed, key, step, tr->h_x0 + i * img));
         float u = dc_u32_to_unit(dc_rand_u32_at(c->seed, key, step, DC_STREAM_DROPOUT, 0));
-        dc_batch_cond_set(&tr->cond, ds, i, idx, u < c->class_dropout, tr->model->info.num_classes);
+        DC_TRY(dc_batch_cond_set(&tr->cond, src, i, idx, u < c->class_dropout, tr->model->info.num_classes));
         tr->h_keys[i] = key;
     }
+    return 0;
 }
 
 int dc_trainer_set_comm(dc_trainer *tr, dc_comm *comm, int zero_stage) {
@@ -277,15 +337,25 @@ static int micro_batch(dc_trainer *tr, int done, int n) {
     const dc_model_info *mi = &m->info;
     const int C = mi->channels;
     const int64_t HW = (int64_t)mi->frames * mi->height * mi->width;  // a channel's elements
-    stage_micro_batch(tr, done, n);
+    DC_TRY(stage_micro_batch(tr, done, n));
     be->upload(be, tr->x0.p, tr->h_x0, (size_t)n * C * HW * sizeof(float));
     dc_batch_cond_upload(&tr->cond, be, n);
     dc_diffusion_draw_timesteps(tr->h_t, tr->h_keys, n, tr->sched.n, c->seed, (uint32_t)tr->step);
+    dc_buf losses = dc_buf_at(tr->losses, 2 * (int64_t)done);
+    if (!mi->learn_sigma) {  // the MSE objective; dout is free until the loss: the offset's scratch
+        DC_TRY(dc_mse_objective_prepare(be, &c->objective, &tr->sched, tr->xt, tr->eps, tr->target, tr->t,
+                                        tr->h_weight, tr->x0, tr->dout, tr->h_t, tr->h_keys, n, C, HW, c->seed,
+                                        (uint32_t)tr->step));
+        DC_TRY(dc_model_forward(m, tr->out, tr->xt, tr->t, &tr->cond.dev, n));
+        DC_TRY(dc_mse_objective_loss(be, tr->dout, losses, tr->out, tr->target, tr->h_weight, n, C, HW,
+                                     1.0f / c->batch));
+        return dc_model_backward(m, tr->dout, n);
+    }
     DC_TRY(dc_diffusion_prepare_batch(be, &tr->sched, tr->xt, tr->eps, tr->t, tr->h_coef, tr->x0, tr->h_t,
                                       tr->h_keys, n, C * HW, c->seed, (uint32_t)tr->step));
     DC_TRY(dc_model_forward(m, tr->out, tr->xt, tr->t, &tr->cond.dev, n));
     // d(mean over the global batch)/d out: each image weighs 1 / batch
-    DC_TRY(dc_diffusion_loss(be, tr->dout, dc_buf_at(tr->losses, 2 * (int64_t)done), tr->out, tr->x0, tr->xt,
+    DC_TRY(dc_diffusion_loss(be, tr->dout, losses, tr->out, tr->x0, tr->xt,
                              tr->eps, tr->h_coef, n, C, mi->out_channels, HW, 1.0f / c->batch, NULL, NULL));
     return dc_model_backward(m, tr->dout, n);
 }

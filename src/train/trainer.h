@@ -1,5 +1,7 @@
 // Training a diffusion model (any dc_model) with the objective of Peebles &
-// Xie's official code (eps MSE plus the variational bound of a learned variance):
+// Xie's official code (eps MSE plus the variational bound of a learned
+// variance) where the model learns its variance, otherwise the eps, v or
+// sample MSE of diffusers' and kohya's scripts (diffusion/objective.h):
 // AdamW, optional warmup and gradient clipping, gradient accumulation up to a
 // global batch, EMA.
 //
@@ -11,6 +13,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "diffusion/objective.h"
 #include "diffusion/schedule.h"
 #include "io/kv.h"
 #include "io/safetensors.h"
@@ -19,6 +22,7 @@
 #include "train/batch_cond.h"
 #include "train/data.h"
 #include "train/offload.h"
+#include "train/source.h"
 #include "train/optimizer.h"
 
 typedef struct {
@@ -39,6 +43,12 @@ typedef struct {
     float class_dropout;  // probability of replacing a label by the null class
     bool hflip;           // random horizontal flips
     uint64_t seed;
+    // The objective of a model without a learned sigma (diffusion/objective.h):
+    // its prediction (eps by default, v, sample), Min-SNR gamma and noise
+    // offset (0: none). A learned-sigma model (DiT) trains on the hybrid
+    // objective of Peebles & Xie, which predicts eps with neither. Written
+    // to checkpoints only when not the default, so older ones read as before.
+    dc_mse_objective objective;
     // Where the optimizer runs, not part of the recipe (checkpoints do not
     // record it, and a run may resume either way): the fp32 master weights
     // and moments in host memory with AdamW on the CPU, beside the device's
@@ -84,8 +94,7 @@ typedef struct {
     dc_train_config cfg;
     dc_model *model;
     dc_backend *be;
-    const dc_dataset *data;
-    dc_order order;
+    dc_source data;             // where the samples come from (the trainer's: it closes it)
     dc_schedule sched;
     // The optimizer strategy holding the master weights, moments and EMA:
     // plain (ZeRO stage 0), ZeRO 1 or 2 (dc_trainer_set_comm), or offload
@@ -95,6 +104,7 @@ typedef struct {
     int64_t samples_seen;        // images consumed (the data position)
     // one micro-batch on the backend
     dc_buf x0, xt, eps, out, dout;  // [mb, C, H, W] (out, dout: [mb, OC, H, W])
+    dc_buf target;                  // [mb, C, H, W] the MSE objective's target (NULL for the hybrid)
     dc_buf losses;                  // [batch, 2] (mse, vb) of the last step
     dc_buf gstats;                  // [2] its gradient norm and clipping factor
     float last_lr;
@@ -107,7 +117,8 @@ typedef struct {
     float *h_x0;
     int *h_t;
     uint32_t *h_keys;
-    dc_loss_coef *h_coef;
+    dc_loss_coef *h_coef;           // the hybrid's
+    float *h_weight;                // [mb] the MSE objective's
     float *h_losses;
 } dc_trainer;
 
@@ -118,6 +129,14 @@ typedef struct {
 // the null label, a caption by the empty prompt.
 int dc_trainer_init(dc_trainer *tr, dc_model *model, const dc_dataset *data,
                     const dc_train_config *cfg);
+// The same from any data source (train/source.h), which the trainer takes
+// over: it closes it in dc_trainer_free, or here on failure. Random flips
+// (cfg->hflip) need a source of pictures.
+// sched: the schedule the model trains on, also taken over (NULL: DiT's
+// linear schedule of 1000 steps; an SD UNet's comes from its scheduler
+// config, dc_schedule_init_cfg).
+int dc_trainer_init_source(dc_trainer *tr, dc_model *model, dc_source *src, dc_schedule *sched,
+                           const dc_train_config *cfg);
 // Data parallel over comm's ranks with ZeRO stage zero_stage (0, 1 or 2),
 // before the first step of this process (before or after dc_trainer_restore;
 // each rank has its own trainer, model replica and backend, the same config
