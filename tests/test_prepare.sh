@@ -121,6 +121,8 @@ for ((i = 0; i < 600; i++)); do [ -e "$TMP/killed/shard.00003.mds" ] && break; s
 if kill -KILL $pid 2> /dev/null; then
   wait $pid 2> /dev/null
   [ ! -e "$TMP/killed/index.json" ] && [ -e "$TMP/killed/prepare.progress.json" ] || fail "the kill came too late to test anything"
+  # what a kill can leave half written, whichever file it hit: all of it removed on continuing
+  for f in prepare.progress.json prepare.json shard.00009.mds index.json; do echo half > "$TMP/killed/$f.tmp.99999"; done
   diffusion prepare "${P[@]}" "${K[@]}" --out "$TMP/killed" > "$TMP/log" 2>&1 || fail "continuing: $(tail -3 "$TMP/log")"
   grep -q "continued a stopped run" "$TMP/log" && diff -r "$TMP/whole" "$TMP/killed" > /dev/null \
     && pass "killed (SIGKILL) and continued: the same files, byte for byte" || fail "killed and continued: $(diff -r "$TMP/whole" "$TMP/killed" | head -3)"

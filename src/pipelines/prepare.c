@@ -110,6 +110,12 @@ static bool written_name(const char *s) {
     return !s[n] || !strcmp(s + n, ".zstd") || !strncmp(s + n, ".tmp.", 5) || !strncmp(s + n, ".zstd.tmp.", 10);
 }
 
+// The temporary files of the run's own records (written whole, then renamed).
+static bool record_temp_name(const char *s) {
+    return !strncmp(s, PROGRESS_FILE ".tmp.", strlen(PROGRESS_FILE) + 5) ||
+           !strncmp(s, SUMMARY_FILE ".tmp.", strlen(SUMMARY_FILE) + 5);
+}
+
 static bool bucket_name(const char *s) {
     int w, h, n = 0;
     return sscanf(s, "%dx%d%n", &w, &h, &n) == 2 && !s[n];
@@ -129,7 +135,8 @@ static int clean_dir(const char *dir, bool tmp_only, bool remove, int *found) {
         if (S_ISDIR(st.st_mode) && bucket_name(e->d_name) && !tmp_only) {
             rc = clean_dir(path, false, remove, found);
             if (!rc && remove) rmdir(path);  // left when it holds files of the user's
-        } else if (S_ISREG(st.st_mode) && (written_name(e->d_name) || (!tmp_only && (!strcmp(e->d_name, PROGRESS_FILE) ||
+        } else if (S_ISREG(st.st_mode) && (written_name(e->d_name) || record_temp_name(e->d_name) ||
+                                           (!tmp_only && (!strcmp(e->d_name, PROGRESS_FILE) ||
                                                                                     !strcmp(e->d_name, SUMMARY_FILE))))) {
             if (tmp_only && !strstr(e->d_name, ".tmp.")) continue;
             (*found)++;
@@ -593,6 +600,9 @@ int dc_prepare_run(dc_prepare_models *m, const dc_picture_set *set, const char *
     progress_state rs = {0};
     bool resume = false;
     int found = 0;
+    // what a killed run was writing when it died (a shard, the index, its records): never whole, removed
+    DC_TRY(clean_dir(out, true, true, &found));
+    found = 0;
     if (o->overwrite) DC_TRY(clean_dir(out, false, true, &found));
     else if (dc_file_exists(path)) {
         DC_TRY(progress_load(path, settings, &rs));
