@@ -717,10 +717,24 @@ static void test_meta_init(void) {
     int ng = dc_params_find(pa, "conv_norm_out.weight"), nb = dc_params_find(pa, "conv_norm_out.bias");
     int cw = dc_params_find(pa, "conv_in.weight");
     CHECK(ng >= 0 && ha[pa->items[ng].offset] == 1 && ha[pa->items[nb].offset] == 0, "norms not at 1 / 0");
-    double ss = 0;
-    for (int64_t j = 0; j < pa->items[cw].numel; j++) ss += (double)ha[pa->items[cw].offset + j] * ha[pa->items[cw].offset + j];
+    // PyTorch's default: U(-b, b), b = 1/sqrt(fan_in), for a weight and its bias (conv_in: fan_in 4 x 3 x 3)
+    int cb = dc_params_find(pa, "conv_in.bias");
+    const double bound = 1 / sqrt(36.0);
+    double ss = 0, big = 0;
+    for (int64_t j = 0; j < pa->items[cw].numel; j++) {
+        const double w = ha[pa->items[cw].offset + j];
+        ss += w * w, big = fabs(w) > big ? fabs(w) : big;
+    }
     double sd = sqrt(ss / (double)pa->items[cw].numel);
-    CHECK(sd > 0.015 && sd < 0.025, "conv_in std %.4f, want ~0.02", sd);  // 11520 draws (bf16: 0.4% off)
+    // 1152 draws: the std within 5% of b/sqrt(3), the largest within [0.95 b, b]
+    CHECK(fabs(sd / (bound / sqrt(3.0)) - 1) < 0.05 && big <= bound && big > 0.95 * bound,
+          "conv_in std %.4f max %.4f, want U(-%.4f, %.4f)", sd, big, bound, bound);
+    double bmax = 0, bsum = 0;
+    for (int64_t j = 0; j < pa->items[cb].numel; j++)
+        bmax = fmax(bmax, fabs(ha[pa->items[cb].offset + j])), bsum += fabs(ha[pa->items[cb].offset + j]);
+    CHECK(cb >= 0 && bmax <= bound && bsum > 0.25 * bound * (double)pa->items[cb].numel,
+          "conv_in bias: max %.4f, mean |b| %.4f (want U(-%.4f, %.4f))", bmax, bsum / (double)pa->items[cb].numel,
+          bound, bound);
     CHECK(dc_model_init_weights(b, 8) == 0, "init");
     buf_down(pb->frozen, hb, n);
     CHECK(memcmp(ha, hb, (size_t)n * 4) != 0, "another seed gives the same weights");

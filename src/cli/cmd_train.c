@@ -14,6 +14,7 @@
 #include "cli/commands.h"
 #include "cli/run_folder.h"
 #include "cli/train_ranks.h"
+#include "cli/train_t2i.h"
 #include "core/fsutil.h"
 #include "core/log.h"
 #include "io/json.h"
@@ -72,14 +73,14 @@ static int check_run_outputs(const char *out, const char *resume, const char *da
 // step leaves no checkpoint behind, then that rank 0 wrote it. The file
 // also records the step's loss (every digit, for comparing runs).
 static int save(train_ranks *job, const dc_trainer *tr, const char *dir, int keep, int every, const char *data_path,
-                double loss) {
+                const char *base_model, double loss) {
     DC_TRY(train_ranks_agree(job, true, "reach the checkpoint"));
     char path[4096];
     cli_checkpoint_path(dir, tr->step, path, sizeof path);
     dc_kv extra = {0};
     int rc = dc_kv_set(&extra, "dataset", "%s", data_path) || dc_kv_set(&extra, "keep", "%d", keep) ||
              dc_kv_set(&extra, "ckpt_every", "%d", every) || dc_kv_set(&extra, "loss", "%.17g", loss) ||
-             dc_trainer_save(tr, path, &extra);
+             (base_model && dc_kv_set(&extra, "base_model", "%s", base_model)) || dc_trainer_save(tr, path, &extra);
     dc_kv_free(&extra);
     DC_TRY(train_ranks_agree(job, rc == 0, "write the checkpoint"));
     if (train_ranks_lead(job)) cli_prune_checkpoints(dir, keep, tr->step);
@@ -114,7 +115,7 @@ static int model_config(const char *model, const arg_parser *ap, const int *shap
 // reached its last step, 128 + the signal's number when one stopped it (after
 // a checkpoint), -1 on failure; *wrote once a checkpoint is written.
 static int run_steps(train_ranks *job, dc_trainer *tr, const dc_train_config *tc, const char *out, int keep,
-                     int ckpt_every, int log_every, const char *data_path, bool *wrote) {
+                     int ckpt_every, int log_every, const char *data_path, const char *base_model, bool *wrote) {
     const bool lead = train_ranks_lead(job);
     double t0 = dc_time_now(), smooth = 0, shown = 0;
     int64_t first = tr->step, seen = first;
@@ -149,7 +150,7 @@ static int run_steps(train_ranks *job, dc_trainer *tr, const dc_train_config *tc
             }
         }
         if (save_now) {
-            if (save(job, tr, out, keep, ckpt_every, data_path, st.loss)) return -1;
+            if (save(job, tr, out, keep, ckpt_every, data_path, base_model, st.loss)) return -1;
             *wrote = true;
         }
         if (stop && !last) {
@@ -167,14 +168,26 @@ static int run_steps(train_ranks *job, dc_trainer *tr, const dc_train_config *tc
     return 0;
 }
 
+// The value of --model on the command line (NULL: not given), before parsing.
+static const char *model_arg(int argc, char **argv) {
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--model")) return i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strncmp(argv[i], "--model=", 8)) return argv[i] + 8;
+    }
+    return NULL;
+}
+
 int cmd_train(int argc, char **argv) {
     install_signal_handlers();
-    // An official model trains with the official recipe; the demo model with its own.
-    bool official = false;
-    for (int i = 1; i < argc; i++) official |= !strcmp(argv[i], "--model") || !strncmp(argv[i], "--model=", 8);
-    dc_train_config tc = official ? dc_train_config_default() : cli_demo_train();
+    // An official model trains with the official recipe, a Stable Diffusion
+    // model (a path) with diffusers' fine-tuning recipe, the demo model with its own.
+    const char *given_model = model_arg(argc, argv);
+    bool t2i = t2i_is_model_path(given_model);
+    dc_train_config tc = t2i ? t2i_train_config_default() : given_model ? dc_train_config_default() : cli_demo_train();
     const char *model = NULL, *data_path = DC_FMNIST_DIR, *out = "runs/train", *resume = NULL;
     const char *device = "auto", *precision = "auto", *max_mem = NULL, *grad_comm = "fp32", *ema_warmup = NULL;
+    const char *unet_config = NULL, *init = "auto", *prediction = "auto", *vocab = NULL;
+    float caption_dropout = tc.class_dropout;
     int64_t budget = 0;
     int ckpt_every = 500, keep = 3, log_every = 50, threads = 0, recompute = -1;
     int shape[N_SHAPE] = {0};  // the shape flags' values, as k_shape lists them
@@ -184,8 +197,9 @@ int cmd_train(int argc, char **argv) {
     // Shape flags default to the --model's values or the demo model's: say both.
     dc_kv demo = {0};
     if (dc_model_preset(NULL, &demo)) return cli_fail();
-    char h_model[160], h_patch[96], h_hidden[96], h_depth[96], h_heads[128];
-    snprintf(h_model, sizeof h_model, "official config %s (default: the small demo model)", dc_model_presets_help());
+    char h_model[256], h_patch[96], h_hidden[96], h_depth[96], h_heads[128];
+    snprintf(h_model, sizeof h_model, "a Stable Diffusion model to fine-tune (diffusers folder or single file), or an "
+             "official config %s (default: the small demo model)", dc_model_presets_help());
     snprintf(h_patch, sizeof h_patch, "patch size (default: the --model's, else %s)", dc_kv_get(&demo, "patch_size"));
     snprintf(h_hidden, sizeof h_hidden, "width (default: the --model's, else %s)", dc_kv_get(&demo, "hidden_size"));
     snprintf(h_depth, sizeof h_depth, "number of blocks (default: the --model's, else %s)", dc_kv_get(&demo, "depth"));
@@ -202,7 +216,20 @@ int cmd_train(int argc, char **argv) {
         {"heads", ARG_INT, &shape[5], "N", h_heads},
         {"mlp-hidden", ARG_INT, &shape[6], "N", "MLP width (default: 4 x hidden)"},
         {"num-classes", ARG_INT, &shape[7], "N", "number of classes (default: the data's)"},
-        {"data", ARG_STR, &data_path, "PATH", "Fashion-MNIST IDX folder or a .safetensors data set"},
+        {"unet-config", ARG_STR, &unet_config, "FILE", "SD: the UNet to train from scratch, a diffusers config.json "
+                                                        "(default: the --model's UNet)"},
+        {"init", ARG_STR, &init, "FROM", "SD: the UNet's weights start from the --model's (base) or random "
+                                         "(PyTorch's default init) (default: base, random with --unet-config)"},
+        {"prediction", ARG_STR, &prediction, "P", "SD: what the UNet learns to predict: eps, v or sample (default: "
+                                                  "the --model's scheduler config, else eps)"},
+        {"min-snr-gamma", ARG_FLOAT, &tc.objective.min_snr_gamma, "X", "SD: Min-SNR loss weighting with gamma X "
+                                                                      "(5 is usual; 0: off)"},
+        {"noise-offset", ARG_FLOAT, &tc.objective.noise_offset, "X", "SD: noise offset (0.1 is usual; 0: off)"},
+        {"caption-dropout", ARG_FLOAT, &caption_dropout, "X", "SD: share of captions replaced by the empty prompt, "
+                                                              "for classifier-free guidance"},
+        {"vocab", ARG_STR, &vocab, "PATH", "SD: CLIP vocabulary (default: the model's tokenizer/, else searched)"},
+        {"data", ARG_STR, &data_path, "PATH", "Fashion-MNIST IDX folder or a .safetensors data set; SD: a data "
+                                              "set `diffusion prepare` wrote"},
         {"out", ARG_STR, &out, "DIR", "run folder for checkpoints"},
         {"resume", ARG_STR, &resume, "PATH", "continue from a checkpoint file or run folder"},
         {"force", ARG_FLAG, &force, NULL, "resume from a checkpoint older than the run's newest (the newer ones are deleted)"},
@@ -251,7 +278,12 @@ int cmd_train(int argc, char **argv) {
                      "Trains a class-conditional model with the official objective (eps MSE plus the\n"
                      "variational bound for the learned variance, 1000 linear steps, label dropout\n"
                      "for guidance), AdamW and EMA. Without flags it trains the small demo model on\n"
-                     "Fashion-MNIST. Checkpoints are written atomically into --out and hold all\n"
+                     "Fashion-MNIST. With --model SD_PATH it fine-tunes that Stable Diffusion model's\n"
+                     "UNet (or trains one from scratch: --unet-config, --init random) on the captioned\n"
+                     "pictures `diffusion prepare` wrote (--data), with diffusers' recipe (lr 1e-5,\n"
+                     "batch 16, weight decay 0.01, clipping at 1, EMA) and 10% caption dropout; the\n"
+                     "run folder is a model txt2img loads (its newest checkpoint's EMA UNet with\n"
+                     "the base's text encoder, VAE and scheduler). Checkpoints are written atomically into --out and hold all\n"
                      "state: --resume continues bit-exactly. One training run at a time may write\n"
                      "into a folder (it holds the folder's .lock file). Ctrl-C, SIGTERM, SIGHUP and\n"
                      "SIGPIPE write a checkpoint and exit with 128 + the signal's number.\n"
@@ -276,12 +308,18 @@ int cmd_train(int argc, char **argv) {
     if (ema_warmup && strcmp(ema_warmup, "on") && strcmp(ema_warmup, "off"))
         return dc_fail("--ema-warmup must be on or off (got '%s')", ema_warmup), cli_usage_fail();
     if (ema_warmup) tc.ema_warmup = strcmp(ema_warmup, "on") == 0;
+    if (strcmp(init, "auto") && strcmp(init, "base") && strcmp(init, "random"))
+        return dc_fail("--init must be base or random (got '%s')", init), cli_usage_fail();
+    int pred = -1;  // -1: the scheduler config's
+    if (strcmp(prediction, "auto") && t2i_parse_prediction(prediction, &pred)) return cli_usage_fail();
+    if (t2i_flags_check(&ap, t2i || resume, unet_config, init)) return cli_usage_fail();
+    if (args_given(&ap, "caption-dropout")) tc.class_dropout = caption_dropout;
     if (!args_given(&ap, "micro-batch")) tc.micro_batch = tc.batch;
     if (resume) {
         // The checkpoint fixes the model and the recipe; these may change.
         static const char *k_free[] = {"resume", "steps", "out", "data", "ckpt-every", "keep",
                                        "log-every", "threads", "device", "precision", "force",
-                                       "allow-data-change", "no-verify", "recompute",
+                                       "allow-data-change", "no-verify", "recompute", "vocab",
                                        "ranks", "gpus", "zero", "grad-comm", "comm-timeout", "offload",
                                        "max-gpu-memory"};
         for (int i = 0; i < ap.nspecs; i++) {
@@ -299,9 +337,10 @@ int cmd_train(int argc, char **argv) {
         for (int i = 0; i < N_SHAPE; i++)
             if (args_given(&ap, k_shape[i].flag) && shape[i] < 1)
                 return dc_fail("--%s must be positive", k_shape[i].flag), cli_usage_fail();
+        if (pred >= 0) tc.objective.prediction = (dc_prediction)pred;
         if (dc_train_config_validate(&tc)) return cli_usage_fail();
         dc_kv checked = {0};
-        int bad = model_config(model, &ap, shape, NULL, &checked);
+        int bad = !t2i && model_config(model, &ap, shape, NULL, &checked);
         dc_kv_free(&checked);
         if (bad) return cli_usage_fail();
     }
@@ -324,7 +363,10 @@ int cmd_train(int argc, char **argv) {
     }
 
     dc_backend *be = NULL;
-    dc_dataset ds = {0};
+    dc_dataset ds = {0};                 // class-labelled data, in memory
+    dc_source src = {0};                 // where the samples come from (ds, or shards)
+    t2i_run sd = {0};                    // a text-to-image run's base model
+    dc_schedule sched = {0};             // its schedule (DiT: the trainer's own)
     dc_model *m = NULL, *layout = NULL;  // layout: the model sized, nothing allocated
     dc_kv mc = {0};                      // the model's config
     dc_trainer tr = {0};
@@ -383,6 +425,10 @@ int cmd_train(int argc, char **argv) {
             force = false;  // nothing for --force to remove
         }
         int total = tc.steps;
+        const char *base = dc_st_meta(&ck, "base_model");  // a text-to-image run's
+        static char base_buf[4096];
+        if (base) snprintf(base_buf, sizeof base_buf, "%s", base), model = base_buf;
+        t2i = base != NULL;
         if (dc_model_config_of_file(&ck, "", 0, &mc) || dc_model_create(&mc, NULL, false, &layout) ||
             dc_train_config_from_kv(&tc, (const char *const *)ck.meta_keys,
                                     (const char *const *)ck.meta_values, ck.nmeta, ck.path))
@@ -398,10 +444,19 @@ int cmd_train(int argc, char **argv) {
         if (!args_given(&ap, "keep") && (v = dc_st_meta(&ck, "keep"))) keep = atoi(v) > 0 ? atoi(v) : keep;
         if (!args_given(&ap, "ckpt-every") && (v = dc_st_meta(&ck, "ckpt_every")))
             ckpt_every = atoi(v) > 0 ? atoi(v) : ckpt_every;
-        if (dc_dataset_load(&ds, data_path, layout->info.height)) goto fail;
+        if (t2i ? t2i_open(&sd, model, data_path, vocab, st_flags) || t2i_source(&sd, tc.seed, &src)
+                : dc_dataset_load(&ds, data_path, layout->info.height) || dc_source_dataset(&src, &ds, tc.seed))
+            goto fail;
+    } else if (t2i) {
+        if (t2i_open(&sd, model, data_path, vocab, st_flags) || t2i_source(&sd, tc.seed, &src) ||
+            t2i_model_config(&sd, unet_config, &src, &mc) || dc_model_create(&mc, NULL, false, &layout))
+            goto fail;
+        if (pred < 0) tc.objective.prediction = t2i_prediction(&sd);
     } else {
         // the data padded to --input-size, when given
-        if (dc_dataset_load(&ds, data_path, args_given(&ap, "input-size") ? shape[0] : 0)) goto fail;
+        if (dc_dataset_load(&ds, data_path, args_given(&ap, "input-size") ? shape[0] : 0) ||
+            dc_source_dataset(&src, &ds, tc.seed))
+            goto fail;
         const dc_data_shape given = {ds.channels, 1, ds.height, ds.width, ds.num_classes};
         if (model_config(model, &ap, shape, &given, &mc)) { dc_fail_ctx("%s", data_path); goto fail; }
         if (dc_model_create(&mc, NULL, false, &layout)) goto fail;
@@ -423,11 +478,16 @@ int cmd_train(int argc, char **argv) {
     }
     if (dc_model_create(&mc, be, true, &m)) goto fail;
     if (recompute >= 0 && dc_model_set_recompute(m, recompute)) goto fail;
-    if (have_ck ? dc_model_load_weights(m, &ck, "") : dc_model_init_weights(m, tc.seed)) goto fail;
+    // the weights: the checkpoint's, the base UNet's, or random
+    const bool from_base = t2i && !have_ck && !unet_config && strcmp(init, "random");
+    if (have_ck ? dc_model_load_weights(m, &ck, "")
+                : from_base ? dc_t2i_load_unet(&sd.opts, m) : dc_model_init_weights(m, tc.seed))
+        goto fail;
     tc.offload = offload;  // where the state lives: never recorded, so a checkpoint resumes either way
     if (cli_offload_settings(&tc.offload_settings)) goto fail;  // how it runs: not recorded either
     tc.grad_comm = wire;   // how gradients travel: not recorded either
-    if (dc_trainer_init(&tr, m, &ds, &tc)) goto fail;
+    if (t2i && t2i_schedule(&sd, &sched)) goto fail;
+    if (dc_trainer_init_source(&tr, m, &src, t2i ? &sched : NULL, &tc)) goto fail;
     if (have_ck) {
         tr.allow_data_change = allow_data_change;
         if (dc_trainer_restore(&tr, &ck)) goto fail;
@@ -441,7 +501,7 @@ int cmd_train(int argc, char **argv) {
     // Every rank is ready (one that failed to get here has told the others),
     // at the same step of the same run.
     if (train_ranks_agree(&job, true, "start") || train_ranks_same(&job, tr.step, "step") ||
-        train_ranks_same_settings(&job, m, &tc, ds.fingerprint))
+        train_ranks_same_settings(&job, m, &tc, tr.data.fingerprint))
         goto fail;
     if (tr.step >= tc.steps) {
         if (lead) dc_log("the run is already at step %lld of %d; nothing to do (raise --steps)", (long long)tr.step, tc.steps);
@@ -453,8 +513,13 @@ int cmd_train(int argc, char **argv) {
         char what[512];
         dc_model_describe(m, what, sizeof what);
         what[strcspn(what, "\n")] = 0;  // its first line: the architecture and its sizes
-        dc_log("training %s on %s (%d images, %d classes), %.2fM params", what, data_path, ds.n, ds.num_classes,
-               m->params->numel / 1e6);
+        if (t2i)
+            dc_log("training %s (from %s) on %s (%lld captioned %s), %.2fM params", what,
+                   from_base ? "the base's weights" : have_ck ? "the checkpoint" : "random weights", data_path,
+                   (long long)tr.data.n, sd.base.latents ? "latents" : "pictures", m->params->numel / 1e6);
+        else
+            dc_log("training %s on %s (%d images, %d classes), %.2fM params", what, data_path, ds.n, ds.num_classes,
+                   m->params->numel / 1e6);
     }
     if (lead) dc_log("batch %d (micro %d), lr %g, %d steps, checkpoints every %d into %s, backend %s",
                      tc.batch, tc.micro_batch, tc.lr, tc.steps, ckpt_every, out, be->name);
@@ -463,7 +528,7 @@ int cmd_train(int argc, char **argv) {
         dc_log("%d ranks (%s), %s, ZeRO stage %d, gradients summed in %s", job.launch.size, job.launch.launcher,
                job.nccl ? "NCCL" : "sockets", zero, wire == DC_BF16 ? "bf16" : "fp32");
 
-    int r = run_steps(&job, &tr, &tc, out, keep, ckpt_every, log_every, data_path, &wrote);
+    int r = run_steps(&job, &tr, &tc, out, keep, ckpt_every, log_every, data_path, t2i ? sd.model : NULL, &wrote);
     if (r < 0) goto fail;
     status = r;
 fail:
@@ -477,6 +542,7 @@ fail:
     train_ranks_end(&job);
     dc_model_free(m), dc_model_free(layout);
     dc_kv_free(&mc);
+    dc_source_close(&src), dc_schedule_free(&sched), t2i_close(&sd);
     dc_dataset_free(&ds);
     if (be) dc_backend_destroy(be);
     cli_unlock_run(out, lock_fd, status == 1 && created_out && !wrote);

@@ -15,6 +15,7 @@
 // For SD 1.5 at 64x64 latents the scratch is ~11.8M values per image either
 // way (an up resnet's 960-channel concat, or the level-0 transformer), the
 // skips 6.6M, p0 and p1 2.6M each.
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -413,9 +414,24 @@ static int unet_backward(dc_model *mm, dc_buf dout, int B) { return unet_train_b
 
 // ---- weights --------------------------------------------------------------------------
 
-// Small normal weights N(0, 0.02) for matrices and kernels, biases 0, norms
-// 1 and 0 (the only 1-D ".weight" tensors are norm scales), keyed by the
-// parameter's index: deterministic, whatever the backend.
+// PyTorch's default initialisation, which diffusers' UNet2DConditionModel
+// keeps (nn.Linear and nn.Conv2d reset_parameters: kaiming_uniform_ with
+// a = sqrt(5), i.e. U(-1/sqrt(fan_in), 1/sqrt(fan_in)), and biases from the
+// same range; GroupNorm and LayerNorm 1 and 0), drawn uniformly from a
+// stream keyed by the parameter's index: deterministic, whatever the backend.
+// A bias belongs to the tensor of its name with ".weight": a 1-D one is a
+// norm's scale, whose shift starts at 0.
+static float init_bound(const dc_params *ps, const dc_param *p) {
+    const size_t L = strlen(p->name);
+    char w[256];
+    if (p->ndim > 1) return 1.0f / sqrtf((float)(p->numel / p->shape[0]));  // fan_in: all but the output dim
+    if (L < 5 || strcmp(p->name + L - 5, ".bias") || L - 5 + 8 > sizeof w) return 0;
+    snprintf(w, sizeof w, "%.*s.weight", (int)(L - 5), p->name);
+    const int k = dc_params_find(ps, w);
+    const dc_param *q = k >= 0 ? &ps->items[k] : NULL;
+    return q && q->ndim > 1 ? init_bound(ps, q) : 0;
+}
+
 static int unet_init(dc_model *mm, uint64_t seed) {
     dc_unet *m = (dc_unet *)mm;
     dc_params *ps = &m->params;
@@ -428,9 +444,11 @@ static int unet_init(dc_model *mm, uint64_t seed) {
         if (!h) return dc_fail("out of memory initialising %s", p->name);
         const size_t L = strlen(p->name);
         const bool norm_scale = p->ndim == 1 && L > 7 && strcmp(p->name + L - 7, ".weight") == 0;
+        const float bound = init_bound(ps, p);
         for (size_t j = 0; j < n; j++)
-            h[j] = p->ndim > 1 ? 0.02f * dc_randn_at(seed, (uint32_t)i, 0, DC_STREAM_INIT, (uint32_t)j)
-                               : norm_scale ? 1.0f : 0.0f;
+            h[j] = norm_scale ? 1.0f
+                              : bound * (2 * dc_u32_to_unit(dc_rand_u32_at(seed, (uint32_t)i, 0, DC_STREAM_INIT,
+                                                                           (uint32_t)j)) - 1);
         if (dc_param_to_stored(p, h)) return free(h), -1;  // drawn in PyTorch's order, whatever the layout
         // frozen weights live in the compute dtype: convert on the host
         if (dt == DC_BF16 || dt == DC_F16) {

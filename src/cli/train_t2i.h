@@ -1,0 +1,53 @@
+// `diffusion train --model SD_PATH --data SHARDS`: the parts of a training
+// run that differ for a text-to-image model. The base SD model gives the
+// UNet (its config, and its weights unless --init random), the scheduler
+// config, the text encoder that embeds the empty prompt for caption dropout
+// and, for the run folder to be a model txt2img loads, everything else: the
+// checkpoints record its absolute path as "base_model". The data come from
+// the MDS shards `diffusion prepare` wrote (train/shards.h).
+#pragma once
+#include <stdbool.h>
+
+#include "cli/args.h"
+#include "diffusion/schedule.h"
+#include "io/kv.h"
+#include "pipelines/t2i_base.h"
+#include "train/source.h"
+#include "train/trainer.h"
+
+typedef struct {
+    char model[4096];       // the base, an absolute path
+    dc_t2i_opts opts;
+    dc_t2i_base base;
+} t2i_run;
+
+// Whether `model` names an SD model on disk (a file or folder) rather than
+// an architecture's preset.
+bool t2i_is_model_path(const char *model);
+
+// Opens the base model and the data set's description (vocab: --vocab or NULL).
+int t2i_open(t2i_run *r, const char *model, const char *data, const char *vocab, unsigned st_flags);
+void t2i_close(t2i_run *r);
+
+// The UNet's config for a new run: unet_config (a diffusers config.json)
+// when given, else the base's, with the latent size and channels of the
+// data.
+int t2i_model_config(t2i_run *r, const char *unet_config, const dc_source *data, dc_kv *cfg);
+// The data as a source in the run's order.
+int t2i_source(t2i_run *r, uint64_t seed, dc_source *src);
+// The schedule the base's scheduler config gives.
+int t2i_schedule(t2i_run *r, dc_schedule *s);
+// The prediction the scheduler config names (eps when it names none).
+dc_prediction t2i_prediction(const t2i_run *r);
+
+// diffusers' text-to-image fine-tuning recipe (train_text_to_image.py with
+// its README's full fine-tune: lr 1e-5, batch 16, AdamW weight decay 0.01,
+// eps 1e-8, clipping at 1, EMA 0.9999) and 10% caption dropout, as SD was
+// trained (and MosaicML's recipe) so that guidance works.
+dc_train_config t2i_train_config_default(void);
+// --prediction's word (eps, v, sample) into *pred.
+int t2i_parse_prediction(const char *word, int *pred);
+// The flags that only mean something for one kind of run: those of SD runs
+// without --model SD_PATH (sd false), DiT's shape and label flags with one;
+// --unet-config with --init base.
+int t2i_flags_check(const arg_parser *ap, bool sd, const char *unet_config, const char *init);

@@ -1,0 +1,121 @@
+#include "pipelines/t2i_base.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "io/json.h"
+#include "pipelines/prepare.h"
+
+// prepare.json: latents or pixels, and the scaling factor of latents.
+static int read_prepare_json(dc_t2i_base *b, const char *data) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/prepare.json", data);
+    dc_json_doc doc = {0};
+    if (dc_json_read_file(&doc, path))
+        return dc_fail_ctx("%s is not a data set `diffusion prepare` wrote (its prepare.json)", data);
+    const dc_json *lat = dc_json_get(doc.root, "latents"), *scale = dc_json_get(doc.root, "latent_scaling_factor"),
+                  *applied = dc_json_get(doc.root, "latent_scaling_applied");
+    int rc = 0;
+    if (!lat || (lat->type != DC_JSON_TRUE && lat->type != DC_JSON_FALSE))
+        rc = dc_fail("%s: no \"latents\": true or false", path);
+    b->latents = !rc && lat->type == DC_JSON_TRUE;
+    if (!rc && b->latents) {
+        if (!scale || scale->type != DC_JSON_NUMBER || !(scale->num > 0) || !isfinite(scale->num))
+            rc = dc_fail("%s: latents without a positive \"latent_scaling_factor\"", path);
+        else if (applied && applied->type != DC_JSON_FALSE)
+            rc = dc_fail("%s: latents already scaled (\"latent_scaling_applied\" is not false): the trainer scales "
+                         "them itself", path);
+        else
+            b->latent_scale = (float)scale->num;
+    }
+    if (!rc && dc_json_get(doc.root, "buckets") && dc_json_get(doc.root, "buckets")->type != DC_JSON_NULL)
+        rc = dc_fail("%s holds aspect-ratio buckets, one data set a folder (%s/WxH/): training on buckets is not "
+                     "built yet; train on one bucket's folder", data, data);
+    dc_json_free(&doc);
+    return rc;
+}
+
+// The UNet's config (config.json, else its tensors' shapes), or why there is none.
+static int unet_config(dc_t2i_base *b, dc_sd_model *files) {
+    dc_sd_source s = {0};
+    if (dc_sd_source_find(&s, files, DC_SD_UNET)) {
+        snprintf(b->no_unet, sizeof b->no_unet, "%s", dc_error());
+        return 0;
+    }
+    int rc = dc_sd_config(&s) ? dc_unet_config_from_json(&b->unet, dc_sd_config(&s), s.dir) : 0;
+    if (!dc_sd_config(&s) && !(rc = dc_sd_source_open_files(&s))) rc = dc_unet_config_infer(&b->unet, &s.w, s.names);
+    dc_sd_source_close(&s);
+    b->has_unet = rc == 0;
+    return rc;
+}
+
+// "" through the base's text encoder, on the CPU in fp32.
+static int embed_empty_prompt(dc_t2i_base *b, const dc_t2i_opts *o) {
+    dc_backend *cpu = NULL;
+    dc_prepare_models m = {0};
+    const dc_prepare_opts po = {.model = o->model, .vocab = o->vocab, .vocab_fallback = o->vocab_fallback, .st_flags = o->st_flags,
+                                .no_vae = true};
+    DC_TRY(dc_backend_create("cpu", &cpu));
+    int rc = dc_prepare_models_load(&m, &po, cpu);
+    dc_buf ctx = dc_buf_none();
+    if (!rc) {
+        b->text_len = m.sd.text->cfg.positions, b->text_dim = m.sd.text->cfg.width;
+        b->text_null = malloc(sizeof(float) * (size_t)b->text_len * (size_t)b->text_dim);
+        rc = b->text_null ? dc_buf_alloc(cpu, &ctx, DC_F32, (int64_t)b->text_len * b->text_dim, "empty prompt")
+                          : dc_fail("out of memory");
+    }
+    const char *empty = "";
+    int32_t ids[DC_CLIP_CONTEXT];
+    int count = 0;
+    if (!rc) rc = dc_clip_tokenize(&m.sd.tok, empty, ids, &count);
+    if (!rc) rc = dc_sd_encode_prompts(&m.sd, &empty, 1, ctx);
+    if (!rc) {
+        cpu->download(cpu, b->text_null, ctx.p, sizeof(float) * (size_t)b->text_len * (size_t)b->text_dim);
+        b->text_null_len = count + 2;  // with BOS and EOS, as prepare counts a caption's
+    }
+    if (ctx.p) cpu->free(cpu, ctx.p);
+    dc_prepare_models_close(&m);
+    dc_backend_destroy(cpu);
+    return rc;
+}
+
+int dc_t2i_base_open(dc_t2i_base *b, const dc_t2i_opts *o) {
+    memset(b, 0, sizeof *b);
+    dc_sd_sched_cfg_default(&b->sched);
+    dc_sd_model files = {0};
+    int rc = read_prepare_json(b, o->data);
+    if (!rc) rc = dc_sd_model_open(&files, o->model, o->st_flags);
+    if (!rc) rc = unet_config(b, &files);
+    char sched[4200];
+    int has = rc ? 0 : dc_sd_scheduler_file(&files, sched, sizeof sched);
+    if (has < 0) rc = -1;
+    if (!rc && has == 0) rc = dc_sd_sched_cfg_read(&b->sched, sched);
+    dc_sd_model_close(&files);
+    if (!rc) rc = embed_empty_prompt(b, o);
+    if (!rc && b->has_unet && b->unet.ctx_dim != b->text_dim)
+        rc = dc_fail("%s: the UNet reads text embeddings %d wide, the text encoder makes %d", o->model,
+                     b->unet.ctx_dim, b->text_dim);
+    if (rc) dc_t2i_base_free(b);
+    return rc;
+}
+
+void dc_t2i_base_free(dc_t2i_base *b) {
+    dc_sd_sched_cfg_free(&b->sched);
+    free(b->text_null);
+    memset(b, 0, sizeof *b);
+}
+
+int dc_t2i_load_unet(const dc_t2i_opts *o, dc_model *m) {
+    dc_sd_model files = {0};
+    dc_sd_source s = {0};
+    int rc = dc_sd_model_open(&files, o->model, o->st_flags);
+    if (!rc) rc = dc_sd_source_open(&s, &files, DC_SD_UNET);
+    if (!rc) rc = dc_unet_load(m, &s.w, s.names);
+    if (rc) dc_fail_ctx("%s", o->model);
+    dc_sd_source_close(&s);
+    dc_sd_model_close(&files);
+    return rc;
+}

@@ -1,0 +1,46 @@
+// What a text-to-image training run takes from its base Stable Diffusion
+// model and its prepared data set, besides the UNet's own training:
+//   - the base UNet's config and weights (fine-tuning), when it has a UNet;
+//   - the scheduler config, whose betas the run trains on and whose
+//     prediction_type is the run's default;
+//   - the empty prompt embedded by the base's text encoder, which replaces a
+//     dropped caption (classifier-free guidance). It is encoded on the CPU
+//     in fp32, whatever device trains, so the data set's fingerprint (which
+//     includes it) is the same on every machine and a run resumes anywhere;
+//   - from the data set's prepare.json (written by `diffusion prepare`):
+//     whether it holds latents or pixels, and the VAE's scaling factor.
+#pragma once
+#include <stdbool.h>
+
+#include "diffusion/sd_sched_config.h"
+#include "models/unet.h"
+
+typedef struct {
+    const char *model;           // the base: diffusers folder or single file
+    const char *data;            // the prepared data set (index.json, prepare.json)
+    const char *vocab;           // CLIP vocabulary (NULL: the base's tokenizer/)
+    const char *vocab_fallback;  // used when neither is there (NULL: none)
+    unsigned st_flags;           // DC_ST_NO_VERIFY ...
+} dc_t2i_opts;
+
+typedef struct {
+    bool has_unet;               // the base holds a UNet
+    dc_unet_config unet;         // its config (when has_unet)
+    char no_unet[512];           // else why not (the message of looking for it)
+    dc_sd_sched_cfg sched;       // the scheduler config (SD's own when the base has none)
+    bool latents;                // the data hold latents (else pixels)
+    float latent_scale;          // the data's VAE scaling factor (latents)
+    int text_len, text_dim;      // the text encoder's output: [text_len, text_dim]
+    float *text_null;            // [text_len, text_dim] "" embedded
+    int text_null_len;           // its tokens that count (BOS, EOS)
+} dc_t2i_base;
+
+// Reads what the base and the data set say, checks they agree (latents for a
+// model with a VAE, pixels for one without; the text encoder's width is the
+// UNet's cross-attention width), and embeds the empty prompt.
+int dc_t2i_base_open(dc_t2i_base *b, const dc_t2i_opts *o);
+void dc_t2i_base_free(dc_t2i_base *b);
+
+// Loads the base UNet's weights into m, a UNet of the base's architecture
+// (its latent size may differ from the base's sample_size).
+int dc_t2i_load_unet(const dc_t2i_opts *o, dc_model *m);
