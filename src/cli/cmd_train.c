@@ -13,6 +13,7 @@
 #include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "cli/run_folder.h"
+#include "cli/train_log.h"
 #include "cli/train_ranks.h"
 #include "cli/train_t2i.h"
 #include "core/fsutil.h"
@@ -111,11 +112,34 @@ static int model_config(const char *model, const arg_parser *ap, const int *shap
     return rc;
 }
 
+// A text-to-image run's sampling grids: every `every` steps (with a
+// checkpoint then), rank 0 draws them from the checkpoint just written.
+typedef struct {
+    t2i_run *sd;
+    t2i_grid_opts opts;
+    int every;  // 0: none
+    dc_backend *be;
+} grids;
+
+static void draw_grid(const grids *g, const char *out, int64_t step) {
+    char ckpt[4096], dir[4200], png[4300];
+    cli_checkpoint_path(out, step, ckpt, sizeof ckpt);
+    snprintf(dir, sizeof dir, "%s/samples", out);
+    snprintf(png, sizeof png, "%s/step_%07lld.png", dir, (long long)step);
+    double t0 = dc_time_now();
+    if (dc_mkdir_p(dir) || t2i_grid(g->sd, ckpt, png, &g->opts, g->be))
+        dc_warn("no sampling grid at step %lld: %s", (long long)step, dc_error());
+    else
+        dc_log("sampling grid of step %lld: %s (%.1f s)", (long long)step, png, dc_time_now() - t0);
+}
+
 // The run's steps, with progress lines, checkpoints and signals: 0 when it
 // reached its last step, 128 + the signal's number when one stopped it (after
 // a checkpoint), -1 on failure; *wrote once a checkpoint is written.
 static int run_steps(train_ranks *job, dc_trainer *tr, const dc_train_config *tc, const char *out, int keep,
-                     int ckpt_every, int log_every, const char *data_path, const char *base_model, bool *wrote) {
+                     int ckpt_every, int log_every, const char *data_path, const grids *gr, train_log *lg,
+                     bool *wrote) {
+    const char *base_model = gr->sd ? gr->sd->model : NULL;
     const bool lead = train_ranks_lead(job);
     double t0 = dc_time_now(), smooth = 0, shown = 0;
     int64_t first = tr->step, seen = first;
@@ -131,8 +155,10 @@ static int run_steps(train_ranks *job, dc_trainer *tr, const dc_train_config *tc
         int stop = g_stop, stop_rank;
         bool tty_due = lead && dc_log_is_tty() && dc_time_now() - shown >= 0.25;
         if (train_ranks_step(job, stop, tty_due, &stop, &stop_rank, &tty_due)) return -1;
-        bool last = tr->step == tc->steps, save_now = tr->step % ckpt_every == 0 || last || stop;
-        bool log_now = tty_due || tr->step % log_every == 0 || last || tr->step == first + 1;
+        bool grid_now = gr->every && tr->step % gr->every == 0;
+        bool last = tr->step == tc->steps, save_now = tr->step % ckpt_every == 0 || last || stop || grid_now;
+        bool row_now = tr->step % log_every == 0 || last || tr->step == first + 1;  // loss.csv's rows
+        bool log_now = tty_due || row_now;
         dc_step_stats st = {0};
         if (log_now || save_now) {
             if (dc_trainer_stats(tr, &st)) return -1;
@@ -148,9 +174,13 @@ static int run_steps(train_ranks *job, dc_trainer *tr, const dc_train_config *tc
                             (long long)tr->step, tc->steps, st.loss, st.mse, st.vb, smooth, st.grad_norm,
                             tc->batch / per, dc_format_duration(per * (tc->steps - tr->step), eta, sizeof eta));
             }
+            if (row_now && lead && train_log_row(lg, tr->step, st.loss, smooth, st.grad_norm, st.lr, tc->batch / per))
+                return -1;
         }
         if (save_now) {
             if (save(job, tr, out, keep, ckpt_every, data_path, base_model, st.loss)) return -1;
+            if (lead && train_log_plot(lg)) dc_warn("the loss plot: %s", dc_error());
+            if (lead && grid_now) draw_grid(gr, out, tr->step);
             *wrote = true;
         }
         if (stop && !last) {
@@ -186,7 +216,9 @@ int cmd_train(int argc, char **argv) {
     dc_train_config tc = t2i ? t2i_train_config_default() : given_model ? dc_train_config_default() : cli_demo_train();
     const char *model = NULL, *data_path = DC_FMNIST_DIR, *out = "runs/train", *resume = NULL;
     const char *device = "auto", *precision = "auto", *max_mem = NULL, *grad_comm = "fp32", *ema_warmup = NULL;
-    const char *unet_config = NULL, *init = "auto", *prediction = "auto", *vocab = NULL;
+    const char *unet_config = NULL, *init = "auto", *prediction = "auto", *vocab = NULL, *sample_prompts = NULL;
+    int sample_every = -1, sample_steps = 25;  // -1: at every checkpoint
+    float sample_cfg = 5.0f;
     float caption_dropout = tc.class_dropout;
     int64_t budget = 0;
     int ckpt_every = 500, keep = 3, log_every = 50, threads = 0, recompute = -1;
@@ -228,6 +260,13 @@ int cmd_train(int argc, char **argv) {
         {"caption-dropout", ARG_FLOAT, &caption_dropout, "X", "SD: share of captions replaced by the empty prompt, "
                                                               "for classifier-free guidance"},
         {"vocab", ARG_STR, &vocab, "PATH", "SD: CLIP vocabulary (default: the model's tokenizer/, else searched)"},
+        {"sample-every", ARG_INT, &sample_every, "N", "SD: draw a grid of the sampling prompts into RUN/samples/ "
+                                                      "every N steps, from a checkpoint written then (0: never; "
+                                                      "default: at every checkpoint)"},
+        {"sample-prompts", ARG_STR, &sample_prompts, "FILE", "SD: the grid's prompts, one a line, up to 8 (default: "
+                                                            "the first 8 different captions of the data)"},
+        {"sample-steps", ARG_INT, &sample_steps, "N", "SD: the grid's DDIM steps"},
+        {"sample-cfg", ARG_FLOAT, &sample_cfg, "X", "SD: the grid's guidance scale"},
         {"data", ARG_STR, &data_path, "PATH", "Fashion-MNIST IDX folder or a .safetensors data set; SD: a data "
                                               "set `diffusion prepare` wrote"},
         {"out", ARG_STR, &out, "DIR", "run folder for checkpoints"},
@@ -296,6 +335,10 @@ int cmd_train(int argc, char **argv) {
     if (rc) return rc > 0 ? 0 : cli_usage_fail();
 
     // ---- the command line alone: usage errors (exit 2) before anything happens
+    if (args_given(&ap, "sample-every") && sample_every < 0)
+        return dc_fail("--sample-every %d: 0 (never) or more", sample_every), cli_usage_fail();
+    if (sample_steps < 1 || sample_steps > 1000 || !(sample_cfg >= 1 && sample_cfg <= 100))
+        return dc_fail("--sample-steps must be 1..1000 and --sample-cfg 1..100"), cli_usage_fail();
     if (ckpt_every < 1 || keep < 1 || log_every < 1)
         return dc_fail("--ckpt-every, --keep and --log-every must be positive"), cli_usage_fail();
     if (args_given(&ap, "recompute") && recompute < 0)
@@ -319,7 +362,8 @@ int cmd_train(int argc, char **argv) {
         // The checkpoint fixes the model and the recipe; these may change.
         static const char *k_free[] = {"resume", "steps", "out", "data", "ckpt-every", "keep",
                                        "log-every", "threads", "device", "precision", "force",
-                                       "allow-data-change", "no-verify", "recompute", "vocab",
+                                       "allow-data-change", "no-verify", "recompute", "vocab", "sample-every",
+                                       "sample-prompts", "sample-steps", "sample-cfg",
                                        "ranks", "gpus", "zero", "grad-comm", "comm-timeout", "offload",
                                        "max-gpu-memory"};
         for (int i = 0; i < ap.nspecs; i++) {
@@ -528,7 +572,21 @@ int cmd_train(int argc, char **argv) {
         dc_log("%d ranks (%s), %s, ZeRO stage %d, gradients summed in %s", job.launch.size, job.launch.launcher,
                job.nccl ? "NCCL" : "sockets", zero, wire == DC_BF16 ? "bf16" : "fp32");
 
-    int r = run_steps(&job, &tr, &tc, out, keep, ckpt_every, log_every, data_path, t2i ? sd.model : NULL, &wrote);
+    train_log lg = {0};
+    if (lead && train_log_open(&lg, out, tr.step)) goto fail;
+    grids gr = {0};
+    char **prompts = NULL;
+    int nprompts = 0;
+    if (t2i && lead && (sample_every < 0 ? ckpt_every : sample_every) > 0) {
+        if (t2i_prompts(&sd, sample_prompts, 8, &prompts, &nprompts)) goto fail;
+        gr = (grids){&sd, {(const char *const *)prompts, nprompts, 4, sample_steps, sample_cfg},
+                     sample_every < 0 ? ckpt_every : sample_every, be};
+    } else if (t2i) {
+        gr.sd = &sd;
+    }
+    int r = run_steps(&job, &tr, &tc, out, keep, ckpt_every, log_every, data_path, &gr, &lg, &wrote);
+    t2i_prompts_free(prompts, nprompts);
+    train_log_close(&lg);
     if (r < 0) goto fail;
     status = r;
 fail:

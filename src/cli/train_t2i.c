@@ -9,6 +9,9 @@
 #include "core/error.h"
 #include "diffusion/sd_schedule.h"
 #include "models/registry.h"
+#include "io/mds.h"
+#include "io/png.h"
+#include "pipelines/sd.h"
 #include "train/shards.h"
 #include "train/stream.h"
 
@@ -95,4 +98,85 @@ int t2i_flags_check(const arg_parser *ap, bool sd, const char *unet_config, cons
     if (unet_config && !strcmp(init, "base"))
         return dc_fail("--unet-config trains a new UNet from scratch: its weights start random (--init random)");
     return 0;
+}
+
+// ---- sampling grids
+
+typedef struct {
+    float *imgs;  // [n, 3, H, W]
+    int64_t numel, base;
+} grid_sink;
+
+static int take_picture(void *ctx, int index, const float *image) {
+    grid_sink *g = ctx;
+    memcpy(g->imgs + (size_t)(g->base + index) * (size_t)g->numel, image, sizeof(float) * (size_t)g->numel);
+    return 0;
+}
+
+int t2i_grid(t2i_run *r, const char *ckpt, const char *out, const t2i_grid_opts *g, dc_backend *be) {
+    dc_sd_pipe p;
+    const dc_sd_open_opts o = {.model = ckpt, .vocab = r->opts.vocab, .vocab_fallback = r->opts.vocab_fallback,
+                               .st_flags = r->opts.st_flags, .prediction = -1};
+    DC_TRY(dc_sd_pipe_open(&p, be, &o));
+    const int side = p.default_size;
+    grid_sink sink = {malloc(sizeof(float) * 3 * (size_t)side * side * (size_t)(g->n * g->per_prompt)),
+                      3 * (int64_t)side * side, 0};
+    int rc = sink.imgs ? 0 : dc_fail("out of memory");
+    for (int i = 0; i < g->n && !rc; i++) {
+        dc_sd_gen gen = {g->prompts[i], NULL, g->per_prompt, g->per_prompt, side, side, dc_ksampler_opts_default(),
+                         NULL, 1};
+        gen.ks.kind = DC_KS_DDIM, gen.ks.steps = g->steps, gen.ks.cfg_scale = g->cfg, gen.ks.seed = 0;
+        sink.base = (int64_t)i * g->per_prompt;
+        rc = dc_sd_generate(&p, &gen, take_picture, &sink, NULL, NULL);
+    }
+    if (!rc) rc = dc_png_write_grid(out, sink.imgs, g->n * g->per_prompt, 3, side, side, g->n, g->per_prompt);
+    free(sink.imgs);
+    dc_sd_pipe_close(&p);
+    return rc;
+}
+
+void t2i_prompts_free(char **prompts, int n) {
+    for (int i = 0; i < n; i++) free(prompts[i]);
+    free(prompts);
+}
+
+static int add_prompt(char ***list, int *n, const char *s, size_t len) {
+    for (int i = 0; i < *n; i++)
+        if (strlen((*list)[i]) == len && !memcmp((*list)[i], s, len)) return 0;  // each once
+    char *copy = strndup(s, len);
+    if (!copy) return dc_fail("out of memory");
+    (*list)[(*n)++] = copy;
+    return 0;
+}
+
+int t2i_prompts(t2i_run *r, const char *path, int max, char ***prompts, int *n) {
+    *n = 0;
+    *prompts = calloc((size_t)max, sizeof **prompts);
+    if (!*prompts) return dc_fail("out of memory");
+    int rc = 0;
+    if (path) {
+        FILE *f = fopen(path, "r");
+        if (!f) return t2i_prompts_free(*prompts, 0), dc_fail("%s: cannot open", path);
+        char line[1024];
+        while (!rc && *n < max && fgets(line, sizeof line, f)) {
+            size_t len = strcspn(line, "\r\n");
+            if (len) rc = add_prompt(prompts, n, line, len);
+        }
+        fclose(f);
+        if (!rc && !*n) rc = dc_fail("%s: no prompts (one a line)", path);
+    } else {
+        dc_mds_reader *mr = NULL;
+        dc_mds_sample smp = {0};
+        rc = dc_mds_open(&mr, r->opts.data);
+        const int col = rc ? -1 : dc_mds_find(mr, "caption");
+        if (!rc && col < 0) rc = dc_fail("%s: no caption column to take sampling prompts from: give --sample-prompts",
+                                         r->opts.data);
+        for (int64_t i = 0; !rc && *n < max && i < dc_mds_samples(mr) && i < 1000; i++)
+            if (!(rc = dc_mds_read(mr, i, &smp)) && smp.len[col])
+                rc = add_prompt(prompts, n, (const char *)smp.data[col], smp.len[col]);
+        dc_mds_sample_free(&smp);
+        if (mr) dc_mds_close(mr);
+    }
+    if (rc) t2i_prompts_free(*prompts, *n), *prompts = NULL, *n = 0;
+    return rc;
 }

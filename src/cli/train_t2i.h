@@ -51,3 +51,19 @@ int t2i_parse_prediction(const char *word, int *pred);
 // without --model SD_PATH (sd false), DiT's shape and label flags with one;
 // --unet-config with --init base.
 int t2i_flags_check(const arg_parser *ap, bool sd, const char *unet_config, const char *init);
+
+// The sampling grid of a checkpoint: each prompt drawn `per_prompt` times
+// (seeds 0..per_prompt-1, DDIM, `steps` steps, guidance cfg) by the
+// checkpoint as txt2img loads it (its EMA UNet with the base's other
+// parts), one row a prompt, written to out (a PNG). be: the training
+// backend, whose memory the pipeline shares while it draws.
+typedef struct {
+    const char *const *prompts;
+    int n, per_prompt, steps;
+    float cfg;
+} t2i_grid_opts;
+int t2i_grid(t2i_run *r, const char *ckpt, const char *out, const t2i_grid_opts *g, dc_backend *be);
+// The sampling prompts: one a line of a file, or (path NULL) the first
+// captions of the data set, up to `max`; *n found. Free with t2i_prompts_free.
+int t2i_prompts(t2i_run *r, const char *path, int max, char ***prompts, int *n);
+void t2i_prompts_free(char **prompts, int n);
