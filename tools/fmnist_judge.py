@@ -83,9 +83,9 @@ def score(path, folder):
     from PIL import Image
     net = Net()
     net.load_state_dict(torch.load(path))
-    files = sorted(glob.glob(os.path.join(folder, "class*_*.png")))
+    files = sorted(glob.glob(os.path.join(folder, "class*.png")))
     if not files:
-        sys.exit(f"no class*_*.png files in {folder}")
+        sys.exit(f"no class*.png files in {folder}")
     imgs, labels = [], []
     for f in files:
         a = np.asarray(Image.open(f).convert("L"), dtype=np.float32)
@@ -93,7 +93,7 @@ def score(path, folder):
             o = (a.shape[0] - 28) // 2
             a = a[o:o + 28, o:o + 28]
         imgs.append(a / 127.5 - 1)
-        labels.append(int(re.search(r"class(\d+)_", os.path.basename(f)).group(1)))
+        labels.append(int(re.search(r"class(\d+)[_-]", os.path.basename(f)).group(1)))
     x = torch.tensor(np.stack(imgs))[:, None]
     y = torch.tensor(labels)
     net.eval()

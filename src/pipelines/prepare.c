@@ -578,10 +578,12 @@ static int write_summary(const char *out, const dc_prepare_models *m, const dc_p
 }
 
 static int check_opts(const dc_prepare_opts *o, const dc_prepare_models *m) {
-    const int f = m->sd.vae ? dc_vae_factor(&m->sd.vae->cfg) : 1;
+    // Latents: whole latent pixels, and at least SD's 8. Pixels: any side
+    // (Fashion-MNIST's 28 stays as it is); the UNet checks its own alignment.
+    const int f = m->sd.vae ? dc_vae_factor(&m->sd.vae->cfg) : 1, unit = m->sd.vae ? (f > 8 ? f : 8) : 1;
     if (o->batch < 1 || o->batch > 4096) return dc_fail("batch %d: 1 to 4096", o->batch);
-    if (!o->buckets && (o->size < 8 || o->size > DC_IMAGE_MAX_SIDE || o->size % (f > 8 ? f : 8)))
-        return dc_fail("size %d: a multiple of %d up to %d", o->size, f > 8 ? f : 8, DC_IMAGE_MAX_SIDE);
+    if (!o->buckets && (o->size < 8 || o->size > DC_IMAGE_MAX_SIDE || o->size % unit))
+        return dc_fail("size %d: a multiple of %d from 8 up to %d", o->size, unit, DC_IMAGE_MAX_SIDE);
     if (o->buckets && (o->min_side % 64 || o->max_side % 64 || o->size < 64))
         return dc_fail("buckets: the sides (%d..%d) must be multiples of 64, and the size (%d) at least 64",
                        o->min_side, o->max_side, o->size);
