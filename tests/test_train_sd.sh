@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# diffusion train --model SD_PATH from the command line, on a tiny random SD
+# model (tools/sd_random) and captioned pictures prepared by `diffusion
+# prepare`: fine-tuning its UNet and training one from scratch, the run
+# folder's contents (checkpoints naming the base model, the loss log and its
+# plot, the sampling grids), an exact resume, the run folder as a model
+# txt2img draws from, and the refusals.
+source "$(dirname "$0")/lib.sh"
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+SDR=$ROOT/${BUILD:-build}/tools/sd_random
+MP=$ROOT/${BUILD:-build}/tools/make_picture
+VOCAB=$ROOT/data/bpe_simple_vocab_16e6.txt.gz
+[ -x "$SDR" ] && [ -x "$MP" ] || { echo "FAIL: $SDR or $MP not built (make)"; exit 1; }
+"$SDR" --config tiny1 --layout diffusers --vocab "$VOCAB" --out "$TMP/base" > /dev/null || { echo "FAIL sd_random"; exit 1; }
+C=(--device cpu --threads 2)
+# meta FILE KEY: a checkpoint's metadata value (the header is JSON on one line)
+meta() { head -c 200000 "$1" | grep -ao "\"$2\":\"[^\"]*\"" | head -1 | sed 's/.*:"\(.*\)"/\1/'; }
+
+mkdir -p "$TMP/pics"
+for i in 0 1 2 3 4 5 6 7; do
+  "$MP" png 40 36 "$TMP/pics/p$i.png" && echo "a test picture, number $((i % 3))" > "$TMP/pics/p$i.txt"
+done
+diffusion prepare --model "$TMP/base" --data "$TMP/pics" --out "$TMP/data" --size 32 "${C[@]}" > /dev/null 2>&1 \
+  || { echo "FAIL prepare"; exit 1; }
+
+out=$(diffusion train --help)
+for f in --model --data --unet-config --init --prediction --min-snr-gamma --noise-offset --caption-dropout \
+  --sample-every --sample-prompts --sample-steps --sample-cfg --vocab; do
+  [[ "$out" == *"$f "* ]] || fail "train --help does not document $f"
+done
+pass "train --help documents the text-to-image flags"
+
+# ---- fine-tuning the base's UNet
+T=(--model "$TMP/base" --data "$TMP/data" --batch 4 --ckpt-every 2 --log-every 2 "${C[@]}")
+diffusion train "${T[@]}" --out "$TMP/run" --steps 4 --sample-every 4 > "$TMP/log" 2>&1 || fail "fine-tune: $(tail -3 "$TMP/log")"
+grep -q "from the base's weights" "$TMP/log" && grep -q "8 captioned latents" "$TMP/log" \
+  && pass "fine-tunes the base's UNet on the prepared latents" || fail "log: $(head -3 "$TMP/log")"
+[ -f "$TMP/run/step_0000002.safetensors" ] && [ -f "$TMP/run/step_0000004.safetensors" ] \
+  && pass "checkpoints every 2 steps" || fail "checkpoints: $(ls "$TMP/run")"
+[ "$(meta "$TMP/run/step_0000004.safetensors" base_model)" = "$(cd "$TMP/base" && pwd -P)" ] \
+  && [ "$(meta "$TMP/run/step_0000004.safetensors" model)" = UNet2DConditionModel ] \
+  && pass "a checkpoint names its base model (absolute) and holds a UNet" \
+  || fail "base_model: '$(meta "$TMP/run/step_0000004.safetensors" base_model)'"
+[ "$(meta "$TMP/run/step_0000004.safetensors" lr)" = 1e-05 ] && [ "$(meta "$TMP/run/step_0000004.safetensors" weight_decay)" = 0.01 ] \
+  && [ "$(meta "$TMP/run/step_0000004.safetensors" grad_clip)" = 1 ] && [ "$(meta "$TMP/run/step_0000004.safetensors" class_dropout)" = 0.1 ] \
+  && pass "diffusers' fine-tuning recipe by default (lr 1e-5, decay 0.01, clipping 1, 10% caption dropout)" \
+  || fail "recipe: lr $(meta "$TMP/run/step_0000004.safetensors" lr)"
+rows=$(cut -d, -f1 "$TMP/run/loss.csv" | tr '\n' ' ')
+[ "$rows" = "step 1 2 4 " ] && pass "loss.csv: a header and a row per logged step" || fail "loss.csv steps: $rows"
+[ "$(head -c 8 "$TMP/run/loss.png" | od -An -tx1 | tr -d ' \n')" = 89504e470d0a1a0a ] \
+  && pass "loss.png is a PNG" || fail "loss.png"
+
+# ---- an exact resume, which keeps the loss log's rows up to its step
+diffusion train "${T[@]}" --out "$TMP/whole" --steps 6 --sample-every 0 > /dev/null 2>&1
+echo "9,9,9,9,9,9" >> "$TMP/run/loss.csv"  # a row the interrupted run logged past its last checkpoint
+diffusion train --resume "$TMP/run/step_0000004.safetensors" --steps 6 "${C[@]}" > "$TMP/log" 2>&1 \
+  || fail "resume: $(tail -3 "$TMP/log")"
+cmp -s "$TMP/run/step_0000006.safetensors" "$TMP/whole/step_0000006.safetensors" \
+  && pass "4 steps, then 2 more resumed: the checkpoint of 6 in one go, byte for byte" || fail "resumed run differs"
+rows=$(cut -d, -f1 "$TMP/run/loss.csv" | tr '\n' ' ')
+[ "$rows" = "step 1 2 4 5 6 " ] && pass "a resumed run drops the log's rows past its step (and logs its first step)" \
+  || fail "loss.csv steps: $rows"
+
+# ---- from scratch: a UNet config and random weights; v prediction
+diffusion train "${T[@]}" --out "$TMP/scratch" --steps 2 --unet-config "$TMP/base/unet/config.json" --init random \
+  --prediction v --min-snr-gamma 5 --noise-offset 0.1 --sample-every 0 > "$TMP/log" 2>&1 || fail "from scratch: $(tail -3 "$TMP/log")"
+grep -q "from random weights" "$TMP/log" && [ "$(meta "$TMP/scratch/step_0000002.safetensors" prediction)" = v_prediction ] \
+  && [ "$(meta "$TMP/scratch/step_0000002.safetensors" min_snr_gamma)" = 5 ] \
+  && pass "--unet-config --init random: a new UNet, v prediction and Min-SNR recorded" || fail "scratch: $(head -2 "$TMP/log")"
+
+# ---- refusals
+expect_code 2 "--unet-config with --init base" diffusion train "${T[@]}" --out "$TMP/x" --unet-config "$TMP/base/unet/config.json" --init base
+expect_code 2 "a DiT shape flag for an SD model" diffusion train "${T[@]}" --out "$TMP/x" --hidden 64
+expect_code 2 "--class-dropout for an SD model" diffusion train "${T[@]}" --out "$TMP/x" --class-dropout 0.2
+expect_code 2 "--caption-dropout for a DiT" diffusion train --out "$TMP/x" --caption-dropout 0.2
+expect_code 2 "--prediction other" diffusion train "${T[@]}" --out "$TMP/x" --prediction x0
+R=(--batch 4 "${C[@]}" --out "$TMP/x")
+expect_fail "pictures that were not prepared" "prepare.json" diffusion train "${R[@]}" --model "$TMP/base" --data "$TMP/pics"
+mkdir -p "$TMP/nounet" && cp -r "$TMP/base/text_encoder" "$TMP/base/tokenizer" "$TMP/base/scheduler" "$TMP/nounet/"
+expect_fail "a base without a UNet and no --unet-config" "--unet-config" diffusion train "${R[@]}" --model "$TMP/nounet" \
+  --data "$TMP/data"
+[ ! -e "$TMP/x" ] && pass "a refused run leaves no folder behind" || fail "$TMP/x was left: $(ls "$TMP/x")"
+finish
