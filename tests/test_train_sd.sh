@@ -61,6 +61,21 @@ rows=$(cut -d, -f1 "$TMP/run/loss.csv" | tr '\n' ' ')
 [ "$rows" = "step 1 2 4 5 6 " ] && pass "a resumed run drops the log's rows past its step (and logs its first step)" \
   || fail "loss.csv steps: $rows"
 
+# ---- several ranks and offload: one rank's bytes (the CPU sums micro-batches in one order; ZeRO's
+# global norm is combined from its shards', so it matches to the bit with clipping off)
+P=(--model "$TMP/base" --data "$TMP/data" --batch 4 --micro-batch 2 --steps 2 --sample-every 0 --device cpu --threads 1)
+diffusion train "${P[@]}" --out "$TMP/one" > /dev/null 2>&1
+diffusion train "${P[@]}" --out "$TMP/two" --ranks 2 > /dev/null 2>&1
+diffusion train "${P[@]}" --out "$TMP/off" --offload > /dev/null 2>&1
+diffusion train "${P[@]}" --out "$TMP/one0" --grad-clip 0 > /dev/null 2>&1
+diffusion train "${P[@]}" --out "$TMP/zero2" --grad-clip 0 --ranks 2 --zero 2 > /dev/null 2>&1
+cmp -s "$TMP/one/step_0000002.safetensors" "$TMP/two/step_0000002.safetensors" \
+  && pass "2 ranks write one rank's checkpoint, byte for byte" || fail "2 ranks differ from one"
+cmp -s "$TMP/one/step_0000002.safetensors" "$TMP/off/step_0000002.safetensors" \
+  && pass "--offload writes the plain run's checkpoint" || fail "offload differs"
+cmp -s "$TMP/one0/step_0000002.safetensors" "$TMP/zero2/step_0000002.safetensors" \
+  && pass "ZeRO 2 on 2 ranks writes one rank's checkpoint (no clipping)" || fail "ZeRO 2 differs"
+
 # ---- from scratch: a UNet config and random weights; v prediction
 diffusion train "${T[@]}" --out "$TMP/scratch" --steps 2 --unet-config "$TMP/base/unet/config.json" --init random \
   --prediction v --min-snr-gamma 5 --noise-offset 0.1 --sample-every 0 > "$TMP/log" 2>&1 || fail "from scratch: $(tail -3 "$TMP/log")"

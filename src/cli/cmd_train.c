@@ -216,7 +216,7 @@ int cmd_train(int argc, char **argv) {
     dc_train_config tc = t2i ? t2i_train_config_default() : given_model ? dc_train_config_default() : cli_demo_train();
     const char *model = NULL, *data_path = DC_FMNIST_DIR, *out = "runs/train", *resume = NULL;
     const char *device = "auto", *precision = "auto", *max_mem = NULL, *grad_comm = "fp32", *ema_warmup = NULL;
-    const char *unet_config = NULL, *init = "auto", *prediction = "auto", *vocab = NULL, *sample_prompts = NULL;
+    const char *unet_config = NULL, *init = NULL, *prediction = NULL, *vocab = NULL, *sample_prompts = NULL;
     int sample_every = -1, sample_steps = 25;  // -1: at every checkpoint
     float sample_cfg = 5.0f;
     float caption_dropout = tc.class_dropout;
@@ -251,7 +251,7 @@ int cmd_train(int argc, char **argv) {
         {"unet-config", ARG_STR, &unet_config, "FILE", "SD: the UNet to train from scratch, a diffusers config.json "
                                                         "(default: the --model's UNet)"},
         {"init", ARG_STR, &init, "FROM", "SD: the UNet's weights start from the --model's (base) or random "
-                                         "(PyTorch's default init) (default: base, random with --unet-config)"},
+                                         "(PyTorch's initialisation) (default: base; random with --unet-config)"},
         {"prediction", ARG_STR, &prediction, "P", "SD: what the UNet learns to predict: eps, v or sample (default: "
                                                   "the --model's scheduler config, else eps)"},
         {"min-snr-gamma", ARG_FLOAT, &tc.objective.min_snr_gamma, "X", "SD: Min-SNR loss weighting with gamma X "
@@ -351,10 +351,10 @@ int cmd_train(int argc, char **argv) {
     if (ema_warmup && strcmp(ema_warmup, "on") && strcmp(ema_warmup, "off"))
         return dc_fail("--ema-warmup must be on or off (got '%s')", ema_warmup), cli_usage_fail();
     if (ema_warmup) tc.ema_warmup = strcmp(ema_warmup, "on") == 0;
-    if (strcmp(init, "auto") && strcmp(init, "base") && strcmp(init, "random"))
+    if (init && strcmp(init, "base") && strcmp(init, "random"))
         return dc_fail("--init must be base or random (got '%s')", init), cli_usage_fail();
     int pred = -1;  // -1: the scheduler config's
-    if (strcmp(prediction, "auto") && t2i_parse_prediction(prediction, &pred)) return cli_usage_fail();
+    if (prediction && t2i_parse_prediction(prediction, &pred)) return cli_usage_fail();
     if (t2i_flags_check(&ap, t2i || resume, unet_config, init)) return cli_usage_fail();
     if (args_given(&ap, "caption-dropout")) tc.class_dropout = caption_dropout;
     if (!args_given(&ap, "micro-batch")) tc.micro_batch = tc.batch;
@@ -523,7 +523,7 @@ int cmd_train(int argc, char **argv) {
     if (dc_model_create(&mc, be, true, &m)) goto fail;
     if (recompute >= 0 && dc_model_set_recompute(m, recompute)) goto fail;
     // the weights: the checkpoint's, the base UNet's, or random
-    const bool from_base = t2i && !have_ck && !unet_config && strcmp(init, "random");
+    const bool from_base = t2i && !have_ck && !unet_config && !(init && !strcmp(init, "random"));
     if (have_ck ? dc_model_load_weights(m, &ck, "")
                 : from_base ? dc_t2i_load_unet(&sd.opts, m) : dc_model_init_weights(m, tc.seed))
         goto fail;

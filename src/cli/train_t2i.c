@@ -95,7 +95,7 @@ int t2i_flags_check(const arg_parser *ap, bool sd, const char *unet_config, cons
             return dc_fail("--%s is not for Stable Diffusion models: %s", dit_only[i],
                            strcmp(dit_only[i], "class-dropout") ? "the UNet's shape comes from its config "
                                                                   "(--unet-config)" : "use --caption-dropout");
-    if (unet_config && !strcmp(init, "base"))
+    if (unet_config && init && !strcmp(init, "base"))
         return dc_fail("--unet-config trains a new UNet from scratch: its weights start random (--init random)");
     return 0;
 }
