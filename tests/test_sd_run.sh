@@ -6,30 +6,30 @@
 # checked by test_sd_run.c (and the shards' by test_prepare.c).
 source "$(dirname "$0")/lib.sh"
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-SDR=$ROOT/${BUILD:-build}/tools/sd_random
-MP=$ROOT/${BUILD:-build}/tools/make_picture
-VOCAB=$ROOT/data/bpe_simple_vocab_16e6.txt.gz
-[ -x "$SDR" ] && [ -x "$MP" ] || { echo "FAIL: $SDR or $MP not built (make)"; exit 1; }
-"$SDR" --config t2i-demo --layout diffusers --vocab "$VOCAB" --out "$TMP/demo" > /dev/null || { echo "FAIL sd_random t2i-demo"; exit 1; }
-"$SDR" --config tiny-pixel --layout diffusers --vocab "$VOCAB" --out "$TMP/pixel" > /dev/null || { echo "FAIL sd_random tiny-pixel"; exit 1; }
+TOOLS=$ROOT/${BUILD:-build}/tools
+MP=$TOOLS/make_picture
+for c in t2i-demo tiny-pixel; do
+  "$TOOLS/sd_random" --config $c --vocab "$ROOT/data/bpe_simple_vocab_16e6.txt.gz" --out "$TMP/$c" > /dev/null \
+    || { echo "FAIL sd_random --config $c (make builds it)"; exit 1; }
+done
 samples() { grep -o '"samples": [0-9]*' "$1/index.json" | awk '{ s += $2 } END { print s + 0 }'; }
 
 mkdir -p "$TMP/src"
 for i in 1 2 3; do "$MP" png 40 32 "$TMP/src/$i.png" && echo "a photo of a shirt $i" > "$TMP/src/$i.txt"; done
 for vae in none auto; do
-  diffusion prepare --model "$TMP/demo" --data "$TMP/src" --out "$TMP/shards-$vae" --size 32 --vae $vae \
+  diffusion prepare --model "$TMP/t2i-demo" --data "$TMP/src" --out "$TMP/shards-$vae" --size 32 --vae $vae \
     --device cpu --threads 2 > "$TMP/log" 2>&1 \
     && [ "$(samples "$TMP/shards-$vae")" = 3 ] && grep -q '"ndarray:uint8:3,32,32"' "$TMP/shards-$vae/index.json" \
     && pass "prepare --vae $vae on the t2i-demo base: 3 pictures of 32x32 pixels" \
     || fail "prepare --vae $vae on t2i-demo: $(tail -3 "$TMP/log")"
 done
 expect_fail "txt2img with a base that has no UNet" "names no UNet" \
-  diffusion txt2img --model "$TMP/demo" --prompt "a shirt" --out "$TMP/x.png" --device cpu
-diffusion txt2img --model "$TMP/pixel" --prompt "a shirt" --steps 3 --out "$TMP/p.png" --device cpu --threads 2 \
-  > "$TMP/log" 2>&1 && [[ "$(png_parameters "$TMP/p.png")" == *"Size: 16x16,"*"Model: pixel" ]] \
+  diffusion txt2img --model "$TMP/t2i-demo" --prompt "a shirt" --out "$TMP/x.png" --device cpu
+diffusion txt2img --model "$TMP/tiny-pixel" --prompt "a shirt" --steps 3 --out "$TMP/p.png" --device cpu --threads 2 \
+  > "$TMP/log" 2>&1 && [[ "$(png_parameters "$TMP/p.png")" == *"Size: 16x16,"*"Model: tiny-pixel" ]] \
   && grep -q "pixel space" "$TMP/log" \
   && pass "txt2img draws with a pixel-space model at its own size (16x16)" || fail "txt2img pixel: $(tail -3 "$TMP/log")"
-diffusion img2img --model "$TMP/pixel" --init "$TMP/src/1.png" --width 16 --height 16 --prompt "a shirt" --steps 3 \
+diffusion img2img --model "$TMP/tiny-pixel" --init "$TMP/src/1.png" --width 16 --height 16 --prompt "a shirt" --steps 3 \
   --out "$TMP/q.png" --device cpu --threads 2 > "$TMP/log" 2>&1 && [ -s "$TMP/q.png" ] \
   && pass "img2img with a pixel-space model" || fail "img2img pixel: $(tail -3 "$TMP/log")"
 finish
