@@ -11,7 +11,8 @@
 //   txt2img and img2img, exactly what the sampler gives when it drives the
 //   UNet directly (no scaling, no decoding), and a run on it loads;
 // - the t2i-demo base (no UNet, no VAE, DDPM's schedule) opens for
-//   `prepare` (pixels) and is refused for drawing.
+//   `prepare` (pixels) and is refused for drawing; its text encoder has the
+//   spreads transformers initialises CLIP with, its scheduler DDPM's betas.
 // Models come from tools/sd_random beside this program's folder.
 #include <math.h>
 #include <stdbool.h>
@@ -375,12 +376,76 @@ static void test_pixels(const char *model, const char *base_tiny1) {
     check_refused("a pixel UNet on a base with a VAE is refused", run, "channels");
 }
 
+// The sample standard deviation of tensor `name` of f, against want (and its mean against 0).
+static void check_std(const dc_st_file *f, const char *name, double want, const char *why) {
+    const dc_st_tensor *t = dc_st_find(f, name);
+    int64_t n = 1;
+    for (int d = 0; t && d < t->ndim; d++) n *= t->shape[d];
+    float *v = t ? malloc(sizeof(float) * (size_t)n) : NULL;
+    double s1 = 0, s2 = 0;
+    if (v && dc_st_read_f32(f, t, v) == 0)
+        for (int64_t i = 0; i < n; i++) s1 += v[i], s2 += (double)v[i] * v[i];
+    const double mean = s1 / n, sd = sqrt(s2 / n - mean * mean);
+    char msg[200];
+    snprintf(msg, sizeof msg, "std %.5f, want %.5f (%s); mean %.2g over %lld", sd, want, why, mean, (long long)n);
+    // n >= 9856 values: the estimate's relative error is about (2n)^-0.5 < 0.8%
+    check(name, v && fabs(sd / want - 1) < 0.03 && fabs(mean) < 4 * want / sqrt((double)n), msg);
+    free(v);
+}
+
+// Every value of tensor `name` equals x (LayerNorm scales 1, biases 0).
+static void check_all(const dc_st_file *f, const char *name, float x) {
+    const dc_st_tensor *t = dc_st_find(f, name);
+    float v[128];
+    bool ok = t && t->ndim == 1 && t->shape[0] == 128 && dc_st_read_f32(f, t, v) == 0;
+    for (int i = 0; ok && i < 128; i++) ok = v[i] == x;
+    check(name, ok, x ? "all 1" : "all 0");
+}
+
 static void test_demo(const char *demo) {
+    // The text encoder as transformers' CLIPPreTrainedModel._init_weights
+    // makes it: d = 128, L = 4.
+    char path[1100];
+    snprintf(path, sizeof path, "%s/text_encoder/model.safetensors", demo);
+    dc_st_file f;
+    if (dc_st_open(&f, path)) {
+        check("open the t2i-demo text encoder", false, dc_error());
+    } else {
+        const double d = 128, L = 4;
+        check_std(&f, "text_model.embeddings.token_embedding.weight", 0.02, "0.02");
+        check_std(&f, "text_model.embeddings.position_embedding.weight", 0.02, "0.02");
+        check_std(&f, "text_model.encoder.layers.0.self_attn.q_proj.weight", 1 / sqrt(d * 2 * L), "d^-1/2 (2L)^-1/2");
+        check_std(&f, "text_model.encoder.layers.3.self_attn.v_proj.weight", 1 / sqrt(d * 2 * L), "d^-1/2 (2L)^-1/2");
+        check_std(&f, "text_model.encoder.layers.1.self_attn.out_proj.weight", 1 / sqrt(d), "d^-1/2");
+        check_std(&f, "text_model.encoder.layers.2.mlp.fc1.weight", 1 / sqrt(2 * d), "(2d)^-1/2");
+        check_std(&f, "text_model.encoder.layers.2.mlp.fc2.weight", 1 / sqrt(d * 2 * L), "d^-1/2 (2L)^-1/2");
+        check_all(&f, "text_model.encoder.layers.0.layer_norm1.weight", 1.0f);
+        check_all(&f, "text_model.final_layer_norm.bias", 0.0f);
+        check_all(&f, "text_model.encoder.layers.1.self_attn.k_proj.bias", 0.0f);
+        dc_st_close(&f);
+    }
+    // DDPM's schedule: betas linear from 1e-4 to 0.02 over 1000 steps.
+    dc_sd_sched_cfg sc;
+    dc_schedule s;
+    snprintf(path, sizeof path, "%s/scheduler/scheduler_config.json", demo);
+    int rc = dc_sd_sched_cfg_read(&sc, path);
+    if (!rc) rc = dc_schedule_init_cfg(&s, &sc, false);
+    double err = rc ? 1 : 0;
+    long double acp = 1;
+    for (int i = 0; !rc && i < 1000; i++) {
+        acp *= 1 - (0.0001L + (0.02L - 0.0001L) * i / 999);
+        err = fmax(err, fabs((double)(s.alphas_cumprod[i] / acp - 1)));
+    }
+    char msg[120];
+    snprintf(msg, sizeof msg, "max relative error of alphas_cumprod %.2g", err);
+    check("t2i-demo's scheduler: DDPM's linear betas 1e-4..0.02, 1000 steps", !rc && s.T == 1000 &&
+          sc.prediction == DC_PRED_EPS && err < 1e-9, rc ? dc_error() : msg);
+    if (!rc) dc_schedule_free(&s), dc_sd_sched_cfg_free(&sc);
     check_refused("the t2i-demo base draws nothing (no UNet)", demo, "names no UNet");
     dc_prepare_models m;
     dc_prepare_opts o = {0};
     o.model = demo;
-    int rc = dc_prepare_models_load(&m, &o, g_be);
+    rc = dc_prepare_models_load(&m, &o, g_be);
     check("prepare opens the t2i-demo base for pixels (no VAE)", rc == 0 && !m.sd.vae && m.sd.text &&
           m.sd.text->cfg.width == 128 && m.sd.text->cfg.layers == 4 && m.sd.text->cfg.vocab == 49408,
           rc ? dc_error() : NULL);
