@@ -90,8 +90,8 @@ static void test_model_index(void) {
          " \"vae\": [\"diffusers\", \"AutoencoderKL\"], \"text_encoder\": [\"transformers\", \"CLIPTextModel\"]}",
          "'unet'", "AutoencoderKL"},
         {"{\"_class_name\": \"StableDiffusionPipeline\", \"unet\": [null, null],"
-         " \"vae\": [\"diffusers\", \"AutoencoderKL\"], \"text_encoder\": [\"transformers\", \"CLIPTextModel\"]}",
-         "'unet' is null", NULL},
+         " \"vae\": [\"diffusers\", \"AutoencoderKL\"], \"text_encoder\": [null, null]}",
+         "'text_encoder' is null", NULL},
         {"{\"_class_name\": \"StableDiffusionPipeline\", \"unet\": \"UNet2DConditionModel\"}", "'unet'",
          "[library, class]"},
         {"{\"_class_name\": \"StableDiffusionPipeline\", \"../unet\": [\"diffusers\", \"UNet2DConditionModel\"]}",
@@ -112,6 +112,18 @@ static void test_model_index(void) {
         if (!rc) dc_sd_model_close(&md);
         CHECK(rc != 0 && has(dc_error(), bad[i].want, bad[i].want2) && strstr(dc_error(), "model_index.json"),
               "model_index.json %s: refused naming '%s'? %s", bad[i].json, bad[i].want, rc ? dc_error() : "accepted");
+    }
+    // A UNet named null (a base to train one from): the model opens, and the
+    // UNet is refused when asked for, naming model_index.json.
+    put(path, "{\"_class_name\": \"StableDiffusionPipeline\", \"unet\": [null, null],"
+              " \"vae\": [\"diffusers\", \"AutoencoderKL\"], \"text_encoder\": [\"transformers\", \"CLIPTextModel\"]}");
+    {
+        dc_sd_model md;
+        dc_sd_source src;
+        int rc = dc_sd_model_open(&md, m, 0), rs = rc ? 0 : dc_sd_source_find(&src, &md, DC_SD_UNET);
+        CHECK(rc == 0 && md.unet == 0 && rs != 0 && has(dc_error(), "names no UNet", "model_index.json"),
+              "a UNet named null: opens, refused when asked for? %s", dc_error());
+        if (!rc) dc_sd_model_close(&md);
     }
     // SD 1.5's own, with its safety checker and its flag; the tokenizer and
     // scheduler named null

@@ -10,7 +10,16 @@
 // SD 2 pads with "!"), made from OpenAI's vocabulary (--vocab, default the
 // repository's data/bpe_simple_vocab_16e6.txt.gz), so it runs as a real one.
 //
-//   sd_random --config sd1.5|sd2.1|tiny1|tiny2 --layout diffusers|single
+// --config t2i-demo writes the base a text-to-image model is trained from
+// scratch on: a diffusers folder with tokenizer/, a small CLIP text encoder
+// (width 128, 4 layers of 4 heads, MLP 512, 77 positions, CLIP's 49408
+// tokens) initialised as transformers initialises CLIPTextModel, DDPM's
+// linear schedule in scheduler/, and neither a UNet (it is trained from a
+// config) nor a VAE (it draws pixels): model_index.json names both null.
+//
+// --config tiny-pixel is tiny1 without a VAE: its UNet draws 16x16 pictures.
+//
+//   sd_random --config sd1.5|sd2.1|tiny1|tiny2|tiny-pixel|t2i-demo --layout diffusers|single
 //             [--dtype f16|bf16|f32] [--seed N] [--vocab BPE] --out PATH
 #include <math.h>
 #include <stdio.h>
@@ -31,6 +40,8 @@ typedef struct {
     dc_vae_config vae;
     dc_clip_text_config text;  // as the single file holds it
     int version;
+    bool has_unet, has_vae;    // (a folder without one names it null in model_index.json)
+    bool ddpm;                 // DDPM's linear schedule, transformers' text encoder init (t2i-demo)
 } sd_config;
 
 static int config_of(const char *name, sd_config *c) {
@@ -41,6 +52,7 @@ static int config_of(const char *name, sd_config *c) {
     dc_clip_text_config t = {49408, 77, 768, 12, 12, 3072, DC_ACT_QUICK_GELU, 1e-5f};
     c->text = t;
     c->version = 1;
+    c->has_unet = c->has_vae = true;
     bool two = !strcmp(name, "sd2.1") || !strcmp(name, "tiny2");
     if (two) {
         c->version = 2;
@@ -51,6 +63,7 @@ static int config_of(const char *name, sd_config *c) {
         c->text.width = 1024, c->text.heads = 16, c->text.layers = 24, c->text.ffn = 4096;
         c->text.act = DC_ACT_GELU_ERF;
     }
+    const bool pixel = !strcmp(name, "tiny-pixel");
     if (!strncmp(name, "tiny", 4)) {  // the real topology, small: 32x32 pictures in seconds on a CPU
         c->unet.nblocks = 2;
         c->unet.ch[0] = 64, c->unet.ch[1] = 128;
@@ -62,10 +75,21 @@ static int config_of(const char *name, sd_config *c) {
         dc_vae_config tv = {3, 3, 4, 3, {32, 32, 64}, 1, 32, 1e-6f, 0.18215f};
         c->vae = tv;
         c->text.width = 64, c->text.heads = 1, c->text.ffn = 128, c->text.layers = two ? 3 : 2;
+        if (pixel) {  // tiny1 drawing 16x16 pictures itself (no VAE)
+            c->has_vae = false;
+            c->unet.in_channels = c->unet.out_channels = 3, c->unet.sample_size = 16;
+        }
+        return pixel || !strcmp(name, "tiny1") || two ? 0 : dc_fail("--config %s: no such config", name);
+    }
+    if (!strcmp(name, "t2i-demo")) {
+        dc_clip_text_config demo = {49408, 77, 128, 4, 4, 512, DC_ACT_QUICK_GELU, 1e-5f};
+        c->text = demo;
+        c->has_unet = c->has_vae = false, c->ddpm = true;
         return 0;
     }
     if (!strcmp(name, "sd1.5") || !strcmp(name, "sd2.1")) return 0;
-    return dc_fail("--config %s: choose sd1.5, sd2.1, tiny1 or tiny2", name);
+    return dc_fail("--config %s: choose sd1.5, sd2.1, tiny1, tiny2, tiny-pixel or t2i-demo",
+                   name);
 }
 
 // Normal(0, 1/fan_in) for matrices, 1 + N(0, 0.1) for norm scales, N(0, 0.05)
@@ -80,6 +104,32 @@ static void fill(dc_params *ps, uint64_t seed, uint32_t salt) {
             float n = dc_randn_at(seed, salt, (uint32_t)i, DC_STREAM_INIT, (uint64_t)j);
             h[j] = p->ndim >= 2 ? n / sqrtf((float)fan) : bias ? 0.05f * n : 1.0f + 0.1f * n;
         }
+        ps->be->upload(ps->be, dc_param_data(ps, i).p, h, sizeof(float) * (size_t)p->numel);
+        free(h);
+    }
+}
+
+// A CLIP text encoder as transformers initialises one (CLIPPreTrainedModel.
+// _init_weights in transformers/models/clip/modeling_clip.py, with
+// initializer_factor 1): embeddings N(0, 0.02); q, k, v projections
+// N(0, d^-0.5 (2L)^-0.5), the output projection N(0, d^-0.5); the MLP's fc1
+// N(0, (2d)^-0.5) and fc2 N(0, d^-0.5 (2L)^-0.5); LayerNorms 1 and 0; every
+// bias 0 (d the width, L the layers).
+static void fill_clip_init(dc_params *ps, const dc_clip_text_config *c, uint64_t seed) {
+    const double d = c->width, L = c->layers;
+    const double proj = 1 / sqrt(d) / sqrt(2 * L), out = 1 / sqrt(d), fc1 = 1 / sqrt(2 * d);
+    for (int i = 0; i < ps->count; i++) {
+        const dc_param *p = &ps->items[i];
+        const char *n = p->name;
+        double std = 0, one = 0;  // values N(0, std^2) + one
+        if (strstr(n, "embedding.weight")) std = 0.02;
+        else if (strstr(n, "_proj.weight")) std = strstr(n, "out_proj") ? out : proj;
+        else if (strstr(n, "fc1.weight")) std = fc1;
+        else if (strstr(n, "fc2.weight")) std = proj;
+        else if (strstr(n, "layer_norm") && strstr(n, ".weight")) one = 1;
+        float *h = malloc(sizeof(float) * (size_t)p->numel);
+        for (int64_t j = 0; j < p->numel; j++)
+            h[j] = (float)(one + std * dc_randn_at(seed, 3, (uint32_t)i, DC_STREAM_INIT, (uint64_t)j));
         ps->be->upload(ps->be, dc_param_data(ps, i).p, h, sizeof(float) * (size_t)p->numel);
         free(h);
     }
@@ -211,9 +261,21 @@ static void ints(char *b, size_t cap, const int *v, int n) {
     snprintf(b + k, cap - k, "]");
 }
 
-static int write_configs(const char *out, const sd_config *c, int text_layers) {
+static int write_text_config(const char *out, const dc_clip_text_config *x, int text_layers) {
+    char p[4200], t[1024];
+    snprintf(t, sizeof t,
+             "{\n  \"architectures\": [\"CLIPTextModel\"],\n  \"model_type\": \"clip_text_model\",\n"
+             "  \"vocab_size\": %d,\n  \"max_position_embeddings\": %d,\n  \"hidden_size\": %d,\n"
+             "  \"num_hidden_layers\": %d,\n  \"num_attention_heads\": %d,\n  \"intermediate_size\": %d,\n"
+             "  \"hidden_act\": \"%s\",\n  \"layer_norm_eps\": 1e-05\n}\n",
+             x->vocab, x->positions, x->width, text_layers, x->heads, x->ffn,
+             x->act == DC_ACT_QUICK_GELU ? "quick_gelu" : "gelu");
+    snprintf(p, sizeof p, "%s/text_encoder/config.json", out);
+    return write_text(p, t);
+}
+
+static int write_unet_config(const char *out, const dc_unet_config *u) {
     char p[4200], t[4096], ch[128], heads[128], types_d[256] = "[", types_u[256] = "[";
-    const dc_unet_config *u = &c->unet;
     ints(ch, sizeof ch, u->ch, u->nblocks);
     ints(heads, sizeof heads, u->heads, u->nblocks);
     for (int i = 0; i < u->nblocks; i++) {
@@ -223,15 +285,19 @@ static int write_configs(const char *out, const sd_config *c, int text_layers) {
     }
     strcat(types_d, "]"), strcat(types_u, "]");
     snprintf(t, sizeof t,
-             "{\n  \"_class_name\": \"UNet2DConditionModel\",\n  \"in_channels\": 4,\n  \"out_channels\": 4,\n"
+             "{\n  \"_class_name\": \"UNet2DConditionModel\",\n  \"in_channels\": %d,\n  \"out_channels\": %d,\n"
              "  \"block_out_channels\": %s,\n  \"layers_per_block\": %d,\n  \"down_block_types\": %s,\n"
              "  \"up_block_types\": %s,\n  \"attention_head_dim\": %s,\n  \"cross_attention_dim\": %d,\n"
              "  \"norm_num_groups\": 32,\n  \"norm_eps\": 1e-05,\n  \"use_linear_projection\": %s,\n"
              "  \"sample_size\": %d\n}\n",
-             ch, u->layers, types_d, types_u, heads, u->ctx_dim, u->linear_proj ? "true" : "false", u->sample_size);
+             u->in_channels, u->out_channels, ch, u->layers, types_d, types_u, heads, u->ctx_dim,
+             u->linear_proj ? "true" : "false", u->sample_size);
     snprintf(p, sizeof p, "%s/unet/config.json", out);
-    DC_TRY(write_text(p, t));
-    const dc_vae_config *v = &c->vae;
+    return write_text(p, t);
+}
+
+static int write_vae_config(const char *out, const dc_vae_config *v) {
+    char p[4200], t[4096], ch[128];
     ints(ch, sizeof ch, v->ch, v->nblocks);
     char down[256] = "[", up[256] = "[";
     for (int i = 0; i < v->nblocks; i++)
@@ -245,31 +311,38 @@ static int write_configs(const char *out, const sd_config *c, int text_layers) {
              "  \"scaling_factor\": 0.18215\n}\n",
              ch, v->layers_per_block, down, up);
     snprintf(p, sizeof p, "%s/vae/config.json", out);
-    DC_TRY(write_text(p, t));
-    const dc_clip_text_config *x = &c->text;
-    snprintf(t, sizeof t,
-             "{\n  \"architectures\": [\"CLIPTextModel\"],\n  \"model_type\": \"clip_text_model\",\n"
-             "  \"vocab_size\": %d,\n  \"max_position_embeddings\": %d,\n  \"hidden_size\": %d,\n"
-             "  \"num_hidden_layers\": %d,\n  \"num_attention_heads\": %d,\n  \"intermediate_size\": %d,\n"
-             "  \"hidden_act\": \"%s\",\n  \"layer_norm_eps\": 1e-05\n}\n",
-             x->vocab, x->positions, x->width, text_layers, x->heads, x->ffn,
-             x->act == DC_ACT_QUICK_GELU ? "quick_gelu" : "gelu");
-    snprintf(p, sizeof p, "%s/text_encoder/config.json", out);
-    DC_TRY(write_text(p, t));
-    snprintf(t, sizeof t,
-             "{\n  \"_class_name\": \"PNDMScheduler\",\n  \"beta_start\": 0.00085,\n  \"beta_end\": 0.012,\n"
-             "  \"beta_schedule\": \"scaled_linear\",\n  \"num_train_timesteps\": 1000,\n  \"steps_offset\": 1,\n"
-             "  \"set_alpha_to_one\": false,\n  \"clip_sample\": false,\n  \"skip_prk_steps\": true,\n"
-             "  \"prediction_type\": \"%s\"\n}\n", u->prediction == DC_PRED_V ? "v_prediction" : "epsilon");
+    return write_text(p, t);
+}
+
+// scheduler/scheduler_config.json and model_index.json: SD's PNDM on the
+// scaled-linear ladder, or (ddpm) DDPM's linear betas as diffusers'
+// DDPMScheduler defaults them; unet/ and vae/ named, or null where absent.
+static int write_pipeline(const char *out, const sd_config *c) {
+    char p[4200], t[1024];
+    if (c->ddpm)
+        snprintf(t, sizeof t,
+                 "{\n  \"_class_name\": \"DDPMScheduler\",\n  \"beta_start\": 0.0001,\n  \"beta_end\": 0.02,\n"
+                 "  \"beta_schedule\": \"linear\",\n  \"num_train_timesteps\": 1000,\n  \"clip_sample\": false,\n"
+                 "  \"prediction_type\": \"epsilon\"\n}\n");
+    else
+        snprintf(t, sizeof t,
+                 "{\n  \"_class_name\": \"PNDMScheduler\",\n  \"beta_start\": 0.00085,\n  \"beta_end\": 0.012,\n"
+                 "  \"beta_schedule\": \"scaled_linear\",\n  \"num_train_timesteps\": 1000,\n  \"steps_offset\": 1,\n"
+                 "  \"set_alpha_to_one\": false,\n  \"clip_sample\": false,\n  \"skip_prk_steps\": true,\n"
+                 "  \"prediction_type\": \"%s\"\n}\n", c->unet.prediction == DC_PRED_V ? "v_prediction" : "epsilon");
     snprintf(p, sizeof p, "%s/scheduler/scheduler_config.json", out);
     DC_TRY(write_text(p, t));
+    snprintf(t, sizeof t,
+             "{\n  \"_class_name\": \"StableDiffusionPipeline\",\n"
+             "  \"scheduler\": [\"diffusers\", \"%s\"],\n"
+             "  \"text_encoder\": [\"transformers\", \"CLIPTextModel\"],\n"
+             "  \"tokenizer\": [\"transformers\", \"CLIPTokenizer\"],\n"
+             "  \"unet\": %s,\n  \"vae\": %s\n}\n",
+             c->ddpm ? "DDPMScheduler" : "PNDMScheduler",
+             c->has_unet ? "[\"diffusers\", \"UNet2DConditionModel\"]" : "[null, null]",
+             c->has_vae ? "[\"diffusers\", \"AutoencoderKL\"]" : "[null, null]");
     snprintf(p, sizeof p, "%s/model_index.json", out);
-    return write_text(p, "{\n  \"_class_name\": \"StableDiffusionPipeline\",\n"
-                         "  \"scheduler\": [\"diffusers\", \"PNDMScheduler\"],\n"
-                         "  \"text_encoder\": [\"transformers\", \"CLIPTextModel\"],\n"
-                         "  \"tokenizer\": [\"transformers\", \"CLIPTokenizer\"],\n"
-                         "  \"unet\": [\"diffusers\", \"UNet2DConditionModel\"],\n"
-                         "  \"vae\": [\"diffusers\", \"AutoencoderKL\"]\n}\n");
+    return write_text(p, t);
 }
 
 // ---- tokenizer/: OpenAI's BPE file in transformers' form -----------------------------------
@@ -388,6 +461,7 @@ static int run(const char *config, const char *layout, const char *dtype, uint64
     DC_TRY(config_of(config, &c));
     bool single = !strcmp(layout, "single");
     if (!single && strcmp(layout, "diffusers")) return dc_fail("--layout %s: diffusers or single", layout);
+    if (single && !c.has_unet) return dc_fail("--config %s has no UNet: only --layout diffusers", config);
     writer w = {0};
     w.dt = !strcmp(dtype, "f16") ? DC_F16 : !strcmp(dtype, "bf16") ? DC_BF16 : DC_F32;
     if (w.dt == DC_F32 && strcmp(dtype, "f32")) return dc_fail("--dtype %s: f16, bf16 or f32", dtype);
@@ -395,13 +469,14 @@ static int run(const char *config, const char *layout, const char *dtype, uint64
     dc_model *unet = NULL;
     dc_vae *vae = NULL;
     dc_clip_text *text = NULL;
-    int rc = dc_unet_new(&c.unet, be, DC_F32, 8, 8, &unet);
-    if (!rc) rc = dc_vae_create(&vae, &c.vae, be, DC_F32, true, true);
+    int rc = c.has_unet ? dc_unet_new(&c.unet, be, DC_F32, 8, 8, &unet) : 0;
+    if (!rc && c.has_vae) rc = dc_vae_create(&vae, &c.vae, be, DC_F32, true, true);
     if (!rc) rc = dc_clip_text_create(&text, &c.text, be, DC_F32);
     if (!rc) {
-        fill(&dc_unet_of(unet)->params, seed, 1);
-        fill(&vae->params, seed, 2);
-        fill(&text->params, seed, 3);
+        if (unet) fill(&dc_unet_of(unet)->params, seed, 1);
+        if (vae) fill(&vae->params, seed, 2);
+        if (c.ddpm) fill_clip_init(&text->params, &c.text, seed);
+        else fill(&text->params, seed, 3);
     }
     // SD 2's encoder: all layers in the single file, one fewer in the folder.
     const int text_layers = c.version == 2 && !single ? c.text.layers - 1 : c.text.layers;
@@ -409,26 +484,29 @@ static int run(const char *config, const char *layout, const char *dtype, uint64
     if (!rc && single) {
         rc = add_params(&w, &dc_unet_of(unet)->params, "model.diffusion_model.", unet_name, &dc_unet_of(unet)->cfg,
                         1 << 30);
-        if (!rc) rc = add_params(&w, &vae->params, "first_stage_model.", vae_name, &vae->cfg, 1 << 30);
+        if (!rc && vae) rc = add_params(&w, &vae->params, "first_stage_model.", vae_name, &vae->cfg, 1 << 30);
         if (!rc && c.version == 2)
             rc = add_params(&w, &text->params, "cond_stage_model.model.", clip_name, &text->cfg, 1 << 30);
         else if (!rc)
             rc = add_params(&w, &text->params, "cond_stage_model.transformer.text_model.", NULL, NULL, 1 << 30);
         if (!rc) rc = flush(&w, out);
     } else if (!rc) {
-        const char *dirs[] = {"unet", "vae", "text_encoder", "scheduler"};
+        const char *dirs[] = {"text_encoder", "scheduler", unet ? "unet" : NULL, vae ? "vae" : NULL};
         for (int i = 0; i < 4 && !rc; i++) {
-            snprintf(path, sizeof path, "%s/%s", out, dirs[i]);
-            rc = dc_mkdir_p(path);
+            snprintf(path, sizeof path, "%s/%s", out, dirs[i] ? dirs[i] : "");
+            if (dirs[i]) rc = dc_mkdir_p(path);
         }
-        if (!rc) rc = write_configs(out, &c, text_layers);
+        if (!rc && unet) rc = write_unet_config(out, &c.unet);
+        if (!rc && vae) rc = write_vae_config(out, &c.vae);
+        if (!rc) rc = write_text_config(out, &c.text, text_layers);
+        if (!rc) rc = write_pipeline(out, &c);
         if (!rc) rc = write_tokenizer(out, vocab, c.version);
         snprintf(path, sizeof path, "%s/unet/diffusion_pytorch_model.safetensors", out);
-        if (!rc) rc = add_params(&w, &dc_unet_of(unet)->params, "", NULL, NULL, 1 << 30);
-        if (!rc) rc = flush(&w, path);
+        if (!rc && unet) rc = add_params(&w, &dc_unet_of(unet)->params, "", NULL, NULL, 1 << 30);
+        if (!rc && unet) rc = flush(&w, path);
         snprintf(path, sizeof path, "%s/vae/diffusion_pytorch_model.safetensors", out);
-        if (!rc) rc = add_params(&w, &vae->params, "", NULL, NULL, 1 << 30);
-        if (!rc) rc = flush(&w, path);
+        if (!rc && vae) rc = add_params(&w, &vae->params, "", NULL, NULL, 1 << 30);
+        if (!rc && vae) rc = flush(&w, path);
         snprintf(path, sizeof path, "%s/text_encoder/model.safetensors", out);
         if (!rc) rc = add_params(&w, &text->params, "text_model.", NULL, NULL, text_layers);  // transformers 4
         if (!rc) rc = flush(&w, path);
@@ -455,7 +533,7 @@ int main(int argc, char **argv) {
         else return fprintf(stderr, "sd_random: unknown flag %s\n", argv[i]), 2;
     }
     if (!config || !out || argc % 2 == 0) {
-        fprintf(stderr, "usage: sd_random --config sd1.5|sd2.1|tiny1|tiny2 --layout diffusers|single "
+        fprintf(stderr, "usage: sd_random --config sd1.5|sd2.1|tiny1|tiny2|tiny-pixel|t2i-demo --layout diffusers|single "
                         "[--dtype f16|bf16|f32] [--seed N] [--vocab BPE] --out PATH\n");
         return 2;
     }

@@ -151,7 +151,8 @@ static int run(int argc, char **argv, bool img2img) {
     uint64_t seed = 0;
     bool no_verify = false;
     arg_spec specs[] = {
-        {"model", ARG_STR, &model, "PATH", "diffusers folder or single-file checkpoint (SD 1.x, 2.x)"},
+        {"model", ARG_STR, &model, "PATH", "diffusers folder or single-file checkpoint (SD 1.x, 2.x), or a training "
+                                           "run's folder or checkpoint (its EMA UNet on its base model)"},
         {"prompt", ARG_STR, &prompt, "TEXT", "what to draw"},
         {"negative-prompt", ARG_STR, &negative, "TEXT", "what to steer away from (default empty)"},
         {"init", ARG_STR, &init_path, "PICTURE", "the picture to start from: PNG, JPEG or WebP, any size"},
@@ -268,8 +269,9 @@ static int run(int argc, char **argv, bool img2img) {
     if (cli_set_threads(threads) || cli_backend(device, precision, &be)) goto done;
     dc_log("loading %s on %s", model, be->name);
     if (dc_sd_pipe_load(&pipe, be)) goto done;
-    dc_log("SD %s (%s), %dx%d, %s, %d steps, guidance %g, seed %llu",
+    dc_log("SD %s%s (%s), %dx%d, %s, %d steps, guidance %g, seed %llu",
            pipe.version == 1 ? "1.x" : pipe.version == 2 ? "2.x" : "(version unknown)",
+           pipe.pixels ? " in pixel space" : "",
            pipe.prediction == DC_PRED_V ? "v-prediction" : pipe.prediction == DC_PRED_SAMPLE ? "x0-prediction" : "epsilon", width, height, k_samplers[si].a1111, steps, cfg,
            (unsigned long long)seed);
     char model_hash[11] = "";

@@ -5,13 +5,14 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "io/checkpoint_files.h"
 #include "io/safetensors.h"
 
-// Steps of the folder's step_NNNNNNN.safetensors files, ascending, into a new
-// array *steps (free it; pass NULL to only count); returns the count.
-int cli_list_checkpoints(const char *dir, int64_t **steps);
-// "<dir>/step_NNNNNNN.safetensors" into out[n].
-void cli_checkpoint_path(const char *dir, int64_t step, char *out, int n);
+// The listing and opening of checkpoints are the library's (io/checkpoint_files.h).
+static inline int cli_list_checkpoints(const char *dir, int64_t **steps) { return dc_checkpoint_list(dir, steps); }
+static inline void cli_checkpoint_path(const char *dir, int64_t step, char *out, int n) {
+    dc_checkpoint_path(dir, step, out, n);
+}
 
 // Takes the run folder's lock: DIR/.lock, locked with flock and holding the
 // owner's PID, so that a second training process writing into DIR fails with
@@ -26,11 +27,9 @@ void cli_unlock_run(const char *dir, int fd, bool remove_dir);
 // was left by a process killed while it wrote a checkpoint.
 void cli_remove_stale_temps(const char *dir);
 
-// Opens a checkpoint file, or the newest readable checkpoint of a run folder:
-// when the newest is unreadable (truncated, corrupt), it says so and falls
-// back to the next older one. A file named explicitly that is bad is an
-// error. flags as for dc_st_open_opts (DC_ST_NO_VERIFY).
-int cli_open_checkpoint(const char *path, unsigned flags, dc_st_file *f);
+static inline int cli_open_checkpoint(const char *path, unsigned flags, dc_st_file *f) {
+    return dc_checkpoint_open(path, flags, f);
+}
 
 // Removes all but the newest `keep` checkpoints at or below `step`; newer
 // ones are left alone (unreadable files a resumed run replaces at their step).

@@ -7,6 +7,8 @@
 
 #include "core/error.h"
 #include "core/fsutil.h"
+#include "io/checkpoint_files.h"
+#include "models/model.h"
 
 const char *dc_sd_part_name(dc_sd_part p) {
     return p == DC_SD_UNET ? "unet" : p == DC_SD_VAE ? "vae" : "text_encoder";
@@ -59,9 +61,9 @@ static const char *const k_pipelines[] = {"StableDiffusionPipeline", "StableDiff
 
 // model_index.json's entry for component `name`: 1 a [library, class] pair
 // whose class is checked by want (a prefix; NULL: any ending in "Scheduler"),
-// 0 [null, null], -1 absent (when required, an error).
+// 0 [null, null] (an error unless nullable), -1 absent (when required, an error).
 static int index_entry(const dc_json *root, const char *path, const char *name, const char *want, bool required,
-                       int *out) {
+                       bool nullable, int *out) {
     const dc_json *v = dc_json_get(root, name);
     *out = -1;
     if (!v) return required ? dc_fail("%s names no %s (a Stable Diffusion pipeline has one)", path, name) : 0;
@@ -69,7 +71,7 @@ static int index_entry(const dc_json *root, const char *path, const char *name, 
         return dc_fail("%s: '%s' must be [library, class]", path, name);
     const dc_json *cls = &v->kids[1];
     if (cls->type == DC_JSON_NULL) {
-        if (required) return dc_fail("%s: '%s' is null: a Stable Diffusion pipeline needs one", path, name);
+        if (!nullable) return dc_fail("%s: '%s' is null: a Stable Diffusion pipeline needs one", path, name);
         return *out = 0, 0;
     }
     if (!dc_json_is_cstr(cls)) return dc_fail("%s: '%s' must be [library, class]", path, name);
@@ -104,37 +106,103 @@ static int read_model_index(dc_sd_model *m) {
         if (!key[0] || key[0] == '.' || strchr(key, '/') || strchr(key, '\\') || strlen(key) != root->kids[i].key_len)
             rc = dc_fail("%s: component '%.100s' is not a folder name of the model (no '/', no leading '.')", path, key);
     }
-    int u, v, t;
-    if (!rc) rc = index_entry(root, path, "unet", "UNet2DConditionModel", true, &u);
-    if (!rc) rc = index_entry(root, path, "vae", "AutoencoderKL", true, &v);
-    if (!rc) rc = index_entry(root, path, "text_encoder", "CLIPTextModel", true, &t);
-    if (!rc) rc = index_entry(root, path, "tokenizer", "CLIPTokenizer", false, &m->tokenizer);
-    if (!rc) rc = index_entry(root, path, "scheduler", NULL, false, &m->scheduler);
+    int t;
+    if (!rc) rc = index_entry(root, path, "unet", "UNet2DConditionModel", true, true, &m->unet);
+    if (!rc) rc = index_entry(root, path, "vae", "AutoencoderKL", true, true, &m->vae);
+    if (!rc) rc = index_entry(root, path, "text_encoder", "CLIPTextModel", true, false, &t);
+    if (!rc) rc = index_entry(root, path, "tokenizer", "CLIPTokenizer", false, true, &m->tokenizer);
+    if (!rc) rc = index_entry(root, path, "scheduler", NULL, false, true, &m->scheduler);
     if (!rc) snprintf(m->pipeline, sizeof m->pipeline, "%s", cls->str);
     dc_json_free(&doc);
     return rc;
 }
 
+// ---- a training run ----------------------------------------------------------------------
+#define RUN_FORMAT "diffusion.c checkpoint"  // "... v2"; the version is the trainer's concern
+
+// Whether f is a checkpoint the trainer wrote (any model).
+static bool is_run_checkpoint(const dc_st_file *f) {
+    const char *format = dc_st_meta(f, "format");
+    return format && !strncmp(format, RUN_FORMAT, strlen(RUN_FORMAT));
+}
+
+// The run's checkpoint (m->file, open) describes a UNet trained on m->base:
+// open that, and read the prediction the run trained.
+static int open_run(dc_sd_model *m) {
+    const dc_st_file *f = &m->file;
+    const char *model = dc_st_meta(f, "model"), *base = dc_st_meta(f, "base_model");
+    const char *pred = dc_st_meta(f, "prediction");
+    m->run = true;
+    if (!model || strcmp(model, "UNet2DConditionModel"))
+        return dc_fail("%s is a training checkpoint of a %.100s, not of a Stable Diffusion UNet "
+                       "(UNet2DConditionModel): sample it with `diffusion sample`", f->path, model ? model : "model");
+    if (!dc_st_find(f, "ema.conv_in.weight"))
+        return dc_fail("%s: a training checkpoint without the EMA weights (ema.*) of its UNet", f->path);
+    if (!base || !base[0])
+        return dc_fail("%s: names no base model (metadata 'base_model': the tokenizer, text encoder, scheduler "
+                       "and VAE its UNet was trained with)", f->path);
+    m->run_prediction = DC_PRED_EPS;
+    if (pred && !strcmp(pred, "v_prediction")) m->run_prediction = DC_PRED_V;
+    else if (pred && !strcmp(pred, "sample")) m->run_prediction = DC_PRED_SAMPLE;
+    else if (pred && strcmp(pred, "epsilon"))
+        return dc_fail("%s: metadata 'prediction' = '%.100s' is not epsilon, v_prediction or sample", f->path, pred);
+    int e = dc_sd_path_exists(base);
+    if (e < 0) return dc_fail_ctx("%s: its base model", f->path);
+    if (!e)
+        return dc_fail("%s: its base model %s (the tokenizer, text encoder, scheduler and VAE the run uses) is "
+                       "missing: put it back there, or make the run self-contained with `diffusion export`",
+                       f->path, base);
+    if (!(m->base = calloc(1, sizeof *m->base))) return dc_fail("out of memory");
+    if (dc_sd_model_open(m->base, base, m->st_flags)) return dc_fail_ctx("%s: its base model", f->path);
+    if (m->base->run)
+        return dc_fail("%s: its base model %s is itself a training run: name the model that run started from",
+                       f->path, base);
+    m->version = m->base->version;
+    return 0;
+}
+
 int dc_sd_model_open(dc_sd_model *m, const char *path, unsigned flags) {
     memset(m, 0, sizeof *m);
-    m->tokenizer = m->scheduler = -1;
+    m->tokenizer = m->scheduler = m->unet = m->vae = -1;
     if (snprintf(m->path, sizeof m->path, "%s", path) >= (int)sizeof m->path) return dc_fail("path too long");
     m->st_flags = flags;
     bool dir;
     DC_TRY(dc_sd_path_check(path, -1, &dir));
     if (dir) {
+        char index[4200];
+        DC_TRY(join(index, sizeof index, path, "model_index.json"));
+        int e = dc_sd_path_exists(index);
+        if (e < 0) return -1;
+        // A folder of checkpoints (and no pipeline's index) is a run folder.
+        if (!e && dc_checkpoint_list(path, NULL) > 0) {
+            DC_TRY(dc_checkpoint_open(path, flags, &m->file));
+            return open_run(m);
+        }
         m->folder = true;
         return read_model_index(m);
     }
     DC_TRY(dc_sd_refuse_pickle(path));
     DC_TRY(dc_st_open_opts(&m->file, path, flags));
+    if (is_run_checkpoint(&m->file)) return open_run(m);
     m->single = has_prefix(&m->file, "model.diffusion_model.") || has_prefix(&m->file, "first_stage_model.") ||
                 has_prefix(&m->file, "cond_stage_model.");
     m->version = version_of(&m->file, m->single ? "model.diffusion_model." : "");
     return 0;
 }
 
+bool dc_sd_model_pixel_space(const dc_sd_model *m) {
+    if (m->run) return dc_sd_model_pixel_space(m->base);
+    if (m->single) return !has_prefix(&m->file, "first_stage_model.");
+    if (!m->folder) return false;
+    if (m->vae >= 0) return m->vae == 0;
+    // No model_index.json: a pipeline folder (text_encoder/ in it) without vae/.
+    char sub[4200];
+    if (join(sub, sizeof sub, m->path, "vae") || dir_at(sub) != 0) return false;
+    return join(sub, sizeof sub, m->path, "text_encoder") == 0 && dir_at(sub) == 1;
+}
+
 void dc_sd_model_close(dc_sd_model *m) {
+    if (m->base) dc_sd_model_close(m->base), free(m->base);
     dc_st_close(&m->file);
     memset(m, 0, sizeof *m);
 }
@@ -193,8 +261,8 @@ static int source_folder(dc_sd_source *s, const dc_sd_model *m) {
         int e = dc_sd_path_exists(cfg);
         if (e < 0) return -1;
         if (!e)
-            return dc_fail("%s: neither a pipeline folder with %s/ nor a component folder with config.json",
-                           m->path, dc_sd_part_name(s->part));
+            return dc_fail("%s: neither a pipeline folder with %s/, nor a component folder with config.json, nor a "
+                           "training run folder (step_NNNNNNN.safetensors)", m->path, dc_sd_part_name(s->part));
         snprintf(s->dir, sizeof s->dir, "%s", m->path);
     }
     DC_TRY(join(cfg, sizeof cfg, s->dir, "config.json"));
@@ -266,10 +334,26 @@ static int source_file(dc_sd_source *s, dc_sd_model *m) {
     return 0;
 }
 
+// A run's UNet: the EMA weights of its checkpoint, the config in its metadata.
+static int source_run(dc_sd_source *s, dc_sd_model *m) {
+    s->w.files = &m->file, s->w.nfiles = 1;
+    snprintf(s->w.prefix, sizeof s->w.prefix, "ema.");
+    s->names = DC_NAMES_DIFFUSERS;
+    s->meta = &m->file;
+    return 0;
+}
+
 int dc_sd_source_find(dc_sd_source *s, dc_sd_model *m, dc_sd_part part) {
+    if (m->run && part != DC_SD_UNET) return dc_sd_source_find(s, m->base, part);
     memset(s, 0, sizeof *s);
     s->part = part;
     s->st_flags = m->st_flags;
+    if (m->run) return source_run(s, m);
+    if (part == DC_SD_VAE && dc_sd_model_pixel_space(m))
+        return dc_fail("%s has no VAE: its UNet draws pixels", m->path);
+    if (part == DC_SD_UNET && m->unet == 0)
+        return dc_fail("%s/model_index.json names no UNet (\"unet\": [null, null]): it is a base to train one from "
+                       "(`diffusion train`), not a model that draws", m->path);
     int rc = m->folder ? source_folder(s, m) : m->single ? source_single(s, m) : source_file(s, m);
     // a single file's components carry their names as they are
     if (rc == 0 && !m->folder && !m->single) rc = dc_sd_source_open_files(s);
@@ -285,6 +369,7 @@ int dc_sd_source_open(dc_sd_source *s, dc_sd_model *m, dc_sd_part part) {
 }
 
 int dc_sd_scheduler_file(const dc_sd_model *m, char *buf, size_t cap) {
+    if (m->run) return dc_sd_scheduler_file(m->base, buf, cap);
     if (!m->folder || m->scheduler == 0) return 1;
     DC_TRY(join(buf, cap, m->path, "scheduler/scheduler_config.json"));
     int e = dc_sd_path_exists(buf);
@@ -295,6 +380,7 @@ int dc_sd_scheduler_file(const dc_sd_model *m, char *buf, size_t cap) {
 }
 
 const char *dc_sd_tokenizer_dir(const dc_sd_model *m, char *buf, size_t cap) {
+    if (m->run) return dc_sd_tokenizer_dir(m->base, buf, cap);
     if (!m->folder || m->tokenizer == 0) return NULL;
     char vocab[4200];
     if (snprintf(buf, cap, "%s/tokenizer", m->path) >= (int)cap) return NULL;

@@ -75,8 +75,10 @@ int dc_prepare_models_load(dc_prepare_models *m, const dc_prepare_opts *o, dc_ba
     dc_sd_sched_cfg_default(&p->sched);
     m->be = p->be = be;
     int rc = dc_sd_model_open(&p->files, o->model, o->st_flags);
+    // A pixel-space model (no VAE) trains on pixels whatever o->no_vae says.
+    const bool no_vae = o->no_vae || (!rc && dc_sd_model_pixel_space(&p->files));
     if (!rc) rc = dc_sd_source_open(&p->src[p->nsrc++], &p->files, DC_SD_TEXT);
-    if (!rc && !o->no_vae) rc = dc_sd_source_open(&p->src[p->nsrc++], &p->files, DC_SD_VAE);
+    if (!rc && !no_vae) rc = dc_sd_source_open(&p->src[p->nsrc++], &p->files, DC_SD_VAE);
     char tokdir[4200];
     const char *vocab = o->vocab ? o->vocab : rc ? NULL : dc_sd_tokenizer_dir(&p->files, tokdir, sizeof tokdir);
     if (!vocab) vocab = o->vocab_fallback;
@@ -85,7 +87,7 @@ int dc_prepare_models_load(dc_prepare_models *m, const dc_prepare_opts *o, dc_ba
                      "a tokenizer folder)", o->model);
     if (!rc) rc = dc_clip_tokenizer_load(&p->tok, vocab);
     if (!rc) rc = dc_sd_load_text(&p->src[0], be, &p->text_skip, &p->text);
-    if (!rc && !o->no_vae) rc = dc_sd_load_vae(&p->src[1], be, true, false, &p->vae);
+    if (!rc && !no_vae) rc = dc_sd_load_vae(&p->src[1], be, true, false, &p->vae);
     for (int i = 0; i < p->nsrc; i++) dc_sd_source_close(&p->src[i]);
     p->nsrc = 0;
     if (rc) return dc_prepare_models_close(m), -1;

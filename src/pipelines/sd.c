@@ -64,7 +64,9 @@ int dc_heads_parse(const char *s, dc_heads *h) {
 // A UNet's config: config.json, else the shapes (and SD's head rules), the
 // heads given taking precedence.
 static int unet_config_of(const dc_sd_source *s, const dc_heads *heads, dc_unet_config *c) {
-    if (dc_sd_config(s))
+    if (s->meta)
+        DC_TRY(dc_unet_config_from_meta(c, s->meta));
+    else if (dc_sd_config(s))
         DC_TRY(dc_unet_config_from_json(c, dc_sd_config(s), s->dir));
     else
         DC_TRY(dc_unet_config_infer(c, &s->w, s->names));
@@ -122,10 +124,10 @@ static void model_name(dc_sd_pipe *p, const char *path) {
 
 // The sizes and prediction a model's configs give, before any weight is read.
 static int describe(dc_sd_pipe *p, const dc_sd_open_opts *o) {
-    dc_sd_source *text = &p->src[0], *unet = &p->src[1], *vae = &p->src[2];
+    dc_sd_source *text = &p->src[0], *unet = &p->src[1], *vae = p->pixels ? NULL : &p->src[2];
     // A component without config.json is described by its tensors' shapes: their
     // headers are read (the data stays where it is).
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < p->nsrc; i++)
         if (!dc_sd_config(&p->src[i])) DC_TRY(dc_sd_source_open_files(&p->src[i]));
     dc_clip_text_config tc;
     dc_unet_config uc;
@@ -134,8 +136,8 @@ static int describe(dc_sd_pipe *p, const dc_sd_open_opts *o) {
     else DC_TRY(dc_clip_text_config_infer(&tc, &text->w, text->names));
     DC_TRY(unet_config_of(unet, o->unet_heads, &uc));
     if (dc_unet_config_validate(&uc)) return dc_fail_ctx("%s", unet->dir[0] ? unet->dir : o->model);
-    if (dc_sd_config(vae)) DC_TRY(dc_vae_config_from_json(&vc, dc_sd_config(vae), vae->dir));
-    else DC_TRY(dc_vae_config_infer(&vc, &vae->w, vae->names));
+    if (vae && dc_sd_config(vae)) DC_TRY(dc_vae_config_from_json(&vc, dc_sd_config(vae), vae->dir));
+    else if (vae) DC_TRY(dc_vae_config_infer(&vc, &vae->w, vae->names));
     if (uc.ctx_dim != tc.width)
         return dc_fail("%s: the UNet reads text embeddings %d wide, the text encoder makes %d", o->model, uc.ctx_dim,
                        tc.width);
@@ -146,10 +148,16 @@ static int describe(dc_sd_pipe *p, const dc_sd_open_opts *o) {
     if (rc < 0) return -1;
     if (rc == 0) DC_TRY(dc_sd_sched_cfg_read(&p->sched, sched));
     if (o->prediction >= 0) p->prediction = (dc_prediction)o->prediction;
+    else if (p->files.run) p->prediction = (dc_prediction)p->files.run_prediction;  // the run trained it so
     else if (p->sched.prediction >= 0) p->prediction = (dc_prediction)p->sched.prediction;
     else p->prediction = p->files.single && p->version == 2 ? DC_PRED_V : DC_PRED_EPS;  // SD 2.x 768-v, as diffusers assumes
     const bool v = p->prediction == DC_PRED_V;
-    p->factor = dc_vae_factor(&vc);
+    p->factor = vae ? dc_vae_factor(&vc) : 1;
+    p->channels = vae ? vc.latent_channels : 3;
+    if (uc.in_channels != p->channels || uc.out_channels != p->channels)
+        return dc_fail("%s: the UNet reads %d and makes %d channels, %s %d", o->model, uc.in_channels,
+                       uc.out_channels, vae ? "the VAE's latents have" : "pictures (no VAE: pixel space) have",
+                       p->channels);
     p->align = p->factor * (1 << (uc.nblocks - 1));
     p->default_size = uc.sample_size > 0 ? uc.sample_size * p->factor : v && p->version == 2 ? 768 : 512;
     return 0;
@@ -164,7 +172,9 @@ int dc_sd_pipe_find(dc_sd_pipe *p, const dc_sd_open_opts *o) {
     // reported before minutes of reading the others.
     const dc_sd_part parts[3] = {DC_SD_TEXT, DC_SD_UNET, DC_SD_VAE};
     int rc = dc_sd_model_open(&p->files, o->model, o->st_flags);
-    for (; !rc && p->nsrc < 3; p->nsrc++)
+    p->pixels = !rc && dc_sd_model_pixel_space(&p->files);
+    const int nparts = p->pixels ? 2 : 3;
+    for (; !rc && p->nsrc < nparts; p->nsrc++)
         if ((rc = dc_sd_source_find(&p->src[p->nsrc], &p->files, parts[p->nsrc]))) break;
     if (!rc) rc = describe(p, o);
     // The tokenizer: the vocabulary given, the pipeline's own, or the fallback.
@@ -186,7 +196,7 @@ int dc_sd_pipe_load(dc_sd_pipe *p, dc_backend *be) {
     for (int i = 0; i < p->nsrc && !rc; i++) rc = dc_sd_source_open_files(&p->src[i]);
     if (!rc) rc = dc_sd_load_text(&p->src[0], be, &p->text_skip, &p->text);
     if (!rc) rc = dc_sd_load_unet(&p->src[1], be, 64, 64, p->opts.unet_heads, &p->unet);
-    if (!rc) rc = dc_sd_load_vae(&p->src[2], be, p->opts.encoder, true, &p->vae);
+    if (!rc && !p->pixels) rc = dc_sd_load_vae(&p->src[2], be, p->opts.encoder, true, &p->vae);
     // the weights are loaded: their files are no longer needed
     for (int i = 0; i < p->nsrc; i++) dc_sd_source_close(&p->src[i]);
     p->nsrc = 0;
@@ -272,8 +282,9 @@ static void on_step(void *ctx, int step, int total) {
 typedef struct {
     dc_buf text;   // [2, 77, D]: the prompt, then the negative prompt
     dc_buf cctx;   // [batch, 77, D] the prompt's embedding per picture
-    dc_buf x;      // [batch, 4, h, w] latents (F32)
-    dc_buf zc;     // [batch, 4, h, w] the decoder's input (compute dtype)
+    dc_buf x;      // [batch, C, h, w] latents, or pictures in pixel space (F32)
+    // with a VAE:
+    dc_buf zc;     // [batch, C, h, w] the decoder's input (compute dtype)
     dc_buf img;    // [batch, 3, H, W] decoded (compute dtype)
     dc_buf imgf;   // [batch, 3, H, W] decoded (F32)
     dc_buf init;   // [1, 3, H, W] img2img input (compute dtype), and its latent moments:
@@ -329,13 +340,14 @@ static int state_buffers(dc_sd_pipe *p, int B, int h, int w, bool init, int64_t 
     gen_bufs *b = &st->b;
     int rc = dc_buf_alloc(be, &b->text, ct, (size_t)2 * T * D, "text embeddings");
     if (!rc) rc = dc_buf_alloc(be, &b->cctx, ct, (size_t)B * T * D, "prompt embeddings");
-    if (!rc) rc = dc_buf_alloc(be, &b->x, DC_F32, (size_t)B * lat, "latents");
-    if (!rc) rc = dc_buf_alloc(be, &b->zc, ct, (size_t)B * lat, "decoder input");
-    if (!rc) rc = dc_buf_alloc(be, &b->img, ct, (size_t)B * pix, "decoded pictures");
-    if (!rc) rc = dc_buf_alloc(be, &b->imgf, DC_F32, (size_t)B * pix, "decoded pictures (f32)");
-    if (!rc && init) rc = dc_buf_alloc(be, &b->init, ct, (size_t)pix, "input picture");
-    if (!rc && init) rc = dc_buf_alloc(be, &b->mean, ct, (size_t)lat, "latent mean");
-    if (!rc && init) rc = dc_buf_alloc(be, &b->logvar, ct, (size_t)lat, "latent log-variance");
+    if (!rc) rc = dc_buf_alloc(be, &b->x, DC_F32, (size_t)B * lat, p->vae ? "latents" : "pictures");
+    const bool vae = p->vae != NULL, enc = vae && init;
+    if (!rc && vae) rc = dc_buf_alloc(be, &b->zc, ct, (size_t)B * lat, "decoder input");
+    if (!rc && vae) rc = dc_buf_alloc(be, &b->img, ct, (size_t)B * pix, "decoded pictures");
+    if (!rc && vae) rc = dc_buf_alloc(be, &b->imgf, DC_F32, (size_t)B * pix, "decoded pictures (f32)");
+    if (!rc && enc) rc = dc_buf_alloc(be, &b->init, ct, (size_t)pix, "input picture");
+    if (!rc && enc) rc = dc_buf_alloc(be, &b->mean, ct, (size_t)lat, "latent mean");
+    if (!rc && enc) rc = dc_buf_alloc(be, &b->logvar, ct, (size_t)lat, "latent log-variance");
     if (rc) state_free(p);
     return rc;
 }
@@ -362,15 +374,16 @@ static void init_latents(float *lat, const float *mean, const float *logvar, int
 }
 
 // Plans the activations of the UNet (for `rows` rows) or of the VAE (batch B
-// of height x width pictures) before that model runs. Both stay planned while
+// of height x width pictures; none in pixel space) before that model runs. Both stay planned while
 // the device has room for both, so batches after the first plan nothing; when
 // one does not fit beside the other, the other's are freed and planned again
 // when next needed (the peak is then the larger of the two, not their sum).
 static int plan_for(dc_sd_pipe *p, bool unet, int rows, int B, int height, int width) {
+    if (!unet && !p->vae) return 0;
     int rc = unet ? dc_model_reserve(p->unet, rows) : dc_vae_reserve(p->vae, B, height, width);
     if (rc == 0) return 0;
     dc_error_clear();
-    if (unet) dc_vae_release(p->vae);
+    if (unet && p->vae) dc_vae_release(p->vae);
     else dc_unet_release(p->unet);
     return unet ? dc_model_reserve(p->unet, rows) : dc_vae_reserve(p->vae, B, height, width);
 }
@@ -391,7 +404,7 @@ int dc_sd_gen_check(dc_sd_pipe *p, const dc_sd_gen *g) {
         return dc_fail("width and height must be multiples of %d (the VAE's factor %d times the UNet's %d "
                        "downsamplings): %dx%d", align, f, align / f, g->width, g->height);
     if (g->count < 1 || g->batch < 1) return dc_fail("%d pictures in batches of %d", g->count, g->batch);
-    if (g->init && !p->opts.encoder) return dc_fail("img2img needs the VAE's encoder (open with encoder)");
+    if (g->init && !p->pixels && !p->opts.encoder) return dc_fail("img2img needs the VAE's encoder (open with encoder)");
     dc_ksampler_opts o = g->ks;
     o.prediction = p->prediction;
     o.sched = &p->sched;
@@ -428,10 +441,10 @@ int dc_sd_generate(dc_sd_pipe *p, const dc_sd_gen *g, dc_sd_picture_fn on_pictur
     DC_TRY(dc_sd_gen_check(p, g));
     const int f = p->factor;
     const int h = g->height / f, w = g->width / f, B = g->batch < g->count ? g->batch : g->count;
-    const int D = p->text->cfg.width, T = DC_CLIP_CONTEXT, C = 4;
+    const int D = p->text->cfg.width, T = DC_CLIP_CONTEXT, C = p->channels;
     const int64_t lat = (int64_t)C * h * w, pix = (int64_t)3 * g->height * g->width;
     const dc_dtype ct = be->compute;
-    const float scaling = p->vae->cfg.scaling_factor;
+    const float scaling = p->vae ? p->vae->cfg.scaling_factor : 1.0f;
     float *hl = NULL, *hm = NULL, *hv = NULL, *pics = malloc(sizeof(float) * (size_t)B * pix);
     int rc = pics ? 0 : dc_fail("out of memory for %d pictures of %dx%d", B, g->width, g->height);
 
@@ -459,8 +472,10 @@ int dc_sd_generate(dc_sd_pipe *p, const dc_sd_gen *g, dc_sd_picture_fn on_pictur
     // Sampling needs the UNet's activations, decoding the VAE's (see plan_for).
     const int rows = o.cfg_scale != 1.0f ? 2 * B : B;
 
+    // img2img in pixel space: the picture is where sampling starts.
+    if (!rc && g->init && !p->vae && !(hl = malloc(sizeof(float) * (size_t)lat * B))) rc = dc_fail("out of memory");
     // img2img: the input's latent moments, once.
-    if (!rc && g->init) {
+    if (!rc && g->init && p->vae) {
         if (progress) progress(pctx, "encode", 0, 1);
         hl = malloc(sizeof(float) * (size_t)lat * B), hm = malloc(sizeof(float) * (size_t)lat);
         hv = malloc(sizeof(float) * (size_t)lat);
@@ -496,7 +511,10 @@ int dc_sd_generate(dc_sd_pipe *p, const dc_sd_gen *g, dc_sd_picture_fn on_pictur
         }
         for (int i = 0; i < n; i++) idx[i] = (uint32_t)(i0 + i);
         if (g->init) {
-            for (int i = 0; i < n; i++) init_latents(hl + i * lat, hm, hv, lat, o.seed, idx[i], scaling);
+            for (int i = 0; i < n; i++) {
+                if (p->vae) init_latents(hl + i * lat, hm, hv, lat, o.seed, idx[i], scaling);
+                else memcpy(hl + i * lat, g->init, sizeof(float) * (size_t)lat);
+            }
             be->upload(be, b.x.p, hl, sizeof(float) * (size_t)n * lat);
         }
         dc_cond cond = {.ctx = b.cctx, .len = T, .dim = D};
@@ -505,14 +523,16 @@ int dc_sd_generate(dc_sd_pipe *p, const dc_sd_gen *g, dc_sd_picture_fn on_pictur
         sp.done0 += o.steps - o.skip;
         if (!rc) rc = plan_for(p, false, rows, B, g->height, g->width);
         if (rc) break;
-        // Decode: z / scaling in the compute dtype, then back to f32 pictures.
-        if (progress) progress(pctx, "decode", i0, g->count);
-        be->axpy(be, b.x, b.x, 1.0f / scaling - 1.0f, (int64_t)n * lat);
-        be->cast(be, b.zc, b.x, (int64_t)n * lat);
-        rc = dc_vae_decode(p->vae, b.img, b.zc, n, h, w);
+        if (p->vae) {
+            // Decode: z / scaling in the compute dtype, then back to f32 pictures.
+            if (progress) progress(pctx, "decode", i0, g->count);
+            be->axpy(be, b.x, b.x, 1.0f / scaling - 1.0f, (int64_t)n * lat);
+            be->cast(be, b.zc, b.x, (int64_t)n * lat);
+            rc = dc_vae_decode(p->vae, b.img, b.zc, n, h, w);
+            if (!rc) be->cast(be, b.imgf, b.img, (int64_t)n * pix);
+        }
         if (!rc) {
-            be->cast(be, b.imgf, b.img, (int64_t)n * pix);
-            be->download(be, pics, b.imgf.p, sizeof(float) * (size_t)n * pix);
+            be->download(be, pics, (p->vae ? b.imgf : b.x).p, sizeof(float) * (size_t)n * pix);
             rc = dc_backend_status(be);
         }
         for (int i = 0; i < n && !rc && on_picture; i++) rc = on_picture(ctx, i0 + i, pics + (size_t)i * pix);

@@ -2,8 +2,9 @@
 // Loads the three components from any layout models/sd_source.h reads,
 // encodes the prompts, samples latents with diffusion/ksampler.h on the
 // ladders the model's scheduler config gives (diffusion/sd_sched_config.h)
-// and decodes them. The library returns pictures as floats; the CLI writes
-// the PNGs.
+// and decodes them (a pixel-space model, without a VAE, samples the pictures
+// themselves). The library returns pictures as floats; the CLI writes the
+// PNGs.
 #pragma once
 #include <stdbool.h>
 #include <stdint.h>
@@ -24,11 +25,12 @@ typedef struct {
 int dc_heads_parse(const char *s, dc_heads *h);
 
 typedef struct {
-    const char *model;   // PATH: pipeline folder, component folder or single file
+    const char *model;   // PATH: pipeline folder, component folder, single file, or a training run
     const char *vocab;   // the tokenizer's vocabulary (NULL: the model's tokenizer/ folder)
     const char *vocab_fallback;  // used when neither is there (NULL: none)
     unsigned st_flags;   // DC_ST_NO_VERIFY ...
-    int prediction;      // -1: from the files (scheduler config; SD 2 single files: v), else a dc_prediction
+    int prediction;      // -1: from the files (a run's checkpoint, the scheduler config; SD 2 single
+                         // files: v), else a dc_prediction
     bool encoder;        // load the VAE's encoder too (img2img)
     const dc_heads *unet_heads;  // NULL: from config.json or SD's rules
 } dc_sd_open_opts;
@@ -36,7 +38,7 @@ typedef struct {
 typedef struct {
     dc_backend *be;          // set by dc_sd_pipe_load
     dc_sd_model files;
-    dc_sd_source src[3];     // text encoder, UNet, VAE: found by dc_sd_pipe_find
+    dc_sd_source src[3];     // text encoder, UNet, VAE (not in pixel space): found by dc_sd_pipe_find
     int nsrc;
     dc_sd_open_opts opts;    // as given to dc_sd_pipe_find (its pointers must outlive the load)
     dc_sd_sched_cfg sched;   // the scheduler config (Stable Diffusion's own when the model has none)
@@ -47,10 +49,12 @@ typedef struct {
     dc_clip_text *text;
     int text_skip;       // layers of the text encoder not run (1 for SD 2 single files)
     dc_model *unet;
-    dc_vae *vae;
+    dc_vae *vae;             // NULL in pixel space
+    bool pixels;             // pixel space: no VAE, the UNet samples the pictures
     int version;         // 1 or 2 (0: unknown)
     dc_prediction prediction;  // what the UNet predicts (eps, v or sample)
-    int factor;          // the VAE's downsampling factor (8)
+    int factor;          // the VAE's downsampling factor (8; 1 in pixel space)
+    int channels;        // the UNet's input: the VAE's latent channels (4), or 3 in pixel space
     int default_size;    // pixels a side the model was trained at (512, or 768 for SD 2 v)
     char name[128];      // the model's name for the picture's parameters
     // Kept from one call to the next, because freeing any device buffer makes
