@@ -2,7 +2,8 @@
 # `diffusion bench --sd-train` on the CPU with a tiny UNet config: it trains
 # through the trainer and prints its table, whose figures agree with each
 # other and with the wall clock; bad flags and configs fail, naming what is
-# wrong.
+# wrong. tools/sd_train_bench.py (diffusers' side, run on a GPU) at least
+# compiles.
 source "$(dirname "$0")/lib.sh"
 cat > "$TMP/tiny.json" <<'EOF'
 {"_class_name": "UNet2DConditionModel", "act_fn": "silu", "in_channels": 4, "out_channels": 4,
@@ -71,4 +72,12 @@ expect_fail "a config of another model" "AutoencoderKL" diffusion bench --sd-tra
 # 24 px: latents of 3, which the UNet's one downsampling cannot halve
 expect_fail "a size the UNet cannot take" "latent size 3x3: the UNet needs multiples of 2" diffusion bench "${Q[@]}" --size 24
 
+# ---- diffusers' side compiles (it runs on a GPU: tools/sd_train_gpu.sh)
+if command -v python3 > /dev/null; then
+  python3 -c 'import py_compile, sys; py_compile.compile(sys.argv[1], cfile=sys.argv[2], doraise=True)' \
+    "$(dirname "$0")/../tools/sd_train_bench.py" "$TMP/bench.pyc" 2> "$TMP/py.err" \
+    && pass "tools/sd_train_bench.py compiles" || fail "tools/sd_train_bench.py: $(cat "$TMP/py.err")"
+else
+  echo "SKIP (no python3) tools/sd_train_bench.py's syntax"
+fi
 finish
