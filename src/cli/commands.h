@@ -13,6 +13,7 @@ int cmd_info(int argc, char **argv);
 int cmd_export(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_bench_sd(int argc, char **argv);  // bench --sd (main.c picks it)
+int cmd_bench_sd_train(int argc, char **argv);  // bench --sd-train (main.c picks it)
 int cmd_tokenize(int argc, char **argv);
 int cmd_txt2img(int argc, char **argv);
 int cmd_img2img(int argc, char **argv);

@@ -17,11 +17,14 @@ int cli_usage_fail(void) {
     return CLI_EXIT_USAGE;
 }
 
-// bench times a class-conditional model's training and sampling, or with
-// --sd PATH a Stable Diffusion model's components and pictures (its own flags).
+// bench times a class-conditional model's training and sampling, with
+// --sd PATH a Stable Diffusion model's components and pictures, with
+// --sd-train an SD UNet's training (each its own flags).
 static int bench(int argc, char **argv) {
-    for (int k = 1; k < argc; k++)
+    for (int k = 1; k < argc; k++) {
         if (!strcmp(argv[k], "--sd") || !strncmp(argv[k], "--sd=", 5)) return cmd_bench_sd(argc, argv);
+        if (!strcmp(argv[k], "--sd-train")) return cmd_bench_sd_train(argc, argv);
+    }
     return cmd_bench(argc, argv);
 }
 
@@ -37,7 +40,7 @@ static const struct {
     {"forward", cmd_forward, "evaluate a model (DiT, or an SD component) on tensors from a file"},
     {"info", cmd_info, "print a checkpoint's config, size, step and training settings"},
     {"export", cmd_export, "write EMA (or raw) weights under the official DiT key names"},
-    {"bench", bench, "measure training and sampling throughput on synthetic data (--sd PATH: SD's)"},
+    {"bench", bench, "measure training and sampling throughput on synthetic data (--sd PATH: SD's; --sd-train: SD training's)"},
     {"prepare", cmd_prepare, "encode captioned pictures into MDS shards of latents and text embeddings"},
     {"tokenize", cmd_tokenize, "print the CLIP token ids of prompts, 77 a line, and their token counts"},
 };

@@ -1,0 +1,194 @@
+// diffusion bench --sd-train: the speed and memory of training a Stable
+// Diffusion UNet (any diffusers unet/config.json, random init) through the
+// trainer `diffusion train` runs, on random latents and text embeddings,
+// to set beside what tools/sd_train_bench.py measures for diffusers with the
+// same config and recipe on the same device.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+#include "cli/args.h"
+#include "cli/cli_util.h"
+#include "cli/commands.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/rng.h"
+#include "diffusion/sd_schedule.h"
+#include "models/registry.h"
+#include "train/trainer.h"
+
+// Random latents [n, C, h, w] (unit normal, as scaled SD latents are about)
+// and, for every sample, random text embeddings [ctx_len, ctx_dim] of which
+// every token counts: a step's cost does not depend on the values.
+static int random_data(dc_dataset *ds, const dc_model_info *mi, int n) {
+    const int64_t img = dc_model_info_numel(mi), seq = (int64_t)mi->ctx_len * mi->ctx_dim;
+    *ds = (dc_dataset){.n = n, .channels = mi->channels, .height = mi->height, .width = mi->width,
+                       .cond = DC_COND_TEXT, .text_len = mi->ctx_len, .text_dim = mi->ctx_dim,
+                       .text_null_len = mi->ctx_len};
+    ds->images = malloc(sizeof(float) * (size_t)(n * img));
+    ds->text = malloc(sizeof(float) * (size_t)(n * seq));
+    ds->text_lens = malloc(sizeof(int32_t) * (size_t)n);
+    ds->text_null = malloc(sizeof(float) * (size_t)seq);
+    if (!ds->images || !ds->text || !ds->text_lens || !ds->text_null)
+        return dc_fail("out of memory for %d random latents and text embeddings", n);
+    for (int i = 0; i < n; i++) {
+        for (int64_t j = 0; j < img; j++) ds->images[i * img + j] = dc_randn_at(1, (uint32_t)i, 0, 0, (uint32_t)j);
+        for (int64_t j = 0; j < seq; j++) ds->text[i * seq + j] = dc_randn_at(2, (uint32_t)i, 0, 0, (uint32_t)j);
+        ds->text_lens[i] = mi->ctx_len;
+    }
+    for (int64_t j = 0; j < seq; j++) ds->text_null[j] = dc_randn_at(3, 0, 0, 0, (uint32_t)j);
+    return 0;
+}
+
+// diffusers' train_text_to_image.py recipe at the learning rate:
+// AdamW lr 1e-5, weight decay 1e-2, eps 1e-8, gradients clipped to norm 1,
+// EMA 0.9999 with EMAModel's warm-up, epsilon prediction, no caption
+// dropout (the script has none). tools/sd_train_bench.py uses the same.
+static dc_train_config sd_recipe(int batch, int micro, int steps) {
+    dc_train_config tc = dc_train_config_default();
+    tc.batch = batch, tc.micro_batch = micro, tc.steps = steps;
+    tc.lr = 1e-5f, tc.weight_decay = 1e-2f, tc.grad_clip = 1.0f, tc.class_dropout = 0;
+    return tc;
+}
+
+typedef struct {
+    double sec;         // seconds a timed step
+    size_t held, peak;  // device bytes held after the steps and at the peak (0, 0 on the CPU)
+    double rss;         // the process's peak resident bytes
+} measured;
+
+// Steps of the trainer on the model after `warm` untimed ones: the whole
+// optimizer step as `diffusion train` runs it (staging, forward, loss,
+// backward, clipping, AdamW, EMA). A NaN loss or gradient fails it.
+static int time_steps(dc_model *m, dc_backend *be, int batch, int micro, int steps, int warm, measured *out) {
+    dc_dataset ds = {0};
+    dc_trainer tr = {0};
+    dc_schedule sched = {0};
+    dc_train_config tc = sd_recipe(batch, micro, warm + steps);
+    int rc = random_data(&ds, &m->info, batch);
+    // SD's training schedule (scaled_linear 0.00085..0.012, 1000 steps)
+    if (!rc) rc = dc_schedule_init_scaled_linear(&sched, 1000, 0.00085, 0.012);
+    if (!rc) {
+        dc_source src;
+        rc = dc_source_dataset(&src, &ds, tc.seed);
+        if (!rc) rc = dc_trainer_init_source(&tr, m, &src, &sched, &tc);  // takes src and sched
+    }
+    double t0 = 0;
+    for (int i = 0; i < warm + steps && !rc; i++) {
+        if (i == warm) {
+            rc = dc_trainer_sync(&tr);
+            t0 = dc_time_now();
+        }
+        if (!rc) rc = dc_trainer_step(&tr, NULL);
+    }
+    if (!rc) rc = dc_trainer_sync(&tr);  // the last step's update too
+    if (!rc) {
+        out->sec = (dc_time_now() - t0) / steps;
+        dc_step_stats st;
+        rc = dc_trainer_stats(&tr, &st);
+    }
+    out->held = out->peak = 0;
+    if (be->memory) be->memory(be, &out->held, &out->peak);
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    out->rss = ru.ru_maxrss * 1024.0;  // ru_maxrss is in KiB on Linux
+    dc_trainer_free(&tr);
+    dc_schedule_free(&sched);  // nothing left where the trainer took it
+    dc_dataset_free(&ds);
+    return rc;
+}
+
+int cmd_bench_sd_train(int argc, char **argv) {
+    const char *config = NULL, *device = "auto", *precision = "auto";
+    int size = 0, batch = 8, micro = 0, steps = 10, warm = 3, recompute = -1, threads = 0;
+    bool sd_train = false;
+    arg_spec specs[] = {
+        {"sd-train", ARG_FLAG, &sd_train, NULL, "time SD UNet training (this command)"},
+        {"unet-config", ARG_STR, &config, "FILE", "the UNet's diffusers config.json (tools/configs/ has SD 1.5's "
+                                                  "and 2.1's)"},
+        {"size", ARG_INT, &size, "PX", "picture size: latents of PX/8 (default: the config's sample_size x 8)"},
+        {"batch", ARG_INT, &batch, "N", "images an optimizer step"},
+        {"micro-batch", ARG_INT, &micro, "N", "images a forward and backward (default: --batch)"},
+        {"steps", ARG_INT, &steps, "N", "timed optimizer steps"},
+        {"warmup", ARG_INT, &warm, "N", "untimed steps first"},
+        {"recompute", ARG_INT, &recompute, "K", "activation checkpointing: the first K layers keep their "
+                                                "activations, the others recompute them (default off)"},
+        {"threads", ARG_INT, &threads, "N", "CPU threads (default: all cores)"},
+        {"device", ARG_STR, &device, "NAME", CLI_DEVICE_HELP},
+        {"precision", ARG_STR, &precision, "P", CLI_PRECISION_HELP},
+    };
+    arg_parser ap = {"diffusion bench --sd-train --unet-config FILE [--size PX] [--batch N] [flags]",
+                     "Times training steps of a Stable Diffusion UNet made from a diffusers\n"
+                     "config.json with random weights, on random latents [4, PX/8, PX/8] and\n"
+                     "random text embeddings [77, cross_attention_dim], through the trainer\n"
+                     "`diffusion train` runs: SD's scaled-linear schedule, the epsilon MSE,\n"
+                     "AdamW (lr 1e-5, decay 1e-2), clipping at norm 1, EMA. Prints images/s,\n"
+                     "ms a step, achieved TFLOP/s (a step counted as 3 forward passes; 1 MAC\n"
+                     "= 2 FLOP), MFU against a large matrix product timed on the GPU, and peak\n"
+                     "memory (the device's, or the process's on the CPU).\n"
+                     "tools/sd_train_bench.py measures diffusers on the same workload.",
+                     specs, (int)(sizeof specs / sizeof specs[0]), 0, {0}, 0, {0}};
+    int rc = args_parse(&ap, argc, argv);
+    if (rc) return rc > 0 ? 0 : cli_usage_fail();
+    if (!config) return dc_fail("--unet-config is required"), cli_usage_fail();
+    if (size < 0 || size > 4096 || size % 8)
+        return dc_fail("--size must be a multiple of 8 up to 4096 (got %d)", size), cli_usage_fail();
+    if (batch < 1 || batch > 65535) return dc_fail("--batch must be in 1..65535 (got %d)", batch), cli_usage_fail();
+    if (!args_given(&ap, "micro-batch")) micro = batch;
+    if (micro < 1 || micro > batch)
+        return dc_fail("--micro-batch must be in 1..--batch (got %d)", micro), cli_usage_fail();
+    if (steps < 1 || warm < 0)
+        return dc_fail("--steps must be positive and --warmup non-negative (got %d, %d)", steps, warm),
+               cli_usage_fail();
+    if (recompute < -1) return dc_fail("--recompute must be 0 or more (got %d)", recompute), cli_usage_fail();
+    if (cli_check_device_flags(threads, device, precision)) return cli_usage_fail();
+
+    dc_kv base = {0}, over = {0}, mc = {0};
+    dc_backend *be = NULL;
+    dc_model *m = NULL;
+    rc = -1;
+    if (dc_model_config_of_json(config, &base)) goto done;
+    if (size && dc_kv_set(&over, "sample_size", "%d", size / 8)) goto done;
+    if (dc_model_configure(&base, &over, NULL, &mc)) goto done;
+    if (cli_set_threads(threads) || cli_backend(device, precision, &be)) goto done;
+    if (dc_model_create(&mc, be, true, &m) || dc_model_init_weights(m, 0)) goto done;
+    if (recompute >= 0 && dc_model_set_recompute(m, recompute)) goto done;
+    const dc_model_info *mi = &m->info;
+    const double macs = dc_model_macs_per_image(m);
+    char what[512];
+    dc_model_describe(m, what, sizeof what);
+    what[strcspn(what, "\n")] = 0;  // its first line: the architecture and its sizes
+    printf("model   %s: %s\n", config, what);
+    printf("        %.1fM parameters; %dx%d pictures, latents %dx%dx%d, text %dx%d; %.4g GFLOP/image forward; "
+           "backend %s, %s\n", m->params->numel / 1e6, mi->height * 8, mi->width * 8, mi->channels, mi->height,
+           mi->width, mi->ctx_len, mi->ctx_dim, 2 * macs / 1e9, be->name, dc_dtype_name(be->compute));
+    double peak_tflops = 0;
+    if (be->gemm_peak) {
+        peak_tflops = be->gemm_peak(be);
+        if (peak_tflops <= 0) goto done;
+        printf("peak    %.1f TFLOP/s: 8192^3 %s matrix product on this device (MFU is quoted against it)\n",
+               peak_tflops, dc_dtype_name(be->compute));
+    }
+    fflush(stdout);
+    measured r;
+    if (time_steps(m, be, batch, micro, steps, warm, &r)) goto done;
+    const double G = 1073741824.0, tf = 3 * 2 * macs * batch / r.sec / 1e12;
+    char recomp[32] = "off";
+    if (recompute >= 0) snprintf(recomp, sizeof recomp, "keep %d of %d", recompute, mi->blocks);
+    printf("\n| batch | micro-batch | recompute | img/s | ms/step | TFLOP/s | MFU | peak GiB |\n"
+           "|---|---|---|---|---|---|---|---|\n");
+    printf("| %d | %d | %s | %.2f | %.2f | %.2f | ", batch, micro, recomp, batch / r.sec, r.sec * 1e3, tf);
+    if (peak_tflops > 0) printf("%.1f%% |", 100 * tf / peak_tflops);
+    else printf("- |");
+    printf(be->memory ? " %.2f (device) |\n" : " %.2f (process RSS) |\n", (be->memory ? r.peak : r.rss) / G);
+    printf("sd-train %.2f img/s %.4f s/step %.2f GiB peak\n", batch / r.sec, r.sec, (be->memory ? r.peak : r.rss) / G);
+    if (be->memory) printf("device memory held after the steps %.2f GiB\n", r.held / G);
+    rc = 0;
+done:
+    if (rc) cli_fail();
+    dc_model_free(m);
+    if (be) dc_backend_destroy(be);
+    dc_kv_free(&base), dc_kv_free(&over), dc_kv_free(&mc);
+    return rc ? CLI_EXIT_FAILURE : 0;
+}
