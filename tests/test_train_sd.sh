@@ -32,7 +32,9 @@ pass "train --help documents the text-to-image flags"
 
 # ---- fine-tuning the base's UNet
 T=(--model "$TMP/base" --data "$TMP/data" --batch 4 --ckpt-every 2 --log-every 2 "${C[@]}")
-diffusion train "${T[@]}" --out "$TMP/run" --steps 4 --sample-every 4 > "$TMP/log" 2>&1 || fail "fine-tune: $(tail -3 "$TMP/log")"
+printf 'a test picture, number 1\na picture of nothing\n' > "$TMP/prompts.txt"
+diffusion train "${T[@]}" --out "$TMP/run" --steps 4 --sample-every 4 --sample-steps 2 --sample-prompts "$TMP/prompts.txt" \
+  > "$TMP/log" 2>&1 || fail "fine-tune: $(tail -3 "$TMP/log")"
 grep -q "from the base's weights" "$TMP/log" && grep -q "8 captioned latents" "$TMP/log" \
   && pass "fine-tunes the base's UNet on the prepared latents" || fail "log: $(head -3 "$TMP/log")"
 [ -f "$TMP/run/step_0000002.safetensors" ] && [ -f "$TMP/run/step_0000004.safetensors" ] \
@@ -49,6 +51,14 @@ rows=$(cut -d, -f1 "$TMP/run/loss.csv" | tr '\n' ' ')
 [ "$rows" = "step 1 2 4 " ] && pass "loss.csv: a header and a row per logged step" || fail "loss.csv steps: $rows"
 [ "$(head -c 8 "$TMP/run/loss.png" | od -An -tx1 | tr -d ' \n')" = 89504e470d0a1a0a ] \
   && pass "loss.png is a PNG" || fail "loss.png"
+
+# the grid: 2 prompts x 4 seeds of 32x32 with make_grid's 2-pixel padding
+size=$(od -An -tu1 -j16 -N8 "$TMP/run/samples/step_0000004.png" 2>/dev/null | awk '{print $3*256+$4, $7*256+$8}')
+[ "$size" = "138 70" ] && [ ! -e "$TMP/run/samples/step_0000002.png" ] \
+  && pass "a sampling grid at step 4 (--sample-every 4): a row for each prompt, 4 seeds" || fail "grid: size '$size', $(ls "$TMP/run/samples" 2>&1)"
+diffusion txt2img --model "$TMP/run" --prompt "a test picture, number 1" --steps 2 --out "$TMP/from_run.png" "${C[@]}" \
+  > "$TMP/log" 2>&1 && grep -aq "Model: run" "$TMP/from_run.png" \
+  && pass "txt2img draws from the run folder (its newest checkpoint)" || fail "txt2img --model RUN: $(tail -2 "$TMP/log")"
 
 # ---- an exact resume, which keeps the loss log's rows up to its step
 diffusion train "${T[@]}" --out "$TMP/whole" --steps 6 --sample-every 0 > /dev/null 2>&1
