@@ -548,7 +548,7 @@ int main(int argc, char **argv) {
     test_cli();
     dc_backend_destroy(g_be);
     dc_json_free(&g_manifest);
-    if (!getenv("KEEP")) tmpdir_remove();
+    tmpdir_remove();
     printf("%d passed, %d failed\n", g_pass, g_fail);
     return g_fail ? 1 : 0;
 }
