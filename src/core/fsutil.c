@@ -185,3 +185,10 @@ int dc_mkdir_p(const char *path) {
     free(p);
     return rc;
 }
+
+int dc_write_text_file(const char *path, const char *text) {
+    dc_atomic_file *af = dc_atomic_begin(path);
+    if (!af) return -1;
+    fputs(text, dc_atomic_stream(af));
+    return dc_atomic_end(af, 1);
+}

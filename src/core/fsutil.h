@@ -32,3 +32,5 @@ int dc_read_exact(int fd, void *dst, size_t n, const char *path);
 // reading this way, unlike through a mapping, never raises SIGBUS.
 int dc_pread_exact(int fd, void *dst, size_t n, uint64_t at, const char *path);
 int dc_mkdir_p(const char *path);  // like mkdir -p; 0 or -1 (message set)
+// Writes text as the whole of the file at path, atomically (dc_atomic_begin).
+int dc_write_text_file(const char *path, const char *text);

@@ -424,6 +424,33 @@ int dc_json_write_string(FILE *fp, const char *s) {
     return ferror(fp) ? dc_fail("writing JSON string failed") : 0;
 }
 
+int dc_json_write(FILE *fp, const dc_json *v, int depth) {
+    switch (v->type) {
+    case DC_JSON_NULL: fputs("null", fp); break;
+    case DC_JSON_FALSE: fputs("false", fp); break;
+    case DC_JSON_TRUE: fputs("true", fp); break;
+    case DC_JSON_NUMBER: fputs(v->str, fp); break;
+    case DC_JSON_STRING: DC_TRY(dc_json_write_string(fp, v->str)); break;
+    case DC_JSON_ARRAY:
+    case DC_JSON_OBJECT: {
+        bool obj = v->type == DC_JSON_OBJECT;
+        fputc(obj ? '{' : '[', fp);
+        for (int i = 0; i < v->nkids; i++) {
+            fprintf(fp, "%s\n%*s", i ? "," : "", 2 * (depth + 1), "");
+            if (obj) {
+                DC_TRY(dc_json_write_string(fp, v->kids[i].key));
+                fputs(": ", fp);
+            }
+            DC_TRY(dc_json_write(fp, &v->kids[i], depth + 1));
+        }
+        if (v->nkids) fprintf(fp, "\n%*s", 2 * depth, "");
+        fputc(obj ? '}' : ']', fp);
+        break;
+    }
+    }
+    return ferror(fp) ? dc_fail("writing JSON failed") : 0;
+}
+
 int dc_json_read_file(dc_json_doc *doc, const char *path) { return dc_json_read_file_opts(doc, path, 0); }
 
 int dc_json_read_file_opts(dc_json_doc *doc, const char *path, unsigned flags) {

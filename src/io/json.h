@@ -73,3 +73,8 @@ int64_t dc_utf8_invalid_at(const char *s, size_t n);
 // Writes s (NUL-terminated, UTF-8) as a quoted JSON string. Returns -1 with a
 // message if s is not valid UTF-8 or the stream fails.
 int dc_json_write_string(FILE *fp, const char *s);
+// Writes v as JSON, objects and arrays one member a line indented by two
+// spaces a level (depth: v's own), numbers as their literal was written, so a
+// parsed file is written back with its values unchanged. -1 with a message if
+// a string is not valid UTF-8 or the stream fails.
+int dc_json_write(FILE *fp, const dc_json *v, int depth);
