@@ -66,7 +66,8 @@ struct dc_unet_train {
     dc_buf y, dy;                 // [B, HW, out_channels] conv_out's output and its gradient
     dc_buf dcat;                  // [B, HW, ci] an up resnet's input gradient
     unet_grad_scratch g;
-    dc_buf ctx;                   // the last forward's text [B, len, ctx_dim]
+    dc_buf ctx;                   // the last forward's text [B, len, ctx_dim], in the compute dtype
+    dc_buf ctx_c;                 // [B, 77, ctx_dim] where the text is cast when it comes in another
     int len, fwd_B;
 };
 
@@ -189,6 +190,7 @@ static void carve(const dc_unet *m, dc_arena *ar, dc_unet_train *a, int B) {
     a->dsilu_temb = dc_arena_take(ar, B * td), a->dtemb = dc_arena_take(ar, B * td);
     a->dta = dc_arena_take(ar, B * td), a->dth = dc_arena_take(ar, B * td);
     a->xin = dc_arena_take(ar, B * HW0 * c->in_channels);
+    a->ctx_c = dc_arena_take(ar, (int64_t)B * DC_UNET_CTX_LEN * c->ctx_dim);
     a->outs[0] = dc_arena_take(ar, B * HW0 * c->ch[0]), a->douts[0] = dc_arena_take(ar, B * HW0 * c->ch[0]);
     for (int l = 0; l < n; l++) {
         const unet_layer *y = &a->layer[l];
@@ -302,6 +304,11 @@ int unet_train_forward(dc_unet *m, dc_buf out, dc_buf x, dc_buf t, const dc_cond
     const dc_unet_modules *md = m->mods;
     const int64_t HW0 = (int64_t)m->lh * m->lw;
     a->ctx = cond->ctx, a->len = cond->len, a->fwd_B = B;
+    if (cond->ctx.dt != a->ctx_c.dt) {  // the data's fp32 text, cast to the weights' dtype once a forward
+        if (cond->len > DC_UNET_CTX_LEN) return dc_fail("UNet: text of %d tokens (at most %d)", cond->len, DC_UNET_CTX_LEN);
+        be->cast(be, a->ctx_c, cond->ctx, (int64_t)B * cond->len * c->ctx_dim);
+        a->ctx = a->ctx_c;
+    }
     unet_time_fwd(be, ps, md, c, &a->time, t, B, a->tp);
     unet_to_nhwc(be, a->xin, x, a->g.d1, B, c->in_channels, HW0);
     unet_conv_fwd(be, ps, &md->conv_in, a->outs[0], a->xin, B, m->lh, m->lw);
