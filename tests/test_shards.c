@@ -279,17 +279,13 @@ static void check_mosaic_refusals(const char *dir, const char *cut, const char *
     expect_refused(&o, "an int32 raw column", "caption_latents", "float16");
     o = mosaic_opts(dir, DC_F16, DC_F16), o.latents_column = "latents_512";
     expect_refused(&o, "a missing column", "latents_512", "latents_256");
-    // a shape that does not match the bytes: refused when the sample is read
-    dc_source s;
-    float x[C * H * (W + 1)];
+    // a shape that does not match the bytes: refused at once (the first sample is read)
     o = mosaic_opts(dir, DC_F16, DC_F16), g_raw[0].shape[2] = W + 1;
-    CHECK(dc_source_shards(&s, &o) == 0, "open: %s", dc_error());
-    if (s.ops) {
-        CHECK(s.ops->x0(&s, 3, false, 1, 0, 0, x) != 0 && strstr(dc_error(), "sample 3") &&
-                  strstr(dc_error(), "latents_256") && strstr(dc_error(), "bytes"),
-              "a shape too large: '%s'", dc_error());
-        dc_source_close(&s);
-    }
+    expect_refused(&o, "a shape too large", "sample 0", "column \"latents_256\" holds");
+    o = mosaic_opts(dir, DC_F16, DC_F32);
+    expect_refused(&o, "float16 text read as float32", "sample 0", "column \"caption_latents\" holds");
+    dc_source s;
+    float x[C * H * W];
     // one sample short of bytes: that one refused, naming it
     o = mosaic_opts(cut, DC_F16, DC_F16);
     CHECK(dc_source_shards(&s, &o) == 0, "open: %s", dc_error());

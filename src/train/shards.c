@@ -228,6 +228,19 @@ static int describe(dc_source *s, shards *sh, const dc_mds_reader *r, const dc_s
     return 0;
 }
 
+// Raw shapes that do not fit the bytes are refused at once (every sample is
+// checked again when read): the first sample read whole.
+static int check_first(dc_source *s) {
+    shards *sh = s->impl;
+    float *ctx = malloc((size_t)s->text_len * (size_t)s->text_dim * sizeof *ctx);
+    float *x0 = malloc((size_t)sh->numel * sizeof *x0);
+    int32_t len;
+    int rc = !x0 || !ctx ? dc_fail("out of memory")
+             : s->ops->x0(s, 0, false, 0, 0, 0, x0) || s->ops->cond(s, 0, false, NULL, ctx, &len) ? -1 : 0;
+    free(x0), free(ctx);
+    return rc;
+}
+
 // xxHash64 of index.json (every shard's name, size and sample count), the
 // shapes, the latent scale and the empty prompt; with a mapping given, the
 // columns read and how (the data sets `diffusion prepare` writes hash as
@@ -298,6 +311,7 @@ int dc_source_shards(dc_source *s, const dc_shards_opts *o) {
         s->n = sh->st.order.n, s->flips = sh->kind == X0_PIXELS, s->name = sh->dir;
         rc = fingerprint(o, s, sh, &s->fingerprint);
     }
+    if (!rc && o->nraw) rc = check_first(s);
     for (int k = 0; k < sh->ncols; k++) sh->cols[k].name = NULL;  // the caller's strings: messages use the stream's
     if (rc) {
         if (sh->st.mds) dc_stream_close(&sh->st);
