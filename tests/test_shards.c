@@ -1,7 +1,10 @@
 // The MDS shard data source (train/shards.h): latents drawn from their
 // stored distribution against a double-precision reference, pixels mapped to
 // [-1, 1] and mirrored, text and the empty prompt for dropped captions, and
-// the order against the stream's own epoch-by-epoch batches (dc_stream_next).
+// the order against the stream's own epoch-by-epoch batches (dc_stream_next);
+// MosaicML's layout (single latents and text embeddings as raw values in
+// bytes columns, named by the caller), plain and zstd, every raw dtype,
+// against values decoded independently, and its refusals.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -160,12 +163,196 @@ static void check_pixels(const char *dir) {
     dc_source_close(&s);
 }
 
+// ---- MosaicML's layout: "bytes" columns of raw values
+
+// Raw value j of sample i's column (salt tells the columns apart), stored as dt.
+static void put_raw(uint8_t *out, dc_dtype dt, int i, uint32_t salt, int64_t j) {
+    float v = rnd((uint32_t)i, salt + (uint32_t)j);
+    uint16_t h = dt == DC_F16 ? dc_f32_to_f16(v) : dc_f32_to_bf16(v);
+    if (dt == DC_F32) memcpy(out + 4 * j, &v, 4);
+    else memcpy(out + 2 * j, &h, 2);
+}
+
+// The value stored, decoded here from its bits (IEEE half and bfloat16 by hand).
+static double raw_ref(dc_dtype dt, int i, uint32_t salt, int64_t j) {
+    float v = rnd((uint32_t)i, salt + (uint32_t)j);
+    if (dt == DC_F32) return v;
+    uint16_t h = dt == DC_F16 ? dc_f32_to_f16(v) : dc_f32_to_bf16(v);
+    if (dt == DC_BF16) {
+        uint32_t bits = (uint32_t)h << 16;
+        float f;
+        memcpy(&f, &bits, 4);
+        return f;
+    }
+    int e = (h >> 10) & 31, m = h & 1023;
+    double mag = e == 0 ? ldexp(m, -24) : e == 31 ? NAN : ldexp(1024 + m, e - 25);
+    return h >> 15 ? -mag : mag;
+}
+
+enum { SALT_LAT = 20000, SALT_TEXT = 30000, SHORT = 5 };
+
+// latents_256 [C, H, W] and caption_latents [T, D] as raw bytes, and a
+// caption; with `cut` sample SHORT's latents lack their last 2 bytes.
+static char *write_mosaic(const char *name, int zstd, dc_dtype lat, dc_dtype text, int cut) {
+    dc_mds_spec cols[] = {{"latents_256", "bytes"}, {"caption_latents", "bytes"}, {"caption", "str"}};
+    dc_mds_write_opts o = {zstd ? 3 : 0, 900};
+    dc_mds_writer *w;
+    const char *dir = tmp_path(name);
+    if (dc_mds_writer_open(&w, dir, cols, 3, &o)) return NULL;
+    for (int i = 0; i < N; i++) {
+        uint8_t l[C * H * W * 4], t[T * D * 4];
+        for (int j = 0; j < C * H * W; j++) put_raw(l, lat, i, SALT_LAT, j);
+        for (int j = 0; j < T * D; j++) put_raw(t, text, i, SALT_TEXT, j);
+        size_t nl = (size_t)C * H * W * dc_dtype_size(lat) - (cut && i == SHORT ? 2 : 0);
+        dc_mds_value v[3] = {{l, nl, 0, 0, NULL}, {t, (size_t)T * D * dc_dtype_size(text), 0, 0, NULL},
+                             {"a dog", 5, 0, 0, NULL}};
+        if (dc_mds_write(w, v)) return dc_mds_writer_free(w), NULL;
+    }
+    return dc_mds_writer_finish(w) ? NULL : strdup(dir);
+}
+
+static dc_shards_raw g_raw[3];
+
+static dc_shards_opts mosaic_opts(const char *dir, dc_dtype lat, dc_dtype text) {
+    g_raw[0] = (dc_shards_raw){"latents_256", lat, 3, {C, H, W}};
+    g_raw[1] = (dc_shards_raw){"caption_latents", text, 2, {T, D}};
+    dc_shards_opts o = opts(dir);
+    o.latents_column = "latents_256", o.text_column = "caption_latents", o.raw = g_raw, o.nraw = 2;
+    return o;
+}
+
+// x0 = scale * the stored latent (no draw: any keys give it), the text as
+// stored with every position counting, the empty prompt's too.
+static uint64_t check_mosaic(const char *dir, dc_dtype lat, dc_dtype text) {
+    dc_source s;
+    dc_shards_opts o = mosaic_opts(dir, lat, text);
+    CHECK(dc_source_shards(&s, &o) == 0, "%s: open: %s", dir, dc_error());
+    if (!s.ops) return 0;
+    CHECK(s.n == N && s.channels == C && s.height == H && s.width == W && s.text_len == T && s.text_dim == D &&
+              !s.flips && s.fingerprint != 0,
+          "shape %lld %dx%dx%d text %dx%d flips %d", (long long)s.n, s.channels, s.height, s.width, s.text_len,
+          s.text_dim, s.flips);
+    check_order(&s, dir, 4);
+    float x[C * H * W], again[C * H * W], ctx[T * D];
+    double worst = 0;
+    int bad = 0;
+    for (int i = 0; i < N; i++) {
+        CHECK(s.ops->x0(&s, i, false, 99, (uint32_t)i, 3, x) == 0 && s.ops->x0(&s, i, false, 7, 2, 9, again) == 0,
+              "x0 %d: %s", i, dc_error());
+        bad += memcmp(x, again, sizeof x) != 0;
+        for (int j = 0; j < C * H * W; j++) {
+            double want = 0.18215 * raw_ref(lat, i, SALT_LAT, j), e = fabs(x[j] - want) / (fabs(want) + 1e-6);
+            if (!(e <= worst)) worst = e;
+        }
+        int32_t len;
+        CHECK(s.ops->cond(&s, i, false, NULL, ctx, &len) == 0, "cond %d: %s", i, dc_error());
+        for (int j = 0; j < T * D; j++) bad += !(ctx[j] == raw_ref(text, i, SALT_TEXT, j));
+        bad += len != T;
+        CHECK(s.ops->cond(&s, i, true, NULL, ctx, &len) == 0, "dropped %d", i);
+        bad += memcmp(ctx, g_null, sizeof ctx) != 0 || len != T;
+    }
+    CHECK(worst < 1e-6, "%s: x0 against scale * the stored latent: worst relative error %g", dir, worst);
+    CHECK(bad == 0, "%s: %d values differ (text, token counts, or x0 drawn anew)", dir, bad);
+    uint64_t f = s.fingerprint;
+    dc_source_close(&s);
+    return f;
+}
+
+// Opening with o fails with a message holding both words.
+static void expect_refused(const dc_shards_opts *o, const char *what, const char *a, const char *b) {
+    dc_source s;
+    int rc = dc_source_shards(&s, o);
+    CHECK(rc != 0 && strstr(dc_error(), a) && strstr(dc_error(), b) && !s.ops, "%s: rc %d, '%s'", what, rc,
+          rc ? dc_error() : "");
+    if (!rc) dc_source_close(&s);
+}
+
+static void check_mosaic_refusals(const char *dir, const char *cut, const char *prepared) {
+    dc_shards_opts o = mosaic_opts(dir, DC_F16, DC_F16);
+    o.nraw = 1;
+    expect_refused(&o, "a bytes column without a shape", "caption_latents", "bytes");
+    o = mosaic_opts(dir, DC_F16, DC_F16), g_raw[0].ndim = 2;
+    expect_refused(&o, "a latent shape of 2 dimensions", "latents_256", "2 dimensions");
+    o = mosaic_opts(dir, DC_F16, DC_F16), o.nraw = 3, g_raw[2] = (dc_shards_raw){"caption", DC_F16, 1, {5}};
+    expect_refused(&o, "a shape for a column not read", "caption", "not read");
+    o = mosaic_opts(dir, DC_F16, DC_I32);
+    expect_refused(&o, "an int32 raw column", "caption_latents", "float16");
+    o = mosaic_opts(dir, DC_F16, DC_F16), o.latents_column = "latents_512";
+    expect_refused(&o, "a missing column", "latents_512", "latents_256");
+    // a shape that does not match the bytes: refused at once (the first sample is read)
+    o = mosaic_opts(dir, DC_F16, DC_F16), g_raw[0].shape[2] = W + 1;
+    expect_refused(&o, "a shape too large", "sample 0", "column \"latents_256\" holds");
+    o = mosaic_opts(dir, DC_F16, DC_F32);
+    expect_refused(&o, "float16 text read as float32", "sample 0", "column \"caption_latents\" holds");
+    dc_source s;
+    float x[C * H * W];
+    // one sample short of bytes: that one refused, naming it
+    o = mosaic_opts(cut, DC_F16, DC_F16);
+    CHECK(dc_source_shards(&s, &o) == 0, "open: %s", dc_error());
+    if (s.ops) {
+        CHECK(s.ops->x0(&s, SHORT - 1, false, 1, 0, 0, x) == 0, "a whole sample: %s", dc_error());
+        CHECK(s.ops->x0(&s, SHORT, false, 1, 0, 0, x) != 0 && strstr(dc_error(), "sample 5") &&
+                  strstr(dc_error(), "latents_256"),
+              "a short sample: '%s'", dc_error());
+        dc_source_close(&s);
+    }
+    // a shape given for an ndarray column, whose encoding gives it
+    o = opts(prepared), o.latents_column = "latents_mean", o.raw = g_raw, o.nraw = 1;
+    g_raw[0] = (dc_shards_raw){"latents_mean", DC_F16, 3, {C, H, W}};
+    expect_refused(&o, "a shape for an ndarray", "latents_mean", "its own dtype and shape");
+}
+
+// prepare's set read with its mean as a single latent: x0 = scale * mean, no
+// draw, and a fingerprint of its own.
+static void check_mean_as_latent(const char *dir) {
+    dc_source s, plain;
+    dc_shards_opts o = opts(dir);
+    CHECK(dc_source_shards(&plain, &o) == 0, "open: %s", dc_error());
+    o.latents_column = "latents_mean";
+    CHECK(dc_source_shards(&s, &o) == 0, "open: %s", dc_error());
+    if (!s.ops || !plain.ops) return;
+    CHECK(s.fingerprint != plain.fingerprint, "a latents column given, the same fingerprint");
+    float x[C * H * W];
+    int bad = 0;
+    for (int i = 0; i < N; i++) {
+        CHECK(s.ops->x0(&s, i, false, 5, 1, 2, x) == 0, "x0 %d: %s", i, dc_error());
+        for (int j = 0; j < C * H * W; j++)
+            bad += !(fabs(x[j] - 0.18215 * dc_f16_to_f32(mean_h(i, j))) <= 1e-7 * (1 + fabs(x[j])));
+        int32_t len;
+        float ctx[T * D];
+        CHECK(s.ops->cond(&s, i, false, NULL, ctx, &len) == 0, "cond");
+        bad += len != tokens(i);  // the token counts still count: the text column is prepare's
+    }
+    CHECK(bad == 0, "%d values of the mean as x0 differ", bad);
+    dc_source_close(&s), dc_source_close(&plain);
+}
+
+static void check_mosaic_sets(const char *prepared) {
+    char *plain = write_mosaic("mosaic", 0, DC_F16, DC_F16, 0), *zst = write_mosaic("mosaic_zstd", 1, DC_BF16, DC_F32, 0),
+         *cut = write_mosaic("mosaic_cut", 0, DC_F16, DC_F16, 1);
+    CHECK(plain && zst && cut, "writing MosaicML's layout: %s", dc_error());
+    if (plain && zst && cut) {
+        uint64_t f = check_mosaic(plain, DC_F16, DC_F16);
+        check_mosaic(zst, DC_BF16, DC_F32);
+        // the same bytes read as another dtype: another fingerprint
+        dc_source s;
+        dc_shards_opts o = mosaic_opts(plain, DC_BF16, DC_F16);
+        CHECK(dc_source_shards(&s, &o) == 0 && s.fingerprint != f, "another dtype, the same fingerprint");
+        if (s.ops) dc_source_close(&s);
+        check_mosaic_refusals(plain, cut, prepared);
+    }
+    free(plain), free(zst), free(cut);
+}
+
 int main(void) {
     if (tmpdir_make("shards")) return 1;
     for (int j = 0; j < T * D; j++) g_null[j] = rnd(777, (uint32_t)j);
     const char *lat = write_set("latents", 1);
     CHECK(lat != NULL, "writing latents: %s", dc_error());
     if (lat) check_latents(lat);
+    char *prepared = lat ? strdup(lat) : NULL;
+    if (prepared) check_mean_as_latent(prepared), check_mosaic_sets(prepared);
+    free(prepared);
     const char *pix = write_set("pixels", 0);
     CHECK(pix != NULL, "writing pixels: %s", dc_error());
     if (pix) check_pixels(pix);

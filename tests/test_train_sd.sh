@@ -25,7 +25,8 @@ diffusion prepare --model "$TMP/base" --data "$TMP/pics" --out "$TMP/data" --siz
 
 out=$(diffusion train --help)
 for f in --model --data --unet-config --init --prediction --min-snr-gamma --noise-offset --caption-dropout \
-  --sample-every --sample-prompts --sample-steps --sample-cfg --vocab; do
+  --sample-every --sample-prompts --sample-steps --sample-cfg --vocab --latents-column --text-column \
+  --column-shape --column-dtype --latent-scale; do
   [[ "$out" == *"$f "* ]] || fail "train --help does not document $f"
 done
 pass "train --help documents the text-to-image flags"
@@ -92,6 +93,56 @@ diffusion train "${T[@]}" --out "$TMP/scratch" --steps 2 --unet-config "$TMP/bas
 grep -q "from random weights" "$TMP/log" && [ "$(meta "$TMP/scratch/step_0000002.safetensors" prediction)" = v_prediction ] \
   && [ "$(meta "$TMP/scratch/step_0000002.safetensors" min_snr_gamma)" = 5 ] \
   && pass "--unet-config --init random: a new UNet, v prediction and Min-SNR recorded" || fail "scratch: $(head -2 "$TMP/log")"
+
+# ---- MDS shards in MosaicML's layout (tools/mds_mosaic: raw fp16 in bytes columns latents_256 and
+# caption_latents, no prepare.json, no token counts), their columns named by flags
+MM=$ROOT/${BUILD:-build}/tools/mds_mosaic
+"$MM" "$TMP/data" "$TMP/mosaic" && "$MM" "$TMP/data" "$TMP/mosaicz" zstd && "$MM" "$TMP/data" "$TMP/mosaiccut" cut 3 \
+  || fail "mds_mosaic"
+M0=(--model "$TMP/base" --latents-column latents_256 --text-column caption_latents --batch 4 --ckpt-every 2
+    --sample-every 0 "${C[@]}")
+M=("${M0[@]}" --column-shape latents_256=4,8,8)
+ck=$TMP/mm/step_0000002.safetensors
+diffusion train "${M[@]}" --data "$TMP/mosaic" --out "$TMP/mm" --steps 2 > "$TMP/log" 2>&1 \
+  && grep -q "8 captioned latents" "$TMP/log" && [ "$(meta "$ck" data_latents_column)" = latents_256 ] \
+  && [ "$(meta "$ck" data_text_column)" = caption_latents ] && [ "$(meta "$ck" data_column_shapes)" = latents_256=4,8,8 ] \
+  && pass "trains on MosaicML's layout with its columns named; the checkpoint records them" \
+  || fail "MosaicML's layout: $(tail -2 "$TMP/log")"
+# the scaling factor: the base VAE config's (0.18215) unless given
+diffusion train "${M[@]}" --data "$TMP/mosaic" --out "$TMP/mm_s" --steps 2 --latent-scale 0.18215 > /dev/null 2>&1
+diffusion train "${M[@]}" --data "$TMP/mosaic" --out "$TMP/mm_h" --steps 2 --latent-scale 0.5 > /dev/null 2>&1
+l=$(meta "$ck" loss) ls=$(meta "$TMP/mm_s/step_0000002.safetensors" loss) lh=$(meta "$TMP/mm_h/step_0000002.safetensors" loss)
+[ -n "$l" ] && [ "$l" = "$ls" ] && [ -n "$lh" ] && [ "$lh" != "$l" ] \
+  && [ "$(meta "$TMP/mm_h/step_0000002.safetensors" data_latent_scale)" = 0.5 ] \
+  && pass "the latent scale defaults to the base VAE's scaling factor; --latent-scale is recorded" \
+  || fail "latent scale: loss '$l', with 0.18215 '$ls', with 0.5 '$lh'"
+# zstd shards, and an exact resume that takes the mapping from the checkpoint
+diffusion train "${M[@]}" --data "$TMP/mosaicz" --out "$TMP/mz_whole" --steps 4 > /dev/null 2>&1
+diffusion train "${M[@]}" --data "$TMP/mosaicz" --out "$TMP/mz" --steps 2 > /dev/null 2>&1
+diffusion train --resume "$TMP/mz" --steps 4 "${C[@]}" > "$TMP/log" 2>&1 || fail "resume zstd: $(tail -2 "$TMP/log")"
+cmp -s "$TMP/mz/step_0000004.safetensors" "$TMP/mz_whole/step_0000004.safetensors" \
+  && pass "zstd shards: 2 steps, then 2 resumed without the flags: the 4 steps in one go, byte for byte" \
+  || fail "the resumed run on MosaicML's layout differs"
+expect_code 2 "a column flag with --resume (the checkpoint fixes them)" diffusion train --resume "$TMP/mz" --steps 6 \
+  --text-column caption "${C[@]}"
+expect_fail "resuming on other shards is caught" "changed since" diffusion train --resume "$TMP/mm" --steps 4 \
+  --data "$TMP/mosaicz" --out "$TMP/x" "${C[@]}"
+expect_fail "a bytes column without its shape" 'column "latents_256" holds bytes' diffusion train "${M0[@]}" \
+  --data "$TMP/mosaic" --out "$TMP/x"
+expect_fail "a shape that does not fit the bytes" 'column "latents_256" holds 512 bytes' \
+  diffusion train "${M0[@]}" --data "$TMP/mosaic" --column-shape latents_256=4,8,9 --out "$TMP/x"
+expect_fail "a sample short of bytes" 'sample 3: column "latents_256"' \
+  diffusion train "${M[@]}" --data "$TMP/mosaiccut" --steps 4 --out "$TMP/x"
+rm -rf "$TMP/x"
+expect_fail "a malformed --column-shape" "NAME=D0,D1" diffusion train "${M0[@]}" --data "$TMP/mosaic" \
+  --column-shape 4,8,8 --out "$TMP/x"
+expect_fail "--column-dtype other" "float16, float32 or bfloat16" diffusion train "${M[@]}" --data "$TMP/mosaic" \
+  --column-dtype latents_256=int8 --out "$TMP/x"
+expect_fail "--latent-scale against prepare.json's" "prepare.json gives" diffusion train "${T[@]}" --out "$TMP/x" \
+  --latent-scale 0.5
+expect_fail "MosaicML's layout without its columns named" "prepare.json" diffusion train --batch 4 "${C[@]}" \
+  --out "$TMP/x" --model "$TMP/base" --data "$TMP/mosaic"
+expect_code 2 "--latents-column for a DiT" diffusion train --out "$TMP/x" --latents-column latents_256
 
 # ---- refusals
 expect_code 2 "--unet-config with --init base" diffusion train "${T[@]}" --out "$TMP/x" --unet-config "$TMP/base/unet/config.json" --init base

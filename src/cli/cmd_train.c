@@ -74,14 +74,14 @@ static int check_run_outputs(const char *out, const char *resume, const char *da
 // step leaves no checkpoint behind, then that rank 0 wrote it. The file
 // also records the step's loss (every digit, for comparing runs).
 static int save(train_ranks *job, const dc_trainer *tr, const char *dir, int keep, int every, const char *data_path,
-                const char *base_model, double loss) {
+                const t2i_run *sd, double loss) {
     DC_TRY(train_ranks_agree(job, true, "reach the checkpoint"));
     char path[4096];
     cli_checkpoint_path(dir, tr->step, path, sizeof path);
     dc_kv extra = {0};
     int rc = dc_kv_set(&extra, "dataset", "%s", data_path) || dc_kv_set(&extra, "keep", "%d", keep) ||
              dc_kv_set(&extra, "ckpt_every", "%d", every) || dc_kv_set(&extra, "loss", "%.17g", loss) ||
-             (base_model && dc_kv_set(&extra, "base_model", "%s", base_model)) || dc_trainer_save(tr, path, &extra);
+             (sd && t2i_checkpoint_meta(sd, &extra)) || dc_trainer_save(tr, path, &extra);
     dc_kv_free(&extra);
     DC_TRY(train_ranks_agree(job, rc == 0, "write the checkpoint"));
     if (train_ranks_lead(job)) cli_prune_checkpoints(dir, keep, tr->step);
@@ -139,7 +139,6 @@ static void draw_grid(const grids *g, const char *out, int64_t step) {
 static int run_steps(train_ranks *job, dc_trainer *tr, const dc_train_config *tc, const char *out, int keep,
                      int ckpt_every, int log_every, const char *data_path, const grids *gr, train_log *lg,
                      bool *wrote) {
-    const char *base_model = gr->sd ? gr->sd->model : NULL;
     const bool lead = train_ranks_lead(job);
     double t0 = dc_time_now(), smooth = 0, shown = 0;
     int64_t first = tr->step, seen = first;
@@ -178,7 +177,7 @@ static int run_steps(train_ranks *job, dc_trainer *tr, const dc_train_config *tc
                 return -1;
         }
         if (save_now) {
-            if (save(job, tr, out, keep, ckpt_every, data_path, base_model, st.loss)) return -1;
+            if (save(job, tr, out, keep, ckpt_every, data_path, gr->sd, st.loss)) return -1;
             if (lead && train_log_plot(lg)) dc_warn("the loss plot: %s", dc_error());
             if (lead && grid_now) draw_grid(gr, out, tr->step);
             *wrote = true;
@@ -220,6 +219,7 @@ int cmd_train(int argc, char **argv) {
     int sample_every = -1, sample_steps = 25;  // -1: at every checkpoint
     float sample_cfg = 5.0f;
     float caption_dropout = tc.class_dropout;
+    t2i_columns cols = {0};  // the data set's columns, as mapped by flags
     int64_t budget = 0;
     int ckpt_every = 500, keep = 3, log_every = 50, threads = 0, recompute = -1;
     int shape[N_SHAPE] = {0};  // the shape flags' values, as k_shape lists them
@@ -268,7 +268,19 @@ int cmd_train(int argc, char **argv) {
         {"sample-steps", ARG_INT, &sample_steps, "N", "SD: the grid's DDIM steps"},
         {"sample-cfg", ARG_FLOAT, &sample_cfg, "X", "SD: the grid's guidance scale"},
         {"data", ARG_STR, &data_path, "PATH", "Fashion-MNIST IDX folder or a .safetensors data set; SD: a data "
-                                              "set `diffusion prepare` wrote"},
+                                              "set `diffusion prepare` wrote, or MDS shards whose columns the "
+                                              "next flags name"},
+        {"latents-column", ARG_STR, &cols.latents, "NAME", "SD: the column holding one latent a sample, unscaled "
+                                                           "(MosaicML's latents_256); no prepare.json needed"},
+        {"text-column", ARG_STR, &cols.text, "NAME", "SD: the column holding the text embeddings (MosaicML's "
+                                                     "caption_latents); every position counts"},
+        {"column-shape", ARG_STR, &cols.shapes, "NAME=D0,..", "SD: shapes of bytes columns of raw values, e.g. "
+                                                              "latents_256=4,32,32 (default for the text column: "
+                                                              "the text encoder's, 77,1024 for SD 2)"},
+        {"column-dtype", ARG_STR, &cols.dtypes, "NAME=T,..", "SD: value types of bytes columns: float16, float32 or "
+                                                             "bfloat16 (default: float16)"},
+        {"latent-scale", ARG_FLOAT, &cols.scale, "X", "SD: the VAE scaling factor of a data set without prepare.json "
+                                                      "(default: the --model's VAE config's, 0.18215 for SD)"},
         {"out", ARG_STR, &out, "DIR", "run folder for checkpoints"},
         {"resume", ARG_STR, &resume, "PATH", "continue from a checkpoint file or run folder"},
         {"force", ARG_FLAG, &force, NULL, "resume from a checkpoint older than the run's newest (the newer ones are deleted)"},
@@ -488,11 +500,12 @@ int cmd_train(int argc, char **argv) {
         if (!args_given(&ap, "keep") && (v = dc_st_meta(&ck, "keep"))) keep = atoi(v) > 0 ? atoi(v) : keep;
         if (!args_given(&ap, "ckpt-every") && (v = dc_st_meta(&ck, "ckpt_every")))
             ckpt_every = atoi(v) > 0 ? atoi(v) : ckpt_every;
-        if (t2i ? t2i_open(&sd, model, data_path, vocab, st_flags) || t2i_source(&sd, tc.seed, &src)
+        t2i_columns_from_checkpoint(&cols, &ck);
+        if (t2i ? t2i_open(&sd, model, data_path, vocab, &cols, st_flags) || t2i_source(&sd, tc.seed, &src)
                 : dc_dataset_load(&ds, data_path, layout->info.height) || dc_source_dataset(&src, &ds, tc.seed))
             goto fail;
     } else if (t2i) {
-        if (t2i_open(&sd, model, data_path, vocab, st_flags) || t2i_source(&sd, tc.seed, &src) ||
+        if (t2i_open(&sd, model, data_path, vocab, &cols, st_flags) || t2i_source(&sd, tc.seed, &src) ||
             t2i_model_config(&sd, unet_config, &src, &mc) || dc_model_create(&mc, NULL, false, &layout))
             goto fail;
         if (pred < 0) tc.objective.prediction = t2i_prediction(&sd);

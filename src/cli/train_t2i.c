@@ -1,5 +1,6 @@
 #include "cli/train_t2i.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,18 +21,116 @@ bool t2i_is_model_path(const char *model) {
     return model && stat(model, &st) == 0;
 }
 
-int t2i_open(t2i_run *r, const char *model, const char *data, const char *vocab, unsigned st_flags) {
+// The bytes column `name`'s entry, added when new.
+static dc_shards_raw *raw_entry(t2i_run *r, const char *name) {
+    for (int i = 0; i < r->nraw; i++)
+        if (!strcmp(r->raw[i].name, name)) return &r->raw[i];
+    if (r->nraw == T2I_MAX_RAW) return dc_fail("shapes or dtypes of more than %d columns", T2I_MAX_RAW), NULL;
+    r->raw[r->nraw] = (dc_shards_raw){.name = name, .dtype = DC_F16};
+    return &r->raw[r->nraw++];
+}
+
+// --column-shape's value (s, a copy to cut up; given: as typed, for messages):
+// NAME=D0,D1,... once a column, one after another.
+static int parse_shapes(t2i_run *r, char *s, const char *given) {
+    dc_shards_raw *cur = NULL;
+    char *save = NULL;
+    for (char *tok = strtok_r(s, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(tok, '=');
+        if (eq) {
+            *eq = 0;
+            if (!*tok) return dc_fail("--column-shape %s: a column name before '='", given);
+            if (!(cur = raw_entry(r, tok))) return -1;
+            if (cur->ndim) return dc_fail("--column-shape %s: column \"%s\" given twice", given, tok);
+            tok = eq + 1;
+        }
+        char *end;
+        long long d = strtoll(tok, &end, 10);
+        if (!cur || end == tok || *end || d < 1 || d > 65536 || cur->ndim == DC_SHARDS_MAX_DIMS)
+            return dc_fail("--column-shape %s: NAME=D0,D1,... (1 to %d dimensions of 1..65536) expected", given,
+                           DC_SHARDS_MAX_DIMS);
+        cur->shape[cur->ndim++] = d;
+    }
+    return cur ? 0 : dc_fail("--column-shape '%s': NAME=D0,D1,... expected", given);
+}
+
+// --column-dtype's value: NAME=TYPE, comma-separated.
+static int parse_dtypes(t2i_run *r, char *s, const char *given) {
+    static const struct { const char *name; dc_dtype dt; } k_types[] = {
+        {"float16", DC_F16}, {"bfloat16", DC_BF16}, {"float32", DC_F32}};
+    char *save = NULL;
+    for (char *tok = strtok_r(s, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(tok, '=');
+        if (!eq || eq == tok) return dc_fail("--column-dtype %s: NAME=float16|float32|bfloat16 expected", given);
+        *eq = 0;
+        dc_shards_raw *e = raw_entry(r, tok);
+        if (!e) return -1;
+        size_t k = 0;
+        while (k < 3 && strcmp(eq + 1, k_types[k].name)) k++;
+        if (k == 3) return dc_fail("--column-dtype %s: \"%s\" is not float16, float32 or bfloat16", given, eq + 1);
+        e->dtype = k_types[k].dt;
+    }
+    return 0;
+}
+
+static char *copy(const char *s) { return s ? strdup(s) : NULL; }
+
+// Keeps copies of the mapping and parses its shapes and dtypes.
+static int set_columns(t2i_run *r, const t2i_columns *c) {
+    r->cols = (t2i_columns){copy(c->latents), copy(c->text), copy(c->shapes), copy(c->dtypes), c->scale};
+    const size_t ns = c->shapes ? strlen(c->shapes) + 1 : 0, nd = c->dtypes ? strlen(c->dtypes) + 1 : 0;
+    r->raw_names = malloc(ns + nd + 1);
+    if (!r->raw_names || (c->latents && !r->cols.latents) || (c->text && !r->cols.text) ||
+        (c->shapes && !r->cols.shapes) || (c->dtypes && !r->cols.dtypes))
+        return dc_fail("out of memory");
+    if (c->latents && !*c->latents) return dc_fail("--latents-column: a column name expected");
+    if (c->text && !*c->text) return dc_fail("--text-column: a column name expected");
+    if (c->scale && !(c->scale > 0 && isfinite(c->scale)))
+        return dc_fail("--latent-scale %g: a positive scaling factor expected", c->scale);
+    if (c->shapes) DC_TRY(parse_shapes(r, memcpy(r->raw_names, c->shapes, ns), c->shapes));
+    if (c->dtypes) DC_TRY(parse_dtypes(r, memcpy(r->raw_names + ns, c->dtypes, nd), c->dtypes));
+    return 0;
+}
+
+int t2i_open(t2i_run *r, const char *model, const char *data, const char *vocab, const t2i_columns *cols,
+             unsigned st_flags) {
     memset(r, 0, sizeof *r);
     if (!realpath(model, r->model)) return dc_fail("%s: cannot resolve the path", model);
+    DC_TRY(set_columns(r, cols ? cols : &(t2i_columns){0}));
     const char *fallback = NULL;
     if (!vocab && cli_find_vocab(&fallback)) dc_error_clear();
-    r->opts = (dc_t2i_opts){r->model, data, vocab, fallback, st_flags};
+    r->opts = (dc_t2i_opts){r->model, data, vocab, fallback, st_flags, r->cols.latents, r->cols.scale};
     return dc_t2i_base_open(&r->base, &r->opts);
 }
 
 void t2i_close(t2i_run *r) {
     dc_t2i_base_free(&r->base);
+    free((char *)r->cols.latents), free((char *)r->cols.text), free((char *)r->cols.shapes);
+    free((char *)r->cols.dtypes), free(r->raw_names);
     memset(r, 0, sizeof *r);
+}
+
+// The checkpoint's metadata keys of the mapping.
+#define META_LATENTS "data_latents_column"
+#define META_TEXT "data_text_column"
+#define META_SHAPES "data_column_shapes"
+#define META_DTYPES "data_column_dtypes"
+#define META_SCALE "data_latent_scale"
+
+void t2i_columns_from_checkpoint(t2i_columns *c, const dc_st_file *ck) {
+    const char *scale = dc_st_meta(ck, META_SCALE);
+    *c = (t2i_columns){dc_st_meta(ck, META_LATENTS), dc_st_meta(ck, META_TEXT), dc_st_meta(ck, META_SHAPES),
+                       dc_st_meta(ck, META_DTYPES), scale ? strtof(scale, NULL) : 0};
+}
+
+int t2i_checkpoint_meta(const t2i_run *r, dc_kv *meta) {
+    const t2i_columns *c = &r->cols;
+    return dc_kv_set(meta, "base_model", "%s", r->model) ||
+           (c->latents && dc_kv_set(meta, META_LATENTS, "%s", c->latents)) ||
+           (c->text && dc_kv_set(meta, META_TEXT, "%s", c->text)) ||
+           (c->shapes && dc_kv_set(meta, META_SHAPES, "%s", c->shapes)) ||
+           (c->dtypes && dc_kv_set(meta, META_DTYPES, "%s", c->dtypes)) ||
+           (c->scale > 0 && dc_kv_set(meta, META_SCALE, "%.9g", (double)c->scale));
 }
 
 int t2i_model_config(t2i_run *r, const char *unet_config, const dc_source *data, dc_kv *cfg) {
@@ -53,9 +152,31 @@ int t2i_model_config(t2i_run *r, const char *unet_config, const dc_source *data,
     return rc;
 }
 
+// A text column of bytes takes the text encoder's [positions, width]
+// unless its shape is given; every other bytes column's must be.
+static int complete_shapes(t2i_run *r) {
+    dc_shards_raw *text = NULL;
+    for (int i = 0; i < r->nraw; i++) {
+        if (r->cols.text && !strcmp(r->raw[i].name, r->cols.text)) text = &r->raw[i];
+        else if (!r->raw[i].ndim) return dc_fail("--column-dtype %s: its shape is not given (--column-shape)", r->raw[i].name);
+    }
+    if (!r->cols.text || (text && text->ndim)) return 0;
+    dc_mds_reader *mr;
+    DC_TRY(dc_mds_open(&mr, r->opts.data));
+    const int k = dc_mds_find(mr, r->cols.text);
+    const bool bytes = k >= 0 && dc_mds_column_at(mr, k)->kind == DC_MDS_BYTES;
+    dc_mds_close(mr);
+    if (k < 0) return dc_fail_ctx("%s", r->opts.data);
+    if (bytes && !text && !(text = raw_entry(r, r->cols.text))) return -1;
+    if (text) *text = (dc_shards_raw){text->name, text->dtype, 2, {r->base.text_len, r->base.text_dim}};
+    return 0;
+}
+
 int t2i_source(t2i_run *r, uint64_t seed, dc_source *src) {
     const dc_t2i_base *b = &r->base;
-    const dc_shards_opts o = {r->opts.data, seed, DC_STREAM_BLOCK, b->latent_scale, b->text_null, b->text_null_len};
+    DC_TRY(complete_shapes(r));
+    const dc_shards_opts o = {r->opts.data, seed, DC_STREAM_BLOCK, b->latent_scale, b->text_null, b->text_null_len,
+                              r->cols.latents, r->cols.text, r->raw, r->nraw};
     return dc_source_shards(src, &o);
 }
 
@@ -84,7 +205,8 @@ int t2i_parse_prediction(const char *word, int *pred) {
 
 int t2i_flags_check(const arg_parser *ap, bool sd, const char *unet_config, const char *init) {
     static const char *const sd_only[] = {"unet-config", "init", "caption-dropout", "vocab", "sample-every",
-                                          "sample-prompts", "sample-steps", "sample-cfg"};
+                                          "sample-prompts", "sample-steps", "sample-cfg", "latents-column",
+                                          "text-column", "column-shape", "column-dtype", "latent-scale"};
     static const char *const dit_only[] = {"input-size", "in-channels", "patch", "hidden", "depth",
                                            "heads", "mlp-hidden", "num-classes", "class-dropout"};
     for (size_t i = 0; i < sizeof sd_only / sizeof *sd_only && !sd; i++)

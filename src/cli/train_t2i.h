@@ -11,12 +11,31 @@
 #include "cli/args.h"
 #include "diffusion/schedule.h"
 #include "io/kv.h"
+#include "io/safetensors.h"
 #include "pipelines/t2i_base.h"
+#include "train/shards.h"
 #include "train/source.h"
 #include "train/trainer.h"
 
+// The data set's columns as the flags map them (NULL, 0: not given; the
+// columns `diffusion prepare` writes). Checkpoints record them, and a
+// resumed run takes them from there.
+typedef struct {
+    const char *latents;  // --latents-column NAME
+    const char *text;     // --text-column NAME
+    const char *shapes;   // --column-shape NAME=D0,D1,...[,NAME=...]
+    const char *dtypes;   // --column-dtype NAME=float16|float32|bfloat16[,...]
+    float scale;          // --latent-scale X
+} t2i_columns;
+
+#define T2I_MAX_RAW 4
+
 typedef struct {
     char model[4096];       // the base, an absolute path
+    t2i_columns cols;       // owned copies
+    dc_shards_raw raw[T2I_MAX_RAW];  // the bytes columns' shapes and dtypes (names into cols' copies)
+    int nraw;
+    char *raw_names;        // the parsed names' storage
     dc_t2i_opts opts;
     dc_t2i_base base;
 } t2i_run;
@@ -25,9 +44,16 @@ typedef struct {
 // an architecture's preset.
 bool t2i_is_model_path(const char *model);
 
-// Opens the base model and the data set's description (vocab: --vocab or NULL).
-int t2i_open(t2i_run *r, const char *model, const char *data, const char *vocab, unsigned st_flags);
+// Opens the base model and the data set's description (vocab: --vocab or
+// NULL; cols: the mapping, may be NULL).
+int t2i_open(t2i_run *r, const char *model, const char *data, const char *vocab, const t2i_columns *cols,
+             unsigned st_flags);
 void t2i_close(t2i_run *r);
+// The mapping a checkpoint recorded (pointing into its metadata).
+void t2i_columns_from_checkpoint(t2i_columns *c, const dc_st_file *ck);
+// What a checkpoint of the run records of it: the base model's path and the
+// mapping given.
+int t2i_checkpoint_meta(const t2i_run *r, dc_kv *meta);
 
 // The UNet's config for a new run: unet_config (a diffusers config.json)
 // when given, else the base's, with the latent size and channels of the

@@ -7,12 +7,17 @@
 
 #include "core/error.h"
 #include "io/json.h"
+#include "models/sd_files.h"
+#include "models/vae.h"
 #include "pipelines/prepare.h"
 
-// prepare.json: latents or pixels, and the scaling factor of latents.
-static int read_prepare_json(dc_t2i_base *b, const char *data) {
+// prepare.json: latents or pixels, and the scaling factor of latents. A data
+// set whose latents column is named need not have one.
+static int read_prepare_json(dc_t2i_base *b, const dc_t2i_opts *o) {
+    const char *data = o->data;
     char path[4200];
     snprintf(path, sizeof path, "%s/prepare.json", data);
+    if (o->latents_column && !dc_sd_path_exists(path)) return b->latents = true, 0;
     dc_json_doc doc = {0};
     if (dc_json_read_file(&doc, path))
         return dc_fail_ctx("%s is not a data set `diffusion prepare` wrote (its prepare.json)", data);
@@ -21,8 +26,8 @@ static int read_prepare_json(dc_t2i_base *b, const char *data) {
     int rc = 0;
     if (!lat || (lat->type != DC_JSON_TRUE && lat->type != DC_JSON_FALSE))
         rc = dc_fail("%s: no \"latents\": true or false", path);
-    b->latents = !rc && lat->type == DC_JSON_TRUE;
-    if (!rc && b->latents) {
+    b->latents = !rc && (lat->type == DC_JSON_TRUE || o->latents_column);
+    if (!rc && lat->type == DC_JSON_TRUE) {
         if (!scale || scale->type != DC_JSON_NUMBER || !(scale->num > 0) || !isfinite(scale->num))
             rc = dc_fail("%s: latents without a positive \"latent_scaling_factor\"", path);
         else if (applied && applied->type != DC_JSON_FALSE)
@@ -35,6 +40,21 @@ static int read_prepare_json(dc_t2i_base *b, const char *data) {
         rc = dc_fail("%s holds aspect-ratio buckets, one data set a folder (%s/WxH/): training on buckets is not "
                      "built yet; train on one bucket's folder", data, data);
     dc_json_free(&doc);
+    return rc;
+}
+
+// The scaling factor of the base VAE's config (or, for a single file
+// without one, of the VAE its tensors describe).
+static int vae_scale(dc_t2i_base *b, dc_sd_model *files, const char *model) {
+    if (dc_sd_model_pixel_space(files))
+        return dc_fail("%s has no VAE whose scaling factor scales the data's latents: give the factor", model);
+    dc_sd_source s = {0};
+    dc_vae_config c;
+    int rc = dc_sd_source_find(&s, files, DC_SD_VAE);
+    if (!rc) rc = dc_sd_config(&s) ? dc_vae_config_from_json(&c, dc_sd_config(&s), s.dir) : dc_sd_source_open_files(&s);
+    if (!rc && !dc_sd_config(&s)) rc = dc_vae_config_infer(&c, &s.w, s.names);
+    if (!rc) b->latent_scale = c.scaling_factor;
+    dc_sd_source_close(&s);
     return rc;
 }
 
@@ -86,8 +106,15 @@ int dc_t2i_base_open(dc_t2i_base *b, const dc_t2i_opts *o) {
     memset(b, 0, sizeof *b);
     dc_sd_sched_cfg_default(&b->sched);
     dc_sd_model files = {0};
-    int rc = read_prepare_json(b, o->data);
+    int rc = read_prepare_json(b, o);
+    if (!rc && o->latent_scale > 0) {
+        if (b->latent_scale > 0 && b->latent_scale != o->latent_scale)
+            rc = dc_fail("%s: its prepare.json gives the latents' scaling factor (%g), not %g", o->data,
+                         b->latent_scale, o->latent_scale);
+        b->latent_scale = o->latent_scale;
+    }
     if (!rc) rc = dc_sd_model_open(&files, o->model, o->st_flags);
+    if (!rc && b->latents && !(b->latent_scale > 0)) rc = vae_scale(b, &files, o->model);
     if (!rc) rc = unet_config(b, &files);
     char sched[4200];
     int has = rc ? 0 : dc_sd_scheduler_file(&files, sched, sizeof sched);

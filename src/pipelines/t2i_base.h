@@ -8,7 +8,10 @@
 //     in fp32, whatever device trains, so the data set's fingerprint (which
 //     includes it) is the same on every machine and a run resumes anywhere;
 //   - from the data set's prepare.json (written by `diffusion prepare`):
-//     whether it holds latents or pixels, and the VAE's scaling factor.
+//     whether it holds latents or pixels, and the VAE's scaling factor. A
+//     data set written elsewhere (mosaicml/streaming's MDSWriter) has none:
+//     its latents column is named (train/shards.h), and the scaling factor
+//     is given or else the base VAE's config's.
 #pragma once
 #include <stdbool.h>
 
@@ -21,6 +24,8 @@ typedef struct {
     const char *vocab;           // CLIP vocabulary (NULL: the base's tokenizer/)
     const char *vocab_fallback;  // used when neither is there (NULL: none)
     unsigned st_flags;           // DC_ST_NO_VERIFY ...
+    const char *latents_column;  // the data's single latents (NULL: prepare's columns)
+    float latent_scale;          // > 0: the VAE's scaling factor of the data's latents
 } dc_t2i_opts;
 
 typedef struct {

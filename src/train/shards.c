@@ -1,6 +1,7 @@
 #include "train/shards.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -11,17 +12,34 @@
 #include "core/rng.h"
 #include "train/stream.h"
 
-enum { COL_X0, COL_LOGVAR, COL_TEXT, COL_TOKENS };  // the stream's columns (no logvar for pixels)
+// What x0 is read from.
+typedef enum {
+    X0_DIST,    // latents_mean, latents_logvar: a latent drawn each visit
+    X0_SINGLE,  // one stored latent
+    X0_PIXELS,  // uint8 pixels
+} x0_kind;
+
+enum { MAX_COLS = 4 };  // x0, logvar, text, tokens
+
+// How one of the stream's columns is read.
+typedef struct {
+    const char *name;  // while opening (the caller's string)
+    bool raw;        // a bytes column of raw values
+    dc_dtype dtype;  // raw: DC_F16, DC_BF16 or DC_F32
+    int64_t count;   // values a sample
+} column;
 
 typedef struct {
     dc_stream st;
-    bool latents;
+    x0_kind kind;
     float scale;
     int64_t numel;      // one sample's x0
     float *scratch;     // [numel] logvar, or the pixels before a flip
     float *text_null;   // [T, D]
     int text_null_len;
-    int col_text, col_tokens;
+    int ncols;
+    column cols[MAX_COLS];  // the stream's columns: x0 first
+    int col_logvar, col_text, col_tokens;  // -1: none
     int64_t read;       // the sample st holds, -1 none
     char *dir;
 } shards;
@@ -49,19 +67,44 @@ static int sh_index(dc_source *s, int64_t g, int batch, int64_t *idx) {
     return 0;
 }
 
+// Stream column k of sample idx (read) as floats: an ndarray's values, or a
+// bytes column's raw values once its length is checked.
+static int column_f32(shards *sh, int k, int64_t idx, float *dst) {
+    const column *c = &sh->cols[k];
+    if (!c->raw) return dc_stream_f32(&sh->st, k, dst, c->count);
+    dc_mds_array a;
+    DC_TRY(dc_stream_column(&sh->st, k, &a));
+    const size_t size = dc_dtype_size(c->dtype);
+    if (a.count != c->count * (int64_t)size)
+        return dc_fail("%s: sample %lld: column \"%s\" holds %lld bytes; %lld %s values are %lld", sh->dir,
+                       (long long)idx, dc_mds_column_at(sh->st.mds, sh->st.col[k])->name, (long long)a.count, (long long)c->count, dc_dtype_name(c->dtype),
+                       (long long)(c->count * (int64_t)size));
+    const uint8_t *b = a.values;  // unaligned, little-endian
+    for (int64_t j = 0; j < c->count; j++, b += size) {
+        uint16_t h;
+        if (c->dtype == DC_F32) memcpy(&dst[j], b, 4);
+        else memcpy(&h, b, 2), dst[j] = c->dtype == DC_F16 ? dc_f16_to_f32(h) : dc_bf16_to_f32(h);
+    }
+    return 0;
+}
+
 static int sh_x0(dc_source *s, int64_t idx, bool flip, uint64_t seed, uint32_t key, uint32_t step, float *dst) {
     shards *sh = s->impl;
     DC_TRY(read_sample(sh, idx));
-    if (sh->latents) {
-        DC_TRY(dc_stream_f32(&sh->st, COL_X0, dst, sh->numel));
-        DC_TRY(dc_stream_f32(&sh->st, COL_LOGVAR, sh->scratch, sh->numel));
+    if (sh->kind != X0_PIXELS) {
+        DC_TRY(column_f32(sh, 0, idx, dst));
+        if (sh->kind == X0_SINGLE) {
+            for (int64_t j = 0; j < sh->numel; j++) dst[j] *= sh->scale;
+            return 0;
+        }
+        DC_TRY(column_f32(sh, sh->col_logvar, idx, sh->scratch));
         for (int64_t j = 0; j < sh->numel; j++)
             dst[j] = sh->scale * (dst[j] + expf(0.5f * sh->scratch[j]) *
                                                dc_randn_at(seed, key, step, DC_STREAM_LATENT, (uint32_t)j));
         return 0;
     }
     float *px = flip ? sh->scratch : dst;
-    DC_TRY(dc_stream_f32(&sh->st, COL_X0, px, sh->numel));
+    DC_TRY(column_f32(sh, 0, idx, px));
     for (int64_t j = 0; j < sh->numel; j++) px[j] = px[j] / 127.5f - 1.0f;
     if (flip) dc_mirror_rows(dst, px, (int64_t)s->channels * s->height, s->width);
     return 0;
@@ -77,9 +120,10 @@ static int sh_cond(dc_source *s, int64_t idx, bool drop, int32_t *label, float *
         return 0;
     }
     DC_TRY(read_sample(sh, idx));
-    DC_TRY(dc_stream_f32(&sh->st, sh->col_text, ctx, seq));
+    DC_TRY(column_f32(sh, sh->col_text, idx, ctx));
+    if (sh->col_tokens < 0) return *len = s->text_len, 0;
     float tokens;
-    DC_TRY(dc_stream_f32(&sh->st, sh->col_tokens, &tokens, 1));
+    DC_TRY(column_f32(sh, sh->col_tokens, idx, &tokens));
     if (!(tokens >= 1 && tokens <= s->text_len))
         return dc_fail("%s: sample %lld counts %g tokens of %d", s->name, (long long)idx, tokens, s->text_len);
     *len = (int32_t)tokens;
@@ -95,51 +139,115 @@ static void sh_close(dc_source *s) {
 
 static const dc_source_ops k_shards = {sh_index, sh_x0, sh_cond, sh_close};
 
-// A column's static shape of `ndim` dimensions, or an error naming it.
-static int static_shape(const dc_mds_reader *r, const char *dir, const char *name, int ndim, int64_t *shape) {
+static const dc_shards_raw *find_raw(const dc_shards_opts *o, const char *name) {
+    for (int i = 0; i < o->nraw; i++)
+        if (!strcmp(o->raw[i].name, name)) return &o->raw[i];
+    return NULL;
+}
+
+// Column `name` as the stream's next column: its shape of `ndim` dimensions
+// from its ndarray encoding or, for bytes, from the raw values given.
+static int add_column(shards *sh, const dc_mds_reader *r, const dc_shards_opts *o, const char *name, int ndim,
+                      int64_t *shape) {
     int k = dc_mds_find(r, name);
-    if (k < 0) return dc_fail_ctx("%s", dir);
+    if (k < 0) return dc_fail_ctx("%s", o->dir);
     const dc_mds_column *c = dc_mds_column_at(r, k);
-    if (c->kind != DC_MDS_NDARRAY || c->ndim != ndim)
-        return dc_fail("%s: column \"%s\" is \"%s\"; an ndarray of %d fixed dimensions is expected", dir, name,
-                       c->encoding, ndim);
-    memcpy(shape, c->shape, (size_t)ndim * sizeof *shape);
+    const dc_shards_raw *raw = find_raw(o, name);
+    column *col = &sh->cols[sh->ncols++];
+    *col = (column){.name = name, .raw = c->kind == DC_MDS_BYTES};
+    if (col->raw) {
+        if (!raw)
+            return dc_fail("%s: column \"%s\" holds bytes: its values' dtype and shape (%d dimensions) must be "
+                           "given", o->dir, name, ndim);
+        if (raw->ndim != ndim)
+            return dc_fail("%s: column \"%s\": a shape of %d dimensions given, %d expected", o->dir, name,
+                           raw->ndim, ndim);
+        if (raw->dtype != DC_F16 && raw->dtype != DC_BF16 && raw->dtype != DC_F32)
+            return dc_fail("%s: column \"%s\": raw values are float16, bfloat16 or float32", o->dir, name);
+        col->dtype = raw->dtype;
+        memcpy(shape, raw->shape, (size_t)ndim * sizeof *shape);
+    } else {
+        if (raw)
+            return dc_fail("%s: column \"%s\" is \"%s\", which gives its own dtype and shape (one is given only "
+                           "for bytes columns)", o->dir, name, c->encoding);
+        if (c->kind != DC_MDS_NDARRAY || c->ndim != ndim)
+            return dc_fail("%s: column \"%s\" is \"%s\"; an ndarray of %d fixed dimensions is expected", o->dir,
+                           name, c->encoding, ndim);
+        memcpy(shape, c->shape, (size_t)ndim * sizeof *shape);
+    }
+    col->count = 1;
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] < 1 || shape[i] > 65536)
+            return dc_fail("%s: column \"%s\": dimension %d is %lld", o->dir, name, i, (long long)shape[i]);
+        col->count *= shape[i];
+    }
     return 0;
 }
 
-// What the samples are: x0's and the text's shapes from the columns' encodings.
-static int describe(dc_source *s, shards *sh, const dc_shards_opts *o) {
-    dc_mds_reader *r;
-    DC_TRY(dc_mds_open(&r, o->dir));
+// A scalar column (the token counts).
+static int add_scalar(shards *sh, const dc_mds_reader *r, const dc_shards_opts *o, const char *name) {
+    int k = dc_mds_find(r, name);
+    if (k < 0) return dc_fail_ctx("%s", o->dir);
+    sh->cols[sh->ncols++] = (column){.name = name, .count = 1};
+    return 0;
+}
+
+// What the samples are and which columns hold them: x0's and the text's
+// shapes from the columns' encodings or the raw shapes given.
+static int describe(dc_source *s, shards *sh, const dc_mds_reader *r, const dc_shards_opts *o) {
+    sh->col_logvar = sh->col_tokens = -1;
+    sh->kind = o->latents_column ? X0_SINGLE : has_column(r, "latents_mean") ? X0_DIST : X0_PIXELS;
+    if (sh->kind == X0_PIXELS && !has_column(r, "pixels"))
+        return dc_fail("%s: neither latents (latents_mean, latents_logvar) nor pixels to train on", o->dir);
+    const char *x0 = o->latents_column ? o->latents_column : sh->kind == X0_DIST ? "latents_mean" : "pixels";
     int64_t x[3], t[2];
-    sh->latents = has_column(r, "latents_mean");
-    int rc = !sh->latents && !has_column(r, "pixels")
-                 ? dc_fail("%s: neither latents (latents_mean, latents_logvar) nor pixels to train on", o->dir)
-                 : 0;
-    if (!rc) rc = static_shape(r, o->dir, sh->latents ? "latents_mean" : "pixels", 3, x);
-    if (!rc && sh->latents) {
+    DC_TRY(add_column(sh, r, o, x0, 3, x));
+    if (sh->kind == X0_DIST) {
         int64_t lv[3];
-        rc = static_shape(r, o->dir, "latents_logvar", 3, lv);
-        if (!rc && memcmp(lv, x, sizeof x)) rc = dc_fail("%s: latents_logvar's shape is not latents_mean's", o->dir);
+        sh->col_logvar = sh->ncols;
+        DC_TRY(add_column(sh, r, o, "latents_logvar", 3, lv));
+        if (memcmp(lv, x, sizeof x)) return dc_fail("%s: latents_logvar's shape is not latents_mean's", o->dir);
     }
-    if (!rc && (!has_column(r, "text_embeddings") || !has_column(r, "text_tokens")))
-        rc = dc_fail("%s: no text_embeddings and text_tokens columns: text conditioning needs them", o->dir);
-    if (!rc) rc = static_shape(r, o->dir, "text_embeddings", 2, t);
-    dc_mds_close(r);
-    DC_TRY(rc);
-    if (x[0] > 64 || x[1] > 65536 || x[2] > 65536 || t[0] > 4096 || t[1] > 65536)
-        return dc_fail("%s: implausible shapes", o->dir);
+    if (!o->text_column && (!has_column(r, "text_embeddings") || !has_column(r, "text_tokens")))
+        return dc_fail("%s: no text_embeddings and text_tokens columns: text conditioning needs them", o->dir);
+    sh->col_text = sh->ncols;
+    DC_TRY(add_column(sh, r, o, o->text_column ? o->text_column : "text_embeddings", 2, t));
+    if (!o->text_column) {
+        sh->col_tokens = sh->ncols;
+        DC_TRY(add_scalar(sh, r, o, "text_tokens"));
+    }
+    for (int i = 0; i < o->nraw; i++) {
+        bool read = false;
+        for (int k = 0; k < sh->ncols; k++) read |= !strcmp(sh->cols[k].name, o->raw[i].name);
+        if (!read) return dc_fail("%s: a shape is given for column \"%s\", which is not read", o->dir, o->raw[i].name);
+    }
+    if (x[0] > 64 || t[0] > 4096) return dc_fail("%s: implausible shapes", o->dir);
     s->channels = (int)x[0], s->height = (int)x[1], s->width = (int)x[2];
     s->text_len = (int)t[0], s->text_dim = (int)t[1];
     sh->numel = x[0] * x[1] * x[2];
     return 0;
 }
 
+// Raw shapes that do not fit the bytes are refused at once (every sample is
+// checked again when read): the first sample read whole.
+static int check_first(dc_source *s) {
+    shards *sh = s->impl;
+    float *ctx = malloc((size_t)s->text_len * (size_t)s->text_dim * sizeof *ctx);
+    float *x0 = malloc((size_t)sh->numel * sizeof *x0);
+    int32_t len;
+    int rc = !x0 || !ctx ? dc_fail("out of memory")
+             : s->ops->x0(s, 0, false, 0, 0, 0, x0) || s->ops->cond(s, 0, false, NULL, ctx, &len) ? -1 : 0;
+    free(x0), free(ctx);
+    return rc;
+}
+
 // xxHash64 of index.json (every shard's name, size and sample count), the
-// shapes, the latent scale and the empty prompt.
-static int fingerprint(const char *dir, const dc_source *s, const shards *sh, uint64_t *out) {
+// shapes, the latent scale and the empty prompt; with a mapping given, the
+// columns read and how (the data sets `diffusion prepare` writes hash as
+// they always have).
+static int fingerprint(const dc_shards_opts *o, const dc_source *s, const shards *sh, uint64_t *out) {
     char path[4200];
-    snprintf(path, sizeof path, "%s/index.json", dir);
+    snprintf(path, sizeof path, "%s/index.json", o->dir);
     int64_t size;
     int fd = dc_open_regular(path, &size);
     if (fd < 0) return -1;
@@ -156,6 +264,14 @@ static int fingerprint(const char *dir, const dc_source *s, const shards *sh, ui
     dc_xxh64_update(&h, &sh->scale, sizeof sh->scale);
     dc_xxh64_update(&h, sh->text_null, (size_t)s->text_len * s->text_dim * sizeof *sh->text_null);
     dc_xxh64_update_u64(&h, (uint64_t)sh->text_null_len);
+    if (o->latents_column || o->text_column || o->nraw) {
+        dc_xxh64_update_u64(&h, (uint64_t)sh->kind);
+        for (int k = 0; k < sh->ncols; k++) {
+            const column *c = &sh->cols[k];
+            dc_xxh64_update(&h, c->name, strlen(c->name) + 1);
+            dc_xxh64_update_u64(&h, c->raw ? 1u + (uint64_t)c->dtype : 0);
+        }
+    }
     *out = dc_xxh64_digest(&h);
     return 0;
 }
@@ -166,14 +282,18 @@ int dc_source_shards(dc_source *s, const dc_shards_opts *o) {
     if (!sh) return dc_fail("out of memory");
     *s = (dc_source){.ops = &k_shards, .cond = DC_COND_TEXT, .impl = sh};
     sh->read = -1;
-    int rc = describe(s, sh, o);
-    if (!rc && sh->latents && !(o->latent_scale > 0 && isfinite(o->latent_scale)))
+    dc_mds_reader *r = NULL;
+    int rc = dc_mds_open(&r, o->dir);
+    if (!rc) rc = describe(s, sh, r, o);
+    if (r) dc_mds_close(r);
+    const bool latents = sh->kind != X0_PIXELS;
+    if (!rc && latents && !(o->latent_scale > 0 && isfinite(o->latent_scale)))
         rc = dc_fail("%s: latents need the VAE's scaling factor (got %g)", o->dir, o->latent_scale);
     if (!rc && (!o->text_null || o->text_null_len < 1 || o->text_null_len > s->text_len))
         rc = dc_fail("%s: the empty prompt's embeddings and length (1..%d) are needed", o->dir, s->text_len);
     const size_t seq = (size_t)s->text_len * (size_t)s->text_dim;
     if (!rc) {
-        sh->scale = sh->latents ? o->latent_scale : 1.0f;
+        sh->scale = latents ? o->latent_scale : 1.0f;
         sh->scratch = malloc((size_t)sh->numel * sizeof *sh->scratch);
         sh->text_null = malloc(seq * sizeof *sh->text_null);
         sh->dir = strdup(o->dir);
@@ -181,18 +301,18 @@ int dc_source_shards(dc_source *s, const dc_shards_opts *o) {
     }
     if (!rc) {
         memcpy(sh->text_null, o->text_null, seq * sizeof *sh->text_null);
-        sh->text_null_len = o->text_null_len;
-        const char *cols_latent[] = {"latents_mean", "latents_logvar", "text_embeddings", "text_tokens"};
-        const char *cols_pixels[] = {"pixels", "text_embeddings", "text_tokens"};
-        sh->col_text = sh->latents ? COL_TEXT : COL_TEXT - 1;
-        sh->col_tokens = sh->col_text + 1;
-        rc = sh->latents ? dc_stream_open(&sh->st, o->dir, cols_latent, 4, o->seed, o->block)
-                         : dc_stream_open(&sh->st, o->dir, cols_pixels, 3, o->seed, o->block);
+        // without token counts every position counts, the empty prompt's too
+        sh->text_null_len = sh->col_tokens < 0 ? s->text_len : o->text_null_len;
+        const char *names[MAX_COLS];
+        for (int k = 0; k < sh->ncols; k++) names[k] = sh->cols[k].name;
+        rc = dc_stream_open(&sh->st, o->dir, names, sh->ncols, o->seed, o->block);
     }
     if (!rc) {
-        s->n = sh->st.order.n, s->flips = !sh->latents, s->name = sh->dir;
-        rc = fingerprint(o->dir, s, sh, &s->fingerprint);
+        s->n = sh->st.order.n, s->flips = sh->kind == X0_PIXELS, s->name = sh->dir;
+        rc = fingerprint(o, s, sh, &s->fingerprint);
     }
+    if (!rc && o->nraw) rc = check_first(s);
+    for (int k = 0; k < sh->ncols; k++) sh->cols[k].name = NULL;  // the caller's strings: messages use the stream's
     if (rc) {
         if (sh->st.mds) dc_stream_close(&sh->st);
         free(sh->scratch), free(sh->text_null), free(sh->dir), free(sh);
