@@ -288,6 +288,8 @@ typedef struct {
     int64_t *pos;
     int *orig_w, *orig_h, *tokens;
     const char **caption;
+    bool *failed;              // the picture of the slot could not be read
+    char (*why)[512];          // and why
 } batch_bufs;
 
 static void bufs_free(dc_backend *be, batch_bufs *b) {
@@ -297,6 +299,7 @@ static void bufs_free(dc_backend *be, batch_bufs *b) {
     free(b->h_img), free(b->h_mean), free(b->h_logvar), free(b->h_ctx), free(b->h_px);
     free(b->m16), free(b->v16), free(b->c16);
     free(b->pos), free(b->orig_w), free(b->orig_h), free(b->tokens), free(b->caption);
+    free(b->failed), free(b->why);
     memset(b, 0, sizeof *b);
 }
 
@@ -332,11 +335,19 @@ static int bufs_alloc(dc_prepare_models *m, batch_bufs *b, int B, int H, int W) 
     b->orig_w = malloc(sizeof(int) * (size_t)B), b->orig_h = malloc(sizeof(int) * (size_t)B);
     b->tokens = malloc(sizeof(int) * (size_t)B);
     b->caption = malloc(sizeof *b->caption * (size_t)B);
+    b->failed = malloc(sizeof *b->failed * (size_t)B), b->why = malloc(sizeof *b->why * (size_t)B);
     if (!rc && (!b->h_img || !b->h_px || !b->h_mean || !b->h_logvar || !b->h_ctx || !b->m16 || !b->v16 || !b->c16 || !b->pos ||
-                !b->orig_w || !b->orig_h || !b->tokens || !b->caption))
+                !b->orig_w || !b->orig_h || !b->tokens || !b->caption || !b->failed || !b->why))
         rc = dc_fail("out of memory for a batch of %d pictures of %dx%d", B, W, H);
     if (rc) bufs_free(be, b);
     return rc;
+}
+
+// Moves a loaded picture from slot `from` of the batch to slot `to`.
+static void move_slot(batch_bufs *b, int from, int to) {
+    memcpy(b->h_img + to * b->pix, b->h_img + from * b->pix, sizeof *b->h_img * (size_t)b->pix);
+    memcpy(b->h_px + to * b->pix, b->h_px + from * b->pix, (size_t)b->pix);
+    b->orig_w[to] = b->orig_w[from], b->orig_h[to] = b->orig_h[from];
 }
 
 // Reads and resizes picture `e` of the set into slot k of the batch.
@@ -512,20 +523,27 @@ static int run_job(dc_prepare_models *m, const dc_picture_set *set, const job *j
     // an uninterrupted one would.
     for (int64_t a = start / B * B; a < j->n && !rc; a += B) {
         const int64_t end = a + B < j->n ? a + B : j->n;
+        // The batch's pictures are read and resized on all cores (each into
+        // its own slot, its error kept), then the readable ones are packed
+        // in order and the others reported, as one at a time would.
+        const int nb = (int)(end - a);
+#pragma omp parallel for schedule(dynamic, 1)
+        for (int k = 0; k < nb; k++) {
+            b.failed[k] = load_picture(set, j->idx[a + k], o, &b, k) != 0;
+            if (b.failed[k]) snprintf(b.why[k], sizeof b.why[k], "%s", dc_error());
+        }
         int n = 0;
-        for (int64_t pos = a; pos < end; pos++) {
-            const int64_t e = j->idx[pos];
-            b.caption[n] = set->e[e].caption, b.pos[n] = pos;
-            if (load_picture(set, e, o, &b, n) == 0) {
+        for (int k = 0; k < nb && !rc; k++) {
+            const int64_t pos = a + k;
+            if (!b.failed[k]) {
+                if (n != k) move_slot(&b, k, n);
+                b.caption[n] = set->e[j->idx[pos]].caption, b.pos[n] = pos;
                 n++;
-                continue;
-            }
-            if (pos >= start) {
-                dc_warn("skipped: %s", dc_error());
+            } else if (pos >= start) {
+                dc_warn("skipped: %s", b.why[k]);
                 if ((rc = grow((void **)&ws->corrupt, &ws->corrupt_cap, ws->ncorrupt, sizeof *ws->corrupt))) break;
                 ws->corrupt[ws->ncorrupt++] = pos;
             }
-            dc_error_clear();
         }
         if (!rc && n) rc = encode(m, &b, n);
         for (int k = 0; k < n && !rc; k++) {
