@@ -63,7 +63,7 @@ int dc_heads_parse(const char *s, dc_heads *h) {
 
 // A UNet's config: config.json, else the shapes (and SD's head rules), the
 // heads given taking precedence.
-static int unet_config_of(const dc_sd_source *s, const dc_heads *heads, dc_unet_config *c) {
+int dc_sd_unet_config(const dc_sd_source *s, const dc_heads *heads, dc_unet_config *c) {
     if (s->meta)
         DC_TRY(dc_unet_config_from_meta(c, s->meta));
     else if (dc_sd_config(s))
@@ -84,7 +84,7 @@ int dc_sd_load_unet(dc_sd_source *s, dc_backend *be, int latent_h, int latent_w,
                     dc_model **out) {
     *out = NULL;
     dc_unet_config c;
-    DC_TRY(unet_config_of(s, heads, &c));
+    DC_TRY(dc_sd_unet_config(s, heads, &c));
     DC_TRY(dc_unet_new(&c, be, dc_weights_dtype(&s->w), latent_h, latent_w, out));
     if (dc_unet_load(*out, &s->w, s->names)) {
         dc_model_free(*out), *out = NULL;
@@ -134,7 +134,7 @@ static int describe(dc_sd_pipe *p, const dc_sd_open_opts *o) {
     dc_vae_config vc;
     if (dc_sd_config(text)) DC_TRY(dc_clip_text_config_from_json(&tc, dc_sd_config(text), text->dir));
     else DC_TRY(dc_clip_text_config_infer(&tc, &text->w, text->names));
-    DC_TRY(unet_config_of(unet, o->unet_heads, &uc));
+    DC_TRY(dc_sd_unet_config(unet, o->unet_heads, &uc));
     if (dc_unet_config_validate(&uc)) return dc_fail_ctx("%s", unet->dir[0] ? unet->dir : o->model);
     if (vae && dc_sd_config(vae)) DC_TRY(dc_vae_config_from_json(&vc, dc_sd_config(vae), vae->dir));
     else if (vae) DC_TRY(dc_vae_config_infer(&vc, &vae->w, vae->names));

@@ -13,6 +13,7 @@
 #include "diffusion/sd_sched_config.h"
 #include "models/clip_text.h"
 #include "models/sd_source.h"
+#include "models/unet.h"
 #include "models/vae.h"
 #include "text/clip_tokenizer.h"
 
@@ -118,6 +119,10 @@ int dc_sd_encode_prompts(dc_sd_pipe *p, const char *const *prompts, int n, dc_bu
 // from config.json or the shapes, then the weights.
 int dc_sd_load_text(dc_sd_source *s, dc_backend *be, int *skip, dc_clip_text **out);
 int dc_sd_load_vae(dc_sd_source *s, dc_backend *be, bool encoder, bool decoder, dc_vae **out);
+// A UNet component's config: a run checkpoint's metadata, config.json, else
+// the shapes of its tensors (their files opened) and SD's head rules; heads
+// given (NULL: none) take precedence.
+int dc_sd_unet_config(const dc_sd_source *s, const dc_heads *heads, dc_unet_config *c);
 // heads: NULL, or the UNet's attention heads (one count for every block, or
 // one per block) for files whose width no SD rule covers.
 int dc_sd_load_unet(dc_sd_source *s, dc_backend *be, int latent_h, int latent_w, const dc_heads *heads,

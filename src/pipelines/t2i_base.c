@@ -10,6 +10,7 @@
 #include "models/sd_files.h"
 #include "models/vae.h"
 #include "pipelines/prepare.h"
+#include "pipelines/sd.h"
 
 // prepare.json: latents or pixels, and the scaling factor of latents. A data
 // set whose latents column is named need not have one.
@@ -65,8 +66,8 @@ static int unet_config(dc_t2i_base *b, dc_sd_model *files) {
         snprintf(b->no_unet, sizeof b->no_unet, "%s", dc_error());
         return 0;
     }
-    int rc = dc_sd_config(&s) ? dc_unet_config_from_json(&b->unet, dc_sd_config(&s), s.dir) : 0;
-    if (!dc_sd_config(&s) && !(rc = dc_sd_source_open_files(&s))) rc = dc_unet_config_infer(&b->unet, &s.w, s.names);
+    int rc = dc_sd_config(&s) ? 0 : dc_sd_source_open_files(&s);  // described by its tensors' shapes
+    if (!rc) rc = dc_sd_unet_config(&s, NULL, &b->unet);
     dc_sd_source_close(&s);
     b->has_unet = rc == 0;
     return rc;
