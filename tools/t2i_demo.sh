@@ -18,7 +18,7 @@
 #   T2I_DEVICE=D  cpu (default) or cuda
 set -euo pipefail
 cd "$(dirname "$0")/.."
-steps=${T2I_STEPS:-6000}
+steps=${T2I_STEPS:-3500}
 device=${T2I_DEVICE:-cpu}
 per_class=${T2I_PER_CLASS:-50}
 if ! [[ "$steps" =~ ^[1-9][0-9]*$ ]]; then
@@ -45,7 +45,7 @@ fi
 # prepare continues an unfinished run by itself, and leaves a finished one alone
 [ -f "$out/data/prepare.json" ] || ./diffusion prepare --model "$out/base" --vae none --data "$out/pictures" \
   --out "$out/data" --size 28 --batch 256 --device "$device"
-recipe=(--steps "$steps" --batch 64 --lr 1e-3 --warmup 100 --ema-decay 0.999 --caption-dropout 0.1
+recipe=(--steps "$steps" --batch 64 --lr 1e-3 --warmup 100 --ema-decay 0.999 --caption-dropout 0.1 --prediction v --min-snr-gamma 5
         --ckpt-every 500 --sample-every 1000 --sample-prompts tools/t2i_demo/prompts.txt --sample-steps 25
         --sample-cfg 3 --device "$device")
 if ls "$out"/run/step_*.safetensors > /dev/null 2>&1; then
