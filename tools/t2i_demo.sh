@@ -65,23 +65,24 @@ mkdir -p "$out/samples" "$out/heldout"
 for c in "${!names[@]}"; do
   ./diffusion txt2img --model "$out/model" --prompt "a photo of a ${names[c]}" --count "$per_class" \
     --batch "$per_class" --steps 25 --sampler ddim --cfg-scale 3 --seed "$c" --out "$out/samples/class$c.png" \
-    --device "$device" > /dev/null
+    --device "$device" > "$out/txt2img.log" 2>&1 || { cat "$out/txt2img.log" >&2; exit 1; }
   # a phrasing the training captions never held, a different one for each class
   h=${heldout[c % ${#heldout[@]}]}
   ./diffusion txt2img --model "$out/model" --prompt "${h//\{\}/${names[c]}}" --count "$per_class" \
     --batch "$per_class" --steps 25 --sampler ddim --cfg-scale 3 --seed "$c" --out "$out/heldout/class$c.png" \
-    --device "$device" > /dev/null
+    --device "$device" > "$out/txt2img.log" 2>&1 || { cat "$out/txt2img.log" >&2; exit 1; }
 done
 echo "t2i demo: done in $(((SECONDS - t0) / 60)) min"
 echo "model:    $out/model (txt2img --model $out/model --prompt \"a photo of a bag\")"
 echo "grids:    $out/run/samples/"
 echo "loss:     $out/run/loss.png"
-if python3 -c "import torch, PIL" 2> /dev/null; then
-  [ -f runs/judge.pt ] || python3 tools/fmnist_judge.py train
+py=python3; [ -x /usr/bin/python3 ] && py=/usr/bin/python3  # Debian's, where python3-torch lives
+if $py -c "import torch, PIL" 2> /dev/null; then
+  [ -f runs/judge.pt ] || $py tools/fmnist_judge.py train
   echo "judged, \"a photo of a {class}\":"
-  python3 tools/fmnist_judge.py score "$out/samples"
+  $py tools/fmnist_judge.py score "$out/samples"
   echo "judged, held-out phrasings:"
-  python3 tools/fmnist_judge.py score "$out/heldout"
+  $py tools/fmnist_judge.py score "$out/heldout"
 else
   echo "(install python3-torch and python3-pil to score the pictures with tools/fmnist_judge.py)"
 fi
