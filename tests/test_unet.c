@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "backend/backend.h"
+#include "buf_up.h"
 #include "check.h"
 #include "core/error.h"
 #include "diffusion/ksampler.h"
@@ -51,16 +52,7 @@ static dc_backend *g_be;
 
 // n host floats into a new backend buffer of dtype dt (F32, or the backend's
 // compute dtype for what the model reads).
-static dc_buf buf_up(const float *h, int64_t n, dc_dtype dt) {
-    dc_buf f = {g_be->alloc(g_be, (size_t)n * 4), DC_F32};
-    g_be->upload(g_be, f.p, h, (size_t)n * 4);
-    if (dt == DC_F32) return f;
-    dc_buf b = {g_be->alloc(g_be, (size_t)n * dc_dtype_size(dt)), dt};
-    g_be->cast(g_be, b, f, n);
-    g_be->sync(g_be);
-    g_be->free(g_be, f.p);
-    return b;
-}
+static dc_buf buf_up(const float *h, int64_t n, dc_dtype dt) { return test_buf_up(g_be, h, n, dt); }
 static void buf_down(dc_buf b, float *h, int64_t n) {
     if (b.dt == DC_F32) return g_be->download(g_be, h, b.p, (size_t)n * 4);
     dc_buf f = {g_be->alloc(g_be, (size_t)n * 4), DC_F32};

@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "buf_up.h"
 #include "check.h"
 #include "core/error.h"
 #include "core/rng.h"
@@ -47,23 +48,12 @@ typedef struct {
     float *hdout;                 // dout on the host
 } rig;
 
-static dc_buf up_f32(dc_backend *be, const float *h, int64_t n, dc_dtype dt) {
-    dc_buf f = {be->alloc(be, (size_t)n * 4), DC_F32};
-    be->upload(be, f.p, h, (size_t)n * 4);
-    if (dt == DC_F32) return f;
-    dc_buf b = {be->alloc(be, (size_t)n * dc_dtype_size(dt)), dt};
-    be->cast(be, b, f, n);
-    be->sync(be);
-    be->free(be, f.p);
-    return b;
-}
-
 static dc_buf up_tensor(dc_backend *be, const dc_st_file *f, const char *name, dc_dtype dt, int64_t *n) {
     const dc_st_tensor *t = dc_st_find(f, name);
     if (!t) return dc_buf_none();
     float *h = malloc((size_t)t->numel * sizeof *h);
     if (!h || dc_st_read_f32(f, t, h)) return free(h), dc_buf_none();
-    dc_buf d = up_f32(be, h, t->numel, dt);
+    dc_buf d = test_buf_up(be, h, t->numel, dt);
     if (n) *n = t->numel;
     free(h);
     return d;
@@ -112,14 +102,14 @@ static int rig_open(rig *r, dc_backend *be, const char *set, bool io_inputs, con
         const int len = 16;
         r->B = 1, r->nout = 4 * side * side;
         float *hx = randn_host(r->nout, seed + 1), *hc = randn_host(len * c.ctx_dim, seed + 2), ht = 321.0f;
-        r->x = up_f32(be, hx, r->nout, DC_F32), r->t = up_f32(be, &ht, 1, DC_F32);
-        r->ctx = up_f32(be, hc, len * c.ctx_dim, be->compute);
+        r->x = test_buf_up(be, hx, r->nout, DC_F32), r->t = test_buf_up(be, &ht, 1, DC_F32);
+        r->ctx = test_buf_up(be, hc, len * c.ctx_dim, be->compute);
         r->cond = (dc_cond){.ctx = r->ctx, .len = len, .dim = c.ctx_dim};
         free(hx), free(hc);
     }
     r->hdout = dout ? malloc((size_t)r->nout * sizeof *r->hdout) : randn_host(r->nout, seed);
     if (dout) memcpy(r->hdout, dout, (size_t)r->nout * sizeof *r->hdout);
-    r->dout = up_f32(be, r->hdout, r->nout, DC_F32);
+    r->dout = test_buf_up(be, r->hdout, r->nout, DC_F32);
     r->out = (dc_buf){be->alloc(be, (size_t)r->nout * 4), DC_F32};
     return dc_model_reserve(r->m, r->B);
 }
