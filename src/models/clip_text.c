@@ -10,36 +10,14 @@
 #include <string.h>
 
 #include "core/error.h"
-#include "models/clip_text.h"
+#include "models/clip_text_layers.h"
 #include "nn/arena.h"
-#include "nn/modules.h"
-
-// One encoder layer, registered in state-dict order.
-typedef struct {
-    dc_linear k, v, q, out;   // self_attn.{k,v,q,out}_proj: W -> W, with bias
-    dc_layer_norm ln1;        // layer_norm1
-    dc_linear fc1, fc2;       // mlp.fc1: W -> F, mlp.fc2: F -> W
-    dc_layer_norm ln2;        // layer_norm2
-} clip_layer;
-
-struct dc_clip_text_modules {
-    dc_embedding tok;         // embeddings.token_embedding [V, W]
-    dc_embedding pos;         // embeddings.position_embedding [T, W]
-    clip_layer *layers;       // [L]: encoder.layers.<l>
-    dc_layer_norm final_ln;   // final_layer_norm
-};
 
 // One set of activations that every layer reuses (inference keeps nothing).
 struct dc_clip_text_acts {
     void *base;
-    dc_buf x;                 // [B, T, W] F32 residual stream
-    dc_buf h;                 // [B, T, W] LayerNorm output
-    dc_buf q, k, v;           // [B, T, W] projections, head h at columns [h Dh, (h+1) Dh)
-    dc_buf att;               // [B, T, W] attention output, heads side by side
-    dc_buf o;                 // [B, T, W] branch output before the residual add
-    dc_buf f, g;              // [B, T, F] fc1 output and its activation
-    dc_buf mean, rstd;        // [B * T] F32 LayerNorm statistics
-    dc_buf lse;               // [B, H, T] F32 attention log-sum-exp
+    clip_layer_bufs b;        // x_in = x_mid = x_out: the F32 stream, updated in place;
+                              // h1 = h2, and one set of statistics
 };
 
 // Registers the modules in state-dict order into ps; md->layers holds c->layers.
@@ -88,7 +66,8 @@ int dc_clip_text_params(dc_params *ps, const dc_clip_text_config *c) {
     return rc;
 }
 
-int dc_clip_text_create(dc_clip_text **out, const dc_clip_text_config *c, dc_backend *be, dc_dtype loaded) {
+// Frozen (inference) or trainable parameters.
+static int create(dc_clip_text **out, const dc_clip_text_config *c, dc_backend *be, dc_dtype loaded, bool trainable) {
     *out = NULL;
     DC_TRY(dc_clip_text_config_validate(c));
     dc_clip_text *m = calloc(1, sizeof *m);
@@ -96,12 +75,20 @@ int dc_clip_text_create(dc_clip_text **out, const dc_clip_text_config *c, dc_bac
     m->cfg = *c;
     m->be = be;
     if (!(m->mods = modules_new(c)) || build_modules(c, &m->params, m->mods) ||
-        dc_params_alloc_frozen(&m->params, be, loaded)) {
+        (trainable ? dc_params_alloc(&m->params, be, true) : dc_params_alloc_frozen(&m->params, be, loaded))) {
         dc_clip_text_free(m);
         return -1;
     }
     *out = m;
     return 0;
+}
+
+int dc_clip_text_create(dc_clip_text **out, const dc_clip_text_config *c, dc_backend *be, dc_dtype loaded) {
+    return create(out, c, be, loaded, false);
+}
+
+int dc_clip_text_create_trainable(dc_clip_text **out, const dc_clip_text_config *c, dc_backend *be) {
+    return create(out, c, be, DC_F32, true);
 }
 
 int dc_clip_text_load(dc_clip_text *m, const dc_weights *w, dc_names names) {
@@ -121,6 +108,7 @@ static void free_acts(dc_clip_text *m) {
 void dc_clip_text_free(dc_clip_text *m) {
     if (!m) return;
     free_acts(m);
+    clip_train_free(m);
     dc_params_free(&m->params);
     modules_free(m->mods);
     free(m);
@@ -129,13 +117,14 @@ void dc_clip_text_free(dc_clip_text *m) {
 // The activations, carved out of one allocation (nn/arena.h).
 static void carve(const dc_clip_text_config *c, dc_arena *ar, dc_clip_text_acts *a, int B) {
     int64_t BT = (int64_t)B * c->positions, BTW = BT * c->width, BTF = BT * c->ffn;
-    a->x = dc_arena_take32(ar, BTW);
-    a->h = dc_arena_take(ar, BTW);
-    a->q = dc_arena_take(ar, BTW), a->k = dc_arena_take(ar, BTW), a->v = dc_arena_take(ar, BTW);
-    a->att = dc_arena_take(ar, BTW), a->o = dc_arena_take(ar, BTW);
-    a->f = dc_arena_take(ar, BTF), a->g = dc_arena_take(ar, BTF);
-    a->mean = dc_arena_take32(ar, BT), a->rstd = dc_arena_take32(ar, BT);
-    a->lse = dc_arena_take32(ar, BT * c->heads);
+    clip_layer_bufs *b = &a->b;
+    b->x_in = b->x_mid = b->x_out = dc_arena_take32(ar, BTW);
+    b->h1 = b->h2 = dc_arena_take(ar, BTW);
+    b->q = dc_arena_take(ar, BTW), b->k = dc_arena_take(ar, BTW), b->v = dc_arena_take(ar, BTW);
+    b->att = dc_arena_take(ar, BTW), b->o = dc_arena_take(ar, BTW);
+    b->f = dc_arena_take(ar, BTF), b->g = dc_arena_take(ar, BTF);
+    b->mean1 = b->mean2 = dc_arena_take32(ar, BT), b->rstd1 = b->rstd2 = dc_arena_take32(ar, BT);
+    b->lse = dc_arena_take32(ar, BT * c->heads);
 }
 
 int dc_clip_text_reserve(dc_clip_text *m, int max_batch) {
@@ -163,61 +152,73 @@ int dc_clip_text_reserve(dc_clip_text *m, int max_batch) {
     return 0;
 }
 
-// x += causal_self_attention(layer_norm1(x)) of layer y.
-static void attention_block(dc_clip_text *m, const clip_layer *y, int B) {
-    dc_backend *be = m->be;
-    const dc_params *ps = &m->params;
-    const dc_clip_text_acts *a = m->acts;
-    const int T = m->cfg.positions, W = m->cfg.width, H = m->cfg.heads, BT = B * T;
+dc_attn_shape clip_attn_shape(const dc_clip_text_config *c, int B) {
+    const int T = c->positions, W = c->width, H = c->heads;
     dc_attn_shape s;
     memset(&s, 0, sizeof s);
     s.B = B, s.H = H, s.Tq = s.Tk = T, s.Dh = s.Dv = W / H, s.causal = true;  // scale 0: 1/sqrt(Dh)
     s.q = s.k = s.v = s.out = dc_attn_rows(T, W, W / H);
-    dc_layer_norm_fwd(be, ps, &y->ln1, a->h, a->mean, a->rstd, a->x, BT);
-    dc_linear_fwd(be, ps, &y->q, a->q, a->h, BT);
-    dc_linear_fwd(be, ps, &y->k, a->k, a->h, BT);
-    dc_linear_fwd(be, ps, &y->v, a->v, a->h, BT);
-    be->attention_fwd(be, a->att, a->lse, a->q, a->k, a->v, &s);
-    dc_linear_fwd(be, ps, &y->out, a->o, a->att, BT);
-    be->axpy(be, a->x, a->o, 1.0f, (int64_t)BT * W);
+    return s;
 }
 
-// x += fc2(act(fc1(layer_norm2(x)))) of layer y.
-static void mlp_block(dc_clip_text *m, const clip_layer *y, int B) {
-    dc_backend *be = m->be;
-    const dc_params *ps = &m->params;
-    const dc_clip_text_acts *a = m->acts;
-    const int BT = B * m->cfg.positions;
-    dc_layer_norm_fwd(be, ps, &y->ln2, a->h, a->mean, a->rstd, a->x, BT);
-    dc_linear_fwd(be, ps, &y->fc1, a->f, a->h, BT);
-    be->activation_fwd(be, a->g, a->f, (int64_t)BT * m->cfg.ffn, m->cfg.act);
-    dc_linear_fwd(be, ps, &y->fc2, a->o, a->g, BT);
-    be->axpy(be, a->x, a->o, 1.0f, (int64_t)BT * m->cfg.width);
+// dst = src + branch (dst may be src: then in place)
+static void residual(dc_backend *be, dc_buf dst, dc_buf src, dc_buf branch, int64_t n) {
+    if (dst.p != src.p) be->cast(be, dst, src, n);
+    be->axpy(be, dst, branch, 1.0f, n);
+}
+
+void clip_layer_fwd(dc_backend *be, const dc_params *ps, const dc_clip_text_config *c, const clip_layer *y,
+                    const clip_layer_bufs *b, int B) {
+    const int BT = B * c->positions;
+    const int64_t BTW = (int64_t)BT * c->width;
+    // x_mid = x_in + out_proj(causal_self_attention(layer_norm1(x_in)))
+    const dc_attn_shape s = clip_attn_shape(c, B);
+    dc_layer_norm_fwd(be, ps, &y->ln1, b->h1, b->mean1, b->rstd1, b->x_in, BT);
+    dc_linear_fwd(be, ps, &y->q, b->q, b->h1, BT);
+    dc_linear_fwd(be, ps, &y->k, b->k, b->h1, BT);
+    dc_linear_fwd(be, ps, &y->v, b->v, b->h1, BT);
+    be->attention_fwd(be, b->att, b->lse, b->q, b->k, b->v, &s);
+    dc_linear_fwd(be, ps, &y->out, b->o, b->att, BT);
+    residual(be, b->x_mid, b->x_in, b->o, BTW);
+    // x_out = x_mid + fc2(act(fc1(layer_norm2(x_mid))))
+    dc_layer_norm_fwd(be, ps, &y->ln2, b->h2, b->mean2, b->rstd2, b->x_mid, BT);
+    dc_linear_fwd(be, ps, &y->fc1, b->f, b->h2, BT);
+    be->activation_fwd(be, b->g, b->f, (int64_t)BT * c->ffn, c->act);
+    dc_linear_fwd(be, ps, &y->fc2, b->o, b->g, BT);
+    residual(be, b->x_out, b->x_mid, b->o, BTW);
+}
+
+void clip_embed_fwd(dc_backend *be, const dc_params *ps, const dc_clip_text_modules *md, dc_buf x, dc_buf ids, int B,
+                    int T, int W) {
+    dc_embedding_fwd(be, ps, &md->tok, x, ids, B * T);
+    be->add_rows(be, x, dc_param_w(ps, md->pos.table), B, T, W);
+}
+
+int clip_check_call(const dc_clip_text_config *c, dc_buf ids, int B, int max_batch, int skip) {
+    if (B < 1 || B > max_batch)
+        return dc_fail("text encoder: batch %d exceeds the reserved batch %d", B, max_batch);
+    if (ids.dt != DC_I32) return dc_fail("text encoder: token ids must be I32, not %s", dc_dtype_name(ids.dt));
+    if (skip < 0 || skip >= c->layers)
+        return dc_fail("text encoder: cannot skip %d of its %d layers (0..%d)", skip, c->layers, c->layers - 1);
+    return 0;
 }
 
 int dc_clip_text_forward(dc_clip_text *m, dc_buf hidden, dc_buf penultimate, dc_buf ids, int B, int skip) {
     const dc_clip_text_config *c = &m->cfg;
-    if (!m->acts || B < 1 || B > m->max_batch)
-        return dc_fail("text encoder: batch %d exceeds the reserved batch %d", B, m->max_batch);
-    if (ids.dt != DC_I32) return dc_fail("text encoder: token ids must be I32, not %s", dc_dtype_name(ids.dt));
-    if (skip < 0 || skip >= c->layers)
-        return dc_fail("text encoder: cannot skip %d of its %d layers (0..%d)", skip, c->layers, c->layers - 1);
+    DC_TRY(clip_check_call(c, ids, B, m->acts ? m->max_batch : 0, skip));
     dc_backend *be = m->be;
     const dc_params *ps = &m->params;
     const dc_clip_text_modules *md = m->mods;
-    const dc_clip_text_acts *a = m->acts;
+    const clip_layer_bufs *b = &m->acts->b;
     const int T = c->positions, BT = B * T, run = c->layers - skip;
     const int64_t BTW = (int64_t)BT * c->width;
 
-    // x = token_embedding[ids] + position_embedding[0..T-1]
-    dc_embedding_fwd(be, ps, &md->tok, a->x, ids, BT);
-    be->add_rows(be, a->x, dc_param_w(ps, md->pos.table), B, T, c->width);
+    clip_embed_fwd(be, ps, md, b->x_in, ids, B, T, c->width);
     for (int l = 0; l < run; l++) {
-        if (l == run - 1 && penultimate.p) be->cast(be, penultimate, a->x, BTW);  // hidden_states[-2]
-        attention_block(m, &md->layers[l], B);
-        mlp_block(m, &md->layers[l], B);
+        if (l == run - 1 && penultimate.p) be->cast(be, penultimate, b->x_in, BTW);  // hidden_states[-2]
+        clip_layer_fwd(be, ps, c, &md->layers[l], b, B);
     }
-    if (hidden.p) dc_layer_norm_fwd(be, ps, &md->final_ln, hidden, a->mean, a->rstd, a->x, BT);
+    if (hidden.p) dc_layer_norm_fwd(be, ps, &md->final_ln, hidden, b->mean1, b->rstd1, b->x_out, BT);
     return dc_backend_status(be);
 }
 

@@ -1,5 +1,6 @@
 // The CLIP text encoder of Stable Diffusion: transformers' CLIPTextModel
-// (the text tower alone, no projection), inference only.
+// (the text tower alone, no projection): inference, and the training
+// forward and backward (below).
 //
 // SD 1.x: OpenAI CLIP ViT-L/14 (vocab 49408, 77 positions, width 768, 12
 // layers of 12 heads, MLP 3072, quick_gelu). SD 2.x: OpenCLIP ViT-H (width
@@ -61,6 +62,7 @@ int dc_clip_text_openclip_name(void *ctx, const char *param, dc_weight_src *src)
 
 typedef struct dc_clip_text_modules dc_clip_text_modules;
 typedef struct dc_clip_text_acts dc_clip_text_acts;
+typedef struct dc_clip_text_train dc_clip_text_train;
 
 typedef struct {
     dc_clip_text_config cfg;
@@ -69,6 +71,7 @@ typedef struct {
     dc_clip_text_modules *mods;  // its layers, as modules holding parameter handles
     dc_clip_text_acts *acts;     // activations planned for up to max_batch sequences
     int max_batch;
+    dc_clip_text_train *train;   // a training forward's activations, or NULL
 } dc_clip_text;
 
 // Registers the parameters and allocates them frozen, kept in `loaded` where
@@ -104,3 +107,27 @@ void dc_clip_text_free(dc_clip_text *m);
 // Multiply-adds of one sequence through every layer (projections, MLP,
 // and the causal half of the attention products), for benchmarks.
 double dc_clip_text_macs(const dc_clip_text *m);
+
+// ---- training (clip_text_train.c)
+//
+// A training forward keeps every layer's activations (about 12 W + 4 F
+// values a token a layer, mostly in the compute dtype), and the backward
+// runs the layers last to first: dL/dparams += for the parameters that
+// train, while dL/d(stream) flows through frozen ones too (LoRA adapts a
+// frozen encoder through the set's adapter).
+
+// dc_clip_text_create with every parameter trainable: an fp32 master copy
+// and its gradient (and a compute copy where the backend computes in
+// another dtype). Load or initialise the weights next.
+int dc_clip_text_create_trainable(dc_clip_text **out, const dc_clip_text_config *c, dc_backend *be);
+// Plans what a training forward keeps for batches of up to max_batch sequences.
+int dc_clip_text_train_reserve(dc_clip_text *m, int max_batch);
+// Bytes dc_clip_text_train_reserve allocates for max_batch on a backend
+// computing in `compute`, without allocating.
+int64_t dc_clip_text_train_bytes(const dc_clip_text_config *c, dc_dtype compute, int max_batch);
+// hidden [B, T, W] (any float dtype) = final_layer_norm(output of layers
+// 0 .. layers-1-skip), as dc_clip_text_forward, keeping what backward reads.
+int dc_clip_text_train_forward(dc_clip_text *m, dc_buf hidden, dc_buf ids, int B, int skip);
+// dL/dparams += from dhidden [B, T, W] (any float dtype) = dL/dhidden of the
+// last training forward.
+int dc_clip_text_backward(dc_clip_text *m, dc_buf dhidden);

@@ -341,12 +341,6 @@ void unet_resnet_bwd(dc_backend *be, const dc_params *ps, const unet_resnet *r, 
                             HW, r->norm1.groups, true, true);
 }
 
-static void layer_norm_bwd(dc_backend *be, const dc_params *ps, const dc_layer_norm *n, dc_buf dx, dc_buf dy,
-                           dc_buf x, dc_buf mean, dc_buf rstd, int64_t M) {
-    be->layer_norm_bwd(be, dx, dc_param_train_grad(ps, n->w), dc_param_train_grad(ps, n->b), dy, x, mean, rstd,
-                       dc_param_w(ps, n->w), M, n->D, true);
-}
-
 void unet_transformer_bwd(dc_backend *be, const dc_params *ps, const unet_transformer *t, dc_buf dh, dc_buf h,
                           int B, int H, int W, dc_buf ctx, int len, const unet_transformer_acts *k,
                           const unet_grad_scratch *g) {
@@ -357,7 +351,7 @@ void unet_transformer_bwd(dc_backend *be, const dc_params *ps, const unet_transf
     dc_linear_bwd(be, ps, &t->ff2, g->dact, g->dS, k->act, M, false);
     be->geglu_bwd(be, g->dpre, g->dact, k->pre, M, 4 * C);
     dc_linear_bwd(be, ps, &t->ff1, g->dT, g->dpre, k->n3, M, false);
-    layer_norm_bwd(be, ps, &t->norm3, g->dS, g->dT, k->x2, k->ln_mean[2], k->ln_rstd[2], M);
+    dc_layer_norm_bwd(be, ps, &t->norm3, g->dS, g->dT, k->x2, k->ln_mean[2], k->ln_rstd[2], M, true);
     // x2 = x1 + o2(attention(q2(norm2(x1)), kv2(ctx)))
     dc_linear_bwd(be, ps, &t->o2, g->dT, g->dS, k->att2, M, false);
     dc_attn_shape a = attn_shape(B, T, len, C, 2 * C, C, t->heads);
@@ -365,14 +359,14 @@ void unet_transformer_bwd(dc_backend *be, const dc_params *ps, const unet_transf
                       k->lse2, &a);
     dc_linear_bwd(be, ps, &t->kv2, dc_buf_none(), g->dkv, ctx, B * len, false);  // the text takes no gradient
     dc_linear_bwd(be, ps, &t->q2, g->dT, g->dT2, k->n2, M, false);
-    layer_norm_bwd(be, ps, &t->norm2, g->dS, g->dT, k->x1, k->ln_mean[1], k->ln_rstd[1], M);
+    dc_layer_norm_bwd(be, ps, &t->norm2, g->dS, g->dT, k->x1, k->ln_mean[1], k->ln_rstd[1], M, true);
     // x1 = x0 + o1(attention of qkv1(norm1(x0)))
     dc_linear_bwd(be, ps, &t->o1, g->dT, g->dS, k->att1, M, false);
     a = attn_shape(B, T, T, 3 * C, 3 * C, C, t->heads);
     be->attention_bwd(be, g->dqkv, dc_buf_at(g->dqkv, C), dc_buf_at(g->dqkv, 2 * C), g->dT, k->qkv,
                       dc_buf_at(k->qkv, C), dc_buf_at(k->qkv, 2 * C), k->att1, k->lse1, &a);
     dc_linear_bwd(be, ps, &t->qkv1, g->dT, g->dqkv, k->n1, M, false);
-    layer_norm_bwd(be, ps, &t->norm1, g->dS, g->dT, k->x0, k->ln_mean[0], k->ln_rstd[0], M);
+    dc_layer_norm_bwd(be, ps, &t->norm1, g->dS, g->dT, k->x0, k->ln_mean[0], k->ln_rstd[0], M, true);
     // x0 = proj_in(GroupNorm(h)); dh += its share
     dc_linear_bwd(be, ps, &t->proj_in, g->dT, g->dS, k->t0, M, false);
     be->group_norm_nhwc_bwd(be, dh, dc_param_train_grad(ps, t->norm.w), dc_param_train_grad(ps, t->norm.b), g->dT, h,

@@ -181,6 +181,13 @@ static inline void dc_layer_norm_fwd(dc_backend *be, const dc_params *ps, const 
                                      dc_buf mean, dc_buf rstd, dc_buf x, int64_t M) {
     be->layer_norm_fwd(be, y, mean, rstd, x, dc_param_w(ps, n->w), dc_param_w(ps, n->b), M, n->D, n->eps);
 }
+// dx (+= if accumulate) from dy = dL/dy of y = LayerNorm(x); dgamma, dbeta +=
+// (skipped for frozen parameters).
+static inline void dc_layer_norm_bwd(dc_backend *be, const dc_params *ps, const dc_layer_norm *n, dc_buf dx,
+                                     dc_buf dy, dc_buf x, dc_buf mean, dc_buf rstd, int64_t M, bool accumulate) {
+    be->layer_norm_bwd(be, dx, dc_param_train_grad(ps, n->w), dc_param_train_grad(ps, n->b), dy, x, mean, rstd,
+                       dc_param_w(ps, n->w), M, n->D, accumulate);
+}
 static inline void dc_embedding_fwd(dc_backend *be, const dc_params *ps, const dc_embedding *e, dc_buf y,
                                     dc_buf idx, int B) {
     be->embed_fwd(be, y, dc_param_w(ps, e->table), idx, B, e->dim);
