@@ -738,42 +738,42 @@ __global__ void k_ln_fwd_v8(void *out, int obf, float *mean, float *rstd, const 
     if (lane == 0) mean[row] = mu, rstd[row] = r;
 }
 
-// Launches k_ln_fwd_v8 with the fewest lanes a row that leave a lane at most
-// 6 vectors (8 at 32 lanes): 320 wide 8 lanes of 5 vectors, 640 16 of 5,
-// 1280 32 of 5, 768 16 of 6, 1152 32 of 5.
-static void ln_fwd_v8(dc_backend *be, dc_buf out, float *mu, float *r, dc_buf x, dc_buf gamma, dc_buf beta,
-                      int64_t M, int D, float eps) {
+// Calls launch.template operator()<NV, LPR>(rows a block) for the fewest
+// lanes a row that leave a lane at most 6 vectors (8 at 32 lanes): 320 wide
+// 8 lanes of 5 vectors, 640 16 of 5, 1280 32 of 5, 768 16 of 6, 1152 32 of 5.
+template <class L>
+static void ln_v8_dispatch(int D, L launch) {
     const int nvec = D / 8, lpr = nvec <= 48 ? 8 : nvec <= 96 ? 16 : 32, nv = (nvec + lpr - 1) / lpr;
-    const dim3 block(32, ROWS);
     const int64_t rows = (int64_t)ROWS * (32 / lpr);
-    const unsigned grid = (unsigned)((M + rows - 1) / rows);
-#define LN_V8(n, l)                                                                                                 \
-    dc_launch(be, k_ln_fwd_v8<n, l>, grid, block, 0, out.p, BF(out), mu, r, x.p, BF(x), gamma.p, BF(gamma), beta.p, \
-              BF(beta), M, D, eps)
     if (lpr == 8) {
         switch (nv) {
-        case 1: LN_V8(1, 8); break;
-        case 2: LN_V8(2, 8); break;
-        case 3: LN_V8(3, 8); break;
-        case 4: LN_V8(4, 8); break;
-        case 5: LN_V8(5, 8); break;
-        default: LN_V8(6, 8); break;
+        case 1: launch.template operator()<1, 8>(rows); break;
+        case 2: launch.template operator()<2, 8>(rows); break;
+        case 3: launch.template operator()<3, 8>(rows); break;
+        case 4: launch.template operator()<4, 8>(rows); break;
+        case 5: launch.template operator()<5, 8>(rows); break;
+        default: launch.template operator()<6, 8>(rows); break;
         }
     } else if (lpr == 16) {
         switch (nv) {
-        case 4: LN_V8(4, 16); break;
-        case 5: LN_V8(5, 16); break;
-        default: LN_V8(6, 16); break;
+        case 4: launch.template operator()<4, 16>(rows); break;
+        case 5: launch.template operator()<5, 16>(rows); break;
+        default: launch.template operator()<6, 16>(rows); break;
         }
     } else {
         switch (nv) {
-        case 4: LN_V8(4, 32); break;
-        case 5: LN_V8(5, 32); break;
-        case 6: LN_V8(6, 32); break;
-        default: LN_V8(8, 32); break;
+        case 4: launch.template operator()<4, 32>(rows); break;
+        case 5: launch.template operator()<5, 32>(rows); break;
+        case 6: launch.template operator()<6, 32>(rows); break;
+        default: launch.template operator()<8, 32>(rows); break;
         }
     }
-#undef LN_V8
+}
+
+// Whether rows of D values of every buffer (NULL ones aside) take the
+// 16-byte kernels: D a multiple of 8 up to 2048, each buffer 16-byte aligned.
+static bool ln_v8_ok(int D, dc_buf a, dc_buf b, dc_buf c, dc_buf d) {
+    return D % 8 == 0 && D <= 2048 && dc_vec_width(8, a, b, c) == 8 && (!d.p || dc_aligned(d.p, 16));
 }
 
 extern "C" void dc_cuda_layer_norm_fwd(dc_backend *be, dc_buf out, dc_buf mean, dc_buf rstd, dc_buf x, dc_buf gamma,
@@ -784,9 +784,11 @@ extern "C" void dc_cuda_layer_norm_fwd(dc_backend *be, dc_buf out, dc_buf mean, 
                      dc_dtype_name(rstd.dt));
     if (M <= 0 || D <= 0) return;
     float *mu = (float *)mean.p, *r = (float *)rstd.p;
-    const bool v8 = D % 8 == 0 && dc_vec_width(8, x, out, gamma) == 8 && dc_aligned(beta.p, 16);
-    if (v8 && D <= 2048) {
-        ln_fwd_v8(be, out, mu, r, x, gamma, beta, M, D, eps);
+    if (ln_v8_ok(D, x, out, gamma, beta)) {
+        ln_v8_dispatch(D, [&]<int NV, int LPR>(int64_t rows) {
+            dc_launch(be, k_ln_fwd_v8<NV, LPR>, (unsigned)((M + rows - 1) / rows), dim3(32, ROWS), 0, out.p, BF(out),
+                      mu, r, x.p, BF(x), gamma.p, BF(gamma), beta.p, BF(beta), M, D, eps);
+        });
         DC_CUDA_LAUNCHED(be);
         return;
     }
@@ -816,6 +818,54 @@ __global__ void k_ln_bwd_dx(void *dx, int dxbf, const void *dout, int obf, const
         float v = dc_ln_dx(g, dc_norm_xhat(dc_ld(x, base + d, xbf), mu, r), r, mg, mgx);
         if (accumulate) v += dc_ld(dx, base + d, dxbf);
         dc_st(dx, base + d, v, dxbf);
+    }
+}
+
+// The same from registers, rows of whole 16-byte vectors as k_ln_fwd_v8
+// reads them: dout and x read once, 8 values an access (the warp-a-row
+// kernel above, one 2-byte value a lane and each row read twice, took
+// 99 us a call in the SD UNet's training step).
+template <int NV, int LPR>
+__global__ void k_ln_bwd_dx_v8(void *dx, int dxbf, const void *dout, int obf, const void *x, int xbf,
+                               const float *mean, const float *rstd, const void *gamma, int gbf, int64_t M, int D,
+                               bool accumulate) {
+    dc_pdl_enter();
+    const int lane = threadIdx.x % LPR, nvec = D / 8;
+    const int64_t row = (blockIdx.x * (int64_t)ROWS + threadIdx.y) * (32 / LPR) + threadIdx.x / LPR;
+    const bool live = row < M;  // every lane takes part in the sums' shuffles
+    const int64_t base = row * D;
+    const float mu = live ? mean[row] : 0.0f, r = live ? rstd[row] : 0.0f;
+    float g[NV][8], xh[NV][8];  // dout gamma and xhat
+    float sg = 0.0f, sgx = 0.0f;
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+        const int i = lane + LPR * k;
+        if (!live || i >= nvec) break;
+        float ga[8];
+        dc_ldv<8>(g[k], dout, base + 8 * i, obf), dc_ldv<8>(xh[k], x, base + 8 * i, xbf), dc_ldv<8>(ga, gamma, 8 * i, gbf);
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            g[k][e] *= ga[e], xh[k][e] = dc_norm_xhat(xh[k][e], mu, r);
+            sg += g[k][e], sgx += g[k][e] * xh[k][e];
+        }
+    }
+#pragma unroll
+    for (int o = LPR / 2; o > 0; o >>= 1)
+        sg += __shfl_xor_sync(0xffffffffu, sg, o), sgx += __shfl_xor_sync(0xffffffffu, sgx, o);
+    if (!live) return;
+    const float mg = sg / D, mgx = sgx / D;
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+        const int i = lane + LPR * k;
+        if (i >= nvec) break;
+        float o[8];
+        if (accumulate) dc_ldv<8>(o, dx, base + 8 * i, dxbf);
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            const float v = dc_ln_dx(g[k][e], xh[k][e], r, mg, mgx);
+            o[e] = accumulate ? o[e] + v : v;
+        }
+        dc_stv<8>(dx, base + 8 * i, o, dxbf);
     }
 }
 
@@ -859,7 +909,13 @@ extern "C" void dc_cuda_layer_norm_bwd(dc_backend *be, dc_buf dx, dc_buf dgamma,
                      dc_dtype_name(rstd.dt));
     if (M <= 0 || D <= 0) return;
     dc_cuda_ctx *c = dc_cuda(be);
-    if (dx.p) {
+    if (dx.p && ln_v8_ok(D, dx, dout, x, gamma)) {
+        const float *mu = (const float *)mean.p, *r = (const float *)rstd.p;
+        ln_v8_dispatch(D, [&]<int NV, int LPR>(int64_t rows) {
+            dc_launch(be, k_ln_bwd_dx_v8<NV, LPR>, (unsigned)((M + rows - 1) / rows), dim3(32, ROWS), 0, dx.p, BF(dx),
+                      dout.p, BF(dout), x.p, BF(x), mu, r, gamma.p, BF(gamma), M, D, accumulate);
+        });
+    } else if (dx.p) {
         dim3 block(32, ROWS);
         k_ln_bwd_dx<<<(unsigned)((M + ROWS - 1) / ROWS), block, 0, c->stream>>>(dx.p, BF(dx), dout.p, BF(dout), x.p, BF(x),
                                                                 (const float *)mean.p, (const float *)rstd.p,
