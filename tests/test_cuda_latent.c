@@ -462,6 +462,21 @@ static void test_nhwc_backward(int B, int C, int H, int W, int G, bool silu) {
         compare("group_norm_nhwc_bwd dgamma +=", dg, g_tol);
         compare("group_norm_nhwc_bwd dbeta +=", db, g_tol);
     }
+    // without the parameters' gradients, then from inputs one element off
+    // their alignment (narrower accesses): the same bits
+    const dc_buf none = dc_buf_none();
+    pair dxa = nan_pair(n, g_ct), xu = offset(make(n + 1, g_ct), 1), dyu = offset(make(n + 1, g_ct), 1);
+    pair dxo = offset(make(n + 1, g_ct), 1);
+    g_gpu->copy(g_gpu, xu.g.p, x.g.p, n * dc_dtype_size(g_ct)), g_gpu->copy(g_gpu, dyu.g.p, dy.g.p, n * dc_dtype_size(g_ct));
+    g_cpu->group_norm_nhwc_bwd(g_cpu, dxa.c, none, none, dy.c, x.c, mean.c, rstd.c, ga.c, be.c, B, C, HW, G, silu,
+                               false);
+    g_gpu->group_norm_nhwc_bwd(g_gpu, dxa.g, none, none, dy.g, x.g, mean.g, rstd.g, ga.g, be.g, B, C, HW, G, silu,
+                               false);
+    snprintf(name, sizeof name, "group_norm_nhwc_bwd dx alone %s", tag);
+    compare(name, dxa, g_tol);
+    g_gpu->group_norm_nhwc_bwd(g_gpu, dxo.g, none, none, dyu.g, xu.g, mean.g, rstd.g, ga.g, be.g, B, C, HW, G, silu,
+                               false);
+    expect_same("group_norm_nhwc_bwd unaligned: bit for bit", dxa, dxo);
     pair up = rand_pair(4 * n, g_ct, -1, 1), dxu = nan_pair(n, g_ct);
     g_cpu->upsample2x_nhwc_bwd(g_cpu, dxu.c, up.c, B, C, H, W), g_gpu->upsample2x_nhwc_bwd(g_gpu, dxu.g, up.g, B, C, H, W);
     snprintf(name, sizeof name, "upsample2x_nhwc_bwd %s", tag);
@@ -576,6 +591,13 @@ static void bad_group_norm(dc_backend *be, void *p) {
     const dc_buf f = {p, DC_F32};
     be->group_norm_nhwc_fwd(be, f, f, f, (dc_buf){p, DC_F16}, f, f, 1, 8, 4, 4, 1e-5f, false);
 }
+static void bad_group_norm_bwd(dc_backend *be, void *p) {
+    const dc_buf f = {p, DC_F32};
+    be->group_norm_nhwc_bwd(be, (dc_buf){p, DC_F16}, f, f, f, f, f, f, f, f, 1, 8, 4, 4, false, false);
+}
+static void bad_channel_sum(dc_backend *be, void *p) {
+    be->channel_sum_nhwc(be, (dc_buf){p, DC_F32}, (dc_buf){p, DC_I32}, 1, 8, 4);
+}
 static void bad_upsample(dc_backend *be, void *p) {
     be->upsample2x_nhwc_fwd(be, (dc_buf){p, DC_F32}, (dc_buf){p, DC_I32}, 1, 4, 2, 2);
 }
@@ -586,6 +608,8 @@ static void test_nhwc_errors(void) {
     expect_op_error(bad_concat, "concat_channels", "concat_channels of mixed dtypes: an error naming the op");
     expect_op_error(bad_concat_overlap, "concat_channels", "concat_channels into its own input: an error");
     expect_op_error(bad_group_norm, "group_norm_nhwc_fwd", "group_norm_nhwc_fwd of F16 maps: an error naming the op");
+    expect_op_error(bad_group_norm_bwd, "group_norm_nhwc_bwd", "group_norm_nhwc_bwd into F16: an error naming the op");
+    expect_op_error(bad_channel_sum, "channel_sum_nhwc", "channel_sum_nhwc of I32 maps: an error naming the op");
     expect_op_error(bad_upsample, "upsample2x_nhwc_fwd", "upsample2x_nhwc_fwd of I32 maps: an error naming the op");
     expect_op_error(bad_add_channel, "add_nhwc", "add_nhwc of F16 maps: an error naming the op");
     dc_conv2d_shape s = {1, 4, 8, 8, 4, 3, 1, 1, 1, 1, 1, 2};
@@ -641,6 +665,9 @@ static void run_groups(void) {
         test_nhwc_backward(2, 320, 64, 64, 32, true);   // a UNet resnet's at 64x64
         test_nhwc_backward(2, 64, 16, 16, 8, false);    // 8-channel groups, no SiLU
         test_nhwc_backward(3, 36, 5, 7, 4, true);       // odd sizes, 9-channel groups
+        test_nhwc_backward(2, 2560, 8, 8, 32, true);    // 80-channel groups (an up block's concatenation)
+        test_nhwc_backward(3, 960, 9, 7, 32, false);    // 30-channel groups: an 8-wide access spans two
+        test_nhwc_backward(64, 320, 64, 64, 32, true);  // SD at 512 px, batch 64: two pieces of partials
     }
     if (want("norm")) {
         test_group_norm(2, 64, 64, 32, true, 1e-6f, g_ct);

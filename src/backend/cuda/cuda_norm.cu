@@ -1,5 +1,7 @@
 // Group norm (with its fused SiLU) and affine layer norm on the GPU, forward
-// and backward, with the per-element formulas shared with the CPU (op_math.h).
+// and backward, with the per-element formulas shared with the CPU (op_math.h),
+// and the per-channel sums of channels-last maps, which share the
+// channels-last group norm's partial sums.
 //
 // Every sum is taken in a fixed order, so results never depend on timing:
 // threads accumulate strided slices, blocks combine them with a tree, and
@@ -158,13 +160,32 @@ static int64_t gn_nhwc_chunks(int64_t HW, int C) {
     return by_rows < by_ws ? by_rows : by_ws;
 }
 
+// The block's column sums: lane y's (s, ss) of each of a thread's V
+// channels added in order of y, written to out[0, V) by lane 0 where live.
+template <int V>
+__device__ void gn_lanes_store(double2 *out, const double (&s)[V], const double (&ss)[V], bool live) {
+    __shared__ double2 red[GN_RT * 32];
+    for (int k = 0; k < V; k++) {
+        red[threadIdx.y * blockDim.x + threadIdx.x] = make_double2(s[k], ss[k]);
+        __syncthreads();
+        if (threadIdx.y == 0 && live) {
+            double a = 0.0, q = 0.0;
+            for (int y = 0; y < GN_RT; y++) {
+                const double2 r = red[y * blockDim.x + threadIdx.x];
+                a += r.x, q += r.y;
+            }
+            out[k] = make_double2(a, q);
+        }
+        __syncthreads();
+    }
+}
+
 // part[b, chunk, c] = (sum, sum of squares) of x[b, p, c] over the chunk's
 // pixels p: lane y of the block sums pixels p0 + y, p0 + y + GN_RT, ...; the
 // lanes are then added in order.
 template <int V>
 __global__ void k_gn_nhwc_part(double2 *part, const void *x, int xbf, int64_t HW, int C, int cols, int64_t rows_per) {
     dc_pdl_enter();
-    __shared__ double2 red[GN_RT * 32];
     const int col = blockIdx.y * blockDim.x + threadIdx.x, b = blockIdx.z;
     const int64_t chunk = blockIdx.x, p0 = chunk * rows_per, p1 = p0 + rows_per < HW ? p0 + rows_per : HW;
     double s[V], ss[V];
@@ -178,20 +199,7 @@ __global__ void k_gn_nhwc_part(double2 *part, const void *x, int xbf, int64_t HW
             for (int k = 0; k < V; k++) s[k] += v[k], ss[k] += (double)v[k] * v[k];
         }
     }
-    double2 *out = part + ((int64_t)b * gridDim.x + chunk) * C + (int64_t)col * V;
-    for (int k = 0; k < V; k++) {
-        red[threadIdx.y * blockDim.x + threadIdx.x] = make_double2(s[k], ss[k]);
-        __syncthreads();
-        if (threadIdx.y == 0 && col < cols) {
-            double a = 0.0, q = 0.0;
-            for (int y = 0; y < GN_RT; y++) {
-                const double2 r = red[y * blockDim.x + threadIdx.x];
-                a += r.x, q += r.y;
-            }
-            out[k] = make_double2(a, q);
-        }
-        __syncthreads();
-    }
+    gn_lanes_store<V>(part + ((int64_t)b * gridDim.x + chunk) * C + (int64_t)col * V, s, ss, col < cols);
 }
 
 // A block per (sample, group): thread t adds the group's partials t, t +
@@ -223,6 +231,16 @@ __global__ void __launch_bounds__(GN_ST) k_gn_nhwc_stats(float *mean, float *rst
     }
 }
 
+// A block's sample b and its pixels [p0, p1): blockIdx.x = b cps + chunk,
+// chunks of rows_per pixels.
+struct gn_span {
+    int64_t b, p0, p1;
+};
+__device__ __forceinline__ gn_span gn_span_of(int64_t cps, int64_t rows_per, int64_t HW) {
+    const int64_t b = blockIdx.x / cps, p0 = blockIdx.x % cps * rows_per;
+    return {b, p0, p0 + rows_per < HW ? p0 + rows_per : HW};
+}
+
 // out = act(xhat gamma + beta). Block (chunk of a sample's pixels, tile of
 // columns): blockIdx.x = b cps + chunk.
 template <int V>
@@ -232,8 +250,8 @@ __global__ void k_gn_nhwc_apply(void *out, int obf, const void *x, int xbf, cons
     dc_pdl_enter();
     const int col = blockIdx.y * blockDim.x + threadIdx.x;
     if (col >= cols) return;
-    const int64_t b = blockIdx.x / cps, p0 = blockIdx.x % cps * rows_per;
-    const int64_t p1 = p0 + rows_per < HW ? p0 + rows_per : HW;
+    const gn_span sp = gn_span_of(cps, rows_per, HW);
+    const int64_t b = sp.b, p0 = sp.p0, p1 = sp.p1;
     const int c0 = col * V, cg = C / G;
     float ga[V], be[V], mu[V], r[V];
     for (int k = 0; k < V; k++) {
@@ -421,39 +439,113 @@ extern "C" void dc_cuda_group_norm_bwd(dc_backend *be, dc_buf dx, dc_buf dgamma,
     }
 }
 
-// The backward over channels-last maps x[B, HW, C]: the same rows, one
-// block per (sample, channel), whose HW values lie C apart. The partials and
-// the parameter sums are the NCHW form's; only the addressing differs.
-__global__ void k_gn_nhwc_bwd_row_sums(double2 *part, const void *dout, int obf, const void *x, int xbf,
-                                       const float *mean, const float *rstd, const void *gamma, int gbf,
-                                       const void *beta, int bbf, int C, int64_t HW, int G, bool silu) {
-    const int row = blockIdx.x, b = row / C, c = row % C, g = c / (C / G);
-    const float mu = mean[(int64_t)b * G + g], r = rstd[(int64_t)b * G + g];
-    const float ga = dc_ld(gamma, c, gbf), be = silu ? dc_ld(beta, c, bbf) : 0.0f;
-    const int64_t base = (int64_t)b * HW * C + c;
-    double s1 = 0.0, s2 = 0.0;
-    for (int64_t i = threadIdx.x; i < HW; i += NT) {
-        gn_elem e = gn_bwd_elem(dc_ld(x, base + i * C, xbf), dc_ld(dout, base + i * C, obf), mu, r, ga, be, silu);
-        s1 += e.dy, s2 += (double)e.dy * e.xh;
+// The backward over channels-last maps x[B, HW, C], read along rows as the
+// forward reads them (a block per (sample, channel) reading HW values C
+// apart moved a 32-byte sector for every 2-byte value: 1.2 ms a call, 45% of
+// the SD 2.1 UNet's training step at 256 px batch 64). Three kernels:
+//   1. per (sample, chunk of pixels, channel): (sum dy, sum dy xhat) in
+//      double, lanes GN_RT rows apart added in order, as the forward's
+//      kernel 1 (the same chunks);
+//   2. per (sample, group): each channel's chunks added in order give the
+//      rows' partials part[b C + c] (what k_gn_bwd_params reads), then the
+//      group's means of g = dy gamma, in channel order, as gn_group_means;
+//   3. dx = rstd (g - mean(g) - xhat mean(g xhat)), each thread on fixed
+//      channels down a chunk of pixels, as the forward's kernel 3.
+// The workspace holds, per piece of nb samples: the rows' partials [nb, C],
+// the groups' means [nb, G] and the chunks' partials [nb, chunks, C].
+template <int V>
+__global__ void k_gn_nhwc_bwd_part(double2 *part, const void *dout, int obf, const void *x, int xbf,
+                                   const float *mean, const float *rstd, const void *gamma, int gbf,
+                                   const void *beta, int bbf, int64_t HW, int C, int G, int cols, int64_t rows_per,
+                                   bool silu) {
+    dc_pdl_enter();
+    const int col = blockIdx.y * blockDim.x + threadIdx.x, b = blockIdx.z, c0 = col * V, cg = C / G;
+    const int64_t chunk = blockIdx.x, p0 = chunk * rows_per, p1 = p0 + rows_per < HW ? p0 + rows_per : HW;
+    double s1[V], s2[V];
+    for (int k = 0; k < V; k++) s1[k] = 0.0, s2[k] = 0.0;
+    if (col < cols) {
+        float mu[V], r[V], ga[V], be[V];
+        for (int k = 0; k < V; k++) {
+            const int64_t j = (int64_t)b * G + (c0 + k) / cg;
+            mu[k] = mean[j], r[k] = rstd[j];
+            ga[k] = dc_ld(gamma, c0 + k, gbf), be[k] = silu ? dc_ld(beta, c0 + k, bbf) : 0.0f;
+        }
+        const int64_t base = (int64_t)b * HW * C + c0;
+#pragma unroll 4
+        for (int64_t p = p0 + threadIdx.y; p < p1; p += GN_RT) {
+            float xv[V], dv[V];
+            dc_ldv<V>(xv, x, base + p * C, xbf);
+            dc_ldv<V>(dv, dout, base + p * C, obf);
+            for (int k = 0; k < V; k++) {
+                const gn_elem e = gn_bwd_elem(xv[k], dv[k], mu[k], r[k], ga[k], be[k], silu);
+                s1[k] += e.dy, s2[k] += (double)e.dy * e.xh;
+            }
+        }
     }
-    block_sum2(s1, s2);
-    if (threadIdx.x == 0) part[row] = make_double2(s1, s2);
+    gn_lanes_store<V>(part + ((int64_t)b * gridDim.x + chunk) * C + c0, s1, s2, col < cols);
 }
 
+// A block per (sample, group): rows[b C + c] = the sum of channel c's
+// chunks, in chunk order; mg[b G + g] = (mean(g), mean(g xhat)) when wanted.
+enum { GN_BT = 64 };
+__global__ void __launch_bounds__(GN_BT) k_gn_nhwc_bwd_rows(double2 *rows, double2 *mg, const double2 *part,
+                                                           int64_t chunks, const void *gamma, int gbf, int C, int G,
+                                                           int64_t HW) {
+    dc_pdl_enter();
+    const int b = blockIdx.x / G, g = blockIdx.x % G, cg = C / G;
+    for (int k = threadIdx.x; k < cg; k += GN_BT) {
+        const int c = g * cg + k;
+        double s1 = 0.0, s2 = 0.0;
+        for (int64_t q = 0; q < chunks; q++) {
+            const double2 p = part[((int64_t)b * chunks + q) * C + c];
+            s1 += p.x, s2 += p.y;
+        }
+        rows[(int64_t)b * C + c] = make_double2(s1, s2);
+    }
+    if (!mg) return;
+    __syncthreads();  // the block's rows are visible to its thread 0
+    if (threadIdx.x == 0) {
+        double s1 = 0.0, s2 = 0.0;
+        for (int c = g * cg; c < (g + 1) * cg; c++) {
+            const double2 p = rows[(int64_t)b * C + c];
+            const double gk = dc_ld(gamma, c, gbf);
+            s1 += gk * p.x, s2 += gk * p.y;
+        }
+        const double n = (double)cg * HW;
+        mg[blockIdx.x] = make_double2(s1 / n, s2 / n);
+    }
+}
+
+// dx (+)= rstd (g - mean(g) - xhat mean(g xhat)). Block (chunk of a sample's
+// pixels, tile of columns): blockIdx.x = b cps + chunk.
+template <int V>
 __global__ void k_gn_nhwc_bwd_dx(void *dx, int dxbf, const void *dout, int obf, const void *x, int xbf,
                                  const float *mean, const float *rstd, const void *gamma, int gbf, const void *beta,
-                                 int bbf, const double2 *part, int C, int64_t HW, int G, bool silu, bool accumulate) {
-    __shared__ float mg[2];
-    const int row = blockIdx.x, b = row / C, c = row % C, cg = C / G, g = c / cg;
-    gn_group_means(mg, part, gamma, gbf, b, C, g, cg, HW);
-    const float mu = mean[(int64_t)b * G + g], r = rstd[(int64_t)b * G + g];
-    const float ga = dc_ld(gamma, c, gbf), be = silu ? dc_ld(beta, c, bbf) : 0.0f;
-    const int64_t base = (int64_t)b * HW * C + c;
-    for (int64_t i = threadIdx.x; i < HW; i += NT) {
-        const int64_t o = base + i * C;
-        gn_elem e = gn_bwd_elem(dc_ld(x, o, xbf), dc_ld(dout, o, obf), mu, r, ga, be, silu);
-        const float v = dc_ln_dx(e.dy * ga, e.xh, r, mg[0], mg[1]);
-        dc_st(dx, o, accumulate ? dc_ld(dx, o, dxbf) + v : v, dxbf);
+                                 int bbf, const double2 *mg, int64_t HW, int C, int G, int cols, int64_t cps,
+                                 int64_t rows_per, bool silu, bool accumulate) {
+    dc_pdl_enter();
+    const int col = blockIdx.y * blockDim.x + threadIdx.x, c0 = col * V, cg = C / G;
+    if (col >= cols) return;
+    const gn_span sp = gn_span_of(cps, rows_per, HW);
+    float mu[V], r[V], ga[V], be[V], m1[V], m2[V];  // each channel's statistics, means of g and parameters
+    for (int k = 0; k < V; k++) {
+        const int64_t j = sp.b * G + (c0 + k) / cg;
+        mu[k] = mean[j], r[k] = rstd[j], m1[k] = (float)mg[j].x, m2[k] = (float)mg[j].y;
+        ga[k] = dc_ld(gamma, c0 + k, gbf), be[k] = silu ? dc_ld(beta, c0 + k, bbf) : 0.0f;
+    }
+    const int64_t base = sp.b * HW * C + c0;
+#pragma unroll 4
+    for (int64_t p = sp.p0 + threadIdx.y; p < sp.p1; p += blockDim.y) {
+        float xv[V], dv[V], o[V];
+        dc_ldv<V>(xv, x, base + p * C, xbf);
+        dc_ldv<V>(dv, dout, base + p * C, obf);
+        if (accumulate) dc_ldv<V>(o, dx, base + p * C, dxbf);
+        for (int k = 0; k < V; k++) {
+            const gn_elem e = gn_bwd_elem(xv[k], dv[k], mu[k], r[k], ga[k], be[k], silu);
+            const float v = dc_ln_dx(e.dy * ga[k], e.xh, r[k], m1[k], m2[k]);
+            o[k] = accumulate ? o[k] + v : v;
+        }
+        dc_stv<V>(dx, base + p * C, o, dxbf);
     }
 }
 
@@ -462,24 +554,101 @@ extern "C" void dc_cuda_group_norm_nhwc_bwd(dc_backend *be, dc_buf dx, dc_buf dg
                                             int C, int64_t HW, int G, bool silu, bool accumulate) {
     DC_CUDA_OP(be);
     if (!gn_shape_ok(be, __func__, B, C, HW, G, mean, rstd)) return;
+    if (!float_bufs(dout, x, gamma, beta) || (dx.p && dx.dt != DC_F32 && dx.dt != DC_BF16))
+        DC_CUDA_FAIL(be, "group norm backward dtypes: x %s, dout %s, dx %s, gamma %s, beta %s (each F32 or BF16)",
+                     dc_dtype_name(x.dt), dc_dtype_name(dout.dt), dx.p ? dc_dtype_name(dx.dt) : "-",
+                     dc_dtype_name(gamma.dt), dc_dtype_name(beta.dt));
     dc_cuda_ctx *c = dc_cuda(be);
-    double2 *part = (double2 *)c->norm_ws;
-    const int piece = gn_piece(B, C);
-    for (int b0 = 0; b0 < B; b0 += piece) {
-        const int nb = B - b0 < piece ? B - b0 : piece;
+    const int V = dc_vec_width(C, x, dout, dx);
+    const int64_t chunks = gn_nhwc_chunks(HW, C), rows_per = (HW + chunks - 1) / chunks;
+    dc_rows_geom gs = dc_rows_geom_make(C, V, 32);
+    gs.rt = GN_RT;
+    const dc_rows_geom ga = dc_rows_geom_make(C, V, NT);
+    const int64_t rows_dx = dc_rows_chunk(&ga, (int64_t)B * HW, 8), cps = (HW + rows_dx - 1) / rows_dx;
+    int64_t piece = DC_CUDA_NORM_WS_ALL / 2 / (C + G + chunks * C);
+    if (piece > 65535) piece = 65535;
+    for (int b0 = 0; b0 < B; b0 += (int)piece) {
+        const int nb = B - b0 < piece ? B - b0 : (int)piece;
+        double2 *rows = (double2 *)c->norm_ws, *mg = rows + (int64_t)nb * C, *part = mg + (int64_t)nb * G;
         const int64_t off = (int64_t)b0 * C * HW;
         const float *mu = (const float *)mean.p + (int64_t)b0 * G, *r = (const float *)rstd.p + (int64_t)b0 * G;
-        k_gn_nhwc_bwd_row_sums<<<nb * C, NT, 0, c->stream>>>(part, dc_buf_at(dout, off).p, BF(dout),
-                                                             dc_buf_at(x, off).p, BF(x), mu, r, gamma.p, BF(gamma),
-                                                             beta.p, BF(beta), C, HW, G, silu);
+        const void *xp = dc_buf_at(x, off).p, *op = dc_buf_at(dout, off).p;
+        const dim3 g1((unsigned)chunks, (unsigned)gs.tiles, (unsigned)nb), b1(gs.ct, GN_RT);
+        if (V == 8)
+            dc_launch(be, k_gn_nhwc_bwd_part<8>, g1, b1, 0, part, op, BF(dout), xp, BF(x), mu, r, gamma.p,
+                      BF(gamma), beta.p, BF(beta), HW, C, G, gs.cols, rows_per, silu);
+        else if (V == 4)
+            dc_launch(be, k_gn_nhwc_bwd_part<4>, g1, b1, 0, part, op, BF(dout), xp, BF(x), mu, r, gamma.p,
+                      BF(gamma), beta.p, BF(beta), HW, C, G, gs.cols, rows_per, silu);
+        else
+            dc_launch(be, k_gn_nhwc_bwd_part<1>, g1, b1, 0, part, op, BF(dout), xp, BF(x), mu, r, gamma.p,
+                      BF(gamma), beta.p, BF(beta), HW, C, G, gs.cols, rows_per, silu);
+        dc_launch(be, k_gn_nhwc_bwd_rows, (unsigned)((int64_t)nb * G), GN_BT, 0, rows, dx.p ? mg : (double2 *)NULL,
+                  (const double2 *)part, chunks, gamma.p, BF(gamma), C, G, HW);
         if (dgamma.p || dbeta.p)
-            k_gn_bwd_params<<<(C + 255) / 256, 256, 0, c->stream>>>(dgamma.p, BF(dgamma), dbeta.p, BF(dbeta), part,
+            k_gn_bwd_params<<<(C + 255) / 256, 256, 0, c->stream>>>(dgamma.p, BF(dgamma), dbeta.p, BF(dbeta), rows,
                                                                     nb, C);
-        if (dx.p)
-            k_gn_nhwc_bwd_dx<<<nb * C, NT, 0, c->stream>>>(dc_buf_at(dx, off).p, BF(dx), dc_buf_at(dout, off).p,
-                                                           BF(dout), dc_buf_at(x, off).p, BF(x), mu, r, gamma.p,
-                                                           BF(gamma), beta.p, BF(beta), part, C, HW, G, silu,
-                                                           accumulate);
+        if (dx.p) {
+            const dim3 g3((unsigned)(nb * cps), (unsigned)ga.tiles), b3(ga.ct, ga.rt);
+            void *dp = dc_buf_at(dx, off).p;
+            const double2 *m = mg;
+            if (V == 8)
+                dc_launch(be, k_gn_nhwc_bwd_dx<8>, g3, b3, 0, dp, BF(dx), op, BF(dout), xp, BF(x), mu, r, gamma.p,
+                          BF(gamma), beta.p, BF(beta), m, HW, C, G, ga.cols, cps, rows_dx, silu, accumulate);
+            else if (V == 4)
+                dc_launch(be, k_gn_nhwc_bwd_dx<4>, g3, b3, 0, dp, BF(dx), op, BF(dout), xp, BF(x), mu, r, gamma.p,
+                          BF(gamma), beta.p, BF(beta), m, HW, C, G, ga.cols, cps, rows_dx, silu, accumulate);
+            else
+                dc_launch(be, k_gn_nhwc_bwd_dx<1>, g3, b3, 0, dp, BF(dx), op, BF(dout), xp, BF(x), mu, r, gamma.p,
+                          BF(gamma), beta.p, BF(beta), m, HW, C, G, ga.cols, cps, rows_dx, silu, accumulate);
+        }
+        DC_CUDA_LAUNCHED(be);
+    }
+}
+
+// ---- channel sums of channels-last maps -----------------------------------------------
+// dv[b, c] = sum over pixels of x[b, p, c] (the gradient of a bias broadcast
+// over pixels, the UNet's time projection): the group norm forward's kernel 1
+// gives the chunks' sums (its sums of squares unused: the pass is bound by
+// reading x), then a thread per (sample, channel) adds its chunks in order.
+// (A thread per (sample, channel) walking all the pixels left a batch of 16
+// 64x64 maps with 5120 threads of 4096 serial loads each: 0.25 ms a call.)
+__global__ void k_channel_sum_chunks(void *dv, int vbf, const double2 *part, int64_t chunks, int nb, int C) {
+    dc_pdl_enter();
+    const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, b = i / C, c = i % C;
+    if (i >= (int64_t)nb * C) return;
+    double s = 0.0;
+    for (int64_t q = 0; q < chunks; q++) s += part[(b * chunks + q) * C + c].x;
+    dc_st(dv, i, (float)s, vbf);
+}
+
+extern "C" void dc_cuda_channel_sum_nhwc(dc_backend *be, dc_buf dv, dc_buf x, int B, int C, int64_t HW) {
+    DC_CUDA_OP(be);
+    if ((dv.dt != DC_F32 && dv.dt != DC_BF16) || (x.dt != DC_F32 && x.dt != DC_BF16))
+        DC_CUDA_FAIL(be, "channel_sum_nhwc dtypes: dv %s, dx %s (each F32 or BF16)", dc_dtype_name(dv.dt),
+                     dc_dtype_name(x.dt));
+    if (B <= 0 || C <= 0) return;
+    if (HW < 1) {  // sums of nothing (zero is all zero bits in both dtypes)
+        DC_CUDA(be, cudaMemsetAsync(dv.p, 0, (size_t)B * C * dc_dtype_size(dv.dt), dc_cuda(be)->stream));
+        return;
+    }
+    double2 *part = (double2 *)dc_cuda(be)->norm_ws;
+    const int V = dc_vec_width(C, x, dc_buf_none(), dc_buf_none());
+    const int64_t chunks = gn_nhwc_chunks(HW, C), rows_per = (HW + chunks - 1) / chunks;
+    dc_rows_geom gs = dc_rows_geom_make(C, V, 32);
+    gs.rt = GN_RT;
+    int64_t piece = DC_CUDA_NORM_WS_ALL / 2 / (chunks * C);
+    if (piece > 65535) piece = 65535;
+    for (int b0 = 0; b0 < B; b0 += (int)piece) {
+        const int nb = B - b0 < piece ? B - b0 : (int)piece;
+        const void *xp = dc_buf_at(x, (int64_t)b0 * C * HW).p;
+        const dim3 g1((unsigned)chunks, (unsigned)gs.tiles, (unsigned)nb), b1(gs.ct, GN_RT);
+        if (V == 8) dc_launch(be, k_gn_nhwc_part<8>, g1, b1, 0, part, xp, BF(x), HW, C, gs.cols, rows_per);
+        else if (V == 4) dc_launch(be, k_gn_nhwc_part<4>, g1, b1, 0, part, xp, BF(x), HW, C, gs.cols, rows_per);
+        else dc_launch(be, k_gn_nhwc_part<1>, g1, b1, 0, part, xp, BF(x), HW, C, gs.cols, rows_per);
+        const int64_t n = (int64_t)nb * C;
+        dc_launch(be, k_channel_sum_chunks, (unsigned)((n + 255) / 256), 256, 0, dc_buf_at(dv, (int64_t)b0 * C).p,
+                  BF(dv), (const double2 *)part, chunks, nb, C);
         DC_CUDA_LAUNCHED(be);
     }
 }
@@ -569,42 +738,42 @@ __global__ void k_ln_fwd_v8(void *out, int obf, float *mean, float *rstd, const 
     if (lane == 0) mean[row] = mu, rstd[row] = r;
 }
 
-// Launches k_ln_fwd_v8 with the fewest lanes a row that leave a lane at most
-// 6 vectors (8 at 32 lanes): 320 wide 8 lanes of 5 vectors, 640 16 of 5,
-// 1280 32 of 5, 768 16 of 6, 1152 32 of 5.
-static void ln_fwd_v8(dc_backend *be, dc_buf out, float *mu, float *r, dc_buf x, dc_buf gamma, dc_buf beta,
-                      int64_t M, int D, float eps) {
+// Calls launch.template operator()<NV, LPR>(rows a block) for the fewest
+// lanes a row that leave a lane at most 6 vectors (8 at 32 lanes): 320 wide
+// 8 lanes of 5 vectors, 640 16 of 5, 1280 32 of 5, 768 16 of 6, 1152 32 of 5.
+template <class L>
+static void ln_v8_dispatch(int D, L launch) {
     const int nvec = D / 8, lpr = nvec <= 48 ? 8 : nvec <= 96 ? 16 : 32, nv = (nvec + lpr - 1) / lpr;
-    const dim3 block(32, ROWS);
     const int64_t rows = (int64_t)ROWS * (32 / lpr);
-    const unsigned grid = (unsigned)((M + rows - 1) / rows);
-#define LN_V8(n, l)                                                                                                 \
-    dc_launch(be, k_ln_fwd_v8<n, l>, grid, block, 0, out.p, BF(out), mu, r, x.p, BF(x), gamma.p, BF(gamma), beta.p, \
-              BF(beta), M, D, eps)
     if (lpr == 8) {
         switch (nv) {
-        case 1: LN_V8(1, 8); break;
-        case 2: LN_V8(2, 8); break;
-        case 3: LN_V8(3, 8); break;
-        case 4: LN_V8(4, 8); break;
-        case 5: LN_V8(5, 8); break;
-        default: LN_V8(6, 8); break;
+        case 1: launch.template operator()<1, 8>(rows); break;
+        case 2: launch.template operator()<2, 8>(rows); break;
+        case 3: launch.template operator()<3, 8>(rows); break;
+        case 4: launch.template operator()<4, 8>(rows); break;
+        case 5: launch.template operator()<5, 8>(rows); break;
+        default: launch.template operator()<6, 8>(rows); break;
         }
     } else if (lpr == 16) {
         switch (nv) {
-        case 4: LN_V8(4, 16); break;
-        case 5: LN_V8(5, 16); break;
-        default: LN_V8(6, 16); break;
+        case 4: launch.template operator()<4, 16>(rows); break;
+        case 5: launch.template operator()<5, 16>(rows); break;
+        default: launch.template operator()<6, 16>(rows); break;
         }
     } else {
         switch (nv) {
-        case 4: LN_V8(4, 32); break;
-        case 5: LN_V8(5, 32); break;
-        case 6: LN_V8(6, 32); break;
-        default: LN_V8(8, 32); break;
+        case 4: launch.template operator()<4, 32>(rows); break;
+        case 5: launch.template operator()<5, 32>(rows); break;
+        case 6: launch.template operator()<6, 32>(rows); break;
+        default: launch.template operator()<8, 32>(rows); break;
         }
     }
-#undef LN_V8
+}
+
+// Whether rows of D values of every buffer (NULL ones aside) take the
+// 16-byte kernels: D a multiple of 8 up to 2048, each buffer 16-byte aligned.
+static bool ln_v8_ok(int D, dc_buf a, dc_buf b, dc_buf c, dc_buf d) {
+    return D % 8 == 0 && D <= 2048 && dc_vec_width(8, a, b, c) == 8 && (!d.p || dc_aligned(d.p, 16));
 }
 
 extern "C" void dc_cuda_layer_norm_fwd(dc_backend *be, dc_buf out, dc_buf mean, dc_buf rstd, dc_buf x, dc_buf gamma,
@@ -615,9 +784,11 @@ extern "C" void dc_cuda_layer_norm_fwd(dc_backend *be, dc_buf out, dc_buf mean, 
                      dc_dtype_name(rstd.dt));
     if (M <= 0 || D <= 0) return;
     float *mu = (float *)mean.p, *r = (float *)rstd.p;
-    const bool v8 = D % 8 == 0 && dc_vec_width(8, x, out, gamma) == 8 && dc_aligned(beta.p, 16);
-    if (v8 && D <= 2048) {
-        ln_fwd_v8(be, out, mu, r, x, gamma, beta, M, D, eps);
+    if (ln_v8_ok(D, x, out, gamma, beta)) {
+        ln_v8_dispatch(D, [&]<int NV, int LPR>(int64_t rows) {
+            dc_launch(be, k_ln_fwd_v8<NV, LPR>, (unsigned)((M + rows - 1) / rows), dim3(32, ROWS), 0, out.p, BF(out),
+                      mu, r, x.p, BF(x), gamma.p, BF(gamma), beta.p, BF(beta), M, D, eps);
+        });
         DC_CUDA_LAUNCHED(be);
         return;
     }
@@ -647,6 +818,54 @@ __global__ void k_ln_bwd_dx(void *dx, int dxbf, const void *dout, int obf, const
         float v = dc_ln_dx(g, dc_norm_xhat(dc_ld(x, base + d, xbf), mu, r), r, mg, mgx);
         if (accumulate) v += dc_ld(dx, base + d, dxbf);
         dc_st(dx, base + d, v, dxbf);
+    }
+}
+
+// The same from registers, rows of whole 16-byte vectors as k_ln_fwd_v8
+// reads them: dout and x read once, 8 values an access (the warp-a-row
+// kernel above, one 2-byte value a lane and each row read twice, took
+// 99 us a call in the SD UNet's training step).
+template <int NV, int LPR>
+__global__ void k_ln_bwd_dx_v8(void *dx, int dxbf, const void *dout, int obf, const void *x, int xbf,
+                               const float *mean, const float *rstd, const void *gamma, int gbf, int64_t M, int D,
+                               bool accumulate) {
+    dc_pdl_enter();
+    const int lane = threadIdx.x % LPR, nvec = D / 8;
+    const int64_t row = (blockIdx.x * (int64_t)ROWS + threadIdx.y) * (32 / LPR) + threadIdx.x / LPR;
+    const bool live = row < M;  // every lane takes part in the sums' shuffles
+    const int64_t base = row * D;
+    const float mu = live ? mean[row] : 0.0f, r = live ? rstd[row] : 0.0f;
+    float g[NV][8], xh[NV][8];  // dout gamma and xhat
+    float sg = 0.0f, sgx = 0.0f;
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+        const int i = lane + LPR * k;
+        if (!live || i >= nvec) break;
+        float ga[8];
+        dc_ldv<8>(g[k], dout, base + 8 * i, obf), dc_ldv<8>(xh[k], x, base + 8 * i, xbf), dc_ldv<8>(ga, gamma, 8 * i, gbf);
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            g[k][e] *= ga[e], xh[k][e] = dc_norm_xhat(xh[k][e], mu, r);
+            sg += g[k][e], sgx += g[k][e] * xh[k][e];
+        }
+    }
+#pragma unroll
+    for (int o = LPR / 2; o > 0; o >>= 1)
+        sg += __shfl_xor_sync(0xffffffffu, sg, o), sgx += __shfl_xor_sync(0xffffffffu, sgx, o);
+    if (!live) return;
+    const float mg = sg / D, mgx = sgx / D;
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+        const int i = lane + LPR * k;
+        if (i >= nvec) break;
+        float o[8];
+        if (accumulate) dc_ldv<8>(o, dx, base + 8 * i, dxbf);
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            const float v = dc_ln_dx(g[k][e], xh[k][e], r, mg, mgx);
+            o[e] = accumulate ? o[e] + v : v;
+        }
+        dc_stv<8>(dx, base + 8 * i, o, dxbf);
     }
 }
 
@@ -690,7 +909,13 @@ extern "C" void dc_cuda_layer_norm_bwd(dc_backend *be, dc_buf dx, dc_buf dgamma,
                      dc_dtype_name(rstd.dt));
     if (M <= 0 || D <= 0) return;
     dc_cuda_ctx *c = dc_cuda(be);
-    if (dx.p) {
+    if (dx.p && ln_v8_ok(D, dx, dout, x, gamma)) {
+        const float *mu = (const float *)mean.p, *r = (const float *)rstd.p;
+        ln_v8_dispatch(D, [&]<int NV, int LPR>(int64_t rows) {
+            dc_launch(be, k_ln_bwd_dx_v8<NV, LPR>, (unsigned)((M + rows - 1) / rows), dim3(32, ROWS), 0, dx.p, BF(dx),
+                      dout.p, BF(dout), x.p, BF(x), mu, r, gamma.p, BF(gamma), M, D, accumulate);
+        });
+    } else if (dx.p) {
         dim3 block(32, ROWS);
         k_ln_bwd_dx<<<(unsigned)((M + ROWS - 1) / ROWS), block, 0, c->stream>>>(dx.p, BF(dx), dout.p, BF(dout), x.p, BF(x),
                                                                 (const float *)mean.p, (const float *)rstd.p,

@@ -675,28 +675,6 @@ extern "C" void dc_cuda_upsample2x_nhwc_bwd(dc_backend *be, dc_buf dx, dc_buf do
     DC_CUDA_LAUNCHED(be);
 }
 
-// A thread per (sample, channel), walking the pixels in order: neighbouring
-// threads read neighbouring channels.
-__global__ void k_channel_sum_nhwc(void *dv, int vbf, const void *dx, int xbf, int B, int C, int64_t HW) {
-    GRID_STRIDE(i, (int64_t)B * C) {
-        const int64_t b = i / C, c = i - b * C;
-        float s = 0.0f;
-        for (int64_t p = 0; p < HW; p++) s += dc_ld(dx, (b * HW + p) * C + c, xbf);
-        dc_st(dv, i, s, vbf);
-    }
-}
-
-extern "C" void dc_cuda_channel_sum_nhwc(dc_backend *be, dc_buf dv, dc_buf dx, int B, int C, int64_t HW) {
-    DC_CUDA_OP(be);
-    if (!float_dt(dv.dt) || !float_dt(dx.dt))
-        DC_CUDA_FAIL(be, "channel_sum_nhwc dtypes: dv %s, dx %s (each F32 or BF16)", dc_dtype_name(dv.dt),
-                     dc_dtype_name(dx.dt));
-    if (B <= 0 || C <= 0) return;
-    const int64_t n = (int64_t)B * C;
-    k_channel_sum_nhwc<<<dc_blocks(n, TPB), TPB, 0, S(be)>>>(dv.p, BF(dv), dx.p, BF(dx), B, C, HW);
-    DC_CUDA_LAUNCHED(be);
-}
-
 // Two strided copies: x's left columns into a, its right ones into b.
 extern "C" void dc_cuda_split_channels(dc_backend *be, dc_buf a, int C1, dc_buf b, int C2, dc_buf x, int64_t M) {
     DC_CUDA_OP(be);
