@@ -10,6 +10,7 @@
 // count. The element formulas are the shared ones in op_math.h. The affine
 // weights may be F16 or BF16 (weights kept as loaded): widened once per call.
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "backend/cpu/cpu_ops.h"
 
@@ -264,6 +265,39 @@ void dc_cpu_group_norm_nhwc_fwd(dc_backend *be, dc_buf out_, dc_buf mean_, dc_bu
 // each of HW pixels. Per image, a group's two sums (sum g, sum g xhat) are
 // taken over its pixels in order; dgamma and dbeta per channel over the batch
 // and pixels in order, so results do not depend on the thread count.
+// One row of C channels of the channels-last backward: a, e += dy and
+// dy xhat (sums), or dx = (+=) the row's gradient (mg, mgx: the group means
+// of g and g xhat per channel). m, r, mg, mgx are per channel (the group's
+// values repeated), so the loops run along the row without an index division.
+static inline void gn_nhwc_row_sums(const float *restrict x, const float *restrict dout, const float *restrict m,
+                                    const float *restrict r, const float *restrict ga, const float *restrict bt,
+                                    double *restrict a, double *restrict e, int C, bool silu) {
+#pragma omp simd
+    for (int c = 0; c < C; c++) {
+        const float xh = dc_norm_xhat(x[c], m[c], r[c]);
+        const float dy = group_dy(dout[c], xh, ga[c], silu ? bt[c] : 0.0f, silu);
+        a[c] += dy;
+        e[c] += dy * xh;
+    }
+}
+static inline void gn_nhwc_row_dx(float *restrict dx, const float *restrict x, const float *restrict dout,
+                                  const float *restrict m, const float *restrict r, const float *restrict mg,
+                                  const float *restrict mgx, const float *restrict ga, const float *restrict bt, int C,
+                                  bool silu, bool accumulate) {
+#pragma omp simd
+    for (int c = 0; c < C; c++) {
+        const float xh = dc_norm_xhat(x[c], m[c], r[c]);
+        const float dy = group_dy(dout[c], xh, ga[c], silu ? bt[c] : 0.0f, silu);
+        const float v = dc_ln_dx(dy * ga[c], xh, r[c], mg[c], mgx[c]);
+        dx[c] = accumulate ? dx[c] + v : v;
+    }
+}
+
+// Channels-last: one pass along each sample's rows of C takes the per
+// (sample, channel) sums A = sum dy and E = sum dy xhat over the pixels (each
+// sample by one thread, in pixel order, in double), from which the group
+// means of g = dy gamma and the parameter gradients follow; a second pass
+// writes dx. Both walk memory in order, a row of C channels at a time.
 void dc_cpu_group_norm_nhwc_bwd(dc_backend *be, dc_buf dx_, dc_buf dgamma_, dc_buf dbeta_,
                                 dc_buf dout_, dc_buf x_, dc_buf mean_, dc_buf rstd_, dc_buf gamma_,
                                 dc_buf beta_, int B, int C, int64_t HW, int G, bool silu,
@@ -273,54 +307,46 @@ void dc_cpu_group_norm_nhwc_bwd(dc_backend *be, dc_buf dx_, dc_buf dgamma_, dc_b
     // dx, dout, x [B, HW, C]; mean, rstd [B, G]; dgamma, dbeta, gamma, beta [C]
     const int Cg = C / G;
     const double n = (double)Cg * HW;
+    const size_t BC = (size_t)B * C;
+    double *A = calloc(2 * BC, sizeof *A), *E = A + BC;
+    float *st = malloc(sizeof(float) * 4 * BC);  // per (sample, channel): mean, rstd, mean g, mean g xhat
+    if (!A || !st) {
+        free(A), free(st);
+        dc_cpu_fail(be, "group_norm_nhwc_bwd: out of memory for %d x %d sums", B, C);
+        return;
+    }
+    float *mc = st, *rc = st + BC, *mg = st + 2 * BC, *mgx = st + 3 * BC;
+    const float *bt = silu ? u.beta : u.gamma;  // read only with silu
 #pragma omp parallel if ((int64_t)B * C * HW > DC_CPU_PAR_MIN)
     {
 #pragma omp for schedule(static)
-        for (int bg = 0; bg < (u.dx ? B * G : 0); bg++) {
-            const int64_t b = bg / G;
-            const int c0 = bg % G * Cg;
-            const float m = u.mean[bg], r = u.rstd[bg];
-            double sg = 0.0, sgx = 0.0;
+        for (int b = 0; b < B; b++) {
+            const size_t o = (size_t)b * C;
+            for (int c = 0; c < C; c++) mc[o + c] = u.mean[b * G + c / Cg], rc[o + c] = u.rstd[b * G + c / Cg];
             for (int64_t p = 0; p < HW; p++) {
-                const int64_t o = (b * HW + p) * C + c0;
-                for (int j = 0; j < Cg; j++) {
-                    const float ga = u.gamma[c0 + j], bt = silu ? u.beta[c0 + j] : 0.0f;
-                    const float xh = dc_norm_xhat(u.x[o + j], m, r);
-                    const float dy = group_dy(u.dout[o + j], xh, ga, bt, silu);
-                    sg += ga * dy;
-                    sgx += ga * dy * xh;
-                }
+                const int64_t row = ((int64_t)b * HW + p) * C;
+                gn_nhwc_row_sums(u.x + row, u.dout + row, mc + o, rc + o, u.gamma, bt, A + o, E + o, C, silu);
             }
-            const float mg = (float)(sg / n), mgx = (float)(sgx / n);
-            for (int64_t p = 0; p < HW; p++) {
-                const int64_t o = (b * HW + p) * C + c0;
-                for (int j = 0; j < Cg; j++) {
-                    const float ga = u.gamma[c0 + j], bt = silu ? u.beta[c0 + j] : 0.0f;
-                    const float xh = dc_norm_xhat(u.x[o + j], m, r);
-                    const float dy = group_dy(u.dout[o + j], xh, ga, bt, silu);
-                    const float v = dc_ln_dx(dy * ga, xh, r, mg, mgx);
-                    u.dx[o + j] = accumulate ? u.dx[o + j] + v : v;
-                }
+            for (int g = 0; g < G; g++) {
+                double sg = 0.0, sgx = 0.0;
+                for (int c = g * Cg; c < (g + 1) * Cg; c++) sg += u.gamma[c] * A[o + c], sgx += u.gamma[c] * E[o + c];
+                for (int c = g * Cg; c < (g + 1) * Cg; c++) mg[o + c] = (float)(sg / n), mgx[o + c] = (float)(sgx / n);
             }
         }
 #pragma omp for schedule(static)
-        for (int c = 0; c < (u.dgamma || u.dbeta ? C : 0); c++) {
-            const float ga = u.gamma[c], bt = silu ? u.beta[c] : 0.0f;
-            double a = 0.0, e = 0.0;
-            for (int64_t b = 0; b < B; b++) {
-                const float m = u.mean[b * G + c / Cg], r = u.rstd[b * G + c / Cg];
-                for (int64_t p = 0; p < HW; p++) {
-                    const int64_t o = (b * HW + p) * C + c;
-                    const float xh = dc_norm_xhat(u.x[o], m, r);
-                    const float dy = group_dy(u.dout[o], xh, ga, bt, silu);
-                    a += dy;
-                    e += dy * xh;
-                }
-            }
-            if (u.dbeta) u.dbeta[c] += (float)a;
-            if (u.dgamma) u.dgamma[c] += (float)e;
+        for (int64_t row = 0; row < (u.dx ? (int64_t)B * HW : 0); row++) {
+            const size_t o = (size_t)(row / HW) * C;
+            gn_nhwc_row_dx(u.dx + row * C, u.x + row * C, u.dout + row * C, mc + o, rc + o, mg + o, mgx + o, u.gamma,
+                           bt, C, silu, accumulate);
         }
     }
+    for (int c = 0; c < C; c++) {  // the samples' sums in order
+        double sa = 0.0, se = 0.0;
+        for (int b = 0; b < B; b++) sa += A[(size_t)b * C + c], se += E[(size_t)b * C + c];
+        if (u.dbeta) u.dbeta[c] += (float)sa;
+        if (u.dgamma) u.dgamma[c] += (float)se;
+    }
+    free(A), free(st);
 }
 
 // ---- layer norm -------------------------------------------------------------------
