@@ -252,6 +252,7 @@ static void test_gpu(const char *name) {
         // order only; bf16 rounds every activation to 8 bits
         const double tol = gpu->compute == DC_F32 ? 1e-3 : 5e-2;
         const dc_params *ps = &rc.m->params;
+        const double all = gc ? sqrt(dot(gc, gc, ps->numel)) : 0;
         int bad = 0;
         double worst = 0;
         for (int i = 0; gc && gg && i < ps->count; i++) {
@@ -262,7 +263,9 @@ static void test_gpu(const char *name) {
                 d += (a - b) * (a - b), nb += b * b;
             }
             if (nb == 0 && d == 0) continue;  // a skipped layer's
-            const double e = sqrt(d) / (sqrt(nb) + 1e-12);
+            // the key bias's true gradient is 0 (see test_cpu): both sides
+            // are rounding, measured against the whole gradient
+            const double e = sqrt(d) / (strstr(p->name, "k_proj.bias") ? all : sqrt(nb) + 1e-12);
             if (!(e < tol) && bad++ < 8) printf("  %s %s: GPU against CPU %.2e\n", name, p->name, e);
             if (!(e <= worst)) worst = e;
         }

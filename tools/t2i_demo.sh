@@ -2,10 +2,11 @@
 # The text-to-image demo: trains, from scratch, a small text-conditioned UNet
 # on Fashion-MNIST's classes 0-8 (class 9, the ankle boot, is kept out for
 # tools/dreambooth_demo.sh) with captions made from templates
-# (tools/t2i_demo/templates.txt) and the class names in lower case. It works
-# in pixel space (no VAE) at 28x28, with the real CLIP tokenizer and a small
-# CLIP text encoder that is random-initialised and frozen: the UNet learns to
-# read its embeddings. Then it draws pictures for "a photo of a {class}" and
+# (tools/t2i_demo/templates.txt), three in five of them with filler words
+# around them (tools/t2i_demo/fillers.txt), and the class names in lower
+# case. It works in pixel space (no VAE) at 28x28, with the real CLIP
+# tokenizer and a small CLIP text encoder that is random-initialised and
+# frozen: the UNet learns to read its embeddings. Then it draws pictures for "a photo of a {class}" and
 # for phrasings the templates do not hold (tools/t2i_demo/heldout.txt), and,
 # where Debian's python3-torch is installed, scores them with
 # tools/fmnist_judge.py.
@@ -38,8 +39,8 @@ if [ ! -d "$out/base" ]; then
 fi
 if [ ! -f "$out/pictures/.done" ]; then
   rm -rf "$out/pictures"
-  build/tools/fmnist_pictures --data "$fmnist" --templates tools/t2i_demo/templates.txt --classes 0-8 \
-    --out "$out/pictures"
+  build/tools/fmnist_pictures --data "$fmnist" --templates tools/t2i_demo/templates.txt \
+    --fillers tools/t2i_demo/fillers.txt --classes 0-8 --out "$out/pictures"
   touch "$out/pictures/.done"
 fi
 # prepare continues an unfinished run by itself, and leaves a finished one alone
@@ -47,7 +48,7 @@ fi
   --out "$out/data" --size 28 --batch 256 --device "$device"
 recipe=(--steps "$steps" --batch 64 --lr 1e-3 --warmup 100 --ema-decay 0.999 --caption-dropout 0.1 --prediction v --min-snr-gamma 5
         --ckpt-every 500 --sample-every 1000 --sample-prompts tools/t2i_demo/prompts.txt --sample-steps 25
-        --sample-cfg 3 --device "$device")
+        --sample-cfg 5 --device "$device")
 if ls "$out"/run/step_*.safetensors > /dev/null 2>&1; then
   echo "t2i demo: continuing the training run in $out/run to step $steps"
   ./diffusion train --resume "$out/run" --steps "$steps" --device "$device"
@@ -64,12 +65,12 @@ echo "t2i demo: drawing $per_class pictures of each class for \"a photo of a {cl
 mkdir -p "$out/samples" "$out/heldout"
 for c in "${!names[@]}"; do
   ./diffusion txt2img --model "$out/model" --prompt "a photo of a ${names[c]}" --count "$per_class" \
-    --batch "$per_class" --steps 25 --sampler ddim --cfg-scale 3 --seed "$c" --out "$out/samples/class$c.png" \
+    --batch "$per_class" --steps 25 --sampler ddim --cfg-scale 5 --seed "$c" --out "$out/samples/class$c.png" \
     --device "$device" > "$out/txt2img.log" 2>&1 || { cat "$out/txt2img.log" >&2; exit 1; }
   # a phrasing the training captions never held, a different one for each class
   h=${heldout[c % ${#heldout[@]}]}
   ./diffusion txt2img --model "$out/model" --prompt "${h//\{\}/${names[c]}}" --count "$per_class" \
-    --batch "$per_class" --steps 25 --sampler ddim --cfg-scale 3 --seed "$c" --out "$out/heldout/class$c.png" \
+    --batch "$per_class" --steps 25 --sampler ddim --cfg-scale 5 --seed "$c" --out "$out/heldout/class$c.png" \
     --device "$device" > "$out/txt2img.log" 2>&1 || { cat "$out/txt2img.log" >&2; exit 1; }
 done
 echo "t2i demo: done in $(((SECONDS - t0) / 60)) min"
