@@ -13,8 +13,11 @@
 // - Golden gradients from diffusers' own autograd in float64
 //   (tests/golden/sd/<set>/grad.safetensors, made by tools/sd_grad_golden.py):
 //   sampled values and the norm of every parameter's gradient.
+// - The text's gradient (cond.dctx, for a text encoder trained along): the
+//   directional derivative of L along a random direction of the text, by
+//   central differences, against dctx; a second backward overwrites it.
 // - Recompute: gradients with K layers keeping their activations (several
-//   K) are bit-identical to keeping all.
+//   K) are bit-identical to keeping all, the text's too.
 // - Units: backward announces every parameter unit once, begin then done.
 //
 // Usage: test_unet_grad            the CPU checks above
@@ -217,6 +220,44 @@ static void test_fd(const char *set) {
     dc_backend_destroy(be);
 }
 
+// The text's gradient against central differences of L along a random
+// direction of the text (F32 on the CPU).
+static void test_ctx_fd(const char *set) {
+    rig r;
+    if (rig_open(&r, dc_backend_cpu_create(), set, false, NULL, 13)) {
+        CHECK(0, "%s: %s", set, dc_error());
+        return;
+    }
+    const int64_t n = (int64_t)r.B * r.cond.len * r.cond.dim;
+    r.cond.dctx = (dc_buf){r.be->alloc(r.be, (size_t)n * 4), DC_F32};
+    float *c0 = malloc((size_t)n * 4), *c = malloc((size_t)n * 4), *v = malloc((size_t)n * 4);
+    float *d = malloc((size_t)n * 4), *d2 = malloc((size_t)n * 4);
+    r.be->download(r.be, c0, r.ctx.p, (size_t)n * 4);
+    float *g = grads(&r);
+    r.be->download(r.be, d, r.cond.dctx.p, (size_t)n * 4);
+    free(g), g = grads(&r);  // a second backward writes the same, not twice it
+    r.be->download(r.be, d2, r.cond.dctx.p, (size_t)n * 4);
+    CHECK(g && memcmp(d, d2, (size_t)n * 4) == 0, "%s: a second backward changes the text's gradient", set);
+    const double eps = 3e-2;
+    for (int64_t j = 0; j < n; j++) v[j] = dc_randn_at(78, 0, 0, 1, (uint32_t)j);
+    for (int64_t j = 0; j < n; j++) c[j] = (float)(c0[j] + eps * v[j]);
+    r.be->upload(r.be, r.ctx.p, c, (size_t)n * 4);
+    const double lp = loss(&r);
+    for (int64_t j = 0; j < n; j++) c[j] = (float)(c0[j] - eps * v[j]);
+    r.be->upload(r.be, r.ctx.p, c, (size_t)n * 4);
+    const double lm = loss(&r);
+    const double fd = (lp - lm) / (2 * eps), an = dot(d, v, n), dn = sqrt(dot(d, d, n));
+    const double e = fabs(fd - an) / (fabs(an) + dn + 1e-6);
+    printf("  %s: the text's gradient: differences %.6e, backward %.6e (|dctx| %.3e), error %.2e\n", set, fd, an, dn,
+           e);
+    CHECK(e < 2e-2 && dn > 0, "%s: the text's gradient is off (%.2e)", set, e);
+    free(g), free(c0), free(c), free(v), free(d), free(d2);
+    r.be->free(r.be, r.cond.dctx.p);
+    dc_backend *be = r.be;
+    rig_close(&r);
+    dc_backend_destroy(be);
+}
+
 // ---- golden gradients (diffusers' autograd) -------------------------------------------------
 
 static void test_golden(const char *set) {
@@ -304,7 +345,11 @@ static void test_recompute_units(const char *set) {
     }
     dc_params *ps = r.m->params;
     const int n = r.m->info.blocks;
+    const int64_t nctx = (int64_t)r.B * r.cond.len * r.cond.dim;
+    r.cond.dctx = (dc_buf){r.be->alloc(r.be, (size_t)nctx * 4), DC_F32};
+    float *dall = malloc((size_t)nctx * 4), *dk = malloc((size_t)nctx * 4);
     float *all = grads(&r);
+    r.be->download(r.be, dall, r.cond.dctx.p, (size_t)nctx * 4);
     CHECK(all != NULL && n > 10, "%s: gradients, %d layers", set, n);
     // the planner's bytes are reserve's: fewer with fewer layers keeping theirs
     const int64_t b_all = dc_model_activation_bytes(r.m, r.be->compute, r.B, -1);
@@ -316,7 +361,8 @@ static void test_recompute_units(const char *set) {
         CHECK(dc_model_set_recompute(r.m, keeps[i]) == 0 && dc_model_reserve(r.m, r.B) == 0, "recompute: %s",
               dc_error());
         float *g = grads(&r);
-        CHECK(g && memcmp(g, all, (size_t)ps->numel * 4) == 0,
+        r.be->download(r.be, dk, r.cond.dctx.p, (size_t)nctx * 4);
+        CHECK(g && memcmp(g, all, (size_t)ps->numel * 4) == 0 && memcmp(dk, dall, (size_t)nctx * 4) == 0,
               "%s: gradients with %d of %d layers keeping their activations differ from keeping all", set, keeps[i],
               n);
         free(g);
@@ -339,7 +385,8 @@ static void test_recompute_units(const char *set) {
     CHECK(each_once && l.order_ok && l.open == -1, "%s: %d unit calls for %d units, in order %d", set, l.n, units,
           l.order_ok);
     CHECK(g && all && memcmp(g, all, (size_t)ps->numel * 4) == 0, "%s: hooks change the gradients", set);
-    free(g), free(all);
+    free(g), free(all), free(dall), free(dk);
+    r.be->free(r.be, r.cond.dctx.p);
     dc_backend *be = r.be;
     rig_close(&r);
     dc_backend_destroy(be);
@@ -358,10 +405,22 @@ static void test_gpu(const char *name, const char *set) {
         CHECK(0, "%s: %s", set, dc_error());
         return;
     }
+    const int64_t nctx = (int64_t)rc.B * rc.cond.len * rc.cond.dim;
+    rc.cond.dctx = (dc_buf){rc.be->alloc(rc.be, (size_t)nctx * 4), DC_F32};
+    rg.cond.dctx = (dc_buf){gpu->alloc(gpu, (size_t)nctx * 4), DC_F32};
     float *gc = grads(&rc), *gg = grads(&rg);
     // relative to each tensor's gradient norm: fp32 ("cuda-fp32") differs in
     // summation order only; bf16 ("cuda") rounds every activation to 8 bits
     const double tol = gpu->compute == DC_F32 ? 1e-3 : 8e-2;
+    float *dc = malloc((size_t)nctx * 4), *dg = malloc((size_t)nctx * 4);
+    rc.be->download(rc.be, dc, rc.cond.dctx.p, (size_t)nctx * 4);
+    gpu->download(gpu, dg, rg.cond.dctx.p, (size_t)nctx * 4);
+    double dd = 0, dn = 0;
+    for (int64_t j = 0; j < nctx; j++) dd += ((double)dg[j] - dc[j]) * ((double)dg[j] - dc[j]), dn += (double)dc[j] * dc[j];
+    printf("  %s on %s: the text's gradient %.2e of its norm off\n", set, name, sqrt(dd / dn));
+    CHECK(dn > 0 && sqrt(dd) < tol * sqrt(dn), "%s on %s: the text's gradient is %.2e off", set, name, sqrt(dd / dn));
+    free(dc), free(dg);
+    rc.be->free(rc.be, rc.cond.dctx.p), gpu->free(gpu, rg.cond.dctx.p);
     const dc_params *ps = rc.m->params;
     int bad = 0;
     double worst = 0;
@@ -393,6 +452,7 @@ int main(int argc, char **argv) {
         for (int s = 0; s < 2; s++) {
             printf("%s: finite differences\n", sets[s]);
             test_fd(sets[s]);
+            test_ctx_fd(sets[s]);
             printf("%s: golden gradients\n", sets[s]);
             test_golden(sets[s]);
             printf("%s: recompute and units\n", sets[s]);

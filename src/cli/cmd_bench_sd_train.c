@@ -78,6 +78,7 @@ static int time_steps(dc_model *m, dc_backend *be, int batch, int micro, int ste
     for (int i = 0; i < warm + steps && !rc; i++) {
         if (i == warm) {
             rc = dc_trainer_sync(&tr);
+            if (be->profile_restart) be->profile_restart(be);  // a profile of the timed steps alone
             t0 = dc_time_now();
         }
         if (!rc) rc = dc_trainer_step(&tr, NULL);

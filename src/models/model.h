@@ -36,6 +36,10 @@ typedef struct {
     // unconditional halves), so a model may compute what precedes the
     // conditioning once for both. The caller vouches for it; 0 claims nothing.
     int pairs;
+    // Training a text encoder along (its gradient flows back from the
+    // denoiser): where the model's backward writes dL/dctx [B, len, dim],
+    // F32, overwritten; none (p NULL): the text takes no gradient.
+    dc_buf dctx;
 } dc_cond;
 
 typedef enum { DC_COND_LABELS, DC_COND_TEXT } dc_cond_kind;

@@ -342,7 +342,7 @@ void unet_resnet_bwd(dc_backend *be, const dc_params *ps, const unet_resnet *r, 
 }
 
 void unet_transformer_bwd(dc_backend *be, const dc_params *ps, const unet_transformer *t, dc_buf dh, dc_buf h,
-                          int B, int H, int W, dc_buf ctx, int len, const unet_transformer_acts *k,
+                          int B, int H, int W, dc_buf ctx, int len, dc_buf dctx, const unet_transformer_acts *k,
                           const unet_grad_scratch *g) {
     const int C = t->C, T = H * W, M = B * T;
     // out = h + proj_out(x3): dS = dL/dx3, then the stream's gradient going back
@@ -357,7 +357,8 @@ void unet_transformer_bwd(dc_backend *be, const dc_params *ps, const unet_transf
     dc_attn_shape a = attn_shape(B, T, len, C, 2 * C, C, t->heads);
     be->attention_bwd(be, g->dT2, g->dkv, dc_buf_at(g->dkv, C), g->dT, k->q2, k->kv, dc_buf_at(k->kv, C), k->att2,
                       k->lse2, &a);
-    dc_linear_bwd(be, ps, &t->kv2, dc_buf_none(), g->dkv, ctx, B * len, false);  // the text takes no gradient
+    dc_linear_bwd(be, ps, &t->kv2, dctx.p ? g->dctx : dc_buf_none(), g->dkv, ctx, B * len, false);
+    if (dctx.p) be->axpy(be, dctx, g->dctx, 1.0f, (int64_t)B * len * t->kv2.in);
     dc_linear_bwd(be, ps, &t->q2, g->dT, g->dT2, k->n2, M, false);
     dc_layer_norm_bwd(be, ps, &t->norm2, g->dS, g->dT, k->x1, k->ln_mean[1], k->ln_rstd[1], M, true);
     // x1 = x0 + o1(attention of qkv1(norm1(x0)))

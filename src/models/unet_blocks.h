@@ -152,10 +152,11 @@ void unet_copy_half(dc_backend *be, dc_buf b, int64_t n);
 // Scratch of the backward passes, in the compute dtype: d1, d2 [B, HW,
 // max(ci, co)] for a resnet, dt [B, ci, HW] (an up resnet's concat);
 // dS, dT, dT2 [M, C], dqkv [M, 3C], dpre [M, 8C], dact [M, 4C], dkv [B len,
-// 2C] for a transformer; dtproj [B, co].
+// 2C], dctx [B len, ctx_dim] (one transformer's share of the text's gradient)
+// for a transformer; dtproj [B, co].
 typedef struct {
     dc_buf d1, d2, dtproj;
-    dc_buf dS, dT, dT2, dqkv, dpre, dact, dkv;
+    dc_buf dS, dT, dT2, dqkv, dpre, dact, dkv, dctx;
 } unet_grad_scratch;
 
 // Backward of unet_resnet_fwd from dout = dL/dout (read only): dx = dL/dx
@@ -165,7 +166,8 @@ void unet_resnet_bwd(dc_backend *be, const dc_params *ps, const unet_resnet *r, 
                      const unet_resnet_acts *k, dc_buf silu_temb, dc_buf dsilu_temb, int B, int H, int W,
                      bool accumulate, const unet_grad_scratch *g);
 // Backward of unet_transformer_fwd (training: out not h, Bs = B, kv
-// computed): dh holds dL/dout on entry and dL/dh on return.
+// computed): dh holds dL/dout on entry and dL/dh on return; dctx (F32
+// [B, len, ctx_dim], or none) += the text's gradient.
 void unet_transformer_bwd(dc_backend *be, const dc_params *ps, const unet_transformer *t, dc_buf dh, dc_buf h,
-                          int B, int H, int W, dc_buf ctx, int len, const unet_transformer_acts *k,
+                          int B, int H, int W, dc_buf ctx, int len, dc_buf dctx, const unet_transformer_acts *k,
                           const unet_grad_scratch *g);

@@ -68,6 +68,7 @@ struct dc_unet_train {
     unet_grad_scratch g;
     dc_buf ctx;                   // the last forward's text [B, len, ctx_dim], in the compute dtype
     dc_buf ctx_c;                 // [B, 77, ctx_dim] where the text is cast when it comes in another
+    dc_buf dctx;                  // the last forward's cond.dctx: F32 [B, len, ctx_dim] or none
     int len, fwd_B;
 };
 
@@ -220,6 +221,7 @@ static void carve(const dc_unet *m, dc_arena *ar, dc_unet_train *a, int B) {
     g->dS = dc_arena_take(ar, B * tok), g->dT = dc_arena_take(ar, B * tok), g->dT2 = dc_arena_take(ar, B * tok);
     g->dqkv = dc_arena_take(ar, 3 * B * tok), g->dpre = dc_arena_take(ar, 8 * B * tok);
     g->dact = dc_arena_take(ar, 4 * B * tok), g->dkv = dc_arena_take(ar, B * ctx);
+    g->dctx = dc_arena_take(ar, (int64_t)B * DC_UNET_CTX_LEN * c->ctx_dim);
 }
 
 // The plan for keep layers keeping their intermediates (-1 or more than
@@ -303,7 +305,9 @@ int unet_train_forward(dc_unet *m, dc_buf out, dc_buf x, dc_buf t, const dc_cond
     const dc_params *ps = &m->params;
     const dc_unet_modules *md = m->mods;
     const int64_t HW0 = (int64_t)m->lh * m->lw;
-    a->ctx = cond->ctx, a->len = cond->len, a->fwd_B = B;
+    a->ctx = cond->ctx, a->len = cond->len, a->fwd_B = B, a->dctx = cond->dctx;
+    if (cond->dctx.p && cond->dctx.dt != DC_F32)
+        return dc_fail("UNet: the text's gradient must be F32, not %s", dc_dtype_name(cond->dctx.dt));
     if (cond->ctx.dt != a->ctx_c.dt) {  // the data's fp32 text, cast to the weights' dtype once a forward
         if (cond->len > DC_UNET_CTX_LEN) return dc_fail("UNet: text of %d tokens (at most %d)", cond->len, DC_UNET_CTX_LEN);
         be->cast(be, a->ctx_c, cond->ctx, (int64_t)B * cond->len * c->ctx_dim);
@@ -342,7 +346,7 @@ static void layer_bwd(dc_unet *m, int l, int B, bool *done) {
     } else {
         const dc_buf r = y->attn ? k->rout : x;
         if (y->attn)  // d becomes dL/d(the resnet's output)
-            unet_transformer_bwd(be, ps, y->attn, d, r, B, y->H, y->W, a->ctx, a->len, &k->t, g);
+            unet_transformer_bwd(be, ps, y->attn, d, r, B, y->H, y->W, a->ctx, a->len, a->dctx, &k->t, g);
         if (y->skip >= 0) {  // the first shares of both: written, not added
             assert(!done[y->in] && !done[y->skip]);
             unet_resnet_bwd(be, ps, y->res, a->dcat, d, k->cat, &k->r, a->time.silu_temb, a->dsilu_temb, B, y->H,
@@ -383,6 +387,7 @@ int unet_train_backward(dc_unet *m, dc_buf dout, int B) {
     DC_TRY(dc_params_unit_done(ps, final_unit));
 
     be->zero(be, a->dsilu_temb.p, (size_t)(B * td) * dc_dtype_size(a->dsilu_temb.dt));
+    if (a->dctx.p) be->zero(be, a->dctx.p, (size_t)B * a->len * c->ctx_dim * sizeof(float));
     int unit = -1;
     for (int l = n - 1; l >= 0; l--) {
         if (a->layer[l].unit != unit) {
