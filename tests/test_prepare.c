@@ -10,6 +10,8 @@
 //     picture skipped and counted;
 //   - a run stopped between batches (by its progress callback) and continued
 //     writes the same bytes as one never stopped, with and without buckets;
+//   - reading the next batch while one is encoded (opts.overlap) writes the
+//     same bytes, stopped and continued too;
 //   - on a GPU, the CUDA backend's shards against the CPU's: the same samples,
 //     captions and sizes, and latents and embeddings within bf16's error.
 #include <math.h>
@@ -296,6 +298,13 @@ int main(int argc, char **argv) {
           "a second run into a finished folder is not refused");
     dc_error_clear();
     test_resume(&m, &set, o, tmp_path("whole"));
+    // the next batch read on a thread of its own while one is encoded: the same bytes, stopped or not
+    dc_prepare_opts oo = o;
+    oo.overlap = true;
+    CHECK(dc_prepare_run(&m, &set, tmp_path("overlap"), &oo, NULL, NULL, &st) == 0 &&
+              same_tree(tmp_path("overlap"), tmp_path("whole")),
+          "reading the next batch while one is encoded: not the bytes of one batch at a time (%s)", dc_error());
+    test_resume(&m, &set, oo, tmp_path("whole"));
     // the same with buckets: 64 px sides at an area of 128^2
     dc_prepare_opts ob = o;
     ob.buckets = true, ob.size = 128;

@@ -4,6 +4,7 @@
 #include "pipelines/prepare.h"
 
 #include <dirent.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -493,14 +494,61 @@ typedef struct {
 } progress_cb;
 
 // One data set: job j's pictures from the point ws->st gives.
+// ---- reading a batch
+
+// The pictures [a, end) of job j read and resized into b's slots, on all
+// cores (each into its own slot, its error kept in failed/why).
+typedef struct {
+    const dc_picture_set *set;
+    const job *j;
+    const dc_prepare_opts *o;
+    batch_bufs *b;
+    int64_t a, end;
+} batch_read;
+
+static void read_batch(const batch_read *r) {
+    const int nb = (int)(r->end - r->a);
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int k = 0; k < nb; k++) {
+        r->b->failed[k] = load_picture(r->set, r->j->idx[r->a + k], r->o, r->b, k) != 0;
+        if (r->b->failed[k]) snprintf(r->b->why[k], sizeof r->b->why[k], "%s", dc_error());
+    }
+}
+
+static void *read_batch_thread(void *p) {
+    read_batch(p);
+    return NULL;
+}
+
+// The next batch's reading, on a thread of its own while the current batch
+// is encoded and written (o->overlap), or at wait() when it is not.
+typedef struct {
+    batch_read r;
+    pthread_t th;
+    bool running, pending;
+} reader;
+
+static void reader_start(reader *rd, const batch_read *r, bool overlap) {
+    rd->r = *r;
+    rd->pending = true;
+    rd->running = overlap && pthread_create(&rd->th, NULL, read_batch_thread, &rd->r) == 0;
+}
+
+static void reader_wait(reader *rd) {
+    if (rd->running) pthread_join(rd->th, NULL);
+    else if (rd->pending) read_batch(&rd->r);  // no thread: read it now
+    rd->running = rd->pending = false;
+}
+
 static int run_job(dc_prepare_models *m, const dc_picture_set *set, const job *j, const dc_prepare_opts *o,
                    writer_state *ws, progress_cb *pc) {
     const bool latents = m->sd.vae != NULL;
     const int B = (int)(o->batch < j->n ? o->batch : j->n);
-    batch_bufs b;
-    DC_TRY(bufs_alloc(m, &b, B, j->height, j->width));
+    batch_bufs bufs[2];
+    DC_TRY(bufs_alloc(m, &bufs[0], B, j->height, j->width));
+    if (bufs_alloc(m, &bufs[1], B, j->height, j->width)) return bufs_free(m->be, &bufs[0]), -1;
     columns cols;
-    columns_make(&cols, &b, latents);
+    columns_make(&cols, &bufs[0], latents);
     const bool resuming = ws->st.shards > 0 || ws->st.next > 0 || ws->st.copy > 0;
     // A killed run's temporary files, and an index it wrote just before it
     // stopped (the progress file still names this data set as unfinished).
@@ -520,46 +568,51 @@ static int run_job(dc_prepare_models *m, const dc_picture_set *set, const job *j
     ws->nrec = ws->ncorrupt = 0;
     // Batches are the same windows of the list in every run, so a picture is
     // always encoded beside the same others: a continued run writes the bytes
-    // an uninterrupted one would.
-    for (int64_t a = start / B * B; a < j->n && !rc; a += B) {
+    // an uninterrupted one would. Batch i + 1 is read while batch i is
+    // encoded and written (into the other set of buffers).
+    reader rd = {0};
+    int cur = 0;
+    const int64_t first = start / B * B;
+    if (!rc && first < j->n)
+        reader_start(&rd, &(batch_read){set, j, o, &bufs[0], first, first + B < j->n ? first + B : j->n}, false);
+    for (int64_t a = first; a < j->n && !rc; a += B, cur ^= 1) {
         const int64_t end = a + B < j->n ? a + B : j->n;
-        // The batch's pictures are read and resized on all cores (each into
-        // its own slot, its error kept), then the readable ones are packed
-        // in order and the others reported, as one at a time would.
+        batch_bufs *b = &bufs[cur];
+        reader_wait(&rd);  // this batch's pictures
+        if (end < j->n)
+            reader_start(&rd, &(batch_read){set, j, o, &bufs[cur ^ 1], end, end + B < j->n ? end + B : j->n},
+                         o->overlap);
+        // the readable pictures packed in order, the others reported, as one at a time would
         const int nb = (int)(end - a);
-#pragma omp parallel for schedule(dynamic, 1)
-        for (int k = 0; k < nb; k++) {
-            b.failed[k] = load_picture(set, j->idx[a + k], o, &b, k) != 0;
-            if (b.failed[k]) snprintf(b.why[k], sizeof b.why[k], "%s", dc_error());
-        }
         int n = 0;
         for (int k = 0; k < nb && !rc; k++) {
             const int64_t pos = a + k;
-            if (!b.failed[k]) {
-                if (n != k) move_slot(&b, k, n);
-                b.caption[n] = set->e[j->idx[pos]].caption, b.pos[n] = pos;
+            if (!b->failed[k]) {
+                if (n != k) move_slot(b, k, n);
+                b->caption[n] = set->e[j->idx[pos]].caption, b->pos[n] = pos;
                 n++;
             } else if (pos >= start) {
-                dc_warn("skipped: %s", b.why[k]);
+                dc_warn("skipped: %s", b->why[k]);
                 if ((rc = grow((void **)&ws->corrupt, &ws->corrupt_cap, ws->ncorrupt, sizeof *ws->corrupt))) break;
                 ws->corrupt[ws->ncorrupt++] = pos;
             }
         }
-        if (!rc && n) rc = encode(m, &b, n);
+        if (!rc && n) rc = encode(m, b, n);
         for (int k = 0; k < n && !rc; k++) {
-            if (b.pos[k] < start) continue;
-            const int reps = set->e[j->idx[b.pos[k]]].repeats;
-            for (int c = b.pos[k] == start ? copy0 : 0; c < reps && !rc; c++) {
-                rc = write_sample(ws, &b, k, latents);
+            if (b->pos[k] < start) continue;
+            const int reps = set->e[j->idx[b->pos[k]]].repeats;
+            for (int c = b->pos[k] == start ? copy0 : 0; c < reps && !rc; c++) {
+                rc = write_sample(ws, b, k, latents);
                 if (!rc) rc = grow((void **)&ws->rec, &ws->rec_cap, ws->nrec, sizeof *ws->rec);
-                if (!rc) ws->rec[ws->nrec++] = (written_rec){b.pos[k], c}, pc->written++;
+                if (!rc) ws->rec[ws->nrec++] = (written_rec){b->pos[k], c}, pc->written++;
                 if (!rc) rc = commit(ws);
             }
         }
         pc->done += end - (a > start ? a : start);
         if (!rc && pc->fn && pc->fn(pc->ctx, pc->done, pc->total, pc->written)) rc = -1;
     }
-    bufs_free(m->be, &b);
+    if (rd.running) pthread_join(rd.th, NULL);  // stopped early: the reading in flight ends before its buffers go
+    bufs_free(m->be, &bufs[0]), bufs_free(m->be, &bufs[1]);
     if (rc) {
         dc_mds_writer_free(ws->w);
         ws->w = NULL;

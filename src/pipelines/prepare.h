@@ -58,6 +58,10 @@ typedef struct {
     int64_t shard_bytes;         // MDS size_limit (0: streaming's 1 << 26)
     int zstd_level;              // 0: uncompressed shards
     bool overwrite;              // start over, removing what a run wrote there
+    // Read the next batch's pictures on a thread of their own while a batch
+    // is encoded and written (for a GPU, whose encoding leaves the host's
+    // cores idle); the shards are the same bytes either way.
+    bool overlap;
 } dc_prepare_opts;
 
 // Opened models: the text encoder and tokenizer (in a dc_sd_pipe without a
