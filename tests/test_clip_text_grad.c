@@ -23,6 +23,7 @@
 #include "backend/backend.h"
 #include "buf_up.h"
 #include "check.h"
+#include "param_fd.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "models/clip_text.h"
@@ -37,12 +38,6 @@ typedef struct {
     float *hdout;
     int64_t nout;
 } rig;
-
-static double dot(const float *a, const float *b, int64_t n) {
-    double s = 0;
-    for (int64_t i = 0; i < n; i++) s += (double)a[i] * b[i];
-    return s;
-}
 
 // A trainable encoder with random weights of seed (LayerNorm gains near 1),
 // token ids and dout drawn from seed too.
@@ -118,6 +113,9 @@ static void set_param(rig *r, int i, const float *h, int64_t n) {
     dc_params_refresh(ps);
 }
 
+static double rig_loss(void *r) { return loss(r); }
+static void rig_set(void *r, int i, const float *h, int64_t n) { set_param(r, i, h, n); }
+
 static void test_cpu(dc_act act, int skip) {
     const char *what = act == DC_ACT_QUICK_GELU ? "quick_gelu" : "gelu";
     rig r;
@@ -152,7 +150,7 @@ static void test_cpu(dc_act act, int skip) {
     for (int i = 0; i < ps->count; i++) {
         const dc_param *p = &ps->items[i];
         const int64_t n = p->numel;
-        const double gn = sqrt(dot(g + p->offset, g + p->offset, n));
+        const double gn = sqrt(param_fd_dot(g + p->offset, g + p->offset, n));
         // a skipped layer gets no gradient; every other tensor must get one
         const bool skipped = skip && strstr(p->name, "encoder.layers.") &&
                              atoi(p->name + strlen("encoder.layers.")) >= L - skip;
@@ -163,31 +161,18 @@ static void test_cpu(dc_act act, int skip) {
         // The key bias adds q.b to every score of a query: softmax drops it,
         // so its true gradient is 0 and differences would measure rounding.
         if (strstr(p->name, "k_proj.bias")) {
-            const double all = sqrt(dot(g, g, ps->numel));
+            const double all = sqrt(param_fd_dot(g, g, ps->numel));
             checked++;
             if (!(gn < 1e-4 * all) && bad++ < 8) printf("  %s %s: |g| %.3e of a true 0\n", what, p->name, gn);
             continue;
         }
-        float *w0 = malloc((size_t)n * 4), *w = malloc((size_t)n * 4), *v = malloc((size_t)n * 4);
-        r.be->download(r.be, w0, dc_param_data(ps, i).p, (size_t)n * 4);
-        const double rms = sqrt(dot(w0, w0, n) / (double)n);
-        const double eps = 1e-2 * (rms > 0.05 ? rms : 0.05);
-        for (int64_t j = 0; j < n; j++) v[j] = dc_randn_at(77, (uint32_t)i, 0, 1, (uint32_t)j);
-        for (int64_t j = 0; j < n; j++) w[j] = (float)(w0[j] + eps * v[j]);
-        set_param(&r, i, w, n);
-        const double lp = loss(&r);
-        for (int64_t j = 0; j < n; j++) w[j] = (float)(w0[j] - eps * v[j]);
-        set_param(&r, i, w, n);
-        const double lm = loss(&r);
-        set_param(&r, i, w0, n);
-        const double fd = (lp - lm) / (2 * eps), an = dot(g + p->offset, v, n);
-        const double e = fabs(fd - an) / (fabs(an) + gn + 1e-6);
+        const param_fd f = param_fd_check(r.be, ps, i, g, 1e-2, rig_loss, rig_set, &r);
+        const double fd = f.fd, an = f.an, e = f.err;
         checked++;
         if (!(e < 1e-2) || !(gn > 0)) {  // every other tensor takes a gradient
             if (bad++ < 8) printf("  %s %s: differences %.6e, backward %.6e (|g| %.3e)\n", what, p->name, fd, an, gn);
         }
         if (!(e <= worst)) worst = e, worst_name = p->name;
-        free(w0), free(w), free(v);
     }
     printf("  %s, skip %d: %d parameter tensors, worst relative error %.2e (%s)\n", what, skip, checked, worst,
            worst_name);
@@ -252,7 +237,7 @@ static void test_gpu(const char *name) {
         // order only; bf16 rounds every activation to 8 bits
         const double tol = gpu->compute == DC_F32 ? 1e-3 : 5e-2;
         const dc_params *ps = &rc.m->params;
-        const double all = gc ? sqrt(dot(gc, gc, ps->numel)) : 0;
+        const double all = gc ? sqrt(param_fd_dot(gc, gc, ps->numel)) : 0;
         int bad = 0;
         double worst = 0;
         for (int i = 0; gc && gg && i < ps->count; i++) {

@@ -31,6 +31,7 @@
 #include "backend/backend.h"
 #include "buf_up.h"
 #include "check.h"
+#include "param_fd.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "io/safetensors.h"
@@ -166,6 +167,9 @@ static void set_param(rig *r, int i, const float *h, int64_t n) {
     dc_params_touch(ps);
 }
 
+static double rig_loss(void *r) { return loss(r); }
+static void rig_set(void *r, int i, const float *h, int64_t n) { set_param(r, i, h, n); }
+
 static void test_fd(const char *set) {
     rig r;
     if (rig_open(&r, dc_backend_cpu_create(), set, false, NULL, 11)) {
@@ -181,35 +185,17 @@ static void test_fd(const char *set) {
     const char *worst_name = "";
     for (int i = 0; i < ps->count; i++) {
         const dc_param *p = &ps->items[i];
-        const int64_t n = p->numel;
-        float *w0 = malloc((size_t)n * 4), *w = malloc((size_t)n * 4), *v = malloc((size_t)n * 4);
-        r.be->download(r.be, w0, dc_param_data(ps, i).p, (size_t)n * 4);
-        double rms = sqrt(dot(w0, w0, n) / (double)n);
         // steps of 3% of the tensor's scale: the loss's fp32 rounding,
         // divided by the step, stays below 1e-2 of the derivative (at 0.4%
         // it reached 1e-1 at the 2x2 bottom, where GroupNorm normalises 16
         // values), and truncation too (worst 9e-3 on sd1, 4e-3 on sd2)
-        const double eps = 3e-2 * (rms > 0.05 ? rms : 0.05);
-        for (int64_t j = 0; j < n; j++) v[j] = dc_randn_at(77, (uint32_t)i, 0, 1, (uint32_t)j);
-        for (int64_t j = 0; j < n; j++) w[j] = (float)(w0[j] + eps * v[j]);
-        set_param(&r, i, w, n);
-        const double lp = loss(&r);
-        for (int64_t j = 0; j < n; j++) w[j] = (float)(w0[j] - eps * v[j]);
-        set_param(&r, i, w, n);
-        const double lm = loss(&r);
-        set_param(&r, i, w0, n);
-        const double fd = (lp - lm) / (2 * eps), an = dot(g + p->offset, v, n);
-        // <g, v> for normal v is of the size of |g|: errors are taken
-        // relative to |an| + |g|, so a direction nearly orthogonal to g does
-        // not demand more than the differences can give
-        const double gn = sqrt(dot(g + p->offset, g + p->offset, n));
-        const double e = fabs(fd - an) / (fabs(an) + gn + 1e-6);
+        const param_fd f = param_fd_check(r.be, ps, i, g, 3e-2, rig_loss, rig_set, &r);
+        const double fd = f.fd, an = f.an, gn = f.gn, e = f.err;
         checked++;
         if (!(e < 2e-2)) {
             if (bad++ < 8) printf("  %s %s: differences %.6e, backward %.6e (|g| %.3e)\n", set, p->name, fd, an, gn);
         }
         if (!(e <= worst)) worst = e, worst_name = p->name;
-        free(w0), free(w), free(v);
     }
     printf("  %s: %d parameter tensors, worst relative error %.2e (%s)\n", set, checked, worst, worst_name);
     CHECK(bad == 0 && checked == ps->count && checked > 100, "%s: %d of %d tensors' gradients off", set, bad,

@@ -6,10 +6,10 @@
 # around them (tools/t2i_demo/fillers.txt), and the class names in lower
 # case. It works in pixel space (no VAE) at 28x28, with the real CLIP
 # tokenizer and a small CLIP text encoder that is random-initialised and
-# frozen: the UNet learns to read its embeddings. Then it draws pictures for "a photo of a {class}" and
-# for phrasings the templates do not hold (tools/t2i_demo/heldout.txt), and,
-# where Debian's python3-torch is installed, scores them with
-# tools/fmnist_judge.py.
+# frozen: the UNet learns to read its embeddings. Then it draws pictures,
+# at guidance 5, for "a photo of a {class}" and for phrasings the captions do
+# not hold (tools/t2i_demo/heldout.txt), and, where Debian's python3-torch is
+# installed, scores them with tools/fmnist_judge.py.
 #
 # Writes runs/t2i-demo/: base/ (tokenizer, text encoder, scheduler), pictures/
 # and data/ (the prepared shards), run/ (checkpoints, loss.csv, loss.png,
