@@ -23,6 +23,13 @@ static inline double param_fd_dot(const float *a, const float *b, int64_t n) {
     return s;
 }
 
+// |a - b| and |b| of n values (a GPU's gradients against the CPU's), in double.
+static inline void param_gap(const float *a, const float *b, int64_t n, double *diff, double *norm) {
+    double d = 0, nb = 0;
+    for (int64_t j = 0; j < n; j++) d += ((double)a[j] - b[j]) * ((double)a[j] - b[j]), nb += (double)b[j] * b[j];
+    *diff = sqrt(d), *norm = sqrt(nb);
+}
+
 // Parameter i of ps (its master weights on be); g: every parameter's
 // gradient in the flat layout. loss(ctx) runs a forward and returns L;
 // set(ctx, i, h, n) writes parameter i's master weights (and refreshes what
