@@ -117,8 +117,8 @@ int dc_unet_new(const dc_unet_config *c, dc_backend *be, dc_dtype loaded, int la
                 dc_model **out);
 // The same with trainable parameters (fp32 masters and gradients,
 // dc_params_alloc) for training: the forward keeps what backward reads, and
-// backward accumulates every parameter's gradient (the latents and the text
-// take none). Parameter units: conv_in with the time embedding, each down
+// backward accumulates every parameter's gradient (the latents take none;
+// the text does where the forward's cond.dctx asks for it). Parameter units: conv_in with the time embedding, each down
 // block, each up block, the mid block, the output layers. info.blocks
 // counts the layers set_recompute's keep runs over (resnets with their
 // transformers, resamplers); recomputed layers give the same gradients.

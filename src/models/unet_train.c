@@ -192,14 +192,27 @@ static void carve(const dc_unet *m, dc_arena *ar, dc_unet_train *a, int B) {
     a->dta = dc_arena_take(ar, B * td), a->dth = dc_arena_take(ar, B * td);
     a->xin = dc_arena_take(ar, B * HW0 * c->in_channels);
     a->ctx_c = dc_arena_take(ar, (int64_t)B * DC_UNET_CTX_LEN * c->ctx_dim);
-    a->outs[0] = dc_arena_take(ar, B * HW0 * c->ch[0]), a->douts[0] = dc_arena_take(ar, B * HW0 * c->ch[0]);
+    // The outputs' gradients: a skip (outs[0] and the down path's outputs,
+    // which an up resnet reads again) holds its own, as its two shares arrive
+    // far apart; any other output's gradient lives only from the backward of
+    // the layer after it to its own, so those alternate between two buffers.
+    int64_t size[MAX_LAYERS + 1], chain = 1;
+    bool skip[MAX_LAYERS + 1] = {true};
+    size[0] = HW0 * c->ch[0];
     for (int l = 0; l < n; l++) {
         const unet_layer *y = &a->layer[l];
         const int64_t HWo = y->kind == LAYER_DOWN ? (int64_t)(y->H / 2) * (y->W / 2)
                             : y->kind == LAYER_UP ? 4 * (int64_t)y->H * y->W
                                                   : (int64_t)y->H * y->W;
-        a->outs[l + 1] = dc_arena_take(ar, B * HWo * y->cout);
-        a->douts[l + 1] = dc_arena_take(ar, B * HWo * y->cout);
+        size[l + 1] = HWo * y->cout;
+        if (y->skip >= 0) skip[y->skip] = true;
+    }
+    for (int o = 0; o <= n; o++)
+        if (!skip[o]) max_to(&chain, size[o]);
+    const dc_buf pool[2] = {dc_arena_take(ar, B * chain), dc_arena_take(ar, B * chain)};
+    for (int o = 0; o <= n; o++) {
+        a->outs[o] = dc_arena_take(ar, B * size[o]);
+        a->douts[o] = skip[o] ? dc_arena_take(ar, B * size[o]) : pool[o % 2];
     }
     for (int l = 0; l < a->keep; l++) carve_layer(ar, c, &a->layer[l], &a->acts[l], B);
     // the recomputed layers' intermediates overlap: one runs at a time
