@@ -1,0 +1,222 @@
+// LoRA files read into SD models (models/sd_lora.h) and merged: the tiny SD
+// 1.x UNet of tests/golden/sd/sd1 (its channels-last convolutions too) and a
+// small CLIP text encoder, random LoRAs on an attention projection, the
+// GEGLU's product, a resnet's 3x3 convolution (LoCon) and a text encoder
+// projection, written in kohya's format and in PEFT's (diffusers' for the
+// text encoder). Each merged weight equals W + alpha / rank * up @ down
+// computed here in double; both formats give the same bits; a missing alpha
+// means a scale of 1. Refused, by name: factors of the wrong shape, a missing
+// factor, a key of no layer, text encoder keys for a model without one.
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "core/error.h"
+#include "core/rng.h"
+#include "models/clip_text.h"
+#include "models/sd_lora.h"
+#include "models/unet.h"
+#include "tmpdir.h"
+
+#define GOLD "tests/golden/sd/sd1"
+
+typedef struct {
+    const char *kohya, *peft;  // the module in each format
+    const char *weight;        // the engine's parameter
+    int rank;
+    float alpha;               // 0: no alpha tensor
+    bool text;
+} lora_layer;
+
+static const lora_layer k_layers[] = {
+    {"lora_unet_down_blocks_0_attentions_0_transformer_blocks_0_attn1_to_q",
+     "unet.down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q",
+     "down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q.weight", 4, 2.0f, false},
+    {"lora_unet_up_blocks_1_attentions_0_transformer_blocks_0_ff_net_0_proj",
+     "unet.up_blocks.1.attentions.0.transformer_blocks.0.ff.net.0.proj",
+     "up_blocks.1.attentions.0.transformer_blocks.0.ff.net.0.proj.weight", 2, 0.0f, false},
+    {"lora_unet_down_blocks_1_resnets_0_conv1", "unet.down_blocks.1.resnets.0.conv1",
+     "down_blocks.1.resnets.0.conv1.weight", 3, 1.5f, false},
+    {"lora_te_text_model_encoder_layers_1_self_attn_q_proj", "text_encoder.text_model.encoder.layers.1.self_attn.q_proj",
+     "encoder.layers.1.self_attn.q_proj.weight", 5, 8.0f, true},
+};
+enum { NL = sizeof k_layers / sizeof *k_layers };
+
+typedef struct {
+    dc_backend *be;
+    dc_model *unet;
+    dc_clip_text *text;
+    dc_st_file wf;
+} models;
+
+static dc_params *part(models *m, bool text) { return text ? &m->text->params : m->unet->params; }
+
+static int models_open(models *m) {
+    memset(m, 0, sizeof *m);
+    m->be = dc_backend_cpu_create();
+    dc_unet_config c;
+    DC_TRY(dc_unet_config_from_json_file(&c, GOLD "/diffusers/unet/config.json"));
+    DC_TRY(dc_st_open(&m->wf, GOLD "/single.safetensors"));
+    dc_weights w = {.files = &m->wf, .nfiles = 1, .prefix = "model.diffusion_model."};
+    DC_TRY(dc_unet_new(&c, m->be, DC_F32, 8, 8, &m->unet));
+    DC_TRY(dc_unet_load(m->unet, &w, DC_NAMES_ORIGINAL));
+    const dc_clip_text_config tc = {64, 8, 32, 2, 2, 48, DC_ACT_QUICK_GELU, 1e-5f};
+    DC_TRY(dc_clip_text_create(&m->text, &tc, m->be, DC_F32));
+    const dc_params *ps = &m->text->params;
+    float *h = malloc((size_t)ps->frozen_numel * 4);
+    for (int64_t j = 0; j < ps->frozen_numel; j++) h[j] = 0.1f * dc_randn_at(5, 0, 0, 0, (uint32_t)j);
+    m->be->upload(m->be, ps->frozen.p, h, (size_t)ps->frozen_numel * 4);
+    free(h);
+    return 0;
+}
+
+static void models_close(models *m) {
+    dc_model_free(m->unet);
+    dc_clip_text_free(m->text);
+    dc_st_close(&m->wf);
+    dc_backend_destroy(m->be);
+}
+
+// Parameter `name` of ps in PyTorch's order, as floats.
+static float *weight_of(dc_params *ps, const char *name, int64_t *n) {
+    const int i = dc_params_find(ps, name);
+    if (i < 0) return NULL;
+    const dc_param *p = &ps->items[i];
+    float *h = malloc((size_t)p->numel * 4);
+    if (dc_download_as_f32(ps->be, dc_param_data(ps, i), h, p->numel) || dc_param_from_stored(p, h)) return free(h), NULL;
+    *n = p->numel;
+    return h;
+}
+
+// The factors of layer l: down [r, K], up [out, r] (K = in, or ci k k), normal draws.
+static void factors(models *m, const lora_layer *l, float **down, float **up, int64_t *out, int64_t *K, int *nd,
+                    int64_t dshape[4], int64_t ushape[4]) {
+    const dc_param *p = &part(m, l->text)->items[dc_params_find(part(m, l->text), l->weight)];
+    *out = p->shape[0], *K = p->numel / p->shape[0], *nd = p->ndim;
+    *down = malloc((size_t)(l->rank * *K) * 4), *up = malloc((size_t)(*out * l->rank) * 4);
+    for (int64_t j = 0; j < l->rank * *K; j++) (*down)[j] = 0.3f * dc_randn_at(21, (uint32_t)l->rank, 0, 0, (uint32_t)j);
+    for (int64_t j = 0; j < *out * l->rank; j++) (*up)[j] = 0.3f * dc_randn_at(22, (uint32_t)l->rank, 0, 0, (uint32_t)j);
+    dshape[0] = l->rank, dshape[1] = p->shape[1], ushape[0] = p->shape[0], ushape[1] = l->rank;
+    if (p->ndim == 4) dshape[2] = p->shape[2], dshape[3] = p->shape[3], ushape[2] = ushape[3] = 1;
+}
+
+// Writes the layers in kohya's format (peft false) or PEFT's; skip_up: leave
+// layer 0's up out; bad_shape: layer 0's down one row short.
+static int write_lora(models *m, const char *path, bool peft, int n, bool skip_up, bool bad_shape) {
+    dc_st_entry e[3 * NL];
+    float *bufs[2 * NL], alphas[NL];
+    char names[3 * NL][200];
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        const lora_layer *l = &k_layers[i];
+        int64_t out, K, ds[4], us[4];
+        int nd;
+        factors(m, l, &bufs[2 * i], &bufs[2 * i + 1], &out, &K, &nd, ds, us);
+        if (bad_shape && i == 0) ds[0] -= 1;
+        snprintf(names[k], 200, peft ? "%s.lora_A.weight" : "%s.lora_down.weight", peft ? l->peft : l->kohya);
+        e[k] = (dc_st_entry){names[k], DC_F32, nd, {ds[0], ds[1], ds[2], ds[3]}, bufs[2 * i]}, k++;
+        if (!(skip_up && i == 0)) {
+            snprintf(names[k], 200, peft ? "%s.lora_B.weight" : "%s.lora_up.weight", peft ? l->peft : l->kohya);
+            e[k] = (dc_st_entry){names[k], DC_F32, nd, {us[0], us[1], us[2], us[3]}, bufs[2 * i + 1]}, k++;
+        }
+        if (l->alpha > 0) {
+            alphas[i] = l->alpha;
+            snprintf(names[k], 200, "%s.alpha", peft ? l->peft : l->kohya);
+            e[k] = (dc_st_entry){names[k], DC_F32, 0, {0}, &alphas[i]}, k++;
+        }
+    }
+    const int rc = dc_st_write(path, e, k, NULL, NULL, 0);
+    for (int i = 0; i < 2 * n; i++) free(bufs[i]);
+    return rc;
+}
+
+// Reads path into LoRAs over the two parts and merges them; *merged[i] the
+// layers' weights after (PyTorch order).
+static int read_merge(models *m, const char *path, bool with_text, float **merged) {
+    dc_st_file f;
+    dc_lora lu, lt;
+    DC_TRY(dc_st_open(&f, path));
+    dc_lora_init(&lu, m->unet->params), dc_lora_init(&lt, &m->text->params);
+    int rc = dc_sd_lora_read(&f, &lu, with_text ? &lt : NULL);
+    if (!rc) rc = dc_lora_merge(&lu);
+    if (!rc && with_text) rc = dc_lora_merge(&lt);
+    for (int i = 0; !rc && merged && i < NL; i++) {
+        int64_t n;
+        merged[i] = weight_of(part(m, k_layers[i].text), k_layers[i].weight, &n);
+    }
+    if (!rc && lu.merged) rc = dc_lora_unmerge(&lu);  // the next read starts from the weights as loaded
+    if (!rc && lt.merged) rc = dc_lora_unmerge(&lt);
+    dc_lora_free(&lu), dc_lora_free(&lt);
+    dc_st_close(&f);
+    return rc;
+}
+
+int main(void) {
+    models m;
+    if (tmpdir_make("sd_lora")) return 1;
+    if (models_open(&m)) {
+        printf("FAIL set-up: %s\n", dc_error());
+        return 1;
+    }
+    float *w0[NL], *kohya[NL] = {0}, *peft[NL] = {0};
+    for (int i = 0; i < NL; i++) {
+        int64_t n;
+        w0[i] = weight_of(part(&m, k_layers[i].text), k_layers[i].weight, &n);
+    }
+    const char *pk = tmp_path("kohya.safetensors"), *pp = tmp_path("peft.safetensors");
+    CHECK(write_lora(&m, pk, false, NL, false, false) == 0 && read_merge(&m, pk, true, kohya) == 0,
+          "kohya's format: %s", dc_error());
+    CHECK(write_lora(&m, pp, true, NL, false, false) == 0 && read_merge(&m, pp, true, peft) == 0,
+          "PEFT's format: %s", dc_error());
+    for (int i = 0; i < NL && kohya[0] && peft[0]; i++) {
+        const lora_layer *l = &k_layers[i];
+        float *down, *up;
+        int64_t out, K, ds[4], us[4];
+        int nd;
+        factors(&m, l, &down, &up, &out, &K, &nd, ds, us);
+        const double s = (l->alpha > 0 ? l->alpha : l->rank) / (double)l->rank;
+        double worst = 0;
+        for (int64_t o = 0; o < out; o++)
+            for (int64_t q = 0; q < K; q++) {
+                double d = 0;
+                for (int j = 0; j < l->rank; j++) d += (double)up[o * l->rank + j] * down[j * K + q];
+                const double want = w0[i][o * K + q] + s * d, e = fabs(kohya[i][o * K + q] - want);
+                if (!(e <= worst)) worst = e;
+            }
+        CHECK(worst < 1e-5, "%s: merged weight off by %.2e", l->weight, worst);
+        CHECK(!memcmp(kohya[i], peft[i], (size_t)(out * K) * 4), "%s: kohya's and PEFT's files merge differently",
+              l->weight);
+        free(down), free(up);
+    }
+    // refused
+    const char *pb = tmp_path("bad.safetensors");
+    CHECK(write_lora(&m, pb, false, NL, true, false) == 0 && read_merge(&m, pb, true, NULL) != 0 &&
+              strstr(dc_error(), "no up factor") && strstr(dc_error(), k_layers[0].weight),
+          "a missing up factor: '%s'", dc_error());
+    CHECK(write_lora(&m, pb, false, NL, false, true) == 0 && read_merge(&m, pb, true, NULL) != 0 &&
+              strstr(dc_error(), "do not fit") && strstr(dc_error(), k_layers[0].weight),
+          "a factor of the wrong shape: '%s'", dc_error());
+    CHECK(read_merge(&m, pk, false, NULL) != 0 && strstr(dc_error(), "text encoder") &&
+              strstr(dc_error(), "lora_te_text_model_encoder_layers_1"),
+          "text encoder keys for a model without one: '%s'", dc_error());
+    float one = 1.0f, v[4] = {1, 2, 3, 4};
+    const dc_st_entry stray[] = {{"lora_unet_down_blocks_0_attentions_0_proj_in.alpha", DC_F32, 0, {0}, &one},
+                                 {"lora_unet_down_blocks_7_attentions_0_proj_in.lora_up.weight", DC_F32, 2, {2, 2}, v}};
+    CHECK(dc_st_write(pb, stray, 2, NULL, NULL, 0) == 0 && read_merge(&m, pb, true, NULL) != 0 &&
+              strstr(dc_error(), "down_blocks_7") && strstr(dc_error(), "no such layer"),
+          "a key of no layer: '%s'", dc_error());
+    // after all that, the weights are as loaded (unmerged exactly in fp32 up to rounding)
+    int64_t n;
+    float *again = weight_of(m.unet->params, k_layers[0].weight, &n);
+    double drift = 0;
+    for (int64_t j = 0; again && j < n; j++) drift = fmax(drift, fabs(again[j] - w0[0][j]));
+    CHECK(again && drift < 1e-5, "unmerged weights drift by %.2e", drift);
+    free(again);
+    for (int i = 0; i < NL; i++) free(w0[i]), free(kohya[i]), free(peft[i]);
+    models_close(&m);
+    tmpdir_remove();
+    printf("%d passed, %d failed\n", g_pass, g_fail);
+    return g_fail != 0;
+}
