@@ -60,6 +60,13 @@ static int set_value(const arg_spec *s, const char *v) {
         if (!*v) return dc_fail("--%s: empty value", s->name);
         *(const char **)s->dst = v;
         return 0;
+    case ARG_LIST: {
+        arg_list *l = s->dst;
+        if (!*v) return dc_fail("--%s: empty value", s->name);
+        if (l->n == ARGS_MAX_LIST) return dc_fail("--%s is given more than %d times", s->name, ARGS_MAX_LIST);
+        l->v[l->n++] = v;
+        return 0;
+    }
     case ARG_FLAG: break;
     }
     return dc_fail("--%s takes no value", s->name);
@@ -87,7 +94,7 @@ int args_parse(arg_parser *p, int argc, char **argv) {
         if (k < 0) return dc_fail("unknown flag '%.*s' (see --help)", (int)(len + 2), a);
         const arg_spec *s = &p->specs[k];
         // The last of two values winning silently hides a typo in a long command line.
-        if (p->given[k]) return dc_fail("--%s is given twice", s->name);
+        if (p->given[k] && s->kind != ARG_LIST) return dc_fail("--%s is given twice", s->name);
         p->given[k] = true;
         if (s->kind == ARG_FLAG) {
             if (eq) return dc_fail("--%s takes no value", s->name);
@@ -122,7 +129,7 @@ void args_help(const arg_parser *p, FILE *out) {
             case ARG_STR:
                 if (*(const char **)s->dst) snprintf(def, sizeof def, " (default %s)", *(const char **)s->dst);
                 break;
-            case ARG_FLAG: break;
+            case ARG_FLAG: case ARG_LIST: break;
             }
         }
         fprintf(out, "  %-26s %s%s\n", left, s->help, def);

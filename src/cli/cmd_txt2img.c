@@ -87,16 +87,19 @@ typedef struct {
     const char *sampler;  // AUTOMATIC1111's name
     bool img2img;
     const char *model_hash;  // "" when it could not be had
+    const char *lora_hashes; // AUTOMATIC1111's "Lora hashes" value, or ""
 } writer;
 
 static int write_one(void *ctx, int i, const float *image) {
     const writer *w = ctx;
     const dc_sd_gen *g = w->g;
-    char extra[160] = "", path[4200];
+    char extra[1400] = "", path[4200];
     int k = 0;
     if (w->img2img) k += snprintf(extra + k, sizeof extra - (size_t)k, "Denoising strength: %g", g->strength);
     if (g->ks.kind == DC_KS_DDIM && g->ks.eta > 0)
         k += snprintf(extra + k, sizeof extra - (size_t)k, "%sEta: %g", k ? ", " : "", g->ks.eta);
+    if (w->lora_hashes[0])
+        k += snprintf(extra + k, sizeof extra - (size_t)k, "%sLora hashes: \"%s\"", k ? ", " : "", w->lora_hashes);
     if (w->count > 1) snprintf(extra + k, sizeof extra - (size_t)k, "%sBatch pos: %d", k ? ", " : "", i);
     dc_gen_params gp = {.prompt = g->prompt, .negative_prompt = g->negative_prompt, .steps = g->ks.steps,
                         .sampler = w->sampler, .cfg_scale = g->ks.cfg_scale, .seed = g->ks.seed, .width = w->width,
@@ -142,12 +145,56 @@ static int load_init(const char *path, int *width, int *height, dc_resize_mode m
     return rc;
 }
 
+// --lora FILE[:WEIGHT]: the file and its weight (1 unless a number follows the last ':').
+static int lora_arg(const char *arg, char *path, size_t cap, float *weight) {
+    const char *colon = strrchr(arg, ':');
+    char *end = NULL;
+    *weight = 1.0f;
+    if (colon && colon[1]) {
+        const float w = strtof(colon + 1, &end);
+        if (!*end) {
+            if (!(w >= -10 && w <= 10)) return dc_fail("--lora %s: the weight %g is outside -10..10", arg, w);
+            *weight = w;
+        } else {
+            colon = NULL;  // a ':' of the path itself
+        }
+    } else if (colon) {
+        return dc_fail("--lora %s: a weight after ':' expected", arg);
+    }
+    const size_t n = colon ? (size_t)(colon - arg) : strlen(arg);
+    if (n == 0 || n >= cap) return dc_fail("--lora %s: FILE[:WEIGHT] expected", arg);
+    memcpy(path, arg, n);
+    path[n] = 0;
+    return 0;
+}
+
+// The LoRAs merged into the loaded model, and AUTOMATIC1111's "Lora hashes"
+// of them ("name: hash, ..."; name: the file's stem) into hashes.
+static int merge_loras(dc_sd_pipe *pipe, const arg_list *loras, char *hashes, size_t cap) {
+    size_t k = 0;
+    hashes[0] = 0;
+    for (int i = 0; i < loras->n; i++) {
+        char path[4096], hash[13];
+        float w;
+        DC_TRY(lora_arg(loras->v[i], path, sizeof path, &w));
+        dc_log("merging LoRA %s at weight %g", path, w);
+        DC_TRY(dc_sd_pipe_merge_lora(pipe, path, w, w));
+        if (cli_lora_hash(path, hash)) return -1;
+        const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path, *dot = strrchr(base, '.');
+        const int stem = dot && dot > base ? (int)(dot - base) : (int)strlen(base);
+        const int n = snprintf(hashes + k, cap - k, "%s%.*s: %s", k ? ", " : "", stem, base, hash);
+        if (n < 0 || (k += (size_t)n) >= cap) return dc_fail("--lora: too many LoRAs to name in a picture");
+    }
+    return 0;
+}
+
 static int run(int argc, char **argv, bool img2img) {
     const char *model = NULL, *prompt = NULL, *negative = "", *sampler = "euler_a", *out = NULL;
     const char *vocab = NULL, *prediction = "auto", *device = "auto", *precision = "auto", *init_path = NULL;
     const char *heads_text = NULL, *resize_text = "resize";
     int steps = 20, width = 0, height = 0, count = 1, batch = 1, threads = 0;
     float cfg = 7.5f, eta = 0.0f, strength = 0.75f;
+    arg_list loras = {0};
     uint64_t seed = 0;
     bool no_verify = false;
     arg_spec specs[] = {
@@ -172,6 +219,8 @@ static int run(int argc, char **argv, bool img2img) {
         {"batch", ARG_INT, &batch, "N", "pictures per pass (faster, more memory)"},
         {"out", ARG_STR, &out, "PATH", "PNG to write (several: PATH-0.png, PATH-1.png, ...)"},
         {"vocab", ARG_STR, &vocab, "PATH", "CLIP vocabulary (default: the model's tokenizer/, else searched)"},
+        {"lora", ARG_LIST, &loras, "FILE[:W]", "a LoRA (kohya's, diffusers' or PEFT's safetensors; LoCon too) merged into "
+                                               "the UNet and text encoder at weight W (default 1); repeatable"},
         {"prediction", ARG_STR, &prediction, "P", "auto, eps, v or sample (x0) (default auto: the scheduler "
                                                   "config; SD 2 single files: v)"},
         {"unet-heads", ARG_STR, &heads_text, "LIST", "UNet attention heads, 8 or 5,10,20,20 (default: config.json, "
@@ -242,7 +291,13 @@ static int run(int argc, char **argv, bool img2img) {
     cli_inputs ins = {0};
     int bad = cli_inputs_add(&ins, "--model", model) ||
               cli_inputs_add(&ins, vocab ? "--vocab" : "the CLIP vocabulary", vocab ? vocab : fallback) ||
-              cli_inputs_add(&ins, "--init", init_path) || cli_check_stdio(&ins);
+              cli_inputs_add(&ins, "--init", init_path);
+    for (int i = 0; i < loras.n && !bad; i++) {
+        char lp[4096];
+        float w;
+        bad = lora_arg(loras.v[i], lp, sizeof lp, &w) || cli_inputs_add(&ins, "--lora", lp);
+    }
+    bad = bad || cli_check_stdio(&ins);
     char path[4200];
     for (int i = 0; i < count && !bad; i++) {
         picture_path(path, sizeof path, out, i, count);
@@ -274,12 +329,14 @@ static int run(int argc, char **argv, bool img2img) {
            pipe.pixels ? " in pixel space" : "",
            pipe.prediction == DC_PRED_V ? "v-prediction" : pipe.prediction == DC_PRED_SAMPLE ? "x0-prediction" : "epsilon", width, height, k_samplers[si].a1111, steps, cfg,
            (unsigned long long)seed);
+    char lora_hashes[1024];
+    if (merge_loras(&pipe, &loras, lora_hashes, sizeof lora_hashes)) goto done;
     char model_hash[11] = "";
     if (cli_model_hash(&pipe.files, model_hash)) {  // the pictures are still worth having
         dc_warn("the pictures will carry no Model hash: %s", dc_error());
         dc_error_clear();
     }
-    writer wr = {out, count, width, height, &pipe, &g, k_samplers[si].a1111, img2img, model_hash};
+    writer wr = {out, count, width, height, &pipe, &g, k_samplers[si].a1111, img2img, model_hash, lora_hashes};
     progress_ctx pc = {dc_time_now()};
     if (dc_sd_generate(&pipe, &g, write_one, &wr, on_progress, &pc)) goto done;
     status = 0;

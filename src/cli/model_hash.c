@@ -154,3 +154,27 @@ int cli_model_hash(dc_sd_model *m, char hash[11]) {
     dc_sd_source_close(&s);
     return rc;
 }
+
+int cli_lora_hash(const char *path, char hash[13]) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return dc_fail("%s: cannot open (%s)", path, strerror(errno));
+    uint8_t len8[8], buf[1 << 16], digest[32];
+    uint64_t hlen = 0;
+    int rc = fread(len8, 1, 8, f) == 8 ? 0 : dc_fail("%s: shorter than a safetensors header", path);
+    for (int i = 7; i >= 0; i--) hlen = hlen << 8 | len8[i];
+    if (!rc && (hlen > ((uint64_t)1 << 40) || fseeko(f, (off_t)(8 + hlen), SEEK_SET)))
+        rc = dc_fail("%s: its header length %llu cannot be", path, (unsigned long long)hlen);
+    dc_sha256_state s;
+    dc_sha256_init(&s);
+    size_t n;
+    while (!rc && (n = fread(buf, 1, sizeof buf, f)) > 0) dc_sha256_update(&s, buf, n);
+    if (!rc && ferror(f)) rc = dc_fail("%s: read error", path);
+    fclose(f);
+    if (rc) return rc;
+    char hex[65];
+    dc_sha256_final(&s, digest);
+    dc_sha256_hex(digest, hex);
+    memcpy(hash, hex, 12);
+    hash[12] = 0;
+    return 0;
+}

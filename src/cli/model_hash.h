@@ -21,3 +21,8 @@
 int cli_model_hash(dc_sd_model *m, char hash[11]);
 // The same for the files paths[n] hashed one after another (the rule above).
 int cli_files_hash(const char *const *paths, int n, char hash[11]);
+// A LoRA's hash as AUTOMATIC1111's pictures carry it ("Lora hashes: "name:
+// 0123456789ab""): the first 12 hex digits of the SHA-256 of a safetensors
+// file's tensor data, the bytes after its header (kohya's "addnet" hash, so
+// editing the metadata keeps it).
+int cli_lora_hash(const char *path, char hash[13]);

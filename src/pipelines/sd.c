@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/rng.h"
+#include "models/sd_lora.h"
 #include "models/unet.h"
 #include "text/unicode.h"
 
@@ -209,6 +210,24 @@ int dc_sd_pipe_open(dc_sd_pipe *p, dc_backend *be, const dc_sd_open_opts *o) {
     DC_TRY(dc_sd_pipe_find(p, o));
     if (dc_sd_pipe_load(p, be)) return dc_sd_pipe_close(p), -1;
     return 0;
+}
+
+int dc_sd_pipe_merge_lora(dc_sd_pipe *p, const char *path, float unet_weight, float text_weight) {
+    if (!p->be || !p->unet || !p->text) return dc_fail("LoRA %s: the model is not loaded", path);
+    dc_st_file f;
+    DC_TRY(dc_st_open(&f, path));
+    dc_lora lu, lt;
+    dc_lora_init(&lu, p->unet->params), dc_lora_init(&lt, &p->text->params);
+    lu.multiplier = unet_weight, lt.multiplier = text_weight;
+    // the backend's copies made from the weights (Winograd's kernels) go, and come back from the merged ones
+    if (p->be->freeze_weights) p->be->freeze_weights(p->be, false);
+    int rc = dc_sd_lora_read(&f, &lu, &lt);
+    if (!rc && lu.count) rc = dc_lora_merge(&lu);
+    if (!rc && lt.count) rc = dc_lora_merge(&lt);
+    if (p->be->freeze_weights) p->be->freeze_weights(p->be, true);
+    dc_lora_free(&lu), dc_lora_free(&lt);
+    dc_st_close(&f);
+    return rc;  // the messages name the file
 }
 
 static void state_free(dc_sd_pipe *p);

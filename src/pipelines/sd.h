@@ -78,6 +78,11 @@ int dc_sd_pipe_find(dc_sd_pipe *p, const dc_sd_open_opts *o);
 int dc_sd_pipe_load(dc_sd_pipe *p, dc_backend *be);
 int dc_sd_pipe_open(dc_sd_pipe *p, dc_backend *be, const dc_sd_open_opts *o);
 void dc_sd_pipe_close(dc_sd_pipe *p);
+// Merges the LoRA file at path (models/sd_lora.h: kohya's, diffusers' or
+// PEFT's keys) into the loaded UNet and text encoder, its deltas scaled by
+// unet_weight and text_weight (AUTOMATIC1111's multipliers): W += weight
+// alpha / rank up @ down, rounded once into each weight's dtype.
+int dc_sd_pipe_merge_lora(dc_sd_pipe *p, const char *path, float unet_weight, float text_weight);
 
 typedef struct {
     const char *prompt, *negative_prompt;  // negative may be NULL (then "")

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# LoRA files from the command line (txt2img/img2img --lora FILE[:W]) on a
+# random-weight SD 1.x model with random LoRAs on every attention projection
+# of its UNet and text encoder (tools/lora_random): a LoRA changes the
+# picture, kohya's and PEFT's files of the same factors draw the same pixels,
+# weight 0 draws what no LoRA does, two halves about what one whole does, the
+# PNG carries AUTOMATIC1111's "Lora hashes" (the first 12 hex digits of the
+# SHA-256 of the file after its header), and the refusals.
+source "$(dirname "$0")/lib.sh"
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+T=$ROOT/${BUILD:-build}/tools
+VOCAB=$ROOT/data/bpe_simple_vocab_16e6.txt.gz
+[ -x "$T/sd_random" ] && [ -x "$T/lora_random" ] && [ -x "$T/png_pixels" ] || { echo "FAIL: tools not built (make)"; exit 1; }
+pixels() { "$T/png_pixels" "$1" "$2" "$3" > /dev/null; }
+# st1 OUT NAME: a safetensors file of one F32 [1, 1] tensor (1.0) named NAME
+st1() {
+  local h="{\"$2\":{\"dtype\":\"F32\",\"shape\":[1,1],\"data_offsets\":[0,4]}}" n
+  while [ $((${#h} % 8)) -ne 0 ]; do h="$h "; done
+  n=${#h}
+  printf "$(printf '\\%03o\\%03o\\000\\000\\000\\000\\000\\000' $((n & 255)) $((n >> 8 & 255)))" > "$1"
+  printf '%s' "$h" >> "$1"
+  printf '\000\000\200\077' >> "$1"
+}
+
+"$T/sd_random" --config tiny1 --layout diffusers --vocab "$VOCAB" --out "$TMP/m" > /dev/null \
+  && "$T/lora_random" --model "$TMP/m" --out "$TMP/style.safetensors" --rank 2 --alpha 1 --scale 0.5 > /dev/null \
+  && "$T/lora_random" --model "$TMP/m" --out "$TMP/peft.safetensors" --rank 2 --alpha 1 --scale 0.5 --format peft > /dev/null \
+  || { fail "making the model and LoRAs"; finish; }
+out=$(diffusion txt2img --help)
+[[ "$out" == *"--lora FILE[:W]"* && "$out" == *"repeatable"* ]] && pass "txt2img --help names --lora" || fail "--help: '$out'"
+draw() {  # OUT [flags...]
+  local o=$1; shift
+  diffusion txt2img --model "$TMP/m" --prompt "a cat" --steps 4 --seed 3 --out "$o" "$@" > "$TMP/log" 2>&1 \
+    || { cat "$TMP/log"; fail "txt2img $*"; }
+}
+draw "$TMP/none.png"
+draw "$TMP/k.png" --lora "$TMP/style.safetensors"
+draw "$TMP/p.png" --lora "$TMP/peft.safetensors:1"
+draw "$TMP/zero.png" --lora "$TMP/style.safetensors:0"
+draw "$TMP/halves.png" --lora "$TMP/style.safetensors:0.5" --lora "$TMP/peft.safetensors:0.5"
+pixels "$TMP/none.png" "$TMP/k.png" 8 && fail "a LoRA left the picture as it was" || pass "a LoRA changes the picture"
+pixels "$TMP/k.png" "$TMP/p.png" 0 && pass "kohya's and PEFT's files draw the same pixels" || fail "kohya and PEFT differ"
+pixels "$TMP/none.png" "$TMP/zero.png" 0 && pass "weight 0 draws what no LoRA does" || fail "weight 0 changes the picture"
+pixels "$TMP/k.png" "$TMP/halves.png" 8 && pass "two halves draw about what one whole does" || fail "halves differ from the whole"
+hlen=$(od -An -t u8 -N8 "$TMP/style.safetensors" | tr -d ' ')
+want=$(tail -c +$((9 + hlen)) "$TMP/style.safetensors" | sha256sum | cut -c1-12)
+grep -aq "Lora hashes: \"style: $want\"" "$TMP/k.png" && pass "the PNG names the LoRA with its hash ($want)" \
+  || fail "no 'Lora hashes: \"style: $want\"' in the PNG"
+grep -aq "Lora hashes: \"style: $want, peft: " "$TMP/halves.png" && pass "two LoRAs named in order" || fail "two LoRAs' hashes"
+diffusion img2img --model "$TMP/m" --init "$TMP/none.png" --prompt "a cat" --steps 4 --out "$TMP/i.png" \
+  --lora "$TMP/style.safetensors" > /dev/null 2>&1 && grep -aq "Lora hashes" "$TMP/i.png" \
+  && pass "img2img takes --lora" || fail "img2img --lora"
+# refusals: nothing is written
+expect_fail "a missing LoRA file" "nope.safetensors" diffusion txt2img --model "$TMP/m" --prompt x --steps 2 \
+  --out "$TMP/r.png" --lora "$TMP/nope.safetensors"
+st1 "$TMP/stray.safetensors" lora_unet_down_blocks_9_attentions_0_proj_in.lora_down.weight
+expect_fail "a key of no layer" "down_blocks_9_attentions_0_proj_in: the UNet has no such layer" diffusion txt2img \
+  --model "$TMP/m" --prompt x --steps 2 --out "$TMP/r.png" --lora "$TMP/stray.safetensors"
+st1 "$TMP/narrow.safetensors" lora_unet_down_blocks_0_attentions_0_transformer_blocks_0_attn1_to_q.lora_down.weight
+expect_fail "a layer with a down factor alone" "attn1.to_q.weight has no up factor" diffusion txt2img \
+  --model "$TMP/m" --prompt x --steps 2 --out "$TMP/r.png" --lora "$TMP/narrow.safetensors"
+expect_fail "':' without a weight" "a weight after ':'" diffusion txt2img --model "$TMP/m" --prompt x \
+  --out "$TMP/r.png" --lora "$TMP/style.safetensors:"
+expect_fail "a weight out of range" "outside -10..10" diffusion txt2img --model "$TMP/m" --prompt x \
+  --out "$TMP/r.png" --lora "$TMP/style.safetensors:99"
+expect_fail "a picture cannot replace the LoRA" "--lora" diffusion txt2img --model "$TMP/m" --prompt x \
+  --out "$TMP/style.safetensors" --lora "$TMP/style.safetensors"
+[ ! -e "$TMP/r.png" ] && pass "no picture written when refused" || fail "a refused run wrote a picture"
+many=(); for i in $(seq 17); do many+=(--lora "$TMP/style.safetensors"); done
+expect_fail "more than 16 LoRAs" "more than 16" diffusion txt2img --model "$TMP/m" --prompt x --out "$TMP/r.png" "${many[@]}"
+finish
