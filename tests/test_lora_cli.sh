@@ -5,7 +5,8 @@
 # picture, kohya's and PEFT's files of the same factors draw the same pixels,
 # weight 0 draws what no LoRA does, two halves about what one whole does, the
 # PNG carries AUTOMATIC1111's "Lora hashes" (the first 12 hex digits of the
-# SHA-256 of the file after its header), and the refusals.
+# SHA-256 of the file after its header), the prompt's <lora:NAME:TE[:UNET]>
+# tags draw what the flag does, and the refusals.
 source "$(dirname "$0")/lib.sh"
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 T=$ROOT/${BUILD:-build}/tools
@@ -28,9 +29,13 @@ st1() {
   || { fail "making the model and LoRAs"; finish; }
 out=$(diffusion txt2img --help)
 [[ "$out" == *"--lora FILE[:W]"* && "$out" == *"repeatable"* ]] && pass "txt2img --help names --lora" || fail "--help: '$out'"
-draw() {  # OUT [flags...]
+draw() {  # OUT [flags...] (a later --prompt replaces "a cat")
   local o=$1; shift
-  diffusion txt2img --model "$TMP/m" --prompt "a cat" --steps 4 --seed 3 --out "$o" "$@" > "$TMP/log" 2>&1 \
+  local prompt="a cat" args=()
+  while [ $# -gt 0 ]; do
+    if [ "$1" = --prompt ]; then prompt=$2; shift 2; else args+=("$1"); shift; fi
+  done
+  diffusion txt2img --model "$TMP/m" --prompt "$prompt" --steps 4 --seed 3 --out "$o" "${args[@]}" > "$TMP/log" 2>&1 \
     || { cat "$TMP/log"; fail "txt2img $*"; }
 }
 draw "$TMP/none.png"
@@ -50,6 +55,24 @@ grep -aq "Lora hashes: \"style: $want, peft: " "$TMP/halves.png" && pass "two Lo
 diffusion img2img --model "$TMP/m" --init "$TMP/none.png" --prompt "a cat" --steps 4 --out "$TMP/i.png" \
   --lora "$TMP/style.safetensors" > /dev/null 2>&1 && grep -aq "Lora hashes" "$TMP/i.png" \
   && pass "img2img takes --lora" || fail "img2img --lora"
+# AUTOMATIC1111's tags: <lora:NAME:TE[:UNET]> with NAME.safetensors in --lora-dir
+draw "$TMP/tag.png" --lora-dir "$TMP" --prompt "a cat <lora:style:1>"
+pixels "$TMP/k.png" "$TMP/tag.png" 0 && pass "<lora:style:1> draws what --lora style.safetensors does" \
+  || fail "the tag and the flag differ"
+grep -aq "a cat <lora:style:1>" "$TMP/tag.png" && pass "the PNG keeps the prompt with its tag" || fail "the tag is gone"
+draw "$TMP/named.png" --lora-dir "$TMP" --prompt "a cat <lora:style:unet=1:te=1>"
+pixels "$TMP/k.png" "$TMP/named.png" 0 && pass "te= and unet= read as the positional multipliers" || fail "te=/unet="
+draw "$TMP/te.png" --lora-dir "$TMP" --prompt "a cat <lora:style:1:0>"
+! pixels "$TMP/te.png" "$TMP/none.png" 0 && ! pixels "$TMP/te.png" "$TMP/k.png" 0 \
+  && pass "<lora:style:1:0> adapts the text encoder alone" || fail "a UNet multiplier of 0"
+expect_fail "a tag without --lora-dir" "needs --lora-dir" diffusion txt2img --model "$TMP/m" --prompt "x <lora:style:1>" \
+  --out "$TMP/r.png"
+expect_fail "a tag of no file" "nothing.safetensors" diffusion txt2img --model "$TMP/m" --lora-dir "$TMP" \
+  --prompt "x <lora:nothing:1>" --out "$TMP/r.png"
+for bad in "<lora:style:x>" "<lora:style:1:2:3>" "<lora:style:dyn=4>" "<lora::1>"; do
+  expect_fail "a malformed tag $bad" "<lora:" diffusion txt2img --model "$TMP/m" --lora-dir "$TMP" --prompt "x $bad" \
+    --out "$TMP/r.png"
+done
 # refusals: nothing is written
 expect_fail "a missing LoRA file" "nope.safetensors" diffusion txt2img --model "$TMP/m" --prompt x --steps 2 \
   --out "$TMP/r.png" --lora "$TMP/nope.safetensors"

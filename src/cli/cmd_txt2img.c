@@ -4,6 +4,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+#include <errno.h>
 
 #include "cli/args.h"
 #include "cli/cli_util.h"
@@ -15,6 +17,7 @@
 #include "io/png.h"
 #include "io/png_params.h"
 #include "pipelines/sd.h"
+#include "text/lora_tags.h"
 
 #define MAX_PICTURES 10000
 #define MAX_SIDE 4096  // --width, --height
@@ -88,6 +91,7 @@ typedef struct {
     bool img2img;
     const char *model_hash;  // "" when it could not be had
     const char *lora_hashes; // AUTOMATIC1111's "Lora hashes" value, or ""
+    const char *prompt;      // as written, <lora:...> tags and all
 } writer;
 
 static int write_one(void *ctx, int i, const float *image) {
@@ -101,7 +105,7 @@ static int write_one(void *ctx, int i, const float *image) {
     if (w->lora_hashes[0])
         k += snprintf(extra + k, sizeof extra - (size_t)k, "%sLora hashes: \"%s\"", k ? ", " : "", w->lora_hashes);
     if (w->count > 1) snprintf(extra + k, sizeof extra - (size_t)k, "%sBatch pos: %d", k ? ", " : "", i);
-    dc_gen_params gp = {.prompt = g->prompt, .negative_prompt = g->negative_prompt, .steps = g->ks.steps,
+    dc_gen_params gp = {.prompt = w->prompt, .negative_prompt = g->negative_prompt, .steps = g->ks.steps,
                         .sampler = w->sampler, .cfg_scale = g->ks.cfg_scale, .seed = g->ks.seed, .width = w->width,
                         .height = w->height, .model_hash = w->model_hash, .model = w->pipe->name,
                         .extra = extra[0] ? extra : NULL};
@@ -168,17 +172,45 @@ static int lora_arg(const char *arg, char *path, size_t cap, float *weight) {
     return 0;
 }
 
+// The LoRAs to merge: --lora's files and the prompt's <lora:NAME:...> tags
+// (NAME.safetensors in --lora-dir), with their multipliers.
+typedef struct {
+    char path[ARGS_MAX_LIST + DC_LORA_TAGS_MAX][4096];
+    float unet[ARGS_MAX_LIST + DC_LORA_TAGS_MAX], text[ARGS_MAX_LIST + DC_LORA_TAGS_MAX];
+    int n;
+} lora_set;
+
+static int lora_set_make(lora_set *ls, const arg_list *flags, const dc_lora_tag *tags, int ntags, const char *dir) {
+    ls->n = 0;
+    for (int i = 0; i < flags->n; i++, ls->n++) {
+        DC_TRY(lora_arg(flags->v[i], ls->path[ls->n], sizeof ls->path[0], &ls->unet[ls->n]));
+        ls->text[ls->n] = ls->unet[ls->n];
+    }
+    if (ntags && !dir)
+        return dc_fail("the prompt's <lora:%s:...> needs --lora-dir DIR (the folder of %s.safetensors)", tags[0].name,
+                       tags[0].name);
+    for (int i = 0; i < ntags; i++, ls->n++) {
+        if (strchr(tags[i].name, '/')) return dc_fail("<lora:%s>: a name, not a path", tags[i].name);
+        const int len = snprintf(ls->path[ls->n], sizeof ls->path[0], "%s/%s.safetensors", dir, tags[i].name);
+        if (len < 0 || (size_t)len >= sizeof ls->path[0]) return dc_fail("--lora-dir %s: too long a path", dir);
+        if (access(ls->path[ls->n], R_OK))
+            return dc_fail("<lora:%s>: %s cannot be read (%s)", tags[i].name, ls->path[ls->n], strerror(errno));
+        ls->unet[ls->n] = tags[i].unet, ls->text[ls->n] = tags[i].te;
+    }
+    return 0;
+}
+
 // The LoRAs merged into the loaded model, and AUTOMATIC1111's "Lora hashes"
 // of them ("name: hash, ..."; name: the file's stem) into hashes.
-static int merge_loras(dc_sd_pipe *pipe, const arg_list *loras, char *hashes, size_t cap) {
+static int merge_loras(dc_sd_pipe *pipe, const lora_set *ls, char *hashes, size_t cap) {
     size_t k = 0;
     hashes[0] = 0;
-    for (int i = 0; i < loras->n; i++) {
-        char path[4096], hash[13];
-        float w;
-        DC_TRY(lora_arg(loras->v[i], path, sizeof path, &w));
-        dc_log("merging LoRA %s at weight %g", path, w);
-        DC_TRY(dc_sd_pipe_merge_lora(pipe, path, w, w));
+    for (int i = 0; i < ls->n; i++) {
+        const char *path = ls->path[i];
+        char hash[13];
+        if (ls->unet[i] == ls->text[i]) dc_log("merging LoRA %s at weight %g", path, ls->unet[i]);
+        else dc_log("merging LoRA %s at weight %g (UNet), %g (text encoder)", path, ls->unet[i], ls->text[i]);
+        DC_TRY(dc_sd_pipe_merge_lora(pipe, path, ls->unet[i], ls->text[i]));
         if (cli_lora_hash(path, hash)) return -1;
         const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path, *dot = strrchr(base, '.');
         const int stem = dot && dot > base ? (int)(dot - base) : (int)strlen(base);
@@ -195,6 +227,7 @@ static int run(int argc, char **argv, bool img2img) {
     int steps = 20, width = 0, height = 0, count = 1, batch = 1, threads = 0;
     float cfg = 7.5f, eta = 0.0f, strength = 0.75f;
     arg_list loras = {0};
+    const char *lora_dir = NULL;
     uint64_t seed = 0;
     bool no_verify = false;
     arg_spec specs[] = {
@@ -221,6 +254,7 @@ static int run(int argc, char **argv, bool img2img) {
         {"vocab", ARG_STR, &vocab, "PATH", "CLIP vocabulary (default: the model's tokenizer/, else searched)"},
         {"lora", ARG_LIST, &loras, "FILE[:W]", "a LoRA (kohya's, diffusers' or PEFT's safetensors; LoCon too) merged into "
                                                "the UNet and text encoder at weight W (default 1); repeatable"},
+        {"lora-dir", ARG_STR, &lora_dir, "DIR", "where the prompt's <lora:NAME:W> tags find NAME.safetensors"},
         {"prediction", ARG_STR, &prediction, "P", "auto, eps, v or sample (x0) (default auto: the scheduler "
                                                   "config; SD 2 single files: v)"},
         {"unet-heads", ARG_STR, &heads_text, "LIST", "UNet attention heads, 8 or 5,10,20,20 (default: config.json, "
@@ -284,6 +318,15 @@ static int run(int argc, char **argv, bool img2img) {
     dc_heads heads = {0};
     if (heads_text && dc_heads_parse(heads_text, &heads)) return cli_usage_fail();
     if (cli_check_device_flags(threads, device, precision)) return cli_usage_fail();
+    // the prompt the model reads holds no <lora:...> tags; the picture's parameters keep them
+    dc_lora_tag tags[DC_LORA_TAGS_MAX];
+    int ntags = 0;
+    char *clean = malloc(strlen(prompt) + 1);
+    static lora_set ls;
+    if (!clean) return dc_fail("out of memory"), cli_fail();
+    if (dc_lora_tags_parse(prompt, clean, strlen(prompt) + 1, tags, &ntags) ||
+        lora_set_make(&ls, &loras, tags, ntags, lora_dir))
+        return free(clean), cli_usage_fail();
     // No picture may replace a file the command reads: the model (every file
     // of a folder), the vocabulary, the init picture.
     const char *fallback = NULL;
@@ -292,11 +335,7 @@ static int run(int argc, char **argv, bool img2img) {
     int bad = cli_inputs_add(&ins, "--model", model) ||
               cli_inputs_add(&ins, vocab ? "--vocab" : "the CLIP vocabulary", vocab ? vocab : fallback) ||
               cli_inputs_add(&ins, "--init", init_path);
-    for (int i = 0; i < loras.n && !bad; i++) {
-        char lp[4096];
-        float w;
-        bad = lora_arg(loras.v[i], lp, sizeof lp, &w) || cli_inputs_add(&ins, "--lora", lp);
-    }
+    for (int i = 0; i < ls.n && !bad; i++) bad = cli_inputs_add(&ins, "--lora", ls.path[i]);
     bad = bad || cli_check_stdio(&ins);
     char path[4200];
     for (int i = 0; i < count && !bad; i++) {
@@ -304,7 +343,7 @@ static int run(int argc, char **argv, bool img2img) {
         bad = cli_check_output(path, &ins);
     }
     cli_inputs_free(&ins);
-    if (bad) return cli_fail();
+    if (bad) return free(clean), cli_fail();
 
     dc_backend *be = NULL;
     dc_sd_pipe pipe = {0};
@@ -316,7 +355,7 @@ static int run(int argc, char **argv, bool img2img) {
     if (dc_sd_pipe_find(&pipe, &oo)) goto done;  // the configs: the request is checked before any weight is read
     if (!width) width = pipe.default_size;
     if (!height) height = pipe.default_size;
-    dc_sd_gen g = {prompt, negative, count, batch, width, height, dc_ksampler_opts_default(),
+    dc_sd_gen g = {clean, negative, count, batch, width, height, dc_ksampler_opts_default(),
                    init, strength};
     g.ks.kind = k_samplers[si].kind, g.ks.karras = k_samplers[si].karras, g.ks.steps = steps;
     g.ks.cfg_scale = cfg, g.ks.eta = eta, g.ks.seed = seed;
@@ -330,19 +369,19 @@ static int run(int argc, char **argv, bool img2img) {
            pipe.prediction == DC_PRED_V ? "v-prediction" : pipe.prediction == DC_PRED_SAMPLE ? "x0-prediction" : "epsilon", width, height, k_samplers[si].a1111, steps, cfg,
            (unsigned long long)seed);
     char lora_hashes[1024];
-    if (merge_loras(&pipe, &loras, lora_hashes, sizeof lora_hashes)) goto done;
+    if (merge_loras(&pipe, &ls, lora_hashes, sizeof lora_hashes)) goto done;
     char model_hash[11] = "";
     if (cli_model_hash(&pipe.files, model_hash)) {  // the pictures are still worth having
         dc_warn("the pictures will carry no Model hash: %s", dc_error());
         dc_error_clear();
     }
-    writer wr = {out, count, width, height, &pipe, &g, k_samplers[si].a1111, img2img, model_hash, lora_hashes};
+    writer wr = {out, count, width, height, &pipe, &g, k_samplers[si].a1111, img2img, model_hash, lora_hashes, prompt};
     progress_ctx pc = {dc_time_now()};
     if (dc_sd_generate(&pipe, &g, write_one, &wr, on_progress, &pc)) goto done;
     status = 0;
 done:
     if (status) cli_fail();
-    free(init);
+    free(init), free(clean);
     dc_sd_pipe_close(&pipe);
     if (be) dc_backend_destroy(be);
     return status;
