@@ -23,6 +23,7 @@
 #include "file_bytes.h"
 #include "pictures.h"
 #include "models/dit_io.h"
+#include "models/unet.h"
 #include "train/trainer.h"
 
 static const char *g_root;
@@ -434,6 +435,53 @@ static void tar_seeds(void) {
     put("fuzz_tar", "pax_long_name", tar, n + 1024);
 }
 
+// fuzz_lora inputs: byte 0 even, then a kohya LoRA file on an attention
+// projection of the golden SD 1.x UNet and one of the text encoder (rank 2,
+// one alpha), and the same in PEFT's names; byte 0 odd, then prompts with tags.
+static void lora_seeds(void) {
+    static const char *const kohya[][2] = {
+        {"lora_unet_down_blocks_0_attentions_0_transformer_blocks_0_attn1_to_q",
+         "lora_te_text_model_encoder_layers_0_self_attn_q_proj"},
+        {"unet.down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q",
+         "text_encoder.text_model.encoder.layers.0.self_attn.q_proj"}};
+    dc_unet_config c;
+    dc_params ps = {0};
+    if (dc_unet_config_from_json_file(&c, "tests/golden/sd/sd1/diffusers/unet/config.json") ||
+        dc_unet_register(&c, &ps))
+        die("the golden SD 1.x UNet's config");
+    const int64_t C =
+        ps.items[dc_params_find(&ps, "down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q.weight")].shape[0];
+    dc_params_free(&ps);
+    float v[2 * 64 * 2], alpha = 1.0f;
+    for (size_t i = 0; i < sizeof v / sizeof *v; i++) v[i] = 0.01f * (float)(i % 7);
+    for (int f = 0; f < 2; f++) {
+        char names[5][160];
+        const char *down = f ? "%s.lora_A.weight" : "%s.lora_down.weight", *up = f ? "%s.lora_B.weight" : "%s.lora_up.weight";
+        snprintf(names[0], 160, down, kohya[f][0]), snprintf(names[1], 160, up, kohya[f][0]);
+        snprintf(names[2], 160, "%s.alpha", kohya[f][0]);
+        snprintf(names[3], 160, down, kohya[f][1]), snprintf(names[4], 160, up, kohya[f][1]);
+        const dc_st_entry e[] = {{names[0], DC_F32, 2, {2, C}, v},  {names[1], DC_F32, 2, {C, 2}, v},
+                                 {names[2], DC_F32, 0, {0}, &alpha}, {names[3], DC_F32, 2, {2, 32}, v},
+                                 {names[4], DC_F32, 2, {32, 2}, v}};
+        uint8_t *bytes;
+        size_t n;
+        if (dc_st_serialize(e, 5, NULL, NULL, 0, &bytes, &n)) die("a LoRA seed");
+        uint8_t *in = malloc(n + 1);
+        if (!in) die("out of memory");
+        in[0] = 0;
+        memcpy(in + 1, bytes, n);
+        put("fuzz_lora", f ? "peft" : "kohya", in, n + 1);
+        free(in), free(bytes);
+    }
+    static const char *const prompts[] = {"\x01a cat <lora:style:0.8> <lora:detail:te=1:unet=0.5>",
+                                          "\x01<lora:x:1:2>plain text<lora:y>"};
+    for (int i = 0; i < 2; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "tags%d", i);
+        put("fuzz_lora", name, prompts[i], strlen(prompts[i]));
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc != 2) {
         fprintf(stderr, "usage: make_seeds DIR\n");
@@ -453,6 +501,7 @@ int main(int argc, char **argv) {
     picture_seeds(tmp);
     mds_seeds(tmp);
     tar_seeds();
+    lora_seeds();
     char p[4200];
     const char *files[] = {"set.safetensors", "ck.safetensors", "plain.safetensors"};
     for (int i = 0; i < 3; i++) snprintf(p, sizeof p, "%s/%s", tmp, files[i]), remove(p);
