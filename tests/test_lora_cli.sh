@@ -6,7 +6,7 @@
 # weight 0 draws what no LoRA does, two halves about what one whole does, the
 # PNG carries AUTOMATIC1111's "Lora hashes" (the first 12 hex digits of the
 # SHA-256 of the file after its header), the prompt's <lora:NAME:TE[:UNET]>
-# tags draw what the flag does, and the refusals.
+# tags draw what the flag does, `info` describes the files, and the refusals.
 source "$(dirname "$0")/lib.sh"
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 T=$ROOT/${BUILD:-build}/tools
@@ -55,6 +55,11 @@ grep -aq "Lora hashes: \"style: $want, peft: " "$TMP/halves.png" && pass "two Lo
 diffusion img2img --model "$TMP/m" --init "$TMP/none.png" --prompt "a cat" --steps 4 --out "$TMP/i.png" \
   --lora "$TMP/style.safetensors" > /dev/null 2>&1 && grep -aq "Lora hashes" "$TMP/i.png" \
   && pass "img2img takes --lora" || fail "img2img --lora"
+out=$(diffusion info "$TMP/style.safetensors")
+[[ "$out" == *"kohya names; "*" UNet layers, "*" text encoder layers"* && "$out" == *"rank          2"* && \
+   "$out" == *"alpha         1"* ]] && pass "info describes a kohya LoRA" || fail "info: '$out'"
+out=$(diffusion info "$TMP/peft.safetensors")
+[[ "$out" == *"PEFT names"* ]] && pass "info tells PEFT's names" || fail "info: '$out'"
 # AUTOMATIC1111's tags: <lora:NAME:TE[:UNET]> with NAME.safetensors in --lora-dir
 draw "$TMP/tag.png" --lora-dir "$TMP" --prompt "a cat <lora:style:1>"
 pixels "$TMP/k.png" "$TMP/tag.png" 0 && pass "<lora:style:1> draws what --lora style.safetensors does" \

@@ -9,7 +9,44 @@
 #include "core/error.h"
 #include "io/safetensors.h"
 #include "models/model_io.h"
+#include "models/sd_lora_keys.h"
 #include "models/registry.h"
+
+// A LoRA file (every tensor a LoRA factor or alpha; models/sd_lora_keys.h):
+// its format, layers per part, ranks and alphas. 0 when it is not one.
+static int lora_info(const dc_st_file *f) {
+    static const char *const formats[] = {"kohya", "diffusers", "PEFT", "diffusers attention processors"};
+    int layers[2] = {0, 0}, rmin = 0, rmax = 0, fmt = -1, mixed = 0;
+    float amin = 0, amax = 0;
+    bool alpha = false;
+    for (int i = 0; i < f->count; i++) {
+        dc_lora_key k;
+        if (dc_lora_key_parse(f->tensors[i].name, &k)) return dc_error_clear(), 0;
+        mixed |= fmt >= 0 && fmt != (int)k.format && k.role != DC_LORA_ALPHA;
+        if (k.role != DC_LORA_ALPHA) fmt = fmt < 0 ? (int)k.format : fmt;
+        if (k.role == DC_LORA_DOWN) {
+            const int r = f->tensors[i].ndim ? (int)f->tensors[i].shape[0] : 0;
+            layers[k.part]++;
+            rmin = layers[0] + layers[1] == 1 || r < rmin ? r : rmin, rmax = r > rmax ? r : rmax;
+        } else if (k.role == DC_LORA_ALPHA && f->tensors[i].numel == 1) {
+            float a;
+            if (dc_st_read_f32(f, &f->tensors[i], &a)) return -1;
+            amin = !alpha || a < amin ? a : amin, amax = !alpha || a > amax ? a : amax, alpha = true;
+        }
+    }
+    if (!layers[0] && !layers[1]) return 0;
+    printf("file          %s\n", f->path);
+    printf("LoRA          %s names%s; %d UNet layers, %d text encoder layers\n", fmt >= 0 ? formats[fmt] : "?",
+           mixed ? " (mixed with others)" : "", layers[0], layers[1]);
+    if (rmin == rmax) printf("rank          %d\n", rmin);
+    else printf("rank          %d to %d\n", rmin, rmax);
+    if (!alpha) printf("alpha         none (a scale of 1)\n");
+    else if (amin == amax) printf("alpha         %g\n", amin);
+    else printf("alpha         %g to %g\n", amin, amax);
+    for (int i = 0; i < f->nmeta; i++)
+        if (!strncmp(f->meta_keys[i], "ss_", 3)) printf("  %-20s %s\n", f->meta_keys[i], f->meta_values[i]);
+    return 1;
+}
 
 int cmd_info(int argc, char **argv) {
     int heads = 0;
@@ -21,7 +58,8 @@ int cmd_info(int argc, char **argv) {
     arg_parser ap = {"diffusion info FILE|RUN_FOLDER [--heads N] [--no-verify]",
                      "Prints the model config, parameter count, training step and training\n"
                      "settings stored in a checkpoint, or the config inferred from the tensor\n"
-                     "shapes of a plain official-key weights file.",
+                     "shapes of a plain official-key weights file; for a LoRA file, its\n"
+                     "format, layers, ranks and alphas.",
                      specs, (int)(sizeof specs / sizeof specs[0]), 1, {0}, 0, {0}};
     int rc = args_parse(&ap, argc, argv);
     if (rc) return rc > 0 ? 0 : cli_usage_fail();
@@ -33,6 +71,8 @@ int cmd_info(int argc, char **argv) {
     if (bad) return cli_fail();
     dc_st_file f;
     if (cli_open_checkpoint(ap.positional[0], no_verify ? DC_ST_NO_VERIFY : 0, &f)) return cli_fail();
+    const int lora = lora_info(&f);
+    if (lora) return dc_st_close(&f), lora < 0 ? cli_fail() : 0;
     // Our checkpoints hold raw weights under the plain keys and EMA under "ema.".
     // The file's architecture first: only then are its config entries read as
     // that model's, and the model sized from them (nothing allocated).
