@@ -57,7 +57,8 @@ diffusion img2img --model "$TMP/m" --init "$TMP/none.png" --prompt "a cat" --ste
   && pass "img2img takes --lora" || fail "img2img --lora"
 out=$(diffusion info "$TMP/style.safetensors")
 [[ "$out" == *"kohya names; "*" UNet layers, "*" text encoder layers"* && "$out" == *"rank          2"* && \
-   "$out" == *"alpha         1"* ]] && pass "info describes a kohya LoRA" || fail "info: '$out'"
+   "$out" == *"alpha         1"* && "$out" == *"ss_network_dim       2"* ]] && pass "info describes a kohya LoRA" \
+  || fail "info: '$out'"
 out=$(diffusion info "$TMP/peft.safetensors")
 [[ "$out" == *"PEFT names"* ]] && pass "info tells PEFT's names" || fail "info: '$out'"
 # AUTOMATIC1111's tags: <lora:NAME:TE[:UNET]> with NAME.safetensors in --lora-dir

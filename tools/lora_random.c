@@ -3,7 +3,8 @@
 // attention projection of the UNet (to_q, to_k, to_v, to_out.0) and of the
 // text encoder (q_proj, k_proj, v_proj, out_proj), with alpha A, in kohya's
 // names (lora_unet_..., lora_te_text_model_...) or PEFT's (unet.<path>.lora_A
-// / lora_B, text_encoder.text_model.<path>...).
+// / lora_B, text_encoder.text_model.<path>...); kohya's with its
+// ss_network_dim and ss_network_alpha metadata.
 //
 //   lora_random --model PATH --out FILE [--rank R] [--alpha A] [--seed N]
 //               [--scale X] [--format kohya|peft] [--vocab PATH]
@@ -98,7 +99,11 @@ int main(int argc, char **argv) {
     const bool peft = !strcmp(format, "peft");
     if (!rc) rc = add_part(&t, p.unet->params, true, peft, rank, seed, scale);
     if (!rc) rc = add_part(&t, &p.text->params, false, peft, rank, seed + 1, scale);
-    if (!rc) rc = dc_st_write(out, t.e, t.n, NULL, NULL, 0);
+    // kohya's files say their rank and alpha in their metadata too
+    char dim[32], alp[32];
+    snprintf(dim, sizeof dim, "%d", rank), snprintf(alp, sizeof alp, "%g", alpha);
+    const char *const keys[] = {"ss_network_dim", "ss_network_alpha"}, *const values[] = {dim, alp};
+    if (!rc) rc = dc_st_write(out, t.e, t.n, keys, values, peft ? 0 : 2);
     if (!rc) printf("wrote %s: %d layers at rank %d, alpha %g (%s)\n", out, t.n / 3, rank, alpha, format);
     else fprintf(stderr, "lora_random: %s\n", dc_error());
     for (int i = 0; i < t.nbuf; i++) free(t.bufs[i]);
