@@ -23,6 +23,16 @@ static inline double param_fd_dot(const float *a, const float *b, int64_t n) {
     return s;
 }
 
+// L = sum(dout * out) in double, out the n F32 values of a backend buffer.
+static inline double param_fd_loss(dc_backend *be, dc_buf out, const float *dout, int64_t n) {
+    float *h = malloc((size_t)n * sizeof *h);
+    if (!h) return NAN;
+    be->download(be, h, out.p, (size_t)n * 4);
+    const double s = param_fd_dot(dout, h, n);
+    free(h);
+    return s;
+}
+
 // |a - b| and |b| of n values (a GPU's gradients against the CPU's), in double.
 static inline void param_gap(const float *a, const float *b, int64_t n, double *diff, double *norm) {
     double d = 0, nb = 0;

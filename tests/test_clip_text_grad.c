@@ -84,12 +84,7 @@ static void rig_close(rig *r) {
 // L = sum(dout * hidden) of a training forward, in double.
 static double loss(rig *r) {
     if (dc_clip_text_train_forward(r->m, r->hidden, r->ids, B, r->skip)) return NAN;
-    float *h = malloc((size_t)r->nout * sizeof *h);
-    r->be->download(r->be, h, r->hidden.p, (size_t)r->nout * 4);
-    double s = 0;
-    for (int64_t i = 0; i < r->nout; i++) s += (double)r->hdout[i] * h[i];
-    free(h);
-    return s;
+    return param_fd_loss(r->be, r->hidden, r->hdout, r->nout);
 }
 
 // Every parameter's gradient after `passes` forward-backward passes from zero.

@@ -131,12 +131,7 @@ static void rig_close(rig *r) {
 // L = sum(dout * out) of a forward, in double.
 static double loss(rig *r) {
     if (dc_model_forward(r->m, r->out, r->x, r->t, &r->cond, r->B)) return NAN;
-    float *h = malloc((size_t)r->nout * sizeof *h);
-    r->be->download(r->be, h, r->out.p, (size_t)r->nout * 4);
-    double s = 0;
-    for (int64_t i = 0; i < r->nout; i++) s += (double)r->hdout[i] * h[i];
-    free(h);
-    return s;
+    return param_fd_loss(r->be, r->out, r->hdout, r->nout);
 }
 
 // Every parameter's gradient (storage order, F32) after one forward and backward.
@@ -150,12 +145,6 @@ static float *grads(rig *r) {
     float *g = malloc((size_t)ps->numel * sizeof *g);
     r->be->download(r->be, g, ps->grad.p, (size_t)ps->numel * 4);
     return g;
-}
-
-static double dot(const float *a, const float *b, int64_t n) {
-    double s = 0;
-    for (int64_t i = 0; i < n; i++) s += (double)a[i] * b[i];
-    return s;
 }
 
 // ---- finite differences ----------------------------------------------------------------
@@ -232,7 +221,7 @@ static void test_ctx_fd(const char *set) {
     for (int64_t j = 0; j < n; j++) c[j] = (float)(c0[j] - eps * v[j]);
     r.be->upload(r.be, r.ctx.p, c, (size_t)n * 4);
     const double lm = loss(&r);
-    const double fd = (lp - lm) / (2 * eps), an = dot(d, v, n), dn = sqrt(dot(d, d, n));
+    const double fd = (lp - lm) / (2 * eps), an = param_fd_dot(d, v, n), dn = sqrt(param_fd_dot(d, d, n));
     const double e = fabs(fd - an) / (fabs(an) + dn + 1e-6);
     printf("  %s: the text's gradient: differences %.6e, backward %.6e (|dctx| %.3e), error %.2e\n", set, fd, an, dn,
            e);
@@ -287,7 +276,7 @@ static void test_golden(const char *set) {
         // relative to the tensor's gradient scale (its rms): fp32's backward
         // through ~300 ops lands far below; a wrong term gives order 1
         const double scale = norm / sqrt((double)p->numel) + 1e-12;
-        const double en = fabs(sqrt(dot(h, h, p->numel)) - norm) / (norm + 1e-12);
+        const double en = fabs(sqrt(param_fd_dot(h, h, p->numel)) - norm) / (norm + 1e-12);
         e /= scale;
         if (!(e < 1e-3 && en < 1e-4)) {
             if (bad++ < 8) printf("  %s %s: sample error %.2e of the rms, norm error %.2e\n", set, p->name, e, en);
