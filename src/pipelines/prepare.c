@@ -493,7 +493,6 @@ typedef struct {
     int64_t done, total, written;
 } progress_cb;
 
-// One data set: job j's pictures from the point ws->st gives.
 // ---- reading a batch
 
 // The pictures [a, end) of job j read and resized into b's slots, on all
@@ -540,13 +539,15 @@ static void reader_wait(reader *rd) {
     rd->running = rd->pending = false;
 }
 
+// One data set: job j's pictures from the point ws->st gives.
 static int run_job(dc_prepare_models *m, const dc_picture_set *set, const job *j, const dc_prepare_opts *o,
                    writer_state *ws, progress_cb *pc) {
     const bool latents = m->sd.vae != NULL;
     const int B = (int)(o->batch < j->n ? o->batch : j->n);
-    batch_bufs bufs[2];
+    // a second set of buffers only where a batch is read while another is encoded
+    batch_bufs bufs[2] = {0};
     DC_TRY(bufs_alloc(m, &bufs[0], B, j->height, j->width));
-    if (bufs_alloc(m, &bufs[1], B, j->height, j->width)) return bufs_free(m->be, &bufs[0]), -1;
+    if (o->overlap && bufs_alloc(m, &bufs[1], B, j->height, j->width)) return bufs_free(m->be, &bufs[0]), -1;
     columns cols;
     columns_make(&cols, &bufs[0], latents);
     const bool resuming = ws->st.shards > 0 || ws->st.next > 0 || ws->st.copy > 0;
@@ -577,11 +578,11 @@ static int run_job(dc_prepare_models *m, const dc_picture_set *set, const job *j
         reader_start(&rd, &(batch_read){set, j, o, &bufs[0], first, first + B < j->n ? first + B : j->n}, false);
     for (int64_t a = first; a < j->n && !rc; a += B, cur ^= 1) {
         const int64_t end = a + B < j->n ? a + B : j->n;
-        batch_bufs *b = &bufs[cur];
+        batch_bufs *b = &bufs[o->overlap ? cur : 0];
         reader_wait(&rd);  // this batch's pictures
         if (end < j->n)
-            reader_start(&rd, &(batch_read){set, j, o, &bufs[cur ^ 1], end, end + B < j->n ? end + B : j->n},
-                         o->overlap);
+            reader_start(&rd, &(batch_read){set, j, o, &bufs[o->overlap ? cur ^ 1 : 0], end,
+                                             end + B < j->n ? end + B : j->n}, o->overlap);
         // the readable pictures packed in order, the others reported, as one at a time would
         const int nb = (int)(end - a);
         int n = 0;
