@@ -74,7 +74,7 @@ static int load_part(const dc_st_file *f, part_state *p) {
     DC_TRY(dc_lora_alloc(p->lora, target->be, false));
     for (int i = 0; i < p->lora->count; i++) {
         const dc_lora_item *it = &p->lora->items[i];
-        const layer_tensors *l = layer_of(p, it->param);
+        const layer_tensors *l = &p->layers[i];  // the items were added in the layers' order
         const int idx[2] = {it->down, it->up};
         for (int k = 0; k < 2; k++) {
             const dc_param *fp = &p->lora->params.items[idx[k]];
