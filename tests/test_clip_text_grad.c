@@ -46,7 +46,7 @@ static int rig_open(rig *r, dc_backend *be, dc_act act, int skip, uint64_t seed)
     r->be = be, r->skip = skip;
     const dc_clip_text_config c = {V, T, W, L, H, F, act, 1e-5f};
     DC_TRY(dc_clip_text_create_trainable(&r->m, &c, be));
-    dc_params *ps = &r->m->params;
+    dc_params *ps = r->m->params;
     for (int i = 0; i < ps->count; i++) {
         const dc_param *p = &ps->items[i];
         float *h = malloc((size_t)p->numel * sizeof *h);
@@ -89,7 +89,7 @@ static double loss(rig *r) {
 
 // Every parameter's gradient after `passes` forward-backward passes from zero.
 static float *grads(rig *r, int passes) {
-    const dc_params *ps = &r->m->params;
+    const dc_params *ps = r->m->params;
     r->be->zero(r->be, ps->grad.p, (size_t)ps->numel * 4);
     for (int k = 0; k < passes; k++)
         if (!isfinite(loss(r)) || dc_clip_text_backward(r->m, r->dout)) {
@@ -102,7 +102,7 @@ static float *grads(rig *r, int passes) {
 }
 
 static void set_param(rig *r, int i, const float *h, int64_t n) {
-    dc_params *ps = &r->m->params;
+    dc_params *ps = r->m->params;
     r->be->upload(r->be, dc_param_data(ps, i).p, h, (size_t)n * 4);
     dc_params_touch(ps);
     dc_params_refresh(ps);
@@ -118,7 +118,7 @@ static void test_cpu(dc_act act, int skip) {
         CHECK(0, "%s skip %d: %s", what, skip, dc_error());
         return;
     }
-    const dc_params *ps = &r.m->params;
+    const dc_params *ps = r.m->params;
     // the training forward against the inference forward: the same ops, the same bits
     float *a = malloc((size_t)r.nout * 4), *b = malloc((size_t)r.nout * 4);
     dc_buf inf = {r.be->alloc(r.be, (size_t)r.nout * 4), DC_F32};
@@ -196,7 +196,7 @@ static void test_frozen(void) {
     be->upload(be, ids.p, hid, sizeof hid);
     int rc = dc_clip_text_create(&m, &c, be, DC_F32);
     if (!rc) {  // random weights into the frozen arena
-        const dc_params *ps = &m->params;
+        const dc_params *ps = m->params;
         float *w = malloc((size_t)ps->frozen_numel * 4);
         for (int64_t j = 0; j < ps->frozen_numel; j++) w[j] = 0.2f * dc_randn_at(4, 0, 0, 0, (uint32_t)j);
         be->upload(be, ps->frozen.p, w, (size_t)ps->frozen_numel * 4);
@@ -206,7 +206,7 @@ static void test_frozen(void) {
     rc = rc ? rc : dc_clip_text_train_reserve(m, B);
     rc = rc ? rc : dc_clip_text_train_forward(m, hidden, ids, B, 0);
     rc = rc ? rc : dc_clip_text_backward(m, dout);
-    CHECK(rc == 0 && m->params.numel == 0 && !m->params.grad.p, "a frozen encoder's backward: %s",
+    CHECK(rc == 0 && m->params->numel == 0 && !m->params->grad.p, "a frozen encoder's backward: %s",
           rc ? dc_error() : "ok");
     CHECK(dc_clip_text_train_forward(m, hidden, ids, B + 1, 0) != 0, "a batch over the reserved one is refused");
     be->free(be, ids.p), be->free(be, hidden.p), be->free(be, dout.p), free(h);
@@ -231,7 +231,7 @@ static void test_gpu(const char *name) {
         // relative to each tensor's gradient norm: fp32 differs in summation
         // order only; bf16 rounds every activation to 8 bits
         const double tol = gpu->compute == DC_F32 ? 1e-3 : 5e-2;
-        const dc_params *ps = &rc.m->params;
+        const dc_params *ps = rc.m->params;
         const double all = gc ? sqrt(param_fd_dot(gc, gc, ps->numel)) : 0;
         int bad = 0;
         double worst = 0;

@@ -434,7 +434,7 @@ static void model_text(const model_case *mc, dc_sd_source *s) {
         CHECK(0, "%s: text encoder: %s", mc->what, dc_error());
         goto done;
     }
-    check_kept(mc, "text encoder", &a->params, &b->params, k1 - k0, held_since(mc->k, k1));
+    check_kept(mc, "text encoder", a->params, b->params, k1 - k0, held_since(mc->k, k1));
     enum { B = 2 };
     const int T = a->cfg.positions, W = a->cfg.width;
     int32_t *ids = malloc(sizeof(int32_t) * B * (size_t)T);

@@ -51,7 +51,7 @@ typedef struct {
     dc_st_file wf;
 } models;
 
-static dc_params *part(models *m, bool text) { return text ? &m->text->params : m->unet->params; }
+static dc_params *part(models *m, bool text) { return text ? m->text->params : m->unet->params; }
 
 static int models_open(models *m) {
     memset(m, 0, sizeof *m);
@@ -64,7 +64,7 @@ static int models_open(models *m) {
     DC_TRY(dc_unet_load(m->unet, &w, DC_NAMES_ORIGINAL));
     const dc_clip_text_config tc = {64, 8, 32, 2, 2, 48, DC_ACT_QUICK_GELU, 1e-5f};
     DC_TRY(dc_clip_text_create(&m->text, &tc, m->be, DC_F32));
-    const dc_params *ps = &m->text->params;
+    const dc_params *ps = m->text->params;
     float *h = malloc((size_t)ps->frozen_numel * 4);
     for (int64_t j = 0; j < ps->frozen_numel; j++) h[j] = 0.1f * dc_randn_at(5, 0, 0, 0, (uint32_t)j);
     m->be->upload(m->be, ps->frozen.p, h, (size_t)ps->frozen_numel * 4);
@@ -138,7 +138,7 @@ static int read_merge(models *m, const char *path, bool with_text, float **merge
     dc_st_file f;
     dc_lora lu, lt;
     DC_TRY(dc_st_open(&f, path));
-    dc_lora_init(&lu, m->unet->params), dc_lora_init(&lt, &m->text->params);
+    dc_lora_init(&lu, m->unet->params), dc_lora_init(&lt, m->text->params);
     int rc = dc_sd_lora_read(&f, &lu, with_text ? &lt : NULL);
     if (!rc) rc = dc_lora_merge(&lu);
     if (!rc && with_text) rc = dc_lora_merge(&lt);

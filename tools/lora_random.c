@@ -98,7 +98,7 @@ int main(int argc, char **argv) {
     int rc = t.e && t.names && t.bufs ? dc_sd_pipe_open(&p, be, &o) : dc_fail("out of memory");
     const bool peft = !strcmp(format, "peft");
     if (!rc) rc = add_part(&t, p.unet->params, true, peft, rank, seed, scale);
-    if (!rc) rc = add_part(&t, &p.text->params, false, peft, rank, seed + 1, scale);
+    if (!rc) rc = add_part(&t, p.text->params, false, peft, rank, seed + 1, scale);
     // kohya's files say their rank and alpha in their metadata too
     char dim[32], alp[32];
     snprintf(dim, sizeof dim, "%d", rank), snprintf(alp, sizeof alp, "%g", alpha);

@@ -110,32 +110,6 @@ static void fill(dc_params *ps, uint64_t seed, uint32_t salt) {
     }
 }
 
-// A CLIP text encoder as transformers initialises one (CLIPPreTrainedModel.
-// _init_weights in transformers/models/clip/modeling_clip.py, with
-// initializer_factor 1): embeddings N(0, 0.02); q, k, v projections
-// N(0, d^-0.5 (2L)^-0.5), the output projection N(0, d^-0.5); the MLP's fc1
-// N(0, (2d)^-0.5) and fc2 N(0, d^-0.5 (2L)^-0.5); LayerNorms 1 and 0; every
-// bias 0 (d the width, L the layers).
-static void fill_clip_init(dc_params *ps, const dc_clip_text_config *c, uint64_t seed) {
-    const double d = c->width, L = c->layers;
-    const double proj = 1 / sqrt(d) / sqrt(2 * L), out = 1 / sqrt(d), fc1 = 1 / sqrt(2 * d);
-    for (int i = 0; i < ps->count; i++) {
-        const dc_param *p = &ps->items[i];
-        const char *n = p->name;
-        double std = 0, one = 0;  // values N(0, std^2) + one
-        if (strstr(n, "embedding.weight")) std = 0.02;
-        else if (strstr(n, "_proj.weight")) std = strstr(n, "out_proj") ? out : proj;
-        else if (strstr(n, "fc1.weight")) std = fc1;
-        else if (strstr(n, "fc2.weight")) std = proj;
-        else if (strstr(n, "layer_norm") && strstr(n, ".weight")) one = 1;
-        float *h = malloc(sizeof(float) * (size_t)p->numel);
-        for (int64_t j = 0; j < p->numel; j++)
-            h[j] = (float)(one + std * dc_randn_at(seed, 3, (uint32_t)i, DC_STREAM_INIT, (uint64_t)j));
-        ps->be->upload(ps->be, dc_param_data(ps, i).p, h, sizeof(float) * (size_t)p->numel);
-        free(h);
-    }
-}
-
 static int run(const char *config, const char *layout, const char *dtype, uint64_t seed, const char *vocab,
                const char *out) {
     sd_config c;
@@ -154,10 +128,10 @@ static int run(const char *config, const char *layout, const char *dtype, uint64
     if (!rc && c.has_vae) rc = dc_vae_create(&vae, &c.vae, be, DC_F32, true, true);
     if (!rc) rc = dc_clip_text_create(&text, &c.text, be, DC_F32);
     if (!rc) {
-        if (unet) fill(&dc_unet_of(unet)->params, seed, 1);
+        if (unet) fill(unet->params, seed, 1);
         if (vae) fill(&vae->params, seed, 2);
-        if (c.ddpm) fill_clip_init(&text->params, &c.text, seed);
-        else fill(&text->params, seed, 3);
+        if (c.ddpm) rc = dc_clip_text_init_weights(text, seed);
+        else fill(text->params, seed, 3);
     }
     // SD 2's encoder: all layers in the single file, one fewer in the folder.
     const int text_layers = c.version == 2 && !single ? c.text.layers - 1 : c.text.layers;

@@ -324,7 +324,7 @@ memory:
         // (the backend's workspaces, the generation's buffers)
         const double G = 1073741824.0;
         const dc_unet *un = dc_unet_of(p.unet);
-        size_t wu = dc_params_bytes(&un->params), wv = dc_params_bytes(&p.vae->params), wt = dc_params_bytes(&p.text->params);
+        size_t wu = dc_params_bytes(un->base.params), wv = dc_params_bytes(&p.vae->params), wt = dc_params_bytes(p.text->params);
         size_t au = un->max_batch ? dc_unet_activation_bytes(p.unet, un->max_batch) : 0;
         size_t av = dc_vae_activation_bytes(p.vae), peak = peak_bytes(be);
         printf("  %-44s %9.2f GiB\n", "peak device memory", peak / G);

@@ -4,12 +4,14 @@
 // Shapes: B sequences of T = positions tokens, W width, H heads of Dh = W/H,
 // F MLP width, BT = B * T rows. The residual stream stays F32 (as under
 // PyTorch autocast); the other activations take the backend's compute dtype.
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/error.h"
+#include "core/rng.h"
 #include "models/clip_text_layers.h"
 #include "nn/arena.h"
 
@@ -66,16 +68,21 @@ int dc_clip_text_params(dc_params *ps, const dc_clip_text_config *c) {
     return rc;
 }
 
-// Frozen (inference) or trainable parameters.
-static int create(dc_clip_text **out, const dc_clip_text_config *c, dc_backend *be, dc_dtype loaded, bool trainable) {
+// Frozen (inference) or trainable parameters, its own (set NULL: allocated
+// here) or registered into a joint set.
+static int create(dc_clip_text **out, const dc_clip_text_config *c, dc_backend *be, dc_dtype loaded, bool trainable,
+                  dc_params *set) {
     *out = NULL;
     DC_TRY(dc_clip_text_config_validate(c));
     dc_clip_text *m = calloc(1, sizeof *m);
     if (!m) return dc_fail("out of memory");
     m->cfg = *c;
     m->be = be;
-    if (!(m->mods = modules_new(c)) || build_modules(c, &m->params, m->mods) ||
-        (trainable ? dc_params_alloc(&m->params, be, true) : dc_params_alloc_frozen(&m->params, be, loaded))) {
+    dc_params *ps = m->params = set ? set : &m->own;
+    m->first = ps->count, m->unit = ps->units;
+    int rc = !(m->mods = modules_new(c)) || build_modules(c, ps, m->mods) || dc_params_end_unit(ps);
+    m->end = ps->count;
+    if (rc || (!set && (trainable ? dc_params_alloc(ps, be, true) : dc_params_alloc_frozen(ps, be, loaded)))) {
         dc_clip_text_free(m);
         return -1;
     }
@@ -84,17 +91,44 @@ static int create(dc_clip_text **out, const dc_clip_text_config *c, dc_backend *
 }
 
 int dc_clip_text_create(dc_clip_text **out, const dc_clip_text_config *c, dc_backend *be, dc_dtype loaded) {
-    return create(out, c, be, loaded, false);
+    return create(out, c, be, loaded, false, NULL);
 }
 
 int dc_clip_text_create_trainable(dc_clip_text **out, const dc_clip_text_config *c, dc_backend *be) {
-    return create(out, c, be, DC_F32, true);
+    return create(out, c, be, DC_F32, true, NULL);
+}
+
+int dc_clip_text_create_in(dc_clip_text **out, const dc_clip_text_config *c, dc_backend *be, dc_params *set) {
+    return create(out, c, be, DC_F32, true, set);
 }
 
 int dc_clip_text_load(dc_clip_text *m, const dc_weights *w, dc_names names) {
-    if (names == DC_NAMES_ORIGINAL)
-        return dc_params_load_weights(&m->params, w, dc_clip_text_openclip_name, &m->cfg);
-    return dc_params_load_weights(&m->params, w, NULL, NULL);
+    dc_weight_map map = names == DC_NAMES_ORIGINAL ? dc_clip_text_openclip_name : NULL;
+    return dc_params_load_weights_range(m->params, m->first, m->end, w, map, &m->cfg);
+}
+
+int dc_clip_text_init_weights(dc_clip_text *m, uint64_t seed) {
+    dc_params *ps = m->params;
+    const double d = m->cfg.width, L = m->cfg.layers;
+    const double proj = 1 / sqrt(d) / sqrt(2 * L), out = 1 / sqrt(d), fc1 = 1 / sqrt(2 * d);
+    for (int i = m->first; i < m->end; i++) {
+        const dc_param *p = &ps->items[i];
+        const char *n = p->name + p->prefix_len;
+        double std = 0, one = 0;  // values N(0, std^2) + one
+        if (strstr(n, "embedding.weight")) std = 0.02;
+        else if (strstr(n, "_proj.weight")) std = strstr(n, "out_proj") ? out : proj;
+        else if (strstr(n, "fc1.weight")) std = fc1;
+        else if (strstr(n, "fc2.weight")) std = proj;
+        else if (strstr(n, "layer_norm") && strstr(n, ".weight")) one = 1;
+        float *h = malloc(sizeof(float) * (size_t)p->numel);
+        if (!h) return dc_fail("out of memory initialising %s", p->name);
+        for (int64_t j = 0; j < p->numel; j++)
+            h[j] = (float)(one + std * dc_randn_at(seed, 3, (uint32_t)(i - m->first), DC_STREAM_INIT, (uint64_t)j));
+        dc_upload_f32_as(m->be, dc_param_data(ps, i), h, p->numel);
+        free(h);
+    }
+    dc_params_touch(ps);
+    return dc_backend_status(m->be);
 }
 
 static void free_acts(dc_clip_text *m) {
@@ -109,7 +143,7 @@ void dc_clip_text_free(dc_clip_text *m) {
     if (!m) return;
     free_acts(m);
     clip_train_free(m);
-    dc_params_free(&m->params);
+    dc_params_free(&m->own);  // a joint set is its owner's to free
     modules_free(m->mods);
     free(m);
 }
@@ -207,7 +241,7 @@ int dc_clip_text_forward(dc_clip_text *m, dc_buf hidden, dc_buf penultimate, dc_
     const dc_clip_text_config *c = &m->cfg;
     DC_TRY(clip_check_call(c, ids, B, m->acts ? m->max_batch : 0, skip));
     dc_backend *be = m->be;
-    const dc_params *ps = &m->params;
+    const dc_params *ps = m->params;
     const dc_clip_text_modules *md = m->mods;
     const clip_layer_bufs *b = &m->acts->b;
     const int T = c->positions, BT = B * T, run = c->layers - skip;

@@ -19,6 +19,7 @@
 #include <stdint.h>
 #include "backend/backend.h"
 #include "io/json.h"
+#include "io/kv.h"
 #include "nn/params.h"
 #include "nn/weights.h"
 
@@ -47,6 +48,13 @@ int dc_clip_text_config_from_json(dc_clip_text_config *c, const dc_json *root, c
 // converted by diffusers) mean exact GELU, narrower ones OpenAI's quick_gelu.
 int dc_clip_text_config_infer(dc_clip_text_config *c, const dc_weights *w, dc_names names);
 int dc_clip_text_config_validate(const dc_clip_text_config *c);
+// The config as metadata entries under transformers' config.json names,
+// each after prefix ("text_encoder_": a UNet's checkpoint that trains its
+// encoder), and back from entries (keys/values, n of them; what names them
+// in messages). Checked.
+int dc_clip_text_config_to_kv(const dc_clip_text_config *c, const char *prefix, dc_kv *kv);
+int dc_clip_text_config_from_kv(dc_clip_text_config *c, const char *prefix, const char *const *keys,
+                                const char *const *values, int n, const char *what);
 
 // Where transformers names start below w's prefix: "text_model." when the
 // files hold text_model.embeddings.token_embedding.weight (transformers 4,
@@ -67,7 +75,10 @@ typedef struct dc_clip_text_train dc_clip_text_train;
 typedef struct {
     dc_clip_text_config cfg;
     dc_backend *be;
-    dc_params params;            // transformers names, state-dict order, frozen
+    dc_params *params;           // transformers names, state-dict order: &own, or a joint set
+    dc_params own;               // its parameters, unless registered into a joint set
+    int first, end;              // its parameters in *params: [first, end)
+    int unit;                    // the set's unit holding them (one unit: the whole encoder)
     dc_clip_text_modules *mods;  // its layers, as modules holding parameter handles
     dc_clip_text_acts *acts;     // activations planned for up to max_batch sequences
     int max_batch;
@@ -81,6 +92,14 @@ int dc_clip_text_create(dc_clip_text **out, const dc_clip_text_config *c, dc_bac
 // Registers into ps (empty) the names and shapes dc_clip_text_create
 // registers, allocating nothing: for listing and checking names.
 int dc_clip_text_params(dc_params *ps, const dc_clip_text_config *c);
+// Initialises every weight as transformers initialises a CLIPTextModel
+// (CLIPPreTrainedModel._init_weights in transformers/models/clip/
+// modeling_clip.py, initializer_factor 1): embeddings N(0, 0.02); the q, k
+// and v projections N(0, d^-0.5 (2L)^-0.5), the output projection
+// N(0, d^-0.5); the MLP's fc1 N(0, (2d)^-0.5) and fc2 N(0, d^-0.5 (2L)^-0.5);
+// LayerNorms 1 and 0; every bias 0 (d the width, L the layers). Seeded:
+// parameter i's element j is keyed (seed, 3, i, j).
+int dc_clip_text_init_weights(dc_clip_text *m, uint64_t seed);
 // Loads every parameter from w (its prefix set: "", "text_model.",
 // "cond_stage_model.transformer.text_model." for transformers names;
 // "cond_stage_model.model." for OpenCLIP names with DC_NAMES_ORIGINAL).
@@ -120,6 +139,12 @@ double dc_clip_text_macs(const dc_clip_text *m);
 // and its gradient (and a compute copy where the backend computes in
 // another dtype). Load or initialise the weights next.
 int dc_clip_text_create_trainable(dc_clip_text **out, const dc_clip_text_config *c, dc_backend *be);
+// The same, its parameters registered into `set` (a joint set: a UNet and
+// the text encoder it reads, trained as one) as one more unit, each name
+// after set->prefix ("text_encoder."); the caller allocates the set once
+// every model of it is registered, and frees it after them. Nothing runs
+// before the set is allocated.
+int dc_clip_text_create_in(dc_clip_text **out, const dc_clip_text_config *c, dc_backend *be, dc_params *set);
 // Plans what a training forward keeps for batches of up to max_batch sequences.
 int dc_clip_text_train_reserve(dc_clip_text *m, int max_batch);
 // Bytes dc_clip_text_train_reserve allocates for max_batch on a backend

@@ -48,15 +48,61 @@ static int json_int(const dc_json *o, const char *key, int lo, int hi, int *out,
 }
 
 // transformers' ACT2FN names: "gelu" is the exact (erf) GELU.
+static int act_of_name(const char *name, dc_act *out, const char *path) {
+    if (strcmp(name, "quick_gelu") == 0) *out = DC_ACT_QUICK_GELU;
+    else if (strcmp(name, "gelu") == 0) *out = DC_ACT_GELU_ERF;
+    else if (strcmp(name, "gelu_new") == 0 || strcmp(name, "gelu_pytorch_tanh") == 0) *out = DC_ACT_GELU_TANH;
+    else return dc_fail("%s: hidden_act '%s' is not supported (quick_gelu, gelu, gelu_new)", path, name);
+    return 0;
+}
+
 static int json_act(const dc_json *o, dc_act *out, const char *path) {
     const dc_json *v = dc_json_get(o, "hidden_act");
     if (!v) return 0;
     if (!dc_json_is_cstr(v)) return dc_fail("%s: 'hidden_act' is not a string", path);
-    if (strcmp(v->str, "quick_gelu") == 0) *out = DC_ACT_QUICK_GELU;
-    else if (strcmp(v->str, "gelu") == 0) *out = DC_ACT_GELU_ERF;
-    else if (strcmp(v->str, "gelu_new") == 0 || strcmp(v->str, "gelu_pytorch_tanh") == 0) *out = DC_ACT_GELU_TANH;
-    else return dc_fail("%s: hidden_act '%s' is not supported (quick_gelu, gelu, gelu_new)", path, v->str);
+    return act_of_name(v->str, out, path);
+}
+
+// The entries of dc_clip_text_config_to_kv, in its order.
+static const char *const k_kv_keys[] = {"vocab_size", "max_position_embeddings", "hidden_size", "num_hidden_layers",
+                                        "num_attention_heads", "intermediate_size", "hidden_act", "layer_norm_eps"};
+
+int dc_clip_text_config_to_kv(const dc_clip_text_config *c, const char *prefix, dc_kv *kv) {
+    const int v[] = {c->vocab, c->positions, c->width, c->layers, c->heads, c->ffn};
+    const char *act = c->act == DC_ACT_QUICK_GELU ? "quick_gelu" : c->act == DC_ACT_GELU_ERF ? "gelu" : "gelu_new";
+    char key[128];
+    for (int i = 0; i < 8; i++) {
+        snprintf(key, sizeof key, "%s%s", prefix, k_kv_keys[i]);
+        int rc = i < 6 ? dc_kv_set(kv, key, "%d", v[i]) : i == 6 ? dc_kv_set(kv, key, "%s", act)
+                                                              : dc_kv_set(kv, key, "%.9g", (double)c->eps);
+        DC_TRY(rc);
+    }
     return 0;
+}
+
+int dc_clip_text_config_from_kv(dc_clip_text_config *c, const char *prefix, const char *const *keys,
+                                const char *const *values, int n, const char *what) {
+    const char *got[8] = {0};
+    for (int i = 0; i < 8; i++) {
+        char key[128];
+        snprintf(key, sizeof key, "%s%s", prefix, k_kv_keys[i]);
+        for (int k = 0; k < n && !got[i]; k++)
+            if (!strcmp(keys[k], key)) got[i] = values[k];
+        if (!got[i]) return dc_fail("%s: no \"%s\" entry", what, key);
+    }
+    int *v[] = {&c->vocab, &c->positions, &c->width, &c->layers, &c->heads, &c->ffn};
+    for (int i = 0; i < 6; i++) {
+        char *end;
+        long x = strtol(got[i], &end, 10);
+        if (end == got[i] || *end || x < 1 || x > 1 << 20)
+            return dc_fail("%s: \"%s%s\" = '%s' is not a size", what, prefix, k_kv_keys[i], got[i]);
+        *v[i] = (int)x;
+    }
+    char *end;
+    c->eps = strtof(got[7], &end);
+    if (end == got[7] || *end) return dc_fail("%s: \"%slayer_norm_eps\" = '%s' is not a number", what, prefix, got[7]);
+    DC_TRY(act_of_name(got[6], &c->act, what));
+    return dc_clip_text_config_validate(c);
 }
 
 int dc_clip_text_config_from_json(dc_clip_text_config *c, const dc_json *root, const char *path) {

@@ -104,7 +104,7 @@ int dc_clip_text_train_forward(dc_clip_text *m, dc_buf hidden, dc_buf ids, int B
     dc_clip_text_train *t = m->train;
     DC_TRY(clip_check_call(c, ids, B, t ? t->max_batch : 0, skip));
     dc_backend *be = m->be;
-    const dc_params *ps = &m->params;
+    const dc_params *ps = m->params;
     const dc_clip_text_modules *md = m->mods;
     const int T = c->positions, run = c->layers - skip;
     clip_embed_fwd(be, ps, md, t->L[0].x_in, ids, B, T, c->width);
@@ -119,12 +119,13 @@ int dc_clip_text_backward(dc_clip_text *m, dc_buf dhidden) {
     if (!t || !t->fwd_B) return dc_fail("text encoder: backward without a training forward before it");
     const dc_clip_text_config *c = &m->cfg;
     dc_backend *be = m->be;
-    const dc_params *ps = &m->params;
+    dc_params *ps = m->params;
     const dc_clip_text_modules *md = m->mods;
     const int B = t->fwd_B, T = c->positions, W = c->width, BT = B * T;
     const int64_t BTW = (int64_t)BT * W, BTF = (int64_t)BT * c->ffn;
     const dc_attn_shape s = clip_attn_shape(c, B);
 
+    DC_TRY(dc_params_unit_begin(ps, m->unit));  // the whole encoder is one unit
     dc_layer_norm_bwd(be, ps, &md->final_ln, t->dx, dhidden, t->L[t->run - 1].x_out, t->mean_f, t->rstd_f, BT,
                       false);
     for (int l = t->run - 1; l >= 0; l--) {
@@ -151,5 +152,6 @@ int dc_clip_text_backward(dc_clip_text *m, dc_buf dhidden) {
     if (!ps->items[md->pos.table].frozen)
         for (int i = 0; i < B; i++)
             be->axpy(be, dc_param_grad(ps, md->pos.table), dc_buf_at(t->dx, (int64_t)i * T * W), 1.0f, (int64_t)T * W);
+    DC_TRY(dc_params_unit_done(ps, m->unit));
     return dc_backend_status(be);
 }

@@ -22,12 +22,14 @@
 #include "nn/params.h"
 
 // What a batch is conditioned on, on the model's backend: class labels for a
-// class-conditional model, or text embeddings (one [len, dim] sequence per
-// image) for a text-conditioned one. The member a model does not use stays
-// empty (p NULL).
+// class-conditional model, text embeddings (one [len, dim] sequence per
+// image) for a text-conditioned one, or token ids (one sequence of len per
+// image) for one that embeds its text itself (a UNet trained with its text
+// encoder). The member a model does not use stays empty (p NULL).
 typedef struct {
     dc_buf y;       // [B] I32 class labels
     dc_buf ctx;     // [B, len, dim] text embeddings
+    dc_buf ids;     // [B, len] I32 token ids, each checked against the model's vocabulary
     int len, dim;
     dc_buf lens;    // [B] I32 tokens of each row's ctx that count (the rest is padding), or
                     // none (p NULL): every row counts all len
@@ -42,7 +44,7 @@ typedef struct {
     dc_buf dctx;
 } dc_cond;
 
-typedef enum { DC_COND_LABELS, DC_COND_TEXT } dc_cond_kind;
+typedef enum { DC_COND_LABELS, DC_COND_TEXT, DC_COND_TOKENS } dc_cond_kind;
 
 // What a denoiser's output means: the noise (epsilon), v = sqrt(acp) eps -
 // sqrt(1 - acp) x0, the clean sample x0 itself (diffusers' "sample"), or a
@@ -60,7 +62,8 @@ typedef struct {
     dc_cond_kind cond;
     int num_classes;              // DC_COND_LABELS: labels 0..num_classes-1; num_classes is the
                                   // null label (the unconditional input of guidance and dropout)
-    int ctx_len, ctx_dim;         // DC_COND_TEXT: the embeddings the model reads
+    int ctx_len, ctx_dim;         // DC_COND_TEXT: the embeddings the model reads;
+                                  // DC_COND_TOKENS: ctx_len ids a row (ctx_dim 0)
     int blocks;                   // the blocks activation checkpointing counts (set_recompute's
                                   // keep runs 0..blocks); 0: the model has none
 } dc_model_info;

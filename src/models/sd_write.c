@@ -127,7 +127,7 @@ static int add_params(dc_sd_tensors *t, const dc_params *ps, const naming *nm, d
 int dc_sd_add_unet(dc_sd_tensors *t, const dc_unet *u, bool original, dc_dtype dt) {
     naming nm = {original ? "model.diffusion_model." : "", original ? dc_unet_weight_map : NULL, (void *)&u->cfg,
                  1 << 30, false};
-    return add_params(t, &u->params, &nm, dt);
+    return add_params(t, u->base.params, &nm, dt);
 }
 
 static int vae_map(void *ctx, const char *param, dc_weight_src *src) { return dc_vae_original_name(ctx, param, src); }
@@ -142,7 +142,7 @@ int dc_sd_add_text(dc_sd_tensors *t, const dc_clip_text *x, int layers, dc_sd_te
                                          "cond_stage_model.model."};
     naming nm = {prefix[lay], lay == DC_SD_TEXT_SD2 ? dc_clip_text_openclip_name : NULL, (void *)&x->cfg, layers,
                  false};
-    return add_params(t, &x->params, &nm, dt);
+    return add_params(t, x->params, &nm, dt);
 }
 
 int dc_sd_tensors_copy(dc_sd_tensors *t, const char *from, const char *to) {

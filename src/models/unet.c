@@ -231,7 +231,7 @@ static int unet_reserve(dc_model *mm, int max_batch) {
     if (max_batch < 1) return dc_fail("batch size must be at least 1");
     if (max_batch > 65535) return dc_fail("batch %d is too large: at most 65535 images per forward", max_batch);
     if ((m->acts || m->train) && m->max_batch >= max_batch) return 0;
-    const bool training = dc_params_trains(&m->params);
+    const bool training = dc_params_trains(m->base.params);
     unet_plan p;
     make_plan(m, &p);
     // ops index with int: every buffer must hold fewer than 2^31 values
@@ -306,7 +306,7 @@ int dc_unet_prepare_text(dc_model *mm, const dc_cond *cond, int B) {
     const int n = transformer_list(m->mods, m->cfg.nblocks, tl);
     int64_t off = 0;
     for (int i = 0; i < n; i++)
-        dc_linear_fwd(m->be, &m->params, &tl[i]->kv2, kv_slice(m, tl[i], B, cond->len, &off), cond->ctx,
+        dc_linear_fwd(m->be, m->base.params, &tl[i]->kv2, kv_slice(m, tl[i], B, cond->len, &off), cond->ctx,
                       B * cond->len);
     DC_TRY(dc_backend_status(m->be));
     m->kv_ctx = cond->ctx.p, m->kv_B = B, m->kv_len = cond->len;
@@ -318,11 +318,11 @@ static int unet_forward(dc_model *mm, dc_buf out, dc_buf x, dc_buf t, const dc_c
     const dc_unet_config *c = &m->cfg;
     DC_TRY(check_call(m, cond, B));
     if (m->train) {
-        dc_params_refresh(&m->params);
+        dc_params_refresh(m->base.params);
         return unet_train_forward(m, out, x, t, cond, B);
     }
     dc_backend *be = m->be;
-    const dc_params *ps = &m->params;
+    const dc_params *ps = m->base.params;
     const dc_unet_modules *md = m->mods;
     dc_unet_acts *a = m->acts;
     const unet_scratch *s = &a->s;
@@ -434,9 +434,9 @@ static float init_bound(const dc_params *ps, const dc_param *p) {
 
 static int unet_init(dc_model *mm, uint64_t seed) {
     dc_unet *m = (dc_unet *)mm;
-    dc_params *ps = &m->params;
+    dc_params *ps = m->base.params;
     if (!m->be) return dc_fail("a UNet layout (sized, not allocated) has no weights to initialise");
-    for (int i = 0; i < ps->count; i++) {
+    for (int i = m->first; i < m->end; i++) {
         const dc_param *p = &ps->items[i];
         const dc_dtype dt = dc_param_data(ps, i).dt;
         const size_t n = (size_t)p->numel;
@@ -447,7 +447,7 @@ static int unet_init(dc_model *mm, uint64_t seed) {
         const float bound = init_bound(ps, p);
         for (size_t j = 0; j < n; j++)
             h[j] = norm_scale ? 1.0f
-                              : bound * (2 * dc_u32_to_unit(dc_rand_u32_at(seed, (uint32_t)i, 0, DC_STREAM_INIT,
+                              : bound * (2 * dc_u32_to_unit(dc_rand_u32_at(seed, (uint32_t)(i - m->first), 0, DC_STREAM_INIT,
                                                                            (uint32_t)j)) - 1);
         if (dc_param_to_stored(p, h)) return free(h), -1;  // drawn in PyTorch's order, whatever the layout
         // frozen weights live in the compute dtype: convert on the host
@@ -468,8 +468,8 @@ static int unet_init(dc_model *mm, uint64_t seed) {
 int dc_unet_load(dc_model *mm, const dc_weights *w, dc_names names) {
     dc_unet *m = dc_unet_of(mm);
     if (!m) return dc_fail("not a UNet");
-    return dc_params_load_weights(&m->params, w, names == DC_NAMES_ORIGINAL ? dc_unet_weight_map : NULL,
-                                  (void *)&m->cfg);
+    return dc_params_load_weights_range(m->base.params, m->first, m->end, w,
+                                        names == DC_NAMES_ORIGINAL ? dc_unet_weight_map : NULL, (void *)&m->cfg);
 }
 
 // ---- the model interface ---------------------------------------------------------------------
@@ -517,7 +517,7 @@ static void unet_describe(const dc_model *mm, char *buf, size_t n) {
 static void unet_release(dc_model *mm) {
     dc_unet *m = (dc_unet *)mm;
     free_acts(m);
-    dc_params_free(&m->params);
+    dc_params_free(&m->own);  // a joint set is its owner's to free
     free(m->mods);
     m->mods = NULL;
 }
@@ -564,8 +564,10 @@ int dc_unet_register(const dc_unet_config *c, dc_params *ps) {
     return rc;
 }
 
+// set NULL: the model's own parameters, allocated here; else registered into
+// the joint set, which its owner allocates.
 static int unet_new(const dc_unet_config *c, dc_backend *be, dc_dtype loaded, bool trains, int latent_h,
-                    int latent_w, dc_model **out) {
+                    int latent_w, dc_params *set, dc_model **out) {
     *out = NULL;
     DC_TRY(dc_unet_config_validate(c));
     DC_TRY(check_size(c, latent_h, latent_w));
@@ -576,7 +578,7 @@ static int unet_new(const dc_unet_config *c, dc_backend *be, dc_dtype loaded, bo
     m->lh = latent_h, m->lw = latent_w;
     m->trains = trains, m->keep = -1;
     m->base = (dc_model){
-        .ops = &unet_ops, .be = be, .params = &m->params, .owned = true,
+        .ops = &unet_ops, .be = be, .params = set ? set : &m->own, .owned = true,
         .info = {.channels = c->in_channels, .frames = 1, .height = latent_h, .width = latent_w,
                  .out_channels = c->out_channels, .cond = DC_COND_TEXT, .ctx_len = DC_UNET_CTX_LEN,
                  .ctx_dim = c->ctx_dim},
@@ -584,8 +586,11 @@ static int unet_new(const dc_unet_config *c, dc_backend *be, dc_dtype loaded, bo
     m->mods = calloc(1, sizeof *m->mods);
     if (!m->mods) return free(m), dc_fail("out of memory");
     // a layout (be NULL) stops at the registered parameters
-    if (unet_modules_add(&m->params, m->mods, c) ||
-        (be && (trains ? dc_params_alloc(&m->params, be, true) : dc_params_alloc_frozen(&m->params, be, loaded)))) {
+    dc_params *ps = m->base.params;
+    m->first = ps->count, m->unit0 = ps->units;
+    int rc = unet_modules_add(ps, m->mods, c);
+    m->end = ps->count;
+    if (rc || (be && !set && (trains ? dc_params_alloc(ps, be, true) : dc_params_alloc_frozen(ps, be, loaded)))) {
         unet_release(&m->base);
         free(m);
         return -1;
@@ -597,9 +602,14 @@ static int unet_new(const dc_unet_config *c, dc_backend *be, dc_dtype loaded, bo
 
 int dc_unet_new(const dc_unet_config *c, dc_backend *be, dc_dtype loaded, int latent_h, int latent_w,
                 dc_model **out) {
-    return unet_new(c, be, loaded, false, latent_h, latent_w, out);
+    return unet_new(c, be, loaded, false, latent_h, latent_w, NULL, out);
 }
 
 int dc_unet_new_train(const dc_unet_config *c, dc_backend *be, int latent_h, int latent_w, dc_model **out) {
-    return unet_new(c, be, DC_F32, true, latent_h, latent_w, out);
+    return unet_new(c, be, DC_F32, true, latent_h, latent_w, NULL, out);
+}
+
+int dc_unet_new_train_in(const dc_unet_config *c, dc_backend *be, int latent_h, int latent_w, dc_params *set,
+                         dc_model **out) {
+    return unet_new(c, be, DC_F32, true, latent_h, latent_w, set, out);
 }

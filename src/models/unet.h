@@ -95,7 +95,10 @@ typedef struct {
     dc_model base;       // first: the trainer, sampler and CLI see &m->base
     dc_unet_config cfg;
     dc_backend *be;
-    dc_params params;    // diffusers state-dict keys, in state-dict order
+    dc_params own;       // its parameters (diffusers state-dict keys, in state-dict order), unless
+                         // it trains in a joint set (dc_unet_new_train_in): base.params is the set
+    int first, end;      // its parameters in base.params: [first, end)
+    int unit0;           // the set's unit of its first (units of a joint set follow on)
     dc_unet_modules *mods;
     dc_unet_acts *acts;  // inference: planned by reserve for up to max_batch
     dc_unet_train *train;  // training: what the forward keeps for backward (unet_train.c)
@@ -123,6 +126,12 @@ int dc_unet_new(const dc_unet_config *c, dc_backend *be, dc_dtype loaded, int la
 // counts the layers set_recompute's keep runs over (resnets with their
 // transformers, resamplers); recomputed layers give the same gradients.
 int dc_unet_new_train(const dc_unet_config *c, dc_backend *be, int latent_h, int latent_w, dc_model **out);
+// The same, its parameters registered into `set` (a joint set, which the
+// caller allocates once every model of it is registered, and frees after
+// them) under their own names and units. Nothing runs before the set is
+// allocated.
+int dc_unet_new_train_in(const dc_unet_config *c, dc_backend *be, int latent_h, int latent_w, dc_params *set,
+                         dc_model **out);
 // Registers the parameters of config c into ps (names and shapes, in
 // diffusers' state-dict order) without allocating them: listings, checks.
 int dc_unet_register(const dc_unet_config *c, dc_params *ps);

@@ -288,7 +288,7 @@ int unet_train_reserve(dc_unet *m, int max_batch) {
 static void layer_fwd(dc_unet *m, int l, int B) {
     dc_unet_train *a = m->train;
     dc_backend *be = m->be;
-    const dc_params *ps = &m->params;
+    const dc_params *ps = m->base.params;
     const unet_layer *y = &a->layer[l];
     const layer_acts *k = &a->acts[l];
     dc_buf x = a->outs[y->in], out = a->outs[l + 1];
@@ -315,7 +315,7 @@ int unet_train_forward(dc_unet *m, dc_buf out, dc_buf x, dc_buf t, const dc_cond
     dc_unet_train *a = m->train;
     const dc_unet_config *c = &m->cfg;
     dc_backend *be = m->be;
-    const dc_params *ps = &m->params;
+    const dc_params *ps = m->base.params;
     const dc_unet_modules *md = m->mods;
     const int64_t HW0 = (int64_t)m->lh * m->lw;
     a->ctx = cond->ctx, a->len = cond->len, a->fwd_B = B, a->dctx = cond->dctx;
@@ -343,7 +343,7 @@ int unet_train_forward(dc_unet *m, dc_buf out, dc_buf x, dc_buf t, const dc_cond
 static void layer_bwd(dc_unet *m, int l, int B, bool *done) {
     dc_unet_train *a = m->train;
     dc_backend *be = m->be;
-    const dc_params *ps = &m->params;
+    const dc_params *ps = m->base.params;
     const unet_layer *y = &a->layer[l];
     const layer_acts *k = &a->acts[l];
     const unet_grad_scratch *g = &a->g;
@@ -381,14 +381,14 @@ int unet_train_backward(dc_unet *m, dc_buf dout, int B) {
     if (B != a->fwd_B) return dc_fail("UNet backward of %d images after a forward of %d", B, a->fwd_B);
     const dc_unet_config *c = &m->cfg;
     dc_backend *be = m->be;
-    dc_params *ps = &m->params;
+    dc_params *ps = m->base.params;
     const dc_unet_modules *md = m->mods;
     const int64_t HW0 = (int64_t)m->lh * m->lw, td = dc_unet_time_dim(c);
     const int n = a->n, N = c->nblocks, final_unit = 2 * N + 2;
     bool done[MAX_LAYERS + 1] = {false};
 
     // conv_out(SiLU(conv_norm_out(h))): dout [B, C, HW] to channels-last
-    DC_TRY(dc_params_unit_begin(ps, final_unit));
+    DC_TRY(dc_params_unit_begin(ps, m->unit0 + final_unit));
     unet_to_nhwc(be, a->dy, dout, a->g.d2, B, c->out_channels, HW0);
     const dc_conv2d_shape so = dc_conv2d_shape_of(&md->conv_out, B, m->lh, m->lw);
     dc_conv2d_bwd(be, ps, &md->conv_out, a->g.d1, a->dy, a->a_out, &so, false);
@@ -397,24 +397,24 @@ int unet_train_backward(dc_unet *m, dc_buf dout, int B) {
                             dc_param_w(ps, md->norm_out.w), dc_param_w(ps, md->norm_out.b), B, c->ch[0], HW0,
                             md->norm_out.groups, true, false);
     done[n] = true;
-    DC_TRY(dc_params_unit_done(ps, final_unit));
+    DC_TRY(dc_params_unit_done(ps, m->unit0 + final_unit));
 
     be->zero(be, a->dsilu_temb.p, (size_t)(B * td) * dc_dtype_size(a->dsilu_temb.dt));
     if (a->dctx.p) be->zero(be, a->dctx.p, (size_t)B * a->len * c->ctx_dim * sizeof(float));
     int unit = -1;
     for (int l = n - 1; l >= 0; l--) {
         if (a->layer[l].unit != unit) {
-            if (unit >= 0) DC_TRY(dc_params_unit_done(ps, unit));
+            if (unit >= 0) DC_TRY(dc_params_unit_done(ps, m->unit0 + unit));
             unit = a->layer[l].unit;
-            DC_TRY(dc_params_unit_begin(ps, unit));
+            DC_TRY(dc_params_unit_begin(ps, m->unit0 + unit));
         }
         if (l >= a->keep) layer_fwd(m, l, B);  // recompute what backward reads
         layer_bwd(m, l, B, done);
     }
-    if (unit >= 0) DC_TRY(dc_params_unit_done(ps, unit));
+    if (unit >= 0) DC_TRY(dc_params_unit_done(ps, m->unit0 + unit));
 
     // conv_in (the latents take no gradient) and the time embedding
-    DC_TRY(dc_params_unit_begin(ps, 0));
+    DC_TRY(dc_params_unit_begin(ps, m->unit0));
     const dc_conv2d_shape si = dc_conv2d_shape_of(&md->conv_in, B, m->lh, m->lw);
     dc_conv2d_bwd(be, ps, &md->conv_in, dc_buf_none(), a->douts[0], a->xin, &si, false);
     const unet_time_acts *ta = &a->time;
@@ -422,6 +422,6 @@ int unet_train_backward(dc_unet *m, dc_buf dout, int B) {
     dc_linear_bwd(be, ps, &md->time2, a->dta, a->dtemb, ta->ta, B, false);
     be->silu_bwd(be, a->dth, a->dta, ta->th, B * td, false);
     dc_linear_bwd(be, ps, &md->time1, dc_buf_none(), a->dth, ta->tfreq, B, false);
-    DC_TRY(dc_params_unit_done(ps, 0));
+    DC_TRY(dc_params_unit_done(ps, m->unit0));
     return dc_backend_status(be);
 }

@@ -9,7 +9,8 @@
 
 int dc_params_add(dc_params *ps, const char *name, bool trainable, int ndim, ...) {
     if (ndim < 1 || ndim > DC_MAX_DIMS) return dc_fail("parameter %s: bad rank %d", name, ndim);
-    if (strlen(name) >= DC_PARAM_NAME_MAX) return dc_fail("parameter name too long: %s", name);
+    const char *prefix = ps->prefix ? ps->prefix : "";
+    if (strlen(prefix) + strlen(name) >= DC_PARAM_NAME_MAX) return dc_fail("parameter name too long: %s%s", prefix, name);
     if (ps->count == ps->cap) {
         int cap = ps->cap ? 2 * ps->cap : 64;
         dc_param *items = realloc(ps->items, cap * sizeof *items);
@@ -18,7 +19,8 @@ int dc_params_add(dc_params *ps, const char *name, bool trainable, int ndim, ...
     }
     dc_param *p = &ps->items[ps->count];
     memset(p, 0, sizeof *p);
-    snprintf(p->name, sizeof p->name, "%s", name);
+    snprintf(p->name, sizeof p->name, "%s%s", prefix, name);
+    p->prefix_len = (int)strlen(prefix);
     p->ndim = ndim;
     p->trainable = trainable;
     p->numel = 1;

@@ -49,6 +49,10 @@ typedef struct {
     // maps. Whatever moves values between files and storage permutes them
     // (dc_param_to_stored / dc_param_from_stored).
     bool channels_last;
+    // In a joint set (two models trained as one: a UNet and its text
+    // encoder), the length of the prefix the set put before the model's own
+    // name ("text_encoder."): the model's files know it as name + prefix_len.
+    int prefix_len;
 } dc_param;
 
 // The door through which an optimizer strategy (train/optimizer.h) follows
@@ -97,9 +101,13 @@ typedef struct {
     // gradients unit by unit; NULL: none, and every gradient is in grad.
     dc_param_hooks *hooks;
     bool forward_uses_units;  // the model's forward calls dc_params_unit_use for every unit, in order
+    // Registration puts this before each name (NULL: nothing): a joint set
+    // keeps its models' names apart ("text_encoder." + the encoder's own).
+    const char *prefix;
 } dc_params;
 
-// Registers a tensor with ndim int dimensions; returns its index, or -1.
+// Registers a tensor with ndim int dimensions under ps->prefix + name;
+// returns its index, or -1.
 int dc_params_add(dc_params *ps, const char *name, bool trainable, int ndim, ...);
 // Makes parameter i frozen (see above); before the set is allocated.
 int dc_params_freeze(dc_params *ps, int i);

@@ -135,15 +135,16 @@ static int load_one(dc_params *ps, int i, const dc_weights *w, const dc_weight_s
     return 0;
 }
 
-int dc_params_load_weights(dc_params *ps, const dc_weights *w, dc_weight_map map, void *ctx) {
+int dc_params_load_weights_range(dc_params *ps, int lo, int hi, const dc_weights *w, dc_weight_map map, void *ctx) {
     scratch sc = {NULL, 0};
     int rc = 0;
-    for (int i = 0; i < ps->count && !rc; i++) {
+    for (int i = lo; i < hi && !rc; i++) {
         dc_weight_src src = {{0}, 0, 0};
+        const char *own = ps->items[i].name + ps->items[i].prefix_len;
         if (map) {
-            rc = map(ctx, ps->items[i].name, &src);
+            rc = map(ctx, own, &src);
         } else {
-            snprintf(src.name, sizeof src.name, "%s", ps->items[i].name);
+            snprintf(src.name, sizeof src.name, "%s", own);
         }
         if (!rc) rc = load_one(ps, i, w, &src, &sc);
     }
@@ -151,4 +152,8 @@ int dc_params_load_weights(dc_params *ps, const dc_weights *w, dc_weight_map map
     if (rc) return rc;
     dc_params_touch(ps);
     return dc_backend_status(ps->be);
+}
+
+int dc_params_load_weights(dc_params *ps, const dc_weights *w, dc_weight_map map, void *ctx) {
+    return dc_params_load_weights_range(ps, 0, ps->count, w, map, ctx);
 }

@@ -65,3 +65,6 @@ typedef int (*dc_weight_map)(void *ctx, const char *param, dc_weight_src *src);
 // may be absent: the model computes it at creation. Marks the compute copy
 // stale.
 int dc_params_load_weights(dc_params *ps, const dc_weights *w, dc_weight_map map, void *ctx);
+// The same for parameters [lo, hi) alone (one model's in a joint set), each
+// under its own name (without the joint set's prefix: dc_param.prefix_len).
+int dc_params_load_weights_range(dc_params *ps, int lo, int hi, const dc_weights *w, dc_weight_map map, void *ctx);

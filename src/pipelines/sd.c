@@ -217,7 +217,7 @@ int dc_sd_pipe_merge_lora(dc_sd_pipe *p, const char *path, float unet_weight, fl
     dc_st_file f;
     DC_TRY(dc_st_open(&f, path));
     dc_lora lu, lt;
-    dc_lora_init(&lu, p->unet->params), dc_lora_init(&lt, &p->text->params);
+    dc_lora_init(&lu, p->unet->params), dc_lora_init(&lt, p->text->params);
     lu.multiplier = unet_weight, lt.multiplier = text_weight;
     // the backend's copies made from the weights (Winograd's kernels) go, and come back from the merged ones
     if (p->be->freeze_weights) p->be->freeze_weights(p->be, false);

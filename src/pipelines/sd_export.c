@@ -130,7 +130,7 @@ static int export_file(job *j, const char *out) {
     int rc = dc_sd_add_unet(&t, u, true, j->o->half ? DC_F16 : DC_F32);
     if (!rc) rc = dc_sd_add_vae(&t, j->vae, true, part_dtype(j, &j->vae->params));
     if (!rc) rc = dc_sd_add_text(&t, j->text, tc->layers, j->openclip ? DC_SD_TEXT_SD2 : DC_SD_TEXT_SD1,
-                                 part_dtype(j, &j->text->params));
+                                 part_dtype(j, j->text->params));
     // SD 2 runs OpenCLIP's layers but the last, which single files hold and
     // readers skip; a folder holds only those run: its last layer stands in
     // for the one never run.
@@ -233,7 +233,7 @@ static int write_parts(job *j, const char *dir) {
     char path[4200];
     dc_sd_tensors t = {0};
     const int layers = j->text->cfg.layers - j->text_skip;  // those SD runs, as diffusers' folders hold
-    const dc_dtype tdt = part_dtype(j, &j->text->params), vdt = part_dtype(j, &j->vae->params);
+    const dc_dtype tdt = part_dtype(j, j->text->params), vdt = part_dtype(j, &j->vae->params);
     int rc = path_join(path, sizeof path, dir, "text_encoder") || dc_mkdir_p(path);
     if (!rc) rc = path_join(path, sizeof path, dir, "text_encoder/config.json") ||
                   dc_sd_write_text_config(&j->text->cfg, layers, tdt, path);

@@ -1,7 +1,8 @@
 // A micro-batch's conditioning (models/model.h's dc_cond) as the trainer
-// stages it from its data source (train/source.h): each row's class label, or its
-// text embeddings with their length; or, for a row dropped for guidance, the
-// unconditional one (the null label, or the empty prompt's embeddings).
+// stages it from its data source (train/source.h): each row's class label,
+// its text embeddings with their length, or its caption's token ids with
+// theirs; or, for a row dropped for guidance, the unconditional one (the null
+// label, or the empty prompt's embeddings or ids).
 // Rows are gathered on the host and uploaded with one copy a buffer.
 #pragma once
 #include <stdbool.h>
@@ -16,8 +17,10 @@ typedef struct {
     int rows;           // the most rows (the micro-batch)
     int32_t *labels;    // [rows] DC_COND_LABELS
     float *ctx;         // [rows, len, dim] DC_COND_TEXT
-    int32_t *lens;      // [rows] DC_COND_TEXT
-    dc_cond dev;        // on the backend: y [rows] I32, or ctx [rows, len, dim] F32 and lens [rows] I32
+    int32_t *ids;       // [rows, len] DC_COND_TOKENS
+    int32_t *lens;      // [rows] DC_COND_TEXT, DC_COND_TOKENS
+    dc_cond dev;        // on the backend: y [rows] I32, ctx [rows, len, dim] F32 or ids [rows, len] I32,
+                        // and lens [rows] I32
 } dc_batch_cond;
 
 // Host and backend buffers for up to `rows` rows of src's conditioning.

@@ -19,7 +19,7 @@ typedef enum {
     X0_PIXELS,  // uint8 pixels
 } x0_kind;
 
-enum { MAX_COLS = 4 };  // x0, logvar, text, tokens
+enum { MAX_COLS = 4 };  // x0, logvar, text, tokens (or x0, logvar, caption)
 
 // How one of the stream's columns is read.
 typedef struct {
@@ -35,11 +35,15 @@ typedef struct {
     float scale;
     int64_t numel;      // one sample's x0
     float *scratch;     // [numel] logvar, or the pixels before a flip
-    float *text_null;   // [T, D]
+    float *text_null;   // [T, D] (embeddings)
     int text_null_len;
+    const dc_clip_tokenizer *tok;  // token ids of the captions, or NULL
+    int32_t null_ids[DC_CLIP_CONTEXT];  // the empty prompt's (tok)
+    char *caption;      // a caption as a C string (tok)
+    int64_t caption_cap;
     int ncols;
     column cols[MAX_COLS];  // the stream's columns: x0 first
-    int col_logvar, col_text, col_tokens;  // -1: none
+    int col_logvar, col_text, col_tokens, col_caption;  // -1: none
     int64_t read;       // the sample st holds, -1 none
     char *dir;
 } shards;
@@ -130,14 +134,43 @@ static int sh_cond(dc_source *s, int64_t idx, bool drop, int32_t *label, float *
     return 0;
 }
 
+// BOS, EOS and the tokens between them, as dc_clip_tokenize cuts them.
+static int32_t counted(int n_tokens) { return 2 + (n_tokens < DC_CLIP_CONTEXT - 2 ? n_tokens : DC_CLIP_CONTEXT - 2); }
+
+static int sh_ids(dc_source *s, int64_t idx, bool drop, int32_t *ids, int32_t *len) {
+    shards *sh = s->impl;
+    int n;
+    if (drop) {
+        memcpy(ids, sh->null_ids, sizeof sh->null_ids);
+        return *len = counted(0), 0;
+    }
+    DC_TRY(read_sample(sh, idx));
+    dc_mds_array a;
+    DC_TRY(dc_stream_column(&sh->st, sh->col_caption, &a));
+    if (a.count + 1 > sh->caption_cap) {
+        char *c = realloc(sh->caption, (size_t)a.count + 1);
+        if (!c) return dc_fail("out of memory");
+        sh->caption = c, sh->caption_cap = a.count + 1;
+    }
+    memcpy(sh->caption, a.values, (size_t)a.count);
+    sh->caption[a.count] = 0;
+    if (strlen(sh->caption) != (size_t)a.count)
+        return dc_fail("%s: sample %lld: its caption holds a NUL byte", s->name, (long long)idx);
+    if (dc_clip_tokenize(sh->tok, sh->caption, ids, &n))
+        return dc_fail_ctx("%s: sample %lld's caption", s->name, (long long)idx);
+    *len = counted(n);
+    return 0;
+}
+
 static void sh_close(dc_source *s) {
     shards *sh = s->impl;
     dc_stream_close(&sh->st);
-    free(sh->scratch), free(sh->text_null), free(sh->dir);
+    free(sh->scratch), free(sh->text_null), free(sh->caption), free(sh->dir);
     free(sh);
 }
 
-static const dc_source_ops k_shards = {sh_index, sh_x0, sh_cond, sh_close};
+static const dc_source_ops k_shards = {.index = sh_index, .x0 = sh_x0, .cond = sh_cond, .ids = sh_ids,
+                                       .close = sh_close};
 
 static const dc_shards_raw *find_raw(const dc_shards_opts *o, const char *name) {
     for (int i = 0; i < o->nraw; i++)
@@ -195,7 +228,7 @@ static int add_scalar(shards *sh, const dc_mds_reader *r, const dc_shards_opts *
 // What the samples are and which columns hold them: x0's and the text's
 // shapes from the columns' encodings or the raw shapes given.
 static int describe(dc_source *s, shards *sh, const dc_mds_reader *r, const dc_shards_opts *o) {
-    sh->col_logvar = sh->col_tokens = -1;
+    sh->col_logvar = sh->col_text = sh->col_tokens = sh->col_caption = -1;
     sh->kind = o->latents_column ? X0_SINGLE : has_column(r, "latents_mean") ? X0_DIST : X0_PIXELS;
     if (sh->kind == X0_PIXELS && !has_column(r, "pixels"))
         return dc_fail("%s: neither latents (latents_mean, latents_logvar) nor pixels to train on", o->dir);
@@ -208,11 +241,21 @@ static int describe(dc_source *s, shards *sh, const dc_mds_reader *r, const dc_s
         DC_TRY(add_column(sh, r, o, "latents_logvar", 3, lv));
         if (memcmp(lv, x, sizeof x)) return dc_fail("%s: latents_logvar's shape is not latents_mean's", o->dir);
     }
-    if (!o->text_column && (!has_column(r, "text_embeddings") || !has_column(r, "text_tokens")))
+    if (o->tok) {  // the captions, tokenized as they are read
+        const int k = dc_mds_find(r, "caption");
+        if (k < 0) return dc_fail("%s: no caption column: a text encoder that trains reads the captions", o->dir);
+        if (dc_mds_column_at(r, k)->kind != DC_MDS_STR)
+            return dc_fail("%s: column \"caption\" is \"%s\", not str", o->dir, dc_mds_column_at(r, k)->encoding);
+        sh->col_caption = sh->ncols;
+        sh->cols[sh->ncols++] = (column){.name = "caption"};
+        t[0] = DC_CLIP_CONTEXT, t[1] = 0;
+    } else if (!o->text_column && (!has_column(r, "text_embeddings") || !has_column(r, "text_tokens")))
         return dc_fail("%s: no text_embeddings and text_tokens columns: text conditioning needs them", o->dir);
-    sh->col_text = sh->ncols;
-    DC_TRY(add_column(sh, r, o, o->text_column ? o->text_column : "text_embeddings", 2, t));
-    if (!o->text_column) {
+    if (!o->tok) {
+        sh->col_text = sh->ncols;
+        DC_TRY(add_column(sh, r, o, o->text_column ? o->text_column : "text_embeddings", 2, t));
+    }
+    if (!o->tok && !o->text_column) {
         sh->col_tokens = sh->ncols;
         DC_TRY(add_scalar(sh, r, o, "text_tokens"));
     }
@@ -232,11 +275,14 @@ static int describe(dc_source *s, shards *sh, const dc_mds_reader *r, const dc_s
 // checked again when read): the first sample read whole.
 static int check_first(dc_source *s) {
     shards *sh = s->impl;
-    float *ctx = malloc((size_t)s->text_len * (size_t)s->text_dim * sizeof *ctx);
+    float *ctx = malloc(((size_t)s->text_len * (size_t)s->text_dim + 1) * sizeof *ctx);
     float *x0 = malloc((size_t)sh->numel * sizeof *x0);
-    int32_t len;
+    int32_t len, ids[DC_CLIP_CONTEXT];
     int rc = !x0 || !ctx ? dc_fail("out of memory")
-             : s->ops->x0(s, 0, false, 0, 0, 0, x0) || s->ops->cond(s, 0, false, NULL, ctx, &len) ? -1 : 0;
+             : s->ops->x0(s, 0, false, 0, 0, 0, x0) ||
+                       (sh->tok ? s->ops->ids(s, 0, false, ids, &len) : s->ops->cond(s, 0, false, NULL, ctx, &len))
+                   ? -1
+                   : 0;
     free(x0), free(ctx);
     return rc;
 }
@@ -262,8 +308,13 @@ static int fingerprint(const dc_shards_opts *o, const dc_source *s, const shards
     int64_t dims[6] = {s->n, s->channels, s->height, s->width, s->text_len, s->text_dim};
     for (int i = 0; i < 6; i++) dc_xxh64_update_u64(&h, (uint64_t)dims[i]);
     dc_xxh64_update(&h, &sh->scale, sizeof sh->scale);
-    dc_xxh64_update(&h, sh->text_null, (size_t)s->text_len * s->text_dim * sizeof *sh->text_null);
-    dc_xxh64_update_u64(&h, (uint64_t)sh->text_null_len);
+    if (sh->tok) {  // the captions' ids: the empty prompt's, and that they are ids
+        dc_xxh64_update(&h, sh->null_ids, sizeof sh->null_ids);
+        dc_xxh64_update(&h, "ids", 3);
+    } else {
+        dc_xxh64_update(&h, sh->text_null, (size_t)s->text_len * s->text_dim * sizeof *sh->text_null);
+        dc_xxh64_update_u64(&h, (uint64_t)sh->text_null_len);
+    }
     if (o->latents_column || o->text_column || o->nraw) {
         dc_xxh64_update_u64(&h, (uint64_t)sh->kind);
         for (int k = 0; k < sh->ncols; k++) {
@@ -280,8 +331,8 @@ int dc_source_shards(dc_source *s, const dc_shards_opts *o) {
     memset(s, 0, sizeof *s);
     shards *sh = calloc(1, sizeof *sh);
     if (!sh) return dc_fail("out of memory");
-    *s = (dc_source){.ops = &k_shards, .cond = DC_COND_TEXT, .impl = sh};
-    sh->read = -1;
+    *s = (dc_source){.ops = &k_shards, .cond = o->tok ? DC_COND_TOKENS : DC_COND_TEXT, .impl = sh};
+    sh->read = -1, sh->tok = o->tok;
     dc_mds_reader *r = NULL;
     int rc = dc_mds_open(&r, o->dir);
     if (!rc) rc = describe(s, sh, r, o);
@@ -289,18 +340,19 @@ int dc_source_shards(dc_source *s, const dc_shards_opts *o) {
     const bool latents = sh->kind != X0_PIXELS;
     if (!rc && latents && !(o->latent_scale > 0 && isfinite(o->latent_scale)))
         rc = dc_fail("%s: latents need the VAE's scaling factor (got %g)", o->dir, o->latent_scale);
-    if (!rc && (!o->text_null || o->text_null_len < 1 || o->text_null_len > s->text_len))
+    if (!rc && !o->tok && (!o->text_null || o->text_null_len < 1 || o->text_null_len > s->text_len))
         rc = dc_fail("%s: the empty prompt's embeddings and length (1..%d) are needed", o->dir, s->text_len);
+    if (!rc && o->tok) rc = dc_clip_tokenize(o->tok, "", sh->null_ids, NULL);
     const size_t seq = (size_t)s->text_len * (size_t)s->text_dim;
     if (!rc) {
         sh->scale = latents ? o->latent_scale : 1.0f;
         sh->scratch = malloc((size_t)sh->numel * sizeof *sh->scratch);
-        sh->text_null = malloc(seq * sizeof *sh->text_null);
+        sh->text_null = o->tok ? NULL : malloc(seq * sizeof *sh->text_null);
         sh->dir = strdup(o->dir);
-        rc = sh->scratch && sh->text_null && sh->dir ? 0 : dc_fail("out of memory");
+        rc = sh->scratch && (o->tok || sh->text_null) && sh->dir ? 0 : dc_fail("out of memory");
     }
     if (!rc) {
-        memcpy(sh->text_null, o->text_null, seq * sizeof *sh->text_null);
+        if (sh->text_null) memcpy(sh->text_null, o->text_null, seq * sizeof *sh->text_null);
         // without token counts every position counts, the empty prompt's too
         sh->text_null_len = sh->col_tokens < 0 ? s->text_len : o->text_null_len;
         const char *names[MAX_COLS];
@@ -311,11 +363,11 @@ int dc_source_shards(dc_source *s, const dc_shards_opts *o) {
         s->n = sh->st.order.n, s->flips = sh->kind == X0_PIXELS, s->name = sh->dir;
         rc = fingerprint(o, s, sh, &s->fingerprint);
     }
-    if (!rc && o->nraw) rc = check_first(s);
+    if (!rc && (o->nraw || o->tok)) rc = check_first(s);
     for (int k = 0; k < sh->ncols; k++) sh->cols[k].name = NULL;  // the caller's strings: messages use the stream's
     if (rc) {
         if (sh->st.mds) dc_stream_close(&sh->st);
-        free(sh->scratch), free(sh->text_null), free(sh->dir), free(sh);
+        free(sh->scratch), free(sh->text_null), free(sh->caption), free(sh->dir), free(sh);
         memset(s, 0, sizeof *s);
     }
     return rc;

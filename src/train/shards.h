@@ -20,6 +20,10 @@
 // whose dtype and shape the caller gives (dc_shards_raw): every sample's
 // byte length is checked against them.
 //
+// Token ids instead (a model that embeds its own text, trained with its text
+// encoder): with a tokenizer given, the text is the caption column (str)
+// tokenized as txt2img tokenizes a prompt, and no embeddings are read.
+//
 // The empty prompt. A dropped caption (classifier-free guidance) takes the
 // empty prompt's embeddings, which the caller gives: the text encoder that
 // embedded the captions encodes "" once. The shards do not hold it, so one
@@ -35,6 +39,7 @@
 #include <stdint.h>
 
 #include "core/dtype.h"
+#include "text/clip_tokenizer.h"
 #include "train/source.h"
 
 #define DC_SHARDS_MAX_DIMS 4
@@ -52,7 +57,7 @@ typedef struct {
     uint64_t seed;            // the order's (the run's seed)
     int64_t block;            // shuffle block (DC_STREAM_BLOCK)
     float latent_scale;       // latents: the VAE's scaling factor (prepare.json's latent_scaling_factor)
-    const float *text_null;   // [T, D] the empty prompt embedded (copied)
+    const float *text_null;   // [T, D] the empty prompt embedded (copied); not with tok
     int text_null_len;        // its tokens that count
     // The mapping (NULL, 0: the columns `diffusion prepare` writes). It
     // enters the fingerprint when given, so a resume on another is caught.
@@ -60,6 +65,7 @@ typedef struct {
     const char *text_column;     // text embeddings without token counts
     const dc_shards_raw *raw;    // the bytes columns among those read
     int nraw;
+    const dc_clip_tokenizer *tok;  // token ids of the captions (must outlive the source); NULL: embeddings
 } dc_shards_opts;
 
 int dc_source_shards(dc_source *s, const dc_shards_opts *o);

@@ -41,7 +41,7 @@ static void mem_close(dc_source *s) {
     free(m);
 }
 
-static const dc_source_ops k_in_memory = {mem_index, mem_x0, mem_cond, mem_close};
+static const dc_source_ops k_in_memory = {.index = mem_index, .x0 = mem_x0, .cond = mem_cond, .close = mem_close};
 
 int dc_source_dataset(dc_source *s, const dc_dataset *ds, uint64_t seed) {
     memset(s, 0, sizeof *s);

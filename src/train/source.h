@@ -28,6 +28,10 @@ typedef struct {
     // Its conditioning: labels: *label. Text: ctx [text_len, text_dim] and
     // *len, the tokens that count; with drop the empty prompt's instead.
     int (*cond)(dc_source *s, int64_t idx, bool drop, int32_t *label, float *ctx, int32_t *len);
+    // Token ids (DC_COND_TOKENS): ids [text_len] of its caption and *len, the
+    // ids that count (BOS to EOS); with drop the empty prompt's. NULL for a
+    // source without captions.
+    int (*ids)(dc_source *s, int64_t idx, bool drop, int32_t *ids, int32_t *len);
     void (*close)(dc_source *s);
 } dc_source_ops;
 
@@ -38,7 +42,7 @@ struct dc_source {
     bool flips;                   // x0 are pictures, which may be mirrored (latents are not)
     dc_cond_kind cond;
     int num_classes;              // labels: the classes the data uses
-    int text_len, text_dim;       // text: one sample's embeddings
+    int text_len, text_dim;       // text: one sample's embeddings; tokens: text_len ids (text_dim 0)
     // A hash of what the samples are: a resumed run compares it with the
     // checkpoint's; 0 when unknown (data not made by a loader).
     uint64_t fingerprint;

@@ -178,7 +178,8 @@ static int check_source(const dc_model *model, const dc_source *data, const dc_t
         return dc_fail("%s holds latents, which cannot be mirrored as pictures are: train without flips",
                        data->name);
     // The data must carry what the model is conditioned on.
-    static const char *const what[] = {[DC_COND_LABELS] = "class labels", [DC_COND_TEXT] = "text"};
+    static const char *const what[] = {[DC_COND_LABELS] = "class labels", [DC_COND_TEXT] = "text embeddings",
+                                       [DC_COND_TOKENS] = "token ids"};
     if (mi->cond != data->cond)
         return dc_fail("this %s is conditioned on %s, but the data set carries %s", model->ops->name, what[mi->cond],
                        what[data->cond]);
@@ -187,6 +188,9 @@ static int check_source(const dc_model *model, const dc_source *data, const dc_t
     if (mi->cond == DC_COND_TEXT && (data->text_len != mi->ctx_len || data->text_dim != mi->ctx_dim))
         return dc_fail("the data's text embeddings are %d x %d but the %s reads %d x %d", data->text_len,
                        data->text_dim, model->ops->name, mi->ctx_len, mi->ctx_dim);
+    if (mi->cond == DC_COND_TOKENS && data->text_len != mi->ctx_len)
+        return dc_fail("the data's captions are %d token ids but the %s reads %d", data->text_len, model->ops->name,
+                       mi->ctx_len);
     return 0;
 }
 
