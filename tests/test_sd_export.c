@@ -13,6 +13,9 @@
 //     CompVis layout, written out here) are present with their shapes;
 // (c) --half: F16 tensors, half the UNet's bytes, each value the fp16
 //     rounding of the fp32 export's;
+// (a') a run that trained its text encoder along: the run, its exported
+//     folder and single file draw the same pixels, other than the base
+//     encoder's; the folder holds the checkpoint's EMA encoder;
 // (d) refusals: not a UNet checkpoint, no base_model, a missing base, an
 //     existing folder, a pixel-space base as a single file (its folder has no
 //     vae/), a missing parent folder, a single-file base without a vocabulary;
@@ -39,6 +42,7 @@
 #include "io/kv.h"
 #include "models/clip_text.h"
 #include "models/unet.h"
+#include "models/unet_text.h"
 #include "models/vae.h"
 #include "pipelines/sd.h"
 #include "pipelines/sd_export.h"
@@ -67,30 +71,45 @@ static int sh(const char *fmt, ...) {
 // ---- the checkpoint ---------------------------------------------------------------------------
 
 // A checkpoint of a run from base (the diffusers folder `folder` holds its
-// UNet): raw = base + 0.05 n1, EMA = base + 0.05 n2 (n ~ N(0, 1) per element).
-// meta_model, base_model, prediction: the entries (NULL: left out).
-static int write_checkpoint(const char *path, const char *folder, const char *meta_model, const char *base_model,
-                            const char *prediction) {
+// UNet and, with text, the text encoder it trained along): raw = base + 0.05
+// n1, EMA = base + 0.05 n2 (n ~ N(0, 1) per element), the encoder's under
+// "text_encoder." with its config in the metadata. meta_model, base_model,
+// prediction: the entries (NULL: left out).
+static int write_checkpoint_of(const char *path, const char *folder, const char *meta_model, const char *base_model,
+                               const char *prediction, bool text) {
     char p[4200];
     dc_unet_config c;
+    dc_clip_text_config tc;
     snprintf(p, sizeof p, "%s/unet/config.json", folder);
     DC_TRY(dc_unet_config_from_json_file(&c, p));
+    dc_st_file f, tf = {0};
     snprintf(p, sizeof p, "%s/unet/diffusion_pytorch_model.safetensors", folder);
-    dc_st_file f;
     DC_TRY(dc_st_open(&f, p));
     dc_params ps = {0};
     int rc = dc_unet_register(&c, &ps);
+    const int nu = ps.count;
+    if (text) {
+        dc_json_doc doc = {0};
+        snprintf(p, sizeof p, "%s/text_encoder/config.json", folder);
+        rc = rc || dc_json_read_file(&doc, p) || dc_clip_text_config_from_json(&tc, doc.root, p);
+        dc_json_free(&doc);
+        snprintf(p, sizeof p, "%s/text_encoder/model.safetensors", folder);
+        ps.prefix = DC_UNET_TEXT_PREFIX;
+        rc = rc || dc_st_open(&tf, p) || dc_clip_text_params(&ps, &tc);
+    }
     const int n = ps.count;
     dc_st_entry *e = calloc(2 * (size_t)n, sizeof *e);
     char(*names)[200] = calloc(2 * (size_t)n, sizeof *names);
     float **bufs = calloc(2 * (size_t)n, sizeof *bufs);
     for (int i = 0; !rc && i < n; i++) {
         const dc_param *q = &ps.items[i];
-        const dc_st_tensor *t = dc_st_find(&f, q->name);
+        char key[300];  // sd_random writes transformers 4's names ("text_model.")
+        snprintf(key, sizeof key, "%s%s", i < nu ? "" : "text_model.", q->name + q->prefix_len);
+        const dc_st_tensor *t = dc_st_find(i < nu ? &f : &tf, key);
         if (!t) { rc = dc_fail("base has no %s", q->name); break; }
         for (int k = 0; k < 2; k++) {
             float *h = bufs[2 * i + k] = malloc(sizeof(float) * (size_t)q->numel);
-            rc = dc_st_read_f32(&f, t, h);
+            rc = dc_st_read_f32(i < nu ? &f : &tf, t, h);
             for (int64_t j = 0; !rc && j < q->numel; j++)
                 h[j] += 0.05f * dc_randn_at(11, (uint32_t)k, (uint32_t)i, DC_STREAM_INIT, (uint32_t)j);
             snprintf(names[2 * i + k], 200, "%s%s", k ? "ema." : "", q->name);
@@ -101,6 +120,7 @@ static int write_checkpoint(const char *path, const char *folder, const char *me
     }
     dc_kv kv = {0};
     if (!rc) rc = dc_unet_config_to_kv(&c, &kv);
+    if (!rc && text) rc = dc_clip_text_config_to_kv(&tc, DC_UNET_TEXT_KV, &kv);
     if (!rc && meta_model) rc = dc_kv_set(&kv, "model", "%s", meta_model);
     if (!rc) rc = dc_kv_set(&kv, "format", "diffusion.c checkpoint v2") || dc_kv_set(&kv, "step", "10");
     if (!rc && base_model) rc = dc_kv_set(&kv, "base_model", "%s", base_model);
@@ -114,8 +134,13 @@ static int write_checkpoint(const char *path, const char *folder, const char *me
     for (int i = 0; i < 2 * n; i++) free(bufs[i]);
     free(bufs), free(names), free(e);
     dc_params_free(&ps);
-    dc_st_close(&f);
+    dc_st_close(&f), dc_st_close(&tf);
     return rc;
+}
+
+static int write_checkpoint(const char *path, const char *folder, const char *meta_model, const char *base_model,
+                            const char *prediction) {
+    return write_checkpoint_of(path, folder, meta_model, base_model, prediction, false);
 }
 
 static int export(const char *ckpt, const char *out, bool raw, bool half, const char *vocab, const char **which) {
@@ -435,6 +460,56 @@ static void test_config(const char *cfg) {
     free(ref), free(img), free(raw);
 }
 
+// A run that trained its text encoder along: the run itself (its checkpoint
+// opened as a model), its export to a folder and to a single file draw the
+// same picture, which the base's encoder with the same UNet does not; the
+// folder's text_encoder/ holds the checkpoint's EMA encoder. After
+// test_config, whose bases it reuses.
+static void test_text_trained(const char *cfg) {
+    char folder[300], single[320];
+    snprintf(folder, sizeof folder, "%s", tmp_path(cfg));
+    snprintf(single, sizeof single, "%s.safetensors", folder);
+    float *ref = malloc(sizeof(float) * NPIX), *img = malloc(sizeof(float) * NPIX);
+    for (int from_single = 0; from_single < 2; from_single++) {
+        const char *base = from_single ? single : folder, *kind = from_single ? "single-file base" : "folder base";
+        char ckpt[400], out_dir[400], out_file[400], te[500];
+        snprintf(ckpt, sizeof ckpt, "%s_%d_text.ckpt.safetensors", folder, from_single);
+        snprintf(out_dir, sizeof out_dir, "%s_%d_text_export", folder, from_single);
+        snprintf(out_file, sizeof out_file, "%s_%d_text_export.safetensors", folder, from_single);
+        snprintf(te, sizeof te, "%s/text_encoder/model.safetensors", out_dir);
+        int rc = write_checkpoint_of(ckpt, folder, "UNet2DConditionModel", base, NULL, true) ||
+                 export(ckpt, out_dir, false, false, VOCAB, NULL) || export(ckpt, out_file, false, false, VOCAB, NULL);
+        CHECK(rc == 0, "%s %s: a run with its text encoder, exported: %s", cfg, kind, rc ? dc_error() : "");
+        if (rc) continue;
+        rc = picture(ckpt, -1, NULL, NULL, ref);
+        CHECK(rc == 0, "%s %s: the run as a model: %s", cfg, kind, rc ? dc_error() : "");
+        rc = rc || picture(out_dir, -1, NULL, NULL, img);
+        CHECK(rc == 0 && max_diff(ref, img, NPIX) == 0, "%s %s: the exported folder's picture differs from the "
+              "run's by %g", cfg, kind, rc ? 0 : max_diff(ref, img, NPIX));
+        rc = rc || picture(out_file, DC_PRED_EPS, NULL, NULL, img);
+        CHECK(rc == 0 && max_diff(ref, img, NPIX) == 0, "%s %s: the exported file's picture differs from the "
+              "run's by %g", cfg, kind, rc ? 0 : max_diff(ref, img, NPIX));
+        rc = rc || picture(base, DC_PRED_EPS, ckpt, "ema.", img);
+        CHECK(rc == 0 && max_diff(ref, img, NPIX) > 1e-3, "%s %s: the base's encoder draws the run's picture "
+              "(%g apart): the trained one is not used", cfg, kind, rc ? 0 : max_diff(ref, img, NPIX));
+        // the folder's encoder is the checkpoint's EMA, value for value
+        dc_st_file a = {0}, b = {0};
+        const char *name = "text_model.embeddings.token_embedding.weight";
+        const dc_st_tensor *ta = dc_st_open(&a, te) ? NULL : dc_st_find(&a, name);
+        const dc_st_tensor *tb = dc_st_open(&b, ckpt) ? NULL : dc_st_find(&b, "ema." DC_UNET_TEXT_PREFIX "embeddings.token_embedding.weight");
+        float *ha = ta && tb && ta->numel == tb->numel ? malloc(sizeof(float) * (size_t)ta->numel) : NULL;
+        float *hb = ha ? malloc(sizeof(float) * (size_t)ta->numel) : NULL;
+        rc = !hb || dc_st_read_f32(&a, ta, ha) || dc_st_read_f32(&b, tb, hb);
+        CHECK(rc == 0 && !memcmp(ha, hb, sizeof(float) * (size_t)ta->numel), "%s %s: the exported folder's %s is not "
+              "the checkpoint's EMA", cfg, kind, name);
+        free(ha), free(hb);
+        dc_st_close(&a), dc_st_close(&b);
+    }
+    printf("%s: a run with its text encoder: the run, its exported folder and file draw the same picture; the base's "
+           "encoder another\n", cfg);
+    free(ref), free(img);
+}
+
 // ---- (d) refusals -----------------------------------------------------------------------------
 
 static void expect_fail(int rc, const char *want, const char *what) {
@@ -544,6 +619,8 @@ int main(int argc, char **argv) {
     if (tmpdir_make("sd_export") || dc_backend_create("cpu", &g_be)) return printf("FAIL setup: %s\n", dc_error()), 1;
     test_config("tiny1");
     test_config("tiny2");
+    test_text_trained("tiny1");
+    test_text_trained("tiny2");
     test_refusals();
     test_cli();
     dc_backend_destroy(g_be);

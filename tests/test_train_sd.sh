@@ -24,7 +24,7 @@ diffusion prepare --model "$TMP/base" --data "$TMP/pics" --out "$TMP/data" --siz
   || { echo "FAIL prepare"; exit 1; }
 
 out=$(diffusion train --help)
-for f in --model --data --unet-config --init --prediction --min-snr-gamma --noise-offset --caption-dropout \
+for f in --model --data --unet-config --init --prediction --min-snr-gamma --noise-offset --caption-dropout --train-text-encoder \
   --sample-every --sample-prompts --sample-steps --sample-cfg --vocab --latents-column --text-column \
   --column-shape --column-dtype --latent-scale; do
   [[ "$out" == *"$f "* ]] || fail "train --help does not document $f"
@@ -86,6 +86,28 @@ cmp -s "$TMP/one/step_0000002.safetensors" "$TMP/off/step_0000002.safetensors" \
   && pass "--offload writes the plain run's checkpoint" || fail "offload differs"
 cmp -s "$TMP/one0/step_0000002.safetensors" "$TMP/zero2/step_0000002.safetensors" \
   && pass "ZeRO 2 on 2 ranks writes one rank's checkpoint (no clipping)" || fail "ZeRO 2 differs"
+
+# ---- the text encoder trained along (--train-text-encoder): one model whose checkpoints hold both (the
+# encoder under text_encoder.), resumed exactly, on 2 ranks with ZeRO 2 as on one, drawn from as a run
+E=(--model "$TMP/base" --data "$TMP/data" --batch 4 --micro-batch 2 --sample-every 0 --train-text-encoder --device cpu --threads 1)
+diffusion train "${E[@]}" --out "$TMP/te" --steps 2 --ckpt-every 1 > "$TMP/log" 2>&1 || fail "--train-text-encoder: $(tail -3 "$TMP/log")"
+ck=$TMP/te/step_0000002.safetensors
+grep -q "with its CLIP text encoder" "$TMP/log" && [ "$(meta "$ck" text_encoder_hidden_size)" = 64 ] \
+  && head -c 200000 "$ck" | grep -aq '"ema.text_encoder.encoder.layers.0.mlp.fc1.weight"' \
+  && head -c 200000 "$ck" | grep -aq '"train.adam_m"' \
+  && pass "--train-text-encoder: the checkpoint holds the encoder (and its EMA) and its config" \
+  || fail "text encoder run: $(head -2 "$TMP/log"), hidden '$(meta "$ck" text_encoder_hidden_size)'"
+diffusion train --resume "$TMP/te/step_0000001.safetensors" --out "$TMP/te1" --steps 2 --device cpu --threads 1 > /dev/null 2>&1
+cmp -s "$ck" "$TMP/te1/step_0000002.safetensors" \
+  && pass "with the text encoder: 1 step, then 1 more resumed, the checkpoint of 2 in one go" || fail "resume differs"
+diffusion train "${E[@]}" --out "$TMP/te0" --steps 2 --grad-clip 0 > /dev/null 2>&1
+diffusion train "${E[@]}" --out "$TMP/te2" --steps 2 --grad-clip 0 --ranks 2 --zero 2 > /dev/null 2>&1
+cmp -s "$TMP/te0/step_0000002.safetensors" "$TMP/te2/step_0000002.safetensors" \
+  && pass "with the text encoder: ZeRO 2 on 2 ranks writes one rank's checkpoint" || fail "ZeRO 2 with the encoder differs"
+diffusion txt2img --model "$TMP/te" --prompt "a test picture, number 1" --steps 2 --out "$TMP/te.png" "${C[@]}" \
+  > "$TMP/log" 2>&1 && pass "txt2img draws from a run that trains its text encoder" || fail "txt2img: $(tail -2 "$TMP/log")"
+expect_code 2 "--train-text-encoder for a DiT" diffusion train --out "$TMP/x" --train-text-encoder
+expect_code 2 "--train-text-encoder on resume" diffusion train --resume "$TMP/run" --train-text-encoder
 
 # ---- from scratch: a UNet config and random weights; v prediction
 diffusion train "${T[@]}" --out "$TMP/scratch" --steps 2 --unet-config "$TMP/base/unet/config.json" --init random \

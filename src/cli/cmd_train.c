@@ -226,6 +226,7 @@ int cmd_train(int argc, char **argv) {
     int ranks = 0, gpus = 0, zero = 0;
     float comm_timeout = 300;
     bool flip = false, force = false, allow_data_change = false, no_verify = false, offload = false;
+    bool train_text = false;
     // Shape flags default to the --model's values or the demo model's: say both.
     dc_kv demo = {0};
     if (dc_model_preset(NULL, &demo)) return cli_fail();
@@ -259,6 +260,9 @@ int cmd_train(int argc, char **argv) {
         {"noise-offset", ARG_FLOAT, &tc.objective.noise_offset, "X", "SD: noise offset (0.1 is usual; 0: off)"},
         {"caption-dropout", ARG_FLOAT, &caption_dropout, "X", "SD: share of captions replaced by the empty prompt, "
                                                               "for classifier-free guidance"},
+        {"train-text-encoder", ARG_FLAG, &train_text, NULL, "SD: train the --model's CLIP text encoder along with "
+                                                              "the UNet, on the data's captions (EMA and exports "
+                                                              "carry both)"},
         {"vocab", ARG_STR, &vocab, "PATH", "SD: CLIP vocabulary (default: the model's tokenizer/, else searched)"},
         {"sample-every", ARG_INT, &sample_every, "N", "SD: draw a grid of the sampling prompts into RUN/samples/ "
                                                       "every N steps, from a checkpoint written then (0: never; "
@@ -488,7 +492,7 @@ int cmd_train(int argc, char **argv) {
         static char base_buf[4096];
         if (base) snprintf(base_buf, sizeof base_buf, "%s", base), model = base_buf;
         t2i = base != NULL;
-        if (dc_model_config_of_file(&ck, "", 0, &mc) || dc_model_create(&mc, NULL, false, &layout) ||
+        if (dc_model_config_of_file(&ck, "", 0, &mc) || (!t2i && dc_model_create(&mc, NULL, false, &layout)) ||
             dc_train_config_from_kv(&tc, (const char *const *)ck.meta_keys,
                                     (const char *const *)ck.meta_values, ck.nmeta, ck.path))
             goto fail;
@@ -504,12 +508,13 @@ int cmd_train(int argc, char **argv) {
         if (!args_given(&ap, "ckpt-every") && (v = dc_st_meta(&ck, "ckpt_every")))
             ckpt_every = atoi(v) > 0 ? atoi(v) : ckpt_every;
         t2i_columns_from_checkpoint(&cols, &ck);
-        if (t2i ? t2i_open(&sd, model, data_path, vocab, &cols, st_flags) || t2i_source(&sd, tc.seed, &src)
+        if (t2i ? t2i_open(&sd, model, data_path, vocab, &cols, st_flags, false) || t2i_from_checkpoint(&sd, &ck) ||
+                      t2i_source(&sd, tc.seed, &src) || t2i_create(&sd, &mc, NULL, &layout)
                 : dc_dataset_load(&ds, data_path, layout->info.height) || dc_source_dataset(&src, &ds, tc.seed))
             goto fail;
     } else if (t2i) {
-        if (t2i_open(&sd, model, data_path, vocab, &cols, st_flags) || t2i_source(&sd, tc.seed, &src) ||
-            t2i_model_config(&sd, unet_config, &src, &mc) || dc_model_create(&mc, NULL, false, &layout))
+        if (t2i_open(&sd, model, data_path, vocab, &cols, st_flags, train_text) || t2i_source(&sd, tc.seed, &src) ||
+            t2i_model_config(&sd, unet_config, &src, &mc) || t2i_create(&sd, &mc, NULL, &layout))
             goto fail;
         if (pred < 0) tc.objective.prediction = t2i_prediction(&sd);
     } else {
@@ -536,12 +541,12 @@ int cmd_train(int argc, char **argv) {
             goto fail;
         if (lead) dc_log("%s", line);
     }
-    if (dc_model_create(&mc, be, true, &m)) goto fail;
+    if (t2i ? t2i_create(&sd, &mc, be, &m) : dc_model_create(&mc, be, true, &m)) goto fail;
     if (recompute >= 0 && dc_model_set_recompute(m, recompute)) goto fail;
     // the weights: the checkpoint's, the base UNet's, or random
     const bool from_base = t2i && !have_ck && !unet_config && !(init && !strcmp(init, "random"));
     if (have_ck ? dc_model_load_weights(m, &ck, "")
-                : from_base ? dc_t2i_load_unet(&sd.opts, m) : dc_model_init_weights(m, tc.seed))
+                : t2i ? t2i_init_weights(&sd, m, from_base, tc.seed) : dc_model_init_weights(m, tc.seed))
         goto fail;
     tc.offload = offload;  // where the state lives: never recorded, so a checkpoint resumes either way
     if (cli_offload_settings(&tc.offload_settings)) goto fail;  // how it runs: not recorded either

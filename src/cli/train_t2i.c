@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "diffusion/sd_schedule.h"
 #include "models/registry.h"
+#include "models/unet_text.h"
 #include "io/mds.h"
 #include "io/png.h"
 #include "pipelines/sd.h"
@@ -92,15 +93,48 @@ static int set_columns(t2i_run *r, const t2i_columns *c) {
     return 0;
 }
 
+// The text encoder must know every id the tokenizer gives.
+static int check_vocab(const t2i_run *r) {
+    if (!r->train_text || r->base.tok.n_vocab <= r->text.vocab) return 0;
+    return dc_fail("the tokenizer has %d tokens but the text encoder's embedding only %d rows", r->base.tok.n_vocab,
+                   r->text.vocab);
+}
+
 int t2i_open(t2i_run *r, const char *model, const char *data, const char *vocab, const t2i_columns *cols,
-             unsigned st_flags) {
+             unsigned st_flags, bool train_text) {
     memset(r, 0, sizeof *r);
     if (!realpath(model, r->model)) return dc_fail("%s: cannot resolve the path", model);
     DC_TRY(set_columns(r, cols ? cols : &(t2i_columns){0}));
     const char *fallback = NULL;
     if (!vocab && cli_find_vocab(&fallback)) dc_error_clear();
     r->opts = (dc_t2i_opts){r->model, data, vocab, fallback, st_flags, r->cols.latents, r->cols.scale};
-    return dc_t2i_base_open(&r->base, &r->opts);
+    DC_TRY(dc_t2i_base_open(&r->base, &r->opts));
+    r->train_text = train_text, r->text = r->base.text;
+    if (train_text && (r->cols.text || r->cols.latents))
+        return dc_fail("--train-text-encoder reads the captions (the data's caption column), not text embeddings "
+                       "or another data set's columns");
+    return check_vocab(r);
+}
+
+int t2i_from_checkpoint(t2i_run *r, const dc_st_file *ck) {
+    const int rc = dc_unet_text_config_of((const char *const *)ck->meta_keys, (const char *const *)ck->meta_values,
+                                          ck->nmeta, ck->path, &r->text);
+    if (rc < 0) return -1;
+    r->train_text = rc == 0;
+    return check_vocab(r);
+}
+
+int t2i_create(const t2i_run *r, const dc_kv *mc, dc_backend *be, dc_model **out) {
+    if (!r->train_text) return dc_model_create(mc, be, be != NULL, out);
+    dc_unet_config uc;
+    DC_TRY(dc_unet_config_from_kv(&uc, mc));
+    return dc_unet_text_new_train(&uc, &r->text, be, uc.sample_size, uc.sample_size, out);
+}
+
+int t2i_init_weights(t2i_run *r, dc_model *m, bool from_base, uint64_t seed) {
+    dc_model *unet = r->train_text ? dc_unet_text_unet(m) : m;
+    DC_TRY(from_base ? dc_t2i_load_unet(&r->opts, unet) : dc_model_init_weights(m, seed));
+    return r->train_text ? dc_t2i_load_text(&r->opts, dc_unet_text_encoder(m)) : 0;
 }
 
 void t2i_close(t2i_run *r) {
@@ -176,7 +210,7 @@ int t2i_source(t2i_run *r, uint64_t seed, dc_source *src) {
     const dc_t2i_base *b = &r->base;
     DC_TRY(complete_shapes(r));
     const dc_shards_opts o = {r->opts.data, seed, DC_STREAM_BLOCK, b->latent_scale, b->text_null, b->text_null_len,
-                              r->cols.latents, r->cols.text, r->raw, r->nraw};
+                              r->cols.latents, r->cols.text, r->raw, r->nraw, r->train_text ? &b->tok : NULL};
     return dc_source_shards(src, &o);
 }
 
@@ -204,9 +238,10 @@ int t2i_parse_prediction(const char *word, int *pred) {
 }
 
 int t2i_flags_check(const arg_parser *ap, bool sd, const char *unet_config, const char *init) {
-    static const char *const sd_only[] = {"unet-config", "init", "caption-dropout", "vocab", "sample-every",
-                                          "sample-prompts", "sample-steps", "sample-cfg", "latents-column",
-                                          "text-column", "column-shape", "column-dtype", "latent-scale"};
+    static const char *const sd_only[] = {"unet-config", "init", "caption-dropout", "vocab", "train-text-encoder",
+                                          "sample-every", "sample-prompts", "sample-steps", "sample-cfg",
+                                          "latents-column", "text-column", "column-shape", "column-dtype",
+                                          "latent-scale"};
     static const char *const dit_only[] = {"input-size", "in-channels", "patch", "hidden", "depth",
                                            "heads", "mlp-hidden", "num-classes", "class-dropout"};
     for (size_t i = 0; i < sizeof sd_only / sizeof *sd_only && !sd; i++)

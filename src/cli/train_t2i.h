@@ -38,6 +38,11 @@ typedef struct {
     char *raw_names;        // the parsed names' storage
     dc_t2i_opts opts;
     dc_t2i_base base;
+    // The text encoder trains along with the UNet (--train-text-encoder, or a
+    // checkpoint of such a run): the model is a joint one
+    // (models/unet_text.h) of this encoder config, reading the captions' ids.
+    bool train_text;
+    dc_clip_text_config text;
 } t2i_run;
 
 // Whether `model` names an SD model on disk (a file or folder) rather than
@@ -45,9 +50,19 @@ typedef struct {
 bool t2i_is_model_path(const char *model);
 
 // Opens the base model and the data set's description (vocab: --vocab or
-// NULL; cols: the mapping, may be NULL).
+// NULL; cols: the mapping, may be NULL). train_text: the base's text
+// encoder trains along with the UNet.
 int t2i_open(t2i_run *r, const char *model, const char *data, const char *vocab, const t2i_columns *cols,
-             unsigned st_flags);
+             unsigned st_flags, bool train_text);
+// What a checkpoint says of the run: whether its text encoder trains (and
+// that encoder's config), which replaces what t2i_open took from the base.
+int t2i_from_checkpoint(t2i_run *r, const dc_st_file *ck);
+// The run's model of config mc on be (NULL: a layout): the UNet, or the
+// joint model of the UNet and the text encoder.
+int t2i_create(const t2i_run *r, const dc_kv *mc, dc_backend *be, dc_model **out);
+// A new run's weights: the base UNet's (from_base) or random, and the base's
+// text encoder when it trains along.
+int t2i_init_weights(t2i_run *r, dc_model *m, bool from_base, uint64_t seed);
 void t2i_close(t2i_run *r);
 // The mapping a checkpoint recorded (pointing into its metadata).
 void t2i_columns_from_checkpoint(t2i_columns *c, const dc_st_file *ck);

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/fsutil.h"
 #include "io/checkpoint_files.h"
+#include "models/unet_text.h"
 #include "models/model.h"
 
 const char *dc_sd_part_name(dc_sd_part p) {
@@ -334,17 +335,24 @@ static int source_file(dc_sd_source *s, dc_sd_model *m) {
     return 0;
 }
 
-// A run's UNet: the EMA weights of its checkpoint, the config in its metadata.
+// A run's UNet, or the text encoder it trained along: the EMA weights of its
+// checkpoint ("ema." + the UNet's names, "ema.text_encoder." + the
+// encoder's), the config in its metadata.
 static int source_run(dc_sd_source *s, dc_sd_model *m) {
     s->w.files = &m->file, s->w.nfiles = 1;
-    snprintf(s->w.prefix, sizeof s->w.prefix, "ema.");
+    snprintf(s->w.prefix, sizeof s->w.prefix, "ema.%s", s->part == DC_SD_TEXT ? DC_UNET_TEXT_PREFIX : "");
     s->names = DC_NAMES_DIFFUSERS;
     s->meta = &m->file;
     return 0;
 }
 
+bool dc_sd_run_trains_text(const dc_sd_model *m) {
+    return m->run && dc_st_find(&m->file, "ema." DC_UNET_TEXT_PREFIX "embeddings.token_embedding.weight");
+}
+
 int dc_sd_source_find(dc_sd_source *s, dc_sd_model *m, dc_sd_part part) {
-    if (m->run && part != DC_SD_UNET) return dc_sd_source_find(s, m->base, part);
+    const bool own = part == DC_SD_UNET || (part == DC_SD_TEXT && dc_sd_run_trains_text(m));
+    if (m->run && !own) return dc_sd_source_find(s, m->base, part);
     memset(s, 0, sizeof *s);
     s->part = part;
     s->st_flags = m->st_flags;

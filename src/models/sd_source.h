@@ -15,8 +15,10 @@
 //     checkpoints, told from other files by its metadata ("format" =
 //     "diffusion.c checkpoint v2", "model" = "UNet2DConditionModel"). The
 //     UNet is the checkpoint's EMA ("ema." + diffusers' names, the config in
-//     the metadata); every other component is that of the model its
-//     "base_model" entry names, opened as any of the layouts above.
+//     the metadata), and so is the text encoder of a run that trained it
+//     along ("ema.text_encoder." + transformers' names: models/unet_text.h);
+//     every other component is that of the model its "base_model" entry
+//     names, opened as any of the layouts above.
 // A model may be pixel-space (no VAE: model_index.json's "vae" is [null,
 // null], or a pipeline folder or single file holds none): its UNet draws the
 // pictures themselves, as DeepFloyd IF's does.
@@ -77,6 +79,8 @@ typedef struct {
 // A pickle (.ckpt, .bin) is refused, saying how to convert it. flags:
 // DC_ST_NO_VERIFY to skip checksums.
 int dc_sd_model_open(dc_sd_model *m, const char *path, unsigned flags);
+// Whether m is a training run whose text encoder trained along with its UNet.
+bool dc_sd_run_trains_text(const dc_sd_model *m);
 // Whether the model has no VAE (see above): its pictures are the UNet's
 // samples, 3 channels in [-1, 1].
 bool dc_sd_model_pixel_space(const dc_sd_model *m);

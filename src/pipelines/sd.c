@@ -12,13 +12,19 @@
 #include "core/rng.h"
 #include "models/sd_lora.h"
 #include "models/unet.h"
+#include "models/unet_text.h"
 #include "text/unicode.h"
 
 // ---- components ---------------------------------------------------------------------------
 int dc_sd_load_text(dc_sd_source *s, dc_backend *be, int *skip, dc_clip_text **out) {
     *out = NULL;
     dc_clip_text_config c;
-    if (dc_sd_config(s))
+    const dc_st_file *m = s->meta;  // a run's checkpoint, whose metadata holds the trained encoder's config
+    if (m) {
+        const int rc = dc_unet_text_config_of((const char *const *)m->meta_keys, (const char *const *)m->meta_values,
+                                              m->nmeta, m->path, &c);
+        if (rc) return rc < 0 ? -1 : dc_fail("%s: its text encoder's config is not in its metadata", m->path);
+    } else if (dc_sd_config(s))
         DC_TRY(dc_clip_text_config_from_json(&c, dc_sd_config(s), s->dir));
     else
         DC_TRY(dc_clip_text_config_infer(&c, &s->w, s->names));

@@ -12,6 +12,7 @@
 #include "core/fsutil.h"
 #include "core/log.h"
 #include "models/sd_write.h"
+#include "models/unet_text.h"
 #include "pipelines/sd.h"
 #include "pipelines/sd_export.h"
 #include "text/clip_vocab_files.h"
@@ -31,7 +32,9 @@ typedef struct {
     bool pixel;         // no VAE: the UNet reads pixels
     dc_prediction pred;
     dc_model *unet;
-    dc_clip_text *text;  // the base's, when loaded
+    dc_clip_text *text;  // the base's, or the checkpoint's when it trained one along, when loaded
+    bool text_trained;   // the checkpoint holds a text encoder trained along with its UNet
+    const char *prefix;  // of the checkpoint's weights: "ema." or ""
     int text_skip;       // its layers that SD does not run (SD 2 single files: the last)
     bool openclip;       // SD 2's text encoder (OpenCLIP ViT-H: GELU), else OpenAI's CLIP (quick GELU)
     dc_vae *vae;
@@ -71,8 +74,11 @@ static int read_checkpoint(job *j, const char **which) {
     j->base_folder = S_ISDIR(st.st_mode);
     bool ema = false;
     for (int i = 0; i < f->count && !ema; i++) ema = !strncmp(f->tensors[i].name, "ema.", 4);
-    const char *prefix = ema && !j->o->raw ? "ema." : "";
+    const char *prefix = j->prefix = ema && !j->o->raw ? "ema." : "";
     *which = *prefix ? "EMA" : "raw";
+    char name[128];
+    snprintf(name, sizeof name, "%s" DC_UNET_TEXT_PREFIX "embeddings.token_embedding.weight", prefix);
+    j->text_trained = dc_st_find(f, name) != NULL;
     dc_unet_config c;
     DC_TRY(dc_unet_config_from_meta(&c, f));
     const int size = 1 << (c.nblocks - 1);  // any latent size: nothing runs
@@ -97,7 +103,24 @@ static int find_pixel_space(job *j) {
     return 0;
 }
 
-// The base's text encoder and (vae) VAE, through the engine's readers.
+// The text encoder the checkpoint trained along with its UNet, in place of
+// the base's: its config from the metadata, its weights under prefix +
+// "text_encoder.", all its layers run.
+static int checkpoint_text(job *j) {
+    const dc_st_file *f = j->ckpt;
+    dc_clip_text_config c;
+    const int rc = dc_unet_text_config_of((const char *const *)f->meta_keys, (const char *const *)f->meta_values,
+                                          f->nmeta, f->path, &c);
+    if (rc) return rc < 0 ? -1 : dc_fail("%s: its text encoder's config is not in its metadata", f->path);
+    dc_clip_text_free(j->text), j->text = NULL;
+    DC_TRY(dc_clip_text_create(&j->text, &c, j->be, DC_F32));
+    dc_weights w = {(dc_st_file *)f, 1, {0}};
+    snprintf(w.prefix, sizeof w.prefix, "%s" DC_UNET_TEXT_PREFIX, j->prefix);
+    j->text_skip = 0;
+    return dc_clip_text_load(j->text, &w, DC_NAMES_DIFFUSERS);
+}
+
+// The base's text encoder (or the checkpoint's) and (vae) VAE, through the engine's readers.
 static int load_base(job *j, bool vae) {
     dc_sd_model m;
     dc_sd_source s = {0};
@@ -105,6 +128,7 @@ static int load_base(job *j, bool vae) {
     int rc = dc_sd_source_open(&s, &m, DC_SD_TEXT);
     if (!rc) rc = dc_sd_load_text(&s, j->be, &j->text_skip, &j->text);
     if (!rc) j->openclip = s.names == DC_NAMES_ORIGINAL || j->text->cfg.act != DC_ACT_QUICK_GELU;
+    if (!rc && j->text_trained) rc = checkpoint_text(j);
     dc_sd_source_close(&s);
     if (!rc && vae) rc = dc_sd_source_open(&s, &m, DC_SD_VAE);
     if (!rc && vae) rc = dc_sd_load_vae(&s, j->be, true, true, &j->vae);
@@ -225,6 +249,22 @@ static int write_scheduler(const job *j, const char *dir, char *cls, size_t cap)
     return rc;
 }
 
+// text_encoder/ (config.json, model.safetensors) of the encoder loaded.
+static int write_text(job *j, const char *dir) {
+    char path[4200];
+    dc_sd_tensors t = {0};
+    const int layers = j->text->cfg.layers - j->text_skip;  // those SD runs, as diffusers' folders hold
+    const dc_dtype tdt = part_dtype(j, j->text->params);
+    int rc = path_join(path, sizeof path, dir, "text_encoder") || dc_mkdir_p(path);
+    if (!rc) rc = path_join(path, sizeof path, dir, "text_encoder/config.json") ||
+                  dc_sd_write_text_config(&j->text->cfg, layers, tdt, path);
+    if (!rc) rc = path_join(path, sizeof path, dir, "text_encoder/model.safetensors") ||
+                  dc_sd_add_text(&t, j->text, layers, DC_SD_TEXT_TRANSFORMERS, tdt) ||
+                  dc_sd_tensors_write(&t, path, NULL);
+    dc_sd_tensors_free(&t);
+    return rc;
+}
+
 // text_encoder/, tokenizer/ and vae/ made from a single-file base.
 static int write_parts(job *j, const char *dir) {
     if (!j->o->vocab)
@@ -232,14 +272,8 @@ static int write_parts(job *j, const char *dir) {
     DC_TRY(load_base(j, true));
     char path[4200];
     dc_sd_tensors t = {0};
-    const int layers = j->text->cfg.layers - j->text_skip;  // those SD runs, as diffusers' folders hold
-    const dc_dtype tdt = part_dtype(j, j->text->params), vdt = part_dtype(j, &j->vae->params);
-    int rc = path_join(path, sizeof path, dir, "text_encoder") || dc_mkdir_p(path);
-    if (!rc) rc = path_join(path, sizeof path, dir, "text_encoder/config.json") ||
-                  dc_sd_write_text_config(&j->text->cfg, layers, tdt, path);
-    if (!rc) rc = path_join(path, sizeof path, dir, "text_encoder/model.safetensors") ||
-                  dc_sd_add_text(&t, j->text, layers, DC_SD_TEXT_TRANSFORMERS, tdt) ||
-                  dc_sd_tensors_write(&t, path, NULL);
+    const dc_dtype vdt = part_dtype(j, &j->vae->params);
+    int rc = write_text(j, dir);
     if (!rc) rc = path_join(path, sizeof path, dir, "vae") || dc_mkdir_p(path);
     if (!rc) rc = path_join(path, sizeof path, dir, "vae/config.json") || dc_sd_write_vae_config(&j->vae->cfg, path);
     if (!rc) rc = path_join(path, sizeof path, dir, "vae/diffusion_pytorch_model.safetensors") ||
@@ -263,7 +297,8 @@ static int write_folder(job *j, const char *dir) {
     dc_sd_tensors_free(&t);
     DC_TRY(rc);
     if (j->base_folder) {
-        DC_TRY(copy_component(j, dir, "text_encoder"));
+        // the encoder the run trained, else the base's as it is
+        DC_TRY(j->text_trained ? load_base(j, false) || write_text(j, dir) : copy_component(j, dir, "text_encoder"));
         DC_TRY(copy_component(j, dir, "tokenizer"));
         if (!j->pixel) DC_TRY(copy_component(j, dir, "vae"));
     } else {

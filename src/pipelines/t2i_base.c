@@ -84,6 +84,10 @@ static int embed_empty_prompt(dc_t2i_base *b, const dc_t2i_opts *o) {
     dc_buf ctx = dc_buf_none();
     if (!rc) {
         b->text_len = m.sd.text->cfg.positions, b->text_dim = m.sd.text->cfg.width;
+        b->text = m.sd.text->cfg;
+        b->text.layers -= m.sd.text_skip;
+        b->tok = m.sd.tok;  // kept: the pipeline's closing forgets it
+        m.sd.tok = (dc_clip_tokenizer){.v = NULL};
         b->text_null = malloc(sizeof(float) * (size_t)b->text_len * (size_t)b->text_dim);
         rc = b->text_null ? dc_buf_alloc(cpu, &ctx, DC_F32, (int64_t)b->text_len * b->text_dim, "empty prompt")
                           : dc_fail("out of memory");
@@ -133,6 +137,7 @@ int dc_t2i_base_open(dc_t2i_base *b, const dc_t2i_opts *o) {
 void dc_t2i_base_free(dc_t2i_base *b) {
     dc_sd_sched_cfg_free(&b->sched);
     free(b->text_null);
+    dc_clip_tokenizer_free(&b->tok);
     memset(b, 0, sizeof *b);
 }
 
@@ -142,6 +147,18 @@ int dc_t2i_load_unet(const dc_t2i_opts *o, dc_model *m) {
     int rc = dc_sd_model_open(&files, o->model, o->st_flags);
     if (!rc) rc = dc_sd_source_open(&s, &files, DC_SD_UNET);
     if (!rc) rc = dc_unet_load(m, &s.w, s.names);
+    if (rc) dc_fail_ctx("%s", o->model);
+    dc_sd_source_close(&s);
+    dc_sd_model_close(&files);
+    return rc;
+}
+
+int dc_t2i_load_text(const dc_t2i_opts *o, dc_clip_text *te) {
+    dc_sd_model files = {0};
+    dc_sd_source s = {0};
+    int rc = dc_sd_model_open(&files, o->model, o->st_flags);
+    if (!rc) rc = dc_sd_source_open(&s, &files, DC_SD_TEXT);
+    if (!rc) rc = dc_clip_text_load(te, &s.w, s.names);
     if (rc) dc_fail_ctx("%s", o->model);
     dc_sd_source_close(&s);
     dc_sd_model_close(&files);

@@ -7,6 +7,9 @@
 //     dropped caption (classifier-free guidance). It is encoded on the CPU
 //     in fp32, whatever device trains, so the data set's fingerprint (which
 //     includes it) is the same on every machine and a run resumes anywhere;
+//   - the text encoder's config and weights and the tokenizer, for a run
+//     that trains the encoder along with the UNet (it reads the captions'
+//     token ids, models/unet_text.h);
 //   - from the data set's prepare.json (written by `diffusion prepare`):
 //     whether it holds latents or pixels, and the VAE's scaling factor. A
 //     data set written elsewhere (mosaicml/streaming's MDSWriter) has none:
@@ -16,7 +19,9 @@
 #include <stdbool.h>
 
 #include "diffusion/sd_sched_config.h"
+#include "models/clip_text.h"
 #include "models/unet.h"
+#include "text/clip_tokenizer.h"
 
 typedef struct {
     const char *model;           // the base: diffusers folder or single file
@@ -38,6 +43,9 @@ typedef struct {
     int text_len, text_dim;      // the text encoder's output: [text_len, text_dim]
     float *text_null;            // [text_len, text_dim] "" embedded
     int text_null_len;           // its tokens that count (BOS, EOS)
+    dc_clip_text_config text;    // the text encoder's, the layers SD runs (an SD 2 single file's
+                                 // last, which it skips, left out)
+    dc_clip_tokenizer tok;       // the base's tokenizer
 } dc_t2i_base;
 
 // Reads what the base and the data set say, checks they agree (latents for a
@@ -49,3 +57,6 @@ void dc_t2i_base_free(dc_t2i_base *b);
 // Loads the base UNet's weights into m, a UNet of the base's architecture
 // (its latent size may differ from the base's sample_size).
 int dc_t2i_load_unet(const dc_t2i_opts *o, dc_model *m);
+// Loads the base text encoder's weights into te, an encoder of b->text's
+// config (a joint model's).
+int dc_t2i_load_text(const dc_t2i_opts *o, dc_clip_text *te);
