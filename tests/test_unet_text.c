@@ -341,15 +341,21 @@ static void test_gpu(const char *name) {
         return;
     }
     float *gc = grads(&rc), *gg = grads(&rg);
-    const double tol = gpu->compute == DC_F32 ? 1e-3 : 8e-2;
+    // relative to each tensor's gradient norm: fp32 differs in summation order
+    // only; in bf16 the UNet reads text the encoder computed in bf16 too, so
+    // their roundings add up (test_unet_grad's 8e-2 for the UNet alone)
+    const double tol = gpu->compute == DC_F32 ? 1e-3 : 1.2e-1;
     const dc_params *ps = rc.m->params;
+    const double all = gc ? sqrt(param_fd_dot(gc, gc, ps->numel)) : 0;
     int bad = 0;
     double worst = 0;
     for (int i = 0; gc && gg && i < ps->count; i++) {
         const dc_param *p = &ps->items[i];
         double d, nb;
         param_gap(gg + p->offset, gc + p->offset, p->numel, &d, &nb);
-        const double e = d / (nb + 1e-12);
+        // the key bias's true gradient is 0 (see test_fd): both sides are
+        // rounding, measured against the whole gradient
+        const double e = d / (strstr(p->name, "k_proj.bias") ? all : nb + 1e-12);
         if (!(e < tol) && bad++ < 8) printf("  %s: GPU against CPU %.2e\n", p->name, e);
         if (!(e <= worst)) worst = e;
     }
