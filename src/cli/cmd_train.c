@@ -527,6 +527,8 @@ int cmd_train(int argc, char **argv) {
         if (dc_model_create(&mc, NULL, false, &layout)) goto fail;
     }
     if (dc_train_config_validate(&tc)) goto fail;
+    // samples of several sizes (aspect-ratio buckets): memory is planned for the largest
+    if (src.ops->size && dc_model_set_size(layout, src.height, src.width)) goto fail;
     static char data_abs[4096];
     if (realpath(data_path, data_abs)) data_path = data_abs;
     if (dc_utf8_invalid_at(data_path, strlen(data_path)) >= 0) {

@@ -14,6 +14,7 @@
 #include "io/mds.h"
 #include "io/png.h"
 #include "pipelines/sd.h"
+#include "train/buckets.h"
 #include "train/shards.h"
 #include "train/stream.h"
 
@@ -179,7 +180,9 @@ int t2i_model_config(t2i_run *r, const char *unet_config, const dc_source *data,
                      r->model, r->base.no_unet);
     }
     // the data's side and channels replace the config's sample_size and in_channels
-    const dc_data_shape given = {data->channels, 1, data->height, data->width, 0};
+    // (buckets: the largest bucket's longer side, the size it draws at by default)
+    const int side = data->height > data->width ? data->height : data->width;
+    const dc_data_shape given = {data->channels, 1, side, side, 0};
     if (!rc) rc = dc_model_configure(&base, &none, &given, cfg);
     if (rc) dc_fail_ctx("%s", unet_config ? unet_config : r->model);
     dc_kv_free(&base);
@@ -211,6 +214,7 @@ int t2i_source(t2i_run *r, uint64_t seed, dc_source *src) {
     DC_TRY(complete_shapes(r));
     const dc_shards_opts o = {r->opts.data, seed, DC_STREAM_BLOCK, b->latent_scale, b->text_null, b->text_null_len,
                               r->cols.latents, r->cols.text, r->raw, r->nraw, r->train_text ? &b->tok : NULL};
+    if (b->nbuckets) return dc_source_buckets(src, &o, (const char *const *)b->buckets, b->nbuckets);
     return dc_source_shards(src, &o);
 }
 
@@ -324,7 +328,8 @@ int t2i_prompts(t2i_run *r, const char *path, int max, char ***prompts, int *n) 
     } else {
         dc_mds_reader *mr = NULL;
         dc_mds_sample smp = {0};
-        rc = dc_mds_open(&mr, r->opts.data);
+        // a bucketed data set's captions: its first bucket's
+        rc = dc_mds_open(&mr, r->base.nbuckets ? r->base.buckets[0] : r->opts.data);
         const int col = rc ? -1 : dc_mds_find(mr, "caption");
         if (!rc && col < 0) rc = dc_fail("%s: no caption column to take sampling prompts from: give --sample-prompts",
                                          r->opts.data);

@@ -102,6 +102,10 @@ typedef struct {
     // batch. Works on a layout (a model sized but not allocated), for memory
     // planners. NULL for a model that does not train.
     int64_t (*activation_bytes)(const dc_model *m, dc_dtype compute, int max_batch, int keep);
+    // Changes the input's height and width (of latents or pixels) for the
+    // forwards after the next reserve (a trainer on aspect-ratio buckets);
+    // info follows. NULL for a model of one size.
+    int (*set_size)(dc_model *m, int height, int width);
     // Releases what the model holds (not the struct itself).
     void (*release)(dc_model *m);
 } dc_model_ops;
@@ -128,5 +132,7 @@ void dc_model_describe(const dc_model *m, char *buf, size_t n);
 // -1 with a message naming the architecture when it has no such op.
 int dc_model_set_recompute(dc_model *m, int keep);
 int64_t dc_model_activation_bytes(const dc_model *m, dc_dtype compute, int max_batch, int keep);
+// The same for set_size (the size it has: nothing to do).
+int dc_model_set_size(dc_model *m, int height, int width);
 // Releases the model (NULL or never created: nothing to do).
 void dc_model_free(dc_model *m);

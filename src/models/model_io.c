@@ -25,6 +25,14 @@ int dc_model_set_recompute(dc_model *m, int keep) {
     return m->ops->set_recompute(m, keep);
 }
 
+int dc_model_set_size(dc_model *m, int height, int width) {
+    if (height == m->info.height && width == m->info.width) return 0;
+    if (!m->ops->set_size)
+        return dc_fail("a %s trains at one size (%dx%d), not %dx%d", m->ops->name, m->info.height, m->info.width,
+                       height, width);
+    return m->ops->set_size(m, height, width);
+}
+
 int64_t dc_model_activation_bytes(const dc_model *m, dc_dtype compute, int max_batch, int keep) {
     if (!m->ops->activation_bytes) return dc_fail("a %s does not train: no activations to plan", m->ops->name);
     return m->ops->activation_bytes(m, compute, max_batch, keep);

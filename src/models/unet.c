@@ -250,7 +250,10 @@ static int unet_reserve(dc_model *mm, int max_batch) {
         int T = p.attn[i].H * p.attn[i].W;
         DC_TRY(be->reserve(be, T > DC_UNET_CTX_LEN ? T : DC_UNET_CTX_LEN, t->C / t->heads));
     }
+    dc_unet_train *keep = training ? m->train : NULL;  // its memory, carved again if large enough
+    m->train = NULL;
     free_acts(m);
+    m->train = keep;
     if (training) {
         DC_TRY(unet_train_reserve(m, max_batch));
         m->max_batch = max_batch;
@@ -526,7 +529,7 @@ static const dc_model_ops unet_ops = {
     .name = "UNet2DConditionModel", .reserve = unet_reserve, .forward = unet_forward,
     .backward = unet_backward, .config_to_kv = unet_config_kv, .init_weights = unet_init,
     .macs_per_image = unet_macs, .describe = unet_describe, .activation_bytes = unet_activation_bytes,
-    .set_recompute = unet_set_recompute, .release = unet_release,
+    .set_recompute = unet_set_recompute, .set_size = dc_unet_set_size, .release = unet_release,
 };
 
 dc_unet *dc_unet_of(dc_model *m) { return m && m->ops == &unet_ops ? (dc_unet *)m : NULL; }
@@ -544,7 +547,10 @@ int dc_unet_set_size(dc_model *mm, int latent_h, int latent_w) {
     if (!m) return dc_fail("not a UNet");
     DC_TRY(check_size(&m->cfg, latent_h, latent_w));
     if (latent_h == m->lh && latent_w == m->lw) return 0;
+    dc_unet_train *keep = m->train;  // training's memory: carved again by the next reserve
+    m->train = NULL;
     free_acts(m);
+    m->train = keep;
     m->lh = latent_h, m->lw = latent_w;
     m->base.info.height = latent_h, m->base.info.width = latent_w;
     return 0;

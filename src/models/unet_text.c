@@ -30,6 +30,7 @@ static void free_bufs(joint *m) {
 static int jt_reserve(dc_model *mm, int max_batch) {
     joint *m = (joint *)mm;
     DC_TRY(dc_model_reserve(m->unet, max_batch));
+    if (m->bufs && max_batch <= m->max_batch) return 0;  // the text's part does not change with the size
     DC_TRY(dc_clip_text_train_reserve(m->text, max_batch));
     free_bufs(m);
     const dc_clip_text_config *c = &m->text->cfg;
@@ -97,6 +98,13 @@ static int64_t jt_activation_bytes(const dc_model *mm, dc_dtype compute, int max
     return unet < 0 || text < 0 ? -1 : unet + text + text_bytes(&m->text->cfg, max_batch);
 }
 
+static int jt_set_size(dc_model *mm, int height, int width) {
+    joint *m = (joint *)mm;
+    DC_TRY(dc_model_set_size(m->unet, height, width));
+    m->base.info.height = height, m->base.info.width = width;
+    return 0;
+}
+
 static void jt_release(dc_model *mm) {
     joint *m = (joint *)mm;
     free_bufs(m);
@@ -108,7 +116,8 @@ static void jt_release(dc_model *mm) {
 static const dc_model_ops k_joint = {
     .name = "UNet2DConditionModel", .reserve = jt_reserve, .forward = jt_forward, .backward = jt_backward,
     .config_to_kv = jt_config_kv, .init_weights = jt_init, .macs_per_image = jt_macs, .describe = jt_describe,
-    .set_recompute = jt_set_recompute, .activation_bytes = jt_activation_bytes, .release = jt_release,
+    .set_recompute = jt_set_recompute, .activation_bytes = jt_activation_bytes, .set_size = jt_set_size,
+    .release = jt_release,
 };
 
 int dc_unet_text_new_train(const dc_unet_config *uc, const dc_clip_text_config *tc, dc_backend *be, int latent_h,

@@ -264,14 +264,19 @@ void unet_train_free(dc_unet *m) {
 
 int unet_train_reserve(dc_unet *m, int max_batch) {
     dc_backend *be = m->be;
-    unet_train_free(m);
+    // the memory of an earlier plan is carved again where it is large enough
+    // (a size change, dc_unet_set_size: buckets of pictures change it often)
+    void *base = m->train ? m->train->base : NULL;
+    const size_t had = m->train ? m->train->bytes : 0;
+    if (m->train) free(m->train), m->train = NULL;
     dc_unet_train *a = malloc(sizeof *a);
-    if (!a) return dc_fail("out of memory");
+    if (!a) return base ? be->free(be, base), dc_fail("out of memory") : dc_fail("out of memory");
     plan(m, a, m->keep);
     dc_arena ar = dc_arena_counting(be->compute);
     carve(m, &ar, a, max_batch);
-    a->bytes = ar.used;
-    a->base = be->alloc(be, ar.used);
+    if (base && had < ar.used) be->free(be, base), base = NULL;
+    a->bytes = base ? had : ar.used;
+    a->base = base ? base : be->alloc(be, ar.used);
     if (!a->base) {
         free(a);
         return dc_fail_ctx("UNet training activations for batch %d (%.1f MiB)", max_batch, ar.used / 1048576.0);

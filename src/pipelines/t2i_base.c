@@ -12,6 +12,25 @@
 #include "pipelines/prepare.h"
 #include "pipelines/sd.h"
 
+// prepare.json's "buckets": [{"folder": "WxH", ...}, ...], each folder a
+// data set of its own below the data set's.
+static int read_buckets(dc_t2i_base *b, const dc_json *bk, const char *data, const char *path) {
+    if (bk->type != DC_JSON_ARRAY || bk->nkids < 1 || bk->nkids > DC_T2I_MAX_BUCKETS)
+        return dc_fail("%s: \"buckets\" is not a list of 1 to %d buckets", path, DC_T2I_MAX_BUCKETS);
+    b->buckets = calloc((size_t)bk->nkids, sizeof *b->buckets);
+    if (!b->buckets) return dc_fail("out of memory");
+    for (int i = 0; i < bk->nkids; i++) {
+        const dc_json *f = dc_json_get(&bk->kids[i], "folder");
+        int w, h, n = 0;
+        if (!dc_json_is_cstr(f) || sscanf(f->str, "%dx%d%n", &w, &h, &n) != 2 || f->str[n])
+            return dc_fail("%s: bucket %d has no \"folder\": \"WxH\"", path, i);
+        const size_t len = strlen(data) + strlen(f->str) + 2;
+        if (!(b->buckets[b->nbuckets] = malloc(len))) return dc_fail("out of memory");
+        snprintf(b->buckets[b->nbuckets++], len, "%s/%s", data, f->str);
+    }
+    return 0;
+}
+
 // prepare.json: latents or pixels, and the scaling factor of latents. A data
 // set whose latents column is named need not have one.
 static int read_prepare_json(dc_t2i_base *b, const dc_t2i_opts *o) {
@@ -37,9 +56,8 @@ static int read_prepare_json(dc_t2i_base *b, const dc_t2i_opts *o) {
         else
             b->latent_scale = (float)scale->num;
     }
-    if (!rc && dc_json_get(doc.root, "buckets") && dc_json_get(doc.root, "buckets")->type != DC_JSON_NULL)
-        rc = dc_fail("%s holds aspect-ratio buckets, one data set a folder (%s/WxH/): training on buckets is not "
-                     "built yet; train on one bucket's folder", data, data);
+    const dc_json *bk = rc ? NULL : dc_json_get(doc.root, "buckets");
+    if (bk && bk->type != DC_JSON_NULL) rc = read_buckets(b, bk, data, path);
     dc_json_free(&doc);
     return rc;
 }
@@ -137,6 +155,8 @@ int dc_t2i_base_open(dc_t2i_base *b, const dc_t2i_opts *o) {
 void dc_t2i_base_free(dc_t2i_base *b) {
     dc_sd_sched_cfg_free(&b->sched);
     free(b->text_null);
+    for (int i = 0; i < b->nbuckets; i++) free(b->buckets[i]);
+    free(b->buckets);
     dc_clip_tokenizer_free(&b->tok);
     memset(b, 0, sizeof *b);
 }

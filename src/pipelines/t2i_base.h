@@ -11,7 +11,8 @@
 //     that trains the encoder along with the UNet (it reads the captions'
 //     token ids, models/unet_text.h);
 //   - from the data set's prepare.json (written by `diffusion prepare`):
-//     whether it holds latents or pixels, and the VAE's scaling factor. A
+//     whether it holds latents or pixels, the VAE's scaling factor, and its
+//     aspect-ratio buckets' folders (a data set each). A
 //     data set written elsewhere (mosaicml/streaming's MDSWriter) has none:
 //     its latents column is named (train/shards.h), and the scaling factor
 //     is given or else the base VAE's config's.
@@ -33,12 +34,16 @@ typedef struct {
     float latent_scale;          // > 0: the VAE's scaling factor of the data's latents
 } dc_t2i_opts;
 
+#define DC_T2I_MAX_BUCKETS 4096
+
 typedef struct {
     bool has_unet;               // the base holds a UNet
     dc_unet_config unet;         // its config (when has_unet)
     char no_unet[512];           // else why not (the message of looking for it)
     dc_sd_sched_cfg sched;       // the scheduler config (SD's own when the base has none)
     bool latents;                // the data hold latents (else pixels)
+    char **buckets;              // the data sets of its aspect-ratio buckets (prepare --buckets), or NULL
+    int nbuckets;
     float latent_scale;          // the data's VAE scaling factor (latents)
     int text_len, text_dim;      // the text encoder's output: [text_len, text_dim]
     float *text_null;            // [text_len, text_dim] "" embedded

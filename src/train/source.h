@@ -32,6 +32,10 @@ typedef struct {
     // ids that count (BOS to EOS); with drop the empty prompt's. NULL for a
     // source without captions.
     int (*ids)(dc_source *s, int64_t idx, bool drop, int32_t *ids, int32_t *len);
+    // Sample idx's height and width, where samples differ in them (buckets:
+    // train/buckets.h; the source's height and width are then the largest's).
+    // NULL: every sample is height x width.
+    void (*size)(dc_source *s, int64_t idx, int *height, int *width);
     void (*close)(dc_source *s);
 } dc_source_ops;
 

@@ -11,10 +11,9 @@
 #define TAG_SHARDS 0x4D445331u  // "MDS1"
 #define TAG_BLOCK 0x4D445332u   // "MDS2"
 
-// A uniform integer in [0, bound) for draw `i` keyed by (seed, a, b, tag):
 // 64 random bits times bound, keeping the high word (Lemire), with the
 // rejection that removes the bias.
-static uint64_t uniform_below(uint64_t seed, uint64_t i, uint32_t a, uint32_t tag, uint64_t bound) {
+uint64_t dc_stream_uniform_below(uint64_t seed, uint64_t i, uint32_t a, uint32_t tag, uint64_t bound) {
     for (uint32_t attempt = 0;; attempt++) {
         dc_u32x4 r = dc_philox((uint32_t)i, (uint32_t)(i >> 32) ^ (attempt << 16), a, tag, seed);
         uint64_t x = (uint64_t)r.v[0] << 32 | r.v[1];
@@ -60,7 +59,7 @@ void dc_stream_order_free(dc_stream_order *o) {
 static void order_shards(dc_stream_order *o, int64_t epoch) {
     for (int k = 0; k < o->nshards; k++) o->visit[k] = k;
     for (int k = o->nshards - 1; k > 0; k--) {
-        int j = (int)uniform_below(o->seed, (uint64_t)k, (uint32_t)epoch, TAG_SHARDS, (uint64_t)k + 1);
+        int j = (int)dc_stream_uniform_below(o->seed, (uint64_t)k, (uint32_t)epoch, TAG_SHARDS, (uint64_t)k + 1);
         int t = o->visit[k];
         o->visit[k] = o->visit[j], o->visit[j] = t;
     }
@@ -76,7 +75,7 @@ static void order_block(dc_stream_order *o, int64_t epoch, int64_t b) {
     int64_t base = b * o->block, len = o->n - base < o->block ? o->n - base : o->block;
     for (int64_t i = 0; i < len; i++) o->perm[i] = (uint32_t)i;
     for (int64_t i = len - 1; i > 0; i--) {
-        uint64_t j = uniform_below(o->seed, (uint64_t)b << 32 | (uint64_t)i, (uint32_t)epoch, TAG_BLOCK, (uint64_t)i + 1);
+        uint64_t j = dc_stream_uniform_below(o->seed, (uint64_t)b << 32 | (uint64_t)i, (uint32_t)epoch, TAG_BLOCK, (uint64_t)i + 1);
         uint32_t t = o->perm[i];
         o->perm[i] = o->perm[j], o->perm[j] = t;
     }

@@ -39,6 +39,10 @@ typedef struct {
     uint32_t *perm;       // [block] that block's shuffle
 } dc_stream_order;
 
+// A uniform integer in [0, bound) for draw i keyed by (seed, a, tag): the
+// draws of this order's shuffles (tag names the shuffle), and of others built
+// on it (train/buckets.c).
+uint64_t dc_stream_uniform_below(uint64_t seed, uint64_t i, uint32_t a, uint32_t tag, uint64_t bound);
 // counts[k]: samples of shard k (some may be 0; their sum 1..2^40). block >= 1.
 int dc_stream_order_init(dc_stream_order *o, const int64_t *counts, int nshards, uint64_t seed, int64_t block);
 void dc_stream_order_free(dc_stream_order *o);

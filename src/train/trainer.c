@@ -206,6 +206,8 @@ int dc_trainer_init_source(dc_trainer *tr, dc_model *model, dc_source *src, dc_s
     if (!rc && model->info.learn_sigma && !tr->sched.posterior_mean_coef1)
         rc = dc_fail("a model that learns its variance trains on a schedule made from betas (with the posterior's "
                      "tables)");
+    // samples of several sizes (buckets): the model starts at the largest, which sizes the buffers
+    if (!rc && tr->data.ops->size) rc = dc_model_set_size(model, tr->data.height, tr->data.width);
     if (rc || dc_train_config_validate(cfg) || check_source(model, &tr->data, cfg)) {
         dc_schedule_free(&tr->sched);
         dc_source_close(&tr->data);
@@ -274,7 +276,7 @@ void dc_trainer_free(dc_trainer *tr) {
 static int stage_micro_batch(dc_trainer *tr, int done, int n) {
     dc_source *src = &tr->data;
     const dc_train_config *c = &tr->cfg;
-    int64_t img = (int64_t)src->channels * src->height * src->width;
+    const int64_t img = dc_model_info_numel(&tr->model->info);  // the step's size (step_size)
     uint32_t step = (uint32_t)tr->step;
     for (int i = 0; i < n; i++) {
         uint32_t key = (uint32_t)(done + i);
@@ -364,6 +366,20 @@ static int micro_batch(dc_trainer *tr, int done, int n) {
     return dc_model_backward(m, tr->dout, n);
 }
 
+// Samples of several sizes (buckets): the model takes the size of this
+// step's, which its whole global batch shares (the source's promise); *changed
+// when that is another than the last step's.
+static int step_size(dc_trainer *tr, bool *changed) {
+    dc_source *src = &tr->data;
+    const dc_model_info *mi = &tr->model->info;
+    int64_t idx;
+    int h, w;
+    DC_TRY(src->ops->index(src, tr->samples_seen, tr->cfg.batch, &idx));
+    src->ops->size(src, idx, &h, &w);
+    *changed = h != mi->height || w != mi->width;
+    return *changed ? dc_model_set_size(tr->model, h, w) : 0;
+}
+
 int dc_trainer_step(dc_trainer *tr, dc_step_stats *st) {
     dc_backend *be = tr->be;
     dc_model *m = tr->model;
@@ -383,7 +399,9 @@ int dc_trainer_step(dc_trainer *tr, dc_step_stats *st) {
     // Nothing here waits for the backend: losses and the gradient norm stay
     // there until dc_trainer_stats reads them.
     DC_TRY(dc_optimizer_begin_step(tr->opt, &os));
-    if (!tr->started) DC_TRY(dc_model_reserve(m, c->micro_batch));
+    bool resized = false;
+    if (tr->data.ops->size) DC_TRY(step_size(tr, &resized));
+    if (!tr->started || resized) DC_TRY(dc_model_reserve(m, c->micro_batch));
     tr->started = true;
     tr->last_lr = lr;
     if (tr->comm) be->zero(be, tr->losses.p, (size_t)c->batch * 2 * sizeof(float));  // summed over ranks below
