@@ -58,16 +58,23 @@ static void use(vae_pass *p, int b, int64_t n) {
     if (p->mode == PASS_SIZE && b < BUF_IN && n > p->need[b]) p->need[b] = n;
 }
 
-// y = conv(x) over an image of H x W; down: the encoder's downsampling, which
-// pads only the bottom and right (diffusers' Downsample2D with padding 0).
-static int conv(vae_pass *p, const dc_conv2d *c, int y, int x, int H, int W, bool down) {
+// y = conv(x) over an image of H x W, plus the residual in buffer r where r
+// >= 0 (added in the convolution's epilogue; the VAE's weights carry no
+// adapter); down: the encoder's downsampling, which pads only the bottom and
+// right (diffusers' Downsample2D with padding 0).
+static int conv(vae_pass *p, const dc_conv2d *c, int y, int x, int r, int H, int W, bool down) {
     dc_conv2d_shape s = dc_conv2d_shape_of(c, p->n, H, W);
     if (down) s.pad_t = 0, s.pad_b = 1, s.pad_l = 0, s.pad_r = 1;
     int64_t n = (int64_t)p->n * c->co * dc_conv2d_ho(&s) * dc_conv2d_wo(&s);
     switch (p->mode) {
     case PASS_SIZE: use(p, y, n); return p->m->be->reserve_conv(p->m->be, &s, false);
     case PASS_COUNT: p->macs += (double)n * c->ci * c->k * c->k; return 0;
-    case PASS_RUN: dc_conv2d_fwd(p->m->be, &p->m->params, c, p->buf[y], p->buf[x], &s); return 0;
+    case PASS_RUN:
+        if (r < 0) dc_conv2d_fwd(p->m->be, &p->m->params, c, p->buf[y], p->buf[x], &s);
+        else
+            p->m->be->conv2d_fwd_res(p->m->be, p->buf[y], p->buf[x], dc_weight_plain(&p->m->params, c->w),
+                                     dc_param_w(&p->m->params, c->b), p->buf[r], &s);
+        return 0;
     }
     return 0;
 }
@@ -102,25 +109,23 @@ static void add(vae_pass *p, int y, int x, int64_t count) {
 static void others(int x, int *a, int *b) { *a = (x + 1) % SLOTS, *b = (x + 2) % SLOTS; }
 
 // ResnetBlock2D on the stream in slot *x (moved to another slot when the
-// shortcut is a convolution):
-//   a = SiLU(norm1(x)); b = conv1(a); a = SiLU(norm2(b)); b = conv2(a);
-//   x += b, or a = shortcut(x) + b.
+// shortcut is the identity), the residual added by the last convolution:
+//   a = SiLU(norm1(x)); b = conv1(a); a = SiLU(norm2(b));
+//   b = conv2(a) + x (the stream now in b), or b = shortcut(x), x = conv2(a) + b.
 static int resnet(vae_pass *p, const vae_resnet *r, int *x, int H, int W) {
     int a, b;
-    int64_t HW = (int64_t)H * W, n = (int64_t)r->conv2.co * HW;
+    int64_t HW = (int64_t)H * W;
     others(*x, &a, &b);
     norm(p, &r->norm1, a, *x, HW, true);
-    DC_TRY(conv(p, &r->conv1, b, a, H, W, false));
+    DC_TRY(conv(p, &r->conv1, b, a, -1, H, W, false));
     norm(p, &r->norm2, a, b, HW, true);
-    DC_TRY(conv(p, &r->conv2, b, a, H, W, false));
     if (!r->has_shortcut) {
-        add(p, *x, b, n);
+        DC_TRY(conv(p, &r->conv2, b, a, *x, H, W, false));
+        *x = b;
         return 0;
     }
-    DC_TRY(conv(p, &r->shortcut, a, *x, H, W, false));
-    add(p, a, b, n);
-    *x = a;
-    return 0;
+    DC_TRY(conv(p, &r->shortcut, b, *x, -1, H, W, false));
+    return conv(p, &r->conv2, *x, a, b, H, W, false);
 }
 
 // x += to_out(attention(q, k, v)) with q, k, v = projections of the tokens
@@ -161,19 +166,19 @@ static int encoder(vae_pass *p, int H, int W, int *moments) {
     const vae_encoder *e = &p->m->mods->enc;
     int x = 0, a, b;
     transpose(p, 1, BUF_IN, c->in_channels, (int64_t)H * W);  // [HW, in]
-    DC_TRY(conv(p, &e->conv_in, x, 1, H, W, false));
+    DC_TRY(conv(p, &e->conv_in, x, 1, -1, H, W, false));
     for (int i = 0; i < c->nblocks; i++) {
         for (int j = 0; j < c->layers_per_block; j++) DC_TRY(resnet(p, &e->res[i][j], &x, H, W));
         if (i + 1 == c->nblocks) break;
         others(x, &a, &b);
-        DC_TRY(conv(p, &e->down[i], a, x, H, W, true));
+        DC_TRY(conv(p, &e->down[i], a, x, -1, H, W, true));
         x = a, H /= 2, W /= 2;
     }
     DC_TRY(mid(p, &e->mid, &x, c->ch[c->nblocks - 1], H, W));
     others(x, &a, &b);
     norm(p, &e->norm_out, a, x, (int64_t)H * W, true);
-    DC_TRY(conv(p, &e->conv_out, b, a, H, W, false));
-    DC_TRY(conv(p, &p->m->mods->quant_conv, a, b, H, W, false));
+    DC_TRY(conv(p, &e->conv_out, b, a, -1, H, W, false));
+    DC_TRY(conv(p, &p->m->mods->quant_conv, a, b, -1, H, W, false));
     transpose(p, b, a, (int64_t)H * W, 2 * c->latent_channels);
     *moments = b;
     return 0;
@@ -185,8 +190,8 @@ static int decoder(vae_pass *p, int H, int W) {
     const vae_decoder *d = &p->m->mods->dec;
     int x = 1, a, b;
     transpose(p, 2, BUF_IN, c->latent_channels, (int64_t)H * W);  // [hw, latent]
-    DC_TRY(conv(p, &p->m->mods->post_quant_conv, 0, 2, H, W, false));
-    DC_TRY(conv(p, &d->conv_in, x, 0, H, W, false));
+    DC_TRY(conv(p, &p->m->mods->post_quant_conv, 0, 2, -1, H, W, false));
+    DC_TRY(conv(p, &d->conv_in, x, 0, -1, H, W, false));
     DC_TRY(mid(p, &d->mid, &x, c->ch[c->nblocks - 1], H, W));
     for (int i = 0; i < c->nblocks; i++) {
         for (int j = 0; j <= c->layers_per_block; j++) DC_TRY(resnet(p, &d->res[i][j], &x, H, W));
@@ -199,12 +204,12 @@ static int decoder(vae_pass *p, int H, int W) {
         use(p, b, (int64_t)p->n * C * 4 * H * W);
         if (p->mode == PASS_RUN) p->m->be->upsample2x_nhwc_fwd(p->m->be, p->buf[b], p->buf[x], p->n, C, H, W);
         H *= 2, W *= 2;
-        DC_TRY(conv(p, &d->up[i], a, b, H, W, false));
+        DC_TRY(conv(p, &d->up[i], a, b, -1, H, W, false));
         x = a;
     }
     others(x, &a, &b);
     norm(p, &d->norm_out, a, x, (int64_t)H * W, true);
-    DC_TRY(conv(p, &d->conv_out, b, a, H, W, false));
+    DC_TRY(conv(p, &d->conv_out, b, a, -1, H, W, false));
     transpose(p, BUF_OUT, b, (int64_t)H * W, c->out_channels);  // [out, HW]
     return 0;
 }

@@ -233,6 +233,8 @@ bool dc_cuda_conv_winograd(dc_backend *be, dc_buf out, dc_buf x, dc_buf w, dc_bu
 void dc_cuda_freeze_weights(dc_backend *be, bool frozen);
 void dc_cuda_wino_free(dc_cuda_ctx *c);  // the kept transforms, at unfreeze and teardown
 void dc_cuda_conv2d_fwd(dc_backend *be, dc_buf out, dc_buf x, dc_buf w, dc_buf b, const dc_conv2d_shape *s);
+void dc_cuda_conv2d_fwd_res(dc_backend *be, dc_buf out, dc_buf x, dc_buf w, dc_buf b, dc_buf r,
+                            const dc_conv2d_shape *s);
 void dc_cuda_conv2d_bwd(dc_backend *be, dc_buf dx, dc_buf dw, dc_buf db, dc_buf dout, dc_buf x, dc_buf w,
                         const dc_conv2d_shape *s, bool accumulate);
 // Releases the plans, cuDNN and the conv workspaces.
