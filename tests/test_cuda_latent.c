@@ -82,6 +82,14 @@ static void compare_first(const char *name, pair p, pair ref, int64_t N, int64_t
     free(h), free(r);
 }
 
+// reserve_conv of shape s on both backends; a failure is counted and printed.
+static bool reserve_both(const dc_conv2d_shape *s, bool backward) {
+    if (!g_cpu->reserve_conv(g_cpu, s, backward) && !g_gpu->reserve_conv(g_gpu, s, backward)) return true;
+    printf("FAIL reserve_conv: %s\n", dc_error());
+    g_fail++, g_count++;
+    return false;
+}
+
 // A conv's forward and its input gradient, as a model's step issues them (for graph capture).
 typedef struct {
     dc_buf out, dx, x, w, b, dout;
@@ -106,11 +114,7 @@ static void test_conv(int B, int Ci, int H, int W, int Co, int k, int stride, in
     dc_conv2d_shape s = {B, Ci, H, W, Co, k, stride, pt, pb, pl, pr, nhwc};
     const int Ho = dc_conv2d_ho(&s), Wo = dc_conv2d_wo(&s);
     const int64_t nx = (int64_t)B * Ci * H * W, ny = (int64_t)B * Co * Ho * Wo, nw = (int64_t)Co * Ci * k * k;
-    if (g_cpu->reserve_conv(g_cpu, &s, true) || g_gpu->reserve_conv(g_gpu, &s, true)) {
-        printf("FAIL reserve_conv: %s\n", dc_error());
-        g_fail++, g_count++;
-        return;
-    }
+    if (!reserve_both(&s, true)) return;
     pair x = rand_pair(nx, g_ct, -1, 1), w = rand_pair(nw, g_ct, -0.3, 0.3);
     pair b = rand_pair(Co, bias == 2 ? DC_F32 : g_ct, -1, 1);
     pair out = nan_pair(ny, g_ct);
@@ -172,6 +176,33 @@ static void test_conv(int B, int Ci, int H, int W, int Co, int k, int stride, in
 // or 64x64 in batches of 8, and at least 1024 2x2 blocks of outputs): the
 // checks above on such a shape, then the forward again on cuDNN
 // (opts.winograd off) must give other bits, so the path checked was Winograd's.
+// conv2d_fwd_res: out = conv + b + r, channels-last. In bf16 with a bf16
+// bias the residual joins cuDNN's graph epilogue (summed in fp32, rounded
+// once); without a bias or with an F32 one, the plain convolution and an add.
+// The CPU's convolution and add are the reference; r stays as it was, and a
+// second call gives the same bits.
+static void test_conv_res(int B, int Ci, int H, int W, int Co, int k, int bias) {
+    char name[128];
+    const int pad = k / 2;
+    dc_conv2d_shape s = {B, Ci, H, W, Co, k, 1, pad, pad, pad, pad, true};
+    const int64_t nx = (int64_t)B * Ci * H * W, ny = (int64_t)B * Co * H * W, nw = (int64_t)Co * Ci * k * k;
+    if (!reserve_both(&s, false)) return;
+    pair x = rand_pair(nx, g_ct, -1, 1), w = rand_pair(nw, g_ct, -0.3, 0.3);
+    pair b = rand_pair(Co, bias == 2 ? DC_F32 : g_ct, -1, 1), r = rand_pair(ny, g_ct, -2, 2);
+    pair out = nan_pair(ny, g_ct), out2 = nan_pair(ny, g_ct), r0 = make(ny, g_ct);
+    g_gpu->copy(g_gpu, r0.g.p, r.g.p, ny * dc_dtype_size(g_ct));
+    dc_buf bc = bias ? b.c : dc_buf_none(), bg = bias ? b.g : dc_buf_none();
+    g_cpu->conv2d_fwd_res(g_cpu, out.c, x.c, w.c, bc, r.c, &s);
+    g_gpu->conv2d_fwd_res(g_gpu, out.g, x.g, w.g, bg, r.g, &s);
+    snprintf(name, sizeof name, "conv2d_fwd_res B%d %d->%d %dx%d k%d%s", B, Ci, Co, H, W, k,
+             bias == 2 ? " (F32 bias)" : bias ? "" : " (no bias)");
+    compare(name, out, g_ct == DC_F32 ? 1e-5 : 1e-2);
+    expect_same("conv2d_fwd_res leaves the residual as it was", r, r0);
+    g_gpu->conv2d_fwd_res(g_gpu, out2.g, x.g, w.g, bg, r.g, &s);
+    expect_same("conv2d_fwd_res run twice: bit for bit", out, out2);
+    release();
+}
+
 static void test_winograd(int B, int Ci, int H, int W, int Co, int bias) {
     test_conv(B, Ci, H, W, Co, 3, 1, 1, 1, 1, 1, bias, true);
     if (g_ct != DC_BF16) return;
@@ -647,6 +678,11 @@ static void run_groups(void) {
         test_conv(2, 320, 11, 9, 4, 3, 1, 1, 1, 1, 1, true, true);      // SD's conv_out, partial warps
         test_conv(1, 128, 12, 20, 3, 3, 1, 1, 1, 1, 1, 2, true);        // the VAE's, 3 out
         test_conv(2, 32, 7, 5, 8, 3, 1, 1, 1, 1, 1, true, true);        // 8 out
+        test_conv_res(2, 64, 16, 12, 64, 3, true);                      // a VAE resnet's conv2 and its residual
+        test_conv_res(3, 128, 8, 8, 128, 3, true);
+        test_conv_res(2, 36, 9, 11, 20, 3, true);                       // odd sizes
+        test_conv_res(2, 64, 8, 6, 64, 3, false);                       // no bias: the add pass
+        test_conv_res(2, 64, 8, 6, 64, 3, 2);                           // an F32 bias: the add pass
         test_winograd(4, 640, 32, 32, 64, true);                        // 1024 2x2 blocks, 256 tiles of 4x4
         test_winograd(8, 640, 23, 21, 24, 2);                           // odd sizes: partial tiles; F32 bias
         test_winograd(8, 640, 64, 64, 16, true);                        // a 64x64 map in a batch of 8

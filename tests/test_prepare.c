@@ -12,8 +12,11 @@
 //     writes the same bytes as one never stopped, with and without buckets;
 //   - reading the next batch while one is encoded (opts.overlap) writes the
 //     same bytes, stopped and continued too;
+//   - the VAE encoder taking a batch's pictures together (opts.vae_batch):
+//     every sample again against the components run alone, one at a time;
 //   - on a GPU, the CUDA backend's shards against the CPU's: the same samples,
-//     captions and sizes, and latents and embeddings within bf16's error.
+//     captions and sizes, and latents and embeddings within bf16's error, with
+//     the pictures encoded one at a time and together.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -305,6 +308,12 @@ int main(int argc, char **argv) {
               same_tree(tmp_path("overlap"), tmp_path("whole")),
           "reading the next batch while one is encoded: not the bytes of one batch at a time (%s)", dc_error());
     test_resume(&m, &set, oo, tmp_path("whole"));
+    // the VAE encoder on a batch's pictures together: each latent as dc_vae_encode's of its picture alone
+    dc_prepare_opts ov = o;
+    ov.vae_batch = true;
+    CHECK(dc_prepare_run(&m, &set, tmp_path("together"), &ov, NULL, NULL, &st) == 0, "pictures together: %s",
+          dc_error());
+    check_samples(&m, &set, tmp_path("together"), 16, samples);
     // the same with buckets: 64 px sides at an area of 128^2
     dc_prepare_opts ob = o;
     ob.buckets = true, ob.size = 128;
@@ -335,6 +344,12 @@ int main(int argc, char **argv) {
         CHECK(dc_prepare_run(&mg, &set, tmp_path("cuda"), &o, NULL, NULL, &st) == 0, "run on CUDA: %s", dc_error());
         // bf16 compute: 8 bits of mantissa through a few layers
         compare_sets(tmp_path("cuda"), tmp_path("whole"), 3e-2);
+        // as the command runs on a GPU: pictures together, the next batch read meanwhile
+        dc_prepare_opts og = o;
+        og.vae_batch = og.overlap = true;
+        CHECK(dc_prepare_run(&mg, &set, tmp_path("cuda_together"), &og, NULL, NULL, &st) == 0,
+              "run on CUDA, pictures together: %s", dc_error());
+        compare_sets(tmp_path("cuda_together"), tmp_path("whole"), 3e-2);
         dc_prepare_models_close(&mg);
         dc_backend_destroy(gpu);
     }

@@ -322,6 +322,10 @@ static int load_and_run(dc_backend *be, const dc_vae_config *c, const dc_st_file
 // float32 against float64 through ~50 layers lands at ~1e-6 (measured); a
 // wrong index, weight or padding gives errors of order 0.1 to 1.
 #define TOL_REF 2e-5
+// Images together vs one at a time: the same sums in another order where
+// the CPU's matrix products see another row count (about 4e-7 measured); a
+// wrong image or offset gives errors of order 1.
+#define TOL_BATCH 2e-6
 
 static void test_small(dc_backend *be) {
     // three levels (f = 4), channel changes in both halves, two resnets a block
@@ -435,6 +439,47 @@ static void test_small(dc_backend *be) {
         dc_vae_free(dec);
     } else {
         CHECK(0, "decoder alone: %s", dc_error());
+    }
+
+    // the encoder taking images together (dc_vae_reserve_batch): 5 images as
+    // batches of 2, 2 and one alone, and as one batch of 5, give on the CPU
+    // the bits of one at a time (its ops sum each image's values in the same
+    // order whatever the batch), and match the reference
+    enum { NB = 5 };
+    static float bimg[NB * 3 * H * W], bmean[NB * 4 * 4 * 3], blogvar[NB * 4 * 4 * 3];
+    for (int i = 0; i < NB * 3 * H * W; i++) bimg[i] = unit(3000, (uint32_t)i);
+    for (int b = 0; b < NB; b++) ref_encode(&t, &c, bimg + b * ni, H, W, bmean + b * nl, blogvar + b * nl);
+    dc_st_file fe;
+    if (!dc_vae_create(&m, &c, be, DC_F32, true, false) && !make_file(&fe, &t, &c, 0, "", -1, -1)) {
+        dc_weights wt = {&fe, 1, ""};
+        int rc = dc_vae_load(m, &wt, DC_NAMES_DIFFUSERS);
+        float *one[2] = {NULL, NULL};
+        const int together[3] = {1, 2, NB};
+        for (int k = 0; k < 3 && !rc; k++) {
+            float *got[2] = {NULL, NULL};
+            rc = dc_vae_reserve_batch(m, NB, together[k], H, W);
+            if (!rc) rc = encode_host(m, bimg, NB, H, W, got);
+            if (rc) break;
+            CHECK(m->enc_batch == together[k], "%d images together planned (%d)", together[k], m->enc_batch);
+            double em = nerr(got[0], bmean, NB * nl), el = nerr(got[1], blogvar, NB * nl);
+            CHECK(em < TOL_REF && el < TOL_REF, "%d images together vs float64 reference: mean %.2e logvar %.2e",
+                  together[k], em, el);
+            if (k == 0) {
+                one[0] = got[0], one[1] = got[1];
+                continue;
+            }
+            double dm = nerr(got[0], one[0], NB * nl), dl = nerr(got[1], one[1], NB * nl);
+            CHECK(dm < TOL_BATCH && dl < TOL_BATCH, "%d images together vs one at a time: mean %.2e logvar %.2e",
+                  together[k], dm, dl);
+            printf("  %d images together vs one at a time: mean %.2e logvar %.2e\n", together[k], dm, dl);
+            free(got[0]), free(got[1]);
+        }
+        CHECK(!rc, "encoding images together: %s", rc ? dc_error() : "");
+        free(one[0]), free(one[1]);
+        dc_st_close(&fe);
+        dc_vae_free(m);
+    } else {
+        CHECK(0, "encoder alone: %s", dc_error());
     }
 
     // multiply-adds: the formula against a count written out here for this config

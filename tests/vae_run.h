@@ -45,4 +45,21 @@ static int run(dc_vae *m, const float *img, const float *z, int B, int H, int W,
     return rc;
 }
 
+// Encodes B images of host data with m as reserved: out[0] mean, out[1]
+// logvar (new arrays of B latents).
+static inline int encode_host(dc_vae *m, const float *img, int B, int H, int W, float *out[2]) {
+    dc_backend *be = m->be;
+    int f = dc_vae_factor(&m->cfg);
+    int64_t ni = (int64_t)B * m->cfg.in_channels * H * W, nl = (int64_t)B * m->cfg.latent_channels * (H / f) * (W / f);
+    dc_buf bi = {be->alloc(be, ni * 4), DC_F32}, bm = {be->alloc(be, nl * 4), DC_F32}, bl = {be->alloc(be, nl * 4), DC_F32};
+    be->upload(be, bi.p, img, ni * 4);
+    int rc = dc_vae_encode(m, bm, bl, bi, B, H, W);
+    if (!rc) {
+        out[0] = malloc(nl * 4), out[1] = malloc(nl * 4);
+        be->download(be, out[0], bm.p, nl * 4), be->download(be, out[1], bl.p, nl * 4);
+    }
+    be->free(be, bi.p), be->free(be, bm.p), be->free(be, bl.p);
+    return rc;
+}
+
 static void outputs_free(outputs *o) { free(o->mean), free(o->logvar), free(o->dec); }

@@ -287,6 +287,12 @@ struct dc_backend {
     // out[B,Co,Ho,Wo] = conv2d(x, w) + b[Co]   (b may be NULL; out[B,Ho,Wo,Co] if s->nhwc)
     void (*conv2d_fwd)(dc_backend *be, dc_buf out, dc_buf x, dc_buf w, dc_buf b,
                        const dc_conv2d_shape *s);
+    // out = conv2d(x, w) + b[Co] + r: a residual branch's last convolution,
+    // the residual r (out's shape; overlapping neither out nor x) added in the
+    // convolution's epilogue where the backend can, saving a pass over the
+    // map. Otherwise the same bits as conv2d_fwd followed by axpy.
+    void (*conv2d_fwd_res)(dc_backend *be, dc_buf out, dc_buf x, dc_buf w, dc_buf b, dc_buf r,
+                           const dc_conv2d_shape *s);
     // dx[B,Ci,H,W] (skipped if NULL; += if accumulate); dw[Co,Ci,k,k] += ; db[Co] +=
     // (skipped if NULL); channels-last dx, dw, dout if s->nhwc
     void (*conv2d_bwd)(dc_backend *be, dc_buf dx, dc_buf dw, dc_buf db, dc_buf dout, dc_buf x,

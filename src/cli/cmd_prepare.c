@@ -100,11 +100,13 @@ int cmd_prepare(int argc, char **argv) {
     dc_backend *be = NULL;
     dc_prepare_models m = {0};
     dc_prepare_opts o = {model, vocab, fallback, no_verify ? DC_ST_NO_VERIFY : 0, !strcmp(vae, "none"), size,
-                         buckets, min_side, max_side, batch, 0, shard_bytes, zstd, overwrite, false};
+                         buckets, min_side, max_side, batch, 0, shard_bytes, zstd, overwrite, false, false};
     dc_prepare_stats st = {0};
     int status = CLI_EXIT_FAILURE;
     if (cli_set_threads(threads) || cli_backend(device, precision, &be)) goto done;
     o.overlap = strcmp(be->name, "cpu") != 0;  // on the CPU both would share the same cores
+    // A GPU runs few large calls faster than many small ones; the CPU keeps one image's memory.
+    o.vae_batch = strcmp(be->name, "cpu") != 0;
     dc_log("loading the text encoder%s of %s on %s", o.no_vae ? "" : " and the VAE", model, be->name);
     if (dc_prepare_models_load(&m, &o, be)) goto done;
     progress_ctx pc = {0, -1};

@@ -54,6 +54,7 @@ typedef struct dc_vae {
     dc_vae_modules *mods;
     dc_vae_acts *acts;        // planned by dc_vae_reserve
     int max_batch, height, width;  // what was reserved (image size)
+    int enc_batch;                 // images the encoder takes through each op together
 } dc_vae;
 
 // Registers the halves asked for (encoder: encoder.* and quant_conv;
@@ -71,6 +72,15 @@ int dc_vae_load(dc_vae *m, const dc_weights *w, dc_names names);
 // that encode and decode allocate nothing. Encode and decode then run that
 // image size (another size needs another reserve, which replans).
 int dc_vae_reserve(dc_vae *m, int max_batch, int height, int width);
+// The same, with the encoder taking up to enc_batch images through each op
+// together (fewer, larger calls: a GPU's throughput when encoding a data
+// set), for about enc_batch times the encoder's activation memory. A call
+// of B images runs B / enc_batch such batches, the rest one at a time.
+// Each image's result is what dc_vae_reserve's one at a time gives, up to
+// the rounding of ops whose order of sums depends on the batch (a GPU's
+// convolution algorithms); the decoder still runs one image at a time.
+// enc_batch is lowered where a batch's maps would exceed int indexing.
+int dc_vae_reserve_batch(dc_vae *m, int max_batch, int enc_batch, int height, int width);
 // Frees the planned activations (a pipeline short of device memory frees
 // one model's for the other's); reserve again before the next run.
 void dc_vae_release(dc_vae *m);

@@ -304,7 +304,7 @@ static void bufs_free(dc_backend *be, batch_bufs *b) {
     memset(b, 0, sizeof *b);
 }
 
-static int bufs_alloc(dc_prepare_models *m, batch_bufs *b, int B, int H, int W) {
+static int bufs_alloc(dc_prepare_models *m, batch_bufs *b, int B, int H, int W, bool vae_batch) {
     dc_backend *be = m->be;
     const dc_vae *vae = m->sd.vae;
     memset(b, 0, sizeof *b);
@@ -322,7 +322,7 @@ static int bufs_alloc(dc_prepare_models *m, batch_bufs *b, int B, int H, int W) 
         if (!rc) rc = dc_buf_alloc(be, &b->mean, ct, (size_t)(B * b->lat), "latent means");
         if (!rc) rc = dc_buf_alloc(be, &b->logvar, ct, (size_t)(B * b->lat), "latent log-variances");
         if (!rc) rc = dc_buf_alloc(be, &b->lat32, DC_F32, (size_t)(B * b->lat), "latents (f32)");
-        if (!rc) rc = dc_vae_reserve(m->sd.vae, B, H, W);
+        if (!rc) rc = dc_vae_reserve_batch(m->sd.vae, B, vae_batch ? B : 1, H, W);
     }
     b->h_img = malloc(sizeof(float) * (size_t)(B * b->pix));
     b->h_px = malloc((size_t)(B * b->pix));
@@ -546,8 +546,9 @@ static int run_job(dc_prepare_models *m, const dc_picture_set *set, const job *j
     const int B = (int)(o->batch < j->n ? o->batch : j->n);
     // a second set of buffers only where a batch is read while another is encoded
     batch_bufs bufs[2] = {0};
-    DC_TRY(bufs_alloc(m, &bufs[0], B, j->height, j->width));
-    if (o->overlap && bufs_alloc(m, &bufs[1], B, j->height, j->width)) return bufs_free(m->be, &bufs[0]), -1;
+    DC_TRY(bufs_alloc(m, &bufs[0], B, j->height, j->width, o->vae_batch));
+    if (o->overlap && bufs_alloc(m, &bufs[1], B, j->height, j->width, o->vae_batch))
+        return bufs_free(m->be, &bufs[0]), -1;
     columns cols;
     columns_make(&cols, &bufs[0], latents);
     const bool resuming = ws->st.shards > 0 || ws->st.next > 0 || ws->st.copy > 0;

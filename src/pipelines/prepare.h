@@ -62,6 +62,11 @@ typedef struct {
     // is encoded and written (for a GPU, whose encoding leaves the host's
     // cores idle); the shards are the same bytes either way.
     bool overlap;
+    // The VAE encoder takes a batch's pictures through each op together
+    // (dc_vae_reserve_batch: a GPU's speed, for batch times the encoder's
+    // activation memory) rather than one at a time; the latents are equal up
+    // to the rounding of the GPU's convolution algorithms.
+    bool vae_batch;
 } dc_prepare_opts;
 
 // Opened models: the text encoder and tokenizer (in a dc_sd_pipe without a

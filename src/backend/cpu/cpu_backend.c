@@ -216,6 +216,7 @@ dc_backend *dc_backend_cpu_create(void) {
         .grad_norm = dc_cpu_grad_norm,
         .reserve_conv = cpu_reserve_conv,
         .conv2d_fwd = dc_cpu_conv2d_fwd,
+        .conv2d_fwd_res = dc_cpu_conv2d_fwd_res,
         .conv2d_bwd = dc_cpu_conv2d_bwd,
         .group_norm_fwd = dc_cpu_group_norm_fwd,
         .group_norm_bwd = dc_cpu_group_norm_bwd,

@@ -332,6 +332,14 @@ void dc_cpu_conv2d_fwd(dc_backend *be, dc_buf out_, dc_buf x_, dc_buf w_, dc_buf
     }
 }
 
+// The residual added after the convolution: the CPU gains nothing from
+// fusing it, and the sum rounds as conv2d_fwd and axpy do.
+void dc_cpu_conv2d_fwd_res(dc_backend *be, dc_buf out, dc_buf x, dc_buf w, dc_buf b, dc_buf r,
+                           const dc_conv2d_shape *s) {
+    dc_cpu_conv2d_fwd(be, out, x, w, b, s);
+    dc_cpu_axpy(be, out, r, 1.0f, (int64_t)s->B * s->Co * dc_conv2d_ho(s) * dc_conv2d_wo(s));
+}
+
 void dc_cpu_conv2d_bwd(dc_backend *be, dc_buf dx_, dc_buf dw_, dc_buf db_, dc_buf dout_,
                        dc_buf x_, dc_buf w_, const dc_conv2d_shape *s, bool accumulate) {
     // Shapes of NCHW maps; channels-last ones (s->nhwc) as in conv2d_nhwc_bwd.

@@ -149,6 +149,8 @@ size_t dc_cpu_attn_scratch(int max_tokens);
 size_t dc_cpu_conv_ws_floats(const dc_conv2d_shape *s);
 void dc_cpu_conv2d_fwd(dc_backend *be, dc_buf out, dc_buf x, dc_buf w, dc_buf b,
                        const dc_conv2d_shape *s);
+void dc_cpu_conv2d_fwd_res(dc_backend *be, dc_buf out, dc_buf x, dc_buf w, dc_buf b, dc_buf r,
+                           const dc_conv2d_shape *s);
 void dc_cpu_conv2d_bwd(dc_backend *be, dc_buf dx, dc_buf dw, dc_buf db, dc_buf dout, dc_buf x,
                        dc_buf w, const dc_conv2d_shape *s, bool accumulate);
 

@@ -374,6 +374,7 @@ extern "C" dc_backend *dc_backend_cuda_create_opts(bool fp32, const dc_backend_o
         .grad_norm = dc_cuda_grad_norm,
         .reserve_conv = dc_cuda_reserve_conv,
         .conv2d_fwd = dc_cuda_conv2d_fwd,
+        .conv2d_fwd_res = dc_cuda_conv2d_fwd_res,
         .conv2d_bwd = dc_cuda_conv2d_bwd,
         .group_norm_fwd = dc_cuda_group_norm_fwd,
         .group_norm_bwd = dc_cuda_group_norm_bwd,

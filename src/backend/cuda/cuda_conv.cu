@@ -26,6 +26,11 @@
 // epilogue (cuDNN runs the same precompiled kernels with it): SD 1.x's
 // 16-row step lost its 0.33 ms of bias passes (31.40 -> 31.09-31.23 ms on an
 // H100). A shape whose graph cuDNN declines keeps the separate pass.
+// conv2d_fwd_res adds a residual map in that epilogue too (bias and residual
+// summed in fp32 with the product, rounded once): the VAE's resnets lose
+// their residual add passes. Its graph is made at the shape's first such
+// call (host work only, within the workspace reserved), so reserving costs
+// nothing for shapes that never take a residual.
 // Large bf16 3x3 convolutions of stride 1 (640 channels or more at SD's
 // 64x64 to 16x16 levels, at batch 8) run Winograd's F(4x4, 3x3) instead
 // (cuda_conv_winograd.cu).
@@ -80,6 +85,11 @@ struct dc_conv_plan {
     // none; the bias pass runs after the plan above)
     cudnnBackendDescriptor_t gplan_b;
     dc_dnn_graph *g_b;
+    // with a bf16 bias and a residual map added in the epilogue
+    // (conv2d_fwd_res; NULL: none, or not tried yet)
+    cudnnBackendDescriptor_t gplan_r;
+    dc_dnn_graph *g_r;
+    bool res_tried;
     char bwd_missing[320];  // empty, or why backward cannot run (forward still can: inference
                             // of large fp32 convs where no deterministic backward fits)
 };
@@ -154,6 +164,8 @@ static void plan_free(dc_conv_plan *p) {
     dc_dnn_graph_free(p->g);
     if (p->gplan_b) cudnnBackendDestroyDescriptor(p->gplan_b);
     dc_dnn_graph_free(p->g_b);
+    if (p->gplan_r) cudnnBackendDestroyDescriptor(p->gplan_r);
+    dc_dnn_graph_free(p->g_r);
     if (p->xd) cudnnDestroyTensorDescriptor(p->xd);
     if (p->yd) cudnnDestroyTensorDescriptor(p->yd);
     if (p->wd) cudnnDestroyFilterDescriptor(p->wd);
@@ -178,16 +190,20 @@ static bool usable(const Perf &r, bool fp32) {
     return !fp32 || (r.mathType != CUDNN_TENSOR_OP_MATH && r.mathType != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION);
 }
 
-enum { UID_X = 1, UID_W, UID_Y, UID_B, UID_VIRTUAL };
+enum { UID_X = 1, UID_W, UID_Y, UID_B, UID_R, UID_VIRTUAL };
+
+// What a graph adds to the product in its epilogue.
+typedef enum { GRAPH_PLAIN, GRAPH_BIAS, GRAPH_BIAS_RES } graph_kind;
 
 // The forward convolution as a graph of x, w and y (channels-last strides,
 // the shape cuDNN sees: hi x wi, padding ph, pw), with bias: y = conv + b (b
-// bf16 [Co], added in fp32 before y is rounded), and its plan, where cuDNN
-// offers a deterministic one within limit bytes of workspace (into
-// p->gplan, or p->gplan_b with bias); else p keeps the legacy call (and the
-// bias pass).
+// bf16 [Co], added in fp32 before y is rounded), with bias and residual: y =
+// conv + b + r (r bf16, y's shape), and its plan, where cuDNN offers a
+// deterministic one within limit bytes of workspace (into p->gplan,
+// p->gplan_b or p->gplan_r); else p keeps the legacy call (and the separate
+// passes).
 static void graph_plan(cudnnHandle_t h, const dc_conv2d_shape *s, int hi, int wi, int ph, int pw, size_t limit,
-                       bool bias, dc_conv_plan *p) {
+                       graph_kind kind, dc_conv_plan *p) {
     dc_dnn_graph *g = (dc_dnn_graph *)calloc(1, sizeof *g);
     if (!g) return;
     g->next_uid = UID_VIRTUAL;
@@ -199,6 +215,7 @@ static void graph_plan(cudnnHandle_t h, const dc_conv2d_shape *s, int hi, int wi
     cudnnBackendDescriptor_t x = dc_dnn_tensor(g, UID_X, bf, xd, xs, false);
     cudnnBackendDescriptor_t w = dc_dnn_tensor(g, UID_W, bf, wd, ws, false);
     cudnnBackendDescriptor_t y = dc_dnn_tensor(g, UID_Y, bf, yd, ys, false);
+    const bool bias = kind != GRAPH_PLAIN;
     cudnnBackendDescriptor_t yc = bias ? dc_dnn_tensor(g, 0, f32, yd, ys, false) : y;  // the product, fp32
     const int64_t dims = 2, dil[2] = {1, 1}, str[2] = {s->stride, s->stride}, pad[2] = {ph, pw};
     const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
@@ -220,12 +237,17 @@ static void graph_plan(cudnnHandle_t h, const dc_conv2d_shape *s, int hi, int wi
     DNN_G_SET(g, op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha);
     DNN_G_SET(g, op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, CUDNN_TYPE_FLOAT, 1, &beta);
     DNN_G_FINISH(g, op);
-    cudnnBackendDescriptor_t ops[2] = {op, NULL};
+    cudnnBackendDescriptor_t ops[3] = {op, NULL, NULL};
+    int nops = 1;
     if (bias) {
         const int64_t bd[4] = {1, co, 1, 1}, bs[4] = {co, 1, co, co};
-        ops[1] = dc_dnn_pointwise(g, CUDNN_POINTWISE_ADD, yc, dc_dnn_tensor(g, UID_B, bf, bd, bs, false), y);
+        // with a residual, the product plus bias stays in fp32 for the second add
+        cudnnBackendDescriptor_t yb = kind == GRAPH_BIAS_RES ? dc_dnn_tensor(g, 0, f32, yd, ys, false) : y;
+        ops[nops++] = dc_dnn_pointwise(g, CUDNN_POINTWISE_ADD, yc, dc_dnn_tensor(g, UID_B, bf, bd, bs, false), yb);
+        if (kind == GRAPH_BIAS_RES)
+            ops[nops++] = dc_dnn_pointwise(g, CUDNN_POINTWISE_ADD, yb, dc_dnn_tensor(g, UID_R, bf, yd, ys, false), y);
     }
-    cudnnBackendDescriptor_t graph = dc_dnn_op_graph(g, h, ops, bias ? 2 : 1);
+    cudnnBackendDescriptor_t graph = dc_dnn_op_graph(g, h, ops, nops);
     int64_t ws_bytes = 0;
     cudnnBackendDescriptor_t plan = NULL;
     if (g->st == CUDNN_STATUS_SUCCESS) plan = dc_dnn_plan(g, h, graph, (int64_t)limit, true, &ws_bytes);
@@ -234,7 +256,8 @@ static void graph_plan(cudnnHandle_t h, const dc_conv2d_shape *s, int hi, int wi
         cudaGetLastError();  // a declined build leaves no error behind
         return;
     }
-    if (bias) p->gplan_b = plan, p->g_b = g;
+    if (kind == GRAPH_BIAS_RES) p->gplan_r = plan, p->g_r = g;
+    else if (bias) p->gplan_b = plan, p->g_b = g;
     else p->gplan = plan, p->g = g;
     if ((size_t)ws_bytes > p->ws_fwd) p->ws_fwd = (size_t)ws_bytes;  // any of the calls may run
 }
@@ -302,8 +325,8 @@ static bool plan_make(cudnnHandle_t h, const dc_conv2d_shape *s, dc_dtype dt, si
         p->fwd = f[i].algo, p->math_fwd = m, p->ws_fwd = ws, found = true;
     }
     if (found && !fp32 && s->nhwc) {
-        graph_plan(h, s, hi, wi, ph, pw, limit, false, p);
-        if (p->gplan) graph_plan(h, s, hi, wi, ph, pw, limit, true, p);
+        graph_plan(h, s, hi, wi, ph, pw, limit, GRAPH_PLAIN, p);
+        if (p->gplan) graph_plan(h, s, hi, wi, ph, pw, limit, GRAPH_BIAS, p);
     }
     const char *pass = "forward";
     if (found) {
@@ -724,6 +747,37 @@ extern "C" void dc_cuda_conv2d_fwd(dc_backend *be, dc_buf out, dc_buf x, dc_buf 
         conv_bias(be, out, b, s);
     }
     DC_CUDA_LAUNCHED(be);
+}
+
+// The residual joins the bias in the graph's epilogue where the shape has a
+// graph (bf16 channels-last, symmetric padding, a bf16 bias, every buffer
+// 16-byte aligned); elsewhere the convolution runs as conv2d_fwd does and an
+// add pass follows.
+extern "C" void dc_cuda_conv2d_fwd_res(dc_backend *be, dc_buf out, dc_buf x, dc_buf w, dc_buf b, dc_buf r,
+                                       const dc_conv2d_shape *s) {
+    DC_CUDA_OP(be);
+    dc_cuda_ctx *c = dc_cuda(be);
+    if (r.dt != out.dt)
+        DC_CUDA_FAIL(be, "conv2d_fwd_res: the residual is %s, the output %s", dc_dtype_name(r.dt),
+                     dc_dtype_name(out.dt));
+    dc_conv_plan *p = plan_find(c, s, x.dt);
+    const bool fused = p && p->gplan && !p->padded && fits(c, p, false) && w.dt == x.dt && out.dt == x.dt &&
+                       b.p && b.dt == DC_BF16 && dc_aligned(x.p, 16) && dc_aligned(w.p, 16) &&
+                       dc_aligned(out.p, 16) && dc_aligned(b.p, 16) && dc_aligned(r.p, 16);
+    if (fused && !p->res_tried) {
+        p->res_tried = true;
+        graph_plan(c->dnn, s, s->H, s->W, s->pad_t, s->pad_l, c->conv_ws_bytes, GRAPH_BIAS_RES, p);
+    }
+    if (fused && p->gplan_r) {
+        if (c->prof) dc_cuda_prof_mark(c, "conv2d_fwd_res: cuDNN graph with bias and residual (NHWC)");
+        const int64_t uids[5] = {UID_X, UID_W, UID_Y, UID_B, UID_R};
+        void *const data[5] = {x.p, w.p, out.p, b.p, r.p};
+        DNN(dc_dnn_execute(c->dnn, p->gplan_r, 5, uids, data, c->conv_ws));
+        DC_CUDA_LAUNCHED(be);
+        return;
+    }
+    dc_cuda_conv2d_fwd(be, out, x, w, b, s);
+    dc_cuda_axpy(be, out, r, 1.0f, (int64_t)s->B * s->Co * dc_conv2d_ho(s) * dc_conv2d_wo(s));
 }
 
 extern "C" void dc_cuda_conv2d_bwd(dc_backend *be, dc_buf dx, dc_buf dw, dc_buf db, dc_buf dout, dc_buf x, dc_buf w,

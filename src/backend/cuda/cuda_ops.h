@@ -211,7 +211,7 @@ void dc_cuda_transpose(dc_backend *be, dc_buf out, dc_buf x, int B, int64_t M, i
 void dc_cuda_add_channel(dc_backend *be, dc_buf x, dc_buf v, int B, int C, int64_t HW);
 void dc_cuda_channel_sum(dc_backend *be, dc_buf dv, dc_buf dx, int B, int C, int64_t HW);
 
-// ---- channels-last maps (cuda_pointwise.cu; group norm in cuda_norm.cu) ----
+// ---- channels-last maps (cuda_pointwise.cu; group norm in cuda_group_norm.cu) ----
 void dc_cuda_upsample2x_nhwc_fwd(dc_backend *be, dc_buf out, dc_buf x, int B, int C, int H, int W);
 void dc_cuda_add_nhwc(dc_backend *be, dc_buf x, dc_buf y, dc_buf v, dc_buf bias, int B, int C, int64_t HW);
 void dc_cuda_concat_channels(dc_backend *be, dc_buf out, dc_buf a, int C1, dc_buf b, int C2, int64_t M);
@@ -233,6 +233,8 @@ bool dc_cuda_conv_winograd(dc_backend *be, dc_buf out, dc_buf x, dc_buf w, dc_bu
 void dc_cuda_freeze_weights(dc_backend *be, bool frozen);
 void dc_cuda_wino_free(dc_cuda_ctx *c);  // the kept transforms, at unfreeze and teardown
 void dc_cuda_conv2d_fwd(dc_backend *be, dc_buf out, dc_buf x, dc_buf w, dc_buf b, const dc_conv2d_shape *s);
+void dc_cuda_conv2d_fwd_res(dc_backend *be, dc_buf out, dc_buf x, dc_buf w, dc_buf b, dc_buf r,
+                            const dc_conv2d_shape *s);
 void dc_cuda_conv2d_bwd(dc_backend *be, dc_buf dx, dc_buf dw, dc_buf db, dc_buf dout, dc_buf x, dc_buf w,
                         const dc_conv2d_shape *s, bool accumulate);
 // Releases the plans, cuDNN and the conv workspaces.
@@ -242,7 +244,7 @@ int dc_cuda_dnn_start(dc_cuda_ctx *c);
 // Releases cuDNN's attention plans and workspace (before dc_cuda_conv_free ends cuDNN).
 void dc_cuda_attention_cudnn_free(dc_cuda_ctx *c);
 
-// ---- group norm and affine layer norm (cuda_norm.cu) ----
+// ---- group norm (cuda_group_norm.cu) and affine layer norm (cuda_layer_norm.cu) ----
 void dc_cuda_group_norm_fwd(dc_backend *be, dc_buf out, dc_buf mean, dc_buf rstd, dc_buf x, dc_buf gamma,
                             dc_buf beta, int B, int C, int64_t HW, int G, float eps, bool silu);
 void dc_cuda_group_norm_nhwc_fwd(dc_backend *be, dc_buf out, dc_buf mean, dc_buf rstd, dc_buf x, dc_buf gamma,
