@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `diffusion bench --sd-train` on the CPU with a tiny UNet config: it trains
 # through the trainer and prints its table, whose figures agree with each
-# other and with the wall clock; bad flags and configs fail, naming what is
+# other and with the wall clock, on one rank and on two; bad flags and configs fail, naming what is
 # wrong. tools/sd_train_bench.py (diffusers' side, run on a GPU) at least
 # compiles.
 source "$(dirname "$0")/lib.sh"
@@ -54,6 +54,17 @@ wall=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { print b - a }')
 check_table "$TMP/b.txt" 4 2 "$wall" 1
 grep -qE '^\| 4 \| 2 \| keep 1 of [0-9]+ \|' "$TMP/b.txt" && pass "--recompute shows in the table" \
   || fail "recompute column: $(grep '^| 4' "$TMP/b.txt")"
+
+# ---- two ranks (the socket communicator on the CPU): batch 2 each, the table the job's (batch 4), and
+# ZeRO stage 2
+t0=$(date +%s.%N)
+diffusion bench "${Q[@]}" --size 32 --batch 2 --steps 2 --warmup 1 --ranks 2 --zero 2 > "$TMP/r.txt" 2> "$TMP/r.err" \
+  || fail "2 ranks: $(tail -2 "$TMP/r.err")"
+wall=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { print b - a }')
+check_table "$TMP/r.txt" 4 2 "$wall" 2
+grep -q '^ranks   2, sockets, ZeRO stage 2, batch 2 per rank (4 a step)' "$TMP/r.txt" \
+  && grep -qE '^ranks 2: [0-9.]+ img/s a rank' "$TMP/r.txt" && [ "$(grep -c '^| 4 |' "$TMP/r.txt")" = 1 ] \
+  && pass "--ranks 2 --zero 2: one table, of the job, from rank 0" || fail "2 ranks: $(cat "$TMP/r.txt")"
 
 # ---- flags and configs at fault
 expect_fail "no --unet-config" "--unet-config is required" diffusion bench --sd-train

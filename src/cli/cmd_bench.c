@@ -57,29 +57,6 @@ static void print_memory(dc_backend *be) {
 
 static double g_peak_tflops;  // measured GEMM ceiling (0: unknown; rank 0 measures it)
 
-// What each rank measured, gathered onto every rank: the slowest rank sets the
-// job's pace, and memory is quoted for the rank that needs the most.
-typedef struct {
-    double sec;   // seconds per timed step
-    double peak;  // peak device memory (bytes), or the process's peak RSS without one
-    double held;  // device memory held during the steps (bytes), -1 without one
-} rank_report;
-
-static int gather_reports(train_ranks *job, rank_report *mine) {
-    if (!job->rv) return 0;
-    const int n = job->launch.size;
-    rank_report *all = malloc(sizeof *all * (size_t)n);
-    if (!all) return dc_fail("out of memory");
-    int rc = dc_rendezvous_all_gather(job->rv, mine, all, sizeof *mine);
-    for (int q = 0; q < n && !rc; q++) {
-        if (all[q].sec > mine->sec) mine->sec = all[q].sec;
-        if (all[q].peak > mine->peak) mine->peak = all[q].peak;
-        if (all[q].held > mine->held) mine->held = all[q].held;
-    }
-    free(all);
-    return rc;
-}
-
 // The ZeRO-sharded state per rank (train/zero.h), beside stage 0's: what the
 // stage saves is read off this line.
 static int print_zero_state(const dc_params *ps, int size, int stage, dc_dtype compute, dc_dtype wire) {
@@ -132,17 +109,21 @@ static int bench_train(train_ranks *job, const dc_kv *mc, dc_backend *be, int ba
         if (dc_trainer_step(&tr, NULL)) goto done;
     }
     if (dc_trainer_sync(&tr)) goto done;  // the last step's update too
-    rank_report r = {(dc_time_now() - t0) / iters, peak_rss_gib() * 1073741824.0, -1};
+    // what this rank measured: seconds a timed step, peak memory (the device's, else the process's
+    // RSS), memory held during the steps (-1 without a device); the job's are the largest over the
+    // ranks: the slowest rank sets the pace, and memory is quoted for the rank that needs the most
+    enum { SEC, PEAK, HELD };
+    double r[3] = {(dc_time_now() - t0) / iters, peak_rss_gib() * 1073741824.0, -1};
     if (be->memory) {
         size_t held = 0, peak = 0;
         be->memory(be, &held, &peak);
-        r.peak = (double)peak, r.held = (double)held;
+        r[PEAK] = (double)peak, r[HELD] = (double)held;
     }
     dc_step_stats st;  // a diverged or broken step (NaN loss or gradient) fails the bench
     if (dc_trainer_stats(&tr, &st) || train_ranks_agree(job, true, "finish the timed steps") ||
-        gather_reports(job, &r))
+        train_ranks_max(job, r, 3))
         goto done;
-    double dt = r.sec;
+    double dt = r[SEC];
     double flop = 3 * 2 * dc_model_macs_per_image(m) * batch;  // per rank; backward ~ 2x forward
     double tf = flop / dt / 1e12;
     if (lead && size == 1) {
@@ -153,8 +134,8 @@ static int bench_train(train_ranks *job, const dc_kv *mc, dc_backend *be, int ba
     }
     if (lead) {
         if (g_peak_tflops > 0) printf("   MFU %.1f%%", 100 * tf / g_peak_tflops);
-        if (r.held >= 0) printf("   peak GPU %.2f GiB   held %.2f GiB", r.peak / 1073741824.0, r.held / 1073741824.0);
-        else printf("   peak RSS %.2f GiB", r.peak / 1073741824.0);
+        if (r[HELD] >= 0) printf("   peak GPU %.2f GiB   held %.2f GiB", r[PEAK] / 1073741824.0, r[HELD] / 1073741824.0);
+        else printf("   peak RSS %.2f GiB", r[PEAK] / 1073741824.0);
         printf(size > 1 ? " (max over ranks)\n" : "\n");
         if (!offload && print_zero_state(m->params, size, zero, be->compute, wire)) goto done;
         if (offload) {  // what stayed on the device, and what went to the host

@@ -11,6 +11,7 @@
 #include "cli/args.h"
 #include "cli/cli_util.h"
 #include "cli/commands.h"
+#include "cli/train_ranks.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/rng.h"
@@ -60,13 +61,20 @@ typedef struct {
 
 // Steps of the trainer on the model after `warm` untimed ones: the whole
 // optimizer step as `diffusion train` runs it (staging, forward, loss,
-// backward, clipping, AdamW, EMA). A NaN loss or gradient fails it.
-static int time_steps(dc_model *m, dc_backend *be, int batch, int micro, int steps, int warm, measured *out) {
+// backward, clipping, AdamW, EMA), on each of the job's ranks `batch` images
+// of the global batch, their gradients reduced as `diffusion train --zero`
+// reduces them. A NaN loss or gradient fails it. What is measured is the
+// slowest rank's time and the largest rank's memory.
+static int time_steps(train_ranks *job, dc_model *m, dc_backend *be, int batch, int micro, int steps, int warm,
+                      int zero, dc_dtype wire, measured *out) {
+    const int size = job->launch.size;
+    *out = (measured){0};
     dc_dataset ds = {0};
     dc_trainer tr = {0};
     dc_schedule sched = {0};
-    dc_train_config tc = sd_recipe(batch, micro, warm + steps);
-    int rc = random_data(&ds, &m->info, batch);
+    dc_train_config tc = sd_recipe(batch * size, micro, warm + steps);
+    tc.grad_comm = wire;
+    int rc = random_data(&ds, &m->info, batch * size);
     // SD's training schedule (scaled_linear 0.00085..0.012, 1000 steps)
     if (!rc) rc = dc_schedule_init_scaled_linear(&sched, 1000, 0.00085, 0.012);
     if (!rc) {
@@ -74,10 +82,14 @@ static int time_steps(dc_model *m, dc_backend *be, int batch, int micro, int ste
         rc = dc_source_dataset(&src, &ds, tc.seed);
         if (!rc) rc = dc_trainer_init_source(&tr, m, &src, &sched, &tc);  // takes src and sched
     }
+    if (!rc) rc = train_ranks_comm(job, be);
+    if (!rc && (job->comm || zero)) rc = dc_trainer_set_comm(&tr, job->comm, zero);
+    rc = train_ranks_agree(job, rc == 0, "start");
     double t0 = 0;
     for (int i = 0; i < warm + steps && !rc; i++) {
-        if (i == warm) {
+        if (i == warm) {  // every rank starts the clock together
             rc = dc_trainer_sync(&tr);
+            rc = train_ranks_agree(job, rc == 0, "finish the warm-up");
             if (be->profile_restart) be->profile_restart(be);  // a profile of the timed steps alone
             t0 = dc_time_now();
         }
@@ -89,11 +101,14 @@ static int time_steps(dc_model *m, dc_backend *be, int batch, int micro, int ste
         dc_step_stats st;
         rc = dc_trainer_stats(&tr, &st);
     }
-    out->held = out->peak = 0;
-    if (be->memory) be->memory(be, &out->held, &out->peak);
+    size_t held = 0, peak = 0;
+    if (be->memory) be->memory(be, &held, &peak);
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
-    out->rss = ru.ru_maxrss * 1024.0;  // ru_maxrss is in KiB on Linux
+    double v[4] = {out->sec, (double)held, (double)peak, ru.ru_maxrss * 1024.0};  // ru_maxrss is in KiB on Linux
+    rc = train_ranks_agree(job, rc == 0, "finish the timed steps");
+    if (!rc) rc = train_ranks_max(job, v, 4);
+    *out = (measured){v[0], (size_t)v[1], (size_t)v[2], v[3]};
     dc_trainer_free(&tr);
     dc_schedule_free(&sched);  // nothing left where the trainer took it
     dc_dataset_free(&ds);
@@ -101,15 +116,17 @@ static int time_steps(dc_model *m, dc_backend *be, int batch, int micro, int ste
 }
 
 int cmd_bench_sd_train(int argc, char **argv) {
-    const char *config = NULL, *device = "auto", *precision = "auto";
+    const char *config = NULL, *device = "auto", *precision = "auto", *grad_comm = "fp32";
     int size = 0, batch = 8, micro = 0, steps = 10, warm = 3, recompute = -1, threads = 0;
+    int ranks = 0, gpus = 0, zero = 0;
+    float comm_timeout = 300;
     bool sd_train = false;
     arg_spec specs[] = {
         {"sd-train", ARG_FLAG, &sd_train, NULL, "time SD UNet training (this command)"},
         {"unet-config", ARG_STR, &config, "FILE", "the UNet's diffusers config.json (tools/configs/ has SD 1.5's "
                                                   "and 2.1's)"},
         {"size", ARG_INT, &size, "PX", "picture size: latents of PX/8 (default: the config's sample_size x 8)"},
-        {"batch", ARG_INT, &batch, "N", "images an optimizer step"},
+        {"batch", ARG_INT, &batch, "N", "images an optimizer step (per rank with several ranks)"},
         {"micro-batch", ARG_INT, &micro, "N", "images a forward and backward (default: --batch)"},
         {"steps", ARG_INT, &steps, "N", "timed optimizer steps"},
         {"warmup", ARG_INT, &warm, "N", "untimed steps first"},
@@ -118,6 +135,11 @@ int cmd_bench_sd_train(int argc, char **argv) {
         {"threads", ARG_INT, &threads, "N", "CPU threads (default: all cores)"},
         {"device", ARG_STR, &device, "NAME", CLI_DEVICE_HELP},
         {"precision", ARG_STR, &precision, "P", CLI_PRECISION_HELP},
+        {"gpus", ARG_INT, &gpus, "N", CLI_GPUS_HELP},
+        {"ranks", ARG_INT, &ranks, "N", CLI_RANKS_HELP},
+        {"zero", ARG_INT, &zero, "S", CLI_ZERO_HELP},
+        {"grad-comm", ARG_STR, &grad_comm, "T", CLI_GRAD_COMM_HELP},
+        {"comm-timeout", ARG_FLOAT, &comm_timeout, "S", CLI_COMM_TIMEOUT_HELP},
     };
     arg_parser ap = {"diffusion bench --sd-train --unet-config FILE [--size PX] [--batch N] [flags]",
                      "Times training steps of a Stable Diffusion UNet made from a diffusers\n"
@@ -128,6 +150,10 @@ int cmd_bench_sd_train(int argc, char **argv) {
                      "ms a step, achieved TFLOP/s (a step counted as 3 forward passes; 1 MAC\n"
                      "= 2 FLOP), MFU against a large matrix product timed on the GPU, and peak\n"
                      "memory (the device's, or the process's on the CPU).\n"
+                     "With several ranks (--gpus N, --ranks N, or a launcher's) every rank trains\n"
+                     "--batch images a step, their gradients reduced as `diffusion train` reduces\n"
+                     "them (--zero S); rank 0 prints the images/s of all ranks and of one, the\n"
+                     "slowest rank's time and the largest rank's memory.\n"
                      "tools/sd_train_bench.py measures diffusers on the same workload.",
                      specs, (int)(sizeof specs / sizeof specs[0]), 0, {0}, 0, {0}};
     int rc = args_parse(&ap, argc, argv);
@@ -144,7 +170,24 @@ int cmd_bench_sd_train(int argc, char **argv) {
                cli_usage_fail();
     if (recompute < -1) return dc_fail("--recompute must be 0 or more (got %d)", recompute), cli_usage_fail();
     if (cli_check_device_flags(threads, device, precision)) return cli_usage_fail();
+    if (train_ranks_check_flags(ranks, gpus, zero, comm_timeout, device)) return cli_usage_fail();
+    dc_dtype wire;
+    if (train_ranks_grad_comm(grad_comm, &wire)) return cli_usage_fail();
 
+    // ---- several ranks: this process starts them, or is one of them
+    train_ranks job;
+    int spawn;
+    if (train_ranks_plan(&job, ranks, gpus, device, &spawn)) return cli_fail();
+    if (spawn) {
+        rc = train_ranks_spawn(spawn, argc, argv);
+        return rc < 0 ? cli_fail() : rc;
+    }
+    const int nranks = job.launch.size;
+    const bool lead = train_ranks_lead(&job);
+    if (train_ranks_select_device(&job, device) || train_ranks_join(&job, comm_timeout)) {
+        train_ranks_end(&job);
+        return cli_fail();
+    }
     dc_kv base = {0}, over = {0}, mc = {0};
     dc_backend *be = NULL;
     dc_model *m = NULL;
@@ -160,12 +203,17 @@ int cmd_bench_sd_train(int argc, char **argv) {
     char what[512];
     dc_model_describe(m, what, sizeof what);
     what[strcspn(what, "\n")] = 0;  // its first line: the architecture and its sizes
-    printf("model   %s: %s\n", config, what);
-    printf("        %.1fM parameters; %dx%d pictures, latents %dx%dx%d, text %dx%d; %.4g GFLOP/image forward; "
-           "backend %s, %s\n", m->params->numel / 1e6, mi->height * 8, mi->width * 8, mi->channels, mi->height,
-           mi->width, mi->ctx_len, mi->ctx_dim, 2 * macs / 1e9, be->name, dc_dtype_name(be->compute));
+    if (lead) {
+        printf("model   %s: %s\n", config, what);
+        printf("        %.1fM parameters; %dx%d pictures, latents %dx%dx%d, text %dx%d; %.4g GFLOP/image forward; "
+               "backend %s, %s\n", m->params->numel / 1e6, mi->height * 8, mi->width * 8, mi->channels, mi->height,
+               mi->width, mi->ctx_len, mi->ctx_dim, 2 * macs / 1e9, be->name, dc_dtype_name(be->compute));
+        if (nranks > 1)
+            printf("ranks   %d, %s, ZeRO stage %d, batch %d per rank (%d a step), gradients summed in %s\n", nranks,
+                   job.nccl ? "NCCL" : "sockets", zero, batch, batch * nranks, wire == DC_BF16 ? "bf16" : "fp32");
+    }
     double peak_tflops = 0;
-    if (be->gemm_peak) {
+    if (lead && be->gemm_peak) {
         peak_tflops = be->gemm_peak(be);
         if (peak_tflops <= 0) goto done;
         printf("peak    %.1f TFLOP/s: 8192^3 %s matrix product on this device (MFU is quoted against it)\n",
@@ -173,21 +221,32 @@ int cmd_bench_sd_train(int argc, char **argv) {
     }
     fflush(stdout);
     measured r;
-    if (time_steps(m, be, batch, micro, steps, warm, &r)) goto done;
-    const double G = 1073741824.0, tf = 3 * 2 * macs * batch / r.sec / 1e12;
+    if (time_steps(&job, m, be, batch, micro, steps, warm, zero, wire, &r)) goto done;
+    // the job's: its global batch, images/s and TFLOP/s of all ranks; MFU a GPU's
+    const int global = batch * nranks;
+    const double G = 1073741824.0, all = global / r.sec, tf = 3 * 2 * macs * all / 1e12;
     char recomp[32] = "off";
     if (recompute >= 0) snprintf(recomp, sizeof recomp, "keep %d of %d", recompute, mi->blocks);
-    printf("\n| batch | micro-batch | recompute | img/s | ms/step | TFLOP/s | MFU | peak GiB |\n"
-           "|---|---|---|---|---|---|---|---|\n");
-    printf("| %d | %d | %s | %.2f | %.2f | %.2f | ", batch, micro, recomp, batch / r.sec, r.sec * 1e3, tf);
-    if (peak_tflops > 0) printf("%.1f%% |", 100 * tf / peak_tflops);
-    else printf("- |");
-    printf(be->memory ? " %.2f (device) |\n" : " %.2f (process RSS) |\n", (be->memory ? r.peak : r.rss) / G);
-    printf("sd-train %.2f img/s %.4f s/step %.2f GiB peak\n", batch / r.sec, r.sec, (be->memory ? r.peak : r.rss) / G);
-    if (be->memory) printf("device memory held after the steps %.2f GiB\n", r.held / G);
+    if (lead) {
+        printf("\n| batch | micro-batch | recompute | img/s | ms/step | TFLOP/s | MFU | peak GiB |\n"
+               "|---|---|---|---|---|---|---|---|\n");
+        printf("| %d | %d | %s | %.2f | %.2f | %.2f | ", global, micro, recomp, all, r.sec * 1e3, tf);
+        if (peak_tflops > 0) printf("%.1f%% |", 100 * tf / nranks / peak_tflops);
+        else printf("- |");
+        printf(be->memory ? " %.2f (device) |\n" : " %.2f (process RSS) |\n", (be->memory ? r.peak : r.rss) / G);
+        printf("sd-train %.2f img/s %.4f s/step %.2f GiB peak\n", all, r.sec, (be->memory ? r.peak : r.rss) / G);
+        if (nranks > 1)
+            printf("ranks %d: %.2f img/s a rank, the slowest rank's time and the largest rank's memory\n", nranks,
+                   all / nranks);
+        if (be->memory) printf("device memory held after the steps %.2f GiB\n", r.held / G);
+    }
     rc = 0;
 done:
-    if (rc) cli_fail();
+    if (rc) {
+        train_ranks_abort(&job);  // the others stop too, with this message
+        cli_fail();
+    }
+    train_ranks_end(&job);  // before the backend: NCCL's communicator uses its stream
     dc_model_free(m);
     if (be) dc_backend_destroy(be);
     dc_kv_free(&base), dc_kv_free(&over), dc_kv_free(&mc);

@@ -95,6 +95,21 @@ int train_ranks_agree(train_ranks *tr, bool ok, const char *what) {
     return rc;
 }
 
+int train_ranks_max(train_ranks *tr, double *v, int n) {
+    if (!tr->rv) return 0;
+    if (n < 1 || n > 8) return dc_fail("train_ranks_max: %d values", n);
+    const int size = tr->launch.size;
+    double mine[8], *all = malloc(sizeof mine * (size_t)size);
+    if (!all) return dc_fail("out of memory");
+    memset(mine, 0, sizeof mine), memcpy(mine, v, sizeof(double) * (size_t)n);
+    int rc = dc_rendezvous_all_gather(tr->rv, mine, all, sizeof mine);
+    for (int q = 0; q < size && !rc; q++)
+        for (int i = 0; i < n; i++)
+            if (all[8 * q + i] > v[i]) v[i] = all[8 * q + i];
+    free(all);
+    return rc;
+}
+
 // Every rank's value gathered; *q the first rank whose value differs from
 // rank 0's (0: none), *theirs its value and *first rank 0's.
 static int first_differing(train_ranks *tr, int64_t value, int *q, int64_t *theirs, int64_t *first) {

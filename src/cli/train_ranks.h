@@ -56,6 +56,9 @@ int train_ranks_same(train_ranks *tr, int64_t value, const char *what);
 // compared across ranks (a rank started with another --lr or another data
 // file would otherwise train its own variant silently).
 int train_ranks_same_settings(train_ranks *tr, const dc_model *m, const dc_train_config *tc, uint64_t data);
+// Each of v[0..n-1] (n <= 8) replaced by its largest value over the ranks:
+// benchmarks quote the slowest rank's time and the largest rank's memory.
+int train_ranks_max(train_ranks *tr, double *v, int n);
 // After a failure: the other ranks stop too, with this rank's message, which
 // then names the rank ("rank 1 of 2: ..."). Nothing to do with one rank.
 void train_ranks_abort(train_ranks *tr);
