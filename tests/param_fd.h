@@ -7,8 +7,12 @@
 // differences can give.
 #pragma once
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include "core/error.h"
 #include "core/rng.h"
+#include "models/model.h"
 #include "nn/params.h"
 
 typedef struct {
@@ -65,4 +69,51 @@ static inline param_fd param_fd_check(dc_backend *be, const dc_params *ps, int i
     r.err = fabs(r.fd - r.an) / (fabs(r.an) + r.gn + 1e-6);
     free(w0), free(w), free(v);
     return r;
+}
+
+// L = sum(dout * out) of a forward of m (out n F32 values), in double; NaN
+// when the forward fails.
+static inline double param_fd_model_loss(dc_model *m, dc_buf out, dc_buf x, dc_buf t, const dc_cond *cond, int B,
+                                         const float *hdout, int64_t n) {
+    if (dc_model_forward(m, out, x, t, cond, B)) return NAN;
+    return param_fd_loss(m->be, out, hdout, n);
+}
+
+// Every parameter's gradient of that L (the flat layout, on the host) after
+// one forward and backward (dout: hdout on the backend); NULL, with the
+// message printed, when either fails.
+static inline float *param_fd_model_grads(dc_model *m, dc_buf out, dc_buf x, dc_buf t, const dc_cond *cond, int B,
+                                          const float *hdout, dc_buf dout, int64_t n) {
+    const dc_params *ps = m->params;
+    m->be->zero(m->be, ps->grad.p, (size_t)ps->numel * 4);
+    if (!isfinite(param_fd_model_loss(m, out, x, t, cond, B, hdout, n)) || dc_model_backward(m, dout, B)) {
+        printf("  backward: %s\n", dc_error());
+        return NULL;
+    }
+    float *g = malloc((size_t)ps->numel * sizeof *g);
+    if (g) m->be->download(m->be, g, ps->grad.p, (size_t)ps->numel * 4);
+    return g;
+}
+
+// A GPU's gradients gg against the CPU's gc (ps's flat layout): each
+// tensor's gap relative to its own norm, or for a key bias (whose true
+// gradient is 0: both sides are rounding) to the whole gradient's; a tensor
+// 0 on both sides (a layer not run) is passed over. Prints the first 8
+// tensors over tol and the worst gap (label names the case); returns how
+// many are over tol.
+static inline int param_gpu_gaps(const dc_params *ps, const float *gg, const float *gc, double tol, const char *label) {
+    const double all = sqrt(param_fd_dot(gc, gc, ps->numel));
+    int bad = 0;
+    double worst = 0;
+    for (int i = 0; i < ps->count; i++) {
+        const dc_param *p = &ps->items[i];
+        double d, nb;
+        param_gap(gg + p->offset, gc + p->offset, p->numel, &d, &nb);
+        if (nb == 0 && d == 0) continue;
+        const double e = d / (strstr(p->name, "k_proj.bias") ? all : nb + 1e-12);
+        if (!(e < tol) && bad++ < 8) printf("  %s %s: GPU against CPU %.2e\n", label, p->name, e);
+        if (!(e <= worst)) worst = e;
+    }
+    printf("  %s: worst gradient error %.2e of the norm (tolerance %.0e)\n", label, worst, tol);
+    return bad;
 }

@@ -231,22 +231,9 @@ static void test_gpu(const char *name) {
         // relative to each tensor's gradient norm: fp32 differs in summation
         // order only; bf16 rounds every activation to 8 bits
         const double tol = gpu->compute == DC_F32 ? 1e-3 : 5e-2;
-        const dc_params *ps = rc.m->params;
-        const double all = gc ? sqrt(param_fd_dot(gc, gc, ps->numel)) : 0;
-        int bad = 0;
-        double worst = 0;
-        for (int i = 0; gc && gg && i < ps->count; i++) {
-            const dc_param *p = &ps->items[i];
-            double d, nb;
-            param_gap(gg + p->offset, gc + p->offset, p->numel, &d, &nb);
-            if (nb == 0 && d == 0) continue;  // a skipped layer's
-            // the key bias's true gradient is 0 (see test_cpu): both sides
-            // are rounding, measured against the whole gradient
-            const double e = d / (strstr(p->name, "k_proj.bias") ? all : nb + 1e-12);
-            if (!(e < tol) && bad++ < 8) printf("  %s %s: GPU against CPU %.2e\n", name, p->name, e);
-            if (!(e <= worst)) worst = e;
-        }
-        printf("  skip %d on %s: worst gradient error %.2e of the norm (tolerance %.0e)\n", k, name, worst, tol);
+        char label[64];
+        snprintf(label, sizeof label, "skip %d on %s", k, name);
+        const int bad = gc && gg ? param_gpu_gaps(rc.m->params, gg, gc, tol, label) : -1;
         CHECK(gc && gg && bad == 0, "%s: %d tensors off", name, bad);
         free(gc), free(gg);
         dc_backend *cpu = rc.be;

@@ -130,21 +130,12 @@ static void rig_close(rig *r) {
 
 // L = sum(dout * out) of a forward, in double.
 static double loss(rig *r) {
-    if (dc_model_forward(r->m, r->out, r->x, r->t, &r->cond, r->B)) return NAN;
-    return param_fd_loss(r->be, r->out, r->hdout, r->nout);
+    return param_fd_model_loss(r->m, r->out, r->x, r->t, &r->cond, r->B, r->hdout, r->nout);
 }
 
 // Every parameter's gradient (storage order, F32) after one forward and backward.
 static float *grads(rig *r) {
-    const dc_params *ps = r->m->params;
-    r->be->zero(r->be, ps->grad.p, (size_t)ps->numel * 4);
-    if (!isfinite(loss(r)) || dc_model_backward(r->m, r->dout, r->B)) {
-        printf("  backward: %s\n", dc_error());
-        return NULL;
-    }
-    float *g = malloc((size_t)ps->numel * sizeof *g);
-    r->be->download(r->be, g, ps->grad.p, (size_t)ps->numel * 4);
-    return g;
+    return param_fd_model_grads(r->m, r->out, r->x, r->t, &r->cond, r->B, r->hdout, r->dout, r->nout);
 }
 
 // ---- finite differences ----------------------------------------------------------------
@@ -396,18 +387,9 @@ static void test_gpu(const char *name, const char *set) {
     CHECK(dn > 0 && dd < tol * dn, "%s on %s: the text's gradient is %.2e off", set, name, dd / dn);
     free(dc), free(dg);
     rc.be->free(rc.be, rc.cond.dctx.p), gpu->free(gpu, rg.cond.dctx.p);
-    const dc_params *ps = rc.m->params;
-    int bad = 0;
-    double worst = 0;
-    for (int i = 0; gc && gg && i < ps->count; i++) {
-        const dc_param *p = &ps->items[i];
-        double d, nb;
-        param_gap(gg + p->offset, gc + p->offset, p->numel, &d, &nb);
-        const double e = d / (nb + 1e-12);
-        if (!(e < tol) && bad++ < 8) printf("  %s %s: GPU against CPU %.2e\n", set, p->name, e);
-        if (!(e <= worst)) worst = e;
-    }
-    printf("  %s on %s: worst gradient error %.2e of the norm (tolerance %.0e)\n", set, name, worst, tol);
+    char label[64];
+    snprintf(label, sizeof label, "%s on %s", set, name);
+    const int bad = gc && gg ? param_gpu_gaps(rc.m->params, gg, gc, tol, label) : -1;
     CHECK(gc && gg && bad == 0, "%s on %s: %d tensors off", set, name, bad);
     free(gc), free(gg);
     dc_backend *cpu = rc.be;

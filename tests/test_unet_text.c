@@ -111,20 +111,11 @@ static void rig_close(rig *r) {
 }
 
 static double loss(rig *r) {
-    if (dc_model_forward(r->m, r->out, r->x, r->t, &r->cond, r->B)) return NAN;
-    return param_fd_loss(r->be, r->out, r->hdout, r->nout);
+    return param_fd_model_loss(r->m, r->out, r->x, r->t, &r->cond, r->B, r->hdout, r->nout);
 }
 
 static float *grads(rig *r) {
-    const dc_params *ps = r->m->params;
-    r->be->zero(r->be, ps->grad.p, (size_t)ps->numel * 4);
-    if (!isfinite(loss(r)) || dc_model_backward(r->m, r->dout, r->B)) {
-        printf("  backward: %s\n", dc_error());
-        return NULL;
-    }
-    float *g = malloc((size_t)ps->numel * sizeof *g);
-    r->be->download(r->be, g, ps->grad.p, (size_t)ps->numel * 4);
-    return g;
+    return param_fd_model_grads(r->m, r->out, r->x, r->t, &r->cond, r->B, r->hdout, r->dout, r->nout);
 }
 
 static double rig_loss(void *r) { return loss(r); }
@@ -345,21 +336,7 @@ static void test_gpu(const char *name) {
     // only; in bf16 the UNet reads text the encoder computed in bf16 too, so
     // their roundings add up (test_unet_grad's 8e-2 for the UNet alone)
     const double tol = gpu->compute == DC_F32 ? 1e-3 : 1.2e-1;
-    const dc_params *ps = rc.m->params;
-    const double all = gc ? sqrt(param_fd_dot(gc, gc, ps->numel)) : 0;
-    int bad = 0;
-    double worst = 0;
-    for (int i = 0; gc && gg && i < ps->count; i++) {
-        const dc_param *p = &ps->items[i];
-        double d, nb;
-        param_gap(gg + p->offset, gc + p->offset, p->numel, &d, &nb);
-        // the key bias's true gradient is 0 (see test_fd): both sides are
-        // rounding, measured against the whole gradient
-        const double e = d / (strstr(p->name, "k_proj.bias") ? all : nb + 1e-12);
-        if (!(e < tol) && bad++ < 8) printf("  %s: GPU against CPU %.2e\n", p->name, e);
-        if (!(e <= worst)) worst = e;
-    }
-    printf("  %s: worst gradient error %.2e of the norm (tolerance %.0e)\n", name, worst, tol);
+    const int bad = gc && gg ? param_gpu_gaps(rc.m->params, gg, gc, tol, name) : -1;
     CHECK(gc && gg && bad == 0, "%s: %d tensors off", name, bad);
     free(gc), free(gg);
     rig_close(&rc), rig_close(&rg);
