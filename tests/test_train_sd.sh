@@ -24,6 +24,7 @@ diffusion prepare --model "$TMP/base" --data "$TMP/pics" --out "$TMP/data" --siz
   || { echo "FAIL prepare"; exit 1; }
 
 out=$(diffusion train --help)
+[[ "$out" == *"sd1.5 or sd2.1"* ]] || fail "train --help does not name the built-in UNet configs"
 for f in --model --data --unet-config --init --prediction --min-snr-gamma --noise-offset --caption-dropout --train-text-encoder \
   --sample-every --sample-prompts --sample-steps --sample-cfg --vocab --latents-column --text-column \
   --column-shape --column-dtype --latent-scale; do
@@ -188,6 +189,8 @@ expect_fail "MosaicML's layout without its columns named" "prepare.json" diffusi
 expect_code 2 "--latents-column for a DiT" diffusion train --out "$TMP/x" --latents-column latents_256
 
 # ---- refusals
+expect_fail "a named UNet whose text is not the base's" "reads text 768 wide" diffusion train "${T[@]}" \
+  --out "$TMP/x" --unet-config sd1.5 --init random
 expect_code 2 "--unet-config with --init base" diffusion train "${T[@]}" --out "$TMP/x" --unet-config "$TMP/base/unet/config.json" --init base
 expect_code 2 "a DiT shape flag for an SD model" diffusion train "${T[@]}" --out "$TMP/x" --hidden 64
 expect_code 2 "--class-dropout for an SD model" diffusion train "${T[@]}" --out "$TMP/x" --class-dropout 0.2

@@ -665,6 +665,23 @@ static void test_manifest(void) {
 
 // ---- metadata, init, memory -----------------------------------------------------------------
 
+// The named configs are SD's published unet/config.json files (tools/configs/).
+static void test_named(void) {
+    const char *names[] = {"sd1.5", "sd2.1"}, *files[] = {"tools/configs/sd15_unet.json", "tools/configs/sd21_unet.json"};
+    for (int k = 0; k < 2; k++) {
+        dc_unet_config a, b;
+        dc_kv ka = {0}, kb = {0};
+        int rc = dc_unet_config_named(names[k], &a) || dc_unet_config_from_json_file(&b, files[k]) ||
+                 dc_unet_config_to_kv(&a, &ka) || dc_unet_config_to_kv(&b, &kb);
+        bool same = !rc && ka.n == kb.n;
+        for (int i = 0; same && i < ka.n; i++) same = !strcmp(ka.keys[i], kb.keys[i]) && !strcmp(ka.values[i], kb.values[i]);
+        CHECK(same, "the named config %s is not %s: %s", names[k], files[k], rc ? dc_error() : "an entry differs");
+        dc_kv_free(&ka), dc_kv_free(&kb);
+    }
+    dc_unet_config c;
+    CHECK(dc_unet_config_named("sd3", &c) == 1, "an unknown name is not a config");
+}
+
 static void test_meta_init(void) {
     dc_unet_config c;
     dc_unet_config_sd15(&c);
@@ -764,6 +781,7 @@ int main(int argc, char **argv) {
     test_manifest();
     printf("metadata and init\n");
     test_meta_init();
+    test_named();
     dc_backend_destroy(g_be);
     printf("%d passed, %d failed\n", g_pass, g_fail);
     return g_fail != 0;

@@ -249,8 +249,9 @@ int cmd_train(int argc, char **argv) {
         {"heads", ARG_INT, &shape[5], "N", h_heads},
         {"mlp-hidden", ARG_INT, &shape[6], "N", "MLP width (default: 4 x hidden)"},
         {"num-classes", ARG_INT, &shape[7], "N", "number of classes (default: the data's)"},
-        {"unet-config", ARG_STR, &unet_config, "FILE", "SD: the UNet to train from scratch, a diffusers config.json "
-                                                        "(default: the --model's UNet)"},
+        {"unet-config", ARG_STR, &unet_config, "FILE", "SD: the UNet to train from scratch, a diffusers config.json, "
+                                                        "or sd1.5 or sd2.1 for SD's own (default: the --model's "
+                                                        "UNet)"},
         {"init", ARG_STR, &init, "FROM", "SD: the UNet's weights start from the --model's (base) or random "
                                          "(PyTorch's initialisation) (default: base; random with --unet-config)"},
         {"prediction", ARG_STR, &prediction, "P", "SD: what the UNet learns to predict: eps, v or sample (default: "

@@ -171,7 +171,10 @@ int t2i_checkpoint_meta(const t2i_run *r, dc_kv *meta) {
 int t2i_model_config(t2i_run *r, const char *unet_config, const dc_source *data, dc_kv *cfg) {
     dc_kv base = {0}, none = {0};
     int rc;
-    if (unet_config) {
+    dc_unet_config named;
+    if (unet_config && !t2i_is_model_path(unet_config) && dc_unet_config_named(unet_config, &named) == 0) {
+        rc = dc_unet_config_to_kv(&named, &base);  // SD's own UNet, by name
+    } else if (unet_config) {
         rc = dc_model_config_of_json(unet_config, &base);
     } else if (r->base.has_unet) {
         rc = dc_unet_config_to_kv(&r->base.unet, &base);
@@ -184,6 +187,10 @@ int t2i_model_config(t2i_run *r, const char *unet_config, const dc_source *data,
     const int side = data->height > data->width ? data->height : data->width;
     const dc_data_shape given = {data->channels, 1, side, side, 0};
     if (!rc) rc = dc_model_configure(&base, &none, &given, cfg);
+    dc_unet_config c;
+    if (!rc && !(rc = dc_unet_config_from_kv(&c, cfg)) && c.ctx_dim != r->base.text_dim)
+        rc = dc_fail("the UNet's cross-attention reads text %d wide, but %s's text encoder makes it %d wide",
+                     c.ctx_dim, r->model, r->base.text_dim);
     if (rc) dc_fail_ctx("%s", unet_config ? unet_config : r->model);
     dc_kv_free(&base);
     return rc;

@@ -51,6 +51,9 @@ typedef struct {
 
 // SD 1.5's config (the others differ in ctx_dim, heads and linear_proj).
 void dc_unet_config_sd15(dc_unet_config *c);
+// A named config: "sd1.5" (SD 1.x's UNet) or "sd2.1" (SD 2.x's, at 768 px):
+// 0, or 1 when name is neither.
+int dc_unet_config_named(const char *name, dc_unet_config *c);
 // Checks the config; the message names the field at fault.
 int dc_unet_config_validate(const dc_unet_config *c);
 // The time embedding's width: 4 ch[0].

@@ -23,6 +23,17 @@ void dc_unet_config_sd15(dc_unet_config *c) {
     c->prediction = DC_PRED_EPS;
 }
 
+int dc_unet_config_named(const char *name, dc_unet_config *c) {
+    const bool two = !strcmp(name, "sd2.1");
+    if (!two && strcmp(name, "sd1.5")) return 1;
+    dc_unet_config_sd15(c);
+    if (two) {  // OpenCLIP's 1024-wide text, heads of 64 channels, linear projections, 768 px
+        c->ctx_dim = 1024, c->linear_proj = true, c->upcast_attention = true, c->sample_size = 96;
+        for (int i = 0; i < c->nblocks; i++) c->heads[i] = c->ch[i] / 64;
+    }
+    return 0;
+}
+
 int dc_unet_config_validate(const dc_unet_config *c) {
     if (c->nblocks < 1 || c->nblocks > DC_UNET_MAX_BLOCKS)
         return dc_fail("UNet config: %d blocks (block_out_channels), 1 to %d supported", c->nblocks,
