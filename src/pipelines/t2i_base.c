@@ -161,26 +161,20 @@ void dc_t2i_base_free(dc_t2i_base *b) {
     memset(b, 0, sizeof *b);
 }
 
-int dc_t2i_load_unet(const dc_t2i_opts *o, dc_model *m) {
+// The base's component `part` opened, and loaded into the UNet m or the
+// text encoder te.
+static int load_part(const dc_t2i_opts *o, dc_sd_part part, dc_model *m, dc_clip_text *te) {
     dc_sd_model files = {0};
     dc_sd_source s = {0};
     int rc = dc_sd_model_open(&files, o->model, o->st_flags);
-    if (!rc) rc = dc_sd_source_open(&s, &files, DC_SD_UNET);
-    if (!rc) rc = dc_unet_load(m, &s.w, s.names);
+    if (!rc) rc = dc_sd_source_open(&s, &files, part);
+    if (!rc) rc = m ? dc_unet_load(m, &s.w, s.names) : dc_clip_text_load(te, &s.w, s.names);
     if (rc) dc_fail_ctx("%s", o->model);
     dc_sd_source_close(&s);
     dc_sd_model_close(&files);
     return rc;
 }
 
-int dc_t2i_load_text(const dc_t2i_opts *o, dc_clip_text *te) {
-    dc_sd_model files = {0};
-    dc_sd_source s = {0};
-    int rc = dc_sd_model_open(&files, o->model, o->st_flags);
-    if (!rc) rc = dc_sd_source_open(&s, &files, DC_SD_TEXT);
-    if (!rc) rc = dc_clip_text_load(te, &s.w, s.names);
-    if (rc) dc_fail_ctx("%s", o->model);
-    dc_sd_source_close(&s);
-    dc_sd_model_close(&files);
-    return rc;
-}
+int dc_t2i_load_unet(const dc_t2i_opts *o, dc_model *m) { return load_part(o, DC_SD_UNET, m, NULL); }
+
+int dc_t2i_load_text(const dc_t2i_opts *o, dc_clip_text *te) { return load_part(o, DC_SD_TEXT, NULL, te); }
