@@ -176,14 +176,21 @@ static void carve(const dc_unet *m, const unet_plan *p, dc_arena *ar, dc_unet_ac
     a->kv = dc_arena_take(ar, B * DC_UNET_CTX_LEN * p->kvsum);
 }
 
-static void free_acts(dc_unet *m) {
-    unet_train_free(m);
+// Forgets the plan: the next reserve makes another. Training's memory stays
+// (unet_train_reserve carves the next plan in it where it is large enough: a
+// size change, buckets of pictures, comes often); inference's goes.
+static void drop_plan(dc_unet *m) {
     m->max_batch = 0;
     m->kv_ctx = NULL;
     if (!m->acts) return;
     if (m->acts->base) m->be->free(m->be, m->acts->base);
     free(m->acts);
     m->acts = NULL;
+}
+
+static void free_acts(dc_unet *m) {
+    drop_plan(m);
+    unet_train_free(m);
 }
 
 // The arena's bytes for max_batch in `compute`: the plan alone, nothing
@@ -250,10 +257,7 @@ static int unet_reserve(dc_model *mm, int max_batch) {
         int T = p.attn[i].H * p.attn[i].W;
         DC_TRY(be->reserve(be, T > DC_UNET_CTX_LEN ? T : DC_UNET_CTX_LEN, t->C / t->heads));
     }
-    dc_unet_train *keep = training ? m->train : NULL;  // its memory, carved again if large enough
-    m->train = NULL;
-    free_acts(m);
-    m->train = keep;
+    drop_plan(m);
     if (training) {
         DC_TRY(unet_train_reserve(m, max_batch));
         m->max_batch = max_batch;
@@ -547,10 +551,7 @@ int dc_unet_set_size(dc_model *mm, int latent_h, int latent_w) {
     if (!m) return dc_fail("not a UNet");
     DC_TRY(check_size(&m->cfg, latent_h, latent_w));
     if (latent_h == m->lh && latent_w == m->lw) return 0;
-    dc_unet_train *keep = m->train;  // training's memory: carved again by the next reserve
-    m->train = NULL;
-    free_acts(m);
-    m->train = keep;
+    drop_plan(m);
     m->lh = latent_h, m->lw = latent_w;
     m->base.info.height = latent_h, m->base.info.width = latent_w;
     return 0;

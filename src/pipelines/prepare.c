@@ -376,7 +376,7 @@ static int encode(dc_prepare_models *m, batch_bufs *b, int n) {
         int32_t ids[DC_CLIP_CONTEXT];
         int count;
         DC_TRY(dc_clip_tokenize(&m->sd.tok, b->caption[k], ids, &count));
-        b->tokens[k] = (count < DC_CLIP_CONTEXT - 2 ? count : DC_CLIP_CONTEXT - 2) + 2;  // with BOS and EOS
+        b->tokens[k] = dc_clip_counted(count);  // with BOS and EOS
     }
     DC_TRY(dc_sd_encode_prompts(&m->sd, b->caption, n, b->ctx));
     be->cast(be, b->ctx32, b->ctx, n * ctx);

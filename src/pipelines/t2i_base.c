@@ -117,7 +117,7 @@ static int embed_empty_prompt(dc_t2i_base *b, const dc_t2i_opts *o) {
     if (!rc) rc = dc_sd_encode_prompts(&m.sd, &empty, 1, ctx);
     if (!rc) {
         cpu->download(cpu, b->text_null, ctx.p, sizeof(float) * (size_t)b->text_len * (size_t)b->text_dim);
-        b->text_null_len = count + 2;  // with BOS and EOS, as prepare counts a caption's
+        b->text_null_len = dc_clip_counted(count);  // with BOS and EOS, as prepare counts a caption's
     }
     if (ctx.p) cpu->free(cpu, ctx.p);
     dc_prepare_models_close(&m);

@@ -46,3 +46,8 @@ int dc_clip_encode(const dc_clip_tokenizer *t, const char *text, int32_t **ids, 
 // pad id up to 77. *n_tokens (may be NULL) receives the number of ids before
 // truncation (more than 75 means some were cut).
 int dc_clip_tokenize(const dc_clip_tokenizer *t, const char *text, int32_t ids[DC_CLIP_CONTEXT], int *n_tokens);
+// The ids of that input which count, of a text of n_tokens ids: BOS, those
+// kept (at most 75) and EOS.
+static inline int dc_clip_counted(int n_tokens) {
+    return 2 + (n_tokens < DC_CLIP_CONTEXT - 2 ? n_tokens : DC_CLIP_CONTEXT - 2);
+}

@@ -11,6 +11,7 @@
 #define TAG_BATCHES 0x424B5431u  // "BKT1": the shuffle of an epoch's batches
 
 typedef struct {
+    uint64_t seed;       // the run's: keys the shuffle of each epoch's batches
     int n;
     dc_source *sub;      // [n] each bucket's shards
     int64_t *first;      // [n + 1] the buckets' first sample in this source's numbering
@@ -51,30 +52,24 @@ static int count_batches(buckets *b, int batch) {
 }
 
 // Epoch e's batches in their order, drawn from (seed, e).
-static void order_epoch(buckets *b, uint64_t seed, int64_t e) {
+static void order_epoch(buckets *b, int64_t e) {
     if (b->epoch == e) return;
     int64_t j = 0;
     for (int k = 0; k < b->n; k++)
         for (int64_t q = 0; q < b->sub[k].n / b->batch; q++) b->order[j++] = (int64_t)k << 32 | q;
     for (int64_t i = b->nbatches - 1; i > 0; i--) {
-        int64_t r = (int64_t)dc_stream_uniform_below(seed, (uint64_t)i, (uint32_t)e, TAG_BATCHES, (uint64_t)i + 1);
+        int64_t r = (int64_t)dc_stream_uniform_below(b->seed, (uint64_t)i, (uint32_t)e, TAG_BATCHES, (uint64_t)i + 1);
         int64_t t = b->order[i];
         b->order[i] = b->order[r], b->order[r] = t;
     }
     b->epoch = e;
 }
 
-typedef struct {
-    buckets b;
-    uint64_t seed;
-} impl;
-
 static int bk_index(dc_source *s, int64_t g, int batch, int64_t *idx) {
-    impl *m = s->impl;
-    buckets *b = &m->b;
+    buckets *b = s->impl;
     DC_TRY(count_batches(b, batch));
     const int64_t epoch_len = b->nbatches * batch, e = g / epoch_len, p = g % epoch_len;
-    order_epoch(b, m->seed, e);
+    order_epoch(b, e);
     const int k = (int)(b->order[p / batch] >> 32);
     const int64_t q = b->order[p / batch] & 0xffffffff;
     dc_source *sub = &b->sub[k];
@@ -87,33 +82,33 @@ static int bk_index(dc_source *s, int64_t g, int batch, int64_t *idx) {
 }
 
 static int bk_x0(dc_source *s, int64_t idx, bool flip, uint64_t seed, uint32_t key, uint32_t step, float *dst) {
-    buckets *b = &((impl *)s->impl)->b;
+    buckets *b = s->impl;
     const int k = bucket_of(b, idx);
     return b->sub[k].ops->x0(&b->sub[k], idx - b->first[k], flip, seed, key, step, dst);
 }
 
 static int bk_cond(dc_source *s, int64_t idx, bool drop, int32_t *label, float *ctx, int32_t *len) {
-    buckets *b = &((impl *)s->impl)->b;
+    buckets *b = s->impl;
     const int k = bucket_of(b, idx);
     return b->sub[k].ops->cond(&b->sub[k], idx - b->first[k], drop, label, ctx, len);
 }
 
 static int bk_ids(dc_source *s, int64_t idx, bool drop, int32_t *ids, int32_t *len) {
-    buckets *b = &((impl *)s->impl)->b;
+    buckets *b = s->impl;
     const int k = bucket_of(b, idx);
     return b->sub[k].ops->ids(&b->sub[k], idx - b->first[k], drop, ids, len);
 }
 
 static void bk_size(dc_source *s, int64_t idx, int *height, int *width) {
-    buckets *b = &((impl *)s->impl)->b;
+    buckets *b = s->impl;
     const dc_source *sub = &b->sub[bucket_of(b, idx)];
     *height = sub->height, *width = sub->width;
 }
 
 static void bk_close(dc_source *s) {
-    impl *m = s->impl;
-    for (int k = 0; k < m->b.n; k++) dc_source_close(&m->b.sub[k]);
-    free(m->b.sub), free(m->b.first), free(m->b.order), free(m);
+    buckets *b = s->impl;
+    for (int k = 0; k < b->n; k++) dc_source_close(&b->sub[k]);
+    free(b->sub), free(b->first), free(b->order), free(b);
 }
 
 static const dc_source_ops k_buckets = {.index = bk_index, .x0 = bk_x0, .cond = bk_cond, .ids = bk_ids,
@@ -122,13 +117,13 @@ static const dc_source_ops k_buckets = {.index = bk_index, .x0 = bk_x0, .cond = 
 int dc_source_buckets(dc_source *s, const dc_shards_opts *o, const char *const *dirs, int n) {
     memset(s, 0, sizeof *s);
     if (n < 1) return dc_fail("a bucketed data set without buckets");
-    impl *m = calloc(1, sizeof *m);
+    buckets *m = calloc(1, sizeof *m);
     if (!m) return dc_fail("out of memory");
     *s = (dc_source){.ops = &k_buckets, .impl = m};
-    m->seed = o->seed, m->b.n = n, m->b.epoch = -1;
-    m->b.sub = calloc((size_t)n, sizeof *m->b.sub);
-    m->b.first = calloc((size_t)n + 1, sizeof *m->b.first);
-    int rc = m->b.sub && m->b.first ? 0 : dc_fail("out of memory");
+    m->seed = o->seed, m->n = n, m->epoch = -1;
+    m->sub = calloc((size_t)n, sizeof *m->sub);
+    m->first = calloc((size_t)n + 1, sizeof *m->first);
+    int rc = m->sub && m->first ? 0 : dc_fail("out of memory");
     dc_xxh64_state h;
     dc_xxh64_init(&h, 0);
     int64_t area = 0;
@@ -138,20 +133,20 @@ int dc_source_buckets(dc_source *s, const dc_shards_opts *o, const char *const *
         // each bucket's order its own: the run's seed mixed with its index
         const dc_u32x4 r = dc_philox((uint32_t)k, 0, 0, 0x424B5430u, o->seed);
         ok.seed = (uint64_t)r.v[0] << 32 | r.v[1];
-        dc_source *sub = &m->b.sub[k];
+        dc_source *sub = &m->sub[k];
         if ((rc = dc_source_shards(sub, &ok))) {
-            m->b.n = k;  // those opened are closed
+            m->n = k;  // those opened are closed
             break;
         }
-        const dc_source *a = &m->b.sub[0];
+        const dc_source *a = &m->sub[0];
         if (sub->channels != a->channels || sub->cond != a->cond || sub->text_len != a->text_len ||
             sub->text_dim != a->text_dim || sub->flips != a->flips) {
             rc = dc_fail("%s and %s hold samples of different kinds (channels, text): not buckets of one data set",
                          a->name, sub->name);
-            m->b.n = k + 1;
+            m->n = k + 1;
             break;
         }
-        m->b.first[k + 1] = m->b.first[k] + sub->n;
+        m->first[k + 1] = m->first[k] + sub->n;
         dc_xxh64_update_u64(&h, sub->fingerprint);
         if ((int64_t)sub->height * sub->width > area) {  // the largest bucket sizes the buffers
             area = (int64_t)sub->height * sub->width;
@@ -163,8 +158,8 @@ int dc_source_buckets(dc_source *s, const dc_shards_opts *o, const char *const *
         memset(s, 0, sizeof *s);
         return -1;
     }
-    const dc_source *a = &m->b.sub[0];
-    s->n = m->b.first[n], s->channels = a->channels, s->flips = a->flips, s->cond = a->cond;
+    const dc_source *a = &m->sub[0];
+    s->n = m->first[n], s->channels = a->channels, s->flips = a->flips, s->cond = a->cond;
     s->text_len = a->text_len, s->text_dim = a->text_dim, s->name = a->name;
     s->fingerprint = dc_xxh64_digest(&h);
     return 0;

@@ -134,19 +134,18 @@ static int sh_cond(dc_source *s, int64_t idx, bool drop, int32_t *label, float *
     return 0;
 }
 
-// BOS, EOS and the tokens between them, as dc_clip_tokenize cuts them.
-static int32_t counted(int n_tokens) { return 2 + (n_tokens < DC_CLIP_CONTEXT - 2 ? n_tokens : DC_CLIP_CONTEXT - 2); }
-
 static int sh_ids(dc_source *s, int64_t idx, bool drop, int32_t *ids, int32_t *len) {
     shards *sh = s->impl;
     int n;
     if (drop) {
         memcpy(ids, sh->null_ids, sizeof sh->null_ids);
-        return *len = counted(0), 0;
+        return *len = dc_clip_counted(0), 0;
     }
     DC_TRY(read_sample(sh, idx));
     dc_mds_array a;
     DC_TRY(dc_stream_column(&sh->st, sh->col_caption, &a));
+    if (memchr(a.values, 0, (size_t)a.count))
+        return dc_fail("%s: sample %lld: its caption holds a NUL byte", s->name, (long long)idx);
     if (a.count + 1 > sh->caption_cap) {
         char *c = realloc(sh->caption, (size_t)a.count + 1);
         if (!c) return dc_fail("out of memory");
@@ -154,11 +153,9 @@ static int sh_ids(dc_source *s, int64_t idx, bool drop, int32_t *ids, int32_t *l
     }
     memcpy(sh->caption, a.values, (size_t)a.count);
     sh->caption[a.count] = 0;
-    if (strlen(sh->caption) != (size_t)a.count)
-        return dc_fail("%s: sample %lld: its caption holds a NUL byte", s->name, (long long)idx);
     if (dc_clip_tokenize(sh->tok, sh->caption, ids, &n))
         return dc_fail_ctx("%s: sample %lld's caption", s->name, (long long)idx);
-    *len = counted(n);
+    *len = dc_clip_counted(n);
     return 0;
 }
 
