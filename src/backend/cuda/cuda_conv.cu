@@ -44,7 +44,8 @@
 // Padding. cuDNN pads symmetrically; SD's VAE downsampling pads (0,1,0,1).
 // A conv with asymmetric padding copies its input, zero-padded, into the conv
 // scratch and runs cuDNN unpadded; its input gradient comes back padded into
-// the same place and is cropped.
+// the same place and is cropped. Those passes and the bias's are in
+// cuda_conv_maps.cu.
 //
 // Gradients. dw accumulates (+=) in its own dtype, normally fp32: cuDNN writes
 // the gradient in the weights' dtype into the scratch and a kernel adds it
@@ -60,64 +61,16 @@
 #include <string.h>
 
 #include "backend/cuda/cuda_common.h"
+#include "backend/cuda/cuda_conv.h"
 #include "backend/cuda/cuda_dnn_graph.h"
 #include "backend/cuda/cuda_ops.h"
 #include "core/error.h"
-
-struct dc_conv_plan {
-    dc_conv2d_shape s;  // key: shape, layout and dtype (of x, w, out and their gradients)
-    dc_dtype dt;
-    bool padded;        // asymmetric: cuDNN sees the input padded by us
-    cudnnTensorDescriptor_t xd, yd;
-    cudnnFilterDescriptor_t wd;
-    cudnnConvolutionDescriptor_t cd;
-    cudnnConvolutionFwdAlgo_t fwd;
-    cudnnConvolutionBwdDataAlgo_t bwd_data;
-    cudnnConvolutionBwdFilterAlgo_t bwd_filter;
-    cudnnMathType_t math_fwd, math_data, math_filter;
-    size_t ws_fwd, ws_bwd;  // workspace bytes forward needs, and the larger of the backward passes'
-    // bf16 channels-last forward through cuDNN's graph API (NULL: none; the
-    // legacy call runs): a plan made once, run with a fraction of the host
-    // time of the legacy call, which dominates recording a UNet step
-    cudnnBackendDescriptor_t gplan;
-    dc_dnn_graph *g;
-    // the same with a bf16 bias added in the convolution's epilogue (NULL:
-    // none; the bias pass runs after the plan above)
-    cudnnBackendDescriptor_t gplan_b;
-    dc_dnn_graph *g_b;
-    // with a bf16 bias and a residual map added in the epilogue
-    // (conv2d_fwd_res; NULL: none, or not tried yet)
-    cudnnBackendDescriptor_t gplan_r;
-    dc_dnn_graph *g_r;
-    bool res_tried;
-    char bwd_missing[320];  // empty, or why backward cannot run (forward still can: inference
-                            // of large fp32 convs where no deterministic backward fits)
-};
 
 // The most workspace reserve lets one algorithm ask for: cuDNN's fastest
 // choices (FFT) can want gigabytes.
 #define CONV_WS_MAX ((size_t)256 << 20)
 
-#define GRID_STRIDE(i, n) \
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
-enum { TPB = 256 };
-// Row slices of a channels-last bias gradient (partial sums in the scratch).
-enum { DB_SLICES = 32 };
 
-static bool padded(const dc_conv2d_shape *s) { return s->pad_t != s->pad_b || s->pad_l != s->pad_r; }
-static int64_t round256(int64_t n) { return (n + 255) & ~(int64_t)255; }
-static int64_t dw_numel(const dc_conv2d_shape *s) { return (int64_t)s->Co * s->Ci * s->k * s->k; }
-
-// Scratch: (asymmetric padding) the padded input or input gradient, which
-// forward needs too, then for backward the weight gradient as cuDNN writes
-// it and the slices' partial sums of a channels-last bias gradient; sized
-// for 4-byte values whatever the dtype.
-static int64_t scratch_fwd_bytes(const dc_conv2d_shape *s) {
-    if (!padded(s)) return 0;
-    return round256((int64_t)s->B * s->Ci * (s->H + s->pad_t + s->pad_b) * (s->W + s->pad_l + s->pad_r) * 4);
-}
-static int64_t scratch_dw_offset(const dc_conv2d_shape *s) { return scratch_fwd_bytes(s); }
-static int64_t scratch_db_offset(const dc_conv2d_shape *s) { return scratch_dw_offset(s) + round256(dw_numel(s) * 4); }
 static size_t scratch_bytes(const dc_conv2d_shape *s, bool backward) {
     if (!backward) return (size_t)scratch_fwd_bytes(s);
     return (size_t)(scratch_db_offset(s) + (s->nhwc ? round256((int64_t)DB_SLICES * s->Co * (int64_t)sizeof(double)) : 0));
@@ -492,217 +445,6 @@ static dc_conv_plan *op_plan(dc_backend *be, const char *func, const dc_conv2d_s
 
 static bool float_type(dc_dtype t) { return t == DC_F32 || t == DC_BF16; }
 
-// ---- padding ------------------------------------------------------------------------------
-// Both layouts are maps [N, H, W, C]: channels-first ones with N = B Ci and
-// C = 1, channels-last ones with N = B. A thread takes V channels of a pixel.
-
-// xp[N, Hp, Wp, C] = x[N, H, W, C] placed at (pad_t, pad_l), zeros around it;
-// n = N Hp Wp C / V.
-template <int V>
-__global__ void k_conv_pad(void *xp, const void *x, int bf, int H, int W, int C, int Hp, int Wp, int pt, int pl,
-                           int64_t n) {
-    const int cols = C / V;
-    GRID_STRIDE(t, n) {
-        const int c = (int)(t % cols) * V;
-        const int64_t pix = t / cols, img = pix / ((int64_t)Hp * Wp);
-        const int j = (int)(pix % Wp) - pl, r = (int)(pix / Wp % Hp) - pt;
-        float v[V] = {};
-        if (r >= 0 && r < H && j >= 0 && j < W) dc_ldv<V>(v, x, ((img * H + r) * W + j) * C + c, bf);
-        dc_stv<V>(xp, pix * C + c, v, bf);
-    }
-}
-
-// dx[N, H, W, C] (+)= the window of dxp[N, Hp, Wp, C] at (pad_t, pad_l); n = N H W C / V.
-template <int V>
-__global__ void k_conv_crop(void *dx, const void *dxp, int bf, int H, int W, int C, int Hp, int Wp, int pt, int pl,
-                            bool accumulate, int64_t n) {
-    const int cols = C / V;
-    GRID_STRIDE(t, n) {
-        const int c = (int)(t % cols) * V;
-        const int64_t pix = t / cols, img = pix / ((int64_t)H * W);
-        const int j = (int)(pix % W), r = (int)(pix / W % H);
-        float v[V];
-        dc_ldv<V>(v, dxp, ((img * Hp + r + pt) * Wp + j + pl) * C + c, bf);
-        if (accumulate) {
-            float a[V];
-            dc_ldv<V>(a, dx, pix * C + c, bf);
-            for (int k = 0; k < V; k++) v[k] += a[k];
-        }
-        dc_stv<V>(dx, pix * C + c, v, bf);
-    }
-}
-
-// The maps' [N, H, W, C] view of a shape (see above).
-static void pad_view(const dc_conv2d_shape *s, int64_t *N, int *C) {
-    *N = s->nhwc ? s->B : (int64_t)s->B * s->Ci;
-    *C = s->nhwc ? s->Ci : 1;
-}
-
-// Copies x into the scratch, zero-padded, for a plan that pads asymmetrically;
-// returns the input cuDNN reads.
-static const void *conv_input(dc_backend *be, const dc_conv_plan *p, dc_buf x) {
-    if (!p->padded) return x.p;
-    dc_cuda_ctx *c = dc_cuda(be);
-    const dc_conv2d_shape *s = &p->s;
-    const int Hp = s->H + s->pad_t + s->pad_b, Wp = s->W + s->pad_l + s->pad_r;
-    int64_t N;
-    int C;
-    pad_view(s, &N, &C);
-    void *xp = c->conv_scratch;  // the scratch's head (scratch_fwd_bytes)
-    const dc_buf xpb = {xp, x.dt};
-    const int V = dc_vec_width(C, x, xpb, dc_buf_none());
-    const int64_t n = N * Hp * Wp * (C / V);
-    if (V == 8)
-        k_conv_pad<8><<<dc_blocks(n, TPB), TPB, 0, c->stream>>>(xp, x.p, BF(x), s->H, s->W, C, Hp, Wp, s->pad_t,
-                                                                s->pad_l, n);
-    else if (V == 4)
-        k_conv_pad<4><<<dc_blocks(n, TPB), TPB, 0, c->stream>>>(xp, x.p, BF(x), s->H, s->W, C, Hp, Wp, s->pad_t,
-                                                                s->pad_l, n);
-    else
-        k_conv_pad<1><<<dc_blocks(n, TPB), TPB, 0, c->stream>>>(xp, x.p, BF(x), s->H, s->W, C, Hp, Wp, s->pad_t,
-                                                                s->pad_l, n);
-    return xp;
-}
-
-// dx (+)= the window of the padded input gradient dxp.
-static void conv_crop(dc_backend *be, const dc_conv_plan *p, dc_buf dx, const void *dxp, bool accumulate) {
-    dc_cuda_ctx *c = dc_cuda(be);
-    const dc_conv2d_shape *s = &p->s;
-    const int Hp = s->H + s->pad_t + s->pad_b, Wp = s->W + s->pad_l + s->pad_r;
-    int64_t N;
-    int C;
-    pad_view(s, &N, &C);
-    const dc_buf dxpb = {(void *)dxp, dx.dt};
-    const int V = dc_vec_width(C, dx, dxpb, dc_buf_none());
-    const int64_t n = N * s->H * s->W * (C / V);
-    if (V == 8)
-        k_conv_crop<8><<<dc_blocks(n, TPB), TPB, 0, c->stream>>>(dx.p, dxp, BF(dx), s->H, s->W, C, Hp, Wp, s->pad_t,
-                                                                 s->pad_l, accumulate, n);
-    else if (V == 4)
-        k_conv_crop<4><<<dc_blocks(n, TPB), TPB, 0, c->stream>>>(dx.p, dxp, BF(dx), s->H, s->W, C, Hp, Wp, s->pad_t,
-                                                                 s->pad_l, accumulate, n);
-    else
-        k_conv_crop<1><<<dc_blocks(n, TPB), TPB, 0, c->stream>>>(dx.p, dxp, BF(dx), s->H, s->W, C, Hp, Wp, s->pad_t,
-                                                                 s->pad_l, accumulate, n);
-}
-
-// ---- bias ---------------------------------------------------------------------------------
-// out[B, Co, HW] += b[co]; four values a thread, of one channel when HW % 4 == 0.
-__global__ void k_conv_bias(void *out, int obf, const void *b, int bbf, int Co, int64_t HW, int64_t n, bool vec) {
-    GRID_STRIDE(t, (n + 3) / 4) {
-        int64_t i = 4 * t;
-        float4 v = dc_ld4_upto(out, i, n, obf, vec);
-        float a[4] = {v.x, v.y, v.z, v.w};
-        for (int k = 0; k < 4; k++) a[k] += dc_ld(b, ((i + k) / HW) % Co, bbf);
-        dc_st4_upto(out, i, n, make_float4(a[0], a[1], a[2], a[3]), obf, vec);
-    }
-}
-
-// out[M, Co] += b[Co] (channels-last: M = B Ho Wo rows). A thread keeps its V
-// channels' bias (read one by one, once: b may lie at any offset) and walks
-// the rows of its block's chunk (dc_rows_geom).
-template <int V>
-__global__ void k_conv_bias_nhwc(void *out, int obf, const void *b, int bbf, int64_t M, int Co, int cols,
-                                 int64_t chunk) {
-    const int col = blockIdx.y * blockDim.x + threadIdx.x;
-    if (col >= cols) return;
-    const int c = col * V;
-    float bv[V];
-    for (int k = 0; k < V; k++) bv[k] = dc_ld(b, c + k, bbf);
-    const int64_t r0 = blockIdx.x * chunk, r1 = r0 + chunk < M ? r0 + chunk : M;
-    for (int64_t r = r0 + threadIdx.y; r < r1; r += blockDim.y) {
-        float v[V];
-        dc_ldv<V>(v, out, r * Co + c, obf);
-        for (int k = 0; k < V; k++) v[k] += bv[k];
-        dc_stv<V>(out, r * Co + c, v, obf);
-    }
-}
-
-static void conv_bias(dc_backend *be, dc_buf out, dc_buf b, const dc_conv2d_shape *s) {
-    cudaStream_t st = dc_cuda(be)->stream;
-    const int64_t HW = (int64_t)dc_conv2d_ho(s) * dc_conv2d_wo(s);
-    if (!s->nhwc) {
-        const int64_t n = (int64_t)s->B * s->Co * HW;
-        k_conv_bias<<<dc_blocks((n + 3) / 4, TPB), TPB, 0, st>>>(out.p, BF(out), b.p, BF(b), s->Co, HW, n,
-                                                                HW % 4 == 0 && dc_vec4(out));
-        return;
-    }
-    const int64_t M = s->B * HW;
-    const dc_rows_geom g = dc_rows_geom_make(s->Co, dc_vec_width(s->Co, out, dc_buf_none(), dc_buf_none()), TPB);
-    const int64_t chunk = dc_rows_chunk(&g, M, 8);
-    const dim3 grid((unsigned)((M + chunk - 1) / chunk), (unsigned)g.tiles), block(g.ct, g.rt);
-    if (g.V == 8)
-        k_conv_bias_nhwc<8><<<grid, block, 0, st>>>(out.p, BF(out), b.p, BF(b), M, s->Co, g.cols, chunk);
-    else if (g.V == 4)
-        k_conv_bias_nhwc<4><<<grid, block, 0, st>>>(out.p, BF(out), b.p, BF(b), M, s->Co, g.cols, chunk);
-    else
-        k_conv_bias_nhwc<1><<<grid, block, 0, st>>>(out.p, BF(out), b.p, BF(b), M, s->Co, g.cols, chunk);
-}
-
-// db[co] += sum over b and pixels of dout[b, co, :]: one block per channel,
-// threads over pixels, a fixed tree over threads.
-__global__ void k_conv_bias_grad(void *db, int dbbf, const void *dout, int gbf, int B, int Co, int64_t HW) {
-    __shared__ double sm[TPB];
-    const int co = blockIdx.x;
-    double s = 0.0;
-    for (int b = 0; b < B; b++) {
-        const int64_t base = ((int64_t)b * Co + co) * HW;
-        for (int64_t i = threadIdx.x; i < HW; i += TPB) s += dc_ld(dout, base + i, gbf);
-    }
-    sm[threadIdx.x] = s;
-    __syncthreads();
-    for (int k = TPB / 2; k > 0; k >>= 1) {
-        if (threadIdx.x < k) sm[threadIdx.x] += sm[threadIdx.x + k];
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) dc_st(db, co, dc_ld(db, co, dbbf) + (float)sm[0], dbbf);
-}
-
-// Channels-last: part[slice, co] = the sum of dout[m, co] over the slice's
-// rows m. A block takes 32 channels (a warp along a row) and 8 row lanes,
-// combined in lane order.
-__global__ void k_conv_bias_grad_nhwc(double *part, const void *dout, int gbf, int64_t M, int Co, int64_t rows_per) {
-    __shared__ double acc[8][33];
-    const int co = blockIdx.x * 32 + threadIdx.x;
-    const int64_t r0 = blockIdx.y * rows_per, r1 = r0 + rows_per < M ? r0 + rows_per : M;
-    double s = 0.0;
-    if (co < Co)
-        for (int64_t r = r0 + threadIdx.y; r < r1; r += 8) s += dc_ld(dout, r * Co + co, gbf);
-    acc[threadIdx.y][threadIdx.x] = s;
-    __syncthreads();
-    if (threadIdx.y == 0 && co < Co) {
-        double t = 0.0;
-        for (int y = 0; y < 8; y++) t += acc[y][threadIdx.x];
-        part[(int64_t)blockIdx.y * Co + co] = t;
-    }
-}
-
-// db[co] += the slices' partial sums, in slice order.
-__global__ void k_conv_bias_grad_sum(void *db, int dbbf, const double *part, int slices, int Co) {
-    const int co = blockIdx.x * blockDim.x + threadIdx.x;
-    if (co >= Co) return;
-    double t = 0.0;
-    for (int k = 0; k < slices; k++) t += part[(int64_t)k * Co + co];
-    dc_st(db, co, dc_ld(db, co, dbbf) + (float)t, dbbf);
-}
-
-static void conv_bias_grad(dc_backend *be, dc_buf db, dc_buf dout, const dc_conv2d_shape *s) {
-    dc_cuda_ctx *c = dc_cuda(be);
-    const int64_t HW = (int64_t)dc_conv2d_ho(s) * dc_conv2d_wo(s);
-    if (!s->nhwc) {
-        k_conv_bias_grad<<<s->Co, TPB, 0, c->stream>>>(db.p, BF(db), dout.p, BF(dout), s->B, s->Co, HW);
-        return;
-    }
-    // slices of at least 256 rows, cut from the shape alone
-    const int64_t M = s->B * HW;
-    const int64_t slices = (M + 255) / 256 < (int64_t)DB_SLICES ? (M + 255) / 256 : (int64_t)DB_SLICES;
-    const int64_t rows_per = (M + slices - 1) / slices;
-    double *part = (double *)((char *)c->conv_scratch + scratch_db_offset(s));
-    k_conv_bias_grad_nhwc<<<dim3((s->Co + 31) / 32, (unsigned)slices), dim3(32, 8), 0, c->stream>>>(
-        part, dout.p, BF(dout), M, s->Co, rows_per);
-    k_conv_bias_grad_sum<<<(s->Co + 255) / 256, 256, 0, c->stream>>>(db.p, BF(db), part, (int)slices, s->Co);
-}
-
 // y[n] += x[n]
 __global__ void k_conv_add(void *y, int ybf, const void *x, int xbf, int64_t n) {
     GRID_STRIDE(i, n) dc_st(y, i, dc_ld(y, i, ybf) + dc_ld(x, i, xbf), ybf);
@@ -723,7 +465,7 @@ extern "C" void dc_cuda_conv2d_fwd(dc_backend *be, dc_buf out, dc_buf x, dc_buf 
         return;
     }
     const float one = 1.0f, zero = 0.0f;
-    const void *xin = conv_input(be, p, x);
+    const void *xin = dc_conv_input(be, p, x);
     const bool graph = p->gplan && dc_aligned(xin, 16) && dc_aligned(w.p, 16) && dc_aligned(out.p, 16);
     if (graph && b.p && b.dt == DC_BF16 && p->gplan_b && dc_aligned(b.p, 16)) {
         if (c->prof) dc_cuda_prof_mark(c, "conv2d_fwd: cuDNN graph with bias (NHWC)");
@@ -744,7 +486,7 @@ extern "C" void dc_cuda_conv2d_fwd(dc_backend *be, dc_buf out, dc_buf x, dc_buf 
     }
     if (b.p) {
         if (c->prof) dc_cuda_prof_mark(c, "conv2d_fwd: bias");
-        conv_bias(be, out, b, s);
+        dc_conv_bias(be, out, b, s);
     }
     DC_CUDA_LAUNCHED(be);
 }
@@ -795,11 +537,11 @@ extern "C" void dc_cuda_conv2d_bwd(dc_backend *be, dc_buf dx, dc_buf dw, dc_buf 
     if (!p) return;
     if (p->bwd_missing[0]) DC_CUDA_FAIL(be, "%s", p->bwd_missing);
     const float one = 1.0f, zero = 0.0f;
-    if (db.p) conv_bias_grad(be, db, dout, s);
+    if (db.p) dc_conv_bias_grad(be, db, dout, s);
     if (dw.p) {
         // into the scratch in the weights' dtype (and layout), then added to dw
         void *dws = (char *)c->conv_scratch + scratch_dw_offset(s);
-        const void *xin = conv_input(be, p, x);
+        const void *xin = dc_conv_input(be, p, x);
         DNN(cudnnSetConvolutionMathType(p->cd, p->math_filter));
         DNN(cudnnConvolutionBackwardFilter(c->dnn, &one, p->xd, xin, p->yd, dout.p, p->cd, p->bwd_filter, c->conv_ws,
                                            c->conv_ws_bytes, &zero, p->wd, dws));
@@ -817,7 +559,7 @@ extern "C" void dc_cuda_conv2d_bwd(dc_backend *be, dc_buf dx, dc_buf dw, dc_buf 
             void *dxp = c->conv_scratch;
             DNN(cudnnConvolutionBackwardData(c->dnn, &one, p->wd, w.p, p->yd, dout.p, p->cd, p->bwd_data, c->conv_ws,
                                              c->conv_ws_bytes, &zero, p->xd, dxp));
-            conv_crop(be, p, dx, dxp, accumulate);
+            dc_conv_crop(be, p, dx, dxp, accumulate);
         }
     }
     DC_CUDA_LAUNCHED(be);
