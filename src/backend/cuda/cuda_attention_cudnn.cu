@@ -336,21 +336,44 @@ bool dc_cuda_attention_cudnn_fwd(dc_backend *be, const AttnParams *ap, const dc_
     return true;
 }
 
+// The backward's plan for the longest slice of the batch that cuDNN takes:
+// the deterministic kernel keeps 2 bytes a score in its workspace, so a call
+// whose workspace would pass SDPA_WS_MAX (SD 2.1's self-attention over 4096
+// tokens at batch 16: 2.7 GB) runs as consecutive slices of its samples,
+// each the same plan. NULL, or *slice 0: run on our kernels.
+static dc_sdpa_plan *bwd_plan(dc_backend *be, sdpa_key *key, int *slice, bool report) {
+    const int B = key->B;
+    for (int n = B; n >= 1; n--) {
+        if (B % n) continue;
+        key->B = n;
+        dc_sdpa_plan *p = plan_get(be, key, report);
+        if (!p) return NULL;
+        if (p->plan) return *slice = n, p;
+    }
+    return NULL;
+}
+
 bool dc_cuda_attention_cudnn_bwd(dc_backend *be, const AttnParams *ap, const dc_attn_shape *s) {
     const bool report = be->opts.profile;
     const void *ptr[8] = {ap->q, ap->k, ap->v, ap->o, ap->dq, ap->dk, ap->dv, ap->dout};
     if (!be->opts.cudnn_attention || !be->opts.cudnn_attention_bwd || !graph_covers(s, ptr, 8)) return false;
-    const sdpa_key key = key_of(ap, s, 1);
-    dc_sdpa_plan *p = plan_get(be, &key, report);
-    if (!p || !p->plan) return false;
+    sdpa_key key = key_of(ap, s, 1);
+    int n = 0;
+    dc_sdpa_plan *p = bwd_plan(be, &key, &n, report);
+    if (!p) return false;
     char *rows = (char *)dc_cuda(be)->sdpa_ws, *ws = rows + rows_bytes(&key);
     float scale = ap->scale, unit = 1.0f;
     const int64_t uids[12] = {UID_Q,   UID_K,  UID_V,  UID_O,  UID_DO,  UID_LSE,
                               UID_SCALE, UID_ONE, UID_DQ, UID_DK, UID_DV, UID_DSUM};
-    void *data[12] = {(void *)ap->q, (void *)ap->k, (void *)ap->v, (void *)ap->o, (void *)ap->dout, ap->lse,
-                      &scale,        &unit,         ap->dq,        ap->dk,        ap->dv,          rows};
-    if (p->ncand) choose(be, p, 12, uids, data, ws, report);
-    run(be, p->plan, 12, uids, data, p->ws ? ws : NULL);
+    typedef __nv_bfloat16 bf16;
+    for (int b = 0; b < s->B; b += n) {
+        const int64_t q = b * s->q.batch, k = b * s->k.batch, v = b * s->v.batch, o = b * s->out.batch;
+        void *data[12] = {(bf16 *)ap->q + q, (bf16 *)ap->k + k,  (bf16 *)ap->v + v,  (bf16 *)ap->o + o,
+                          (bf16 *)ap->dout + o, ap->lse + (int64_t)b * s->H * s->Tq, &scale, &unit,
+                          (bf16 *)ap->dq + q, (bf16 *)ap->dk + k, (bf16 *)ap->dv + v, rows};
+        if (p->ncand) choose(be, p, 12, uids, data, ws, report);
+        run(be, p->plan, 12, uids, data, p->ws ? ws : NULL);
+    }
     return true;
 }
 
