@@ -170,6 +170,7 @@ int dc_clip_text_reserve(dc_clip_text *m, int max_batch) {
         return dc_fail("batch %d is too large for this text encoder (activations over 2^31 elements)", max_batch);
     if (m->acts && m->max_batch >= max_batch) return 0;
     DC_TRY(m->be->reserve(m->be, c->positions, c->width / c->heads));
+    DC_TRY(dc_adapter_reserve_rows(m->params, (int64_t)max_batch * c->positions));
     free_acts(m);
     dc_clip_text_acts *a = calloc(1, sizeof *a);
     if (!a) return dc_fail("out of memory");

@@ -82,6 +82,7 @@ int dc_clip_text_train_reserve(dc_clip_text *m, int max_batch) {
     DC_TRY(check_batch(c, max_batch));
     if (m->train && m->train->max_batch >= max_batch) return 0;
     DC_TRY(m->be->reserve(m->be, c->positions, c->width / c->heads));
+    DC_TRY(dc_adapter_reserve_rows(m->params, (int64_t)max_batch * c->positions));
     clip_train_free(m);
     dc_clip_text_train *t = calloc(1, sizeof *t);
     if (!t || !(t->L = calloc((size_t)c->layers, sizeof *t->L))) return free(t), dc_fail("out of memory");

@@ -238,7 +238,7 @@ static int unet_reserve(dc_model *mm, int max_batch) {
     if (max_batch < 1) return dc_fail("batch size must be at least 1");
     if (max_batch > 65535) return dc_fail("batch %d is too large: at most 65535 images per forward", max_batch);
     if ((m->acts || m->train) && m->max_batch >= max_batch) return 0;
-    const bool training = dc_params_trains(m->base.params);
+    const bool training = m->trains;
     unet_plan p;
     make_plan(m, &p);
     // ops index with int: every buffer must hold fewer than 2^31 values
@@ -250,8 +250,10 @@ static int unet_reserve(dc_model *mm, int max_batch) {
                        max_batch, m->lh, m->lw);
     for (int i = 0; i < p.nconv; i++) {
         dc_conv2d_shape s = dc_conv2d_shape_of(p.conv[i].c, max_batch, p.conv[i].H, p.conv[i].W);
-        DC_TRY(be->reserve_conv(be, &s, training));
+        DC_TRY(dc_conv2d_reserve(be, m->base.params, p.conv[i].c, &s, training));
     }
+    const int64_t tokens = (int64_t)m->lh * m->lw;  // the most rows a linear layer takes a sample
+    DC_TRY(dc_adapter_reserve_rows(m->base.params, max_batch * (tokens > DC_UNET_CTX_LEN ? tokens : DC_UNET_CTX_LEN)));
     for (int i = 0; i < p.nattn; i++) {
         const unet_transformer *t = p.attn[i].t;
         int T = p.attn[i].H * p.attn[i].W;
@@ -313,8 +315,8 @@ int dc_unet_prepare_text(dc_model *mm, const dc_cond *cond, int B) {
     const int n = transformer_list(m->mods, m->cfg.nblocks, tl);
     int64_t off = 0;
     for (int i = 0; i < n; i++)
-        dc_linear_fwd(m->be, m->base.params, &tl[i]->kv2, kv_slice(m, tl[i], B, cond->len, &off), cond->ctx,
-                      B * cond->len);
+        unet_text_kv_fwd(m->be, m->base.params, tl[i], kv_slice(m, tl[i], B, cond->len, &off), cond->ctx,
+                         B * cond->len);
     DC_TRY(dc_backend_status(m->be));
     m->kv_ctx = cond->ctx.p, m->kv_B = B, m->kv_len = cond->len;
     return 0;
@@ -573,8 +575,9 @@ int dc_unet_register(const dc_unet_config *c, dc_params *ps) {
 
 // set NULL: the model's own parameters, allocated here; else registered into
 // the joint set, which its owner allocates.
-static int unet_new(const dc_unet_config *c, dc_backend *be, dc_dtype loaded, bool trains, int latent_h,
-                    int latent_w, dc_params *set, dc_model **out) {
+// frozen: weights as in inference, though it trains.
+static int unet_new(const dc_unet_config *c, dc_backend *be, dc_dtype loaded, bool trains, bool frozen,
+                    int latent_h, int latent_w, dc_params *set, dc_model **out) {
     *out = NULL;
     DC_TRY(dc_unet_config_validate(c));
     DC_TRY(check_size(c, latent_h, latent_w));
@@ -597,7 +600,7 @@ static int unet_new(const dc_unet_config *c, dc_backend *be, dc_dtype loaded, bo
     m->first = ps->count, m->unit0 = ps->units;
     int rc = unet_modules_add(ps, m->mods, c);
     m->end = ps->count;
-    if (rc || (be && !set && (trains ? dc_params_alloc(ps, be, true) : dc_params_alloc_frozen(ps, be, loaded)))) {
+    if (rc || (be && !set && (trains && !frozen ? dc_params_alloc(ps, be, true) : dc_params_alloc_frozen(ps, be, loaded)))) {
         unet_release(&m->base);
         free(m);
         return -1;
@@ -609,14 +612,19 @@ static int unet_new(const dc_unet_config *c, dc_backend *be, dc_dtype loaded, bo
 
 int dc_unet_new(const dc_unet_config *c, dc_backend *be, dc_dtype loaded, int latent_h, int latent_w,
                 dc_model **out) {
-    return unet_new(c, be, loaded, false, latent_h, latent_w, NULL, out);
+    return unet_new(c, be, loaded, false, true, latent_h, latent_w, NULL, out);
 }
 
 int dc_unet_new_train(const dc_unet_config *c, dc_backend *be, int latent_h, int latent_w, dc_model **out) {
-    return unet_new(c, be, DC_F32, true, latent_h, latent_w, NULL, out);
+    return unet_new(c, be, DC_F32, true, false, latent_h, latent_w, NULL, out);
+}
+
+int dc_unet_new_frozen_train(const dc_unet_config *c, dc_backend *be, dc_dtype loaded, int latent_h, int latent_w,
+                             dc_model **out) {
+    return unet_new(c, be, loaded, true, true, latent_h, latent_w, NULL, out);
 }
 
 int dc_unet_new_train_in(const dc_unet_config *c, dc_backend *be, int latent_h, int latent_w, dc_params *set,
                          dc_model **out) {
-    return unet_new(c, be, DC_F32, true, latent_h, latent_w, set, out);
+    return unet_new(c, be, DC_F32, true, false, latent_h, latent_w, set, out);
 }

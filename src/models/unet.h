@@ -105,7 +105,7 @@ typedef struct {
     dc_unet_modules *mods;
     dc_unet_acts *acts;  // inference: planned by reserve for up to max_batch
     dc_unet_train *train;  // training: what the forward keeps for backward (unet_train.c)
-    bool trains;         // created with trainable parameters (dc_unet_new_train)
+    bool trains;         // created to train (dc_unet_new_train, _frozen_train)
     int keep;            // training: the layers keeping their activations (-1: all; set_recompute)
     int max_batch;
     int lh, lw;          // latent height and width
@@ -129,6 +129,12 @@ int dc_unet_new(const dc_unet_config *c, dc_backend *be, dc_dtype loaded, int la
 // counts the layers set_recompute's keep runs over (resnets with their
 // transformers, resamplers); recomputed layers give the same gradients.
 int dc_unet_new_train(const dc_unet_config *c, dc_backend *be, int latent_h, int latent_w, dc_model **out);
+// Training through a frozen UNet (LoRA: the deltas' factors train, nn/adapter.h):
+// its weights as dc_unet_new keeps them (the loaded dtype, no master, no
+// gradient), its forward keeping what backward reads, and its backward
+// taking dL/dx through every layer to the adapter's factors and the text.
+int dc_unet_new_frozen_train(const dc_unet_config *c, dc_backend *be, dc_dtype loaded, int latent_h, int latent_w,
+                             dc_model **out);
 // The same, its parameters registered into `set` (a joint set, which the
 // caller allocates once every model of it is registered, and frees after
 // them) under their own names and units. Nothing runs before the set is

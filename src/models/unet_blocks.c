@@ -184,9 +184,12 @@ void unet_time_fwd(dc_backend *be, const dc_params *ps, const dc_unet_modules *m
     dc_linear_job jobs[UNET_MAX_RESNETS];
     const int nr = unet_resnet_list(md, c->nblocks, rl);
     int64_t off = 0;
+    bool many = true;  // as one op, unless an adapter adds a delta to one of them
     for (int i = 0; i < nr; off += (int64_t)B * rl[i]->co, i++)
-        tp[i] = dc_buf_at(a->tproj, off), jobs[i] = dc_linear_job_of(ps, &rl[i]->temb, tp[i]);
-    be->linear_many_fwd(be, jobs, nr, a->silu_temb, B, td);
+        tp[i] = dc_buf_at(a->tproj, off), many = many && !dc_adapted(ps, rl[i]->temb.w);
+    for (int i = 0; i < nr && many; i++) jobs[i] = dc_linear_job_of(ps, &rl[i]->temb, tp[i]);
+    if (many) be->linear_many_fwd(be, jobs, nr, a->silu_temb, B, td);
+    for (int i = 0; i < nr && !many; i++) dc_linear_fwd(be, ps, &rl[i]->temb, tp[i], a->silu_temb, B);
 }
 
 unet_resnet_acts unet_resnet_scratch(const unet_scratch *s) {
@@ -242,6 +245,56 @@ static dc_attn_shape attn_shape(int B, int Tq, int Tk, int qrow, int kvrow, int 
     return a;
 }
 
+// The projections that run as one product over adjacent weights (q1 | k1 |
+// v1 into rows of 3C, k2 | v2 into rows of 2C) run apart where an adapter
+// adds a delta to any of them, since it sees each weight alone: their
+// outputs are then consecutive [M, C] blocks of the same buffer. A packed
+// projection's n parts as the attention reads them: where each starts, and
+// the elements from one row to the next.
+typedef struct {
+    int64_t at[3];
+    int row;
+} packed;
+
+static bool apart(const dc_params *ps, const dc_linear *part, int n) {
+    for (int i = 0; i < n; i++)
+        if (dc_adapted(ps, part[i].w)) return true;
+    return false;
+}
+
+static packed packed_of(const dc_params *ps, const dc_linear *part, int n, int64_t M, int C) {
+    const bool a = apart(ps, part, n);
+    packed p = {{0, 0, 0}, a ? C : n * C};
+    for (int i = 0; i < n; i++) p.at[i] = a ? i * M * C : (int64_t)i * C;
+    return p;
+}
+
+// y = the n parts' products of x [M, in] (fused: the one product over their weights).
+static void packed_fwd(dc_backend *be, const dc_params *ps, const dc_linear *fused, const dc_linear *part, int n,
+                       dc_buf y, dc_buf x, int M) {
+    if (!apart(ps, part, n)) {
+        dc_linear_fwd(be, ps, fused, y, x, M);
+        return;
+    }
+    for (int i = 0; i < n; i++) dc_linear_fwd(be, ps, &part[i], dc_buf_at(y, (int64_t)i * M * part[i].out), x, M);
+}
+
+// Its backward: dx = dL/dx (skipped if none), the weights' gradients +=.
+static void packed_bwd(dc_backend *be, const dc_params *ps, const dc_linear *fused, const dc_linear *part, int n,
+                       dc_buf dx, dc_buf dy, dc_buf x, int M) {
+    if (!apart(ps, part, n)) {
+        dc_linear_bwd(be, ps, fused, dx, dy, x, M, false);
+        return;
+    }
+    for (int i = 0; i < n; i++)
+        dc_linear_bwd(be, ps, &part[i], dx, dc_buf_at(dy, (int64_t)i * M * part[i].out), x, M, i > 0);
+}
+
+void unet_text_kv_fwd(dc_backend *be, const dc_params *ps, const unet_transformer *t, dc_buf kv, dc_buf ctx,
+                      int rows) {
+    packed_fwd(be, ps, &t->kv2, &t->k2, 2, kv, ctx, rows);
+}
+
 void unet_copy_half(dc_backend *be, dc_buf b, int64_t n) {
     const size_t bytes = (size_t)n * dc_dtype_size(b.dt);
     be->copy(be, (char *)b.p + bytes, b.p, bytes);
@@ -262,9 +315,10 @@ void unet_transformer_fwd(dc_backend *be, const dc_params *ps, const unet_transf
 
     // self-attention: q | k | v from one product as [M, 3C]
     dc_layer_norm_fwd(be, ps, &t->norm1, k->n1, k->ln_mean[0], k->ln_rstd[0], k->x0, Ms);
-    dc_linear_fwd(be, ps, &t->qkv1, k->qkv, k->n1, Ms);
-    dc_attn_shape a = attn_shape(Bs, T, T, 3 * C, 3 * C, C, t->heads);
-    be->attention_fwd(be, k->att1, k->lse1, k->qkv, dc_buf_at(k->qkv, C), dc_buf_at(k->qkv, 2 * C), &a);
+    packed_fwd(be, ps, &t->qkv1, &t->q1, 3, k->qkv, k->n1, Ms);
+    const packed pq = packed_of(ps, &t->q1, 3, Ms, C);
+    dc_attn_shape a = attn_shape(Bs, T, T, pq.row, pq.row, C, t->heads);
+    be->attention_fwd(be, k->att1, k->lse1, k->qkv, dc_buf_at(k->qkv, pq.at[1]), dc_buf_at(k->qkv, pq.at[2]), &a);
     copy_map(be, k->x1, k->x0, (int64_t)M * C);
     dc_linear_fwd_acc(be, ps, &t->o1, k->x1, k->att1, Ms);  // x += to_out(attention)
     if (Bs < B) {  // the halves part at the text: both get the tokens and the residual
@@ -276,9 +330,10 @@ void unet_transformer_fwd(dc_backend *be, const dc_params *ps, const unet_transf
     // [B len, 2C] (or prepared in kv)
     dc_layer_norm_fwd(be, ps, &t->norm2, k->n2, k->ln_mean[1], k->ln_rstd[1], k->x1, M);
     dc_linear_fwd(be, ps, &t->q2, k->q2, k->n2, M);
-    if (!kv.p) dc_linear_fwd(be, ps, &t->kv2, k->kv, ctx, B * len), kv = k->kv;
-    a = attn_shape(B, T, len, C, 2 * C, C, t->heads);
-    be->attention_fwd(be, k->att2, k->lse2, k->q2, kv, dc_buf_at(kv, C), &a);
+    if (!kv.p) unet_text_kv_fwd(be, ps, t, k->kv, ctx, B * len), kv = k->kv;
+    const packed pkv = packed_of(ps, &t->k2, 2, (int64_t)B * len, C);
+    a = attn_shape(B, T, len, C, pkv.row, C, t->heads);
+    be->attention_fwd(be, k->att2, k->lse2, k->q2, kv, dc_buf_at(kv, pkv.at[1]), &a);
     copy_map(be, k->x2, k->x1, (int64_t)M * C);
     dc_linear_fwd_acc(be, ps, &t->o2, k->x2, k->att2, M);
 
@@ -354,19 +409,21 @@ void unet_transformer_bwd(dc_backend *be, const dc_params *ps, const unet_transf
     dc_layer_norm_bwd(be, ps, &t->norm3, g->dS, g->dT, k->x2, k->ln_mean[2], k->ln_rstd[2], M, true);
     // x2 = x1 + o2(attention(q2(norm2(x1)), kv2(ctx)))
     dc_linear_bwd(be, ps, &t->o2, g->dT, g->dS, k->att2, M, false);
-    dc_attn_shape a = attn_shape(B, T, len, C, 2 * C, C, t->heads);
-    be->attention_bwd(be, g->dT2, g->dkv, dc_buf_at(g->dkv, C), g->dT, k->q2, k->kv, dc_buf_at(k->kv, C), k->att2,
-                      k->lse2, &a);
-    dc_linear_bwd(be, ps, &t->kv2, dctx.p ? g->dctx : dc_buf_none(), g->dkv, ctx, B * len, false);
+    const packed pkv = packed_of(ps, &t->k2, 2, (int64_t)B * len, C);
+    dc_attn_shape a = attn_shape(B, T, len, C, pkv.row, C, t->heads);
+    be->attention_bwd(be, g->dT2, g->dkv, dc_buf_at(g->dkv, pkv.at[1]), g->dT, k->q2, k->kv,
+                      dc_buf_at(k->kv, pkv.at[1]), k->att2, k->lse2, &a);
+    packed_bwd(be, ps, &t->kv2, &t->k2, 2, dctx.p ? g->dctx : dc_buf_none(), g->dkv, ctx, B * len);
     if (dctx.p) be->axpy(be, dctx, g->dctx, 1.0f, (int64_t)B * len * t->kv2.in);
     dc_linear_bwd(be, ps, &t->q2, g->dT, g->dT2, k->n2, M, false);
     dc_layer_norm_bwd(be, ps, &t->norm2, g->dS, g->dT, k->x1, k->ln_mean[1], k->ln_rstd[1], M, true);
     // x1 = x0 + o1(attention of qkv1(norm1(x0)))
     dc_linear_bwd(be, ps, &t->o1, g->dT, g->dS, k->att1, M, false);
-    a = attn_shape(B, T, T, 3 * C, 3 * C, C, t->heads);
-    be->attention_bwd(be, g->dqkv, dc_buf_at(g->dqkv, C), dc_buf_at(g->dqkv, 2 * C), g->dT, k->qkv,
-                      dc_buf_at(k->qkv, C), dc_buf_at(k->qkv, 2 * C), k->att1, k->lse1, &a);
-    dc_linear_bwd(be, ps, &t->qkv1, g->dT, g->dqkv, k->n1, M, false);
+    const packed pq = packed_of(ps, &t->q1, 3, M, C);
+    a = attn_shape(B, T, T, pq.row, pq.row, C, t->heads);
+    be->attention_bwd(be, g->dqkv, dc_buf_at(g->dqkv, pq.at[1]), dc_buf_at(g->dqkv, pq.at[2]), g->dT, k->qkv,
+                      dc_buf_at(k->qkv, pq.at[1]), dc_buf_at(k->qkv, pq.at[2]), k->att1, k->lse1, &a);
+    packed_bwd(be, ps, &t->qkv1, &t->q1, 3, g->dT, g->dqkv, k->n1, M);
     dc_layer_norm_bwd(be, ps, &t->norm1, g->dS, g->dT, k->x0, k->ln_mean[0], k->ln_rstd[0], M, true);
     // x0 = proj_in(GroupNorm(h)); dh += its share
     dc_linear_bwd(be, ps, &t->proj_in, g->dT, g->dS, k->t0, M, false);

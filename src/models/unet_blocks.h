@@ -146,6 +146,11 @@ void unet_resnet_fwd(dc_backend *be, const dc_params *ps, const unet_resnet *r, 
 void unet_transformer_fwd(dc_backend *be, const dc_params *ps, const unet_transformer *t, dc_buf out, dc_buf h,
                           int B, int Bs, int H, int W, dc_buf ctx, int len, dc_buf kv,
                           const unet_transformer_acts *k, const unet_scratch *s);
+// The text's keys and values for t's cross-attention, kv [rows, 2C] (rows =
+// B len) from ctx [rows, ctx_dim]: k | v in each row, or, where an adapter
+// adds a delta to k2 or v2, k's [rows, C] block and then v's.
+void unet_text_kv_fwd(dc_backend *be, const dc_params *ps, const unet_transformer *t, dc_buf kv, dc_buf ctx,
+                      int rows);
 // b's first n elements copied over its next n (a batch's first half to its second).
 void unet_copy_half(dc_backend *be, dc_buf b, int64_t n);
 

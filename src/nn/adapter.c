@@ -17,26 +17,20 @@ static float scale_of(const dc_lora *l, const dc_lora_item *it) { return it->alp
 
 // ---- run time ---------------------------------------------------------------------------
 
-// The scratch's three regions for rows x (r, out) products: h [rows, r] in
-// x's dtype, t [rows, out] (up's product, or s dy) and dh [rows, r] in dy's;
-// each starts on a 256-byte boundary, as the backend's own buffers do.
-typedef struct {
-    dc_buf h, t, dh;
-} regions;
-
+// The scratch's regions, each starting on a 256-byte boundary as the
+// backend's own buffers do. A linear delta needs four [rows, r] ones: h =
+// x down^T, hs = s h, dh = dy up and dhs = s dh (the up product adds into y
+// in its epilogue, so nothing as wide as the layer's output is needed). A
+// convolution's needs h, dh [rows, r] and t [rows, co] (up's output, or s dy).
 static int64_t aligned(int64_t bytes) { return (bytes + 255) / 256 * 256; }
-static int64_t scratch_need(int64_t rows, int r, int64_t out) {
-    return 2 * aligned(rows * r * 4) + aligned(rows * out * 4);
-}
+static int64_t linear_need(int64_t rows, int r) { return 4 * aligned(rows * r * 4); }
+static int64_t conv_need(int64_t rows, int r, int64_t out) { return 2 * aligned(rows * r * 4) + aligned(rows * out * 4); }
 
-static regions carve(dc_lora *l, int64_t rows, int r, int out, dc_dtype xdt, dc_dtype ydt) {
-    assert(scratch_need(rows, r, out) <= l->scratch_bytes && "dc_lora_reserve was not called for this many rows");
-    char *p = l->scratch.p;
-    const int64_t hb = aligned(rows * r * 4), tb = aligned(rows * out * 4);
-    regions g = {{p, xdt}, {p + hb, ydt}, {p + hb + tb, ydt}};
-    return g;
+static char *region(const dc_lora *l, int64_t need, int i, int64_t each) {
+    assert(need <= l->scratch_bytes && "the LoRA's scratch was not reserved for this many rows");
+    (void)need;
+    return (char *)l->scratch.p + i * each;
 }
-
 // The factors as the products read them: their compute copy, brought up to
 // date if their master was written since (a no-op otherwise).
 static const dc_params *factors(dc_lora *l) {
@@ -49,20 +43,22 @@ static bool lora_has(const dc_adapter *a, int param) {
     return !l->merged && find(l, param);
 }
 
+// ds = s dy (zeroed, then added: the backend has no scaling op).
+static void scaled(dc_backend *be, dc_buf ds, dc_buf dy, float s, int64_t n) {
+    be->zero(be, ds.p, (size_t)n * dc_dtype_size(ds.dt));
+    be->axpy(be, ds, dy, s, n);
+}
+
+// y += (s x down^T) up^T.
 static void lora_linear_fwd(dc_adapter *a, dc_backend *be, int param, dc_buf y, dc_buf x, int M, int in, int out) {
     dc_lora *l = (dc_lora *)a;
     const dc_lora_item *it = find(l, param);
     const dc_params *lp = factors(l);
-    regions g = carve(l, M, it->rank, out, x.dt, y.dt);
-    be->linear_fwd(be, g.h, x, dc_param_w(lp, it->down), dc_buf_none(), M, in, it->rank);  // h = x down^T
-    be->linear_fwd(be, g.t, g.h, dc_param_w(lp, it->up), dc_buf_none(), M, it->rank, out);  // t = h up^T
-    be->axpy(be, y, g.t, scale_of(l, it), (int64_t)M * out);
-}
-
-// ds = s dy, the gradient at up's output (t's region).
-static void scaled(dc_backend *be, dc_buf ds, dc_buf dy, float s, int64_t n) {
-    be->zero(be, ds.p, (size_t)n * dc_dtype_size(ds.dt));
-    be->axpy(be, ds, dy, s, n);
+    const int64_t n = (int64_t)M * it->rank, each = aligned(n * 4);
+    const dc_buf h = {region(l, linear_need(M, it->rank), 0, each), x.dt}, hs = {region(l, 0, 1, each), x.dt};
+    be->linear_fwd(be, h, x, dc_param_w(lp, it->down), dc_buf_none(), M, in, it->rank);
+    scaled(be, hs, h, scale_of(l, it), n);
+    be->linear_fwd_acc(be, y, hs, dc_param_w(lp, it->up), dc_buf_none(), M, it->rank, out);
 }
 
 static void lora_linear_bwd(dc_adapter *a, dc_backend *be, int param, dc_buf dx, dc_buf dy, dc_buf x, int M, int in,
@@ -70,15 +66,32 @@ static void lora_linear_bwd(dc_adapter *a, dc_backend *be, int param, dc_buf dx,
     dc_lora *l = (dc_lora *)a;
     const dc_lora_item *it = find(l, param);
     const dc_params *lp = factors(l);
-    regions g = carve(l, M, it->rank, out, x.dt, dy.dt);
-    // h is recomputed rather than kept from forward: r columns, cheap.
-    be->linear_fwd(be, g.h, x, dc_param_w(lp, it->down), dc_buf_none(), M, in, it->rank);
-    scaled(be, g.t, dy, scale_of(l, it), (int64_t)M * out);
-    // dh = s dy up; dup += s dy^T h; then dx += dh down; ddown += dh^T x
-    be->linear_bwd(be, g.dh, dc_param_train_grad(lp, it->up), dc_buf_none(), g.t, g.h, dc_param_w(lp, it->up), M,
+    const int64_t n = (int64_t)M * it->rank, each = aligned(n * 4);
+    const float sc = scale_of(l, it);
+    const dc_buf h = {region(l, linear_need(M, it->rank), 0, each), x.dt}, hs = {region(l, 0, 1, each), x.dt};
+    const dc_buf dh = {region(l, 0, 2, each), dy.dt}, dhs = {region(l, 0, 3, each), dy.dt};
+    // hs is recomputed rather than kept from forward: r columns, cheap.
+    be->linear_fwd(be, h, x, dc_param_w(lp, it->down), dc_buf_none(), M, in, it->rank);
+    scaled(be, hs, h, sc, n);
+    // dh = dy up; dup += dy^T hs; then dx += (s dh) down; ddown += (s dh)^T x
+    be->linear_bwd(be, dh, dc_param_train_grad(lp, it->up), dc_buf_none(), dy, hs, dc_param_w(lp, it->up), M,
                    it->rank, out, false);
-    be->linear_bwd(be, dx, dc_param_train_grad(lp, it->down), dc_buf_none(), g.dh, x, dc_param_w(lp, it->down), M,
+    scaled(be, dhs, dh, sc, n);
+    be->linear_bwd(be, dx, dc_param_train_grad(lp, it->down), dc_buf_none(), dhs, x, dc_param_w(lp, it->down), M,
                    in, it->rank, true);
+}
+
+// A convolution's regions for rows x (r, co) products: h [rows, r] in x's
+// dtype, t [rows, co] (up's output, or s dy) and dh [rows, r] in dy's.
+typedef struct {
+    dc_buf h, t, dh;
+} conv_regions;
+
+static conv_regions conv_carve(dc_lora *l, int64_t rows, int r, int co, dc_dtype xdt, dc_dtype ydt) {
+    const int64_t hb = aligned(rows * r * 4), tb = aligned(rows * co * 4);
+    char *p = region(l, conv_need(rows, r, co), 0, 0);
+    conv_regions g = {{p, xdt}, {p + hb, ydt}, {p + hb + tb, ydt}};
+    return g;
 }
 
 // The down and up convolutions of item it for the layer's shape s.
@@ -96,7 +109,7 @@ static void lora_conv_fwd(dc_adapter *a, dc_backend *be, int param, dc_buf y, dc
     conv_shapes(it, s, &sd, &su);
     const int64_t rows = (int64_t)s->B * su.H * su.W;
     const dc_params *lp = factors(l);
-    regions g = carve(l, rows, it->rank, s->Co, x.dt, y.dt);
+    const conv_regions g = conv_carve(l, rows, it->rank, s->Co, x.dt, y.dt);
     be->conv2d_fwd(be, g.h, x, dc_param_w(lp, it->down), dc_buf_none(), &sd);
     be->conv2d_fwd(be, g.t, g.h, dc_param_w(lp, it->up), dc_buf_none(), &su);
     be->axpy(be, y, g.t, scale_of(l, it), rows * s->Co);
@@ -110,7 +123,7 @@ static void lora_conv_bwd(dc_adapter *a, dc_backend *be, int param, dc_buf dx, d
     dc_conv2d_shape sd, su;
     conv_shapes(it, s, &sd, &su);
     const int64_t rows = (int64_t)s->B * su.H * su.W;
-    regions g = carve(l, rows, it->rank, s->Co, x.dt, dy.dt);
+    const conv_regions g = conv_carve(l, rows, it->rank, s->Co, x.dt, dy.dt);
     be->conv2d_fwd(be, g.h, x, dc_param_w(lp, it->down), dc_buf_none(), &sd);
     scaled(be, g.t, dy, scale_of(l, it), rows * s->Co);
     be->conv2d_bwd(be, g.dh, dc_param_train_grad(lp, it->up), dc_buf_none(), g.t, g.h, dc_param_w(lp, it->up), &su,
@@ -119,9 +132,10 @@ static void lora_conv_bwd(dc_adapter *a, dc_backend *be, int param, dc_buf dx, d
                    true);
 }
 
-static const dc_adapter_ops lora_ops = {lora_has, lora_linear_fwd, lora_linear_bwd, lora_conv_fwd, lora_conv_bwd};
 
 // ---- building --------------------------------------------------------------------------
+
+static const dc_adapter_ops lora_ops;
 
 void dc_lora_init(dc_lora *l, dc_params *target) {
     memset(l, 0, sizeof *l);
@@ -166,20 +180,24 @@ int dc_lora_alloc(dc_lora *l, dc_backend *be, bool with_grad) {
     return dc_params_alloc(&l->params, be, with_grad);
 }
 
-int dc_lora_reserve(dc_lora *l, int64_t rows) {
-    int64_t widest = 0;
-    for (int i = 0; i < l->count; i++) {
-        const dc_lora_item *it = &l->items[i];
-        int64_t need = scratch_need(rows, it->rank, l->target->items[it->param].shape[0]);
-        if (need > widest) widest = need;
-    }
-    if (widest <= l->scratch_bytes) return 0;
+// The scratch holds at least `need` bytes.
+static int grow(dc_lora *l, int64_t need) {
+    if (need <= l->scratch_bytes) return 0;
     dc_backend *be = l->params.be;
     if (!be) return dc_fail("LoRA: reserved before it was allocated");
     if (l->scratch.p) be->free(be, l->scratch.p);
-    l->scratch = (dc_buf){be->alloc(be, (size_t)widest), DC_F32};
-    l->scratch_bytes = l->scratch.p ? widest : 0;
+    l->scratch = (dc_buf){be->alloc(be, (size_t)need), DC_F32};
+    l->scratch_bytes = l->scratch.p ? need : 0;
     return l->scratch.p ? 0 : -1;
+}
+
+int dc_lora_reserve(dc_lora *l, int64_t rows) {
+    int64_t widest = 0;
+    for (int i = 0; i < l->count; i++) {
+        const int64_t need = linear_need(rows, l->items[i].rank);  // 1 x 1 kernels may run as linear layers
+        if (need > widest) widest = need;
+    }
+    return grow(l, widest);
 }
 
 int dc_lora_reserve_conv(dc_lora *l, int param, const dc_conv2d_shape *s, bool backward) {
@@ -190,8 +208,16 @@ int dc_lora_reserve_conv(dc_lora *l, int param, const dc_conv2d_shape *s, bool b
     conv_shapes(it, s, &sd, &su);
     DC_TRY(be->reserve_conv(be, &sd, backward));
     DC_TRY(be->reserve_conv(be, &su, backward));
-    return dc_lora_reserve(l, (int64_t)s->B * su.H * su.W);
+    return grow(l, conv_need((int64_t)s->B * su.H * su.W, it->rank, s->Co));
 }
+
+static int lora_reserve_rows(dc_adapter *a, int64_t rows) { return dc_lora_reserve((dc_lora *)a, rows); }
+static int lora_reserve_conv(dc_adapter *a, int param, const dc_conv2d_shape *s, bool backward) {
+    return dc_lora_reserve_conv((dc_lora *)a, param, s, backward);
+}
+
+static const dc_adapter_ops lora_ops = {lora_has,     lora_linear_fwd,   lora_linear_bwd,  lora_conv_fwd,
+                                        lora_conv_bwd, lora_reserve_rows, lora_reserve_conv};
 
 void dc_lora_attach(dc_lora *l) { l->target->adapter = &l->base; }
 

@@ -32,6 +32,11 @@ typedef struct {
     void (*conv_fwd)(dc_adapter *a, dc_backend *be, int param, dc_buf y, dc_buf x, const dc_conv2d_shape *s);
     void (*conv_bwd)(dc_adapter *a, dc_backend *be, int param, dc_buf dx, dc_buf dy, dc_buf x,
                      const dc_conv2d_shape *s);
+    // What a model's reserve asks, so that no step allocates: room for the
+    // deltas of linear layers of up to `rows` rows, and for the convolution
+    // of shape s whose kernel is param (for backward too, if backward).
+    int (*reserve_rows)(dc_adapter *a, int64_t rows);
+    int (*reserve_conv)(dc_adapter *a, int param, const dc_conv2d_shape *s, bool backward);
 } dc_adapter_ops;
 
 struct dc_adapter {
@@ -60,8 +65,9 @@ typedef struct {
     int count, cap;
     float multiplier;    // 1 unless set
     bool merged;         // the deltas are in the target's weights, so none is applied at run time
-    // Run-time scratch (the down product, the up product or the scaled dy,
-    // and down's gradient): sized by dc_lora_reserve, so no step allocates.
+    // Run-time scratch (the down product and its gradient, scaled; a
+    // convolution's up product or scaled dy): sized by dc_lora_reserve and
+    // dc_lora_reserve_conv, so no step allocates.
     dc_buf scratch;
     int64_t scratch_bytes;
 } dc_lora;
@@ -75,11 +81,12 @@ void dc_lora_init(dc_lora *l, dc_params *target);
 int dc_lora_add(dc_lora *l, int param, const char *name, int rank, float alpha);
 // Allocates the factors (trainable, zeroed; with gradients if with_grad).
 int dc_lora_alloc(dc_lora *l, dc_backend *be, bool with_grad);
-// Sizes the run-time scratch for products of up to `rows` rows (a linear
-// layer's M, a convolution's B Ho Wo) in activations of up to 4 bytes.
+// Sizes the run-time scratch for linear layers of up to `rows` rows, in
+// activations of up to 4 bytes.
 int dc_lora_reserve(dc_lora *l, int64_t rows);
 // Reserves the convolutions the delta of conv item `param` runs at run time
-// for the layer's shape s (down: s with r output channels; up: 1 x 1).
+// for the layer's shape s (down: s with r output channels; up: 1 x 1), and
+// the scratch they need.
 int dc_lora_reserve_conv(dc_lora *l, int param, const dc_conv2d_shape *s, bool backward);
 // Run time: the target set carries the LoRA (target->adapter), or not.
 void dc_lora_attach(dc_lora *l);

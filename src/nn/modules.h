@@ -113,11 +113,16 @@ static inline dc_linear_job dc_linear_job_of(const dc_params *ps, const dc_linea
 // The GEGLU feed-forward's first product and its gate (linear_geglu_fwd): y[M, out/2]
 // = h * gelu_erf(g) where [h | g] = x W^T + b; pre [M, out] is the backend's
 // scratch. With pre none it runs only where the backend needs none: whether
-// it ran (never for an adapted layer: the delta takes merging).
+// it ran (never for an adapted layer, which runs the product with its delta
+// into pre, then the gate).
 static inline bool dc_linear_geglu_fwd(dc_backend *be, const dc_params *ps, const dc_linear *l, dc_buf y,
                                        dc_buf pre, dc_buf x, int M) {
-    if (dc_adapted(ps, l->w) && !pre.p) return false;
-    assert(!dc_adapted(ps, l->w) && "the GEGLU gate takes merged deltas only");
+    if (dc_adapted(ps, l->w)) {  // the delta joins the product before the gate
+        if (!pre.p) return false;
+        dc_linear_fwd(be, ps, l, pre, x, M);
+        be->geglu_fwd(be, y, pre, M, l->out / 2);
+        return true;
+    }
     return be->linear_geglu_fwd(be, y, pre, x, dc_weight_plain(ps, l->w), dc_bias_of(ps, l->b), M, l->in, l->out / 2);
 }
 // The MLP pair fc2(gelu(fc1(x))) through the backend's fused ops: forward
@@ -142,6 +147,18 @@ static inline void dc_linear_bwd_gelu(dc_backend *be, const dc_params *ps, const
     }
     be->linear_bwd_gelu(be, dpre, dc_param_train_grad(ps, fc2->w), dc_param_train_grad(ps, fc2->b), dy, act,
                         dc_weight_plain(ps, fc2->w), pre, scratch, M, fc2->in, fc2->out);
+}
+// What a model's reserve calls for the convolution c of shape s: the
+// backend's plans, and the adapter's room for its delta.
+static inline int dc_conv2d_reserve(dc_backend *be, const dc_params *ps, const dc_conv2d *c,
+                                    const dc_conv2d_shape *s, bool backward) {
+    int rc = be->reserve_conv(be, s, backward);
+    if (!rc && dc_adapted(ps, c->w)) rc = ps->adapter->ops->reserve_conv(ps->adapter, c->w, s, backward);
+    return rc;
+}
+// The adapter's room for the deltas of linear layers of up to `rows` rows.
+static inline int dc_adapter_reserve_rows(const dc_params *ps, int64_t rows) {
+    return ps->adapter ? ps->adapter->ops->reserve_rows(ps->adapter, rows) : 0;
 }
 // y = conv(x) + b over the shape s (dc_conv2d_shape_of, or asymmetric padding
 // for the VAE's downsampling); reserve_conv(s) must have run.
