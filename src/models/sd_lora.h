@@ -16,3 +16,39 @@
 // refused), allocates the factors on the parts' backends and loads them. The
 // multiplier is left to the caller (dc_lora.multiplier).
 int dc_sd_lora_read(const dc_st_file *f, dc_lora *unet, dc_lora *text);
+
+// ---- making LoRAs (models/sd_lora_train.c) ----------------------------------------------
+
+#include "io/kv.h"
+#include "models/sd_lora_keys.h"
+
+// The layers a LoRA of an SD model trains, as the tools people use choose them:
+//   attn         the attention projections (to_q, to_k, to_v, to_out.0 of
+//                attn1 and attn2): diffusers' train_text_to_image_lora;
+//   transformer  every linear (or 1x1) layer inside the transformers: the
+//                attention, the feed-forward (ff.net.0.proj, ff.net.2),
+//                proj_in and proj_out: kohya's default;
+//   all          those and the resnets' (conv1, conv2, conv_shortcut,
+//                time_emb_proj) and the resamplers' convolutions: kohya's
+//                LoCon (conv_dim).
+// In the text encoder: the attention's q, k, v, out_proj (attn), and the
+// MLP's fc1, fc2 too (transformer, all), in every encoder layer.
+typedef enum { DC_LORA_ATTN, DC_LORA_TRANSFORMER, DC_LORA_ALL } dc_lora_targets;
+
+int dc_lora_targets_parse(const char *word, dc_lora_targets *t);
+const char *dc_lora_targets_name(dc_lora_targets t);
+
+// Adds a delta of rank `rank` and alpha `alpha` to every layer of l's target
+// (the UNet's or the text encoder's parameters, per part; a joint set's
+// "text_encoder." names count as the encoder's) that t names. Each item is
+// named after its weight's module, as dc_sd_lora_read names them.
+int dc_sd_lora_add_targets(dc_lora *l, dc_lora_part part, dc_lora_targets t, int rank, float alpha);
+
+// Writes LoRAs (either may be NULL) as one file in kohya's format: for each
+// layer lora_unet_<path> or lora_te_text_model_<path> (its module path, '.'
+// written '_') .lora_down.weight, .lora_up.weight (PyTorch's layouts) and
+// .alpha, in dtype dt (F32, F16 or BF16); the metadata: ss_network_module,
+// ss_network_dim and ss_network_alpha (the first layer's), then meta's
+// entries. Atomic, as dc_st_write.
+int dc_sd_lora_write_kohya(const char *path, const dc_lora *unet, const dc_lora *text, const dc_kv *meta,
+                           dc_dtype dt);
