@@ -14,9 +14,9 @@
 //    against their closed form from the adapted weights' gradients (dup =
 //    s dW down^T, ddown = s up^T dW); the frozen weights take none;
 //    init_weights gives the base model's output;
-//  - kohya's file: written, its keys and metadata as kohya's, read back
-//    (dc_sd_lora_read) and merged into an inference UNet, the output of the
-//    trained run-time LoRA.
+//  - kohya's file and diffusers': written, their keys (and kohya's
+//    metadata) as those tools write them, read back (dc_sd_lora_read) and
+//    merged into an inference UNet, the output of the trained run-time LoRA.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -329,7 +329,7 @@ static void test_lora(void) {
     const char *path = tmp_path("lora.safetensors");
     dc_kv meta = {0};
     dc_kv_set(&meta, "ss_v2", "False");
-    CHECK(dc_sd_lora_write_kohya(path, tl, NULL, &meta, DC_F32) == 0, "write: %s", dc_error());
+    CHECK(dc_sd_lora_write(path, tl, NULL, DC_LORA_FILE_KOHYA, &meta, DC_F32) == 0, "write: %s", dc_error());
     dc_st_file lf;
     if (dc_st_open(&lf, path) == 0) {
         const char *k = "lora_unet_down_blocks_0_attentions_0_transformer_blocks_0_attn1_to_q";
@@ -347,18 +347,29 @@ static void test_lora(void) {
         CHECK(dim && !strcmp(dim, "3") && al && !strcmp(al, "6") && v2 && !strcmp(v2, "False"),
               "kohya's metadata: ss_network_dim %s, ss_network_alpha %s, ss_v2 %s", dim ? dim : "-", al ? al : "-",
               v2 ? v2 : "-");
-        dc_model *again = unet_open(INFER);
-        dc_lora lr;
-        dc_lora_init(&lr, again ? again->params : NULL);
-        int r2 = again ? dc_sd_lora_read(&lf, &lr, NULL) : -1;
-        if (!r2) r2 = dc_lora_merge(&lr);
-        float *back = r2 ? NULL : forward(again, &one, 0, false);
-        dc_model_free(tm), tm = NULL;  // the trained run-time output was mg_one's (the same factors)
-        CHECK(back && rel_err(back, mg_one, one.n) < 1e-5, "kohya's file read and merged: the trained output, err %.2e",
-              back ? rel_err(back, mg_one, one.n) : -1.0);
-        free(back);
-        dc_lora_free(&lr);
-        dc_model_free(again);
+        // diffusers' form: alpha / rank folded into up, no alpha tensors
+        const char *pd = tmp_path("diffusers.safetensors");
+        CHECK(dc_sd_lora_write(pd, tl, NULL, DC_LORA_FILE_DIFFUSERS, NULL, DC_F32) == 0, "write: %s", dc_error());
+        dc_st_file df;
+        const bool dok = dc_st_open(&df, pd) == 0;
+        CHECK(dok && df.count == 2 * tl->count &&
+                  dc_st_find(&df, "unet.down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q.lora.down.weight"),
+              "diffusers' keys: unet.<path>.lora.down.weight, two tensors a layer");
+        for (int f = 0; f < 2; f++) {
+            dc_model *again = unet_open(INFER);
+            dc_lora lr;
+            dc_lora_init(&lr, again ? again->params : NULL);
+            int r2 = again && (f == 0 || dok) ? dc_sd_lora_read(f == 0 ? &lf : &df, &lr, NULL) : -1;
+            if (!r2) r2 = dc_lora_merge(&lr);
+            float *back = r2 ? NULL : forward(again, &one, 0, false);
+            // the trained run-time output was mg_one's (the same factors)
+            CHECK(back && rel_err(back, mg_one, one.n) < 1e-5, "%s's file read and merged: the trained output, err %.2e",
+                  f == 0 ? "kohya" : "diffusers", back ? rel_err(back, mg_one, one.n) : -1.0);
+            free(back);
+            dc_lora_free(&lr);
+            dc_model_free(again);
+        }
+        if (dok) dc_st_close(&df);
         dc_st_close(&lf);
     } else {
         CHECK(0, "open the written file: %s", dc_error());

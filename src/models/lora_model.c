@@ -117,13 +117,13 @@ int dc_lora_model_new(dc_model *inner, dc_lora *lora, const dc_kv *extra, dc_mod
     int rc = l->lora.target == inner->params ? 0 : dc_fail("LoRA: its target is not the model's parameters");
     if (!rc && !l->lora.count) rc = dc_fail("LoRA: no layer to adapt");
     for (int i = 0; !rc && extra && i < extra->n; i++) rc = dc_kv_set(&l->extra, extra->keys[i], "%s", extra->values[i]);
-    if (!rc) rc = dc_lora_alloc(&l->lora, inner->be, true);
+    if (!rc && inner->be) rc = dc_lora_alloc(&l->lora, inner->be, true);  // else a layout
     if (rc) {
         lm_release(&l->base);
         free(l);
         return -1;
     }
-    dc_lora_attach(&l->lora);
+    if (inner->be) dc_lora_attach(&l->lora);
     *out = &l->base;
     return 0;
 }

@@ -15,7 +15,7 @@
 // The wrapper over inner (owned from here on, freed with it, also on
 // failure) and the LoRA over inner's parameters, its items added (not yet
 // allocated): allocates the factors with gradients on inner's backend and
-// attaches the LoRA. config_to_kv writes inner's config, then the LoRA's
+// attaches the LoRA (a layout, inner sized but not allocated, gives one). config_to_kv writes inner's config, then the LoRA's
 // rank ("lora_rank"), alpha ("lora_alpha") and extra (key, value) entries
 // the caller names (its targets); init_weights draws the factors as kohya
 // and PEFT do: down kaiming-uniform (a = sqrt 5: U(+-1/sqrt(fan_in))), up

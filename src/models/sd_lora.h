@@ -44,11 +44,24 @@ const char *dc_lora_targets_name(dc_lora_targets t);
 // named after its weight's module, as dc_sd_lora_read names them.
 int dc_sd_lora_add_targets(dc_lora *l, dc_lora_part part, dc_lora_targets t, int rank, float alpha);
 
-// Writes LoRAs (either may be NULL) as one file in kohya's format: for each
-// layer lora_unet_<path> or lora_te_text_model_<path> (its module path, '.'
-// written '_') .lora_down.weight, .lora_up.weight (PyTorch's layouts) and
-// .alpha, in dtype dt (F32, F16 or BF16); the metadata: ss_network_module,
-// ss_network_dim and ss_network_alpha (the first layer's), then meta's
-// entries. Atomic, as dc_st_write.
-int dc_sd_lora_write_kohya(const char *path, const dc_lora *unet, const dc_lora *text, const dc_kv *meta,
-                           dc_dtype dt);
+// The two forms a LoRA file is written in:
+//   kohya      lora_unet_<path> / lora_te_text_model_<path> (the module path,
+//              '.' written '_') .lora_down.weight, .lora_up.weight and
+//              .alpha; the metadata ss_network_module, ss_network_dim and
+//              ss_network_alpha (AUTOMATIC1111, ComfyUI and kohya read it);
+//   diffusers  unet.<path> / text_encoder.text_model.<path>
+//              .lora.down.weight, .lora.up.weight with alpha / rank folded
+//              into up (diffusers' load_lora_weights reads a scale of 1).
+typedef enum { DC_LORA_FILE_KOHYA, DC_LORA_FILE_DIFFUSERS } dc_lora_file_format;
+
+// Writes LoRAs (either may be NULL) as one file: factors in PyTorch's
+// layouts, in dtype dt (F32, F16 or BF16), then meta's entries. Atomic, as
+// dc_st_write.
+int dc_sd_lora_write(const char *path, const dc_lora *unet, const dc_lora *text, dc_lora_file_format fmt,
+                     const dc_kv *meta, dc_dtype dt);
+// The same from a checkpoint of a LoRA run (models/lora_model.h): its
+// factors under prefix ("" the raw ones, "ema." the EMA's), named after
+// their weights ("text_encoder." ones the text encoder's), and its
+// "lora_alpha".
+int dc_sd_lora_write_checkpoint(const dc_st_file *ck, const char *prefix, const char *path,
+                                dc_lora_file_format fmt, const dc_kv *meta, dc_dtype dt);
