@@ -4,7 +4,7 @@
 # prepare`: fine-tuning its UNet and training one from scratch, the run
 # folder's contents (checkpoints naming the base model, the loss log and its
 # plot, the sampling grids), an exact resume, the run folder as a model
-# txt2img draws from, and the refusals.
+# txt2img draws from, a LoRA of the base's UNet, and the refusals.
 source "$(dirname "$0")/lib.sh"
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 SDR=$ROOT/${BUILD:-build}/tools/sd_random
@@ -26,6 +26,7 @@ diffusion prepare --model "$TMP/base" --data "$TMP/pics" --out "$TMP/data" --siz
 out=$(diffusion train --help)
 [[ "$out" == *"sd1.5 or sd2.1"* ]] || fail "train --help does not name the built-in UNet configs"
 for f in --model --data --unet-config --init --prediction --min-snr-gamma --noise-offset --caption-dropout --train-text-encoder \
+  --lora --lora-alpha --lora-targets --lora-format \
   --sample-every --sample-prompts --sample-steps --sample-cfg --vocab --latents-column --text-column \
   --column-shape --column-dtype --latent-scale; do
   [[ "$out" == *"$f "* ]] || fail "train --help does not document $f"
@@ -109,6 +110,52 @@ diffusion txt2img --model "$TMP/te" --prompt "a test picture, number 1" --steps 
   > "$TMP/log" 2>&1 && pass "txt2img draws from a run that trains its text encoder" || fail "txt2img: $(tail -2 "$TMP/log")"
 expect_code 2 "--train-text-encoder for a DiT" diffusion train --out "$TMP/x" --train-text-encoder
 expect_code 2 "--train-text-encoder on resume" diffusion train --resume "$TMP/run" --train-text-encoder
+
+# ---- a LoRA of the base's UNet (--lora RANK): the base frozen, the factors train; RUN/lora.safetensors
+# in kohya's format (or diffusers'); resumed exactly, 2 ranks with ZeRO 1 as one (the factors are one
+# unit: stage 2 is refused); drawn from as a run and as the base with the file
+PNGS=$ROOT/${BUILD:-build}/tools/png_pixels
+L=(--model "$TMP/base" --data "$TMP/data" --batch 4 --ckpt-every 2 --sample-every 0 --lora 4 --device cpu --threads 1)
+diffusion train "${L[@]}" --out "$TMP/lora" --steps 4 > "$TMP/log" 2>&1 || fail "LoRA: $(tail -3 "$TMP/log")"
+grep -q "a rank-4 LoRA (transformer) of" "$TMP/log" && pass "the log says a LoRA trains" || fail "log: $(head -2 "$TMP/log")"
+ck=$TMP/lora/step_0000004.safetensors
+[ "$(meta "$ck" lora_rank)" = 4 ] && [ "$(meta "$ck" lora_alpha)" = 4 ] && [ "$(meta "$ck" lora_targets)" = transformer ] \
+  && [ "$(meta "$ck" lr)" = 0.0001 ] && ! head -c 200000 "$ck" | grep -aq '"conv_in.weight"' \
+  && pass "--lora 4: the checkpoint holds the factors alone, rank 4, alpha 4, kohya's targets, lr 1e-4" \
+  || fail "LoRA checkpoint: rank '$(meta "$ck" lora_rank)' targets '$(meta "$ck" lora_targets)' lr '$(meta "$ck" lr)'"
+out=$(diffusion info "$TMP/lora/lora.safetensors" 2>&1)
+[[ "$out" == *"kohya names; 72 UNet layers, 0 text encoder layers"* ]] && [[ "$out" == *"ss_network_dim       4"* ]] \
+  && [[ "$out" == *"ss_base_model_version sd_v1"* ]] && [[ "$out" == *"ss_steps             4"* ]] \
+  && pass "RUN/lora.safetensors: kohya's names and ss_ metadata, the transformers' 72 layers" || fail "lora file: $out"
+mkdir -p "$TMP/lr"  # the same folder name: the file's ss_output_name is the run folder's
+diffusion train "${L[@]}" --out "$TMP/lr/lora" --steps 2 > /dev/null 2>&1
+diffusion train --resume "$TMP/lr/lora" --steps 4 --device cpu --threads 1 > /dev/null 2>&1
+cmp -s "$ck" "$TMP/lr/lora/step_0000004.safetensors" && cmp -s "$TMP/lora/lora.safetensors" "$TMP/lr/lora/lora.safetensors" \
+  && pass "LoRA: 2 steps, then 2 more resumed: the checkpoint and lora.safetensors of 4 in one go, byte for byte" \
+  || fail "the resumed LoRA run differs"
+diffusion train "${L[@]}" --out "$TMP/lora_1" --steps 2 --micro-batch 2 --grad-clip 0 > /dev/null 2>&1
+diffusion train "${L[@]}" --out "$TMP/lora_2" --steps 2 --micro-batch 2 --grad-clip 0 --ranks 2 --zero 1 > /dev/null 2>&1
+cmp -s "$TMP/lora_1/step_0000002.safetensors" "$TMP/lora_2/step_0000002.safetensors" \
+  && pass "LoRA: ZeRO 1 on 2 ranks writes one rank's checkpoint" || fail "LoRA on 2 ranks differs"
+Q=(--prompt "a test picture, number 1" --steps 2 --seed 5 "${C[@]}")
+diffusion txt2img --model "$TMP/lora" "${Q[@]}" --out "$TMP/l_run.png" > /dev/null 2>&1
+diffusion txt2img --model "$TMP/base" --lora "$TMP/lora/lora.safetensors" "${Q[@]}" --out "$TMP/l_file.png" > /dev/null 2>&1
+diffusion txt2img --model "$TMP/base" "${Q[@]}" --out "$TMP/l_base.png" > /dev/null 2>&1
+"$PNGS" "$TMP/l_run.png" "$TMP/l_file.png" 0 > /dev/null && ! "$PNGS" "$TMP/l_run.png" "$TMP/l_base.png" 0 > /dev/null \
+  && pass "txt2img: the LoRA run draws the base with its lora.safetensors, and not the base alone" \
+  || fail "LoRA run and file draw differently (or as the base)"
+diffusion train "${L[@]}" --out "$TMP/lora_d" --steps 2 --lora-targets all --lora-alpha 2 --lora-format diffusers \
+  > /dev/null 2>&1
+out=$(diffusion info "$TMP/lora_d/lora.safetensors" 2>&1)
+[[ "$out" == *"diffusers names"* ]] && [ "$(meta "$TMP/lora_d/step_0000002.safetensors" lora_targets)" = all ] \
+  && pass "--lora-targets all --lora-format diffusers: diffusers' names, the convolutions too" || fail "diffusers' file: $out"
+expect_code 2 "--lora-alpha without --lora" diffusion train "${T[@]}" --out "$TMP/x" --lora-alpha 2
+expect_code 2 "--lora with --unet-config" diffusion train "${T[@]}" --out "$TMP/x" --lora 4 --unet-config sd1.5 --init random
+expect_code 2 "--lora with --train-text-encoder (not built yet)" diffusion train "${T[@]}" --out "$TMP/x" --lora 4 \
+  --train-text-encoder
+expect_fail "--lora-targets other" "attn, transformer or all" diffusion train "${T[@]}" --out "$TMP/x" --lora 4 \
+  --lora-targets convs
+expect_code 2 "--lora on resume (the checkpoint fixes it)" diffusion train --resume "$TMP/lora" --lora 8
 
 # ---- aspect-ratio buckets (prepare --buckets): the steps' batches each from one bucket, trained at its
 # size; resumed exactly; 2 ranks as one

@@ -22,7 +22,7 @@ typedef struct {
                        // text already says "default" (then it says it better)
 } arg_spec;
 
-#define ARGS_MAX_SPECS 64
+#define ARGS_MAX_SPECS 96
 
 typedef struct {
     const char *usage;    // "diffusion train [flags]"

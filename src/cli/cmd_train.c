@@ -85,6 +85,8 @@ static int save(train_ranks *job, const dc_trainer *tr, const char *dir, int kee
     dc_kv_free(&extra);
     DC_TRY(train_ranks_agree(job, rc == 0, "write the checkpoint"));
     if (train_ranks_lead(job)) cli_prune_checkpoints(dir, keep, tr->step);
+    if (train_ranks_lead(job) && sd && sd->lora_rank > 0 && t2i_write_lora(sd, path, tr->step))
+        return dc_fail_ctx("%s/lora.safetensors", dir);
     return 0;
 }
 
@@ -227,6 +229,9 @@ int cmd_train(int argc, char **argv) {
     float comm_timeout = 300;
     bool flip = false, force = false, allow_data_change = false, no_verify = false, offload = false;
     bool train_text = false;
+    int lora = 0;  // a LoRA's rank; 0: the UNet itself trains
+    float lora_alpha = 0;
+    const char *lora_targets = NULL, *lora_format = NULL;
     // Shape flags default to the --model's values or the demo model's: say both.
     dc_kv demo = {0};
     if (dc_model_preset(NULL, &demo)) return cli_fail();
@@ -264,6 +269,17 @@ int cmd_train(int argc, char **argv) {
         {"train-text-encoder", ARG_FLAG, &train_text, NULL, "SD: train the --model's CLIP text encoder along with "
                                                               "the UNet, on the data's captions (EMA and exports "
                                                               "carry both)"},
+        {"lora", ARG_INT, &lora, "RANK", "SD: train a LoRA of rank RANK of the --model's UNet instead of the UNet: "
+                                         "its weights stay frozen as loaded; RUN/lora.safetensors holds the newest "
+                                         "checkpoint's (default lr 1e-4)"},
+        {"lora-alpha", ARG_FLOAT, &lora_alpha, "A", "SD: the LoRA's alpha, its deltas scaled by A / RANK (default: "
+                                                    "RANK, a scale of 1)"},
+        {"lora-targets", ARG_STR, &lora_targets, "T", "SD: the layers the LoRA adapts: attn (the attention "
+                                                      "projections), transformer (also the feed-forward and "
+                                                      "proj_in/out, as kohya does) or all (also the resnets' "
+                                                      "and resamplers' convolutions: LoCon) (default: transformer)"},
+        {"lora-format", ARG_STR, &lora_format, "F", "SD: lora.safetensors in kohya's format (AUTOMATIC1111, "
+                                                    "ComfyUI) or diffusers' (default: kohya)"},
         {"vocab", ARG_STR, &vocab, "PATH", "SD: CLIP vocabulary (default: the model's tokenizer/, else searched)"},
         {"sample-every", ARG_INT, &sample_every, "N", "SD: draw a grid of the sampling prompts into RUN/samples/ "
                                                       "every N steps, from a checkpoint written then (0: never; "
@@ -385,7 +401,7 @@ int cmd_train(int argc, char **argv) {
                                        "allow-data-change", "no-verify", "recompute", "vocab", "sample-every",
                                        "sample-prompts", "sample-steps", "sample-cfg",
                                        "ranks", "gpus", "zero", "grad-comm", "comm-timeout", "offload",
-                                       "max-gpu-memory"};
+                                       "max-gpu-memory", "lora-format"};
         for (int i = 0; i < ap.nspecs; i++) {
             bool free_flag = false;
             for (size_t k = 0; k < sizeof k_free / sizeof k_free[0]; k++)
@@ -510,13 +526,16 @@ int cmd_train(int argc, char **argv) {
             ckpt_every = atoi(v) > 0 ? atoi(v) : ckpt_every;
         t2i_columns_from_checkpoint(&cols, &ck);
         if (t2i ? t2i_open(&sd, model, data_path, vocab, &cols, st_flags, false) || t2i_from_checkpoint(&sd, &ck) ||
-                      t2i_source(&sd, tc.seed, &src) || t2i_create(&sd, &mc, NULL, &layout)
+                      t2i_lora_settings(&sd, 0, 0, NULL, lora_format) || t2i_source(&sd, tc.seed, &src) ||
+                      t2i_create(&sd, &mc, NULL, &layout)
                 : dc_dataset_load(&ds, data_path, layout->info.height) || dc_source_dataset(&src, &ds, tc.seed))
             goto fail;
     } else if (t2i) {
-        if (t2i_open(&sd, model, data_path, vocab, &cols, st_flags, train_text) || t2i_source(&sd, tc.seed, &src) ||
+        if (t2i_open(&sd, model, data_path, vocab, &cols, st_flags, train_text) ||
+            t2i_lora_settings(&sd, lora, lora_alpha, lora_targets, lora_format) || t2i_source(&sd, tc.seed, &src) ||
             t2i_model_config(&sd, unet_config, &src, &mc) || t2i_create(&sd, &mc, NULL, &layout))
             goto fail;
+        if (lora && !args_given(&ap, "lr")) tc.lr = 1e-4f;  // diffusers' and kohya's LoRA recipes
         if (pred < 0) tc.objective.prediction = t2i_prediction(&sd);
     } else {
         // the data padded to --input-size, when given
@@ -581,7 +600,11 @@ int cmd_train(int argc, char **argv) {
         char what[512];
         dc_model_describe(m, what, sizeof what);
         what[strcspn(what, "\n")] = 0;  // its first line: the architecture and its sizes
-        if (t2i)
+        if (t2i && sd.lora_rank > 0)
+            dc_log("training a rank-%d LoRA (%s) of %s (frozen, as loaded) on %s (%lld captioned %s), %.2fM params",
+                   sd.lora_rank, dc_lora_targets_name(sd.lora_targets), what, data_path, (long long)tr.data.n,
+                   sd.base.latents ? "latents" : "pictures", m->params->numel / 1e6);
+        else if (t2i)
             dc_log("training %s (from %s) on %s (%lld captioned %s), %.2fM params", what,
                    from_base ? "the base's weights" : have_ck ? "the checkpoint" : "random weights", data_path,
                    (long long)tr.data.n, sd.base.latents ? "latents" : "pictures", m->params->numel / 1e6);

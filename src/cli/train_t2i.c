@@ -7,8 +7,10 @@
 #include <sys/stat.h>
 
 #include "cli/cli_util.h"
+#include "cli/run_folder.h"
 #include "core/error.h"
 #include "diffusion/sd_schedule.h"
+#include "models/lora_model.h"
 #include "models/registry.h"
 #include "models/unet_text.h"
 #include "io/mds.h"
@@ -122,10 +124,39 @@ int t2i_from_checkpoint(t2i_run *r, const dc_st_file *ck) {
                                           ck->nmeta, ck->path, &r->text);
     if (rc < 0) return -1;
     r->train_text = rc == 0;
+    const char *rank = dc_st_meta(ck, "lora_rank"), *alpha = dc_st_meta(ck, "lora_alpha");
+    const char *targets = dc_st_meta(ck, "lora_targets");
+    if (rank) {
+        r->lora_rank = atoi(rank), r->lora_alpha = alpha ? strtof(alpha, NULL) : 0;
+        if (r->lora_rank < 1 || !(r->lora_alpha > 0) || !targets || dc_lora_targets_parse(targets, &r->lora_targets))
+            return dc_fail("%s: a LoRA run's checkpoint without a sound lora_rank, lora_alpha and lora_targets",
+                           ck->path);
+    }
     return check_vocab(r);
 }
 
+// The LoRA of the base's UNet, frozen as its files hold it.
+static int lora_create(const t2i_run *r, const dc_kv *mc, dc_backend *be, dc_model **out) {
+    dc_unet_config uc;
+    dc_dtype dt = DC_F32;
+    dc_model *u = NULL;
+    DC_TRY(dc_unet_config_from_kv(&uc, mc));
+    DC_TRY(dc_t2i_unet_dtype(&r->opts, &dt));
+    DC_TRY(dc_unet_new_frozen_train(&uc, be, dt, uc.sample_size, uc.sample_size, &u));
+    dc_lora l;
+    dc_lora_init(&l, u->params);
+    dc_kv extra = {0};
+    int rc = (be && dc_t2i_load_unet(&r->opts, u)) ||
+             dc_sd_lora_add_targets(&l, DC_LORA_UNET, r->lora_targets, r->lora_rank, r->lora_alpha) ||
+             dc_kv_set(&extra, "lora_targets", "%s", dc_lora_targets_name(r->lora_targets));
+    if (rc) dc_lora_free(&l), dc_model_free(u);
+    else rc = dc_lora_model_new(u, &l, &extra, out);
+    dc_kv_free(&extra);
+    return rc;
+}
+
 int t2i_create(const t2i_run *r, const dc_kv *mc, dc_backend *be, dc_model **out) {
+    if (r->lora_rank > 0) return lora_create(r, mc, be, out);
     if (!r->train_text) return dc_model_create(mc, be, be != NULL, out);
     dc_unet_config uc;
     DC_TRY(dc_unet_config_from_kv(&uc, mc));
@@ -133,6 +164,7 @@ int t2i_create(const t2i_run *r, const dc_kv *mc, dc_backend *be, dc_model **out
 }
 
 int t2i_init_weights(t2i_run *r, dc_model *m, bool from_base, uint64_t seed) {
+    if (r->lora_rank > 0) return dc_model_init_weights(m, seed);  // the base's weights are in already
     dc_model *unet = r->train_text ? dc_unet_text_unet(m) : m;
     DC_TRY(from_base ? dc_t2i_load_unet(&r->opts, unet) : dc_model_init_weights(m, seed));
     return r->train_text ? dc_t2i_load_text(&r->opts, dc_unet_text_encoder(m)) : 0;
@@ -143,6 +175,31 @@ void t2i_close(t2i_run *r) {
     free((char *)r->cols.latents), free((char *)r->cols.text), free((char *)r->cols.shapes);
     free((char *)r->cols.dtypes), free(r->raw_names);
     memset(r, 0, sizeof *r);
+}
+
+int t2i_write_lora(const t2i_run *r, const char *ck_path, int64_t step) {
+    char dir[4096], path[4200], name[256];
+    cli_parent_dir(ck_path, dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/lora.safetensors", dir);
+    const char *slash = strrchr(dir, '/'), *base = strrchr(r->model, '/');
+    snprintf(name, sizeof name, "%.200s", slash ? slash + 1 : dir);
+    const bool v2 = r->base.text_dim == 1024;  // OpenCLIP's width: SD 2.x
+    dc_kv meta = {0};
+    dc_st_file ck;
+    int rc = dc_kv_set(&meta, "ss_v2", "%s", v2 ? "True" : "False") ||
+             dc_kv_set(&meta, "ss_base_model_version", "%s", v2 ? "sd_v2" : "sd_v1") ||
+             dc_kv_set(&meta, "ss_output_name", "%s", name) ||
+             dc_kv_set(&meta, "ss_sd_model_name", "%s", base ? base + 1 : r->model) ||
+             dc_kv_set(&meta, "ss_steps", "%lld", (long long)step) ||
+             (r->lora_targets == DC_LORA_ALL &&
+              dc_kv_set(&meta, "ss_network_args", "{\"conv_dim\": \"%d\", \"conv_alpha\": \"%g\"}", r->lora_rank,
+                        (double)r->lora_alpha));
+    if (!rc && !(rc = dc_st_open(&ck, ck_path))) {
+        rc = dc_sd_lora_write_checkpoint(&ck, "", path, r->lora_format, &meta, DC_F32);
+        dc_st_close(&ck);
+    }
+    dc_kv_free(&meta);
+    return rc;
 }
 
 // The checkpoint's metadata keys of the mapping.
@@ -241,6 +298,18 @@ dc_train_config t2i_train_config_default(void) {
     return c;
 }
 
+int t2i_lora_settings(t2i_run *r, int rank, float alpha, const char *targets, const char *format) {
+    if (rank < 0 || rank > 1024) return dc_fail("--lora %d: a rank of 1 to 1024", rank);
+    if (alpha < 0 || !isfinite(alpha)) return dc_fail("--lora-alpha %g: a positive number", (double)alpha);
+    if (format && strcmp(format, "kohya") && strcmp(format, "diffusers"))
+        return dc_fail("--lora-format %s: kohya or diffusers", format);
+    r->lora_format = format && !strcmp(format, "diffusers") ? DC_LORA_FILE_DIFFUSERS : DC_LORA_FILE_KOHYA;
+    if (!rank) return 0;  // a resumed run: the checkpoint says the rest
+    r->lora_rank = rank, r->lora_alpha = alpha > 0 ? alpha : (float)rank;
+    r->lora_targets = DC_LORA_TRANSFORMER;
+    return targets ? dc_lora_targets_parse(targets, &r->lora_targets) : 0;
+}
+
 int t2i_parse_prediction(const char *word, int *pred) {
     static const char *const names[] = {[DC_PRED_EPS] = "eps", [DC_PRED_V] = "v", [DC_PRED_SAMPLE] = "sample"};
     for (int p = 0; p <= DC_PRED_SAMPLE; p++)
@@ -250,6 +319,7 @@ int t2i_parse_prediction(const char *word, int *pred) {
 
 int t2i_flags_check(const arg_parser *ap, bool sd, const char *unet_config, const char *init) {
     static const char *const sd_only[] = {"unet-config", "init", "caption-dropout", "vocab", "train-text-encoder",
+                                          "lora", "lora-alpha", "lora-targets", "lora-format",
                                           "sample-every", "sample-prompts", "sample-steps", "sample-cfg",
                                           "latents-column", "text-column", "column-shape", "column-dtype",
                                           "latent-scale"};
@@ -265,6 +335,17 @@ int t2i_flags_check(const arg_parser *ap, bool sd, const char *unet_config, cons
                                                                   "(--unet-config)" : "use --caption-dropout");
     if (unet_config && init && !strcmp(init, "base"))
         return dc_fail("--unet-config trains a new UNet from scratch: its weights start random (--init random)");
+    static const char *const lora_only[] = {"lora-alpha", "lora-targets", "lora-format"};
+    const bool lora = args_given(ap, "lora");
+    for (size_t i = 0; i < sizeof lora_only / sizeof *lora_only && !lora; i++)
+        if (args_given(ap, lora_only[i]) && (strcmp(lora_only[i], "lora-format") || !args_given(ap, "resume")))
+            return dc_fail("--%s is for a LoRA run (--lora RANK)", lora_only[i]);
+    if (lora && (unet_config || (init && strcmp(init, "base"))))
+        return dc_fail("--lora adapts the --model's UNet as it is: it cannot start from %s",
+                       unet_config ? "another UNet (--unet-config)" : "random weights (--init random)");
+    if (lora && args_given(ap, "train-text-encoder"))
+        return dc_fail("--lora with --train-text-encoder: a LoRA of the text encoder is not built yet; train the "
+                       "UNet's LoRA alone, or the whole text encoder without --lora");
     return 0;
 }
 
@@ -283,9 +364,17 @@ static int take_picture(void *ctx, int index, const float *image) {
 
 int t2i_grid(t2i_run *r, const char *ckpt, const char *out, const t2i_grid_opts *g, dc_backend *be) {
     dc_sd_pipe p;
-    const dc_sd_open_opts o = {.model = ckpt, .vocab = r->opts.vocab, .vocab_fallback = r->opts.vocab_fallback,
-                               .st_flags = r->opts.st_flags, .prediction = -1};
+    // a LoRA run draws with the base and the LoRA its checkpoint wrote beside it
+    const dc_sd_open_opts o = {.model = r->lora_rank > 0 ? r->model : ckpt, .vocab = r->opts.vocab,
+                               .vocab_fallback = r->opts.vocab_fallback, .st_flags = r->opts.st_flags,
+                               .prediction = -1};
     DC_TRY(dc_sd_pipe_open(&p, be, &o));
+    if (r->lora_rank > 0) {
+        char dir[4096], lora[4200];
+        cli_parent_dir(ckpt, dir, sizeof dir);
+        snprintf(lora, sizeof lora, "%s/lora.safetensors", dir);
+        if (dc_sd_pipe_merge_lora(&p, lora, 1.0f, 1.0f)) return dc_sd_pipe_close(&p), -1;
+    }
     const int side = p.default_size;
     grid_sink sink = {malloc(sizeof(float) * 3 * (size_t)side * side * (size_t)(g->n * g->per_prompt)),
                       3 * (int64_t)side * side, 0};

@@ -12,6 +12,7 @@
 #include "diffusion/schedule.h"
 #include "io/kv.h"
 #include "io/safetensors.h"
+#include "models/sd_lora.h"
 #include "pipelines/t2i_base.h"
 #include "train/shards.h"
 #include "train/source.h"
@@ -43,6 +44,14 @@ typedef struct {
     // (models/unet_text.h) of this encoder config, reading the captions' ids.
     bool train_text;
     dc_clip_text_config text;
+    // A LoRA of the base UNet trains instead of the UNet (--lora RANK, or a
+    // checkpoint of such a run): rank 0 for none. The base's weights stay
+    // frozen as its files hold them; the run folder's lora.safetensors is
+    // the newest checkpoint's LoRA (models/lora_model.h, models/sd_lora.h).
+    int lora_rank;
+    float lora_alpha;
+    dc_lora_targets lora_targets;
+    dc_lora_file_format lora_format;
 } t2i_run;
 
 // Whether `model` names an SD model on disk (a file or folder) rather than
@@ -57,13 +66,20 @@ int t2i_open(t2i_run *r, const char *model, const char *data, const char *vocab,
 // What a checkpoint says of the run: whether its text encoder trains (and
 // that encoder's config), which replaces what t2i_open took from the base.
 int t2i_from_checkpoint(t2i_run *r, const dc_st_file *ck);
-// The run's model of config mc on be (NULL: a layout): the UNet, or the
-// joint model of the UNet and the text encoder.
+// The run's model of config mc on be (NULL: a layout): the UNet, the joint
+// model of the UNet and the text encoder, or the LoRA of the base's UNet
+// (whose frozen weights it loads).
 int t2i_create(const t2i_run *r, const dc_kv *mc, dc_backend *be, dc_model **out);
 // A new run's weights: the base UNet's (from_base) or random, and the base's
-// text encoder when it trains along.
+// text encoder when it trains along; a LoRA's factors as kohya starts them.
 int t2i_init_weights(t2i_run *r, dc_model *m, bool from_base, uint64_t seed);
 void t2i_close(t2i_run *r);
+// --lora RANK, --lora-alpha, --lora-targets and --lora-format (NULL, 0: not
+// given) into r, checked; rank 0 (a resumed run) sets the format alone.
+int t2i_lora_settings(t2i_run *r, int rank, float alpha, const char *targets, const char *format);
+// A LoRA run's file, from the checkpoint ck_path just written: lora.safetensors
+// beside it, in the run's format, with kohya's ss_ metadata.
+int t2i_write_lora(const t2i_run *r, const char *ck_path, int64_t step);
 // The mapping a checkpoint recorded (pointing into its metadata).
 void t2i_columns_from_checkpoint(t2i_columns *c, const dc_st_file *ck);
 // What a checkpoint of the run records of it: the base model's path and the

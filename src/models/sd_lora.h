@@ -65,3 +65,7 @@ int dc_sd_lora_write(const char *path, const dc_lora *unet, const dc_lora *text,
 // "lora_alpha".
 int dc_sd_lora_write_checkpoint(const dc_st_file *ck, const char *prefix, const char *path,
                                 dc_lora_file_format fmt, const dc_kv *meta, dc_dtype dt);
+// Reads a LoRA run's checkpoint's factors under prefix into LoRAs over the
+// UNet's and the text encoder's parameters (text may be NULL when the run
+// trained none of it), as dc_sd_lora_read reads a file.
+int dc_sd_lora_read_checkpoint(const dc_st_file *ck, const char *prefix, dc_lora *unet, dc_lora *text);

@@ -248,3 +248,49 @@ int dc_sd_lora_write_checkpoint(const dc_st_file *ck, const char *prefix, const 
     layers_free(&ls);
     return rc;
 }
+
+// The factors of one part in a checkpoint, added to l and then loaded.
+static int read_part(const dc_st_file *ck, const char *prefix, dc_lora *l, bool text, float alpha) {
+    const size_t P = strlen(prefix);
+    const dc_st_tensor *t[2][1024];
+    int n = 0;
+    for (int i = 0; i < ck->count; i++) {
+        const dc_st_tensor *d = &ck->tensors[i];
+        size_t stem;
+        if (strncmp(d->name, prefix, P) || !ends_with(d->name + P, ".lora_down.weight", &stem)) continue;
+        if ((P == 0 && !strncmp(d->name, "ema.", 4)) || text != !strncmp(d->name + P, TEXT_PREFIX, strlen(TEXT_PREFIX)))
+            continue;
+        char mod[DC_PARAM_NAME_MAX], name[DC_PARAM_NAME_MAX + 32];
+        snprintf(mod, sizeof mod, "%.*s", (int)stem, d->name + P);
+        snprintf(name, sizeof name, "%s%s.lora_up.weight", prefix, mod);
+        const dc_st_tensor *u = dc_st_find(ck, name);
+        // the joint set's names are the encoder's own in a text encoder's set
+        snprintf(name, sizeof name, "%s.weight", text ? mod + strlen(TEXT_PREFIX) : mod);
+        const int param = dc_params_find(l->target, name);
+        if (!u || param < 0 || n == 1024)
+            return dc_fail("%s: %s names no layer of the model (or has no up factor)", ck->path, d->name);
+        t[0][n] = d, t[1][n++] = u;
+        DC_TRY(dc_lora_add(l, param, mod, (int)d->shape[0], alpha));
+    }
+    if (!n) return 0;
+    DC_TRY(dc_lora_alloc(l, l->target->be, false));
+    for (int i = 0; i < n; i++)
+        for (int f = 0; f < 2; f++) {
+            const int idx = f ? l->items[i].up : l->items[i].down;
+            const dc_param *fp = &l->params.items[idx];
+            if (t[f][i]->numel != fp->numel) return dc_fail("%s: %s has the wrong shape", ck->path, t[f][i]->name);
+            float *h = tensor_f32(ck, t[f][i]);
+            int rc = h ? dc_param_to_stored(fp, h) : -1;
+            if (!rc) l->target->be->upload(l->target->be, dc_param_data(&l->params, idx).p, h, (size_t)fp->numel * 4);
+            free(h);
+            DC_TRY(rc);
+        }
+    return dc_backend_status(l->target->be);
+}
+
+int dc_sd_lora_read_checkpoint(const dc_st_file *ck, const char *prefix, dc_lora *unet, dc_lora *text) {
+    const char *a = dc_st_meta(ck, "lora_alpha");
+    if (!a) return dc_fail("%s: not a checkpoint of a LoRA run (no lora_alpha)", ck->path);
+    DC_TRY(read_part(ck, prefix, unet, false, strtof(a, NULL)));
+    return text ? read_part(ck, prefix, text, true, strtof(a, NULL)) : 0;
+}

@@ -137,7 +137,8 @@ static int open_run(dc_sd_model *m) {
     if (!model || strcmp(model, "UNet2DConditionModel"))
         return dc_fail("%s is a training checkpoint of a %.100s, not of a Stable Diffusion UNet "
                        "(UNet2DConditionModel): sample it with `diffusion sample`", f->path, model ? model : "model");
-    if (!dc_st_find(f, "ema.conv_in.weight"))
+    m->lora_run = dc_st_meta(f, "lora_rank") != NULL;
+    if (!m->lora_run && !dc_st_find(f, "ema.conv_in.weight"))
         return dc_fail("%s: a training checkpoint without the EMA weights (ema.*) of its UNet", f->path);
     if (!base || !base[0])
         return dc_fail("%s: names no base model (metadata 'base_model': the tokenizer, text encoder, scheduler "
@@ -351,7 +352,7 @@ bool dc_sd_run_trains_text(const dc_sd_model *m) {
 }
 
 int dc_sd_source_find(dc_sd_source *s, dc_sd_model *m, dc_sd_part part) {
-    const bool own = part == DC_SD_UNET || (part == DC_SD_TEXT && dc_sd_run_trains_text(m));
+    const bool own = !m->lora_run && (part == DC_SD_UNET || (part == DC_SD_TEXT && dc_sd_run_trains_text(m)));
     if (m->run && !own) return dc_sd_source_find(s, m->base, part);
     memset(s, 0, sizeof *s);
     s->part = part;

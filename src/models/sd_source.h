@@ -18,7 +18,9 @@
 //     the metadata), and so is the text encoder of a run that trained it
 //     along ("ema.text_encoder." + transformers' names: models/unet_text.h);
 //     every other component is that of the model its "base_model" entry
-//     names, opened as any of the layouts above.
+//     names, opened as any of the layouts above. A run that trained a LoRA
+//     ("lora_rank" in its metadata) is the base with the checkpoint's LoRA
+//     merged (models/sd_lora.h).
 // A model may be pixel-space (no VAE: model_index.json's "vae" is [null,
 // null], or a pipeline folder or single file holds none): its UNet draws the
 // pictures themselves, as DeepFloyd IF's does.
@@ -52,6 +54,8 @@ typedef struct dc_sd_model {
                             // the VAE (null: pixel space)
     // A training run: `file` is the checkpoint used, `base` the model it names.
     bool run;
+    bool lora_run;          // a run that trained a LoRA: every component is the base's, and the
+                            // checkpoint's LoRA (its raw factors) goes into its UNet and text encoder
     struct dc_sd_model *base;  // owned
     int run_prediction;     // the run's "prediction" (absent: epsilon), a dc_prediction
 } dc_sd_model;

@@ -197,6 +197,21 @@ int dc_sd_pipe_find(dc_sd_pipe *p, const dc_sd_open_opts *o) {
     return rc;
 }
 
+// Merges the LoRA of f: a LoRA file, or a LoRA run's checkpoint (run).
+static int merge_lora(dc_sd_pipe *p, const dc_st_file *f, bool run, float unet_weight, float text_weight) {
+    dc_lora lu, lt;
+    dc_lora_init(&lu, p->unet->params), dc_lora_init(&lt, p->text->params);
+    lu.multiplier = unet_weight, lt.multiplier = text_weight;
+    // the backend's copies made from the weights (Winograd's kernels) go, and come back from the merged ones
+    if (p->be->freeze_weights) p->be->freeze_weights(p->be, false);
+    int rc = run ? dc_sd_lora_read_checkpoint(f, "", &lu, &lt) : dc_sd_lora_read(f, &lu, &lt);
+    if (!rc && lu.count) rc = dc_lora_merge(&lu);
+    if (!rc && lt.count) rc = dc_lora_merge(&lt);
+    if (p->be->freeze_weights) p->be->freeze_weights(p->be, true);
+    dc_lora_free(&lu), dc_lora_free(&lt);
+    return rc;  // the messages name the file
+}
+
 int dc_sd_pipe_load(dc_sd_pipe *p, dc_backend *be) {
     p->be = be;
     int rc = 0;
@@ -209,7 +224,8 @@ int dc_sd_pipe_load(dc_sd_pipe *p, dc_backend *be) {
     p->nsrc = 0;
     if (rc) return -1;
     if (be->freeze_weights) be->freeze_weights(be, true);  // inference: the weights stay as loaded
-    return 0;
+    // a LoRA run: the base's weights with the checkpoint's LoRA in them
+    return p->files.run && p->files.lora_run ? merge_lora(p, &p->files.file, true, 1.0f, 1.0f) : 0;
 }
 
 int dc_sd_pipe_open(dc_sd_pipe *p, dc_backend *be, const dc_sd_open_opts *o) {
@@ -222,18 +238,9 @@ int dc_sd_pipe_merge_lora(dc_sd_pipe *p, const char *path, float unet_weight, fl
     if (!p->be || !p->unet || !p->text) return dc_fail("LoRA %s: the model is not loaded", path);
     dc_st_file f;
     DC_TRY(dc_st_open(&f, path));
-    dc_lora lu, lt;
-    dc_lora_init(&lu, p->unet->params), dc_lora_init(&lt, p->text->params);
-    lu.multiplier = unet_weight, lt.multiplier = text_weight;
-    // the backend's copies made from the weights (Winograd's kernels) go, and come back from the merged ones
-    if (p->be->freeze_weights) p->be->freeze_weights(p->be, false);
-    int rc = dc_sd_lora_read(&f, &lu, &lt);
-    if (!rc && lu.count) rc = dc_lora_merge(&lu);
-    if (!rc && lt.count) rc = dc_lora_merge(&lt);
-    if (p->be->freeze_weights) p->be->freeze_weights(p->be, true);
-    dc_lora_free(&lu), dc_lora_free(&lt);
+    const int rc = merge_lora(p, &f, false, unet_weight, text_weight);
     dc_st_close(&f);
-    return rc;  // the messages name the file
+    return rc;
 }
 
 static void state_free(dc_sd_pipe *p);

@@ -177,4 +177,16 @@ static int load_part(const dc_t2i_opts *o, dc_sd_part part, dc_model *m, dc_clip
 
 int dc_t2i_load_unet(const dc_t2i_opts *o, dc_model *m) { return load_part(o, DC_SD_UNET, m, NULL); }
 
+int dc_t2i_unet_dtype(const dc_t2i_opts *o, dc_dtype *dt) {
+    dc_sd_model files = {0};
+    dc_sd_source s = {0};
+    int rc = dc_sd_model_open(&files, o->model, o->st_flags);
+    if (!rc) rc = dc_sd_source_open(&s, &files, DC_SD_UNET);
+    if (!rc) *dt = dc_weights_dtype(&s.w);
+    if (rc) dc_fail_ctx("%s", o->model);
+    dc_sd_source_close(&s);
+    dc_sd_model_close(&files);
+    return rc;
+}
+
 int dc_t2i_load_text(const dc_t2i_opts *o, dc_clip_text *te) { return load_part(o, DC_SD_TEXT, NULL, te); }

@@ -59,6 +59,8 @@ typedef struct {
 int dc_t2i_base_open(dc_t2i_base *b, const dc_t2i_opts *o);
 void dc_t2i_base_free(dc_t2i_base *b);
 
+// The dtype the base's UNet weights come in (a frozen UNet keeps it).
+int dc_t2i_unet_dtype(const dc_t2i_opts *o, dc_dtype *dt);
 // Loads the base UNet's weights into m, a UNet of the base's architecture
 // (its latent size may differ from the base's sample_size).
 int dc_t2i_load_unet(const dc_t2i_opts *o, dc_model *m);
