@@ -3,6 +3,7 @@
 # random-weight SD 1.x model with random LoRAs on every attention projection
 # of its UNet and text encoder (tools/lora_random): a LoRA changes the
 # picture, kohya's and PEFT's files of the same factors draw the same pixels,
+# at run time (several at once, stacked) as merged (--lora-merge),
 # weight 0 draws what no LoRA does, two halves about what one whole does, the
 # PNG carries AUTOMATIC1111's "Lora hashes" (the first 12 hex digits of the
 # SHA-256 of the file after its header), the prompt's <lora:NAME:TE[:UNET]>
@@ -45,8 +46,18 @@ draw "$TMP/zero.png" --lora "$TMP/style.safetensors:0"
 draw "$TMP/halves.png" --lora "$TMP/style.safetensors:0.5" --lora "$TMP/peft.safetensors:0.5"
 pixels "$TMP/none.png" "$TMP/k.png" 8 && fail "a LoRA left the picture as it was" || pass "a LoRA changes the picture"
 pixels "$TMP/k.png" "$TMP/p.png" 0 && pass "kohya's and PEFT's files draw the same pixels" || fail "kohya and PEFT differ"
+# at run time (the default) and merged (--lora-merge): the same pictures up to rounding (the product and its
+# delta rounded apart or together, which this random model's sampling magnifies to a few levels;
+# test_unet_lora holds the UNet's and text encoder's outputs to 1e-5)
+grep -q "applying LoRA" "$TMP/log" && pass "LoRAs apply at run time by default" || fail "log: $(cat "$TMP/log")"
+draw "$TMP/km.png" --lora "$TMP/style.safetensors" --lora-merge
+grep -q "merging LoRA" "$TMP/log" && pixels "$TMP/k.png" "$TMP/km.png" 4 \
+  && pass "--lora-merge: the run-time LoRA's picture" || fail "merged and run-time LoRAs differ"
+draw "$TMP/halves_m.png" --lora "$TMP/style.safetensors:0.5" --lora "$TMP/peft.safetensors:0.5" --lora-merge
 pixels "$TMP/none.png" "$TMP/zero.png" 0 && pass "weight 0 draws what no LoRA does" || fail "weight 0 changes the picture"
 pixels "$TMP/k.png" "$TMP/halves.png" 8 && pass "two halves draw about what one whole does" || fail "halves differ from the whole"
+pixels "$TMP/halves.png" "$TMP/halves_m.png" 4 && pass "two LoRAs at once: run time and merged draw the same" \
+  || fail "two LoRAs at run time and merged differ"
 hlen=$(od -An -t u8 -N8 "$TMP/style.safetensors" | tr -d ' ')
 want=$(tail -c +$((9 + hlen)) "$TMP/style.safetensors" | sha256sum | cut -c1-12)
 grep -aq "Lora hashes: \"style: $want\"" "$TMP/k.png" && pass "the PNG names the LoRA with its hash ($want)" \

@@ -14,6 +14,7 @@
 //    against their closed form from the adapted weights' gradients (dup =
 //    s dW down^T, ddown = s up^T dW); the frozen weights take none;
 //    init_weights gives the base model's output;
+//  - the text encoder's LoRA (attention and MLP) at run time against merged;
 //  - kohya's file and diffusers': written, their keys (and kohya's
 //    metadata) as those tools write them, read back (dc_sd_lora_read) and
 //    merged into an inference UNet, the output of the trained run-time LoRA.
@@ -26,6 +27,7 @@
 #include "check.h"
 #include "core/error.h"
 #include "core/rng.h"
+#include "models/clip_text.h"
 #include "models/lora_model.h"
 #include "models/sd_lora.h"
 #include "models/unet.h"
@@ -381,6 +383,46 @@ static void test_lora(void) {
     inputs_free(&pair), inputs_free(&one);
 }
 
+// The text encoder the same way: a random LoRA on every transformer target
+// (attention and MLP) at run time against merged, over hidden and the
+// penultimate stream.
+static void test_text(void) {
+    const dc_clip_text_config tc = {64, 8, 32, 2, 2, 48, DC_ACT_QUICK_GELU, 1e-5f};
+    dc_clip_text *te = NULL;
+    dc_lora l;
+    int rc = dc_clip_text_create(&te, &tc, g_be, DC_F32) || dc_clip_text_init_weights(te, 4);
+    if (!rc) dc_lora_init(&l, te->params);
+    if (!rc) rc = dc_sd_lora_add_targets(&l, DC_LORA_TEXT, DC_LORA_TRANSFORMER, 3, 6.0f) || dc_lora_alloc(&l, g_be, false);
+    if (rc) {
+        CHECK(0, "text set-up: %s", dc_error());
+        dc_clip_text_free(te);
+        return;
+    }
+    CHECK(l.count == 6 * tc.layers, "text targets: %d layers, want 6 a layer", l.count);
+    randomize(&l, 11);
+    const int B = 2, T = tc.positions;
+    int32_t ids[2 * 8];
+    for (int j = 0; j < B * T; j++) ids[j] = (j * 7 + 3) % tc.vocab;
+    dc_buf id = {g_be->alloc(g_be, sizeof ids), DC_I32};
+    g_be->upload(g_be, id.p, ids, sizeof ids);
+    const int64_t n = (int64_t)B * T * tc.width;
+    dc_buf h = {g_be->alloc(g_be, (size_t)n * 4), DC_F32}, pen = {g_be->alloc(g_be, (size_t)n * 4), DC_F32};
+    float *got[2][2] = {{0}};
+    for (int merged = 0; merged < 2; merged++) {
+        if (merged) dc_lora_detach(&l), rc = dc_lora_merge(&l);
+        else dc_lora_attach(&l);
+        if (!rc) rc = dc_clip_text_reserve(te, B) || dc_clip_text_forward(te, h, pen, id, B, 0);
+        if (!rc) got[merged][0] = download(h, n), got[merged][1] = download(pen, n);
+    }
+    CHECK(!rc && rel_err(got[0][0], got[1][0], n) < 1e-5 && rel_err(got[0][1], got[1][1], n) < 1e-5,
+          "text encoder: run time against merged %.2e (hidden), %.2e (penultimate)",
+          rc ? -1.0 : rel_err(got[0][0], got[1][0], n), rc ? -1.0 : rel_err(got[0][1], got[1][1], n));
+    for (int i = 0; i < 2; i++) free(got[i][0]), free(got[i][1]);
+    g_be->free(g_be, id.p), g_be->free(g_be, h.p), g_be->free(g_be, pen.p);
+    dc_lora_free(&l);
+    dc_clip_text_free(te);
+}
+
 int main(void) {
     if (tmpdir_make("unet_lora")) return 1;
     g_be = dc_backend_cpu_create();
@@ -394,6 +436,7 @@ int main(void) {
     g_cfg.groups = 8;
     test_targets();
     test_lora();
+    test_text();
     dc_st_close(&g_wf);
     dc_backend_destroy(g_be);
     tmpdir_remove();

@@ -200,17 +200,19 @@ static int lora_set_make(lora_set *ls, const arg_list *flags, const dc_lora_tag 
     return 0;
 }
 
-// The LoRAs merged into the loaded model, and AUTOMATIC1111's "Lora hashes"
-// of them ("name: hash, ..."; name: the file's stem) into hashes.
-static int merge_loras(dc_sd_pipe *pipe, const lora_set *ls, char *hashes, size_t cap) {
+// The LoRAs applied to the loaded model at run time, or merged into its
+// weights, and AUTOMATIC1111's "Lora hashes" of them ("name: hash, ...";
+// name: the file's stem) into hashes.
+static int apply_loras(dc_sd_pipe *pipe, const lora_set *ls, bool merge, char *hashes, size_t cap) {
     size_t k = 0;
     hashes[0] = 0;
     for (int i = 0; i < ls->n; i++) {
-        const char *path = ls->path[i];
+        const char *path = ls->path[i], *how = merge ? "merging" : "applying";
         char hash[13];
-        if (ls->unet[i] == ls->text[i]) dc_log("merging LoRA %s at weight %g", path, ls->unet[i]);
-        else dc_log("merging LoRA %s at weight %g (UNet), %g (text encoder)", path, ls->unet[i], ls->text[i]);
-        DC_TRY(dc_sd_pipe_merge_lora(pipe, path, ls->unet[i], ls->text[i]));
+        if (ls->unet[i] == ls->text[i]) dc_log("%s LoRA %s at weight %g", how, path, ls->unet[i]);
+        else dc_log("%s LoRA %s at weight %g (UNet), %g (text encoder)", how, path, ls->unet[i], ls->text[i]);
+        DC_TRY(merge ? dc_sd_pipe_merge_lora(pipe, path, ls->unet[i], ls->text[i])
+                     : dc_sd_pipe_add_lora(pipe, path, ls->unet[i], ls->text[i]));
         if (cli_lora_hash(path, hash)) return -1;
         const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path, *dot = strrchr(base, '.');
         const int stem = dot && dot > base ? (int)(dot - base) : (int)strlen(base);
@@ -229,7 +231,7 @@ static int run(int argc, char **argv, bool img2img) {
     arg_list loras = {0};
     const char *lora_dir = NULL;
     uint64_t seed = 0;
-    bool no_verify = false;
+    bool no_verify = false, lora_merge = false;
     arg_spec specs[] = {
         {"model", ARG_STR, &model, "PATH", "diffusers folder or single-file checkpoint (SD 1.x, 2.x), or a training "
                                            "run's folder or checkpoint (its EMA UNet on its base model)"},
@@ -252,9 +254,11 @@ static int run(int argc, char **argv, bool img2img) {
         {"batch", ARG_INT, &batch, "N", "pictures per pass (faster, more memory)"},
         {"out", ARG_STR, &out, "PATH", "PNG to write (several: PATH-0.png, PATH-1.png, ...)"},
         {"vocab", ARG_STR, &vocab, "PATH", "CLIP vocabulary (default: the model's tokenizer/, else searched)"},
-        {"lora", ARG_LIST, &loras, "FILE[:W]", "a LoRA (kohya's, diffusers' or PEFT's safetensors; LoCon too) merged into "
+        {"lora", ARG_LIST, &loras, "FILE[:W]", "a LoRA (kohya's, diffusers' or PEFT's safetensors; LoCon too) applied to "
                                                "the UNet and text encoder at weight W (default 1); repeatable"},
         {"lora-dir", ARG_STR, &lora_dir, "DIR", "where the prompt's <lora:NAME:W> tags find NAME.safetensors"},
+        {"lora-merge", ARG_FLAG, &lora_merge, NULL, "merge the LoRAs into the weights (faster steps) instead of "
+                                                    "applying them at run time"},
         {"prediction", ARG_STR, &prediction, "P", "auto, eps, v or sample (x0) (default auto: the scheduler "
                                                   "config; SD 2 single files: v)"},
         {"unet-heads", ARG_STR, &heads_text, "LIST", "UNet attention heads, 8 or 5,10,20,20 (default: config.json, "
@@ -369,7 +373,7 @@ static int run(int argc, char **argv, bool img2img) {
            pipe.prediction == DC_PRED_V ? "v-prediction" : pipe.prediction == DC_PRED_SAMPLE ? "x0-prediction" : "epsilon", width, height, k_samplers[si].a1111, steps, cfg,
            (unsigned long long)seed);
     char lora_hashes[1024];
-    if (merge_loras(&pipe, &ls, lora_hashes, sizeof lora_hashes)) goto done;
+    if (apply_loras(&pipe, &ls, lora_merge, lora_hashes, sizeof lora_hashes)) goto done;
     char model_hash[11] = "";
     if (cli_model_hash(&pipe.files, model_hash)) {  // the pictures are still worth having
         dc_warn("the pictures will carry no Model hash: %s", dc_error());

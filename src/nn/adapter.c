@@ -133,6 +133,61 @@ static void lora_conv_bwd(dc_adapter *a, dc_backend *be, int param, dc_buf dx, d
 }
 
 
+// ---- several at once ----------------------------------------------------------------------
+
+#define EACH(s, param) for (int i_ = 0; i_ < (s)->n; i_++) if ((s)->list[i_]->ops->has((s)->list[i_], (param)))
+#define CUR(s) ((s)->list[i_])
+
+static bool stack_has(const dc_adapter *a, int param) {
+    const dc_adapter_stack *s = (const dc_adapter_stack *)a;
+    EACH(s, param) return true;
+    return false;
+}
+static void stack_linear_fwd(dc_adapter *a, dc_backend *be, int param, dc_buf y, dc_buf x, int M, int in, int out) {
+    dc_adapter_stack *s = (dc_adapter_stack *)a;
+    EACH(s, param) CUR(s)->ops->linear_fwd(CUR(s), be, param, y, x, M, in, out);
+}
+static void stack_linear_bwd(dc_adapter *a, dc_backend *be, int param, dc_buf dx, dc_buf dy, dc_buf x, int M, int in,
+                             int out) {
+    dc_adapter_stack *s = (dc_adapter_stack *)a;
+    EACH(s, param) CUR(s)->ops->linear_bwd(CUR(s), be, param, dx, dy, x, M, in, out);
+}
+static void stack_conv_fwd(dc_adapter *a, dc_backend *be, int param, dc_buf y, dc_buf x, const dc_conv2d_shape *sh) {
+    dc_adapter_stack *s = (dc_adapter_stack *)a;
+    EACH(s, param) CUR(s)->ops->conv_fwd(CUR(s), be, param, y, x, sh);
+}
+static void stack_conv_bwd(dc_adapter *a, dc_backend *be, int param, dc_buf dx, dc_buf dy, dc_buf x,
+                           const dc_conv2d_shape *sh) {
+    dc_adapter_stack *s = (dc_adapter_stack *)a;
+    EACH(s, param) CUR(s)->ops->conv_bwd(CUR(s), be, param, dx, dy, x, sh);
+}
+static int stack_reserve_rows(dc_adapter *a, int64_t rows) {
+    dc_adapter_stack *s = (dc_adapter_stack *)a;
+    for (int i = 0; i < s->n; i++) DC_TRY(s->list[i]->ops->reserve_rows(s->list[i], rows));
+    return 0;
+}
+static int stack_reserve_conv(dc_adapter *a, int param, const dc_conv2d_shape *sh, bool backward) {
+    dc_adapter_stack *s = (dc_adapter_stack *)a;
+    EACH(s, param) DC_TRY(CUR(s)->ops->reserve_conv(CUR(s), param, sh, backward));
+    return 0;
+}
+#undef EACH
+#undef CUR
+
+static const dc_adapter_ops stack_ops = {stack_has,     stack_linear_fwd,   stack_linear_bwd,  stack_conv_fwd,
+                                         stack_conv_bwd, stack_reserve_rows, stack_reserve_conv};
+
+void dc_adapter_stack_init(dc_adapter_stack *s) {
+    memset(s, 0, sizeof *s);
+    s->base.ops = &stack_ops;
+}
+
+int dc_adapter_stack_add(dc_adapter_stack *s, dc_adapter *a) {
+    if (s->n == DC_ADAPTERS_MAX) return dc_fail("more than %d adapters on one model", DC_ADAPTERS_MAX);
+    s->list[s->n++] = a;
+    return 0;
+}
+
 // ---- building --------------------------------------------------------------------------
 
 static const dc_adapter_ops lora_ops;

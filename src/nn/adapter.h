@@ -48,6 +48,19 @@ static inline bool dc_adapted(const dc_params *ps, int w) {
     return ps->adapter && ps->adapter->ops->has(ps->adapter, w);
 }
 
+// Several adapters on one set (several LoRA files at once): a layer gets
+// the deltas of every one that has one for it, in the order added. Attach
+// it as the set's adapter (ps->adapter = &stack.base).
+#define DC_ADAPTERS_MAX 16
+typedef struct {
+    dc_adapter base;
+    dc_adapter *list[DC_ADAPTERS_MAX];
+    int n;
+} dc_adapter_stack;
+
+void dc_adapter_stack_init(dc_adapter_stack *s);
+int dc_adapter_stack_add(dc_adapter_stack *s, dc_adapter *a);
+
 // One adapted weight: its factors' indices in the LoRA's own set.
 typedef struct {
     int param;         // the weight adapted, in the target set

@@ -243,6 +243,48 @@ int dc_sd_pipe_merge_lora(dc_sd_pipe *p, const char *path, float unet_weight, fl
     return rc;
 }
 
+// LoRAs applied at run time: one adapter of each file over each part, the
+// files' adapters stacked on the part's parameters.
+struct dc_sd_run_loras {
+    dc_lora unet[DC_ADAPTERS_MAX], text[DC_ADAPTERS_MAX];
+    int n;
+    dc_adapter_stack us, ts;
+};
+
+int dc_sd_pipe_add_lora(dc_sd_pipe *p, const char *path, float unet_weight, float text_weight) {
+    if (!p->be || !p->unet || !p->text) return dc_fail("LoRA %s: the model is not loaded", path);
+    if (p->gen) return dc_fail("LoRA %s: added after the model drew (its step graphs do not know it)", path);
+    struct dc_sd_run_loras *r = p->loras;
+    if (!r) {
+        if (!(r = p->loras = calloc(1, sizeof *r))) return dc_fail("out of memory");
+        dc_adapter_stack_init(&r->us), dc_adapter_stack_init(&r->ts);
+    }
+    if (r->n == DC_ADAPTERS_MAX) return dc_fail("LoRA %s: more than %d LoRAs at run time", path, DC_ADAPTERS_MAX);
+    dc_lora *lu = &r->unet[r->n], *lt = &r->text[r->n];
+    dc_lora_init(lu, p->unet->params), dc_lora_init(lt, p->text->params);
+    lu->multiplier = unet_weight, lt->multiplier = text_weight;
+    dc_st_file f;
+    int rc = dc_st_open(&f, path);
+    if (!rc) rc = dc_sd_lora_read(&f, lu, lt), dc_st_close(&f);
+    if (!rc && lu->count) rc = dc_adapter_stack_add(&r->us, &lu->base);
+    if (!rc && lt->count) rc = dc_adapter_stack_add(&r->ts, &lt->base);
+    if (rc) return dc_lora_free(lu), dc_lora_free(lt), -1;
+    r->n++;
+    p->unet->params->adapter = r->us.n ? &r->us.base : NULL;
+    p->text->params->adapter = r->ts.n ? &r->ts.base : NULL;
+    return 0;
+}
+
+static void run_loras_free(dc_sd_pipe *p) {
+    struct dc_sd_run_loras *r = p->loras;
+    if (!r) return;
+    if (p->unet) p->unet->params->adapter = NULL;
+    if (p->text) p->text->params->adapter = NULL;
+    for (int i = 0; i < r->n; i++) dc_lora_free(&r->unet[i]), dc_lora_free(&r->text[i]);
+    free(r);
+    p->loras = NULL;
+}
+
 static void state_free(dc_sd_pipe *p);
 
 void dc_sd_pipe_close(dc_sd_pipe *p) {
@@ -250,6 +292,7 @@ void dc_sd_pipe_close(dc_sd_pipe *p) {
         if (p->be->freeze_weights) p->be->freeze_weights(p->be, false);
         state_free(p);
         if (p->ids.p) p->be->free(p->be, p->ids.p);
+        run_loras_free(p);
     }
     if (p->text) dc_clip_text_free(p->text);
     dc_model_free(p->unet);

@@ -66,6 +66,7 @@ typedef struct {
     dc_buf ids;
     size_t ids_cap;
     struct dc_sd_gen_state *gen;
+    struct dc_sd_run_loras *loras;  // applied at run time (dc_sd_pipe_add_lora), or NULL
 } dc_sd_pipe;
 
 // Opens a model in two steps, so that a request is checked before gigabytes
@@ -83,6 +84,12 @@ void dc_sd_pipe_close(dc_sd_pipe *p);
 // unet_weight and text_weight (AUTOMATIC1111's multipliers): W += weight
 // alpha / rank up @ down, rounded once into each weight's dtype.
 int dc_sd_pipe_merge_lora(dc_sd_pipe *p, const char *path, float unet_weight, float text_weight);
+// The same LoRA applied at run time instead (nn/adapter.h): the weights stay
+// as loaded, and each adapted layer adds weight alpha / rank up(down(x)) to
+// its output, the product and its delta rounded apart; up to
+// DC_ADAPTERS_MAX files. Before the first generation (its step graphs and
+// activations are planned with the deltas).
+int dc_sd_pipe_add_lora(dc_sd_pipe *p, const char *path, float unet_weight, float text_weight);
 
 typedef struct {
     const char *prompt, *negative_prompt;  // negative may be NULL (then "")
