@@ -21,6 +21,14 @@ A step, as diffusers' examples/text_to_image/train_text_to_image.py runs it
 The engine's recipe is the same (src/cli/cmd_bench_sd_train.c), so the two
 do the same work a step.
 
+With --lora RANK, a LoRA step instead, as diffusers' train_text_to_image_lora.py
+and kohya's train_network.py run one: the UNet's weights cast to bf16 and frozen,
+LoRA layers (plain PyTorch, as kohya's networks/lora.py: down kaiming-uniform,
+up zero, y = base(x) + up(down(x)) * alpha / rank, alpha = rank) on kohya's
+default targets (every Linear and 1x1 Conv2d inside the Transformer2DModels),
+their fp32 factors alone trained (lr 1e-4, the same AdamW, clipping and EMA);
+the engine's `bench --sd-train --lora RANK` does the same work.
+
 Reported per mode: img/s and ms a step over --steps steps after --warmup
 untimed ones (torch.compile compiles during them), and the peak of
 torch.cuda.max_memory_allocated over the whole run of the mode (model,
@@ -46,12 +54,59 @@ def decay_at(n):
     return 0.0 if step <= 0 else min(0.9999, (1 + step) / (10 + step))
 
 
+class LoRA(torch.nn.Module):
+    """kohya's LoRAModule: base(x) + up(down(x)) * alpha / rank, for a Linear or a Conv2d."""
+
+    def __init__(self, base, rank):
+        super().__init__()
+        import math
+        self.base = base
+        if isinstance(base, torch.nn.Conv2d):
+            self.down = torch.nn.Conv2d(base.in_channels, rank, base.kernel_size, base.stride, base.padding, bias=False)
+            self.up = torch.nn.Conv2d(rank, base.out_channels, 1, bias=False)
+        else:
+            self.down = torch.nn.Linear(base.in_features, rank, bias=False)
+            self.up = torch.nn.Linear(rank, base.out_features, bias=False)
+        torch.nn.init.kaiming_uniform_(self.down.weight, a=math.sqrt(5))
+        torch.nn.init.zeros_(self.up.weight)
+        self.scale = 1.0  # alpha = rank
+
+    def forward(self, x):
+        return self.base(x) + self.up(self.down(x)) * self.scale
+
+
+def add_lora(unet, rank):
+    """LoRA layers on every Linear and 1x1 Conv2d inside the Transformer2DModels; their parameters."""
+    from diffusers.models.transformers.transformer_2d import Transformer2DModel
+    todo = []
+    for block in unet.modules():
+        if not isinstance(block, Transformer2DModel):
+            continue
+        for parent in block.modules():
+            for name, child in parent.named_children():
+                conv1 = isinstance(child, torch.nn.Conv2d) and child.kernel_size == (1, 1)
+                if isinstance(child, torch.nn.Linear) or conv1:
+                    todo.append((parent, name, child))
+    layers = []
+    for parent, name, child in todo:
+        lora = LoRA(child, rank).to('cuda')
+        setattr(parent, name, lora)
+        layers.append(lora)
+    return [p for l in layers for p in (l.down.weight, l.up.weight)]
+
+
 def run_mode(a, cfg, mode):
     from diffusers import DDPMScheduler, UNet2DConditionModel
     torch.manual_seed(0)
     unet = UNet2DConditionModel.from_config(cfg).to('cuda').train()
-    params = [p for p in unet.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=1e-5, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, fused=True)
+    if a.lora:
+        unet.requires_grad_(False)
+        unet.to(torch.bfloat16)
+        params = add_lora(unet, a.lora)
+    else:
+        params = [p for p in unet.parameters() if p.requires_grad]
+    lr = 1e-4 if a.lora else 1e-5
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, fused=True)
     ema = [p.detach().clone() for p in params]
     sched = DDPMScheduler(num_train_timesteps=1000, beta_start=0.00085, beta_end=0.012,
                           beta_schedule='scaled_linear')
@@ -111,6 +166,7 @@ def main():
     ap.add_argument('--steps', type=int, default=10, help='timed steps')
     ap.add_argument('--warmup', type=int, default=3, help='untimed steps first (compile happens here)')
     ap.add_argument('--modes', default='eager,compile', help='eager, compile, or both comma-separated')
+    ap.add_argument('--lora', type=int, default=0, help='train a LoRA of this rank over the frozen bf16 UNet')
     a = ap.parse_args()
     modes = a.modes.split(',')
     if not modes or any(m not in ('eager', 'compile') for m in modes):
@@ -125,7 +181,8 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     print(f'diffusers {diffusers.__version__}, torch {torch.__version__}, {torch.cuda.get_device_name()}; '
-          f'{a.config}: UNet training, bf16 autocast, fused AdamW, foreach EMA')
+          f'{a.config}: ' + (f'a rank-{a.lora} LoRA over the frozen bf16 UNet' if a.lora else 'UNet training') +
+          ', bf16 autocast, fused AdamW, foreach EMA')
     for mode in modes:
         run_mode(a, cfg, mode)
 

@@ -16,7 +16,10 @@
 #include "core/log.h"
 #include "core/rng.h"
 #include "diffusion/sd_schedule.h"
+#include "models/lora_model.h"
 #include "models/registry.h"
+#include "models/sd_lora.h"
+#include "models/unet.h"
 #include "train/trainer.h"
 
 // Random latents [n, C, h, w] (unit normal, as scaled SD latents are about)
@@ -115,12 +118,34 @@ static int time_steps(train_ranks *job, dc_model *m, dc_backend *be, int batch, 
     return rc;
 }
 
+// A LoRA over a frozen UNet of config mc, both random (the base's weights
+// as PyTorch initialises them, the factors as kohya does), as `train --lora`
+// trains one.
+static int lora_model(const dc_kv *mc, dc_backend *be, int rank, const char *targets, dc_model **out) {
+    dc_unet_config uc;
+    dc_lora_targets t;
+    dc_model *u = NULL;
+    DC_TRY(dc_lora_targets_parse(targets, &t));
+    if (rank < 1 || rank > 1024) return dc_fail("--lora %d: a rank of 1 to 1024", rank);
+    DC_TRY(dc_unet_config_from_kv(&uc, mc));
+    DC_TRY(dc_unet_new_frozen_train(&uc, be, be->compute, uc.sample_size, uc.sample_size, &u));
+    dc_lora l;
+    dc_lora_init(&l, u->params);
+    if (dc_model_init_weights(u, 0) || dc_sd_lora_add_targets(&l, DC_LORA_UNET, t, rank, (float)rank)) {
+        dc_lora_free(&l), dc_model_free(u);
+        return -1;
+    }
+    DC_TRY(dc_lora_model_new(u, &l, NULL, out));
+    return dc_model_init_weights(*out, 0);
+}
+
 int cmd_bench_sd_train(int argc, char **argv) {
     const char *config = NULL, *device = "auto", *precision = "auto", *grad_comm = "fp32";
     int size = 0, batch = 8, micro = 0, steps = 10, warm = 3, recompute = -1, threads = 0;
-    int ranks = 0, gpus = 0, zero = 0;
+    int ranks = 0, gpus = 0, zero = 0, lora = 0;
     float comm_timeout = 300;
     bool sd_train = false;
+    const char *lora_targets = "transformer";
     arg_spec specs[] = {
         {"sd-train", ARG_FLAG, &sd_train, NULL, "time SD UNet training (this command)"},
         {"unet-config", ARG_STR, &config, "FILE", "the UNet's diffusers config.json (tools/configs/ has SD 1.5's "
@@ -132,6 +157,9 @@ int cmd_bench_sd_train(int argc, char **argv) {
         {"warmup", ARG_INT, &warm, "N", "untimed steps first"},
         {"recompute", ARG_INT, &recompute, "K", "activation checkpointing: the first K layers keep their "
                                                 "activations, the others recompute them (default off)"},
+        {"lora", ARG_INT, &lora, "RANK", "time a LoRA of rank RANK training over the frozen UNet (its weights in "
+                                         "the compute dtype), as `train --lora` does (default: the UNet trains)"},
+        {"lora-targets", ARG_STR, &lora_targets, "T", "the LoRA's layers: attn, transformer or all"},
         {"threads", ARG_INT, &threads, "N", "CPU threads (default: all cores)"},
         {"device", ARG_STR, &device, "NAME", CLI_DEVICE_HELP},
         {"precision", ARG_STR, &precision, "P", CLI_PRECISION_HELP},
@@ -149,7 +177,8 @@ int cmd_bench_sd_train(int argc, char **argv) {
                      "AdamW (lr 1e-5, decay 1e-2), clipping at norm 1, EMA. Prints images/s,\n"
                      "ms a step, achieved TFLOP/s (a step counted as 3 forward passes; 1 MAC\n"
                      "= 2 FLOP), MFU against a large matrix product timed on the GPU, and peak\n"
-                     "memory (the device's, or the process's on the CPU).\n"
+                     "memory (the device's, or the process's on the CPU). With --lora a step\n"
+                     "counts as 2 forward passes (the frozen weights take no gradient).\n"
                      "With several ranks (--gpus N, --ranks N, or a launcher's) every rank trains\n"
                      "--batch images a step, their gradients reduced as `diffusion train` reduces\n"
                      "them (--zero S); rank 0 prints the images/s of all ranks and of one, the\n"
@@ -196,7 +225,9 @@ int cmd_bench_sd_train(int argc, char **argv) {
     if (size && dc_kv_set(&over, "sample_size", "%d", size / 8)) goto done;
     if (dc_model_configure(&base, &over, NULL, &mc)) goto done;
     if (cli_set_threads(threads) || cli_backend(device, precision, &be)) goto done;
-    if (dc_model_create(&mc, be, true, &m) || dc_model_init_weights(m, 0)) goto done;
+    if (lora ? lora_model(&mc, be, lora, lora_targets, &m) : dc_model_create(&mc, be, true, &m) ||
+                                                                 dc_model_init_weights(m, 0))
+        goto done;
     if (recompute >= 0 && dc_model_set_recompute(m, recompute)) goto done;
     const dc_model_info *mi = &m->info;
     const double macs = dc_model_macs_per_image(m);
@@ -224,7 +255,7 @@ int cmd_bench_sd_train(int argc, char **argv) {
     if (time_steps(&job, m, be, batch, micro, steps, warm, zero, wire, &r)) goto done;
     // the job's: its global batch, images/s and TFLOP/s of all ranks; MFU a GPU's
     const int global = batch * nranks;
-    const double G = 1073741824.0, all = global / r.sec, tf = 3 * 2 * macs * all / 1e12;
+    const double G = 1073741824.0, all = global / r.sec, tf = (lora ? 2 : 3) * 2 * macs * all / 1e12;
     char recomp[32] = "off";
     if (recompute >= 0) snprintf(recomp, sizeof recomp, "keep %d of %d", recompute, mi->blocks);
     if (lead) {
