@@ -18,6 +18,10 @@
 //  - kohya's file and diffusers': written, their keys (and kohya's
 //    metadata) as those tools write them, read back (dc_sd_lora_read) and
 //    merged into an inference UNet, the output of the trained run-time LoRA.
+// With an argument (cuda, cuda-fp32): the wrapper's output and factor
+// gradients on that GPU backend against the CPU's (skips without a GPU).
+//
+//   build/tests/test_unet_lora [backend]
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,6 +36,7 @@
 #include "models/sd_lora.h"
 #include "models/unet.h"
 #include "param_fd.h"
+#include "backend/backend.h"
 #include "tmpdir.h"
 
 #define GOLD "tests/golden/sd/sd1"
@@ -423,7 +428,75 @@ static void test_text(void) {
     dc_clip_text_free(te);
 }
 
-int main(void) {
+// One forward and backward of the LoRA wrapper on backend be (its inputs and
+// factors the same on every backend): the output and the factors' gradients
+// (the LoRA set's flat layout) on the host; *ps the set, for names.
+static int wrapper_run(dc_backend *be, float **out, float **g, dc_model **keep) {
+    g_be = be;
+    inputs in;
+    inputs_make(&in, 1);
+    if (be->compute != DC_F32) {  // the text in the compute dtype, as a pipeline gives it
+        float *hc = download(in.ctx, (int64_t)LEN * g_cfg.ctx_dim);
+        be->free(be, in.ctx.p);
+        in.ctx = test_buf_up(be, hc, (int64_t)LEN * g_cfg.ctx_dim, be->compute);
+        free(hc);
+    }
+    dc_model *fr = unet_open(FROZEN_TRAIN), *tm = NULL;
+    dc_lora l;
+    int rc = fr ? lora_make(&l, fr) || dc_lora_model_new(fr, &l, NULL, &tm) : -1;
+    if (!rc) {
+        randomize(dc_lora_model_lora(tm), 9);
+        const dc_cond c = cond_of(&in, 0);
+        rc = dc_model_reserve(tm, 1);
+        *g = rc ? NULL : param_fd_model_grads(tm, in.out, in.x, in.t, &c, 1, in.hdout, in.dout, in.n);
+        *out = *g ? download(in.out, in.n) : NULL;
+        rc = *g ? 0 : -1;
+    }
+    inputs_free(&in);
+    *keep = tm;
+    return rc;
+}
+
+// The wrapper on a GPU against the CPU: the output and every factor's
+// gradient, relative to its norm (fp32: the order of sums; bf16: every
+// activation and the frozen weights rounded to 8 bits).
+static void test_gpu(const char *name) {
+    dc_backend *gpu = NULL, *cpu = dc_backend_cpu_create();
+    if (dc_backend_create(name, &gpu)) {
+        printf("SKIP (no GPU) no %s backend (%s)\n", name, dc_error());
+        dc_backend_destroy(cpu);
+        return;
+    }
+    float *oc = NULL, *gc = NULL, *og = NULL, *gg = NULL;
+    dc_model *mc = NULL, *mg = NULL;
+    const int rc = wrapper_run(cpu, &oc, &gc, &mc) || wrapper_run(gpu, &og, &gg, &mg);
+    const double tol = gpu->compute == DC_F32 ? 1e-3 : 8e-2;
+    const int64_t n = (int64_t)4 * SIDE * SIDE;
+    CHECK(!rc && rel_err(og, oc, n) < tol / 4, "%s: the output against the CPU's %.2e", name,
+          rc ? -1.0 : rel_err(og, oc, n));
+    char label[64];
+    snprintf(label, sizeof label, "LoRA factors on %s", name);
+    const int bad = rc ? -1 : param_gpu_gaps(mc->params, gg, gc, tol, label);
+    CHECK(bad == 0, "%s: %d factor gradients off", name, bad);
+    free(oc), free(gc), free(og), free(gg);
+    g_be = gpu, dc_model_free(mg);
+    g_be = cpu, dc_model_free(mc);
+    dc_backend_destroy(gpu), dc_backend_destroy(cpu);
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1) {  // GPU against CPU
+        if (dc_unet_config_from_json_file(&g_cfg, GOLD "/diffusers/unet/config.json") ||
+            dc_st_open(&g_wf, GOLD "/single.safetensors")) {
+            printf("FAIL set-up: %s\n", dc_error());
+            return 1;
+        }
+        g_cfg.groups = 8;
+        test_gpu(argv[1]);
+        dc_st_close(&g_wf);
+        printf("%d passed, %d failed\n", g_pass, g_fail);
+        return g_fail != 0;
+    }
     if (tmpdir_make("unet_lora")) return 1;
     g_be = dc_backend_cpu_create();
     if (dc_unet_config_from_json_file(&g_cfg, GOLD "/diffusers/unet/config.json") ||
