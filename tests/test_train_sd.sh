@@ -139,7 +139,8 @@ cmp -s "$TMP/lora_1/step_0000002.safetensors" "$TMP/lora_2/step_0000002.safetens
   && pass "LoRA: ZeRO 1 on 2 ranks writes one rank's checkpoint" || fail "LoRA on 2 ranks differs"
 Q=(--prompt "a test picture, number 1" --steps 2 --seed 5 "${C[@]}")
 diffusion txt2img --model "$TMP/lora" "${Q[@]}" --out "$TMP/l_run.png" > /dev/null 2>&1
-diffusion txt2img --model "$TMP/base" --lora "$TMP/lora/lora.safetensors" "${Q[@]}" --out "$TMP/l_file.png" > /dev/null 2>&1
+diffusion txt2img --model "$TMP/base" --lora "$TMP/lora/lora.safetensors" --lora-merge "${Q[@]}" --out "$TMP/l_file.png" \
+  > /dev/null 2>&1
 diffusion txt2img --model "$TMP/base" "${Q[@]}" --out "$TMP/l_base.png" > /dev/null 2>&1
 "$PNGS" "$TMP/l_run.png" "$TMP/l_file.png" 0 > /dev/null && ! "$PNGS" "$TMP/l_run.png" "$TMP/l_base.png" 0 > /dev/null \
   && pass "txt2img: the LoRA run draws the base with its lora.safetensors, and not the base alone" \
@@ -151,8 +152,21 @@ out=$(diffusion info "$TMP/lora_d/lora.safetensors" 2>&1)
   && pass "--lora-targets all --lora-format diffusers: diffusers' names, the convolutions too" || fail "diffusers' file: $out"
 expect_code 2 "--lora-alpha without --lora" diffusion train "${T[@]}" --out "$TMP/x" --lora-alpha 2
 expect_code 2 "--lora with --unet-config" diffusion train "${T[@]}" --out "$TMP/x" --lora 4 --unet-config sd1.5 --init random
-expect_code 2 "--lora with --train-text-encoder (not built yet)" diffusion train "${T[@]}" --out "$TMP/x" --lora 4 \
-  --train-text-encoder
+# the text encoder's LoRA too: kohya's lora_te_ layers, an exact resume, drawn from as a run
+diffusion train "${L[@]}" --out "$TMP/lt/lora" --steps 2 --train-text-encoder > "$TMP/log" 2>&1 || fail "TE LoRA: $(tail -3 "$TMP/log")"
+out=$(diffusion info "$TMP/lt/lora/lora.safetensors" 2>&1)
+[[ "$out" == *"kohya names; 72 UNet layers, 12 text encoder layers"* ]] \
+  && pass "--lora with --train-text-encoder: the text encoder's attention and MLP layers too" || fail "TE LoRA file: $out"
+diffusion train "${L[@]}" --out "$TMP/lt1/lora" --steps 1 --train-text-encoder > /dev/null 2>&1
+diffusion train --resume "$TMP/lt1/lora" --steps 2 --device cpu --threads 1 > /dev/null 2>&1
+cmp -s "$TMP/lt/lora/step_0000002.safetensors" "$TMP/lt1/lora/step_0000002.safetensors" \
+  && cmp -s "$TMP/lt/lora/lora.safetensors" "$TMP/lt1/lora/lora.safetensors" \
+  && pass "the text encoder's LoRA: 1 step, then 1 more resumed, the same bytes" || fail "TE LoRA resume differs"
+diffusion txt2img --model "$TMP/lt/lora" "${Q[@]}" --out "$TMP/lt_run.png" > /dev/null 2>&1
+diffusion txt2img --model "$TMP/base" --lora "$TMP/lt/lora/lora.safetensors" --lora-merge "${Q[@]}" \
+  --out "$TMP/lt_file.png" > /dev/null 2>&1
+"$PNGS" "$TMP/lt_run.png" "$TMP/lt_file.png" 0 > /dev/null \
+  && pass "txt2img: a run with the text encoder's LoRA draws the base with its file" || fail "TE LoRA run and file differ"
 expect_fail "--lora-targets other" "attn, transformer or all" diffusion train "${T[@]}" --out "$TMP/x" --lora 4 \
   --lora-targets convs
 expect_code 2 "--lora on resume (the checkpoint fixes it)" diffusion train --resume "$TMP/lora" --lora 8

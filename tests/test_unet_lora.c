@@ -15,6 +15,9 @@
 //    s dW down^T, ddown = s up^T dW); the frozen weights take none;
 //    init_weights gives the base model's output;
 //  - the text encoder's LoRA (attention and MLP) at run time against merged;
+//  - a LoRA of the UNet and the text encoder together (the joint model):
+//    through the frozen joint model, the factor gradients of the trainable
+//    one, bit for bit, and their closed form in both parts;
 //  - kohya's file and diffusers': written, their keys (and kohya's
 //    metadata) as those tools write them, read back (dc_sd_lora_read) and
 //    merged into an inference UNet, the output of the trained run-time LoRA.
@@ -34,7 +37,9 @@
 #include "models/clip_text.h"
 #include "models/lora_model.h"
 #include "models/sd_lora.h"
+#include "io/json.h"
 #include "models/unet.h"
+#include "models/unet_text.h"
 #include "param_fd.h"
 #include "backend/backend.h"
 #include "tmpdir.h"
@@ -214,35 +219,20 @@ static double *param_host(const dc_params *ps, int i, bool grad) {
     return d;
 }
 
-// The factors' gradients against their closed form from the gradient of the
-// weight they adapt (a trainable UNet with the LoRA at run time, whose
-// weight gradient is the UNet backward's, itself held against differences
-// in test_unet_grad): with W' = W + s up down, dL/dup = s dW down^T and
-// dL/ddown = s up^T dW, for every item, conv kernels as [out, ci k k].
-static void test_closed_form(const dc_lora *trained, const inputs *in) {
-    dc_model *u = unet_open(TRAIN);
-    dc_lora l;
-    int rc = u ? lora_make(&l, u) || dc_lora_alloc(&l, g_be, true) : -1;
-    if (rc) {
-        CHECK(0, "closed form set-up: %s", dc_error());
-        dc_model_free(u);
-        return;
-    }
-    copy_factors(&l, trained);
-    dc_lora_attach(&l);
-    g_be->zero(g_be, l.params.grad.p, (size_t)l.params.numel * 4);
-    const dc_cond c = cond_of(in, 0);
-    float *g = dc_model_reserve(u, 1) ? NULL
-               : param_fd_model_grads(u, in->out, in->x, in->t, &c, 1, in->hdout, in->dout, in->n);
+// The worst error of l's factor gradients against their closed form from
+// the gradients of the weights they adapt (ps, after a backward): with W' =
+// W + s up down, dL/dup = s dW down^T and dL/ddown = s up^T dW, conv kernels
+// as [out, ci k k].
+static double closed_form_worst(const dc_params *ps, const dc_lora *l) {
     double worst = 0;
-    for (int k = 0; g && k < l.count; k++) {
-        const dc_lora_item *it = &l.items[k];
-        const dc_param *w = &u->params->items[it->param];
+    for (int k = 0; k < l->count; k++) {
+        const dc_lora_item *it = &l->items[k];
+        const dc_param *w = &ps->items[it->param];
         const int64_t out = w->shape[0], K = w->numel / out, r = it->rank;
-        double *dW = param_host(u->params, it->param, true), *down = param_host(&l.params, it->down, false);
-        double *up = param_host(&l.params, it->up, false), *gd = param_host(&l.params, it->down, true);
-        double *gu = param_host(&l.params, it->up, true);
-        const double sc = it->alpha / r * l.multiplier;
+        double *dW = param_host(ps, it->param, true), *down = param_host(&l->params, it->down, false);
+        double *up = param_host(&l->params, it->up, false), *gd = param_host(&l->params, it->down, true);
+        double *gu = param_host(&l->params, it->up, true);
+        const double sc = it->alpha / r * l->multiplier;
         double e2 = 0, n2 = 0;
         for (int64_t o = 0; o < out; o++)
             for (int64_t j = 0; j < r; j++) {  // dup[o, j] = s sum_q dW[o, q] down[j, q]
@@ -260,11 +250,94 @@ static void test_closed_form(const dc_lora *trained, const inputs *in) {
         if (!(e <= worst)) worst = e;
         free(dW), free(down), free(up), free(gd), free(gu);
     }
+    return worst;
+}
+
+// The factors' gradients against their closed form (a trainable UNet with
+// the LoRA at run time, whose weight gradients are the UNet backward's,
+// held against differences in test_unet_grad).
+static void test_closed_form(const dc_lora *trained, const inputs *in) {
+    dc_model *u = unet_open(TRAIN);
+    dc_lora l;
+    int rc = u ? lora_make(&l, u) || dc_lora_alloc(&l, g_be, true) : -1;
+    if (rc) {
+        CHECK(0, "closed form set-up: %s", dc_error());
+        dc_model_free(u);
+        return;
+    }
+    copy_factors(&l, trained);
+    dc_lora_attach(&l);
+    g_be->zero(g_be, l.params.grad.p, (size_t)l.params.numel * 4);
+    const dc_cond c = cond_of(in, 0);
+    float *g = dc_model_reserve(u, 1) ? NULL
+               : param_fd_model_grads(u, in->out, in->x, in->t, &c, 1, in->hdout, in->dout, in->n);
+    const double worst = g ? closed_form_worst(u->params, &l) : INFINITY;
     printf("  closed form: worst factor gradient error %.2e over %d layers\n", worst, l.count);
     CHECK(g && worst < 1e-4, "factor gradients against their closed form from dW: worst %.2e", worst);
     free(g);
     dc_lora_free(&l);
     dc_model_free(u);
+}
+
+// A LoRA of the UNet and the text encoder trained together (the joint
+// model, models/unet_text.h), random weights: through the frozen joint model
+// (the LoRA wrapper) the factors' gradients are those of the same LoRA on
+// the trainable joint model, and there they have their closed form from the
+// adapted weights' gradients, in both parts.
+static void test_joint(void) {
+    dc_clip_text_config tc;
+    dc_json_doc doc;
+    int rc = dc_json_read_file(&doc, GOLD "/diffusers/text_encoder/config.json");
+    if (!rc) rc = dc_clip_text_config_from_json(&tc, doc.root, "text_encoder/config.json"), dc_json_free(&doc);
+    dc_model *tr = NULL, *fz = NULL, *wr = NULL;
+    dc_lora lt, lf;
+    if (!rc) rc = dc_unet_text_new_train(&g_cfg, &tc, g_be, SIDE, SIDE, &tr) ||
+                  dc_unet_text_new_frozen_train(&g_cfg, &tc, g_be, DC_F32, SIDE, SIDE, &fz) ||
+                  dc_model_init_weights(tr, 3) || dc_model_init_weights(fz, 3);
+    for (int k = 0; k < 2 && !rc; k++) {
+        dc_lora *l = k ? &lf : &lt;
+        dc_lora_init(l, (k ? fz : tr)->params);
+        rc = dc_sd_lora_add_targets(l, DC_LORA_UNET, DC_LORA_TRANSFORMER, 3, 6.0f) ||
+             dc_sd_lora_add_targets(l, DC_LORA_TEXT, DC_LORA_TRANSFORMER, 3, 6.0f);
+    }
+    if (!rc) rc = dc_lora_alloc(&lt, g_be, true) || dc_lora_model_new(fz, &lf, NULL, &wr);
+    fz = NULL;  // the wrapper's
+    if (rc) {
+        CHECK(0, "joint set-up: %s", dc_error());
+        dc_model_free(tr), dc_model_free(wr);
+        return;
+    }
+    dc_lora *lw = dc_lora_model_lora(wr);
+    randomize(&lt, 13), randomize(lw, 13);
+    dc_lora_attach(&lt);
+    int ntext = 0;
+    for (int i = 0; i < lt.count; i++) ntext += !strncmp(tr->params->items[lt.items[i].param].name, "text_encoder.", 13);
+    CHECK(ntext == 6 * tc.layers, "the text encoder's layers adapted: %d, want %d", ntext, 6 * tc.layers);
+    inputs in;
+    inputs_make(&in, 1);
+    int32_t ids[77];
+    for (int j = 0; j < tc.positions && j < 77; j++) ids[j] = (int32_t)(dc_rand_u32_at(7, 0, 0, 0, (uint32_t)j) % tc.vocab);
+    dc_buf id = {g_be->alloc(g_be, sizeof(int32_t) * (size_t)tc.positions), DC_I32};
+    g_be->upload(g_be, id.p, ids, sizeof(int32_t) * (size_t)tc.positions);
+    const dc_cond c = {.ids = id, .len = tc.positions};
+    float *gt = NULL, *gw = NULL;
+    g_be->zero(g_be, lt.params.grad.p, (size_t)lt.params.numel * 4);
+    if (!dc_model_reserve(tr, 1) && !dc_model_reserve(wr, 1)) {
+        gt = param_fd_model_grads(tr, in.out, in.x, in.t, &c, 1, in.hdout, in.dout, in.n);
+        gw = param_fd_model_grads(wr, in.out, in.x, in.t, &c, 1, in.hdout, in.dout, in.n);
+    }
+    float *ft = gt ? download(lt.params.grad, lt.params.numel) : NULL;
+    CHECK(ft && gw && lt.params.numel == lw->params.numel && !memcmp(ft, gw, (size_t)lt.params.numel * 4),
+          "through frozen weights: the factors' gradients of the trainable joint model, bit for bit");
+    const double worst = gt ? closed_form_worst(tr->params, &lt) : INFINITY;
+    printf("  joint model: worst factor gradient error %.2e against the closed form over %d layers (%d of the "
+           "text encoder)\n", worst, lt.count, ntext);
+    CHECK(gt && worst < 1e-4, "joint model: factor gradients against their closed form: worst %.2e", worst);
+    free(gt), free(gw), free(ft);
+    g_be->free(g_be, id.p);
+    inputs_free(&in);
+    dc_lora_free(&lt);
+    dc_model_free(tr), dc_model_free(wr);
 }
 
 static void test_lora(void) {
@@ -510,6 +583,7 @@ int main(int argc, char **argv) {
     test_targets();
     test_lora();
     test_text();
+    test_joint();
     dc_st_close(&g_wf);
     dc_backend_destroy(g_be);
     tmpdir_remove();

@@ -269,9 +269,10 @@ int cmd_train(int argc, char **argv) {
         {"train-text-encoder", ARG_FLAG, &train_text, NULL, "SD: train the --model's CLIP text encoder along with "
                                                               "the UNet, on the data's captions (EMA and exports "
                                                               "carry both)"},
-        {"lora", ARG_INT, &lora, "RANK", "SD: train a LoRA of rank RANK of the --model's UNet instead of the UNet: "
-                                         "its weights stay frozen as loaded; RUN/lora.safetensors holds the newest "
-                                         "checkpoint's (default lr 1e-4)"},
+        {"lora", ARG_INT, &lora, "RANK", "SD: train a LoRA of rank RANK of the --model's UNet (and text encoder, "
+                                         "with --train-text-encoder) instead of the weights, which stay frozen as "
+                                         "loaded; RUN/lora.safetensors holds the newest checkpoint's (default lr "
+                                         "1e-4)"},
         {"lora-alpha", ARG_FLOAT, &lora_alpha, "A", "SD: the LoRA's alpha, its deltas scaled by A / RANK (default: "
                                                     "RANK, a scale of 1)"},
         {"lora-targets", ARG_STR, &lora_targets, "T", "SD: the layers the LoRA adapts: attn (the attention "

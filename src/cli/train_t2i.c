@@ -135,19 +135,24 @@ int t2i_from_checkpoint(t2i_run *r, const dc_st_file *ck) {
     return check_vocab(r);
 }
 
-// The LoRA of the base's UNet, frozen as its files hold it.
+// The LoRA of the base's UNet (and text encoder, when it trains along),
+// frozen as its files hold them.
 static int lora_create(const t2i_run *r, const dc_kv *mc, dc_backend *be, dc_model **out) {
     dc_unet_config uc;
     dc_dtype dt = DC_F32;
     dc_model *u = NULL;
     DC_TRY(dc_unet_config_from_kv(&uc, mc));
     DC_TRY(dc_t2i_unet_dtype(&r->opts, &dt));
-    DC_TRY(dc_unet_new_frozen_train(&uc, be, dt, uc.sample_size, uc.sample_size, &u));
+    DC_TRY(r->train_text ? dc_unet_text_new_frozen_train(&uc, &r->text, be, dt, uc.sample_size, uc.sample_size, &u)
+                         : dc_unet_new_frozen_train(&uc, be, dt, uc.sample_size, uc.sample_size, &u));
     dc_lora l;
     dc_lora_init(&l, u->params);
     dc_kv extra = {0};
-    int rc = (be && dc_t2i_load_unet(&r->opts, u)) ||
+    dc_model *unet = r->train_text ? dc_unet_text_unet(u) : u;
+    int rc = (be && dc_t2i_load_unet(&r->opts, unet)) ||
+             (be && r->train_text && dc_t2i_load_text(&r->opts, dc_unet_text_encoder(u))) ||
              dc_sd_lora_add_targets(&l, DC_LORA_UNET, r->lora_targets, r->lora_rank, r->lora_alpha) ||
+             (r->train_text && dc_sd_lora_add_targets(&l, DC_LORA_TEXT, r->lora_targets, r->lora_rank, r->lora_alpha)) ||
              dc_kv_set(&extra, "lora_targets", "%s", dc_lora_targets_name(r->lora_targets));
     if (rc) dc_lora_free(&l), dc_model_free(u);
     else rc = dc_lora_model_new(u, &l, &extra, out);
@@ -343,9 +348,6 @@ int t2i_flags_check(const arg_parser *ap, bool sd, const char *unet_config, cons
     if (lora && (unet_config || (init && strcmp(init, "base"))))
         return dc_fail("--lora adapts the --model's UNet as it is: it cannot start from %s",
                        unet_config ? "another UNet (--unet-config)" : "random weights (--init random)");
-    if (lora && args_given(ap, "train-text-encoder"))
-        return dc_fail("--lora with --train-text-encoder: a LoRA of the text encoder is not built yet; train the "
-                       "UNet's LoRA alone, or the whole text encoder without --lora");
     return 0;
 }
 

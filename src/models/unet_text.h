@@ -27,6 +27,12 @@
 // vocabulary must hold every id the data give. Free with dc_model_free.
 int dc_unet_text_new_train(const dc_unet_config *uc, const dc_clip_text_config *tc, dc_backend *be, int latent_h,
                            int latent_w, dc_model **out);
+// The same trained through: every weight frozen as loaded (no master, no
+// gradient), the forward keeping what backward reads, and the backward
+// taking the gradient through both parts to their adapters (a LoRA of the
+// UNet and the text encoder, models/lora_model.h).
+int dc_unet_text_new_frozen_train(const dc_unet_config *uc, const dc_clip_text_config *tc, dc_backend *be,
+                                  dc_dtype loaded, int latent_h, int latent_w, dc_model **out);
 // The encoder's config that a config's entries (a checkpoint's metadata)
 // hold: 0, or 1 when they hold none (a UNet trained alone).
 int dc_unet_text_config_of(const char *const *keys, const char *const *values, int n, const char *what,
