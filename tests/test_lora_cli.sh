@@ -7,7 +7,8 @@
 # weight 0 draws what no LoRA does, two halves about what one whole does, the
 # PNG carries AUTOMATIC1111's "Lora hashes" (the first 12 hex digits of the
 # SHA-256 of the file after its header), the prompt's <lora:NAME:TE[:UNET]>
-# tags draw what the flag does, `info` describes the files, and the refusals.
+# tags draw what the flag does, `info` describes the files, `lora merge`
+# writes the model with the LoRA folded in, and the refusals.
 source "$(dirname "$0")/lib.sh"
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 T=$ROOT/${BUILD:-build}/tools
@@ -108,4 +109,19 @@ expect_fail "a picture cannot replace the LoRA" "--lora" diffusion txt2img --mod
 [ ! -e "$TMP/r.png" ] && pass "no picture written when refused" || fail "a refused run wrote a picture"
 many=(); for i in $(seq 17); do many+=(--lora "$TMP/style.safetensors"); done
 expect_fail "more than 16 LoRAs" "more than 16" diffusion txt2img --model "$TMP/m" --prompt x --out "$TMP/r.png" "${many[@]}"
+# diffusion lora merge: the LoRA folded into the model and written (a folder, one file): they draw what the
+# base with the LoRA merged at run does (the UNet written in fp32, not rounded into the base's fp16: a level)
+diffusion lora merge --model "$TMP/m" --lora "$TMP/style.safetensors:0.7" --out "$TMP/merged" > "$TMP/log" 2>&1 \
+  && diffusion lora merge --model "$TMP/m" --lora "$TMP/style.safetensors:0.7" --out "$TMP/merged.safetensors" \
+     > /dev/null 2>&1 || fail "lora merge: $(tail -2 "$TMP/log")"
+draw "$TMP/mf.png" --lora "$TMP/style.safetensors:0.7" --lora-merge
+diffusion txt2img --model "$TMP/merged" --prompt "a cat" --steps 4 --seed 3 --out "$TMP/m1.png" > /dev/null 2>&1
+diffusion txt2img --model "$TMP/merged.safetensors" --prompt "a cat" --steps 4 --seed 3 --width 32 --height 32 \
+  --out "$TMP/m2.png" > /dev/null 2>&1
+pixels "$TMP/m1.png" "$TMP/mf.png" 1 && pixels "$TMP/m1.png" "$TMP/m2.png" 0 \
+  && pass "lora merge: the folder and the single file draw the base with the LoRA" || fail "lora merge draws differently"
+expect_code 2 "lora merge without --lora" diffusion lora merge --model "$TMP/m" --out "$TMP/y"
+expect_code 2 "lora without a subcommand" diffusion lora
+expect_fail "lora merge into a folder that exists" "already exists" diffusion lora merge --model "$TMP/m" \
+  --lora "$TMP/style.safetensors" --out "$TMP/merged"
 finish

@@ -308,3 +308,26 @@ void cli_handle_signals(void (*handler)(int), const int *sigs, int n) {
     sa.sa_flags = SA_RESTART;
     for (int i = 0; i < n; i++) sigaction(sigs[i], &sa, NULL);
 }
+
+// --lora FILE[:WEIGHT]: the file and its weight (1 unless a number follows the last ':').
+int cli_lora_arg(const char *arg, char *path, size_t cap, float *weight) {
+    const char *colon = strrchr(arg, ':');
+    char *end = NULL;
+    *weight = 1.0f;
+    if (colon && colon[1]) {
+        const float w = strtof(colon + 1, &end);
+        if (!*end) {
+            if (!(w >= -10 && w <= 10)) return dc_fail("--lora %s: the weight %g is outside -10..10", arg, w);
+            *weight = w;
+        } else {
+            colon = NULL;  // a ':' of the path itself
+        }
+    } else if (colon) {
+        return dc_fail("--lora %s: a weight after ':' expected", arg);
+    }
+    const size_t n = colon ? (size_t)(colon - arg) : strlen(arg);
+    if (n == 0 || n >= cap) return dc_fail("--lora %s: FILE[:WEIGHT] expected", arg);
+    memcpy(path, arg, n);
+    path[n] = 0;
+    return 0;
+}

@@ -111,3 +111,7 @@ int cli_find_vocab(const char **path);
 // Installs handler for each of the n signals (SA_RESTART: reads and writes
 // go on after it returns), for commands that stop cleanly between steps.
 void cli_handle_signals(void (*handler)(int), const int *sigs, int n);
+
+// --lora FILE[:WEIGHT]: the file (into path[cap]) and its weight (1 unless a
+// number follows the last ':', -10..10).
+int cli_lora_arg(const char *arg, char *path, size_t cap, float *weight);

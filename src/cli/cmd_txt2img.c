@@ -149,29 +149,6 @@ static int load_init(const char *path, int *width, int *height, dc_resize_mode m
     return rc;
 }
 
-// --lora FILE[:WEIGHT]: the file and its weight (1 unless a number follows the last ':').
-static int lora_arg(const char *arg, char *path, size_t cap, float *weight) {
-    const char *colon = strrchr(arg, ':');
-    char *end = NULL;
-    *weight = 1.0f;
-    if (colon && colon[1]) {
-        const float w = strtof(colon + 1, &end);
-        if (!*end) {
-            if (!(w >= -10 && w <= 10)) return dc_fail("--lora %s: the weight %g is outside -10..10", arg, w);
-            *weight = w;
-        } else {
-            colon = NULL;  // a ':' of the path itself
-        }
-    } else if (colon) {
-        return dc_fail("--lora %s: a weight after ':' expected", arg);
-    }
-    const size_t n = colon ? (size_t)(colon - arg) : strlen(arg);
-    if (n == 0 || n >= cap) return dc_fail("--lora %s: FILE[:WEIGHT] expected", arg);
-    memcpy(path, arg, n);
-    path[n] = 0;
-    return 0;
-}
-
 // The LoRAs to merge: --lora's files and the prompt's <lora:NAME:...> tags
 // (NAME.safetensors in --lora-dir), with their multipliers.
 typedef struct {
@@ -183,7 +160,7 @@ typedef struct {
 static int lora_set_make(lora_set *ls, const arg_list *flags, const dc_lora_tag *tags, int ntags, const char *dir) {
     ls->n = 0;
     for (int i = 0; i < flags->n; i++, ls->n++) {
-        DC_TRY(lora_arg(flags->v[i], ls->path[ls->n], sizeof ls->path[0], &ls->unet[ls->n]));
+        DC_TRY(cli_lora_arg(flags->v[i], ls->path[ls->n], sizeof ls->path[0], &ls->unet[ls->n]));
         ls->text[ls->n] = ls->unet[ls->n];
     }
     if (ntags && !dir)

@@ -15,6 +15,7 @@ int cmd_bench(int argc, char **argv);
 int cmd_bench_sd(int argc, char **argv);  // bench --sd (main.c picks it)
 int cmd_bench_sd_train(int argc, char **argv);  // bench --sd-train (main.c picks it)
 int cmd_tokenize(int argc, char **argv);
+int cmd_lora(int argc, char **argv);
 int cmd_txt2img(int argc, char **argv);
 int cmd_img2img(int argc, char **argv);
 int cmd_prepare(int argc, char **argv);

@@ -42,6 +42,7 @@ static const struct {
     {"export", cmd_export, "write EMA (or raw) weights under the official DiT key names"},
     {"bench", bench, "measure training and sampling throughput on synthetic data (--sd PATH: SD's; --sd-train: SD training's)"},
     {"prepare", cmd_prepare, "encode captioned pictures into MDS shards of latents and text embeddings"},
+    {"lora", cmd_lora, "fold LoRA files into a Stable Diffusion model and write it (lora merge)"},
     {"tokenize", cmd_tokenize, "print the CLIP token ids of prompts, 77 a line, and their token counts"},
 };
 

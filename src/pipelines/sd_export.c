@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/fsutil.h"
 #include "core/log.h"
+#include "models/sd_lora.h"
 #include "models/sd_write.h"
 #include "models/unet_text.h"
 #include "pipelines/sd.h"
@@ -125,11 +126,14 @@ static int load_base(job *j, bool vae) {
     dc_sd_model m;
     dc_sd_source s = {0};
     DC_TRY(dc_sd_model_open(&m, j->base, j->o->st_flags));
-    int rc = dc_sd_source_open(&s, &m, DC_SD_TEXT);
-    if (!rc) rc = dc_sd_load_text(&s, j->be, &j->text_skip, &j->text);
-    if (!rc) j->openclip = s.names == DC_NAMES_ORIGINAL || j->text->cfg.act != DC_ACT_QUICK_GELU;
-    if (!rc && j->text_trained) rc = checkpoint_text(j);
-    dc_sd_source_close(&s);
+    int rc = 0;
+    if (!j->text) {  // else loaded already (and a LoRA merged into it)
+        rc = dc_sd_source_open(&s, &m, DC_SD_TEXT);
+        if (!rc) rc = dc_sd_load_text(&s, j->be, &j->text_skip, &j->text);
+        if (!rc) j->openclip = s.names == DC_NAMES_ORIGINAL || j->text->cfg.act != DC_ACT_QUICK_GELU;
+        if (!rc && j->text_trained) rc = checkpoint_text(j);
+        dc_sd_source_close(&s);
+    }
     if (!rc && vae) rc = dc_sd_source_open(&s, &m, DC_SD_VAE);
     if (!rc && vae) rc = dc_sd_load_vae(&s, j->be, true, true, &j->vae);
     dc_sd_source_close(&s);
@@ -325,6 +329,60 @@ static int export_folder(job *j, const char *out) {
     int rc = write_folder(j, tmp);
     if (!rc && rename(tmp, out) != 0) rc = dc_fail("%s: cannot rename to %s: %s", tmp, out, strerror(errno));
     if (rc) nftw(tmp, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+    return rc;
+}
+
+// ---- a base with LoRAs merged ------------------------------------------------------------
+
+// The base's UNet (in fp32) and text encoder, each LoRA merged into both,
+// and the base's own prediction (what its scheduler config says).
+static int merge_base(job *j, const char *const *loras, const float *weights, int n) {
+    struct stat st;
+    if (stat(j->base, &st) != 0) return dc_fail("%s: %s", j->base, strerror(errno));
+    j->base_folder = S_ISDIR(st.st_mode);
+    dc_sd_pipe p;
+    const dc_sd_open_opts po = {.model = j->base, .vocab = j->o->vocab, .st_flags = j->o->st_flags, .prediction = -1};
+    DC_TRY(dc_sd_pipe_find(&p, &po));
+    j->pred = p.prediction;
+    const bool run = p.files.run;
+    dc_sd_pipe_close(&p);
+    if (run) return dc_fail("%s is a training run: export it (diffusion export), then merge into that", j->base);
+    dc_sd_model m;
+    dc_sd_source s = {0};
+    DC_TRY(dc_sd_model_open(&m, j->base, j->o->st_flags));
+    int rc = dc_sd_source_open(&s, &m, DC_SD_UNET);
+    dc_unet_config c;
+    if (!rc) rc = dc_sd_unet_config(&s, NULL, &c);
+    if (!rc) rc = dc_unet_new(&c, j->be, DC_F32, 1 << (c.nblocks - 1), 1 << (c.nblocks - 1), &j->unet);
+    if (!rc) rc = dc_unet_load(j->unet, &s.w, s.names);
+    dc_sd_source_close(&s);
+    dc_sd_model_close(&m);
+    if (!rc) rc = load_base(j, false);  // the text encoder
+    j->text_trained = true;             // written from j->text, as merged
+    for (int i = 0; i < n && !rc; i++) {
+        dc_st_file f;
+        dc_lora lu, lt;
+        DC_TRY(dc_st_open(&f, loras[i]));
+        dc_lora_init(&lu, j->unet->params), dc_lora_init(&lt, j->text->params);
+        lu.multiplier = lt.multiplier = weights[i];
+        rc = dc_sd_lora_read(&f, &lu, &lt);
+        if (!rc && lu.count) rc = dc_lora_merge(&lu);
+        if (!rc && lt.count) rc = dc_lora_merge(&lt);
+        dc_lora_free(&lu), dc_lora_free(&lt);
+        dc_st_close(&f);
+    }
+    return rc;
+}
+
+int dc_sd_lora_merge_write(const char *base, const char *const *loras, const float *weights, int n, const char *out,
+                           const dc_sd_export_opts *o, dc_backend *be) {
+    job j = {.o = o, .be = be, .base = base};
+    int rc = merge_base(&j, loras, weights, n);
+    if (!rc && j.base_folder) rc = find_pixel_space(&j);
+    if (!rc) rc = dc_sd_export_is_file(out) ? export_file(&j, out) : export_folder(&j, out);
+    dc_model_free(j.unet);
+    if (j.text) dc_clip_text_free(j.text);
+    if (j.vae) dc_vae_free(j.vae);
     return rc;
 }
 

@@ -33,3 +33,10 @@ bool dc_sd_export_is_file(const char *out);
 // failure nothing is left at out. *which: "EMA" or "raw".
 int dc_sd_export(const dc_st_file *ckpt, const char *out, const dc_sd_export_opts *o, dc_backend *be,
                  const char **which);
+// A base model with LoRA files merged into its UNet and text encoder (at
+// weights[i]: models/sd_lora.h), written as an export is: the UNet in fp32
+// (or fp16 with o->half), the text encoder as loaded, the other parts and
+// the scheduler config (its prediction unchanged) the base's. o->base is
+// not read; base is not a training run.
+int dc_sd_lora_merge_write(const char *base, const char *const *loras, const float *weights, int n, const char *out,
+                           const dc_sd_export_opts *o, dc_backend *be);
