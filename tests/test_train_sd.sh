@@ -4,7 +4,7 @@
 # prepare`: fine-tuning its UNet and training one from scratch, the run
 # folder's contents (checkpoints naming the base model, the loss log and its
 # plot, the sampling grids), an exact resume, the run folder as a model
-# txt2img draws from, a LoRA of the base's UNet, and the refusals.
+# txt2img draws from, a LoRA of the base's UNet, DreamBooth, and the refusals.
 source "$(dirname "$0")/lib.sh"
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 SDR=$ROOT/${BUILD:-build}/tools/sd_random
@@ -26,7 +26,8 @@ diffusion prepare --model "$TMP/base" --data "$TMP/pics" --out "$TMP/data" --siz
 out=$(diffusion train --help)
 [[ "$out" == *"sd1.5 or sd2.1"* ]] || fail "train --help does not name the built-in UNet configs"
 for f in --model --data --unet-config --init --prediction --min-snr-gamma --noise-offset --caption-dropout --train-text-encoder \
-  --lora --lora-alpha --lora-targets --lora-format \
+  --lora --lora-alpha --lora-targets --lora-format --instance-data --instance-prompt --class-prompt --class-data \
+  --class-images --prior-loss-weight --resolution \
   --sample-every --sample-prompts --sample-steps --sample-cfg --vocab --latents-column --text-column \
   --column-shape --column-dtype --latent-scale; do
   [[ "$out" == *"$f "* ]] || fail "train --help does not document $f"
@@ -170,6 +171,50 @@ diffusion txt2img --model "$TMP/base" --lora "$TMP/lt/lora/lora.safetensors" --l
 expect_fail "--lora-targets other" "attn, transformer or all" diffusion train "${T[@]}" --out "$TMP/x" --lora 4 \
   --lora-targets convs
 expect_code 2 "--lora on resume (the checkpoint fixes it)" diffusion train --resume "$TMP/lora" --lora 8
+
+# ---- DreamBooth (--instance-data, --instance-prompt; --class-prompt for prior preservation): the class
+# pictures drawn by the base where the class folder holds too few, both sets prepared into the run folder,
+# each batch half instance and half class pictures; resumed exactly (the tensors: the metadata names the
+# run's own folders); with a LoRA; the refusals
+mkdir -p "$TMP/inst" "$TMP/cls"
+for i in 0 1 2; do "$MP" png 40 36 "$TMP/inst/b$i.png"; done
+D=(--model "$TMP/base" --instance-data "$TMP/inst" --instance-prompt "a photo of sks boot" --resolution 32
+   --ckpt-every 2 --sample-every 0 --device cpu --threads 1)
+diffusion train "${D[@]}" --class-prompt "a photo of a shoe" --class-images 4 --out "$TMP/db" --steps 4 \
+  > "$TMP/log" 2>&1 || fail "DreamBooth: $(tail -3 "$TMP/log")"
+ck=$TMP/db/step_0000004.safetensors
+[ "$(ls "$TMP/db/dreambooth/class_images" | tr '\n' ' ')" = "class_00000.png class_00001.png class_00002.png class_00003.png " ] \
+  && [ -f "$TMP/db/dreambooth/instance/index.json" ] && [ -f "$TMP/db/dreambooth/class/index.json" ] \
+  && pass "DreamBooth: 4 class pictures drawn by the base, both sets prepared in the run folder" \
+  || fail "DreamBooth's folders: $(ls -R "$TMP/db/dreambooth" | head)"
+[ "$(meta "$ck" prior_loss_weight)" = 1 ] && [ "$(meta "$ck" lr)" = 5e-06 ] && [ "$(meta "$ck" class_dropout)" = 0 ] \
+  && [ "$(meta "$ck" batch)" = 2 ] && [ "$(meta "$ck" dreambooth_class_data)" = "$TMP/db/dreambooth/class" ] \
+  && grep -q "each batch half class pictures" "$TMP/log" \
+  && pass "DreamBooth's recipe: batch 2 (an instance and a class picture), lr 5e-6, no caption dropout, weight 1" \
+  || fail "DreamBooth recipe: lr $(meta "$ck" lr), batch $(meta "$ck" batch), $(meta "$ck" dreambooth_class_data)"
+cp "$TMP/db/dreambooth/class_images/class_0000"[01].png "$TMP/cls/"
+diffusion train "${D[@]}" --class-prompt "a photo of a shoe" --class-images 4 --class-data "$TMP/cls" \
+  --out "$TMP/db2" --steps 2 > /dev/null 2>&1
+diffusion train --resume "$TMP/db2" --steps 4 --device cpu --threads 1 > /dev/null 2>&1
+data_of() { local h; h=$(od -An -t u8 -N8 "$1" | tr -d ' '); tail -c +$((9 + h)) "$1"; }
+[ "$(ls "$TMP/cls" | wc -l)" = 4 ] && cmp -s <(data_of "$ck") <(data_of "$TMP/db2/step_0000004.safetensors") \
+  && [ "$(meta "$ck" loss)" = "$(meta "$TMP/db2/step_0000004.safetensors" loss)" ] \
+  && pass "a class folder of 2 gets the 2 missing; 2 steps, then 2 resumed: the 4 steps' weights and loss" \
+  || fail "DreamBooth: class folder $(ls "$TMP/cls" | wc -l), or the resumed run differs"
+diffusion train "${D[@]}" --class-prompt "a photo of a shoe" --class-images 4 --class-data "$TMP/cls" --lora 4 \
+  --out "$TMP/dbl" --steps 2 > /dev/null 2>&1
+diffusion train "${D[@]}" --out "$TMP/db1" --steps 2 > "$TMP/log" 2>&1
+[ -f "$TMP/dbl/lora.safetensors" ] && [ "$(meta "$TMP/dbl/step_0000002.safetensors" lr)" = 0.0001 ] \
+  && [ "$(meta "$TMP/db1/step_0000002.safetensors" batch)" = 1 ] && grep -q "no prior preservation" "$TMP/log" \
+  && pass "DreamBooth with a LoRA (lr 1e-4), and without prior preservation (batch 1)" || fail "DreamBooth variants"
+expect_code 2 "--instance-prompt without --instance-data" diffusion train "${T[@]}" --out "$TMP/x" --instance-prompt a
+expect_code 2 "--instance-data without --instance-prompt" diffusion train --model "$TMP/base" --out "$TMP/x" \
+  --instance-data "$TMP/inst"
+expect_code 2 "--class-images without --class-prompt" diffusion train "${D[@]}" --out "$TMP/x" --class-images 3
+expect_code 2 "--data with --instance-data" diffusion train "${D[@]}" --out "$TMP/x" --data "$TMP/data"
+expect_fail "an odd batch with prior preservation" "must be even" diffusion train "${D[@]}" --out "$TMP/x" \
+  --class-prompt "a photo of a shoe" --class-images 4 --class-data "$TMP/cls" --batch 3 --steps 1
+rm -rf "$TMP/x"
 
 # ---- aspect-ratio buckets (prepare --buckets): the steps' batches each from one bucket, trained at its
 # size; resumed exactly; 2 ranks as one

@@ -94,7 +94,7 @@ int cmd_prepare(int argc, char **argv) {
     cli_handle_signals(on_signal, sigs, 3);
 
     dc_picture_set set;
-    dc_picture_set_opts so = {caption_ext, caption_column};
+    dc_picture_set_opts so = {caption_ext, caption_column, NULL};
     if (dc_picture_set_scan(&set, data, &so)) return cli_fail();
     dc_log("%s: %lld pictures%s", data, (long long)set.n, set.uncaptioned ? "" : ", every one captioned");
     dc_backend *be = NULL;

@@ -15,6 +15,7 @@
 #include "cli/run_folder.h"
 #include "cli/train_log.h"
 #include "cli/train_ranks.h"
+#include "cli/dreambooth.h"
 #include "cli/train_t2i.h"
 #include "core/fsutil.h"
 #include "core/log.h"
@@ -232,6 +233,9 @@ int cmd_train(int argc, char **argv) {
     int lora = 0;  // a LoRA's rank; 0: the UNet itself trains
     float lora_alpha = 0;
     const char *lora_targets = NULL, *lora_format = NULL;
+    t2i_dreambooth db = {0};  // DreamBooth: the instance and class pictures (cli/dreambooth.h)
+    int class_images = 100, resolution = 0;
+    float prior_weight = 1.0f;
     // Shape flags default to the --model's values or the demo model's: say both.
     dc_kv demo = {0};
     if (dc_model_preset(NULL, &demo)) return cli_fail();
@@ -281,6 +285,18 @@ int cmd_train(int argc, char **argv) {
                                                       "and resamplers' convolutions: LoCon) (default: transformer)"},
         {"lora-format", ARG_STR, &lora_format, "F", "SD: lora.safetensors in kohya's format (AUTOMATIC1111, "
                                                     "ComfyUI) or diffusers' (default: kohya)"},
+        {"instance-data", ARG_STR, &db.instance_data, "DIR", "SD DreamBooth: pictures of the subject to teach "
+                                                             "(its caption files are not read)"},
+        {"instance-prompt", ARG_STR, &db.instance_prompt, "TEXT", "SD DreamBooth: their caption, naming the subject "
+                                                                  "by a rare token (\"a photo of sks dog\")"},
+        {"class-prompt", ARG_STR, &db.class_prompt, "TEXT", "SD DreamBooth: prior preservation on pictures of the "
+                                                            "subject's class (\"a photo of a dog\"), drawn by the "
+                                                            "--model where --class-data holds too few"},
+        {"class-data", ARG_STR, &db.class_data, "DIR", "SD DreamBooth: the class pictures' folder (default: "
+                                                       "RUN/dreambooth/class_images)"},
+        {"class-images", ARG_INT, &class_images, "N", "SD DreamBooth: the class pictures wanted"},
+        {"prior-loss-weight", ARG_FLOAT, &prior_weight, "W", "SD DreamBooth: the class pictures' loss weight"},
+        {"resolution", ARG_INT, &resolution, "PX", "SD DreamBooth: the pictures' side (default: the model's)"},
         {"vocab", ARG_STR, &vocab, "PATH", "SD: CLIP vocabulary (default: the model's tokenizer/, else searched)"},
         {"sample-every", ARG_INT, &sample_every, "N", "SD: draw a grid of the sampling prompts into RUN/samples/ "
                                                       "every N steps, from a checkpoint written then (0: never; "
@@ -394,6 +410,14 @@ int cmd_train(int argc, char **argv) {
     if (prediction && t2i_parse_prediction(prediction, &pred)) return cli_usage_fail();
     if (t2i_flags_check(&ap, t2i || resume, unet_config, init)) return cli_usage_fail();
     if (args_given(&ap, "caption-dropout")) tc.class_dropout = caption_dropout;
+    if (db.instance_data) {  // DreamBooth's recipe (diffusers' train_dreambooth.py): no caption dropout
+        if (t2i_dreambooth_flags(&ap, &db, class_images, resolution)) return cli_usage_fail();
+        if (!args_given(&ap, "caption-dropout")) tc.class_dropout = 0;
+        if (!args_given(&ap, "lr")) tc.lr = lora ? 1e-4f : 5e-6f;
+        if (!args_given(&ap, "batch")) tc.batch = db.class_prompt ? 2 : 1;  // an instance and a class picture
+    } else if (t2i_dreambooth_flags(&ap, NULL, 0, 0)) {
+        return cli_usage_fail();
+    }
     if (!args_given(&ap, "micro-batch")) tc.micro_batch = tc.batch;
     if (resume) {
         // The checkpoint fixes the model and the recipe; these may change.
@@ -468,6 +492,7 @@ int cmd_train(int argc, char **argv) {
     // What the run writes or removes in --out (its .lock, step_* checkpoints and
     // their temporaries) must not be a file it reads: the data set, or (.lock)
     // the checkpoint it resumes, which may well be one of the step_* files.
+    if (db.instance_data) data_path = db.instance_data;
     if (lead && check_run_outputs(out, resume, args_given(&ap, "data") || !resume ? data_path : NULL)) goto fail;
     // Rank 0 owns the run folder; the others only read the checkpoint and data.
     if (lead && cli_open_run_folder(out, &lock_fd, &created_out)) goto fail;
@@ -483,6 +508,16 @@ int cmd_train(int argc, char **argv) {
     }
 
     if (cli_set_threads(threads) || cli_backend(device, precision, &be)) goto fail;
+    static char db_inst[4096], db_class[4096];  // DreamBooth's prepared sets
+    if (db.instance_data) {  // rank 0 draws the class pictures and prepares both sets; the others wait
+        const char *fb = NULL;
+        if (!vocab && cli_find_vocab(&fb)) dc_error_clear();
+        int rc = lead ? t2i_dreambooth_prepare(&db, model, vocab, fb, st_flags, out, be, db_inst, db_class,
+                                               sizeof db_inst)
+                      : t2i_dreambooth_paths(&db, out, db_inst, db_class, sizeof db_inst);
+        if (train_ranks_agree(&job, rc == 0, "prepare DreamBooth's pictures")) goto fail;
+        data_path = db_inst;
+    }
 
     if (resume) {
         if (cli_open_checkpoint(resume, st_flags, &ck)) goto fail;
@@ -533,7 +568,8 @@ int cmd_train(int argc, char **argv) {
             goto fail;
     } else if (t2i) {
         if (t2i_open(&sd, model, data_path, vocab, &cols, st_flags, train_text) ||
-            t2i_lora_settings(&sd, lora, lora_alpha, lora_targets, lora_format) || t2i_source(&sd, tc.seed, &src) ||
+            t2i_lora_settings(&sd, lora, lora_alpha, lora_targets, lora_format) ||
+            t2i_pair_class(&sd, db_class, prior_weight) || t2i_source(&sd, tc.seed, &src) ||
             t2i_model_config(&sd, unet_config, &src, &mc) || t2i_create(&sd, &mc, NULL, &layout))
             goto fail;
         if (lora && !args_given(&ap, "lr")) tc.lr = 1e-4f;  // diffusers' and kohya's LoRA recipes
@@ -613,6 +649,12 @@ int cmd_train(int argc, char **argv) {
             dc_log("training %s on %s (%d images, %d classes), %.2fM params", what, data_path, ds.n, ds.num_classes,
                    m->params->numel / 1e6);
     }
+    if (lead && db.instance_data && db.class_prompt)
+        dc_log("DreamBooth: the pictures of %s as \"%s\", each batch half class pictures as \"%s\" (prior loss "
+               "weight %g)", db.instance_data, db.instance_prompt, db.class_prompt, (double)sd.prior_weight);
+    else if (lead && db.instance_data)
+        dc_log("DreamBooth: the pictures of %s as \"%s\" (no prior preservation)", db.instance_data,
+               db.instance_prompt);
     if (lead) dc_log("batch %d (micro %d), lr %g, %d steps, checkpoints every %d into %s, backend %s",
                      tc.batch, tc.micro_batch, tc.lr, tc.steps, ckpt_every, out, be->name);
     if (lead && offload) dc_log("offload: master weights and AdamW moments in host memory, AdamW on the CPU");

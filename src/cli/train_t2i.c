@@ -17,6 +17,7 @@
 #include "io/png.h"
 #include "pipelines/sd.h"
 #include "train/buckets.h"
+#include "train/pairs.h"
 #include "train/shards.h"
 #include "train/stream.h"
 
@@ -124,6 +125,10 @@ int t2i_from_checkpoint(t2i_run *r, const dc_st_file *ck) {
                                           ck->nmeta, ck->path, &r->text);
     if (rc < 0) return -1;
     r->train_text = rc == 0;
+    const char *cls = dc_st_meta(ck, "dreambooth_class_data"), *prior = dc_st_meta(ck, "prior_loss_weight");
+    if (cls && (strlen(cls) >= sizeof r->class_data || !prior))
+        return dc_fail("%s: a DreamBooth run's checkpoint without a sound class data set and prior weight", ck->path);
+    if (cls) snprintf(r->class_data, sizeof r->class_data, "%s", cls), r->prior_weight = strtof(prior, NULL);
     const char *rank = dc_st_meta(ck, "lora_rank"), *alpha = dc_st_meta(ck, "lora_alpha");
     const char *targets = dc_st_meta(ck, "lora_targets");
     if (rank) {
@@ -223,6 +228,8 @@ void t2i_columns_from_checkpoint(t2i_columns *c, const dc_st_file *ck) {
 int t2i_checkpoint_meta(const t2i_run *r, dc_kv *meta) {
     const t2i_columns *c = &r->cols;
     return dc_kv_set(meta, "base_model", "%s", r->model) ||
+           (r->class_data[0] && (dc_kv_set(meta, "dreambooth_class_data", "%s", r->class_data) ||
+                                 dc_kv_set(meta, "prior_loss_weight", "%.9g", (double)r->prior_weight))) ||
            (c->latents && dc_kv_set(meta, META_LATENTS, "%s", c->latents)) ||
            (c->text && dc_kv_set(meta, META_TEXT, "%s", c->text)) ||
            (c->shapes && dc_kv_set(meta, META_SHAPES, "%s", c->shapes)) ||
@@ -284,7 +291,14 @@ int t2i_source(t2i_run *r, uint64_t seed, dc_source *src) {
     const dc_shards_opts o = {r->opts.data, seed, DC_STREAM_BLOCK, b->latent_scale, b->text_null, b->text_null_len,
                               r->cols.latents, r->cols.text, r->raw, r->nraw, r->train_text ? &b->tok : NULL};
     if (b->nbuckets) return dc_source_buckets(src, &o, (const char *const *)b->buckets, b->nbuckets);
-    return dc_source_shards(src, &o);
+    if (!r->class_data[0]) return dc_source_shards(src, &o);
+    // DreamBooth: the class set in an order of its own, paired with the instance set
+    dc_source inst, cls;
+    dc_shards_opts oc = o;
+    oc.dir = r->class_data, oc.seed = seed ^ 0x636c617373ull;  // "class"
+    DC_TRY(dc_source_shards(&inst, &o));
+    if (dc_source_shards(&cls, &oc)) return dc_source_close(&inst), -1;
+    return dc_source_pairs(src, &inst, &cls, r->prior_weight);
 }
 
 int t2i_schedule(t2i_run *r, dc_schedule *s) {
@@ -301,6 +315,16 @@ dc_train_config t2i_train_config_default(void) {
     c.batch = c.micro_batch = 16;
     c.lr = 1e-5f, c.weight_decay = 0.01f, c.grad_clip = 1.0f;
     return c;
+}
+
+int t2i_pair_class(t2i_run *r, const char *class_data, float prior_weight) {
+    if (!class_data || !class_data[0]) return 0;
+    if (strlen(class_data) >= sizeof r->class_data) return dc_fail("%s: too long a path", class_data);
+    if (!(prior_weight >= 0 && isfinite(prior_weight)))
+        return dc_fail("--prior-loss-weight %g: 0 or more", (double)prior_weight);
+    snprintf(r->class_data, sizeof r->class_data, "%s", class_data);
+    r->prior_weight = prior_weight;
+    return 0;
 }
 
 int t2i_lora_settings(t2i_run *r, int rank, float alpha, const char *targets, const char *format) {
@@ -324,7 +348,9 @@ int t2i_parse_prediction(const char *word, int *pred) {
 
 int t2i_flags_check(const arg_parser *ap, bool sd, const char *unet_config, const char *init) {
     static const char *const sd_only[] = {"unet-config", "init", "caption-dropout", "vocab", "train-text-encoder",
-                                          "lora", "lora-alpha", "lora-targets", "lora-format",
+                                          "lora", "lora-alpha", "lora-targets", "lora-format", "instance-data",
+                                          "instance-prompt", "class-prompt", "class-data", "class-images",
+                                          "prior-loss-weight", "resolution",
                                           "sample-every", "sample-prompts", "sample-steps", "sample-cfg",
                                           "latents-column", "text-column", "column-shape", "column-dtype",
                                           "latent-scale"};

@@ -52,6 +52,11 @@ typedef struct {
     float lora_alpha;
     dc_lora_targets lora_targets;
     dc_lora_file_format lora_format;
+    // DreamBooth with prior preservation (cli/dreambooth.h): the prepared
+    // class set, paired with the data (the instance set) in every batch, its
+    // loss weighed prior_weight; "" without.
+    char class_data[4096];
+    float prior_weight;
 } t2i_run;
 
 // Whether `model` names an SD model on disk (a file or folder) rather than
@@ -77,6 +82,9 @@ void t2i_close(t2i_run *r);
 // --lora RANK, --lora-alpha, --lora-targets and --lora-format (NULL, 0: not
 // given) into r, checked; rank 0 (a resumed run) sets the format alone.
 int t2i_lora_settings(t2i_run *r, int rank, float alpha, const char *targets, const char *format);
+// DreamBooth's prior preservation: the prepared class set class_data (""
+// or NULL: none) paired with the data in every batch, weighed prior_weight.
+int t2i_pair_class(t2i_run *r, const char *class_data, float prior_weight);
 // A LoRA run's file, from the checkpoint ck_path just written: lora.safetensors
 // beside it, in the run's format, with kohya's ss_ metadata.
 int t2i_write_lora(const t2i_run *r, const char *ck_path, int64_t step);

@@ -164,6 +164,7 @@ static int scan_tar(dc_picture_set *s, const char *path) {
 // (kohya's class tokens), else empty with a warning.
 static int file_caption(dc_picture_set *s, const char *path, const dc_picture_set_opts *o, const char *fallback,
                         char **out) {
+    if (o->caption) return (*out = strdup(o->caption)) ? 0 : dc_fail("out of memory");  // one for all
     const char *ext = ext_of(path);
     const size_t stem = strlen(path) - strlen(ext);
     const char *const tries[2] = {o->caption_ext ? o->caption_ext : ".txt", o->caption_ext ? NULL : ".caption"};
@@ -332,6 +333,11 @@ int dc_picture_set_scan(dc_picture_set *s, const char *path, const dc_picture_se
     else rc = scan_dir(s, path, o, 0, 1, NULL);
     if (!rc && s->n == 0)
         rc = dc_fail("%s holds no pictures (.png, .jpg, .jpeg, .webp files, or .tar shards with them)", path);
+    for (int64_t i = 0; !rc && o->caption && i < s->n; i++) {  // archives' and metadata's too
+        free(s->e[i].caption);
+        if (!(s->e[i].caption = strdup(o->caption))) rc = dc_fail("out of memory");
+    }
+    if (o->caption) s->uncaptioned = 0;
     if (rc) return dc_picture_set_free(s), -1;
     qsort(s->e, (size_t)s->n, sizeof *s->e, by_place);
     if (s->uncaptioned > WARN_UNCAPTIONED)

@@ -42,6 +42,7 @@ typedef struct {
 typedef struct {
     const char *caption_ext;     // e.g. ".txt"; NULL: ".txt", then ".caption"
     const char *caption_column;  // metadata.jsonl's caption column; NULL: "text"
+    const char *caption;         // every picture's caption (DreamBooth's prompts), none read; NULL: theirs
 } dc_picture_set_opts;
 
 // Lists the pictures under `path`: a folder (any layout above) or one .tar.

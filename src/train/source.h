@@ -36,6 +36,9 @@ typedef struct {
     // train/buckets.h; the source's height and width are then the largest's).
     // NULL: every sample is height x width.
     void (*size)(dc_source *s, int64_t idx, int *height, int *width);
+    // The weight of sample idx's loss (DreamBooth's prior preservation
+    // weighs the class pictures: train/pairs.h). NULL: 1 for every sample.
+    float (*weight)(dc_source *s, int64_t idx);
     void (*close)(dc_source *s);
 } dc_source_ops;
 

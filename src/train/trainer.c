@@ -241,12 +241,14 @@ int dc_trainer_init_source(dc_trainer *tr, dc_model *model, dc_source *src, dc_s
     tr->t = alloc_buf(be, mb, DC_F32, &ok);
     if (!mi->learn_sigma) tr->target = alloc_buf(be, mb * img, DC_F32, &ok);
     tr->h_weight = malloc(mb * sizeof(float));
+    tr->h_sample_weight = malloc(mb * sizeof(float));
     if (dc_batch_cond_init(&tr->cond, &tr->data, be, (int)mb)) return dc_trainer_free(tr), -1;
     tr->h_x0 = malloc(mb * img * sizeof(float));
     tr->h_t = malloc(mb * sizeof(int));
     tr->h_keys = malloc(mb * sizeof(uint32_t));
     tr->h_coef = malloc(mb * sizeof(dc_loss_coef));
-    if (!ok || !tr->h_x0 || !tr->h_t || !tr->h_losses || !tr->h_keys || !tr->h_coef || !tr->h_weight) {
+    if (!ok || !tr->h_x0 || !tr->h_t || !tr->h_losses || !tr->h_keys || !tr->h_coef || !tr->h_weight ||
+        !tr->h_sample_weight) {
         dc_trainer_free(tr);
         return dc_fail("out of memory for the training state");
     }
@@ -266,7 +268,7 @@ void dc_trainer_free(dc_trainer *tr) {
     }
     dc_source_close(&tr->data);
     free(tr->h_x0), free(tr->h_t);
-    free(tr->h_keys), free(tr->h_coef), free(tr->h_losses), free(tr->h_weight);
+    free(tr->h_keys), free(tr->h_coef), free(tr->h_losses), free(tr->h_weight), free(tr->h_sample_weight);
     memset(tr, 0, sizeof *tr);
 }
 
@@ -287,6 +289,7 @@ static int stage_micro_batch(dc_trainer *tr, int done, int n) {
         float u = dc_u32_to_unit(dc_rand_u32_at(c->seed, key, step, DC_STREAM_DROPOUT, 0));
         DC_TRY(dc_batch_cond_set(&tr->cond, src, i, idx, u < c->class_dropout, tr->model->info.num_classes));
         tr->h_keys[i] = key;
+        tr->h_sample_weight[i] = src->ops->weight ? src->ops->weight(src, idx) : 1.0f;
     }
     return 0;
 }
@@ -352,11 +355,16 @@ static int micro_batch(dc_trainer *tr, int done, int n) {
         DC_TRY(dc_mse_objective_prepare(be, &c->objective, &tr->sched, tr->xt, tr->eps, tr->target, tr->t,
                                         tr->h_weight, tr->x0, tr->dout, tr->h_t, tr->h_keys, n, C, HW, c->seed,
                                         (uint32_t)tr->step));
+        for (int b = 0; b < n; b++) tr->h_weight[b] *= tr->h_sample_weight[b];
         DC_TRY(dc_model_forward(m, tr->out, tr->xt, tr->t, &tr->cond.dev, n));
         DC_TRY(dc_mse_objective_loss(be, tr->dout, losses, tr->out, tr->target, tr->h_weight, n, C, HW,
                                      1.0f / c->batch));
         return dc_model_backward(m, tr->dout, n);
     }
+    for (int b = 0; b < n; b++)
+        if (tr->h_sample_weight[b] != 1.0f)
+            return dc_fail("%s: samples of weights other than 1 need the MSE objective (a model without a learned "
+                           "variance)", tr->data.name);
     DC_TRY(dc_diffusion_prepare_batch(be, &tr->sched, tr->xt, tr->eps, tr->t, tr->h_coef, tr->x0, tr->h_t,
                                       tr->h_keys, n, C * HW, c->seed, (uint32_t)tr->step));
     DC_TRY(dc_model_forward(m, tr->out, tr->xt, tr->t, &tr->cond.dev, n));

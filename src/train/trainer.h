@@ -119,6 +119,7 @@ typedef struct {
     uint32_t *h_keys;
     dc_loss_coef *h_coef;           // the hybrid's
     float *h_weight;                // [mb] the MSE objective's
+    float *h_sample_weight;         // [mb] the source's for each sample (1 unless it weighs them)
     float *h_losses;
 } dc_trainer;
 
