@@ -15,6 +15,7 @@
 #include "cli/run_folder.h"
 #include "core/error.h"
 #include "models/model_io.h"
+#include "pipelines/sd_export.h"
 
 dc_train_config cli_demo_train(void) {
     dc_train_config c = dc_train_config_default();
@@ -330,4 +331,13 @@ int cli_lora_arg(const char *arg, char *path, size_t cap, float *weight) {
     memcpy(path, arg, n);
     path[n] = 0;
     return 0;
+}
+
+int cli_check_model_output(const cli_inputs *in, const char *out) {
+    DC_TRY(cli_check_stdio(in));
+    struct stat st;
+    if (dc_sd_export_is_file(out)) return cli_check_output(out, in);
+    if (lstat(out, &st) == 0)
+        return dc_fail("%s already exists: remove it or choose another name (a folder is not replaced)", out);
+    return cli_check_not_input(in, out) || cli_probe_write(out) ? -1 : 0;
 }

@@ -115,3 +115,7 @@ void cli_handle_signals(void (*handler)(int), const int *sigs, int n);
 // --lora FILE[:WEIGHT]: the file (into path[cap]) and its weight (1 unless a
 // number follows the last ':', -10..10).
 int cli_lora_arg(const char *arg, char *path, size_t cap, float *weight);
+// A model written as a diffusers folder or one .safetensors file (export,
+// lora merge) at out: a file may be replaced, a folder must not exist yet,
+// and neither may be one of the inputs in.
+int cli_check_model_output(const cli_inputs *in, const char *out);

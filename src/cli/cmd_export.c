@@ -57,12 +57,7 @@ done:
 static int check_sd_output(const char *ckpt, const char *base, const char *out) {
     cli_inputs in = {0};
     int bad = cli_inputs_add_checkpoint(&in, "--ckpt", ckpt) || (base && cli_inputs_add(&in, "--base", base)) ||
-              cli_check_stdio(&in);
-    struct stat st;
-    if (!bad && dc_sd_export_is_file(out)) bad = cli_check_output(out, &in);
-    else if (!bad && lstat(out, &st) == 0)
-        bad = dc_fail("%s already exists: remove it or choose another name (a folder is not replaced)", out);
-    else if (!bad) bad = cli_check_not_input(&in, out) || cli_probe_write(out);
+              cli_check_model_output(&in, out);
     cli_inputs_free(&in);
     return bad;
 }

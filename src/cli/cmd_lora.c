@@ -2,7 +2,6 @@
 // weights, written as a model other programs load (pipelines/sd_export.h).
 #include <stdio.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "cli/args.h"
 #include "cli/cli_util.h"
@@ -50,12 +49,7 @@ static int merge(int argc, char **argv) {
     cli_inputs in = {0};
     int bad = cli_inputs_add(&in, "--model", model);
     for (int i = 0; i < loras.n && !bad; i++) bad = cli_inputs_add(&in, "--lora", files[i]);
-    if (!bad) bad = cli_check_stdio(&in);
-    struct stat st;
-    if (!bad && dc_sd_export_is_file(out)) bad = cli_check_output(out, &in);
-    else if (!bad && lstat(out, &st) == 0)
-        bad = dc_fail("%s already exists: remove it or choose another name (a folder is not replaced)", out);
-    else if (!bad) bad = cli_check_not_input(&in, out) || cli_probe_write(out);
+    if (!bad) bad = cli_check_model_output(&in, out);
     cli_inputs_free(&in);
     if (bad) return cli_fail();
     const char *fallback = NULL;

@@ -374,26 +374,24 @@ static int merge_base(job *j, const char *const *loras, const float *weights, in
     return rc;
 }
 
+// Writes the job's model to out (rc: how getting it went), then frees it.
+static int write_job(job *j, int rc, const char *out) {
+    if (!rc && j->base_folder) rc = find_pixel_space(j);
+    if (!rc) rc = dc_sd_export_is_file(out) ? export_file(j, out) : export_folder(j, out);
+    dc_model_free(j->unet);
+    if (j->text) dc_clip_text_free(j->text);
+    if (j->vae) dc_vae_free(j->vae);
+    return rc;
+}
+
 int dc_sd_lora_merge_write(const char *base, const char *const *loras, const float *weights, int n, const char *out,
                            const dc_sd_export_opts *o, dc_backend *be) {
     job j = {.o = o, .be = be, .base = base};
-    int rc = merge_base(&j, loras, weights, n);
-    if (!rc && j.base_folder) rc = find_pixel_space(&j);
-    if (!rc) rc = dc_sd_export_is_file(out) ? export_file(&j, out) : export_folder(&j, out);
-    dc_model_free(j.unet);
-    if (j.text) dc_clip_text_free(j.text);
-    if (j.vae) dc_vae_free(j.vae);
-    return rc;
+    return write_job(&j, merge_base(&j, loras, weights, n), out);
 }
 
 int dc_sd_export(const dc_st_file *ckpt, const char *out, const dc_sd_export_opts *o, dc_backend *be,
                  const char **which) {
     job j = {.ckpt = ckpt, .o = o, .be = be};
-    int rc = read_checkpoint(&j, which);
-    if (!rc && j.base_folder) rc = find_pixel_space(&j);
-    if (!rc) rc = dc_sd_export_is_file(out) ? export_file(&j, out) : export_folder(&j, out);
-    dc_model_free(j.unet);
-    if (j.text) dc_clip_text_free(j.text);
-    if (j.vae) dc_vae_free(j.vae);
-    return rc;
+    return write_job(&j, read_checkpoint(&j, which), out);
 }
