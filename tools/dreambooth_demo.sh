@@ -19,7 +19,7 @@
 #   DB_DEVICE=D   cpu (default) or cuda
 set -euo pipefail
 cd "$(dirname "$0")/.."
-steps=${DB_STEPS:-400}
+steps=${DB_STEPS:-800}
 device=${DB_DEVICE:-cpu}
 per_class=${DB_PER_CLASS:-50}
 if ! [[ "$steps" =~ ^[1-9][0-9]*$ ]]; then
@@ -45,7 +45,7 @@ if [ ! -f "$out/boots/.done" ]; then  # 20 ankle boots (class 9) of the training
   touch "$out/boots/.done"
 fi
 common=(--model "$base" --instance-data "$out/boots" --instance-prompt "a photo of sks boot" --steps "$steps"
-        --lr 1e-3 --ema-decay 0.99 --ckpt-every 200 --sample-every 0 --device "$device")
+        --ema-decay 0.99 --ckpt-every 400 --sample-every 0 --device "$device")
 prior=(--class-prompt "a photo of a shoe" --class-images 200 --class-data "$out/shoes" --batch 8)
 run() {  # name flags...: trains into $out/NAME (or continues it)
   local name=$1; shift
@@ -56,14 +56,14 @@ run() {  # name flags...: trains into $out/NAME (or continues it)
   fi
 }
 echo "dreambooth demo: a rank-8 LoRA of the UNet and the text encoder, with prior preservation"
-run lora-run "${prior[@]}" --lora 8 --train-text-encoder
+run lora-run "${prior[@]}" --lora 8 --train-text-encoder --lr 1e-3
 cp "$out/lora-run/lora.safetensors" "$out/lora.safetensors"
 echo "dreambooth demo: the whole UNet, with prior preservation"
 run full-run "${prior[@]}" --lr 2e-4
 rm -rf "$out/model"
 ./diffusion export --ckpt "$out/full-run" --out "$out/model" --raw
 echo "dreambooth demo: the LoRA without prior preservation"
-run lora-noprior --lora 8 --train-text-encoder --batch 4
+run lora-noprior --lora 8 --train-text-encoder --lr 1e-3 --batch 4
 names=(t-shirt trouser pullover dress coat sandal shirt sneaker bag)
 draw() {  # folder model [flags...]: class9-* for "a photo of sks boot", class{c}-* for the others
   local dir=$1 model=$2; shift 2
