@@ -69,15 +69,15 @@ typedef struct {
 // reduces them. A NaN loss or gradient fails it. What is measured is the
 // slowest rank's time and the largest rank's memory.
 static int time_steps(train_ranks *job, dc_model *m, dc_backend *be, int batch, int micro, int steps, int warm,
-                      int zero, dc_dtype wire, measured *out) {
+                      int zero, dc_dtype wire, bool offload, measured *out) {
     const int size = job->launch.size;
     *out = (measured){0};
     dc_dataset ds = {0};
     dc_trainer tr = {0};
     dc_schedule sched = {0};
     dc_train_config tc = sd_recipe(batch * size, micro, warm + steps);
-    tc.grad_comm = wire;
-    int rc = random_data(&ds, &m->info, batch * size);
+    tc.grad_comm = wire, tc.offload = offload;
+    int rc = cli_offload_settings(&tc.offload_settings) || random_data(&ds, &m->info, batch * size);
     // SD's training schedule (scaled_linear 0.00085..0.012, 1000 steps)
     if (!rc) rc = dc_schedule_init_scaled_linear(&sched, 1000, 0.00085, 0.012);
     if (!rc) {
@@ -144,7 +144,7 @@ int cmd_bench_sd_train(int argc, char **argv) {
     int size = 0, batch = 8, micro = 0, steps = 10, warm = 3, recompute = -1, threads = 0;
     int ranks = 0, gpus = 0, zero = 0, lora = 0;
     float comm_timeout = 300;
-    bool sd_train = false;
+    bool sd_train = false, offload = false;
     const char *lora_targets = "transformer";
     arg_spec specs[] = {
         {"sd-train", ARG_FLAG, &sd_train, NULL, "time SD UNet training (this command)"},
@@ -160,6 +160,8 @@ int cmd_bench_sd_train(int argc, char **argv) {
         {"lora", ARG_INT, &lora, "RANK", "time a LoRA of rank RANK training over the frozen UNet (its weights in "
                                          "the compute dtype), as `train --lora` does (default: the UNet trains)"},
         {"lora-targets", ARG_STR, &lora_targets, "T", "the LoRA's layers: attn, transformer or all"},
+        {"offload", ARG_FLAG, &offload, NULL, "the fp32 master weights and AdamW moments in host memory, AdamW on the "
+                                              "CPU, as `train --offload` (one rank)"},
         {"threads", ARG_INT, &threads, "N", "CPU threads (default: all cores)"},
         {"device", ARG_STR, &device, "NAME", CLI_DEVICE_HELP},
         {"precision", ARG_STR, &precision, "P", CLI_PRECISION_HELP},
@@ -252,7 +254,7 @@ int cmd_bench_sd_train(int argc, char **argv) {
     }
     fflush(stdout);
     measured r;
-    if (time_steps(&job, m, be, batch, micro, steps, warm, zero, wire, &r)) goto done;
+    if (time_steps(&job, m, be, batch, micro, steps, warm, zero, wire, offload, &r)) goto done;
     // the job's: its global batch, images/s and TFLOP/s of all ranks; MFU a GPU's
     const int global = batch * nranks;
     const double G = 1073741824.0, all = global / r.sec, tf = (lora ? 2 : 3) * 2 * macs * all / 1e12;
