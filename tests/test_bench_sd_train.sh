@@ -14,21 +14,21 @@ EOF
 Q=(--sd-train --unet-config "$TMP/tiny.json" --device cpu --threads 1)
 
 # check_table FILE BATCH MICRO SECONDS: one table row, its figures finite and
-# positive, img/s x ms/step = 1000 x batch and TFLOP/s = 3 x GFLOP/image x
+# positive, img/s x ms/step = 1000 x batch and TFLOP/s = 3 (a LoRA: 2) x GFLOP/image x
 # img/s / 1000 (each to the rounding printed), and the steps no faster than
 # the command's whole run allows (steps x seconds a step <= wall seconds).
-check_table() {
-  local f=$1 batch=$2 micro=$3 wall=$4 steps=$5
+check_table() {  # FILE BATCH MICRO WALL STEPS [PASSES: forward passes a step, 3; a LoRA's 2]
+  local f=$1 batch=$2 micro=$3 wall=$4 steps=$5 passes=${6:-3}
   local gf row
   gf=$(sed -nE 's/.*; ([0-9.e+-]+) GFLOP\/image forward;.*/\1/p' "$f")
   row=$(grep -E "^\| $batch \| $micro \| " "$f")
   if [ -z "$gf" ] || [ -z "$row" ]; then fail "batch $batch/$micro: no model line or table row in: $(cat "$f")"; return; fi
-  awk -F'|' -v gf="$gf" -v b="$batch" -v wall="$wall" -v steps="$steps" '{
+  awk -F'|' -v gf="$gf" -v b="$batch" -v wall="$wall" -v steps="$steps" -v passes="$passes" '{
       ips = $5 + 0; ms = $6 + 0; tf = $7 + 0; peak = $9 + 0
       if (!(ips > 0 && ms > 0 && peak > 0 && gf > 0)) { print "figures not positive: " $0; exit 1 }
       if (ips * ms < 1000 * b * 0.99 || ips * ms > 1000 * b * 1.01) { print "img/s x ms/step != 1000 x batch: " $0; exit 1 }
-      want = 3 * gf * ips / 1000
-      if (tf < want - 0.006 || tf > want + 0.006) { print "TFLOP/s " tf " where 3 x GFLOP x img/s gives " want; exit 1 }
+      want = passes * gf * ips / 1000
+      if (tf < want - 0.006 || tf > want + 0.006) { print "TFLOP/s " tf " where " passes " x GFLOP x img/s gives " want; exit 1 }
       if (steps * ms / 1000 > wall) { print steps " steps of " ms " ms in a run of " wall " s"; exit 1 }
     }' <<< "$row" > "$TMP/why" && pass "batch $batch, micro-batch $micro: the table's figures agree" \
     || fail "batch $batch, micro-batch $micro: $(cat "$TMP/why")"
@@ -65,6 +65,15 @@ check_table "$TMP/r.txt" 4 2 "$wall" 2
 grep -q '^ranks   2, sockets, ZeRO stage 2, batch 2 per rank (4 a step)' "$TMP/r.txt" \
   && grep -qE '^ranks 2: [0-9.]+ img/s a rank' "$TMP/r.txt" && [ "$(grep -c '^| 4 |' "$TMP/r.txt")" = 1 ] \
   && pass "--ranks 2 --zero 2: one table, of the job, from rank 0" || fail "2 ranks: $(cat "$TMP/r.txt")"
+
+# ---- a LoRA over the frozen UNet (a step counts 2 forward passes), and the optimizer offloaded
+t0=$(date +%s.%N)
+diffusion bench "${Q[@]}" --size 32 --batch 2 --steps 2 --warmup 1 --lora 2 > "$TMP/l.txt" 2>&1 \
+  || fail "--lora: $(tail -2 "$TMP/l.txt")"
+wall=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { print b - a }')
+check_table "$TMP/l.txt" 2 2 "$wall" 3 2
+diffusion bench "${Q[@]}" --size 32 --batch 2 --steps 2 --warmup 1 --offload > "$TMP/o.txt" 2>&1 \
+  && grep -q '^| 2 | 2 | off |' "$TMP/o.txt" && pass "--offload: a table row" || fail "--offload: $(tail -2 "$TMP/o.txt")"
 
 # ---- flags and configs at fault
 expect_fail "no --unet-config" "--unet-config is required" diffusion bench --sd-train
