@@ -151,6 +151,9 @@ diffusion train "${L[@]}" --out "$TMP/lora_d" --steps 2 --lora-targets all --lor
 out=$(diffusion info "$TMP/lora_d/lora.safetensors" 2>&1)
 [[ "$out" == *"diffusers names"* ]] && [ "$(meta "$TMP/lora_d/step_0000002.safetensors" lora_targets)" = all ] \
   && pass "--lora-targets all --lora-format diffusers: diffusers' names, the convolutions too" || fail "diffusers' file: $out"
+expect_fail "--lora with ZeRO stage 2 (the factors are one unit)" "use --zero 1" diffusion train "${L[@]}" \
+  --out "$TMP/x" --steps 1 --micro-batch 2 --ranks 2 --zero 2
+rm -rf "$TMP/x"
 expect_code 2 "--lora-alpha without --lora" diffusion train "${T[@]}" --out "$TMP/x" --lora-alpha 2
 expect_code 2 "--lora with --unet-config" diffusion train "${T[@]}" --out "$TMP/x" --lora 4 --unet-config sd1.5 --init random
 # the text encoder's LoRA too: kohya's lora_te_ layers, an exact resume, drawn from as a run
