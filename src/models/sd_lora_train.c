@@ -267,7 +267,8 @@ static int read_part(const dc_st_file *ck, const char *prefix, dc_lora *l, bool 
         // the joint set's names are the encoder's own in a text encoder's set
         snprintf(name, sizeof name, "%s.weight", text ? mod + strlen(TEXT_PREFIX) : mod);
         const int param = dc_params_find(l->target, name);
-        if (!u || param < 0 || n == 1024)
+        if (n == 1024) return dc_fail("%s: more than 1024 LoRA layers in one part", ck->path);
+        if (!u || param < 0)
             return dc_fail("%s: %s names no layer of the model (or has no up factor)", ck->path, d->name);
         t[0][n] = d, t[1][n++] = u;
         DC_TRY(dc_lora_add(l, param, mod, (int)d->shape[0], alpha));
