@@ -10,7 +10,8 @@
 //   gradients summed in fp32 and in bf16 (whose bf16 copies the plan adds);
 // - the planner never picks a slower plan for a larger budget, refuses a budget
 //   below the smallest plan naming its size, and for DiT-XL/2 at batch 64 in
-//   bf16 with 8 GiB picks offload with recompute, predicted under 8 GiB.
+//   bf16 with 8 GiB picks offload with recompute, predicted under 8 GiB;
+// - a LoRA's plan counts its frozen base's weights beside the factors' state.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,7 +22,10 @@
 #include "core/error.h"
 #include "dist/comm.h"
 #include "models/dit.h"
+#include "models/lora_model.h"
 #include "models/registry.h"
+#include "models/sd_lora.h"
+#include "models/unet.h"
 #include "tiny_data.h"
 #include "train/plan.h"
 #include "train/trainer.h"
@@ -245,8 +249,39 @@ static void test_xl(void) {
     dc_model_free(xl);
 }
 
+// A LoRA over a frozen UNet (a layout, as `train --lora` gives the planner):
+// the plan holds the factors' training state, the frozen weights in the
+// compute dtype (dc_model_frozen_bytes), and the UNet's activations with the
+// deltas' scratch beside them.
+static void test_lora_layout(void) {
+    dc_unet_config c;
+    dc_model *u = NULL, *w = NULL;
+    dc_lora l;
+    int rc = dc_unet_config_from_json_file(&c, "tests/golden/sd/sd1/diffusers/unet/config.json") ||
+             dc_unet_new_frozen_train(&c, NULL, DC_F16, 16, 16, &u);
+    if (!rc) dc_lora_init(&l, u->params);
+    if (!rc) rc = dc_sd_lora_add_targets(&l, DC_LORA_UNET, DC_LORA_TRANSFORMER, 4, 4) || dc_lora_model_new(u, &l, NULL, &w);
+    if (rc) {
+        CHECK(0, "LoRA layout: %s", dc_error());
+        return;
+    }
+    int64_t frozen = 0;
+    for (int i = 0; i < u->params->count; i++) frozen += u->params->items[i].numel;
+    const int64_t P = w->params->numel;
+    dc_plan_request r = {.model = w, .compute = DC_BF16, .fixed = 0, .batch = 2, .ranks = 1, .zero = 0,
+                         .micro_batch = 0, .keep = -1, .offload = -1, .folds = true};
+    const dc_train_plan p = {2, w->info.blocks, false};
+    dc_plan_mem pm;
+    CHECK(dc_plan_predict(&r, &p, &pm) == 0 && pm.weights == 6 * P + 2 * frozen && P > 0 && P < frozen / 10 &&
+              pm.optimizer == 12 * P && pm.activations > dc_model_activation_bytes(u, DC_BF16, 2, -1),
+          "a LoRA's plan: the factors' state (%lld), the frozen weights in bf16 (%lld), the activations and scratch",
+          (long long)P, (long long)frozen);
+    dc_model_free(w);
+}
+
 int main(void) {
     if (dc_dit_new(&k_tiny, NULL, false, &g_tiny)) return printf("layout: %s\n", dc_error()), 1;
+    test_lora_layout();
     test_sizes();
     test_exact_on_cpu();
     test_ranks_on_cpu();

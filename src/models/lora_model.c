@@ -80,8 +80,30 @@ static void lm_describe(const dc_model *m, char *buf, size_t n) {
 
 static int lm_set_recompute(dc_model *m, int keep) { return dc_model_set_recompute(of(m)->inner, keep); }
 
+// The frozen model's, and the deltas' scratch (nn/adapter.c), bounded by the
+// rows of a whole picture: four [rows, rank] fp32 blocks for a linear
+// delta, and a convolution's [rows, co] output besides.
 static int64_t lm_activation_bytes(const dc_model *m, dc_dtype compute, int max_batch, int keep) {
-    return dc_model_activation_bytes(((const lora_model *)m)->inner, compute, max_batch, keep);
+    const lora_model *l = (const lora_model *)m;
+    const int64_t inner = dc_model_activation_bytes(l->inner, compute, max_batch, keep);
+    int64_t rank = 0, co = 0;
+    for (int i = 0; i < l->lora.count; i++) {
+        const dc_lora_item *it = &l->lora.items[i];
+        rank = it->rank > rank ? it->rank : rank;
+        if (it->conv) co = l->lora.target->items[it->param].shape[0] > co ? l->lora.target->items[it->param].shape[0] : co;
+    }
+    const dc_model_info *mi = &m->info;
+    const int64_t rows = (int64_t)max_batch * mi->frames * mi->height * mi->width;
+    return inner < 0 ? -1 : inner + 4 * rows * (4 * rank + co) + 4 * 256;
+}
+
+// The frozen model's weights, in the compute dtype a GPU keeps them in
+// (the CPU keeps F16 and BF16 files as loaded: fewer bytes).
+static int64_t lm_frozen_bytes(const dc_model *m, dc_dtype compute) {
+    const dc_params *ps = ((const lora_model *)m)->inner->params;
+    int64_t n = 0;
+    for (int i = 0; i < ps->count; i++) n += ps->items[i].numel;
+    return n * (int64_t)dc_dtype_size(compute);
 }
 
 static int lm_set_size(dc_model *m, int height, int width) {
@@ -103,7 +125,7 @@ static const dc_model_ops lora_model_ops = {
     .name = "lora", .reserve = lm_reserve, .forward = lm_forward, .backward = lm_backward,
     .config_to_kv = lm_config_to_kv, .init_weights = lm_init, .macs_per_image = lm_macs,
     .describe = lm_describe, .set_recompute = lm_set_recompute, .activation_bytes = lm_activation_bytes,
-    .set_size = lm_set_size, .release = lm_release,
+    .frozen_bytes = lm_frozen_bytes, .set_size = lm_set_size, .release = lm_release,
 };
 
 int dc_lora_model_new(dc_model *inner, dc_lora *lora, const dc_kv *extra, dc_model **out) {

@@ -102,6 +102,10 @@ typedef struct {
     // batch. Works on a layout (a model sized but not allocated), for memory
     // planners. NULL for a model that does not train.
     int64_t (*activation_bytes)(const dc_model *m, dc_dtype compute, int max_batch, int keep);
+    // The device bytes of weights the model holds that do not train (a
+    // LoRA's frozen base) in a backend computing in `compute`, for memory
+    // planners; works on a layout. NULL: none.
+    int64_t (*frozen_bytes)(const dc_model *m, dc_dtype compute);
     // Changes the input's height and width (of latents or pixels) for the
     // forwards after the next reserve (a trainer on aspect-ratio buckets);
     // info follows. NULL for a model of one size.
@@ -132,6 +136,8 @@ void dc_model_describe(const dc_model *m, char *buf, size_t n);
 // -1 with a message naming the architecture when it has no such op.
 int dc_model_set_recompute(dc_model *m, int keep);
 int64_t dc_model_activation_bytes(const dc_model *m, dc_dtype compute, int max_batch, int keep);
+// 0 for a model without frozen weights.
+int64_t dc_model_frozen_bytes(const dc_model *m, dc_dtype compute);
 // The same for set_size (the size it has: nothing to do).
 int dc_model_set_size(dc_model *m, int height, int width);
 // Releases the model (NULL or never created: nothing to do).

@@ -38,6 +38,10 @@ int64_t dc_model_activation_bytes(const dc_model *m, dc_dtype compute, int max_b
     return m->ops->activation_bytes(m, compute, max_batch, keep);
 }
 
+int64_t dc_model_frozen_bytes(const dc_model *m, dc_dtype compute) {
+    return m->ops->frozen_bytes ? m->ops->frozen_bytes(m, compute) : 0;
+}
+
 int dc_model_load(const dc_st_file *f, const char *prefix, int heads, dc_backend *be, bool with_grad,
                   dc_model **out) {
     *out = NULL;

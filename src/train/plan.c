@@ -58,6 +58,7 @@ int dc_plan_predict(const dc_plan_request *r, const dc_train_plan *p, dc_plan_me
     dc_plan_mem m = {0};
     // nn/params.c: the fp32 parameters, their gradients, the compute copy
     m.weights = 4 * P + (r->compute != DC_F32 ? P * (int64_t)dc_dtype_size(r->compute) : 0);
+    m.weights += dc_model_frozen_bytes(r->model, r->compute);  // a LoRA's frozen base
     const int64_t full_grad = 4 * P;
     // train/trainer.c: x0, xt, eps [mb, C, F, H, W], out, dout [mb, OC, F, H, W] F32,
     // t and y [mb], the step's losses [batch, 2] and gstats [2]

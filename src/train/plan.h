@@ -44,6 +44,7 @@ typedef struct {
 // The device bytes of a plan, by what holds them (at the step's peak).
 typedef struct {
     int64_t weights;      // fp32 parameters (offload beside a compute copy: the fixed ones) + the compute copy
+                          // + the frozen weights that do not train (a LoRA's base: dc_model_frozen_bytes)
     int64_t grads;        // the full gradient buffer, or offload's unit buffers / ZeRO's buckets (+ shard)
     int64_t optimizer;    // AdamW moments, EMA (and ZeRO's master shard) on the device
     int64_t trainer;      // the micro-batch's images, outputs, timesteps, labels; the step's losses
