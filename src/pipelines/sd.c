@@ -265,7 +265,10 @@ int dc_sd_pipe_add_lora(dc_sd_pipe *p, const char *path, float unet_weight, floa
     lu->multiplier = unet_weight, lt->multiplier = text_weight;
     dc_st_file f;
     int rc = dc_st_open(&f, path);
-    if (!rc) rc = dc_sd_lora_read(&f, lu, lt), dc_st_close(&f);
+    if (!rc) {
+        rc = dc_sd_lora_read(&f, lu, lt);
+        dc_st_close(&f);
+    }
     if (!rc && lu->count) rc = dc_adapter_stack_add(&r->us, &lu->base);
     if (!rc && lt->count) rc = dc_adapter_stack_add(&r->ts, &lt->base);
     if (rc) return dc_lora_free(lu), dc_lora_free(lt), -1;

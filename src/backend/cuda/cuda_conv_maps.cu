@@ -43,10 +43,16 @@ __global__ void k_conv_crop(void *dx, const void *dxp, int bf, int H, int W, int
     }
 }
 
-// The maps' [N, H, W, C] view of a shape (see above).
-static void pad_view(const dc_conv2d_shape *s, int64_t *N, int *C) {
-    *N = s->nhwc ? s->B : (int64_t)s->B * s->Ci;
-    *C = s->nhwc ? s->Ci : 1;
+// The maps' [N, H, W, C] view of a shape (see above), and the padded sides.
+typedef struct {
+    int64_t N;
+    int C, Hp, Wp;
+} pad_geom;
+
+static pad_geom pad_view(const dc_conv2d_shape *s) {
+    pad_geom g = {s->nhwc ? s->B : (int64_t)s->B * s->Ci, s->nhwc ? s->Ci : 1, s->H + s->pad_t + s->pad_b,
+                  s->W + s->pad_l + s->pad_r};
+    return g;
 }
 
 // Copies x into the scratch, zero-padded, for a plan that pads asymmetrically;
@@ -55,10 +61,9 @@ const void *dc_conv_input(dc_backend *be, const dc_conv_plan *p, dc_buf x) {
     if (!p->padded) return x.p;
     dc_cuda_ctx *c = dc_cuda(be);
     const dc_conv2d_shape *s = &p->s;
-    const int Hp = s->H + s->pad_t + s->pad_b, Wp = s->W + s->pad_l + s->pad_r;
-    int64_t N;
-    int C;
-    pad_view(s, &N, &C);
+    const pad_geom g = pad_view(s);
+    const int64_t N = g.N;
+    const int C = g.C, Hp = g.Hp, Wp = g.Wp;
     void *xp = c->conv_scratch;  // the scratch's head (scratch_fwd_bytes)
     const dc_buf xpb = {xp, x.dt};
     const int V = dc_vec_width(C, x, xpb, dc_buf_none());
@@ -79,10 +84,9 @@ const void *dc_conv_input(dc_backend *be, const dc_conv_plan *p, dc_buf x) {
 void dc_conv_crop(dc_backend *be, const dc_conv_plan *p, dc_buf dx, const void *dxp, bool accumulate) {
     dc_cuda_ctx *c = dc_cuda(be);
     const dc_conv2d_shape *s = &p->s;
-    const int Hp = s->H + s->pad_t + s->pad_b, Wp = s->W + s->pad_l + s->pad_r;
-    int64_t N;
-    int C;
-    pad_view(s, &N, &C);
+    const pad_geom g = pad_view(s);
+    const int64_t N = g.N;
+    const int C = g.C, Hp = g.Hp, Wp = g.Wp;
     const dc_buf dxpb = {(void *)dxp, dx.dt};
     const int V = dc_vec_width(C, dx, dxpb, dc_buf_none());
     const int64_t n = N * s->H * s->W * (C / V);
