@@ -17,6 +17,11 @@
 // - the schedule's settings (dc_offload_settings) change no bit: units
 //   updated on the device, units held back, the update finished within its
 //   step and the host not paced; out-of-range settings are refused;
+// - a model made with no full gradient buffer (DC_GRAD_WINDOW, as `train
+//   --offload` makes it) trains to the same bits, with an EMA and with a
+//   decay of 0, where offload keeps none and its EMA is the plain run's (the
+//   weights); such a model has no gradient buffer, and plain training
+//   refuses it naming --offload;
 // - refusals: offload with several ranks or with ZeRO, and on a backend
 //   without the copy ops, fail with a message naming --offload.
 //
@@ -56,6 +61,7 @@ static dc_offload_settings g_set;  // how the offloaded runs schedule their work
 
 typedef struct {
     bool offload, wc;             // wc: a compute copy beside the fp32 data (as on a GPU)
+    bool window, no_ema;          // made with DC_GRAD_WINDOW; an EMA decay of 0
     int micro, steps, recompute;  // micro-batch, the step to train up to, blocks keeping activations (0: off)
     float clip;
     const char *resume, *save;    // restore this checkpoint first / write one at the end (NULL: no)
@@ -115,10 +121,11 @@ static int train(job *j) {
     memset(&m, 0, sizeof m), memset(&tr, 0, sizeof tr), memset(&f, 0, sizeof f);
     bool open = false;
     dc_train_config tc = dc_train_config_default();
-    tc.batch = BATCH, tc.micro_batch = j->micro, tc.steps = STEPS, tc.lr = 1e-3f, tc.ema_decay = 0.9f;
+    tc.batch = BATCH, tc.micro_batch = j->micro, tc.steps = STEPS, tc.lr = 1e-3f, tc.ema_decay = j->no_ema ? 0 : 0.9f;
     tc.hflip = true, tc.grad_clip = j->clip, tc.offload = j->offload, tc.offload_settings = g_set;
     int rc = dc_backend_create(g_backend, &be);
-    if (!rc) rc = dc_dit_create(&m, &k_model, be, true);
+    if (!rc) rc = dc_dit_create(&m, &k_model, be, j->window ? DC_GRAD_WINDOW : DC_GRAD_BUFFER);
+    if (!rc && j->window) CHECK(!m.params.grad.p && dc_params_trains(&m.params), "a model made with DC_GRAD_WINDOW");
     if (!rc && j->wc) {  // dc_params_free frees it
         m.params.wc = (dc_buf){be->alloc(be, sizeof(float) * (size_t)m.params.numel), DC_F32};
         m.params.stale = true;
@@ -229,6 +236,22 @@ static void compare(int micro, float clip, int recompute, bool wc, const char *w
     job_free(&plain), job_free(&off);
 }
 
+// Offload of a model made with no full gradient buffer against plain
+// training of one made with it; no_ema: both with an EMA decay of 0.
+static void compare_window(bool no_ema, bool wc, const char *what) {
+    job plain = {.wc = wc, .micro = 2, .steps = STEPS, .no_ema = no_ema};
+    job off = {.offload = true, .window = true, .wc = wc, .micro = 2, .steps = STEPS, .no_ema = no_ema};
+    char name[160];
+    snprintf(name, sizeof name, "offload, %s", what);
+    if (run(&plain, what) && run(&off, name)) {
+        check_same(&off, &plain, 1, name);
+        if (no_ema)  // the EMA is the weights
+            CHECK(!memcmp(plain.state[1], plain.state[0], sizeof(float) * (size_t)plain.numel),
+                  "%s: a decay of 0 left an EMA apart from the weights", what);
+    }
+    job_free(&plain), job_free(&off);
+}
+
 // A trainer that fails to start: the message must name --offload.
 static void check_refused(int rc, const char *what) {
     CHECK(rc != 0, "%s: accepted", what);
@@ -289,6 +312,14 @@ static void refusals(void) {
     CHECK(rc == 0, "model: %s", rc ? dc_error() : "");
     if (!rc) check_refused(dc_trainer_init(&tr, &m.base, &g_data, &tc), "offload on a backend without copy_async");
     CHECK(m.params.grad.p != NULL && m.params.hooks == NULL, "a refused offload changed the parameters");
+    dc_trainer_free(&tr);
+    dc_dit_free(&m);
+    // a model made for offload alone (no gradient buffer) under plain training
+    tc.offload = false;
+    rc = dc_dit_create(&m, &k_model, be, DC_GRAD_WINDOW);
+    if (!rc) rc = dc_dit_init_weights(&m, 5);
+    CHECK(rc == 0, "model: %s", rc ? dc_error() : "");
+    if (!rc) check_refused(dc_trainer_init(&tr, &m.base, &g_data, &tc), "plain training of a model made for offload");
     dc_trainer_free(&tr);
     dc_dit_free(&m);
     dc_backend_destroy(be);
@@ -407,6 +438,9 @@ int main(int argc, char **argv) {
     compare(2, 0.0f, 0, false, "3 micro-batches, no clipping, no deferral, host not paced");
     compare(2, k_clip, 0, true, "3 micro-batches, clipping, a compute copy, no deferral, host not paced");
     g_set = dc_offload_settings_default();
+    compare_window(false, false, "made with no gradient buffer");
+    compare_window(true, false, "made with no gradient buffer, no EMA");
+    compare_window(true, true, "made with no gradient buffer, no EMA, a compute copy");
     settings_checked();
     checkpoints();
     refusals();

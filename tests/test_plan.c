@@ -3,7 +3,9 @@
 // - on the CPU backend, whose every allocation is counted here by wrapping its
 //   alloc and free, the predicted peak equals the bytes the trainer and model
 //   really hold at their peak (setting up and over two steps), for plans with
-//   and without offload, recompute and accumulation (whose micro-batches the
+//   and without offload (the model made with no full gradient buffer, as
+//   `train --offload` makes it; with an EMA and with a decay of 0, which keeps
+//   none), recompute and accumulation (whose micro-batches the
 //   CPU sums apart, in a second gradient buffer at stage 0); the activation prediction
 //   equals the arena dc_dit_reserve allocates; and on 2 ranks (threads, each
 //   rank's backend counted on its own) for ZeRO stages 0, 1 and 2 with the
@@ -60,16 +62,20 @@ static const dc_dit_config k_tiny = {.input_size = 8, .patch = 4, .in_channels =
 enum { BATCH = 6 };
 static dc_model *g_tiny;  // k_tiny as a layout: sized, nothing allocated (what the planner is given)
 
-// Trains two steps of plan p on the counted backend; the peak it held.
-static int64_t measured_peak(counter *k, const dc_dataset *ds, const dc_train_plan *p) {
+// Trains two steps of plan p on the counted backend, the model made as
+// `train` makes it (for offload with no full gradient buffer); no_ema: an
+// EMA decay of 0. The peak it held.
+static int64_t measured_peak(counter *k, const dc_dataset *ds, const dc_train_plan *p, bool no_ema) {
     dc_backend *be = &k->be;
     counter_reset(k, 0);
     dc_model *m = NULL;
     dc_trainer tr = {0};
     dc_train_config tc = dc_train_config_default();
     tc.batch = BATCH, tc.micro_batch = p->micro_batch, tc.steps = 2, tc.offload = p->offload;
+    if (no_ema) tc.ema_decay = 0;
     int64_t peak = -1;
-    if (!dc_dit_new(&k_tiny, be, true, &m) && !dc_model_set_recompute(m, p->keep) &&
+    if (!dc_dit_new(&k_tiny, be, p->offload ? DC_GRAD_WINDOW : DC_GRAD_BUFFER, &m) &&
+        !dc_model_set_recompute(m, p->keep) &&
         !dc_model_init_weights(m, 1) && !dc_trainer_init(&tr, m, ds, &tc) && !dc_trainer_step(&tr, NULL) &&
         !dc_trainer_step(&tr, NULL))
         peak = k->peak;
@@ -93,10 +99,13 @@ static void test_exact_on_cpu(void) {
     for (size_t i = 0; i < sizeof plans / sizeof plans[0]; i++) {
         const dc_train_plan *p = &plans[i];
         dc_plan_mem pm;
-        CHECK(dc_plan_predict(&r, p, &pm) == 0, "predict: %s", dc_error());
-        int64_t got = measured_peak(&k, &ds, p);
-        CHECK(got == pm.peak, "micro %d keep %d offload %d: predicted %lld bytes, the backend held %lld",
-              p->micro_batch, p->keep, p->offload, (long long)pm.peak, (long long)got);
+        for (int no_ema = 0; no_ema < 2; no_ema++) {  // a decay of 0: offload keeps no EMA
+            r.no_ema = no_ema;
+            CHECK(dc_plan_predict(&r, p, &pm) == 0, "predict: %s", dc_error());
+            int64_t got = measured_peak(&k, &ds, p, no_ema);
+            CHECK(got == pm.peak, "micro %d keep %d offload %d no EMA %d: predicted %lld bytes, the backend held %lld",
+                  p->micro_batch, p->keep, p->offload, no_ema, (long long)pm.peak, (long long)got);
+        }
         // the arena alone: what the reserve allocates
         dc_model *m = NULL;
         counter_reset(&k, 0);

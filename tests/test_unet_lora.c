@@ -95,7 +95,7 @@ static dc_model *unet_open(int mode) {
     dc_model *m = NULL;
     dc_weights w = {.files = &g_wf, .nfiles = 1, .prefix = "model.diffusion_model."};
     int rc = mode == FROZEN_TRAIN ? dc_unet_new_frozen_train(&g_cfg, g_be, DC_F32, SIDE, SIDE, &m)
-             : mode == TRAIN      ? dc_unet_new_train(&g_cfg, g_be, SIDE, SIDE, &m)
+             : mode == TRAIN      ? dc_unet_new_train(&g_cfg, g_be, DC_GRAD_BUFFER, SIDE, SIDE, &m)
                                   : dc_unet_new(&g_cfg, g_be, DC_F32, SIDE, SIDE, &m);
     if (!rc) rc = dc_unet_load(m, &w, DC_NAMES_ORIGINAL);
     if (rc) printf("set-up: %s\n", dc_error()), dc_model_free(m), m = NULL;
@@ -291,7 +291,7 @@ static void test_joint(void) {
     if (!rc) rc = dc_clip_text_config_from_json(&tc, doc.root, "text_encoder/config.json"), dc_json_free(&doc);
     dc_model *tr = NULL, *fz = NULL, *wr = NULL;
     dc_lora lt, lf;
-    if (!rc) rc = dc_unet_text_new_train(&g_cfg, &tc, g_be, SIDE, SIDE, &tr) ||
+    if (!rc) rc = dc_unet_text_new_train(&g_cfg, &tc, g_be, DC_GRAD_BUFFER, SIDE, SIDE, &tr) ||
                   dc_unet_text_new_frozen_train(&g_cfg, &tc, g_be, DC_F32, SIDE, SIDE, &fz) ||
                   dc_model_init_weights(tr, 3) || dc_model_init_weights(fz, 3);
     for (int k = 0; k < 2 && !rc; k++) {

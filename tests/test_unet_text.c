@@ -84,7 +84,7 @@ static int rig_open(rig *r, dc_backend *be, int B, uint64_t seed) {
     DC_TRY(dc_st_open(&r->unet_file, SET "/single.safetensors"));
     DC_TRY(dc_st_open(&r->text_file, SET "/diffusers/text_encoder/model.safetensors"));
     const int side = 16, T = r->tc.positions;
-    DC_TRY(dc_unet_text_new_train(&r->uc, &r->tc, be, side, side, &r->m));
+    DC_TRY(dc_unet_text_new_train(&r->uc, &r->tc, be, DC_GRAD_BUFFER, side, side, &r->m));
     DC_TRY(load(r, dc_unet_text_unet(r->m), dc_unet_text_encoder(r->m)));
     r->nout = (int64_t)B * 4 * side * side;
     float *hx = randn_host(r->nout, seed + 1), ht[4] = {321.0f, 17.0f, 905.0f, 4.0f};
@@ -150,7 +150,7 @@ static void test_composition(void) {
     dc_clip_text *te = NULL;
     const int T = r.tc.positions, W = r.tc.width;
     const int64_t nctx = (int64_t)r.B * T * W;
-    int rc = dc_unet_new_train(&r.uc, be, 16, 16, &u) || dc_clip_text_create_trainable(&te, &r.tc, be) ||
+    int rc = dc_unet_new_train(&r.uc, be, DC_GRAD_BUFFER, 16, 16, &u) || dc_clip_text_create_trainable(&te, &r.tc, be) ||
              load(&r, u, te) || dc_model_reserve(u, r.B) || dc_clip_text_train_reserve(te, r.B);
     dc_buf ctx = {be->alloc(be, (size_t)nctx * 4), DC_F32}, dctx = {be->alloc(be, (size_t)nctx * 4), DC_F32};
     dc_buf out2 = {be->alloc(be, (size_t)r.nout * 4), DC_F32};
@@ -241,13 +241,13 @@ static void test_fd(void) {
 // ---- units, config, layout -----------------------------------------------------------------------
 
 typedef struct {
-    int begun[64], done[64], open;
+    int begun[256], done[256], open;
     bool order_ok;
 } unit_log;
 
 static int log_unit(void *ctx, int unit, bool done) {
     unit_log *l = ctx;
-    if (unit < 0 || unit >= 64) return l->order_ok = false, 0;
+    if (unit < 0 || unit >= 256) return l->order_ok = false, 0;
     if (done ? l->open != unit : l->open != -1) l->order_ok = false;
     (done ? l->done : l->begun)[unit]++;
     l->open = done ? -1 : unit;
@@ -262,7 +262,12 @@ static void test_set(void) {
         return;
     }
     dc_params *ps = r.m->params;
-    const int units = dc_params_unit_count(ps), unet_units = 2 * r.uc.nblocks + 3;
+    // the UNet's (unet_blocks.h): conv_in with the time embedding, each
+    // transformer, resnet and resampling conv, the output layers
+    int unet_units = 5;  // and the mid block's transformer and two resnets
+    for (int i = 0; i < r.uc.nblocks; i++)
+        unet_units += (2 * r.uc.layers + 1) * (r.uc.attn[i] ? 2 : 1) + 2 * (i < r.uc.nblocks - 1);
+    const int units = dc_params_unit_count(ps);
     unit_log l = {.open = -1, .order_ok = true};
     dc_param_hooks hk = {.ctx = &l, .unit = log_unit};
     float *g0 = grads(&r);
@@ -270,7 +275,7 @@ static void test_set(void) {
     float *g = grads(&r);
     ps->hooks = NULL;
     bool once = true;
-    for (int u = 0; u < units && u < 64; u++) once &= l.begun[u] == 1 && l.done[u] == 1;
+    for (int u = 0; u < units && u < 256; u++) once &= l.begun[u] == 1 && l.done[u] == 1;
     int64_t lo, hi;
     dc_params_unit_range(ps, units - 1, &lo, &hi);
     const int first_text = dc_params_find(ps, DC_UNET_TEXT_PREFIX "embeddings.token_embedding.weight");
@@ -299,7 +304,7 @@ static void test_set(void) {
 
     // a layout sizes what reserve allocates: the UNet's and the encoder's activations, and the text between
     dc_model *lay = NULL;
-    rc = dc_unet_text_new_train(&r.uc, &r.tc, NULL, 16, 16, &lay);
+    rc = dc_unet_text_new_train(&r.uc, &r.tc, NULL, DC_GRAD_BUFFER, 16, 16, &lay);
     const int64_t joint = rc ? -1 : dc_model_activation_bytes(lay, DC_F32, 4, -1);
     const int64_t unet = dc_model_activation_bytes(dc_unet_text_unet(r.m), DC_F32, 4, -1);
     const int64_t text = dc_clip_text_train_bytes(&r.tc, DC_F32, 4);
@@ -311,7 +316,7 @@ static void test_set(void) {
     // an encoder whose width is not the UNet's cross-attention's is refused
     dc_clip_text_config wide = r.tc;
     wide.width *= 2;
-    CHECK(dc_unet_text_new_train(&r.uc, &wide, NULL, 16, 16, &lay) != 0 && strstr(dc_error(), "cross-attention"),
+    CHECK(dc_unet_text_new_train(&r.uc, &wide, NULL, DC_GRAD_BUFFER, 16, 16, &lay) != 0 && strstr(dc_error(), "cross-attention"),
           "an encoder of another width is refused: %s", dc_error());
     rig_close(&r);
     dc_backend_destroy(be);

@@ -20,9 +20,11 @@ int cli_plan_check_ranks(bool offload, int zero, int ranks);
 // The fastest plan whose predicted peak device memory fits in budget, for
 // the model m (a layout serves: models/registry.h) trained on be with batch images a step (all ranks together)
 // over `ranks` ranks at ZeRO stage `zero`, gradients summed in `grad_comm`
-// (F32 or BF16: its buffers are counted). In: what the command line fixed,
+// (F32 or BF16: its buffers are counted), an EMA kept unless no_ema (a decay
+// of 0, which offload keeps none for). In: what the command line fixed,
 // *micro_batch (0: free), *recompute (-1: free) and *offload (false: free).
 // Out: the plan, *recompute -1 when every block keeps its activations; line
 // gets its description ("plan: micro-batch 64, ...") for the command to print.
 int cli_plan_choose(const dc_model *m, dc_backend *be, int64_t budget, int batch, int ranks, int zero,
-                    dc_dtype grad_comm, int *micro_batch, int *recompute, bool *offload, char *line, size_t n);
+                    dc_dtype grad_comm, bool no_ema, int *micro_batch, int *recompute, bool *offload, char *line,
+                    size_t n);

@@ -87,7 +87,8 @@ static int bench_train(train_ranks *job, const dc_kv *mc, dc_backend *be, int ba
     tc.steps = iters + warm;
     tc.offload = offload, tc.grad_comm = wire;
     int rc = -1;
-    if (cli_offload_settings(&tc.offload_settings) || dc_model_create(mc, be, true, &m) ||
+    if (cli_offload_settings(&tc.offload_settings) ||
+        dc_model_create(mc, be, offload ? DC_GRAD_WINDOW : DC_GRAD_BUFFER, &m) ||
         (recompute >= 0 && dc_model_set_recompute(m, recompute)) ||
         synthetic_data(&ds, &m->info, tc.batch * 4) ||
         dc_model_init_weights(m, 0) || dc_trainer_init(&tr, m, &ds, &tc) || train_ranks_comm(job, be) ||
@@ -324,8 +325,8 @@ int cmd_bench(int argc, char **argv) {
     if (max_mem) {  // the fastest plan that fits; --recompute and --offload given fix their part of it
         char line[256];
         micro = 0;  // bench has no --micro-batch: the plan picks it
-        if (cli_plan_choose(layout, be, budget, batch * size, size, zero, wire, &micro, &recompute, &offload, line,
-                            sizeof line))
+        if (cli_plan_choose(layout, be, budget, batch * size, size, zero, wire, false, &micro, &recompute, &offload,
+                            line, sizeof line))
             goto done;
         if (lead) printf("%s\n", line), fflush(stdout);
     }

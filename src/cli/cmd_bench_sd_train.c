@@ -69,14 +69,14 @@ typedef struct {
 // reduces them. A NaN loss or gradient fails it. What is measured is the
 // slowest rank's time and the largest rank's memory.
 static int time_steps(train_ranks *job, dc_model *m, dc_backend *be, int batch, int micro, int steps, int warm,
-                      int zero, dc_dtype wire, bool offload, measured *out) {
+                      int zero, dc_dtype wire, bool offload, float ema_decay, measured *out) {
     const int size = job->launch.size;
     *out = (measured){0};
     dc_dataset ds = {0};
     dc_trainer tr = {0};
     dc_schedule sched = {0};
     dc_train_config tc = sd_recipe(batch * size, micro, warm + steps);
-    tc.grad_comm = wire, tc.offload = offload;
+    tc.grad_comm = wire, tc.offload = offload, tc.ema_decay = ema_decay;
     int rc = cli_offload_settings(&tc.offload_settings) || random_data(&ds, &m->info, batch * size);
     // SD's training schedule (scaled_linear 0.00085..0.012, 1000 steps)
     if (!rc) rc = dc_schedule_init_scaled_linear(&sched, 1000, 0.00085, 0.012);
@@ -143,7 +143,7 @@ int cmd_bench_sd_train(int argc, char **argv) {
     const char *config = NULL, *device = "auto", *precision = "auto", *grad_comm = "fp32";
     int size = 0, batch = 8, micro = 0, steps = 10, warm = 3, recompute = -1, threads = 0;
     int ranks = 0, gpus = 0, zero = 0, lora = 0;
-    float comm_timeout = 300;
+    float comm_timeout = 300, ema_decay = dc_train_config_default().ema_decay;
     bool sd_train = false, offload = false;
     const char *lora_targets = "transformer";
     arg_spec specs[] = {
@@ -162,6 +162,8 @@ int cmd_bench_sd_train(int argc, char **argv) {
         {"lora-targets", ARG_STR, &lora_targets, "T", "the LoRA's layers: attn, transformer or all"},
         {"offload", ARG_FLAG, &offload, NULL, "the fp32 master weights and AdamW moments in host memory, AdamW on the "
                                               "CPU, as `train --offload` (one rank)"},
+        {"ema-decay", ARG_FLOAT, &ema_decay, "X", "the EMA's decay, as `train --ema-decay` (0: none kept apart from "
+                                                  "the weights with --offload)"},
         {"threads", ARG_INT, &threads, "N", "CPU threads (default: all cores)"},
         {"device", ARG_STR, &device, "NAME", CLI_DEVICE_HELP},
         {"precision", ARG_STR, &precision, "P", CLI_PRECISION_HELP},
@@ -227,8 +229,8 @@ int cmd_bench_sd_train(int argc, char **argv) {
     if (size && dc_kv_set(&over, "sample_size", "%d", size / 8)) goto done;
     if (dc_model_configure(&base, &over, NULL, &mc)) goto done;
     if (cli_set_threads(threads) || cli_backend(device, precision, &be)) goto done;
-    if (lora ? lora_model(&mc, be, lora, lora_targets, &m) : dc_model_create(&mc, be, true, &m) ||
-                                                                 dc_model_init_weights(m, 0))
+    if (lora ? lora_model(&mc, be, lora, lora_targets, &m)
+             : dc_model_create(&mc, be, offload ? DC_GRAD_WINDOW : DC_GRAD_BUFFER, &m) || dc_model_init_weights(m, 0))
         goto done;
     if (recompute >= 0 && dc_model_set_recompute(m, recompute)) goto done;
     const dc_model_info *mi = &m->info;
@@ -254,7 +256,7 @@ int cmd_bench_sd_train(int argc, char **argv) {
     }
     fflush(stdout);
     measured r;
-    if (time_steps(&job, m, be, batch, micro, steps, warm, zero, wire, offload, &r)) goto done;
+    if (time_steps(&job, m, be, batch, micro, steps, warm, zero, wire, offload, ema_decay, &r)) goto done;
     // the job's: its global batch, images/s and TFLOP/s of all ranks; MFU a GPU's
     const int global = batch * nranks;
     const double G = 1073741824.0, all = global / r.sec, tf = (lora ? 2 : 3) * 2 * macs * all / 1e12;

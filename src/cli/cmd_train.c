@@ -337,7 +337,8 @@ int cmd_train(int argc, char **argv) {
         {"weight-decay", ARG_FLOAT, &tc.weight_decay, "X", "AdamW decoupled weight decay"},
         {"warmup", ARG_INT, &tc.warmup, "N", "linear learning-rate warmup steps"},
         {"grad-clip", ARG_FLOAT, &tc.grad_clip, "X", "clip the global gradient norm (0: off)"},
-        {"ema-decay", ARG_FLOAT, &tc.ema_decay, "X", "EMA decay"},
+        {"ema-decay", ARG_FLOAT, &tc.ema_decay, "X", "EMA decay (0: the EMA is the weights, and --offload keeps no "
+                                                     "copy of it on the GPU)"},
         {"ema-warmup", ARG_STR, &ema_warmup, "on|off", "EMA warm-up: decay min(--ema-decay, (1 + n) / (10 + n)) "
                                                      "at update n + 1 (the first copies the weights), as "
                                                      "diffusers' EMAModel; off: --ema-decay from the start, as the "
@@ -563,14 +564,14 @@ int cmd_train(int argc, char **argv) {
         t2i_columns_from_checkpoint(&cols, &ck);
         if (t2i ? t2i_open(&sd, model, data_path, vocab, &cols, st_flags, false) || t2i_from_checkpoint(&sd, &ck) ||
                       t2i_lora_settings(&sd, 0, 0, NULL, lora_format) || t2i_source(&sd, tc.seed, &src) ||
-                      t2i_create(&sd, &mc, NULL, &layout)
+                      t2i_create(&sd, &mc, NULL, false, &layout)
                 : dc_dataset_load(&ds, data_path, layout->info.height) || dc_source_dataset(&src, &ds, tc.seed))
             goto fail;
     } else if (t2i) {
         if (t2i_open(&sd, model, data_path, vocab, &cols, st_flags, train_text) ||
             t2i_lora_settings(&sd, lora, lora_alpha, lora_targets, lora_format) ||
             t2i_pair_class(&sd, db_class, prior_weight) || t2i_source(&sd, tc.seed, &src) ||
-            t2i_model_config(&sd, unet_config, &src, &mc) || t2i_create(&sd, &mc, NULL, &layout))
+            t2i_model_config(&sd, unet_config, &src, &mc) || t2i_create(&sd, &mc, NULL, false, &layout))
             goto fail;
         if (lora && !args_given(&ap, "lr")) tc.lr = 1e-4f;  // diffusers' and kohya's LoRA recipes
         if (pred < 0) tc.objective.prediction = t2i_prediction(&sd);
@@ -595,12 +596,14 @@ int cmd_train(int argc, char **argv) {
     if (max_mem) {  // the fastest plan that fits; the flags given (a checkpoint fixes the micro-batch) stay
         char line[256];
         if (!resume && !args_given(&ap, "micro-batch")) tc.micro_batch = 0;  // the plan picks it
-        if (cli_plan_choose(layout, be, budget, tc.batch, job.launch.size, zero, wire, &tc.micro_batch,
-                            &recompute, &offload, line, sizeof line))
+        if (cli_plan_choose(layout, be, budget, tc.batch, job.launch.size, zero, wire, tc.ema_decay == 0,
+                            &tc.micro_batch, &recompute, &offload, line, sizeof line))
             goto fail;
         if (lead) dc_log("%s", line);
     }
-    if (t2i ? t2i_create(&sd, &mc, be, &m) : dc_model_create(&mc, be, true, &m)) goto fail;
+    // offload: the model is made with no full gradient buffer (nn/params.h)
+    const dc_grad_mode grad = offload ? DC_GRAD_WINDOW : DC_GRAD_BUFFER;
+    if (t2i ? t2i_create(&sd, &mc, be, offload, &m) : dc_model_create(&mc, be, grad, &m)) goto fail;
     if (recompute >= 0 && dc_model_set_recompute(m, recompute)) goto fail;
     // the weights: the checkpoint's, the base UNet's, or random
     const bool from_base = t2i && !have_ck && !unet_config && !(init && !strcmp(init, "random"));

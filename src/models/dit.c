@@ -162,9 +162,9 @@ static int setup(dc_dit *m, const dc_dit_config *cfg, dc_backend *be) {
     return 0;
 }
 
-int dc_dit_create(dc_dit *m, const dc_dit_config *cfg, dc_backend *be, bool with_grad) {
+int dc_dit_create(dc_dit *m, const dc_dit_config *cfg, dc_backend *be, dc_grad_mode grad) {
     DC_TRY(setup(m, cfg, be));
-    if (dc_params_alloc(&m->params, be, with_grad)) {
+    if (dc_params_alloc(&m->params, be, grad)) {
         dc_dit_free(m);
         return -1;
     }
@@ -541,11 +541,11 @@ static const dc_model_ops dit_ops = {
 
 dc_dit *dc_dit_of(dc_model *m) { return m && m->ops == &dit_ops ? dit(m) : NULL; }
 
-int dc_dit_new(const dc_dit_config *cfg, dc_backend *be, bool with_grad, dc_model **out) {
+int dc_dit_new(const dc_dit_config *cfg, dc_backend *be, dc_grad_mode grad, dc_model **out) {
     *out = NULL;
     dc_dit *m = malloc(sizeof *m);
     if (!m) return dc_fail("out of memory");
-    if (be ? dc_dit_create(m, cfg, be, with_grad) : setup(m, cfg, NULL)) return free(m), -1;
+    if (be ? dc_dit_create(m, cfg, be, grad) : setup(m, cfg, NULL)) return free(m), -1;
     m->base.owned = true;
     *out = &m->base;
     return 0;

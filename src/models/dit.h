@@ -57,7 +57,7 @@ typedef struct {
 
 // Registers the parameters and allocates them (and gradients if training).
 // Weights start as zeros with pos_embed filled; call dc_dit_init_weights or load.
-int dc_dit_create(dc_dit *m, const dc_dit_config *cfg, dc_backend *be, bool with_grad);
+int dc_dit_create(dc_dit *m, const dc_dit_config *cfg, dc_backend *be, dc_grad_mode grad);
 void dc_dit_free(dc_dit *m);
 // The official initialisation (xavier-uniform linears, zero adaLN and final
 // layer, N(0, 0.02) label table and timestep MLP), seeded and deterministic.
@@ -86,7 +86,7 @@ int dc_dit_backward(dc_dit *m, dc_buf dout, int B);
 // Creates a DiT on the heap as a dc_model that dc_model_free releases whole;
 // be NULL creates a layout (parameters registered, nothing allocated: for
 // sizing, models/registry.h).
-int dc_dit_new(const dc_dit_config *cfg, dc_backend *be, bool with_grad, dc_model **out);
+int dc_dit_new(const dc_dit_config *cfg, dc_backend *be, dc_grad_mode grad, dc_model **out);
 // The DiT behind a model, or NULL when it is another architecture.
 dc_dit *dc_dit_of(dc_model *m);
 // The DiT's entry in the model registry (models/dit_arch.c).

@@ -67,10 +67,10 @@ static int dit_config_of_file(const dc_st_file *f, const char *prefix, int heads
     return dc_dit_config_to_kv(&c, cfg);
 }
 
-static int dit_create(const dc_kv *cfg, dc_backend *be, bool with_grad, dc_model **out) {
+static int dit_create(const dc_kv *cfg, dc_backend *be, dc_grad_mode grad, dc_model **out) {
     dc_dit_config c;
     DC_TRY(dc_dit_config_from_kv(cfg, &c));
-    return dc_dit_new(&c, be, with_grad, out);
+    return dc_dit_new(&c, be, grad, out);
 }
 
 const dc_model_arch dc_dit_arch = {

@@ -67,10 +67,10 @@ int dc_model_configure(const dc_kv *base, const dc_kv *overrides, const dc_data_
     return a ? a->configure(base, overrides, data, out) : -1;
 }
 
-int dc_model_create(const dc_kv *cfg, dc_backend *be, bool with_grad, dc_model **out) {
+int dc_model_create(const dc_kv *cfg, dc_backend *be, dc_grad_mode grad, dc_model **out) {
     *out = NULL;
     const dc_model_arch *a = arch_of(cfg);
-    return a ? a->create(cfg, be, with_grad, out) : -1;
+    return a ? a->create(cfg, be, grad, out) : -1;
 }
 
 int dc_model_overrides_known(const dc_kv *ov, const char *arch, const char *const *known) {

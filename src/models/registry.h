@@ -36,11 +36,11 @@ typedef struct {
     // The config of a diffusers/transformers config.json already parsed
     // (root; path for messages). NULL: the architecture has none.
     int (*config_of_json)(const dc_json *root, const char *path, dc_kv *cfg);
-    // Creates the model of a complete config on be, with gradients if
-    // with_grad; be NULL creates a layout: parameters registered (names,
+    // Creates the model of a complete config on be, for training as grad
+    // says (nn/params.h: DC_GRAD_NONE, inference); be NULL creates a layout: parameters registered (names,
     // shapes, units) but nothing allocated, for sizing (info, params,
     // activation_bytes, macs_per_image, describe, config_to_kv).
-    int (*create)(const dc_kv *cfg, dc_backend *be, bool with_grad, dc_model **out);
+    int (*create)(const dc_kv *cfg, dc_backend *be, dc_grad_mode grad, dc_model **out);
 } dc_model_arch;
 
 // The architecture named `name`, or NULL with a message listing those this
@@ -54,7 +54,7 @@ const char *dc_model_presets_help(void);
 // The architecture's configure (above), picked by base's "model" entry.
 int dc_model_configure(const dc_kv *base, const dc_kv *overrides, const dc_data_shape *data, dc_kv *out);
 // The architecture's create (above), picked by cfg's "model" entry.
-int dc_model_create(const dc_kv *cfg, dc_backend *be, bool with_grad, dc_model **out);
+int dc_model_create(const dc_kv *cfg, dc_backend *be, dc_grad_mode grad, dc_model **out);
 // For configure: refuses an override that is not one of `known` (NULL-ended)
 // or a "model" other than arch, naming the entry.
 int dc_model_overrides_known(const dc_kv *overrides, const char *arch, const char *const *known);

@@ -576,7 +576,7 @@ int dc_unet_register(const dc_unet_config *c, dc_params *ps) {
 // set NULL: the model's own parameters, allocated here; else registered into
 // the joint set, which its owner allocates.
 // frozen: weights as in inference, though it trains.
-static int unet_new(const dc_unet_config *c, dc_backend *be, dc_dtype loaded, bool trains, bool frozen,
+static int unet_new(const dc_unet_config *c, dc_backend *be, dc_dtype loaded, dc_grad_mode grad, bool frozen,
                     int latent_h, int latent_w, dc_params *set, dc_model **out) {
     *out = NULL;
     DC_TRY(dc_unet_config_validate(c));
@@ -586,7 +586,7 @@ static int unet_new(const dc_unet_config *c, dc_backend *be, dc_dtype loaded, bo
     m->cfg = *c;
     m->be = be;
     m->lh = latent_h, m->lw = latent_w;
-    m->trains = trains, m->keep = -1;
+    m->trains = grad != DC_GRAD_NONE, m->keep = -1;
     m->base = (dc_model){
         .ops = &unet_ops, .be = be, .params = set ? set : &m->own, .owned = true,
         .info = {.channels = c->in_channels, .frames = 1, .height = latent_h, .width = latent_w,
@@ -600,7 +600,7 @@ static int unet_new(const dc_unet_config *c, dc_backend *be, dc_dtype loaded, bo
     m->first = ps->count, m->unit0 = ps->units;
     int rc = unet_modules_add(ps, m->mods, c);
     m->end = ps->count;
-    if (rc || (be && !set && (trains && !frozen ? dc_params_alloc(ps, be, true) : dc_params_alloc_frozen(ps, be, loaded)))) {
+    if (rc || (be && !set && (grad && !frozen ? dc_params_alloc(ps, be, grad) : dc_params_alloc_frozen(ps, be, loaded)))) {
         unet_release(&m->base);
         free(m);
         return -1;
@@ -612,19 +612,21 @@ static int unet_new(const dc_unet_config *c, dc_backend *be, dc_dtype loaded, bo
 
 int dc_unet_new(const dc_unet_config *c, dc_backend *be, dc_dtype loaded, int latent_h, int latent_w,
                 dc_model **out) {
-    return unet_new(c, be, loaded, false, true, latent_h, latent_w, NULL, out);
+    return unet_new(c, be, loaded, DC_GRAD_NONE, true, latent_h, latent_w, NULL, out);
 }
 
-int dc_unet_new_train(const dc_unet_config *c, dc_backend *be, int latent_h, int latent_w, dc_model **out) {
-    return unet_new(c, be, DC_F32, true, false, latent_h, latent_w, NULL, out);
+int dc_unet_new_train(const dc_unet_config *c, dc_backend *be, dc_grad_mode grad, int latent_h, int latent_w,
+                      dc_model **out) {
+    if (grad == DC_GRAD_NONE) return dc_fail("a UNet made to train takes gradients");
+    return unet_new(c, be, DC_F32, grad, false, latent_h, latent_w, NULL, out);
 }
 
 int dc_unet_new_frozen_train(const dc_unet_config *c, dc_backend *be, dc_dtype loaded, int latent_h, int latent_w,
                              dc_model **out) {
-    return unet_new(c, be, loaded, true, true, latent_h, latent_w, NULL, out);
+    return unet_new(c, be, loaded, DC_GRAD_BUFFER, true, latent_h, latent_w, NULL, out);
 }
 
 int dc_unet_new_train_in(const dc_unet_config *c, dc_backend *be, int latent_h, int latent_w, dc_params *set,
                          dc_model **out) {
-    return unet_new(c, be, DC_F32, true, false, latent_h, latent_w, set, out);
+    return unet_new(c, be, DC_F32, DC_GRAD_BUFFER, false, latent_h, latent_w, set, out);
 }

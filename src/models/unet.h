@@ -121,14 +121,16 @@ typedef struct {
 // allocated (sizing: activation bytes, macs, config). Free with dc_model_free.
 int dc_unet_new(const dc_unet_config *c, dc_backend *be, dc_dtype loaded, int latent_h, int latent_w,
                 dc_model **out);
-// The same with trainable parameters (fp32 masters and gradients,
-// dc_params_alloc) for training: the forward keeps what backward reads, and
+// The same with trainable parameters (fp32 masters, and gradients as grad
+// says: DC_GRAD_BUFFER, or DC_GRAD_WINDOW for optimizer offload) for training: the forward keeps what backward reads, and
 // backward accumulates every parameter's gradient (the latents take none;
-// the text does where the forward's cond.dctx asks for it). Parameter units: conv_in with the time embedding, each down
-// block, each up block, the mid block, the output layers. info.blocks
+// the text does where the forward's cond.dctx asks for it). Parameter units:
+// conv_in with the time embedding, each transformer, resnet and resampling
+// conv, the output layers (unet_blocks.h). info.blocks
 // counts the layers set_recompute's keep runs over (resnets with their
 // transformers, resamplers); recomputed layers give the same gradients.
-int dc_unet_new_train(const dc_unet_config *c, dc_backend *be, int latent_h, int latent_w, dc_model **out);
+int dc_unet_new_train(const dc_unet_config *c, dc_backend *be, dc_grad_mode grad, int latent_h, int latent_w,
+                      dc_model **out);
 // Training through a frozen UNet (LoRA: the deltas' factors train, nn/adapter.h):
 // its weights as dc_unet_new keeps them (the loaded dtype, no master, no
 // gradient), its forward keeping what backward reads, and its backward

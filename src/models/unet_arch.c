@@ -49,13 +49,13 @@ static int unet_config_of_json(const dc_json *root, const char *path, dc_kv *cfg
     return dc_unet_config_to_kv(&c, cfg);
 }
 
-static int unet_create(const dc_kv *cfg, dc_backend *be, bool with_grad, dc_model **out) {
+static int unet_create(const dc_kv *cfg, dc_backend *be, dc_grad_mode grad, dc_model **out) {
     *out = NULL;
     dc_unet_config c;
     DC_TRY(dc_unet_config_from_kv(&c, cfg));
     if (c.sample_size < 1)
         return dc_fail("a UNet config without its latent size (sample_size): give it, or data to take it from");
-    if (with_grad) return dc_unet_new_train(&c, be, c.sample_size, c.sample_size, out);
+    if (grad) return dc_unet_new_train(&c, be, grad, c.sample_size, c.sample_size, out);
     return dc_unet_new(&c, be, DC_F32, c.sample_size, c.sample_size, out);
 }
 

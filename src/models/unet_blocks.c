@@ -85,19 +85,33 @@ static int transformer_add(dc_params *ps, unet_transformer *t, const char *name,
 // A block's modules in diffusers' order: attentions, resnets, resampler.
 // rin[j], rout: resnet j's channels; nattn transformers (0, nres, or 1 in the
 // mid block); sample_stride 2 (down), 1 (up), 0 (none).
+// Closes the unit of the module just registered into *unit, counted from
+// unit u0 (every module registers parameters, so the unit is never empty).
+static int end_unit(dc_params *ps, int u0, int *unit) {
+    DC_TRY(dc_params_end_unit(ps));
+    *unit = ps->units - 1 - u0;
+    return 0;
+}
+
 static int block_add(dc_params *ps, unet_block *b, const char *name, const int *rin, int rout, int nres,
-                     int nattn, int heads, int sample_stride, const dc_unet_config *c) {
+                     int nattn, int heads, int sample_stride, const dc_unet_config *c, int u0) {
     char k[NAME_MAX_];
     b->nres = nres, b->has_attn = nattn > 0;
     b->sample = (dc_conv2d){-1, -1, rout, rout, 3, 1, 1, true};
-    for (int j = 0; j < nattn; j++)
+    b->sample_unit = -1;
+    for (int j = 0; j < nattn; j++) {
         DC_TRY(transformer_add(ps, &b->attn[j], KEY(k, "%s.attentions.%d", name, j), rout, heads, c));
-    for (int j = 0; j < nres; j++)
+        DC_TRY(end_unit(ps, u0, &b->attn[j].unit));
+    }
+    for (int j = 0; j < nres; j++) {
         DC_TRY(resnet_add(ps, &b->res[j], KEY(k, "%s.resnets.%d", name, j), rin[j], rout, dc_unet_time_dim(c), c));
+        DC_TRY(end_unit(ps, u0, &b->res[j].unit));
+    }
     if (sample_stride == 2)
         DC_TRY(dc_conv2d_add_nhwc(ps, &b->sample, KEY(k, "%s.downsamplers.0.conv", name), rout, rout, 3, 2, 1));
     if (sample_stride == 1)
         DC_TRY(dc_conv2d_add_nhwc(ps, &b->sample, KEY(k, "%s.upsamplers.0.conv", name), rout, rout, 3, 1, 1));
+    if (sample_stride == 1 || sample_stride == 2) DC_TRY(end_unit(ps, u0, &b->sample_unit));
     return 0;
 }
 
@@ -109,6 +123,7 @@ int unet_modules_add(dc_params *ps, dc_unet_modules *md, const dc_unet_config *c
     char k[NAME_MAX_];
     const int N = c->nblocks, L = c->layers;
     int rin[DC_UNET_MAX_LAYERS + 1];
+    const int u0 = ps->units;
     if (dc_conv2d_add_nhwc(ps, &md->conv_in, "conv_in", c->in_channels, c->ch[0], 3, 1, 1) ||
         dc_linear_add(ps, &md->time1, "time_embedding.linear_1", c->ch[0], dc_unet_time_dim(c)) ||
         dc_linear_add(ps, &md->time2, "time_embedding.linear_2", dc_unet_time_dim(c), dc_unet_time_dim(c)) ||
@@ -117,28 +132,23 @@ int unet_modules_add(dc_params *ps, dc_unet_modules *md, const dc_unet_config *c
     for (int i = 0; i < N; i++) {
         for (int j = 0; j < L; j++) rin[j] = j ? c->ch[i] : c->ch[i ? i - 1 : 0];
         DC_TRY(block_add(ps, &md->down[i], KEY(k, "down_blocks.%d", i), rin, c->ch[i], L, c->attn[i] ? L : 0, c->heads[i],
-                         i < N - 1 ? 2 : 0, c));
-        DC_TRY(dc_params_end_unit(ps));
+                         i < N - 1 ? 2 : 0, c, u0));
     }
     for (int i = 0; i < N; i++) {
         const int d = N - 1 - i;  // the down block this one mirrors
         const int out = c->ch[d], prev = c->ch[i ? d + 1 : d], below = c->ch[d ? d - 1 : 0];
         for (int j = 0; j <= L; j++) rin[j] = (j ? out : prev) + (j == L ? below : out);
         DC_TRY(block_add(ps, &md->up[i], KEY(k, "up_blocks.%d", i), rin, out, L + 1, c->attn[d] ? L + 1 : 0, c->heads[d],
-                         i < N - 1 ? 1 : 0, c));
-        DC_TRY(dc_params_end_unit(ps));
+                         i < N - 1 ? 1 : 0, c, u0));
     }
     const int top = c->ch[N - 1];
     rin[0] = rin[1] = top;
     // UNetMidBlock2DCrossAttn: resnet, attention, resnet (heads of the last down block)
-    DC_TRY(block_add(ps, &md->mid, "mid_block", rin, top, 2, 1, c->heads[N - 1], 0, c));
-    // units (nn/params.h): conv_in and the time embedding, each down block,
-    // each up block, the mid block, and these output layers
-    if (dc_params_end_unit(ps) || dc_group_norm_add(ps, &md->norm_out, "conv_norm_out", c->ch[0], c->groups, c->eps) ||
-        dc_conv2d_add_nhwc(ps, &md->conv_out, "conv_out", c->ch[0], c->out_channels, 3, 1, 1) ||
-        dc_params_end_unit(ps))
+    DC_TRY(block_add(ps, &md->mid, "mid_block", rin, top, 2, 1, c->heads[N - 1], 0, c, u0));
+    if (dc_group_norm_add(ps, &md->norm_out, "conv_norm_out", c->ch[0], c->groups, c->eps) ||
+        dc_conv2d_add_nhwc(ps, &md->conv_out, "conv_out", c->ch[0], c->out_channels, 3, 1, 1))
         return -1;
-    return 0;
+    return end_unit(ps, u0, &md->out_unit);
 }
 
 void unet_conv_fwd(dc_backend *be, const dc_params *ps, const dc_conv2d *c, dc_buf y, dc_buf x, int B, int H, int W) {

@@ -16,6 +16,7 @@ typedef struct {
     dc_linear temb;       // time_emb_proj: [co, 4 ch0]
     dc_conv2d shortcut;   // conv_shortcut (w = -1 when ci == co)
     int ci, co;
+    int unit;             // its parameter unit, counted from the UNet's first
 } unet_resnet;
 
 // Transformer2DModel with one BasicTransformerBlock over C channels:
@@ -33,6 +34,7 @@ typedef struct {
                                         // side in the parameters, so each set runs as one product
     dc_linear ff1, ff2;                 // ff.net.0.proj [8C, C], ff.net.2 [C, 4C]
     int C, heads;
+    int unit;  // its parameter unit, counted from the UNet's first
 } unet_transformer;
 
 // A down, mid or up block: nres resnets, each followed by a transformer when
@@ -43,6 +45,7 @@ typedef struct {
     int nres;
     bool has_attn;
     dc_conv2d sample;  // downsamplers.0.conv (stride 2) or upsamplers.0.conv
+    int sample_unit;   // its parameter unit
 } unet_block;
 
 struct dc_unet_modules {
@@ -51,9 +54,16 @@ struct dc_unet_modules {
     unet_block down[DC_UNET_MAX_BLOCKS], up[DC_UNET_MAX_BLOCKS], mid;
     dc_group_norm norm_out;  // conv_norm_out
     dc_conv2d conv_out;
+    int out_unit;            // the output layers' parameter unit (conv_in's is 0)
 };
 
 // Registers every module of config c in diffusers' state-dict order.
+// Parameter units (nn/params.h), counted from the UNet's first: conv_in with
+// the time embedding, then each transformer, resnet and resampling conv on
+// its own (diffusers' order keeps a layer's transformer and resnet apart),
+// then the output layers. Units this small keep the buffers that offload and
+// ZeRO-2 size by the widest unit small: SD 1.5's widest block holds 258M
+// parameters, its widest module 49M.
 int unet_modules_add(dc_params *ps, dc_unet_modules *md, const dc_unet_config *c);
 
 // y = conv c of x[B, H, W, ci] (with its bias).

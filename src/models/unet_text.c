@@ -120,7 +120,8 @@ static const dc_model_ops k_joint = {
     .release = jt_release,
 };
 
-static int joint_new(const dc_unet_config *uc, const dc_clip_text_config *tc, dc_backend *be, bool frozen,
+// grad: how the set trains (DC_GRAD_NONE: frozen as loaded, trained through).
+static int joint_new(const dc_unet_config *uc, const dc_clip_text_config *tc, dc_backend *be, dc_grad_mode grad,
                      dc_dtype loaded, int latent_h, int latent_w, dc_model **out) {
     *out = NULL;
     DC_TRY(dc_clip_text_config_validate(tc));
@@ -133,7 +134,7 @@ static int joint_new(const dc_unet_config *uc, const dc_clip_text_config *tc, dc
     m->set.prefix = DC_UNET_TEXT_PREFIX;
     if (!rc) rc = dc_clip_text_create_in(&m->text, tc, be, &m->set);
     m->set.prefix = NULL;
-    if (!rc && be) rc = frozen ? dc_params_alloc_frozen(&m->set, be, loaded) : dc_params_alloc(&m->set, be, true);
+    if (!rc && be) rc = grad ? dc_params_alloc(&m->set, be, grad) : dc_params_alloc_frozen(&m->set, be, loaded);
     m->base = (dc_model){.ops = &k_joint, .be = be, .params = &m->set, .owned = true};
     if (rc) {
         jt_release(&m->base);
@@ -147,14 +148,15 @@ static int joint_new(const dc_unet_config *uc, const dc_clip_text_config *tc, dc
     return 0;
 }
 
-int dc_unet_text_new_train(const dc_unet_config *uc, const dc_clip_text_config *tc, dc_backend *be, int latent_h,
-                           int latent_w, dc_model **out) {
-    return joint_new(uc, tc, be, false, DC_F32, latent_h, latent_w, out);
+int dc_unet_text_new_train(const dc_unet_config *uc, const dc_clip_text_config *tc, dc_backend *be,
+                           dc_grad_mode grad, int latent_h, int latent_w, dc_model **out) {
+    if (grad == DC_GRAD_NONE) return dc_fail("a UNet and text encoder made to train take gradients");
+    return joint_new(uc, tc, be, grad, DC_F32, latent_h, latent_w, out);
 }
 
 int dc_unet_text_new_frozen_train(const dc_unet_config *uc, const dc_clip_text_config *tc, dc_backend *be,
                                   dc_dtype loaded, int latent_h, int latent_w, dc_model **out) {
-    return joint_new(uc, tc, be, true, loaded, latent_h, latent_w, out);
+    return joint_new(uc, tc, be, DC_GRAD_NONE, loaded, latent_h, latent_w, out);
 }
 
 int dc_unet_text_config_of(const char *const *keys, const char *const *values, int n, const char *what,

@@ -22,11 +22,11 @@
 #define DC_UNET_TEXT_KV "text_encoder_"      // its config entries
 
 // A UNet of config uc for latents lh x lw with the encoder tc (the layers SD
-// runs: SD 2's single files hold one more, which is left out), trainable,
-// on be; be NULL: a layout (registered, nothing allocated). The encoder's
+// runs: SD 2's single files hold one more, which is left out), trainable
+// with gradients as grad says (nn/params.h), on be; be NULL: a layout (registered, nothing allocated). The encoder's
 // vocabulary must hold every id the data give. Free with dc_model_free.
-int dc_unet_text_new_train(const dc_unet_config *uc, const dc_clip_text_config *tc, dc_backend *be, int latent_h,
-                           int latent_w, dc_model **out);
+int dc_unet_text_new_train(const dc_unet_config *uc, const dc_clip_text_config *tc, dc_backend *be,
+                           dc_grad_mode grad, int latent_h, int latent_w, dc_model **out);
 // The same trained through: every weight frozen as loaded (no master, no
 // gradient), the forward keeping what backward reads, and the backward
 // taking the gradient through both parts to their adapters (a LoRA of the

@@ -13,10 +13,11 @@
 // Backward runs the layers last to first. douts[o] is dL/d outs[o]; a down
 // path output gets two shares (from the up resnet that reads it as a skip,
 // then from the layer after it), the first written, the second added.
-// Parameter units (nn/params.h): conv_in with the time embedding, each down
-// block, each up block, the mid block, the output layers; each unit's
-// gradients are finished between its dc_params_unit_begin and _done, but for
-// unit 0's time embedding, whose gradient every resnet adds to: it comes last.
+// Parameter units (unet_blocks.h): conv_in with the time embedding, each
+// transformer, resnet and resampling conv, the output layers; each unit's
+// gradients are finished between its dc_params_unit_begin and _done (a
+// layer's transformer, then its resnet), but for unit 0's time embedding,
+// whose gradient every resnet adds to: it comes last.
 #include <assert.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,11 +35,11 @@ typedef struct {
     const unet_resnet *res;        // LAYER_RESNET
     const unet_transformer *attn;  // its transformer, or NULL
     const dc_conv2d *conv;         // a resampler's conv
+    int conv_unit;                 // its parameter unit
     int H, W;                      // the input's size
     int in, skip;                  // it reads outs[in] (and, an up resnet, [outs[in] | outs[skip]]; else -1)
     int cin, cout;                 // channels of outs[in] and of its output
     int tp;                        // a resnet's index in forward order (its time projection)
-    int unit;                      // the parameter unit of its weights
 } unet_layer;
 
 // One layer's intermediates.
@@ -75,17 +76,17 @@ struct dc_unet_train {
 // ---- the layers --------------------------------------------------------------------------
 
 static unet_layer resnet_layer(const unet_resnet *r, const unet_transformer *t, int H, int W, int in, int skip,
-                               int cin, int tp, int unit) {
-    unet_layer l = {LAYER_RESNET, r, t, NULL, H, W, in, skip, cin, r->co, tp, unit};
+                               int cin, int tp) {
+    unet_layer l = {LAYER_RESNET, r, t, NULL, -1, H, W, in, skip, cin, r->co, tp};
     return l;
 }
 
-static unet_layer resample_layer(layer_kind kind, const dc_conv2d *c, int H, int W, int in, int unit) {
-    unet_layer l = {kind, NULL, NULL, c, H, W, in, -1, c->ci, c->co, -1, unit};
+static unet_layer resample_layer(layer_kind kind, const unet_block *b, int H, int W, int in) {
+    unet_layer l = {kind, NULL, NULL, &b->sample, b->sample_unit, H, W, in, -1, b->sample.ci, b->sample.co, -1};
     return l;
 }
 
-// The forward's layers in order; the units as unet_modules_add marks them.
+// The forward's layers in order.
 static int list_layers(const dc_unet *m, unet_layer *L) {
     const dc_unet_config *c = &m->cfg;
     const dc_unet_modules *md = m->mods;
@@ -98,29 +99,28 @@ static int list_layers(const dc_unet *m, unet_layer *L) {
         const unet_block *b = &md->down[i];
         const int H = m->lh >> i, W = m->lw >> i;
         for (int j = 0; j < b->nres; j++) {
-            L[n] = resnet_layer(&b->res[j], b->has_attn ? &b->attn[j] : NULL, H, W, o, -1, C, tp++, 1 + i);
+            L[n] = resnet_layer(&b->res[j], b->has_attn ? &b->attn[j] : NULL, H, W, o, -1, C, tp++);
             C = b->res[j].co, o = ++n, skips[ns++] = o;
         }
         if (b->sample.w >= 0) {
-            L[n] = resample_layer(LAYER_DOWN, &b->sample, H, W, o, 1 + i);
+            L[n] = resample_layer(LAYER_DOWN, b, H, W, o);
             o = ++n, skips[ns++] = o;
         }
     }
     const int Hm = m->lh >> (N - 1), Wm = m->lw >> (N - 1);
-    L[n] = resnet_layer(&md->mid.res[0], &md->mid.attn[0], Hm, Wm, o, -1, C, tp++, 1 + 2 * N);
+    L[n] = resnet_layer(&md->mid.res[0], &md->mid.attn[0], Hm, Wm, o, -1, C, tp++);
     o = ++n;
-    L[n] = resnet_layer(&md->mid.res[1], NULL, Hm, Wm, o, -1, md->mid.res[0].co, tp++, 1 + 2 * N);
+    L[n] = resnet_layer(&md->mid.res[1], NULL, Hm, Wm, o, -1, md->mid.res[0].co, tp++);
     C = md->mid.res[1].co, o = ++n;
     for (int i = 0; i < N; i++) {
         const unet_block *b = &md->up[i];
         const int H = m->lh >> (N - 1 - i), W = m->lw >> (N - 1 - i);
         for (int j = 0; j < b->nres; j++) {
-            L[n] = resnet_layer(&b->res[j], b->has_attn ? &b->attn[j] : NULL, H, W, o, skips[--ns], C, tp++,
-                                1 + N + i);
+            L[n] = resnet_layer(&b->res[j], b->has_attn ? &b->attn[j] : NULL, H, W, o, skips[--ns], C, tp++);
             C = b->res[j].co, o = ++n;
         }
         if (b->sample.w >= 0) {
-            L[n] = resample_layer(LAYER_UP, &b->sample, H, W, o, 1 + N + i);
+            L[n] = resample_layer(LAYER_UP, b, H, W, o);
             o = ++n;
         }
     }
@@ -345,26 +345,36 @@ int unet_train_forward(dc_unet *m, dc_buf out, dc_buf x, dc_buf t, const dc_cond
 
 // Layer l's backward from douts[l + 1] (which it may overwrite) into its
 // inputs' gradients; done[o]: douts[o] holds a share already.
-static void layer_bwd(dc_unet *m, int l, int B, bool *done) {
+// Layer l's backward, each parameter unit it holds handed over in turn.
+static int layer_bwd(dc_unet *m, int l, int B, bool *done) {
     dc_unet_train *a = m->train;
     dc_backend *be = m->be;
-    const dc_params *ps = m->base.params;
+    dc_params *ps = m->base.params;
     const unet_layer *y = &a->layer[l];
     const layer_acts *k = &a->acts[l];
     const unet_grad_scratch *g = &a->g;
     const dc_buf d = a->douts[l + 1], dx = a->douts[y->in], x = a->outs[y->in];
+    const int u0 = m->unit0;
     if (y->kind == LAYER_DOWN) {
+        DC_TRY(dc_params_unit_begin(ps, u0 + y->conv_unit));
         const dc_conv2d_shape s = dc_conv2d_shape_of(y->conv, B, y->H, y->W);
         dc_conv2d_bwd(be, ps, y->conv, dx, d, x, &s, done[y->in]);
+        DC_TRY(dc_params_unit_done(ps, u0 + y->conv_unit));
     } else if (y->kind == LAYER_UP) {
         assert(!done[y->in]);  // an up block's state has no other reader
+        DC_TRY(dc_params_unit_begin(ps, u0 + y->conv_unit));
         const dc_conv2d_shape s = dc_conv2d_shape_of(y->conv, B, 2 * y->H, 2 * y->W);
         dc_conv2d_bwd(be, ps, y->conv, g->d1, d, k->cat, &s, false);
         be->upsample2x_nhwc_bwd(be, dx, g->d1, B, y->cin, y->H, y->W);
+        DC_TRY(dc_params_unit_done(ps, u0 + y->conv_unit));
     } else {
         const dc_buf r = y->attn ? k->rout : x;
-        if (y->attn)  // d becomes dL/d(the resnet's output)
+        if (y->attn) {  // d becomes dL/d(the resnet's output)
+            DC_TRY(dc_params_unit_begin(ps, u0 + y->attn->unit));
             unet_transformer_bwd(be, ps, y->attn, d, r, B, y->H, y->W, a->ctx, a->len, a->dctx, &k->t, g);
+            DC_TRY(dc_params_unit_done(ps, u0 + y->attn->unit));
+        }
+        DC_TRY(dc_params_unit_begin(ps, u0 + y->res->unit));
         if (y->skip >= 0) {  // the first shares of both: written, not added
             assert(!done[y->in] && !done[y->skip]);
             unet_resnet_bwd(be, ps, y->res, a->dcat, d, k->cat, &k->r, a->time.silu_temb, a->dsilu_temb, B, y->H,
@@ -376,8 +386,10 @@ static void layer_bwd(dc_unet *m, int l, int B, bool *done) {
             unet_resnet_bwd(be, ps, y->res, dx, d, x, &k->r, a->time.silu_temb, a->dsilu_temb, B, y->H, y->W,
                             done[y->in], g);
         }
+        DC_TRY(dc_params_unit_done(ps, u0 + y->res->unit));
     }
     done[y->in] = true;
+    return 0;
 }
 
 int unet_train_backward(dc_unet *m, dc_buf dout, int B) {
@@ -389,7 +401,7 @@ int unet_train_backward(dc_unet *m, dc_buf dout, int B) {
     dc_params *ps = m->base.params;
     const dc_unet_modules *md = m->mods;
     const int64_t HW0 = (int64_t)m->lh * m->lw, td = dc_unet_time_dim(c);
-    const int n = a->n, N = c->nblocks, final_unit = 2 * N + 2;
+    const int n = a->n, final_unit = md->out_unit;
     bool done[MAX_LAYERS + 1] = {false};
 
     // conv_out(SiLU(conv_norm_out(h))): dout [B, C, HW] to channels-last
@@ -406,17 +418,10 @@ int unet_train_backward(dc_unet *m, dc_buf dout, int B) {
 
     be->zero(be, a->dsilu_temb.p, (size_t)(B * td) * dc_dtype_size(a->dsilu_temb.dt));
     if (a->dctx.p) be->zero(be, a->dctx.p, (size_t)B * a->len * c->ctx_dim * sizeof(float));
-    int unit = -1;
     for (int l = n - 1; l >= 0; l--) {
-        if (a->layer[l].unit != unit) {
-            if (unit >= 0) DC_TRY(dc_params_unit_done(ps, m->unit0 + unit));
-            unit = a->layer[l].unit;
-            DC_TRY(dc_params_unit_begin(ps, m->unit0 + unit));
-        }
         if (l >= a->keep) layer_fwd(m, l, B);  // recompute what backward reads
-        layer_bwd(m, l, B, done);
+        DC_TRY(layer_bwd(m, l, B, done));
     }
-    if (unit >= 0) DC_TRY(dc_params_unit_done(ps, m->unit0 + unit));
 
     // conv_in (the latents take no gradient) and the time embedding
     DC_TRY(dc_params_unit_begin(ps, m->unit0));

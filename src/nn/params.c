@@ -92,12 +92,13 @@ static int alloc_zero(dc_backend *be, dc_buf *b, int64_t n, dc_dtype dt) {
     return 0;
 }
 
-int dc_params_alloc_loaded(dc_params *ps, dc_backend *be, bool with_grad, dc_dtype loaded) {
+int dc_params_alloc_loaded(dc_params *ps, dc_backend *be, dc_grad_mode grad, dc_dtype loaded) {
     if (ps->be) return dc_fail("the parameters are already allocated");
     layout(ps);
     ps->be = be;
+    ps->window = grad == DC_GRAD_WINDOW;
     DC_TRY(alloc_zero(be, &ps->data, ps->numel, DC_F32));
-    if (with_grad) DC_TRY(alloc_zero(be, &ps->grad, ps->numel, DC_F32));
+    if (grad == DC_GRAD_BUFFER) DC_TRY(alloc_zero(be, &ps->grad, ps->numel, DC_F32));
     if (be->compute != DC_F32 && ps->numel) {
         ps->wc = (dc_buf){be->alloc(be, (size_t)ps->numel * dc_dtype_size(be->compute)), be->compute};
         if (!ps->wc.p) return -1;
@@ -108,8 +109,8 @@ int dc_params_alloc_loaded(dc_params *ps, dc_backend *be, bool with_grad, dc_dty
     return 0;
 }
 
-int dc_params_alloc(dc_params *ps, dc_backend *be, bool with_grad) {
-    return dc_params_alloc_loaded(ps, be, with_grad, be->compute);
+int dc_params_alloc(dc_params *ps, dc_backend *be, dc_grad_mode grad) {
+    return dc_params_alloc_loaded(ps, be, grad, be->compute);
 }
 
 int dc_params_alloc_frozen(dc_params *ps, dc_backend *be, dc_dtype loaded) {

@@ -79,13 +79,20 @@ typedef struct {
 
 typedef struct dc_adapter dc_adapter;  // nn/adapter.h
 
+// How a set is made for training (dc_params_alloc): not at all, with the
+// full fp32 gradient buffer, or through an optimizer's gradient window only
+// (optimizer offload, train/offload.h: unit-sized buckets), so that no full
+// buffer is ever made. `true` and `false` read as the first two.
+typedef enum { DC_GRAD_NONE = 0, DC_GRAD_BUFFER = 1, DC_GRAD_WINDOW = 2 } dc_grad_mode;
+
 typedef struct {
     dc_param *items;
     int count, cap;
     int64_t numel;  // of the flat layout (trainable and fixed parameters)
     dc_backend *be;
     dc_buf data;  // [numel] F32; NULL when numel is 0
-    dc_buf grad;  // [numel] F32, NULL until dc_params_alloc(.., true)
+    dc_buf grad;  // [numel] F32, NULL unless allocated with DC_GRAD_BUFFER
+    bool window;  // allocated with DC_GRAD_WINDOW: trains, its gradients only through an optimizer's hooks
     dc_buf wc;    // [numel] in the backend's compute dtype; NULL when that is F32
     bool stale;   // wc lags behind data
     dc_buf frozen;         // [frozen_numel] the frozen parameters, in one dtype (see above)
@@ -112,15 +119,15 @@ int dc_params_add(dc_params *ps, const char *name, bool trainable, int ndim, ...
 // Makes parameter i frozen (see above); before the set is allocated.
 int dc_params_freeze(dc_params *ps, int i);
 // Lays out and allocates the set: trainable and fixed parameters in the
-// flat buffers (zeroed; the gradient too if with_grad), frozen ones in the
+// flat buffers (zeroed; the gradient too with DC_GRAD_BUFFER), frozen ones in the
 // frozen arena (zeroed). loaded: the dtype the frozen ones come in
 // (dc_weights_dtype); they are kept in it when it is F16 or BF16 and the
 // backend's ops read such weights (be->half_weights: the CPU), else in the
 // compute dtype (F32 on the CPU, BF16 on a GPU). Unit ends move with the
 // layout. Once only.
-int dc_params_alloc_loaded(dc_params *ps, dc_backend *be, bool with_grad, dc_dtype loaded);
+int dc_params_alloc_loaded(dc_params *ps, dc_backend *be, dc_grad_mode grad, dc_dtype loaded);
 // The same with frozen parameters in the compute dtype.
-int dc_params_alloc(dc_params *ps, dc_backend *be, bool with_grad);
+int dc_params_alloc(dc_params *ps, dc_backend *be, dc_grad_mode grad);
 // Inference: every parameter frozen, so one copy of the weights, with no fp32
 // master, no gradient and no compute copy. Such a set never trains.
 int dc_params_alloc_frozen(dc_params *ps, dc_backend *be, dc_dtype loaded);
@@ -179,7 +186,7 @@ static inline dc_buf dc_param_train_grad(const dc_params *ps, int i) {
 }
 // Whether the set takes gradients (allocated with them, or through an
 // optimizer's window).
-static inline bool dc_params_trains(const dc_params *ps) { return ps->grad.p || ps->hooks; }
+static inline bool dc_params_trains(const dc_params *ps) { return ps->grad.p || ps->hooks || ps->window; }
 
 // Closes the current unit at the parameters registered so far (a model calls
 // it after each block; an empty unit is not recorded).

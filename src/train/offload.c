@@ -400,7 +400,7 @@ static void restore_data(dc_offload *o) {
 }
 
 // Sets up o (zeroed; on failure the caller frees it).
-static int init(dc_offload *o, dc_params *ps, dc_backend *be, bool fold, const dc_offload_settings *set) {
+static int init(dc_offload *o, dc_params *ps, dc_backend *be, bool fold, bool ema, const dc_offload_settings *set) {
     DC_TRY(dc_offload_settings_validate(set));
     if (fold && strcmp(be->name, "cpu") != 0)
         return dc_fail("--offload: the %s backend cannot add the host's gradient sums on the device", be->name);
@@ -409,7 +409,8 @@ static int init(dc_offload *o, dc_params *ps, dc_backend *be, bool fold, const d
     if (dc_params_unit_count(ps) < 2)
         return dc_fail("--offload needs a model whose backward hands over its gradients block by block; "
                        "this one does not");
-    if (!ps->grad.p || ps->hooks) return dc_fail("--offload: the parameters' gradients are already taken");
+    if ((!ps->grad.p && !ps->window) || ps->hooks)
+        return dc_fail("--offload: the parameters' gradients are already taken");
     o->be = be, o->ps = ps, o->units = dc_params_unit_count(ps), o->fold = fold, o->set = *set;
     o->widest = widest_unit(ps);
     held_units(ps, o->widest, set->hold, &o->hold_lo, &o->hold_hi);
@@ -452,10 +453,15 @@ static int init(dc_offload *o, dc_params *ps, dc_backend *be, bool fold, const d
         return dc_fail("--offload: could not start the optimizer thread");
     }
     o->running = true;
-    // the buckets replace the full gradient buffer, which becomes the EMA:
-    // an exact copy of the weights, as the plain trainer's starts
-    o->ema = ps->grad;
-    be->copy(be, o->ema.p, ps->data.p, bytes);
+    // the buckets replace the full gradient buffer, which becomes the EMA
+    // (an exact copy of the weights, as the plain trainer's starts) where
+    // there is one and an EMA is kept
+    if (ema && ps->grad.p) {
+        o->ema = ps->grad;
+        be->copy(be, o->ema.p, ps->data.p, bytes);
+    } else if (ps->grad.p) {
+        be->free(be, ps->grad.p);
+    }
     ps->grad = dc_buf_none();
     o->base.hooks.unit = unit_hook;
     if (ps->forward_uses_units) o->base.hooks.use = use_hook;
@@ -463,6 +469,11 @@ static int init(dc_offload *o, dc_params *ps, dc_backend *be, bool fold, const d
     // the compute copy holds the weights now; from here only the updates write it
     dc_params_refresh(ps);
     if (ps->wc.p) keep_fixed_only(o, kept);
+    if (ema && !o->ema.p) {  // made last, once the fp32 data has shrunk: from the master
+        o->ema = (dc_buf){be->alloc(be, bytes), DC_F32};
+        if (!o->ema.p) return dc_fail_ctx("--offload: the EMA (%.1f MiB)", bytes / 1048576.0);
+        be->upload(be, o->ema.p, o->master, bytes);
+    }
     if (dc_backend_status(be)) return -1;
     return 0;
 }
@@ -572,10 +583,11 @@ static int offload_save(dc_optimizer *base, float *host) {
     DC_TRY(drain(o));
     if (!host) return 0;
     const int64_t np = o->ps->numel;
-    const float *st[DC_STATE_COUNT] = {o->master, NULL, o->m, o->v};
+    // no EMA: a decay of 0, where it is the weights
+    const float *st[DC_STATE_COUNT] = {o->master, o->ema.p ? NULL : o->master, o->m, o->v};
     for (int b = 0; b < DC_STATE_COUNT; b++)
         if (st[b]) memcpy(host + b * np, st[b], (size_t)np * sizeof(float));
-    o->be->download(o->be, host + DC_STATE_EMA * np, o->ema.p, (size_t)np * sizeof(float));
+    if (o->ema.p) o->be->download(o->be, host + DC_STATE_EMA * np, o->ema.p, (size_t)np * sizeof(float));
     return dc_backend_status(o->be);
 }
 
@@ -585,7 +597,7 @@ static int offload_save(dc_optimizer *base, float *host) {
 static int offload_restore(dc_optimizer *base, const dc_st_file *f) {
     dc_offload *o = (dc_offload *)base;
     DC_TRY(drain(o));  // no update may still write what is read in here
-    DC_TRY(dc_params_load(o->ps, o->ema, f, "ema."));
+    if (o->ema.p) DC_TRY(dc_params_load(o->ps, o->ema, f, "ema."));  // else the weights, as the master holds them
     DC_TRY(dc_ckpt_read_moment(o->ps, f, DC_STATE_M, o->m));
     DC_TRY(dc_ckpt_read_moment(o->ps, f, DC_STATE_V, o->v));
     return dc_backend_status(o->be);
@@ -596,13 +608,13 @@ static const dc_optimizer_ops k_offload = {
     .drain = offload_drain, .save = offload_save, .restore = offload_restore, .free = offload_free,
 };
 
-int dc_offload_create(dc_params *ps, dc_backend *be, bool fold, const dc_offload_settings *set,
+int dc_offload_create(dc_params *ps, dc_backend *be, bool fold, bool ema, const dc_offload_settings *set,
                       dc_optimizer **out) {
     *out = NULL;
     dc_offload *o = calloc(1, sizeof *o);
     if (!o) return dc_fail("out of host memory for --offload");
     o->base = (dc_optimizer){.ops = &k_offload, .ps = ps, .be = be, .hooks = {.ctx = o}};
-    if (init(o, ps, be, fold, set)) {
+    if (init(o, ps, be, fold, ema, set)) {
         dc_optimizer_free(&o->base);
         return -1;
     }

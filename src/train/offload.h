@@ -135,7 +135,8 @@ typedef struct {
     // pinned host state, [numel] F32 each, the parameters' flat layout
     float *master, *m, *v;
     float *grad;            // the step's gradients (running sums over its micro-batches)
-    dc_buf ema;             // [numel] F32 on the device (the parameters' former gradient buffer)
+    dc_buf ema;             // [numel] F32 on the device (the parameters' former gradient buffer, or its
+                            // own); none without an EMA (decay 0: it would equal the master)
     dc_buf bucket[2];       // [widest unit] F32 on the device: a unit's gradients in backward
     int64_t widest;         // elements of the largest unit
     bool fold;              // each micro-batch's gradients from zero, added to the host's sum (the CPU)
@@ -189,9 +190,13 @@ typedef struct {
 } dc_offload;
 
 // The strategy: takes the parameters' state, the master copied from the
-// weights onto the host, moments zero there; the full gradient buffer
-// becomes the device EMA, an exact copy of the weights; where a compute copy
-// exists, the fp32 data shrinks to the fixed tensors. Takes the parameters'
+// weights onto the host, moments zero there; with ema, the device EMA starts
+// as an exact copy of the weights (in the full gradient buffer, where the
+// set has one; a set made with DC_GRAD_WINDOW never has: its EMA buffer is
+// made once the fp32 data has shrunk). Without ema (a decay of 0, where the
+// EMA is the weights) there is none on the device, and checkpoints take the
+// master for it. Where a compute copy exists, the fp32 data shrinks to the
+// fixed tensors. Takes the parameters'
 // hooks. Needs a backend with the pinned-copy ops and a model whose backward
 // hands over its gradients unit by unit. fold: accumulate micro-batches as
 // the CPU's trainer does (above; the CPU backend only, whose ops read host
@@ -207,7 +212,7 @@ typedef struct {
 // left to the worker in forward order (above). drain: waits for every unit
 // of the last update and lands it: the master, the EMA and the compute copy
 // then hold the step's result.
-int dc_offload_create(dc_params *ps, dc_backend *be, bool fold, const dc_offload_settings *set,
+int dc_offload_create(dc_params *ps, dc_backend *be, bool fold, bool ema, const dc_offload_settings *set,
                       dc_optimizer **out);
 // Units [0, n) are updated on the device with device_share (see above); n
 // is returned.
@@ -215,8 +220,8 @@ int dc_offload_device_units(const dc_params *ps, double device_share);
 // Device bytes offload allocates with device_share: the two gradient
 // buckets, the staging buffer, the zeros, the units' norms and, with units
 // updated on the device, their master and moments. Beside them it keeps the
-// full gradient buffer (as the EMA) and, where a compute copy exists, only
-// dc_offload_kept_data(ps) elements of the fp32 data.
+// EMA (4 bytes a parameter, when it has one) and, where a compute copy
+// exists, only dc_offload_kept_data(ps) elements of the fp32 data.
 int64_t dc_offload_device_bytes_at(const dc_params *ps, double device_share);
 // The same with the default settings: what the memory planner counts.
 static inline int64_t dc_offload_device_bytes(const dc_params *ps) {

@@ -162,6 +162,7 @@ static const dc_optimizer_ops k_plain = {
 
 int dc_optim_plain_create(dc_params *ps, bool fold, dc_optimizer **out) {
     *out = NULL;
+    if (!ps->grad.p) return dc_fail("the model was made to train through --offload's gradient buckets only");
     dc_optim_plain *p = calloc(1, sizeof *p);
     if (!p) return dc_fail("out of memory");
     dc_backend *be = ps->be;

@@ -69,14 +69,15 @@ int dc_plan_predict(const dc_plan_request *r, const dc_train_plan *p, dc_plan_me
     int rc = 0;
     if (m.activations < 0) rc = dc_fail("plan: the activations of micro-batch %d", p->micro_batch);
     if (!rc && p->offload) {
-        // train/offload.c: unit-sized buffers (gradient buckets, staging,
+        // train/offload.c: the model made with no full gradient buffer
+        // (DC_GRAD_WINDOW); unit-sized buffers (gradient buckets, staging,
         // zeros) and, beside a compute copy, the fixed tensors' fp32 prefix,
-        // all allocated before the fp32 data shrinks to that prefix; the
-        // full gradient buffer stays as the EMA
+        // all allocated before the fp32 data shrinks to that prefix; then
+        // the EMA, unless its decay is 0
         const int64_t kept = r->compute != DC_F32 ? 4 * dc_offload_kept_data(ps) : 0;
         m.grads = dc_offload_device_bytes(ps);
-        m.optimizer = full_grad;
-        m.setup = m.weights + full_grad + m.grads + kept + m.fixed;
+        m.optimizer = r->no_ema ? 0 : full_grad;
+        m.setup = m.weights + m.grads + kept + m.fixed;
         if (r->compute != DC_F32) m.weights += kept - 4 * P;
     } else if (!rc && r->zero == 0) {
         // AdamW m, v and the EMA; with bf16 gradients between ranks, their
