@@ -1,5 +1,6 @@
 // Errors from the CUDA backend come back as errors, with their cause, never
-// an abort: an impossible allocation, mixed dtypes inside an op (sticky, and
+// an abort: an impossible allocation, one past the memory cap (which the
+// peak report respects), mixed dtypes inside an op (sticky, and
 // returned by the model's forward and backward and by the sampler), attention
 // the device cannot hold or outside the op's contract (also inside a graph
 // capture), convolutions that were never reserved, then a fresh backend
@@ -88,6 +89,27 @@ static void test_errors(void) {
     if (huge) be->free(be, huge);
     void *small = be->alloc(be, 1 << 20);
     expect(small && dc_backend_status(be) == 0, "after it: status 0 and a 1 MiB allocation works");
+    be->free(be, small);
+
+    // 1b. The memory cap: an allocation past it fails naming the cap, one
+    //     within it works, and the peak reported (workspaces included) stays under it.
+    size_t held = 0, peak = 0;
+    be->memory(be, &held, NULL);
+    be->set_memory_cap(be, held + (3 << 20));
+    dc_error_clear();
+    void *within = be->alloc(be, 2 << 20), *past = be->alloc(be, 2 << 20);
+    printf("     past the cap: %s\n", dc_error());
+    expect(within && !past && has(dc_error(), "memory cap") && has(dc_error(), "--max-gpu-memory") &&
+               dc_backend_status(be) == 0,
+           "capped at 3 MiB over what is held: 2 MiB allocated, 2 MiB more refused naming the cap");
+    be->memory(be, NULL, &peak);
+    snprintf(what, sizeof what, "the peak %zu bytes within the cap (%zu held before)", peak, held);
+    expect(peak <= held + (3 << 20) && peak >= held + (2 << 20), what);
+    if (past) be->free(be, past);
+    be->free(be, within);
+    be->set_memory_cap(be, 0);
+    small = be->alloc(be, 4 << 20);
+    expect(small != NULL, "no cap: 4 MiB allocated");
     be->free(be, small);
 
     // 2. A programmer's dtype error inside an op: recorded, returned by the

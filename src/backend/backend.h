@@ -373,6 +373,10 @@ struct dc_backend {
     // ---- optional: NULL where a backend has no such thing -------------------------
     // Device memory this backend holds now and its peak since creation, in bytes.
     void (*memory)(dc_backend *be, size_t *now, size_t *peak);
+    // A hard cap on that memory (0: none): an allocation, a tensor's or an
+    // op workspace's, that would take it past the cap fails with a message
+    // naming the cap, as the device itself would once full.
+    void (*set_memory_cap)(dc_backend *be, size_t bytes);
     // Records the ops that fn(arg) issues (no uploads, downloads or syncs among
     // them) into a graph that graph_launch replays with the same buffers.
     // NULL with a message if fn failed (or an op in it did) or the capture did.

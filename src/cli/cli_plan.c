@@ -33,6 +33,7 @@ int cli_plan_choose(const dc_model *m, dc_backend *be, int64_t budget, int batch
     dc_plan_mem pm;
     DC_TRY(dc_plan_choose(&rq, budget, &plan, &pm, NULL));
     dc_plan_describe(&rq, &plan, &pm, budget, line, n);
+    if (be->set_memory_cap) be->set_memory_cap(be, (size_t)budget);
     *micro_batch = plan.micro_batch, *offload = plan.offload;
     *recompute = plan.keep < blocks ? plan.keep : -1;
     return 0;

@@ -25,6 +25,8 @@ int cli_plan_check_ranks(bool offload, int zero, int ranks);
 // *micro_batch (0: free), *recompute (-1: free) and *offload (false: free).
 // Out: the plan, *recompute -1 when every block keeps its activations; line
 // gets its description ("plan: micro-batch 64, ...") for the command to print.
+// The backend's allocations are then capped at budget (set_memory_cap, where
+// it has one): the plan is a prediction, the cap holds the run to it.
 int cli_plan_choose(const dc_model *m, dc_backend *be, int64_t budget, int batch, int ranks, int zero,
                     dc_dtype grad_comm, bool no_ema, int *micro_batch, int *recompute, bool *offload, char *line,
                     size_t n);

@@ -248,7 +248,8 @@ int cmd_bench(int argc, char **argv) {
         {"max-gpu-memory", ARG_STR, &max_mem, "SIZE", "training with the fastest micro-batch, --recompute and "
                                                       "--offload whose predicted peak device memory fits in SIZE "
                                                       "(8G, 7.5GiB, 8000M), printed as the plan; --recompute or "
-                                                      "--offload given stay as given (default: off)"},
+                                                      "--offload given stay as given. The GPU's allocations are "
+                                                      "then capped at SIZE (default: off)"},
     };
     arg_parser ap = {"diffusion bench [--model NAME] [flags]",
                      "Times training steps and sampling steps of a model on synthetic data and\n"
@@ -301,7 +302,7 @@ int cmd_bench(int argc, char **argv) {
     dc_backend *be = NULL;
     dc_model *layout = NULL;  // the model sized, nothing allocated
     rc = -1;
-    if (dc_model_preset(model, &mc) || dc_model_create(&mc, NULL, false, &layout)) goto done;
+    if (dc_model_preset(model, &mc) || dc_model_create(&mc, NULL, DC_GRAD_BUFFER, &layout)) goto done;
     if (cli_set_threads(threads) || cli_backend(device, precision, &be)) goto done;
     if (lead) {
         char what[512];

@@ -9,6 +9,7 @@
 #include <sys/resource.h>
 
 #include "cli/args.h"
+#include "cli/cli_plan.h"
 #include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "cli/train_ranks.h"
@@ -140,7 +141,7 @@ static int lora_model(const dc_kv *mc, dc_backend *be, int rank, const char *tar
 }
 
 int cmd_bench_sd_train(int argc, char **argv) {
-    const char *config = NULL, *device = "auto", *precision = "auto", *grad_comm = "fp32";
+    const char *config = NULL, *device = "auto", *precision = "auto", *grad_comm = "fp32", *max_mem = NULL;
     int size = 0, batch = 8, micro = 0, steps = 10, warm = 3, recompute = -1, threads = 0;
     int ranks = 0, gpus = 0, zero = 0, lora = 0;
     float comm_timeout = 300, ema_decay = dc_train_config_default().ema_decay;
@@ -164,6 +165,9 @@ int cmd_bench_sd_train(int argc, char **argv) {
                                               "CPU, as `train --offload` (one rank)"},
         {"ema-decay", ARG_FLOAT, &ema_decay, "X", "the EMA's decay, as `train --ema-decay` (0: none kept apart from "
                                                   "the weights with --offload)"},
+        {"max-gpu-memory", ARG_STR, &max_mem, "SIZE", "cap the GPU memory the engine allocates at SIZE (8G, 7.5GiB): "
+                                                      "a step that needs more fails, naming the cap. No plan is "
+                                                      "chosen here: give --recompute and --offload (default: off)"},
         {"threads", ARG_INT, &threads, "N", "CPU threads (default: all cores)"},
         {"device", ARG_STR, &device, "NAME", CLI_DEVICE_HELP},
         {"precision", ARG_STR, &precision, "P", CLI_PRECISION_HELP},
@@ -206,6 +210,8 @@ int cmd_bench_sd_train(int argc, char **argv) {
     if (train_ranks_check_flags(ranks, gpus, zero, comm_timeout, device)) return cli_usage_fail();
     dc_dtype wire;
     if (train_ranks_grad_comm(grad_comm, &wire)) return cli_usage_fail();
+    int64_t cap = 0;
+    if (cli_plan_budget(max_mem, &cap)) return cli_usage_fail();
 
     // ---- several ranks: this process starts them, or is one of them
     train_ranks job;
@@ -229,6 +235,7 @@ int cmd_bench_sd_train(int argc, char **argv) {
     if (size && dc_kv_set(&over, "sample_size", "%d", size / 8)) goto done;
     if (dc_model_configure(&base, &over, NULL, &mc)) goto done;
     if (cli_set_threads(threads) || cli_backend(device, precision, &be)) goto done;
+    if (cap && be->set_memory_cap) be->set_memory_cap(be, (size_t)cap);
     if (lora ? lora_model(&mc, be, lora, lora_targets, &m)
              : dc_model_create(&mc, be, offload ? DC_GRAD_WINDOW : DC_GRAD_BUFFER, &m) || dc_model_init_weights(m, 0))
         goto done;

@@ -362,7 +362,8 @@ int cmd_train(int argc, char **argv) {
         {"max-gpu-memory", ARG_STR, &max_mem, "SIZE", "pick the fastest --micro-batch, --recompute and --offload whose "
                                                       "predicted peak device memory fits in SIZE (8G, 7.5GiB, "
                                                       "8000M) and print the plan; those of the three given on the "
-                                                      "command line stay as given (default: off)"},
+                                                      "command line stay as given. The GPU's allocations are then "
+                                                      "capped at SIZE (default: off)"},
     };
     arg_parser ap = {"diffusion train [flags]",
                      "Trains a class-conditional model with the official objective (eps MSE plus the\n"
@@ -546,7 +547,7 @@ int cmd_train(int argc, char **argv) {
         static char base_buf[4096];
         if (base) snprintf(base_buf, sizeof base_buf, "%s", base), model = base_buf;
         t2i = base != NULL;
-        if (dc_model_config_of_file(&ck, "", 0, &mc) || (!t2i && dc_model_create(&mc, NULL, false, &layout)) ||
+        if (dc_model_config_of_file(&ck, "", 0, &mc) || (!t2i && dc_model_create(&mc, NULL, DC_GRAD_BUFFER, &layout)) ||
             dc_train_config_from_kv(&tc, (const char *const *)ck.meta_keys,
                                     (const char *const *)ck.meta_values, ck.nmeta, ck.path))
             goto fail;
@@ -582,7 +583,7 @@ int cmd_train(int argc, char **argv) {
             goto fail;
         const dc_data_shape given = {ds.channels, 1, ds.height, ds.width, ds.num_classes};
         if (model_config(model, &ap, shape, &given, &mc)) { dc_fail_ctx("%s", data_path); goto fail; }
-        if (dc_model_create(&mc, NULL, false, &layout)) goto fail;
+        if (dc_model_create(&mc, NULL, DC_GRAD_BUFFER, &layout)) goto fail;
     }
     if (dc_train_config_validate(&tc)) goto fail;
     // samples of several sizes (aspect-ratio buckets): memory is planned for the largest

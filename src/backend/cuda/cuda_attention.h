@@ -52,6 +52,10 @@ static inline unsigned dc_attn_grid(int B, int H, int T, int rows_per_block) {
 // pair: 4-byte stores of two bf16 are legal for the outputs.
 void dc_attn_fwd_bf16(cudaStream_t s, const AttnParams &p, bool vec, bool pair);
 void dc_attn_bwd_bf16(cudaStream_t s, const AttnParams &p, bool vec, bool pair);
+// Whether the current device gives dc_attn_bwd_bf16's blocks for heads of Dh
+// the shared memory they take (heads over 128 need 106 KB: an sm_86 or
+// sm_89 GPU opts in to 99 KB at most, an A100 or H100 to more).
+bool dc_attn_bwd_bf16_fits(int Dh);
 void dc_attn_fwd_f32(cudaStream_t s, const AttnParams &p);
 void dc_attn_bwd_f32(cudaStream_t s, const AttnParams &p);
 

@@ -276,6 +276,16 @@ template <int DP> static size_t dq_smem() {
     return (size_t)4 * BT * (DP + 8) * sizeof(bf16) + 2 * BT * sizeof(float);
 }
 
+bool dc_attn_bwd_bf16_fits(int Dh) {
+    int dev = 0, optin = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+        return cudaGetLastError(), false;
+    size_t most = 0;
+    attn_dispatch_dp(Dh, [&]<int DP>() { most = dkdv_smem<DP>() > dq_smem<DP>() ? dkdv_smem<DP>() : dq_smem<DP>(); });
+    return most <= (size_t)optin;
+}
+
 void dc_attn_bwd_bf16(cudaStream_t s, const AttnParams &p, bool vec, bool pair) {
     attn_dispatch_dp(p.Dh, [&]<int DP>() {
         const size_t sm1 = dkdv_smem<DP>(), sm2 = dq_smem<DP>();

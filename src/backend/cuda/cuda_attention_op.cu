@@ -113,7 +113,7 @@ extern "C" void dc_cuda_attention_bwd(dc_backend *be, dc_buf dq, dc_buf dk, dc_b
     p.dq = dq.p, p.dk = dk.p, p.dv = dv.p;
     if (bf16 && dc_cuda_attention_cudnn_bwd(be, &p, s)) return;
     cudaStream_t st = dc_cuda(be)->stream;
-    if (!fused(s, bf16)) {
+    if (!fused(s, bf16) || (bf16 && !dc_attn_bwd_bf16_fits(s->Dh))) {
         if (!dc_attn_big_fits(be, s->Tq, s->Tk, bf16))
             DC_CUDA_FAIL(be, "attention over %d queries and %d keys with head size %d is too long for the GPU's "
                          "score workspace", s->Tq, s->Tk, s->Dh);

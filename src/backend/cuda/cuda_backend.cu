@@ -13,6 +13,7 @@
 
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/cuda_sm90.h"
 #include "core/error.h"
 
 void dc_cuda_record(dc_backend *be, const char *func, const char *file, int line, const char *fmt, ...) {
@@ -45,16 +46,40 @@ int dc_cuda_fail_alloc(const char *what, size_t bytes, cudaError_t e) {
 
 int dc_cuda_grow(dc_cuda_ctx *c, void **p, size_t *have, size_t bytes, const char *what) {
     if (bytes <= *have) return 0;
+    DC_TRY(dc_cuda_check_cap(c, bytes - *have, what));
     c->frees += *p != NULL;  // a graph that uses the old one is stale
     if (*p) cudaFree(*p);  // waits for the work that uses it
     *p = NULL, *have = 0;
     cudaError_t e = cudaMalloc(p, bytes);
     if (e != cudaSuccess) return *p = NULL, dc_cuda_fail_alloc(what, bytes, e);
     *have = bytes;
+    dc_cuda_note_peak(c);
     return 0;
 }
 
 // ---- memory --------------------------------------------------------------------------
+// The ops' own workspaces (the reduction scratch is too small to matter).
+static size_t workspace_bytes(const dc_cuda_ctx *c) {
+    return c->lt_ws_bytes + c->conv_ws_bytes + c->conv_scratch_bytes + c->sdpa_ws_bytes + c->wino_u_bytes +
+           DC_CUDA_NORM_WS * sizeof(double);
+}
+
+void dc_cuda_note_peak(dc_cuda_ctx *c) {
+    const size_t held = c->bytes_now + workspace_bytes(c);
+    if (held > c->bytes_peak) c->bytes_peak = held;
+}
+
+bool dc_cuda_fits_cap(const dc_cuda_ctx *c, size_t more) {
+    return !c->cap || c->bytes_now + workspace_bytes(c) + more <= c->cap;
+}
+
+int dc_cuda_check_cap(const dc_cuda_ctx *c, size_t more, const char *what) {
+    if (dc_cuda_fits_cap(c, more)) return 0;
+    const size_t held = c->bytes_now + workspace_bytes(c);
+    return dc_fail("GPU allocation of %.1f MiB for %s would pass the memory cap (--max-gpu-memory %.2f GiB; %.2f GiB "
+                   "held)", more / 1048576.0, what, c->cap / 1073741824.0, held / 1073741824.0);
+}
+
 // A host-side table of live allocations keeps the tally of device memory.
 static void *cu_alloc(dc_backend *be, size_t bytes) {
     dc_cuda_ctx *c = dc_cuda(be);
@@ -66,11 +91,12 @@ static void *cu_alloc(dc_backend *be, size_t bytes) {
         if (!t) return dc_fail("out of host memory for the GPU allocation table"), (void *)NULL;
         c->allocs = t, c->cap_allocs = cap;
     }
+    if (dc_cuda_check_cap(c, bytes, "a tensor")) return NULL;
     cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
     if (e != cudaSuccess) return dc_cuda_fail_alloc("a tensor", bytes, e), (void *)NULL;
     c->allocs[c->nallocs++] = (dc_cuda_alloc_rec){p, bytes};
     c->bytes_now += bytes;
-    if (c->bytes_now > c->bytes_peak) c->bytes_peak = c->bytes_now;
+    dc_cuda_note_peak(c);
     return p;
 }
 
@@ -89,12 +115,12 @@ static void cu_free(dc_backend *be, void *p) {
 
 static void cu_memory(dc_backend *be, size_t *now, size_t *peak) {
     dc_cuda_ctx *c = dc_cuda(be);
-    // the ops' own workspaces count too (the reduction scratch is too small to matter)
-    size_t ws = c->lt_ws_bytes + c->conv_ws_bytes + c->conv_scratch_bytes + c->sdpa_ws_bytes + c->wino_u_bytes +
-                DC_CUDA_NORM_WS * sizeof(double);
+    const size_t ws = workspace_bytes(c);  // the ops' own workspaces count too
     if (now) *now = c->bytes_now + ws;
-    if (peak) *peak = c->bytes_peak + ws;
+    if (peak) *peak = c->bytes_peak;
 }
+
+static void cu_set_memory_cap(dc_backend *be, size_t bytes) { dc_cuda(be)->cap = bytes; }
 
 // Uploads are staged through the ring in pieces of at most an eighth of it:
 // the host waits only if the device has not yet consumed the copy made a
@@ -268,7 +294,8 @@ static int start(dc_cuda_ctx *c, const dc_backend_opts *o) {
         return dc_fail("GPU %d has compute capability %d.%d; the CUDA backend needs 8.0 (Ampere) or newer", dev,
                        major, minor);
     if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
-    c->pdl = major >= 9;
+    // dc_pdl_enter waits only in code built for sm_90 and up: not in compute_80 PTX compiled at load time
+    c->pdl = sm90_device();
     if (e != cudaSuccess)
         return cudaGetLastError(), dc_fail("the CUDA GPU could not be used (%s)", cudaGetErrorString(e));
     cublasStatus_t st = cublasLtCreate(&c->lt);
@@ -397,7 +424,7 @@ extern "C" dc_backend *dc_backend_cuda_create_opts(bool fp32, const dc_backend_o
         .upsample2x_nhwc_bwd = dc_cuda_upsample2x_nhwc_bwd,
         .channel_sum_nhwc = dc_cuda_channel_sum_nhwc,
         .split_channels = dc_cuda_split_channels,
-        .memory = cu_memory,
+        .memory = cu_memory, .set_memory_cap = cu_set_memory_cap,
         .graph_capture = cu_graph_capture,
         .graph_launch = cu_graph_launch,
         .graph_free = cu_graph_free,

@@ -262,10 +262,12 @@ static const void *kept_u(dc_cuda_ctx *c, const void *w, const dc_conv2d_shape *
     }
     const size_t bytes = (size_t)u_bytes(s);
     void *U = NULL;
-    if (cudaMalloc(&U, bytes) != cudaSuccess) return cudaGetLastError(), (const void *)NULL;  // made each call then
+    if (!dc_cuda_fits_cap(c, bytes)) return NULL;  // made each call then
+    if (cudaMalloc(&U, bytes) != cudaSuccess) return cudaGetLastError(), (const void *)NULL;
     make_u(c, U, w, s);
     c->wino_u[c->nwino_u++] = (dc_wino_u){w, s->Co, s->Ci, U};
     c->wino_u_bytes += bytes;
+    dc_cuda_note_peak(c);
     return U;
 }
 

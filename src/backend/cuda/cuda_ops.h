@@ -66,7 +66,9 @@ typedef struct {
     int64_t copies[2];        // copies issued a direction
     dc_cuda_alloc_rec *allocs;     // live allocations
     int nallocs, cap_allocs;
-    size_t bytes_now, bytes_peak;  // device memory we hold
+    size_t bytes_now;              // device memory we hold in tensors (the workspaces apart)
+    size_t bytes_peak;             // the most of it and the workspaces together
+    size_t cap;                    // a hard cap on it, workspaces included (0: none)
     uint64_t frees;           // device buffers freed or replaced so far (a graph's validity)
     bool failed;              // an op has failed: err says how, and nothing runs any more
     char err[512];
@@ -144,6 +146,12 @@ int dc_cuda_fail_alloc(const char *what, size_t bytes, cudaError_t e);
 // is freed once the work that uses it is done): 0, or -1 with a message if
 // the GPU cannot give it (the old one is gone then too).
 int dc_cuda_grow(dc_cuda_ctx *c, void **p, size_t *have, size_t bytes, const char *what);
+// Whether `more` bytes fit under the memory cap (set_memory_cap), and the
+// same failing with a message naming `what` where they do not.
+bool dc_cuda_fits_cap(const dc_cuda_ctx *c, size_t more);
+int dc_cuda_check_cap(const dc_cuda_ctx *c, size_t more, const char *what);
+// Records the tensors and workspaces held now toward the peak.
+void dc_cuda_note_peak(dc_cuda_ctx *c);
 
 // ---- copies beside the ops (cuda_copy.cu) ----
 // The copy stream and its events (0, or -1 with a message); freed by dc_cuda_copy_free.

@@ -115,16 +115,24 @@ static inline PFN_cuTensorMapEncodeTiled_v12000 sm90_encode_fn(void) {
     return fn;
 }
 
-// Whether the current device runs sm_90a code (Hopper), asked once a device.
+// A kernel whose attributes say which code of this build the device runs.
+static __global__ void sm90_probe() {}
+
+// Whether the current device runs this build's sm_90a code, asked once a
+// device: a Hopper GPU, and a build that holds sm_90a machine code for it. A
+// build of compute_80 PTX alone runs there too, compiled at load time, but
+// its sm_90a kernels are empty (SM90_BODY): the portable ones run instead.
 static inline bool sm90_device(void) {
     static signed char known[64];
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
     if (!known[dev]) {
         int major = 0, minor = 0;
+        cudaFuncAttributes fa;
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-        known[dev] = major == 9 && minor == 0 ? 1 : -1;
+        const bool code = cudaFuncGetAttributes(&fa, (const void *)sm90_probe) == cudaSuccess && fa.ptxVersion >= 90;
+        known[dev] = major == 9 && minor == 0 && code ? 1 : -1;
         cudaGetLastError();
     }
     return known[dev] == 1;
