@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `diffusion bench --sd-train` on the CPU with a tiny UNet config: it trains
 # through the trainer and prints its table, whose figures agree with each
-# other and with the wall clock, on one rank and on two; bad flags and configs fail, naming what is
+# other and with the wall clock, on one rank and on two, with a LoRA (of the
+# UNet, and of SD 1.5's UNet and text encoder) and with offload; bad flags and configs fail, naming what is
 # wrong. tools/sd_train_bench.py (diffusers' side, run on a GPU) at least
 # compiles.
 source "$(dirname "$0")/lib.sh"
@@ -74,6 +75,14 @@ wall=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { print b - a }')
 check_table "$TMP/l.txt" 2 2 "$wall" 3 2
 diffusion bench "${Q[@]}" --size 32 --batch 2 --steps 2 --warmup 1 --offload > "$TMP/o.txt" 2>&1 \
   && grep -q '^| 2 | 2 | off |' "$TMP/o.txt" && pass "--offload: a table row" || fail "--offload: $(tail -2 "$TMP/o.txt")"
+# the text encoder's LoRA along (SD 1.5's UNet and CLIP ViT-L/14, reading token ids)
+diffusion bench --sd-train --unet-config tools/configs/sd15_unet.json --device cpu --size 64 --batch 1 --steps 1 \
+  --warmup 0 --lora 2 --train-text-encoder > "$TMP/te.txt" 2>&1 \
+  && grep -q 'with its CLIP text encoder (width 768, 12 layers)' "$TMP/te.txt" && grep -q '^| 1 | 1 | off |' "$TMP/te.txt" \
+  && pass "--lora --train-text-encoder: the UNet and CLIP ViT-L/14's LoRA, a table row" \
+  || fail "--lora --train-text-encoder: $(tail -2 "$TMP/te.txt")"
+expect_fail "--train-text-encoder for a UNet no SD encoder fits" "no SD text encoder is 48 wide" \
+  diffusion bench "${Q[@]}" --train-text-encoder
 
 # ---- flags and configs at fault
 expect_fail "no --unet-config" "--unet-config is required" diffusion bench --sd-train

@@ -21,16 +21,19 @@
 #include "models/registry.h"
 #include "models/sd_lora.h"
 #include "models/unet.h"
+#include "models/unet_text.h"
 #include "train/trainer.h"
 
 // Random latents [n, C, h, w] (unit normal, as scaled SD latents are about)
 // and, for every sample, random text embeddings [ctx_len, ctx_dim] of which
 // every token counts: a step's cost does not depend on the values.
+// A model that reads token ids (its text encoder trains) gets embeddings one
+// wide, which its source's ids replace (time_steps).
 static int random_data(dc_dataset *ds, const dc_model_info *mi, int n) {
-    const int64_t img = dc_model_info_numel(mi), seq = (int64_t)mi->ctx_len * mi->ctx_dim;
+    const int dim = mi->cond == DC_COND_TOKENS ? 1 : mi->ctx_dim;
+    const int64_t img = dc_model_info_numel(mi), seq = (int64_t)mi->ctx_len * dim;
     *ds = (dc_dataset){.n = n, .channels = mi->channels, .height = mi->height, .width = mi->width,
-                       .cond = DC_COND_TEXT, .text_len = mi->ctx_len, .text_dim = mi->ctx_dim,
-                       .text_null_len = mi->ctx_len};
+                       .cond = DC_COND_TEXT, .text_len = mi->ctx_len, .text_dim = dim, .text_null_len = mi->ctx_len};
     ds->images = malloc(sizeof(float) * (size_t)(n * img));
     ds->text = malloc(sizeof(float) * (size_t)(n * seq));
     ds->text_lens = malloc(sizeof(int32_t) * (size_t)n);
@@ -43,6 +46,20 @@ static int random_data(dc_dataset *ds, const dc_model_info *mi, int n) {
         ds->text_lens[i] = mi->ctx_len;
     }
     for (int64_t j = 0; j < seq; j++) ds->text_null[j] = dc_randn_at(3, 0, 0, 0, (uint32_t)j);
+    return 0;
+}
+
+// A caption's token ids for a model that trains its text encoder: BOS,
+// random ids of the vocabulary's words, EOS, every one of the 77 counting
+// (the cost does not depend on them). The empty prompt where dropped.
+static int random_ids(dc_source *s, int64_t idx, bool drop, int32_t *ids, int32_t *len) {
+    enum { BOS = 49406, EOS = 49407 };
+    const int T = s->text_len;
+    for (int i = 0; i < T; i++) {
+        const uint32_t word = dc_rand_u32_at(4, (uint32_t)idx, 0, 0, (uint32_t)i) % BOS;
+        ids[i] = i == 0 ? BOS : drop || i == T - 1 ? EOS : (int32_t)word;
+    }
+    *len = drop ? 2 : T;
     return 0;
 }
 
@@ -81,9 +98,14 @@ static int time_steps(train_ranks *job, dc_model *m, dc_backend *be, int batch, 
     int rc = cli_offload_settings(&tc.offload_settings) || random_data(&ds, &m->info, batch * size);
     // SD's training schedule (scaled_linear 0.00085..0.012, 1000 steps)
     if (!rc) rc = dc_schedule_init_scaled_linear(&sched, 1000, 0.00085, 0.012);
+    static dc_source_ops token_ops;  // the data set's, with token ids (a text encoder that trains reads them)
     if (!rc) {
         dc_source src;
         rc = dc_source_dataset(&src, &ds, tc.seed);
+        if (!rc && m->info.cond == DC_COND_TOKENS) {
+            token_ops = *src.ops, token_ops.ids = random_ids, src.ops = &token_ops;
+            src.cond = DC_COND_TOKENS, src.text_len = m->info.ctx_len, src.text_dim = 0;
+        }
         if (!rc) rc = dc_trainer_init_source(&tr, m, &src, &sched, &tc);  // takes src and sched
     }
     if (!rc) rc = train_ranks_comm(job, be);
@@ -119,20 +141,44 @@ static int time_steps(train_ranks *job, dc_model *m, dc_backend *be, int batch, 
     return rc;
 }
 
-// A LoRA over a frozen UNet of config mc, both random (the base's weights
-// as PyTorch initialises them, the factors as kohya does), as `train --lora`
-// trains one.
-static int lora_model(const dc_kv *mc, dc_backend *be, int rank, const char *targets, dc_model **out) {
+// The text encoder SD's UNet reads: CLIP ViT-L/14's (SD 1.x, 768 wide) or
+// OpenCLIP ViT-H/14's 23 layers that SD 2.x runs (1024 wide).
+static int text_config(const dc_unet_config *uc, dc_clip_text_config *tc) {
+    if (uc->ctx_dim == 768)
+        *tc = (dc_clip_text_config){49408, 77, 768, 12, 12, 3072, DC_ACT_QUICK_GELU, 1e-5f};
+    else if (uc->ctx_dim == 1024)
+        *tc = (dc_clip_text_config){49408, 77, 1024, 23, 16, 4096, DC_ACT_GELU_ERF, 1e-5f};
+    else
+        return dc_fail("--train-text-encoder: no SD text encoder is %d wide (768: SD 1.x, 1024: SD 2.x)", uc->ctx_dim);
+    return 0;
+}
+
+// The model that trains, random (weights as PyTorch initialises them, a
+// LoRA's factors as kohya does): the UNet, or with text the UNet and the text
+// encoder; with rank > 0 a LoRA of them over their frozen weights (in the
+// compute dtype), as `train --lora [--train-text-encoder]` trains one.
+static int bench_model(const dc_kv *mc, dc_backend *be, bool offload, bool text, int rank, const char *targets,
+                       dc_model **out) {
     dc_unet_config uc;
+    dc_clip_text_config tc;
     dc_lora_targets t;
     dc_model *u = NULL;
+    DC_TRY(dc_unet_config_from_kv(&uc, mc));
+    if (text) DC_TRY(text_config(&uc, &tc));
+    const int side = uc.sample_size;
+    const dc_grad_mode grad = offload ? DC_GRAD_WINDOW : DC_GRAD_BUFFER;
+    if (rank == 0) {
+        DC_TRY(text ? dc_unet_text_new_train(&uc, &tc, be, grad, side, side, out) : dc_model_create(mc, be, grad, out));
+        return dc_model_init_weights(*out, 0);
+    }
     DC_TRY(dc_lora_targets_parse(targets, &t));
     if (rank < 1 || rank > 1024) return dc_fail("--lora %d: a rank of 1 to 1024", rank);
-    DC_TRY(dc_unet_config_from_kv(&uc, mc));
-    DC_TRY(dc_unet_new_frozen_train(&uc, be, be->compute, uc.sample_size, uc.sample_size, &u));
+    DC_TRY(text ? dc_unet_text_new_frozen_train(&uc, &tc, be, be->compute, side, side, &u)
+                : dc_unet_new_frozen_train(&uc, be, be->compute, side, side, &u));
     dc_lora l;
     dc_lora_init(&l, u->params);
-    if (dc_model_init_weights(u, 0) || dc_sd_lora_add_targets(&l, DC_LORA_UNET, t, rank, (float)rank)) {
+    if (dc_model_init_weights(u, 0) || dc_sd_lora_add_targets(&l, DC_LORA_UNET, t, rank, (float)rank) ||
+        (text && dc_sd_lora_add_targets(&l, DC_LORA_TEXT, t, rank, (float)rank))) {
         dc_lora_free(&l), dc_model_free(u);
         return -1;
     }
@@ -145,7 +191,7 @@ int cmd_bench_sd_train(int argc, char **argv) {
     int size = 0, batch = 8, micro = 0, steps = 10, warm = 3, recompute = -1, threads = 0;
     int ranks = 0, gpus = 0, zero = 0, lora = 0;
     float comm_timeout = 300, ema_decay = dc_train_config_default().ema_decay;
-    bool sd_train = false, offload = false;
+    bool sd_train = false, offload = false, text = false;
     const char *lora_targets = "transformer";
     arg_spec specs[] = {
         {"sd-train", ARG_FLAG, &sd_train, NULL, "time SD UNet training (this command)"},
@@ -161,6 +207,9 @@ int cmd_bench_sd_train(int argc, char **argv) {
         {"lora", ARG_INT, &lora, "RANK", "time a LoRA of rank RANK training over the frozen UNet (its weights in "
                                          "the compute dtype), as `train --lora` does (default: the UNet trains)"},
         {"lora-targets", ARG_STR, &lora_targets, "T", "the LoRA's layers: attn, transformer or all"},
+        {"train-text-encoder", ARG_FLAG, &text, NULL, "the text encoder (CLIP ViT-L/14 for a 768-wide UNet, OpenCLIP "
+                                                     "ViT-H/14 for 1024) trains along, or its LoRA, reading random "
+                                                     "token ids, as `train --train-text-encoder`"},
         {"offload", ARG_FLAG, &offload, NULL, "the fp32 master weights and AdamW moments in host memory, AdamW on the "
                                               "CPU, as `train --offload` (one rank)"},
         {"ema-decay", ARG_FLOAT, &ema_decay, "X", "the EMA's decay, as `train --ema-decay` (0: none kept apart from "
@@ -236,9 +285,7 @@ int cmd_bench_sd_train(int argc, char **argv) {
     if (dc_model_configure(&base, &over, NULL, &mc)) goto done;
     if (cli_set_threads(threads) || cli_backend(device, precision, &be)) goto done;
     if (cap && be->set_memory_cap) be->set_memory_cap(be, (size_t)cap);
-    if (lora ? lora_model(&mc, be, lora, lora_targets, &m)
-             : dc_model_create(&mc, be, offload ? DC_GRAD_WINDOW : DC_GRAD_BUFFER, &m) || dc_model_init_weights(m, 0))
-        goto done;
+    if (bench_model(&mc, be, offload, text, lora, lora_targets, &m)) goto done;
     if (recompute >= 0 && dc_model_set_recompute(m, recompute)) goto done;
     const dc_model_info *mi = &m->info;
     const double macs = dc_model_macs_per_image(m);
