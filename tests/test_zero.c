@@ -55,6 +55,7 @@ typedef struct {
     const char *save;         // write a checkpoint at the end
     int fail_rank, fail_unit; // that rank fails in that unit's bucket (fail_rank 0 never does here)
     int recompute;            // blocks keeping their activations (0: none recompute)
+    bool no_ema;              // an EMA decay of 0: the plain state keeps none, ZeRO's shards start from the weights
     float *state[4];          // rank 0's weights, EMA, m, v at the end (gathered)
     int64_t numel;
     double min_norm;          // the smallest gradient norm of the run's steps
@@ -89,7 +90,7 @@ static int train(dc_comm *c, void *arg) {
     memset(&m, 0, sizeof m), memset(&tr, 0, sizeof tr), memset(&f, 0, sizeof f);
     bool open = false;
     dc_train_config tc = dc_train_config_default();
-    tc.batch = BATCH, tc.micro_batch = j->micro, tc.steps = STEPS, tc.lr = 1e-3f, tc.ema_decay = 0.9f;
+    tc.batch = BATCH, tc.micro_batch = j->micro, tc.steps = STEPS, tc.lr = 1e-3f, tc.ema_decay = j->no_ema ? 0 : 0.9f;
     tc.hflip = true, tc.grad_clip = j->clip, tc.grad_comm = j->wire;
     int rc = dc_backend_create("cpu", &be);
     if (!rc) rc = dc_dit_create(&m, &k_model, be, true);
@@ -298,6 +299,19 @@ int main(void) {
         }
     }
     job_free(&ref1);
+    // a decay of 0: one rank keeps no EMA (the weights stand for it); the
+    // ranks' EMA shards start from the weights and stay them
+    job r0 = {.stage = 0, .micro = 2, .steps = STEPS, .clip = 0, .fail_rank = -1, .no_ema = true};
+    CHECK(dc_comm_threads_run(1, train, &r0) == 0, "1 rank, no EMA: %s", dc_error());
+    CHECK(r0.state[0] && !memcmp(r0.state[0], r0.state[1], sizeof(float) * (size_t)r0.numel),
+          "1 rank, no EMA: the EMA saved is not the weights");
+    for (int stage = 1; stage <= 2; stage++) {
+        job j = {.stage = stage, .micro = 2, .steps = STEPS, .clip = 0, .fail_rank = -1, .no_ema = true};
+        double e = run_against(&j, 3, &r0, &exact);
+        CHECK(exact, "ZeRO-%d, 3 ranks, no EMA: %.2e from 1 rank, not bit-identical", stage, e);
+        job_free(&j);
+    }
+    job_free(&r0);
     // stage 2 with activation checkpointing: the recomputed blocks hand over
     // the same gradients
     job plain = {.stage = 2, .micro = 1, .steps = STEPS, .clip = k_clip, .fail_rank = -1};

@@ -107,7 +107,7 @@ def run_mode(a, cfg, mode):
         params = [p for p in unet.parameters() if p.requires_grad]
     lr = 1e-4 if a.lora else 1e-5
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, fused=True)
-    ema = [p.detach().clone() for p in params]
+    ema = None if a.no_ema else [p.detach().clone() for p in params]
     sched = DDPMScheduler(num_train_timesteps=1000, beta_start=0.00085, beta_end=0.012,
                           beta_schedule='scaled_linear')
     sched.alphas_cumprod = sched.alphas_cumprod.to('cuda')  # add_noise indexes it by t on the GPU
@@ -131,8 +131,9 @@ def run_mode(a, cfg, mode):
         opt.step()
         opt.zero_grad(set_to_none=True)
         updates += 1
-        with torch.no_grad():
-            torch._foreach_lerp_(ema, [p.detach() for p in params], 1 - decay_at(updates))
+        if ema is not None:
+            with torch.no_grad():
+                torch._foreach_lerp_(ema, [p.detach() for p in params], 1 - decay_at(updates))
         return loss
 
     torch.cuda.reset_peak_memory_stats()
@@ -167,6 +168,7 @@ def main():
     ap.add_argument('--warmup', type=int, default=3, help='untimed steps first (compile happens here)')
     ap.add_argument('--modes', default='eager,compile', help='eager, compile, or both comma-separated')
     ap.add_argument('--lora', type=int, default=0, help='train a LoRA of this rank over the frozen bf16 UNet')
+    ap.add_argument('--no-ema', action='store_true', help='keep no EMA (DreamBooth: train_dreambooth.py has none)')
     a = ap.parse_args()
     modes = a.modes.split(',')
     if not modes or any(m not in ('eager', 'compile') for m in modes):
@@ -182,7 +184,7 @@ def main():
     torch.backends.cudnn.allow_tf32 = True
     print(f'diffusers {diffusers.__version__}, torch {torch.__version__}, {torch.cuda.get_device_name()}; '
           f'{a.config}: ' + (f'a rank-{a.lora} LoRA over the frozen bf16 UNet' if a.lora else 'UNet training') +
-          ', bf16 autocast, fused AdamW, foreach EMA')
+          ', bf16 autocast, fused AdamW, ' + ('no EMA' if a.no_ema else 'foreach EMA'))
     for mode in modes:
         run_mode(a, cfg, mode)
 

@@ -21,7 +21,7 @@ int cli_plan_check_ranks(bool offload, int zero, int ranks);
 // the model m (a layout serves: models/registry.h) trained on be with batch images a step (all ranks together)
 // over `ranks` ranks at ZeRO stage `zero`, gradients summed in `grad_comm`
 // (F32 or BF16: its buffers are counted), an EMA kept unless no_ema (a decay
-// of 0, which offload keeps none for). In: what the command line fixed,
+// of 0, where it is the weights). In: what the command line fixed,
 // *micro_batch (0: free), *recompute (-1: free) and *offload (false: free).
 // Out: the plan, *recompute -1 when every block keeps its activations; line
 // gets its description ("plan: micro-batch 64, ...") for the command to print.

@@ -213,7 +213,7 @@ int cmd_bench_sd_train(int argc, char **argv) {
         {"offload", ARG_FLAG, &offload, NULL, "the fp32 master weights and AdamW moments in host memory, AdamW on the "
                                               "CPU, as `train --offload` (one rank)"},
         {"ema-decay", ARG_FLOAT, &ema_decay, "X", "the EMA's decay, as `train --ema-decay` (0: none kept apart from "
-                                                  "the weights with --offload)"},
+                                                  "the weights)"},
         {"max-gpu-memory", ARG_STR, &max_mem, "SIZE", "cap the GPU memory the engine allocates at SIZE (8G, 7.5GiB): "
                                                       "a step that needs more fails, naming the cap. No plan is "
                                                       "chosen here: give --recompute and --offload (default: off)"},

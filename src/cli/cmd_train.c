@@ -337,8 +337,8 @@ int cmd_train(int argc, char **argv) {
         {"weight-decay", ARG_FLOAT, &tc.weight_decay, "X", "AdamW decoupled weight decay"},
         {"warmup", ARG_INT, &tc.warmup, "N", "linear learning-rate warmup steps"},
         {"grad-clip", ARG_FLOAT, &tc.grad_clip, "X", "clip the global gradient norm (0: off)"},
-        {"ema-decay", ARG_FLOAT, &tc.ema_decay, "X", "EMA decay (0: the EMA is the weights, and --offload keeps no "
-                                                     "copy of it on the GPU)"},
+        {"ema-decay", ARG_FLOAT, &tc.ema_decay, "X", "EMA decay (0: the EMA is the weights, and no copy of it is "
+                                                     "kept: 4 bytes a parameter less)"},
         {"ema-warmup", ARG_STR, &ema_warmup, "on|off", "EMA warm-up: decay min(--ema-decay, (1 + n) / (10 + n)) "
                                                      "at update n + 1 (the first copies the weights), as "
                                                      "diffusers' EMAModel; off: --ema-decay from the start, as the "

@@ -135,7 +135,7 @@ static int plain_finish(dc_optimizer *o, dc_buf gstats) {
 static int plain_save(dc_optimizer *o, float *host) {
     dc_optim_plain *p = plain_of(o);
     const int64_t np = o->ps->numel;
-    const dc_buf st[DC_STATE_COUNT] = {o->ps->data, p->ema, p->m, p->v};
+    const dc_buf st[DC_STATE_COUNT] = {o->ps->data, p->ema.p ? p->ema : o->ps->data, p->m, p->v};  // none: the weights
     for (int b = 0; b < DC_STATE_COUNT && host; b++)
         o->be->download(o->be, host + b * np, st[b].p, (size_t)np * sizeof(float));
     return dc_backend_status(o->be);  // a device error, not a diverged run
@@ -143,7 +143,7 @@ static int plain_save(dc_optimizer *o, float *host) {
 
 static int plain_restore(dc_optimizer *o, const dc_st_file *f) {
     dc_optim_plain *p = plain_of(o);
-    DC_TRY(dc_params_load(o->ps, p->ema, f, "ema."));
+    if (p->ema.p) DC_TRY(dc_params_load(o->ps, p->ema, f, "ema."));  // else the weights, loaded already
     DC_TRY(dc_ckpt_read_moment_buf(o->ps, f, DC_STATE_M, p->m));
     return dc_ckpt_read_moment_buf(o->ps, f, DC_STATE_V, p->v);
 }
@@ -160,7 +160,7 @@ static const dc_optimizer_ops k_plain = {
     .finish = plain_finish, .save = plain_save, .restore = plain_restore, .free = plain_free,
 };
 
-int dc_optim_plain_create(dc_params *ps, bool fold, dc_optimizer **out) {
+int dc_optim_plain_create(dc_params *ps, bool fold, bool ema, dc_optimizer **out) {
     *out = NULL;
     if (!ps->grad.p) return dc_fail("the model was made to train through --offload's gradient buckets only");
     dc_optim_plain *p = calloc(1, sizeof *p);
@@ -169,15 +169,15 @@ int dc_optim_plain_create(dc_params *ps, bool fold, dc_optimizer **out) {
     p->base = (dc_optimizer){.ops = &k_plain, .ps = ps, .be = be, .hooks = {.ctx = p}};
     p->fold = fold;
     const size_t bytes = (size_t)ps->numel * sizeof(float);
-    dc_buf *bufs[] = {&p->ema, &p->m, &p->v};
-    for (int i = 0; i < 3; i++) {
+    dc_buf *bufs[] = {&p->m, &p->v, &p->ema};
+    for (int i = 0; i < (ema ? 3 : 2); i++) {
         *bufs[i] = (dc_buf){be->alloc(be, bytes), DC_F32};
         if (!bufs[i]->p) {
             dc_optimizer_free(&p->base);
             return dc_fail("out of memory for the training state");
         }
     }
-    be->copy(be, p->ema.p, ps->data.p, bytes);
+    if (ema) be->copy(be, p->ema.p, ps->data.p, bytes);
     be->zero(be, p->m.p, bytes);
     be->zero(be, p->v.p, bytes);
     dc_optimizer_install(&p->base);

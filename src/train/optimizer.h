@@ -104,7 +104,7 @@ int dc_ckpt_read_moment_buf(const dc_params *ps, const dc_st_file *f, dc_optim_s
 // Plain training (ZeRO stage 0): the full EMA and moments on the backend.
 typedef struct {
     dc_optimizer base;
-    dc_buf ema, m, v;  // [numel] F32, the parameters' layout
+    dc_buf ema, m, v;  // [numel] F32, the parameters' layout; no EMA at a decay of 0 (it is the weights)
     dc_comm *comm;     // several ranks (dc_optim_plain_set_comm), or NULL
     // The CPU backend sums the step's gradients in one fixed order whatever
     // the ranks: each micro-batch's gradients computed from zero and added to
@@ -121,7 +121,7 @@ typedef struct {
 
 // The EMA an exact copy of the parameters' weights, the moments zero. fold:
 // dc_trainer_folds.
-int dc_optim_plain_create(dc_params *ps, bool fold, dc_optimizer **out);
+int dc_optim_plain_create(dc_params *ps, bool fold, bool ema, dc_optimizer **out);
 // Data parallel over comm's ranks, the gradients summed in wire (F32 or
 // BF16) over them.
 int dc_optim_plain_set_comm(dc_optimizer *o, dc_comm *comm, dc_dtype wire);

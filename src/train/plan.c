@@ -80,10 +80,10 @@ int dc_plan_predict(const dc_plan_request *r, const dc_train_plan *p, dc_plan_me
         m.setup = m.weights + m.grads + kept + m.fixed;
         if (r->compute != DC_F32) m.weights += kept - 4 * P;
     } else if (!rc && r->zero == 0) {
-        // AdamW m, v and the EMA; with bf16 gradients between ranks, their
+        // AdamW m, v and the EMA (none at a decay of 0); with bf16 gradients between ranks, their
         // bf16 copy [P] (train/trainer.c, set with the communicator)
         const bool bf16 = r->grad_comm == DC_BF16 && r->ranks > 1;
-        m.grads = full_grad + (bf16 ? 2 * P : 0), m.optimizer = 12 * P;
+        m.grads = full_grad + (bf16 ? 2 * P : 0), m.optimizer = (r->no_ema ? 8 : 12) * P;
         m.setup = m.weights + m.grads + m.optimizer + m.trainer + m.fixed;
         // folding: the micro-batches after a rank's first take a second gradient buffer (at the first step)
         if (r->folds && dc_batch_rounds(r->batch, r->ranks, p->micro_batch) > 1) m.grads += full_grad;
@@ -100,7 +100,7 @@ int dc_plan_predict(const dc_plan_request *r, const dc_train_plan *p, dc_plan_me
         int64_t zallocs = 5 * S4 + buckets + 4 * (int64_t)r->ranks + 8;
         m.grads = S4 + buckets + (r->zero == 1 ? full_grad : 0);
         m.optimizer = zallocs - S4 - buckets;
-        m.setup = m.weights + full_grad + 12 * P + m.trainer + zallocs + m.fixed;
+        m.setup = m.weights + full_grad + (r->no_ema ? 8 : 12) * P + m.trainer + zallocs + m.fixed;
     }
     DC_TRY(rc);
     int64_t step = m.weights + m.grads + m.optimizer + m.trainer + m.activations + m.fixed;

@@ -67,7 +67,7 @@ typedef struct {
     int keep;          // fixed blocks keeping activations (model->info.blocks: all), or -1: the planner chooses
     int offload;       // fixed 0 or 1, or -1: the planner chooses (never with several ranks or ZeRO)
     dc_dtype grad_comm;  // gradients between ranks: DC_F32 (0), or DC_BF16 (bf16 copies on the device)
-    bool no_ema;         // an EMA decay of 0: offload keeps no EMA (it is the weights)
+    bool no_ema;         // an EMA decay of 0: no EMA is kept apart from the weights (it is them)
     bool folds;          // the backend sums micro-batches apart (dc_trainer_folds: the CPU), which at stage 0
                          // takes a second gradient buffer where a rank runs several a step
 } dc_plan_request;

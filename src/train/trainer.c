@@ -221,9 +221,10 @@ int dc_trainer_init_source(dc_trainer *tr, dc_model *model, dc_source *src, dc_s
     // (dc_trainer_set_comm) have taken over the full gradient buffer and the
     // moments they shard or move: those never sit beside the activations.
     // offload: the master and moments on the host, the EMA in the gradient buffer.
-    // a decay of 0 keeps no EMA apart from the weights under offload (it is them)
-    if (cfg->offload ? dc_offload_create(model->params, be, fold, cfg->ema_decay > 0, &cfg->offload_settings, &tr->opt)
-                     : dc_optim_plain_create(model->params, fold, &tr->opt)) {
+    // a decay of 0 keeps no EMA apart from the weights (it is them)
+    const bool ema = cfg->ema_decay > 0;
+    if (cfg->offload ? dc_offload_create(model->params, be, fold, ema, &cfg->offload_settings, &tr->opt)
+                     : dc_optim_plain_create(model->params, fold, ema, &tr->opt)) {
         dc_trainer_free(tr);
         return -1;
     }

@@ -371,7 +371,8 @@ int dc_zero_create(dc_params *ps, dc_comm *comm, int stage, dc_dtype wire, const
     dc_zero *z = calloc(1, sizeof *z);
     if (!z) return dc_fail("out of memory");
     z->base = (dc_optimizer){.ops = &k_zero, .ps = ps, .be = ps->be, .hooks = {.ctx = z}};
-    if (init(z, ps, comm, stage, wire, plain->ema, plain->m, plain->v)) {
+    // the EMA's shards from the plain state's, or from the weights where it kept none (a decay of 0)
+    if (init(z, ps, comm, stage, wire, plain->ema.p ? plain->ema : ps->data, plain->m, plain->v)) {
         dc_optimizer_free(&z->base);
         return -1;
     }
