@@ -17,7 +17,7 @@
 set -u
 cd "$(dirname "$0")/.."
 NVCC=${NVCC:-$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null)}
-if [ -z "$NVCC" ]; then echo "SKIP test_ptx_targets: no CUDA toolkit (nvcc)"; exit 0; fi
+if [ -z "$NVCC" ]; then echo "SKIP (no GPU toolkit) test_ptx_targets: no nvcc to compile the PTX with"; exit 0; fi
 PTXAS=$(dirname "$NVCC")/ptxas
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
