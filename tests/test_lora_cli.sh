@@ -3,7 +3,8 @@
 # random-weight SD 1.x model with random LoRAs on every attention projection
 # of its UNet and text encoder (tools/lora_random): a LoRA changes the
 # picture, kohya's and PEFT's files of the same factors draw the same pixels,
-# at run time (several at once, stacked) as merged (--lora-merge),
+# at run time (several at once, stacked) as merged (--lora-merge), and so
+# do LyCORIS LoHa and LoKr files,
 # weight 0 draws what no LoRA does, two halves about what one whole does, the
 # PNG carries AUTOMATIC1111's "Lora hashes" (the first 12 hex digits of the
 # SHA-256 of the file after its header), the prompt's <lora:NAME:TE[:UNET]>
@@ -28,6 +29,8 @@ st1() {
 "$T/sd_random" --config tiny1 --layout diffusers --vocab "$VOCAB" --out "$TMP/m" > /dev/null \
   && "$T/lora_random" --model "$TMP/m" --out "$TMP/style.safetensors" --rank 2 --alpha 1 --scale 0.5 > /dev/null \
   && "$T/lora_random" --model "$TMP/m" --out "$TMP/peft.safetensors" --rank 2 --alpha 1 --scale 0.5 --format peft > /dev/null \
+  && "$T/lora_random" --model "$TMP/m" --out "$TMP/loha.safetensors" --rank 2 --alpha 2 --scale 0.3 --format loha > /dev/null \
+  && "$T/lora_random" --model "$TMP/m" --out "$TMP/lokr.safetensors" --rank 2 --alpha 2 --scale 0.3 --format lokr > /dev/null \
   || { fail "making the model and LoRAs"; finish; }
 out=$(diffusion txt2img --help)
 [[ "$out" == *"--lora FILE[:W]"* && "$out" == *"repeatable"* ]] && pass "txt2img --help names --lora" || fail "--help: '$out'"
@@ -56,6 +59,14 @@ grep -q "merging LoRA" "$TMP/log" && pixels "$TMP/k.png" "$TMP/km.png" 4 \
   && pass "--lora-merge: the run-time LoRA's picture" || fail "merged and run-time LoRAs differ"
 draw "$TMP/halves_m.png" --lora "$TMP/style.safetensors:0.5" --lora "$TMP/peft.safetensors:0.5" --lora-merge
 pixels "$TMP/none.png" "$TMP/zero.png" 0 && pass "weight 0 draws what no LoRA does" || fail "weight 0 changes the picture"
+# LyCORIS's LoHa and LoKr: they change the picture, and draw the same at run time and merged
+for kind in loha lokr; do
+  draw "$TMP/$kind.png" --lora "$TMP/$kind.safetensors"
+  draw "$TMP/${kind}_m.png" --lora "$TMP/$kind.safetensors" --lora-merge
+  pixels "$TMP/none.png" "$TMP/$kind.png" 8 && fail "$kind: the picture as it was" \
+    || { pixels "$TMP/$kind.png" "$TMP/${kind}_m.png" 4 && pass "a $kind file changes the picture, the same at run time and merged" \
+         || fail "$kind: run time and merged differ"; }
+done
 pixels "$TMP/k.png" "$TMP/halves.png" 8 && pass "two halves draw about what one whole does" || fail "halves differ from the whole"
 pixels "$TMP/halves.png" "$TMP/halves_m.png" 4 && pass "two LoRAs at once: run time and merged draw the same" \
   || fail "two LoRAs at run time and merged differ"
@@ -71,6 +82,8 @@ out=$(diffusion info "$TMP/style.safetensors")
 [[ "$out" == *"kohya names; "*" UNet layers, "*" text encoder layers"* && "$out" == *"rank          2"* && \
    "$out" == *"alpha         1"* && "$out" == *"ss_network_dim       2"* ]] && pass "info describes a kohya LoRA" \
   || fail "info: '$out'"
+out=$(diffusion info "$TMP/loha.safetensors")
+[[ "$out" == *"deltas        LoHa (LyCORIS)"* && "$out" == *"rank          2"* ]] && pass "info tells a LoHa" || fail "info: '$out'"
 out=$(diffusion info "$TMP/peft.safetensors")
 [[ "$out" == *"PEFT names"* ]] && pass "info tells PEFT's names" || fail "info: '$out'"
 # AUTOMATIC1111's tags: <lora:NAME:TE[:UNET]> with NAME.safetensors in --lora-dir

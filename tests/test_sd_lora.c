@@ -5,8 +5,13 @@
 // projection, written in kohya's format and in PEFT's (diffusers' for the
 // text encoder). Each merged weight equals W + alpha / rank * up @ down
 // computed here in double; both formats give the same bits; a missing alpha
-// means a scale of 1. Refused, by name: factors of the wrong shape, a missing
-// factor, a key of no layer, text encoder keys for a model without one.
+// means a scale of 1. LyCORIS's LoHa (a linear layer and a convolution) and
+// LoKr (W2 decomposed, on a linear layer and a convolution; both sides whole;
+// W1 decomposed in the text encoder) merge to W + scale dW with dW computed
+// here in double from its definition (the Hadamard product, the Kronecker
+// product), scale alpha / dim or 1. Refused, by name: factors of the wrong
+// shape, a missing factor, a key of no layer, text encoder keys for a model
+// without one, a LoHa missing a factor, a LoKr whose product does not fit.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -153,6 +158,175 @@ static int read_merge(models *m, const char *path, bool with_text, float **merge
     return rc;
 }
 
+// ---- LyCORIS ---------------------------------------------------------------------------------
+
+typedef struct {
+    const char *kohya, *weight;
+    bool text, loha;
+    // LoHa: ranks r1, r2. LoKr: W1 [a, b] (decomposed at rank r1 when r1 > 0),
+    // W2 [c, dK] (decomposed at rank r2 when r2 > 0), dK = K / b.
+    int r1, r2, a, b;
+    float alpha;  // 0: none in the file
+} lyco_layer;
+
+static const lyco_layer k_lyco[] = {
+    {"lora_unet_down_blocks_0_attentions_0_transformer_blocks_0_attn1_to_q",
+     "down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q.weight", false, true, 3, 2, 0, 0, 6.0f},
+    {"lora_unet_down_blocks_1_resnets_0_conv1", "down_blocks.1.resnets.0.conv1.weight", false, true, 2, 4, 0, 0, 0},
+    {"lora_unet_up_blocks_1_attentions_0_transformer_blocks_0_ff_net_0_proj",
+     "up_blocks.1.attentions.0.transformer_blocks.0.ff.net.0.proj.weight", false, false, 0, 3, 4, 2, 1.5f},
+    {"lora_unet_down_blocks_1_resnets_0_conv2", "down_blocks.1.resnets.0.conv2.weight", false, false, 0, 2, 2, 4, 4.0f},
+    {"lora_unet_up_blocks_1_resnets_0_conv1", "up_blocks.1.resnets.0.conv1.weight", false, false, 0, 0, 4, 8, 3.0f},
+    {"lora_te_text_model_encoder_layers_0_mlp_fc1", "encoder.layers.0.mlp.fc1.weight", true, false, 2, 0, 8, 4, 2.0f},
+};
+enum { NY = sizeof k_lyco / sizeof *k_lyco };
+
+// Normal draws for tensor k of layer i.
+static float *draws(int i, int k, int64_t n) {
+    float *h = malloc((size_t)n * 4);
+    for (int64_t j = 0; j < n; j++) h[j] = 0.5f * dc_randn_at(31, (uint32_t)i, (uint32_t)k, 0, (uint32_t)j);
+    return h;
+}
+
+// A @ B in double: [n, r] @ [r, m], or A itself where r is 0.
+static double *matmul(const float *A, const float *B, int64_t n, int64_t r, int64_t m) {
+    double *p = calloc((size_t)(n * m), sizeof *p);
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t j = 0; j < m; j++)
+            if (r == 0) p[i * m + j] = A[i * m + j];
+            else
+                for (int64_t s = 0; s < r; s++) p[i * m + j] += (double)A[i * r + s] * B[s * m + j];
+    return p;
+}
+
+// Writes the LyCORIS layers (bad 1: the first LoHa's hada_w2_b left out; 2:
+// the first LoKr's W1 one row short) and gives each one's dW [out, K] and scale.
+static int write_lyco(models *m, const char *path, double **dW, double *scale, int bad) {
+    dc_st_entry e[8 * NY];
+    float *bufs[8 * NY], alphas[NY];
+    char names[8 * NY][200];
+    int k = 0, nb = 0;
+    bool bad_loha = bad == 1, bad_lokr = bad == 2;
+    for (int i = 0; i < NY; i++) {
+        const lyco_layer *l = &k_lyco[i];
+        const dc_param *p = &part(m, l->text)->items[dc_params_find(part(m, l->text), l->weight)];
+        const int64_t out = p->shape[0], K = p->numel / out;
+#define PUT(suffix, h, r, c)                                                                                     \
+    do {                                                                                                         \
+        snprintf(names[k], 200, "%s.%s", l->kohya, suffix);                                                      \
+        bufs[nb++] = (h);                                                                                        \
+        e[k] = (dc_st_entry){names[k], DC_F32, 2, {(r), (c)}, (h)}, k++;                                         \
+    } while (0)
+        if (l->loha) {
+            float *a1 = draws(i, 0, out * l->r1), *b1 = draws(i, 1, l->r1 * K), *a2 = draws(i, 2, out * l->r2),
+                  *b2 = draws(i, 3, l->r2 * K);
+            double *p1 = matmul(a1, b1, out, l->r1, K), *p2 = matmul(a2, b2, out, l->r2, K);
+            for (int64_t j = 0; j < out * K; j++) p1[j] *= p2[j];
+            dW[i] = p1, free(p2);
+            PUT("hada_w1_a", a1, out, l->r1); PUT("hada_w1_b", b1, l->r1, K); PUT("hada_w2_a", a2, out, l->r2);
+            if (!bad_loha) PUT("hada_w2_b", b2, l->r2, K);
+            else bufs[nb++] = b2, bad_loha = false;
+            scale[i] = l->alpha > 0 ? l->alpha / l->r1 : 1.0;
+        } else {
+            const int64_t a = l->a, b = l->b, c = out / a, dK = K / b;
+            const int64_t a_w = bad_lokr ? a - 1 : a;
+            bad_lokr = false;
+            double *W1, *W2;
+            if (l->r1) {
+                float *x = draws(i, 0, a * l->r1), *y = draws(i, 1, l->r1 * b);
+                W1 = matmul(x, y, a, l->r1, b);
+                PUT("lokr_w1_a", x, a_w, l->r1); PUT("lokr_w1_b", y, l->r1, b);
+            } else {
+                float *x = draws(i, 0, a * b);
+                W1 = matmul(x, NULL, a, 0, b);
+                PUT("lokr_w1", x, a_w, b);
+            }
+            if (l->r2) {
+                float *x = draws(i, 2, c * l->r2), *y = draws(i, 3, l->r2 * dK);
+                W2 = matmul(x, y, c, l->r2, dK);
+                PUT("lokr_w2_a", x, c, l->r2); PUT("lokr_w2_b", y, l->r2, dK);
+            } else {
+                float *x = draws(i, 2, c * dK);
+                W2 = matmul(x, NULL, c, 0, dK);
+                PUT("lokr_w2", x, c, dK);
+            }
+            dW[i] = malloc((size_t)(out * K) * sizeof **dW);
+            for (int64_t i1 = 0; i1 < a; i1++)
+                for (int64_t j = 0; j < c; j++)
+                    for (int64_t p1 = 0; p1 < b; p1++)
+                        for (int64_t q = 0; q < dK; q++)
+                            dW[i][(i1 * c + j) * K + p1 * dK + q] = W1[i1 * b + p1] * W2[j * dK + q];
+            free(W1), free(W2);
+            const int dim = l->r1 ? l->r1 : l->r2;
+            scale[i] = l->alpha > 0 && dim ? l->alpha / dim : 1.0;
+        }
+#undef PUT
+        if (l->alpha > 0) {
+            alphas[i] = l->alpha;
+            snprintf(names[k], 200, "%s.alpha", l->kohya);
+            e[k] = (dc_st_entry){names[k], DC_F32, 0, {0}, &alphas[i]}, k++;
+        }
+    }
+    const int rc = dc_st_write(path, e, k, NULL, NULL, 0);
+    for (int i = 0; i < nb; i++) free(bufs[i]);
+    return rc;
+}
+
+static void test_lycoris(models *m) {
+    double *dW[NY] = {0}, scale[NY];
+    float *w0[NY], *merged[NY] = {0};
+    for (int i = 0; i < NY; i++) {
+        int64_t n;
+        w0[i] = weight_of(part(m, k_lyco[i].text), k_lyco[i].weight, &n);
+    }
+    const char *path = tmp_path("lycoris.safetensors");
+    dc_st_file f;
+    dc_lora lu, lt;
+    int rc = write_lyco(m, path, dW, scale, 0) || dc_st_open(&f, path);
+    CHECK(rc == 0, "writing LoHa and LoKr: %s", dc_error());
+    if (rc) return;
+    dc_lora_init(&lu, m->unet->params), dc_lora_init(&lt, m->text->params);
+    rc = dc_sd_lora_read(&f, &lu, &lt) || dc_lora_merge(&lu) || dc_lora_merge(&lt);
+    CHECK(rc == 0, "reading and merging LoHa and LoKr: %s", dc_error());
+    for (int i = 0; !rc && i < NY; i++) {
+        const lyco_layer *l = &k_lyco[i];
+        int64_t n;
+        merged[i] = weight_of(part(m, l->text), l->weight, &n);
+        double worst = 0, big = 0;
+        for (int64_t j = 0; merged[i] && j < n; j++) {
+            const double want = w0[i][j] + scale[i] * dW[i][j], e = fabs(merged[i][j] - want);
+            big = fmax(big, fabs(scale[i] * dW[i][j]));
+            if (!(e <= worst)) worst = e;
+        }
+        CHECK(merged[i] && big > 0.1 && worst < 1e-5 * fmax(1, big), "%s %s: merged weight off by %.2e (delta up to %.2f)",
+              l->loha ? "LoHa" : "LoKr", l->weight, worst, big);
+    }
+    if (lu.merged) dc_lora_unmerge(&lu);
+    if (lt.merged) dc_lora_unmerge(&lt);
+    dc_lora_free(&lu), dc_lora_free(&lt);
+    dc_st_close(&f);
+    printf("  LoHa and LoKr: %d layers merged as their definitions give\n", NY);
+    // a LoHa missing a factor, a LoKr whose W1 does not fit: refused, naming the layer
+    static const char *const why[2][2] = {{"hada_w2_b", "a LoHa missing hada_w2_b"},
+                                          {"do not fit", "a LoKr whose W1 is a row short"}};
+    for (int bad = 1; bad <= 2; bad++) {
+        double *dW2[NY] = {0};
+        const char *layer = k_lyco[bad == 1 ? 0 : 2].weight;
+        rc = write_lyco(m, path, dW2, scale, bad) || dc_st_open(&f, path);
+        CHECK(rc == 0, "writing: %s", dc_error());
+        if (!rc) {
+            dc_lora_init(&lu, m->unet->params), dc_lora_init(&lt, m->text->params);
+            rc = dc_sd_lora_read(&f, &lu, &lt);
+            CHECK(rc != 0 && strstr(dc_error(), why[bad - 1][0]) && strstr(dc_error(), layer), "%s: '%s'",
+                  why[bad - 1][1], dc_error());
+            dc_lora_free(&lu), dc_lora_free(&lt);
+            dc_st_close(&f);
+        }
+        for (int i = 0; i < NY; i++) free(dW2[i]);
+    }
+    for (int i = 0; i < NY; i++) free(dW[i]), free(w0[i]), free(merged[i]);
+}
+
 int main(void) {
     models m;
     if (tmpdir_make("sd_lora")) return 1;
@@ -207,6 +381,7 @@ int main(void) {
     CHECK(dc_st_write(pb, stray, 2, NULL, NULL, 0) == 0 && read_merge(&m, pb, true, NULL) != 0 &&
               strstr(dc_error(), "down_blocks_7") && strstr(dc_error(), "no such layer"),
           "a key of no layer: '%s'", dc_error());
+    test_lycoris(&m);
     // after all that, the weights are as loaded (unmerged exactly in fp32 up to rounding)
     int64_t n;
     float *again = weight_of(m.unet->params, k_layers[0].weight, &n);

@@ -82,11 +82,19 @@ static void test_unet(const char *config, const char *what) {
            DC_LORA_DOWN);  // LoCon
     expect(&t, "unet.down_blocks.1.attentions.1.transformer_blocks.0.attn2.to_k.lora_A.weight",
            "down_blocks.1.attentions.1.transformer_blocks.0.attn2.to_k.weight", DC_LORA_DOWN);
+    // LyCORIS's LoHa and LoKr tensors under kohya's names
+    expect(&t, "lora_unet_down_blocks_1_resnets_0_conv1.hada_w2_b", "down_blocks.1.resnets.0.conv1.weight",
+           DC_LORA_HADA_W2B);
+    expect(&t, "lora_unet_down_blocks_1_resnets_0_conv1.lokr_w1", "down_blocks.1.resnets.0.conv1.weight",
+           DC_LORA_LOKR_W1);
+    expect(&t, "lora_unet_down_blocks_1_resnets_0_conv1.lokr_w2_a", "down_blocks.1.resnets.0.conv1.weight",
+           DC_LORA_LOKR_W2A);
     // refused, with the key named
     const char *bad[][2] = {{"lora_unet_down_blocks_9_attentions_0_proj_in.lora_down.weight", "down_blocks_9"},
                             {"unet.down_blocks.0.attentions.0.no_such.lora.up.weight", "no_such"},
                             {"lora_te1_text_model_encoder_layers_0_mlp_fc1.lora_up.weight", "SDXL"},
-                            {"lora_unet_down_blocks_0_resnets_0_conv1.hada_w1_a", "LoHa"},
+                            {"lora_unet_down_blocks_0_resnets_0_conv1.hada_t1", "Tucker"},
+                            {"lora_unet_down_blocks_0_resnets_0_conv1.lokr_t2", "Tucker"},
                             {"lora_unet_down_blocks_0_resnets_0_conv1.lora_left.weight", "lora_left"},
                             {"model.diffusion_model.input_blocks.1.1.proj_in.weight", "input_blocks"},
                             {"unet.down_blocks.0.attentions.0.transformer_blocks.0.attn1.processor.to_x_lora.up.weight",

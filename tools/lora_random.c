@@ -4,10 +4,13 @@
 // text encoder (q_proj, k_proj, v_proj, out_proj), with alpha A, in kohya's
 // names (lora_unet_..., lora_te_text_model_...) or PEFT's (unet.<path>.lora_A
 // / lora_B, text_encoder.text_model.<path>...); kohya's with its
-// ss_network_dim and ss_network_alpha metadata.
+// ss_network_dim and ss_network_alpha metadata. --format loha or lokr writes
+// LyCORIS's deltas under kohya's names instead: LoHa's hada_w1_a/_b and
+// hada_w2_a/_b of rank R; LoKr's whole lokr_w1 [2, 2] beside lokr_w2_a/_b of
+// rank R (models/lycoris.h).
 //
 //   lora_random --model PATH --out FILE [--rank R] [--alpha A] [--seed N]
-//               [--scale X] [--format kohya|peft] [--vocab PATH]
+//               [--scale X] [--format kohya|peft|loha|lokr] [--vocab PATH]
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,12 +43,24 @@ static float *draws(int64_t n, uint64_t seed, uint32_t key, float scale) {
     return h;
 }
 
+// A tensor of normal draws named stem + suffix, [r, c].
+static int put(entries *t, const char *stem, const char *suffix, int64_t r, int64_t c, uint64_t seed, float scale) {
+    float *h = draws(r * c, seed, (uint32_t)t->nbuf, scale);
+    if (!h) return dc_fail("out of memory");
+    t->bufs[t->nbuf++] = h;
+    snprintf(t->names[t->n], 200, "%s%s", stem, suffix);
+    t->e[t->n] = (dc_st_entry){t->names[t->n], DC_F32, 2, {r, c}, h}, t->n++;
+    return 0;
+}
+
 // The factors of every target weight of ps, named for the part (unet: true).
-static int add_part(entries *t, const dc_params *ps, bool unet, bool peft, int rank, uint64_t seed, float scale) {
+static int add_part(entries *t, const dc_params *ps, bool unet, const char *format, int rank, uint64_t seed,
+                    float scale) {
+    const bool peft = !strcmp(format, "peft");
     for (int i = 0; i < ps->count; i++) {
         const dc_param *p = &ps->items[i];
         if (p->ndim != 2 || !is_target(p->name)) continue;
-        if (t->n + 3 > t->cap) return dc_fail("lora_random: too many layers");
+        if (t->n + 6 > t->cap) return dc_fail("lora_random: too many layers");
         char mod[120], under[120];
         snprintf(mod, sizeof mod, "%.*s", (int)(strlen(p->name) - strlen(".weight")), p->name);
         for (size_t j = 0; j <= strlen(mod); j++) under[j] = mod[j] == '.' ? '_' : mod[j];
@@ -53,6 +68,17 @@ static int add_part(entries *t, const dc_params *ps, bool unet, bool peft, int r
         if (peft) snprintf(stem, sizeof stem, unet ? "unet.%s" : "text_encoder.text_model.%s", mod);
         else snprintf(stem, sizeof stem, unet ? "lora_unet_%s" : "lora_te_text_model_%s", under);
         const int64_t out = p->shape[0], in = p->shape[1];
+        if (!strcmp(format, "loha") || !strcmp(format, "lokr")) {
+            const bool loha = format[2] == 'h';
+            if (!loha && (out % 2 || in % 2)) return dc_fail("lora_random: %s is not even for LoKr", p->name);
+            DC_TRY(loha ? put(t, stem, ".hada_w1_a", out, rank, seed, scale) : put(t, stem, ".lokr_w1", 2, 2, seed, 1));
+            DC_TRY(loha ? put(t, stem, ".hada_w1_b", rank, in, seed, 1) : put(t, stem, ".lokr_w2_a", out / 2, rank, seed, scale));
+            DC_TRY(loha ? put(t, stem, ".hada_w2_a", out, rank, seed, 1) : put(t, stem, ".lokr_w2_b", rank, in / 2, seed, scale));
+            if (loha) DC_TRY(put(t, stem, ".hada_w2_b", rank, in, seed, scale));
+            snprintf(t->names[t->n], 200, "%s.alpha", stem);
+            t->e[t->n] = (dc_st_entry){t->names[t->n], DC_F32, 0, {0}, &t->alphas[0]}, t->n++;
+            continue;
+        }
         float *down = draws(rank * in, seed, (uint32_t)(2 * t->nbuf), scale);
         float *up = draws(out * rank, seed, (uint32_t)(2 * t->nbuf + 1), scale);
         if (!down || !up) return free(down), free(up), dc_fail("out of memory");
@@ -84,9 +110,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(k, "--seed")) seed = strtoull(v, NULL, 10);
         else model = NULL, i = argc;
     }
-    if (argc % 2 == 0 || !model || !out || rank < 1 || (strcmp(format, "kohya") && strcmp(format, "peft"))) {
+    if (argc % 2 == 0 || !model || !out || rank < 1 ||
+        (strcmp(format, "kohya") && strcmp(format, "peft") && strcmp(format, "loha") && strcmp(format, "lokr"))) {
         fprintf(stderr, "usage: lora_random --model PATH --out FILE [--rank R] [--alpha A] [--seed N] [--scale X] "
-                        "[--format kohya|peft] [--vocab PATH]\n");
+                        "[--format kohya|peft|loha|lokr] [--vocab PATH]\n");
         return 2;
     }
     dc_backend *be = dc_backend_cpu_create();
@@ -97,14 +124,14 @@ int main(int argc, char **argv) {
                  CAP, 0};
     int rc = t.e && t.names && t.bufs ? dc_sd_pipe_open(&p, be, &o) : dc_fail("out of memory");
     const bool peft = !strcmp(format, "peft");
-    if (!rc) rc = add_part(&t, p.unet->params, true, peft, rank, seed, scale);
-    if (!rc) rc = add_part(&t, p.text->params, false, peft, rank, seed + 1, scale);
+    if (!rc) rc = add_part(&t, p.unet->params, true, format, rank, seed, scale);
+    if (!rc) rc = add_part(&t, p.text->params, false, format, rank, seed + 1, scale);
     // kohya's files say their rank and alpha in their metadata too
     char dim[32], alp[32];
     snprintf(dim, sizeof dim, "%d", rank), snprintf(alp, sizeof alp, "%g", alpha);
     const char *const keys[] = {"ss_network_dim", "ss_network_alpha"}, *const values[] = {dim, alp};
     if (!rc) rc = dc_st_write(out, t.e, t.n, keys, values, peft ? 0 : 2);
-    if (!rc) printf("wrote %s: %d layers at rank %d, alpha %g (%s)\n", out, t.n / 3, rank, alpha, format);
+    if (!rc) printf("wrote %s: %d tensors at rank %d, alpha %g (%s)\n", out, t.n, rank, alpha, format);
     else fprintf(stderr, "lora_random: %s\n", dc_error());
     for (int i = 0; i < t.nbuf; i++) free(t.bufs[i]);
     free(t.e), free(t.names), free(t.bufs);

@@ -12,22 +12,28 @@
 #include "models/sd_lora_keys.h"
 #include "models/registry.h"
 
-// A LoRA file (every tensor a LoRA factor or alpha; models/sd_lora_keys.h):
-// its format, layers per part, ranks and alphas. 0 when it is not one.
+// A LoRA file (every tensor a LoRA factor or alpha, or a LyCORIS LoHa's or
+// LoKr's tensor; models/sd_lora_keys.h): its format, kinds, layers per part,
+// ranks and alphas. 0 when it is not one.
 static int lora_info(const dc_st_file *f) {
     static const char *const formats[] = {"kohya", "diffusers", "PEFT", "diffusers attention processors"};
-    int layers[2] = {0, 0}, rmin = 0, rmax = 0, fmt = -1, mixed = 0;
+    int layers[2] = {0, 0}, rmin = 0, rmax = 0, ranked = 0, fmt = -1, mixed = 0;
     float amin = 0, amax = 0;
-    bool alpha = false;
+    bool alpha = false, kinds[3] = {false};  // LoRA, LoHa, LoKr
     for (int i = 0; i < f->count; i++) {
         dc_lora_key k;
         if (dc_lora_key_parse(f->tensors[i].name, &k)) return dc_error_clear(), 0;
         mixed |= fmt >= 0 && fmt != (int)k.format && k.role != DC_LORA_ALPHA;
         if (k.role != DC_LORA_ALPHA) fmt = fmt < 0 ? (int)k.format : fmt;
-        if (k.role == DC_LORA_DOWN) {
-            const int r = f->tensors[i].ndim ? (int)f->tensors[i].shape[0] : 0;
-            layers[k.part]++;
-            rmin = layers[0] + layers[1] == 1 || r < rmin ? r : rmin, rmax = r > rmax ? r : rmax;
+        // one tensor a layer stands for it: the down factor, LoHa's w1_a, LoKr's w2 (or w2_a)
+        const dc_st_tensor *t = &f->tensors[i];
+        const int kind = k.role == DC_LORA_DOWN ? 0 : k.role == DC_LORA_HADA_W1A ? 1
+                       : k.role == DC_LORA_LOKR_W2 || k.role == DC_LORA_LOKR_W2A ? 2 : -1;
+        if (kind >= 0) {
+            // the rank: the down factor's rows, the decomposed factors' columns (none for a whole LoKr W2)
+            const int r = t->ndim < 2 || k.role == DC_LORA_LOKR_W2 ? 0 : (int)t->shape[kind ? 1 : 0];
+            layers[k.part]++, kinds[kind] = true;
+            if (r) rmin = !ranked++ || r < rmin ? r : rmin, rmax = r > rmax ? r : rmax;
         } else if (k.role == DC_LORA_ALPHA && f->tensors[i].numel == 1) {
             float a;
             if (dc_st_read_f32(f, &f->tensors[i], &a)) return -1;
@@ -38,7 +44,11 @@ static int lora_info(const dc_st_file *f) {
     printf("file          %s\n", f->path);
     printf("LoRA          %s names%s; %d UNet layers, %d text encoder layers\n", fmt >= 0 ? formats[fmt] : "?",
            mixed ? " (mixed with others)" : "", layers[0], layers[1]);
-    if (rmin == rmax) printf("rank          %d\n", rmin);
+    if (kinds[1] || kinds[2])
+        printf("deltas        %s%s%s%s%s (LyCORIS)\n", kinds[0] ? "LoRA" : "", kinds[0] && kinds[1] ? ", " : "",
+               kinds[1] ? "LoHa" : "", (kinds[0] || kinds[1]) && kinds[2] ? ", " : "", kinds[2] ? "LoKr" : "");
+    if (!ranked) printf("rank          whole matrices\n");
+    else if (rmin == rmax) printf("rank          %d\n", rmin);
     else printf("rank          %d to %d\n", rmin, rmax);
     if (!alpha) printf("alpha         none (a scale of 1)\n");
     else if (amin == amax) printf("alpha         %g\n", amin);

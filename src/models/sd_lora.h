@@ -1,7 +1,9 @@
 // A LoRA file for a Stable Diffusion 1.x/2.x model, read into adapters
 // (nn/adapter.h) over the model's UNet and text encoder parameters: every
 // tensor of the file is a down or up factor or an alpha of one layer
-// (models/sd_lora_keys.h names the formats), each layer's factors agree with
+// (models/sd_lora_keys.h names the formats), or a LyCORIS LoHa's or LoKr's
+// tensor, read as the exact LoRA that gives its delta (models/lycoris.h).
+// Each layer's factors agree with
 // its weight's shape (a linear layer's down [rank, in] and up [out, rank]; a
 // convolution's (LoCon) down [rank, ci, k, k] and up [co, rank, 1, 1]), and
 // anything else is refused naming the tensor. A missing alpha means alpha =

@@ -23,13 +23,16 @@ static int set_module(dc_lora_key *k, const char *name, const char *s, size_t le
     return 0;
 }
 
-static const char *const k_lycoris[] = {".hada_w1_a", ".hada_w1_b", ".hada_w2_a", ".hada_w2_b", ".hada_t1",
-                                        ".hada_t2",   ".lokr_w1",   ".lokr_w2",   ".lokr_t2",   ".lora_mid"};
+static const char *const k_tucker[] = {".hada_t1", ".hada_t2", ".lokr_t2", ".lora_mid"};
 
 // kohya's lora_unet_<path>.<role> and lora_te_text_model_<path>.<role>.
 static int parse_kohya(const char *name, const char *rest, dc_lora_key *k) {
     static const struct { const char *suffix; dc_lora_role role; } roles[] = {
-        {".lora_down.weight", DC_LORA_DOWN}, {".lora_up.weight", DC_LORA_UP}, {".alpha", DC_LORA_ALPHA}};
+        {".lora_down.weight", DC_LORA_DOWN}, {".lora_up.weight", DC_LORA_UP}, {".alpha", DC_LORA_ALPHA},
+        {".hada_w1_a", DC_LORA_HADA_W1A},    {".hada_w1_b", DC_LORA_HADA_W1B}, {".hada_w2_a", DC_LORA_HADA_W2A},
+        {".hada_w2_b", DC_LORA_HADA_W2B},    {".lokr_w1", DC_LORA_LOKR_W1},    {".lokr_w1_a", DC_LORA_LOKR_W1A},
+        {".lokr_w1_b", DC_LORA_LOKR_W1B},    {".lokr_w2", DC_LORA_LOKR_W2},    {".lokr_w2_a", DC_LORA_LOKR_W2A},
+        {".lokr_w2_b", DC_LORA_LOKR_W2B}};
     k->format = DC_LORA_KOHYA;
     if (k->part == DC_LORA_TEXT) {
         if (!starts(rest, "text_model_"))
@@ -43,10 +46,11 @@ static int parse_kohya(const char *name, const char *rest, dc_lora_key *k) {
             return set_module(k, name, rest, len);
         }
     }
-    for (size_t i = 0; i < sizeof k_lycoris / sizeof *k_lycoris; i++)
-        if (strstr(rest, k_lycoris[i]))
-            return dc_fail("LoRA key %s: LyCORIS's LoHa, LoKr and LoCon-mid tensors are not read yet", name);
-    return dc_fail("LoRA key %s: not a lora_down, lora_up or alpha tensor", name);
+    for (size_t i = 0; i < sizeof k_tucker / sizeof *k_tucker; i++)
+        if (strstr(rest, k_tucker[i]))
+            return dc_fail("LoRA key %s: a LyCORIS Tucker core (hada_t1/t2, lokr_t2, lora_mid), which is not read: "
+                           "LoHa and LoKr without one are", name);
+    return dc_fail("LoRA key %s: not a lora_down, lora_up or alpha tensor, nor LyCORIS's hada_ or lokr_ ones", name);
 }
 
 // diffusers', PEFT's and the attention processors' unet.<path>.<role> and

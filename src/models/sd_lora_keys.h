@@ -13,6 +13,11 @@
 //     unet.<path>.alpha where kept
 //   the old attention-processor form: unet.<...>.attn1.processor.to_q_lora.down.weight
 //     (to_q, to_k, to_v, to_out.0 as to_out_lora)
+//   LyCORIS (kohya's names): LoHa's .hada_w1_a, .hada_w1_b, .hada_w2_a,
+//     .hada_w2_b and LoKr's .lokr_w1 (or .lokr_w1_a, .lokr_w1_b) and .lokr_w2
+//     (or .lokr_w2_a, .lokr_w2_b), with .alpha (models/lycoris.h); their
+//     Tucker cores (.hada_t1, .hada_t2, .lokr_t2) and LoCon's .lora_mid are
+//     refused by name
 //
 // kohya's underscores make the path ambiguous to read back, so names resolve
 // against the model's own modules: each weight's module path with '.' written
@@ -25,7 +30,13 @@
 
 typedef enum { DC_LORA_UNET, DC_LORA_TEXT } dc_lora_part;
 typedef enum { DC_LORA_KOHYA, DC_LORA_DIFFUSERS, DC_LORA_PEFT, DC_LORA_PROCESSOR } dc_lora_format;
-typedef enum { DC_LORA_DOWN, DC_LORA_UP, DC_LORA_ALPHA } dc_lora_role;
+typedef enum {
+    DC_LORA_DOWN, DC_LORA_UP, DC_LORA_ALPHA,
+    DC_LORA_HADA_W1A, DC_LORA_HADA_W1B, DC_LORA_HADA_W2A, DC_LORA_HADA_W2B,  // LoHa
+    DC_LORA_LOKR_W1, DC_LORA_LOKR_W1A, DC_LORA_LOKR_W1B,                     // LoKr
+    DC_LORA_LOKR_W2, DC_LORA_LOKR_W2A, DC_LORA_LOKR_W2B,
+    DC_LORA_ROLES
+} dc_lora_role;
 
 // One tensor name of a LoRA file, read.
 typedef struct {
@@ -37,7 +48,7 @@ typedef struct {
 
 // Reads a tensor name: 0 and *k, or -1 with a message naming it when it is
 // no LoRA key of an SD 1.x/2.x UNet or text encoder (SDXL's lora_te1_/
-// lora_te2_ and LyCORIS's LoHa/LoKr tensors are named as not supported).
+// lora_te2_ and LyCORIS's Tucker cores are named as not supported).
 int dc_lora_key_parse(const char *name, dc_lora_key *k);
 
 // A model part's modules by the names LoRA files use: for every 2-D or 4-D
