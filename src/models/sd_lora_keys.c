@@ -60,6 +60,8 @@ static int parse_dotted(const char *name, const char *rest, dc_lora_key *k) {
         {".lora.down.weight", DC_LORA_DIFFUSERS, DC_LORA_DOWN}, {".lora.up.weight", DC_LORA_DIFFUSERS, DC_LORA_UP},
         {".lora_A.weight", DC_LORA_PEFT, DC_LORA_DOWN},         {".lora_B.weight", DC_LORA_PEFT, DC_LORA_UP},
         {".lora_A.default.weight", DC_LORA_PEFT, DC_LORA_DOWN}, {".lora_B.default.weight", DC_LORA_PEFT, DC_LORA_UP},
+        {".lora_linear_layer.down.weight", DC_LORA_DIFFUSERS, DC_LORA_DOWN},
+        {".lora_linear_layer.up.weight", DC_LORA_DIFFUSERS, DC_LORA_UP},
         {".alpha", DC_LORA_DIFFUSERS, DC_LORA_ALPHA}};
     if (k->part == DC_LORA_TEXT && starts(rest, "text_model.")) rest += strlen("text_model.");
     // the attention processors': <block>.attnN.processor.to_q_lora.down.weight

@@ -8,7 +8,9 @@
 //     (lora_down [rank, in] or a k x k conv to rank, lora_up [out, rank] or a
 //     1 x 1 conv; LoCon's conv layers use the same names)
 //   diffusers (save_lora_weights): unet.<path>.lora.down.weight / .lora.up.weight,
-//     text_encoder.[text_model.]<path>.lora.{down,up}.weight, optional .alpha
+//     text_encoder.[text_model.]<path>.lora.{down,up}.weight (or, as older
+//     diffusers wrote the text encoder's, .lora_linear_layer.{down,up}.weight),
+//     optional .alpha
 //   PEFT: the same paths with .lora_A.weight (down) / .lora_B.weight (up), and
 //     unet.<path>.alpha where kept
 //   the old attention-processor form: unet.<...>.attn1.processor.to_q_lora.down.weight
