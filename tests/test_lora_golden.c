@@ -26,6 +26,7 @@
 #include "models/sd_lora.h"
 #include "models/unet.h"
 #include "nerr.h"
+#include "param_host.h"
 
 #define GOLD "tests/golden/sd/sd1"
 #define LG "tests/golden/lora"
@@ -128,16 +129,6 @@ static double run_time(rig *r, const char *ref) {
     return err;
 }
 
-// Parameter `name` of ps in PyTorch's order, as floats.
-static float *weight_of(dc_params *ps, const char *name) {
-    const int i = dc_params_find(ps, name);
-    if (i < 0) return NULL;
-    const dc_param *p = &ps->items[i];
-    float *h = malloc((size_t)p->numel * 4);
-    if (dc_download_as_f32(ps->be, dc_param_data(ps, i), h, p->numel) || dc_param_from_stored(p, h)) return free(h), NULL;
-    return h;
-}
-
 // Every golden ref.fused.<part>.<path>.weight against the merged weight: the
 // worst error relative to the weight's largest value; *n the weights compared.
 static double merged(rig *r, const char *ref, int *n) {
@@ -152,7 +143,7 @@ static double merged(rig *r, const char *ref, int *n) {
         const char *path = g + np + 5;
         if (!unet && !strncmp(path, "text_model.", 11)) path += 11;  // transformers 5 names
         int64_t k = 0;
-        float *want = tensor(&r->golden, g, &k), *got = weight_of(unet ? r->unet->params : r->text->params, path);
+        float *want = tensor(&r->golden, g, &k), *got = param_host(unet ? r->unet->params : r->text->params, path, NULL);
         const double e = got && want ? nerr(got, want, k) : INFINITY;
         if (!(e <= worst)) worst = e;
         free(want), free(got);

@@ -23,6 +23,7 @@
 #include "models/clip_text.h"
 #include "models/sd_lora.h"
 #include "models/unet.h"
+#include "param_host.h"
 #include "tmpdir.h"
 
 #define GOLD "tests/golden/sd/sd1"
@@ -84,17 +85,6 @@ static void models_close(models *m) {
     dc_backend_destroy(m->be);
 }
 
-// Parameter `name` of ps in PyTorch's order, as floats.
-static float *weight_of(dc_params *ps, const char *name, int64_t *n) {
-    const int i = dc_params_find(ps, name);
-    if (i < 0) return NULL;
-    const dc_param *p = &ps->items[i];
-    float *h = malloc((size_t)p->numel * 4);
-    if (dc_download_as_f32(ps->be, dc_param_data(ps, i), h, p->numel) || dc_param_from_stored(p, h)) return free(h), NULL;
-    *n = p->numel;
-    return h;
-}
-
 // The factors of layer l: down [r, K], up [out, r] (K = in, or ci k k), normal draws.
 static void factors(models *m, const lora_layer *l, float **down, float **up, int64_t *out, int64_t *K, int *nd,
                     int64_t dshape[4], int64_t ushape[4]) {
@@ -149,7 +139,7 @@ static int read_merge(models *m, const char *path, bool with_text, float **merge
     if (!rc && with_text) rc = dc_lora_merge(&lt);
     for (int i = 0; !rc && merged && i < NL; i++) {
         int64_t n;
-        merged[i] = weight_of(part(m, k_layers[i].text), k_layers[i].weight, &n);
+        merged[i] = param_host(part(m, k_layers[i].text), k_layers[i].weight, &n);
     }
     if (!rc && lu.merged) rc = dc_lora_unmerge(&lu);  // the next read starts from the weights as loaded
     if (!rc && lt.merged) rc = dc_lora_unmerge(&lt);
@@ -199,57 +189,64 @@ static double *matmul(const float *A, const float *B, int64_t n, int64_t r, int6
     return p;
 }
 
+// The tensors of a file being written: each named stem.suffix, its data owned.
+typedef struct {
+    dc_st_entry e[8 * NY];
+    char names[8 * NY][200];
+    float *bufs[8 * NY], alphas[NY];
+    int k, nb;
+} st_list;
+
+// Adds h [r, c] (taken over) as stem.suffix; keep false: only takes h (a tensor left out).
+static void put(st_list *t, const char *stem, const char *suffix, float *h, int64_t r, int64_t c, bool keep) {
+    t->bufs[t->nb++] = h;
+    if (!keep) return;
+    snprintf(t->names[t->k], 200, "%s.%s", stem, suffix);
+    t->e[t->k] = (dc_st_entry){t->names[t->k], DC_F32, 2, {r, c}, h}, t->k++;
+}
+
+// One side of layer i's LoKr, [rows, cols]: whole (rank 0) as `whole`, or
+// decomposed at `rank` as `a` @ `b`; draws k0 and k0 + 1; rows_w: the rows
+// the file says. Its value in double (malloc'd).
+static double *kron_side(st_list *t, const lyco_layer *l, int i, int k0, int64_t rows, int64_t rows_w, int rank,
+                         int64_t cols, const char *whole, const char *a, const char *b) {
+    if (!rank) {
+        float *x = draws(i, k0, rows * cols);
+        double *v = matmul(x, NULL, rows, 0, cols);
+        put(t, l->kohya, whole, x, rows_w, cols, true);
+        return v;
+    }
+    float *x = draws(i, k0, rows * rank), *y = draws(i, k0 + 1, (int64_t)rank * cols);
+    double *v = matmul(x, y, rows, rank, cols);
+    put(t, l->kohya, a, x, rows_w, rank, true), put(t, l->kohya, b, y, rank, cols, true);
+    return v;
+}
+
 // Writes the LyCORIS layers (bad 1: the first LoHa's hada_w2_b left out; 2:
 // the first LoKr's W1 one row short) and gives each one's dW [out, K] and scale.
 static int write_lyco(models *m, const char *path, double **dW, double *scale, int bad) {
-    dc_st_entry e[8 * NY];
-    float *bufs[8 * NY], alphas[NY];
-    char names[8 * NY][200];
-    int k = 0, nb = 0;
+    st_list *t = calloc(1, sizeof *t);
+    if (!t) return dc_fail("out of memory");
     bool bad_loha = bad == 1, bad_lokr = bad == 2;
     for (int i = 0; i < NY; i++) {
         const lyco_layer *l = &k_lyco[i];
         const dc_param *p = &part(m, l->text)->items[dc_params_find(part(m, l->text), l->weight)];
         const int64_t out = p->shape[0], K = p->numel / out;
-#define PUT(suffix, h, r, c)                                                                                     \
-    do {                                                                                                         \
-        snprintf(names[k], 200, "%s.%s", l->kohya, suffix);                                                      \
-        bufs[nb++] = (h);                                                                                        \
-        e[k] = (dc_st_entry){names[k], DC_F32, 2, {(r), (c)}, (h)}, k++;                                         \
-    } while (0)
         if (l->loha) {
             float *a1 = draws(i, 0, out * l->r1), *b1 = draws(i, 1, l->r1 * K), *a2 = draws(i, 2, out * l->r2),
                   *b2 = draws(i, 3, l->r2 * K);
             double *p1 = matmul(a1, b1, out, l->r1, K), *p2 = matmul(a2, b2, out, l->r2, K);
             for (int64_t j = 0; j < out * K; j++) p1[j] *= p2[j];
             dW[i] = p1, free(p2);
-            PUT("hada_w1_a", a1, out, l->r1); PUT("hada_w1_b", b1, l->r1, K); PUT("hada_w2_a", a2, out, l->r2);
-            if (!bad_loha) PUT("hada_w2_b", b2, l->r2, K);
-            else bufs[nb++] = b2, bad_loha = false;
+            put(t, l->kohya, "hada_w1_a", a1, out, l->r1, true), put(t, l->kohya, "hada_w1_b", b1, l->r1, K, true);
+            put(t, l->kohya, "hada_w2_a", a2, out, l->r2, true), put(t, l->kohya, "hada_w2_b", b2, l->r2, K, !bad_loha);
+            bad_loha = false;
             scale[i] = l->alpha > 0 ? l->alpha / l->r1 : 1.0;
         } else {
             const int64_t a = l->a, b = l->b, c = out / a, dK = K / b;
-            const int64_t a_w = bad_lokr ? a - 1 : a;
+            double *W1 = kron_side(t, l, i, 0, a, bad_lokr ? a - 1 : a, l->r1, b, "lokr_w1", "lokr_w1_a", "lokr_w1_b");
+            double *W2 = kron_side(t, l, i, 2, c, c, l->r2, dK, "lokr_w2", "lokr_w2_a", "lokr_w2_b");
             bad_lokr = false;
-            double *W1, *W2;
-            if (l->r1) {
-                float *x = draws(i, 0, a * l->r1), *y = draws(i, 1, l->r1 * b);
-                W1 = matmul(x, y, a, l->r1, b);
-                PUT("lokr_w1_a", x, a_w, l->r1); PUT("lokr_w1_b", y, l->r1, b);
-            } else {
-                float *x = draws(i, 0, a * b);
-                W1 = matmul(x, NULL, a, 0, b);
-                PUT("lokr_w1", x, a_w, b);
-            }
-            if (l->r2) {
-                float *x = draws(i, 2, c * l->r2), *y = draws(i, 3, l->r2 * dK);
-                W2 = matmul(x, y, c, l->r2, dK);
-                PUT("lokr_w2_a", x, c, l->r2); PUT("lokr_w2_b", y, l->r2, dK);
-            } else {
-                float *x = draws(i, 2, c * dK);
-                W2 = matmul(x, NULL, c, 0, dK);
-                PUT("lokr_w2", x, c, dK);
-            }
             dW[i] = malloc((size_t)(out * K) * sizeof **dW);
             for (int64_t i1 = 0; i1 < a; i1++)
                 for (int64_t j = 0; j < c; j++)
@@ -260,15 +257,15 @@ static int write_lyco(models *m, const char *path, double **dW, double *scale, i
             const int dim = l->r1 ? l->r1 : l->r2;
             scale[i] = l->alpha > 0 && dim ? l->alpha / dim : 1.0;
         }
-#undef PUT
         if (l->alpha > 0) {
-            alphas[i] = l->alpha;
-            snprintf(names[k], 200, "%s.alpha", l->kohya);
-            e[k] = (dc_st_entry){names[k], DC_F32, 0, {0}, &alphas[i]}, k++;
+            t->alphas[i] = l->alpha;
+            snprintf(t->names[t->k], 200, "%s.alpha", l->kohya);
+            t->e[t->k] = (dc_st_entry){t->names[t->k], DC_F32, 0, {0}, &t->alphas[i]}, t->k++;
         }
     }
-    const int rc = dc_st_write(path, e, k, NULL, NULL, 0);
-    for (int i = 0; i < nb; i++) free(bufs[i]);
+    const int rc = dc_st_write(path, t->e, t->k, NULL, NULL, 0);
+    for (int i = 0; i < t->nb; i++) free(t->bufs[i]);
+    free(t);
     return rc;
 }
 
@@ -277,7 +274,7 @@ static void test_lycoris(models *m) {
     float *w0[NY], *merged[NY] = {0};
     for (int i = 0; i < NY; i++) {
         int64_t n;
-        w0[i] = weight_of(part(m, k_lyco[i].text), k_lyco[i].weight, &n);
+        w0[i] = param_host(part(m, k_lyco[i].text), k_lyco[i].weight, &n);
     }
     const char *path = tmp_path("lycoris.safetensors");
     dc_st_file f;
@@ -291,7 +288,7 @@ static void test_lycoris(models *m) {
     for (int i = 0; !rc && i < NY; i++) {
         const lyco_layer *l = &k_lyco[i];
         int64_t n;
-        merged[i] = weight_of(part(m, l->text), l->weight, &n);
+        merged[i] = param_host(part(m, l->text), l->weight, &n);
         double worst = 0, big = 0;
         for (int64_t j = 0; merged[i] && j < n; j++) {
             const double want = w0[i][j] + scale[i] * dW[i][j], e = fabs(merged[i][j] - want);
@@ -337,7 +334,7 @@ int main(void) {
     float *w0[NL], *kohya[NL] = {0}, *peft[NL] = {0};
     for (int i = 0; i < NL; i++) {
         int64_t n;
-        w0[i] = weight_of(part(&m, k_layers[i].text), k_layers[i].weight, &n);
+        w0[i] = param_host(part(&m, k_layers[i].text), k_layers[i].weight, &n);
     }
     const char *pk = tmp_path("kohya.safetensors"), *pp = tmp_path("peft.safetensors");
     CHECK(write_lora(&m, pk, false, NL, false, false) == 0 && read_merge(&m, pk, true, kohya) == 0,
@@ -384,7 +381,7 @@ int main(void) {
     test_lycoris(&m);
     // after all that, the weights are as loaded (unmerged exactly in fp32 up to rounding)
     int64_t n;
-    float *again = weight_of(m.unet->params, k_layers[0].weight, &n);
+    float *again = param_host(m.unet->params, k_layers[0].weight, &n);
     double drift = 0;
     for (int64_t j = 0; again && j < n; j++) drift = fmax(drift, fabs(again[j] - w0[0][j]));
     CHECK(again && drift < 1e-5, "unmerged weights drift by %.2e", drift);
