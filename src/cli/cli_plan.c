@@ -26,7 +26,8 @@ int cli_plan_choose(const dc_model *m, dc_backend *be, int64_t budget, int batch
     if (be->memory) be->memory(be, &held, NULL);  // the backend's own workspaces: no model exists yet
     const int blocks = m->info.blocks;
     dc_plan_request rq = {.model = m, .compute = be->compute, .fixed = (int64_t)held, .batch = batch,
-                          .ranks = ranks, .zero = zero, .grad_comm = grad_comm, .no_ema = no_ema, .micro_batch = *micro_batch,
+                          .ranks = ranks, .zero = zero, .grad_comm = grad_comm, .no_ema = no_ema,
+                          .micro_batch = *micro_batch,
                           .keep = *recompute >= 0 ? (*recompute < blocks ? *recompute : blocks) : -1,
                           .offload = *offload ? 1 : -1, .folds = dc_trainer_folds(be)};
     dc_train_plan plan;

@@ -112,7 +112,8 @@ static int lokr(const dc_st_file *f, const dc_st_tensor *const *t, const dc_para
                 for (int64_t p = 0; p < b; p++)
                     for (int64_t s = 0; s < r2; s++) U[(i * c + j) * R + p * r2 + s] = W1[i * b + p] * W2a[j * r2 + s];
         for (int64_t p = 0; p < b; p++)
-            for (int64_t s = 0; s < r2; s++) memcpy(D + (p * r2 + s) * K + p * dK, W2b + s * dK, (size_t)dK * sizeof *D);
+            for (int64_t s = 0; s < r2; s++)
+                memcpy(D + (p * r2 + s) * K + p * dK, W2b + s * dK, (size_t)dK * sizeof *D);
     } else if (!rc) {  // dW = kron(W1, W2), beside an identity on its shorter side
         float *dW = out <= K ? D : U;
         for (int64_t i = 0; i < a; i++)

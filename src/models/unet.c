@@ -600,7 +600,8 @@ static int unet_new(const dc_unet_config *c, dc_backend *be, dc_dtype loaded, dc
     m->first = ps->count, m->unit0 = ps->units;
     int rc = unet_modules_add(ps, m->mods, c);
     m->end = ps->count;
-    if (rc || (be && !set && (grad && !frozen ? dc_params_alloc(ps, be, grad) : dc_params_alloc_frozen(ps, be, loaded)))) {
+    const bool alloc = be && !set;
+    if (rc || (alloc && (grad && !frozen ? dc_params_alloc(ps, be, grad) : dc_params_alloc_frozen(ps, be, loaded)))) {
         unet_release(&m->base);
         free(m);
         return -1;

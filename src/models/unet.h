@@ -122,7 +122,8 @@ typedef struct {
 int dc_unet_new(const dc_unet_config *c, dc_backend *be, dc_dtype loaded, int latent_h, int latent_w,
                 dc_model **out);
 // The same with trainable parameters (fp32 masters, and gradients as grad
-// says: DC_GRAD_BUFFER, or DC_GRAD_WINDOW for optimizer offload) for training: the forward keeps what backward reads, and
+// says: DC_GRAD_BUFFER, or DC_GRAD_WINDOW for optimizer offload) for
+// training: the forward keeps what backward reads, and
 // backward accumulates every parameter's gradient (the latents take none;
 // the text does where the forward's cond.dctx asks for it). Parameter units:
 // conv_in with the time embedding, each transformer, resnet and resampling
