@@ -182,7 +182,8 @@ int main(void) {
     static const char *const formats[] = {"kohya", "peft", "diffusers"};
     for (int f = 0; f < 3; f++) {
         const char *fmt = formats[f], *ref = f == 0 ? "peft" : fmt;
-        if (rig_open(&r)) {  // fresh models: a LoRA is attached before the model plans its run
+        // fresh models, planned for their run before the LoRA is attached (reserved again then)
+        if (rig_open(&r) || dc_model_reserve(r.unet, 2) || dc_clip_text_reserve(r.text, 2)) {
             printf("FAIL set-up: %s\n", dc_error());
             return 1;
         }

@@ -168,7 +168,7 @@ int dc_clip_text_reserve(dc_clip_text *m, int max_batch) {
     int64_t widest = c->ffn > c->width ? c->ffn : c->width;
     if ((int64_t)max_batch * c->positions * widest > INT32_MAX)
         return dc_fail("batch %d is too large for this text encoder (activations over 2^31 elements)", max_batch);
-    if (m->acts && m->max_batch >= max_batch) return 0;
+    if (m->acts && m->max_batch >= max_batch && m->adapter == m->params->adapter) return 0;
     DC_TRY(m->be->reserve(m->be, c->positions, c->width / c->heads));
     DC_TRY(dc_adapter_reserve_rows(m->params, (int64_t)max_batch * c->positions));
     free_acts(m);
@@ -183,7 +183,7 @@ int dc_clip_text_reserve(dc_clip_text *m, int max_batch) {
     ar = dc_arena_over(a->base, m->be->compute);
     carve(c, &ar, a, max_batch);
     m->acts = a;
-    m->max_batch = max_batch;
+    m->max_batch = max_batch, m->adapter = m->params->adapter;
     return 0;
 }
 

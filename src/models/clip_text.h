@@ -82,6 +82,7 @@ typedef struct {
     dc_clip_text_modules *mods;  // its layers, as modules holding parameter handles
     dc_clip_text_acts *acts;     // activations planned for up to max_batch sequences
     int max_batch;
+    const void *adapter;         // the parameters' adapter when reserved: one attached since is reserved again
     dc_clip_text_train *train;   // a training forward's activations, or NULL
 } dc_clip_text;
 

@@ -80,7 +80,7 @@ void clip_train_free(dc_clip_text *m) {
 int dc_clip_text_train_reserve(dc_clip_text *m, int max_batch) {
     const dc_clip_text_config *c = &m->cfg;
     DC_TRY(check_batch(c, max_batch));
-    if (m->train && m->train->max_batch >= max_batch) return 0;
+    if (m->train && m->train->max_batch >= max_batch && m->adapter == m->params->adapter) return 0;
     DC_TRY(m->be->reserve(m->be, c->positions, c->width / c->heads));
     DC_TRY(dc_adapter_reserve_rows(m->params, (int64_t)max_batch * c->positions));
     clip_train_free(m);
@@ -96,7 +96,7 @@ int dc_clip_text_train_reserve(dc_clip_text *m, int max_batch) {
     ar = dc_arena_over(t->base, m->be->compute);
     carve(c, &ar, t, max_batch);
     t->max_batch = max_batch;
-    m->train = t;
+    m->train = t, m->adapter = m->params->adapter;
     return 0;
 }
 

@@ -237,7 +237,7 @@ static int unet_reserve(dc_model *mm, int max_batch) {
     if (!be) return dc_fail("a UNet layout (sized, not allocated) cannot run");
     if (max_batch < 1) return dc_fail("batch size must be at least 1");
     if (max_batch > 65535) return dc_fail("batch %d is too large: at most 65535 images per forward", max_batch);
-    if ((m->acts || m->train) && m->max_batch >= max_batch) return 0;
+    if ((m->acts || m->train) && m->max_batch >= max_batch && m->adapter == m->base.params->adapter) return 0;
     const bool training = m->trains;
     unet_plan p;
     make_plan(m, &p);
@@ -262,7 +262,7 @@ static int unet_reserve(dc_model *mm, int max_batch) {
     drop_plan(m);
     if (training) {
         DC_TRY(unet_train_reserve(m, max_batch));
-        m->max_batch = max_batch;
+        m->max_batch = max_batch, m->adapter = m->base.params->adapter;
         return 0;
     }
     dc_unet_acts *a = calloc(1, sizeof *a);
@@ -278,7 +278,7 @@ static int unet_reserve(dc_model *mm, int max_batch) {
     ar = dc_arena_over(a->base, be->compute);
     carve(m, &p, &ar, a, max_batch);
     m->acts = a;
-    m->max_batch = max_batch;
+    m->max_batch = max_batch, m->adapter = m->base.params->adapter;
     return 0;
 }
 

@@ -108,6 +108,7 @@ typedef struct {
     bool trains;         // created to train (dc_unet_new_train, _frozen_train)
     int keep;            // training: the layers keeping their activations (-1: all; set_recompute)
     int max_batch;
+    const void *adapter; // the parameters' adapter when reserved: one attached since is reserved again
     int lh, lw;          // latent height and width
     const void *kv_ctx;  // the text whose keys and values are ready (dc_unet_prepare_text), or NULL
     int kv_B, kv_len;    // its rows and tokens
