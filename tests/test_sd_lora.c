@@ -7,7 +7,8 @@
 // computed here in double; both formats give the same bits; a missing alpha
 // means a scale of 1. LyCORIS's LoHa (a linear layer and a convolution) and
 // LoKr (W2 decomposed, on a linear layer and a convolution; both sides whole;
-// W1 decomposed in the text encoder) merge to W + scale dW with dW computed
+// W1 decomposed in the text encoder), and a LoHa and a LoKr whose product's
+// rank exceeds the weight's shorter side, merge to W + scale dW with dW computed
 // here in double from its definition (the Hadamard product, the Kronecker
 // product), scale alpha / dim or 1. Refused, by name: factors of the wrong
 // shape, a missing factor, a key of no layer, text encoder keys for a model
@@ -168,6 +169,11 @@ static const lyco_layer k_lyco[] = {
     {"lora_unet_down_blocks_1_resnets_0_conv2", "down_blocks.1.resnets.0.conv2.weight", false, false, 0, 2, 2, 4, 4.0f},
     {"lora_unet_up_blocks_1_resnets_0_conv1", "up_blocks.1.resnets.0.conv1.weight", false, false, 0, 0, 4, 8, 3.0f},
     {"lora_te_text_model_encoder_layers_0_mlp_fc1", "encoder.layers.0.mlp.fc1.weight", true, false, 2, 0, 8, 4, 2.0f},
+    // ranks above the weight's shorter side (32): read as the delta itself
+    {"lora_unet_down_blocks_1_attentions_1_transformer_blocks_0_attn2_to_k",
+     "down_blocks.1.attentions.1.transformer_blocks.0.attn2.to_k.weight", false, true, 8, 6, 0, 0, 4.0f},
+    {"lora_unet_down_blocks_0_attentions_1_transformer_blocks_0_attn1_to_v",
+     "down_blocks.0.attentions.1.transformer_blocks.0.attn1.to_v.weight", false, false, 0, 20, 2, 2, 2.0f},
 };
 enum { NY = sizeof k_lyco / sizeof *k_lyco };
 

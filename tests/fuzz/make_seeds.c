@@ -437,7 +437,8 @@ static void tar_seeds(void) {
 
 // fuzz_lora inputs: byte 0 even, then a kohya LoRA file on an attention
 // projection of the golden SD 1.x UNet and one of the text encoder (rank 2,
-// one alpha), and the same in PEFT's names; byte 0 odd, then prompts with tags.
+// one alpha), the same in PEFT's names, and a LyCORIS LoHa and LoKr of that
+// projection; byte 0 odd, then prompts with tags.
 static void lora_seeds(void) {
     static const char *const kohya[][2] = {
         {"lora_unet_down_blocks_0_attentions_0_transformer_blocks_0_attn1_to_q",
@@ -471,6 +472,31 @@ static void lora_seeds(void) {
         in[0] = 0;
         memcpy(in + 1, bytes, n);
         put("fuzz_lora", f ? "peft" : "kohya", in, n + 1);
+        free(in), free(bytes);
+    }
+    // LoHa (rank 2 twice) and LoKr (W1 [2, 2] whole, W2 [C/2, 2] @ [2, C/2]) of the projection
+    const char *stem = kohya[0][0];
+    char ln[6][160];
+    const char *const sfx[6] = {"hada_w1_a", "hada_w1_b", "hada_w2_a", "hada_w2_b", "lokr_w1", "lokr_w2_a"};
+    for (int i = 0; i < 6; i++) snprintf(ln[i], 160, "%s.%s", stem, sfx[i]);
+    char w2b[160], al[160];
+    snprintf(w2b, sizeof w2b, "%s.lokr_w2_b", stem), snprintf(al, sizeof al, "%s.alpha", stem);
+    const dc_st_entry loha[] = {{ln[0], DC_F32, 2, {C, 2}, v}, {ln[1], DC_F32, 2, {2, C}, v},
+                                {ln[2], DC_F32, 2, {C, 2}, v}, {ln[3], DC_F32, 2, {2, C}, v},
+                                {al, DC_F32, 0, {0}, &alpha}};
+    const dc_st_entry lokr[] = {{ln[4], DC_F32, 2, {2, 2}, v}, {ln[5], DC_F32, 2, {C / 2, 2}, v},
+                                {w2b, DC_F32, 2, {2, C / 2}, v}, {al, DC_F32, 0, {0}, &alpha}};
+    const dc_st_entry *sets[2] = {loha, lokr};
+    const int counts[2] = {5, 4};
+    for (int k = 0; k < 2; k++) {
+        uint8_t *bytes;
+        size_t n;
+        if (dc_st_serialize(sets[k], counts[k], NULL, NULL, 0, &bytes, &n)) die("a LyCORIS seed");
+        uint8_t *in = malloc(n + 1);
+        if (!in) die("out of memory");
+        in[0] = 0;
+        memcpy(in + 1, bytes, n);
+        put("fuzz_lora", k ? "lokr" : "loha", in, n + 1);
         free(in), free(bytes);
     }
     static const char *const prompts[] = {"\x01a cat <lora:style:0.8> <lora:detail:te=1:unet=0.5>",
