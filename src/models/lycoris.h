@@ -16,8 +16,10 @@
 //         convolution's W1 acts as a 1 x 1 kernel, as A1111's make_kron); dim
 //         the rank of w1_b, else of w2_b. With W2 decomposed,
 //         kron(W1, w2_a w2_b) = kron(W1, w2_a) @ kron(I_b, w2_b): rank b r.
-//         Otherwise dW itself, with an identity on its shorter side: rank
-//         min(out, K).
+//
+// Where such factors would not be of lower rank than min(out, K) (a LoKr
+// with W2 whole, a LoHa or LoKr of high rank on a narrow layer), dW itself,
+// with an identity on its shorter side: rank min(out, K).
 //
 // Tucker cores (hada_t1/t2, lokr_t2) are refused where the keys are read
 // (models/sd_lora_keys.h).
