@@ -435,6 +435,19 @@ static void tar_seeds(void) {
     put("fuzz_tar", "pax_long_name", tar, n + 1024);
 }
 
+// A fuzz_lora seed: byte 0 (even: a file), then the n tensors as a safetensors file.
+static void put_lora_file(const char *name, const dc_st_entry *e, int n) {
+    uint8_t *bytes;
+    size_t size;
+    if (dc_st_serialize(e, n, NULL, NULL, 0, &bytes, &size)) die("a LoRA seed");
+    uint8_t *in = malloc(size + 1);
+    if (!in) die("out of memory");
+    in[0] = 0;
+    memcpy(in + 1, bytes, size);
+    put("fuzz_lora", name, in, size + 1);
+    free(in), free(bytes);
+}
+
 // fuzz_lora inputs: byte 0 even, then a kohya LoRA file on an attention
 // projection of the golden SD 1.x UNet and one of the text encoder (rank 2,
 // one alpha), the same in PEFT's names, and a LyCORIS LoHa and LoKr of that
@@ -464,15 +477,7 @@ static void lora_seeds(void) {
         const dc_st_entry e[] = {{names[0], DC_F32, 2, {2, C}, v},  {names[1], DC_F32, 2, {C, 2}, v},
                                  {names[2], DC_F32, 0, {0}, &alpha}, {names[3], DC_F32, 2, {2, 32}, v},
                                  {names[4], DC_F32, 2, {32, 2}, v}};
-        uint8_t *bytes;
-        size_t n;
-        if (dc_st_serialize(e, 5, NULL, NULL, 0, &bytes, &n)) die("a LoRA seed");
-        uint8_t *in = malloc(n + 1);
-        if (!in) die("out of memory");
-        in[0] = 0;
-        memcpy(in + 1, bytes, n);
-        put("fuzz_lora", f ? "peft" : "kohya", in, n + 1);
-        free(in), free(bytes);
+        put_lora_file(f ? "peft" : "kohya", e, 5);
     }
     // LoHa (rank 2 twice) and LoKr (W1 [2, 2] whole, W2 [C/2, 2] @ [2, C/2]) of the projection
     const char *stem = kohya[0][0];
@@ -488,17 +493,7 @@ static void lora_seeds(void) {
                                 {w2b, DC_F32, 2, {2, C / 2}, v}, {al, DC_F32, 0, {0}, &alpha}};
     const dc_st_entry *sets[2] = {loha, lokr};
     const int counts[2] = {5, 4};
-    for (int k = 0; k < 2; k++) {
-        uint8_t *bytes;
-        size_t n;
-        if (dc_st_serialize(sets[k], counts[k], NULL, NULL, 0, &bytes, &n)) die("a LyCORIS seed");
-        uint8_t *in = malloc(n + 1);
-        if (!in) die("out of memory");
-        in[0] = 0;
-        memcpy(in + 1, bytes, n);
-        put("fuzz_lora", k ? "lokr" : "loha", in, n + 1);
-        free(in), free(bytes);
-    }
+    for (int k = 0; k < 2; k++) put_lora_file(k ? "lokr" : "loha", sets[k], counts[k]);
     static const char *const prompts[] = {"\x01a cat <lora:style:0.8> <lora:detail:te=1:unet=0.5>",
                                           "\x01<lora:x:1:2>plain text<lora:y>"};
     for (int i = 0; i < 2; i++) {
