@@ -44,9 +44,13 @@ static int lora_info(const dc_st_file *f) {
     printf("file          %s\n", f->path);
     printf("LoRA          %s names%s; %d UNet layers, %d text encoder layers\n", fmt >= 0 ? formats[fmt] : "?",
            mixed ? " (mixed with others)" : "", layers[0], layers[1]);
-    if (kinds[1] || kinds[2])
-        printf("deltas        %s%s%s%s%s (LyCORIS)\n", kinds[0] ? "LoRA" : "", kinds[0] && kinds[1] ? ", " : "",
-               kinds[1] ? "LoHa" : "", (kinds[0] || kinds[1]) && kinds[2] ? ", " : "", kinds[2] ? "LoKr" : "");
+    if (kinds[1] || kinds[2]) {
+        static const char *const kind_names[3] = {"LoRA", "LoHa", "LoKr"};
+        printf("deltas       ");
+        for (int k = 0, n = 0; k < 3; k++)
+            if (kinds[k]) printf("%s %s", n++ ? "," : "", kind_names[k]);
+        printf(" (LyCORIS)\n");
+    }
     if (!ranked) printf("rank          whole matrices\n");
     else if (rmin == rmax) printf("rank          %d\n", rmin);
     else printf("rank          %d to %d\n", rmin, rmax);

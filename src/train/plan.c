@@ -60,6 +60,7 @@ int dc_plan_predict(const dc_plan_request *r, const dc_train_plan *p, dc_plan_me
     m.weights = 4 * P + (r->compute != DC_F32 ? P * (int64_t)dc_dtype_size(r->compute) : 0);
     m.weights += dc_model_frozen_bytes(r->model, r->compute);  // a LoRA's frozen base
     const int64_t full_grad = 4 * P;
+    const int64_t full_state = (r->no_ema ? 8 : 12) * P;  // AdamW's m and v, and the EMA unless its decay is 0
     // train/trainer.c: x0, xt, eps [mb, C, F, H, W], out, dout [mb, OC, F, H, W] F32,
     // t and y [mb], the step's losses [batch, 2] and gstats [2]
     int64_t img = dc_model_info_numel(mi), oimg = img / mi->channels * mi->out_channels;
@@ -83,7 +84,7 @@ int dc_plan_predict(const dc_plan_request *r, const dc_train_plan *p, dc_plan_me
         // AdamW m, v and the EMA (none at a decay of 0); with bf16 gradients between ranks, their
         // bf16 copy [P] (train/trainer.c, set with the communicator)
         const bool bf16 = r->grad_comm == DC_BF16 && r->ranks > 1;
-        m.grads = full_grad + (bf16 ? 2 * P : 0), m.optimizer = (r->no_ema ? 8 : 12) * P;
+        m.grads = full_grad + (bf16 ? 2 * P : 0), m.optimizer = full_state;
         m.setup = m.weights + m.grads + m.optimizer + m.trainer + m.fixed;
         // folding: the micro-batches after a rank's first take a second gradient buffer (at the first step)
         if (r->folds && dc_batch_rounds(r->batch, r->ranks, p->micro_batch) > 1) m.grads += full_grad;
@@ -100,7 +101,7 @@ int dc_plan_predict(const dc_plan_request *r, const dc_train_plan *p, dc_plan_me
         int64_t zallocs = 5 * S4 + buckets + 4 * (int64_t)r->ranks + 8;
         m.grads = S4 + buckets + (r->zero == 1 ? full_grad : 0);
         m.optimizer = zallocs - S4 - buckets;
-        m.setup = m.weights + full_grad + (r->no_ema ? 8 : 12) * P + m.trainer + zallocs + m.fixed;
+        m.setup = m.weights + full_grad + full_state + m.trainer + zallocs + m.fixed;
     }
     DC_TRY(rc);
     int64_t step = m.weights + m.grads + m.optimizer + m.trainer + m.activations + m.fixed;

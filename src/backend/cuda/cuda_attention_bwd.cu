@@ -277,13 +277,15 @@ template <int DP> static size_t dq_smem() {
 }
 
 bool dc_attn_bwd_bf16_fits(int Dh) {
-    int dev = 0, optin = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
-        return cudaGetLastError(), false;
+    static int optin[64];  // each device's, asked once (every backward call asks)
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return cudaGetLastError(), false;
+    if (!optin[dev] &&
+        cudaDeviceGetAttribute(&optin[dev], cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+        return optin[dev] = 0, cudaGetLastError(), false;
     size_t most = 0;
     attn_dispatch_dp(Dh, [&]<int DP>() { most = dkdv_smem<DP>() > dq_smem<DP>() ? dkdv_smem<DP>() : dq_smem<DP>(); });
-    return most <= (size_t)optin;
+    return most <= (size_t)optin[dev];
 }
 
 void dc_attn_bwd_bf16(cudaStream_t s, const AttnParams &p, bool vec, bool pair) {
