@@ -6,13 +6,19 @@
 //   and without offload (the model made with no full gradient buffer, as
 //   `train --offload` makes it; with an EMA and with a decay of 0, which keeps
 //   none), recompute and accumulation (whose micro-batches the
-//   CPU sums apart, in a second gradient buffer at stage 0); the activation prediction
+//   CPU sums apart, in a second gradient buffer at stage 0), and updating in
+//   the backward (no full gradient buffer; a unit's window); the activation prediction
 //   equals the arena dc_dit_reserve allocates; and on 2 ranks (threads, each
 //   rank's backend counted on its own) for ZeRO stages 0, 1 and 2 with the
 //   gradients summed in fp32 and in bf16 (whose bf16 copies the plan adds);
 // - the planner never picks a slower plan for a larger budget, refuses a budget
 //   below the smallest plan naming its size, and for DiT-XL/2 at batch 64 in
 //   bf16 with 8 GiB picks offload with recompute, predicted under 8 GiB;
+// - for a DreamBooth step of SD 1.5's UNet (batch 1, no EMA, clipping) a
+//   budget between the plans picks updating in the backward, which needs 4
+//   bytes a parameter less than the plain plan, and no budget that fits the
+//   plain plan does; without clipping it costs 2% more than the plain plan,
+//   with clipping twice; a fused plan on several ranks or with accumulation is refused;
 // - a LoRA's plan counts its frozen base's weights beside the factors' state.
 #include <math.h>
 #include <stdio.h>
@@ -72,9 +78,10 @@ static int64_t measured_peak(counter *k, const dc_dataset *ds, const dc_train_pl
     dc_trainer tr = {0};
     dc_train_config tc = dc_train_config_default();
     tc.batch = BATCH, tc.micro_batch = p->micro_batch, tc.steps = 2, tc.offload = p->offload;
+    tc.update_in_backward = p->fused, tc.grad_clip = p->fused ? 0.5f : 0;  // (two passes: the same bytes)
     if (no_ema) tc.ema_decay = 0;
     int64_t peak = -1;
-    if (!dc_dit_new(&k_tiny, be, p->offload ? DC_GRAD_WINDOW : DC_GRAD_BUFFER, &m) &&
+    if (!dc_dit_new(&k_tiny, be, p->offload || p->fused ? DC_GRAD_WINDOW : DC_GRAD_BUFFER, &m) &&
         !dc_model_set_recompute(m, p->keep) &&
         !dc_model_init_weights(m, 1) && !dc_trainer_init(&tr, m, ds, &tc) && !dc_trainer_step(&tr, NULL) &&
         !dc_trainer_step(&tr, NULL))
@@ -94,8 +101,9 @@ static void test_exact_on_cpu(void) {
     tiny_data(&ds, 12);
     dc_plan_request r = {.model = g_tiny, .compute = k.be.compute, .fixed = 0, .batch = BATCH, .ranks = 1,
                          .zero = 0, .micro_batch = 0, .keep = -1, .offload = -1, .folds = true};
-    const dc_train_plan plans[] = {{6, 3, false}, {6, 0, false}, {3, 1, false}, {2, 3, true},
-                                   {6, 0, true},  {1, 2, true},  {4, 0, false}};
+    const dc_train_plan plans[] = {{6, 3, false, false}, {6, 0, false, false}, {3, 1, false, false},
+                                   {2, 3, true, false},  {6, 0, true, false},  {1, 2, true, false},
+                                   {4, 0, false, false}, {6, 3, false, true},  {6, 0, false, true}};
     for (size_t i = 0; i < sizeof plans / sizeof plans[0]; i++) {
         const dc_train_plan *p = &plans[i];
         dc_plan_mem pm;
@@ -103,8 +111,9 @@ static void test_exact_on_cpu(void) {
             r.no_ema = no_ema;
             CHECK(dc_plan_predict(&r, p, &pm) == 0, "predict: %s", dc_error());
             int64_t got = measured_peak(&k, &ds, p, no_ema);
-            CHECK(got == pm.peak, "micro %d keep %d offload %d no EMA %d: predicted %lld bytes, the backend held %lld",
-                  p->micro_batch, p->keep, p->offload, no_ema, (long long)pm.peak, (long long)got);
+            CHECK(got == pm.peak, "micro %d keep %d offload %d fused %d no EMA %d: predicted %lld bytes, the backend "
+                  "held %lld", p->micro_batch, p->keep, p->offload, p->fused, no_ema, (long long)pm.peak,
+                  (long long)got);
         }
         // the arena alone: what the reserve allocates
         dc_model *m = NULL;
@@ -155,7 +164,7 @@ static int rank_train(dc_comm *c, void *arg) {
 static void test_ranks_on_cpu(void) {
     dc_dataset ds;
     tiny_data(&ds, 12);
-    const dc_train_plan plans[] = {{3, 3, false}, {2, 1, false}};
+    const dc_train_plan plans[] = {{3, 3, false, false}, {2, 1, false, false}};
     for (int zero = 0; zero <= 2; zero++)
         for (int bf16 = 0; bf16 <= 1; bf16++)
             for (size_t i = 0; i < sizeof plans / sizeof *plans; i++) {
@@ -202,7 +211,7 @@ static void test_xl(void) {
     const int D = xl->info.blocks;
     // the settings measured on an H200 and an H100 (peak device memory as the backend counts it;
     // offload's 7.52 GiB with the EMA on the device and no unit updated there, 2026-11-23)
-    struct { dc_train_plan p; double measured; } h200[] = {{{64, D, false}, 34.29}, {{64, 0, true}, 7.52}};
+    struct { dc_train_plan p; double measured; } h200[] = {{{64, D, false, false}, 34.29}, {{64, 0, true, false}, 7.52}};
     for (int i = 0; i < 2; i++) {
         dc_plan_mem m;
         CHECK(dc_plan_predict(&r, &h200[i].p, &m) == 0, "predict: %s", dc_error());
@@ -279,13 +288,60 @@ static void test_lora_layout(void) {
     const int64_t P = w->params->numel;
     dc_plan_request r = {.model = w, .compute = DC_BF16, .fixed = 0, .batch = 2, .ranks = 1, .zero = 0,
                          .micro_batch = 0, .keep = -1, .offload = -1, .folds = true};
-    const dc_train_plan p = {2, w->info.blocks, false};
+    const dc_train_plan p = {2, w->info.blocks, false, false};
     dc_plan_mem pm;
     CHECK(dc_plan_predict(&r, &p, &pm) == 0 && pm.weights == 6 * P + 2 * frozen && P > 0 && P < frozen / 10 &&
               pm.optimizer == 12 * P && pm.activations > dc_model_activation_bytes(u, DC_BF16, 2, -1),
           "a LoRA's plan: the factors' state (%lld), the frozen weights in bf16 (%lld), the activations and scratch",
           (long long)P, (long long)frozen);
     dc_model_free(w);
+}
+
+// DreamBooth's step: SD 1.5's UNet at 512 px, batch 1, bf16, no EMA, clipping.
+static void test_dreambooth(void) {
+    dc_unet_config c;
+    dc_model *u = NULL;
+    if (dc_unet_config_from_json_file(&c, "tools/configs/sd15_unet.json") ||
+        dc_unet_new_train(&c, NULL, DC_GRAD_BUFFER, 64, 64, &u)) {
+        CHECK(0, "SD 1.5's UNet layout: %s", dc_error());
+        return;
+    }
+    const int D = u->info.blocks;
+    dc_plan_request r = {.model = u, .compute = DC_BF16, .fixed = k_cuda_fixed, .batch = 1, .ranks = 1, .zero = 0,
+                         .micro_batch = 0, .keep = D, .offload = 0, .fused = -1, .no_ema = true, .clips = true};
+    const dc_train_plan plain = {1, D, false, false}, fused = {1, D, false, true};
+    dc_plan_mem pm, fm;
+    CHECK(dc_plan_predict(&r, &plain, &pm) == 0 && dc_plan_predict(&r, &fused, &fm) == 0, "predict: %s", dc_error());
+    const int64_t P = u->params->numel;
+    printf("SD 1.5 DreamBooth step: plain %.2f GiB, updated in the backward %.2f GiB (%.0fM parameters)\n",
+           pm.peak / GIB, fm.peak / GIB, P / 1e6);
+    CHECK(pm.peak - fm.peak > 4 * P - 4 * dc_params_widest_unit(u->params) - 4096 && fm.peak < pm.peak,
+          "updating in the backward predicted %lld bytes, plain %lld", (long long)fm.peak, (long long)pm.peak);
+    dc_train_plan best;
+    dc_plan_mem bm;
+    const int64_t between = (pm.peak + fm.peak) / 2;
+    CHECK(dc_plan_choose(&r, between, &best, &bm, NULL) == 0 && best.fused && bm.peak == fm.peak,
+          "a budget between the plans chose fused %d (%s)", best.fused, dc_error());
+    char line[256];
+    dc_plan_describe(&r, &best, &bm, between, line, sizeof line);
+    CHECK(strstr(line, "updated in the backward (two passes: clipping)") != NULL, "describe: %s", line);
+    CHECK(dc_plan_choose(&r, pm.peak, &best, &bm, NULL) == 0 && !best.fused, "the plain plan's budget chose fused");
+    CHECK(fabs(dc_plan_cost(&r, &fused) / dc_plan_cost(&r, &plain) - 2) < 1e-9, "clipping: fused not twice plain");
+    r.clips = false;
+    CHECK(fabs(dc_plan_cost(&r, &fused) / dc_plan_cost(&r, &plain) - 1.02) < 1e-9, "no clipping: fused not 1.02x");
+    // refused: two ranks, accumulation (fixed, or in the plan given), beside offload
+    r.fused = 1, r.ranks = 2;
+    CHECK(dc_plan_choose(&r, 1LL << 40, &best, &bm, NULL) != 0 && strstr(dc_error(), "one rank"), "2 ranks: %s",
+          dc_error());
+    r.ranks = 1, r.batch = 4, r.micro_batch = 2;
+    CHECK(dc_plan_choose(&r, 1LL << 40, &best, &bm, NULL) != 0 && strstr(dc_error(), "one micro-batch"),
+          "accumulation: %s", dc_error());
+    const dc_train_plan accum = {2, D, false, true};
+    CHECK(dc_plan_predict(&r, &accum, &bm) != 0, "a fused plan with 2 micro-batches predicted");
+    r.micro_batch = 0, r.offload = 1;
+    CHECK(dc_plan_choose(&r, 1LL << 40, &best, &bm, NULL) != 0 && strstr(dc_error(), "--offload"), "offload: %s",
+          dc_error());
+    dc_model_free(u);
 }
 
 int main(void) {
@@ -295,6 +351,7 @@ int main(void) {
     test_exact_on_cpu();
     test_ranks_on_cpu();
     test_xl();
+    test_dreambooth();
     dc_model_free(g_tiny);
     printf("%d passed, %d failed\n", g_pass, g_fail);
     return g_fail ? 1 : 0;

@@ -13,20 +13,22 @@
 // the flag was not given); -1 naming the flag.
 int cli_plan_budget(const char *size, int64_t *budget);
 
-// --offload and --zero S against the ranks of the job: offload runs on one
-// rank, and ZeRO needs several.
-int cli_plan_check_ranks(bool offload, int zero, int ranks);
+// --offload, --update-in-backward (fused) and --zero S against the ranks of
+// the job and each other: the first two run on one rank, apart, and ZeRO
+// needs several.
+int cli_plan_check_ranks(bool offload, bool fused, int zero, int ranks);
 
 // The fastest plan whose predicted peak device memory fits in budget, for
 // the model m (a layout serves: models/registry.h) trained on be with batch images a step (all ranks together)
 // over `ranks` ranks at ZeRO stage `zero`, gradients summed in `grad_comm`
 // (F32 or BF16: its buffers are counted), an EMA kept unless no_ema (a decay
-// of 0, where it is the weights). In: what the command line fixed,
-// *micro_batch (0: free), *recompute (-1: free) and *offload (false: free).
-// Out: the plan, *recompute -1 when every block keeps its activations; line
+// of 0, where it is the weights), clipping or not (updating in the backward
+// then takes two passes). In: what the command line fixed, *micro_batch (0:
+// free), *recompute (-1: free), *offload and *fused (false: free; fused NULL:
+// not offered). Out: the plan, *recompute -1 when every block keeps its activations; line
 // gets its description ("plan: micro-batch 64, ...") for the command to print.
 // The backend's allocations are then capped at budget (set_memory_cap, where
 // it has one): the plan is a prediction, the cap holds the run to it.
 int cli_plan_choose(const dc_model *m, dc_backend *be, int64_t budget, int batch, int ranks, int zero,
-                    dc_dtype grad_comm, bool no_ema, int *micro_batch, int *recompute, bool *offload, char *line,
-                    size_t n);
+                    dc_dtype grad_comm, bool no_ema, bool clips, int *micro_batch, int *recompute, bool *offload,
+                    bool *fused, char *line, size_t n);

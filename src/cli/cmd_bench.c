@@ -294,7 +294,7 @@ int cmd_bench(int argc, char **argv) {
     }
     const int size = job.launch.size;
     const bool lead = train_ranks_lead(&job);
-    if (cli_plan_check_ranks(offload, zero, size)) return cli_usage_fail();
+    if (cli_plan_check_ranks(offload, false, zero, size)) return cli_usage_fail();
     if (train_ranks_select_device(&job, device) || train_ranks_join(&job, comm_timeout)) {
         train_ranks_end(&job);
         return cli_fail();
@@ -326,8 +326,8 @@ int cmd_bench(int argc, char **argv) {
     if (max_mem) {  // the fastest plan that fits; --recompute and --offload given fix their part of it
         char line[256];
         micro = 0;  // bench has no --micro-batch: the plan picks it
-        if (cli_plan_choose(layout, be, budget, batch * size, size, zero, wire, false, &micro, &recompute, &offload,
-                            line, sizeof line))
+        if (cli_plan_choose(layout, be, budget, batch * size, size, zero, wire, false, false, &micro, &recompute,
+                            &offload, NULL, line, sizeof line))
             goto done;
         if (lead) printf("%s\n", line), fflush(stdout);
     }

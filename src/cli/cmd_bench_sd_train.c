@@ -87,14 +87,14 @@ typedef struct {
 // reduces them. A NaN loss or gradient fails it. What is measured is the
 // slowest rank's time and the largest rank's memory.
 static int time_steps(train_ranks *job, dc_model *m, dc_backend *be, int batch, int micro, int steps, int warm,
-                      int zero, dc_dtype wire, bool offload, float ema_decay, measured *out) {
+                      int zero, dc_dtype wire, bool offload, bool fused, float ema_decay, measured *out) {
     const int size = job->launch.size;
     *out = (measured){0};
     dc_dataset ds = {0};
     dc_trainer tr = {0};
     dc_schedule sched = {0};
     dc_train_config tc = sd_recipe(batch * size, micro, warm + steps);
-    tc.grad_comm = wire, tc.offload = offload, tc.ema_decay = ema_decay;
+    tc.grad_comm = wire, tc.offload = offload, tc.update_in_backward = fused, tc.ema_decay = ema_decay;
     int rc = cli_offload_settings(&tc.offload_settings) || random_data(&ds, &m->info, batch * size);
     // SD's training schedule (scaled_linear 0.00085..0.012, 1000 steps)
     if (!rc) rc = dc_schedule_init_scaled_linear(&sched, 1000, 0.00085, 0.012);
@@ -157,7 +157,7 @@ static int text_config(const dc_unet_config *uc, dc_clip_text_config *tc) {
 // LoRA's factors as kohya does): the UNet, or with text the UNet and the text
 // encoder; with rank > 0 a LoRA of them over their frozen weights (in the
 // compute dtype), as `train --lora [--train-text-encoder]` trains one.
-static int bench_model(const dc_kv *mc, dc_backend *be, bool offload, bool text, int rank, const char *targets,
+static int bench_model(const dc_kv *mc, dc_backend *be, bool window, bool text, int rank, const char *targets,
                        dc_model **out) {
     dc_unet_config uc;
     dc_clip_text_config tc;
@@ -166,7 +166,7 @@ static int bench_model(const dc_kv *mc, dc_backend *be, bool offload, bool text,
     DC_TRY(dc_unet_config_from_kv(&uc, mc));
     if (text) DC_TRY(text_config(&uc, &tc));
     const int side = uc.sample_size;
-    const dc_grad_mode grad = offload ? DC_GRAD_WINDOW : DC_GRAD_BUFFER;
+    const dc_grad_mode grad = window ? DC_GRAD_WINDOW : DC_GRAD_BUFFER;
     if (rank == 0) {
         DC_TRY(text ? dc_unet_text_new_train(&uc, &tc, be, grad, side, side, out) : dc_model_create(mc, be, grad, out));
         return dc_model_init_weights(*out, 0);
@@ -191,7 +191,7 @@ int cmd_bench_sd_train(int argc, char **argv) {
     int size = 0, batch = 8, micro = 0, steps = 10, warm = 3, recompute = -1, threads = 0;
     int ranks = 0, gpus = 0, zero = 0, lora = 0;
     float comm_timeout = 300, ema_decay = dc_train_config_default().ema_decay;
-    bool sd_train = false, offload = false, text = false;
+    bool sd_train = false, offload = false, text = false, fused = false;
     const char *lora_targets = "transformer";
     arg_spec specs[] = {
         {"sd-train", ARG_FLAG, &sd_train, NULL, "time SD UNet training (this command)"},
@@ -212,11 +212,15 @@ int cmd_bench_sd_train(int argc, char **argv) {
                                                      "token ids, as `train --train-text-encoder`"},
         {"offload", ARG_FLAG, &offload, NULL, "the fp32 master weights and AdamW moments in host memory, AdamW on the "
                                               "CPU, as `train --offload` (one rank)"},
+        {"update-in-backward", ARG_FLAG, &fused, NULL, "update each unit of the weights as soon as its gradients "
+                                                       "are done, holding no full gradient buffer (two passes a "
+                                                       "step, as it clips), as `train --update-in-backward`"},
         {"ema-decay", ARG_FLOAT, &ema_decay, "X", "the EMA's decay, as `train --ema-decay` (0: none kept apart from "
                                                   "the weights)"},
         {"max-gpu-memory", ARG_STR, &max_mem, "SIZE", "cap the GPU memory the engine allocates at SIZE (8G, 7.5GiB): "
                                                       "a step that needs more fails, naming the cap. No plan is "
-                                                      "chosen here: give --recompute and --offload (default: off)"},
+                                                      "chosen here: give --recompute, --offload or --update-in-backward "
+                                                      "(default: off)"},
         {"threads", ARG_INT, &threads, "N", "CPU threads (default: all cores)"},
         {"device", ARG_STR, &device, "NAME", CLI_DEVICE_HELP},
         {"precision", ARG_STR, &precision, "P", CLI_PRECISION_HELP},
@@ -285,7 +289,7 @@ int cmd_bench_sd_train(int argc, char **argv) {
     if (dc_model_configure(&base, &over, NULL, &mc)) goto done;
     if (cli_set_threads(threads) || cli_backend(device, precision, &be)) goto done;
     if (cap && be->set_memory_cap) be->set_memory_cap(be, (size_t)cap);
-    if (bench_model(&mc, be, offload, text, lora, lora_targets, &m)) goto done;
+    if (bench_model(&mc, be, offload || fused, text, lora, lora_targets, &m)) goto done;
     if (recompute >= 0 && dc_model_set_recompute(m, recompute)) goto done;
     const dc_model_info *mi = &m->info;
     const double macs = dc_model_macs_per_image(m);
@@ -310,7 +314,7 @@ int cmd_bench_sd_train(int argc, char **argv) {
     }
     fflush(stdout);
     measured r;
-    if (time_steps(&job, m, be, batch, micro, steps, warm, zero, wire, offload, ema_decay, &r)) goto done;
+    if (time_steps(&job, m, be, batch, micro, steps, warm, zero, wire, offload, fused, ema_decay, &r)) goto done;
     // the job's: its global batch, images/s and TFLOP/s of all ranks; MFU a GPU's
     const int global = batch * nranks;
     const double G = 1073741824.0, all = global / r.sec, tf = (lora ? 2 : 3) * 2 * macs * all / 1e12;

@@ -228,7 +228,7 @@ int cmd_train(int argc, char **argv) {
     int shape[N_SHAPE] = {0};  // the shape flags' values, as k_shape lists them
     int ranks = 0, gpus = 0, zero = 0;
     float comm_timeout = 300;
-    bool flip = false, force = false, allow_data_change = false, no_verify = false, offload = false;
+    bool flip = false, force = false, allow_data_change = false, no_verify = false, offload = false, fused = false;
     bool train_text = false;
     int lora = 0;  // a LoRA's rank; 0: the UNet itself trains
     float lora_alpha = 0;
@@ -359,11 +359,15 @@ int cmd_train(int argc, char **argv) {
         {"comm-timeout", ARG_FLOAT, &comm_timeout, "S", CLI_COMM_TIMEOUT_HELP},
         {"offload", ARG_FLAG, &offload, NULL, "keep the fp32 master weights and AdamW moments in host memory and "
                                               "run AdamW on the CPU beside the GPU's backward (one rank)"},
-        {"max-gpu-memory", ARG_STR, &max_mem, "SIZE", "pick the fastest --micro-batch, --recompute and --offload whose "
-                                                      "predicted peak device memory fits in SIZE (8G, 7.5GiB, "
-                                                      "8000M) and print the plan; those of the three given on the "
-                                                      "command line stay as given. The GPU's allocations are then "
-                                                      "capped at SIZE (default: off)"},
+        {"update-in-backward", ARG_FLAG, &fused, NULL, "update each unit of the weights as soon as its gradients are "
+                                                       "done, holding no full gradient buffer (4 bytes a parameter "
+                                                       "less); with --grad-clip a step runs its batch twice, the "
+                                                       "first pass for the norm (one rank, no accumulation)"},
+        {"max-gpu-memory", ARG_STR, &max_mem, "SIZE", "pick the fastest --micro-batch, --recompute, --offload and "
+                                                      "--update-in-backward whose predicted peak device memory fits "
+                                                      "in SIZE (8G, 7.5GiB, 8000M) and print the plan; those given "
+                                                      "on the command line stay as given. The GPU's allocations are "
+                                                      "then capped at SIZE (default: off)"},
     };
     arg_parser ap = {"diffusion train [flags]",
                      "Trains a class-conditional model with the official objective (eps MSE plus the\n"
@@ -428,7 +432,7 @@ int cmd_train(int argc, char **argv) {
                                        "allow-data-change", "no-verify", "recompute", "vocab", "sample-every",
                                        "sample-prompts", "sample-steps", "sample-cfg",
                                        "ranks", "gpus", "zero", "grad-comm", "comm-timeout", "offload",
-                                       "max-gpu-memory", "lora-format"};
+                                       "update-in-backward", "max-gpu-memory", "lora-format"};
         for (int i = 0; i < ap.nspecs; i++) {
             bool free_flag = false;
             for (size_t k = 0; k < sizeof k_free / sizeof k_free[0]; k++)
@@ -463,7 +467,7 @@ int cmd_train(int argc, char **argv) {
         return rc < 0 ? cli_fail() : rc;
     }
     const bool lead = train_ranks_lead(&job);
-    if (cli_plan_check_ranks(offload, zero, job.launch.size)) return cli_usage_fail();
+    if (cli_plan_check_ranks(offload, fused, zero, job.launch.size)) return cli_usage_fail();
     if (train_ranks_select_device(&job, device) || train_ranks_join(&job, comm_timeout)) {
         train_ranks_end(&job);
         return cli_fail();
@@ -565,14 +569,14 @@ int cmd_train(int argc, char **argv) {
         t2i_columns_from_checkpoint(&cols, &ck);
         if (t2i ? t2i_open(&sd, model, data_path, vocab, &cols, st_flags, false) || t2i_from_checkpoint(&sd, &ck) ||
                       t2i_lora_settings(&sd, 0, 0, NULL, lora_format) || t2i_source(&sd, tc.seed, &src) ||
-                      t2i_create(&sd, &mc, NULL, false, &layout)
+                      t2i_create(&sd, &mc, NULL, DC_GRAD_BUFFER, &layout)
                 : dc_dataset_load(&ds, data_path, layout->info.height) || dc_source_dataset(&src, &ds, tc.seed))
             goto fail;
     } else if (t2i) {
         if (t2i_open(&sd, model, data_path, vocab, &cols, st_flags, train_text) ||
             t2i_lora_settings(&sd, lora, lora_alpha, lora_targets, lora_format) ||
             t2i_pair_class(&sd, db_class, prior_weight) || t2i_source(&sd, tc.seed, &src) ||
-            t2i_model_config(&sd, unet_config, &src, &mc) || t2i_create(&sd, &mc, NULL, false, &layout))
+            t2i_model_config(&sd, unet_config, &src, &mc) || t2i_create(&sd, &mc, NULL, DC_GRAD_BUFFER, &layout))
             goto fail;
         if (lora && !args_given(&ap, "lr")) tc.lr = 1e-4f;  // diffusers' and kohya's LoRA recipes
         if (pred < 0) tc.objective.prediction = t2i_prediction(&sd);
@@ -598,13 +602,13 @@ int cmd_train(int argc, char **argv) {
         char line[256];
         if (!resume && !args_given(&ap, "micro-batch")) tc.micro_batch = 0;  // the plan picks it
         if (cli_plan_choose(layout, be, budget, tc.batch, job.launch.size, zero, wire, tc.ema_decay == 0,
-                            &tc.micro_batch, &recompute, &offload, line, sizeof line))
+                            tc.grad_clip > 0, &tc.micro_batch, &recompute, &offload, &fused, line, sizeof line))
             goto fail;
         if (lead) dc_log("%s", line);
     }
-    // offload: the model is made with no full gradient buffer (nn/params.h)
-    const dc_grad_mode grad = offload ? DC_GRAD_WINDOW : DC_GRAD_BUFFER;
-    if (t2i ? t2i_create(&sd, &mc, be, offload, &m) : dc_model_create(&mc, be, grad, &m)) goto fail;
+    // offload or the update in the backward: the model is made with no full gradient buffer (nn/params.h)
+    const dc_grad_mode grad = offload || fused ? DC_GRAD_WINDOW : DC_GRAD_BUFFER;
+    if (t2i ? t2i_create(&sd, &mc, be, grad, &m) : dc_model_create(&mc, be, grad, &m)) goto fail;
     if (recompute >= 0 && dc_model_set_recompute(m, recompute)) goto fail;
     // the weights: the checkpoint's, the base UNet's, or random
     const bool from_base = t2i && !have_ck && !unet_config && !(init && !strcmp(init, "random"));
@@ -612,6 +616,7 @@ int cmd_train(int argc, char **argv) {
                 : t2i ? t2i_init_weights(&sd, m, from_base, tc.seed) : dc_model_init_weights(m, tc.seed))
         goto fail;
     tc.offload = offload;  // where the state lives: never recorded, so a checkpoint resumes either way
+    tc.update_in_backward = fused;  // when the update runs: not recorded either
     if (cli_offload_settings(&tc.offload_settings)) goto fail;  // how it runs: not recorded either
     tc.grad_comm = wire;   // how gradients travel: not recorded either
     if (t2i && t2i_schedule(&sd, &sched)) goto fail;
@@ -662,6 +667,9 @@ int cmd_train(int argc, char **argv) {
     if (lead) dc_log("batch %d (micro %d), lr %g, %d steps, checkpoints every %d into %s, backend %s",
                      tc.batch, tc.micro_batch, tc.lr, tc.steps, ckpt_every, out, be->name);
     if (lead && offload) dc_log("offload: master weights and AdamW moments in host memory, AdamW on the CPU");
+    if (lead && fused)
+        dc_log("updating each unit in the backward, with no full gradient buffer%s",
+               tc.grad_clip > 0 ? " (two passes a step: the first finds the norm to clip)" : "");
     if (lead && job.rv)
         dc_log("%d ranks (%s), %s, ZeRO stage %d, gradients summed in %s", job.launch.size, job.launch.launcher,
                job.nccl ? "NCCL" : "sockets", zero, wire == DC_BF16 ? "bf16" : "fp32");

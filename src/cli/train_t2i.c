@@ -165,10 +165,8 @@ static int lora_create(const t2i_run *r, const dc_kv *mc, dc_backend *be, dc_mod
     return rc;
 }
 
-int t2i_create(const t2i_run *r, const dc_kv *mc, dc_backend *be, bool offload, dc_model **out) {
+int t2i_create(const t2i_run *r, const dc_kv *mc, dc_backend *be, dc_grad_mode grad, dc_model **out) {
     if (r->lora_rank > 0) return lora_create(r, mc, be, out);
-    // offload: no full gradient buffer is ever made (nn/params.h)
-    const dc_grad_mode grad = offload ? DC_GRAD_WINDOW : DC_GRAD_BUFFER;
     if (!r->train_text) return dc_model_create(mc, be, grad, out);  // a layout too: its activations are training's
     dc_unet_config uc;
     DC_TRY(dc_unet_config_from_kv(&uc, mc));

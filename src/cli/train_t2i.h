@@ -73,9 +73,10 @@ int t2i_open(t2i_run *r, const char *model, const char *data, const char *vocab,
 int t2i_from_checkpoint(t2i_run *r, const dc_st_file *ck);
 // The run's model of config mc on be (NULL: a layout): the UNet, the joint
 // model of the UNet and the text encoder, or the LoRA of the base's UNet
-// (whose frozen weights it loads); offload: made for train --offload, with
-// no full gradient buffer.
-int t2i_create(const t2i_run *r, const dc_kv *mc, dc_backend *be, bool offload, dc_model **out);
+// (whose frozen weights it loads), its gradients as grad says (DC_GRAD_WINDOW
+// for --offload and --update-in-backward: no full gradient buffer; a LoRA's
+// factors always have one).
+int t2i_create(const t2i_run *r, const dc_kv *mc, dc_backend *be, dc_grad_mode grad, dc_model **out);
 // A new run's weights: the base UNet's (from_base) or random, and the base's
 // text encoder when it trains along; a LoRA's factors as kohya starts them.
 int t2i_init_weights(t2i_run *r, dc_model *m, bool from_base, uint64_t seed);

@@ -205,3 +205,13 @@ void dc_params_unit_range(const dc_params *ps, int u, int64_t *lo, int64_t *hi) 
     *lo = u > 0 ? ps->unit_end[u - 1] : 0;
     *hi = u < ps->units ? ps->unit_end[u] : ps->numel;
 }
+
+int64_t dc_params_widest_unit(const dc_params *ps) {
+    int64_t w = 0;
+    for (int u = 0; u < dc_params_unit_count(ps); u++) {
+        int64_t lo, hi;
+        dc_params_unit_range(ps, u, &lo, &hi);
+        w = hi - lo > w ? hi - lo : w;
+    }
+    return w;
+}

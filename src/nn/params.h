@@ -201,6 +201,8 @@ int dc_params_unit_count(const dc_params *ps);
 // and end = b.
 bool dc_params_next_run(const dc_params *ps, int64_t *pos, int64_t end, int64_t *lo, int64_t *hi);
 void dc_params_unit_range(const dc_params *ps, int u, int64_t *lo, int64_t *hi);
+// The most parameters a unit holds.
+int64_t dc_params_widest_unit(const dc_params *ps);
 // What a model's backward calls around unit u's gradients (dc_param_hooks.unit).
 static inline int dc_params_unit_begin(dc_params *ps, int u) {
     return ps->hooks && ps->hooks->unit ? ps->hooks->unit(ps->hooks->ctx, u, false) : 0;

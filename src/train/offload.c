@@ -10,16 +10,6 @@
 #include "core/log.h"
 #include "nn/params_io.h"
 
-static int64_t widest_unit(const dc_params *ps) {
-    int64_t w = 0;
-    for (int u = 0; u < dc_params_unit_count(ps); u++) {
-        int64_t lo, hi;
-        dc_params_unit_range(ps, u, &lo, &hi);
-        w = hi - lo > w ? hi - lo : w;
-    }
-    return w;
-}
-
 dc_offload_settings dc_offload_settings_default(void) {
     return (dc_offload_settings){.defer = true, .pace = true, .hold = 8, .device_share = 0.0};
 }
@@ -79,7 +69,7 @@ static int unit_buffers(dc_offload *o, dc_buf *b[10]) {
 int64_t dc_offload_device_bytes_at(const dc_params *ps, double device_share) {
     // the unit-sized buffers, and two norms a unit
     const int64_t units = unit_buffer_count(ps, dc_offload_device_units(ps, device_share));
-    return (units * widest_unit(ps) + 2 * (int64_t)dc_params_unit_count(ps)) * (int64_t)sizeof(float);
+    return (units * dc_params_widest_unit(ps) + 2 * (int64_t)dc_params_unit_count(ps)) * (int64_t)sizeof(float);
 }
 
 int64_t dc_offload_kept_data(const dc_params *ps) {
@@ -412,7 +402,7 @@ static int init(dc_offload *o, dc_params *ps, dc_backend *be, bool fold, bool em
     if ((!ps->grad.p && !ps->window) || ps->hooks)
         return dc_fail("--offload: the parameters' gradients are already taken");
     o->be = be, o->ps = ps, o->units = dc_params_unit_count(ps), o->fold = fold, o->set = *set;
-    o->widest = widest_unit(ps);
+    o->widest = dc_params_widest_unit(ps);
     held_units(ps, o->widest, set->hold, &o->hold_lo, &o->hold_hi);
     o->staged = -1;
     const size_t bytes = (size_t)ps->numel * sizeof(float), wbytes = (size_t)o->widest * sizeof(float);

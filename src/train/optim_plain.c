@@ -53,9 +53,66 @@ static int all_reduce_unit(void *ctx, int unit, bool done) {
     return rc;
 }
 
+// ---- updating in the backward (train/optimizer.h) ----------------------------------------
+
+// The unit hook: before unit u's backward its gradients get the zeroed
+// window; after it, its norm is noted (in the pass that finds the norm, or
+// the only pass) and it is updated (in the pass that updates).
+static int fused_unit(void *ctx, int u, bool done) {
+    dc_optim_plain *p = ctx;
+    dc_optimizer *o = &p->base;
+    dc_backend *be = o->be;
+    dc_params *ps = o->ps;
+    int64_t lo, hi;
+    dc_params_unit_range(ps, u, &lo, &hi);
+    if (!done) {
+        be->zero(be, p->gunit.p, (size_t)(hi - lo) * sizeof(float));
+        o->hooks.win = p->gunit, o->hooks.win_lo = lo, o->hooks.win_hi = hi;
+        return 0;
+    }
+    o->hooks.win_lo = o->hooks.win_hi = 0;
+    const bool clips = o->passes == 2;
+    if (p->units_done >= dc_params_unit_count(ps))
+        return dc_fail("the model's backward handed over more units than its %d", dc_params_unit_count(ps));
+    if (!clips || p->pass == 0)  // its norm at the next place: out[1] (a 1) is the next unit's place
+        be->grad_norm(be, dc_buf_at(p->unorm, p->units_done), p->gunit, hi - lo, 0.0f);
+    p->units_done++;
+    if (clips && p->pass == 0) return 0;
+    int64_t pos = lo, off, end;
+    while (dc_params_next_run(ps, &pos, hi, &off, &end))
+        be->adamw(be, dc_buf_at(ps->data, off), dc_buf_at(p->gunit, off - lo), dc_buf_at(p->m, off),
+                  dc_buf_at(p->v, off), dc_buf_at(p->ema, off), dc_buf_at(ps->wc, off),
+                  clips ? dc_buf_at(p->stats, 1) : dc_buf_none(), end - off, &o->step.h);
+    return 0;
+}
+
+static int fused_begin_step(dc_optim_plain *p) {
+    dc_optimizer *o = &p->base;
+    if (o->step.rounds != 1)
+        return dc_fail("updating in the backward takes the step's images in one micro-batch (its gradients are "
+                       "never held whole to add another's to): %d rounds", o->step.rounds);
+    o->passes = o->step.clip > 0 ? 2 : 1;
+    p->pass = 0;
+    return 0;
+}
+
+// After a pass: every unit must have been handed over once; the first of two
+// passes leaves the global norm and clipping factor for the second.
+static int fused_pass_end(dc_optim_plain *p) {
+    dc_optimizer *o = &p->base;
+    const int units = dc_params_unit_count(o->ps);
+    if (p->units_done != units)
+        return dc_fail("the model's backward handed over %d of its %d units: it cannot update in the backward",
+                       p->units_done, units);
+    if (o->passes == 2 && p->pass == 0) o->be->grad_norm(o->be, p->stats, p->unorm, units, o->step.clip);
+    p->pass++;
+    return 0;
+}
+
 static int plain_begin_step(dc_optimizer *o) {
     dc_optim_plain *p = plain_of(o);
     dc_backend *be = o->be;
+    if (p->fused) return fused_begin_step(p);
     if (apart(p) && !p->gmicro.p) {  // the first step: the batch's rounds are fixed from here
         p->gmicro = (dc_buf){be->alloc(be, (size_t)o->ps->numel * sizeof(float)), DC_F32};
         if (!p->gmicro.p) return dc_fail_ctx("a second gradient buffer for the step's micro-batches");
@@ -71,6 +128,7 @@ static int plain_micro_begin(dc_optimizer *o, int round) {
     const bool last = round == o->step.rounds - 1;
     // (a rank without images in the last round calls no hook: no overlap then)
     p->overlap_now = p->overlaps && last && o->step.last_round_full;
+    p->units_done = 0;
     if (apart(p) && round > 0) {  // this micro-batch's gradients apart from the step's sum
         o->be->zero(o->be, p->gmicro.p, (size_t)o->ps->numel * sizeof(float));
         o->hooks.win = p->gmicro, o->hooks.win_lo = 0, o->hooks.win_hi = o->ps->numel;
@@ -98,6 +156,7 @@ static int plain_micro_end(dc_optimizer *o, int round) {
     dc_backend *be = o->be;
     dc_params *ps = o->ps;
     const int64_t np = ps->numel;
+    if (p->fused) return fused_pass_end(p);
     const bool window = o->hooks.win_hi > 0, last = round == o->step.rounds - 1;
     o->hooks.win_lo = o->hooks.win_hi = 0;
     if (each_round(p)) {
@@ -120,6 +179,11 @@ static int plain_finish(dc_optimizer *o, dc_buf gstats) {
     dc_backend *be = o->be;
     dc_params *ps = o->ps;
     const int64_t np = ps->numel;
+    if (p->fused) {  // updated already: the norm and factor of the units' norms
+        if (o->passes == 2) be->copy(be, gstats.p, p->stats.p, 2 * sizeof(float));
+        else be->grad_norm(be, gstats, p->unorm, dc_params_unit_count(ps), o->step.clip);
+        return dc_backend_status(be);
+    }
     // the norm and the clipping factor stay on the backend; AdamW reads the factor
     be->grad_norm(be, gstats, ps->grad, np, o->step.clip);
     // AdamW, EMA and the compute copy in one pass over each run of trainable
@@ -150,7 +214,7 @@ static int plain_restore(dc_optimizer *o, const dc_st_file *f) {
 
 static void plain_free(dc_optimizer *o) {
     dc_optim_plain *p = plain_of(o);
-    dc_buf *bufs[] = {&p->ema, &p->m, &p->v, &p->gmicro, &p->grad16};
+    dc_buf *bufs[] = {&p->ema, &p->m, &p->v, &p->gmicro, &p->grad16, &p->gunit, &p->unorm, &p->stats};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         if (bufs[i]->p) o->be->free(o->be, bufs[i]->p);
 }
@@ -160,9 +224,29 @@ static const dc_optimizer_ops k_plain = {
     .finish = plain_finish, .save = plain_save, .restore = plain_restore, .free = plain_free,
 };
 
-int dc_optim_plain_create(dc_params *ps, bool fold, bool ema, dc_optimizer **out) {
+// The unit-sized window, the units' norms and the factor of updating in the
+// backward; the set's full gradient buffer, if it has one, goes.
+static int fused_init(dc_optim_plain *p) {
+    dc_params *ps = p->base.ps;
+    dc_backend *be = p->base.be;
+    const int units = dc_params_unit_count(ps);
+    p->fused = true;
+    p->gunit = (dc_buf){be->alloc(be, (size_t)dc_params_widest_unit(ps) * sizeof(float)), DC_F32};
+    p->unorm = (dc_buf){be->alloc(be, (size_t)(units + 1) * sizeof(float)), DC_F32};
+    p->stats = (dc_buf){be->alloc(be, 2 * sizeof(float)), DC_F32};
+    if (!p->gunit.p || !p->unorm.p || !p->stats.p) return dc_fail_ctx("a unit's gradient window");
+    if (ps->grad.p) be->free(be, ps->grad.p);
+    ps->grad = dc_buf_none();
+    p->base.hooks.unit = fused_unit;
+    return 0;
+}
+
+int dc_optim_plain_create(dc_params *ps, bool fold, bool ema, bool fused, dc_optimizer **out) {
     *out = NULL;
-    if (!ps->grad.p) return dc_fail("the model was made to train through --offload's gradient buckets only");
+    if (!ps->grad.p && !fused)
+        return dc_fail("the model was made with no gradient buffer: it trains through --offload or by updating in "
+                       "the backward");
+    if (ps->hooks) return dc_fail("the parameters' gradients are already taken");
     dc_optim_plain *p = calloc(1, sizeof *p);
     if (!p) return dc_fail("out of memory");
     dc_backend *be = ps->be;
@@ -177,6 +261,10 @@ int dc_optim_plain_create(dc_params *ps, bool fold, bool ema, dc_optimizer **out
             return dc_fail("out of memory for the training state");
         }
     }
+    if (fused && fused_init(p)) {
+        dc_optimizer_free(&p->base);
+        return -1;
+    }
     if (ema) be->copy(be, p->ema.p, ps->data.p, bytes);
     be->zero(be, p->m.p, bytes);
     be->zero(be, p->v.p, bytes);
@@ -187,6 +275,9 @@ int dc_optim_plain_create(dc_params *ps, bool fold, bool ema, dc_optimizer **out
 
 int dc_optim_plain_set_comm(dc_optimizer *o, dc_comm *comm, dc_dtype wire) {
     dc_optim_plain *p = plain_of(o);
+    if (p->fused && comm->size > 1)
+        return dc_fail("updating in the backward runs on one rank for now (the units' gradients are never summed "
+                       "over ranks)");
     if (comm->size > 1 && wire == DC_BF16) {
         p->grad16 = (dc_buf){o->be->alloc(o->be, (size_t)o->ps->numel * dc_dtype_size(DC_BF16)), DC_BF16};
         if (!p->grad16.p) return dc_fail_ctx("the bf16 copy of the gradients for --grad-comm bf16");

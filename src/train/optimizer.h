@@ -7,7 +7,8 @@
 //   offload (offload.h): the master and moments in host memory, AdamW on
 //           the CPU beside the device's backward.
 // The trainer runs one path for all: begin_step, then per micro-batch round
-// micro_begin, the forward and backward, micro_end, and finish. Within the
+// micro_begin, the forward and backward, micro_end, and finish; a strategy
+// that asks for two passes (o->passes) gets those rounds twice. Within the
 // backward (and the next forward, for offload) the strategy follows the
 // model unit by unit through the hooks it installs in the parameters
 // (dc_param_hooks: a unit's gradients are about to be written / are ready,
@@ -70,6 +71,10 @@ struct dc_optimizer {
     dc_backend *be;
     dc_param_hooks hooks;  // what it installs in ps->hooks (while ps->hooks points here)
     dc_optim_step step;    // the step in progress
+    // The forward and backward passes over the step's micro-batches, set by
+    // begin_step: 1, or 2 for an update within the backward that clips (the
+    // first pass finds the global norm, the second updates with it).
+    int passes;
 };
 
 // Points the parameters' hooks at o's (uninstall: when they are o's, none).
@@ -78,6 +83,7 @@ void dc_optimizer_uninstall(dc_optimizer *o);
 
 static inline int dc_optimizer_begin_step(dc_optimizer *o, const dc_optim_step *s) {
     o->step = *s;
+    o->passes = 1;
     return o->ops->begin_step(o);
 }
 static inline int dc_optimizer_micro_begin(dc_optimizer *o, int round) {
@@ -102,6 +108,21 @@ int dc_ckpt_read_moment(const dc_params *ps, const dc_st_file *f, dc_optim_state
 int dc_ckpt_read_moment_buf(const dc_params *ps, const dc_st_file *f, dc_optim_state which, dc_buf dst);
 
 // Plain training (ZeRO stage 0): the full EMA and moments on the backend.
+//
+// Updating in the backward (`fused`, one rank, the whole batch in one
+// micro-batch): no full gradient buffer is held. Each unit's gradients go
+// into one unit-sized window and AdamW (with the EMA and the compute copy)
+// updates the unit as soon as its backward is done, so the unit's weights are
+// new before the backward of the units ahead of it, which never read them, as
+// LOMO (Lv et al. 2023) and PyTorch's optimizer-in-backward do. That saves 4
+// bytes a parameter. Clipping needs the global norm before any update, so a
+// step that clips runs the micro-batch twice (LOMO's two passes): the first
+// backward sums the units' squared norms, the second updates with the
+// clipping factor. Every draw of a step is keyed by (seed, image, step), so
+// both passes see the same batch and noise and compute the same gradients;
+// the norm is summed unit by unit, in another order than over the full
+// buffer, so the clipping factor may differ from plain training's in its
+// last bits.
 typedef struct {
     dc_optimizer base;
     dc_buf ema, m, v;  // [numel] F32, the parameters' layout; no EMA at a decay of 0 (it is the weights)
@@ -117,11 +138,17 @@ typedef struct {
     // Where the communicator overlaps (NCCL): the last round's backward
     // all-reduces each unit as it finishes; set per step.
     bool overlaps, overlap_now;
+    bool fused;        // updates in the backward (above)
+    dc_buf gunit;      // [widest unit] F32: its gradient window
+    dc_buf unorm;      // [units + 1] F32: the units' gradient norms in the order they finished, then 1
+    dc_buf stats;      // [2] F32: the global norm and clipping factor, from the first of two passes
+    int pass, units_done;
 } dc_optim_plain;
 
 // The EMA an exact copy of the parameters' weights, the moments zero. fold:
-// dc_trainer_folds.
-int dc_optim_plain_create(dc_params *ps, bool fold, bool ema, dc_optimizer **out);
+// dc_trainer_folds. fused: update in the backward (above); a full gradient
+// buffer the set holds is freed. Without it the set must have one.
+int dc_optim_plain_create(dc_params *ps, bool fold, bool ema, bool fused, dc_optimizer **out);
 // Data parallel over comm's ranks, the gradients summed in wire (F32 or
 // BF16) over them.
 int dc_optim_plain_set_comm(dc_optimizer *o, dc_comm *comm, dc_dtype wire);

@@ -53,6 +53,9 @@ int dc_plan_predict(const dc_plan_request *r, const dc_train_plan *p, dc_plan_me
     if (p->offload && (r->ranks > 1 || r->zero))
         return dc_fail("--offload runs on one rank for now: it cannot be combined with %s",
                        r->zero ? "--zero" : "several ranks");
+    if (p->fused && (r->ranks > 1 || r->zero || p->offload || p->micro_batch != r->batch))
+        return dc_fail("plan: updating in the backward runs on one rank, without --offload, with the batch in one "
+                       "micro-batch");
     const dc_params *ps = r->model->params;
     const int64_t P = ps->numel, mb = p->micro_batch;
     dc_plan_mem m = {0};
@@ -80,6 +83,13 @@ int dc_plan_predict(const dc_plan_request *r, const dc_train_plan *p, dc_plan_me
         m.optimizer = r->no_ema ? 0 : full_grad;
         m.setup = m.weights + m.grads + kept + m.fixed;
         if (r->compute != DC_F32) m.weights += kept - 4 * P;
+    } else if (!rc && p->fused) {
+        // train/optim_plain.c: the model made with no full gradient buffer
+        // (DC_GRAD_WINDOW); AdamW's state, then the unit-sized window, the
+        // units' norms and the clipping statistics
+        m.grads = 4 * (dc_params_widest_unit(ps) + dc_params_unit_count(ps) + 1 + 2);
+        m.optimizer = full_state;
+        m.setup = m.weights + m.grads + m.optimizer + m.trainer + m.fixed;
     } else if (!rc && r->zero == 0) {
         // AdamW m, v and the EMA (none at a decay of 0); with bf16 gradients between ranks, their
         // bf16 copy [P] (train/trainer.c, set with the communicator)
@@ -115,6 +125,7 @@ double dc_plan_cost(const dc_plan_request *r, const dc_train_plan *p) {
     const int blocks = r->model->info.blocks;
     const double recomputed = blocks ? (double)(blocks - p->keep) / blocks : 0;
     double t = (1 + recomputed / 3) * (1 + 2.0 / p->micro_batch) / (1 + 2.0 / share);
+    if (p->fused) return t * (r->clips ? 2.0 : 1.02);
     return p->offload ? t + 1.30 + 0.65 * (micro - 1) : t;
 }
 
@@ -126,6 +137,12 @@ int dc_plan_choose(const dc_plan_request *r, int64_t budget, dc_train_plan *best
     bool may_offload = r->ranks == 1 && r->zero == 0;
     int off_lo = r->offload >= 0 ? r->offload : 0, off_hi = r->offload >= 0 ? r->offload : may_offload;
     int keep_lo = r->keep >= 0 ? r->keep : 0, keep_hi = r->keep >= 0 ? r->keep : D;
+    // updating in the backward: one rank, never beside offload, the batch in one micro-batch
+    const bool may_fuse = may_offload && r->offload != 1 && (r->micro_batch <= 0 || r->micro_batch == r->batch);
+    if (r->fused == 1 && !may_fuse)
+        return dc_fail("updating in the backward runs on one rank, without --offload, with the batch in one "
+                       "micro-batch");
+    int fuse_lo = r->fused >= 0 ? r->fused : 0, fuse_hi = r->fused >= 0 ? r->fused : may_fuse;
     dc_train_plan none = {0}, small = {0};
     dc_plan_mem smallest = {.peak = INT64_MAX};
     double best_cost = INFINITY, second_cost = INFINITY;
@@ -134,22 +151,24 @@ int dc_plan_choose(const dc_plan_request *r, int64_t budget, dc_train_plan *best
     // micro-batch: the user's, or the rank's share halved down to 1
     for (int mb = r->micro_batch > 0 ? r->micro_batch : share; mb >= 1; mb = r->micro_batch > 0 ? 0 : mb / 2)
         for (int keep = keep_hi; keep >= keep_lo; keep--)
-            for (int off = off_lo; off <= off_hi; off++) {
-                dc_train_plan p = {mb, keep, off == 1};
-                dc_plan_mem m;
-                DC_TRY(dc_plan_predict(r, &p, &m));
-                if (m.peak < smallest.peak) smallest = m, small = p;
-                if (m.peak > budget) continue;
-                double cost = dc_plan_cost(r, &p);
-                bool better = cost < best_cost - 1e-12 || (cost < best_cost + 1e-12 && m.peak < best_mem->peak);
-                if (best->micro_batch && better) {
-                    if (runner_up) *runner_up = *best;
-                    second_cost = best_cost;
-                } else if (!better && cost < second_cost && runner_up) {
-                    *runner_up = p, second_cost = cost;
+            for (int off = off_lo; off <= off_hi; off++)
+                for (int fuse = fuse_lo; fuse <= fuse_hi; fuse++) {
+                    if (fuse && (off || mb != r->batch)) continue;
+                    dc_train_plan p = {mb, keep, off == 1, fuse == 1};
+                    dc_plan_mem m;
+                    DC_TRY(dc_plan_predict(r, &p, &m));
+                    if (m.peak < smallest.peak) smallest = m, small = p;
+                    if (m.peak > budget) continue;
+                    double cost = dc_plan_cost(r, &p);
+                    bool better = cost < best_cost - 1e-12 || (cost < best_cost + 1e-12 && m.peak < best_mem->peak);
+                    if (best->micro_batch && better) {
+                        if (runner_up) *runner_up = *best;
+                        second_cost = best_cost;
+                    } else if (!better && cost < second_cost && runner_up) {
+                        *runner_up = p, second_cost = cost;
+                    }
+                    if (!best->micro_batch || better) *best = p, *best_mem = m, best_cost = cost;
                 }
-                if (!best->micro_batch || better) *best = p, *best_mem = m, best_cost = cost;
-            }
     if (best->micro_batch) return 0;
     char what[256];
     dc_plan_describe(r, &small, &smallest, 0, what, sizeof what);
@@ -165,7 +184,9 @@ void dc_plan_describe(const dc_plan_request *r, const dc_train_plan *p, const dc
     if (p->keep >= D) snprintf(rec, sizeof rec, "recompute off (all %d blocks keep activations)", D);
     else snprintf(rec, sizeof rec, "recompute %d (%d of %d blocks keep activations)", p->keep, p->keep, D);
     char b1[32], b2[32];
-    int k = snprintf(buf, n, "plan: micro-batch %d, %s, offload %s: predicted peak %s", p->micro_batch, rec,
-                     p->offload ? "yes" : "no", size_str(m->peak, b1));
+    const char *fused = !p->fused ? "" : r->clips ? ", updated in the backward (two passes: clipping)"
+                                                   : ", updated in the backward";
+    int k = snprintf(buf, n, "plan: micro-batch %d, %s, offload %s%s: predicted peak %s", p->micro_batch, rec,
+                     p->offload ? "yes" : "no", fused, size_str(m->peak, b1));
     if (budget > 0 && k > 0 && (size_t)k < n) snprintf(buf + k, n - (size_t)k, " of %s", size_str(budget, b2));
 }

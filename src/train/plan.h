@@ -14,6 +14,7 @@
 // Cost model, relative step time (1: everything on the device, all blocks
 // keeping their activations, the rank's share in one micro-batch):
 //   (1 + r / 3) x (1 + 2 / mb) / (1 + 2 / share)  [+ 1.30 + 0.65 (n - 1) with offload]
+//   [x 1.02 updating in the backward, x 2 when that clips]
 // r: the fraction of blocks that recompute (their forward runs again: a third
 // of a block's forward + backward); 2 / mb: each micro-batch costs about two
 // images' worth of fixed work (kernel launches, reading every weight once);
@@ -23,6 +24,9 @@
 // again (8 bytes a parameter, train/offload.h), about half that traffic and
 // update again. The offload figures were measured while the host still kept
 // the EMA (44 bytes a parameter a step, now 36); not yet measured since.
+// Updating in the backward (train/optimizer.h) runs each micro-batch twice
+// where it clips (x 2), and otherwise launches three small ops a unit more
+// (x 1.02: a plan takes it only where memory asks for it).
 // Estimates, not measurements of each plan: they order plans.
 #pragma once
 #include <stdbool.h>
@@ -39,13 +43,15 @@ typedef struct {
     int micro_batch;  // images per forward/backward
     int keep;         // blocks keeping their activations (info.blocks: all, no recompute)
     bool offload;     // optimizer state on the host
+    bool fused;       // the update in the backward: no full gradient buffer (one rank, mb = batch)
 } dc_train_plan;
 
 // The device bytes of a plan, by what holds them (at the step's peak).
 typedef struct {
     int64_t weights;      // fp32 parameters (offload beside a compute copy: the fixed ones) + the compute copy
                           // + the frozen weights that do not train (a LoRA's base: dc_model_frozen_bytes)
-    int64_t grads;        // the full gradient buffer, or offload's unit buffers / ZeRO's buckets (+ shard)
+    int64_t grads;        // the full gradient buffer, or offload's unit buffers / ZeRO's buckets (+ shard) /
+                          // the window and norms of updating in the backward
     int64_t optimizer;    // AdamW moments, EMA (and ZeRO's master shard) on the device
     int64_t trainer;      // the micro-batch's images, outputs, timesteps, labels; the step's losses
     int64_t activations;  // the model's activation arena
@@ -66,6 +72,8 @@ typedef struct {
     int micro_batch;   // fixed by the user, or 0: the planner chooses
     int keep;          // fixed blocks keeping activations (model->info.blocks: all), or -1: the planner chooses
     int offload;       // fixed 0 or 1, or -1: the planner chooses (never with several ranks or ZeRO)
+    int fused;         // updating in the backward: the same (only with the batch in one micro-batch)
+    bool clips;        // gradients are clipped: updating in the backward takes two passes
     dc_dtype grad_comm;  // gradients between ranks: DC_F32 (0), or DC_BF16 (bf16 copies on the device)
     bool no_ema;         // an EMA decay of 0: no EMA is kept apart from the weights (it is them)
     bool folds;          // the backend sums micro-batches apart (dc_trainer_folds: the CPU), which at stage 0

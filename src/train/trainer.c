@@ -54,6 +54,11 @@ int dc_train_config_validate(const dc_train_config *c) {
     if (dc_mse_objective_validate(&c->objective)) return -1;
     if (c->grad_comm != DC_F32 && c->grad_comm != DC_BF16)
         return dc_fail("--grad-comm %s: gradients travel as fp32 or bf16", dc_dtype_name(c->grad_comm));
+    if (c->update_in_backward && c->offload)
+        return dc_fail("updating in the backward and --offload are two ways of placing the update: choose one");
+    if (c->update_in_backward && c->micro_batch != c->batch)
+        return dc_fail("updating in the backward takes the batch in one micro-batch (no accumulation: a step's "
+                       "gradients are never held whole): micro-batch %d of batch %d", c->micro_batch, c->batch);
     return dc_offload_settings_validate(&c->offload_settings);
 }
 
@@ -224,7 +229,7 @@ int dc_trainer_init_source(dc_trainer *tr, dc_model *model, dc_source *src, dc_s
     // a decay of 0 keeps no EMA apart from the weights (it is them)
     const bool ema = cfg->ema_decay > 0;
     if (cfg->offload ? dc_offload_create(model->params, be, fold, ema, &cfg->offload_settings, &tr->opt)
-                     : dc_optim_plain_create(model->params, fold, ema, &tr->opt)) {
+                     : dc_optim_plain_create(model->params, fold, ema, cfg->update_in_backward, &tr->opt)) {
         dc_trainer_free(tr);
         return -1;
     }
@@ -310,8 +315,9 @@ int dc_trainer_set_comm(dc_trainer *tr, dc_comm *comm, int zero_stage) {
     if ((comm->size > 1 || zero_stage) && comm->device && cpu)
         return dc_fail("a GPU communicator cannot run the CPU backend's ranks (use the thread communicator)");
     if (comm->size == 1 && zero_stage == 0) return 0;  // one rank, nothing shared
-    if (tr->cfg.offload)
-        return dc_fail("--offload runs on one rank for now: it cannot be combined with %s",
+    if (tr->cfg.offload || tr->cfg.update_in_backward)
+        return dc_fail("%s runs on one rank for now: it cannot be combined with %s",
+                       tr->cfg.offload ? "--offload" : "updating in the backward",
                        comm->size > 1 ? "several ranks" : "--zero");
     dc_params *ps = tr->model->params;
     if (zero_stage == 0) {
@@ -415,13 +421,14 @@ int dc_trainer_step(dc_trainer *tr, dc_step_stats *st) {
     tr->started = true;
     tr->last_lr = lr;
     if (tr->comm) be->zero(be, tr->losses.p, (size_t)c->batch * 2 * sizeof(float));  // summed over ranks below
-    for (int j = 0; j < rounds; j++) {
-        int done, n;
-        dc_batch_round(c->batch, size, c->micro_batch, rank, j, &done, &n);
-        DC_TRY(dc_optimizer_micro_begin(tr->opt, j));
-        DC_TRY(n > 0 ? micro_batch(tr, done, n) : idle_units(m->params));
-        DC_TRY(dc_optimizer_micro_end(tr->opt, j));
-    }
+    for (int pass = 0; pass < tr->opt->passes; pass++)  // (two: the first finds the norm, train/optimizer.h)
+        for (int j = 0; j < rounds; j++) {
+            int done, n;
+            dc_batch_round(c->batch, size, c->micro_batch, rank, j, &done, &n);
+            DC_TRY(dc_optimizer_micro_begin(tr->opt, j));
+            DC_TRY(n > 0 ? micro_batch(tr, done, n) : idle_units(m->params));
+            DC_TRY(dc_optimizer_micro_end(tr->opt, j));
+        }
     if (tr->comm) {  // every rank's losses, summed in rank order
         DC_TRY(dc_backend_status(be));
         DC_TRY(dc_comm_all_reduce_sum(tr->comm, (float *)tr->losses.p, 2 * (int64_t)c->batch));

@@ -56,6 +56,13 @@ typedef struct {
     // weights are loaded before dc_trainer_init. One rank only, for now.
     bool offload;
     dc_offload_settings offload_settings;  // how it schedules its work (not recorded either)
+    // Update each parameter unit within the backward, as soon as its
+    // gradients are done, holding no full gradient buffer (train/optimizer.h:
+    // dc_optim_plain's fused mode; two passes a step where it clips). Not
+    // part of the recipe either. One rank, the batch in one micro-batch,
+    // without offload; the model is best made with DC_GRAD_WINDOW (a full
+    // gradient buffer it has is freed).
+    bool update_in_backward;
     // How the gradients travel between ranks, also not part of the recipe:
     // DC_F32, or DC_BF16 (half the bytes): each gradient bucket is cast to
     // bf16, summed over ranks in bf16, and cast back to fp32 where the

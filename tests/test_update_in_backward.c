@@ -1,0 +1,333 @@
+// Updating in the backward (train/optimizer.h: dc_optim_plain's fused mode,
+// `train --update-in-backward`) against plain training, on the CPU backend,
+// for a tiny DiT (learned sigma: the hybrid objective) and a tiny
+// text-conditioned UNet (SD's topology: resnets, transformers, resamplers,
+// skips, each its own unit, and the time embedding's unit last):
+// - without clipping each unit is updated by the same AdamW kernel on the
+//   same gradients as plain training, so weights, EMA, both moments, the
+//   compute copy and every step's loss are the same bits (the norm, summed
+//   unit by unit, within 1e-6); the checkpoints are the same file, and
+//   resumes cross both ways (plain -> fused, fused -> plain) end where the
+//   uninterrupted run does;
+// - with clipping (below every step's norm, so it acts each step) the step
+//   takes two passes and ends within 1e-6 of plain training's state (the
+//   clipping factor comes from norms summed in another order); with
+//   recompute; with an EMA decay of 0 and a compute copy beside the fp32
+//   data, as on a GPU;
+// - the model holds no full gradient buffer: made with DC_GRAD_WINDOW, or
+//   made with one, which the trainer frees;
+// - refusals, naming what is wrong: gradient accumulation (a micro-batch
+//   smaller than the batch), --offload beside it, several ranks.
+//
+// `test_update_in_backward cuda-fp32` (or `cuda`) runs the comparisons on a
+// GPU, where the states must agree within 1e-5 (fp32) or 1e-3 (bf16) of
+// their norm, as test_offload's do. Without a GPU it says so and passes.
+#include <cblas.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "check.h"
+#include "core/error.h"
+#include "core/rng.h"
+#include "dist/comm.h"
+#include "models/dit.h"
+#include "models/model_io.h"
+#include "models/registry.h"
+#include "tiny_data.h"
+#include "tmpdir.h"
+#include "train/trainer.h"
+
+enum { STEPS = 4, BATCH = 4, T = 77, D = 64 };
+
+static const dc_dit_config k_dit = {.input_size = 8, .patch = 4, .in_channels = 1, .hidden = 16, .depth = 3,
+                                    .heads = 2, .mlp_hidden = 32, .num_classes = 2, .learn_sigma = true};
+static const char k_unet[] =
+    "{\"_class_name\": \"UNet2DConditionModel\", \"act_fn\": \"silu\",\n"
+    " \"in_channels\": 4, \"out_channels\": 4, \"block_out_channels\": [32, 64], \"layers_per_block\": 1,\n"
+    " \"down_block_types\": [\"CrossAttnDownBlock2D\", \"DownBlock2D\"],\n"
+    " \"up_block_types\": [\"UpBlock2D\", \"CrossAttnUpBlock2D\"], \"attention_head_dim\": [1, 2],\n"
+    " \"cross_attention_dim\": 64, \"norm_num_groups\": 32, \"norm_eps\": 1e-05, \"sample_size\": 8,\n"
+    " \"use_linear_projection\": false, \"center_input_sample\": false}\n";
+static const float k_clip = 0.02f;  // below every step's norm here
+
+static dc_dataset g_dit_data, g_unet_data;
+static dc_kv g_unet_cfg;
+static const char *g_backend = "cpu";
+static double g_rel = 0;  // 0: bit for bit (the CPU); else the relative tolerance
+
+typedef struct {
+    bool unet;                    // the UNet, else the DiT
+    bool fused, window, wc;       // update in the backward; made with DC_GRAD_WINDOW; a compute copy beside
+    bool no_ema, offload;
+    int micro, steps, recompute;  // micro-batch (0: the batch); the step to train up to; blocks keeping activations
+    float clip;
+    const char *resume, *save;
+    float *state[5];              // weights, EMA, m, v, and the compute weights at the end
+    double loss[STEPS + 1], norm[STEPS + 1];
+    int passes;                   // the last step's
+    bool grad_held;               // the model held a full gradient buffer while it trained
+    int64_t numel;
+} job;
+
+// A text data set for the UNet: n latents [4, 8, 8] and embeddings [77, 64].
+static void unet_data(dc_dataset *ds, int n) {
+    *ds = (dc_dataset){.n = n, .channels = 4, .height = 8, .width = 8, .cond = DC_COND_TEXT, .text_len = T,
+                       .text_dim = D, .text_null_len = T};
+    ds->images = malloc(sizeof(float) * (size_t)n * 256);
+    ds->text = malloc(sizeof(float) * (size_t)n * T * D);
+    ds->text_lens = malloc(sizeof(int32_t) * (size_t)n);
+    ds->text_null = malloc(sizeof(float) * T * D);
+    for (int i = 0; i < n; i++) {
+        for (int j = 0; j < 256; j++) ds->images[i * 256 + j] = dc_randn_at(71, (uint32_t)i, 0, 0, (uint32_t)j);
+        for (int j = 0; j < T * D; j++) ds->text[(int64_t)i * T * D + j] = dc_randn_at(72, (uint32_t)i, 0, 0, (uint32_t)j);
+        ds->text_lens[i] = T;
+    }
+    for (int j = 0; j < T * D; j++) ds->text_null[j] = dc_randn_at(73, 0, 0, 0, (uint32_t)j);
+    ds->fingerprint = dc_dataset_fingerprint(ds);
+}
+
+static void read_state(const dc_trainer *tr, job *j) {
+    const dc_params *ps = tr->model->params;
+    size_t bytes = sizeof(float) * (size_t)ps->numel;
+    for (int b = 0; b < 5; b++) j->state[b] = malloc(bytes);
+    float *all = malloc(DC_STATE_COUNT * bytes);
+    CHECK(dc_optimizer_save(tr->opt, all) == 0, "the state: %s", dc_error());
+    for (int b = 0; b < DC_STATE_COUNT; b++) memcpy(j->state[b], (char *)all + b * bytes, bytes);
+    free(all);
+    if (ps->wc.p && ps->wc.dt == DC_BF16) {
+        uint16_t *h = malloc(sizeof(uint16_t) * (size_t)ps->numel);
+        tr->be->download(tr->be, h, ps->wc.p, sizeof(uint16_t) * (size_t)ps->numel);
+        for (int64_t i = 0; i < ps->numel; i++) j->state[4][i] = dc_bf16_to_f32(h[i]);
+        free(h);
+    } else {
+        tr->be->download(tr->be, j->state[4], (ps->wc.p ? ps->wc : ps->data).p, bytes);
+    }
+    j->numel = ps->numel;
+}
+
+static int make_model(const job *j, dc_backend *be, dc_model **m) {
+    const dc_grad_mode grad = j->window ? DC_GRAD_WINDOW : DC_GRAD_BUFFER;
+    return j->unet ? dc_model_create(&g_unet_cfg, be, grad, m) : dc_dit_new(&k_dit, be, grad, m);
+}
+
+static int train(job *j) {
+    dc_backend *be = NULL;
+    dc_model *m = NULL;
+    dc_trainer tr = {0};
+    dc_st_file f = {0};
+    bool open = false;
+    dc_train_config tc = dc_train_config_default();
+    tc.batch = BATCH, tc.micro_batch = j->micro ? j->micro : BATCH, tc.steps = STEPS, tc.lr = 1e-3f;
+    tc.ema_decay = j->no_ema ? 0 : 0.9f, tc.grad_clip = j->clip, tc.seed = 3;
+    tc.update_in_backward = j->fused, tc.offload = j->offload;
+    int rc = dc_backend_create(g_backend, &be);
+    if (!rc) rc = make_model(j, be, &m);
+    if (!rc && j->wc && m->params->wc.p == NULL) {  // dc_params_free frees it
+        m->params->wc = (dc_buf){be->alloc(be, sizeof(float) * (size_t)m->params->numel), DC_F32};
+        m->params->stale = true;
+    }
+    if (!rc && j->recompute) rc = dc_model_set_recompute(m, j->recompute);
+    if (!rc && j->resume) rc = dc_st_open(&f, j->resume), open = rc == 0;
+    if (!rc) rc = j->resume ? dc_model_load_weights(m, &f, "") : dc_model_init_weights(m, 5);
+    if (!rc) rc = dc_trainer_init(&tr, m, j->unet ? &g_unet_data : &g_dit_data, &tc);
+    if (!rc && j->resume) rc = dc_trainer_restore(&tr, &f);
+    if (open) dc_st_close(&f);
+    while (!rc && tr.step < j->steps) {
+        dc_step_stats st;
+        rc = dc_trainer_step(&tr, &st);
+        if (!rc) j->loss[tr.step] = st.loss, j->norm[tr.step] = st.grad_norm, j->passes = tr.opt->passes;
+        if (!rc) j->grad_held = j->grad_held || m->params->grad.p != NULL;
+    }
+    if (!rc && j->save) rc = dc_trainer_save(&tr, j->save, NULL);
+    if (!rc) rc = dc_trainer_sync(&tr);
+    if (!rc) read_state(&tr, j);
+    dc_trainer_free(&tr);
+    dc_model_free(m);
+    if (be) dc_backend_destroy(be);
+    return rc;
+}
+
+static void job_free(job *j) {
+    for (int b = 0; b < 5; b++) free(j->state[b]), j->state[b] = NULL;
+}
+
+static bool run(job *j, const char *what) {
+    int rc = train(j);
+    CHECK(rc == 0, "%s: %s", what, rc ? dc_error() : "");
+    return rc == 0;
+}
+
+// j's state and statistics against ref's for steps from..j->steps: bit for
+// bit where tol is 0, else each state within tol of its norm; the losses the
+// same (bit for bit on the CPU), the norms within 1e-6 (g_rel on a GPU).
+static void check_against(const job *j, const job *ref, int from, double tol, const char *what) {
+    static const char *names[5] = {"weights", "EMA", "adam_m", "adam_v", "compute weights"};
+    if (!j->state[0] || !ref->state[0]) return;
+    for (int b = 0; b < 5; b++) {
+        double d2 = 0, r2 = 0;
+        int64_t diff = 0;
+        for (int64_t i = 0; i < ref->numel; i++) {
+            double d = (double)j->state[b][i] - ref->state[b][i];
+            d2 += d * d, r2 += (double)ref->state[b][i] * ref->state[b][i];
+            diff += memcmp(&j->state[b][i], &ref->state[b][i], sizeof(float)) != 0;
+        }
+        if (tol == 0)
+            CHECK(diff == 0, "%s: %lld %s differ from plain training's", what, (long long)diff, names[b]);
+        else
+            CHECK(isfinite(d2) && r2 > 0 && sqrt(d2 / r2) <= tol, "%s: %s differ from plain training's by %.3g of "
+                  "their norm (tolerance %.0e)", what, names[b], sqrt(d2 / r2), tol);
+    }
+    const double lt = g_rel, nt = g_rel > 0 ? g_rel : 1e-6;
+    for (int s = from; s <= j->steps; s++) {
+        CHECK(isfinite(j->loss[s]) && fabs(j->loss[s] - ref->loss[s]) <= lt * fabs(ref->loss[s]),
+              "%s: step %d loss %.9g, plain %.9g", what, s, j->loss[s], ref->loss[s]);
+        CHECK(isfinite(j->norm[s]) && fabs(j->norm[s] - ref->norm[s]) <= nt * fabs(ref->norm[s]),
+              "%s: step %d gradient norm %.9g, plain %.9g", what, s, j->norm[s], ref->norm[s]);
+    }
+}
+
+static bool same_file(const char *a, const char *b) {
+    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+    bool same = fa && fb;
+    for (int ca = 0, cb = 0; same && ca != EOF;) ca = fgetc(fa), cb = fgetc(fb), same = ca == cb;
+    if (fa) fclose(fa);
+    if (fb) fclose(fb);
+    return same;
+}
+
+// Fused against plain training with the same settings.
+static void compare(bool unet, float clip, int recompute, bool window, bool wc, bool no_ema, const char *what) {
+    job plain = {.unet = unet, .steps = STEPS, .clip = clip, .recompute = recompute, .wc = wc, .no_ema = no_ema};
+    job fused = plain;
+    fused.fused = true, fused.window = window;
+    char name[200];
+    snprintf(name, sizeof name, "%s: %s, updating in the backward", unet ? "UNet" : "DiT", what);
+    if (run(&plain, what) && run(&fused, name)) {
+        check_against(&fused, &plain, 1, clip > 0 || g_rel > 0 ? (g_rel > 0 ? g_rel : 1e-6) : 0.0, name);
+        CHECK(fused.passes == (clip > 0 ? 2 : 1), "%s: %d passes a step", name, fused.passes);
+        CHECK(!fused.grad_held, "%s: the model held a full gradient buffer", name);
+        if (clip > 0) CHECK(plain.norm[1] > clip, "%s: the norm %g does not reach the clip %g", what, plain.norm[1], clip);
+    }
+    job_free(&plain), job_free(&fused);
+}
+
+// Checkpoints: the same file either way (without clipping), and resumes across.
+static void checkpoints(bool unet) {
+    const char *p2 = tmp_path("plain2.st"), *f2 = tmp_path("fused2.st"), *p4 = tmp_path("plain4.st");
+    const char *f4 = tmp_path("fused4.st");
+    job full = {.unet = unet, .steps = STEPS, .save = p4};
+    job half_plain = {.unet = unet, .steps = 2, .save = p2};
+    job half_fused = {.unet = unet, .fused = true, .window = true, .steps = 2, .save = f2};
+    job fused_full = {.unet = unet, .fused = true, .window = true, .steps = STEPS, .save = f4};
+    job p_to_f = {.unet = unet, .fused = true, .window = true, .steps = STEPS, .resume = p2};
+    job f_to_p = {.unet = unet, .steps = STEPS, .resume = f2};
+    const char *m = unet ? "UNet" : "DiT";
+    if (run(&full, "plain, 4 steps") && run(&half_plain, "plain, 2 steps") && run(&half_fused, "fused, 2 steps") &&
+        run(&fused_full, "fused, 4 steps")) {
+        CHECK(same_file(p2, f2), "%s: after 2 steps updating in the backward wrote another checkpoint", m);
+        CHECK(same_file(p4, f4), "%s: after 4 steps updating in the backward wrote another checkpoint", m);
+        if (run(&p_to_f, "plain checkpoint resumed, updating in the backward")) check_against(&p_to_f, &full, 3, 0, "plain -> fused");
+        if (run(&f_to_p, "fused checkpoint resumed plain")) check_against(&f_to_p, &full, 3, 0, "fused -> plain");
+    }
+    job *all[] = {&full, &half_plain, &half_fused, &fused_full, &p_to_f, &f_to_p};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) job_free(all[i]);
+}
+
+static void check_refused(job *j, const char *want, const char *what) {
+    int rc = train(j);
+    CHECK(rc != 0, "%s: accepted", what);
+    if (rc) CHECK(strstr(dc_error(), want) != NULL, "%s: the message does not say '%s': %s", what, want, dc_error());
+    job_free(j);
+}
+
+typedef struct {
+    int rc;
+    char msg[512];
+} comm_job;
+
+// Rank 0 records what dc_trainer_set_comm says to updating in the backward on two ranks.
+static int set_comm_fused(dc_comm *c, void *arg) {
+    comm_job *cj = arg;
+    dc_backend *be = NULL;
+    dc_model *m = NULL;
+    dc_trainer tr = {0};
+    dc_train_config tc = dc_train_config_default();
+    tc.batch = BATCH, tc.micro_batch = BATCH, tc.update_in_backward = true;
+    job j = {0};
+    int rc = dc_backend_create("cpu", &be);
+    if (!rc) rc = make_model(&j, be, &m);
+    if (!rc) rc = dc_model_init_weights(m, 5);
+    if (!rc) rc = dc_trainer_init(&tr, m, &g_dit_data, &tc);
+    int set = rc ? rc : dc_trainer_set_comm(&tr, c, 0);
+    if (c->rank == 0) cj->rc = set, snprintf(cj->msg, sizeof cj->msg, "%s", set ? dc_error() : "");
+    dc_trainer_free(&tr);
+    dc_model_free(m);
+    if (be) dc_backend_destroy(be);
+    return 0;
+}
+
+static void refusals(void) {
+    job accum = {.fused = true, .window = true, .steps = 1, .micro = 2};
+    check_refused(&accum, "one micro-batch", "updating in the backward with 2 micro-batches a step");
+    job offload = {.fused = true, .offload = true, .steps = 1};
+    check_refused(&offload, "--offload", "updating in the backward beside --offload");
+    job plain_window = {.window = true, .steps = 1};
+    check_refused(&plain_window, "no gradient buffer", "plain training of a model made without a gradient buffer");
+    comm_job cj = {0};
+    int rc = dc_comm_threads_run(2, set_comm_fused, &cj);
+    CHECK(rc == 0, "the thread communicator: %s", rc ? dc_error() : "");
+    CHECK(cj.rc != 0 && strstr(cj.msg, "one rank"), "updating in the backward on 2 ranks: %s",
+          cj.rc ? cj.msg : "accepted");
+}
+
+static void all_comparisons(void) {
+    for (int u = 0; u < 2; u++) {
+        compare(u, 0.0f, 0, true, false, false, "no clipping");
+        compare(u, 0.0f, 0, false, false, false, "no clipping, made with a gradient buffer");
+        compare(u, k_clip, 0, true, false, false, "clipping");
+        compare(u, k_clip, 1, true, true, false, "clipping, recompute, a compute copy");
+        compare(u, 0.0f, 1, true, true, true, "no clipping, recompute, a compute copy, no EMA");
+    }
+}
+
+static int on_gpu(const char *name) {
+    dc_backend *be = NULL;
+    if (dc_backend_create(name, &be)) {
+        printf("SKIP (no GPU) test_update_in_backward %s: %s\n", name, dc_error());
+        return 0;
+    }
+    g_rel = be->compute == DC_F32 ? 1e-5 : 1e-3;
+    dc_backend_destroy(be);
+    g_backend = name;
+    all_comparisons();
+    printf("test_update_in_backward %s: %d passed, %d failed\n", name, g_pass, g_fail);
+    return g_fail != 0;
+}
+
+int main(int argc, char **argv) {
+    openblas_set_num_threads(1);
+    tiny_data(&g_dit_data, 8);
+    unet_data(&g_unet_data, 8);
+    if (tmpdir_make("update_in_backward")) return 1;
+    FILE *fp = fopen(tmp_path("config.json"), "w");
+    CHECK(fp && fputs(k_unet, fp) >= 0 && !fclose(fp), "config.json");
+    CHECK(dc_model_config_of_json(tmp_path("config.json"), &g_unet_cfg) == 0, "config: %s", dc_error());
+    int rc;
+    if (argc > 1) {
+        rc = on_gpu(argv[1]);
+    } else {
+        all_comparisons();
+        checkpoints(false);
+        checkpoints(true);
+        refusals();
+        printf("test_update_in_backward: %d passed, %d failed\n", g_pass, g_fail);
+        rc = g_fail != 0;
+    }
+    tmpdir_remove();
+    dc_dataset_free(&g_dit_data), dc_dataset_free(&g_unet_data);
+    dc_kv_free(&g_unet_cfg);
+    return rc;
+}
