@@ -2,7 +2,8 @@
 # `diffusion bench --sd-train` on the CPU with a tiny UNet config: it trains
 # through the trainer and prints its table, whose figures agree with each
 # other and with the wall clock, on one rank and on two, with a LoRA (of the
-# UNet, and of SD 1.5's UNet and text encoder) and with offload; bad flags and configs fail, naming what is
+# UNet, and of SD 1.5's UNet and text encoder), with offload and updating in
+# the backward; bad flags and configs fail, naming what is
 # wrong. tools/sd_train_bench.py (diffusers' side, run on a GPU) at least
 # compiles.
 source "$(dirname "$0")/lib.sh"
@@ -75,6 +76,11 @@ wall=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { print b - a }')
 check_table "$TMP/l.txt" 2 2 "$wall" 3 2
 diffusion bench "${Q[@]}" --size 32 --batch 2 --steps 2 --warmup 1 --offload > "$TMP/o.txt" 2>&1 \
   && grep -q '^| 2 | 2 | off |' "$TMP/o.txt" && pass "--offload: a table row" || fail "--offload: $(tail -2 "$TMP/o.txt")"
+diffusion bench "${Q[@]}" --size 32 --batch 2 --steps 2 --warmup 1 --update-in-backward > "$TMP/f.txt" 2>&1 \
+  && grep -q '^| 2 | 2 | off |' "$TMP/f.txt" && pass "--update-in-backward: a table row" \
+  || fail "--update-in-backward: $(tail -2 "$TMP/f.txt")"
+expect_fail "--update-in-backward with accumulation" "one micro-batch" \
+  diffusion bench "${Q[@]}" --size 32 --batch 2 --micro-batch 1 --steps 1 --update-in-backward
 # the text encoder's LoRA along (SD 1.5's UNet and CLIP ViT-L/14, reading token ids)
 diffusion bench --sd-train --unet-config tools/configs/sd15_unet.json --device cpu --size 64 --batch 1 --steps 1 \
   --warmup 0 --lora 2 --train-text-encoder > "$TMP/te.txt" 2>&1 \
