@@ -87,6 +87,9 @@ static void test_pointwise(void) {
     compare("silu_bwd (fp32 +=)", acc, 1e-5);
     g_cpu->axpy(g_cpu, acc.c, x.c, 0.37f, n), g_gpu->axpy(g_gpu, acc.g, x.g, 0.37f, n);
     compare("axpy", acc, 1e-6);
+    pair cl = rand_pair(n, g_ct, -40, 30);
+    g_cpu->clamp(g_cpu, cl.c, n, -30.0f, 20.0f), g_gpu->clamp(g_gpu, cl.g, n, -30.0f, 20.0f);
+    compare("clamp", cl, 0);
     const int B = 3, T = 64, D = 96;
     pair s = rand_pair((int64_t)B * T * D, DC_F32, -2, 2), pos = rand_pair((int64_t)T * D, DC_F32, -1, 1);
     g_cpu->add_rows(g_cpu, s.c, pos.c, B, T, D), g_gpu->add_rows(g_gpu, s.g, pos.g, B, T, D);

@@ -187,6 +187,21 @@ static void test_axpy_add_rows(void) {
     check("axpy", got, ref, n, TOL_FWD);
     free(got);
 
+    // clamp: values past both bounds, and a NaN that stays NaN (torch.clamp)
+    float *c = host_rand(n, -40, 30);
+    c[7] = NAN;
+    for (int64_t i = 0; i < n; i++) ref[i] = c[i] < -30 ? -30 : c[i] > 20 ? 20 : c[i];
+    int64_t past = 0;
+    for (int64_t i = 0; i < n; i++) past += c[i] < -30 || c[i] > 20;
+    dc_buf cd = dev_from(c, n);
+    g_be->clamp(g_be, cd, n, -30.0f, 20.0f);
+    got = dev_get(cd, n);
+    const bool nan_kept = isnan(got[7]);
+    got[7] = 0, ref[7] = 0;
+    check("clamp", got, ref, n, 0);
+    report("clamp keeps a NaN", nan_kept && past > n / 10 ? 0.0 : INFINITY, 0.0);
+    free(got), free(c);
+
     const int B = 3, T = 37, D = 72;  // x[B,T,D] += pos[T,D]
     float *pos = host_rand((int64_t)T * D, -1, 1);
     dc_buf pd = dev_from(pos, (int64_t)T * D);

@@ -189,6 +189,8 @@ struct dc_backend {
                      bool accumulate);
     // y[n] += alpha * x[n]
     void (*axpy)(dc_backend *be, dc_buf y, dc_buf x, float alpha, int64_t n);
+    // x[n] = min(max(x, lo), hi) in place, in x's dtype; a NaN stays NaN (torch.clamp)
+    void (*clamp)(dc_backend *be, dc_buf x, int64_t n, float lo, float hi);
     // x[B,T,D] += pos[T,D]  (broadcast over B)
     void (*add_rows)(dc_backend *be, dc_buf x, dc_buf pos, int B, int T, int D);
 

@@ -35,7 +35,6 @@ struct dc_vae_acts {
     dc_buf buf[NBUF];         // slots, keys, values [HW, C] (compute dtype); the caller's in and out [C, HW]
     dc_buf mean, rstd;        // [n, groups] F32: GroupNorm statistics (not needed afterwards)
     dc_buf lse;               // [n, HW] F32: attention log-sum-exp
-    void *host;               // [n, latent, h, w] of the compute dtype: logvar being clamped
     size_t bytes;             // of base
 };
 
@@ -217,7 +216,6 @@ static int decoder(vae_pass *p, int H, int W) {
 void dc_vae_release(dc_vae *m) {
     if (!m->acts) return;
     if (m->acts->base) m->be->free(m->be, m->acts->base);
-    free(m->acts->host);
     free(m->acts);
     m->acts = NULL;
     m->max_batch = m->enc_batch = m->height = m->width = 0;
@@ -271,16 +269,12 @@ int dc_vae_reserve_batch(dc_vae *m, int max_batch, int enc_batch, int height, in
     dc_vae_acts *a = calloc(1, sizeof *a);
     if (!a) return dc_fail("out of memory");
     dc_dtype dt = m->be->compute;
-    size_t es = dc_dtype_size(dt);
     dc_arena ar = dc_arena_counting(dt);
     carve(c, &p, &ar, a);
     const size_t total = ar.used;
-    size_t hw = (size_t)(height / f) * (width / f);
     a->base = m->be->alloc(m->be, total);
-    a->host = m->has_encoder ? malloc((size_t)enc_batch * c->latent_channels * hw * es) : NULL;
-    if (!a->base || (m->has_encoder && !a->host)) {
-        if (a->base) m->be->free(m->be, a->base);
-        free(a->host), free(a);
+    if (!a->base) {
+        free(a);
         return dc_fail_ctx("VAE activations for %dx%d images (%.1f MiB)", width, height, total / 1048576.0);
     }
     ar = dc_arena_over(a->base, dt);
@@ -306,20 +300,6 @@ static vae_pass run_pass(const dc_vae *m) {
     return p;
 }
 
-// logvar clamped to [-30, 20] on the host: a few thousand values an image,
-// and the encoder runs once per image-to-image request (or once per batch
-// of a data set).
-static void clamp_host(void *h, dc_dtype dt, int64_t n, float lo, float hi) {
-    for (int64_t i = 0; i < n; i++) {
-        float v = dt == DC_F32 ? ((float *)h)[i] : dt == DC_BF16 ? dc_bf16_to_f32(((uint16_t *)h)[i])
-                                                                  : dc_f16_to_f32(((uint16_t *)h)[i]);
-        if (!(v >= lo)) v = v != v ? v : lo;  // NaN stays NaN
-        if (v > hi) v = hi;
-        if (dt == DC_F32) ((float *)h)[i] = v;
-        else ((uint16_t *)h)[i] = dt == DC_BF16 ? dc_f32_to_bf16(v) : dc_f32_to_f16(v);
-    }
-}
-
 int dc_vae_encode(dc_vae *m, dc_buf mean, dc_buf logvar, dc_buf image, int B, int height, int width) {
     DC_TRY(check_run(m, true, B, height, width));
     dc_backend *be = m->be;
@@ -339,10 +319,7 @@ int dc_vae_encode(dc_vae *m, dc_buf mean, dc_buf logvar, dc_buf image, int B, in
             be->copy(be, dc_buf_at(mean, (i + k) * lat).p, at.p, bytes);
             be->copy(be, dc_buf_at(logvar, (i + k) * lat).p, dc_buf_at(at, lat).p, bytes);
         }
-        be->download(be, m->acts->host, dc_buf_at(logvar, i * lat).p, p.n * bytes);
-        DC_TRY(dc_backend_status(be));  // the download's contents are undefined after an error
-        clamp_host(m->acts->host, be->compute, p.n * lat, -30.0f, 20.0f);
-        be->upload(be, dc_buf_at(logvar, i * lat).p, m->acts->host, p.n * bytes);
+        be->clamp(be, dc_buf_at(logvar, i * lat), p.n * lat, -30.0f, 20.0f);  // as diffusers clamps it
     }
     return dc_backend_status(be);
 }

@@ -58,9 +58,10 @@ typedef struct {
     int64_t shard_bytes;         // MDS size_limit (0: streaming's 1 << 26)
     int zstd_level;              // 0: uncompressed shards
     bool overwrite;              // start over, removing what a run wrote there
-    // Read the next batch's pictures on a thread of their own while a batch
-    // is encoded and written (for a GPU, whose encoding leaves the host's
-    // cores idle); the shards are the same bytes either way.
+    // Read the next batch's pictures on a thread of their own while the
+    // device encodes a batch and the host writes the one before (for a GPU,
+    // whose encoding leaves the host's cores idle, and which then never
+    // waits for the host); the shards are the same bytes either way.
     bool overlap;
     // The VAE encoder takes a batch's pictures through each op together
     // (dc_vae_reserve_batch: a GPU's speed, for batch times the encoder's

@@ -194,6 +194,7 @@ dc_backend *dc_backend_cpu_create(void) {
         .silu_fwd = dc_cpu_silu_fwd,
         .silu_bwd = dc_cpu_silu_bwd,
         .axpy = dc_cpu_axpy,
+        .clamp = dc_cpu_clamp,
         .add_rows = dc_cpu_add_rows,
         .ln_mod_fwd = dc_cpu_ln_mod_fwd,
         .ln_mod_bwd = dc_cpu_ln_mod_bwd,

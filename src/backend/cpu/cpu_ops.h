@@ -114,6 +114,7 @@ void dc_cpu_silu_fwd(dc_backend *be, dc_buf out, dc_buf inp, int64_t n);
 void dc_cpu_silu_bwd(dc_backend *be, dc_buf dinp, dc_buf dout, dc_buf inp, int64_t n,
                      bool accumulate);
 void dc_cpu_axpy(dc_backend *be, dc_buf y, dc_buf x, float alpha, int64_t n);
+void dc_cpu_clamp(dc_backend *be, dc_buf x, int64_t n, float lo, float hi);
 void dc_cpu_add_rows(dc_backend *be, dc_buf x, dc_buf pos, int B, int T, int D);
 void dc_cpu_patchify(dc_backend *be, dc_buf out, dc_buf img, int B, int C, int H, int W, int p);
 void dc_cpu_unpatchify_fwd(dc_backend *be, dc_buf img, dc_buf tok, int B, int C, int H, int W,

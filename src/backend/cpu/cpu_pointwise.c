@@ -63,6 +63,13 @@ void dc_cpu_axpy(dc_backend *be, dc_buf y_, dc_buf x_, float alpha, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] += alpha * x[i];
 }
 
+void dc_cpu_clamp(dc_backend *be, dc_buf x_, int64_t n, float lo, float hi) {
+    (void)be;
+    float *x = dc_cpu_f32(x_);
+#pragma omp parallel for schedule(static) if (n > DC_CPU_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) x[i] = x[i] < lo ? lo : x[i] > hi ? hi : x[i];  // (NaN fails both)
+}
+
 // pos may be F16 or BF16 (a position embedding kept as loaded).
 void dc_cpu_add_rows(dc_backend *be, dc_buf x_, dc_buf pos_, int B, int T, int D) {
     float *x = dc_cpu_f32(x_);                                                 // [B, T, D]

@@ -379,6 +379,7 @@ extern "C" dc_backend *dc_backend_cuda_create_opts(bool fp32, const dc_backend_o
         .silu_fwd = dc_cuda_silu_fwd,
         .silu_bwd = dc_cuda_silu_bwd,
         .axpy = dc_cuda_axpy,
+        .clamp = dc_cuda_clamp,
         .add_rows = dc_cuda_add_rows,
         .ln_mod_fwd = dc_cuda_ln_mod_fwd,
         .ln_mod_bwd = dc_cuda_ln_mod_bwd,

@@ -82,6 +82,19 @@ extern "C" void dc_cuda_axpy(dc_backend *be, dc_buf y, dc_buf x, float alpha, in
     DC_CUDA_LAUNCHED(be);
 }
 
+__global__ void k_clamp(void *x, int xbf, float lo, float hi, int64_t n) {
+    GRID_STRIDE(i, n) {
+        const float v = dc_ld(x, i, xbf);
+        dc_st(x, i, v < lo ? lo : v > hi ? hi : v, xbf);  // (NaN fails both: it stays)
+    }
+}
+extern "C" void dc_cuda_clamp(dc_backend *be, dc_buf x, int64_t n, float lo, float hi) {
+    DC_CUDA_OP(be);
+    if (n <= 0) return;
+    k_clamp<<<dc_blocks(n, TPB), TPB, 0, S(be)>>>(x.p, BF(x), lo, hi, n);
+    DC_CUDA_LAUNCHED(be);
+}
+
 // x[B,T,D] += pos[T,D]
 __global__ void k_add_rows(void *x, int xbf, const void *pos, int pbf, int64_t TD, int64_t n) {
     GRID_STRIDE(i, n) dc_st(x, i, dc_ld(x, i, xbf) + dc_ld(pos, i % TD, pbf), xbf);
