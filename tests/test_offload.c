@@ -46,6 +46,7 @@
 #include "models/dit.h"
 #include "models/model_io.h"
 #include "tmpdir.h"
+#include "optim_state.h"
 #include "tiny_data.h"
 #include "train/trainer.h"
 
@@ -69,28 +70,6 @@ typedef struct {
     double loss[STEPS + 1], norm[STEPS + 1];  // each step's statistics, by step number
     int64_t numel;
 } job;
-
-// The trainer's state as the checkpoint holds it (weights, EMA, m, v).
-static void read_state(const dc_trainer *tr, job *j) {
-    const dc_params *ps = tr->model->params;
-    size_t bytes = sizeof(float) * (size_t)ps->numel;
-    for (int b = 0; b < 5; b++) j->state[b] = malloc(bytes);
-    // offload: the host's master and moments, the device's EMA
-    float *all = malloc(DC_STATE_COUNT * bytes);
-    CHECK(dc_optimizer_save(tr->opt, all) == 0, "the state: %s", dc_error());
-    for (int b = 0; b < DC_STATE_COUNT; b++) memcpy(j->state[b], (char *)all + b * bytes, bytes);
-    free(all);
-    // what the next forward reads: the compute copy (bf16 on a GPU), or the parameters' data
-    if (ps->wc.p && ps->wc.dt == DC_BF16) {
-        uint16_t *h = malloc(sizeof(uint16_t) * (size_t)ps->numel);
-        tr->be->download(tr->be, h, ps->wc.p, sizeof(uint16_t) * (size_t)ps->numel);
-        for (int64_t i = 0; i < ps->numel; i++) j->state[4][i] = dc_bf16_to_f32(h[i]);
-        free(h);
-    } else {
-        tr->be->download(tr->be, j->state[4], (ps->wc.p ? ps->wc : ps->data).p, bytes);
-    }
-    j->numel = ps->numel;
-}
 
 // Beside a compute copy offload keeps on the device only the fp32 data's
 // prefix holding the fixed tensors (pos_embed, first in DiT's layout).
@@ -143,7 +122,7 @@ static int train(job *j) {
     }
     if (!rc && j->save) rc = dc_trainer_save(&tr, j->save, NULL);
     if (!rc) rc = dc_trainer_sync(&tr);  // offload leaves the last units' update running
-    if (!rc) read_state(&tr, j);
+    if (!rc) j->numel = read_optim_state(&tr, j->state);
     if (!rc && j->offload && j->wc) check_shrunk(&tr);
     dc_trainer_free(&tr);
     if (!rc && j->offload && j->wc) check_given_back(&m, j);

@@ -36,6 +36,7 @@
 #include "models/dit.h"
 #include "models/model_io.h"
 #include "models/registry.h"
+#include "optim_state.h"
 #include "tiny_data.h"
 #include "tmpdir.h"
 #include "train/trainer.h"
@@ -89,24 +90,6 @@ static void unet_data(dc_dataset *ds, int n) {
     ds->fingerprint = dc_dataset_fingerprint(ds);
 }
 
-static void read_state(const dc_trainer *tr, job *j) {
-    const dc_params *ps = tr->model->params;
-    size_t bytes = sizeof(float) * (size_t)ps->numel;
-    for (int b = 0; b < 5; b++) j->state[b] = malloc(bytes);
-    float *all = malloc(DC_STATE_COUNT * bytes);
-    CHECK(dc_optimizer_save(tr->opt, all) == 0, "the state: %s", dc_error());
-    for (int b = 0; b < DC_STATE_COUNT; b++) memcpy(j->state[b], (char *)all + b * bytes, bytes);
-    free(all);
-    if (ps->wc.p && ps->wc.dt == DC_BF16) {
-        uint16_t *h = malloc(sizeof(uint16_t) * (size_t)ps->numel);
-        tr->be->download(tr->be, h, ps->wc.p, sizeof(uint16_t) * (size_t)ps->numel);
-        for (int64_t i = 0; i < ps->numel; i++) j->state[4][i] = dc_bf16_to_f32(h[i]);
-        free(h);
-    } else {
-        tr->be->download(tr->be, j->state[4], (ps->wc.p ? ps->wc : ps->data).p, bytes);
-    }
-    j->numel = ps->numel;
-}
 
 static int make_model(const job *j, dc_backend *be, dc_model **m) {
     const dc_grad_mode grad = j->window ? DC_GRAD_WINDOW : DC_GRAD_BUFFER;
@@ -143,7 +126,7 @@ static int train(job *j) {
     }
     if (!rc && j->save) rc = dc_trainer_save(&tr, j->save, NULL);
     if (!rc) rc = dc_trainer_sync(&tr);
-    if (!rc) read_state(&tr, j);
+    if (!rc) j->numel = read_optim_state(&tr, j->state);
     dc_trainer_free(&tr);
     dc_model_free(m);
     if (be) dc_backend_destroy(be);

@@ -93,6 +93,7 @@ static int fused_begin_step(dc_optim_plain *p) {
                        "never held whole to add another's to): %d rounds", o->step.rounds);
     o->passes = o->step.clip > 0 ? 2 : 1;
     p->pass = 0;
+    o->hooks.win_lo = o->hooks.win_hi = 0;  // (a failed step may have left the window set)
     return 0;
 }
 
