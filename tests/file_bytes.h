@@ -1,11 +1,14 @@
 // Whole files as bytes, for the tests that make and damage files.
 #pragma once
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 // The file's bytes (malloc'd, one spare byte; *n their count), or NULL.
 static inline uint8_t *slurp(const char *path, size_t *n) {
+    *n = 0;
     FILE *f = fopen(path, "rb");
     if (!f) return NULL;
     fseek(f, 0, SEEK_END);
@@ -25,4 +28,13 @@ static inline void spit(const char *path, const void *b, size_t n) {
         printf("cannot write %s\n", path);
         exit(1);
     }
+}
+
+// Whether two files hold the same bytes (false where either cannot be read).
+static inline bool same_file(const char *a, const char *b) {
+    size_t na = 0, nb = 0;
+    uint8_t *x = slurp(a, &na), *y = slurp(b, &nb);
+    bool same = x && y && na == nb && !memcmp(x, y, na);
+    free(x), free(y);
+    return same;
 }

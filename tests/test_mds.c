@@ -109,15 +109,6 @@ static const dc_mds_spec g_cols[] = {
 };
 enum { NCOLS = sizeof g_cols / sizeof g_cols[0] };
 
-static int same_file(const char *a, const char *b) {
-    size_t na = 0, nb = 0;
-    uint8_t *x = slurp(a, &na), *y = slurp(b, &nb);
-    int same = x && y && na == nb && !memcmp(x, y, na);
-    free(x);
-    free(y);
-    return same;
-}
-
 static void check_golden_write(const char *sub, int level, const golden_value *v, int nv) {
     char out[300], dir[300];
     snprintf(out, sizeof out, "%s", tmp_path(sub));

@@ -41,6 +41,7 @@
 
 #include "backend/backend.h"
 #include "check.h"
+#include "file_bytes.h"
 #include "core/error.h"
 #include "dist/comm.h"
 #include "models/dit.h"
@@ -189,15 +190,6 @@ static void check_close(const job *j, const job *ref, int from, const char *what
         CHECK(isfinite(j->norm[s]) && fabs(j->norm[s] - ref->norm[s]) <= g_rel * fabs(ref->norm[s]),
               "%s: step %d gradient norm %.9g, plain %.9g", what, s, j->norm[s], ref->norm[s]);
     }
-}
-
-static bool same_file(const char *a, const char *b) {
-    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
-    bool same = fa && fb;
-    for (int ca = 0, cb = 0; same && ca != EOF;) ca = fgetc(fa), cb = fgetc(fb), same = ca == cb;
-    if (fa) fclose(fa);
-    if (fb) fclose(fb);
-    return same;
 }
 
 // Offload against plain training with the same settings (wc: both with a

@@ -148,14 +148,6 @@ static int train(dc_comm *comm, void *arg) {
     return rc;
 }
 
-static bool same_file(const char *a, const char *b) {
-    size_t na = 0, nb = 0;
-    uint8_t *x = slurp(a, &na), *y = slurp(b, &nb);
-    bool same = x && y && na == nb && !memcmp(x, y, na);
-    free(x), free(y);
-    return same;
-}
-
 int main(void) {
     openblas_set_num_threads(1);  // the same rounding in every rank
     if (tmpdir_make("train_unet")) return 1;

@@ -30,6 +30,7 @@
 
 #include "backend/backend.h"
 #include "check.h"
+#include "file_bytes.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "dist/comm.h"
@@ -170,15 +171,6 @@ static void check_against(const job *j, const job *ref, int from, double tol, co
         CHECK(isfinite(j->norm[s]) && fabs(j->norm[s] - ref->norm[s]) <= nt * fabs(ref->norm[s]),
               "%s: step %d gradient norm %.9g, plain %.9g", what, s, j->norm[s], ref->norm[s]);
     }
-}
-
-static bool same_file(const char *a, const char *b) {
-    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
-    bool same = fa && fb;
-    for (int ca = 0, cb = 0; same && ca != EOF;) ca = fgetc(fa), cb = fgetc(fb), same = ca == cb;
-    if (fa) fclose(fa);
-    if (fb) fclose(fb);
-    return same;
 }
 
 // Fused against plain training with the same settings.

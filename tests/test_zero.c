@@ -27,6 +27,7 @@
 
 #include "backend/backend.h"
 #include "check.h"
+#include "file_bytes.h"
 #include "core/error.h"
 #include "dist/comm.h"
 #include "models/dit.h"
@@ -229,15 +230,6 @@ static void test_bf16_gradients(const job *ref) {
     double e1 = run_against(&one, 1, ref, &exact);
     CHECK(e1 == 0 && exact, "bf16 on 1 rank: %.2e from fp32, not bit-identical", e1);
     job_free(&one);
-}
-
-static bool same_file(const char *a, const char *b) {
-    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
-    bool same = fa && fb;
-    for (int ca = 0, cb = 0; same && ca != EOF; ) ca = fgetc(fa), cb = fgetc(fb), same = ca == cb;
-    if (fa) fclose(fa);
-    if (fb) fclose(fb);
-    return same;
 }
 
 static void on_alarm(int sig) {
