@@ -16,6 +16,10 @@
 //   data, as on a GPU;
 // - the model holds no full gradient buffer: made with DC_GRAD_WINDOW, or
 //   made with one, which the trainer frees;
+// - a model that says its backward repeats (dc_model_info.backward_repeats:
+//   the UNet, which the second pass then runs without its forward) gives
+//   the same gradients, bit for bit, from a second backward without a
+//   forward between, with and without recompute (the UNet and the DiT);
 // - refusals, naming what is wrong: gradient accumulation (a micro-batch
 //   smaller than the batch), --offload beside it, several ranks.
 //
@@ -211,6 +215,82 @@ static void checkpoints(bool unet) {
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) job_free(all[i]);
 }
 
+// A second backward from the same dout, without a forward, against the
+// first: the same gradients bit for bit where the model says its backward
+// repeats. (keep: blocks keeping activations, -1 all.)
+static void backward_repeats(bool unet, int keep) {
+    dc_backend *be = NULL;
+    dc_model *m = NULL;
+    job j = {.unet = unet};
+    int rc = dc_backend_create(g_backend, &be);
+    if (!rc) rc = make_model(&j, be, &m);
+    if (!rc) rc = dc_model_init_weights(m, 9);
+    if (!rc && keep >= 0) rc = dc_model_set_recompute(m, keep);
+    if (!rc) rc = dc_model_reserve(m, 2);
+    CHECK(rc == 0, "model: %s", rc ? dc_error() : "");
+    if (rc) {
+        dc_model_free(m);
+        if (be) dc_backend_destroy(be);
+        return;
+    }
+    const dc_model_info *mi = &m->info;
+    const int B = 2;
+    const int64_t img = dc_model_info_numel(mi), oimg = img / mi->channels * mi->out_channels;
+    float *h = malloc(sizeof(float) * (size_t)(B * (img > T * D ? img : T * D)));
+    dc_buf x = {be->alloc(be, sizeof(float) * (size_t)(B * img)), DC_F32};
+    dc_buf out = {be->alloc(be, sizeof(float) * (size_t)(B * oimg)), DC_F32};
+    dc_buf dout = {be->alloc(be, sizeof(float) * (size_t)(B * oimg)), DC_F32};
+    dc_buf t = {be->alloc(be, sizeof(float) * B), DC_F32};
+    dc_cond cond = {0};
+    for (int64_t i = 0; i < B * img; i++) h[i] = dc_randn_at(81, 0, 0, 0, (uint32_t)i);
+    be->upload(be, x.p, h, sizeof(float) * (size_t)(B * img));
+    for (int64_t i = 0; i < B * oimg; i++) h[i] = dc_randn_at(82, 0, 0, 0, (uint32_t)i);
+    be->upload(be, dout.p, h, sizeof(float) * (size_t)(B * oimg));
+    const float ts[2] = {17, 640};
+    be->upload(be, t.p, ts, sizeof ts);
+    if (unet) {
+        cond.len = T, cond.dim = D;
+        cond.ctx = (dc_buf){be->alloc(be, sizeof(float) * (size_t)(B * T * D)), DC_F32};
+        for (int64_t i = 0; i < B * T * D; i++) h[i] = dc_randn_at(83, 0, 0, 0, (uint32_t)i);
+        be->upload(be, cond.ctx.p, h, sizeof(float) * (size_t)(B * T * D));
+    } else {
+        const int32_t y[2] = {0, 1};
+        cond.y = (dc_buf){be->alloc(be, sizeof y), DC_I32};
+        be->upload(be, cond.y.p, y, sizeof y);
+    }
+    dc_params *ps = m->params;
+    const size_t gb = sizeof(float) * (size_t)ps->numel;
+    float *g1 = malloc(gb), *g2 = malloc(gb);
+    // every weight random (DiT's zero-initialised modulation would leave most gradients 0)
+    for (int64_t i = 0; i < ps->numel; i++) g1[i] = 0.05f * dc_randn_at(84, 0, 0, 0, (uint32_t)i);
+    be->upload(be, ps->data.p, g1, gb);
+    dc_params_touch(ps);
+    be->zero(be, ps->grad.p, gb);
+    rc = dc_model_forward(m, out, x, t, &cond, B);
+    if (!rc) rc = dc_model_backward(m, dout, B);
+    if (!rc) be->download(be, g1, ps->grad.p, gb);
+    if (!rc) be->zero(be, ps->grad.p, gb), rc = dc_model_backward(m, dout, B);
+    if (!rc) be->download(be, g2, ps->grad.p, gb), rc = dc_backend_status(be);
+    CHECK(rc == 0, "backward twice: %s", rc ? dc_error() : "");
+    int64_t diff = 0, nonzero = 0;
+    for (int64_t i = 0; !rc && i < ps->numel; i++) diff += memcmp(&g1[i], &g2[i], sizeof(float)) != 0, nonzero += g1[i] != 0;
+    const char *name = unet ? "UNet" : "DiT";
+    if (!rc && mi->backward_repeats)
+        CHECK(diff == 0 && nonzero > ps->numel / 2, "%s, keep %d: a second backward changed %lld of %lld gradients "
+              "(%lld non-zero), but the model says its backward repeats", name, keep, (long long)diff,
+              (long long)ps->numel, (long long)nonzero);
+    else if (!rc)
+        printf("  %s, keep %d: does not say its backward repeats; a second backward changed %lld gradients\n", name,
+               keep, (long long)diff);
+    CHECK(mi->backward_repeats, "the %s no longer says its backward repeats", name);
+    free(h), free(g1), free(g2);
+    dc_buf bufs[] = {x, out, dout, t, cond.ctx, cond.y};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+        if (bufs[i].p) be->free(be, bufs[i].p);
+    dc_model_free(m);
+    dc_backend_destroy(be);
+}
+
 static void check_refused(job *j, const char *want, const char *what) {
     int rc = train(j);
     CHECK(rc != 0, "%s: accepted", what);
@@ -260,6 +340,8 @@ static void refusals(void) {
 
 static void all_comparisons(void) {
     for (int u = 0; u < 2; u++) {
+        backward_repeats(u, -1);
+        backward_repeats(u, 1);
         compare(u, 0.0f, 0, true, false, false, "no clipping");
         compare(u, 0.0f, 0, false, false, false, "no clipping, made with a gradient buffer");
         compare(u, k_clip, 0, true, false, false, "clipping");

@@ -156,7 +156,8 @@ static int setup(dc_dit *m, const dc_dit_config *cfg, dc_backend *be) {
         .ops = &dit_ops, .be = be, .params = &m->params,
         .info = {.channels = cfg->in_channels, .frames = 1, .height = cfg->input_size, .width = cfg->input_size,
                  .out_channels = dc_dit_out_channels(cfg), .learn_sigma = cfg->learn_sigma,
-                 .cond = DC_COND_LABELS, .num_classes = cfg->num_classes, .blocks = cfg->depth},
+                 .cond = DC_COND_LABELS, .num_classes = cfg->num_classes, .blocks = cfg->depth,
+                 .backward_repeats = true},  // (its backward writes only gradients and the recompute set)
     };
     if (build_modules(m)) return dc_dit_free(m), -1;
     return 0;

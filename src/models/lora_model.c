@@ -110,6 +110,7 @@ static int lm_set_size(dc_model *m, int height, int width) {
     lora_model *l = of(m);
     DC_TRY(dc_model_set_size(l->inner, height, width));
     m->info = l->inner->info;
+    m->info.backward_repeats = false;  // (the adapters' scratch is not checked for it)
     return 0;
 }
 
@@ -136,6 +137,7 @@ int dc_lora_model_new(dc_model *inner, dc_lora *lora, const dc_kv *extra, dc_mod
     memset(lora, 0, sizeof *lora);  // taken over
     l->base = (dc_model){.ops = &lora_model_ops, .info = inner->info, .be = inner->be, .params = &l->lora.params,
                          .owned = true};
+    l->base.info.backward_repeats = false;  // (the adapters' scratch is not checked for it)
     int rc = l->lora.target == inner->params ? 0 : dc_fail("LoRA: its target is not the model's parameters");
     if (!rc && !l->lora.count) rc = dc_fail("LoRA: no layer to adapt");
     for (int i = 0; !rc && extra && i < extra->n; i++) rc = dc_kv_set(&l->extra, extra->keys[i], "%s", extra->values[i]);

@@ -66,6 +66,11 @@ typedef struct {
                                   // DC_COND_TOKENS: ctx_len ids a row (ctx_dim 0)
     int blocks;                   // the blocks activation checkpointing counts (set_recompute's
                                   // keep runs 0..blocks); 0: the model has none
+    // Its backward writes nothing its forward kept (nor dout), so a second
+    // backward from the same dout, without a forward between, gives the same
+    // gradients: updating in the backward's second pass (train/optimizer.h)
+    // then runs the backward alone. Checked by test_update_in_backward.
+    bool backward_repeats;
 } dc_model_info;
 
 // The elements of one input image (or clip): channels x frames x height x width.

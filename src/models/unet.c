@@ -607,6 +607,7 @@ static int unet_new(const dc_unet_config *c, dc_backend *be, dc_dtype loaded, dc
         return -1;
     }
     m->base.info.blocks = unet_layer_count(m);
+    m->base.info.backward_repeats = true;  // (models/unet_train.c writes only gradients and its shared recompute set)
     *out = &m->base;
     return 0;
 }

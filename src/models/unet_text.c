@@ -144,6 +144,7 @@ static int joint_new(const dc_unet_config *uc, const dc_clip_text_config *tc, dc
     m->base.info = m->unet->info;
     m->base.info.cond = DC_COND_TOKENS;
     m->base.info.ctx_len = tc->positions, m->base.info.ctx_dim = 0;
+    m->base.info.backward_repeats = false;  // (the text encoder's backward is not checked for it)
     *out = &m->base;
     return 0;
 }

@@ -119,7 +119,9 @@ int dc_ckpt_read_moment_buf(const dc_params *ps, const dc_st_file *f, dc_optim_s
 // step that clips runs the micro-batch twice (LOMO's two passes): the first
 // backward sums the units' squared norms, the second updates with the
 // clipping factor. Every draw of a step is keyed by (seed, image, step), so
-// both passes see the same batch and noise and compute the same gradients;
+// both passes see the same batch and noise and compute the same gradients
+// (a model whose backward repeats, dc_model_info.backward_repeats, runs only
+// its backward in the second pass: 5 forwards' worth a step instead of 6);
 // the norm is summed unit by unit, in another order than over the full
 // buffer, so the clipping factor may differ from plain training's in its
 // last bits.

@@ -346,10 +346,13 @@ static int idle_units(dc_params *ps) {
     return 0;
 }
 
-// Forward, loss and backward of images done .. done+n-1 of the step's global batch.
-static int micro_batch(dc_trainer *tr, int done, int n) {
+// Forward, loss and backward of images done .. done+n-1 of the step's global
+// batch; again: the step's second pass over its one micro-batch, for a model
+// whose backward repeats (dc_model_info.backward_repeats): the backward alone.
+static int micro_batch(dc_trainer *tr, int done, int n, bool again) {
     dc_backend *be = tr->be;
     dc_model *m = tr->model;
+    if (again) return dc_model_backward(m, tr->dout, n);
     const dc_train_config *c = &tr->cfg;
     const dc_model_info *mi = &m->info;
     const int C = mi->channels;
@@ -425,8 +428,9 @@ int dc_trainer_step(dc_trainer *tr, dc_step_stats *st) {
         for (int j = 0; j < rounds; j++) {
             int done, n;
             dc_batch_round(c->batch, size, c->micro_batch, rank, j, &done, &n);
+            const bool again = pass > 0 && rounds == 1 && m->info.backward_repeats;
             DC_TRY(dc_optimizer_micro_begin(tr->opt, j));
-            DC_TRY(n > 0 ? micro_batch(tr, done, n) : idle_units(m->params));
+            DC_TRY(n > 0 ? micro_batch(tr, done, n, again) : idle_units(m->params));
             DC_TRY(dc_optimizer_micro_end(tr->opt, j));
         }
     if (tr->comm) {  // every rank's losses, summed in rank order
