@@ -361,8 +361,8 @@ int cmd_train(int argc, char **argv) {
                                               "run AdamW on the CPU beside the GPU's backward (one rank)"},
         {"update-in-backward", ARG_FLAG, &fused, NULL, "update each unit of the weights as soon as its gradients are "
                                                        "done, holding no full gradient buffer (4 bytes a parameter "
-                                                       "less); with --grad-clip a step runs its batch twice, the "
-                                                       "first pass for the norm (one rank, no accumulation)"},
+                                                       "less); with --grad-clip a step runs its backward twice, "
+                                                       "the first pass for the norm (one rank, no accumulation)"},
         {"max-gpu-memory", ARG_STR, &max_mem, "SIZE", "pick the fastest --micro-batch, --recompute, --offload and "
                                                       "--update-in-backward whose predicted peak device memory fits "
                                                       "in SIZE (8G, 7.5GiB, 8000M) and print the plan; those given "

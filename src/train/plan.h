@@ -14,7 +14,8 @@
 // Cost model, relative step time (1: everything on the device, all blocks
 // keeping their activations, the rank's share in one micro-batch):
 //   (1 + r / 3) x (1 + 2 / mb) / (1 + 2 / share)  [+ 1.30 + 0.65 (n - 1) with offload]
-//   [x 1.02 updating in the backward, x 2 when that clips]
+//   [x 1.02 updating in the backward; when that clips, x 5/3 (x 2 for a model
+//   whose backward does not repeat)]
 // r: the fraction of blocks that recompute (their forward runs again: a third
 // of a block's forward + backward); 2 / mb: each micro-batch costs about two
 // images' worth of fixed work (kernel launches, reading every weight once);
@@ -24,9 +25,11 @@
 // again (8 bytes a parameter, train/offload.h), about half that traffic and
 // update again. The offload figures were measured while the host still kept
 // the EMA (44 bytes a parameter a step, now 36); not yet measured since.
-// Updating in the backward (train/optimizer.h) runs each micro-batch twice
-// where it clips (x 2), and otherwise launches three small ops a unit more
-// (x 1.02: a plan takes it only where memory asks for it).
+// Updating in the backward (train/optimizer.h) runs each backward twice where
+// it clips (a forward and two backwards, 5 forwards' worth instead of 3; the
+// forward too, x 2, where the model's backward does not repeat), and
+// otherwise launches three small ops a unit more (x 1.02: a plan takes it only
+// where memory asks for it).
 // Estimates, not measurements of each plan: they order plans.
 #pragma once
 #include <stdbool.h>
