@@ -296,10 +296,11 @@ extern "C" void dc_cuda_group_norm_nhwc_fwd(dc_backend *be, dc_buf out, dc_buf m
     // kernel 3: chunks of up to eight rows a thread
     const dc_rows_geom ga = dc_rows_geom_make(C, V, NT);
     const int64_t rows_apply = dc_rows_chunk(&ga, (int64_t)B * HW, 8), cps = (HW + rows_apply - 1) / rows_apply;
-    // samples per piece: their partials fit the workspace (all of it for the
-    // finer chunks of large maps), and grid.z (65535) holds them
-    const int64_t ws = chunks * C > 16384 ? DC_CUDA_NORM_WS_ALL : DC_CUDA_NORM_WS;
-    int64_t piece = ws / 2 / (chunks * C);
+    // samples per piece: their partials fit the whole workspace, and grid.z
+    // (65535) holds them (with its first quarter only, SD 2.1's 32x32 maps of
+    // 320 channels at batch 64 ran as three pieces of kernels too small to
+    // fill the GPU: 94 -> 71 us a call on an H200, the same bits)
+    int64_t piece = DC_CUDA_NORM_WS_ALL / 2 / (chunks * C);
     if (piece > 65535) piece = 65535;
     for (int b0 = 0; b0 < B; b0 += (int)piece) {
         const int nb = B - b0 < piece ? B - b0 : (int)piece;
@@ -471,7 +472,7 @@ __global__ void k_gn_nhwc_bwd_part(double2 *part, const void *dout, int obf, con
             ga[k] = dc_ld(gamma, c0 + k, gbf), be[k] = silu ? dc_ld(beta, c0 + k, bbf) : 0.0f;
         }
         const int64_t base = (int64_t)b * HW * C + c0;
-#pragma unroll 4
+#pragma unroll 1
         for (int64_t p = p0 + threadIdx.y; p < p1; p += GN_RT) {
             float xv[V], dv[V];
             dc_ldv<V>(xv, x, base + p * C, xbf);
@@ -559,7 +560,11 @@ extern "C" void dc_cuda_group_norm_nhwc_bwd(dc_backend *be, dc_buf dx, dc_buf dg
                      dc_dtype_name(x.dt), dc_dtype_name(dout.dt), dx.p ? dc_dtype_name(dx.dt) : "-",
                      dc_dtype_name(gamma.dt), dc_dtype_name(beta.dt));
     dc_cuda_ctx *c = dc_cuda(be);
-    const int V = dc_vec_width(C, x, dout, dx);
+    // At most 4 channels a thread (the lanes' order of the sums does not depend
+    // on it): kernel 1 with 8 held 16 double sums and 166 registers, so 15% of
+    // an H200's warps ran, and kernel 3 96 (SD 2.1's 32x32 maps of 320 to 960
+    // channels at batch 64: 209 -> 145, 499 -> 273, 758 -> 449 us a call)
+    const int Vw = dc_vec_width(C, x, dout, dx), V = Vw > 4 ? 4 : Vw;
     const int64_t chunks = gn_nhwc_chunks(HW, C), rows_per = (HW + chunks - 1) / chunks;
     dc_rows_geom gs = dc_rows_geom_make(C, V, 32);
     gs.rt = GN_RT;
@@ -574,10 +579,7 @@ extern "C" void dc_cuda_group_norm_nhwc_bwd(dc_backend *be, dc_buf dx, dc_buf dg
         const float *mu = (const float *)mean.p + (int64_t)b0 * G, *r = (const float *)rstd.p + (int64_t)b0 * G;
         const void *xp = dc_buf_at(x, off).p, *op = dc_buf_at(dout, off).p;
         const dim3 g1((unsigned)chunks, (unsigned)gs.tiles, (unsigned)nb), b1(gs.ct, GN_RT);
-        if (V == 8)
-            dc_launch(be, k_gn_nhwc_bwd_part<8>, g1, b1, 0, part, op, BF(dout), xp, BF(x), mu, r, gamma.p,
-                      BF(gamma), beta.p, BF(beta), HW, C, G, gs.cols, rows_per, silu);
-        else if (V == 4)
+        if (V == 4)
             dc_launch(be, k_gn_nhwc_bwd_part<4>, g1, b1, 0, part, op, BF(dout), xp, BF(x), mu, r, gamma.p,
                       BF(gamma), beta.p, BF(beta), HW, C, G, gs.cols, rows_per, silu);
         else
@@ -592,10 +594,7 @@ extern "C" void dc_cuda_group_norm_nhwc_bwd(dc_backend *be, dc_buf dx, dc_buf dg
             const dim3 g3((unsigned)(nb * cps), (unsigned)ga.tiles), b3(ga.ct, ga.rt);
             void *dp = dc_buf_at(dx, off).p;
             const double2 *m = mg;
-            if (V == 8)
-                dc_launch(be, k_gn_nhwc_bwd_dx<8>, g3, b3, 0, dp, BF(dx), op, BF(dout), xp, BF(x), mu, r, gamma.p,
-                          BF(gamma), beta.p, BF(beta), m, HW, C, G, ga.cols, cps, rows_dx, silu, accumulate);
-            else if (V == 4)
+            if (V == 4)
                 dc_launch(be, k_gn_nhwc_bwd_dx<4>, g3, b3, 0, dp, BF(dx), op, BF(dout), xp, BF(x), mu, r, gamma.p,
                           BF(gamma), beta.p, BF(beta), m, HW, C, G, ga.cols, cps, rows_dx, silu, accumulate);
             else
