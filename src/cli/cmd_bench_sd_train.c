@@ -213,8 +213,8 @@ int cmd_bench_sd_train(int argc, char **argv) {
         {"offload", ARG_FLAG, &offload, NULL, "the fp32 master weights and AdamW moments in host memory, AdamW on the "
                                               "CPU, as `train --offload` (one rank)"},
         {"update-in-backward", ARG_FLAG, &fused, NULL, "update each unit of the weights as soon as its gradients "
-                                                       "are done, holding no full gradient buffer (two passes a "
-                                                       "step, as it clips), as `train --update-in-backward`"},
+                                                       "are done, holding no full gradient buffer (its backward "
+                                                       "twice a step, as it clips), as `train --update-in-backward`"},
         {"ema-decay", ARG_FLOAT, &ema_decay, "X", "the EMA's decay, as `train --ema-decay` (0: none kept apart from "
                                                   "the weights)"},
         {"max-gpu-memory", ARG_STR, &max_mem, "SIZE", "cap the GPU memory the engine allocates at SIZE (8G, 7.5GiB): "
