@@ -497,7 +497,6 @@ __global__ void __launch_bounds__(GN_BT) k_gn_nhwc_bwd_rows(double2 *rows, doubl
     for (int k = threadIdx.x; k < cg; k += GN_BT) {
         const int c = g * cg + k;
         double s1 = 0.0, s2 = 0.0;
-#pragma unroll 8  // (the loads together; the sums in order)
         for (int64_t q = 0; q < chunks; q++) {
             const double2 p = part[((int64_t)b * chunks + q) * C + c];
             s1 += p.x, s2 += p.y;
@@ -618,7 +617,6 @@ __global__ void k_channel_sum_chunks(void *dv, int vbf, const double2 *part, int
     const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, b = i / C, c = i % C;
     if (i >= (int64_t)nb * C) return;
     double s = 0.0;
-#pragma unroll 8  // (the loads together; the sums in order)
     for (int64_t q = 0; q < chunks; q++) s += part[(b * chunks + q) * C + c].x;
     dc_st(dv, i, (float)s, vbf);
 }
