@@ -297,6 +297,38 @@ static void test_lora_layout(void) {
     dc_model_free(w);
 }
 
+// SD 2.1's UNet at 256 px, batch 64, bf16, with the EMA: the gradients in
+// the activation arena save most of their 3.2 GiB (the arena's last layers
+// are done with before the units with most parameters begin).
+static void test_sd21_lent(void) {
+    dc_unet_config c;
+    dc_model *u = NULL;
+    if (dc_unet_config_from_json_file(&c, "tools/configs/sd21_unet.json") ||
+        dc_unet_new_train(&c, NULL, DC_GRAD_BUFFER, 32, 32, &u)) {
+        CHECK(0, "SD 2.1's UNet layout: %s", dc_error());
+        return;
+    }
+    const int D = u->info.blocks;
+    dc_plan_request r = {.model = u, .compute = DC_BF16, .fixed = k_cuda_fixed, .batch = 64, .ranks = 1,
+                         .micro_batch = 64, .keep = D, .offload = 0, .fused = 0, .clips = true, .grads_apart = true};
+    const dc_train_plan plain = {64, D, false, false};
+    dc_plan_mem apart, lent;
+    CHECK(dc_plan_predict(&r, &plain, &apart) == 0, "predict: %s", dc_error());
+    r.grads_apart = false;
+    CHECK(dc_plan_predict(&r, &plain, &lent) == 0, "predict: %s", dc_error());
+    const int64_t P = u->params->numel;
+    printf("SD 2.1 at 256 px, batch 64: %.2f GiB, the gradients in the activations' memory %.2f GiB\n",
+           apart.peak / GIB, lent.peak / GIB);
+    CHECK(apart.peak - lent.peak > 3 * P && lent.grads == 0, "the gradients in the arena saved %lld of %lld bytes",
+          (long long)(apart.peak - lent.peak), (long long)(4 * P));
+    // several micro-batches a step keep them apart
+    r.micro_batch = 32;
+    const dc_train_plan two = {32, D, false, false};
+    CHECK(dc_plan_predict(&r, &two, &lent) == 0 && lent.grads == 4 * P, "two micro-batches: grads %lld bytes",
+          (long long)lent.grads);
+    dc_model_free(u);
+}
+
 // DreamBooth's step: SD 1.5's UNet at 512 px, batch 1, bf16, no EMA, clipping.
 static void test_dreambooth(void) {
     dc_unet_config c;
@@ -308,10 +340,17 @@ static void test_dreambooth(void) {
     }
     const int D = u->info.blocks;
     dc_plan_request r = {.model = u, .compute = DC_BF16, .fixed = k_cuda_fixed, .batch = 1, .ranks = 1, .zero = 0,
-                         .micro_batch = 0, .keep = D, .offload = 0, .fused = -1, .no_ema = true, .clips = true};
+                         .micro_batch = 0, .keep = D, .offload = 0, .fused = -1, .no_ema = true, .clips = true,
+                         .grads_apart = true};
     const dc_train_plan plain = {1, D, false, false}, fused = {1, D, false, true};
-    dc_plan_mem pm, fm;
+    dc_plan_mem pm, fm, lm;
     CHECK(dc_plan_predict(&r, &plain, &pm) == 0 && dc_plan_predict(&r, &fused, &fm) == 0, "predict: %s", dc_error());
+    // plain training's gradients in the activations' memory (the default) save part of what fused does
+    r.grads_apart = false;
+    CHECK(dc_plan_predict(&r, &plain, &lm) == 0 && lm.peak < pm.peak && lm.peak > fm.peak,
+          "plain with its gradients in the arena: %lld bytes (apart %lld, fused %lld)", (long long)lm.peak,
+          (long long)pm.peak, (long long)fm.peak);
+    r.grads_apart = true;
     const int64_t P = u->params->numel;
     printf("SD 1.5 DreamBooth step: plain %.2f GiB, updated in the backward %.2f GiB (%.0fM parameters)\n",
            pm.peak / GIB, fm.peak / GIB, P / 1e6);
@@ -353,6 +392,7 @@ int main(void) {
     test_ranks_on_cpu();
     test_xl();
     test_dreambooth();
+    test_sd21_lent();
     dc_model_free(g_tiny);
     printf("%d passed, %d failed\n", g_pass, g_fail);
     return g_fail ? 1 : 0;

@@ -23,6 +23,18 @@
 // - refusals, naming what is wrong: gradient accumulation (a micro-batch
 //   smaller than the batch), --offload beside it, several ranks.
 //
+// - the gradients in the activations' memory (train/trainer.h:
+//   grads_apart false, the default): the UNet's plain training, with steps
+//   of one micro-batch, holds them in its arena, and its weights, EMA,
+//   moments, losses and norms are the same bits as with them apart (also
+//   with clipping and recompute, and on a GPU); a micro-batch smaller than
+//   the batch, and the DiT (which cannot), keep them apart. Where each
+//   unit's gradients may go rests on the UNet's word for which of its arena's
+//   bytes each unit's backward is done with: filled with NaN as each unit
+//   begins, they leave the gradients the same bits (every layer keeping its
+//   intermediates, and some recomputing theirs). The planner's prediction
+//   of the peak (train/plan.h) is what the CPU backend counts, either way.
+//
 // `test_update_in_backward cuda-fp32` (or `cuda`) runs the comparisons on a
 // GPU, where the states must agree within 1e-5 (fp32) or 1e-3 (bf16) of
 // their norm, as test_offload's do. Without a GPU it says so and passes.
@@ -41,9 +53,12 @@
 #include "models/dit.h"
 #include "models/model_io.h"
 #include "models/registry.h"
+#include "models/unet_train.h"
 #include "optim_state.h"
 #include "tiny_data.h"
 #include "tmpdir.h"
+#include "count_alloc.h"
+#include "train/plan.h"
 #include "train/trainer.h"
 
 enum { STEPS = 4, BATCH = 4, T = 77, D = 64 };
@@ -68,6 +83,7 @@ typedef struct {
     bool unet;                    // the UNet, else the DiT
     bool fused, window, wc;       // update in the backward; made with DC_GRAD_WINDOW; a compute copy beside
     bool no_ema, offload;
+    bool apart;                   // dc_train_config.grads_apart
     int micro, steps, recompute;  // micro-batch (0: the batch); the step to train up to; blocks keeping activations
     float clip;
     const char *resume, *save;
@@ -75,6 +91,7 @@ typedef struct {
     double loss[STEPS + 1], norm[STEPS + 1];
     int passes;                   // the last step's
     bool grad_held;               // the model held a full gradient buffer while it trained
+    bool lent;                    // its gradients lay in its activation arena
     int64_t numel;
 } job;
 
@@ -110,7 +127,7 @@ static int train(job *j) {
     dc_train_config tc = dc_train_config_default();
     tc.batch = BATCH, tc.micro_batch = j->micro ? j->micro : BATCH, tc.steps = STEPS, tc.lr = 1e-3f;
     tc.ema_decay = j->no_ema ? 0 : 0.9f, tc.grad_clip = j->clip, tc.seed = 3;
-    tc.update_in_backward = j->fused, tc.offload = j->offload;
+    tc.update_in_backward = j->fused, tc.offload = j->offload, tc.grads_apart = j->apart;
     int rc = dc_backend_create(g_backend, &be);
     if (!rc) rc = make_model(j, be, &m);
     if (!rc && j->wc && m->params->wc.p == NULL) {  // dc_params_free frees it
@@ -128,6 +145,7 @@ static int train(job *j) {
         rc = dc_trainer_step(&tr, &st);
         if (!rc) j->loss[tr.step] = st.loss, j->norm[tr.step] = st.grad_norm, j->passes = tr.opt->passes;
         if (!rc) j->grad_held = j->grad_held || m->params->grad.p != NULL;
+        if (!rc) j->lent = j->lent || m->params->grad_lent;
     }
     if (!rc && j->save) rc = dc_trainer_save(&tr, j->save, NULL);
     if (!rc) rc = dc_trainer_sync(&tr);
@@ -191,6 +209,136 @@ static void compare(bool unet, float clip, int recompute, bool window, bool wc, 
         if (clip > 0) CHECK(plain.norm[1] > clip, "%s: the norm %g does not reach the clip %g", what, plain.norm[1], clip);
     }
     job_free(&plain), job_free(&fused);
+}
+
+// Plain training with the gradients in the activation arena (the default)
+// against the same with them apart: the same bits, on a GPU too.
+static void lending(bool unet, int micro, float clip, int recompute, const char *what) {
+    job lent = {.unet = unet, .steps = STEPS, .micro = micro, .clip = clip, .recompute = recompute};
+    job apart = lent;
+    apart.apart = true;
+    char name[200];
+    snprintf(name, sizeof name, "%s: %s, the gradients apart", unet ? "UNet" : "DiT", what);
+    if (run(&lent, what) && run(&apart, name)) {
+        check_against(&lent, &apart, 1, 0.0, what);
+        const bool lends = unet && !micro;
+        CHECK(lent.lent == lends, "%s: the gradients %s the activations' memory", what, lent.lent ? "lay in" : "not in");
+        CHECK(!apart.lent && apart.grad_held, "%s: the gradients were not apart", name);
+    }
+    job_free(&lent), job_free(&apart);
+}
+
+// The UNet's arena, poisoned as its backward goes: from each unit's begin,
+// the bytes the UNet says it is done with hold NaN.
+enum { MAX_UNITS = 64 };
+typedef struct {
+    char *base;
+    size_t bytes;
+    int64_t dead[MAX_UNITS];
+    int poisoned;
+} poison;
+
+static int poison_unit(void *ctx, int u, bool done) {
+    poison *p = ctx;
+    if (done || (size_t)p->dead[u] >= p->bytes) return 0;
+    memset(p->base + p->dead[u], 0xff, p->bytes - (size_t)p->dead[u]);  // NaN in every dtype (CPU memory)
+    p->poisoned++;
+    return 0;
+}
+
+// One forward and two backwards of the tiny UNet (keep: layers keeping their
+// intermediates), the second with the arena poisoned: the same gradients.
+static void dead_memory(int keep) {
+    dc_backend *be = NULL;
+    dc_model *m = NULL;
+    const int64_t nx = BATCH * 256, nc = (int64_t)BATCH * T * D;
+    float *h = malloc(sizeof(float) * (size_t)nc), *g[2] = {NULL, NULL};
+    int rc = dc_backend_create("cpu", &be);
+    if (!rc) rc = dc_model_create(&g_unet_cfg, be, DC_GRAD_BUFFER, &m);
+    if (!rc) rc = dc_model_init_weights(m, 5);
+    if (!rc) rc = dc_model_set_recompute(m, keep);
+    if (!rc) rc = dc_model_reserve(m, BATCH);
+    dc_buf x = {0}, t = {0}, out = {0}, dout = {0}, ctx = {0};
+    if (!rc) {
+        x = (dc_buf){be->alloc(be, 4 * nx), DC_F32}, out = (dc_buf){be->alloc(be, 4 * nx), DC_F32};
+        dout = (dc_buf){be->alloc(be, 4 * nx), DC_F32}, ctx = (dc_buf){be->alloc(be, 4 * nc), DC_F32};
+        t = (dc_buf){be->alloc(be, 4 * BATCH), DC_F32};
+        for (int64_t i = 0; i < nc; i++) h[i] = dc_randn_at(81, 0, 0, 0, (uint64_t)i);
+        be->upload(be, ctx.p, h, 4 * nc);
+        for (int64_t i = 0; i < nx; i++) h[i] = dc_randn_at(82, 0, 0, 0, (uint64_t)i);
+        be->upload(be, x.p, h, 4 * nx);
+        for (int64_t i = 0; i < nx; i++) h[i] = dc_randn_at(83, 0, 0, 0, (uint64_t)i);
+        be->upload(be, dout.p, h, 4 * nx);
+        const float ht[BATCH] = {3, 250, 600, 999};
+        be->upload(be, t.p, ht, sizeof ht);
+    }
+    const dc_cond cond = {.ctx = ctx, .len = T, .dim = D};
+    poison p = {0};
+    dc_param_hooks hooks = {.unit = poison_unit, .ctx = &p};
+    dc_params *ps = rc ? NULL : m->params;
+    if (!rc) rc = unet_train_arena((const dc_unet *)m, (void **)&p.base, &p.bytes, p.dead, MAX_UNITS);
+    for (int pass = 0; pass < 2 && !rc; pass++) {
+        be->zero(be, ps->grad.p, sizeof(float) * (size_t)ps->numel);
+        rc = dc_model_forward(m, out, x, t, &cond, BATCH);
+        ps->hooks = pass ? &hooks : NULL;
+        if (!rc) rc = dc_model_backward(m, dout, BATCH);
+        ps->hooks = NULL;
+        g[pass] = malloc(sizeof(float) * (size_t)ps->numel);
+        if (!rc) rc = dc_download_as_f32(be, ps->grad, g[pass], ps->numel);
+    }
+    CHECK(rc == 0, "the UNet's backward, keep %d: %s", keep, rc ? dc_error() : "");
+    if (!rc) {
+        int64_t diff = 0;
+        for (int64_t i = 0; i < ps->numel; i++) diff += !isfinite(g[1][i]) || memcmp(&g[0][i], &g[1][i], 4) != 0;
+        CHECK(diff == 0 && p.poisoned > 0, "keep %d: %lld gradients changed with the done-with bytes poisoned "
+              "(%d units poisoned)", keep, (long long)diff, p.poisoned);
+    }
+    dc_buf bufs[] = {x, t, out, dout, ctx};
+    for (int i = 0; i < 5 && be; i++)
+        if (bufs[i].p) be->free(be, bufs[i].p);
+    free(h), free(g[0]), free(g[1]);
+    dc_model_free(m);
+    if (be) dc_backend_destroy(be);
+}
+
+// Two steps of plain training on the counted CPU backend, the gradients in
+// the arena or apart: the peak the planner predicts (all layers keeping
+// their intermediates, or keep of them); the first under the second.
+static void planned_peak(int keep) {
+    static counter k;  // large: not on the stack
+    if (counter_init(&k)) return;
+    int64_t peak[2] = {0, 0};
+    for (int apart = 0; apart < 2; apart++) {
+        counter_reset(&k, 0);
+        dc_model *m = NULL;
+        dc_trainer tr = {0};
+        dc_train_config tc = dc_train_config_default();
+        tc.batch = tc.micro_batch = BATCH, tc.steps = 2, tc.ema_decay = 0.9f, tc.grad_clip = k_clip;
+        tc.grads_apart = apart;
+        int rc = dc_model_create(&g_unet_cfg, &k.be, DC_GRAD_BUFFER, &m);
+        const int D = rc ? 0 : m->info.blocks;
+        if (!rc) rc = dc_model_set_recompute(m, keep < 0 ? D : keep);
+        if (!rc) rc = dc_model_init_weights(m, 5);
+        if (!rc) rc = dc_trainer_init(&tr, m, &g_unet_data, &tc);
+        for (int s = 0; s < 2 && !rc; s++) rc = dc_trainer_step(&tr, NULL);
+        CHECK(rc == 0, "training on the counted backend: %s", rc ? dc_error() : "");
+        if (!rc) {
+            peak[apart] = k.peak;
+            dc_plan_request r = {.model = m, .compute = k.be.compute, .batch = BATCH, .ranks = 1,
+                                 .micro_batch = BATCH, .keep = keep < 0 ? D : keep, .offload = 0, .fused = 0,
+                                 .clips = true, .folds = true, .grads_apart = apart};
+            const dc_train_plan p = {BATCH, r.keep, false, false};
+            dc_plan_mem pm;
+            CHECK(dc_plan_predict(&r, &p, &pm) == 0 && pm.peak == k.peak, "keep %d, the gradients %s: predicted "
+                  "%lld bytes, the backend held %lld", keep, apart ? "apart" : "in the arena", (long long)pm.peak,
+                  (long long)k.peak);
+        }
+        dc_trainer_free(&tr);
+        dc_model_free(m);
+    }
+    CHECK(peak[0] < peak[1], "keep %d: the gradients in the arena held %lld bytes, apart %lld", keep,
+          (long long)peak[0], (long long)peak[1]);
+    counter_free(&k);
 }
 
 // Checkpoints: the same file either way (without clipping), and resumes across.
@@ -348,6 +496,11 @@ static void all_comparisons(void) {
         compare(u, k_clip, 1, true, true, false, "clipping, recompute, a compute copy");
         compare(u, 0.0f, 1, true, true, true, "no clipping, recompute, a compute copy, no EMA");
     }
+    lending(true, 0, 0.0f, 0, "plain training");
+    lending(true, 0, k_clip, 0, "plain training, clipping");
+    lending(true, 0, k_clip, 2, "plain training, clipping, recompute");
+    lending(true, BATCH / 2, 0.0f, 0, "plain training, two micro-batches");
+    lending(false, 0, 0.0f, 0, "plain training");
 }
 
 static int on_gpu(const char *name) {
@@ -380,6 +533,10 @@ int main(int argc, char **argv) {
         checkpoints(false);
         checkpoints(true);
         refusals();
+        dead_memory(-1);
+        dead_memory(2);
+        planned_peak(-1);
+        planned_peak(2);
         printf("test_update_in_backward: %d passed, %d failed\n", g_pass, g_fail);
         rc = g_fail != 0;
     }

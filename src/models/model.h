@@ -107,6 +107,17 @@ typedef struct {
     // batch. Works on a layout (a model sized but not allocated), for memory
     // planners. NULL for a model that does not train.
     int64_t (*activation_bytes)(const dc_model *m, dc_dtype compute, int max_batch, int keep);
+    // Training with the parameters' fp32 gradients inside the activation
+    // arena, over the bytes each unit's backward is done with
+    // (nn/params.h: dc_params_grad_place), from the next reserve on (lend),
+    // or in their own buffer again (the set then has none until it makes
+    // one). For a step of one micro-batch whose optimizer zeroes and reads
+    // the full gradient buffer; the trainer decides. NULL: a model that
+    // cannot.
+    int (*lend_grads)(dc_model *m, bool lend);
+    // activation_bytes of a plan with the gradients inside: the arena's bytes
+    // then. NULL where lend_grads is.
+    int64_t (*lent_bytes)(const dc_model *m, dc_dtype compute, int max_batch, int keep);
     // The device bytes of weights the model holds that do not train (a
     // LoRA's frozen base) in a backend computing in `compute`, for memory
     // planners; works on a layout. NULL: none.
@@ -141,6 +152,8 @@ void dc_model_describe(const dc_model *m, char *buf, size_t n);
 // -1 with a message naming the architecture when it has no such op.
 int dc_model_set_recompute(dc_model *m, int keep);
 int64_t dc_model_activation_bytes(const dc_model *m, dc_dtype compute, int max_batch, int keep);
+// Whether the model can hold the gradients in its arena (lend_grads).
+static inline bool dc_model_lends(const dc_model *m) { return m->ops->lend_grads && m->ops->lent_bytes; }
 // 0 for a model without frozen weights.
 int64_t dc_model_frozen_bytes(const dc_model *m, dc_dtype compute);
 // The same for set_size (the size it has: nothing to do).

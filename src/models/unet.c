@@ -207,7 +207,7 @@ static size_t acts_bytes(const dc_unet *m, dc_dtype compute, int max_batch) {
 
 size_t dc_unet_activation_bytes(const dc_model *mm, int max_batch) {
     const dc_unet *m = (const dc_unet *)mm;
-    if (m->trains) return (size_t)unet_train_bytes(m, m->be->compute, max_batch, m->keep);
+    if (m->trains) return (size_t)unet_train_bytes(m, m->be->compute, max_batch, m->keep, m->lend_grads);
     return acts_bytes(m, m->be->compute, max_batch);
 }
 
@@ -217,7 +217,7 @@ size_t dc_unet_activation_bytes(const dc_model *mm, int max_batch) {
 static int64_t unet_activation_bytes(const dc_model *mm, dc_dtype compute, int max_batch, int keep) {
     const dc_unet *m = (const dc_unet *)mm;
     if (max_batch < 1 || max_batch > 65535) return dc_fail("batch %d: 1 to 65535 images per forward", max_batch);
-    if (m->trains) return unet_train_bytes(m, compute, max_batch, keep);
+    if (m->trains) return unet_train_bytes(m, compute, max_batch, keep, false);
     return (int64_t)acts_bytes(m, compute, max_batch);
 }
 
@@ -227,6 +227,24 @@ static int unet_set_recompute(dc_model *mm, int keep) {
     if (keep != m->keep) {
         free_acts(m);  // replanned by the next reserve
         m->keep = keep;
+    }
+    return 0;
+}
+
+static int64_t unet_lent_bytes(const dc_model *mm, dc_dtype compute, int max_batch, int keep) {
+    const dc_unet *m = (const dc_unet *)mm;
+    if (!m->trains) return dc_fail("a UNet made for inference has no gradients");
+    if (max_batch < 1 || max_batch > 65535) return dc_fail("batch %d: 1 to 65535 images per forward", max_batch);
+    return unet_train_bytes(m, compute, max_batch, keep, true);
+}
+
+static int unet_lend_grads(dc_model *mm, bool lend) {
+    dc_unet *m = (dc_unet *)mm;
+    if (lend && !m->trains) return dc_fail("a UNet made for inference has no gradients to hold");
+    if (lend) DC_TRY(unet_train_lends(m));
+    if (lend != m->lend_grads) {
+        free_acts(m);  // replanned by the next reserve
+        m->lend_grads = lend;
     }
     return 0;
 }
@@ -535,7 +553,8 @@ static const dc_model_ops unet_ops = {
     .name = "UNet2DConditionModel", .reserve = unet_reserve, .forward = unet_forward,
     .backward = unet_backward, .config_to_kv = unet_config_kv, .init_weights = unet_init,
     .macs_per_image = unet_macs, .describe = unet_describe, .activation_bytes = unet_activation_bytes,
-    .set_recompute = unet_set_recompute, .set_size = dc_unet_set_size, .release = unet_release,
+    .set_recompute = unet_set_recompute, .lend_grads = unet_lend_grads, .lent_bytes = unet_lent_bytes,
+    .set_size = dc_unet_set_size, .release = unet_release,
 };
 
 dc_unet *dc_unet_of(dc_model *m) { return m && m->ops == &unet_ops ? (dc_unet *)m : NULL; }

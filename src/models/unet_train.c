@@ -27,6 +27,7 @@
 #include "nn/arena.h"
 
 #define MAX_LAYERS (DC_UNET_MAX_BLOCKS * (2 * DC_UNET_MAX_LAYERS + 3) + 2)
+#define MAX_UNITS (DC_UNET_MAX_BLOCKS * (4 * DC_UNET_MAX_LAYERS + 4) + 5)
 
 typedef enum { LAYER_RESNET, LAYER_DOWN, LAYER_UP } layer_kind;
 
@@ -58,6 +59,11 @@ struct dc_unet_train {
     int keep;                     // layers keeping their intermediates
     unet_layer layer[MAX_LAYERS];
     layer_acts acts[MAX_LAYERS];  // from keep on, views of one shared set
+    // Where the kept intermediates lie in the arena, at its end in forward
+    // order, so that the backward gives the arena up from its end: acts[l]
+    // from at[l] (at[keep]: the arena's end), its transformer's from tat[l].
+    size_t at[MAX_LAYERS + 1], tat[MAX_LAYERS];
+    bool lent;                    // the parameters' gradients lie in the arena too
     dc_buf outs[MAX_LAYERS + 1], douts[MAX_LAYERS + 1];
     unet_time_acts time;
     dc_buf tp[UNET_MAX_RESNETS];  // views of time.tproj (the last forward's B)
@@ -138,8 +144,10 @@ static void max_to(int64_t *m, int64_t v) {
     if (v > *m) *m = v;
 }
 
-// Layer l's intermediates for B images.
-static void carve_layer(dc_arena *ar, const dc_unet_config *c, const unet_layer *l, layer_acts *k, int B) {
+// Layer l's intermediates for B images: the resnet's, then its
+// transformer's from *tat (which the resnet's backward no longer reads).
+static void carve_layer(dc_arena *ar, const dc_unet_config *c, const unet_layer *l, layer_acts *k, int B,
+                        size_t *tat) {
     const int64_t HW = (int64_t)l->H * l->W, G = (int64_t)B * c->groups;
     memset(k, 0, sizeof *k);
     if (l->kind == LAYER_UP) k->cat = dc_arena_take(ar, B * 4 * HW * l->cin);
@@ -151,6 +159,7 @@ static void carve_layer(dc_arena *ar, const dc_unet_config *c, const unet_layer 
     if (r->shortcut.w >= 0) k->r.sc = dc_arena_take(ar, B * HW * r->co);
     k->r.mean1 = dc_arena_take32(ar, G), k->r.rstd1 = dc_arena_take32(ar, G);
     k->r.mean2 = dc_arena_take32(ar, G), k->r.rstd2 = dc_arena_take32(ar, G);
+    *tat = ar->used;
     if (!l->attn) return;
     const unet_transformer *t = l->attn;
     const int64_t M = B * HW, MC = M * t->C;
@@ -214,13 +223,12 @@ static void carve(const dc_unet *m, dc_arena *ar, dc_unet_train *a, int B) {
         a->outs[o] = dc_arena_take(ar, B * size[o]);
         a->douts[o] = skip[o] ? dc_arena_take(ar, B * size[o]) : pool[o % 2];
     }
-    for (int l = 0; l < a->keep; l++) carve_layer(ar, c, &a->layer[l], &a->acts[l], B);
     // the recomputed layers' intermediates overlap: one runs at a time
     const size_t start = ar->used;
     size_t end = start;
     for (int l = a->keep; l < n; l++) {
         ar->used = start;
-        carve_layer(ar, c, &a->layer[l], &a->acts[l], B);
+        carve_layer(ar, c, &a->layer[l], &a->acts[l], B, &a->tat[l]);
         if (ar->used > end) end = ar->used;
     }
     ar->used = end;
@@ -235,6 +243,52 @@ static void carve(const dc_unet *m, dc_arena *ar, dc_unet_train *a, int B) {
     g->dqkv = dc_arena_take(ar, 3 * B * tok), g->dpre = dc_arena_take(ar, 8 * B * tok);
     g->dact = dc_arena_take(ar, 4 * B * tok), g->dkv = dc_arena_take(ar, B * ctx);
     g->dctx = dc_arena_take(ar, (int64_t)B * DC_UNET_CTX_LEN * c->ctx_dim);
+    // the kept intermediates last (above)
+    for (int l = 0; l < a->keep; l++) {
+        a->at[l] = ar->used;
+        carve_layer(ar, c, &a->layer[l], &a->acts[l], B, &a->tat[l]);
+    }
+    a->at[a->keep] = ar->used;
+}
+
+// For each of the UNet's parameter units, the arena offset from which its
+// bytes are done with once the unit's backward begins (nn/params.h,
+// dc_params_grad_place): a kept layer's units, the intermediates of the
+// layers after it (and a resnet's, its transformer's too); conv_in's and
+// the time embedding's, which come last, every kept layer's; none (the
+// arena's end) for the output layers' and those of recomputed layers, whose
+// shared intermediates live to the end.
+static void dead_from(const dc_unet *m, const dc_unet_train *a, int64_t *dead) {
+    const int units = dc_params_unit_count(m->base.params);
+    for (int u = 0; u < units; u++) dead[u] = (int64_t)a->at[a->keep];
+    dead[0] = (int64_t)a->at[0];
+    for (int l = 0; l < a->keep; l++) {
+        const unet_layer *y = &a->layer[l];
+        if (y->kind != LAYER_RESNET) {
+            dead[y->conv_unit] = (int64_t)a->at[l + 1];
+        } else if (y->attn) {
+            dead[y->attn->unit] = (int64_t)a->at[l + 1];
+            dead[y->res->unit] = (int64_t)a->tat[l];
+        } else {
+            dead[y->res->unit] = (int64_t)a->at[l + 1];
+        }
+    }
+}
+
+int unet_train_arena(const dc_unet *m, void **base, size_t *bytes, int64_t *dead, int max_units) {
+    if (!m->train) return dc_fail("the UNet is not reserved for training");
+    if (dc_params_unit_count(m->base.params) > max_units) return dc_fail("more than %d units", max_units);
+    dead_from(m, m->train, dead);
+    *base = m->train->base, *bytes = m->train->at[m->train->keep];
+    return 0;
+}
+
+// The arena's bytes (and *grad_at, where the gradients start) for a plan
+// whose gradients lie in it.
+static size_t lent_bytes(const dc_unet *m, const dc_unet_train *a, size_t arena, size_t *grad_at) {
+    int64_t dead[MAX_UNITS];
+    dead_from(m, a, dead);
+    return dc_params_grad_place(m->base.params, dead, arena, grad_at);
 }
 
 // The plan for keep layers keeping their intermediates (-1 or more than
@@ -245,18 +299,28 @@ static void plan(const dc_unet *m, dc_unet_train *a, int keep) {
     a->keep = keep < 0 || keep > a->n ? a->n : keep;
 }
 
-int64_t unet_train_bytes(const dc_unet *m, dc_dtype compute, int max_batch, int keep) {
+int unet_train_lends(const dc_unet *m) {
+    if (m->unit0 != 0 || dc_params_unit_count(m->base.params) != m->mods->out_unit + 1)
+        return dc_fail("the UNet's gradients lie in its activations' memory only where it is all that trains");
+    if (dc_params_unit_count(m->base.params) > MAX_UNITS) return dc_fail("UNet: too many parameter units");
+    return 0;
+}
+
+int64_t unet_train_bytes(const dc_unet *m, dc_dtype compute, int max_batch, int keep, bool lend) {
+    if (lend) DC_TRY(unet_train_lends(m));
     dc_unet_train *a = malloc(sizeof *a);
     if (!a) return dc_fail("out of memory");
     plan(m, a, keep);
     dc_arena ar = dc_arena_counting(compute);
     carve(m, &ar, a, max_batch);
+    size_t at, bytes = lend ? lent_bytes(m, a, ar.used, &at) : ar.used;
     free(a);
-    return (int64_t)ar.used;
+    return (int64_t)bytes;
 }
 
 void unet_train_free(dc_unet *m) {
     if (!m->train) return;
+    if (m->train->lent) dc_params_lend_grad(m->base.params, NULL);
     if (m->train->base) m->be->free(m->be, m->train->base);
     free(m->train);
     m->train = NULL;
@@ -266,6 +330,10 @@ int unet_train_reserve(dc_unet *m, int max_batch) {
     dc_backend *be = m->be;
     // the memory of an earlier plan is carved again where it is large enough
     // (a size change, dc_unet_set_size: buckets of pictures change it often)
+    // With lent gradients (m->lend_grads): the set's own buffer goes first,
+    // so that the two are never held at once.
+    dc_params *ps = m->base.params;
+    if (m->lend_grads) DC_TRY(unet_train_lends(m));
     void *base = m->train ? m->train->base : NULL;
     const size_t had = m->train ? m->train->bytes : 0;
     if (m->train) free(m->train), m->train = NULL;
@@ -274,15 +342,20 @@ int unet_train_reserve(dc_unet *m, int max_batch) {
     plan(m, a, m->keep);
     dc_arena ar = dc_arena_counting(be->compute);
     carve(m, &ar, a, max_batch);
-    if (base && had < ar.used) be->free(be, base), base = NULL;
-    a->bytes = base ? had : ar.used;
-    a->base = base ? base : be->alloc(be, ar.used);
+    size_t grad_at = 0, bytes = m->lend_grads ? lent_bytes(m, a, ar.used, &grad_at) : ar.used;
+    if (ps->grad_lent || m->lend_grads) dc_params_lend_grad(ps, NULL);
+    if (base && had < bytes) be->free(be, base), base = NULL;
+    a->bytes = base ? had : bytes;
+    a->base = base ? base : be->alloc(be, bytes);
     if (!a->base) {
         free(a);
-        return dc_fail_ctx("UNet training activations for batch %d (%.1f MiB)", max_batch, ar.used / 1048576.0);
+        return dc_fail_ctx("UNet training activations for batch %d (%.1f MiB%s)", max_batch, bytes / 1048576.0,
+                           m->lend_grads ? " with the gradients" : "");
     }
     ar = dc_arena_over(a->base, be->compute);
     carve(m, &ar, a, max_batch);
+    if (m->lend_grads) dc_params_lend_grad(ps, (char *)a->base + grad_at);
+    a->lent = m->lend_grads;
     a->B = max_batch;
     m->train = a;
     return 0;

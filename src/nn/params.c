@@ -119,7 +119,7 @@ int dc_params_alloc_frozen(dc_params *ps, dc_backend *be, dc_dtype loaded) {
 }
 
 size_t dc_params_bytes(const dc_params *ps) {
-    size_t flat = (ps->data.p ? 4 : 0) + (ps->grad.p ? 4 : 0) + (ps->wc.p ? dc_dtype_size(ps->wc.dt) : 0);
+    size_t flat = (ps->data.p ? 4 : 0) + (ps->grad.p && !ps->grad_lent ? 4 : 0) + (ps->wc.p ? dc_dtype_size(ps->wc.dt) : 0);
     return (size_t)ps->numel * flat + (size_t)ps->frozen_numel * dc_dtype_size(ps->frozen.dt);
 }
 
@@ -131,7 +131,7 @@ void dc_params_refresh(dc_params *ps) {
 void dc_params_free(dc_params *ps) {
     if (ps->be) {
         if (ps->data.p) ps->be->free(ps->be, ps->data.p);
-        if (ps->grad.p) ps->be->free(ps->be, ps->grad.p);
+        if (ps->grad.p && !ps->grad_lent) ps->be->free(ps->be, ps->grad.p);
         if (ps->wc.p) ps->be->free(ps->be, ps->wc.p);
         if (ps->frozen.p) ps->be->free(ps->be, ps->frozen.p);
     }
@@ -214,4 +214,31 @@ int64_t dc_params_widest_unit(const dc_params *ps) {
         w = hi - lo > w ? hi - lo : w;
     }
     return w;
+}
+
+int dc_params_unit_begin(dc_params *ps, int u) {
+    if (ps->grad_lent) {
+        int64_t lo, hi;
+        dc_params_unit_range(ps, u, &lo, &hi);
+        ps->be->zero(ps->be, dc_buf_at(ps->grad, lo).p, (size_t)(hi - lo) * sizeof(float));
+    }
+    return ps->hooks && ps->hooks->unit ? ps->hooks->unit(ps->hooks->ctx, u, false) : 0;
+}
+
+size_t dc_params_grad_place(const dc_params *ps, const int64_t *dead_from, size_t arena_bytes, size_t *at) {
+    int64_t lo_at = 0;
+    for (int u = 0; u < dc_params_unit_count(ps); u++) {
+        int64_t lo, hi;
+        dc_params_unit_range(ps, u, &lo, &hi);
+        if (hi > lo && dead_from[u] - 4 * lo > lo_at) lo_at = dead_from[u] - 4 * lo;
+    }
+    *at = ((size_t)lo_at + 255) & ~(size_t)255;
+    const size_t end = *at + (size_t)ps->numel * sizeof(float);
+    return end > arena_bytes ? end : arena_bytes;
+}
+
+void dc_params_lend_grad(dc_params *ps, void *at) {
+    if (ps->grad.p && !ps->grad_lent) ps->be->free(ps->be, ps->grad.p);
+    ps->grad = at ? (dc_buf){at, DC_F32} : dc_buf_none();
+    ps->grad_lent = at != NULL;
 }

@@ -92,6 +92,10 @@ typedef struct {
     dc_backend *be;
     dc_buf data;  // [numel] F32; NULL when numel is 0
     dc_buf grad;  // [numel] F32, NULL unless allocated with DC_GRAD_BUFFER
+    // grad lies in memory the set does not own (dc_params_lend_grad): a
+    // model's activation arena, over bytes its backward is done with. Each
+    // unit's gradients are then zeroed as that unit's backward begins.
+    bool grad_lent;
     bool window;  // allocated with DC_GRAD_WINDOW: trains, its gradients only through an optimizer's hooks
     dc_buf wc;    // [numel] in the backend's compute dtype; NULL when that is F32
     bool stale;   // wc lags behind data
@@ -203,13 +207,27 @@ bool dc_params_next_run(const dc_params *ps, int64_t *pos, int64_t end, int64_t 
 void dc_params_unit_range(const dc_params *ps, int u, int64_t *lo, int64_t *hi);
 // The most parameters a unit holds.
 int64_t dc_params_widest_unit(const dc_params *ps);
-// What a model's backward calls around unit u's gradients (dc_param_hooks.unit).
-static inline int dc_params_unit_begin(dc_params *ps, int u) {
-    return ps->hooks && ps->hooks->unit ? ps->hooks->unit(ps->hooks->ctx, u, false) : 0;
-}
+// What a model's backward calls around unit u's gradients (dc_param_hooks.unit;
+// with lent gradients, begin zeroes the unit's first).
+int dc_params_unit_begin(dc_params *ps, int u);
 static inline int dc_params_unit_done(dc_params *ps, int u) {
     return ps->hooks && ps->hooks->unit ? ps->hooks->unit(ps->hooks->ctx, u, true) : 0;
 }
+
+// The gradients in a model's activation arena. As its backward goes, a
+// model gives up its arena from the end: once unit u's backward is about to
+// begin, the bytes from dead_from[u] on are read and written no more in
+// that backward. The fp32 gradients can then lie in those bytes (and past
+// them), so that the arena and the gradients take less than both apart:
+// *at, the byte offset (a multiple of 256) where they start, the lowest at
+// which every unit's gradients lie wholly at or beyond its dead_from[u];
+// returns the bytes the arena must then have (at least arena_bytes). As the
+// next forward writes the arena again, the gradients live from their unit's
+// backward to the step's update: for a step of one micro-batch.
+size_t dc_params_grad_place(const dc_params *ps, const int64_t *dead_from, size_t arena_bytes, size_t *at);
+// Points the gradients at numel floats the caller owns, freeing the set's own
+// buffer (grad_lent), or (at NULL) at none.
+void dc_params_lend_grad(dc_params *ps, void *at);
 // What a model's forward calls before reading unit u's weights (dc_param_hooks.use).
 static inline int dc_params_unit_use(const dc_params *ps, int u) {
     return ps->hooks && ps->hooks->use ? ps->hooks->use(ps->hooks->ctx, u) : 0;

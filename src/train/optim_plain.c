@@ -120,7 +120,7 @@ static int plain_begin_step(dc_optimizer *o) {
     }
     p->overlap_now = false;
     o->hooks.win_lo = o->hooks.win_hi = 0;  // (a failed step may have left the window set)
-    be->zero(be, o->ps->grad.p, (size_t)o->ps->numel * sizeof(float));
+    if (!o->ps->grad_lent) be->zero(be, o->ps->grad.p, (size_t)o->ps->numel * sizeof(float));
     return 0;
 }
 
@@ -262,6 +262,7 @@ int dc_optim_plain_create(dc_params *ps, bool fold, bool ema, bool fused, dc_opt
             return dc_fail("out of memory for the training state");
         }
     }
+    p->base.lends = !fused;
     if (fused && fused_init(p)) {
         dc_optimizer_free(&p->base);
         return -1;

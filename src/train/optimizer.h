@@ -75,6 +75,12 @@ struct dc_optimizer {
     // begin_step: 1, or 2 for an update within the backward that clips (the
     // first pass finds the global norm, the second updates with it).
     int passes;
+    // It reads the set's full gradient buffer after the backward, and zeroes
+    // it at the step's start only where the set owns it: where a step has
+    // one micro-batch, the model may hold the gradients in its activations'
+    // memory (dc_model_ops.lend_grads), the units zeroed as their backward
+    // begins.
+    bool lends;
 };
 
 // Points the parameters' hooks at o's (uninstall: when they are o's, none).

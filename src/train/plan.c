@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "dist/comm.h"
 #include "train/offload.h"
+#include "train/trainer.h"
 #include "train/zero.h"
 
 #define GIB 1073741824.0
@@ -64,10 +65,15 @@ int dc_plan_predict(const dc_plan_request *r, const dc_train_plan *p, dc_plan_me
     m.weights += dc_model_frozen_bytes(r->model, r->compute);  // a LoRA's frozen base
     const int64_t full_grad = 4 * P;
     const int64_t full_state = (r->no_ema ? 8 : 12) * P;  // AdamW's m and v, and the EMA unless its decay is 0
-    // train/trainer.c: x0, xt, eps [mb, C, F, H, W], out, dout [mb, OC, F, H, W] F32,
-    // t and y [mb], the step's losses [batch, 2] and gstats [2]
+    // train/trainer.c: x0, xt, eps [mb, C, F, H, W], out, dout [mb, OC, F, H, W] F32, the
+    // MSE objective's target [mb, C, F, H, W] (not the hybrid's), t [mb], the step's losses
+    // [batch, 2] and gstats [2]; train/batch_cond.c: the labels [mb], or the text [mb, len,
+    // dim] or its ids [mb, len] with their lengths [mb]
     int64_t img = dc_model_info_numel(mi), oimg = img / mi->channels * mi->out_channels;
-    m.trainer = 4 * (3 * mb * img + 2 * mb * oimg + 2 * mb + 2 * (int64_t)r->batch + 2);
+    const int64_t cond = mi->cond == DC_COND_LABELS ? mb
+                         : mi->cond == DC_COND_TEXT ? mb * ((int64_t)mi->ctx_len * mi->ctx_dim + 1)
+                                                    : mb * ((int64_t)mi->ctx_len + 1);
+    m.trainer = 4 * ((mi->learn_sigma ? 3 : 4) * mb * img + 2 * mb * oimg + mb + cond + 2 * (int64_t)r->batch + 2);
     m.activations = dc_model_activation_bytes(r->model, r->compute, p->micro_batch, p->keep);
     m.fixed = r->fixed;
     int rc = 0;
@@ -96,6 +102,14 @@ int dc_plan_predict(const dc_plan_request *r, const dc_train_plan *p, dc_plan_me
         const bool bf16 = r->grad_comm == DC_BF16 && r->ranks > 1;
         m.grads = full_grad + (bf16 ? 2 * P : 0), m.optimizer = full_state;
         m.setup = m.weights + m.grads + m.optimizer + m.trainer + m.fixed;
+        // a step of one micro-batch: the gradients in the activation arena
+        // (train/trainer.h), their own buffer freed as it is reserved
+        const dc_train_config lend = {.grads_apart = r->grads_apart};
+        if (dc_trainer_lends(r->model, &lend, dc_batch_rounds(r->batch, r->ranks, p->micro_batch), true)) {
+            m.grads -= full_grad;
+            m.activations = r->model->ops->lent_bytes(r->model, r->compute, p->micro_batch, p->keep);
+            if (m.activations < 0) rc = dc_fail("plan: the activations of micro-batch %d", p->micro_batch);
+        }
         // folding: the micro-batches after a rank's first take a second gradient buffer (at the first step)
         if (r->folds && dc_batch_rounds(r->batch, r->ranks, p->micro_batch) > 1) m.grads += full_grad;
     } else if (!rc) {

@@ -81,6 +81,7 @@ typedef struct {
     bool no_ema;         // an EMA decay of 0: no EMA is kept apart from the weights (it is them)
     bool folds;          // the backend sums micro-batches apart (dc_trainer_folds: the CPU), which at stage 0
                          // takes a second gradient buffer where a rank runs several a step
+    bool grads_apart;    // dc_train_config.grads_apart: the gradients never in the activation arena
 } dc_plan_request;
 
 // The peak device bytes of plan p for the request's model and batch.

@@ -399,6 +399,18 @@ static int step_size(dc_trainer *tr, bool *changed) {
     return *changed ? dc_model_set_size(tr->model, h, w) : 0;
 }
 
+bool dc_trainer_lends(const dc_model *m, const dc_train_config *c, int rounds, bool optimizer_lends) {
+    return optimizer_lends && rounds == 1 && !c->grads_apart && dc_model_lends(m);
+}
+
+// Before the first reserve (the ranks and the rounds are fixed from here):
+// the gradients into the model's arena where they can lie there.
+static int lend_grads(dc_trainer *tr, int rounds) {
+    dc_model *m = tr->model;
+    if (!dc_trainer_lends(m, &tr->cfg, rounds, tr->opt->lends)) return 0;
+    return m->ops->lend_grads(m, true);
+}
+
 int dc_trainer_step(dc_trainer *tr, dc_step_stats *st) {
     dc_backend *be = tr->be;
     dc_model *m = tr->model;
@@ -420,6 +432,7 @@ int dc_trainer_step(dc_trainer *tr, dc_step_stats *st) {
     DC_TRY(dc_optimizer_begin_step(tr->opt, &os));
     bool resized = false;
     if (tr->data.ops->size) DC_TRY(step_size(tr, &resized));
+    if (!tr->started) DC_TRY(lend_grads(tr, rounds));
     if (!tr->started || resized) DC_TRY(dc_model_reserve(m, c->micro_batch));
     tr->started = true;
     tr->last_lr = lr;

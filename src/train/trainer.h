@@ -70,7 +70,19 @@ typedef struct {
     // rounding (relative 2^-9). With one rank nothing travels and it changes
     // nothing.
     dc_dtype grad_comm;
+    // Where a step is one micro-batch on each rank and the optimizer reads
+    // the full gradient buffer (plain training, any ranks at ZeRO stage 0),
+    // the gradients lie in the model's activation arena, over the bytes its
+    // backward is done with (dc_model_ops.lend_grads), when the model can:
+    // the same bits in less memory. true keeps them in their own buffer
+    // (to compare). Not part of the recipe.
+    bool grads_apart;
 } dc_train_config;
+
+// Whether the trainer lays the gradients in the model's activation arena
+// (dc_train_config.grads_apart): for steps of `rounds` micro-batch rounds,
+// with an optimizer that lends (dc_optimizer.lends), the planner's rule too.
+bool dc_trainer_lends(const dc_model *m, const dc_train_config *c, int rounds, bool optimizer_lends);
 
 // Whether training on `be` folds its micro-batches' gradients in one fixed
 // order (dc_optim_plain.fold): the CPU backend.
