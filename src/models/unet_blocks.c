@@ -203,7 +203,7 @@ void unet_time_fwd(dc_backend *be, const dc_params *ps, const dc_unet_modules *m
 }
 
 unet_resnet_acts unet_resnet_scratch(const unet_scratch *s) {
-    unet_resnet_acts k = {s->r0, s->r1, s->r0, s->r1, s->gn_mean, s->gn_rstd, s->gn_mean, s->gn_rstd};
+    unet_resnet_acts k = {s->r0, s->r1, s->r0, s->r1, s->gn_mean, s->gn_rstd, s->gn_mean, s->gn_rstd, false};
     return k;
 }
 
@@ -393,6 +393,7 @@ void unet_resnet_bwd(dc_backend *be, const dc_params *ps, const unet_resnet *r, 
     } else {
         copy_map(be, dx, dout, (int64_t)B * HW * r->co);
     }
+    if (k->lean) dc_group_norm_nhwc_fwd(be, ps, &r->norm2, k->a2, k->mean2, k->rstd2, k->h1, B, HW, true);
     dc_conv2d_bwd(be, ps, &r->conv2, g->d1, dout, k->a2, &s3b, false);  // d1 = dL/da2
     be->group_norm_nhwc_bwd(be, g->d2, dc_param_train_grad(ps, r->norm2.w), dc_param_train_grad(ps, r->norm2.b),
                             g->d1, k->h1, k->mean2, k->rstd2, dc_param_w(ps, r->norm2.w), dc_param_w(ps, r->norm2.b),
@@ -400,6 +401,7 @@ void unet_resnet_bwd(dc_backend *be, const dc_params *ps, const unet_resnet *r, 
     // h1 = conv1(a1) + its bias + the time projection (broadcast over pixels)
     be->channel_sum_nhwc(be, g->dtproj, g->d2, B, r->co, HW);
     dc_linear_bwd(be, ps, &r->temb, dsilu_temb, g->dtproj, silu_temb, B, true);
+    if (k->lean) dc_group_norm_nhwc_fwd(be, ps, &r->norm1, k->a1, k->mean1, k->rstd1, x, B, HW, true);
     dc_conv2d_bwd(be, ps, &r->conv1, g->d1, g->d2, k->a1, &s3, false);  // d1 = dL/da1
     be->group_norm_nhwc_bwd(be, dx, dc_param_train_grad(ps, r->norm1.w), dc_param_train_grad(ps, r->norm1.b), g->d1,
                             x, k->mean1, k->rstd1, dc_param_w(ps, r->norm1.w), dc_param_w(ps, r->norm1.b), B, r->ci,
@@ -412,9 +414,11 @@ void unet_transformer_bwd(dc_backend *be, const dc_params *ps, const unet_transf
     const int C = t->C, T = H * W, M = B * T;
     // out = h + proj_out(x3): dS = dL/dx3, then the stream's gradient going back
     dc_linear_bwd(be, ps, &t->proj_out, g->dS, dh, k->x3, M, false);
-    // x3 = x2 + ff2(GEGLU(ff1(norm3(x2))))
+    // x3 = x2 + ff2(GEGLU(ff1(norm3(x2)))) (lean: act, then n3, again first)
+    if (k->lean) be->geglu_fwd(be, k->act, k->pre, M, 4 * C);
     dc_linear_bwd(be, ps, &t->ff2, g->dact, g->dS, k->act, M, false);
     be->geglu_bwd(be, g->dpre, g->dact, k->pre, M, 4 * C);
+    if (k->lean) dc_layer_norm_fwd(be, ps, &t->norm3, k->n3, k->ln_mean[2], k->ln_rstd[2], k->x2, M);
     dc_linear_bwd(be, ps, &t->ff1, g->dT, g->dpre, k->n3, M, false);
     dc_layer_norm_bwd(be, ps, &t->norm3, g->dS, g->dT, k->x2, k->ln_mean[2], k->ln_rstd[2], M, true);
     // x2 = x1 + o2(attention(q2(norm2(x1)), kv2(ctx)))
@@ -425,6 +429,7 @@ void unet_transformer_bwd(dc_backend *be, const dc_params *ps, const unet_transf
                       dc_buf_at(k->kv, pkv.at[1]), k->att2, k->lse2, &a);
     packed_bwd(be, ps, &t->kv2, &t->k2, 2, dctx.p ? g->dctx : dc_buf_none(), g->dkv, ctx, B * len);
     if (dctx.p) be->axpy(be, dctx, g->dctx, 1.0f, (int64_t)B * len * t->kv2.in);
+    if (k->lean) dc_layer_norm_fwd(be, ps, &t->norm2, k->n2, k->ln_mean[1], k->ln_rstd[1], k->x1, M);
     dc_linear_bwd(be, ps, &t->q2, g->dT, g->dT2, k->n2, M, false);
     dc_layer_norm_bwd(be, ps, &t->norm2, g->dS, g->dT, k->x1, k->ln_mean[1], k->ln_rstd[1], M, true);
     // x1 = x0 + o1(attention of qkv1(norm1(x0)))
@@ -433,9 +438,11 @@ void unet_transformer_bwd(dc_backend *be, const dc_params *ps, const unet_transf
     a = attn_shape(B, T, T, pq.row, pq.row, C, t->heads);
     be->attention_bwd(be, g->dqkv, dc_buf_at(g->dqkv, pq.at[1]), dc_buf_at(g->dqkv, pq.at[2]), g->dT, k->qkv,
                       dc_buf_at(k->qkv, pq.at[1]), dc_buf_at(k->qkv, pq.at[2]), k->att1, k->lse1, &a);
+    if (k->lean) dc_layer_norm_fwd(be, ps, &t->norm1, k->n1, k->ln_mean[0], k->ln_rstd[0], k->x0, M);
     packed_bwd(be, ps, &t->qkv1, &t->q1, 3, g->dT, g->dqkv, k->n1, M);
     dc_layer_norm_bwd(be, ps, &t->norm1, g->dS, g->dT, k->x0, k->ln_mean[0], k->ln_rstd[0], M, true);
     // x0 = proj_in(GroupNorm(h)); dh += its share
+    if (k->lean) dc_group_norm_nhwc_fwd(be, ps, &t->norm, k->t0, k->gn_mean, k->gn_rstd, h, B, T, false);
     dc_linear_bwd(be, ps, &t->proj_in, g->dT, g->dS, k->t0, M, false);
     be->group_norm_nhwc_bwd(be, dh, dc_param_train_grad(ps, t->norm.w), dc_param_train_grad(ps, t->norm.b), g->dT, h,
                             k->gn_mean, k->gn_rstd, dc_param_w(ps, t->norm.w), dc_param_w(ps, t->norm.b), B, C, T,

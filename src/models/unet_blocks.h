@@ -120,6 +120,11 @@ typedef struct {
     dc_buf a2;              // SiLU(norm2(h1)): conv2's input
     dc_buf sc;              // conv_shortcut(x) (not read by backward)
     dc_buf mean1, rstd1, mean2, rstd2;
+    // Training keeps neither a1 nor a2 (one scratch buffer, the backward's
+    // a): the backward computes each again from what it kept, h1 and the
+    // statistics, just before it reads it. The same bits, as torch.compile
+    // rebuilds pointwise results rather than keep them.
+    bool lean;
 } unet_resnet_acts;
 
 // A transformer's intermediates, the same way: in inference the stream
@@ -137,6 +142,11 @@ typedef struct {
     dc_buf gn_mean, gn_rstd;             // [B, groups] F32
     dc_buf ln_mean[3], ln_rstd[3];       // [M] F32
     dc_buf lse1, lse2;                   // [B, heads, HW] F32
+    // Training keeps none of t0, n1..n3 and act: t0, n1 and n3 are the
+    // backward's dT2, n2 its dqkv and act its dpre, and the backward computes
+    // each again (the norm from its input and statistics, the GEGLU from
+    // pre) just before it reads it.
+    bool lean;
 } unet_transformer_acts;
 
 // The acts of a resnet and a transformer in inference: views of the scratch.
@@ -168,9 +178,10 @@ void unet_copy_half(dc_backend *be, dc_buf b, int64_t n);
 // max(ci, co)] for a resnet, dt [B, ci, HW] (an up resnet's concat);
 // dS, dT, dT2 [M, C], dqkv [M, 3C], dpre [M, 8C], dact [M, 4C], dkv [B len,
 // 2C], dctx [B len, ctx_dim] (one transformer's share of the text's gradient)
-// for a transformer; dtproj [B, co].
+// for a transformer; dtproj [B, co]; a [B, HW, max(ci, co)], a lean
+// resnet's a1 or a2.
 typedef struct {
-    dc_buf d1, d2, dtproj;
+    dc_buf d1, d2, dtproj, a;
     dc_buf dS, dT, dT2, dqkv, dpre, dact, dkv, dctx;
 } unet_grad_scratch;
 

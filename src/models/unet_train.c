@@ -146,30 +146,34 @@ static void max_to(int64_t *m, int64_t v) {
 
 // Layer l's intermediates for B images: the resnet's, then its
 // transformer's from *tat (which the resnet's backward no longer reads).
+// The SiLU(GroupNorm) maps, the transformer's norms and its GEGLU are
+// lean (unet_blocks.h): views of the backward's scratch g.
 static void carve_layer(dc_arena *ar, const dc_unet_config *c, const unet_layer *l, layer_acts *k, int B,
-                        size_t *tat) {
+                        const unet_grad_scratch *g, size_t *tat) {
     const int64_t HW = (int64_t)l->H * l->W, G = (int64_t)B * c->groups;
     memset(k, 0, sizeof *k);
+    *tat = ar->used;  // (no transformer: nothing from here)
     if (l->kind == LAYER_UP) k->cat = dc_arena_take(ar, B * 4 * HW * l->cin);
     if (l->kind != LAYER_RESNET) return;
     const unet_resnet *r = l->res;
     if (l->skip >= 0) k->cat = dc_arena_take(ar, B * HW * r->ci);
-    k->r.a1 = dc_arena_take(ar, B * HW * r->ci);
-    k->r.h1 = dc_arena_take(ar, B * HW * r->co), k->r.a2 = dc_arena_take(ar, B * HW * r->co);
+    k->r.lean = true, k->r.a1 = k->r.a2 = g->a;
+    k->r.h1 = dc_arena_take(ar, B * HW * r->co);
     if (r->shortcut.w >= 0) k->r.sc = dc_arena_take(ar, B * HW * r->co);
     k->r.mean1 = dc_arena_take32(ar, G), k->r.rstd1 = dc_arena_take32(ar, G);
     k->r.mean2 = dc_arena_take32(ar, G), k->r.rstd2 = dc_arena_take32(ar, G);
-    *tat = ar->used;
+    *tat = ar->used;  // the transformer's, done with before the resnet's backward begins
     if (!l->attn) return;
     const unet_transformer *t = l->attn;
     const int64_t M = B * HW, MC = M * t->C;
     unet_transformer_acts *a = &k->t;
     k->rout = dc_arena_take(ar, MC);
-    dc_buf *maps[] = {&a->t0, &a->x0, &a->x1, &a->x2, &a->x3, &a->n1, &a->n2, &a->n3, &a->att1, &a->q2, &a->att2};
+    dc_buf *maps[] = {&a->x0, &a->x1, &a->x2, &a->x3, &a->att1, &a->q2, &a->att2};
     for (size_t i = 0; i < sizeof maps / sizeof *maps; i++) *maps[i] = dc_arena_take(ar, MC);
+    a->lean = true, a->t0 = a->n1 = a->n3 = g->dT2, a->n2 = g->dqkv, a->act = g->dpre;
     a->qkv = dc_arena_take(ar, 3 * MC);
     a->kv = dc_arena_take(ar, (int64_t)B * DC_UNET_CTX_LEN * 2 * t->C);
-    a->pre = dc_arena_take(ar, 8 * MC), a->act = dc_arena_take(ar, 4 * MC);
+    a->pre = dc_arena_take(ar, 8 * MC);
     a->gn_mean = dc_arena_take32(ar, G), a->gn_rstd = dc_arena_take32(ar, G);
     for (int i = 0; i < 3; i++) a->ln_mean[i] = dc_arena_take32(ar, M), a->ln_rstd[i] = dc_arena_take32(ar, M);
     a->lse1 = dc_arena_take32(ar, M * t->heads), a->lse2 = dc_arena_take32(ar, M * t->heads);
@@ -223,30 +227,30 @@ static void carve(const dc_unet *m, dc_arena *ar, dc_unet_train *a, int B) {
         a->outs[o] = dc_arena_take(ar, B * size[o]);
         a->douts[o] = skip[o] ? dc_arena_take(ar, B * size[o]) : pool[o % 2];
     }
-    // the recomputed layers' intermediates overlap: one runs at a time
-    const size_t start = ar->used;
-    size_t end = start;
-    for (int l = a->keep; l < n; l++) {
-        ar->used = start;
-        carve_layer(ar, c, &a->layer[l], &a->acts[l], B, &a->tat[l]);
-        if (ar->used > end) end = ar->used;
-    }
-    ar->used = end;
     a->a_out = dc_arena_take(ar, B * HW0 * c->ch[0]);
     a->mean = dc_arena_take32(ar, (int64_t)B * c->groups), a->rstd = dc_arena_take32(ar, (int64_t)B * c->groups);
     a->y = dc_arena_take(ar, B * HW0 * c->out_channels), a->dy = dc_arena_take(ar, B * HW0 * c->out_channels);
     a->dcat = dc_arena_take(ar, B * cat);
     unet_grad_scratch *g = &a->g;
-    g->d1 = dc_arena_take(ar, B * big), g->d2 = dc_arena_take(ar, B * big);
+    g->d1 = dc_arena_take(ar, B * big), g->d2 = dc_arena_take(ar, B * big), g->a = dc_arena_take(ar, B * big);
     g->dtproj = dc_arena_take(ar, B * co);
     g->dS = dc_arena_take(ar, B * tok), g->dT = dc_arena_take(ar, B * tok), g->dT2 = dc_arena_take(ar, B * tok);
     g->dqkv = dc_arena_take(ar, 3 * B * tok), g->dpre = dc_arena_take(ar, 8 * B * tok);
     g->dact = dc_arena_take(ar, 4 * B * tok), g->dkv = dc_arena_take(ar, B * ctx);
     g->dctx = dc_arena_take(ar, (int64_t)B * DC_UNET_CTX_LEN * c->ctx_dim);
+    // the recomputed layers' intermediates overlap: one runs at a time
+    const size_t start = ar->used;
+    size_t end = start;
+    for (int l = a->keep; l < n; l++) {
+        ar->used = start;
+        carve_layer(ar, c, &a->layer[l], &a->acts[l], B, g, &a->tat[l]);
+        if (ar->used > end) end = ar->used;
+    }
+    ar->used = end;
     // the kept intermediates last (above)
     for (int l = 0; l < a->keep; l++) {
         a->at[l] = ar->used;
-        carve_layer(ar, c, &a->layer[l], &a->acts[l], B, &a->tat[l]);
+        carve_layer(ar, c, &a->layer[l], &a->acts[l], B, g, &a->tat[l]);
     }
     a->at[a->keep] = ar->used;
 }
