@@ -27,7 +27,7 @@ stock() { cp "$TMP/sched.json" "$SCHED"; }
 
 # ---- the request, before the weights ----------------------------------------------------------
 cp -r "$TMP/m" "$TMP/garbage"
-for f in "$TMP"/garbage/*/*.safetensors; do head -c 100000 /dev/urandom > "$f"; done
+for f in "$TMP"/garbage/*/*.safetensors; do head -c 100000 /dev/urandom | tr '{' x > "$f"; done
 G=(--vocab "$VOCAB" --prompt x --device cpu --threads 2)
 if [ -f "$VOCAB" ]; then
   t0=$(date +%s%N)
