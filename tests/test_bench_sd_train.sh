@@ -56,6 +56,9 @@ wall=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { print b - a }')
 check_table "$TMP/b.txt" 4 2 "$wall" 1
 grep -qE '^\| 4 \| 2 \| keep 1 of [0-9]+ \|' "$TMP/b.txt" && pass "--recompute shows in the table" \
   || fail "recompute column: $(grep '^| 4' "$TMP/b.txt")"
+diffusion bench "${Q[@]}" --size 32 --batch 2 --selective-recompute --steps 1 --warmup 0 > "$TMP/s.txt" 2>&1 \
+  && grep -qE '^\| 2 \| 2 \| off, selective \|' "$TMP/s.txt" && pass "--selective-recompute shows in the table" \
+  || fail "--selective-recompute: $(tail -2 "$TMP/s.txt")"
 
 # ---- two ranks (the socket communicator on the CPU): batch 2 each, the table the job's (batch 4), and
 # ZeRO stage 2

@@ -79,6 +79,8 @@ fi
 small_data "$TMP/small.safetensors"
 TINY+=(--data "$TMP/small.safetensors")
 diffusion train "${TINY[@]}" --steps 1 --out "$TMP/run" > "$TMP/train.log" 2>&1 || { cat "$TMP/train.log"; fail "tiny training run"; finish; }
+expect_fail "a DiT has no selective recompute" "a DiT has no selective recompute" \
+  diffusion train "${TINY[@]}" --steps 1 --out "$TMP/sel" --selective-recompute
 ck="$TMP/run/step_0000001.safetensors"
 diffusion info "$ck" | grep -q "depth 2, hidden 32, heads 2" && pass "info on a checkpoint" || fail "info on a checkpoint"
 diffusion info "$TMP/run" | grep -q "step_0000001" && pass "info on a run folder" || fail "info on a run folder"

@@ -101,9 +101,9 @@ static void test_exact_on_cpu(void) {
     tiny_data(&ds, 12);
     dc_plan_request r = {.model = g_tiny, .compute = k.be.compute, .fixed = 0, .batch = BATCH, .ranks = 1,
                          .zero = 0, .micro_batch = 0, .keep = -1, .offload = -1, .folds = true};
-    const dc_train_plan plans[] = {{6, 3, false, false}, {6, 0, false, false}, {3, 1, false, false},
-                                   {2, 3, true, false},  {6, 0, true, false},  {1, 2, true, false},
-                                   {4, 0, false, false}, {6, 3, false, true},  {6, 0, false, true}};
+    const dc_train_plan plans[] = {{6, 3, false, false, false}, {6, 0, false, false, false}, {3, 1, false, false, false},
+                                   {2, 3, true, false, false},  {6, 0, true, false, false},  {1, 2, true, false, false},
+                                   {4, 0, false, false, false}, {6, 3, false, true, false},  {6, 0, false, true, false}};
     for (size_t i = 0; i < sizeof plans / sizeof plans[0]; i++) {
         const dc_train_plan *p = &plans[i];
         dc_plan_mem pm;
@@ -164,7 +164,7 @@ static int rank_train(dc_comm *c, void *arg) {
 static void test_ranks_on_cpu(void) {
     dc_dataset ds;
     tiny_data(&ds, 12);
-    const dc_train_plan plans[] = {{3, 3, false, false}, {2, 1, false, false}};
+    const dc_train_plan plans[] = {{3, 3, false, false, false}, {2, 1, false, false, false}};
     for (int zero = 0; zero <= 2; zero++)
         for (int bf16 = 0; bf16 <= 1; bf16++)
             for (size_t i = 0; i < sizeof plans / sizeof *plans; i++) {
@@ -211,7 +211,7 @@ static void test_xl(void) {
     const int D = xl->info.blocks;
     // the settings measured on an H200 and an H100 (peak device memory as the backend counts it;
     // offload's 7.52 GiB with the EMA on the device and no unit updated there, 2026-11-23)
-    struct { dc_train_plan p; double measured; } h200[] = {{{64, D, false, false}, 34.29}, {{64, 0, true, false}, 7.52}};
+    struct { dc_train_plan p; double measured; } h200[] = {{{64, D, false, false, false}, 34.29}, {{64, 0, true, false, false}, 7.52}};
     for (int i = 0; i < 2; i++) {
         dc_plan_mem m;
         CHECK(dc_plan_predict(&r, &h200[i].p, &m) == 0, "predict: %s", dc_error());
@@ -288,10 +288,10 @@ static void test_lora_layout(void) {
     const int64_t P = w->params->numel;
     dc_plan_request r = {.model = w, .compute = DC_BF16, .fixed = 0, .batch = 2, .ranks = 1, .zero = 0,
                          .micro_batch = 0, .keep = -1, .offload = -1, .folds = true};
-    const dc_train_plan p = {2, w->info.blocks, false, false};
+    const dc_train_plan p = {2, w->info.blocks, false, false, false};
     dc_plan_mem pm;
     CHECK(dc_plan_predict(&r, &p, &pm) == 0 && pm.weights == 6 * P + 2 * frozen && P > 0 && P < frozen / 10 &&
-              pm.optimizer == 12 * P && pm.activations > dc_model_activation_bytes(u, DC_BF16, 2, -1),
+              pm.optimizer == 12 * P && pm.activations > dc_model_activation_bytes(u, DC_BF16, 2, -1, false),
           "a LoRA's plan: the factors' state (%lld), the frozen weights in bf16 (%lld), the activations and scratch",
           (long long)P, (long long)frozen);
     dc_model_free(w);
@@ -311,7 +311,7 @@ static void test_sd21_lent(void) {
     const int D = u->info.blocks;
     dc_plan_request r = {.model = u, .compute = DC_BF16, .fixed = k_cuda_fixed, .batch = 64, .ranks = 1,
                          .micro_batch = 64, .keep = D, .offload = 0, .fused = 0, .clips = true, .grads_apart = true};
-    const dc_train_plan plain = {64, D, false, false};
+    const dc_train_plan plain = {64, D, false, false, false};
     dc_plan_mem apart, lent;
     CHECK(dc_plan_predict(&r, &plain, &apart) == 0, "predict: %s", dc_error());
     r.grads_apart = false;
@@ -321,9 +321,26 @@ static void test_sd21_lent(void) {
            apart.peak / GIB, lent.peak / GIB);
     CHECK(apart.peak - lent.peak > 3 * P && lent.grads == 0, "the gradients in the arena saved %lld of %lld bytes",
           (long long)(apart.peak - lent.peak), (long long)(4 * P));
+    // selective recompute: about 3.6 GiB less again, chosen where the budget asks for it
+    const dc_train_plan sel = {64, D, false, false, true};
+    dc_plan_mem sm, bm;
+    CHECK(dc_plan_predict(&r, &sel, &sm) == 0 && lent.peak - sm.peak > 3 * GIB, "selective recompute: %lld bytes",
+          (long long)sm.peak);
+    printf("SD 2.1 at 256 px, batch 64, selective recompute: %.2f GiB\n", sm.peak / GIB);
+    dc_train_plan best;
+    r.selective = -1;  // (the blocks all keeping theirs: recomputing 3 of 28 is cheaper by the cost model)
+    CHECK(dc_plan_choose(&r, (lent.peak + sm.peak) / 2, &best, &bm, NULL) == 0 && best.selective &&
+              best.keep == D && bm.peak == sm.peak,
+          "a budget between: selective %d, keep %d (%s)", best.selective, best.keep, dc_error());
+    char line[256];
+    dc_plan_describe(&r, &best, &bm, 0, line, sizeof line);
+    CHECK(strstr(line, "recompute off (all 28 blocks keep activations), selective recompute") != NULL, "%s", line);
+    CHECK(dc_plan_choose(&r, lent.peak, &best, &bm, NULL) == 0 && !best.selective, "the lent plan's budget: "
+          "selective %d", best.selective);
+    r.selective = 0;
     // several micro-batches a step keep them apart
     r.micro_batch = 32;
-    const dc_train_plan two = {32, D, false, false};
+    const dc_train_plan two = {32, D, false, false, false};
     CHECK(dc_plan_predict(&r, &two, &lent) == 0 && lent.grads == 4 * P, "two micro-batches: grads %lld bytes",
           (long long)lent.grads);
     dc_model_free(u);
@@ -342,7 +359,7 @@ static void test_dreambooth(void) {
     dc_plan_request r = {.model = u, .compute = DC_BF16, .fixed = k_cuda_fixed, .batch = 1, .ranks = 1, .zero = 0,
                          .micro_batch = 0, .keep = D, .offload = 0, .fused = -1, .no_ema = true, .clips = true,
                          .grads_apart = true};
-    const dc_train_plan plain = {1, D, false, false}, fused = {1, D, false, true};
+    const dc_train_plan plain = {1, D, false, false, false}, fused = {1, D, false, true, false};
     dc_plan_mem pm, fm, lm;
     CHECK(dc_plan_predict(&r, &plain, &pm) == 0 && dc_plan_predict(&r, &fused, &fm) == 0, "predict: %s", dc_error());
     // plain training's gradients in the activations' memory (the default) save part of what fused does
@@ -376,7 +393,7 @@ static void test_dreambooth(void) {
     r.ranks = 1, r.batch = 4, r.micro_batch = 2;
     CHECK(dc_plan_choose(&r, 1LL << 40, &best, &bm, NULL) != 0 && strstr(dc_error(), "one micro-batch"),
           "accumulation: %s", dc_error());
-    const dc_train_plan accum = {2, D, false, true};
+    const dc_train_plan accum = {2, D, false, true, false};
     CHECK(dc_plan_predict(&r, &accum, &bm) != 0, "a fused plan with 2 micro-batches predicted");
     r.micro_batch = 0, r.offload = 1;
     CHECK(dc_plan_choose(&r, 1LL << 40, &best, &bm, NULL) != 0 && strstr(dc_error(), "--offload"), "offload: %s",

@@ -191,7 +191,7 @@ static void test_optional_ops(void) {
     dc_model m = {.ops = &ops};
     CHECK(dc_model_set_recompute(&m, 1) != 0 && strstr(dc_error(), "a Plain has no activation checkpointing"),
           "recompute: %s", dc_error());
-    CHECK(dc_model_activation_bytes(&m, DC_F32, 4, -1) < 0 && strstr(dc_error(), "Plain"), "activation bytes: %s",
+    CHECK(dc_model_activation_bytes(&m, DC_F32, 4, -1, false) < 0 && strstr(dc_error(), "Plain"), "activation bytes: %s",
           dc_error());
     char what[32];
     dc_model_describe(&m, what, sizeof what);
@@ -346,11 +346,11 @@ static void test_unet_models(const dc_kv *cfg) {
                   li->cond == DC_COND_TEXT && li->ctx_dim == 64 && !memcmp(li, &m->info, sizeof *li),
               "the layout's info");
         for (int b = 1; b <= 3; b += 2) {
-            int64_t bytes = dc_model_activation_bytes(lay, DC_F32, b, -1);
+            int64_t bytes = dc_model_activation_bytes(lay, DC_F32, b, -1, false);
             CHECK(bytes > 0 && bytes == (int64_t)dc_unet_activation_bytes(m, b), "batch %d: %lld activation bytes",
                   b, (long long)bytes);
         }
-        CHECK(dc_model_activation_bytes(lay, DC_F32, 0, -1) < 0, "batch 0 refused");
+        CHECK(dc_model_activation_bytes(lay, DC_F32, 0, -1, false) < 0, "batch 0 refused");
         CHECK(dc_model_macs_per_image(lay) == dc_model_macs_per_image(direct) && dc_model_macs_per_image(lay) > 0,
               "macs");
         char what[256];

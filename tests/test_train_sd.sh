@@ -83,12 +83,23 @@ diffusion train "${P[@]}" --out "$TMP/two" --ranks 2 > /dev/null 2>&1
 diffusion train "${P[@]}" --out "$TMP/off" --offload > /dev/null 2>&1
 diffusion train "${P[@]}" --out "$TMP/one0" --grad-clip 0 > /dev/null 2>&1
 diffusion train "${P[@]}" --out "$TMP/zero2" --grad-clip 0 --ranks 2 --zero 2 > /dev/null 2>&1
+diffusion train "${P[@]}" --out "$TMP/sel" --selective-recompute > /dev/null 2>&1
+P4=(--model "$TMP/base" --data "$TMP/data" --batch 4 --steps 2 --sample-every 0 --device cpu --threads 1)
+diffusion train "${P4[@]}" --out "$TMP/whole4" > /dev/null 2>&1
+diffusion train "${P4[@]}" --out "$TMP/whole4sel" --selective-recompute > /dev/null 2>&1
 cmp -s "$TMP/one/step_0000002.safetensors" "$TMP/two/step_0000002.safetensors" \
   && pass "2 ranks write one rank's checkpoint, byte for byte" || fail "2 ranks differ from one"
 cmp -s "$TMP/one/step_0000002.safetensors" "$TMP/off/step_0000002.safetensors" \
   && pass "--offload writes the plain run's checkpoint" || fail "offload differs"
 cmp -s "$TMP/one0/step_0000002.safetensors" "$TMP/zero2/step_0000002.safetensors" \
   && pass "ZeRO 2 on 2 ranks writes one rank's checkpoint (no clipping)" || fail "ZeRO 2 differs"
+cmp -s "$TMP/one/step_0000002.safetensors" "$TMP/sel/step_0000002.safetensors" \
+  && pass "--selective-recompute writes the plain run's checkpoint" || fail "selective recompute differs"
+# one micro-batch a step: the gradients lie in the activations' memory
+[ -f "$TMP/whole4/step_0000002.safetensors" ] && cmp -s "$TMP/whole4/step_0000002.safetensors" \
+  "$TMP/whole4sel/step_0000002.safetensors" \
+  && pass "--selective-recompute writes the plain run's checkpoint (one micro-batch)" \
+  || fail "selective recompute differs (one micro-batch)"
 
 # ---- the text encoder trained along (--train-text-encoder): one model whose checkpoints hold both (the
 # encoder under text_encoder.), resumed exactly, on 2 ranks with ZeRO 2 as on one, drawn from as a run

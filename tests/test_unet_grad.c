@@ -328,8 +328,8 @@ static void test_recompute_units(const char *set) {
     r.be->download(r.be, dall, r.cond.dctx.p, (size_t)nctx * 4);
     CHECK(all != NULL && n > 10, "%s: gradients, %d layers", set, n);
     // the planner's bytes are reserve's: fewer with fewer layers keeping theirs
-    const int64_t b_all = dc_model_activation_bytes(r.m, r.be->compute, r.B, -1);
-    const int64_t b_none = dc_model_activation_bytes(r.m, r.be->compute, r.B, 0);
+    const int64_t b_all = dc_model_activation_bytes(r.m, r.be->compute, r.B, -1, false);
+    const int64_t b_none = dc_model_activation_bytes(r.m, r.be->compute, r.B, 0, false);
     CHECK(b_all > 0 && b_none > 0 && b_none < b_all && (size_t)b_all == dc_unet_activation_bytes(r.m, r.B),
           "%s: training activation bytes %lld (all keeping), %lld (none)", set, (long long)b_all, (long long)b_none);
     const int keeps[] = {0, 1, n / 2, n - 1};
@@ -344,6 +344,26 @@ static void test_recompute_units(const char *set) {
         free(g);
     }
     printf("  %s: recompute with 0, 1, %d, %d of %d layers keeping: the same bits\n", set, n / 2, n - 1, n);
+    // selective recompute: the cheap intermediates rebuilt, the same bits in less memory
+    const int64_t b_sel = dc_model_activation_bytes(r.m, r.be->compute, r.B, -1, true);
+    CHECK(b_sel > 0 && b_sel < b_all, "%s: selective recompute's arena %lld bytes, keeping all %lld", set,
+          (long long)b_sel, (long long)b_all);
+    const int skeeps[] = {-1, 0, n / 2};
+    for (int i = 0; all && i < 3; i++) {
+        CHECK(dc_model_set_selective(r.m, true) == 0 && dc_model_set_recompute(r.m, skeeps[i]) == 0 &&
+                  dc_model_reserve(r.m, r.B) == 0,
+              "selective recompute: %s", dc_error());
+        float *g = grads(&r);
+        r.be->download(r.be, dk, r.cond.dctx.p, (size_t)nctx * 4);
+        CHECK(g && memcmp(g, all, (size_t)ps->numel * 4) == 0 && memcmp(dk, dall, (size_t)nctx * 4) == 0,
+              "%s: gradients with selective recompute, %d layers keeping, differ from keeping all", set, skeeps[i]);
+        free(g);
+    }
+    CHECK(dc_model_set_selective(r.m, false) == 0 && dc_model_set_recompute(r.m, -1) == 0 &&
+              dc_model_reserve(r.m, r.B) == 0,
+          "back: %s", dc_error());
+    printf("  %s: selective recompute (all, 0 and %d layers keeping): the same bits, arena %lld -> %lld bytes\n", set,
+           n / 2, (long long)b_all, (long long)b_sel);
 
     unit_log l = {.open = -1, .order_ok = true};
     dc_param_hooks hk = {.ctx = &l, .unit = log_unit};

@@ -305,8 +305,8 @@ static void test_set(void) {
     // a layout sizes what reserve allocates: the UNet's and the encoder's activations, and the text between
     dc_model *lay = NULL;
     rc = dc_unet_text_new_train(&r.uc, &r.tc, NULL, DC_GRAD_BUFFER, 16, 16, &lay);
-    const int64_t joint = rc ? -1 : dc_model_activation_bytes(lay, DC_F32, 4, -1);
-    const int64_t unet = dc_model_activation_bytes(dc_unet_text_unet(r.m), DC_F32, 4, -1);
+    const int64_t joint = rc ? -1 : dc_model_activation_bytes(lay, DC_F32, 4, -1, false);
+    const int64_t unet = dc_model_activation_bytes(dc_unet_text_unet(r.m), DC_F32, 4, -1, false);
     const int64_t text = dc_clip_text_train_bytes(&r.tc, DC_F32, 4);
     CHECK(rc == 0 && lay->params->numel == ps->numel && !lay->params->data.p && unet > 0 && text > 0 &&
               joint == unet + text + 2 * 4LL * r.tc.positions * r.tc.width * 4,

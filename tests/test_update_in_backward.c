@@ -33,7 +33,8 @@
 //   bytes each unit's backward is done with: filled with NaN as each unit
 //   begins, they leave the gradients the same bits (every layer keeping its
 //   intermediates, and some recomputing theirs). The planner's prediction
-//   of the peak (train/plan.h) is what the CPU backend counts, either way.
+//   of the peak (train/plan.h) is what the CPU backend counts, either way
+//   (and with selective recompute).
 //
 // `test_update_in_backward cuda-fp32` (or `cuda`) runs the comparisons on a
 // GPU, where the states must agree within 1e-5 (fp32) or 1e-3 (bf16) of
@@ -304,7 +305,7 @@ static void dead_memory(int keep) {
 // Two steps of plain training on the counted CPU backend, the gradients in
 // the arena or apart: the peak the planner predicts (all layers keeping
 // their intermediates, or keep of them); the first under the second.
-static void planned_peak(int keep) {
+static void planned_peak(int keep, bool selective) {
     static counter k;  // large: not on the stack
     if (counter_init(&k)) return;
     int64_t peak[2] = {0, 0};
@@ -318,6 +319,7 @@ static void planned_peak(int keep) {
         int rc = dc_model_create(&g_unet_cfg, &k.be, DC_GRAD_BUFFER, &m);
         const int D = rc ? 0 : m->info.blocks;
         if (!rc) rc = dc_model_set_recompute(m, keep < 0 ? D : keep);
+        if (!rc) rc = dc_model_set_selective(m, selective);
         if (!rc) rc = dc_model_init_weights(m, 5);
         if (!rc) rc = dc_trainer_init(&tr, m, &g_unet_data, &tc);
         for (int s = 0; s < 2 && !rc; s++) rc = dc_trainer_step(&tr, NULL);
@@ -327,11 +329,11 @@ static void planned_peak(int keep) {
             dc_plan_request r = {.model = m, .compute = k.be.compute, .batch = BATCH, .ranks = 1,
                                  .micro_batch = BATCH, .keep = keep < 0 ? D : keep, .offload = 0, .fused = 0,
                                  .clips = true, .folds = true, .grads_apart = apart};
-            const dc_train_plan p = {BATCH, r.keep, false, false};
+            const dc_train_plan p = {BATCH, r.keep, false, false, selective};
             dc_plan_mem pm;
-            CHECK(dc_plan_predict(&r, &p, &pm) == 0 && pm.peak == k.peak, "keep %d, the gradients %s: predicted "
-                  "%lld bytes, the backend held %lld", keep, apart ? "apart" : "in the arena", (long long)pm.peak,
-                  (long long)k.peak);
+            CHECK(dc_plan_predict(&r, &p, &pm) == 0 && pm.peak == k.peak, "keep %d%s, the gradients %s: predicted "
+                  "%lld bytes, the backend held %lld", keep, selective ? ", selective" : "",
+                  apart ? "apart" : "in the arena", (long long)pm.peak, (long long)k.peak);
         }
         dc_trainer_free(&tr);
         dc_model_free(m);
@@ -535,8 +537,9 @@ int main(int argc, char **argv) {
         refusals();
         dead_memory(-1);
         dead_memory(2);
-        planned_peak(-1);
-        planned_peak(2);
+        planned_peak(-1, false);
+        planned_peak(2, false);
+        planned_peak(-1, true);
         printf("test_update_in_backward: %d passed, %d failed\n", g_pass, g_fail);
         rc = g_fail != 0;
     }

@@ -23,7 +23,7 @@ int cli_plan_check_ranks(bool offload, bool fused, int zero, int ranks) {
 
 int cli_plan_choose(const dc_model *m, dc_backend *be, int64_t budget, int batch, int ranks, int zero,
                     dc_dtype grad_comm, bool no_ema, bool clips, int *micro_batch, int *recompute, bool *offload,
-                    bool *fused, char *line, size_t n) {
+                    bool *fused, bool *selective, char *line, size_t n) {
     size_t held = 0;
     if (be->memory) be->memory(be, &held, NULL);  // the backend's own workspaces: no model exists yet
     const int blocks = m->info.blocks;
@@ -31,7 +31,8 @@ int cli_plan_choose(const dc_model *m, dc_backend *be, int64_t budget, int batch
                           .ranks = ranks, .zero = zero, .grad_comm = grad_comm, .no_ema = no_ema,
                           .micro_batch = *micro_batch,
                           .keep = *recompute >= 0 ? (*recompute < blocks ? *recompute : blocks) : -1,
-                          .offload = *offload ? 1 : -1, .fused = !fused ? 0 : *fused ? 1 : -1, .clips = clips,
+                          .offload = *offload ? 1 : -1, .fused = !fused ? 0 : *fused ? 1 : -1,
+                          .selective = !selective ? 0 : *selective ? 1 : -1, .clips = clips,
                           .folds = dc_trainer_folds(be)};
     dc_train_plan plan;
     dc_plan_mem pm;
@@ -40,6 +41,7 @@ int cli_plan_choose(const dc_model *m, dc_backend *be, int64_t budget, int batch
     if (be->set_memory_cap) be->set_memory_cap(be, (size_t)budget);
     *micro_batch = plan.micro_batch, *offload = plan.offload;
     if (fused) *fused = plan.fused;
+    if (selective) *selective = plan.selective;
     *recompute = plan.keep < blocks ? plan.keep : -1;
     return 0;
 }

@@ -24,11 +24,12 @@ int cli_plan_check_ranks(bool offload, bool fused, int zero, int ranks);
 // (F32 or BF16: its buffers are counted), an EMA kept unless no_ema (a decay
 // of 0, where it is the weights), clipping or not (updating in the backward
 // then takes two passes). In: what the command line fixed, *micro_batch (0:
-// free), *recompute (-1: free), *offload and *fused (false: free; fused NULL:
-// not offered). Out: the plan, *recompute -1 when every block keeps its activations; line
+// free), *recompute (-1: free), *offload, *fused and *selective (false:
+// free; fused or selective NULL: not offered). Out: the plan, *recompute -1
+// when every block keeps its activations; line
 // gets its description ("plan: micro-batch 64, ...") for the command to print.
 // The backend's allocations are then capped at budget (set_memory_cap, where
 // it has one): the plan is a prediction, the cap holds the run to it.
 int cli_plan_choose(const dc_model *m, dc_backend *be, int64_t budget, int batch, int ranks, int zero,
                     dc_dtype grad_comm, bool no_ema, bool clips, int *micro_batch, int *recompute, bool *offload,
-                    bool *fused, char *line, size_t n);
+                    bool *fused, bool *selective, char *line, size_t n);

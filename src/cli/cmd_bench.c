@@ -327,7 +327,7 @@ int cmd_bench(int argc, char **argv) {
         char line[256];
         micro = 0;  // bench has no --micro-batch: the plan picks it
         if (cli_plan_choose(layout, be, budget, batch * size, size, zero, wire, false, false, &micro, &recompute,
-                            &offload, NULL, line, sizeof line))
+                            &offload, NULL, NULL, line, sizeof line))
             goto done;
         if (lead) printf("%s\n", line), fflush(stdout);
     }

@@ -191,7 +191,7 @@ int cmd_bench_sd_train(int argc, char **argv) {
     int size = 0, batch = 8, micro = 0, steps = 10, warm = 3, recompute = -1, threads = 0;
     int ranks = 0, gpus = 0, zero = 0, lora = 0;
     float comm_timeout = 300, ema_decay = dc_train_config_default().ema_decay;
-    bool sd_train = false, offload = false, text = false, fused = false;
+    bool sd_train = false, offload = false, text = false, fused = false, selective = false;
     const char *lora_targets = "transformer";
     arg_spec specs[] = {
         {"sd-train", ARG_FLAG, &sd_train, NULL, "time SD UNet training (this command)"},
@@ -204,6 +204,8 @@ int cmd_bench_sd_train(int argc, char **argv) {
         {"warmup", ARG_INT, &warm, "N", "untimed steps first"},
         {"recompute", ARG_INT, &recompute, "K", "activation checkpointing: the first K layers keep their "
                                                 "activations, the others recompute them (default off)"},
+        {"selective-recompute", ARG_FLAG, &selective, NULL, "keep no result a norm or activation rebuilds cheaply, as "
+                                                            "`train --selective-recompute`"},
         {"lora", ARG_INT, &lora, "RANK", "time a LoRA of rank RANK training over the frozen UNet (its weights in "
                                          "the compute dtype), as `train --lora` does (default: the UNet trains)"},
         {"lora-targets", ARG_STR, &lora_targets, "T", "the LoRA's layers: attn, transformer or all"},
@@ -219,7 +221,8 @@ int cmd_bench_sd_train(int argc, char **argv) {
                                                   "the weights)"},
         {"max-gpu-memory", ARG_STR, &max_mem, "SIZE", "cap the GPU memory the engine allocates at SIZE (8G, 7.5GiB): "
                                                       "a step that needs more fails, naming the cap. No plan is "
-                                                      "chosen here: give --recompute, --offload or --update-in-backward "
+                                                      "chosen here: give --recompute, --selective-recompute, "
+                                                      "--offload or --update-in-backward "
                                                       "(default: off)"},
         {"threads", ARG_INT, &threads, "N", "CPU threads (default: all cores)"},
         {"device", ARG_STR, &device, "NAME", CLI_DEVICE_HELP},
@@ -291,6 +294,7 @@ int cmd_bench_sd_train(int argc, char **argv) {
     if (cap && be->set_memory_cap) be->set_memory_cap(be, (size_t)cap);
     if (bench_model(&mc, be, offload || fused, text, lora, lora_targets, &m)) goto done;
     if (recompute >= 0 && dc_model_set_recompute(m, recompute)) goto done;
+    if (dc_model_set_selective(m, selective)) goto done;
     const dc_model_info *mi = &m->info;
     const double macs = dc_model_macs_per_image(m);
     char what[512];
@@ -318,8 +322,9 @@ int cmd_bench_sd_train(int argc, char **argv) {
     // the job's: its global batch, images/s and TFLOP/s of all ranks; MFU a GPU's
     const int global = batch * nranks;
     const double G = 1073741824.0, all = global / r.sec, tf = (lora ? 2 : 3) * 2 * macs * all / 1e12;
-    char recomp[32] = "off";
+    char recomp[48] = "off";
     if (recompute >= 0) snprintf(recomp, sizeof recomp, "keep %d of %d", recompute, mi->blocks);
+    if (selective) snprintf(recomp + strlen(recomp), sizeof recomp - strlen(recomp), ", selective");
     if (lead) {
         printf("\n| batch | micro-batch | recompute | img/s | ms/step | TFLOP/s | MFU | peak GiB |\n"
                "|---|---|---|---|---|---|---|---|\n");

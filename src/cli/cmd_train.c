@@ -229,6 +229,7 @@ int cmd_train(int argc, char **argv) {
     int ranks = 0, gpus = 0, zero = 0;
     float comm_timeout = 300;
     bool flip = false, force = false, allow_data_change = false, no_verify = false, offload = false, fused = false;
+    bool selective = false;
     bool train_text = false;
     int lora = 0;  // a LoRA's rank; 0: the UNet itself trains
     float lora_alpha = 0;
@@ -330,6 +331,9 @@ int cmd_train(int argc, char **argv) {
         {"recompute", ARG_INT, &recompute, "K", "activation checkpointing: the first K blocks keep their "
                                                "activations, the others recompute theirs in backward (0: all "
                                                "recompute; default off: all keep)"},
+        {"selective-recompute", ARG_FLAG, &selective, NULL, "keep no result that a norm or activation rebuilds "
+                                                            "cheaply (the backward computes it again: the same "
+                                                            "gradients, in less memory, a little slower; a UNet)"},
         {"lr", ARG_FLOAT, &tc.lr, "X", "AdamW learning rate"},
         {"beta1", ARG_FLOAT, &tc.beta1, "X", "AdamW beta1"},
         {"beta2", ARG_FLOAT, &tc.beta2, "X", "AdamW beta2"},
@@ -363,7 +367,8 @@ int cmd_train(int argc, char **argv) {
                                                        "done, holding no full gradient buffer (4 bytes a parameter "
                                                        "less); with --grad-clip a step runs its backward twice, "
                                                        "the first pass for the norm (one rank, no accumulation)"},
-        {"max-gpu-memory", ARG_STR, &max_mem, "SIZE", "pick the fastest --micro-batch, --recompute, --offload and "
+        {"max-gpu-memory", ARG_STR, &max_mem, "SIZE", "pick the fastest --micro-batch, --recompute, "
+                                                      "--selective-recompute, --offload and "
                                                       "--update-in-backward whose predicted peak device memory fits "
                                                       "in SIZE (8G, 7.5GiB, 8000M) and print the plan; those given "
                                                       "on the command line stay as given. The GPU's allocations are "
@@ -602,7 +607,8 @@ int cmd_train(int argc, char **argv) {
         char line[256];
         if (!resume && !args_given(&ap, "micro-batch")) tc.micro_batch = 0;  // the plan picks it
         if (cli_plan_choose(layout, be, budget, tc.batch, job.launch.size, zero, wire, tc.ema_decay == 0,
-                            tc.grad_clip > 0, &tc.micro_batch, &recompute, &offload, &fused, line, sizeof line))
+                            tc.grad_clip > 0, &tc.micro_batch, &recompute, &offload, &fused, &selective, line,
+                            sizeof line))
             goto fail;
         if (lead) dc_log("%s", line);
     }
@@ -610,6 +616,7 @@ int cmd_train(int argc, char **argv) {
     const dc_grad_mode grad = offload || fused ? DC_GRAD_WINDOW : DC_GRAD_BUFFER;
     if (t2i ? t2i_create(&sd, &mc, be, grad, &m) : dc_model_create(&mc, be, grad, &m)) goto fail;
     if (recompute >= 0 && dc_model_set_recompute(m, recompute)) goto fail;
+    if (dc_model_set_selective(m, selective)) goto fail;
     // the weights: the checkpoint's, the base UNet's, or random
     const bool from_base = t2i && !have_ck && !unet_config && !(init && !strcmp(init, "random"));
     if (have_ck ? dc_model_load_weights(m, &ck, "")

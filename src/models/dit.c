@@ -511,7 +511,8 @@ static void dit_release(dc_model *m) { dc_dit_free(dit(m)); }
 static int dit_set_recompute(dc_model *m, int keep) { return dc_dit_set_recompute(dit(m), keep); }
 
 // The arena a training reserve plans (carve), counted without allocating.
-static int64_t dit_activation_bytes(const dc_model *mm, dc_dtype compute, int max_batch, int keep) {
+static int64_t dit_activation_bytes(const dc_model *mm, dc_dtype compute, int max_batch, int keep, bool selective) {
+    (void)selective;  // (dc_model_activation_bytes refuses it: no set_selective)
     const dc_dit *m = (const dc_dit *)mm;
     const int depth = m->cfg.depth;
     dc_dit_acts a = {0};

@@ -83,9 +83,11 @@ static int lm_set_recompute(dc_model *m, int keep) { return dc_model_set_recompu
 // The frozen model's, and the deltas' scratch (nn/adapter.c), bounded by the
 // rows of a whole picture: four [rows, rank] fp32 blocks for a linear
 // delta, and a convolution's [rows, co] output besides.
-static int64_t lm_activation_bytes(const dc_model *m, dc_dtype compute, int max_batch, int keep) {
+static int lm_set_selective(dc_model *m, bool on) { return dc_model_set_selective(of(m)->inner, on); }
+
+static int64_t lm_activation_bytes(const dc_model *m, dc_dtype compute, int max_batch, int keep, bool selective) {
     const lora_model *l = (const lora_model *)m;
-    const int64_t inner = dc_model_activation_bytes(l->inner, compute, max_batch, keep);
+    const int64_t inner = dc_model_activation_bytes(l->inner, compute, max_batch, keep, selective);
     int64_t rank = 0, co = 0;
     for (int i = 0; i < l->lora.count; i++) {
         const dc_lora_item *it = &l->lora.items[i];
@@ -125,7 +127,8 @@ static void lm_release(dc_model *m) {
 static const dc_model_ops lora_model_ops = {
     .name = "lora", .reserve = lm_reserve, .forward = lm_forward, .backward = lm_backward,
     .config_to_kv = lm_config_to_kv, .init_weights = lm_init, .macs_per_image = lm_macs,
-    .describe = lm_describe, .set_recompute = lm_set_recompute, .activation_bytes = lm_activation_bytes,
+    .describe = lm_describe, .set_recompute = lm_set_recompute, .set_selective = lm_set_selective,
+    .activation_bytes = lm_activation_bytes,
     .frozen_bytes = lm_frozen_bytes, .set_size = lm_set_size, .release = lm_release,
 };
 

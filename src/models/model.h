@@ -101,12 +101,20 @@ typedef struct {
     // their activations, the others recompute theirs in backward (-1: all
     // keep). NULL for a model without it.
     int (*set_recompute)(dc_model *m, int keep);
+    // Selective recompute: training keeps no result that a norm or a
+    // pointwise op rebuilds cheaply from what is kept (a GroupNorm+SiLU map,
+    // a LayerNorm's output, a GEGLU's); the backward computes each again just
+    // before it reads it, so the gradients are the same bits, for some time
+    // (torch.compile's partitioner and Megatron's selective recompute choose
+    // alike). From the next reserve on. NULL: a model without.
+    int (*set_selective)(dc_model *m, bool on);
     // The bytes of the activation arena a training reserve for batches of
-    // max_batch with `keep` blocks keeping their activations (-1: all) plans
-    // on a backend computing in `compute`, without allocating; -1 on a bad
-    // batch. Works on a layout (a model sized but not allocated), for memory
-    // planners. NULL for a model that does not train.
-    int64_t (*activation_bytes)(const dc_model *m, dc_dtype compute, int max_batch, int keep);
+    // max_batch with `keep` blocks keeping their activations (-1: all), with
+    // selective recompute or not, plans on a backend computing in `compute`,
+    // without allocating; -1 on a bad batch or a selective recompute the
+    // model has not. Works on a layout (a model sized but not allocated), for
+    // memory planners. NULL for a model that does not train.
+    int64_t (*activation_bytes)(const dc_model *m, dc_dtype compute, int max_batch, int keep, bool selective);
     // Training with the parameters' fp32 gradients inside the activation
     // arena, over the bytes each unit's backward is done with
     // (nn/params.h: dc_params_grad_place), from the next reserve on (lend),
@@ -117,7 +125,7 @@ typedef struct {
     int (*lend_grads)(dc_model *m, bool lend);
     // activation_bytes of a plan with the gradients inside: the arena's bytes
     // then. NULL where lend_grads is.
-    int64_t (*lent_bytes)(const dc_model *m, dc_dtype compute, int max_batch, int keep);
+    int64_t (*lent_bytes)(const dc_model *m, dc_dtype compute, int max_batch, int keep, bool selective);
     // The device bytes of weights the model holds that do not train (a
     // LoRA's frozen base) in a backend computing in `compute`, for memory
     // planners; works on a layout. NULL: none.
@@ -151,7 +159,9 @@ static inline double dc_model_macs_per_image(const dc_model *m) { return m->ops-
 void dc_model_describe(const dc_model *m, char *buf, size_t n);
 // -1 with a message naming the architecture when it has no such op.
 int dc_model_set_recompute(dc_model *m, int keep);
-int64_t dc_model_activation_bytes(const dc_model *m, dc_dtype compute, int max_batch, int keep);
+int64_t dc_model_activation_bytes(const dc_model *m, dc_dtype compute, int max_batch, int keep, bool selective);
+// -1 with a message naming the architecture when it has no selective recompute.
+int dc_model_set_selective(dc_model *m, bool on);
 // Whether the model can hold the gradients in its arena (lend_grads).
 static inline bool dc_model_lends(const dc_model *m) { return m->ops->lend_grads && m->ops->lent_bytes; }
 // 0 for a model without frozen weights.

@@ -20,6 +20,14 @@ void dc_model_describe(const dc_model *m, char *buf, size_t n) {
     else snprintf(buf, n, "%s", m->ops->name);
 }
 
+int dc_model_set_selective(dc_model *m, bool on) {
+    if (!m->ops->set_selective) {
+        if (!on) return 0;
+        return dc_fail("a %s has no selective recompute (--selective-recompute)", m->ops->name);
+    }
+    return m->ops->set_selective(m, on);
+}
+
 int dc_model_set_recompute(dc_model *m, int keep) {
     if (!m->ops->set_recompute) return dc_fail("a %s has no activation checkpointing (--recompute)", m->ops->name);
     return m->ops->set_recompute(m, keep);
@@ -33,9 +41,11 @@ int dc_model_set_size(dc_model *m, int height, int width) {
     return m->ops->set_size(m, height, width);
 }
 
-int64_t dc_model_activation_bytes(const dc_model *m, dc_dtype compute, int max_batch, int keep) {
+int64_t dc_model_activation_bytes(const dc_model *m, dc_dtype compute, int max_batch, int keep, bool selective) {
     if (!m->ops->activation_bytes) return dc_fail("a %s does not train: no activations to plan", m->ops->name);
-    return m->ops->activation_bytes(m, compute, max_batch, keep);
+    if (selective && !m->ops->set_selective)
+        return dc_fail("a %s has no selective recompute", m->ops->name);
+    return m->ops->activation_bytes(m, compute, max_batch, keep, selective);
 }
 
 int64_t dc_model_frozen_bytes(const dc_model *m, dc_dtype compute) {

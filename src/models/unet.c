@@ -207,17 +207,18 @@ static size_t acts_bytes(const dc_unet *m, dc_dtype compute, int max_batch) {
 
 size_t dc_unet_activation_bytes(const dc_model *mm, int max_batch) {
     const dc_unet *m = (const dc_unet *)mm;
-    if (m->trains) return (size_t)unet_train_bytes(m, m->be->compute, max_batch, m->keep, m->lend_grads);
+    if (m->trains)
+        return (size_t)unet_train_bytes(m, m->be->compute, max_batch, m->keep, m->selective, m->lend_grads);
     return acts_bytes(m, m->be->compute, max_batch);
 }
 
 // The model interface's planner: the arena reserve allocates, the training
 // one (keep layers keeping their activations) for a model made to train,
 // else the inference one.
-static int64_t unet_activation_bytes(const dc_model *mm, dc_dtype compute, int max_batch, int keep) {
+static int64_t unet_activation_bytes(const dc_model *mm, dc_dtype compute, int max_batch, int keep, bool selective) {
     const dc_unet *m = (const dc_unet *)mm;
     if (max_batch < 1 || max_batch > 65535) return dc_fail("batch %d: 1 to 65535 images per forward", max_batch);
-    if (m->trains) return unet_train_bytes(m, compute, max_batch, keep, false);
+    if (m->trains) return unet_train_bytes(m, compute, max_batch, keep, selective, false);
     return (int64_t)acts_bytes(m, compute, max_batch);
 }
 
@@ -231,11 +232,21 @@ static int unet_set_recompute(dc_model *mm, int keep) {
     return 0;
 }
 
-static int64_t unet_lent_bytes(const dc_model *mm, dc_dtype compute, int max_batch, int keep) {
+static int64_t unet_lent_bytes(const dc_model *mm, dc_dtype compute, int max_batch, int keep, bool selective) {
     const dc_unet *m = (const dc_unet *)mm;
     if (!m->trains) return dc_fail("a UNet made for inference has no gradients");
     if (max_batch < 1 || max_batch > 65535) return dc_fail("batch %d: 1 to 65535 images per forward", max_batch);
-    return unet_train_bytes(m, compute, max_batch, keep, true);
+    return unet_train_bytes(m, compute, max_batch, keep, selective, true);
+}
+
+static int unet_set_selective(dc_model *mm, bool on) {
+    dc_unet *m = (dc_unet *)mm;
+    if (on && !m->trains) return dc_fail("a UNet made for inference keeps nothing for a backward");
+    if (on != m->selective) {
+        free_acts(m);  // replanned by the next reserve
+        m->selective = on;
+    }
+    return 0;
 }
 
 static int unet_lend_grads(dc_model *mm, bool lend) {
@@ -553,7 +564,7 @@ static const dc_model_ops unet_ops = {
     .name = "UNet2DConditionModel", .reserve = unet_reserve, .forward = unet_forward,
     .backward = unet_backward, .config_to_kv = unet_config_kv, .init_weights = unet_init,
     .macs_per_image = unet_macs, .describe = unet_describe, .activation_bytes = unet_activation_bytes,
-    .set_recompute = unet_set_recompute, .lend_grads = unet_lend_grads, .lent_bytes = unet_lent_bytes,
+    .set_recompute = unet_set_recompute, .set_selective = unet_set_selective, .lend_grads = unet_lend_grads, .lent_bytes = unet_lent_bytes,
     .set_size = dc_unet_set_size, .release = unet_release,
 };
 

@@ -107,6 +107,7 @@ typedef struct {
     dc_unet_train *train;  // training: what the forward keeps for backward (unet_train.c)
     bool trains;         // created to train (dc_unet_new_train, _frozen_train)
     int keep;            // training: the layers keeping their activations (-1: all; set_recompute)
+    bool selective;      // training: selective recompute (set_selective)
     bool lend_grads;     // training: the gradients lie in the activations' memory (lend_grads)
     int max_batch;
     const void *adapter; // the parameters' adapter when reserved: one attached since is reserved again

@@ -91,9 +91,11 @@ static void jt_describe(const dc_model *mm, char *buf, size_t n) {
 
 static int jt_set_recompute(dc_model *mm, int keep) { return dc_model_set_recompute(((joint *)mm)->unet, keep); }
 
-static int64_t jt_activation_bytes(const dc_model *mm, dc_dtype compute, int max_batch, int keep) {
+static int jt_set_selective(dc_model *mm, bool on) { return dc_model_set_selective(((joint *)mm)->unet, on); }
+
+static int64_t jt_activation_bytes(const dc_model *mm, dc_dtype compute, int max_batch, int keep, bool selective) {
     const joint *m = (const joint *)mm;
-    const int64_t unet = dc_model_activation_bytes(m->unet, compute, max_batch, keep);
+    const int64_t unet = dc_model_activation_bytes(m->unet, compute, max_batch, keep, selective);
     const int64_t text = dc_clip_text_train_bytes(&m->text->cfg, compute, max_batch);
     return unet < 0 || text < 0 ? -1 : unet + text + text_bytes(&m->text->cfg, max_batch);
 }
@@ -116,7 +118,7 @@ static void jt_release(dc_model *mm) {
 static const dc_model_ops k_joint = {
     .name = "UNet2DConditionModel", .reserve = jt_reserve, .forward = jt_forward, .backward = jt_backward,
     .config_to_kv = jt_config_kv, .init_weights = jt_init, .macs_per_image = jt_macs, .describe = jt_describe,
-    .set_recompute = jt_set_recompute, .activation_bytes = jt_activation_bytes, .set_size = jt_set_size,
+    .set_recompute = jt_set_recompute, .set_selective = jt_set_selective, .activation_bytes = jt_activation_bytes, .set_size = jt_set_size,
     .release = jt_release,
 };
 

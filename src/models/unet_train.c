@@ -57,6 +57,7 @@ struct dc_unet_train {
     int B;                        // planned for up to B images
     int n;                        // layers
     int keep;                     // layers keeping their intermediates
+    bool lean;                    // selective recompute: the pointwise intermediates are lean (unet_blocks.h)
     unet_layer layer[MAX_LAYERS];
     layer_acts acts[MAX_LAYERS];  // from keep on, views of one shared set
     // Where the kept intermediates lie in the arena, at its end in forward
@@ -146,10 +147,10 @@ static void max_to(int64_t *m, int64_t v) {
 
 // Layer l's intermediates for B images: the resnet's, then its
 // transformer's from *tat (which the resnet's backward no longer reads).
-// The SiLU(GroupNorm) maps, the transformer's norms and its GEGLU are
-// lean (unet_blocks.h): views of the backward's scratch g.
+// lean: the SiLU(GroupNorm) maps, the transformer's norms and its GEGLU
+// are views of the backward's scratch g (unet_blocks.h).
 static void carve_layer(dc_arena *ar, const dc_unet_config *c, const unet_layer *l, layer_acts *k, int B,
-                        const unet_grad_scratch *g, size_t *tat) {
+                        bool lean, const unet_grad_scratch *g, size_t *tat) {
     const int64_t HW = (int64_t)l->H * l->W, G = (int64_t)B * c->groups;
     memset(k, 0, sizeof *k);
     *tat = ar->used;  // (no transformer: nothing from here)
@@ -157,8 +158,10 @@ static void carve_layer(dc_arena *ar, const dc_unet_config *c, const unet_layer 
     if (l->kind != LAYER_RESNET) return;
     const unet_resnet *r = l->res;
     if (l->skip >= 0) k->cat = dc_arena_take(ar, B * HW * r->ci);
-    k->r.lean = true, k->r.a1 = k->r.a2 = g->a;
+    k->r.lean = lean;
+    k->r.a1 = lean ? g->a : dc_arena_take(ar, B * HW * r->ci);
     k->r.h1 = dc_arena_take(ar, B * HW * r->co);
+    k->r.a2 = lean ? g->a : dc_arena_take(ar, B * HW * r->co);
     if (r->shortcut.w >= 0) k->r.sc = dc_arena_take(ar, B * HW * r->co);
     k->r.mean1 = dc_arena_take32(ar, G), k->r.rstd1 = dc_arena_take32(ar, G);
     k->r.mean2 = dc_arena_take32(ar, G), k->r.rstd2 = dc_arena_take32(ar, G);
@@ -170,10 +173,14 @@ static void carve_layer(dc_arena *ar, const dc_unet_config *c, const unet_layer 
     k->rout = dc_arena_take(ar, MC);
     dc_buf *maps[] = {&a->x0, &a->x1, &a->x2, &a->x3, &a->att1, &a->q2, &a->att2};
     for (size_t i = 0; i < sizeof maps / sizeof *maps; i++) *maps[i] = dc_arena_take(ar, MC);
-    a->lean = true, a->t0 = a->n1 = a->n3 = g->dT2, a->n2 = g->dqkv, a->act = g->dpre;
+    a->lean = lean;
+    if (lean) a->t0 = a->n1 = a->n3 = g->dT2, a->n2 = g->dqkv, a->act = g->dpre;
+    dc_buf *norms[] = {&a->t0, &a->n1, &a->n2, &a->n3};
+    for (size_t i = 0; i < sizeof norms / sizeof *norms && !lean; i++) *norms[i] = dc_arena_take(ar, MC);
     a->qkv = dc_arena_take(ar, 3 * MC);
     a->kv = dc_arena_take(ar, (int64_t)B * DC_UNET_CTX_LEN * 2 * t->C);
     a->pre = dc_arena_take(ar, 8 * MC);
+    if (!lean) a->act = dc_arena_take(ar, 4 * MC);
     a->gn_mean = dc_arena_take32(ar, G), a->gn_rstd = dc_arena_take32(ar, G);
     for (int i = 0; i < 3; i++) a->ln_mean[i] = dc_arena_take32(ar, M), a->ln_rstd[i] = dc_arena_take32(ar, M);
     a->lse1 = dc_arena_take32(ar, M * t->heads), a->lse2 = dc_arena_take32(ar, M * t->heads);
@@ -232,7 +239,8 @@ static void carve(const dc_unet *m, dc_arena *ar, dc_unet_train *a, int B) {
     a->y = dc_arena_take(ar, B * HW0 * c->out_channels), a->dy = dc_arena_take(ar, B * HW0 * c->out_channels);
     a->dcat = dc_arena_take(ar, B * cat);
     unet_grad_scratch *g = &a->g;
-    g->d1 = dc_arena_take(ar, B * big), g->d2 = dc_arena_take(ar, B * big), g->a = dc_arena_take(ar, B * big);
+    g->d1 = dc_arena_take(ar, B * big), g->d2 = dc_arena_take(ar, B * big);
+    g->a = a->lean ? dc_arena_take(ar, B * big) : dc_buf_none();
     g->dtproj = dc_arena_take(ar, B * co);
     g->dS = dc_arena_take(ar, B * tok), g->dT = dc_arena_take(ar, B * tok), g->dT2 = dc_arena_take(ar, B * tok);
     g->dqkv = dc_arena_take(ar, 3 * B * tok), g->dpre = dc_arena_take(ar, 8 * B * tok);
@@ -243,14 +251,14 @@ static void carve(const dc_unet *m, dc_arena *ar, dc_unet_train *a, int B) {
     size_t end = start;
     for (int l = a->keep; l < n; l++) {
         ar->used = start;
-        carve_layer(ar, c, &a->layer[l], &a->acts[l], B, g, &a->tat[l]);
+        carve_layer(ar, c, &a->layer[l], &a->acts[l], B, a->lean, g, &a->tat[l]);
         if (ar->used > end) end = ar->used;
     }
     ar->used = end;
     // the kept intermediates last (above)
     for (int l = 0; l < a->keep; l++) {
         a->at[l] = ar->used;
-        carve_layer(ar, c, &a->layer[l], &a->acts[l], B, g, &a->tat[l]);
+        carve_layer(ar, c, &a->layer[l], &a->acts[l], B, a->lean, g, &a->tat[l]);
     }
     a->at[a->keep] = ar->used;
 }
@@ -297,10 +305,11 @@ static size_t lent_bytes(const dc_unet *m, const dc_unet_train *a, size_t arena,
 
 // The plan for keep layers keeping their intermediates (-1 or more than
 // there are: all).
-static void plan(const dc_unet *m, dc_unet_train *a, int keep) {
+static void plan(const dc_unet *m, dc_unet_train *a, int keep, bool selective) {
     memset(a, 0, sizeof *a);
     a->n = list_layers(m, a->layer);
     a->keep = keep < 0 || keep > a->n ? a->n : keep;
+    a->lean = selective;
 }
 
 int unet_train_lends(const dc_unet *m) {
@@ -310,11 +319,11 @@ int unet_train_lends(const dc_unet *m) {
     return 0;
 }
 
-int64_t unet_train_bytes(const dc_unet *m, dc_dtype compute, int max_batch, int keep, bool lend) {
+int64_t unet_train_bytes(const dc_unet *m, dc_dtype compute, int max_batch, int keep, bool selective, bool lend) {
     if (lend) DC_TRY(unet_train_lends(m));
     dc_unet_train *a = malloc(sizeof *a);
     if (!a) return dc_fail("out of memory");
-    plan(m, a, keep);
+    plan(m, a, keep, selective);
     dc_arena ar = dc_arena_counting(compute);
     carve(m, &ar, a, max_batch);
     size_t at, bytes = lend ? lent_bytes(m, a, ar.used, &at) : ar.used;
@@ -343,7 +352,7 @@ int unet_train_reserve(dc_unet *m, int max_batch) {
     if (m->train) free(m->train), m->train = NULL;
     dc_unet_train *a = malloc(sizeof *a);
     if (!a) return base ? be->free(be, base), dc_fail("out of memory") : dc_fail("out of memory");
-    plan(m, a, m->keep);
+    plan(m, a, m->keep, m->selective);
     dc_arena ar = dc_arena_counting(be->compute);
     carve(m, &ar, a, max_batch);
     size_t grad_at = 0, bytes = m->lend_grads ? lent_bytes(m, a, ar.used, &grad_at) : ar.used;

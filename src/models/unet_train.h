@@ -8,14 +8,15 @@
 // the blocks that set_recompute's keep counts.
 int unet_layer_count(const dc_unet *m);
 // Bytes of the training arena for max_batch images with keep layers keeping
-// their intermediates (-1: all), and with the parameters' gradients in it
-// (lend), without allocating; -1 on failure.
-int64_t unet_train_bytes(const dc_unet *m, dc_dtype compute, int max_batch, int keep, bool lend);
+// their intermediates (-1: all), the pointwise ones recomputed or not
+// (selective: unet_blocks.h's lean acts), and with the parameters'
+// gradients in it (lend), without allocating; -1 on failure.
+int64_t unet_train_bytes(const dc_unet *m, dc_dtype compute, int max_batch, int keep, bool selective, bool lend);
 // Whether the parameters' gradients can lie in the arena: 0, or -1 with the
 // reason (the UNet is not all the set trains).
 int unet_train_lends(const dc_unet *m);
 // Plans and allocates m->train for max_batch images (m->keep layers keep
-// theirs; with m->lend_grads, the set's gradients lie in it, and its own
+// theirs, m->selective; with m->lend_grads, the set's gradients lie in it, and its own
 // gradient buffer is freed).
 int unet_train_reserve(dc_unet *m, int max_batch);
 void unet_train_free(dc_unet *m);

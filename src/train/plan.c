@@ -74,7 +74,7 @@ int dc_plan_predict(const dc_plan_request *r, const dc_train_plan *p, dc_plan_me
                          : mi->cond == DC_COND_TEXT ? mb * ((int64_t)mi->ctx_len * mi->ctx_dim + 1)
                                                     : mb * ((int64_t)mi->ctx_len + 1);
     m.trainer = 4 * ((mi->learn_sigma ? 3 : 4) * mb * img + 2 * mb * oimg + mb + cond + 2 * (int64_t)r->batch + 2);
-    m.activations = dc_model_activation_bytes(r->model, r->compute, p->micro_batch, p->keep);
+    m.activations = dc_model_activation_bytes(r->model, r->compute, p->micro_batch, p->keep, p->selective);
     m.fixed = r->fixed;
     int rc = 0;
     if (m.activations < 0) rc = dc_fail("plan: the activations of micro-batch %d", p->micro_batch);
@@ -107,7 +107,7 @@ int dc_plan_predict(const dc_plan_request *r, const dc_train_plan *p, dc_plan_me
         const dc_train_config lend = {.grads_apart = r->grads_apart};
         if (dc_trainer_lends(r->model, &lend, dc_batch_rounds(r->batch, r->ranks, p->micro_batch), true)) {
             m.grads -= full_grad;
-            m.activations = r->model->ops->lent_bytes(r->model, r->compute, p->micro_batch, p->keep);
+            m.activations = r->model->ops->lent_bytes(r->model, r->compute, p->micro_batch, p->keep, p->selective);
             if (m.activations < 0) rc = dc_fail("plan: the activations of micro-batch %d", p->micro_batch);
         }
         // folding: the micro-batches after a rank's first take a second gradient buffer (at the first step)
@@ -138,7 +138,7 @@ double dc_plan_cost(const dc_plan_request *r, const dc_train_plan *p) {
     const int share = share_of(r), micro = (share + p->micro_batch - 1) / p->micro_batch;
     const int blocks = r->model->info.blocks;
     const double recomputed = blocks ? (double)(blocks - p->keep) / blocks : 0;
-    double t = (1 + recomputed / 3) * (1 + 2.0 / p->micro_batch) / (1 + 2.0 / share);
+    double t = (1 + recomputed / 3) * (1 + 2.0 / p->micro_batch) / (1 + 2.0 / share) * (p->selective ? 1.05 : 1);
     // a step's forward and backward are 3 forwards' worth; clipping repeats the backward (2), or all
     if (p->fused) return t * (!r->clips ? 1.02 : r->model->info.backward_repeats ? 5.0 / 3 : 2.0);
     return p->offload ? t + 1.30 + 0.65 * (micro - 1) : t;
@@ -158,6 +158,9 @@ int dc_plan_choose(const dc_plan_request *r, int64_t budget, dc_train_plan *best
         return dc_fail("updating in the backward runs on one rank, without --offload, with the batch in one "
                        "micro-batch");
     int fuse_lo = r->fused >= 0 ? r->fused : 0, fuse_hi = r->fused >= 0 ? r->fused : may_fuse;
+    const bool has_sel = r->model->ops->set_selective != NULL;
+    if (r->selective == 1 && !has_sel) return dc_fail("a %s has no selective recompute", r->model->ops->name);
+    int sel_lo = r->selective >= 0 ? r->selective : 0, sel_hi = r->selective >= 0 ? r->selective : has_sel;
     dc_train_plan none = {0}, small = {0};
     dc_plan_mem smallest = {.peak = INT64_MAX};
     double best_cost = INFINITY, second_cost = INFINITY;
@@ -167,23 +170,24 @@ int dc_plan_choose(const dc_plan_request *r, int64_t budget, dc_train_plan *best
     for (int mb = r->micro_batch > 0 ? r->micro_batch : share; mb >= 1; mb = r->micro_batch > 0 ? 0 : mb / 2)
         for (int keep = keep_hi; keep >= keep_lo; keep--)
             for (int off = off_lo; off <= off_hi; off++)
-                for (int fuse = fuse_lo; fuse <= fuse_hi; fuse++) {
-                    if (fuse && (off || mb != r->batch)) continue;
-                    dc_train_plan p = {mb, keep, off == 1, fuse == 1};
-                    dc_plan_mem m;
-                    DC_TRY(dc_plan_predict(r, &p, &m));
-                    if (m.peak < smallest.peak) smallest = m, small = p;
-                    if (m.peak > budget) continue;
-                    double cost = dc_plan_cost(r, &p);
-                    bool better = cost < best_cost - 1e-12 || (cost < best_cost + 1e-12 && m.peak < best_mem->peak);
-                    if (best->micro_batch && better) {
-                        if (runner_up) *runner_up = *best;
-                        second_cost = best_cost;
-                    } else if (!better && cost < second_cost && runner_up) {
-                        *runner_up = p, second_cost = cost;
+                for (int fuse = fuse_lo; fuse <= fuse_hi; fuse++)
+                    for (int sel = sel_lo; sel <= sel_hi; sel++) {
+                        if (fuse && (off || mb != r->batch)) continue;
+                        dc_train_plan p = {mb, keep, off == 1, fuse == 1, sel == 1};
+                        dc_plan_mem m;
+                        DC_TRY(dc_plan_predict(r, &p, &m));
+                        if (m.peak < smallest.peak) smallest = m, small = p;
+                        if (m.peak > budget) continue;
+                        double cost = dc_plan_cost(r, &p);
+                        bool better = cost < best_cost - 1e-12 || (cost < best_cost + 1e-12 && m.peak < best_mem->peak);
+                        if (best->micro_batch && better) {
+                            if (runner_up) *runner_up = *best;
+                            second_cost = best_cost;
+                        } else if (!better && cost < second_cost && runner_up) {
+                            *runner_up = p, second_cost = cost;
+                        }
+                        if (!best->micro_batch || better) *best = p, *best_mem = m, best_cost = cost;
                     }
-                    if (!best->micro_batch || better) *best = p, *best_mem = m, best_cost = cost;
-                }
     if (best->micro_batch) return 0;
     char what[256];
     dc_plan_describe(r, &small, &smallest, 0, what, sizeof what);
@@ -201,7 +205,8 @@ void dc_plan_describe(const dc_plan_request *r, const dc_train_plan *p, const dc
     char b1[32], b2[32];
     const char *fused = !p->fused ? "" : r->clips ? ", updated in the backward (two passes: clipping)"
                                                    : ", updated in the backward";
-    int k = snprintf(buf, n, "plan: micro-batch %d, %s, offload %s%s: predicted peak %s", p->micro_batch, rec,
-                     p->offload ? "yes" : "no", fused, size_str(m->peak, b1));
+    int k = snprintf(buf, n, "plan: micro-batch %d, %s%s, offload %s%s: predicted peak %s", p->micro_batch, rec,
+                     p->selective ? ", selective recompute" : "", p->offload ? "yes" : "no", fused,
+                     size_str(m->peak, b1));
     if (budget > 0 && k > 0 && (size_t)k < n) snprintf(buf + k, n - (size_t)k, " of %s", size_str(budget, b2));
 }
