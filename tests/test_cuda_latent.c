@@ -352,8 +352,17 @@ static void test_latent_pointwise(int off) {
         snprintf(name, sizeof name, "geglu_fwd M%lld F%d%s", (long long)M, F, sfx);
         compare(name, o, g_tol);
         pair d = offset(rand_pair(M * F + off, g_ct, -1, 1), off), dx = offset(nan_pair(M * 2 * F + off, g_ct), off);
-        g_cpu->geglu_bwd(g_cpu, dx.c, d.c, x.c, M, F), g_gpu->geglu_bwd(g_gpu, dx.g, d.g, x.g, M, F);
+        g_cpu->geglu_bwd(g_cpu, dx.c, dc_buf_none(), d.c, x.c, M, F);
+        g_gpu->geglu_bwd(g_gpu, dx.g, dc_buf_none(), d.g, x.g, M, F);
         compare("geglu_bwd", dx, g_tol);
+        // writing the forward's output over dout as it goes: geglu_fwd's bits on the GPU, dx the same
+        pair dx2 = offset(nan_pair(M * 2 * F + off, g_ct), off);
+        g_cpu->geglu_bwd(g_cpu, dx2.c, d.c, d.c, x.c, M, F), g_gpu->geglu_bwd(g_gpu, dx2.g, d.g, d.g, x.g, M, F);
+        compare("geglu_bwd with out", dx2, g_tol);
+        compare("geglu_bwd's out", d, g_tol);
+        snprintf(name, sizeof name, "geglu_bwd's out: geglu_fwd's bits M%lld F%d%s", (long long)M, F, sfx);
+        expect_same(name, d, o);
+        expect_same("geglu_bwd with out: dx's bits", dx2, dx);
     }
     static const char *names[4] = {"silu", "gelu_tanh", "gelu_erf", "quick_gelu"};
     const dc_act acts[4] = {DC_ACT_SILU, DC_ACT_GELU_TANH, DC_ACT_GELU_ERF, DC_ACT_QUICK_GELU};
@@ -467,6 +476,14 @@ static void test_group_norm_nhwc(int B, int C, int64_t HW, int G, bool silu, flo
     expect_same("group_norm_nhwc_fwd unaligned: bit for bit", out, ou);
     expect_same("group_norm_nhwc_fwd unaligned: mean bit for bit", mean, mean2);
     expect_same("group_norm_nhwc_fwd unaligned: rstd bit for bit", rstd, rstd2);
+    // the second half alone, from the kept statistics: the same bits on each backend
+    pair oa = nan_pair(n, g_ct);
+    g_cpu->group_norm_nhwc_apply(g_cpu, oa.c, mean.c, rstd.c, x.c, ga.c, be.c, B, C, HW, G, silu);
+    g_gpu->group_norm_nhwc_apply(g_gpu, oa.g, mean.g, rstd.g, x.g, ga.g, be.g, B, C, HW, G, silu);
+    expect_same("group_norm_nhwc_apply: the forward's bits (GPU)", out, oa);
+    float *fc = get_cpu(out), *ac = get_cpu(oa);
+    expect(memcmp(fc, ac, (size_t)n * 4) == 0, "group_norm_nhwc_apply: the forward's bits (CPU)");
+    free(fc), free(ac);
     release();
 }
 

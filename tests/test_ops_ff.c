@@ -32,13 +32,20 @@ static void test_geglu(int64_t M, int F) {
     float *got = dev_get(out, no);
     snprintf(name, sizeof name, "geglu_fwd M%lld F%d", (long long)M, F);
     check(name, got, ref, no, TOL_FWD);
-    g_be->geglu_bwd(g_be, dx, Rd, xd, M, F);
+    g_be->geglu_bwd(g_be, dx, dc_buf_none(), Rd, xd, M, F);
     float *g = dev_get(dx, ni);
     snprintf(name, sizeof name, "geglu_bwd vs FD M%lld F%d", (long long)M, F);
     check(name, g, rdx, ni, TOL_FD);
+    // the backward writing the forward's output too, over its dout: the same bits as both ops apart
+    dc_buf Rd2 = dev_from(R, no), dx2 = dev_nan(ni);
+    g_be->geglu_bwd(g_be, dx2, Rd2, Rd2, xd, M, F);
+    float *o2 = dev_get(Rd2, no), *g2 = dev_get(dx2, ni);
+    snprintf(name, sizeof name, "geglu_bwd with out (over dout) M%lld F%d", (long long)M, F);
+    report(name, !memcmp(o2, got, no * 4) && !memcmp(g2, g, ni * 4) ? 0 : INFINITY, 0);
+    free(o2), free(g2);
     for (int k = 0; other_threads(k); k++) {
         g_be->geglu_fwd(g_be, out, xd, M, F);
-        g_be->geglu_bwd(g_be, dx, Rd, xd, M, F);
+        g_be->geglu_bwd(g_be, dx, dc_buf_none(), Rd, xd, M, F);
         float *a = dev_get(out, no), *b = dev_get(dx, ni);
         snprintf(name, sizeof name, "geglu_fwd, bwd %s", threads_tag(k));
         report(name, !memcmp(a, got, no * 4) && !memcmp(b, g, ni * 4) ? 0 : INFINITY, 0);

@@ -349,6 +349,15 @@ static void test_group_norm_nhwc(int B, int C, int64_t HW, int G, float eps, boo
         report(name, same ? 0 : INFINITY, 0);
         free(a1), free(a2), free(a3);
     }
+    // the second half alone, from the statistics just written: the forward's bits
+    if (have("group_norm_nhwc_apply", g_be->group_norm_nhwc_apply)) {
+        dc_buf oa = dev_nan(n);
+        g_be->group_norm_nhwc_apply(g_be, oa, md, rd, xd, gd, bd, B, C, HW, G, silu);
+        float *a = dev_get(oa, n);
+        snprintf(name, sizeof name, "group_norm_nhwc_apply = the forward %s", tag);
+        report(name, !memcmp(a, raw, n * 4) ? 0 : INFINITY, 0);
+        free(a);
+    }
 
     if (!have("group_norm_nhwc_bwd", g_be->group_norm_nhwc_bwd)) goto done;
     float *Rl = permute(R, dims, true), *pg = host_rand(C, -1, 1), *pb = host_rand(C, -1, 1);

@@ -323,9 +323,12 @@ struct dc_backend {
     void (*upsample2x_fwd)(dc_backend *be, dc_buf out, dc_buf x, int B, int C, int H, int W);
     void (*upsample2x_bwd)(dc_backend *be, dc_buf dx, dc_buf dout, int B, int C, int H, int W);
     // GEGLU (diffusers): x[M, 2F] = [h | gate] -> out[M,F] = h * gelu_erf(gate);
-    // dx[M, 2F] (overwritten).
+    // dx[M, 2F] (overwritten). The backward writes the forward's out too where
+    // out is given ([M, F], or none; it may be dout itself, each value read
+    // before it is overwritten): the same bits as geglu_fwd, for a backward
+    // that did not keep it (selective recompute).
     void (*geglu_fwd)(dc_backend *be, dc_buf out, dc_buf x, int64_t M, int F);
-    void (*geglu_bwd)(dc_backend *be, dc_buf dx, dc_buf dout, dc_buf x, int64_t M, int F);
+    void (*geglu_bwd)(dc_backend *be, dc_buf dx, dc_buf out, dc_buf dout, dc_buf x, int64_t M, int F);
     // out[n] = act(inp) ; dinp (+= if accumulate) = dout * act'(inp)
     void (*activation_fwd)(dc_backend *be, dc_buf out, dc_buf inp, int64_t n, dc_act act);
     void (*activation_bwd)(dc_backend *be, dc_buf dinp, dc_buf dout, dc_buf inp, int64_t n,
@@ -348,6 +351,12 @@ struct dc_backend {
     void (*group_norm_nhwc_fwd)(dc_backend *be, dc_buf out, dc_buf mean, dc_buf rstd, dc_buf x,
                                 dc_buf gamma, dc_buf beta, int B, int C, int64_t HW, int G, float eps,
                                 bool silu);
+    // Its second half alone: out from x and the statistics an earlier
+    // group_norm_nhwc_fwd of the same x wrote into mean and rstd (read here),
+    // the same bits as that call's out, with one pass over x fewer (a
+    // backward rebuilding what it did not keep: selective recompute).
+    void (*group_norm_nhwc_apply)(dc_backend *be, dc_buf out, dc_buf mean, dc_buf rstd, dc_buf x, dc_buf gamma,
+                                  dc_buf beta, int B, int C, int64_t HW, int G, bool silu);
     // out[B, 2H, 2W, C] = x[B, H, W, C], each pixel repeated over a 2x2 block (nearest).
     void (*upsample2x_nhwc_fwd)(dc_backend *be, dc_buf out, dc_buf x, int B, int C, int H, int W);
     // x[B, HW, C] += y[B, HW, C] + v[B, C] + bias[C], v broadcast over HW and

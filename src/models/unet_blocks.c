@@ -393,7 +393,7 @@ void unet_resnet_bwd(dc_backend *be, const dc_params *ps, const unet_resnet *r, 
     } else {
         copy_map(be, dx, dout, (int64_t)B * HW * r->co);
     }
-    if (k->lean) dc_group_norm_nhwc_fwd(be, ps, &r->norm2, k->a2, k->mean2, k->rstd2, k->h1, B, HW, true);
+    if (k->lean) dc_group_norm_nhwc_apply(be, ps, &r->norm2, k->a2, k->mean2, k->rstd2, k->h1, B, HW, true);
     dc_conv2d_bwd(be, ps, &r->conv2, g->d1, dout, k->a2, &s3b, false);  // d1 = dL/da2
     be->group_norm_nhwc_bwd(be, g->d2, dc_param_train_grad(ps, r->norm2.w), dc_param_train_grad(ps, r->norm2.b),
                             g->d1, k->h1, k->mean2, k->rstd2, dc_param_w(ps, r->norm2.w), dc_param_w(ps, r->norm2.b),
@@ -401,7 +401,7 @@ void unet_resnet_bwd(dc_backend *be, const dc_params *ps, const unet_resnet *r, 
     // h1 = conv1(a1) + its bias + the time projection (broadcast over pixels)
     be->channel_sum_nhwc(be, g->dtproj, g->d2, B, r->co, HW);
     dc_linear_bwd(be, ps, &r->temb, dsilu_temb, g->dtproj, silu_temb, B, true);
-    if (k->lean) dc_group_norm_nhwc_fwd(be, ps, &r->norm1, k->a1, k->mean1, k->rstd1, x, B, HW, true);
+    if (k->lean) dc_group_norm_nhwc_apply(be, ps, &r->norm1, k->a1, k->mean1, k->rstd1, x, B, HW, true);
     dc_conv2d_bwd(be, ps, &r->conv1, g->d1, g->d2, k->a1, &s3, false);  // d1 = dL/da1
     be->group_norm_nhwc_bwd(be, dx, dc_param_train_grad(ps, r->norm1.w), dc_param_train_grad(ps, r->norm1.b), g->d1,
                             x, k->mean1, k->rstd1, dc_param_w(ps, r->norm1.w), dc_param_w(ps, r->norm1.b), B, r->ci,
@@ -414,10 +414,22 @@ void unet_transformer_bwd(dc_backend *be, const dc_params *ps, const unet_transf
     const int C = t->C, T = H * W, M = B * T;
     // out = h + proj_out(x3): dS = dL/dx3, then the stream's gradient going back
     dc_linear_bwd(be, ps, &t->proj_out, g->dS, dh, k->x3, M, false);
-    // x3 = x2 + ff2(GEGLU(ff1(norm3(x2)))) (lean: act, then n3, again first)
-    if (k->lean) be->geglu_fwd(be, k->act, k->pre, M, 4 * C);
-    dc_linear_bwd(be, ps, &t->ff2, g->dact, g->dS, k->act, M, false);
-    be->geglu_bwd(be, g->dpre, g->dact, k->pre, M, 4 * C);
+    // x3 = x2 + ff2(GEGLU(ff1(norm3(x2)))). Lean, act is rebuilt: by the
+    // GEGLU's backward, in dact's place as it reads it, between ff2's input
+    // gradient and its weights' (where an adapter does not need ff2's input
+    // for the delta's); then n3.
+    if (k->lean && !dc_adapted(ps, t->ff2.w)) {
+        const dc_buf w2 = dc_weight_plain(ps, t->ff2.w), none = dc_buf_none();
+        be->linear_bwd(be, g->dact, none, none, g->dS, k->pre, w2, M, t->ff2.in, t->ff2.out, false);
+        be->geglu_bwd(be, g->dpre, g->dact, g->dact, k->pre, M, 4 * C);
+        be->linear_bwd(be, none, dc_param_train_grad(ps, t->ff2.w),
+                       t->ff2.b >= 0 ? dc_param_train_grad(ps, t->ff2.b) : none, g->dS, g->dact, w2, M, t->ff2.in,
+                       t->ff2.out, false);
+    } else {
+        if (k->lean) be->geglu_fwd(be, k->act, k->pre, M, 4 * C);
+        dc_linear_bwd(be, ps, &t->ff2, g->dact, g->dS, k->act, M, false);
+        be->geglu_bwd(be, g->dpre, dc_buf_none(), g->dact, k->pre, M, 4 * C);
+    }
     if (k->lean) dc_layer_norm_fwd(be, ps, &t->norm3, k->n3, k->ln_mean[2], k->ln_rstd[2], k->x2, M);
     dc_linear_bwd(be, ps, &t->ff1, g->dT, g->dpre, k->n3, M, false);
     dc_layer_norm_bwd(be, ps, &t->norm3, g->dS, g->dT, k->x2, k->ln_mean[2], k->ln_rstd[2], M, true);
@@ -442,7 +454,7 @@ void unet_transformer_bwd(dc_backend *be, const dc_params *ps, const unet_transf
     packed_bwd(be, ps, &t->qkv1, &t->q1, 3, g->dT, g->dqkv, k->n1, M);
     dc_layer_norm_bwd(be, ps, &t->norm1, g->dS, g->dT, k->x0, k->ln_mean[0], k->ln_rstd[0], M, true);
     // x0 = proj_in(GroupNorm(h)); dh += its share
-    if (k->lean) dc_group_norm_nhwc_fwd(be, ps, &t->norm, k->t0, k->gn_mean, k->gn_rstd, h, B, T, false);
+    if (k->lean) dc_group_norm_nhwc_apply(be, ps, &t->norm, k->t0, k->gn_mean, k->gn_rstd, h, B, T, false);
     dc_linear_bwd(be, ps, &t->proj_in, g->dT, g->dS, k->t0, M, false);
     be->group_norm_nhwc_bwd(be, dh, dc_param_train_grad(ps, t->norm.w), dc_param_train_grad(ps, t->norm.b), g->dT, h,
                             k->gn_mean, k->gn_rstd, dc_param_w(ps, t->norm.w), dc_param_w(ps, t->norm.b), B, C, T,

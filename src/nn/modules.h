@@ -193,6 +193,12 @@ static inline void dc_group_norm_nhwc_fwd(dc_backend *be, const dc_params *ps, c
     be->group_norm_nhwc_fwd(be, y, mean, rstd, x, dc_param_w(ps, n->w), dc_param_w(ps, n->b), B, n->C, HW,
                             n->groups, n->eps, silu);
 }
+// y from x and the statistics dc_group_norm_nhwc_fwd of the same x kept (group_norm_nhwc_apply).
+static inline void dc_group_norm_nhwc_apply(dc_backend *be, const dc_params *ps, const dc_group_norm *n, dc_buf y,
+                                            dc_buf mean, dc_buf rstd, dc_buf x, int B, int64_t HW, bool silu) {
+    be->group_norm_nhwc_apply(be, y, mean, rstd, x, dc_param_w(ps, n->w), dc_param_w(ps, n->b), B, n->C, HW,
+                              n->groups, silu);
+}
 // y[M,D] = LayerNorm(x); mean, rstd [M] F32.
 static inline void dc_layer_norm_fwd(dc_backend *be, const dc_params *ps, const dc_layer_norm *n, dc_buf y,
                                      dc_buf mean, dc_buf rstd, dc_buf x, int64_t M) {

@@ -233,6 +233,7 @@ dc_backend *dc_backend_cpu_create(void) {
         .add_channel = dc_cpu_add_channel,
         .channel_sum = dc_cpu_channel_sum,
         .group_norm_nhwc_fwd = dc_cpu_group_norm_nhwc_fwd,
+        .group_norm_nhwc_apply = dc_cpu_group_norm_nhwc_apply,
         .upsample2x_nhwc_fwd = dc_cpu_upsample2x_nhwc_fwd,
         .add_nhwc = dc_cpu_add_nhwc,
         .concat_channels = dc_cpu_concat_channels,

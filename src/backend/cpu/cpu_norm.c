@@ -207,6 +207,41 @@ static void group_stats_nhwc(const float *x, int C, int64_t HW, int Cg, int g0, 
     }
 }
 
+// out = act(xhat gamma + beta) from the statistics in mean and rstd, in row
+// blocks (the group statistics spread over channels, so each row is one
+// vector loop); inside a parallel region.
+static void group_apply_nhwc(float *out, const float *mean, const float *rstd, const float *x, const float *gamma,
+                             const float *beta, int B, int C, int64_t HW, int G, bool silu) {
+    const int Cg = C / G;
+    const int64_t nblk = (HW + GN_PB - 1) / GN_PB;
+#pragma omp for schedule(static)
+    for (int64_t u = 0; u < B * nblk; u++) {
+        const int64_t b = u / nblk, p0 = u % nblk * GN_PB;
+        const int64_t p1 = p0 + GN_PB < HW ? p0 + GN_PB : HW;
+        for (int a = 0; a < C; a += GN_CH) {
+            const int len = C - a < GN_CH ? C - a : GN_CH;
+            const float *ga = gamma + a, *bt = beta + a;
+            float m[GN_CH], r[GN_CH];
+            for (int j = 0; j < len; j++) {
+                m[j] = mean[b * G + (a + j) / Cg];
+                r[j] = rstd[b * G + (a + j) / Cg];
+            }
+            for (int64_t p = p0; p < p1; p++) {
+                const float *xr = x + (b * HW + p) * C + a;
+                float *o = out + (b * HW + p) * C + a;
+                if (silu) {
+#pragma omp simd
+                    for (int j = 0; j < len; j++)
+                        o[j] = dc_silu(dc_norm_affine(dc_norm_xhat(xr[j], m[j], r[j]), ga[j], bt[j]));
+                } else {
+#pragma omp simd
+                    for (int j = 0; j < len; j++) o[j] = dc_norm_affine(dc_norm_xhat(xr[j], m[j], r[j]), ga[j], bt[j]);
+                }
+            }
+        }
+    }
+}
+
 void dc_cpu_group_norm_nhwc_fwd(dc_backend *be, dc_buf out_, dc_buf mean_, dc_buf rstd_,
                                 dc_buf x_, dc_buf gamma_, dc_buf beta_, int B, int C, int64_t HW,
                                 int G, float eps, bool silu) {
@@ -219,7 +254,6 @@ void dc_cpu_group_norm_nhwc_fwd(dc_backend *be, dc_buf out_, dc_buf mean_, dc_bu
     assert(C % G == 0);
     const int Cg = C / G, gpu = Cg < GN_SC ? GN_SC / Cg : 1;  // groups per statistics unit
     const int nu = (G + gpu - 1) / gpu;
-    const int64_t nblk = (HW + GN_PB - 1) / GN_PB;
 #pragma omp parallel if ((int64_t)B * C * HW > DC_CPU_PAR_MIN)
     {
 #pragma omp for schedule(static)
@@ -228,36 +262,19 @@ void dc_cpu_group_norm_nhwc_fwd(dc_backend *be, dc_buf out_, dc_buf mean_, dc_bu
             group_stats_nhwc(x + (int64_t)b * HW * C, C, HW, Cg, g0, g1, eps, mean + b * G,
                              rstd + b * G);
         }
-        // The group statistics spread over channels, so each row is one vector loop.
-#pragma omp for schedule(static)
-        for (int64_t u = 0; u < B * nblk; u++) {
-            const int64_t b = u / nblk, p0 = u % nblk * GN_PB;
-            const int64_t p1 = p0 + GN_PB < HW ? p0 + GN_PB : HW;
-            for (int a = 0; a < C; a += GN_CH) {
-                const int len = C - a < GN_CH ? C - a : GN_CH;
-                const float *ga = gamma + a, *bt = beta + a;
-                float m[GN_CH], r[GN_CH];
-                for (int j = 0; j < len; j++) {
-                    m[j] = mean[b * G + (a + j) / Cg];
-                    r[j] = rstd[b * G + (a + j) / Cg];
-                }
-                for (int64_t p = p0; p < p1; p++) {
-                    const float *xr = x + (b * HW + p) * C + a;
-                    float *o = out + (b * HW + p) * C + a;
-                    if (silu) {
-#pragma omp simd
-                        for (int j = 0; j < len; j++)
-                            o[j] = dc_silu(
-                                dc_norm_affine(dc_norm_xhat(xr[j], m[j], r[j]), ga[j], bt[j]));
-                    } else {
-#pragma omp simd
-                        for (int j = 0; j < len; j++)
-                            o[j] = dc_norm_affine(dc_norm_xhat(xr[j], m[j], r[j]), ga[j], bt[j]);
-                    }
-                }
-            }
-        }
+        group_apply_nhwc(out, mean, rstd, x, gamma, beta, B, C, HW, G, silu);
     }
+}
+
+void dc_cpu_group_norm_nhwc_apply(dc_backend *be, dc_buf out_, dc_buf mean_, dc_buf rstd_, dc_buf x_, dc_buf gamma_,
+                                  dc_buf beta_, int B, int C, int64_t HW, int G, bool silu) {
+    const float *gamma = dc_cpu_weight(be, gamma_, C, DC_CPU_WIDE_B);  // [C]
+    const float *beta = dc_cpu_weight(be, beta_, C, DC_CPU_WIDE_B2);   // [C]
+    if (!gamma || !beta) return;  // recorded for status
+    assert(C % G == 0);
+#pragma omp parallel if ((int64_t)B * C * HW > DC_CPU_PAR_MIN)
+    group_apply_nhwc(dc_cpu_f32(out_), dc_cpu_f32(mean_), dc_cpu_f32(rstd_), dc_cpu_f32(x_), gamma, beta, B, C, HW,
+                     G, silu);
 }
 
 // The backward over channels-last maps: the same formulas as

@@ -162,6 +162,8 @@ void dc_cpu_group_norm_fwd(dc_backend *be, dc_buf out, dc_buf mean, dc_buf rstd,
 void dc_cpu_group_norm_nhwc_fwd(dc_backend *be, dc_buf out, dc_buf mean, dc_buf rstd, dc_buf x,
                                 dc_buf gamma, dc_buf beta, int B, int C, int64_t HW, int G,
                                 float eps, bool silu);
+void dc_cpu_group_norm_nhwc_apply(dc_backend *be, dc_buf out, dc_buf mean, dc_buf rstd, dc_buf x, dc_buf gamma,
+                                  dc_buf beta, int B, int C, int64_t HW, int G, bool silu);
 void dc_cpu_group_norm_bwd(dc_backend *be, dc_buf dx, dc_buf dgamma, dc_buf dbeta, dc_buf dout,
                            dc_buf x, dc_buf mean, dc_buf rstd, dc_buf gamma, dc_buf beta, int B,
                            int C, int64_t HW, int G, bool silu, bool accumulate);
@@ -182,7 +184,7 @@ void dc_cpu_transpose(dc_backend *be, dc_buf out, dc_buf x, int B, int64_t M, in
 void dc_cpu_add_channel(dc_backend *be, dc_buf x, dc_buf v, int B, int C, int64_t HW);
 void dc_cpu_channel_sum(dc_backend *be, dc_buf dv, dc_buf dx, int B, int C, int64_t HW);
 void dc_cpu_geglu_fwd(dc_backend *be, dc_buf out, dc_buf x, int64_t M, int F);
-void dc_cpu_geglu_bwd(dc_backend *be, dc_buf dx, dc_buf dout, dc_buf x, int64_t M, int F);
+void dc_cpu_geglu_bwd(dc_backend *be, dc_buf dx, dc_buf out, dc_buf dout, dc_buf x, int64_t M, int F);
 void dc_cpu_activation_fwd(dc_backend *be, dc_buf out, dc_buf inp, int64_t n, dc_act act);
 void dc_cpu_activation_bwd(dc_backend *be, dc_buf dinp, dc_buf dout, dc_buf inp, int64_t n,
                            dc_act act, bool accumulate);

@@ -261,11 +261,12 @@ void dc_cpu_geglu_fwd(dc_backend *be, dc_buf out_, dc_buf x_, int64_t M, int F) 
     }
 }
 
-// dh = dout gelu(gate), dgate = dout h gelu'(gate).
-void dc_cpu_geglu_bwd(dc_backend *be, dc_buf dx_, dc_buf dout_, dc_buf x_, int64_t M, int F) {
+// dh = dout gelu(gate), dgate = dout h gelu'(gate); out = h gelu(gate)
+// where given (it may be dout: each d[f] is read before o[f] is written).
+void dc_cpu_geglu_bwd(dc_backend *be, dc_buf dx_, dc_buf out_, dc_buf dout_, dc_buf x_, int64_t M, int F) {
     (void)be;
-    float *dx = dc_cpu_f32(dx_);                                  // [M, 2F]
-    const float *dout = dc_cpu_f32(dout_), *x = dc_cpu_f32(x_);   // [M, F], [M, 2F]
+    float *dx = dc_cpu_f32(dx_), *out = out_.p ? dc_cpu_f32(out_) : NULL;  // [M, 2F], [M, F]
+    const float *dout = dc_cpu_f32(dout_), *x = dc_cpu_f32(x_);           // [M, F], [M, 2F]
 #pragma omp parallel for schedule(static) if (M * F > DC_CPU_PAR_MIN)
     for (int64_t m = 0; m < M; m++) {
         const float *h = x + m * 2 * F, *gate = h + F, *d = dout + m * F;
@@ -275,6 +276,10 @@ void dc_cpu_geglu_bwd(dc_backend *be, dc_buf dx_, dc_buf dout_, dc_buf x_, int64
             dh[f] = d[f] * dc_gelu_erf(gate[f]);
             dgate[f] = d[f] * h[f] * dc_gelu_erf_grad(gate[f]);
         }
+        if (!out) continue;
+        float *o = out + m * F;  // after the row's dout is read; geglu_fwd's loop, for its bits
+#pragma omp simd
+        for (int f = 0; f < F; f++) o[f] = h[f] * dc_gelu_erf(gate[f]);
     }
 }
 

@@ -418,6 +418,7 @@ extern "C" dc_backend *dc_backend_cuda_create_opts(bool fp32, const dc_backend_o
         .add_channel = dc_cuda_add_channel,
         .channel_sum = dc_cuda_channel_sum,
         .group_norm_nhwc_fwd = dc_cuda_group_norm_nhwc_fwd,
+        .group_norm_nhwc_apply = dc_cuda_group_norm_nhwc_apply,
         .upsample2x_nhwc_fwd = dc_cuda_upsample2x_nhwc_fwd,
         .add_nhwc = dc_cuda_add_nhwc,
         .concat_channels = dc_cuda_concat_channels,

@@ -278,6 +278,27 @@ static bool float_bufs(dc_buf a, dc_buf b, dc_buf c, dc_buf d) {
     return true;
 }
 
+// Kernel 3 over nb of the B samples from sample b0: out from x and the
+// statistics, chunks of up to eight rows a thread.
+static void gn_nhwc_apply(dc_backend *be, dc_buf out, const float *mu, const float *r, dc_buf x, dc_buf gamma,
+                          dc_buf beta, int B, int b0, int nb, int C, int64_t HW, int G, int V, bool silu) {
+    const dc_rows_geom ga = dc_rows_geom_make(C, V, NT);
+    const int64_t rows_apply = dc_rows_chunk(&ga, (int64_t)B * HW, 8), cps = (HW + rows_apply - 1) / rows_apply;
+    const int64_t off = (int64_t)b0 * C * HW;
+    const dim3 g3((unsigned)(nb * cps), (unsigned)ga.tiles), b3(ga.ct, ga.rt);
+    void *op = dc_buf_at(out, off).p;
+    const void *xp = dc_buf_at(x, off).p;
+    if (V == 8)
+        dc_launch(be, k_gn_nhwc_apply<8>, g3, b3, 0, op, BF(out), xp, BF(x), mu, r, gamma.p, BF(gamma), beta.p,
+                  BF(beta), HW, C, G, ga.cols, cps, rows_apply, silu);
+    else if (V == 4)
+        dc_launch(be, k_gn_nhwc_apply<4>, g3, b3, 0, op, BF(out), xp, BF(x), mu, r, gamma.p, BF(gamma), beta.p,
+                  BF(beta), HW, C, G, ga.cols, cps, rows_apply, silu);
+    else
+        dc_launch(be, k_gn_nhwc_apply<1>, g3, b3, 0, op, BF(out), xp, BF(x), mu, r, gamma.p, BF(gamma), beta.p,
+                  BF(beta), HW, C, G, ga.cols, cps, rows_apply, silu);
+}
+
 extern "C" void dc_cuda_group_norm_nhwc_fwd(dc_backend *be, dc_buf out, dc_buf mean, dc_buf rstd, dc_buf x,
                                             dc_buf gamma, dc_buf beta, int B, int C, int64_t HW, int G, float eps,
                                             bool silu) {
@@ -293,9 +314,6 @@ extern "C" void dc_cuda_group_norm_nhwc_fwd(dc_backend *be, dc_buf out, dc_buf m
     const int64_t chunks = gn_nhwc_chunks(HW, C), rows_per = (HW + chunks - 1) / chunks;
     dc_rows_geom gs = dc_rows_geom_make(C, V, 32);
     gs.rt = GN_RT;
-    // kernel 3: chunks of up to eight rows a thread
-    const dc_rows_geom ga = dc_rows_geom_make(C, V, NT);
-    const int64_t rows_apply = dc_rows_chunk(&ga, (int64_t)B * HW, 8), cps = (HW + rows_apply - 1) / rows_apply;
     // samples per piece: their partials fit the whole workspace, and grid.z
     // (65535) holds them (with its first quarter only, SD 2.1's 32x32 maps of
     // 320 channels at batch 64 ran as three pieces of kernels too small to
@@ -312,19 +330,21 @@ extern "C" void dc_cuda_group_norm_nhwc_fwd(dc_backend *be, dc_buf out, dc_buf m
         else if (V == 4) dc_launch(be, k_gn_nhwc_part<4>, g1, b1, 0, part, xp, BF(x), HW, C, gs.cols, rows_per);
         else dc_launch(be, k_gn_nhwc_part<1>, g1, b1, 0, part, xp, BF(x), HW, C, gs.cols, rows_per);
         dc_launch(be, k_gn_nhwc_stats, (unsigned)((int64_t)nb * G), GN_ST, 0, mu, r, part, chunks, C, G, HW, eps);
-        const dim3 g3((unsigned)(nb * cps), (unsigned)ga.tiles), b3(ga.ct, ga.rt);
-        void *op = dc_buf_at(out, off).p;
-        if (V == 8)
-            dc_launch(be, k_gn_nhwc_apply<8>, g3, b3, 0, op, BF(out), xp, BF(x), mu, r, gamma.p, BF(gamma), beta.p,
-                      BF(beta), HW, C, G, ga.cols, cps, rows_apply, silu);
-        else if (V == 4)
-            dc_launch(be, k_gn_nhwc_apply<4>, g3, b3, 0, op, BF(out), xp, BF(x), mu, r, gamma.p, BF(gamma), beta.p,
-                      BF(beta), HW, C, G, ga.cols, cps, rows_apply, silu);
-        else
-            dc_launch(be, k_gn_nhwc_apply<1>, g3, b3, 0, op, BF(out), xp, BF(x), mu, r, gamma.p, BF(gamma), beta.p,
-                      BF(beta), HW, C, G, ga.cols, cps, rows_apply, silu);
+        gn_nhwc_apply(be, out, mu, r, x, gamma, beta, B, b0, nb, C, HW, G, V, silu);
         DC_CUDA_LAUNCHED(be);
     }
+}
+
+extern "C" void dc_cuda_group_norm_nhwc_apply(dc_backend *be, dc_buf out, dc_buf mean, dc_buf rstd, dc_buf x,
+                                              dc_buf gamma, dc_buf beta, int B, int C, int64_t HW, int G, bool silu) {
+    DC_CUDA_OP(be);
+    if (!gn_shape_ok(be, __func__, B, C, HW, G, mean, rstd)) return;
+    if (!float_bufs(out, x, gamma, beta))
+        DC_CUDA_FAIL(be, "group norm dtypes: x %s, out %s, gamma %s, beta %s (each F32 or BF16)",
+                     dc_dtype_name(x.dt), dc_dtype_name(out.dt), dc_dtype_name(gamma.dt), dc_dtype_name(beta.dt));
+    gn_nhwc_apply(be, out, (const float *)mean.p, (const float *)rstd.p, x, gamma, beta, B, 0, B, C, HW, G,
+                  dc_vec_width(C, x, out, dc_buf_none()), silu);
+    DC_CUDA_LAUNCHED(be);
 }
 
 // ---- group norm backward ---------------------------------------------------------------

@@ -213,7 +213,7 @@ void dc_cuda_activation_fwd(dc_backend *be, dc_buf out, dc_buf inp, int64_t n, d
 void dc_cuda_activation_bwd(dc_backend *be, dc_buf dinp, dc_buf dout, dc_buf inp, int64_t n, dc_act act,
                             bool accumulate);
 void dc_cuda_geglu_fwd(dc_backend *be, dc_buf out, dc_buf x, int64_t M, int F);
-void dc_cuda_geglu_bwd(dc_backend *be, dc_buf dx, dc_buf dout, dc_buf x, int64_t M, int F);
+void dc_cuda_geglu_bwd(dc_backend *be, dc_buf dx, dc_buf out, dc_buf dout, dc_buf x, int64_t M, int F);
 void dc_cuda_upsample2x_fwd(dc_backend *be, dc_buf out, dc_buf x, int B, int C, int H, int W);
 void dc_cuda_upsample2x_bwd(dc_backend *be, dc_buf dx, dc_buf dout, int B, int C, int H, int W);
 void dc_cuda_transpose(dc_backend *be, dc_buf out, dc_buf x, int B, int64_t M, int64_t N);
@@ -258,6 +258,8 @@ void dc_cuda_group_norm_fwd(dc_backend *be, dc_buf out, dc_buf mean, dc_buf rstd
                             dc_buf beta, int B, int C, int64_t HW, int G, float eps, bool silu);
 void dc_cuda_group_norm_nhwc_fwd(dc_backend *be, dc_buf out, dc_buf mean, dc_buf rstd, dc_buf x, dc_buf gamma,
                                  dc_buf beta, int B, int C, int64_t HW, int G, float eps, bool silu);
+void dc_cuda_group_norm_nhwc_apply(dc_backend *be, dc_buf out, dc_buf mean, dc_buf rstd, dc_buf x, dc_buf gamma,
+                                   dc_buf beta, int B, int C, int64_t HW, int G, bool silu);
 void dc_cuda_group_norm_bwd(dc_backend *be, dc_buf dx, dc_buf dgamma, dc_buf dbeta, dc_buf dout, dc_buf x,
                             dc_buf mean, dc_buf rstd, dc_buf gamma, dc_buf beta, int B, int C, int64_t HW, int G,
                             bool silu, bool accumulate);

@@ -345,9 +345,12 @@ __global__ void k_geglu_fwd(void *out, int obf, const void *x, int xbf, int64_t 
     }
 }
 
-// dh = dout gelu_erf(gate) ; dgate = dout h gelu_erf'(gate)
+// dh = dout gelu_erf(gate) ; dgate = dout h gelu_erf'(gate) ; and where out
+// is given, out = h gelu_erf(gate) as k_geglu_fwd writes it (out may be dout:
+// a thread reads its dout values before it writes the same places).
 template <int W>
-__global__ void k_geglu_bwd(void *dx, int dbf, const void *dout, int gbf, const void *x, int xbf, int64_t M, int F) {
+__global__ void k_geglu_bwd(void *dx, int dbf, void *out, int obf, const void *dout, int gbf, const void *x, int xbf,
+                            int64_t M, int F) {
     const int FW = F / W;
     GRID_STRIDE(t, M * FW) {
         int64_t m = t / FW;
@@ -355,14 +358,16 @@ __global__ void k_geglu_bwd(void *dx, int dbf, const void *dout, int gbf, const 
         const int64_t xi = m * 2 * F + f, oi = m * F + f;
         if (W == 4) {
             float4 h = dc_ld4(x, xi, xbf), g = dc_ld4(x, xi + F, xbf), d = dc_ld4(dout, oi, gbf);
-            dc_st4(dx, xi, make_float4(d.x * dc_gelu_erf(g.x), d.y * dc_gelu_erf(g.y), d.z * dc_gelu_erf(g.z),
-                                       d.w * dc_gelu_erf(g.w)), dbf);
+            const float4 gl = make_float4(dc_gelu_erf(g.x), dc_gelu_erf(g.y), dc_gelu_erf(g.z), dc_gelu_erf(g.w));
+            dc_st4(dx, xi, make_float4(d.x * gl.x, d.y * gl.y, d.z * gl.z, d.w * gl.w), dbf);
             dc_st4(dx, xi + F, make_float4(d.x * h.x * dc_gelu_erf_grad(g.x), d.y * h.y * dc_gelu_erf_grad(g.y),
                                            d.z * h.z * dc_gelu_erf_grad(g.z), d.w * h.w * dc_gelu_erf_grad(g.w)), dbf);
+            if (out) dc_st4(out, oi, make_float4(h.x * gl.x, h.y * gl.y, h.z * gl.z, h.w * gl.w), obf);
         } else {
-            float h = dc_ld(x, xi, xbf), g = dc_ld(x, xi + F, xbf), d = dc_ld(dout, oi, gbf);
-            dc_st(dx, xi, d * dc_gelu_erf(g), dbf);
+            float h = dc_ld(x, xi, xbf), g = dc_ld(x, xi + F, xbf), d = dc_ld(dout, oi, gbf), gl = dc_gelu_erf(g);
+            dc_st(dx, xi, d * gl, dbf);
             dc_st(dx, xi + F, d * h * dc_gelu_erf_grad(g), dbf);
+            if (out) dc_st(out, oi, h * gl, obf);
         }
     }
 }
@@ -377,14 +382,15 @@ extern "C" void dc_cuda_geglu_fwd(dc_backend *be, dc_buf out, dc_buf x, int64_t 
     DC_CUDA_LAUNCHED(be);
 }
 
-extern "C" void dc_cuda_geglu_bwd(dc_backend *be, dc_buf dx, dc_buf dout, dc_buf x, int64_t M, int F) {
+extern "C" void dc_cuda_geglu_bwd(dc_backend *be, dc_buf dx, dc_buf out, dc_buf dout, dc_buf x, int64_t M, int F) {
     DC_CUDA_OP(be);
     if (M <= 0 || F <= 0) return;
-    if (F % 4 == 0 && dc_vec4(dx) && dc_vec4(dout) && dc_vec4(x))
-        k_geglu_bwd<4><<<dc_blocks(M * F / 4, TPB), TPB, 0, S(be)>>>(dx.p, BF(dx), dout.p, BF(dout), x.p, BF(x), M,
-                                                                      F);
+    if (F % 4 == 0 && dc_vec4(dx) && dc_vec4(dout) && dc_vec4(x) && (!out.p || dc_vec4(out)))
+        k_geglu_bwd<4><<<dc_blocks(M * F / 4, TPB), TPB, 0, S(be)>>>(dx.p, BF(dx), out.p, BF(out), dout.p, BF(dout),
+                                                                      x.p, BF(x), M, F);
     else
-        k_geglu_bwd<1><<<dc_blocks(M * F, TPB), TPB, 0, S(be)>>>(dx.p, BF(dx), dout.p, BF(dout), x.p, BF(x), M, F);
+        k_geglu_bwd<1><<<dc_blocks(M * F, TPB), TPB, 0, S(be)>>>(dx.p, BF(dx), out.p, BF(out), dout.p, BF(dout), x.p,
+                                                                  BF(x), M, F);
     DC_CUDA_LAUNCHED(be);
 }
 
