@@ -328,7 +328,7 @@ static void test_sd21_lent(void) {
           (long long)sm.peak);
     printf("SD 2.1 at 256 px, batch 64, selective recompute: %.2f GiB\n", sm.peak / GIB);
     dc_train_plan best;
-    r.selective = -1;  // (the blocks all keeping theirs: recomputing 3 of 28 is cheaper by the cost model)
+    r.selective = -1;  // (the blocks all keeping theirs)
     CHECK(dc_plan_choose(&r, (lent.peak + sm.peak) / 2, &best, &bm, NULL) == 0 && best.selective &&
               best.keep == D && bm.peak == sm.peak,
           "a budget between: selective %d, keep %d (%s)", best.selective, best.keep, dc_error());

@@ -21,7 +21,8 @@
 // - Units: backward announces every parameter unit once, begin then done.
 //
 // Usage: test_unet_grad            the CPU checks above
-//        test_unet_grad cuda       the GPU's gradients against the CPU's
+//        test_unet_grad cuda       the GPU's gradients against the CPU's (and
+//                                  with selective recompute, the same bits)
 //        test_unet_grad cuda-fp32  (bf16 and fp32 tolerances)
 #include <math.h>
 #include <stdio.h>
@@ -418,10 +419,21 @@ static void test_gpu(const char *name, const char *set) {
     CHECK(dn > 0 && dd < tol * dn, "%s on %s: the text's gradient is %.2e off", set, name, dd / dn);
     free(dc), free(dg);
     rc.be->free(rc.be, rc.cond.dctx.p), gpu->free(gpu, rg.cond.dctx.p);
+    rc.cond.dctx = rg.cond.dctx = dc_buf_none();  // (the parameters' gradients do not depend on it)
     char label[64];
     snprintf(label, sizeof label, "%s on %s", set, name);
     const int bad = gc && gg ? param_gpu_gaps(rc.m->params, gg, gc, tol, label) : -1;
     CHECK(gc && gg && bad == 0, "%s on %s: %d tensors off", set, name, bad);
+    // selective recompute on the GPU: the same bits as keeping everything
+    if (gg) {
+        dc_params *ps = rg.m->params;
+        CHECK(dc_model_set_selective(rg.m, true) == 0 && dc_model_reserve(rg.m, rg.B) == 0, "selective: %s",
+              dc_error());
+        float *gs = grads(&rg);
+        CHECK(gs && memcmp(gs, gg, (size_t)ps->numel * 4) == 0, "%s on %s: selective recompute changed the "
+              "gradients", set, name);
+        free(gs);
+    }
     free(gc), free(gg);
     dc_backend *cpu = rc.be;
     rig_close(&rc), rig_close(&rg);

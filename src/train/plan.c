@@ -138,7 +138,7 @@ double dc_plan_cost(const dc_plan_request *r, const dc_train_plan *p) {
     const int share = share_of(r), micro = (share + p->micro_batch - 1) / p->micro_batch;
     const int blocks = r->model->info.blocks;
     const double recomputed = blocks ? (double)(blocks - p->keep) / blocks : 0;
-    double t = (1 + recomputed / 3) * (1 + 2.0 / p->micro_batch) / (1 + 2.0 / share) * (p->selective ? 1.05 : 1);
+    double t = (1 + recomputed / 3) * (1 + 2.0 / p->micro_batch) / (1 + 2.0 / share) * (p->selective ? 1.03 : 1);
     // a step's forward and backward are 3 forwards' worth; clipping repeats the backward (2), or all
     if (p->fused) return t * (!r->clips ? 1.02 : r->model->info.backward_repeats ? 5.0 / 3 : 2.0);
     return p->offload ? t + 1.30 + 0.65 * (micro - 1) : t;

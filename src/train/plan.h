@@ -15,7 +15,7 @@
 // keeping their activations, the rank's share in one micro-batch):
 //   (1 + r / 3) x (1 + 2 / mb) / (1 + 2 / share)  [+ 1.30 + 0.65 (n - 1) with offload]
 //   [x 1.02 updating in the backward; when that clips, x 5/3 (x 2 for a model
-//   whose backward does not repeat)] [x 1.05 with selective recompute]
+//   whose backward does not repeat)] [x 1.03 with selective recompute]
 // r: the fraction of blocks that recompute (their forward runs again: a third
 // of a block's forward + backward); 2 / mb: each micro-batch costs about two
 // images' worth of fixed work (kernel launches, reading every weight once);
@@ -31,7 +31,7 @@
 // otherwise launches three small ops a unit more (x 1.02: a plan takes it only
 // where memory asks for it).
 // Selective recompute: SD 2.1's UNet at 256 px, batch 64, on an H200 took
-// 102.6 ms a step against 97.7 (x 1.05; x 1.04 at 512 px, batch 16).
+// 99.9 ms a step against 97.2 (x 1.03; x 1.02 at 512 px, batch 16).
 // Estimates, not measurements of each plan: they order plans.
 #pragma once
 #include <stdbool.h>
