@@ -101,9 +101,11 @@ static void test_exact_on_cpu(void) {
     tiny_data(&ds, 12);
     dc_plan_request r = {.model = g_tiny, .compute = k.be.compute, .fixed = 0, .batch = BATCH, .ranks = 1,
                          .zero = 0, .micro_batch = 0, .keep = -1, .offload = -1, .folds = true};
-    const dc_train_plan plans[] = {{6, 3, false, false, false}, {6, 0, false, false, false}, {3, 1, false, false, false},
-                                   {2, 3, true, false, false},  {6, 0, true, false, false},  {1, 2, true, false, false},
-                                   {4, 0, false, false, false}, {6, 3, false, true, false},  {6, 0, false, true, false}};
+    const dc_train_plan plans[] = {{6, 3, false, false, false}, {6, 0, false, false, false},
+                                   {3, 1, false, false, false}, {2, 3, true, false, false},
+                                   {6, 0, true, false, false},  {1, 2, true, false, false},
+                                   {4, 0, false, false, false}, {6, 3, false, true, false},
+                                   {6, 0, false, true, false}};
     for (size_t i = 0; i < sizeof plans / sizeof plans[0]; i++) {
         const dc_train_plan *p = &plans[i];
         dc_plan_mem pm;
@@ -211,7 +213,8 @@ static void test_xl(void) {
     const int D = xl->info.blocks;
     // the settings measured on an H200 and an H100 (peak device memory as the backend counts it;
     // offload's 7.52 GiB with the EMA on the device and no unit updated there, 2026-11-23)
-    struct { dc_train_plan p; double measured; } h200[] = {{{64, D, false, false, false}, 34.29}, {{64, 0, true, false, false}, 7.52}};
+    struct { dc_train_plan p; double measured; } h200[] = {{{64, D, false, false, false}, 34.29},
+                                                           {{64, 0, true, false, false}, 7.52}};
     for (int i = 0; i < 2; i++) {
         dc_plan_mem m;
         CHECK(dc_plan_predict(&r, &h200[i].p, &m) == 0, "predict: %s", dc_error());
@@ -297,17 +300,24 @@ static void test_lora_layout(void) {
     dc_model_free(w);
 }
 
+// A training UNet's layout from a config in tools/configs, latents lat x lat
+// (NULL, counted as a failure, if it cannot be made).
+static dc_model *unet_layout(const char *config, int lat) {
+    dc_unet_config c;
+    dc_model *u = NULL;
+    if (dc_unet_config_from_json_file(&c, config) || dc_unet_new_train(&c, NULL, DC_GRAD_BUFFER, lat, lat, &u)) {
+        CHECK(0, "%s's UNet layout: %s", config, dc_error());
+        return NULL;
+    }
+    return u;
+}
+
 // SD 2.1's UNet at 256 px, batch 64, bf16, with the EMA: the gradients in
 // the activation arena save most of their 3.2 GiB (the arena's last layers
 // are done with before the units with most parameters begin).
 static void test_sd21_lent(void) {
-    dc_unet_config c;
-    dc_model *u = NULL;
-    if (dc_unet_config_from_json_file(&c, "tools/configs/sd21_unet.json") ||
-        dc_unet_new_train(&c, NULL, DC_GRAD_BUFFER, 32, 32, &u)) {
-        CHECK(0, "SD 2.1's UNet layout: %s", dc_error());
-        return;
-    }
+    dc_model *u = unet_layout("tools/configs/sd21_unet.json", 32);
+    if (!u) return;
     const int D = u->info.blocks;
     dc_plan_request r = {.model = u, .compute = DC_BF16, .fixed = k_cuda_fixed, .batch = 64, .ranks = 1,
                          .micro_batch = 64, .keep = D, .offload = 0, .fused = 0, .clips = true, .grads_apart = true};
@@ -348,13 +358,8 @@ static void test_sd21_lent(void) {
 
 // DreamBooth's step: SD 1.5's UNet at 512 px, batch 1, bf16, no EMA, clipping.
 static void test_dreambooth(void) {
-    dc_unet_config c;
-    dc_model *u = NULL;
-    if (dc_unet_config_from_json_file(&c, "tools/configs/sd15_unet.json") ||
-        dc_unet_new_train(&c, NULL, DC_GRAD_BUFFER, 64, 64, &u)) {
-        CHECK(0, "SD 1.5's UNet layout: %s", dc_error());
-        return;
-    }
+    dc_model *u = unet_layout("tools/configs/sd15_unet.json", 64);
+    if (!u) return;
     const int D = u->info.blocks;
     dc_plan_request r = {.model = u, .compute = DC_BF16, .fixed = k_cuda_fixed, .batch = 1, .ranks = 1, .zero = 0,
                          .micro_batch = 0, .keep = D, .offload = 0, .fused = -1, .no_ema = true, .clips = true,

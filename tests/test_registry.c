@@ -191,8 +191,8 @@ static void test_optional_ops(void) {
     dc_model m = {.ops = &ops};
     CHECK(dc_model_set_recompute(&m, 1) != 0 && strstr(dc_error(), "a Plain has no activation checkpointing"),
           "recompute: %s", dc_error());
-    CHECK(dc_model_activation_bytes(&m, DC_F32, 4, -1, false) < 0 && strstr(dc_error(), "Plain"), "activation bytes: %s",
-          dc_error());
+    CHECK(dc_model_activation_bytes(&m, DC_F32, 4, -1, false) < 0 && strstr(dc_error(), "Plain"),
+          "activation bytes: %s", dc_error());
     char what[32];
     dc_model_describe(&m, what, sizeof what);
     CHECK(!strcmp(what, "Plain"), "describe: %s", what);

@@ -223,7 +223,8 @@ static void lending(bool unet, int micro, float clip, int recompute, const char 
     if (run(&lent, what) && run(&apart, name)) {
         check_against(&lent, &apart, 1, 0.0, what);
         const bool lends = unet && !micro;
-        CHECK(lent.lent == lends, "%s: the gradients %s the activations' memory", what, lent.lent ? "lay in" : "not in");
+        CHECK(lent.lent == lends, "%s: the gradients %s the activations' memory", what,
+              lent.lent ? "lay in" : "not in");
         CHECK(!apart.lent && apart.grad_held, "%s: the gradients were not apart", name);
     }
     job_free(&lent), job_free(&apart);

@@ -239,25 +239,23 @@ static int64_t unet_lent_bytes(const dc_model *mm, dc_dtype compute, int max_bat
     return unet_train_bytes(m, compute, max_batch, keep, selective, true);
 }
 
+// A setting of the training plan: a change is replanned by the next reserve.
+static int set_plan_flag(dc_unet *m, bool *flag, bool on) {
+    if (on != *flag) free_acts(m), *flag = on;
+    return 0;
+}
+
 static int unet_set_selective(dc_model *mm, bool on) {
     dc_unet *m = (dc_unet *)mm;
     if (on && !m->trains) return dc_fail("a UNet made for inference keeps nothing for a backward");
-    if (on != m->selective) {
-        free_acts(m);  // replanned by the next reserve
-        m->selective = on;
-    }
-    return 0;
+    return set_plan_flag(m, &m->selective, on);
 }
 
 static int unet_lend_grads(dc_model *mm, bool lend) {
     dc_unet *m = (dc_unet *)mm;
     if (lend && !m->trains) return dc_fail("a UNet made for inference has no gradients to hold");
     if (lend) DC_TRY(unet_train_lends(m));
-    if (lend != m->lend_grads) {
-        free_acts(m);  // replanned by the next reserve
-        m->lend_grads = lend;
-    }
-    return 0;
+    return set_plan_flag(m, &m->lend_grads, lend);
 }
 
 static int unet_reserve(dc_model *mm, int max_batch) {
@@ -564,8 +562,8 @@ static const dc_model_ops unet_ops = {
     .name = "UNet2DConditionModel", .reserve = unet_reserve, .forward = unet_forward,
     .backward = unet_backward, .config_to_kv = unet_config_kv, .init_weights = unet_init,
     .macs_per_image = unet_macs, .describe = unet_describe, .activation_bytes = unet_activation_bytes,
-    .set_recompute = unet_set_recompute, .set_selective = unet_set_selective, .lend_grads = unet_lend_grads, .lent_bytes = unet_lent_bytes,
-    .set_size = dc_unet_set_size, .release = unet_release,
+    .set_recompute = unet_set_recompute, .set_selective = unet_set_selective, .lend_grads = unet_lend_grads,
+    .lent_bytes = unet_lent_bytes, .set_size = dc_unet_set_size, .release = unet_release,
 };
 
 dc_unet *dc_unet_of(dc_model *m) { return m && m->ops == &unet_ops ? (dc_unet *)m : NULL; }

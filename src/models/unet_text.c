@@ -118,8 +118,8 @@ static void jt_release(dc_model *mm) {
 static const dc_model_ops k_joint = {
     .name = "UNet2DConditionModel", .reserve = jt_reserve, .forward = jt_forward, .backward = jt_backward,
     .config_to_kv = jt_config_kv, .init_weights = jt_init, .macs_per_image = jt_macs, .describe = jt_describe,
-    .set_recompute = jt_set_recompute, .set_selective = jt_set_selective, .activation_bytes = jt_activation_bytes, .set_size = jt_set_size,
-    .release = jt_release,
+    .set_recompute = jt_set_recompute, .set_selective = jt_set_selective, .activation_bytes = jt_activation_bytes,
+    .set_size = jt_set_size, .release = jt_release,
 };
 
 // grad: how the set trains (DC_GRAD_NONE: frozen as loaded, trained through).

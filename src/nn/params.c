@@ -119,7 +119,8 @@ int dc_params_alloc_frozen(dc_params *ps, dc_backend *be, dc_dtype loaded) {
 }
 
 size_t dc_params_bytes(const dc_params *ps) {
-    size_t flat = (ps->data.p ? 4 : 0) + (ps->grad.p && !ps->grad_lent ? 4 : 0) + (ps->wc.p ? dc_dtype_size(ps->wc.dt) : 0);
+    size_t flat = (ps->data.p ? 4 : 0) + (ps->grad.p && !ps->grad_lent ? 4 : 0) +
+                  (ps->wc.p ? dc_dtype_size(ps->wc.dt) : 0);
     return (size_t)ps->numel * flat + (size_t)ps->frozen_numel * dc_dtype_size(ps->frozen.dt);
 }
 
