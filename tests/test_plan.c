@@ -313,7 +313,8 @@ static dc_model *unet_layout(const char *config, int lat) {
 }
 
 // SD 2.1's UNet at 256 px, batch 64, bf16, with the EMA: the gradients in
-// the activation arena save most of their 3.2 GiB (the arena's last layers
+// the activation arena save 2.8 of their 3.2 GiB, and selective recompute
+// 3.6 GiB more (the README's figures; the arena's last layers
 // are done with before the units with most parameters begin).
 static void test_sd21_lent(void) {
     dc_model *u = unet_layout("tools/configs/sd21_unet.json", 32);
@@ -329,12 +330,12 @@ static void test_sd21_lent(void) {
     const int64_t P = u->params->numel;
     printf("SD 2.1 at 256 px, batch 64: %.2f GiB, the gradients in the activations' memory %.2f GiB\n",
            apart.peak / GIB, lent.peak / GIB);
-    CHECK(apart.peak - lent.peak > 3 * P && lent.grads == 0, "the gradients in the arena saved %lld of %lld bytes",
+    CHECK(apart.peak - lent.peak > 2.75 * GIB && lent.grads == 0, "the gradients in the arena saved %lld of %lld bytes",
           (long long)(apart.peak - lent.peak), (long long)(4 * P));
     // selective recompute: about 3.6 GiB less again, chosen where the budget asks for it
     const dc_train_plan sel = {64, D, false, false, true};
     dc_plan_mem sm, bm;
-    CHECK(dc_plan_predict(&r, &sel, &sm) == 0 && lent.peak - sm.peak > 3 * GIB, "selective recompute: %lld bytes",
+    CHECK(dc_plan_predict(&r, &sel, &sm) == 0 && lent.peak - sm.peak > 3.5 * GIB, "selective recompute: %lld bytes",
           (long long)sm.peak);
     printf("SD 2.1 at 256 px, batch 64, selective recompute: %.2f GiB\n", sm.peak / GIB);
     dc_train_plan best;
