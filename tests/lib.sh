@@ -98,3 +98,27 @@ refuse_input() {
   elif [ "$(md5sum < "$file")" != "$sum" ]; then fail "$what: $file changed"
   else pass "$what"; fi
 }
+
+# train_run NAME ARGS...: a training run that must succeed (its log in $TMP/NAME.log).
+train_run() {
+  local name=$1; shift
+  diffusion train "$@" > "$TMP/$name.log" 2>&1 || { cat "$TMP/$name.log"; fail "$name"; finish; }
+}
+
+# resume_across WAY STRAIGHT ARGS...: two runs of ARGS to step 2, one plain
+# and one with the flag WAY, each resumed to step 4 the other way, must end
+# byte-identical to STRAIGHT (the checkpoint of an uninterrupted run).
+resume_across() {
+  local way=$1 straight=$2 d; shift 2
+  train_run half_plain "$@" --out "$TMP/half_plain" --steps 2
+  train_run half_way "$@" --out "$TMP/half_way" --steps 2 "$way"
+  train_run plain_to_way --resume "$TMP/half_plain" --steps 4 --threads 2 "$way"
+  train_run way_to_plain --resume "$TMP/half_way" --steps 4 --threads 2
+  for d in half_plain half_way; do
+    if cmp -s "$straight" "$TMP/$d/step_0000004.safetensors"; then
+      pass "resumed across ($d, $way) ends byte-identical to the straight run"
+    else
+      fail "resumed across ($d, $way) differs from the straight run"
+    fi
+  done
+}

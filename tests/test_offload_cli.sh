@@ -9,12 +9,8 @@
 source "$(dirname "$0")/lib.sh"
 small_data "$TMP/data.safetensors"
 flags=("${TINY[@]}" --data "$TMP/data.safetensors" --device cpu --warmup 2 --grad-clip 0.5 --seed 3 --keep 10 --ckpt-every 2)
-run() {  # run NAME ARGS...: a training run that must succeed
-  local name=$1; shift
-  diffusion train "$@" > "$TMP/$name.log" 2>&1 || { cat "$TMP/$name.log"; fail "$name"; finish; }
-}
-run plain "${flags[@]}" --out "$TMP/plain" --steps 4
-run off "${flags[@]}" --out "$TMP/off" --steps 4 --offload
+train_run plain "${flags[@]}" --out "$TMP/plain" --steps 4
+train_run off "${flags[@]}" --out "$TMP/off" --steps 4 --offload
 grep -q "offload:" "$TMP/off.log" && pass "the offloaded run says so" || fail "the offloaded run's log does not mention offload"
 for s in 0000002 0000004; do
   if cmp -s "$TMP/plain/step_$s.safetensors" "$TMP/off/step_$s.safetensors"; then
@@ -27,19 +23,9 @@ if cmp -s "$TMP/plain/step_0000002.safetensors" "$TMP/plain/step_0000004.safeten
   fail "checkpoints of steps 2 and 4 are identical (the comparison above proves nothing)"
 fi
 # resume across: plain -> offload and offload -> plain
-run half_p "${flags[@]}" --out "$TMP/hp" --steps 2
-run half_o "${flags[@]}" --out "$TMP/ho" --steps 2 --offload
-run p_to_o --resume "$TMP/hp" --steps 4 --threads 2 --offload
-run o_to_p --resume "$TMP/ho" --steps 4 --threads 2
-for d in hp ho; do
-  if cmp -s "$TMP/plain/step_0000004.safetensors" "$TMP/$d/step_0000004.safetensors"; then
-    pass "resumed across ($d) ends byte-identical to the straight run"
-  else
-    fail "resumed across ($d) differs from the straight run"
-  fi
-done
+resume_across --offload "$TMP/plain/step_0000004.safetensors" "${flags[@]}"
 # the tuning variables reach offload's settings (they change the schedule, never the bytes)
-DC_OFFLOAD_DEFER=0 DC_OFFLOAD_PACE=0 DC_OFFLOAD_HOLD=0 run tuned "${flags[@]}" --out "$TMP/tuned" --steps 4 --offload
+DC_OFFLOAD_DEFER=0 DC_OFFLOAD_PACE=0 DC_OFFLOAD_HOLD=0 train_run tuned "${flags[@]}" --out "$TMP/tuned" --steps 4 --offload
 if cmp -s "$TMP/plain/step_0000004.safetensors" "$TMP/tuned/step_0000004.safetensors"; then
   pass "offload with DC_OFFLOAD_DEFER, _PACE and _HOLD at 0 writes the plain run's checkpoint"
 else

@@ -12,12 +12,8 @@ for ((i = 0; i < ${#TINY[@]}; i++)); do
   if [ "${TINY[i]}" = --micro-batch ]; then i=$((i + 1)); else tiny+=("${TINY[i]}"); fi
 done
 flags=("${tiny[@]}" --data "$TMP/data.safetensors" --device cpu --warmup 2 --seed 3 --keep 10 --ckpt-every 2)
-run() {  # run NAME ARGS...: a training run that must succeed
-  local name=$1; shift
-  diffusion train "$@" > "$TMP/$name.log" 2>&1 || { cat "$TMP/$name.log"; fail "$name"; finish; }
-}
-run plain "${flags[@]}" --out "$TMP/plain" --steps 4 --grad-clip 0
-run fused "${flags[@]}" --out "$TMP/fused" --steps 4 --grad-clip 0 --update-in-backward
+train_run plain "${flags[@]}" --out "$TMP/plain" --steps 4 --grad-clip 0
+train_run fused "${flags[@]}" --out "$TMP/fused" --steps 4 --grad-clip 0 --update-in-backward
 grep -q "updating each unit in the backward" "$TMP/fused.log" && pass "the run says it updates in the backward" \
   || fail "the run's log does not say it updates in the backward"
 for s in 0000002 0000004; do
@@ -30,21 +26,11 @@ done
 if cmp -s "$TMP/plain/step_0000002.safetensors" "$TMP/plain/step_0000004.safetensors"; then
   fail "checkpoints of steps 2 and 4 are identical (the comparison above proves nothing)"
 fi
-run half_p "${flags[@]}" --out "$TMP/hp" --steps 2 --grad-clip 0
-run half_f "${flags[@]}" --out "$TMP/hf" --steps 2 --grad-clip 0 --update-in-backward
-run p_to_f --resume "$TMP/hp" --steps 4 --threads 2 --update-in-backward
-run f_to_p --resume "$TMP/hf" --steps 4 --threads 2
-for d in hp hf; do
-  if cmp -s "$TMP/plain/step_0000004.safetensors" "$TMP/$d/step_0000004.safetensors"; then
-    pass "resumed across ($d) ends byte-identical to the straight run"
-  else
-    fail "resumed across ($d) differs from the straight run"
-  fi
-done
+resume_across --update-in-backward "$TMP/plain/step_0000004.safetensors" "${flags[@]}" --grad-clip 0
 # clipping: two passes a step, the same training within the clipping factor's last bits (AdamW's
 # update is blind to a gradient's scale where eps is small: eps 1 makes the clipping show)
-run clip_p "${flags[@]}" --out "$TMP/cp" --steps 3 --grad-clip 0.05 --adam-eps 1 --log-every 1
-run clip_f "${flags[@]}" --out "$TMP/cf" --steps 3 --grad-clip 0.05 --adam-eps 1 --log-every 1 --update-in-backward
+train_run clip_p "${flags[@]}" --out "$TMP/cp" --steps 3 --grad-clip 0.05 --adam-eps 1 --log-every 1
+train_run clip_f "${flags[@]}" --out "$TMP/cf" --steps 3 --grad-clip 0.05 --adam-eps 1 --log-every 1 --update-in-backward
 grep -q "two passes a step" "$TMP/clip_f.log" && pass "with clipping the run says it takes two passes" \
   || fail "with clipping the log does not say two passes: $(grep -i backward "$TMP/clip_f.log")"
 if awk -F, 'NR == FNR { if (FNR > 1) a[FNR] = $2; next }

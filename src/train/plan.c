@@ -74,7 +74,13 @@ int dc_plan_predict(const dc_plan_request *r, const dc_train_plan *p, dc_plan_me
                          : mi->cond == DC_COND_TEXT ? mb * ((int64_t)mi->ctx_len * mi->ctx_dim + 1)
                                                     : mb * ((int64_t)mi->ctx_len + 1);
     m.trainer = 4 * ((mi->learn_sigma ? 3 : 4) * mb * img + 2 * mb * oimg + mb + cond + 2 * (int64_t)r->batch + 2);
-    m.activations = dc_model_activation_bytes(r->model, r->compute, p->micro_batch, p->keep, p->selective);
+    // plain training with a step of one micro-batch: the gradients in the
+    // activation arena (train/trainer.h), their own buffer freed as it is reserved
+    const int rounds = dc_batch_rounds(r->batch, r->ranks, p->micro_batch);
+    const bool lent =
+        !p->offload && !p->fused && r->zero == 0 && dc_trainer_lends(r->model, r->grads_apart, rounds, true);
+    m.activations = lent ? r->model->ops->lent_bytes(r->model, r->compute, p->micro_batch, p->keep, p->selective)
+                         : dc_model_activation_bytes(r->model, r->compute, p->micro_batch, p->keep, p->selective);
     m.fixed = r->fixed;
     int rc = 0;
     if (m.activations < 0) rc = dc_fail("plan: the activations of micro-batch %d", p->micro_batch);
@@ -102,16 +108,9 @@ int dc_plan_predict(const dc_plan_request *r, const dc_train_plan *p, dc_plan_me
         const bool bf16 = r->grad_comm == DC_BF16 && r->ranks > 1;
         m.grads = full_grad + (bf16 ? 2 * P : 0), m.optimizer = full_state;
         m.setup = m.weights + m.grads + m.optimizer + m.trainer + m.fixed;
-        // a step of one micro-batch: the gradients in the activation arena
-        // (train/trainer.h), their own buffer freed as it is reserved
-        const dc_train_config lend = {.grads_apart = r->grads_apart};
-        if (dc_trainer_lends(r->model, &lend, dc_batch_rounds(r->batch, r->ranks, p->micro_batch), true)) {
-            m.grads -= full_grad;
-            m.activations = r->model->ops->lent_bytes(r->model, r->compute, p->micro_batch, p->keep, p->selective);
-            if (m.activations < 0) rc = dc_fail("plan: the activations of micro-batch %d", p->micro_batch);
-        }
+        if (lent) m.grads -= full_grad;
         // folding: the micro-batches after a rank's first take a second gradient buffer (at the first step)
-        if (r->folds && dc_batch_rounds(r->batch, r->ranks, p->micro_batch) > 1) m.grads += full_grad;
+        if (r->folds && rounds > 1) m.grads += full_grad;
     } else if (!rc) {
         // train/zero.c: five shard buffers (master, m, v, EMA, gradients), one
         // bucket (stage 2: two) and with bf16 gradients between ranks a bf16

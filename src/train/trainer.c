@@ -399,15 +399,15 @@ static int step_size(dc_trainer *tr, bool *changed) {
     return *changed ? dc_model_set_size(tr->model, h, w) : 0;
 }
 
-bool dc_trainer_lends(const dc_model *m, const dc_train_config *c, int rounds, bool optimizer_lends) {
-    return optimizer_lends && rounds == 1 && !c->grads_apart && dc_model_lends(m);
+bool dc_trainer_lends(const dc_model *m, bool grads_apart, int rounds, bool optimizer_lends) {
+    return optimizer_lends && rounds == 1 && !grads_apart && dc_model_lends(m);
 }
 
 // Before the first reserve (the ranks and the rounds are fixed from here):
 // the gradients into the model's arena where they can lie there.
 static int lend_grads(dc_trainer *tr, int rounds) {
     dc_model *m = tr->model;
-    if (!dc_trainer_lends(m, &tr->cfg, rounds, tr->opt->lends)) return 0;
+    if (!dc_trainer_lends(m, tr->cfg.grads_apart, rounds, tr->opt->lends)) return 0;
     return m->ops->lend_grads(m, true);
 }
 

@@ -80,9 +80,10 @@ typedef struct {
 } dc_train_config;
 
 // Whether the trainer lays the gradients in the model's activation arena
-// (dc_train_config.grads_apart): for steps of `rounds` micro-batch rounds,
-// with an optimizer that lends (dc_optimizer.lends), the planner's rule too.
-bool dc_trainer_lends(const dc_model *m, const dc_train_config *c, int rounds, bool optimizer_lends);
+// (unless dc_train_config.grads_apart): for steps of `rounds` micro-batch
+// rounds, with an optimizer that lends (dc_optimizer.lends), the planner's
+// rule too.
+bool dc_trainer_lends(const dc_model *m, bool grads_apart, int rounds, bool optimizer_lends);
 
 // Whether training on `be` folds its micro-batches' gradients in one fixed
 // order (dc_optim_plain.fold): the CPU backend.
