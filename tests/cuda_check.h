@@ -44,6 +44,33 @@ static inline double compare(const char *name, pair p, double tol) {
 }
 
 
+// Whether the GPU copies of a and b hold the same bytes, printed and counted.
+static inline void expect_same(const char *name, pair a, pair b) {
+    size_t bytes = a.n * dc_dtype_size(a.g.dt);
+    char *ha = malloc(bytes), *hb = malloc(bytes);
+    g_gpu->download(g_gpu, ha, a.g.p, bytes), g_gpu->download(g_gpu, hb, b.g.p, bytes);
+    bool ok = a.n == b.n && memcmp(ha, hb, bytes) == 0;
+    g_count++;
+    if (!ok) g_fail++;
+    printf("%-4s %s\n", ok ? "ok" : "FAIL", name);
+    free(ha), free(hb);
+}
+
+
+// A backward op's weight and bias gradients written (DC_BWD_DW_SET) over
+// NaN, sw and sb, against the GPU's added onto zero, aw and ab: the same
+// bits, and the CPU's written within tol.
+static inline void expect_written(const char *op, pair sw, pair aw, pair sb, pair ab, double tol) {
+    char name[160];
+    snprintf(name, sizeof name, "%s weights' gradient (fp32 =)", op);
+    compare(name, sw, tol);
+    snprintf(name, sizeof name, "%s bias's gradient (fp32 =)", op);
+    compare(name, sb, tol);
+    snprintf(name, sizeof name, "%s gradients written = added to zero, bit for bit", op);
+    expect_same(name, sw, aw);
+    expect_same(name, sb, ab);
+}
+
 // A view `off` elements into a pair (weights and biases are slices of one flat
 // buffer, at any offset).
 static inline pair offset(pair p, int64_t off) {

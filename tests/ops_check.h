@@ -65,6 +65,12 @@ static inline dc_buf dev_nan(int64_t n) {
     free(h);
     return b;
 }
+static inline dc_buf dev_zero(int64_t n) {
+    float *h = calloc(n, sizeof(float));
+    dc_buf b = dev_from(h, n);
+    free(h);
+    return b;
+}
 static inline float *dev_get(dc_buf b, int64_t n) {  // caller frees
     float *h = malloc(n * sizeof(float));
     dc_backend_sync(g_be);
@@ -98,6 +104,16 @@ static inline void check(const char *name, const float *got, const double *ref, 
 // Bitwise equality (copies, permutations, untouched memory, repeatability).
 static inline void check_same(const char *name, const float *a, const float *b, int64_t n) {
     report(name, memcmp(a, b, n * sizeof(float)) == 0 ? 0.0 : INFINITY, 0.0);
+}
+// A backward op's weight and bias gradients written (DC_BWD_DW_SET) over
+// NaN, sw and sb, against the same op's added onto zero, aw and ab (nw and
+// nb values): the same bits.
+static inline void check_written(const char *name, dc_buf sw, dc_buf aw, int64_t nw, dc_buf sb, dc_buf ab,
+                                 int64_t nb) {
+    float *s1 = dev_get(sw, nw), *a1 = dev_get(aw, nw), *s2 = dev_get(sb, nb), *a2 = dev_get(ab, nb);
+    bool same = !memcmp(s1, a1, (size_t)nw * 4) && !memcmp(s2, a2, (size_t)nb * 4);
+    report(name, same ? 0.0 : INFINITY, 0.0);
+    free(s1), free(a1), free(s2), free(a2);
 }
 
 // ---- finite differences ----------------------------------------------------------

@@ -46,6 +46,13 @@ static void test_linear(int M, int K, int N, bool out32, int off) {
     compare(name, dinp, out32 ? 1e-4 : g_tol);
     compare("linear_bwd dw (fp32 +=)", dw, g_ct == DC_F32 ? 1e-5 : 1e-3);
     compare("linear_bwd db (fp32 +=)", db, 1e-5);
+    // DC_BWD_DW_SET writes them over NaN: the bits of adding to zero
+    pair sw = nan_pair((int64_t)N * K, DC_F32), sb = nan_pair(N, DC_F32);
+    pair aw = rand_pair((int64_t)N * K, DC_F32, 0, 0), ab = rand_pair(N, DC_F32, 0, 0);
+    g_cpu->linear_bwd(g_cpu, dc_buf_none(), sw.c, sb.c, dout.c, x.c, w.c, M, K, N, DC_BWD_DW_SET);
+    g_gpu->linear_bwd(g_gpu, dc_buf_none(), sw.g, sb.g, dout.g, x.g, w.g, M, K, N, DC_BWD_DW_SET);
+    g_gpu->linear_bwd(g_gpu, dc_buf_none(), aw.g, ab.g, dout.g, x.g, w.g, M, K, N, 0);
+    expect_written("linear_bwd", sw, aw, sb, ab, g_ct == DC_F32 ? 1e-5 : 1e-3);
     release();
 }
 

@@ -24,18 +24,6 @@ static void sync_to_gpu(pair p) {
     free(h);
 }
 
-// Whether the GPU copies of a and b hold the same bytes (a deterministic op run twice).
-static void expect_same(const char *name, pair a, pair b) {
-    size_t bytes = a.n * dc_dtype_size(a.g.dt);
-    char *ha = malloc(bytes), *hb = malloc(bytes);
-    g_gpu->download(g_gpu, ha, a.g.p, bytes), g_gpu->download(g_gpu, hb, b.g.p, bytes);
-    bool ok = a.n == b.n && memcmp(ha, hb, bytes) == 0;
-    g_count++;
-    if (!ok) g_fail++;
-    printf("%-4s %s\n", ok ? "ok" : "FAIL", name);
-    free(ha), free(hb);
-}
-
 // The CPU copy of p (fp32), on the host.
 static float *get_cpu(pair p) {
     float *h = malloc(p.n * 4);
@@ -163,6 +151,14 @@ static void test_conv(int B, int Ci, int H, int W, int Co, int k, int stride, in
     expect_same("conv2d_fwd replayed from a graph: bit for bit", out, og);
     expect_same("conv2d_bwd dx replayed from a graph: bit for bit", dx, dxg);
     if (graph) g_gpu->graph_free(g_gpu, graph);
+    // DC_BWD_DW_SET writes dw and db over NaN (added onto zero at an
+    // unaligned offset, so the scalar kernel adds)
+    pair sw = nan_pair(nw, DC_F32), sb = nan_pair(Co, DC_F32), aw = offset(rand_pair(nw + 1, DC_F32, 0, 0), 1);
+    pair ab = rand_pair(Co, DC_F32, 0, 0);
+    g_cpu->conv2d_bwd(g_cpu, dc_buf_none(), sw.c, sb.c, dout.c, x.c, w.c, &s, DC_BWD_DW_SET);
+    g_gpu->conv2d_bwd(g_gpu, dc_buf_none(), sw.g, sb.g, dout.g, x.g, w.g, &s, DC_BWD_DW_SET);
+    g_gpu->conv2d_bwd(g_gpu, dc_buf_none(), aw.g, ab.g, dout.g, x.g, w.g, &s, 0);
+    expect_written("conv2d_bwd", sw, aw, sb, ab, g_ct == DC_F32 ? 1e-5 : 5e-3);
     // dx accumulated, weight and bias gradients skipped
     pair dxa = rand_pair(nx, g_ct, -1, 1);
     g_cpu->conv2d_bwd(g_cpu, dxa.c, dc_buf_none(), dc_buf_none(), dout.c, x.c, w.c, &s, true);
@@ -296,6 +292,14 @@ static void test_group_norm(int B, int C, int64_t HW, int G, bool silu, float ep
     g_gpu->group_norm_bwd(g_gpu, dxa.g, dc_buf_none(), dc_buf_none(), dout.g, x.g, mean.g, rstd.g, ga.g, be.g, B, C,
                           HW, G, silu, true);
     compare("group_norm_bwd dx (fp32 +=, frozen)", dxa, 1e-5);
+    pair sg = nan_pair(C, DC_F32), sb = nan_pair(C, DC_F32), ag = rand_pair(C, DC_F32, 0, 0);
+    pair ab = rand_pair(C, DC_F32, 0, 0);
+    g_cpu->group_norm_bwd(g_cpu, dx.c, sg.c, sb.c, dout.c, x.c, mean.c, rstd.c, ga.c, be.c, B, C, HW, G, silu,
+                          DC_BWD_DW_SET);
+    g_gpu->group_norm_bwd(g_gpu, dx.g, sg.g, sb.g, dout.g, x.g, mean.g, rstd.g, ga.g, be.g, B, C, HW, G, silu,
+                          DC_BWD_DW_SET);
+    g_gpu->group_norm_bwd(g_gpu, dx.g, ag.g, ab.g, dout.g, x.g, mean.g, rstd.g, ga.g, be.g, B, C, HW, G, silu, 0);
+    expect_written("group_norm_bwd", sg, ag, sb, ab, 1e-5);
     release();
 }
 
@@ -323,6 +327,12 @@ static void test_layer_norm(int64_t M, int D, float eps, dc_dtype xt) {
     g_cpu->layer_norm_bwd(g_cpu, dxa.c, dc_buf_none(), dc_buf_none(), dout.c, x.c, mean.c, rstd.c, ga.c, M, D, true);
     g_gpu->layer_norm_bwd(g_gpu, dxa.g, dc_buf_none(), dc_buf_none(), dout.g, x.g, mean.g, rstd.g, ga.g, M, D, true);
     compare("layer_norm_bwd dx (fp32 +=, frozen)", dxa, 1e-5);
+    pair sg = nan_pair(D, DC_F32), sb = nan_pair(D, DC_F32), ag = rand_pair(D, DC_F32, 0, 0);
+    pair ab = rand_pair(D, DC_F32, 0, 0);
+    g_cpu->layer_norm_bwd(g_cpu, dx.c, sg.c, sb.c, dout.c, x.c, mean.c, rstd.c, ga.c, M, D, DC_BWD_DW_SET);
+    g_gpu->layer_norm_bwd(g_gpu, dx.g, sg.g, sb.g, dout.g, x.g, mean.g, rstd.g, ga.g, M, D, DC_BWD_DW_SET);
+    g_gpu->layer_norm_bwd(g_gpu, dx.g, ag.g, ab.g, dout.g, x.g, mean.g, rstd.g, ga.g, M, D, 0);
+    expect_written("layer_norm_bwd", sg, ag, sb, ab, 1e-5);
     release();
 }
 
@@ -522,6 +532,16 @@ static void test_nhwc_backward(int B, int C, int H, int W, int G, bool silu) {
                                false);
     snprintf(name, sizeof name, "group_norm_nhwc_bwd dx alone %s", tag);
     compare(name, dxa, g_tol);
+    // the parameters' gradients written over NaN (the first piece of samples
+    // writes, the others add)
+    pair sg = nan_pair(C, DC_F32), sbe = nan_pair(C, DC_F32), ag = rand_pair(C, DC_F32, 0, 0);
+    pair abe = rand_pair(C, DC_F32, 0, 0);
+    g_cpu->group_norm_nhwc_bwd(g_cpu, none, sg.c, sbe.c, dy.c, x.c, mean.c, rstd.c, ga.c, be.c, B, C, HW, G, silu,
+                               DC_BWD_DW_SET);
+    g_gpu->group_norm_nhwc_bwd(g_gpu, none, sg.g, sbe.g, dy.g, x.g, mean.g, rstd.g, ga.g, be.g, B, C, HW, G, silu,
+                               DC_BWD_DW_SET);
+    g_gpu->group_norm_nhwc_bwd(g_gpu, none, ag.g, abe.g, dy.g, x.g, mean.g, rstd.g, ga.g, be.g, B, C, HW, G, silu, 0);
+    expect_written("group_norm_nhwc_bwd", sg, ag, sbe, abe, g_tol);
     g_gpu->group_norm_nhwc_bwd(g_gpu, dxo.g, none, none, dyu.g, xu.g, mean.g, rstd.g, ga.g, be.g, B, C, HW, G, silu,
                                false);
     expect_same("group_norm_nhwc_bwd unaligned: bit for bit", dxa, dxo);

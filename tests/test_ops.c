@@ -124,6 +124,12 @@ static void test_linear(int M, int K, int N, int nfd) {
     for (int64_t i = 0; i < (int64_t)N * K; i++) g5[i] -= pw[i];
     snprintf(name, sizeof name, "linear_bwd dw only %dx%dx%d", M, K, N);
     check_same(name, g5, g2, (int64_t)N * K);
+    // DC_BWD_DW_SET writes dw and db over NaN
+    dc_buf sw = dev_nan((int64_t)N * K), sb = dev_nan(N), aw = dev_zero((int64_t)N * K), ab = dev_zero(N);
+    g_be->linear_bwd(g_be, dc_buf_none(), sw, sb, R_d, dinp, dw, M, K, N, DC_BWD_DW_SET);
+    g_be->linear_bwd(g_be, dc_buf_none(), aw, ab, R_d, dinp, dw, M, K, N, 0);
+    snprintf(name, sizeof name, "linear_bwd dw, db written = added to zero %dx%dx%d", M, K, N);
+    check_written(name, sw, aw, (int64_t)N * K, sb, ab, N);
 
     free(inp), free(w), free(b), free(R), free(c.inp), free(c.w), free(c.b), free(c.R);
     free(ref), free(pw), free(pb), free(g1), free(g2), free(g3), free(start), free(g4);

@@ -200,6 +200,12 @@ static void test_conv2d(dc_conv2d_shape s, int nfd) {
     float *g5 = conv_get(&s, gw, mw);
     snprintf(name, sizeof name, "conv2d_bwd dw only %s", tag);
     check_same(name, g5, g2, nw);
+    // DC_BWD_DW_SET writes dw and db over NaN
+    dc_buf sw = dev_nan(nw), sb = dev_nan(s.Co), aw = dev_zero(nw), ab = dev_zero(s.Co);
+    g_be->conv2d_bwd(g_be, dc_buf_none(), sw, sb, Rd, xd, wd, &s, DC_BWD_DW_SET);
+    g_be->conv2d_bwd(g_be, dc_buf_none(), aw, ab, Rd, xd, wd, &s, 0);
+    snprintf(name, sizeof name, "conv2d_bwd dw, db written = added to zero %s", tag);
+    check_written(name, sw, aw, nw, sb, ab, s.Co);
     free(rdx), free(rdw), free(rdb), free(pw), free(pb), free(start), free(g1), free(g2);
     free(g3), free(dw), free(db), free(g4), free(g5);
 done:
@@ -308,6 +314,10 @@ static void test_group_norm(int B, int C, int64_t HW, int G, float eps, bool sil
     float *g4 = dev_get(gx, n);
     for (int64_t i = 0; i < n; i++) c.out[i] = (double)start[i] + g1[i];
     check("group_norm_bwd dx += , frozen", g4, c.out, n, TOL_FWD);
+    dc_buf sg = dev_nan(C), sb = dev_nan(C), ag = dev_zero(C), ab = dev_zero(C);
+    g_be->group_norm_bwd(g_be, gx, sg, sb, Rd, xd, md, rd, gd, bd, B, C, HW, G, silu, DC_BWD_DW_SET);
+    g_be->group_norm_bwd(g_be, gx, ag, ab, Rd, xd, md, rd, gd, bd, B, C, HW, G, silu, 0);
+    check_written("group_norm_bwd dgamma, dbeta written = added to zero", sg, ag, C, sb, ab, C);
     free(x), free(gamma), free(beta), free(R), free(c.x), free(c.gamma), free(c.beta), free(c.R);
     free(c.out), free(mean), free(rstd), free(got), free(gm), free(gr), free(pg), free(pb);
     free(start), free(g1), free(g2), free(g3), free(dg), free(db), free(g4);
@@ -388,6 +398,10 @@ static void test_group_norm_nhwc(int B, int C, int64_t HW, int G, float eps, boo
     float *g4 = dev_get(gx, n);
     for (int64_t i = 0; i < n; i++) c.out[i] = (double)start[i] + g1l[i];
     check("group_norm_nhwc_bwd dx += , frozen", g4, c.out, n, TOL_FWD);
+    dc_buf sg = dev_nan(C), sb = dev_nan(C), ag = dev_zero(C), ab = dev_zero(C);
+    g_be->group_norm_nhwc_bwd(g_be, gx, sg, sb, Rd, xd, md, rd, gd, bd, B, C, HW, G, silu, DC_BWD_DW_SET);
+    g_be->group_norm_nhwc_bwd(g_be, gx, ag, ab, Rd, xd, md, rd, gd, bd, B, C, HW, G, silu, 0);
+    check_written("group_norm_nhwc_bwd dgamma, dbeta written = added to zero", sg, ag, C, sb, ab, C);
     free(Rl), free(pg), free(pb), free(start), free(g1l), free(g1), free(g2), free(g3), free(dg), free(db), free(g4);
 done:
     free(x), free(gamma), free(beta), free(R), free(c.x), free(c.gamma), free(c.beta), free(c.R);
@@ -473,6 +487,10 @@ static void test_layer_norm(int64_t M, int D, double lo, double hi, int nfd) {
     float *g4 = dev_get(gx, n);
     for (int64_t i = 0; i < n; i++) c.out[i] = (double)start[i] + g1[i];
     check("layer_norm_bwd dx += , frozen", g4, c.out, n, TOL_FWD);
+    dc_buf sg = dev_nan(D), sb = dev_nan(D), ag = dev_zero(D), ab = dev_zero(D);
+    g_be->layer_norm_bwd(g_be, gx, sg, sb, Rd, xd, md, rd, gd, M, D, DC_BWD_DW_SET);
+    g_be->layer_norm_bwd(g_be, gx, ag, ab, Rd, xd, md, rd, gd, M, D, 0);
+    check_written("layer_norm_bwd dgamma, dbeta written = added to zero", sg, ag, D, sb, ab, D);
     free(x), free(gamma), free(beta), free(R), free(c.x), free(c.gamma), free(c.beta), free(c.R);
     free(c.out), free(mean), free(rstd), free(got), free(gm), free(gr), free(pg), free(pb);
     free(start), free(g1), free(g2), free(g3), free(dg), free(db), free(g4);

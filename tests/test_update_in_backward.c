@@ -55,6 +55,7 @@
 #include "models/model_io.h"
 #include "models/registry.h"
 #include "models/unet_train.h"
+#include "nn/modules.h"
 #include "optim_state.h"
 #include "tiny_data.h"
 #include "tmpdir.h"
@@ -303,6 +304,56 @@ static void dead_memory(int keep) {
     if (be) dc_backend_destroy(be);
 }
 
+// The bookkeeping of lent gradients (nn/params.h): as a unit begins, the
+// gradients no op overwrites are zeroed and the others marked fresh; an
+// op's first write over fresh ones overwrites (all of a fused range, or
+// none: then the fresh ones are zeroed), a gradient read or added to first
+// is zeroed then, and one nothing wrote is zeroed as the unit is done.
+static void fresh_gradients(void) {
+    dc_backend *be = NULL;
+    dc_params ps = {0};
+    dc_linear q, k, v, o;
+    dc_embedding e;  // its gradient is added into: zeroed as the unit begins
+    int rc = dc_backend_create("cpu", &be);
+    if (!rc) rc = dc_linear_add_nobias(&ps, &q, "q", 3, 2) || dc_linear_add_nobias(&ps, &k, "k", 3, 2) ||
+                  dc_linear_add_nobias(&ps, &v, "v", 3, 2) || dc_embedding_add(&ps, &e, "emb", 2, 4) ||
+                  dc_linear_add(&ps, &o, "o", 2, 2) || dc_params_alloc(&ps, be, DC_GRAD_NONE);
+    float *arena = malloc(sizeof(float) * (size_t)ps.numel);
+    CHECK(rc == 0 && arena, "a set of parameters: %s", rc ? dc_error() : "");
+    if (rc || !arena) goto done;
+    for (int64_t i = 0; i < ps.numel; i++) arena[i] = NAN;  // the arena's dead bytes
+    dc_params_lend_grad(&ps, arena);
+    const float *g = arena;
+    CHECK(dc_params_unit_begin(&ps, 0) == 0, "unit begins");
+    const int64_t n_e = ps.items[e.table].offset, n_o = ps.items[o.w].offset;
+    CHECK(g[n_e] == 0 && g[n_e + 7] == 0 && isnan(g[0]) && isnan(g[n_o]) && ps.items[q.w].grad_fresh,
+          "the embedding's gradients zeroed, the linear layers' fresh and untouched");
+    // q, k, v as one product: all fresh, so written; a second claim adds
+    const int qkv[1] = {q.w};
+    const int64_t n6[1] = {18}, n2[1] = {6};
+    CHECK(dc_params_claim_grads(&ps, qkv, n6, 1) == DC_BWD_DW_SET && !ps.items[v.w].grad_fresh,
+          "q, k, v fresh together: written");
+    CHECK(dc_params_claim_grads(&ps, qkv, n6, 1) == 0 && isnan(g[0]), "claimed again: added to");
+    // o's weight fresh beside its bias read first: zeroed, and the product adds
+    dc_buf ob = dc_param_train_grad(&ps, o.b);
+    CHECK(ob.p == arena + ps.items[o.b].offset && g[ps.items[o.b].offset] == 0 && ps.items[o.w].grad_fresh,
+          "a fresh gradient read first is zeroed");
+    const int ow[2] = {o.w, o.b};
+    const int64_t own[2] = {4, 2};
+    CHECK(dc_params_claim_grads(&ps, ow, own, 2) == 0 && g[n_o] == 0 && g[n_o + 3] == 0 && !ps.items[o.w].grad_fresh,
+          "weight fresh, bias not: the weight zeroed and added to");
+    // k claimed alone, already taken; nothing fresh is left for done
+    CHECK(dc_params_claim_grads(&ps, &k.w, n2, 1) == 0, "k taken with q");
+    ps.items[v.w].grad_fresh = true, arena[ps.items[v.w].offset] = NAN;  // as if nothing wrote v
+    CHECK(dc_params_unit_done(&ps, 0) == 0 && g[ps.items[v.w].offset] == 0 && !ps.items[v.w].grad_fresh,
+          "a fresh gradient nothing wrote is zeroed as its unit is done");
+    dc_params_lend_grad(&ps, NULL);
+done:
+    dc_params_free(&ps);
+    free(arena);
+    if (be) dc_backend_destroy(be);
+}
+
 // Two steps of plain training on the counted CPU backend, the gradients in
 // the arena or apart: the peak the planner predicts (all layers keeping
 // their intermediates, or keep of them); the first under the second.
@@ -536,6 +587,7 @@ int main(int argc, char **argv) {
         checkpoints(false);
         checkpoints(true);
         refusals();
+        fresh_gradients();
         dead_memory(-1);
         dead_memory(2);
         planned_peak(-1, false);

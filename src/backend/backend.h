@@ -113,6 +113,13 @@ static inline dc_backend_opts dc_backend_opts_default(void) {
     return o;
 }
 
+// The flags of linear_bwd and conv2d_bwd. DC_BWD_DX_ADD: the input's
+// gradient is added to dx (a branch joining a stream), not written.
+// DC_BWD_DW_SET: the weights' and bias's gradients are written, not added to
+// (the first of a backward: their buffer need not be zeroed first). Writing
+// rounds as adding to zero does, so both give the same bits.
+enum { DC_BWD_DX_ADD = 1, DC_BWD_DW_SET = 2 };
+
 struct dc_backend {
     const char *name;   // "cpu", "cuda"
     void *ctx;          // backend-private state
@@ -156,10 +163,11 @@ struct dc_backend {
     // jobs[i].b (a UNet's time projections: few rows, many small weights).
     // One kernel on a GPU where the rows are few, else one product a job.
     void (*linear_many_fwd)(dc_backend *be, const dc_linear_job *jobs, int n, dc_buf inp, int M, int K);
-    // dinp[M,K] = dout @ w (skipped if dinp.p is NULL; += if accumulate)
-    // dw[N,K] += dout^T @ inp ; db[N] += sum_m dout (skipped if NULL)
+    // dinp[M,K] = dout @ w (skipped if dinp.p is NULL; += with DC_BWD_DX_ADD)
+    // dw[N,K] += dout^T @ inp ; db[N] += sum_m dout (skipped if NULL; = with
+    // DC_BWD_DW_SET). flags: DC_BWD_* (true reads as DC_BWD_DX_ADD).
     void (*linear_bwd)(dc_backend *be, dc_buf dinp, dc_buf dw, dc_buf db, dc_buf dout,
-                       dc_buf inp, dc_buf w, int M, int K, int N, bool accumulate);
+                       dc_buf inp, dc_buf w, int M, int K, int N, int flags);
 
     // The MLP's fc1 with its GELU: pre = inp @ w^T + b, out = gelu_tanh(pre)
     // (pre is kept for backward). One product with a fused epilogue on a GPU.
@@ -295,29 +303,32 @@ struct dc_backend {
     // map. Otherwise the same bits as conv2d_fwd followed by axpy.
     void (*conv2d_fwd_res)(dc_backend *be, dc_buf out, dc_buf x, dc_buf w, dc_buf b, dc_buf r,
                            const dc_conv2d_shape *s);
-    // dx[B,Ci,H,W] (skipped if NULL; += if accumulate); dw[Co,Ci,k,k] += ; db[Co] +=
-    // (skipped if NULL); channels-last dx, dw, dout if s->nhwc
+    // dx[B,Ci,H,W] (skipped if NULL; += with DC_BWD_DX_ADD); dw[Co,Ci,k,k] += ;
+    // db[Co] += (skipped if NULL; = with DC_BWD_DW_SET); channels-last dx, dw,
+    // dout if s->nhwc. flags as linear_bwd's.
     void (*conv2d_bwd)(dc_backend *be, dc_buf dx, dc_buf dw, dc_buf db, dc_buf dout, dc_buf x,
-                       dc_buf w, const dc_conv2d_shape *s, bool accumulate);
+                       dc_buf w, const dc_conv2d_shape *s, int flags);
     // GroupNorm over G groups of C/G channels (statistics over (C/G) * HW values):
     // out[B,C,HW] = act((x - mean) * rstd * gamma[c] + beta[c]), act = SiLU if silu,
     // else identity. mean, rstd [B, G] (F32) are saved for backward.
     void (*group_norm_fwd)(dc_backend *be, dc_buf out, dc_buf mean, dc_buf rstd, dc_buf x,
                            dc_buf gamma, dc_buf beta, int B, int C, int64_t HW, int G, float eps,
                            bool silu);
-    // dx (+= if accumulate); dgamma[C] += ; dbeta[C] += (both skipped if NULL: frozen).
-    // With silu the pre-activation is recomputed from x, mean, rstd, gamma, beta.
+    // dx (+= with DC_BWD_DX_ADD); dgamma[C] += ; dbeta[C] += (both skipped if
+    // NULL: frozen; = with DC_BWD_DW_SET). With silu the pre-activation is
+    // recomputed from x, mean, rstd, gamma, beta.
     void (*group_norm_bwd)(dc_backend *be, dc_buf dx, dc_buf dgamma, dc_buf dbeta, dc_buf dout,
                            dc_buf x, dc_buf mean, dc_buf rstd, dc_buf gamma, dc_buf beta, int B,
-                           int C, int64_t HW, int G, bool silu, bool accumulate);
+                           int C, int64_t HW, int G, bool silu, int flags);
     // LayerNorm with affine weights over the last dimension D:
     // out[M,D] = (x - mean) * rstd * gamma + beta; mean, rstd [M] (F32) saved.
     void (*layer_norm_fwd)(dc_backend *be, dc_buf out, dc_buf mean, dc_buf rstd, dc_buf x,
                            dc_buf gamma, dc_buf beta, int64_t M, int D, float eps);
-    // dx (+= if accumulate); dgamma[D] += ; dbeta[D] += (skipped if NULL)
+    // dx (+= with DC_BWD_DX_ADD); dgamma[D] += ; dbeta[D] += (skipped if NULL;
+    // = with DC_BWD_DW_SET)
     void (*layer_norm_bwd)(dc_backend *be, dc_buf dx, dc_buf dgamma, dc_buf dbeta, dc_buf dout,
                            dc_buf x, dc_buf mean, dc_buf rstd, dc_buf gamma, int64_t M, int D,
-                           bool accumulate);
+                           int flags);
     // out[B,C,2H,2W] = x[B,C,H,W], each value repeated over a 2x2 block (nearest);
     // dx[B,C,H,W] = the sum of dout over its 2x2 block (overwritten).
     void (*upsample2x_fwd)(dc_backend *be, dc_buf out, dc_buf x, int B, int C, int H, int W);
@@ -372,7 +383,7 @@ struct dc_backend {
     // group_norm_bwd's contract over channels-last dx, dout, x [B, HW, C].
     void (*group_norm_nhwc_bwd)(dc_backend *be, dc_buf dx, dc_buf dgamma, dc_buf dbeta, dc_buf dout,
                                 dc_buf x, dc_buf mean, dc_buf rstd, dc_buf gamma, dc_buf beta, int B,
-                                int C, int64_t HW, int G, bool silu, bool accumulate);
+                                int C, int64_t HW, int G, bool silu, int flags);
     // dx[B, H, W, C] = the sum of dout[B, 2H, 2W, C] over each pixel's 2x2 block (overwritten).
     void (*upsample2x_nhwc_bwd)(dc_backend *be, dc_buf dx, dc_buf dout, int B, int C, int H, int W);
     // dv[B, C] = the sum over HW of dx[B, HW, C] (overwritten): add_nhwc's v's gradient.

@@ -395,17 +395,14 @@ void unet_resnet_bwd(dc_backend *be, const dc_params *ps, const unet_resnet *r, 
     }
     if (k->lean) dc_group_norm_nhwc_apply(be, ps, &r->norm2, k->a2, k->mean2, k->rstd2, k->h1, B, HW, true);
     dc_conv2d_bwd(be, ps, &r->conv2, g->d1, dout, k->a2, &s3b, false);  // d1 = dL/da2
-    be->group_norm_nhwc_bwd(be, g->d2, dc_param_train_grad(ps, r->norm2.w), dc_param_train_grad(ps, r->norm2.b),
-                            g->d1, k->h1, k->mean2, k->rstd2, dc_param_w(ps, r->norm2.w), dc_param_w(ps, r->norm2.b),
-                            B, r->co, HW, r->norm2.groups, true, false);  // d2 = dL/dh1
+    dc_group_norm_nhwc_bwd(be, ps, &r->norm2, g->d2, g->d1, k->h1, k->mean2, k->rstd2, B, HW, true,
+                           false);  // d2 = dL/dh1
     // h1 = conv1(a1) + its bias + the time projection (broadcast over pixels)
     be->channel_sum_nhwc(be, g->dtproj, g->d2, B, r->co, HW);
     dc_linear_bwd(be, ps, &r->temb, dsilu_temb, g->dtproj, silu_temb, B, true);
     if (k->lean) dc_group_norm_nhwc_apply(be, ps, &r->norm1, k->a1, k->mean1, k->rstd1, x, B, HW, true);
     dc_conv2d_bwd(be, ps, &r->conv1, g->d1, g->d2, k->a1, &s3, false);  // d1 = dL/da1
-    be->group_norm_nhwc_bwd(be, dx, dc_param_train_grad(ps, r->norm1.w), dc_param_train_grad(ps, r->norm1.b), g->d1,
-                            x, k->mean1, k->rstd1, dc_param_w(ps, r->norm1.w), dc_param_w(ps, r->norm1.b), B, r->ci,
-                            HW, r->norm1.groups, true, true);
+    dc_group_norm_nhwc_bwd(be, ps, &r->norm1, dx, g->d1, x, k->mean1, k->rstd1, B, HW, true, true);
 }
 
 void unet_transformer_bwd(dc_backend *be, const dc_params *ps, const unet_transformer *t, dc_buf dh, dc_buf h,
@@ -422,9 +419,10 @@ void unet_transformer_bwd(dc_backend *be, const dc_params *ps, const unet_transf
         const dc_buf w2 = dc_weight_plain(ps, t->ff2.w), none = dc_buf_none();
         be->linear_bwd(be, g->dact, none, none, g->dS, k->pre, w2, M, t->ff2.in, t->ff2.out, false);
         be->geglu_bwd(be, g->dpre, g->dact, g->dact, k->pre, M, 4 * C);
+        const int flags = dc_linear_bwd_flags(ps, &t->ff2, M, false);
         be->linear_bwd(be, none, dc_param_train_grad(ps, t->ff2.w),
                        t->ff2.b >= 0 ? dc_param_train_grad(ps, t->ff2.b) : none, g->dS, g->dact, w2, M, t->ff2.in,
-                       t->ff2.out, false);
+                       t->ff2.out, flags);
     } else {
         if (k->lean) be->geglu_fwd(be, k->act, k->pre, M, 4 * C);
         dc_linear_bwd(be, ps, &t->ff2, g->dact, g->dS, k->act, M, false);
@@ -456,7 +454,5 @@ void unet_transformer_bwd(dc_backend *be, const dc_params *ps, const unet_transf
     // x0 = proj_in(GroupNorm(h)); dh += its share
     if (k->lean) dc_group_norm_nhwc_apply(be, ps, &t->norm, k->t0, k->gn_mean, k->gn_rstd, h, B, T, false);
     dc_linear_bwd(be, ps, &t->proj_in, g->dT, g->dS, k->t0, M, false);
-    be->group_norm_nhwc_bwd(be, dh, dc_param_train_grad(ps, t->norm.w), dc_param_train_grad(ps, t->norm.b), g->dT, h,
-                            k->gn_mean, k->gn_rstd, dc_param_w(ps, t->norm.w), dc_param_w(ps, t->norm.b), B, C, T,
-                            t->norm.groups, false, true);
+    dc_group_norm_nhwc_bwd(be, ps, &t->norm, dh, g->dT, h, k->gn_mean, k->gn_rstd, B, T, false, true);
 }

@@ -495,10 +495,8 @@ int unet_train_backward(dc_unet *m, dc_buf dout, int B) {
     unet_to_nhwc(be, a->dy, dout, a->g.d2, B, c->out_channels, HW0);
     const dc_conv2d_shape so = dc_conv2d_shape_of(&md->conv_out, B, m->lh, m->lw);
     dc_conv2d_bwd(be, ps, &md->conv_out, a->g.d1, a->dy, a->a_out, &so, false);
-    be->group_norm_nhwc_bwd(be, a->douts[n], dc_param_train_grad(ps, md->norm_out.w),
-                            dc_param_train_grad(ps, md->norm_out.b), a->g.d1, a->outs[n], a->mean, a->rstd,
-                            dc_param_w(ps, md->norm_out.w), dc_param_w(ps, md->norm_out.b), B, c->ch[0], HW0,
-                            md->norm_out.groups, true, false);
+    dc_group_norm_nhwc_bwd(be, ps, &md->norm_out, a->douts[n], a->g.d1, a->outs[n], a->mean, a->rstd, B, HW0, true,
+                           false);
     done[n] = true;
     DC_TRY(dc_params_unit_done(ps, m->unit0 + final_unit));
 

@@ -16,6 +16,7 @@ int dc_linear_add(dc_params *ps, dc_linear *l, const char *name, int in, int out
     *l = (dc_linear){-1, -1, in, out};
     if (key(k, name, "weight") || (l->w = dc_params_add(ps, k, true, 2, out, in)) < 0) return -1;
     if (key(k, name, "bias") || (l->b = dc_params_add(ps, k, true, 1, out)) < 0) return -1;
+    ps->items[l->w].grad_sets = ps->items[l->b].grad_sets = true;
     return 0;
 }
 
@@ -23,6 +24,7 @@ int dc_linear_add_nobias(dc_params *ps, dc_linear *l, const char *name, int in, 
     char k[DC_PARAM_NAME_MAX];
     *l = (dc_linear){-1, -1, in, out};
     if (key(k, name, "weight") || (l->w = dc_params_add(ps, k, true, 2, out, in)) < 0) return -1;
+    ps->items[l->w].grad_sets = true;
     return 0;
 }
 
@@ -31,6 +33,7 @@ int dc_conv2d_add(dc_params *ps, dc_conv2d *c, const char *name, int ci, int co,
     *c = (dc_conv2d){-1, -1, ci, co, k, stride, pad, false};
     if (key(n, name, "weight") || (c->w = dc_params_add(ps, n, true, 4, co, ci, k, k)) < 0) return -1;
     if (key(n, name, "bias") || (c->b = dc_params_add(ps, n, true, 1, co)) < 0) return -1;
+    ps->items[c->w].grad_sets = ps->items[c->b].grad_sets = true;
     return 0;
 }
 
@@ -47,6 +50,7 @@ int dc_group_norm_add(dc_params *ps, dc_group_norm *g, const char *name, int C, 
     *g = (dc_group_norm){-1, -1, C, groups, eps};
     if (key(n, name, "weight") || (g->w = dc_params_add(ps, n, true, 1, C)) < 0) return -1;
     if (key(n, name, "bias") || (g->b = dc_params_add(ps, n, true, 1, C)) < 0) return -1;
+    ps->items[g->w].grad_sets = ps->items[g->b].grad_sets = true;
     return 0;
 }
 
@@ -55,6 +59,7 @@ int dc_layer_norm_add(dc_params *ps, dc_layer_norm *l, const char *name, int D, 
     *l = (dc_layer_norm){-1, -1, D, eps};
     if (key(n, name, "weight") || (l->w = dc_params_add(ps, n, true, 1, D)) < 0) return -1;
     if (key(n, name, "bias") || (l->b = dc_params_add(ps, n, true, 1, D)) < 0) return -1;
+    ps->items[l->w].grad_sets = ps->items[l->b].grad_sets = true;
     return 0;
 }
 
@@ -63,6 +68,7 @@ int dc_linear_add_patch_conv(dc_params *ps, dc_linear *l, const char *name, int 
     *l = (dc_linear){-1, -1, C * p * p, out};
     if (key(k, name, "weight") || (l->w = dc_params_add(ps, k, true, 4, out, C, p, p)) < 0) return -1;
     if (key(k, name, "bias") || (l->b = dc_params_add(ps, k, true, 1, out)) < 0) return -1;
+    ps->items[l->w].grad_sets = ps->items[l->b].grad_sets = true;
     return 0;
 }
 

@@ -96,12 +96,25 @@ static inline void dc_linear_fwd_acc(dc_backend *be, const dc_params *ps, const 
     be->linear_fwd_acc(be, y, x, dc_weight_plain(ps, l->w), dc_bias_of(ps, l->b), M, l->in, l->out);
     if (dc_adapted(ps, l->w)) ps->adapter->ops->linear_fwd(ps->adapter, be, l->w, y, x, M, l->in, l->out);
 }
+// The flags of a backward op writing the gradients of a layer's weights w
+// (nw values) and bias b (nb; b < 0: none) over `rows` rows of input
+// (dc_params_claim_grads: overwritten where they are fresh, when there are
+// rows); dx_add: += into dx.
+static inline int dc_bwd_flags(const dc_params *ps, int w, int64_t nw, int b, int64_t nb, int64_t rows, bool dx_add) {
+    const int idx[2] = {w, b};
+    const int64_t n[2] = {nw, nb};
+    return (dx_add ? DC_BWD_DX_ADD : 0) | (rows > 0 ? dc_params_claim_grads(ps, idx, n, 2) : 0);
+}
+static inline int dc_linear_bwd_flags(const dc_params *ps, const dc_linear *l, int M, bool dx_add) {
+    return dc_bwd_flags(ps, l->w, (int64_t)l->in * l->out, l->b, l->out, M, dx_add);
+}
 // dx = dy W (skipped if dx.p is NULL; += if accumulate); dW, db += (skipped
 // for frozen parameters).
 static inline void dc_linear_bwd(dc_backend *be, const dc_params *ps, const dc_linear *l, dc_buf dx,
                                  dc_buf dy, dc_buf x, int M, bool accumulate) {
+    const int flags = dc_linear_bwd_flags(ps, l, M, accumulate);
     be->linear_bwd(be, dx, dc_param_train_grad(ps, l->w), l->b >= 0 ? dc_param_train_grad(ps, l->b) : dc_buf_none(),
-                   dy, x, dc_weight_plain(ps, l->w), M, l->in, l->out, accumulate);
+                   dy, x, dc_weight_plain(ps, l->w), M, l->in, l->out, flags);
     if (dc_adapted(ps, l->w)) ps->adapter->ops->linear_bwd(ps->adapter, be, l->w, dx, dy, x, M, l->in, l->out);
 }
 // A product of l as one of linear_many_fwd's jobs, into out (merged deltas only).
@@ -177,8 +190,9 @@ static inline void dc_conv2d_fwd_nobias(dc_backend *be, const dc_params *ps, con
 static inline dc_buf dc_conv2d_bias(const dc_params *ps, const dc_conv2d *c) { return dc_bias_of(ps, c->b); }
 static inline void dc_conv2d_bwd(dc_backend *be, const dc_params *ps, const dc_conv2d *c, dc_buf dx, dc_buf dy,
                                  dc_buf x, const dc_conv2d_shape *s, bool accumulate) {
+    const int flags = dc_bwd_flags(ps, c->w, (int64_t)c->co * c->ci * c->k * c->k, c->b, c->co, s->B, accumulate);
     be->conv2d_bwd(be, dx, dc_param_train_grad(ps, c->w), dc_param_train_grad(ps, c->b), dy, x,
-                   dc_weight_plain(ps, c->w), s, accumulate);
+                   dc_weight_plain(ps, c->w), s, flags);
     if (dc_adapted(ps, c->w)) ps->adapter->ops->conv_bwd(ps->adapter, be, c->w, dx, dy, x, s);
 }
 // y[B,C,HW] = GroupNorm(x) (then SiLU if silu); mean, rstd [B, groups] F32.
@@ -192,6 +206,16 @@ static inline void dc_group_norm_nhwc_fwd(dc_backend *be, const dc_params *ps, c
                                           dc_buf mean, dc_buf rstd, dc_buf x, int B, int64_t HW, bool silu) {
     be->group_norm_nhwc_fwd(be, y, mean, rstd, x, dc_param_w(ps, n->w), dc_param_w(ps, n->b), B, n->C, HW,
                             n->groups, n->eps, silu);
+}
+// dx (+= if accumulate) from dy = dL/dy of y = act(GroupNorm(x)) over
+// channels-last maps, with the statistics its forward kept; dgamma, dbeta +=
+// (skipped for frozen parameters).
+static inline void dc_group_norm_nhwc_bwd(dc_backend *be, const dc_params *ps, const dc_group_norm *n, dc_buf dx,
+                                          dc_buf dy, dc_buf x, dc_buf mean, dc_buf rstd, int B, int64_t HW, bool silu,
+                                          bool accumulate) {
+    const int flags = dc_bwd_flags(ps, n->w, n->C, n->b, n->C, B * HW, accumulate);
+    be->group_norm_nhwc_bwd(be, dx, dc_param_train_grad(ps, n->w), dc_param_train_grad(ps, n->b), dy, x, mean, rstd,
+                            dc_param_w(ps, n->w), dc_param_w(ps, n->b), B, n->C, HW, n->groups, silu, flags);
 }
 // y from x and the statistics dc_group_norm_nhwc_fwd of the same x kept (group_norm_nhwc_apply).
 static inline void dc_group_norm_nhwc_apply(dc_backend *be, const dc_params *ps, const dc_group_norm *n, dc_buf y,
@@ -208,8 +232,9 @@ static inline void dc_layer_norm_fwd(dc_backend *be, const dc_params *ps, const 
 // (skipped for frozen parameters).
 static inline void dc_layer_norm_bwd(dc_backend *be, const dc_params *ps, const dc_layer_norm *n, dc_buf dx,
                                      dc_buf dy, dc_buf x, dc_buf mean, dc_buf rstd, int64_t M, bool accumulate) {
+    const int flags = dc_bwd_flags(ps, n->w, n->D, n->b, n->D, M, accumulate);
     be->layer_norm_bwd(be, dx, dc_param_train_grad(ps, n->w), dc_param_train_grad(ps, n->b), dy, x, mean, rstd,
-                       dc_param_w(ps, n->w), M, n->D, accumulate);
+                       dc_param_w(ps, n->w), M, n->D, flags);
 }
 static inline void dc_embedding_fwd(dc_backend *be, const dc_params *ps, const dc_embedding *e, dc_buf y,
                                     dc_buf idx, int B) {

@@ -217,13 +217,67 @@ int64_t dc_params_widest_unit(const dc_params *ps) {
     return w;
 }
 
+// Zeroes the gradients of flat [lo, hi).
+static void grad_zero(const dc_params *ps, int64_t lo, int64_t hi) {
+    if (hi > lo) ps->be->zero(ps->be, dc_buf_at(ps->grad, lo).p, (size_t)(hi - lo) * sizeof(float));
+}
+
+static bool in_unit(const dc_param *p, int64_t lo, int64_t hi) {
+    return !p->frozen && p->numel > 0 && p->offset >= lo && p->offset < hi;
+}
+
 int dc_params_unit_begin(dc_params *ps, int u) {
+    if (ps->grad_lent) {
+        // the parameters no op overwrites are zeroed, adjacent ones in one pass
+        int64_t lo, hi, run = -1, run_end = -1;
+        dc_params_unit_range(ps, u, &lo, &hi);
+        for (int i = 0; i < ps->count; i++) {
+            dc_param *p = &ps->items[i];
+            if (!in_unit(p, lo, hi)) continue;
+            p->grad_fresh = p->grad_sets;
+            if (p->grad_sets) continue;
+            if (p->offset != run_end) grad_zero(ps, run, run_end), run = p->offset;
+            run_end = p->offset + p->numel;
+        }
+        grad_zero(ps, run, run_end);
+    }
+    return ps->hooks && ps->hooks->unit ? ps->hooks->unit(ps->hooks->ctx, u, false) : 0;
+}
+
+int dc_params_unit_done(dc_params *ps, int u) {
     if (ps->grad_lent) {
         int64_t lo, hi;
         dc_params_unit_range(ps, u, &lo, &hi);
-        ps->be->zero(ps->be, dc_buf_at(ps->grad, lo).p, (size_t)(hi - lo) * sizeof(float));
+        for (int i = 0; i < ps->count; i++)
+            if (in_unit(&ps->items[i], lo, hi) && ps->items[i].grad_fresh) dc_params_grad_settle(ps, i);
     }
-    return ps->hooks && ps->hooks->unit ? ps->hooks->unit(ps->hooks->ctx, u, false) : 0;
+    return ps->hooks && ps->hooks->unit ? ps->hooks->unit(ps->hooks->ctx, u, true) : 0;
+}
+
+void dc_params_grad_settle(const dc_params *ps, int i) {
+    dc_param *p = &ps->items[i];
+    if (!p->grad_fresh) return;
+    grad_zero(ps, p->offset, p->offset + p->numel);
+    p->grad_fresh = false;
+}
+
+int dc_params_claim_grads(const dc_params *ps, const int *idx, const int64_t *n, int k) {
+    // parameter by parameter over each range: first whether all are fresh
+    bool all = true, any = false;
+    for (int pass = 0; pass < 2; pass++)
+        for (int j = 0; j < k; j++) {
+            if (idx[j] < 0 || ps->items[idx[j]].frozen) continue;
+            const int64_t end = ps->items[idx[j]].offset + n[j];
+            for (int i = idx[j]; i < ps->count; i++) {
+                dc_param *p = &ps->items[i];
+                if (p->frozen) continue;
+                if (p->offset >= end) break;
+                if (pass == 0) all = all && p->grad_fresh, any = true;
+                else if (all) p->grad_fresh = false;
+                else dc_params_grad_settle(ps, i);
+            }
+        }
+    return all && any ? DC_BWD_DW_SET : 0;
 }
 
 size_t dc_params_grad_place(const dc_params *ps, const int64_t *dead_from, size_t arena_bytes, size_t *at) {
@@ -242,4 +296,5 @@ void dc_params_lend_grad(dc_params *ps, void *at) {
     if (ps->grad.p && !ps->grad_lent) ps->be->free(ps->be, ps->grad.p);
     ps->grad = at ? (dc_buf){at, DC_F32} : dc_buf_none();
     ps->grad_lent = at != NULL;
+    for (int i = 0; i < ps->count; i++) ps->items[i].grad_fresh = false;
 }

@@ -53,6 +53,14 @@ typedef struct {
     // encoder), the length of the prefix the set put before the model's own
     // name ("text_encoder."): the model's files know it as name + prefix_len.
     int prefix_len;
+    // Its layer's backward writes its gradient through an op that can
+    // overwrite (DC_BWD_DW_SET: linear and convolution weights and biases).
+    bool grad_sets;
+    // With lent gradients: its gradient holds nothing yet in this backward
+    // (its unit began), so the first write overwrites; one that is read or
+    // added to first is zeroed then (dc_param_train_grad), and one no op
+    // writes is zeroed as its unit is done.
+    bool grad_fresh;
 } dc_param;
 
 // The door through which an optimizer strategy (train/optimizer.h) follows
@@ -183,11 +191,19 @@ static inline dc_buf dc_param_grad(const dc_params *ps, int i) {
     if (h && o >= h->win_lo && o < h->win_hi) return dc_buf_at(h->win, o - h->win_lo);
     return dc_buf_at(ps->grad, o);
 }
+void dc_params_grad_settle(const dc_params *ps, int i);
 // The gradient a layer's backward adds parameter i's into: an empty buffer
 // for a frozen parameter (the ops skip it).
 static inline dc_buf dc_param_train_grad(const dc_params *ps, int i) {
-    return ps->items[i].frozen ? dc_buf_none() : dc_param_grad(ps, i);
+    if (ps->items[i].frozen) return dc_buf_none();
+    if (ps->items[i].grad_fresh) dc_params_grad_settle(ps, i);
+    return dc_param_grad(ps, i);
 }
+// A backward op's first write into the gradients of k ranges of whole
+// parameters, range j the n[j] values from parameter idx[j]'s (idx[j] < 0 or
+// frozen: none): DC_BWD_DW_SET when every one is fresh, so the op overwrites;
+// else 0, the fresh ones zeroed, so it adds. Fresh no more either way.
+int dc_params_claim_grads(const dc_params *ps, const int *idx, const int64_t *n, int k);
 // Whether the set takes gradients (allocated with them, or through an
 // optimizer's window).
 static inline bool dc_params_trains(const dc_params *ps) { return ps->grad.p || ps->hooks || ps->window; }
@@ -207,12 +223,11 @@ bool dc_params_next_run(const dc_params *ps, int64_t *pos, int64_t end, int64_t 
 void dc_params_unit_range(const dc_params *ps, int u, int64_t *lo, int64_t *hi);
 // The most parameters a unit holds.
 int64_t dc_params_widest_unit(const dc_params *ps);
-// What a model's backward calls around unit u's gradients (dc_param_hooks.unit;
-// with lent gradients, begin zeroes the unit's first).
+// What a model's backward calls around unit u's gradients (dc_param_hooks.unit).
+// With lent gradients, begin zeroes the unit's (its grad_sets parameters
+// are marked fresh instead) and done zeroes those still fresh.
 int dc_params_unit_begin(dc_params *ps, int u);
-static inline int dc_params_unit_done(dc_params *ps, int u) {
-    return ps->hooks && ps->hooks->unit ? ps->hooks->unit(ps->hooks->ctx, u, true) : 0;
-}
+int dc_params_unit_done(dc_params *ps, int u);
 
 // The gradients in a model's activation arena. As its backward goes, a
 // model gives up its arena from the end: once unit u's backward is about to

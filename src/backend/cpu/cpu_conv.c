@@ -341,7 +341,9 @@ void dc_cpu_conv2d_fwd_res(dc_backend *be, dc_buf out, dc_buf x, dc_buf w, dc_bu
 }
 
 void dc_cpu_conv2d_bwd(dc_backend *be, dc_buf dx_, dc_buf dw_, dc_buf db_, dc_buf dout_,
-                       dc_buf x_, dc_buf w_, const dc_conv2d_shape *s, bool accumulate) {
+                       dc_buf x_, dc_buf w_, const dc_conv2d_shape *s, int flags) {
+    const bool accumulate = flags & DC_BWD_DX_ADD;
+    dc_cpu_grad_clear(dw_, (int64_t)s->Co * s->Ci * s->k * s->k, db_, s->Co, flags);
     // Shapes of NCHW maps; channels-last ones (s->nhwc) as in conv2d_nhwc_bwd.
     float *dx = dx_.p ? dc_cpu_f32(dx_) : NULL;                 // [B, Ci, H, W]
     float *dw = dw_.p ? dc_cpu_f32(dw_) : NULL;                 // [Co, Ci, k, k]

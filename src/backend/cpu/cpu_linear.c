@@ -107,9 +107,11 @@ void dc_cpu_linear_fwd_acc(dc_backend *be, dc_buf out, dc_buf inp, dc_buf w, dc_
 // w may be F16 or BF16 (a frozen layer that passes gradients through); the
 // gradients are F32.
 void dc_cpu_linear_bwd(dc_backend *be, dc_buf dinp_, dc_buf dw_, dc_buf db_, dc_buf dout_,
-                       dc_buf inp_, dc_buf w_, int M, int K, int N, bool accumulate) {
+                       dc_buf inp_, dc_buf w_, int M, int K, int N, int flags) {
     const float *dout = dc_cpu_f32(dout_);                          // [M, N]
     const float *inp = dc_cpu_f32(inp_);                            // [M, K]
+    const bool accumulate = flags & DC_BWD_DX_ADD;
+    dc_cpu_grad_clear(dw_, (int64_t)N * K, db_, N, flags);
     if (dinp_.p) {  // dinp[M,K] (+)= dout @ w
         const float *w = dc_cpu_weight(be, w_, (int64_t)N * K, DC_CPU_WIDE_W);  // [N, K]
         if (!w) return;  // recorded for status

@@ -89,7 +89,9 @@ static bool gn_bwd_bufs_of(dc_backend *be, gn_bwd_bufs *u, dc_buf dx, dc_buf dga
 void dc_cpu_group_norm_bwd(dc_backend *be, dc_buf dx_, dc_buf dgamma_, dc_buf dbeta_,
                            dc_buf dout_, dc_buf x_, dc_buf mean_, dc_buf rstd_, dc_buf gamma_,
                            dc_buf beta_, int B, int C, int64_t HW, int G, bool silu,
-                           bool accumulate) {
+                           int flags) {
+    const bool accumulate = flags & DC_BWD_DX_ADD;
+    dc_cpu_grad_clear(dgamma_, C, dbeta_, C, flags);
     gn_bwd_bufs u;
     if (!gn_bwd_bufs_of(be, &u, dx_, dgamma_, dbeta_, dout_, x_, mean_, rstd_, gamma_, beta_, C, G, silu)) return;
     float *dx = u.dx, *dgamma = u.dgamma, *dbeta = u.dbeta;     // [B, C, HW], [C], [C]
@@ -318,7 +320,9 @@ static inline void gn_nhwc_row_dx(float *restrict dx, const float *restrict x, c
 void dc_cpu_group_norm_nhwc_bwd(dc_backend *be, dc_buf dx_, dc_buf dgamma_, dc_buf dbeta_,
                                 dc_buf dout_, dc_buf x_, dc_buf mean_, dc_buf rstd_, dc_buf gamma_,
                                 dc_buf beta_, int B, int C, int64_t HW, int G, bool silu,
-                                bool accumulate) {
+                                int flags) {
+    const bool accumulate = flags & DC_BWD_DX_ADD;
+    dc_cpu_grad_clear(dgamma_, C, dbeta_, C, flags);
     gn_bwd_bufs u;
     if (!gn_bwd_bufs_of(be, &u, dx_, dgamma_, dbeta_, dout_, x_, mean_, rstd_, gamma_, beta_, C, G, silu)) return;
     // dx, dout, x [B, HW, C]; mean, rstd [B, G]; dgamma, dbeta, gamma, beta [C]
@@ -393,7 +397,9 @@ void dc_cpu_layer_norm_fwd(dc_backend *be, dc_buf out_, dc_buf mean_, dc_buf rst
 
 void dc_cpu_layer_norm_bwd(dc_backend *be, dc_buf dx_, dc_buf dgamma_, dc_buf dbeta_,
                            dc_buf dout_, dc_buf x_, dc_buf mean_, dc_buf rstd_, dc_buf gamma_,
-                           int64_t M, int D, bool accumulate) {
+                           int64_t M, int D, int flags) {
+    const bool accumulate = flags & DC_BWD_DX_ADD;
+    dc_cpu_grad_clear(dgamma_, D, dbeta_, D, flags);
     float *dx = dx_.p ? dc_cpu_f32(dx_) : NULL;                       // [M, D]
     float *dgamma = dgamma_.p ? dc_cpu_f32(dgamma_) : NULL;           // [D]
     float *dbeta = dbeta_.p ? dc_cpu_f32(dbeta_) : NULL;              // [D]

@@ -5,6 +5,7 @@
 #include <assert.h>
 #include <math.h>
 #include <stddef.h>
+#include <string.h>
 
 #include "backend/backend.h"
 #include "core/error.h"
@@ -63,6 +64,15 @@ static inline float *dc_cpu_f32(dc_buf b) {
     return (float *)b.p;
 }
 
+// With DC_BWD_DW_SET, a backward's weight and bias gradients (nw and nb
+// values, where present) start from zero: the ops then add as always, which
+// writes the same bits.
+static inline void dc_cpu_grad_clear(dc_buf dw, int64_t nw, dc_buf db, int64_t nb, int flags) {
+    if (!(flags & DC_BWD_DW_SET)) return;
+    if (dw.p) memset(dc_cpu_f32(dw), 0, (size_t)nw * sizeof(float));
+    if (db.p) memset(dc_cpu_f32(db), 0, (size_t)nb * sizeof(float));
+}
+
 // ---- weights kept as loaded (cpu_weights.c) -----------------------------------
 // The n values of weight buffer w as F32: w itself when it is F32; F16 or BF16
 // (inference weights kept as loaded, be->half_weights) widened exactly into
@@ -105,7 +115,7 @@ void dc_cpu_linear_fwd(dc_backend *be, dc_buf out, dc_buf inp, dc_buf w, dc_buf 
 void dc_cpu_linear_fwd_acc(dc_backend *be, dc_buf out, dc_buf inp, dc_buf w, dc_buf b, int M, int K,
                            int N);
 void dc_cpu_linear_bwd(dc_backend *be, dc_buf dinp, dc_buf dw, dc_buf db, dc_buf dout,
-                       dc_buf inp, dc_buf w, int M, int K, int N, bool accumulate);
+                       dc_buf inp, dc_buf w, int M, int K, int N, int flags);
 
 // ---- pointwise and embeddings (cpu_pointwise.c) -------------------------------
 void dc_cpu_gelu_fwd(dc_backend *be, dc_buf out, dc_buf inp, int64_t n);
@@ -153,7 +163,7 @@ void dc_cpu_conv2d_fwd(dc_backend *be, dc_buf out, dc_buf x, dc_buf w, dc_buf b,
 void dc_cpu_conv2d_fwd_res(dc_backend *be, dc_buf out, dc_buf x, dc_buf w, dc_buf b, dc_buf r,
                            const dc_conv2d_shape *s);
 void dc_cpu_conv2d_bwd(dc_backend *be, dc_buf dx, dc_buf dw, dc_buf db, dc_buf dout, dc_buf x,
-                       dc_buf w, const dc_conv2d_shape *s, bool accumulate);
+                       dc_buf w, const dc_conv2d_shape *s, int flags);
 
 // ---- group norm and affine layer norm (cpu_norm.c) ----------------------------
 void dc_cpu_group_norm_fwd(dc_backend *be, dc_buf out, dc_buf mean, dc_buf rstd, dc_buf x,
@@ -166,16 +176,16 @@ void dc_cpu_group_norm_nhwc_apply(dc_backend *be, dc_buf out, dc_buf mean, dc_bu
                                   dc_buf beta, int B, int C, int64_t HW, int G, bool silu);
 void dc_cpu_group_norm_bwd(dc_backend *be, dc_buf dx, dc_buf dgamma, dc_buf dbeta, dc_buf dout,
                            dc_buf x, dc_buf mean, dc_buf rstd, dc_buf gamma, dc_buf beta, int B,
-                           int C, int64_t HW, int G, bool silu, bool accumulate);
+                           int C, int64_t HW, int G, bool silu, int flags);
 void dc_cpu_group_norm_nhwc_bwd(dc_backend *be, dc_buf dx, dc_buf dgamma, dc_buf dbeta,
                                 dc_buf dout, dc_buf x, dc_buf mean, dc_buf rstd, dc_buf gamma,
                                 dc_buf beta, int B, int C, int64_t HW, int G, bool silu,
-                                bool accumulate);
+                                int flags);
 void dc_cpu_layer_norm_fwd(dc_backend *be, dc_buf out, dc_buf mean, dc_buf rstd, dc_buf x,
                            dc_buf gamma, dc_buf beta, int64_t M, int D, float eps);
 void dc_cpu_layer_norm_bwd(dc_backend *be, dc_buf dx, dc_buf dgamma, dc_buf dbeta, dc_buf dout,
                            dc_buf x, dc_buf mean, dc_buf rstd, dc_buf gamma, int64_t M, int D,
-                           bool accumulate);
+                           int flags);
 
 // ---- latent-diffusion pointwise ops (cpu_pointwise.c) --------------------------
 void dc_cpu_upsample2x_fwd(dc_backend *be, dc_buf out, dc_buf x, int B, int C, int H, int W);

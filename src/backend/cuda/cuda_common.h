@@ -69,6 +69,31 @@ __device__ __forceinline__ double dc_warp_sum_d(double v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
+// A column's sum over n slices, p[0], p[ld], ..., p[(n-1) ld], by a block
+// of DC_LS_COLS columns x DC_LS_LANES lanes (threadIdx.y): lane y adds
+// slices y, y + DC_LS_LANES, ... in order, then the lanes' sums are added in
+// order. Every thread calls it; lane 0 gets the sum. (A thread a column,
+// adding all the slices, waited on its serial loads: 8-10 us a call where
+// the columns were few.)
+enum { DC_LS_COLS = 32, DC_LS_LANES = 8 };
+template <typename T>
+__device__ T dc_lane_sum(const T *p, int64_t ld, int n, bool live) {
+    __shared__ T red[DC_LS_LANES][DC_LS_COLS];
+    T s = 0;
+    if (live)
+#pragma unroll 4
+        for (int k = threadIdx.y; k < n; k += DC_LS_LANES) s += p[(int64_t)k * ld];
+    red[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    T t = 0;
+    if (threadIdx.y == 0)
+        for (int y = 0; y < DC_LS_LANES; y++) t += red[y][threadIdx.x];
+    __syncthreads();  // red is free for the next call
+    return t;
+}
+static inline dim3 dc_lane_grid(int cols) { return dim3((unsigned)((cols + DC_LS_COLS - 1) / DC_LS_COLS)); }
+static inline dim3 dc_lane_block(void) { return dim3(DC_LS_COLS, DC_LS_LANES); }
+
 __device__ __forceinline__ float dc_warp_max(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));

@@ -66,4 +66,4 @@ void dc_conv_crop(dc_backend *be, const dc_conv_plan *p, dc_buf dx, const void *
 // out += b per output channel.
 void dc_conv_bias(dc_backend *be, dc_buf out, dc_buf b, const dc_conv2d_shape *s);
 // db += the sum of dout over batch and pixels, in a fixed order.
-void dc_conv_bias_grad(dc_backend *be, dc_buf db, dc_buf dout, const dc_conv2d_shape *s);
+void dc_conv_bias_grad(dc_backend *be, dc_buf db, dc_buf dout, const dc_conv2d_shape *s, bool set);

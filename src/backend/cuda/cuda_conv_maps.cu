@@ -154,9 +154,9 @@ void dc_conv_bias(dc_backend *be, dc_buf out, dc_buf b, const dc_conv2d_shape *s
         k_conv_bias_nhwc<1><<<grid, block, 0, st>>>(out.p, BF(out), b.p, BF(b), M, s->Co, g.cols, chunk);
 }
 
-// db[co] += sum over b and pixels of dout[b, co, :]: one block per channel,
+// db[co] += (= if set) sum over b and pixels of dout[b, co, :]: one block per channel,
 // threads over pixels, a fixed tree over threads.
-__global__ void k_conv_bias_grad(void *db, int dbbf, const void *dout, int gbf, int B, int Co, int64_t HW) {
+__global__ void k_conv_bias_grad(void *db, int dbbf, const void *dout, int gbf, int B, int Co, int64_t HW, bool set) {
     __shared__ double sm[TPB];
     const int co = blockIdx.x;
     double s = 0.0;
@@ -170,7 +170,7 @@ __global__ void k_conv_bias_grad(void *db, int dbbf, const void *dout, int gbf, 
         if (threadIdx.x < k) sm[threadIdx.x] += sm[threadIdx.x + k];
         __syncthreads();
     }
-    if (threadIdx.x == 0) dc_st(db, co, dc_ld(db, co, dbbf) + (float)sm[0], dbbf);
+    if (threadIdx.x == 0) dc_st(db, co, set ? (float)sm[0] : dc_ld(db, co, dbbf) + (float)sm[0], dbbf);
 }
 
 // Channels-last: part[slice, co] = the sum of dout[m, co] over the slice's
@@ -192,20 +192,18 @@ __global__ void k_conv_bias_grad_nhwc(double *part, const void *dout, int gbf, i
     }
 }
 
-// db[co] += the slices' partial sums, in slice order.
-__global__ void k_conv_bias_grad_sum(void *db, int dbbf, const double *part, int slices, int Co) {
-    const int co = blockIdx.x * blockDim.x + threadIdx.x;
-    if (co >= Co) return;
-    double t = 0.0;
-    for (int k = 0; k < slices; k++) t += part[(int64_t)k * Co + co];
-    dc_st(db, co, dc_ld(db, co, dbbf) + (float)t, dbbf);
+// db[co] += the slices' partial sums (= if set), added as dc_lane_sum adds them.
+__global__ void k_conv_bias_grad_sum(void *db, int dbbf, const double *part, int slices, int Co, bool set) {
+    const int co = blockIdx.x * DC_LS_COLS + threadIdx.x;
+    const double t = dc_lane_sum(part + (co < Co ? co : 0), Co, slices, co < Co);
+    if (threadIdx.y == 0 && co < Co) dc_st(db, co, set ? (float)t : dc_ld(db, co, dbbf) + (float)t, dbbf);
 }
 
-void dc_conv_bias_grad(dc_backend *be, dc_buf db, dc_buf dout, const dc_conv2d_shape *s) {
+void dc_conv_bias_grad(dc_backend *be, dc_buf db, dc_buf dout, const dc_conv2d_shape *s, bool set) {
     dc_cuda_ctx *c = dc_cuda(be);
     const int64_t HW = (int64_t)dc_conv2d_ho(s) * dc_conv2d_wo(s);
     if (!s->nhwc) {
-        k_conv_bias_grad<<<s->Co, TPB, 0, c->stream>>>(db.p, BF(db), dout.p, BF(dout), s->B, s->Co, HW);
+        k_conv_bias_grad<<<s->Co, TPB, 0, c->stream>>>(db.p, BF(db), dout.p, BF(dout), s->B, s->Co, HW, set);
         return;
     }
     // slices of at least 256 rows, cut from the shape alone
@@ -215,5 +213,6 @@ void dc_conv_bias_grad(dc_backend *be, dc_buf db, dc_buf dout, const dc_conv2d_s
     double *part = (double *)((char *)c->conv_scratch + scratch_db_offset(s));
     k_conv_bias_grad_nhwc<<<dim3((s->Co + 31) / 32, (unsigned)slices), dim3(32, 8), 0, c->stream>>>(
         part, dout.p, BF(dout), M, s->Co, rows_per);
-    k_conv_bias_grad_sum<<<(s->Co + 255) / 256, 256, 0, c->stream>>>(db.p, BF(db), part, (int)slices, s->Co);
+    k_conv_bias_grad_sum<<<dc_lane_grid(s->Co), dc_lane_block(), 0, c->stream>>>(db.p, BF(db), part, (int)slices,
+                                                                                 s->Co, set);
 }

@@ -148,15 +148,20 @@ extern "C" void dc_cuda_group_norm_fwd(dc_backend *be, dc_buf out, dc_buf mean, 
 // alignment of the buffers never changes a bit of the result.
 enum { GN_RT = 8 };
 
-// Chunks of kernel 1: of at least 32 pixels, up to 16384 partials a sample,
-// or up to 65536 where that leaves more than 512 pixels
-// a chunk: the VAE's 256x256 and 512x512 maps, whose long chunks made few
-// blocks with long loops (an H100's 512x512 decode: 6.6 -> 6.2 ms). The UNet's
-// maps keep their chunks, and their bits. The shape alone decides.
-static int64_t gn_nhwc_chunks(int64_t HW, int C) {
+// Chunks of kernel 1: of at least min_rows pixels, up to 16384 partials a
+// sample, or up to 65536 where that leaves more than 512 pixels a chunk: the
+// VAE's 256x256 and 512x512 maps, whose long chunks made few blocks with long
+// loops (an H100's 512x512 decode: 6.6 -> 6.2 ms). The shape alone decides.
+// The forward's sums take chunks of 128 pixels or more: with 32, SD 2.1's
+// group norms at 256 px batch 64 (a thread 4 rows) took 2.95 ms a step on an
+// H200, with 128 2.62 ms. The backward's sums keep 32: their threads hold
+// twice the values, and with 128 (and the loop unrolled) they took 6.5 ms
+// against 6.1.
+enum { GN_SUM_ROWS = 128, GN_BWD_ROWS = 32 };
+static int64_t gn_nhwc_chunks(int64_t HW, int C, int min_rows) {
     int64_t by_ws = 16384 / C > 1 ? 16384 / C : 1;
     if (HW / 512 > by_ws) by_ws = HW / 512 < 65536 / C ? HW / 512 : 65536 / C;
-    const int64_t by_rows = (HW + 31) / 32;
+    const int64_t by_rows = (HW + min_rows - 1) / min_rows;
     return by_rows < by_ws ? by_rows : by_ws;
 }
 
@@ -311,7 +316,7 @@ extern "C" void dc_cuda_group_norm_nhwc_fwd(dc_backend *be, dc_buf out, dc_buf m
     double2 *part = (double2 *)c->norm_ws;
     const int V = dc_vec_width(C, x, out, dc_buf_none());
     // kernel 1: chunks of pixels, each thread GN_RT rows from its lane neighbours
-    const int64_t chunks = gn_nhwc_chunks(HW, C), rows_per = (HW + chunks - 1) / chunks;
+    const int64_t chunks = gn_nhwc_chunks(HW, C, GN_SUM_ROWS), rows_per = (HW + chunks - 1) / chunks;
     dc_rows_geom gs = dc_rows_geom_make(C, V, 32);
     gs.rt = GN_RT;
     // samples per piece: their partials fit the whole workspace, and grid.z
@@ -380,17 +385,21 @@ __global__ void k_gn_bwd_row_sums(double2 *part, const void *dout, int obf, cons
     if (threadIdx.x == 0) part[row] = make_double2(s1, s2);
 }
 
-// dgamma[c] += sum_b (sum dy xhat) ; dbeta[c] += sum_b (sum dy), b in order.
-__global__ void k_gn_bwd_params(void *dgamma, int dgbf, void *dbeta, int dbbf, const double2 *part, int nb, int C) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
-    double s1 = 0.0, s2 = 0.0;
-    for (int b = 0; b < nb; b++) {
-        double2 p = part[(int64_t)b * C + c];
-        s1 += p.x, s2 += p.y;
-    }
-    if (dgamma) dc_st(dgamma, c, dc_ld(dgamma, c, dgbf) + (float)s2, dgbf);
-    if (dbeta) dc_st(dbeta, c, dc_ld(dbeta, c, dbbf) + (float)s1, dbbf);
+// dgamma[c] += sum_b (sum dy xhat) ; dbeta[c] += sum_b (sum dy) (= if set),
+// the samples added as dc_lane_sum adds slices.
+__global__ void k_gn_bwd_params(void *dgamma, int dgbf, void *dbeta, int dbbf, const double2 *part, int nb, int C,
+                                bool set) {
+    const int c = blockIdx.x * DC_LS_COLS + threadIdx.x;
+    const double *p = (const double *)(part + (c < C ? c : 0));
+    const double s1 = dc_lane_sum(p, 2 * (int64_t)C, nb, c < C), s2 = dc_lane_sum(p + 1, 2 * (int64_t)C, nb, c < C);
+    if (threadIdx.y || c >= C) return;
+    if (dgamma) dc_st(dgamma, c, set ? (float)s2 : dc_ld(dgamma, c, dgbf) + (float)s2, dgbf);
+    if (dbeta) dc_st(dbeta, c, set ? (float)s1 : dc_ld(dbeta, c, dbbf) + (float)s1, dbbf);
+}
+static void gn_bwd_params(dc_backend *be, dc_buf dgamma, dc_buf dbeta, const double2 *part, int nb, int C, bool set) {
+    if (!dgamma.p && !dbeta.p) return;
+    k_gn_bwd_params<<<dc_lane_grid(C), dc_lane_block(), 0, dc_cuda(be)->stream>>>(dgamma.p, BF(dgamma), dbeta.p,
+                                                                                BF(dbeta), part, nb, C, set);
 }
 
 // mg = (mean(g), mean(g xhat)) over group g of sample b, g = dy gamma, from
@@ -435,10 +444,11 @@ __global__ void k_gn_bwd_dx(void *dx, int dxbf, const void *dout, int obf, const
 
 extern "C" void dc_cuda_group_norm_bwd(dc_backend *be, dc_buf dx, dc_buf dgamma, dc_buf dbeta, dc_buf dout, dc_buf x,
                                        dc_buf mean, dc_buf rstd, dc_buf gamma, dc_buf beta, int B, int C, int64_t HW,
-                                       int G, bool silu, bool accumulate) {
+                                       int G, bool silu, int flags) {
     DC_CUDA_OP(be);
     if (!gn_shape_ok(be, __func__, B, C, HW, G, mean, rstd)) return;
     dc_cuda_ctx *c = dc_cuda(be);
+    const bool accumulate = flags & DC_BWD_DX_ADD;
     double2 *part = (double2 *)c->norm_ws;
     const bool vec = rows_vec(HW, x, dout, dx);
     const int piece = gn_piece(B, C);
@@ -449,9 +459,7 @@ extern "C" void dc_cuda_group_norm_bwd(dc_backend *be, dc_buf dx, dc_buf dgamma,
         k_gn_bwd_row_sums<<<nb * C, NT, 0, c->stream>>>(part, dc_buf_at(dout, off).p, BF(dout), dc_buf_at(x, off).p,
                                                         BF(x), mu, r, gamma.p, BF(gamma), beta.p, BF(beta), C, HW, G,
                                                         silu, vec);
-        if (dgamma.p || dbeta.p)
-            k_gn_bwd_params<<<(C + 255) / 256, 256, 0, c->stream>>>(dgamma.p, BF(dgamma), dbeta.p, BF(dbeta), part,
-                                                                    nb, C);
+        gn_bwd_params(be, dgamma, dbeta, part, nb, C, b0 == 0 && (flags & DC_BWD_DW_SET));
         if (dx.p)
             k_gn_bwd_dx<<<nb * C, NT, 0, c->stream>>>(dc_buf_at(dx, off).p, BF(dx), dc_buf_at(dout, off).p, BF(dout),
                                                       dc_buf_at(x, off).p, BF(x), mu, r, gamma.p, BF(gamma), beta.p,
@@ -517,6 +525,7 @@ __global__ void __launch_bounds__(GN_BT) k_gn_nhwc_bwd_rows(double2 *rows, doubl
     for (int k = threadIdx.x; k < cg; k += GN_BT) {
         const int c = g * cg + k;
         double s1 = 0.0, s2 = 0.0;
+#pragma unroll 8  // the loads in flight together; the sums in chunk order
         for (int64_t q = 0; q < chunks; q++) {
             const double2 p = part[((int64_t)b * chunks + q) * C + c];
             s1 += p.x, s2 += p.y;
@@ -572,8 +581,9 @@ __global__ void k_gn_nhwc_bwd_dx(void *dx, int dxbf, const void *dout, int obf, 
 
 extern "C" void dc_cuda_group_norm_nhwc_bwd(dc_backend *be, dc_buf dx, dc_buf dgamma, dc_buf dbeta, dc_buf dout,
                                             dc_buf x, dc_buf mean, dc_buf rstd, dc_buf gamma, dc_buf beta, int B,
-                                            int C, int64_t HW, int G, bool silu, bool accumulate) {
+                                            int C, int64_t HW, int G, bool silu, int flags) {
     DC_CUDA_OP(be);
+    const bool accumulate = flags & DC_BWD_DX_ADD;
     if (!gn_shape_ok(be, __func__, B, C, HW, G, mean, rstd)) return;
     if (!float_bufs(dout, x, gamma, beta) || (dx.p && dx.dt != DC_F32 && dx.dt != DC_BF16))
         DC_CUDA_FAIL(be, "group norm backward dtypes: x %s, dout %s, dx %s, gamma %s, beta %s (each F32 or BF16)",
@@ -585,7 +595,7 @@ extern "C" void dc_cuda_group_norm_nhwc_bwd(dc_backend *be, dc_buf dx, dc_buf dg
     // an H200's warps ran, and kernel 3 96 (SD 2.1's 32x32 maps of 320 to 960
     // channels at batch 64: 209 -> 145, 499 -> 273, 758 -> 449 us a call)
     const int Vw = dc_vec_width(C, x, dout, dx), V = Vw > 4 ? 4 : Vw;
-    const int64_t chunks = gn_nhwc_chunks(HW, C), rows_per = (HW + chunks - 1) / chunks;
+    const int64_t chunks = gn_nhwc_chunks(HW, C, GN_BWD_ROWS), rows_per = (HW + chunks - 1) / chunks;
     dc_rows_geom gs = dc_rows_geom_make(C, V, 32);
     gs.rt = GN_RT;
     const dc_rows_geom ga = dc_rows_geom_make(C, V, NT);
@@ -607,9 +617,7 @@ extern "C" void dc_cuda_group_norm_nhwc_bwd(dc_backend *be, dc_buf dx, dc_buf dg
                       BF(gamma), beta.p, BF(beta), HW, C, G, gs.cols, rows_per, silu);
         dc_launch(be, k_gn_nhwc_bwd_rows, (unsigned)((int64_t)nb * G), GN_BT, 0, rows, dx.p ? mg : (double2 *)NULL,
                   (const double2 *)part, chunks, gamma.p, BF(gamma), C, G, HW);
-        if (dgamma.p || dbeta.p)
-            k_gn_bwd_params<<<(C + 255) / 256, 256, 0, c->stream>>>(dgamma.p, BF(dgamma), dbeta.p, BF(dbeta), rows,
-                                                                    nb, C);
+        gn_bwd_params(be, dgamma, dbeta, rows, nb, C, b0 == 0 && (flags & DC_BWD_DW_SET));
         if (dx.p) {
             const dim3 g3((unsigned)(nb * cps), (unsigned)ga.tiles), b3(ga.ct, ga.rt);
             void *dp = dc_buf_at(dx, off).p;
@@ -653,7 +661,7 @@ extern "C" void dc_cuda_channel_sum_nhwc(dc_backend *be, dc_buf dv, dc_buf x, in
     }
     double2 *part = (double2 *)dc_cuda(be)->norm_ws;
     const int V = dc_vec_width(C, x, dc_buf_none(), dc_buf_none());
-    const int64_t chunks = gn_nhwc_chunks(HW, C), rows_per = (HW + chunks - 1) / chunks;
+    const int64_t chunks = gn_nhwc_chunks(HW, C, GN_SUM_ROWS), rows_per = (HW + chunks - 1) / chunks;
     dc_rows_geom gs = dc_rows_geom_make(C, V, 32);
     gs.rt = GN_RT;
     int64_t piece = DC_CUDA_NORM_WS_ALL / 2 / (chunks * C);

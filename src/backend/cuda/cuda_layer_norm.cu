@@ -252,21 +252,21 @@ __global__ void k_ln_bwd_param_part(float *part, const void *dout, int obf, cons
         }
 }
 
-// Each column's slices added in order; their loads issued together (the sums'
-// order is the loop's), not one after the other's arrival.
-__global__ void k_ln_bwd_param_sum(void *dgamma, int dgbf, void *dbeta, int dbbf, const float *part, int slices, int D) {
-    int d = blockIdx.x * blockDim.x + threadIdx.x;
-    if (d >= D) return;
-    float sg = 0.0f, sb = 0.0f;
-#pragma unroll 16
-    for (int s = 0; s < slices; s++) sg += part[(int64_t)s * D + d], sb += part[((int64_t)slices + s) * D + d];
-    if (dgamma) dc_st(dgamma, d, dc_ld(dgamma, d, dgbf) + sg, dgbf);
-    if (dbeta) dc_st(dbeta, d, dc_ld(dbeta, d, dbbf) + sb, dbbf);
+// dgamma, dbeta += each column's slices (= if set), added as dc_lane_sum adds them.
+__global__ void k_ln_bwd_param_sum(void *dgamma, int dgbf, void *dbeta, int dbbf, const float *part, int slices, int D,
+                                   bool set) {
+    const int d = blockIdx.x * DC_LS_COLS + threadIdx.x;
+    const float *p = part + (d < D ? d : 0);
+    const float sg = dc_lane_sum(p, D, slices, d < D), sb = dc_lane_sum(p + (int64_t)slices * D, D, slices, d < D);
+    if (threadIdx.y || d >= D) return;
+    if (dgamma) dc_st(dgamma, d, set ? sg : dc_ld(dgamma, d, dgbf) + sg, dgbf);
+    if (dbeta) dc_st(dbeta, d, set ? sb : dc_ld(dbeta, d, dbbf) + sb, dbbf);
 }
 
 extern "C" void dc_cuda_layer_norm_bwd(dc_backend *be, dc_buf dx, dc_buf dgamma, dc_buf dbeta, dc_buf dout, dc_buf x,
-                                       dc_buf mean, dc_buf rstd, dc_buf gamma, int64_t M, int D, bool accumulate) {
+                                       dc_buf mean, dc_buf rstd, dc_buf gamma, int64_t M, int D, int flags) {
     DC_CUDA_OP(be);
+    const bool accumulate = flags & DC_BWD_DX_ADD;
     if (mean.dt != DC_F32 || rstd.dt != DC_F32)
         DC_CUDA_FAIL(be, "layer norm statistics must be F32 (mean %s, rstd %s)", dc_dtype_name(mean.dt),
                      dc_dtype_name(rstd.dt));
@@ -304,8 +304,8 @@ extern "C" void dc_cuda_layer_norm_bwd(dc_backend *be, dc_buf dx, dc_buf dgamma,
             k_ln_bwd_param_part<1><<<grid, block, 0, c->stream>>>(part, dout.p, BF(dout), x.p, BF(x),
                                                                  (const float *)mean.p, (const float *)rstd.p, M, D,
                                                                  rows_per, (int)slices);
-        k_ln_bwd_param_sum<<<(D + 255) / 256, 256, 0, c->stream>>>(dgamma.p, BF(dgamma), dbeta.p, BF(dbeta), part,
-                                                                   (int)slices, D);
+        k_ln_bwd_param_sum<<<dc_lane_grid(D), dc_lane_block(), 0, c->stream>>>(
+            dgamma.p, BF(dgamma), dbeta.p, BF(dbeta), part, (int)slices, D, flags & DC_BWD_DW_SET);
     }
     DC_CUDA_LAUNCHED(be);
 }

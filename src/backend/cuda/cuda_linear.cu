@@ -233,16 +233,19 @@ extern "C" void dc_cuda_linear_fwd_acc(dc_backend *be, dc_buf out, dc_buf inp, d
 }
 
 extern "C" void dc_cuda_linear_bwd(dc_backend *be, dc_buf dinp, dc_buf dw, dc_buf db, dc_buf dout,
-                                   dc_buf inp, dc_buf w, int M, int K, int N, bool accumulate) {
+                                   dc_buf inp, dc_buf w, int M, int K, int N, int flags) {
     DC_CUDA_OP(be);
     if (inp.dt != w.dt || dout.dt != w.dt)
         DC_CUDA_FAIL(be, "dout, input and weight dtypes differ (%s, %s, %s)", dc_dtype_name(dout.dt),
                      dc_dtype_name(inp.dt), dc_dtype_name(w.dt));
+    const bool set = flags & DC_BWD_DW_SET;
     // dinp^T[K,M] = (w as K x N) (dout as N x M)
-    if (dinp.p) gemm(be, K, M, N, w.p, K, false, dout.p, N, false, dinp.p, K, dout.dt, dinp.dt, accumulate);
-    // dw^T[K,N] += (inp as K x M) (dout as N x M)^T, in fp32
-    if (dw.p) gemm(be, K, N, M, inp.p, K, false, dout.p, N, true, dw.p, K, dout.dt, dw.dt, true);
-    if (db.p) dc_cuda_bias_grad(be, db, dout, M, N);
+    if (dinp.p)
+        gemm(be, K, M, N, w.p, K, false, dout.p, N, false, dinp.p, K, dout.dt, dinp.dt, flags & DC_BWD_DX_ADD);
+    // dw^T[K,N] += (inp as K x M) (dout as N x M)^T, in fp32 (beta 0 when set:
+    // the product is not read back)
+    if (dw.p) gemm(be, K, N, M, inp.p, K, false, dout.p, N, true, dw.p, K, dout.dt, dw.dt, !set);
+    if (db.p) dc_cuda_bias_grad(be, db, dout, M, N, set);
 }
 
 // ---- several products of a few rows (linear_many_fwd) ----

@@ -168,7 +168,7 @@ void dc_cuda_linear_fwd(dc_backend *be, dc_buf out, dc_buf inp, dc_buf w, dc_buf
 void dc_cuda_linear_fwd_acc(dc_backend *be, dc_buf out, dc_buf inp, dc_buf w, dc_buf b, int M, int K,
                             int N);
 void dc_cuda_linear_bwd(dc_backend *be, dc_buf dinp, dc_buf dw, dc_buf db, dc_buf dout, dc_buf inp,
-                        dc_buf w, int M, int K, int N, bool accumulate);
+                        dc_buf w, int M, int K, int N, int flags);
 void dc_cuda_linear_many_fwd(dc_backend *be, const dc_linear_job *jobs, int n, dc_buf inp, int M, int K);
 bool dc_cuda_linear_geglu_fwd(dc_backend *be, dc_buf out, dc_buf pre, dc_buf inp, dc_buf w, dc_buf b, int M,
                               int K, int F);
@@ -205,8 +205,9 @@ void dc_cuda_timestep_embed(dc_backend *be, dc_buf out, dc_buf t, int B, int hal
 void dc_cuda_embed_fwd(dc_backend *be, dc_buf out, dc_buf table, dc_buf idx, int B, int D);
 void dc_cuda_embed_bwd(dc_backend *be, dc_buf dtable, dc_buf dout, dc_buf idx, int B, int D);
 // out[M,N] += b[N] (bias added outside a matrix product); db[N] += sum_m dout[m, :]
+// (= if set)
 void dc_cuda_add_bias(dc_backend *be, dc_buf out, dc_buf b, int M, int N);
-void dc_cuda_bias_grad(dc_backend *be, dc_buf db, dc_buf dout, int M, int N);
+void dc_cuda_bias_grad(dc_backend *be, dc_buf db, dc_buf dout, int M, int N, bool set);
 
 // ---- latent diffusion pointwise ops (cuda_pointwise.cu) ----
 void dc_cuda_activation_fwd(dc_backend *be, dc_buf out, dc_buf inp, int64_t n, dc_act act);
@@ -229,7 +230,7 @@ void dc_cuda_channel_sum_nhwc(dc_backend *be, dc_buf dv, dc_buf dx, int B, int C
 void dc_cuda_split_channels(dc_backend *be, dc_buf a, int C1, dc_buf b, int C2, dc_buf x, int64_t M);
 void dc_cuda_group_norm_nhwc_bwd(dc_backend *be, dc_buf dx, dc_buf dgamma, dc_buf dbeta, dc_buf dout, dc_buf x,
                                  dc_buf mean, dc_buf rstd, dc_buf gamma, dc_buf beta, int B, int C, int64_t HW,
-                                 int G, bool silu, bool accumulate);
+                                 int G, bool silu, int flags);
 
 // ---- convolutions through cuDNN (cuda_conv.cu) ----
 int dc_cuda_reserve_conv(dc_backend *be, const dc_conv2d_shape *s, bool backward);
@@ -245,7 +246,7 @@ void dc_cuda_conv2d_fwd(dc_backend *be, dc_buf out, dc_buf x, dc_buf w, dc_buf b
 void dc_cuda_conv2d_fwd_res(dc_backend *be, dc_buf out, dc_buf x, dc_buf w, dc_buf b, dc_buf r,
                             const dc_conv2d_shape *s);
 void dc_cuda_conv2d_bwd(dc_backend *be, dc_buf dx, dc_buf dw, dc_buf db, dc_buf dout, dc_buf x, dc_buf w,
-                        const dc_conv2d_shape *s, bool accumulate);
+                        const dc_conv2d_shape *s, int flags);
 // Releases the plans, cuDNN and the conv workspaces.
 void dc_cuda_conv_free(dc_cuda_ctx *c);
 // Starts cuDNN on the backend's stream if it is not running: 0, or -1 with a message.
@@ -262,11 +263,11 @@ void dc_cuda_group_norm_nhwc_apply(dc_backend *be, dc_buf out, dc_buf mean, dc_b
                                    dc_buf beta, int B, int C, int64_t HW, int G, bool silu);
 void dc_cuda_group_norm_bwd(dc_backend *be, dc_buf dx, dc_buf dgamma, dc_buf dbeta, dc_buf dout, dc_buf x,
                             dc_buf mean, dc_buf rstd, dc_buf gamma, dc_buf beta, int B, int C, int64_t HW, int G,
-                            bool silu, bool accumulate);
+                            bool silu, int flags);
 void dc_cuda_layer_norm_fwd(dc_backend *be, dc_buf out, dc_buf mean, dc_buf rstd, dc_buf x, dc_buf gamma,
                             dc_buf beta, int64_t M, int D, float eps);
 void dc_cuda_layer_norm_bwd(dc_backend *be, dc_buf dx, dc_buf dgamma, dc_buf dbeta, dc_buf dout, dc_buf x,
-                            dc_buf mean, dc_buf rstd, dc_buf gamma, int64_t M, int D, bool accumulate);
+                            dc_buf mean, dc_buf rstd, dc_buf gamma, int64_t M, int D, int flags);
 
 // ---- adaLN (cuda_adaln.cu) ----
 void dc_cuda_ln_mod_fwd(dc_backend *be, dc_buf out, dc_buf mean, dc_buf rstd, dc_buf x, dc_buf mod,

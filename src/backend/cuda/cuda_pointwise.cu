@@ -186,15 +186,13 @@ __global__ void __launch_bounds__(256) k_bias_grad_part_v8(float *part, const vo
         }
 }
 
-__global__ void k_bias_grad_sum(float *db, const float *part, int slices, int N) {
-    int col = blockIdx.x * blockDim.x + threadIdx.x;
-    if (col >= N) return;
-    float t = 0.0f;
-#pragma unroll 8
-    for (int s = 0; s < slices; s++) t += part[(int64_t)s * N + col];
-    db[col] += t;
+// db[col] += the slices' sums (= if set), added as dc_lane_sum adds them.
+__global__ void k_bias_grad_sum(float *db, const float *part, int slices, int N, bool set) {
+    const int col = blockIdx.x * DC_LS_COLS + threadIdx.x;
+    const float t = dc_lane_sum(part + (col < N ? col : 0), N, slices, col < N);
+    if (threadIdx.y == 0 && col < N) db[col] = set ? t : db[col] + t;
 }
-extern "C" void dc_cuda_bias_grad(dc_backend *be, dc_buf db, dc_buf dout, int M, int N) {
+extern "C" void dc_cuda_bias_grad(dc_backend *be, dc_buf db, dc_buf dout, int M, int N, bool set) {
     DC_CUDA_OP(be);
     dc_cuda_ctx *c = dc_cuda(be);
     // The partial sums live in the cuBLASLt workspace's tail: the products
@@ -216,7 +214,7 @@ extern "C" void dc_cuda_bias_grad(dc_backend *be, dc_buf db, dc_buf dout, int M,
         dim3 grid((N + 31) / 32, slices);
         k_bias_grad_part<<<grid, block, 0, c->stream>>>(part, dout.p, BF(dout), M, N, rows_per);
     }
-    k_bias_grad_sum<<<(N + 255) / 256, 256, 0, c->stream>>>((float *)db.p, part, slices, N);
+    k_bias_grad_sum<<<dc_lane_grid(N), dc_lane_block(), 0, c->stream>>>((float *)db.p, part, slices, N, set);
     DC_CUDA_LAUNCHED(be);
 }
 
