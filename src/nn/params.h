@@ -102,7 +102,8 @@ typedef struct {
     dc_buf grad;  // [numel] F32, NULL unless allocated with DC_GRAD_BUFFER
     // grad lies in memory the set does not own (dc_params_lend_grad): a
     // model's activation arena, over bytes its backward is done with. Each
-    // unit's gradients are then zeroed as that unit's backward begins.
+    // unit's gradients are then made fresh or zeroed as that unit's backward
+    // begins (dc_params_unit_begin).
     bool grad_lent;
     bool window;  // allocated with DC_GRAD_WINDOW: trains, its gradients only through an optimizer's hooks
     dc_buf wc;    // [numel] in the backend's compute dtype; NULL when that is F32
