@@ -48,9 +48,10 @@
 // cuda_conv_maps.cu.
 //
 // Gradients. dw accumulates (+=) in its own dtype, normally fp32: cuDNN writes
-// the gradient in the weights' dtype into the scratch and a kernel adds it
-// (with bf16 weights it is rounded to bf16 first, as under PyTorch's
-// autocast). db is a fixed-order sum over batch and pixels; dx is written by
+// the gradient in the weights' dtype into the scratch and a kernel adds it,
+// or stores it with DC_BWD_DW_SET (with bf16 weights it is rounded to bf16
+// first, as under PyTorch's autocast). db is a fixed-order sum over batch and
+// pixels, added or stored the same way; dx is written by
 // cuDNN directly, blended with beta = 1 when accumulating (or cropped, and
 // added, from the padded gradient).
 //
