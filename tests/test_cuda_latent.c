@@ -534,14 +534,14 @@ static void test_nhwc_backward(int B, int C, int H, int W, int G, bool silu) {
     compare(name, dxa, g_tol);
     // the parameters' gradients written over NaN (the first piece of samples
     // writes, the others add)
-    pair sg = nan_pair(C, DC_F32), sbe = nan_pair(C, DC_F32), ag = rand_pair(C, DC_F32, 0, 0);
-    pair abe = rand_pair(C, DC_F32, 0, 0);
-    g_cpu->group_norm_nhwc_bwd(g_cpu, none, sg.c, sbe.c, dy.c, x.c, mean.c, rstd.c, ga.c, be.c, B, C, HW, G, silu,
+    pair sg = nan_pair(C, DC_F32), sbeta = nan_pair(C, DC_F32), ag = rand_pair(C, DC_F32, 0, 0);
+    pair abeta = rand_pair(C, DC_F32, 0, 0);
+    g_cpu->group_norm_nhwc_bwd(g_cpu, none, sg.c, sbeta.c, dy.c, x.c, mean.c, rstd.c, ga.c, be.c, B, C, HW, G, silu,
                                DC_BWD_DW_SET);
-    g_gpu->group_norm_nhwc_bwd(g_gpu, none, sg.g, sbe.g, dy.g, x.g, mean.g, rstd.g, ga.g, be.g, B, C, HW, G, silu,
+    g_gpu->group_norm_nhwc_bwd(g_gpu, none, sg.g, sbeta.g, dy.g, x.g, mean.g, rstd.g, ga.g, be.g, B, C, HW, G, silu,
                                DC_BWD_DW_SET);
-    g_gpu->group_norm_nhwc_bwd(g_gpu, none, ag.g, abe.g, dy.g, x.g, mean.g, rstd.g, ga.g, be.g, B, C, HW, G, silu, 0);
-    expect_written("group_norm_nhwc_bwd", sg, ag, sbe, abe, g_tol);
+    g_gpu->group_norm_nhwc_bwd(g_gpu, none, ag.g, abeta.g, dy.g, x.g, mean.g, rstd.g, ga.g, be.g, B, C, HW, G, silu, 0);
+    expect_written("group_norm_nhwc_bwd", sg, ag, sbeta, abeta, g_tol);
     g_gpu->group_norm_nhwc_bwd(g_gpu, dxo.g, none, none, dyu.g, xu.g, mean.g, rstd.g, ga.g, be.g, B, C, HW, G, silu,
                                false);
     expect_same("group_norm_nhwc_bwd unaligned: bit for bit", dxa, dxo);

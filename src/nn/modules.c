@@ -11,12 +11,19 @@ static int key(char *out, const char *name, const char *leaf) {
     return 0;
 }
 
+// The layer's backward writes these parameters' gradients through ops that
+// can overwrite them (dc_param.grad_sets; b < 0: no bias).
+static void grads_written(dc_params *ps, int w, int b) {
+    ps->items[w].grad_sets = true;
+    if (b >= 0) ps->items[b].grad_sets = true;
+}
+
 int dc_linear_add(dc_params *ps, dc_linear *l, const char *name, int in, int out) {
     char k[DC_PARAM_NAME_MAX];
     *l = (dc_linear){-1, -1, in, out};
     if (key(k, name, "weight") || (l->w = dc_params_add(ps, k, true, 2, out, in)) < 0) return -1;
     if (key(k, name, "bias") || (l->b = dc_params_add(ps, k, true, 1, out)) < 0) return -1;
-    ps->items[l->w].grad_sets = ps->items[l->b].grad_sets = true;
+    grads_written(ps, l->w, l->b);
     return 0;
 }
 
@@ -24,7 +31,7 @@ int dc_linear_add_nobias(dc_params *ps, dc_linear *l, const char *name, int in, 
     char k[DC_PARAM_NAME_MAX];
     *l = (dc_linear){-1, -1, in, out};
     if (key(k, name, "weight") || (l->w = dc_params_add(ps, k, true, 2, out, in)) < 0) return -1;
-    ps->items[l->w].grad_sets = true;
+    grads_written(ps, l->w, -1);
     return 0;
 }
 
@@ -33,7 +40,7 @@ int dc_conv2d_add(dc_params *ps, dc_conv2d *c, const char *name, int ci, int co,
     *c = (dc_conv2d){-1, -1, ci, co, k, stride, pad, false};
     if (key(n, name, "weight") || (c->w = dc_params_add(ps, n, true, 4, co, ci, k, k)) < 0) return -1;
     if (key(n, name, "bias") || (c->b = dc_params_add(ps, n, true, 1, co)) < 0) return -1;
-    ps->items[c->w].grad_sets = ps->items[c->b].grad_sets = true;
+    grads_written(ps, c->w, c->b);
     return 0;
 }
 
@@ -50,7 +57,7 @@ int dc_group_norm_add(dc_params *ps, dc_group_norm *g, const char *name, int C, 
     *g = (dc_group_norm){-1, -1, C, groups, eps};
     if (key(n, name, "weight") || (g->w = dc_params_add(ps, n, true, 1, C)) < 0) return -1;
     if (key(n, name, "bias") || (g->b = dc_params_add(ps, n, true, 1, C)) < 0) return -1;
-    ps->items[g->w].grad_sets = ps->items[g->b].grad_sets = true;
+    grads_written(ps, g->w, g->b);
     return 0;
 }
 
@@ -59,7 +66,7 @@ int dc_layer_norm_add(dc_params *ps, dc_layer_norm *l, const char *name, int D, 
     *l = (dc_layer_norm){-1, -1, D, eps};
     if (key(n, name, "weight") || (l->w = dc_params_add(ps, n, true, 1, D)) < 0) return -1;
     if (key(n, name, "bias") || (l->b = dc_params_add(ps, n, true, 1, D)) < 0) return -1;
-    ps->items[l->w].grad_sets = ps->items[l->b].grad_sets = true;
+    grads_written(ps, l->w, l->b);
     return 0;
 }
 
@@ -68,7 +75,7 @@ int dc_linear_add_patch_conv(dc_params *ps, dc_linear *l, const char *name, int 
     *l = (dc_linear){-1, -1, C * p * p, out};
     if (key(k, name, "weight") || (l->w = dc_params_add(ps, k, true, 4, out, C, p, p)) < 0) return -1;
     if (key(k, name, "bias") || (l->b = dc_params_add(ps, k, true, 1, out)) < 0) return -1;
-    ps->items[l->w].grad_sets = ps->items[l->b].grad_sets = true;
+    grads_written(ps, l->w, l->b);
     return 0;
 }
 
