@@ -1,5 +1,6 @@
 // Group norm (with its fused SiLU) on the GPU, forward and backward, with the
-// per-element formulas shared with the CPU (op_math.h), and the per-channel
+// per-element formulas shared with the CPU (op_math.h) but for the SiLU's
+// exponential and reciprocal (the hardware's approximations), and the per-channel
 // sums of channels-last maps, which share the channels-last group norm's
 // partial sums. (Affine layer norm is in cuda_layer_norm.cu.)
 //
