@@ -1,9 +1,10 @@
 // Times the GPU's channels-last GroupNorm, forward and backward (with SiLU
-// where the UNet has it), at the shapes of SD 2.1's UNet training at 256 px
-// (latents 32x32), batch 64 by default: each shape's microseconds a call and
-// the bytes a call must move over that time, then the step's totals, each
-// shape weighted by how many of its norms a step runs. Random bf16 maps, the
-// backward from the forward's statistics; one warm-up call a shape.
+// where the UNet has it), and the transformers' LayerNorm, at the shapes of
+// SD 2.1's UNet training at 256 px (latents 32x32), batch 64 by default: each
+// shape's microseconds a call and the bytes a call must move over that time,
+// then the step's totals, each shape weighted by how many of its norms a step
+// runs. Random bf16 maps, the backward from the forward's statistics (with
+// the parameters' gradients written); one warm-up call a shape.
 //
 //   norm_bench [--batch N] [--calls N]
 //
@@ -32,6 +33,11 @@ static const shape k_shapes[] = {
 };
 enum { NSHAPES = sizeof k_shapes / sizeof k_shapes[0], GROUPS = 32, MAX_C = 2560 };
 
+// The transformers' LayerNorms (3 a transformer) over their tokens: 5
+// transformers at each of 32x32, 16x16 and 8x8, the mid block's at 4x4.
+static const shape k_ln_shapes[] = {{1024, 320, 0, 15}, {256, 640, 0, 15}, {64, 1280, 0, 15}, {16, 1280, 0, 3}};
+enum { NLN = sizeof k_ln_shapes / sizeof k_ln_shapes[0] };
+
 static double now(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
@@ -40,8 +46,9 @@ static double now(void) {
 
 static int usage(FILE *f, int rc) {
     fputs("usage: norm_bench [--batch N] [--calls N]\n"
-          "Times the GPU's channels-last GroupNorm forward and backward at SD 2.1's UNet\n"
-          "shapes (256 px) and prints us a call, TB/s and the step's weighted totals.\n"
+          "Times the GPU's channels-last GroupNorm and the LayerNorm, forward and backward,\n"
+          "at SD 2.1's UNet shapes (256 px) and prints us a call, TB/s and the step's\n"
+          "weighted totals.\n"
           "  --batch N   images (default 64)\n"
           "  --calls N   timed calls a shape and pass (default 40)\n",
           f);
@@ -64,13 +71,16 @@ int main(int argc, char **argv) {
     for (int i = 0; i < NSHAPES; i++)
         if ((int64_t)k_shapes[i].hw * k_shapes[i].c > most) most = (int64_t)k_shapes[i].hw * k_shapes[i].c;
     const size_t n = (size_t)B * (size_t)most;
+    int64_t stat_rows = GROUPS;  // a sample's statistics: its groups, or its tokens
+    for (int i = 0; i < NLN; i++)
+        if (k_ln_shapes[i].hw > stat_rows) stat_rows = k_ln_shapes[i].hw;
     dc_buf x, dy, y, dx, gamma, beta, dg, db, mean, rstd;
     if (dc_buf_alloc(be, &x, DC_BF16, n, "x") || dc_buf_alloc(be, &dy, DC_BF16, n, "dy") ||
         dc_buf_alloc(be, &y, DC_BF16, n, "y") || dc_buf_alloc(be, &dx, DC_BF16, n, "dx") ||
         dc_buf_alloc(be, &gamma, DC_BF16, MAX_C, "gamma") || dc_buf_alloc(be, &beta, DC_BF16, MAX_C, "beta") ||
         dc_buf_alloc(be, &dg, DC_F32, MAX_C, "dgamma") || dc_buf_alloc(be, &db, DC_F32, MAX_C, "dbeta") ||
-        dc_buf_alloc(be, &mean, DC_F32, (size_t)B * GROUPS, "mean") ||
-        dc_buf_alloc(be, &rstd, DC_F32, (size_t)B * GROUPS, "rstd")) {
+        dc_buf_alloc(be, &mean, DC_F32, (size_t)B * stat_rows, "mean") ||
+        dc_buf_alloc(be, &rstd, DC_F32, (size_t)B * stat_rows, "rstd")) {
         fprintf(stderr, "norm_bench: %s\n", dc_error());
         dc_backend_destroy(be);
         return 1;
@@ -116,6 +126,31 @@ int main(int argc, char **argv) {
         fwd += us[0] * p->count, bwd += us[1] * p->count;
     }
     printf("a step (batch %d): forward %.3f ms, backward %.3f ms\n", B, fwd / 1e3, bwd / 1e3);
+
+    printf("\n| LayerNorm rows | width | a step | forward us | TB/s | backward us | TB/s |\n");
+    printf("|---|---|---|---|---|---|---|\n");
+    double lfwd = 0, lbwd = 0;
+    for (int i = 0; i < NLN; i++) {
+        const shape *p = &k_ln_shapes[i];
+        const int64_t M = (int64_t)B * p->hw;
+        double us[2];
+        for (int pass = 0; pass < 2; pass++) {
+            for (int k = 0; k <= calls; k++) {
+                if (k == 1) be->sync(be), us[pass] = now();
+                if (pass == 0) be->layer_norm_fwd(be, y, mean, rstd, x, gamma, beta, M, p->c, 1e-5f);
+                else be->layer_norm_bwd(be, dx, dg, db, dy, x, mean, rstd, gamma, M, p->c, DC_BWD_DW_SET);
+            }
+            be->sync(be);
+            us[pass] = (now() - us[pass]) / calls * 1e6;
+        }
+        const double map = 2.0 * M * p->c;
+        // forward: x read, the output written; backward: x and dy read for dx
+        // and again for the parameters' sums, dx written
+        printf("| %lld | %d | %d | %.1f | %.2f | %.1f | %.2f |\n", (long long)M, p->c, p->count, us[0],
+               2 * map / us[0] / 1e6, us[1], 5 * map / us[1] / 1e6);
+        lfwd += us[0] * p->count, lbwd += us[1] * p->count;
+    }
+    printf("LayerNorm, a step (batch %d): forward %.3f ms, backward %.3f ms\n", B, lfwd / 1e3, lbwd / 1e3);
     const int rc = dc_backend_status(be) ? 1 : 0;
     if (rc) fprintf(stderr, "norm_bench: %s\n", dc_error());
     dc_backend_destroy(be);
