@@ -44,6 +44,35 @@ static double now(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
+// The maps, parameters, their gradients and the statistics the ops share.
+typedef struct {
+    dc_buf x, dy, y, dx, gamma, beta, dg, db, mean, rstd;
+} norm_bufs;
+
+// us[0], us[1]: microseconds a call of shape p's forward and backward (a
+// GroupNorm, or with ln a LayerNorm over its B hw tokens), after a warm-up call.
+static void time_shape(dc_backend *be, const norm_bufs *b, bool ln, const shape *p, int B, int calls, double us[2]) {
+    const int64_t M = (int64_t)B * p->hw;
+    for (int pass = 0; pass < 2; pass++) {
+        for (int k = 0; k <= calls; k++) {
+            if (k == 1) be->sync(be), us[pass] = now();  // the first call warms up
+            if (ln && pass == 0)
+                be->layer_norm_fwd(be, b->y, b->mean, b->rstd, b->x, b->gamma, b->beta, M, p->c, 1e-5f);
+            else if (ln)
+                be->layer_norm_bwd(be, b->dx, b->dg, b->db, b->dy, b->x, b->mean, b->rstd, b->gamma, M, p->c,
+                                   DC_BWD_DW_SET);
+            else if (pass == 0)
+                be->group_norm_nhwc_fwd(be, b->y, b->mean, b->rstd, b->x, b->gamma, b->beta, B, p->c, p->hw, GROUPS,
+                                        1e-5f, p->silu);
+            else
+                be->group_norm_nhwc_bwd(be, b->dx, b->dg, b->db, b->dy, b->x, b->mean, b->rstd, b->gamma, b->beta, B,
+                                        p->c, p->hw, GROUPS, p->silu, DC_BWD_DW_SET);
+        }
+        be->sync(be);
+        us[pass] = (now() - us[pass]) / calls * 1e6;
+    }
+}
+
 static int usage(FILE *f, int rc) {
     fputs("usage: norm_bench [--batch N] [--calls N]\n"
           "Times the GPU's channels-last GroupNorm and the LayerNorm, forward and backward,\n"
@@ -100,24 +129,14 @@ int main(int argc, char **argv) {
     be->upload(be, gamma.p, h + 7, MAX_C * 2), be->upload(be, beta.p, h + 9000, MAX_C * 2);
     free(h);
 
+    const norm_bufs nb = {x, dy, y, dx, gamma, beta, dg, db, mean, rstd};
     printf("| pixels | channels | SiLU | a step | forward us | TB/s | backward us | TB/s |\n");
     printf("|---|---|---|---|---|---|---|---|\n");
     double fwd = 0, bwd = 0;
     for (int i = 0; i < NSHAPES; i++) {
         const shape *p = &k_shapes[i];
         double us[2];
-        for (int pass = 0; pass < 2; pass++) {
-            for (int k = 0; k <= calls; k++) {
-                if (k == 1) be->sync(be), us[pass] = now();  // the first call warms up
-                if (pass == 0)
-                    be->group_norm_nhwc_fwd(be, y, mean, rstd, x, gamma, beta, B, p->c, p->hw, GROUPS, 1e-5f, p->silu);
-                else
-                    be->group_norm_nhwc_bwd(be, dx, dg, db, dy, x, mean, rstd, gamma, beta, B, p->c, p->hw, GROUPS,
-                                            p->silu, DC_BWD_DW_SET);
-            }
-            be->sync(be);
-            us[pass] = (now() - us[pass]) / calls * 1e6;
-        }
+        time_shape(be, &nb, false, p, B, calls, us);
         const double map = 2.0 * B * p->hw * p->c;  // bytes of one bf16 map
         // forward: x read twice (sums, then the output), the output written;
         // backward: x and dy read twice, dx written
@@ -134,15 +153,7 @@ int main(int argc, char **argv) {
         const shape *p = &k_ln_shapes[i];
         const int64_t M = (int64_t)B * p->hw;
         double us[2];
-        for (int pass = 0; pass < 2; pass++) {
-            for (int k = 0; k <= calls; k++) {
-                if (k == 1) be->sync(be), us[pass] = now();
-                if (pass == 0) be->layer_norm_fwd(be, y, mean, rstd, x, gamma, beta, M, p->c, 1e-5f);
-                else be->layer_norm_bwd(be, dx, dg, db, dy, x, mean, rstd, gamma, M, p->c, DC_BWD_DW_SET);
-            }
-            be->sync(be);
-            us[pass] = (now() - us[pass]) / calls * 1e6;
-        }
+        time_shape(be, &nb, true, p, B, calls, us);
         const double map = 2.0 * M * p->c;
         // forward: x read, the output written; backward: x and dy read for dx
         // and again for the parameters' sums, dx written
