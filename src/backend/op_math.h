@@ -20,10 +20,10 @@ DC_HD float dc_gelu_grad(float x) {
     return 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du;
 }
 DC_HD float dc_silu(float x) { return x / (1.0f + expf(-x)); }
-DC_HD float dc_silu_grad(float x) {
-    float s = 1.0f / (1.0f + expf(-x));
-    return s * (1.0f + x * (1.0f - s));
-}
+// SiLU's derivative at x from s = sigmoid(x) (the GPU's GroupNorm passes its
+// own, approximate, sigmoid).
+DC_HD float dc_silu_grad_of(float x, float s) { return s * (1.0f + x * (1.0f - s)); }
+DC_HD float dc_silu_grad(float x) { return dc_silu_grad_of(x, 1.0f / (1.0f + expf(-x))); }
 
 #define DC_LN_EPS 1e-6f
 

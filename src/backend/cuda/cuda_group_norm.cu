@@ -28,10 +28,7 @@ enum { NT = 256 };  // threads of a row block
 // to apply with SiLU against 27.4 without.
 __device__ __forceinline__ float gn_sigmoid(float x) { return __fdividef(1.0f, 1.0f + __expf(-x)); }
 __device__ __forceinline__ float gn_silu(float x) { return x * gn_sigmoid(x); }
-__device__ __forceinline__ float gn_silu_grad(float x) {
-    const float s = gn_sigmoid(x);
-    return s * (1.0f + x * (1.0f - s));
-}
+__device__ __forceinline__ float gn_silu_grad(float x) { return dc_silu_grad_of(x, gn_sigmoid(x)); }
 
 // The sums of a block's threads, in a fixed tree; every thread gets them.
 __device__ void block_sum2(double &a, double &b) {
