@@ -133,13 +133,13 @@ static int train(dc_comm *c, void *arg) {
         dc_zero_mem mem;
         const dc_zero *z = j->stage ? (const dc_zero *)tr.opt : NULL;
         const dc_optim_plain *plain = j->stage ? NULL : (const dc_optim_plain *)tr.opt;
-        // bf16 on the wire: stage 0's copy of the gradients, or a copy of each bucket
+        // bf16 on the wire: stage 0's copy of the gradients, or a copy of the buckets' room
         const int64_t wire0 = plain && plain->grad16.p ? 2 * np : 0;
-        const int64_t wirez = z && z->wbuf.p ? 2 * z->bucket * z->nbuckets : 0;
+        const int64_t wirez = z && z->wbuf.p ? 2 * z->room : 0;
         j->mem_ok = dc_zero_mem_of(ps, c->size, j->stage, be->compute, tc.grad_comm, &mem) == 0 &&
                     (z ? mem.master == 4 * z->shard && mem.moments == 8 * z->shard &&
-                             mem.grads == (j->stage == 1 ? 4 * np : 0) + 4 * z->shard + 4 * z->bucket * z->nbuckets +
-                                              wirez
+                             z->room == (j->stage == 2 ? DC_ZERO_RING : 1) * z->bucket &&
+                             mem.grads == (j->stage == 1 ? 4 * np : 0) + 4 * z->shard + 4 * z->room + wirez
                        : mem.grads == 4 * np + wire0) &&
                     (tc.grad_comm == DC_F32 || c->size == 1 || wire0 + wirez > 0);
     }

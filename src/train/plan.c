@@ -113,13 +113,13 @@ int dc_plan_predict(const dc_plan_request *r, const dc_train_plan *p, dc_plan_me
         if (r->folds && rounds > 1) m.grads += full_grad;
     } else if (!rc) {
         // train/zero.c: five shard buffers (master, m, v, EMA, gradients), one
-        // bucket (stage 2: two) and with bf16 gradients between ranks a bf16
-        // copy of each, the norms; they join the full state, which is then
-        // freed (and stage 2's full gradient buffer)
-        dc_zero_mem z;  // stage 2's figures give the shard S (master: 4 S) and the bucket (grads: 4 S + 8 bucket)
+        // bucket (stage 2: a ring of DC_ZERO_RING) and with bf16 gradients
+        // between ranks a bf16 copy of it, the norms; they join the full
+        // state, which is then freed (and stage 2's full gradient buffer)
+        dc_zero_mem z;  // stage 2's figures give the shard S (master: 4 S) and the ring (grads: 4 S + 4 ring)
         rc = dc_zero_mem_of(ps, r->ranks, 2, r->compute, DC_F32, &z);
-        const int nb = r->zero == 2 ? 2 : 1;
-        int64_t S4 = z.master, bucket4 = (z.grads - z.master) / 2;
+        const int nb = r->zero == 2 ? DC_ZERO_RING : 1;
+        int64_t S4 = z.master, bucket4 = (z.grads - z.master) / DC_ZERO_RING;
         int64_t buckets = nb * bucket4 + (r->grad_comm == DC_BF16 && r->ranks > 1 ? nb * bucket4 / 2 : 0);
         int64_t zallocs = 5 * S4 + buckets + 4 * (int64_t)r->ranks + 8;
         m.grads = S4 + buckets + (r->zero == 1 ? full_grad : 0);

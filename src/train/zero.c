@@ -33,9 +33,9 @@ int dc_zero_mem_of(const dc_params *ps, int size, int stage, dc_dtype compute, d
     int64_t P = ps->numel, bucket, S = layout(ps, size, 0, NULL, &bucket);
     int64_t wc = compute != DC_F32 ? P * (int64_t)dc_dtype_size(compute) : 0;
     const bool bf16 = wire == DC_BF16 && size > 1;  // one rank sends nothing: no bf16 copies
-    const int64_t nb = stage == 2 ? 2 : 1;           // buckets
+    const int64_t nb = stage == 2 ? DC_ZERO_RING : 1;  // buckets' room
     if (stage == 0) *out = (dc_zero_mem){4 * P + (bf16 ? 2 * P : 0), 4 * P, 8 * P, 4 * P, wc};
-    // stage 1: the full gradient, its reduced shard and one bucket; stage 2: the shard and two buckets
+    // stage 1: the full gradient, its reduced shard and one bucket; stage 2: the shard and the ring
     else *out = (dc_zero_mem){(stage == 1 ? 4 * P : 0) + 4 * S + nb * 4 * bucket + (bf16 ? nb * 2 * bucket : 0),
                               4 * S, 8 * S, 4 * S, wc + 4 * P};
     return 0;
@@ -44,50 +44,58 @@ int dc_zero_mem_of(const dc_params *ps, int size, int stage, dc_dtype compute, d
 // The compute copy the model reads: the low-precision one, or the fp32 data.
 static dc_buf compute_copy(const dc_params *ps) { return ps->wc.p ? ps->wc : ps->data; }
 
-static dc_buf bucket(const dc_zero *z, int j) { return j ? z->buf2 : z->buf; }
-static dc_buf wire_bucket(const dc_zero *z, int j) { return j ? z->wbuf2 : z->wbuf; }
-
-// Reduce-scatters bucket j (size x per elements): this rank's slice is
-// summed over ranks into `out` (NULL: where it lies in the bucket). With bf16
-// on the wire the caller has cast the bucket into its wire bucket, which is
-// what is summed, in place.
-static int reduce_scatter_bucket(dc_zero *z, int j, int64_t per, float *out) {
-    const int64_t at = (int64_t)z->comm->rank * per;
-    if (z->wire == DC_BF16) {
-        dc_buf w = wire_bucket(z, j);
-        return dc_comm_reduce_scatter_sum_typed(z->comm, dc_buf_at(w, at).p, w.p, per, DC_BF16);
-    }
-    dc_buf b = bucket(z, j);
-    return dc_comm_reduce_scatter_sum(z->comm, out ? out : (float *)dc_buf_at(b, at).p, (const float *)b.p, per);
+// Reduce-scatters the unit gradients at element `at` of the ring (size x per
+// elements): this rank's slice is summed over ranks into `out` (NULL: where
+// it lies there). With bf16 on the wire the caller has cast them into wbuf,
+// which is what is summed, in place.
+static int reduce_scatter_at(dc_zero *z, int64_t at, int64_t per, float *out) {
+    const int64_t mine = at + (int64_t)z->comm->rank * per;
+    if (z->wire == DC_BF16)
+        return dc_comm_reduce_scatter_sum_typed(z->comm, dc_buf_at(z->wbuf, mine).p, dc_buf_at(z->wbuf, at).p, per,
+                                                DC_BF16);
+    return dc_comm_reduce_scatter_sum(z->comm, out ? out : (float *)dc_buf_at(z->buf, mine).p,
+                                      (const float *)dc_buf_at(z->buf, at).p, per);
 }
 
-// Settles the slice waiting in bucket j (if any), once the reduce-scatter
-// that wrote it is done: added to the gradient shard (a bf16 slice cast back
-// into the fp32 bucket first), or, for the unit's first slice of the step,
-// already in the shard (fp32) or cast straight into it (bf16).
-static int settle(dc_zero *z, int j) {
-    if (z->pending[j] < 0) return 0;
-    const dc_zero_unit *u = &z->u[z->pending[j]];
-    z->pending[j] = -1;
-    DC_TRY(dc_comm_wait(z->comm, z->ticket[j]));
-    const int64_t at = (int64_t)z->comm->rank * u->sh.per;
-    dc_buf mine = dc_buf_at(bucket(z, j), at), shard = dc_buf_at(z->grad, u->slot);
-    if (z->direct[j]) {
-        if (z->wire == DC_BF16) z->be->cast(z->be, shard, dc_buf_at(wire_bucket(z, j), at), u->sh.per);
+// Settles the oldest unit in flight, once the reduce-scatter that wrote its
+// slice is done: added to the gradient shard (a bf16 slice cast back into
+// the fp32 ring first), or, for the unit's first slice of the step, already
+// in the shard (fp32) or cast straight into it (bf16).
+static int settle_oldest(dc_zero *z) {
+    const dc_zero_flight f = z->flight[z->head];
+    z->head = (z->head + 1) % z->units, z->inflight--;
+    const dc_zero_unit *u = &z->u[f.unit];
+    DC_TRY(dc_comm_wait(z->comm, f.ticket));
+    const int64_t at = f.at + (int64_t)z->comm->rank * u->sh.per;
+    dc_buf mine = dc_buf_at(z->buf, at), shard = dc_buf_at(z->grad, u->slot);
+    if (f.direct) {
+        if (z->wire == DC_BF16) z->be->cast(z->be, shard, dc_buf_at(z->wbuf, at), u->sh.per);
         return 0;
     }
-    if (z->wire == DC_BF16) z->be->cast(z->be, mine, dc_buf_at(wire_bucket(z, j), at), u->sh.per);
+    if (z->wire == DC_BF16) z->be->cast(z->be, mine, dc_buf_at(z->wbuf, at), u->sh.per);
     z->be->axpy(z->be, shard, mine, 1.0f, u->sh.per);
     return 0;
 }
 
+// Whether a unit in flight lies in the ring's [at, at + n).
+static bool ring_busy(const dc_zero *z, int64_t at, int64_t n) {
+    for (int k = 0; k < z->inflight; k++) {
+        const dc_zero_flight *f = &z->flight[(z->head + k) % z->units];
+        const int64_t len = z->u[f->unit].sh.per * z->comm->size;
+        if (f->at < at + n && at < f->at + len) return true;
+    }
+    return false;
+}
+
 // Stage 2's gradient path, called by the model's backward around each unit:
-// before, the unit's gradients are pointed into a zeroed bucket; after, the
-// bucket is reduce-scattered in place (this rank's slice is summed over ranks
-// where it lies), beside the next unit's backward where the communicator
-// overlaps, and the slice is added to the gradient shard before the bucket is
-// reused, so micro-batches accumulate there (each unit's slices in
-// micro-batch order, as with one bucket). A unit's first slice of the step
+// before, the unit's gradients are pointed into a zeroed stretch of the ring
+// (after the last unit's, or from its start when they do not fit before its
+// end; units still in flight there are settled first, oldest first); after,
+// the stretch is reduce-scattered in place (this rank's slice is summed over
+// ranks where it lies), beside the next units' backward where the
+// communicator overlaps, and the slice is added to the gradient shard before
+// the room is reused, so micro-batches accumulate there (each unit's slices
+// in micro-batch order, as with one bucket). A unit's first slice of the step
 // goes straight into the shard instead (0 + x is x: the same bits), which
 // saves a pass over it and the shard's zeroing.
 static int unit_hook(void *ctx, int unit, bool done) {
@@ -97,29 +105,33 @@ static int unit_hook(void *ctx, int unit, bool done) {
     if (unit < 0 || unit >= z->units)
         return dc_fail("the model reported gradients of unit %d, but its parameters have %d", unit, z->units);
     const dc_zero_unit *u = &z->u[unit];
-    const int64_t per = u->sh.per;
-    const int j = z->next;
+    const int64_t per = u->sh.per, n = per * z->comm->size;
     if (!done) {
-        DC_TRY(settle(z, j));
-        be->zero(be, bucket(z, j).p, (size_t)(per * z->comm->size) * sizeof(float));
-        hk->win = bucket(z, j), hk->win_lo = u->lo, hk->win_hi = u->lo + u->len;
+        const int64_t at = z->pos + n <= z->room ? z->pos : 0;
+        // (the queue has as many places as there are units, and with several
+        // micro-batches more entries than that could fit in the ring)
+        while (z->inflight == z->units || (z->inflight && ring_busy(z, at, n))) DC_TRY(settle_oldest(z));
+        be->zero(be, dc_buf_at(z->buf, at).p, (size_t)n * sizeof(float));
+        z->at = at;
+        hk->win = dc_buf_at(z->buf, at), hk->win_lo = u->lo, hk->win_hi = u->lo + u->len;
         return 0;
     }
     hk->win_lo = hk->win_hi = 0;
-    if (z->wire == DC_BF16) be->cast(be, wire_bucket(z, j), bucket(z, j), per * z->comm->size);
+    const int64_t at = z->at;
+    if (z->wire == DC_BF16) be->cast(be, dc_buf_at(z->wbuf, at), dc_buf_at(z->buf, at), n);
     DC_TRY(dc_backend_status(be));
     const bool direct = z->fresh[unit];
     z->fresh[unit] = false;
     // folding: a later micro-batch's slices continue the shard's sum in rank order
     if (!direct && z->folds)
-        return dc_comm_reduce_scatter_add(z->comm, (float *)dc_buf_at(z->grad, u->slot).p, (const float *)bucket(z, j).p,
-                                          per);
+        return dc_comm_reduce_scatter_add(z->comm, (float *)dc_buf_at(z->grad, u->slot).p,
+                                          (const float *)dc_buf_at(z->buf, at).p, per);
     dc_comm_set_async(z->comm, true);
-    int rc = reduce_scatter_bucket(z, j, per, direct ? (float *)dc_buf_at(z->grad, u->slot).p : NULL);
+    int rc = reduce_scatter_at(z, at, per, direct ? (float *)dc_buf_at(z->grad, u->slot).p : NULL);
     dc_comm_set_async(z->comm, false);
     DC_TRY(rc);
-    z->pending[j] = unit, z->ticket[j] = dc_comm_issued(z->comm), z->direct[j] = direct;
-    z->next = (j + 1) % z->nbuckets;
+    z->flight[(z->head + z->inflight++) % z->units] = (dc_zero_flight){unit, at, dc_comm_issued(z->comm), direct};
+    z->pos = at + n;
     return 0;
 }
 
@@ -156,19 +168,15 @@ static int init(dc_zero *z, dc_params *ps, dc_comm *comm, int stage, dc_dtype wi
     z->units = dc_params_unit_count(ps);
     z->u = calloc((size_t)z->units, sizeof *z->u);
     z->fresh = calloc((size_t)z->units, sizeof *z->fresh);
-    if (!z->u || !z->fresh) return dc_fail("out of memory");
+    z->flight = calloc((size_t)z->units, sizeof *z->flight);
+    if (!z->u || !z->fresh || !z->flight) return dc_fail("out of memory");
     z->shard = layout(ps, comm->size, comm->rank, z->u, &z->bucket);
     int ok = 1;
     z->master = alloc_f32(be, z->shard, &ok), z->m = alloc_f32(be, z->shard, &ok);
     z->v = alloc_f32(be, z->shard, &ok), z->ema = alloc_f32(be, z->shard, &ok);
-    z->grad = alloc_f32(be, z->shard, &ok), z->buf = alloc_f32(be, z->bucket, &ok);
-    z->nbuckets = stage == 2 ? 2 : 1;
-    if (z->nbuckets == 2) z->buf2 = alloc_f32(be, z->bucket, &ok);
-    if (z->wire == DC_BF16) {
-        z->wbuf = alloc_zeroed(be, z->bucket, DC_BF16, &ok);
-        if (z->nbuckets == 2) z->wbuf2 = alloc_zeroed(be, z->bucket, DC_BF16, &ok);
-    }
-    z->pending[0] = z->pending[1] = -1;
+    z->room = (stage == 2 ? DC_ZERO_RING : 1) * z->bucket;
+    z->grad = alloc_f32(be, z->shard, &ok), z->buf = alloc_f32(be, z->room, &ok);
+    if (z->wire == DC_BF16) z->wbuf = alloc_zeroed(be, z->room, DC_BF16, &ok);
     z->norms = alloc_f32(be, comm->size, &ok), z->local = alloc_f32(be, 2, &ok);
     if (!ok) return dc_fail_ctx("the ZeRO-%d shards (%.1f MiB)", stage, (double)z->shard * 5 * 4 / 1048576.0);
     take(z, z->master, ps->data);
@@ -186,11 +194,10 @@ static int init(dc_zero *z, dc_params *ps, dc_comm *comm, int stage, dc_dtype wi
 
 static void zero_free(dc_optimizer *o) {
     dc_zero *z = (dc_zero *)o;
-    dc_buf *bufs[] = {&z->master, &z->m, &z->v, &z->ema, &z->grad, &z->buf, &z->buf2, &z->wbuf, &z->wbuf2,
-                      &z->norms, &z->local};
+    dc_buf *bufs[] = {&z->master, &z->m, &z->v, &z->ema, &z->grad, &z->buf, &z->wbuf, &z->norms, &z->local};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         if (bufs[i]->p) z->be->free(z->be, bufs[i]->p);
-    free(z->u), free(z->fresh);
+    free(z->u), free(z->fresh), free(z->flight);
 }
 
 // The gradient shard needs no zeroing: stage 1's first reduce writes every
@@ -208,9 +215,9 @@ static int zero_begin_step(dc_optimizer *o) {
 static int zero_micro_end(dc_optimizer *o, int round) {
     dc_zero *z = (dc_zero *)o;
     const bool last = round == o->step.rounds - 1;
-    if (z->stage == 2) {  // the slices still in the buckets, oldest first
+    if (z->stage == 2) {  // the slices still in flight, oldest first
         if (!last) return 0;
-        for (int k = 0; k < z->nbuckets; k++) DC_TRY(settle(z, (z->next + k) % z->nbuckets));
+        while (z->inflight) DC_TRY(settle_oldest(z));
         for (int i = 0; i < z->units; i++)  // a unit the backward never handed over has no gradient
             if (z->fresh[i])
                 z->be->zero(z->be, dc_buf_at(z->grad, z->u[i].slot).p, (size_t)z->u[i].sh.per * sizeof(float));
@@ -230,7 +237,7 @@ static int zero_micro_end(dc_optimizer *o, int round) {
             be->cast(be, z->wbuf, dc_buf_at(z->ps->grad, u->lo), u->len);
             be->zero(be, dc_buf_at(z->wbuf, u->len).p, (size_t)(per * size - u->len) * sizeof(uint16_t));
             DC_TRY(dc_backend_status(be));
-            DC_TRY(reduce_scatter_bucket(z, 0, per, NULL));
+            DC_TRY(reduce_scatter_at(z, 0, per, NULL));
             be->cast(be, dc_buf_at(z->grad, u->slot), dc_buf_at(z->wbuf, (int64_t)rank * per), per);
             continue;
         }
@@ -241,7 +248,7 @@ static int zero_micro_end(dc_optimizer *o, int round) {
         DC_TRY(dc_backend_status(be));
         float *shard = (float *)dc_buf_at(z->grad, u->slot).p;
         DC_TRY(add ? dc_comm_reduce_scatter_add(z->comm, shard, (const float *)z->buf.p, per)
-                   : reduce_scatter_bucket(z, 0, per, shard));
+                   : reduce_scatter_at(z, 0, per, shard));
     }
     // the next micro-batch's gradients start from zero
     if (!last) be->zero(be, z->ps->grad.p, (size_t)z->ps->numel * sizeof(float));
@@ -286,12 +293,13 @@ static int zero_finish(dc_optimizer *o, dc_buf gstats) {
     const size_t es = dc_dtype_size(cc.dt);
     int held[2] = {-1, -1};  // the unit whose gathered weights wait in each bucket
     int64_t ticket[2] = {0, 0}, in_place = 0;
-    for (int i = 0; i < z->units + z->nbuckets; i++) {
-        const int j = i % z->nbuckets;
+    const int slots = z->room >= 2 * z->bucket ? 2 : 1;  // gathers in flight: buckets of the ring
+    for (int i = 0; i < z->units + slots; i++) {
+        const int j = i % slots;
         if (held[j] >= 0) {  // the bucket's last unit, gathered: into the compute copy
             const dc_zero_unit *u = &z->u[held[j]];
             DC_TRY(dc_comm_wait(z->comm, ticket[j]));
-            be->copy(be, dc_buf_at(cc, u->lo).p, bucket(z, j).p, (size_t)u->len * es);
+            be->copy(be, dc_buf_at(cc, u->lo).p, dc_buf_at(z->buf, j * z->bucket).p, (size_t)u->len * es);
             held[j] = -1;
         }
         if (i >= z->units) continue;
@@ -299,7 +307,7 @@ static int zero_finish(dc_optimizer *o, dc_buf gstats) {
         int64_t a = u->lo + u->sh.begin;
         adamw_range(z, a, a + u->sh.count, u->slot, dc_buf_at(gstats, 1), h);
         const bool tiled = (int64_t)size * u->sh.per == u->len;  // gathered in place
-        dc_buf gb = tiled ? dc_buf_at(cc, u->lo) : (dc_buf){bucket(z, j).p, cc.dt};
+        dc_buf gb = tiled ? dc_buf_at(cc, u->lo) : (dc_buf){dc_buf_at(z->buf, j * z->bucket).p, cc.dt};
         dc_buf mine = dc_buf_at(gb, (int64_t)rank * u->sh.per);
         be->cast(be, mine, dc_buf_at(z->master, u->slot), u->sh.per);
         DC_TRY(dc_backend_status(be));

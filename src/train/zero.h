@@ -32,6 +32,18 @@ typedef struct {
     int64_t slot;     // where that part starts in the shard buffers
 } dc_zero_unit;
 
+// A unit whose reduce-scatter is in flight (stage 2): where in the ring its
+// gradients lie, the collective to wait for, and whether its slice went (or
+// goes, as bf16) straight into the shard.
+typedef struct {
+    int unit;
+    int64_t at, ticket;
+    bool direct;
+} dc_zero_flight;
+
+// Stage 2's ring holds this many of the widest unit's buckets.
+enum { DC_ZERO_RING = 2 };
+
 typedef struct {
     dc_optimizer base;  // the strategy (train/optimizer.h); stage 2 installs its unit hook and window
     int stage;  // 1 or 2
@@ -43,18 +55,20 @@ typedef struct {
     int64_t shard;                  // elements of each shard buffer (the sum of the units' per)
     int64_t bucket;                 // size x the largest per: one unit, all ranks' slices
     dc_buf master, m, v, ema, grad;  // [shard] F32: weights, AdamW moments, EMA, reduced gradients
-    dc_buf buf;                     // [bucket] F32: a unit's gradients in flight, or a gather
+    int64_t room;                   // elements of buf and wbuf: one bucket (stage 1) or DC_ZERO_RING of them
+    dc_buf buf;                     // [room] F32: units' gradients in flight, or a gather
     dc_dtype wire;                  // the gradients' type in the reduce-scatter: F32 or BF16
-    dc_buf wbuf, wbuf2;             // [bucket] BF16: the buckets as sent with wire BF16 (else none)
-    // Stage 2 keeps two buckets: where the communicator overlaps (a GPU), unit
-    // k's reduce-scatter runs beside unit k+1's backward, and its slice is
-    // added to the shard when its bucket comes round again (or at the end).
-    int nbuckets;                   // 1 or 2
-    dc_buf buf2;                    // [bucket] F32: the second bucket, or none
-    int next;                       // the bucket the next unit takes
-    int pending[2];                 // the unit whose slice waits in each bucket (-1: none)
-    int64_t ticket[2];              // the collectives to wait for before reading it
-    bool direct[2];                 // the slice went (or goes, as bf16) straight into the shard
+    dc_buf wbuf;                    // [room] BF16: the gradients as sent with wire BF16 (else none)
+    // Stage 2 keeps the units' gradients in flight in buf as a ring, each unit
+    // taking size x its own per: where the communicator overlaps (a GPU), unit
+    // k's reduce-scatter runs beside the next units' backward, and its slice
+    // is added to the shard when the ring needs its room again (or at the
+    // end), oldest first. Small units take little room, so more of them are
+    // in flight than two whole buckets would hold.
+    dc_zero_flight *flight;         // [units] the units in flight, a queue from flight[head]
+    int head, inflight;
+    int64_t pos;                    // where in buf the next unit's gradients go
+    int64_t at;                     // where the unit between its two hooks has them
     bool *fresh;                    // [units] stage 2: no gradients of the unit reduced yet this step
     // Folding (the thread and socket communicators, fp32 gradients): every
     // micro-batch's gradients are reduce-scattered as it ends, a later one's
@@ -72,7 +86,7 @@ typedef struct {
 // Per-rank bytes of the training state for `stage` on `size` ranks (the
 // memory table and the GPU memory planner). grads: the full buffer (stage 0),
 // the full buffer, its reduced shard and a bucket (stage 1), or the shard and
-// two buckets (stage 2); master, moments (m and v) and ema: full (stage 0) or
+// the ring (stage 2); master, moments (m and v) and ema: full (stage 0) or
 // the shard. weights: the full copies the model reads besides an fp32 master:
 // the compute copy when `compute` is not F32 (stage 0), and, from stage 1, the
 // full fp32 buffer the parameters keep (on the CPU it is the compute copy).
