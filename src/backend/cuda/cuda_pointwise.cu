@@ -162,7 +162,11 @@ __global__ void k_bias_grad_part_bf2(float *part, const __nv_bfloat162 *dout, in
 // alone (the same bits on any GPU), each lane's rows four loads in flight.
 // A linear layer's bias at 32x32 tokens, batch 64 (65536 rows): the 16
 // slices of the kernels above left most SMs idle at 320 columns.
-enum { BG_ROWS = 512 };
+// Narrower rows take slices of fewer rows, so that at least BG_THREADS
+// threads (8 columns each: N / 8 x 8 row lanes x slices) share the work
+// where the rows allow: with 512 rows, 320 columns at 32x32 tokens, batch 64,
+// kept 40960 threads at work, 640 at 16x16 20480, against 327680 at 2560.
+enum { BG_ROWS = 512, BG_MIN_ROWS = 64, BG_THREADS = 65536 };
 __global__ void __launch_bounds__(256) k_bias_grad_part_v8(float *part, const void *dout, int M, int N, int rows_per) {
     __shared__ float acc[8][32 * 8 + 1];
     const int c0 = (blockIdx.x * 32 + threadIdx.x) * 8;
@@ -202,11 +206,15 @@ extern "C" void dc_cuda_bias_grad(dc_backend *be, dc_buf db, dc_buf dout, int M,
     float *part = (float *)((char *)c->lt_ws + c->lt_ws_bytes / 2);
     int rows_per = (M + slices - 1) / slices;
     dim3 block(32, 8);
-    const int wide = (M + BG_ROWS - 1) / BG_ROWS;  // the slices of the 8-column kernel
+    // the 8-column kernel's slices: BG_ROWS rows, or fewer where that leaves
+    // under BG_THREADS threads at work (narrow rows), down to BG_MIN_ROWS
+    int wide_rows = BG_ROWS;
+    while (wide_rows > BG_MIN_ROWS && (int64_t)N * ((M + wide_rows - 1) / wide_rows) < BG_THREADS) wide_rows /= 2;
+    const int wide = (M + wide_rows - 1) / wide_rows;
     if (dout.dt == DC_BF16 && N % 8 == 0 && dc_aligned(dout.p, 16) && wide > 1 &&
         (size_t)wide * N * sizeof(float) <= c->lt_ws_bytes / 2) {
         slices = wide;
-        k_bias_grad_part_v8<<<dim3((N / 8 + 31) / 32, slices), block, 0, c->stream>>>(part, dout.p, M, N, BG_ROWS);
+        k_bias_grad_part_v8<<<dim3((N / 8 + 31) / 32, slices), block, 0, c->stream>>>(part, dout.p, M, N, wide_rows);
     } else if (dout.dt == DC_BF16 && N % 2 == 0 && dc_aligned(dout.p, 4)) {
         dim3 grid((N / 2 + 31) / 32, slices);
         k_bias_grad_part_bf2<<<grid, block, 0, c->stream>>>(part, (const __nv_bfloat162 *)dout.p, M, N, rows_per);
