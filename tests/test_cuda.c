@@ -366,8 +366,9 @@ static void run_groups(void) {
     if (want("linear")) {
         test_linear(300, 96, 200, false, 0);
         test_linear(1024, 1152, 1152, false, 0);
-        test_linear(4096, 64, 320, false, 0);   // the bias gradient's 8-column kernel: 8 slices, a partial block
+        test_linear(4096, 64, 320, false, 0);   // the bias gradient's 8-column kernel: 64 slices, a partial block
         test_linear(1500, 32, 2560, false, 0);  // ... and a last slice of fewer rows
+        test_linear(8192, 16, 4096, false, 0);  // ... in slices of the whole 512 rows
         test_linear(257, 16, 72, true, 0);
         test_linear(1, 64, 96, false, 0);   // one row (batch 1 without guidance)
         test_linear(130, 96, 200, false, 3);
