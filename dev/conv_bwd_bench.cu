@@ -26,9 +26,11 @@
 #include <cudnn.h>
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <algorithm>
 #include <vector>
 
 #include "backend/cuda/cuda_dnn_graph.h"
@@ -121,21 +123,11 @@ static cudnnBackendDescriptor_t bwd_graph(dc_dnn_graph *g, cudnnHandle_t h, cons
     const int64_t xd[4] = {B, ci, hi, hi}, xs[4] = {hi * hi * ci, 1, hi * ci, ci};
     const int64_t wd[4] = {co, ci, k, k}, ws[4] = {k * k * ci, 1, k * ci, ci};
     const int64_t yd[4] = {B, co, ho, ho}, ys[4] = {ho * ho * co, 1, ho * co, co};
-    const cudnnDataType_t bf = CUDNN_DATA_BFLOAT16, f32 = CUDNN_DATA_FLOAT;
+    const cudnnDataType_t bf = CUDNN_DATA_BFLOAT16;
     cudnnBackendDescriptor_t x = dc_dnn_tensor(g, UID_X, bf, xd, xs, false);
     cudnnBackendDescriptor_t w = dc_dnn_tensor(g, UID_W, bf, wd, ws, false);
     cudnnBackendDescriptor_t y = dc_dnn_tensor(g, UID_Y, bf, yd, ys, false);
-    const int64_t dims = 2, dil[2] = {1, 1}, str[2] = {s->stride, s->stride}, pd[2] = {pad, pad};
-    const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
-    cudnnBackendDescriptor_t cd = DNN_G_MAKE(g, CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR);
-    DNN_G_SET(g, cd, CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f32);
-    DNN_G_SET(g, cd, CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1, &mode);
-    DNN_G_SET(g, cd, CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, CUDNN_TYPE_INT64, 1, &dims);
-    DNN_G_SET(g, cd, CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, 2, dil);
-    DNN_G_SET(g, cd, CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, CUDNN_TYPE_INT64, 2, str);
-    DNN_G_SET(g, cd, CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_TYPE_INT64, 2, pd);
-    DNN_G_SET(g, cd, CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, 2, pd);
-    DNN_G_FINISH(g, cd);
+    cudnnBackendDescriptor_t cd = dc_dnn_conv(g, s->stride, pad, pad);
     const float alpha = 1.0f, beta = 0.0f;
     cudnnBackendDescriptor_t op;
     if (data) {
@@ -160,21 +152,6 @@ static cudnnBackendDescriptor_t bwd_graph(dc_dnn_graph *g, cudnnHandle_t h, cons
     return dc_dnn_op_graph(g, h, &op, 1);
 }
 
-// Whether configuration cfg's engine carries cuDNN's nondeterminism note.
-static bool nondeterministic(cudnnBackendDescriptor_t cfg) {
-    cudnnBackendDescriptor_t eng = NULL;
-    if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &eng)) return true;
-    cudnnBackendNumericalNote_t notes[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
-    int64_t n = 0;
-    bool found = false, known =
-        !cudnnBackendGetAttribute(cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &eng) &&
-        !cudnnBackendGetAttribute(eng, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
-                                  CUDNN_NUMERICAL_NOTE_TYPE_COUNT, &n, notes);
-    for (int64_t i = 0; known && i < n; i++) found = found || notes[i] == CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC;
-    cudnnBackendDestroyDescriptor(eng);
-    return !known || found;
-}
-
 // The deterministic plans within WS_MAX that heuristics `mode` offers (up to
 // 16 configurations), appended to out.
 static void graph_plans(cudnnHandle_t h, cudnnBackendDescriptor_t graph, cudnnBackendHeurMode_t mode,
@@ -191,7 +168,7 @@ static void graph_plans(cudnnHandle_t h, cudnnBackendDescriptor_t graph, cudnnBa
         !cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, MAX_CFG, &n,
                                   cfg)) {
         for (int64_t i = 0; i < n; i++) {
-            if (nondeterministic(cfg[i])) continue;
+            if (dc_dnn_nondeterministic(cfg[i])) continue;
             cudnnBackendDescriptor_t plan = NULL;
             int64_t cnt = 0, need = 0;
             cudnnStatus_t st = cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan);
@@ -210,6 +187,25 @@ static void graph_plans(cudnnHandle_t h, cudnnBackendDescriptor_t graph, cudnnBa
     for (int i = 0; i < MAX_CFG; i++) cudnnBackendDestroyDescriptor(cfg[i]);
     cudnnBackendDestroyDescriptor(heur);
     cudaGetLastError();
+}
+
+// The legacy API's choices of one pass: among perf's n results, deterministic
+// ones whose workspace (need(algo), under the result's math type) fits
+// WS_MAX, the first (heuristics: ranked) or the fastest (cudnnFind: timed);
+// -1 if none, else the algorithm, its math type into *m.
+template <typename Perf, typename Need>
+static int pick(const Perf *p, int n, bool fastest, cudnnConvolutionDescriptor_t cd, Need need,
+                cudnnMathType_t *m) {
+    int best = -1;
+    for (int j = 0; j < n && !(best >= 0 && !fastest); j++) {
+        if (p[j].status || p[j].determinism != CUDNN_DETERMINISTIC) continue;
+        cudnnSetConvolutionMathType(cd, p[j].mathType);
+        if (need(p[j].algo) > WS_MAX || (best >= 0 && p[j].time >= p[best].time)) continue;
+        best = j;
+    }
+    if (best < 0) return -1;
+    *m = p[best].mathType;
+    return p[best].algo;
 }
 
 typedef struct {
@@ -279,81 +275,53 @@ int main(int argc, char **argv) {
             q->heur_algo = q->find_algo = -1;
             __nv_bfloat16 *out = data ? dx : dw, *out2 = data ? dx2 : dw2;
             const size_t nout = data ? nx : nw;
-            // the engine's choice: the heuristics' first deterministic one within the limit
+            // the legacy calls: the pass with algorithm a (math type set) into o
+            auto run = [&](int a, void *o) {
+                if (data)
+                    DK(cudnnConvolutionBackwardData(h, &one, wd, w, yd, dy, cd, (cudnnConvolutionBwdDataAlgo_t)a, wsp,
+                                                    WS_MAX, &zero, xd, o));
+                else
+                    DK(cudnnConvolutionBackwardFilter(h, &one, xd, x, yd, dy, cd, (cudnnConvolutionBwdFilterAlgo_t)a,
+                                                      wsp, WS_MAX, &zero, wd, o));
+            };
+            auto need_data = [&](cudnnConvolutionBwdDataAlgo_t a) {
+                size_t b = SIZE_MAX;
+                return cudnnGetConvolutionBackwardDataWorkspaceSize(h, wd, yd, cd, xd, a, &b) ? SIZE_MAX : b;
+            };
+            auto need_filter = [&](cudnnConvolutionBwdFilterAlgo_t a) {
+                size_t b = SIZE_MAX;
+                return cudnnGetConvolutionBackwardFilterWorkspaceSize(h, xd, yd, cd, wd, a, &b) ? SIZE_MAX : b;
+            };
+            // the engine's choice (the heuristics' first deterministic one within the limit), and the
+            // fastest deterministic one timed by cudnnFind
             int n = 0;
-            cudnnMathType_t hm = CUDNN_TENSOR_OP_MATH;
+            cudnnMathType_t hm = CUDNN_TENSOR_OP_MATH, fm = CUDNN_TENSOR_OP_MATH;
             if (data) {
                 cudnnConvolutionBwdDataAlgoPerf_t p[16];
                 DK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, wd, yd, cd, xd, 16, &n, p));
-                for (int j = 0; j < n && q->heur_algo < 0; j++) {
-                    size_t need = 0;
-                    if (p[j].status || p[j].determinism != CUDNN_DETERMINISTIC) continue;
-                    cudnnSetConvolutionMathType(cd, p[j].mathType);
-                    if (cudnnGetConvolutionBackwardDataWorkspaceSize(h, wd, yd, cd, xd, p[j].algo, &need) ||
-                        need > WS_MAX)
-                        continue;
-                    q->heur_algo = p[j].algo, hm = p[j].mathType;
-                }
+                q->heur_algo = pick(p, n, false, cd, need_data, &hm);
+                DK(cudnnSetConvolutionMathType(cd, CUDNN_TENSOR_OP_MATH));
+                DK(cudnnFindConvolutionBackwardDataAlgorithmEx(h, wd, w, yd, dy, cd, xd, out2, 16, &n, p, wsp,
+                                                               WS_MAX));
+                q->find_algo = pick(p, n, true, cd, need_data, &fm);
             } else {
                 cudnnConvolutionBwdFilterAlgoPerf_t p[16];
                 DK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, xd, yd, cd, wd, 16, &n, p));
-                for (int j = 0; j < n && q->heur_algo < 0; j++) {
-                    size_t need = 0;
-                    if (p[j].status || p[j].determinism != CUDNN_DETERMINISTIC) continue;
-                    cudnnSetConvolutionMathType(cd, p[j].mathType);
-                    if (cudnnGetConvolutionBackwardFilterWorkspaceSize(h, xd, yd, cd, wd, p[j].algo, &need) ||
-                        need > WS_MAX)
-                        continue;
-                    q->heur_algo = p[j].algo, hm = p[j].mathType;
-                }
+                q->heur_algo = pick(p, n, false, cd, need_filter, &hm);
+                DK(cudnnSetConvolutionMathType(cd, CUDNN_TENSOR_OP_MATH));
+                DK(cudnnFindConvolutionBackwardFilterAlgorithmEx(h, xd, x, yd, dy, cd, wd, out2, 16, &n, p, wsp,
+                                                                 WS_MAX));
+                q->find_algo = pick(p, n, true, cd, need_filter, &fm);
             }
             if (q->heur_algo < 0) {
                 fprintf(stderr, "shape %d: no heuristic %s algorithm\n", i, data ? "data" : "filter");
                 return 1;
             }
             DK(cudnnSetConvolutionMathType(cd, hm));
-            const int ha = q->heur_algo;
-            q->heur = time_us([&] {
-                if (data)
-                    DK(cudnnConvolutionBackwardData(h, &one, wd, w, yd, dy, cd, (cudnnConvolutionBwdDataAlgo_t)ha, wsp,
-                                                    WS_MAX, &zero, xd, out));
-                else
-                    DK(cudnnConvolutionBackwardFilter(h, &one, xd, x, yd, dy, cd, (cudnnConvolutionBwdFilterAlgo_t)ha,
-                                                      wsp, WS_MAX, &zero, wd, out));
-            });
-            // timed legacy choices
-            DK(cudnnSetConvolutionMathType(cd, CUDNN_TENSOR_OP_MATH));
-            float best = 1e30f;
-            cudnnMathType_t fm = CUDNN_TENSOR_OP_MATH;
-            if (data) {
-                cudnnConvolutionBwdDataAlgoPerf_t p[16];
-                DK(cudnnFindConvolutionBackwardDataAlgorithmEx(h, wd, w, yd, dy, cd, xd, out2, 16, &n, p, wsp,
-                                                               WS_MAX));
-                for (int j = 0; j < n; j++)
-                    if (!p[j].status && p[j].determinism == CUDNN_DETERMINISTIC && p[j].memory <= WS_MAX &&
-                        p[j].time < best)
-                        best = p[j].time, q->find_algo = p[j].algo, fm = p[j].mathType;
-            } else {
-                cudnnConvolutionBwdFilterAlgoPerf_t p[16];
-                DK(cudnnFindConvolutionBackwardFilterAlgorithmEx(h, xd, x, yd, dy, cd, wd, out2, 16, &n, p, wsp,
-                                                                 WS_MAX));
-                for (int j = 0; j < n; j++)
-                    if (!p[j].status && p[j].determinism == CUDNN_DETERMINISTIC && p[j].memory <= WS_MAX &&
-                        p[j].time < best)
-                        best = p[j].time, q->find_algo = p[j].algo, fm = p[j].mathType;
-            }
+            q->heur = time_us([&] { run(q->heur_algo, out); });
             if (q->find_algo >= 0) {
                 DK(cudnnSetConvolutionMathType(cd, fm));
-                const int fa = q->find_algo;
-                q->find = time_us([&] {
-                    if (data)
-                        DK(cudnnConvolutionBackwardData(h, &one, wd, w, yd, dy, cd, (cudnnConvolutionBwdDataAlgo_t)fa,
-                                                        wsp, WS_MAX, &zero, xd, out2));
-                    else
-                        DK(cudnnConvolutionBackwardFilter(h, &one, xd, x, yd, dy, cd,
-                                                          (cudnnConvolutionBwdFilterAlgo_t)fa, wsp, WS_MAX, &zero, wd,
-                                                          out2));
-                });
+                q->find = time_us([&] { run(q->find_algo, out2); });
                 q->diff_find = rel_diff(out2, out, nout);
             }
             // the graph API's deterministic configurations

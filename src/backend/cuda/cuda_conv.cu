@@ -171,17 +171,7 @@ static void graph_plan(cudnnHandle_t h, const dc_conv2d_shape *s, int hi, int wi
     cudnnBackendDescriptor_t y = dc_dnn_tensor(g, UID_Y, bf, yd, ys, false);
     const bool bias = kind != GRAPH_PLAIN;
     cudnnBackendDescriptor_t yc = bias ? dc_dnn_tensor(g, 0, f32, yd, ys, false) : y;  // the product, fp32
-    const int64_t dims = 2, dil[2] = {1, 1}, str[2] = {s->stride, s->stride}, pad[2] = {ph, pw};
-    const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
-    cudnnBackendDescriptor_t cd = DNN_G_MAKE(g, CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR);
-    DNN_G_SET(g, cd, CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f32);
-    DNN_G_SET(g, cd, CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1, &mode);
-    DNN_G_SET(g, cd, CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, CUDNN_TYPE_INT64, 1, &dims);
-    DNN_G_SET(g, cd, CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, 2, dil);
-    DNN_G_SET(g, cd, CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, CUDNN_TYPE_INT64, 2, str);
-    DNN_G_SET(g, cd, CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_TYPE_INT64, 2, pad);
-    DNN_G_SET(g, cd, CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, 2, pad);
-    DNN_G_FINISH(g, cd);
+    cudnnBackendDescriptor_t cd = dc_dnn_conv(g, s->stride, ph, pw);
     const float alpha = 1.0f, beta = 0.0f;
     cudnnBackendDescriptor_t op = DNN_G_MAKE(g, CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR);
     DNN_G_SET(g, op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x);

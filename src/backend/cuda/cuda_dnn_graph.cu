@@ -51,6 +51,22 @@ cudnnBackendDescriptor_t dc_dnn_tensor(dc_dnn_graph *g, int64_t uid, cudnnDataTy
     return t;
 }
 
+cudnnBackendDescriptor_t dc_dnn_conv(dc_dnn_graph *g, int64_t stride, int64_t ph, int64_t pw) {
+    const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
+    const int64_t dims = 2, dil[2] = {1, 1}, str[2] = {stride, stride}, pad[2] = {ph, pw};
+    const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
+    cudnnBackendDescriptor_t cd = DNN_G_MAKE(g, CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR);
+    DNN_G_SET(g, cd, CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f32);
+    DNN_G_SET(g, cd, CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1, &mode);
+    DNN_G_SET(g, cd, CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, CUDNN_TYPE_INT64, 1, &dims);
+    DNN_G_SET(g, cd, CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, 2, dil);
+    DNN_G_SET(g, cd, CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, CUDNN_TYPE_INT64, 2, str);
+    DNN_G_SET(g, cd, CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_TYPE_INT64, 2, pad);
+    DNN_G_SET(g, cd, CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, 2, pad);
+    DNN_G_FINISH(g, cd);
+    return cd;
+}
+
 cudnnBackendDescriptor_t dc_dnn_pointwise(dc_dnn_graph *g, cudnnPointwiseMode_t mode, cudnnBackendDescriptor_t x,
                                           cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t y) {
     const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
@@ -114,8 +130,7 @@ cudnnBackendDescriptor_t dc_dnn_op_graph(dc_dnn_graph *g, cudnnHandle_t dnn, con
     return graph;
 }
 
-// Whether the engine of configuration cfg carries cuDNN's nondeterminism note.
-static bool nondeterministic(cudnnBackendDescriptor_t cfg) {
+bool dc_dnn_nondeterministic(cudnnBackendDescriptor_t cfg) {
     cudnnBackendDescriptor_t eng = NULL;
     if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &eng)) return true;
     cudnnBackendNumericalNote_t notes[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
@@ -149,7 +164,7 @@ int dc_dnn_plans(dc_dnn_graph *g, cudnnHandle_t dnn, cudnnBackendDescriptor_t gr
     cudnnStatus_t last = CUDNN_STATUS_NOT_SUPPORTED;
     for (int64_t i = 0; g->st == CUDNN_STATUS_SUCCESS && i < n && got_plans < max; i++) {
         cudnnBackendDescriptor_t plan = NULL;
-        cudnnStatus_t st = deterministic && nondeterministic(cfg[i]) ? CUDNN_STATUS_NOT_SUPPORTED
+        cudnnStatus_t st = deterministic && dc_dnn_nondeterministic(cfg[i]) ? CUDNN_STATUS_NOT_SUPPORTED
                                                                        : CUDNN_STATUS_SUCCESS;
         if (!st) st = cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan);
         if (!st) st = cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &dnn);

@@ -38,6 +38,9 @@ void dc_dnn_graph_free(dc_dnn_graph *g);
 // graph), 16-byte aligned; by_value: a host scalar.
 cudnnBackendDescriptor_t dc_dnn_tensor(dc_dnn_graph *g, int64_t uid, cudnnDataType_t dt, const int64_t dim[4],
                                        const int64_t stride[4], bool by_value);
+// A 2-D convolution's descriptor: cross-correlation accumulated in fp32,
+// stride `stride`, padding ph rows and pw columns on both sides, no dilation.
+cudnnBackendDescriptor_t dc_dnn_conv(dc_dnn_graph *g, int64_t stride, int64_t ph, int64_t pw);
 // y = mode(x, b) elementwise in fp32 (b NULL for a unary mode).
 cudnnBackendDescriptor_t dc_dnn_pointwise(dc_dnn_graph *g, cudnnPointwiseMode_t mode, cudnnBackendDescriptor_t x,
                                           cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t y);
@@ -52,6 +55,9 @@ cudnnBackendDescriptor_t dc_dnn_reshape(dc_dnn_graph *g, cudnnBackendDescriptor_
 // The operation graph of n ops.
 cudnnBackendDescriptor_t dc_dnn_op_graph(dc_dnn_graph *g, cudnnHandle_t dnn, const cudnnBackendDescriptor_t *ops,
                                          int64_t n);
+// Whether the engine of configuration cfg carries cuDNN's nondeterminism
+// note (true where it cannot be read).
+bool dc_dnn_nondeterministic(cudnnBackendDescriptor_t cfg);
 // The first configuration cuDNN's heuristics offer that finalises into a
 // plan within max_ws bytes of workspace (and, if deterministic, whose engine
 // carries no nondeterminism note), or NULL; *ws its workspace bytes.
